@@ -1,0 +1,3 @@
+from tilewise.cli import main
+
+raise SystemExit(main())

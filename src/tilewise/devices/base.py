@@ -1,0 +1,206 @@
+"""The one small interface every backend implements, and the facts a device reports about itself.
+
+A backend file (cpu.py, webgpu.py, cuda.py) subclasses `Device` and fills in `DeviceInfo`. Kernel
+templates and the tuner see only this interface: allocate, upload, write, download, compile, launch,
+run (one submission of many launches), time (GPU time per launch) and synchronize.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+ADAPTER_TYPES = ("discrete", "integrated", "virtual", "cpu", "unknown")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Hard limits that legality rules check before anything compiles.
+
+    The WebGPU names follow the spec's limits; the CUDA-only fields are None elsewhere. Occupancy
+    estimates must use the per-multiprocessor pools, never the per-workgroup limit (seed 001).
+    """
+
+    max_workgroup_storage_bytes: int
+    max_invocations_per_workgroup: int
+    max_workgroup_size: tuple[int, int, int]
+    max_workgroups_per_dimension: int
+    max_buffer_bytes: int
+    max_storage_binding_bytes: int
+    subgroup_size_min: int | None = None
+    subgroup_size_max: int | None = None
+    # CUDA (cudaDeviceProp); None on other backends
+    warp_size: int | None = None
+    shared_bytes_per_block_optin: int | None = None
+    shared_bytes_per_multiprocessor: int | None = None
+    registers_per_block: int | None = None
+    registers_per_multiprocessor: int | None = None
+    max_threads_per_multiprocessor: int | None = None
+    multiprocessors: int | None = None
+    compute_capability: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["max_workgroup_size"] = list(self.max_workgroup_size)
+        return {k: v for k, v in d.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What a device is. `fingerprint` keys stored tuning results: same hardware + driver, same key."""
+
+    backend: str  # cpu | webgpu | cuda
+    name: str
+    adapter_type: str  # one of ADAPTER_TYPES
+    api: str  # numpy | Vulkan | Metal | D3D12 | OpenGL | CUDA
+    driver: str
+    vendor: str
+    limits: Limits
+    features: tuple[str, ...] = ()
+    index: int = 0
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def fingerprint(self) -> str:
+        """Stable, readable key: backend:api:name:driver:hash of everything that can change a timing."""
+        payload = json.dumps(
+            [self.backend, self.api, self.vendor, self.name, self.driver, self.limits.as_dict(),
+             sorted(self.features)],
+            sort_keys=True,
+        )
+        digest = hashlib.sha256(payload.encode()).hexdigest()[:10]
+        return f"{self.backend}:{_slug(self.api)}:{_slug(self.name)}:{_slug(self.driver)}:{digest}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "name": self.name,
+            "adapter_type": self.adapter_type,
+            "api": self.api,
+            "driver": self.driver,
+            "vendor": self.vendor,
+            "index": self.index,
+            "fingerprint": self.fingerprint,
+            "limits": self.limits.as_dict(),
+            "features": sorted(self.features),
+            **({"extra": self.extra} if self.extra else {}),
+        }
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", str(text)).strip("-")[:40] or "none"
+
+
+class Buffer:
+    """A device allocation of `nbytes` bytes. `handle` is the backend's object."""
+
+    __slots__ = ("device", "handle", "nbytes", "uniform")
+
+    def __init__(self, device: Device, handle: Any, nbytes: int, uniform: bool = False) -> None:
+        self.device = device
+        self.handle = handle
+        self.nbytes = nbytes
+        self.uniform = uniform
+
+    def __repr__(self) -> str:
+        return f"Buffer({self.nbytes} bytes{' uniform' if self.uniform else ''} on {self.device.info.backend})"
+
+
+@dataclass(eq=False)
+class Program:
+    """A compiled kernel: backend handle plus what produced it (for the results store)."""
+
+    name: str
+    handle: Any
+    source_hash: str
+    constants: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class Launch(NamedTuple):
+    """One kernel launch: a program over a grid of workgroups (blocks), bound to buffers in order."""
+
+    program: Program
+    grid: tuple[int, int, int]
+    buffers: Sequence[Buffer]
+
+
+def source_hash(*parts: str | bytes) -> str:
+    """Hash of a kernel's source and constants; changes whenever the code that runs changes."""
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode() if isinstance(p, str) else p)
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def grid3(grid: int | Sequence[int]) -> tuple[int, int, int]:
+    """Normalise a grid to three positive dimensions."""
+    g = (grid,) if isinstance(grid, int) else tuple(int(x) for x in grid)
+    if not 1 <= len(g) <= 3 or any(x < 0 for x in g):
+        raise ValueError(f"grid must be 1-3 non-negative sizes, got {grid!r}")
+    return (*g, *(1,) * (3 - len(g)))  # type: ignore[return-value]
+
+
+class Device(ABC):
+    """A backend. Subclasses import their device library lazily, in `__init__`, never at module import."""
+
+    info: DeviceInfo
+    #: how `time` measures: "gpu-timestamp" (device clock per launch) or "wall-clock" (host clock
+    #: around a blocking completion of each launch)
+    timer: str = "wall-clock"
+
+    @abstractmethod
+    def allocate(self, nbytes: int, *, uniform: bool = False) -> Buffer:
+        """A buffer of `nbytes` bytes. Contents are undefined: write or poison before reading."""
+
+    @abstractmethod
+    def write(self, buffer: Buffer, array: np.ndarray, offset_bytes: int = 0) -> None:
+        """Copy `array`'s bytes into `buffer` at `offset_bytes`."""
+
+    @abstractmethod
+    def download(self, buffer: Buffer, dtype: Any = np.float32, shape: Sequence[int] | None = None,
+                 offset_bytes: int = 0) -> np.ndarray:
+        """Wait for pending work, then return the buffer's contents as a new array."""
+
+    @abstractmethod
+    def compile(self, source: Any, entry: str = "main", constants: dict[str, Any] | None = None,
+                name: str | None = None) -> Program:
+        """Compile `source` (WGSL text, CUDA C++ text, or a Python callable on the CPU)."""
+
+    @abstractmethod
+    def run(self, launches: Sequence[Launch]) -> None:
+        """Enqueue launches in order as one submission; returns without waiting."""
+
+    @abstractmethod
+    def time(self, launches: Sequence[Launch]) -> np.ndarray:
+        """Run launches in order, one submission, and return each one's duration in ms (float64)."""
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Block until all submitted work has finished (never by sleeping)."""
+
+    def upload(self, array: np.ndarray, *, uniform: bool = False) -> Buffer:
+        """A new buffer holding `array`'s bytes."""
+        data = np.ascontiguousarray(array)
+        buf = self.allocate(max(data.nbytes, 4), uniform=uniform)
+        self.write(buf, data)
+        return buf
+
+    def launch(self, program: Program, grid: int | Sequence[int], buffers: Sequence[Buffer]) -> None:
+        """Enqueue one launch (shorthand for `run([Launch(...)])`)."""
+        self.run([Launch(program, grid3(grid), list(buffers))])
+
+    def close(self) -> None:
+        """Release the device (optional for backends)."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.info.name} ({self.info.api}, {self.info.adapter_type})>"

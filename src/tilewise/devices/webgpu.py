@@ -1,0 +1,307 @@
+"""The WebGPU device on wgpu-py: WGSL pipelines, storage buffers, GPU timestamp queries.
+
+Runs wherever wgpu-native finds Vulkan, Metal or D3D12 (and lavapipe, Mesa's CPU Vulkan, in CI).
+An OpenGL-only adapter is refused with the fix, because wgpu falls back to it silently and its
+compute support and timings are not what a user tuning for a real GPU wants.
+
+wgpu-py 0.32 notes: `queue.on_submitted_work_done_sync()` raises TypeError, so completion is awaited by
+reading a buffer back (a blocking map, never a sleep loop); timestamps resolve to nanoseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tilewise.devices.base import Buffer, Device, DeviceInfo, Launch, Limits, Program, source_hash
+from tilewise.errors import DeviceLost, DeviceUnavailable, LaunchError, ShaderCompileError
+
+WANTED_FEATURES = ("timestamp-query", "timestamp-query-inside-passes", "shader-f16", "subgroup")
+LAVAPIPE_FIX = "install a Vulkan driver; on Debian/Ubuntu: apt-get install -y mesa-vulkan-drivers libvulkan1"
+_RANK = {"discrete": 0, "integrated": 1, "virtual": 2, "cpu": 3, "unknown": 4}
+
+
+def _import_wgpu() -> Any:
+    # wgpu-native's Vulkan loader warns on every call without a runtime dir; give it a private one
+    if not os.environ.get("XDG_RUNTIME_DIR") or not os.path.isdir(os.environ["XDG_RUNTIME_DIR"]):
+        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="tilewise-xdg-")
+    try:
+        import wgpu
+    except ImportError as exc:  # pragma: no cover - wgpu is a core dependency
+        raise DeviceUnavailable(f"the WebGPU backend needs wgpu-py ({exc})", "pip install wgpu") from exc
+    return wgpu
+
+
+def _adapter_type(info: Any) -> str:
+    t = str(info.get("adapter_type", "")).lower()
+    for key in ("discrete", "integrated", "virtual", "cpu"):
+        if key in t:
+            return key
+    return "unknown"
+
+
+def _limits_from(lim: Any, info: Any) -> Limits:
+    sub_min = info.get("subgroup_min_size") or info.get("stackgroup_min_size")
+    sub_max = info.get("subgroup_max_size") or info.get("stackgroup_max_size")
+    return Limits(
+        max_workgroup_storage_bytes=int(lim["max-compute-workgroup-storage-size"]),
+        max_invocations_per_workgroup=int(lim["max-compute-invocations-per-workgroup"]),
+        max_workgroup_size=(int(lim["max-compute-workgroup-size-x"]), int(lim["max-compute-workgroup-size-y"]),
+                            int(lim["max-compute-workgroup-size-z"])),
+        max_workgroups_per_dimension=int(lim["max-compute-workgroups-per-dimension"]),
+        max_buffer_bytes=int(lim["max-buffer-size"]),
+        max_storage_binding_bytes=int(lim["max-storage-buffer-binding-size"]),
+        subgroup_size_min=int(sub_min) if sub_min else None,
+        subgroup_size_max=int(sub_max) if sub_max else None,
+    )
+
+
+def _info_from(adapter: Any, index: int) -> DeviceInfo:
+    info = adapter.info
+    return DeviceInfo(
+        backend="webgpu",
+        name=str(info.get("device", "unknown")),
+        adapter_type=_adapter_type(info),
+        api=str(info.get("backend_type", "unknown")),
+        driver=str(info.get("description", "")),
+        vendor=str(info.get("vendor", "")) or f"0x{int(info.get('vendor_id', 0)):04x}",
+        limits=_limits_from(adapter.limits, info),
+        features=tuple(sorted(str(f) for f in adapter.features)),
+        index=index,
+        extra={"vendor_id": int(info.get("vendor_id", 0)), "device_id": int(info.get("device_id", 0))},
+    )
+
+
+def list_adapters() -> list[DeviceInfo]:
+    """Every adapter wgpu can see, OpenGL ones included (the caller decides what is usable)."""
+    wgpu = _import_wgpu()
+    return [_info_from(a, i) for i, a in enumerate(wgpu.gpu.enumerate_adapters_sync())]
+
+
+def _pick_adapter(index: int | None) -> tuple[Any, DeviceInfo]:
+    wgpu = _import_wgpu()
+    adapters = list(wgpu.gpu.enumerate_adapters_sync())
+    infos = [_info_from(a, i) for i, a in enumerate(adapters)]
+    if index is not None:
+        if not 0 <= index < len(adapters):
+            raise DeviceUnavailable(f"there is no WebGPU adapter {index} (found {len(adapters)})",
+                                    "run `tilewise devices` to list adapters")
+        chosen = [index]
+    else:
+        chosen = sorted((i for i, inf in enumerate(infos) if inf.api.lower() != "opengl"),
+                        key=lambda i: (_RANK[infos[i].adapter_type], i))
+    if not adapters:
+        raise DeviceUnavailable("no WebGPU adapter found (no Vulkan, Metal or D3D12 driver)", LAVAPIPE_FIX)
+    if not chosen or infos[chosen[0]].api.lower() == "opengl":
+        names = ", ".join(f"{i.name} ({i.api})" for i in infos)
+        raise DeviceUnavailable(f"only OpenGL WebGPU adapters were found: {names}; tilewise needs Vulkan, "
+                                "Metal or D3D12 for compute", LAVAPIPE_FIX)
+    return adapters[chosen[0]], infos[chosen[0]]
+
+
+def _shader_error(exc: Exception, source: str, name: str) -> ShaderCompileError:
+    """Turn a wgpu validation error into a message that quotes the offending WGSL line."""
+    text = str(exc)
+    lines = source.splitlines()
+    m = re.search(r"wgsl:(\d+):(\d+)", text)
+    where = ""
+    if m:
+        ln, col = int(m.group(1)), int(m.group(2))
+        code = lines[ln - 1] if 0 < ln <= len(lines) else ""
+        where = f"\n  at line {ln}, column {col}: {code.strip()}"
+    detail = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith(("│", "┌", "Caused"))]
+    summary = next((d for d in detail if "error" in d.lower() and "Validation Error" not in d), detail[-1] if detail else text)
+    return ShaderCompileError(f"WGSL of {name} failed to compile: {summary}{where}",
+                              "fix the template or the config; `--show-source` prints the generated WGSL")
+
+
+class WebGPUDevice(Device):
+    """A wgpu device on the best adapter (discrete > integrated > virtual > CPU), with its maximum limits."""
+
+    def __init__(self, index: int | None = None) -> None:
+        self._wgpu = wgpu = _import_wgpu()
+        adapter, info = _pick_adapter(index)
+        feats = [f for f in WANTED_FEATURES if f in adapter.features]
+        try:
+            self._dev = adapter.request_device_sync(required_features=feats, required_limits=dict(adapter.limits))
+        except Exception as exc:
+            raise DeviceUnavailable(f"WebGPU adapter {info.name} refused a device: {exc}",
+                                    "update the GPU driver or pick another adapter with --device webgpu:N") from exc
+        self.info = info
+        self.enabled_features = frozenset(feats)
+        self.timer = "gpu-timestamp" if "timestamp-query" in feats else "wall-clock"
+        self._usage_storage = (wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST)
+        self._usage_uniform = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+        self._bind_cache: dict[tuple[int, tuple[int, ...]], Any] = {}
+        self._modules: dict[str, Any] = {}
+        self._sentinel = self._dev.create_buffer(size=4, usage=self._usage_storage)
+        self._lost = False
+
+    # ---- memory ------------------------------------------------------------------------------
+    def allocate(self, nbytes: int, *, uniform: bool = False) -> Buffer:
+        size = max(4, (int(nbytes) + 3) // 4 * 4)
+        limit = self.info.limits.max_buffer_bytes
+        if size > limit:
+            raise LaunchError(f"a buffer of {size} bytes exceeds this adapter's max_buffer_bytes {limit}",
+                              "use smaller shapes or an adapter with larger limits")
+        try:
+            handle = self._dev.create_buffer(size=size, usage=self._usage_uniform if uniform else self._usage_storage)
+        except Exception as exc:
+            raise self._wrap(exc, "allocating a buffer") from exc
+        return Buffer(self, handle, size, uniform)
+
+    def write(self, buffer: Buffer, array: np.ndarray, offset_bytes: int = 0) -> None:
+        raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        if raw.nbytes % 4:
+            raw = np.concatenate([raw, np.zeros(4 - raw.nbytes % 4, np.uint8)])
+        if offset_bytes + raw.nbytes > buffer.nbytes:
+            raise ValueError(f"write of {raw.nbytes} bytes at {offset_bytes} overflows a {buffer.nbytes}-byte buffer")
+        self._dev.queue.write_buffer(buffer.handle, offset_bytes, raw)
+
+    def download(self, buffer: Buffer, dtype: Any = np.float32, shape: Sequence[int] | None = None,
+                 offset_bytes: int = 0) -> np.ndarray:
+        nbytes = buffer.nbytes - offset_bytes
+        if shape is not None:
+            nbytes = min(nbytes, (int(np.prod(shape)) * np.dtype(dtype).itemsize + 3) // 4 * 4)
+        try:
+            mem = self._dev.queue.read_buffer(buffer.handle, offset_bytes, nbytes)
+        except Exception as exc:
+            raise self._wrap(exc, "reading a buffer back") from exc
+        out = np.frombuffer(mem, dtype=np.uint8).view(dtype).copy()
+        if shape is not None:
+            out = out[: int(np.prod(shape))].reshape(shape)
+        return out
+
+    # ---- programs ----------------------------------------------------------------------------
+    def compile(self, source: Any, entry: str = "main", constants: dict[str, Any] | None = None,
+                name: str | None = None) -> Program:
+        if not isinstance(source, str):
+            raise TypeError("the WebGPU device compiles WGSL source text")
+        name = name or entry
+        consts = {k: (float(v) if not isinstance(v, bool) else v) for k, v in (constants or {}).items()}
+        key = source_hash(source)
+        try:
+            module = self._modules.get(key)
+            if module is None:
+                module = self._dev.create_shader_module(code=source, label=name)
+                self._modules[key] = module
+            compute: dict[str, Any] = {"module": module, "entry_point": entry}
+            if consts:
+                compute["constants"] = consts
+            pipeline = self._dev.create_compute_pipeline(layout="auto", compute=compute, label=name)
+        except Exception as exc:
+            if isinstance(exc, self._wgpu.GPUError) or "Validation" in type(exc).__name__:
+                raise _shader_error(exc, source, name) from exc
+            raise self._wrap(exc, f"compiling {name}") from exc
+        return Program(name, pipeline, source_hash(source, entry, repr(sorted(consts.items()))), consts,
+                       meta={"source": source, "entry": entry})
+
+    def _bind_group(self, launch: Launch) -> Any:
+        key = (id(launch.program.handle), tuple(id(b.handle) for b in launch.buffers))
+        bg = self._bind_cache.get(key)
+        if bg is None:
+            entries = [{"binding": i, "resource": {"buffer": b.handle, "offset": 0, "size": b.nbytes}}
+                       for i, b in enumerate(launch.buffers)]
+            try:
+                bg = self._dev.create_bind_group(layout=launch.program.handle.get_bind_group_layout(0), entries=entries)
+            except Exception as exc:
+                raise LaunchError(f"binding {len(entries)} buffers to {launch.program.name} failed: "
+                                  f"{_first_line(exc)}",
+                                  "pass one buffer per declared @binding, in binding order") from exc
+            if len(self._bind_cache) > 4096:
+                self._bind_cache.clear()
+            self._bind_cache[key] = bg
+        return bg
+
+    def _check_grid(self, launch: Launch) -> None:
+        cap = self.info.limits.max_workgroups_per_dimension
+        if any(g > cap for g in launch.grid):
+            raise LaunchError(f"{launch.program.name}: grid {launch.grid} exceeds max_workgroups_per_dimension {cap}",
+                              "use a larger tile or split the launch")
+
+    def _encode(self, encoder: Any, launch: Launch, timestamp_writes: dict[str, Any] | None = None) -> None:
+        self._check_grid(launch)
+        cp = encoder.begin_compute_pass(timestamp_writes=timestamp_writes) if timestamp_writes else \
+            encoder.begin_compute_pass()
+        cp.set_pipeline(launch.program.handle)
+        cp.set_bind_group(0, self._bind_group(launch))
+        if all(g > 0 for g in launch.grid):
+            cp.dispatch_workgroups(*launch.grid)
+        cp.end()
+
+    def run(self, launches: Sequence[Launch]) -> None:
+        try:
+            encoder = self._dev.create_command_encoder()
+            cp = encoder.begin_compute_pass()
+            for launch in launches:
+                self._check_grid(launch)
+                if not all(g > 0 for g in launch.grid):
+                    continue
+                cp.set_pipeline(launch.program.handle)
+                cp.set_bind_group(0, self._bind_group(launch))
+                cp.dispatch_workgroups(*launch.grid)
+            cp.end()
+            self._dev.queue.submit([encoder.finish()])
+        except LaunchError:
+            raise
+        except Exception as exc:
+            raise self._wrap(exc, "submitting work") from exc
+
+    def time(self, launches: Sequence[Launch]) -> np.ndarray:
+        n = len(launches)
+        if n == 0:
+            return np.empty(0)
+        if self.timer != "gpu-timestamp":
+            out = np.empty(n)
+            for i, launch in enumerate(launches):
+                t0 = time.perf_counter_ns()
+                self.run([launch])
+                self.synchronize()
+                out[i] = (time.perf_counter_ns() - t0) / 1e6
+            return out
+        wgpu = self._wgpu
+        try:
+            qs = self._dev.create_query_set(type="timestamp", count=2 * n)
+            resolve = self._dev.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+            encoder = self._dev.create_command_encoder()
+            for i, launch in enumerate(launches):
+                self._encode(encoder, launch, {"query_set": qs, "beginning_of_pass_write_index": 2 * i,
+                                               "end_of_pass_write_index": 2 * i + 1})
+            encoder.resolve_query_set(qs, 0, 2 * n, resolve, 0)
+            self._dev.queue.submit([encoder.finish()])
+            ticks = np.frombuffer(self._dev.queue.read_buffer(resolve), dtype=np.uint64).astype(np.int64)
+        except LaunchError:
+            raise
+        except Exception as exc:
+            raise self._wrap(exc, "timing launches") from exc
+        return (ticks[1::2] - ticks[0::2]) / 1e6
+
+    def synchronize(self) -> None:
+        try:
+            self._dev.queue.read_buffer(self._sentinel)
+        except Exception as exc:
+            raise self._wrap(exc, "waiting for the GPU") from exc
+
+    def _wrap(self, exc: Exception, doing: str) -> Exception:
+        text = str(exc)
+        if "lost" in text.lower() or "Lost" in type(exc).__name__:
+            self._lost = True
+            return DeviceLost(f"the WebGPU device was lost while {doing}: {_first_line(exc)}",
+                              "retry: a new device is created on the next request (tilewise.get_device)")
+        return LaunchError(f"WebGPU error while {doing}: {_first_line(exc)}",
+                           "rerun with --debug for the full driver message")
+
+    def close(self) -> None:
+        self._bind_cache.clear()
+        self._modules.clear()
+
+
+def _first_line(exc: Exception) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and ln.strip() != "Caused by:"]
+    return " / ".join(lines[:3]) if lines else type(exc).__name__

@@ -1,0 +1,1 @@
+"""tilewise.tune."""
