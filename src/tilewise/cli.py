@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "tilewise.model.cli",
     "tilewise.tune.cli",
     "tilewise.runtime_cli",
+    "tilewise.train.cli",
     "tilewise.ladder_cli",
 )
 

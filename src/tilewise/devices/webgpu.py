@@ -115,8 +115,10 @@ def _shader_error(exc: Exception, source: str, name: str) -> ShaderCompileError:
         ln, col = int(m.group(1)), int(m.group(2))
         code = lines[ln - 1] if 0 < ln <= len(lines) else ""
         where = f"\n  at line {ln}, column {col}: {code.strip()}"
-    detail = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith(("│", "┌", "Caused"))]
-    summary = next((d for d in detail if "error" in d.lower() and "Validation Error" not in d), detail[-1] if detail else text)
+    skip = ("│", "┌", "Caused", "In wgpu", "Validation Error", "=")
+    detail = [d.strip() for d in text.splitlines() if d.strip() and not d.strip().startswith(skip)]
+    detail = [d for d in detail if not re.match(r"\d*\s*(│|$)", d)]
+    summary = " / ".join(detail[:3]) if detail else text.strip()
     return ShaderCompileError(f"WGSL of {name} failed to compile: {summary}{where}",
                               "fix the template or the config; `--show-source` prints the generated WGSL")
 
@@ -268,7 +270,8 @@ class WebGPUDevice(Device):
         wgpu = self._wgpu
         try:
             qs = self._dev.create_query_set(type="timestamp", count=2 * n)
-            resolve = self._dev.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+            usage = wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC
+            resolve = self._dev.create_buffer(size=16 * n, usage=usage)
             encoder = self._dev.create_command_encoder()
             for i, launch in enumerate(launches):
                 self._encode(encoder, launch, {"query_set": qs, "beginning_of_pass_write_index": 2 * i,

@@ -1,0 +1,38 @@
+"""Shared fixtures: devices are created once per session; GPU tests skip cleanly when no adapter exists.
+
+Set TILEWISE_REQUIRE_WEBGPU=1 (CI does) to turn a missing WebGPU adapter into a failure instead of a skip.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="session")
+def cpu_device():
+    from tilewise.devices import get_device
+
+    return get_device("cpu")
+
+
+@pytest.fixture(scope="session")
+def webgpu_device():
+    from tilewise.devices import get_device
+    from tilewise.errors import DeviceUnavailable
+
+    try:
+        return get_device("webgpu")
+    except DeviceUnavailable as exc:
+        if os.environ.get("TILEWISE_REQUIRE_WEBGPU") == "1":
+            pytest.fail(f"WebGPU adapter required but unavailable: {exc}")
+        pytest.skip(f"no WebGPU adapter: {exc}")
+
+
+@pytest.fixture
+def rng(request):
+    """A seeded generator per test (seed from the test name, so failures reproduce)."""
+    seed = abs(hash(request.node.nodeid)) % (2**32)
+    return np.random.default_rng(seed)

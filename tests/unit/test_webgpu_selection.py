@@ -1,0 +1,67 @@
+"""Adapter choice without touching a real GPU: fake adapters stand in for wgpu's."""
+
+import pytest
+
+from tilewise.devices import webgpu as wg
+from tilewise.errors import DeviceUnavailable
+
+LIMITS = {
+    "max-compute-workgroup-storage-size": 32768, "max-compute-invocations-per-workgroup": 1024,
+    "max-compute-workgroup-size-x": 1024, "max-compute-workgroup-size-y": 1024, "max-compute-workgroup-size-z": 64,
+    "max-compute-workgroups-per-dimension": 65535, "max-buffer-size": 1 << 30,
+    "max-storage-buffer-binding-size": 1 << 27,
+}
+
+
+class FakeAdapter:
+    def __init__(self, name, backend, adapter_type):
+        self.info = {"device": name, "backend_type": backend, "adapter_type": adapter_type, "vendor": "v",
+                     "description": "drv 1.0", "vendor_id": 1, "device_id": 2}
+        self.limits = LIMITS
+        self.features = {"timestamp-query"}
+
+
+@pytest.fixture
+def fake_adapters(monkeypatch):
+    box = []
+
+    class FakeGPU:
+        def enumerate_adapters_sync(self):
+            return list(box)
+
+    class FakeWgpu:
+        gpu = FakeGPU()
+
+    monkeypatch.setattr(wg, "_import_wgpu", lambda: FakeWgpu)
+    return box
+
+
+def test_prefers_discrete_over_integrated_over_cpu(fake_adapters):
+    fake_adapters += [FakeAdapter("soft", "Vulkan", "CPU"), FakeAdapter("igpu", "Vulkan", "IntegratedGPU"),
+                      FakeAdapter("dgpu", "Vulkan", "DiscreteGPU")]
+    _, info = wg._pick_adapter(None)
+    assert info.name == "dgpu" and info.adapter_type == "discrete"
+
+
+def test_opengl_is_never_chosen_automatically(fake_adapters):
+    fake_adapters += [FakeAdapter("gl", "OpenGL", "DiscreteGPU"), FakeAdapter("soft", "Vulkan", "CPU")]
+    _, info = wg._pick_adapter(None)
+    assert info.name == "soft"
+
+
+def test_opengl_only_says_how_to_fix(fake_adapters):
+    fake_adapters += [FakeAdapter("gl", "OpenGL", "CPU")]
+    with pytest.raises(DeviceUnavailable) as exc:
+        wg._pick_adapter(None)
+    assert "OpenGL" in str(exc.value) and "mesa-vulkan-drivers" in str(exc.value)
+
+
+def test_no_adapter_says_how_to_fix(fake_adapters):
+    with pytest.raises(DeviceUnavailable, match="apt-get install"):
+        wg._pick_adapter(None)
+
+
+def test_adapter_index_out_of_range(fake_adapters):
+    fake_adapters += [FakeAdapter("soft", "Vulkan", "CPU")]
+    with pytest.raises(DeviceUnavailable, match="no WebGPU adapter 3"):
+        wg._pick_adapter(3)

@@ -1,0 +1,103 @@
+import numpy as np
+import pytest
+
+from tilewise.devices.base import Launch
+from tilewise.errors import ShaderCompileError
+
+pytestmark = pytest.mark.webgpu
+
+VADD = """
+override N: u32 = 1u;
+@group(0) @binding(0) var<storage, read> a: array<f32>;
+@group(0) @binding(1) var<storage, read> b: array<f32>;
+@group(0) @binding(2) var<storage, read_write> c: array<f32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+  if (gid.x < N) { c[gid.x] = a[gid.x] + b[gid.x]; }
+}
+"""
+
+# naive matmul: one thread per output, shapes as override constants
+MATMUL = """
+override M: u32 = 1u;
+override N: u32 = 1u;
+override K: u32 = 1u;
+@group(0) @binding(0) var<storage, read> a: array<f32>;   // (M, K)
+@group(0) @binding(1) var<storage, read> b: array<f32>;   // (K, N)
+@group(0) @binding(2) var<storage, read_write> c: array<f32>;  // (M, N)
+@compute @workgroup_size(8, 8)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+  let row = gid.y; let col = gid.x;
+  if (row >= M || col >= N) { return; }
+  var acc = 0.0;
+  for (var k = 0u; k < K; k++) { acc += a[row * K + k] * b[k * N + col]; }
+  c[row * N + col] = acc;
+}
+"""
+
+
+def test_adapter_is_not_opengl(webgpu_device):
+    assert webgpu_device.info.api.lower() != "opengl"
+    assert webgpu_device.info.backend == "webgpu"
+    assert webgpu_device.info.limits.max_invocations_per_workgroup >= 256
+
+
+def test_vector_add_matches_numpy(webgpu_device, rng):
+    n = 1000  # not a multiple of the workgroup size: the guard matters
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    dev = webgpu_device
+    ba, bb, bc = dev.upload(a), dev.upload(b), dev.allocate(4 * n)
+    dev.write(bc, np.full(n, np.nan, np.float32))
+    prog = dev.compile(VADD, constants={"N": n})
+    dev.launch(prog, (n + 63) // 64, [ba, bb, bc])
+    np.testing.assert_array_equal(dev.download(bc, np.float32, (n,)), a + b)
+
+
+@pytest.mark.parametrize("m,n,k", [(33, 17, 40), (64, 64, 64)])
+def test_small_matmul_matches_float64(webgpu_device, rng, m, n, k):
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    dev = webgpu_device
+    ba, bb, bc = dev.upload(a), dev.upload(b), dev.allocate(4 * m * n)
+    dev.write(bc, np.full(m * n, np.nan, np.float32))
+    prog = dev.compile(MATMUL, constants={"M": m, "N": n, "K": k})
+    dev.launch(prog, ((n + 7) // 8, (m + 7) // 8), [ba, bb, bc])
+    out = dev.download(bc, np.float32, (m, n))
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-5
+
+
+def test_gpu_timing_returns_positive_durations(webgpu_device, rng):
+    dev = webgpu_device
+    n = 1 << 16
+    ba = dev.upload(rng.standard_normal(n).astype(np.float32))
+    bb = dev.upload(rng.standard_normal(n).astype(np.float32))
+    bc = dev.allocate(4 * n)
+    prog = dev.compile(VADD, constants={"N": n})
+    times = dev.time([Launch(prog, (n // 64, 1, 1), [ba, bb, bc])] * 4)
+    assert times.shape == (4,)
+    assert np.all(times > 0) and np.all(np.isfinite(times))
+
+
+def test_wgsl_syntax_error_names_the_line(webgpu_device):
+    bad = "@compute @workgroup_size(1)\nfn main() {\n  let x = ;\n}\n"
+    with pytest.raises(ShaderCompileError) as exc:
+        webgpu_device.compile(bad, name="broken")
+    msg = str(exc.value)
+    assert "line 3" in msg and "let x = ;" in msg
+    assert "fix:" in msg
+
+
+def test_missing_entry_point_is_a_clear_error(webgpu_device):
+    with pytest.raises(ShaderCompileError, match="entry point"):
+        webgpu_device.compile(VADD, entry="nope")
+
+
+def test_grid_over_limit_is_refused(webgpu_device):
+    from tilewise.errors import LaunchError
+
+    dev = webgpu_device
+    prog = dev.compile(VADD, constants={"N": 4})
+    bufs = [dev.allocate(16) for _ in range(3)]
+    with pytest.raises(LaunchError, match="max_workgroups_per_dimension"):
+        dev.launch(prog, dev.info.limits.max_workgroups_per_dimension + 1, bufs)
