@@ -1,0 +1,502 @@
+"""Weight matmuls of the LFM2 classifier in WGSL: y = x @ W^T with W stored NF4 / f16 / f32 as (out, in) rows.
+
+Variants (all generated from one template so that the three weight formats share one geometry):
+
+- kind `tiled` (many rows): a workgroup owns a BM x BN output tile and walks `in` in steps of BK. Each step
+  the workgroup decodes BN x BK weights into workgroup memory once (shared by all BM rows) and stages
+  BM x BK activations (shared by all BN columns); each thread then accumulates a TM x TN register tile in
+  scalar, fully unrolled accumulators (`acc_i_j`, never a loop-indexed local array: 5-45x slower on an
+  H200). Rows and columns of a thread are strided by BM/TM and BN/TN so that neighbouring threads read
+  neighbouring workgroup words. `F16S` stages both tiles in f16 (needs `shader-f16`; own tolerance).
+- kind `rows` (few rows, matrix-vector style): a workgroup of WG threads owns NC output columns and RM
+  rows; WG/NC lanes split `in` for each column (EL elements per lane step), reduce through workgroup
+  memory. No weight staging: with few rows there is nothing to share, and parallelism comes from columns.
+- epilogue `none` (y = xW^T), `residual` (out += xW^T, in place on the residual stream: the down / out
+  projections), `swiglu` (paired gate/up weights, out = silu(x Wg^T) * (x Wu^T): the FFN's first half).
+- weights `nf4` (bitsandbytes layout: blocks of 64 along `in`, float32 absmax per block, element 2i in
+  the high nibble of byte i), `f16`, `f32`.
+
+Bindings (group 0, in order): dims (uniform: rows M), x (M, K) f32, weights [+ absmax] (, up weights
+[+ absmax] for swiglu), out (M, N) f32. The model executor reads `binding_names()` for the order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from tilewise.devices.base import Device, Launch, Limits, Program
+from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
+from tilewise.tune.space import Config, Rule, Space, divides
+
+FORMATS = ("nf4", "f16", "f32")
+EPILOGUES = ("none", "residual", "swiglu")
+KINDS = ("tiled", "rows")
+NF4_BLOCK = 64
+# bytes one weight costs in each format (absmax included for nf4)
+WEIGHT_BYTES = {"nf4": 0.5 + 4 / NF4_BLOCK, "f16": 2.0, "f32": 4.0}
+ACC_BUDGET = 64  # scalar accumulators per thread before register spills dominate (seed 000/001 probes)
+
+NF4_CODES = (
+    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+    -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+    0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0,
+)
+
+# configs used when no dispatch table has been measured for a device (safe on every adapter we know)
+DEFAULT_TILED = {"BM": 64, "BN": 32, "BK": 16, "TM": 4, "TN": 2, "F16S": False}
+DEFAULT_ROWS = {"WG": 64, "NC": 2, "RM": 4, "EL": 8}
+DEFAULT_CUTOFF_ROWS = 96  # seed 001: below this the short-row path, from here the tiled one
+
+
+# ---------------------------------------------------------------------------------------------- WGSL pieces
+def _codes_decl() -> str:
+    vals = ", ".join(f"{c!r}" for c in NF4_CODES)
+    return (f"const NF4_CODES = array<f32, 16>({vals});\n"
+            "var<workgroup> codes: array<f32, 16>;\n")
+
+
+def _weight_decls(fmt: str, slot: int, first_binding: int) -> tuple[str, int]:
+    """Declarations of one weight matrix (and its absmax) starting at `first_binding`."""
+    b = first_binding
+    if fmt == "nf4":
+        return (f"@group(0) @binding({b}) var<storage, read> w{slot}: array<u32>;\n"
+                f"@group(0) @binding({b + 1}) var<storage, read> am{slot}: array<f32>;\n"), b + 2
+    if fmt == "f16":
+        return f"@group(0) @binding({b}) var<storage, read> w{slot}: array<vec4<u32>>;\n", b + 1
+    return f"@group(0) @binding({b}) var<storage, read> w{slot}: array<vec4<f32>>;\n", b + 1
+
+
+def _load8_fn(fmt: str, slot: int) -> str:
+    """`load8_<slot>(row, c)`: weights row*K + 8c .. 8c+7 as two vec4 (chunk c of 8 along `in`)."""
+    if fmt == "nf4":
+        # one u32 = 4 bytes = 8 weights; byte j holds element 2j (high nibble) and 2j+1 (low nibble)
+        return f"""
+fn load8_{slot}(row: u32, c: u32) -> C8 {{
+    let wd = w{slot}[row * (K / 8u) + c];
+    let s = am{slot}[row * (K / 64u) + c / 8u];
+    let a = vec4<f32>(codes[(wd >> 4u) & 15u], codes[wd & 15u], codes[(wd >> 12u) & 15u], codes[(wd >> 8u) & 15u]);
+    let b = vec4<f32>(codes[(wd >> 20u) & 15u], codes[(wd >> 16u) & 15u], codes[(wd >> 28u) & 15u],
+                      codes[(wd >> 24u) & 15u]);
+    return C8(a * s, b * s);
+}}
+"""
+    if fmt == "f16":
+        return f"""
+fn load8_{slot}(row: u32, c: u32) -> C8 {{
+    let v = w{slot}[row * (K / 8u) + c];
+    return C8(vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y)),
+              vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w)));
+}}
+"""
+    return f"""
+fn load8_{slot}(row: u32, c: u32) -> C8 {{
+    let base = row * (K / 4u) + 2u * c;
+    return C8(w{slot}[base], w{slot}[base + 1u]);
+}}
+"""
+
+
+def _header(fmt: str, epilogue: str, n: int, k: int, f16: bool) -> tuple[str, list[str]]:
+    """Common declarations; returns (text, binding names in order)."""
+    names = ["dims", "x"]
+    text = "enable f16;\n" if f16 else ""
+    text += f"const N: u32 = {n}u;\nconst K: u32 = {k}u;\n"
+    text += "struct Dims { m: u32, r0: u32, r1: u32, r2: u32 }\nstruct C8 { a: vec4<f32>, b: vec4<f32> }\n"
+    text += "@group(0) @binding(0) var<uniform> dims: Dims;\n"
+    text += "@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;\n"
+    decl, nb = _weight_decls(fmt, 0, 2)
+    text += decl
+    names += ["w", "absmax"] if fmt == "nf4" else ["w"]
+    if epilogue == "swiglu":
+        decl, nb = _weight_decls(fmt, 1, nb)
+        text += decl
+        names += ["w_up", "absmax_up"] if fmt == "nf4" else ["w_up"]
+    text += f"@group(0) @binding({nb}) var<storage, read_write> out: array<f32>;\n"
+    names.append("out")
+    if fmt == "nf4":
+        text += _codes_decl()
+    text += _load8_fn(fmt, 0)
+    if epilogue == "swiglu":
+        text += _load8_fn(fmt, 1)
+    return text, names
+
+
+def _codes_init(fmt: str) -> str:
+    if fmt != "nf4":
+        return ""
+    return "    if (li < 16u) { codes[li] = NF4_CODES[li]; }\n    workgroupBarrier();\n"
+
+
+def _store(epilogue: str, idx: str, acc: str, up: str | None = None) -> str:
+    if epilogue == "residual":
+        return f"out[{idx}] = out[{idx}] + {acc};"
+    if epilogue == "swiglu":
+        return f"out[{idx}] = ({acc} / (1.0 + exp(-{acc}))) * {up};"
+    return f"out[{idx}] = {acc};"
+
+
+# ---------------------------------------------------------------------------------------------- generators
+def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, k: int) -> str:
+    """WGSL of the tiled kernel for one config and (N, K)."""
+    BM, BN, BK, TM, TN, F16S = (cfg[p] for p in ("BM", "BN", "BK", "TM", "TN", "F16S"))
+    TX, TY = BN // TN, BM // TM
+    NT = TX * TY
+    paired = epilogue == "swiglu"
+    head, _ = _header(fmt, epilogue, n, k, F16S)
+    st = "f16" if F16S else "f32"
+    XS = BK + 1  # padded row stride: threads of different rows hit different banks
+    L = [head]
+    L.append(f"const BM: u32 = {BM}u;\nconst BN: u32 = {BN}u;\nconst BK: u32 = {BK}u;\nconst XS: u32 = {XS}u;\n")
+    L.append(f"var<workgroup> Ws0: array<{st}, {BK * BN}>;  // (BK, BN) decoded weights of this step\n")
+    if paired:
+        L.append(f"var<workgroup> Ws1: array<{st}, {BK * BN}>;  // (BK, BN) up-projection weights\n")
+    L.append(f"var<workgroup> Xs: array<{st}, {BM * XS}>;  // (BM, BK+1) activations of this step\n")
+    L.append(f"@compute @workgroup_size({NT})\n"
+             "fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {\n")
+    L.append(_codes_init(fmt))
+    L.append(f"    let M = dims.m;\n    let n0 = wid.x * BN;\n    let m0 = wid.y * BM;\n"
+             f"    let tx = li % {TX}u;\n    let ty = li / {TX}u;\n")
+    for s in range(2 if paired else 1):
+        for i in range(TM):
+            L.append("    " + " ".join(f"var a{s}_{i}_{j} = 0.0;" for j in range(TN)) + "\n")
+    # weight loads: BN*BK/8 chunks of 8, neighbours read neighbouring chunks of one row
+    wchunks = BN * BK // 8
+    xvecs = BM * BK // 4
+    cv = "f16" if F16S else ""
+
+    def cast(e: str) -> str:
+        return f"{cv}({e})" if F16S else e
+
+    L.append("    for (var k0 = 0u; k0 < K; k0 = k0 + BK) {\n")
+    L.append(f"        for (var t = li; t < {wchunks}u; t = t + {NT}u) {{\n"
+             f"            let cl = t % {BK // 8}u;\n            let nl = t / {BK // 8}u;\n"
+             "            let row = min(n0 + nl, N - 1u);\n")
+    for s in range(2 if paired else 1):
+        L.append(f"            let v{s} = load8_{s}(row, k0 / 8u + cl);\n")
+        for e in range(8):
+            comp = ("a", "b")[e // 4] + "." + "xyzw"[e % 4]
+            L.append(f"            Ws{s}[(cl * 8u + {e}u) * BN + nl] = {cast(f'v{s}.{comp}')};\n")
+    L.append("        }\n")
+    L.append(f"        for (var t = li; t < {xvecs}u; t = t + {NT}u) {{\n"
+             f"            let ml = t / {BK // 4}u;\n            let q = t % {BK // 4}u;\n"
+             "            var v = vec4<f32>(0.0);\n"
+             "            if (m0 + ml < M) { v = x[(m0 + ml) * (K / 4u) + k0 / 4u + q]; }\n")
+    for e in range(4):
+        L.append(f"            Xs[ml * XS + q * 4u + {e}u] = {cast('v.' + 'xyzw'[e])};\n")
+    L.append("        }\n        workgroupBarrier();\n")
+    L.append("        for (var kk = 0u; kk < BK; kk = kk + 1u) {\n")
+    for i in range(TM):
+        L.append(f"            let x{i} = f32(Xs[(ty + {i * TY}u) * XS + kk]);\n")
+    for s in range(2 if paired else 1):
+        for j in range(TN):
+            L.append(f"            let w{s}_{j} = f32(Ws{s}[kk * BN + tx + {j * TX}u]);\n")
+        for i in range(TM):
+            L.append("            " + " ".join(f"a{s}_{i}_{j} = fma(x{i}, w{s}_{j}, a{s}_{i}_{j});"
+                                              for j in range(TN)) + "\n")
+    L.append("        }\n        workgroupBarrier();\n    }\n")
+    for i in range(TM):
+        L.append(f"    let r{i} = m0 + ty + {i * TY}u;\n")
+        for j in range(TN):
+            up = f"a1_{i}_{j}" if paired else None
+            L.append(f"    if (r{i} < M && n0 + tx + {j * TX}u < N) {{ "
+                     f"{_store(epilogue, f'r{i} * N + n0 + tx + {j * TX}u', f'a0_{i}_{j}', up)} }}\n")
+    L.append("}\n")
+    return "".join(L)
+
+
+def rows_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, k: int) -> str:
+    """WGSL of the short-row (matrix-vector style) kernel for one config and (N, K)."""
+    WG, NC, RM, EL = (cfg[p] for p in ("WG", "NC", "RM", "EL"))
+    TPC = WG // NC
+    CH = EL // 8
+    paired = epilogue == "swiglu"
+    nv = (2 if paired else 1) * RM  # partial sums per thread
+    head, _ = _header(fmt, epilogue, n, k, False)
+    L = [head]
+    L.append(f"const TPC: u32 = {TPC}u;\nconst NV: u32 = {nv}u;\n")
+    L.append(f"var<workgroup> red: array<f32, {WG * nv}>;  // (NC, NV, TPC) partial sums\n")
+    L.append(f"@compute @workgroup_size({WG})\n"
+             "fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {\n")
+    L.append(_codes_init(fmt))
+    L.append(f"    let M = dims.m;\n    let c = li / TPC;\n    let l = li % TPC;\n"
+             f"    let n = wid.x * {NC}u + c;\n    let nn = min(n, N - 1u);\n    let m0 = wid.y * {RM}u;\n")
+    for i in range(RM):
+        # clamp instead of branching inside the K loop; the epilogue skips rows >= M
+        L.append(f"    let x{i} = min(m0 + {i}u, M - 1u) * (K / 4u);\n")
+    for s in range(2 if paired else 1):
+        L.append("    " + " ".join(f"var a{s}_{i} = 0.0;" for i in range(RM)) + "\n")
+    L.append(f"    for (var c0 = l * {CH}u; c0 < K / 8u; c0 = c0 + {TPC * CH}u) {{\n")
+    for q in range(CH):
+        L.append(f"        let cc{q} = c0 + {q}u;\n")
+        for s in range(2 if paired else 1):
+            L.append(f"        let v{s}_{q} = load8_{s}(nn, cc{q});\n")
+        for i in range(RM):
+            L.append(f"        let xa{i}_{q} = x[x{i} + 2u * cc{q}];\n        let xb{i}_{q} = x[x{i} + 2u * cc{q} + 1u];\n")
+            for s in range(2 if paired else 1):
+                L.append(f"        a{s}_{i} = a{s}_{i} + dot(xa{i}_{q}, v{s}_{q}.a) + dot(xb{i}_{q}, v{s}_{q}.b);\n")
+    L.append("    }\n")
+    for s in range(2 if paired else 1):
+        for i in range(RM):
+            L.append(f"    red[(c * NV + {s * RM + i}u) * TPC + l] = a{s}_{i};\n")
+    L.append("    workgroupBarrier();\n")
+    L.append("    for (var h = TPC / 2u; h > 0u; h = h / 2u) {\n        if (l < h) {\n")
+    L.append("            for (var v = 0u; v < NV; v = v + 1u) {\n"
+             "                red[(c * NV + v) * TPC + l] = red[(c * NV + v) * TPC + l] + red[(c * NV + v) * TPC + l + h];\n"
+             "            }\n        }\n        workgroupBarrier();\n    }\n")
+    L.append("    if (l == 0u && n < N) {\n")
+    for i in range(RM):
+        acc = f"red[(c * NV + {i}u) * TPC]"
+        up = f"red[(c * NV + {RM + i}u) * TPC]" if paired else None
+        L.append(f"        if (m0 + {i}u < M) {{ {_store(epilogue, f'(m0 + {i}u) * N + n', acc, up)} }}\n")
+    L.append("    }\n}\n")
+    return "".join(L)
+
+
+def binding_names(fmt: str, epilogue: str) -> list[str]:
+    """Buffer names in binding order for (weights format, epilogue)."""
+    return _header(fmt, epilogue, 8, 64, False)[1]
+
+
+def grid(kind: str, cfg: Config | dict[str, Any], m: int, n: int) -> tuple[int, int, int]:
+    """Workgroups for M rows and N output columns."""
+    if kind == "tiled":
+        return (math.ceil(n / cfg["BN"]), math.ceil(m / cfg["BM"]), 1)
+    return (math.ceil(n / cfg["NC"]), math.ceil(m / cfg["RM"]), 1)
+
+
+def source(kind: str, cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, k: int) -> str:
+    if kind not in KINDS or fmt not in FORMATS or epilogue not in EPILOGUES:
+        raise ValueError(f"unknown matmul variant kind={kind} fmt={fmt} epilogue={epilogue}")
+    return (tiled_source if kind == "tiled" else rows_source)(cfg, fmt, epilogue, n, k)
+
+
+# ---------------------------------------------------------------------------------------------- spaces
+def tiled_space(paired: bool = False, features: Iterable[str] = ()) -> Space:
+    """Tile rows x cols, K step, per-thread tile, f16 staging; rules say which assumption a config breaks."""
+    feats = frozenset(features)
+    sets = 2 if paired else 1
+
+    def threads(c: Config) -> int:
+        return (c.BN // c.TN) * (c.BM // c.TM)
+
+    def storage(c: Config) -> int:
+        elem = 2 if c.F16S else 4
+        return (sets * c.BK * c.BN + c.BM * (c.BK + 1)) * elem + 64
+
+    rules = [
+        Rule("thread_rows", lambda c, _: divides(c.TM, c.BM),
+             lambda c, _: f"TM={c.TM} does not divide BM={c.BM}: rows would be dropped"),
+        Rule("thread_cols", lambda c, _: divides(c.TN, c.BN),
+             lambda c, _: f"TN={c.TN} does not divide BN={c.BN}: columns would be dropped"),
+        Rule("chunks_of_8", lambda c, _: c.BK % 8 == 0,
+             lambda c, _: f"BK={c.BK} is not a multiple of 8: weights decode 8 at a time (one NF4 word)"),
+        Rule("min_threads", lambda c, _: threads(c) >= 32,
+             lambda c, _: f"threads = (BN/TN)*(BM/TM) = {threads(c)} < 32: less than one subgroup of work"),
+        Rule("accumulators", lambda c, _: sets * c.TM * c.TN <= ACC_BUDGET,
+             lambda c, _: f"{sets}*TM*TN = {sets * c.TM * c.TN} scalar accumulators > {ACC_BUDGET}: they spill "
+                          "out of registers"),
+        Rule("f16_staging", lambda c, _: not c.F16S or "shader-f16" in feats,
+             lambda c, _: "F16S=True needs the adapter feature shader-f16, which this device lacks"),
+        Rule("invocations", lambda c, lim: threads(c) <= lim.max_invocations_per_workgroup,
+             lambda c, lim: f"threads = {threads(c)} > max_invocations_per_workgroup "
+                            f"{lim.max_invocations_per_workgroup}", needs_limits=True),
+        Rule("workgroup_x", lambda c, lim: threads(c) <= lim.max_workgroup_size[0],
+             lambda c, lim: f"workgroup size {threads(c)} > max_workgroup_size_x {lim.max_workgroup_size[0]}",
+             needs_limits=True),
+        Rule("workgroup_storage", lambda c, lim: storage(c) <= lim.max_workgroup_storage_bytes,
+             lambda c, lim: f"workgroup storage = ({sets}*BK*BN + BM*(BK+1))*{2 if c.F16S else 4} + 64 = "
+                            f"{storage(c)} bytes > max_workgroup_storage_bytes {lim.max_workgroup_storage_bytes}",
+             needs_limits=True),
+    ]
+    params = {"BM": [16, 32, 64, 128], "BN": [16, 32, 64, 128], "BK": [8, 16, 32], "TM": [1, 2, 4, 8],
+              "TN": [1, 2, 4, 8], "F16S": [False, True]}
+    return Space("nf4_matmul.tiled" + (".paired" if paired else ""), params, rules,
+                 fmt=lambda c: f"{c.BM}x{c.BN} K{c.BK} {c.TM}x{c.TN}{' f16s' if c.F16S else ''}")
+
+
+def rows_space(paired: bool = False) -> Space:
+    """Threads per workgroup, columns per workgroup, rows per workgroup, elements per lane step."""
+    sets = 2 if paired else 1
+    rules = [
+        Rule("columns_split", lambda c, _: divides(c.NC, c.WG),
+             lambda c, _: f"NC={c.NC} does not divide WG={c.WG}: lanes per column must be whole"),
+        Rule("pow2_lanes", lambda c, _: (c.WG // c.NC) & (c.WG // c.NC - 1) == 0,
+             lambda c, _: f"lanes per column WG/NC = {c.WG // c.NC} is not a power of two (tree reduction)"),
+        Rule("accumulators", lambda c, _: sets * c.RM * (1 + c.EL // 8) <= ACC_BUDGET,
+             lambda c, _: f"{sets}*RM*(1+EL/8) = {sets * c.RM * (1 + c.EL // 8)} live values > {ACC_BUDGET}"),
+        Rule("invocations", lambda c, lim: c.WG <= lim.max_invocations_per_workgroup,
+             lambda c, lim: f"WG={c.WG} > max_invocations_per_workgroup {lim.max_invocations_per_workgroup}",
+             needs_limits=True),
+        Rule("workgroup_storage", lambda c, lim: 4 * c.WG * sets * c.RM + 64 <= lim.max_workgroup_storage_bytes,
+             lambda c, lim: f"reduction storage 4*WG*{sets}*RM + 64 = {4 * c.WG * sets * c.RM + 64} bytes > "
+                            f"{lim.max_workgroup_storage_bytes}", needs_limits=True),
+    ]
+    params = {"WG": [32, 64, 128, 256], "NC": [1, 2, 4, 8], "RM": [1, 2, 4, 8], "EL": [8, 16, 32]}
+    return Space("nf4_matmul.rows" + (".paired" if paired else ""), params, rules,
+                 fmt=lambda c: f"wg{c.WG} nc{c.NC} rm{c.RM} el{c.EL}")
+
+
+def shape_problems(kind: str, cfg: Config | dict[str, Any], n: int, k: int) -> list[str]:
+    """Reasons (N, K) cannot run on this config; empty when fine."""
+    out = []
+    if k % NF4_BLOCK:
+        out.append(f"K={k} is not a multiple of {NF4_BLOCK} (one NF4 absmax block per 64 inputs of a row)")
+    if kind == "tiled" and k % cfg["BK"]:
+        out.append(f"K={k} is not a multiple of BK={cfg['BK']}")
+    if kind == "rows" and (k // 8) % (cfg["EL"] // 8):
+        out.append(f"K/8={k // 8} is not a multiple of EL/8={cfg['EL'] // 8}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- host side
+def pack_weight(w: np.ndarray, fmt: str) -> dict[str, np.ndarray]:
+    """Device arrays for one (out, in) weight in a format: nf4 -> {w: u32 words, absmax}, f16/f32 -> {w}."""
+    w = np.asarray(w)
+    if fmt == "nf4":
+        from tilewise.model.nf4 import quantize_nf4
+
+        t = quantize_nf4(w.astype(np.float32), 64)
+        return pack_nf4(t)
+    if fmt == "f16":
+        return {"w": np.ascontiguousarray(w.astype(np.float16)).view(np.uint32)}
+    return {"w": np.ascontiguousarray(w.astype(np.float32))}
+
+
+def pack_nf4(t: Any) -> dict[str, np.ndarray]:
+    """Device arrays of a bitsandbytes-layout NF4Tensor of shape (out, in) with blocksize 64."""
+    if t.blocksize != NF4_BLOCK or len(t.shape) != 2 or t.shape[1] % NF4_BLOCK:
+        raise ValueError(f"the WebGPU NF4 kernels need (out, in) weights with in % 64 == 0 and blocksize 64, "
+                         f"got shape {t.shape} blocksize {t.blocksize}")
+    if not np.array_equal(np.asarray(t.code, np.float32), np.asarray(NF4_CODES, np.float32)):
+        raise ValueError("the NF4 tensor uses a custom quant_map; the kernels have the standard NF4 codes built in")
+    packed = np.ascontiguousarray(t.packed.reshape(-1))
+    return {"w": packed.view(np.uint32), "absmax": np.ascontiguousarray(t.block_absmax().astype(np.float32))}
+
+
+def dequantized(packed: dict[str, np.ndarray], fmt: str, n: int, k: int) -> np.ndarray:
+    """float64 (N, K) weights exactly as the kernel sees them (the reference multiplies these)."""
+    if fmt == "nf4":
+        b = packed["w"].view(np.uint8)
+        codes = np.empty(b.size * 2, np.uint8)
+        codes[0::2], codes[1::2] = b >> 4, b & 15
+        vals = np.asarray(NF4_CODES, np.float32)[codes].reshape(n, k // 64, 64)
+        return (vals * packed["absmax"].reshape(n, k // 64, 1)).reshape(n, k).astype(np.float64)
+    if fmt == "f16":
+        return packed["w"].view(np.float16).reshape(n, k).astype(np.float64)
+    return packed["w"].reshape(n, k).astype(np.float64)
+
+
+class MatmulTemplate(KernelTemplate):
+    """One matmul variant (kind x weight format x epilogue) as the tuner sees it; shape = (M, N, K)."""
+
+    backend = "webgpu"
+    shape_names = ("M", "N", "K")
+
+    def __init__(self, kind: str = "tiled", fmt: str = "nf4", epilogue: str = "none",
+                 features: Iterable[str] = ()) -> None:
+        if kind not in KINDS or fmt not in FORMATS or epilogue not in EPILOGUES:
+            raise ValueError(f"unknown matmul variant kind={kind} fmt={fmt} epilogue={epilogue}")
+        self.kind, self.fmt, self.epilogue = kind, fmt, epilogue
+        self.features = frozenset(features)
+        self.name = f"{fmt}_matmul.{kind}.{epilogue}"
+        self.dtype = fmt
+
+    def space(self, which: str = "full") -> Space:
+        paired = self.epilogue == "swiglu"
+        return tiled_space(paired, self.features) if self.kind == "tiled" else rows_space(paired)
+
+    def default_config(self) -> Config:
+        return self.space().config(DEFAULT_TILED if self.kind == "tiled" else DEFAULT_ROWS)
+
+    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
+        return shape_problems(self.kind, config, shape[1], shape[2])
+
+    def source(self, config: Config, shape: Shape = (1, 64, 64)) -> str:
+        return source(self.kind, config, self.fmt, self.epilogue, shape[1], shape[2])
+
+    def compile(self, device: Device, config: Config, shape: Shape) -> Program:
+        return device.compile(self.source(config, shape), "main", name=f"{self.name}[{config}]")
+
+    def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
+        m, n, k = shape
+        host: HostInputs = {"x": rng.standard_normal((m, k)).astype(np.float32)}
+        for suffix in ("", "_up") if self.epilogue == "swiglu" else ("",):
+            w = (rng.standard_normal((n, k)) / math.sqrt(k)).astype(np.float32)
+            for key, arr in pack_weight(w, self.fmt).items():
+                host[key + suffix] = arr
+        if self.epilogue == "residual":
+            host["residual"] = rng.standard_normal((m, n)).astype(np.float32)
+        return host
+
+    def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
+        m, n, _ = shape
+        bufs: DeviceBuffers = {"dims": device.upload(np.array([m, 0, 0, 0], np.uint32), uniform=True)}
+        for key, arr in host.items():
+            bufs["_residual" if key == "residual" else key] = device.upload(arr)
+        bufs["out"] = device.allocate(4 * m * n)
+        return bufs
+
+    def poison(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> None:
+        # the residual epilogue reads `out`: poisoning it would poison the answer, so it is rewritten instead
+        # (each check and timing starts from the residual; unwritten elements still fail: they keep the
+        # residual, which differs from residual + x @ W^T)
+        if self.epilogue == "residual" and "_residual" in bufs:
+            device.write(bufs["out"], device.download(bufs["_residual"]))
+            return
+        super().poison(device, bufs, shape)
+
+    def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
+        m, n, _ = shape
+        order = [bufs[name] for name in binding_names(self.fmt, self.epilogue)]
+        return [Launch(program, grid(self.kind, config, m, n), order)]
+
+    def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
+        m, n, _ = shape
+        return device.download(bufs["out"], np.float32, (m, n))
+
+    def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
+        m, n, k = shape
+        x = host["x"].astype(np.float64)
+        y = x @ dequantized({"w": host["w"], "absmax": host.get("absmax")}, self.fmt, n, k).T
+        if self.epilogue == "swiglu":
+            u = x @ dequantized({"w": host["w_up"], "absmax": host.get("absmax_up")}, self.fmt, n, k).T
+            return y / (1.0 + np.exp(-y)) * u
+        if self.epilogue == "residual":
+            return host["residual"].astype(np.float64) + y
+        return y
+
+    def flops(self, shape: Shape) -> int:
+        m, n, k = shape
+        return 2 * m * n * k * (2 if self.epilogue == "swiglu" else 1)
+
+    def bytes_moved(self, shape: Shape) -> int:
+        m, n, k = shape
+        sets = 2 if self.epilogue == "swiglu" else 1
+        out_rw = 2 if self.epilogue == "residual" else 1
+        return int(4 * m * k + sets * n * k * WEIGHT_BYTES[self.fmt] + out_rw * 4 * m * n)
+
+    def tile_waste(self, config: Config, shape: Shape) -> float:
+        m, n, _ = shape
+        gx, gy, _ = grid(self.kind, config, m, n)
+        bm, bn = (config["BM"], config["BN"]) if self.kind == "tiled" else (config["RM"], config["NC"])
+        return gx * gy * bm * bn / (m * n)
+
+
+def all_templates(features: Iterable[str] = ()) -> list[MatmulTemplate]:
+    """Every matmul variant (for a registry)."""
+    return [MatmulTemplate(k, f, e, features) for k in KINDS for f in FORMATS for e in EPILOGUES]
+
+
+def check_limits(limits: Limits, name: str, nbytes: int) -> None:
+    """Refuse a weight that does not fit one storage binding, naming the tensor and the limit."""
+    from tilewise.errors import ConfigError
+
+    if nbytes > limits.max_storage_binding_bytes:
+        raise ConfigError(f"tensor {name} needs {nbytes} bytes in one storage binding, more than this adapter's "
+                          f"max_storage_binding_bytes {limits.max_storage_binding_bytes}",
+                          "use a smaller model or weight format (nf4), or an adapter with larger limits")
+
