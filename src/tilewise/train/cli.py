@@ -1,0 +1,127 @@
+"""`tilewise train`: imitate the expert player with an LFM2 classifier; write an HF folder (and NF4 with --nf4).
+
+    tilewise train --data games.twd --out runs/m [--shape default] [--steps N | --epochs E]
+                   [--time-budget-s S] [--batch B] [--lr LR] [--seed S] [--device auto|cpu|cuda] [--nf4 DIR]
+
+Needs the `train` extra (torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tilewise.errors import DeviceUnavailable
+
+
+def _attn_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--attn takes comma-separated block indices, got {text!r}") from None
+
+
+def register(sub: Any) -> None:
+    """Add the `train` subcommand to the CLI's subparsers."""
+    p = sub.add_parser("train", help="train an LFM2 classifier to imitate the expert player (needs torch)",
+                       description="Train an LFM2-architecture classifier (conv + attention blocks, SwiGLU, 8-way "
+                                   "head on the last position) on `tilewise game dataset` records. Writes an HF "
+                                   "folder (config.json, model.safetensors, tokenizer.json, training.json).")
+    p.add_argument("--data", required=True, help="dataset file from `tilewise game dataset`")
+    p.add_argument("--out", required=True, help="output folder for the HF-style model")
+    p.add_argument("--tokenizer", default=None, help="tokenizer.json the dataset was made with (default: the game's)")
+    p.add_argument("--shape", default="default", help="model shape: default, small or tiny (default: default)")
+    p.add_argument("--hidden", type=int, help="override the shape's hidden size")
+    p.add_argument("--layers", type=int, help="override the number of blocks")
+    p.add_argument("--attn", type=_attn_list, help="attention block indices, e.g. 2,5,7")
+    p.add_argument("--ffn", type=int, help="override the SwiGLU width")
+    p.add_argument("--heads", type=int, help="override the query heads")
+    p.add_argument("--kv-heads", type=int, help="override the key/value heads")
+    p.add_argument("--epochs", type=float, default=1.0, help="passes over the training games (default 1)")
+    p.add_argument("--steps", type=int, default=0, help="cap on optimizer steps (default: none)")
+    p.add_argument("--time-budget-s", type=float, default=0.0,
+                   help="stop training after this many seconds (anneals to it) and still write the model")
+    p.add_argument("--batch", type=int, default=64, help="decisions per step (default 64)")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    p.add_argument("--warmup", type=int, default=100, help="warm-up steps (default 100)")
+    p.add_argument("--weight-decay", type=float, default=0.05, help="AdamW weight decay on matrices")
+    p.add_argument("--heldout", type=float, default=0.05, help="share of games held out for agreement (default 0.05)")
+    p.add_argument("--seed", type=int, default=0, help="seed of init, shuffles and the held-out split")
+    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu or cuda[:N]")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (faster on a GPU after warm-up)")
+    p.add_argument("--log-every", type=int, default=50, help="steps between progress lines")
+    p.add_argument("--eval-every-s", type=float, default=30.0, help="seconds between held-out evaluations")
+    p.add_argument("--nf4", default=None, metavar="DIR", help="also convert the result to NF4 into DIR")
+    p.add_argument("--results-json", default=None, metavar="FILE", help="write the run's results as JSON here")
+    p.set_defaults(func=_cmd_train)
+
+
+def _need_torch() -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise DeviceUnavailable("`tilewise train` needs torch, which is not installed",
+                                "pip install 'tilewise[train]'") from None
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    _need_torch()
+    from tilewise.game.tokenizer import TOKENIZER_PATH, load_tokenizer
+    from tilewise.train.data import load_examples, split_games
+    from tilewise.train.shapes import model_config
+    from tilewise.train.trainer import TrainSettings, save_hf_folder, train
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    tok_path = Path(args.tokenizer) if args.tokenizer else TOKENIZER_PATH
+    if tok_path.is_dir():
+        tok_path = tok_path / "tokenizer.json"
+    tok = load_tokenizer(tok_path)
+    cfg = model_config(tok, args.shape, hidden=args.hidden, layers=args.layers, attn=args.attn, ffn=args.ffn,
+                       heads=args.heads, kv_heads=args.kv_heads)
+    t0 = time.perf_counter()
+    examples = load_examples(args.data, vocab_size=cfg.vocab_size, pad_id=cfg.pad_token_id or 0)
+    train_ex, held_ex = split_games(examples, args.heldout, args.seed)
+    log(f"data: {len(examples)} decisions from {args.data} in {time.perf_counter() - t0:.1f} s; "
+        f"prompt length {int(examples.lengths.min())}..{int(examples.lengths.max())} tokens")
+    settings = TrainSettings(epochs=args.epochs, max_steps=args.steps, time_budget_s=args.time_budget_s,
+                             batch_size=args.batch, lr=args.lr, weight_decay=args.weight_decay,
+                             warmup_steps=args.warmup, seed=args.seed, device=args.device,
+                             eval_every_s=args.eval_every_s, log_every=args.log_every, compile=args.compile)
+    model, result = train(cfg, train_ex, held_ex, settings, log=log)
+    record = {
+        "argv": sys.argv[1:],
+        "data": str(args.data),
+        "decisions": len(examples),
+        "train_decisions": len(train_ex),
+        "heldout_decisions": len(held_ex),
+        "heldout_games": len(set(held_ex.games.tolist())),
+        "parameters": cfg.parameter_count(),
+        "shape": {"hidden": cfg.hidden_size, "layers": cfg.num_layers, "attention_layers": cfg.attention_layers,
+                  "ffn": cfg.ffn_dim, "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads,
+                  "vocab": cfg.vocab_size},
+        "settings": settings,
+        "result": result,
+    }
+    out = save_hf_folder(model, cfg, args.out, tok_path, training=record)
+    log(f"wrote {out} (config.json, model.safetensors, tokenizer.json, training.json)")
+    if args.nf4:
+        from tilewise.train.export import convert_to_nf4
+
+        nf4_dir = convert_to_nf4(out, args.nf4)
+        log(f"wrote NF4 model {nf4_dir}")
+    if args.results_json:
+        Path(args.results_json).write_text(json.dumps(record, indent=2, default=_default) + "\n")
+    return 0
+
+
+def _default(x: Any) -> Any:
+    from tilewise.train.trainer import _jsonable
+
+    return _jsonable(x)
+

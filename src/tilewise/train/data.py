@@ -1,0 +1,143 @@
+"""Training examples: the game dataset's records as padded arrays, split into training and held-out games.
+
+Every record of `tilewise game dataset` is one decision: the prompt's token ids, the expert's action, the game
+it came from and the step in that game. Steps of one game are strongly correlated, so the held-out set is made
+of whole games: agreement on it measures what the model does on boards it has never seen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tilewise.errors import ConfigError
+
+NUM_ACTIONS = 6  # outputs 6 and 7 are reserved: never a target
+
+
+@dataclass
+class Examples:
+    """Decisions as arrays (right-padded token ids).
+
+    Attributes:
+        ids: (N, T) token ids, padded with `pad_id` after each prompt.
+        lengths: (N,) real prompt lengths.
+        actions: (N,) expert actions in 0..5.
+        games: (N,) game ids.
+        steps: (N,) step within the game.
+    """
+
+    ids: np.ndarray
+    lengths: np.ndarray
+    actions: np.ndarray
+    games: np.ndarray
+    steps: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.actions.shape[0])
+
+    def subset(self, mask: np.ndarray) -> Examples:
+        """The examples where `mask` is true, with padding trimmed to the longest kept prompt."""
+        lengths = self.lengths[mask]
+        width = int(lengths.max()) if lengths.size else 1
+        return Examples(self.ids[mask, :width], lengths, self.actions[mask], self.games[mask], self.steps[mask])
+
+    def action_counts(self) -> list[int]:
+        """How many examples carry each action 0..5."""
+        return np.bincount(self.actions, minlength=NUM_ACTIONS)[:NUM_ACTIONS].tolist()
+
+
+def from_records(token_ids: list[np.ndarray] | list[list[int]], actions: np.ndarray | list[int],
+                 games: np.ndarray | list[int], steps: np.ndarray | list[int], pad_id: int,
+                 vocab_size: int | None = None) -> Examples:
+    """Pad variable-length prompts into one array and check every field.
+
+    Args:
+        token_ids: one sequence of token ids per decision.
+        actions: the expert's action per decision (0..5).
+        games: game id per decision.
+        steps: step within its game per decision.
+        pad_id: token written after each prompt (never read: the model is causal and reads the last real token).
+        vocab_size: when given, every id must be below it.
+
+    Returns:
+        The examples.
+    """
+    n = len(token_ids)
+    actions = np.asarray(actions, dtype=np.int64).reshape(-1)
+    games = np.asarray(games, dtype=np.int64).reshape(-1)
+    steps = np.asarray(steps, dtype=np.int64).reshape(-1)
+    if not (actions.size == games.size == steps.size == n):
+        raise ConfigError(f"dataset fields disagree in length: {n} prompts, {actions.size} actions, "
+                          f"{games.size} game ids, {steps.size} steps", "regenerate it with `tilewise game dataset`")
+    if n == 0:
+        raise ConfigError("the dataset holds no decisions", "generate one with `tilewise game dataset --games N`")
+    bad = np.flatnonzero((actions < 0) | (actions >= NUM_ACTIONS))
+    if bad.size:
+        raise ConfigError(f"record {int(bad[0])} has expert action {int(actions[bad[0]])}, outside 0..5 "
+                          f"(6 and 7 are reserved outputs)", "regenerate the dataset with `tilewise game dataset`")
+    lengths = np.fromiter((len(t) for t in token_ids), dtype=np.int64, count=n)
+    if int(lengths.min()) < 1:
+        raise ConfigError(f"record {int(np.argmin(lengths))} has an empty prompt", "regenerate the dataset")
+    width = int(lengths.max())
+    ids = np.full((n, width), pad_id, dtype=np.int32)  # (N, T)
+    for i, t in enumerate(token_ids):
+        ids[i, : lengths[i]] = t
+    if vocab_size is not None:
+        top = int(ids.max())
+        if top >= vocab_size or int(ids.min()) < 0:
+            raise ConfigError(f"the dataset has token id {top}, but the tokenizer has only {vocab_size} tokens",
+                              "regenerate the dataset with the tokenizer the model is trained with")
+    return Examples(ids, lengths, actions, games, steps)
+
+
+def split_games(ex: Examples, heldout_fraction: float, seed: int) -> tuple[Examples, Examples]:
+    """Split by whole games: a seeded choice of `heldout_fraction` of the games becomes the held-out set.
+
+    Args:
+        ex: all examples.
+        heldout_fraction: share of games held out, in [0, 1); at least one game is held out when there are two.
+        seed: seed of the choice.
+
+    Returns:
+        (train, heldout).
+    """
+    if not 0.0 <= heldout_fraction < 1.0:
+        raise ConfigError(f"held-out fraction {heldout_fraction} is outside [0, 1)", "use e.g. 0.05")
+    game_ids = np.unique(ex.games)
+    n_held = round(heldout_fraction * game_ids.size)
+    if heldout_fraction > 0 and game_ids.size >= 2:
+        n_held = min(max(n_held, 1), game_ids.size - 1)
+    rng = np.random.default_rng(seed)
+    held = rng.permutation(game_ids)[:n_held]
+    mask = np.isin(ex.games, held)
+    return ex.subset(~mask), ex.subset(mask)
+
+
+def load_examples(path: str | Path, vocab_size: int | None = None, pad_id: int = 0) -> Examples:
+    """Read a `tilewise game dataset` file into padded examples.
+
+    Args:
+        path: the dataset file.
+        vocab_size: when given, token ids are checked against it.
+        pad_id: padding token id.
+
+    Returns:
+        The examples.
+    """
+    from tilewise.game.dataset import read_dataset
+
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"dataset file {path} does not exist",
+                          "generate one with `tilewise game dataset --games N --seed S --out FILE`")
+    data = read_dataset(path)
+    return from_dataset(data, vocab_size=vocab_size, pad_id=pad_id)
+
+
+def from_dataset(data: object, vocab_size: int | None = None, pad_id: int = 0) -> Examples:
+    """Adapt what `tilewise.game.dataset.read_dataset` returns (see that module) to `Examples`."""
+    return from_records(data.token_ids, data.actions, data.game_ids, data.steps, pad_id=pad_id,  # type: ignore[attr-defined]
+                        vocab_size=vocab_size)
