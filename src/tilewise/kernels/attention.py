@@ -1,0 +1,262 @@
+"""LFM2 attention in WGSL: per-head q/k RMSNorm + RoPE into a KV cache, then causal GQA softmax(QK^T)V.
+
+Variants:
+- `qknorm_rope`: one workgroup of D threads per (row, head) over q, k and v heads of the fused qkv
+  projection: RMSNorm q and k per head (eps = norm_eps), rotate by RoPE (half-split pairs d, d + D/2,
+  theta from the config; cos/sin come from a float64-built table, so that positions in the thousands keep
+  f32 accuracy), write q to `q`, k and v into the cache rows P .. P+M-1 (P = positions already cached).
+- `attention`: flash-style, one thread per query row, BQ query rows of one head per workgroup; keys and
+  values are staged in workgroup memory BKV at a time (read by every thread: broadcast) and folded in with
+  an online softmax, q and the output held in D/4 scalar vec4 registers (generated, unrolled). GQA: head h
+  reads kv head h / (Hq / Hkv). Queries can start at a row offset (final-row slicing: only the last row).
+
+Bindings (qknorm_rope): dims (m = M, r0 = P), qkv (M, (Hq+2Hkv) D), q_norm (D), k_norm (D), cos (cap, D/2),
+sin (cap, D/2), q (M, Hq D), k_cache (cap, Hkv D), v_cache (cap, Hkv D).
+Bindings (attention): dims (m = queries, r0 = P, r1 = first query row), q, k_cache, v_cache, out (m, Hq D).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tilewise.devices.base import Device, Launch, Program
+from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
+from tilewise.tune.space import Config, Rule, Space
+
+ROPE_BINDINGS = ["dims", "qkv", "q_norm", "k_norm", "cos", "sin", "q", "k_cache", "v_cache"]
+ATTN_BINDINGS = ["dims", "q", "k_cache", "v_cache", "out"]
+DEFAULT_ATTN = {"BQ": 32, "BKV": 16}
+
+
+def rope_table(positions: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """(cos, sin) of shape (positions, D/2), computed in float64 then rounded to f32."""
+    inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # (D/2,)
+    ang = np.arange(positions, dtype=np.float64)[:, None] * inv[None, :]
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def qknorm_rope_source(hq: int, hkv: int, d: int, eps: float) -> str:
+    return f"""struct Dims {{ m: u32, r0: u32, r1: u32, r2: u32 }}
+@group(0) @binding(0) var<uniform> dims: Dims;
+@group(0) @binding(1) var<storage, read> qkv: array<f32>;
+@group(0) @binding(2) var<storage, read> q_norm: array<f32>;
+@group(0) @binding(3) var<storage, read> k_norm: array<f32>;
+@group(0) @binding(4) var<storage, read> cos_t: array<f32>;
+@group(0) @binding(5) var<storage, read> sin_t: array<f32>;
+@group(0) @binding(6) var<storage, read_write> q: array<f32>;
+@group(0) @binding(7) var<storage, read_write> k_cache: array<f32>;
+@group(0) @binding(8) var<storage, read_write> v_cache: array<f32>;
+const HQ: u32 = {hq}u;
+const HKV: u32 = {hkv}u;
+const D: u32 = {d}u;
+const HALF: u32 = {d // 2}u;
+var<workgroup> red: array<f32, {d}>;
+var<workgroup> nv: array<f32, {d}>;
+@compute @workgroup_size({d})
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
+    let hh = wid.x;
+    let m = wid.y;
+    let pos = dims.r0 + m;
+    let v = qkv[m * (HQ + 2u * HKV) * D + hh * D + li];
+    if (hh >= HQ + HKV) {{
+        v_cache[pos * HKV * D + (hh - HQ - HKV) * D + li] = v;
+        return;
+    }}
+    red[li] = v * v;
+    workgroupBarrier();
+    for (var h = D / 2u; h > 0u; h = h / 2u) {{
+        if (li < h) {{ red[li] = red[li] + red[li + h]; }}
+        workgroupBarrier();
+    }}
+    let rs = inverseSqrt(red[0] / f32(D) + {eps!r});
+    var w = k_norm[li];
+    if (hh < HQ) {{ w = q_norm[li]; }}
+    let n = v * rs * w;
+    nv[li] = n;
+    workgroupBarrier();
+    var o: f32;
+    if (li < HALF) {{
+        o = n * cos_t[pos * HALF + li] - nv[li + HALF] * sin_t[pos * HALF + li];
+    }} else {{
+        o = n * cos_t[pos * HALF + li - HALF] + nv[li - HALF] * sin_t[pos * HALF + li - HALF];
+    }}
+    if (hh < HQ) {{
+        q[m * HQ * D + hh * D + li] = o;
+    }} else {{
+        k_cache[pos * HKV * D + (hh - HQ) * D + li] = o;
+    }}
+}}
+"""
+
+
+def attention_source(cfg: Config | dict, hq: int, hkv: int, d: int) -> str:
+    BQ, BKV = cfg["BQ"], cfg["BKV"]
+    d4 = d // 4
+    scale = 1.0 / math.sqrt(d)
+    L = [f"""struct Dims {{ m: u32, r0: u32, r1: u32, r2: u32 }}
+@group(0) @binding(0) var<uniform> dims: Dims;
+@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> k_cache: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> v_cache: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
+const HQ: u32 = {hq}u;
+const HKV: u32 = {hkv}u;
+const D4: u32 = {d4}u;
+const BQ: u32 = {BQ}u;
+const BKV: u32 = {BKV}u;
+var<workgroup> Ks: array<vec4<f32>, {BKV * d4}>;  // (BKV, D) keys of this step
+var<workgroup> Vs: array<vec4<f32>, {BKV * d4}>;  // (BKV, D) values of this step
+@compute @workgroup_size({BQ})
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
+    let nq = dims.m;
+    let h = wid.y;
+    let hk = h / (HQ / HKV);
+    let i = wid.x * BQ + li;
+    let row = dims.r1 + min(i, nq - 1u);
+    let pos = dims.r0 + row;
+    let nkeys = dims.r0 + dims.r1 + min(wid.x * BQ + BQ, nq);
+    let qb = (row * HQ + h) * D4;
+"""]
+    for j in range(d4):
+        L.append(f"    let q{j} = q[qb + {j}u] * {scale!r};\n")
+    L.append("    " + " ".join(f"var o{j} = vec4<f32>(0.0);" for j in range(d4)) + "\n")
+    L.append("    var mx = -3.0e38;\n    var l = 0.0;\n")
+    L.append("    for (var kt = 0u; kt < nkeys; kt = kt + BKV) {\n"
+             "        for (var t = li; t < BKV * D4; t = t + BQ) {\n"
+             "            let key = kt + t / D4;\n"
+             "            var kv = vec4<f32>(0.0);\n            var vv = vec4<f32>(0.0);\n"
+             "            if (key < nkeys) {\n"
+             "                kv = k_cache[(key * HKV + hk) * D4 + t % D4];\n"
+             "                vv = v_cache[(key * HKV + hk) * D4 + t % D4];\n"
+             "            }\n            Ks[t] = kv;\n            Vs[t] = vv;\n        }\n"
+             "        workgroupBarrier();\n"
+             "        let kend = min(BKV, nkeys - kt);\n"
+             "        for (var jj = 0u; jj < kend; jj = jj + 1u) {\n")
+    L.append("            let s = " + " + ".join(f"dot(q{j}, Ks[jj * D4 + {j}u])" for j in range(d4)) + ";\n")
+    L.append("            if (kt + jj <= pos) {\n"
+             "                let mn = max(mx, s);\n                let cr = exp(mx - mn);\n"
+             "                let p = exp(s - mn);\n                l = l * cr + p;\n                mx = mn;\n")
+    for j in range(d4):
+        L.append(f"                o{j} = o{j} * cr + p * Vs[jj * D4 + {j}u];\n")
+    L.append("            }\n        }\n        workgroupBarrier();\n    }\n")
+    L.append("    if (i < nq) {\n        let ob = (i * HQ + h) * D4;\n        let il = 1.0 / l;\n")
+    for j in range(d4):
+        L.append(f"        out[ob + {j}u] = o{j} * il;\n")
+    L.append("    }\n}\n")
+    return "".join(L)
+
+
+def attention_space(d: int = 64) -> Space:
+    return Space("attention", {"BQ": [16, 32, 64, 128], "BKV": [8, 16, 32, 64]}, [
+        Rule("invocations", lambda c, lim: c.BQ <= lim.max_invocations_per_workgroup,
+             lambda c, lim: f"BQ={c.BQ} > max_invocations_per_workgroup {lim.max_invocations_per_workgroup}",
+             needs_limits=True),
+        Rule("workgroup_storage", lambda c, lim: 2 * c.BKV * d * 4 <= lim.max_workgroup_storage_bytes,
+             lambda c, lim: f"K and V tiles 2*BKV*D*4 = {2 * c.BKV * d * 4} bytes > "
+                            f"max_workgroup_storage_bytes {lim.max_workgroup_storage_bytes}", needs_limits=True),
+    ], fmt=lambda c: f"bq{c.BQ} bkv{c.BKV}")
+
+
+def attention_grid(cfg: Config | dict, nq: int, hq: int) -> tuple[int, int, int]:
+    return (math.ceil(nq / cfg["BQ"]), hq, 1)
+
+
+# ---------------------------------------------------------------------------------------------- references
+def qknorm_rope_ref(qkv: np.ndarray, qn: np.ndarray, kn: np.ndarray, p: int, hq: int, hkv: int, d: int,
+                    theta: float, eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """float64 (q (M, Hq, D), k (M, Hkv, D), v (M, Hkv, D)) for rows at positions p .. p+M-1."""
+    m = qkv.shape[0]
+    x = qkv.astype(np.float64).reshape(m, hq + 2 * hkv, d)
+    q, k, v = x[:, :hq], x[:, hq:hq + hkv], x[:, hq + hkv:]
+
+    def norm(t: np.ndarray, w: np.ndarray) -> np.ndarray:
+        return t / np.sqrt((t * t).mean(-1, keepdims=True) + eps) * w.astype(np.float64)
+
+    inv = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    ang = (p + np.arange(m, dtype=np.float64))[:, None] * inv[None, :]  # (M, D/2)
+    cos = np.concatenate([np.cos(ang)] * 2, -1)[:, None, :]
+    sin = np.concatenate([np.sin(ang)] * 2, -1)[:, None, :]
+
+    def rope(t: np.ndarray) -> np.ndarray:
+        rot = np.concatenate([-t[..., d // 2:], t[..., :d // 2]], -1)
+        return t * cos + rot * sin
+
+    return rope(norm(q, qn)), rope(norm(k, kn)), v
+
+
+def attention_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, p: int, first: int = 0) -> np.ndarray:
+    """Causal GQA attention of queries q (Mq, Hq, D) at rows first.. of a chunk after p cached positions
+    over keys/values k, v (T, Hkv, D); returns (Mq, Hq * D) float64."""
+    mq, hq, d = q.shape
+    hkv = k.shape[1]
+    out = np.empty((mq, hq, d))
+    for h in range(hq):
+        kh, vh = k[:, h // (hq // hkv)].astype(np.float64), v[:, h // (hq // hkv)].astype(np.float64)
+        s = q[:, h].astype(np.float64) @ kh.T / math.sqrt(d)  # (Mq, T)
+        pos = p + first + np.arange(mq)
+        s = np.where(np.arange(k.shape[0])[None, :] <= pos[:, None], s, -np.inf)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        out[:, h] = (s / s.sum(-1, keepdims=True)) @ vh
+    return out.reshape(mq, hq * d)
+
+
+class AttentionTemplate(KernelTemplate):
+    """Causal GQA attention over a KV cache; shape = (Mq, P, Hq, Hkv, D): Mq new query rows after P cached."""
+
+    name = "attention"
+    backend = "webgpu"
+    shape_names = ("M", "P", "HQ", "HKV", "D")
+
+    def space(self, which: str = "full") -> Space:
+        return attention_space()
+
+    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
+        _, _, hq, hkv, d = shape
+        out = []
+        if d % 4:
+            out.append(f"head_dim {d} is not a multiple of 4 (vec4 registers)")
+        if hq % hkv:
+            out.append(f"{hq} heads are not a multiple of {hkv} kv heads")
+        return out
+
+    def source(self, config: Config, shape: Shape = (1, 0, 4, 2, 16)) -> str:
+        return attention_source(config, shape[2], shape[3], shape[4])
+
+    def compile(self, device: Device, config: Config, shape: Shape) -> Program:
+        return device.compile(self.source(config, shape), "main", name=f"attention[{config}]")
+
+    def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
+        m, p, hq, hkv, d = shape
+        return {"q": rng.standard_normal((m, hq * d)).astype(np.float32),
+                "k_cache": rng.standard_normal((p + m, hkv * d)).astype(np.float32),
+                "v_cache": rng.standard_normal((p + m, hkv * d)).astype(np.float32)}
+
+    def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
+        m, p, hq, _, d = shape
+        bufs = {k: device.upload(v) for k, v in host.items()}
+        bufs["dims"] = device.upload(np.array([m, p, 0, 0], np.uint32), uniform=True)
+        bufs["out"] = device.allocate(4 * m * hq * d)
+        return bufs
+
+    def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
+        return [Launch(program, attention_grid(config, shape[0], shape[2]), [bufs[k] for k in ATTN_BINDINGS])]
+
+    def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
+        m, _, hq, _, d = shape
+        return device.download(bufs["out"], np.float32, (m, hq * d))
+
+    def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
+        m, p, hq, hkv, d = shape
+        return attention_ref(host["q"].reshape(m, hq, d), host["k_cache"].reshape(-1, hkv, d),
+                             host["v_cache"].reshape(-1, hkv, d), p)
+
+    def flops(self, shape: Shape) -> int:
+        m, p, hq, _, d = shape
+        keys = m * p + m * (m + 1) // 2  # causal: query i sees p + i + 1 keys
+        return 4 * keys * hq * d
+
+    def bytes_moved(self, shape: Shape) -> int:
+        m, p, hq, hkv, d = shape
+        return 4 * (2 * m * hq * d + 2 * (p + m) * hkv * d)

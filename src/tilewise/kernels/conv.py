@@ -1,0 +1,127 @@
+"""LFM2's short conv in WGSL: Bx = B * x, depthwise causal conv over time (kernel L = conv_L_cache), y = C * conv.
+
+Variant: one thread per (row, channel); a workgroup covers WG channels of one row. The `in_proj` output
+BCx (M, 3H) holds B, C and x side by side (HF's `chunk(3)` order). Rows before the chunk come from
+`state_in` ((L-1, H): Bx of the previous L-1 positions, oldest first; zeros at the start of a prompt), and
+the last L-1 Bx rows go to `state_out`, a different buffer, so that a prefix state is never modified
+when a decision branches off it (prefix cache).
+
+Bindings: dims (m = M), bcx (M, 3H), state_in (L-1, H), weight (H, L), y (M, H), state_out (L-1, H).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tilewise.devices.base import Device, Launch, Program
+from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
+from tilewise.tune.space import Config, Rule, Space
+
+BINDINGS = ["dims", "bcx", "state_in", "weight", "y", "state_out"]
+
+
+def conv_source(wg: int, h: int, taps: int) -> str:
+    """WGSL of the gated depthwise causal conv for hidden size `h` and kernel `taps`."""
+    terms = " + ".join(f"weight[c * L + {j}u] * bx(i32(t) - {taps - 1 - j}, c)" for j in range(taps))
+    return f"""struct Dims {{ m: u32, r0: u32, r1: u32, r2: u32 }}
+@group(0) @binding(0) var<uniform> dims: Dims;
+@group(0) @binding(1) var<storage, read> bcx: array<f32>;
+@group(0) @binding(2) var<storage, read> state_in: array<f32>;
+@group(0) @binding(3) var<storage, read> weight: array<f32>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+@group(0) @binding(5) var<storage, read_write> state_out: array<f32>;
+const H: u32 = {h}u;
+const L: u32 = {taps}u;
+
+fn bx(t: i32, c: u32) -> f32 {{
+    if (t < 0) {{ return state_in[u32(i32(L) - 1 + t) * H + c]; }}
+    let base = u32(t) * 3u * H;
+    return bcx[base + c] * bcx[base + 2u * H + c];
+}}
+
+@compute @workgroup_size({wg})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{
+    let c = gid.x;
+    let t = wid.y;
+    if (c >= H) {{ return; }}
+    let acc = {terms};
+    y[t * H + c] = bcx[t * 3u * H + H + c] * acc;
+    if (t == 0u) {{
+        for (var i = 0u; i < L - 1u; i = i + 1u) {{
+            state_out[i * H + c] = bx(i32(dims.m) - i32(L) + 1 + i32(i), c);
+        }}
+    }}
+}}
+"""
+
+
+def conv_ref(bcx: np.ndarray, state: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float64 (y (M, H), new state (L-1, H)) of the gated causal conv."""
+    h = weight.shape[0]
+    taps = weight.shape[1]
+    b, c, x = (bcx[:, i * h:(i + 1) * h].astype(np.float64) for i in range(3))
+    bx = np.concatenate([state.astype(np.float64), b * x])  # (L-1+M, H)
+    m = bcx.shape[0]
+    conv = sum(weight[:, j].astype(np.float64) * bx[j:j + m] for j in range(taps))
+    return c * conv, bx[-(taps - 1):]
+
+
+class ConvTemplate(KernelTemplate):
+    """Gated depthwise causal conv; shape = (M, H, L). Output: y (M, H) followed by the new state."""
+
+    name = "shortconv"
+    backend = "webgpu"
+    shape_names = ("M", "H", "L")
+
+    def space(self, which: str = "full") -> Space:
+        return Space("shortconv", {"WG": [32, 64, 128, 256]}, [
+            Rule("invocations", lambda c, lim: c.WG <= lim.max_invocations_per_workgroup,
+                 lambda c, lim: f"WG={c.WG} > max_invocations_per_workgroup {lim.max_invocations_per_workgroup}",
+                 needs_limits=True)])
+
+    def source(self, config: Config, shape: Shape = (1, 64, 3)) -> str:
+        return conv_source(config["WG"], shape[1], shape[2])
+
+    def compile(self, device: Device, config: Config, shape: Shape) -> Program:
+        return device.compile(self.source(config, shape), "main", name=f"shortconv[{config}]")
+
+    def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
+        m, h, taps = shape
+        return {"bcx": rng.standard_normal((m, 3 * h)).astype(np.float32),
+                "state_in": rng.standard_normal((taps - 1, h)).astype(np.float32),
+                "weight": rng.standard_normal((h, taps)).astype(np.float32)}
+
+    def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
+        m, h, taps = shape
+        bufs = {k: device.upload(v) for k, v in host.items()}
+        bufs["dims"] = device.upload(np.array([m, 0, 0, 0], np.uint32), uniform=True)
+        bufs["out"] = device.allocate(4 * m * h)
+        bufs["state_out"] = device.allocate(4 * (taps - 1) * h)
+        return bufs
+
+    def poison(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> None:
+        for k in ("out", "state_out"):
+            device.write(bufs[k], np.full(bufs[k].nbytes // 4, np.nan, np.float32))
+
+    def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
+        b = {**bufs, "y": bufs["out"]}
+        return [Launch(program, (math.ceil(shape[1] / config["WG"]), shape[0], 1), [b[k] for k in BINDINGS])]
+
+    def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
+        m, h, taps = shape
+        return np.concatenate([device.download(bufs["out"], np.float32, (m, h)),
+                               device.download(bufs["state_out"], np.float32, (taps - 1, h))])
+
+    def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
+        y, state = conv_ref(host["bcx"], host["state_in"], host["weight"])
+        return np.concatenate([y, state])
+
+    def flops(self, shape: Shape) -> int:
+        m, h, taps = shape
+        return m * h * (2 * taps + 2)
+
+    def bytes_moved(self, shape: Shape) -> int:
+        m, h, taps = shape
+        return 4 * (4 * m * h + 2 * (taps - 1) * h + taps * h)
