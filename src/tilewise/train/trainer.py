@@ -253,7 +253,7 @@ def train(cfg: ModelConfig, train_ex: Examples, heldout_ex: Examples, settings: 
         tokens_total += tokens
         if step % settings.log_every == 0 or step == max_steps:
             # one host sync per log line keeps the GPU queue full between them
-            loss_sum = float(loss)
+            loss_sum = float(loss.detach())
             correct = int((scores[:, :6].argmax(-1) == target).sum())
             seen = int(target.numel())
             now = time.perf_counter()
