@@ -300,6 +300,7 @@ class Checkpoint:
                 "config": cfg_text}
         tmp = dst / "model.safetensors.partial"
         _save_safetensors(tensors, tmp, meta)
+        tmp.chmod(0o644)
         tmp.replace(dst / "model.safetensors")  # never leave a half-written checkpoint under the real name
         (dst / "config.json").write_text(cfg_text + "\n")
         if self.tokenizer_path is not None and self.tokenizer_path.resolve() != (dst / "tokenizer.json").resolve():

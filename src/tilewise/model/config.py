@@ -57,7 +57,7 @@ class ModelConfig:
     bos_token_id: int | None = 1
     eos_token_id: int | None = 2
     pad_token_id: int | None = 0
-    name: str = "lfm2"
+    name: str = field(default="lfm2", compare=False)
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
