@@ -37,24 +37,22 @@ class Config(Mapping[str, Any]):
     Attribute access works (`cfg.BM`); equality and hash ignore the display format.
     """
 
-    __slots__ = ("_fmt", "_hash", "_items")
+    __slots__ = ("_d", "_fmt", "_hash", "_items")
 
     def __init__(self, items: Iterable[tuple[str, Any]] | Mapping[str, Any],
                  fmt: Callable[[Config], str] | None = None) -> None:
         pairs = tuple(items.items() if isinstance(items, Mapping) else items)
         object.__setattr__(self, "_items", pairs)
+        object.__setattr__(self, "_d", dict(pairs))
         object.__setattr__(self, "_fmt", fmt)
         object.__setattr__(self, "_hash", hash(pairs))
 
     def __getitem__(self, key: str) -> Any:
-        for k, v in self._items:
-            if k == key:
-                return v
-        raise KeyError(key)
+        return self._d[key]
 
     def __getattr__(self, key: str) -> Any:
         try:
-            return self[key]
+            return self._d[key]
         except KeyError:
             raise AttributeError(key) from None
 
@@ -129,6 +127,8 @@ class Space:
     params: dict[str, list[Any]]
     rules: list[Rule] = field(default_factory=list)
     fmt: Callable[[Config], str] | None = None
+    #: a hand-picked space (seed 003's 16 points): iteration yields these instead of the grid
+    points: list[Mapping[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if not self.params:
@@ -143,6 +143,8 @@ class Space:
 
     @property
     def size(self) -> int:
+        if self.points is not None:
+            return len(self.points)
         n = 1
         for vals in self.params.values():
             n *= len(vals)
@@ -159,6 +161,9 @@ class Space:
         return Config(((k, given[k]) for k in self.params), self.fmt)
 
     def __iter__(self) -> Iterator[Config]:
+        if self.points is not None:
+            yield from (self.config(p) for p in self.points)
+            return
         keys = list(self.params)
         for combo in itertools.product(*(self.params[k] for k in keys)):
             yield Config(zip(keys, combo), self.fmt)
@@ -184,7 +189,16 @@ class Space:
         return reasons
 
     def is_legal(self, config: Config, limits: Limits | None = None) -> bool:
-        return not self.why_illegal(config, limits)
+        """True when every rule passes (stops at the first failure, so it is cheaper than `why_illegal`)."""
+        for rule in self.rules:
+            if rule.needs_limits and limits is None:
+                continue
+            try:
+                if not rule.check(config, limits):
+                    return False
+            except (ZeroDivisionError, ValueError, OverflowError):
+                return not self.why_illegal(config, limits)  # raises RuleOrderError when the order is wrong
+        return True
 
     def legal(self, limits: Limits | None = None, configs: Iterable[Config] | None = None) -> list[Config]:
         """The legal configs of `configs` (default: the whole grid) under `limits`."""
@@ -204,6 +218,9 @@ class Space:
                ) -> list[Config]:
         """Up to `n` distinct legal configs drawn uniformly from the grid (rejection sampling)."""
         rng = random.Random(seed)
+        if self.points is not None:
+            legal = self.legal(limits)
+            return rng.sample(legal, min(n, len(legal)))
         keys = list(self.params)
         seen: set[Config] = set()
         out: list[Config] = []

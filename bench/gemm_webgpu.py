@@ -1,0 +1,185 @@
+"""Tuned WGSL fp32 GEMM against cuBLAS fp32 (TF32 off, through torch), in one run.
+
+    PYTHONPATH=src python3 bench/gemm_webgpu.py --budget-s 180 --out bench/results/gemm-h200
+
+1. Tunes the WGSL GEMM at 4096^3 on the WebGPU device: seed 003's 16 points, then random configs of the
+   "large" space until --budget-s is spent (every candidate verified on fresh random inputs against a
+   float64 reference, timed interleaved with GPU timestamps).
+2. At each benchmark shape, races the best configs of step 1 (legal at that shape) together and keeps the
+   fastest (a per-shape pick: seed 001's padding lesson).
+3. Times cuBLAS fp32 with TF32 off on the same shapes with CUDA events and the same statistics, on fresh
+   random inputs, and prints a ratio table (WGSL time / cuBLAS time; cuBLAS GFLOP/s share).
+Without torch+CUDA it still tunes and says cuBLAS was not measured. Writes OUT.json and OUT.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SHAPES = [(4096, 4096, 4096), (1024, 1024, 1024), (346, 2560, 1024)]  # (M, N, K): 346x1024 @ 1024x2560
+
+
+def cublas_times(shape: tuple[int, int, int], samples: int, seed: int) -> dict[str, Any] | None:
+    """Median/p20/p80/CI of torch.matmul fp32 (TF32 off) with CUDA events; None without torch+CUDA."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    from tilewise.tune.measure import summarize
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    M, N, K = shape
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.rand(M, K, device="cuda", generator=g) + 0.5  # (M, K)
+    b = torch.rand(K, N, device="cuda", generator=g) + 0.5  # (K, N)
+    c = torch.empty(M, N, device="cuda")  # (M, N)
+    for _ in range(5):
+        torch.matmul(a, b, out=c)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(samples):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        torch.matmul(a, b, out=c)
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1))
+    ref = a.double() @ b.double()
+    rel = float(torch.linalg.norm(c.double() - ref) / torch.linalg.norm(ref))
+    st = summarize(times)
+    return {"median_ms": st.median_ms, "p20_ms": st.p20_ms, "p80_ms": st.p80_ms, "ci95_ms": list(st.ci95_ms),
+            "rel_err": rel, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--budget-s", type=float, default=180.0, help="seconds of tuning at 4096^3 (default 180)")
+    ap.add_argument("--out", default="bench/results/gemm-webgpu", help="output path prefix (.json and .txt)")
+    ap.add_argument("--device", default="webgpu")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--race", type=int, default=8, help="best configs raced again at each shape")
+    ap.add_argument("--store", default=None, help="results store (default: a fresh one beside --out)")
+    ap.add_argument("--tune-shape", default="4096,4096,4096", help="M,N,K to tune at")
+    ap.add_argument("--shapes", default=";".join(",".join(map(str, s)) for s in SHAPES),
+                    help="benchmark shapes M,N,K separated by ';' (default: 4096^3, 1024^3, 346x2560x1024)")
+    args = ap.parse_args(argv)
+
+    import tilewise
+    from tilewise.kernels.base import parse_shape
+    from tilewise.kernels.gemm import WgslGemm
+    from tilewise.tune.measure import measure, tie_groups
+    from tilewise.tune.search import Budget
+    from tilewise.tune.store import Store
+    from tilewise.tune.tuner import Row, tune
+    from tilewise.tune.verify import Verifier
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    store = Store(args.store or out.with_suffix(".sqlite"))
+    dev = tilewise.get_device(args.device)
+    tpl = WgslGemm()
+    tune_shape = parse_shape(args.tune_shape, ("M", "N", "K"))
+    lines: list[str] = []
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    say(f"device: {dev.info.name} ({dev.info.api}, {dev.info.driver}); timer {dev.timer}")
+    say(f"fingerprint: {dev.info.fingerprint}")
+    t0 = time.perf_counter()
+    mkw = {"warmup": 2, "min_rounds": 6, "max_rounds": 20, "budget_s": 3.0}
+
+    def progress(stage: str, done: int, total: int | None) -> None:
+        if stage.startswith("timing") or stage == "final race":
+            print(f"  [{time.perf_counter() - t0:6.1f} s] {stage} ({done} configs so far)", flush=True)
+
+    seed_res = tune(tpl, dev, tune_shape, space="seed", store=store, seed=args.seed, measure_kw=mkw, final_race=0,
+                    progress=progress)
+    left = args.budget_s - (time.perf_counter() - t0)
+    rows: list[Row] = list(seed_res.rows)
+    if left > 5:
+        rand_res = tune(tpl, dev, tune_shape, space="large", strategy="random", budget=Budget(seconds=left),
+                        store=store, seed=args.seed, measure_kw=mkw, final_race=0, progress=progress)
+        rows += rand_res.rows
+    tuned_s = time.perf_counter() - t0
+    ok = sorted((r for r in rows if r.status == "ok" and r.stats), key=lambda r: r.stats.median_ms)
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    say(f"tuned {len(rows)} configs at {'x'.join(map(str, tune_shape))} in {tuned_s:.0f} s: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    if not ok:
+        say("no config verified; nothing to compare")
+        return 1
+    say("best at the tuning shape (separate batches; the per-shape race below re-times them together):")
+    for r in ok[:5]:
+        say(f"  {r.config}  {r.stats.median_ms:.3f} ms  {r.gflops / 1e3:.1f} TFLOP/s")
+    finalists = [r.config for r in ok[: args.race]]
+
+    table: list[dict[str, Any]] = []
+    rng = np.random.default_rng(args.seed + 1)
+    for shape in [parse_shape(s, ("M", "N", "K")) for s in args.shapes.split(";")]:
+        M, N, K = shape
+        cands = [c for c in finalists if not tpl.shape_problems(c, shape)]
+        ver = Verifier(tpl, dev, shape, rng, reuse=len(cands) + 1)
+        launches = {}
+        for c in cands:
+            prog = tpl.compile(dev, c, shape)
+            chk = ver.check(prog, c)
+            if not chk.ok:
+                say(f"  {c} is wrong at {shape}: {chk.message}")
+                continue
+            launches[c] = tpl.launches(prog, ver.buffers(), c, shape)
+        m = measure(dev, launches, warmup=3, min_rounds=15, max_rounds=40, budget_s=8.0, rng=rng)
+        ranked = tie_groups(m.stats)
+        best_cfg, best_st, _ = ranked[0]
+        tied = [k for k, _, g in ranked if g == 1]
+        cub = cublas_times(shape, 40, args.seed)
+        flops = 2 * M * N * K
+        row = {"shape": f"{M}x{K}x{N} (M,K,N)", "M": M, "N": N, "K": K, "wgsl_config": best_cfg.key(),
+               "wgsl_label": str(best_cfg), "wgsl_median_ms": best_st.median_ms, "wgsl_ci95_ms": list(best_st.ci95_ms),
+               "wgsl_tflops": flops / best_st.median_ms / 1e9, "tied_with": [str(k) for k in tied[1:]],
+               "cublas": cub}
+        if cub:
+            row["cublas_tflops"] = flops / cub["median_ms"] / 1e9
+            row["fraction_of_cublas"] = cub["median_ms"] / best_st.median_ms
+        table.append(row)
+
+    say("")
+    say(f"{'shape M x K x N':<20} {'WGSL ms':>9} {'TFLOP/s':>8} {'cuBLAS ms':>10} {'TFLOP/s':>8} {'WGSL/cuBLAS':>12}  "
+        "best WGSL config")
+    for row in table:
+        cub = row["cublas"]
+        cub_ms = f"{cub['median_ms']:.3f}" if cub else "n/a"
+        cub_tf = f"{row['cublas_tflops']:.1f}" if cub else "n/a"
+        frac = f"{100 * row['fraction_of_cublas']:.0f}%" if cub else "n/a"
+        say(f"{row['M']}x{row['K']}x{row['N']:<10} {row['wgsl_median_ms']:>9.3f} {row['wgsl_tflops']:>8.1f} "
+            f"{cub_ms:>10} {cub_tf:>8} {frac:>12}  {row['wgsl_label']}")
+    if not any(r["cublas"] for r in table):
+        say("cuBLAS was not measured (no torch with CUDA on this machine)")
+    else:
+        say("WGSL/cuBLAS = cuBLAS time / WGSL time (share of cuBLAS fp32 throughput, TF32 off)")
+    record = {"date": time.strftime("%Y-%m-%d"), "device": dev.info.as_dict(), "python": platform.python_version(),
+              "argv": sys.argv, "tune_shape": list(tune_shape), "tune_seconds": tuned_s, "status_counts": counts,
+              "tuned": [r.as_json() for r in ok[:20]], "table": table}
+    out.with_suffix(".json").write_text(json.dumps(record, indent=1, default=str))
+    out.with_suffix(".txt").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.txt')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

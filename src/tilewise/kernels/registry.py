@@ -1,0 +1,53 @@
+"""Which class implements a kernel family on a backend, loaded lazily (no GPU library at import).
+
+Adding a family or a backend is one line in `TEMPLATES`: `(family, backend): "module:Class"`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from tilewise.errors import ConfigError, DeviceUnavailable
+from tilewise.kernels.base import KernelTemplate
+
+TEMPLATES: dict[tuple[str, str], str] = {
+    ("gemm", "webgpu"): "tilewise.kernels.gemm:WgslGemm",
+    ("gemm", "cuda"): "tilewise.kernels.gemm_cuda:CudaGemm",
+}
+
+
+def kernels() -> list[str]:
+    """Kernel family names, sorted."""
+    return sorted({k for k, _ in TEMPLATES})
+
+
+def backends(kernel: str) -> list[str]:
+    return sorted(b for k, b in TEMPLATES if k == kernel)
+
+
+def get_template(kernel: str, backend: str) -> KernelTemplate:
+    """An instance of the template for (kernel, backend).
+
+    Raises:
+        ConfigError: unknown kernel, or no template of it for this backend.
+        DeviceUnavailable: the template's module is missing or fails to import.
+    """
+    if kernel not in kernels():
+        raise ConfigError(f"unknown kernel {kernel!r}", f"tunable kernels: {', '.join(kernels())}")
+    target = TEMPLATES.get((kernel, backend))
+    if target is None:
+        raise ConfigError(f"kernel {kernel!r} has no {backend} template",
+                          f"use --device with one of: {', '.join(backends(kernel))}")
+    module_name, _, cls_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise DeviceUnavailable(f"the {backend} template for {kernel} ({module_name}) is not part of this build "
+                                f"({exc})", f"use another device ({', '.join(backends(kernel))}) or install "
+                                "tilewise with that backend") from exc
+    try:
+        cls = getattr(module, cls_name)
+    except AttributeError:
+        raise DeviceUnavailable(f"{module_name} has no class {cls_name}",
+                                "fix tilewise.kernels.registry.TEMPLATES") from None
+    return cls()

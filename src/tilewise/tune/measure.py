@@ -1,0 +1,176 @@
+"""The one timing function, used for every device and every candidate.
+
+Rules it keeps (DESIGN.md, seed 001):
+- GPU timestamps where the device has them (`device.time` returns per-launch device milliseconds; the CUDA
+  device uses events); never a sleeping poller.
+- Warm-up first: pipeline creation and the first dispatch cost 50-300 ms on lavapipe.
+- Candidates are timed interleaved: each round runs every candidate once, in a fresh random order, in one
+  submission, so drift and thermal changes hit all of them alike.
+- Many samples per candidate; report the median, 20th/80th percentiles and a bootstrap 95% interval of
+  the median. Two candidates whose intervals overlap are a tie, and the ranking groups ties instead of
+  inventing a winner (a candidate registered twice must come out tied with itself).
+
+Backends that want work done between samples (an L2 flush on CUDA) pass `between_launches` (timed in the
+same submission, discarded) or `between` (a host callable; then every sample is its own submission).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tilewise.devices.base import Device, Launch
+
+BOOTSTRAP_RESAMPLES = 2000
+
+
+@dataclass
+class Stats:
+    """Timing statistics of one candidate (milliseconds, per run of all its launches)."""
+
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    ci95_ms: tuple[float, float]
+    samples_ms: np.ndarray = field(repr=False)
+
+    @property
+    def n(self) -> int:
+        return int(self.samples_ms.size)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"median_ms": self.median_ms, "p20_ms": self.p20_ms, "p80_ms": self.p80_ms,
+                "ci95_ms": list(self.ci95_ms), "samples": self.n}
+
+
+def summarize(samples_ms: Sequence[float] | np.ndarray, rng: np.random.Generator | None = None,
+              resamples: int = BOOTSTRAP_RESAMPLES) -> Stats:
+    """Median, p20, p80 and a bootstrap 95% interval of the median of `samples_ms`.
+
+    Args:
+        samples_ms: one time per sample, in milliseconds.
+        rng: random generator for the bootstrap (seeded by default, so a report reproduces).
+        resamples: bootstrap resamples.
+
+    Returns:
+        The `Stats` of the samples.
+    """
+    x = np.asarray(samples_ms, dtype=np.float64)
+    if x.size == 0:
+        raise ValueError("no samples to summarize")
+    rng = rng or np.random.default_rng(0)
+    med = float(np.median(x))
+    if x.size == 1:
+        return Stats(med, med, med, (med, med), x)
+    idx = rng.integers(0, x.size, size=(resamples, x.size))
+    boot = np.median(x[idx], axis=1)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return Stats(med, float(np.percentile(x, 20)), float(np.percentile(x, 80)), (float(lo), float(hi)), x)
+
+
+def ties(a: Stats, b: Stats) -> bool:
+    """True when the two 95% intervals of the median overlap: the difference is inside the noise."""
+    return a.ci95_ms[0] <= b.ci95_ms[1] and b.ci95_ms[0] <= a.ci95_ms[1]
+
+
+def tie_groups(stats: Mapping[Hashable, Stats]) -> list[tuple[Hashable, Stats, int]]:
+    """Rank by median and group ties: (key, stats, group) best first; group 1 holds the winners.
+
+    A candidate joins the current group when its interval overlaps the interval of the group's fastest
+    member; otherwise it opens the next group. Groups are numbered from 1.
+    """
+    order = sorted(stats.items(), key=lambda kv: kv[1].median_ms)
+    out: list[tuple[Hashable, Stats, int]] = []
+    group, leader = 0, None
+    for key, st in order:
+        if leader is None or not ties(leader, st):
+            group += 1
+            leader = st
+        out.append((key, st, group))
+    return out
+
+
+@dataclass
+class Measurement:
+    """What `measure` returns: per-candidate stats plus how the measurement went."""
+
+    stats: dict[Hashable, Stats]
+    rounds: int
+    warmup_rounds: int
+    timer: str
+    seconds: float
+
+
+def measure(device: Device, candidates: Mapping[Hashable, Sequence[Launch]], *, warmup: int = 2,
+            min_rounds: int = 10, max_rounds: int = 50, budget_s: float = 5.0,
+            between_launches: Sequence[Launch] = (), between: Callable[[], None] | None = None,
+            rng: np.random.Generator | None = None,
+            on_round: Callable[[int, int], None] | None = None) -> Measurement:
+    """Time candidates interleaved, in rounds, and summarize each one.
+
+    Each round shuffles the candidates and times all of them in one `device.time` call (one submission),
+    so a round's samples share the machine's state. Rounds continue until `max_rounds`, or until at
+    least `min_rounds` are done and `budget_s` has passed.
+
+    Args:
+        device: any tilewise device (`time(launches)` -> ms per launch).
+        candidates: key -> the launches of one run of that candidate (a candidate may have several).
+        warmup: untimed rounds first (pipeline creation, first-dispatch costs, clocks ramping up).
+        min_rounds: fewest timed rounds.
+        max_rounds: most timed rounds.
+        budget_s: wall-clock seconds after which no new round starts (once `min_rounds` are done).
+        between_launches: launches put before every candidate's launches (e.g. a cache flush); their
+            times are discarded.
+        between: host callable run before every sample; then each sample is its own submission.
+        rng: order shuffling and bootstrap; seeded by default.
+        on_round: progress callback (round index, total rounds planned).
+
+    Returns:
+        A `Measurement` with one `Stats` per candidate key.
+    """
+    if not candidates:
+        return Measurement({}, 0, 0, device.timer, 0.0)
+    if min_rounds < 1 or max_rounds < min_rounds:
+        raise ValueError(f"need 1 <= min_rounds <= max_rounds, got {min_rounds}, {max_rounds}")
+    rng = rng or np.random.default_rng(0)
+    keys = list(candidates)
+    samples: dict[Hashable, list[float]] = {k: [] for k in keys}
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        _one_round(device, candidates, keys, between_launches, between)
+    done = 0
+    while done < max_rounds:
+        if done >= min_rounds and time.perf_counter() - t0 > budget_s:
+            break
+        order = [keys[i] for i in rng.permutation(len(keys))]
+        for key, ms in _one_round(device, candidates, order, between_launches, between).items():
+            samples[key].append(ms)
+        done += 1
+        if on_round:
+            on_round(done, max_rounds)
+    stats = {k: summarize(v, rng) for k, v in samples.items()}
+    return Measurement(stats, done, warmup, device.timer, time.perf_counter() - t0)
+
+
+def _one_round(device: Device, candidates: Mapping[Hashable, Sequence[Launch]], order: Sequence[Hashable],
+               between_launches: Sequence[Launch], between: Callable[[], None] | None) -> dict[Hashable, float]:
+    if between is not None:
+        out = {}
+        for key in order:
+            between()
+            launches = [*between_launches, *candidates[key]]
+            out[key] = float(np.sum(device.time(launches)[len(between_launches):]))
+        return out
+    flat: list[Launch] = []
+    spans: list[tuple[Hashable, int, int]] = []
+    for key in order:
+        flat.extend(between_launches)
+        start = len(flat)
+        flat.extend(candidates[key])
+        spans.append((key, start, len(flat)))
+    times = device.time(flat)
+    return {key: float(np.sum(times[a:b])) for key, a, b in spans}
