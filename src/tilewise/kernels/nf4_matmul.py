@@ -16,7 +16,8 @@ Variants (all generated from one template so that the three weight formats share
 - weights `nf4` (bitsandbytes layout: blocks of 64 along `in`, float32 absmax per block, element 2i in
   the high nibble of byte i), `f16`, `f32`.
 
-Bindings (group 0, in order): dims (uniform: rows M), x (M, K) f32, weights [+ absmax] (, up weights
+Bindings (group 0, in order): dims (uniform: rows M, first x row r0), x (r0 + M, K) f32 (rows r0..r0+M-1 are
+read, so the executor can slice the last rows without a copy), weights [+ absmax] (, up weights
 [+ absmax] for swiglu), out (M, N) f32. The model executor reads `binding_names()` for the order.
 """
 
@@ -184,7 +185,7 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
     L.append(f"        for (var t = li; t < {xvecs}u; t = t + {NT}u) {{\n"
              f"            let ml = t / {BK // 4}u;\n            let q = t % {BK // 4}u;\n"
              "            var v = vec4<f32>(0.0);\n"
-             "            if (m0 + ml < M) { v = x[(m0 + ml) * (K / 4u) + k0 / 4u + q]; }\n")
+             "            if (m0 + ml < M) { v = x[(dims.r0 + m0 + ml) * (K / 4u) + k0 / 4u + q]; }\n")
     for e in range(4):
         L.append(f"            Xs[ml * XS + q * 4u + {e}u] = {cast('v.' + 'xyzw'[e])};\n")
     L.append("        }\n        workgroupBarrier();\n")
@@ -226,7 +227,7 @@ def rows_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, k
              f"    let n = wid.x * {NC}u + c;\n    let nn = min(n, N - 1u);\n    let m0 = wid.y * {RM}u;\n")
     for i in range(RM):
         # clamp instead of branching inside the K loop; the epilogue skips rows >= M
-        L.append(f"    let x{i} = min(m0 + {i}u, M - 1u) * (K / 4u);\n")
+        L.append(f"    let x{i} = (dims.r0 + min(m0 + {i}u, M - 1u)) * (K / 4u);\n")
     for s in range(2 if paired else 1):
         L.append("    " + " ".join(f"var a{s}_{i} = 0.0;" for i in range(RM)) + "\n")
     L.append(f"    for (var c0 = l * {CH}u; c0 < K / 8u; c0 = c0 + {TPC * CH}u) {{\n")
@@ -397,20 +398,30 @@ class MatmulTemplate(KernelTemplate):
     shape_names = ("M", "N", "K")
 
     def __init__(self, kind: str = "tiled", fmt: str = "nf4", epilogue: str = "none",
-                 features: Iterable[str] = ()) -> None:
+                 features: Iterable[str] = (), f16_staging: bool = False) -> None:
         if kind not in KINDS or fmt not in FORMATS or epilogue not in EPILOGUES:
             raise ValueError(f"unknown matmul variant kind={kind} fmt={fmt} epilogue={epilogue}")
+        if f16_staging and kind != "tiled":
+            raise ValueError("f16 staging is a parameter of the tiled kernel only")
         self.kind, self.fmt, self.epilogue = kind, fmt, epilogue
         self.features = frozenset(features)
-        self.name = f"{fmt}_matmul.{kind}.{epilogue}"
-        self.dtype = fmt
+        self.f16_staging = f16_staging
+        self.name = f"{fmt}_matmul.{kind}.{epilogue}" + (".f16s" if f16_staging else "")
+        # the reference multiplies the exact stored weights, so only f16 staging loosens the tolerance
+        self.dtype = "f16" if f16_staging else ("nf4" if fmt == "nf4" else "f32")
 
     def space(self, which: str = "full") -> Space:
         paired = self.epilogue == "swiglu"
-        return tiled_space(paired, self.features) if self.kind == "tiled" else rows_space(paired)
+        if self.kind == "rows":
+            return rows_space(paired)
+        sp = tiled_space(paired, self.features)
+        sp.params["F16S"] = [self.f16_staging]  # f16 staging is its own template: its own tolerance
+        return sp
 
     def default_config(self) -> Config:
-        return self.space().config(DEFAULT_TILED if self.kind == "tiled" else DEFAULT_ROWS)
+        if self.kind == "rows":
+            return self.space().config(DEFAULT_ROWS)
+        return self.space().config({**DEFAULT_TILED, "F16S": self.f16_staging})
 
     def shape_problems(self, config: Config, shape: Shape) -> list[str]:
         return shape_problems(self.kind, config, shape[1], shape[2])
@@ -488,7 +499,10 @@ class MatmulTemplate(KernelTemplate):
 
 def all_templates(features: Iterable[str] = ()) -> list[MatmulTemplate]:
     """Every matmul variant (for a registry)."""
-    return [MatmulTemplate(k, f, e, features) for k in KINDS for f in FORMATS for e in EPILOGUES]
+    out = [MatmulTemplate(k, f, e, features) for k in KINDS for f in FORMATS for e in EPILOGUES]
+    if "shader-f16" in frozenset(features):
+        out += [MatmulTemplate("tiled", f, e, features, True) for f in FORMATS for e in EPILOGUES]
+    return out
 
 
 def check_limits(limits: Limits, name: str, nbytes: int) -> None:

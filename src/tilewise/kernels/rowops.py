@@ -4,8 +4,9 @@ Variants:
 - `rmsnorm`: one workgroup per row (WG threads, tree reduction of the sum of squares); reads rows
   r0 .. r0+M-1 of the input (dims.r0), so that the executor can slice the last row without a copy.
 - `embed`: out[m] = table[ids[m]] with the table in nf4 / f16 / f32 (rows of `hidden`, decoded 8 at a time).
-- `head`: final RMSNorm of one row (dims.r0 picks it) then scores = W (L, H) @ h, also writing the normed
-  row (the state's `hidden`). One workgroup; the head is 8 x hidden, there is nothing to spread.
+- `head`: final RMSNorm of one row (dims.r0 picks it) then scores = W (L, H) @ h; writes the normed row
+  (the state's `hidden`) and the scores into one buffer (H + L), so one read-back returns both. One
+  workgroup: the head is 8 x hidden, there is nothing to spread.
 - `copy`: dst[r1 + i] = src[r0 + i] for i < dims.m words (prefix cache: branch a state on the GPU).
 
 Bindings are listed per op in `BINDINGS`; `dims` is a uniform vec4<u32> (m, r0, r1, r2).
@@ -28,7 +29,7 @@ BINDINGS = {
     "embed_nf4": ["dims", "ids", "w", "absmax", "out"],
     "embed_f16": ["dims", "ids", "w", "out"],
     "embed_f32": ["dims", "ids", "w", "out"],
-    "head": ["dims", "x", "norm_weight", "head_weight", "hidden", "scores"],
+    "head": ["dims", "x", "norm_weight", "head_weight", "out"],
     "copy": ["dims", "src", "dst"],
 }
 _DIMS = "struct Dims { m: u32, r0: u32, r1: u32, r2: u32 }\n@group(0) @binding(0) var<uniform> dims: Dims;\n"
@@ -93,8 +94,7 @@ def head_source(wg: int, h: int, labels: int, eps: float) -> str:
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> norm_weight: array<f32>;
 @group(0) @binding(3) var<storage, read> head_weight: array<f32>;
-@group(0) @binding(4) var<storage, read_write> hidden: array<f32>;
-@group(0) @binding(5) var<storage, read_write> scores: array<f32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;  // (H + labels): normed row, then scores
 const H: u32 = {h}u;
 var<workgroup> sq: array<f32, {wg}>;
 var<workgroup> red: array<f32, {wg * labels}>;
@@ -109,7 +109,7 @@ fn main(@builtin(local_invocation_index) li: u32) {{
     {decl}
     for (var i = li; i < H; i = i + {wg}u) {{
         let hv = x[src + i] * rs * norm_weight[i];
-        hidden[i] = hv;
+        out[i] = hv;
 {acc}
     }}
 {stores}
@@ -122,7 +122,7 @@ fn main(@builtin(local_invocation_index) li: u32) {{
         }}
         workgroupBarrier();
     }}
-    if (li < {labels}u) {{ scores[li] = red[li]; }}
+    if (li < {labels}u) {{ out[H + li] = red[li]; }}
 }}
 """
 
@@ -261,7 +261,7 @@ class EmbedTemplate(_Template):
 
 
 class HeadTemplate(_Template):
-    """Final RMSNorm of the last row + Linear(H, labels); shape = (M, H, L). Output: the L scores."""
+    """Final RMSNorm of the last row + Linear(H, labels); shape = (M, H, L). Output: normed row + L scores."""
 
     name = "head"
     shape_names = ("M", "H", "L")
@@ -281,24 +281,18 @@ class HeadTemplate(_Template):
                 "norm_weight": (1 + 0.3 * rng.standard_normal(h)).astype(np.float32),
                 "head_weight": (rng.standard_normal((labels, h)) / math.sqrt(h)).astype(np.float32)}
 
-    def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
-        bufs = super().upload(device, host, shape)
-        bufs["hidden"] = device.allocate(4 * shape[1])
-        return bufs
-
     def dims(self, shape: Shape) -> np.ndarray:
         return np.array([1, shape[0] - 1, 0, 0], np.uint32)
 
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
-        b = {**bufs, "scores": bufs["out"]}
-        return [Launch(program, (1, 1, 1), [b[k] for k in BINDINGS["head"]])]
+        return [Launch(program, (1, 1, 1), [bufs[k] for k in BINDINGS["head"]])]
 
     def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
         h = rmsnorm_ref(host["x"][-1:], host["norm_weight"], self.eps)[0]
-        return host["head_weight"].astype(np.float64) @ h
+        return np.concatenate([h, host["head_weight"].astype(np.float64) @ h])
 
     def out_shape(self, shape: Shape) -> tuple[int, ...]:
-        return (shape[2],)
+        return (shape[1] + shape[2],)
 
     def flops(self, shape: Shape) -> int:
         return 2 * shape[1] * shape[2] + 4 * shape[1]

@@ -1,0 +1,517 @@
+"""The WebGPU executor of the LFM2 classifier: the same `forward` contract as the CPU executor, on WGSL kernels.
+
+What a decision costs on the GPU side:
+- weights are uploaded once (nf4 / f16 / f32, the checkpoint's format; norms, conv taps and head in f32);
+  q/k/v rows and nothing else are concatenated (one projection launch per attention block);
+- activation buffers are allocated for a row capacity (a power of two) and reused; pipelines and the small
+  uniform `dims` buffers are cached by their contents, so a decision writes only its token ids;
+- one command encoder, one compute pass, one submit per decision, and one read-back (the normed last row and
+  the 8 scores share a buffer);
+- matmuls pick a kernel per row count from the dispatch table (`tilewise tune model`), or the defaults:
+  the short-row kernel below 96 rows, the tiled kernel from 96 (seed 001's measured cutoff);
+- final-row slicing: in the last block only the last row goes through the mixer's output projection and
+  the FFN (a conv last block runs its in_proj on the last conv_L_cache rows only; an attention last block
+  still writes every row's K/V, since later tokens need them);
+- prefix cache: `forward` never writes its input caches. A new state gets its own cache buffers (from a
+  pool): the K/V rows of the prefix are copied on the GPU by a copy kernel in the same pass, the conv kernel
+  reads the old conv state and writes the new one to another buffer.
+
+Device loss mid-decision raises `DeviceLost`; the next `forward` rebuilds the device, weights and pipelines
+(states made before the loss cannot be continued: they name the lost generation and say so).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import warnings
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tilewise.devices.base import Buffer, Device, Launch, Program
+from tilewise.errors import ConfigError, DeviceLost, LaunchError
+from tilewise.kernels import attention as attn_k
+from tilewise.kernels import conv as conv_k
+from tilewise.kernels import nf4_matmul as mm
+from tilewise.kernels import rowops
+from tilewise.model.checkpoint import HEAD, Checkpoint
+from tilewise.model.nf4 import NF4Tensor
+
+ROW_WG = 128  # rmsnorm / embed / conv threads per workgroup
+HEAD_WG = 64
+MIN_ROW_CAPACITY = 64
+MIN_CACHE_POSITIONS = 512
+
+
+def kernel_version() -> str:
+    """Hash of the kernel generators' source: a dispatch table measured on other kernels is stale."""
+    h = hashlib.sha256()
+    for mod in (mm, rowops, conv_k, attn_k):
+        h.update(Path(mod.__file__).read_bytes())
+    return h.hexdigest()[:12]
+
+
+# ---------------------------------------------------------------------------------------------- dispatch
+def dispatch_path(fingerprint: str) -> Path:
+    """Where `tilewise tune model` writes the dispatch table of a device (override: TILEWISE_DISPATCH_DIR)."""
+    env = os.environ.get("TILEWISE_DISPATCH_DIR")
+    if env:
+        base = Path(env)
+    else:
+        from tilewise.tune.store import default_path
+
+        base = default_path().parent / "dispatch"
+    slug = "".join(ch if ch.isalnum() or ch in ".-" else "-" for ch in fingerprint)
+    return base / f"model-{slug}.json"
+
+
+def matmul_key(fmt: str, epilogue: str, n: int, k: int) -> str:
+    return f"matmul:{fmt}:{epilogue}:{n}x{k}"
+
+
+@dataclass
+class DispatchTable:
+    """Per-shape kernel choices: matmul row ranges -> (kind, config), plus configs of the other ops.
+
+    Attributes:
+        fingerprint: the device it was measured on.
+        version: `kernel_version()` of the kernels measured.
+        matmul: key (`matmul_key`) -> [{"min_rows", "max_rows" (inclusive, null = no bound), "kind", "config"}].
+        ops: op name (`attention`) -> config.
+        source: "defaults" or the file it came from.
+    """
+
+    fingerprint: str = ""
+    version: str = ""
+    matmul: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    ops: dict[str, dict[str, Any]] = field(default_factory=dict)
+    source: str = "defaults"
+    measured: dict[str, Any] = field(default_factory=dict)
+
+    def pick_matmul(self, fmt: str, epilogue: str, n: int, k: int, rows: int) -> tuple[str, dict[str, Any]]:
+        for seg in self.matmul.get(matmul_key(fmt, epilogue, n, k), []):
+            hi = seg.get("max_rows")
+            if seg["min_rows"] <= rows and (hi is None or rows <= hi):
+                cfg = dict(seg["config"])
+                if not mm.shape_problems(seg["kind"], cfg, n, k):
+                    return seg["kind"], cfg
+        if rows < mm.DEFAULT_CUTOFF_ROWS:
+            return "rows", dict(mm.DEFAULT_ROWS)
+        return "tiled", dict(mm.DEFAULT_TILED)
+
+    def op_config(self, op: str, default: dict[str, Any]) -> dict[str, Any]:
+        return dict(self.ops.get(op, default))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": "tilewise-model-dispatch", "fingerprint": self.fingerprint, "kernel_version": self.version,
+                "matmul": self.matmul, "ops": self.ops, "measured": self.measured}
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1))
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load_for(cls, fingerprint: str, path: str | Path | None = None, quiet: bool = False) -> DispatchTable:
+        """The table for a device, or the defaults (with a message saying how to tune) when there is none.
+
+        A table from another device fingerprint or another kernel version is ignored with a warning.
+        """
+        path = Path(path) if path is not None else dispatch_path(fingerprint)
+        fix = "run `tilewise tune model --preset P --seq 346 --device webgpu` to measure this device"
+        if not path.exists():
+            if not quiet:
+                warnings.warn(f"no tuned dispatch table for {fingerprint}; using safe defaults (short-row kernel "
+                              f"below {mm.DEFAULT_CUTOFF_ROWS} rows, 64x32 tiles from there). To tune: {fix}",
+                              stacklevel=2)
+            return cls(fingerprint=fingerprint, version=kernel_version())
+        try:
+            d = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            warnings.warn(f"ignoring unreadable dispatch table {path}: {exc}; {fix}", stacklevel=2)
+            return cls(fingerprint=fingerprint, version=kernel_version())
+        if d.get("fingerprint") != fingerprint:
+            warnings.warn(f"ignoring dispatch table {path}: it was measured on {d.get('fingerprint')!r}, not on this "
+                          f"device {fingerprint!r}; using defaults. {fix}", stacklevel=2)
+            return cls(fingerprint=fingerprint, version=kernel_version())
+        if d.get("kernel_version") != kernel_version():
+            warnings.warn(f"ignoring dispatch table {path}: it was measured on kernel version "
+                          f"{d.get('kernel_version')!r}, these kernels are {kernel_version()!r}; using defaults. {fix}",
+                          stacklevel=2)
+            return cls(fingerprint=fingerprint, version=kernel_version())
+        return cls(fingerprint=fingerprint, version=d["kernel_version"], matmul=d.get("matmul", {}),
+                   ops=d.get("ops", {}), source=str(path), measured=d.get("measured", {}))
+
+
+# ---------------------------------------------------------------------------------------------- state
+@dataclass(eq=False)
+class GPUCaches:
+    """The GPU side of a State: K/V rows per attention layer, last conv_L_cache-1 Bx rows per conv layer."""
+
+    capacity: int  # positions the K/V buffers hold
+    kv: dict[int, tuple[Buffer, Buffer]]  # layer -> (k, v), each (capacity, Hkv * D) f32
+    conv: dict[int, Buffer]  # layer -> (L - 1, H) f32
+    generation: int
+    n_tokens: int = 0
+    scores: np.ndarray | None = None  # (labels,) computed on the GPU (the Model recomputes from hidden)
+
+
+class _Plan:
+    """Launches of one decision, with an op label per launch (for per-op timing)."""
+
+    def __init__(self) -> None:
+        self.launches: list[Launch] = []
+        self.labels: list[str] = []
+
+    def add(self, label: str, launch: Launch) -> None:
+        self.launches.append(launch)
+        self.labels.append(label)
+
+
+def _pack_stored(t: Any, fmt: str) -> dict[str, np.ndarray]:
+    """Device arrays of a stored (out, in) matrix without re-quantizing (NF4 blocksize 64 kept as is)."""
+    if isinstance(t, NF4Tensor):
+        if t.blocksize != mm.NF4_BLOCK:
+            # other block sizes are legal bitsandbytes files; the kernels index 64-blocks, so re-block once
+            from tilewise.model.nf4 import quantize_nf4
+
+            t = quantize_nf4(t.dequantize(), mm.NF4_BLOCK)
+        return mm.pack_nf4(t)
+    arr = np.asarray(t)
+    if fmt == "f16":
+        return {"w": np.ascontiguousarray(arr.astype(np.float16)).view(np.uint32)}
+    return {"w": np.ascontiguousarray(arr.astype(np.float32))}
+
+
+class WebGPUExecutor:
+    """Runs the classifier's forward pass on a WebGPU device (see the module docstring)."""
+
+    device_name = "webgpu"
+
+    def __init__(self, checkpoint: Checkpoint, device: Device | str | None = None,
+                 dispatch: DispatchTable | None = None, quiet: bool = False) -> None:
+        self.checkpoint = checkpoint
+        self.cfg = checkpoint.config
+        self.fmt = checkpoint.weights
+        if self.fmt not in mm.FORMATS:
+            raise ConfigError(f"the WebGPU executor runs nf4, f16 or f32 weights, not {self.fmt!r}",
+                              "load with weights='nf4' (or f16 / f32)")
+        self._device_name = device if isinstance(device, str) or device is None else None
+        self._given_device = device if not isinstance(device, str) and device is not None else None
+        self._given_dispatch = dispatch
+        self.quiet = quiet
+        self.generation = 0
+        self._lost = False
+        self.last_op_times: list[tuple[str, float]] = []
+        self._setup()
+
+    # -- setup ---------------------------------------------------------------------------------------------------
+    def _setup(self) -> None:
+        from tilewise.devices import get_device
+
+        if self._given_device is not None and not getattr(self._given_device, "_lost", False):
+            dev = self._given_device
+        else:
+            dev = get_device(self._device_name or "webgpu")
+            if dev.info.backend != "webgpu":
+                raise ConfigError(f"device {dev.info.name} is not a WebGPU device", "pass device='webgpu'")
+        self.dev = dev
+        self.generation += 1
+        self.dispatch = self._given_dispatch or DispatchTable.load_for(dev.info.fingerprint, quiet=self.quiet)
+        self._programs: dict[Any, Program] = {}
+        self._dims_cache: dict[tuple[int, ...], Buffer] = {}
+        self._keep: list[Any] = []  # buffers replaced by larger ones stay referenced (bind groups key on ids)
+        self._pool: dict[int, list[GPUCaches]] = {}
+        self._rows = 0
+        self._rope_positions = 0
+        self._upload_weights()
+        self._lost = False
+
+    def _check_fits(self, name: str, nbytes: int) -> None:
+        lim = self.dev.info.limits
+        cap = min(lim.max_storage_binding_bytes, lim.max_buffer_bytes)
+        if nbytes > cap:
+            which = ("max_storage_binding_bytes" if lim.max_storage_binding_bytes <= lim.max_buffer_bytes
+                     else "max_buffer_bytes")
+            raise ConfigError(f"tensor {name} needs {nbytes} bytes in one buffer binding, more than this adapter's "
+                              f"{which} {cap}", "use weights='nf4' (smaller), a smaller model, or an adapter with "
+                              "larger limits")
+
+    def _upload(self, name: str, arr: np.ndarray) -> Buffer:
+        self._check_fits(name, arr.nbytes)
+        return self.dev.upload(np.ascontiguousarray(arr))
+
+    def _matrix(self, names: Sequence[str]) -> list[Buffer]:
+        """Upload one matrix (rows of several stored matrices stacked) as [w] or [w, absmax]."""
+        packs = [_pack_stored(self.checkpoint.get(n), self.fmt) for n in names]
+        label = "+".join(names)
+        out = [self._upload(label, np.concatenate([p["w"].reshape(-1) for p in packs]))]
+        if self.fmt == "nf4":
+            out.append(self._upload(label + ".absmax", np.concatenate([p["absmax"] for p in packs])))
+        return out
+
+    def _upload_weights(self) -> None:
+        cfg, ck = self.cfg, self.checkpoint
+        f32 = ck.float32
+        H = cfg.hidden_size
+        for dim, what in ((H, "hidden_size"), (cfg.ffn_dim, "ffn size"), (cfg.num_attention_heads * cfg.head_dim,
+                                                                         "heads * head_dim")):
+            if dim % 64:
+                raise ConfigError(f"{what} {dim} is not a multiple of 64, which the WebGPU matmuls need (NF4 blocks "
+                                  "of 64 along each row)", "use the CPU executor for this model")
+        if cfg.head_dim % 4 or cfg.head_dim > self.dev.info.limits.max_invocations_per_workgroup:
+            raise ConfigError(f"head_dim {cfg.head_dim} must be a multiple of 4 and at most "
+                              f"{self.dev.info.limits.max_invocations_per_workgroup}", "use the CPU executor")
+        self.embed = self._matrix(["embed_tokens.weight"])
+        self.final_norm = self._upload("embedding_norm.weight", f32("embedding_norm.weight"))
+        head = f32(HEAD) if ck.has_head else np.zeros((cfg.num_labels, H), np.float32)
+        self.has_head = ck.has_head
+        self.head = self._upload(HEAD, head.astype(np.float32))
+        self.layers: list[dict[str, Any]] = []
+        L = cfg.conv_L_cache
+        for i, kind in enumerate(cfg.layer_types):
+            p = f"layers.{i}."
+            lay: dict[str, Any] = {
+                "kind": kind,
+                "operator_norm": self._upload(p + "operator_norm.weight", f32(p + "operator_norm.weight")),
+                "ffn_norm": self._upload(p + "ffn_norm.weight", f32(p + "ffn_norm.weight")),
+                "w1": self._matrix([p + "feed_forward.w1.weight"]),
+                "w3": self._matrix([p + "feed_forward.w3.weight"]),
+                "w2": self._matrix([p + "feed_forward.w2.weight"]),
+            }
+            if kind == "conv":
+                lay["in_proj"] = self._matrix([p + "conv.in_proj.weight"])
+                lay["out_proj"] = self._matrix([p + "conv.out_proj.weight"])
+                taps = f32(p + "conv.conv.weight").reshape(H, L)
+                lay["taps"] = self._upload(p + "conv.conv.weight", taps)
+            else:
+                a = p + "self_attn."
+                lay["qkv"] = self._matrix([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"])
+                lay["out_proj"] = self._matrix([a + "out_proj.weight"])
+                lay["q_norm"] = self._upload(a + "q_layernorm.weight", f32(a + "q_layernorm.weight"))
+                lay["k_norm"] = self._upload(a + "k_layernorm.weight", f32(a + "k_layernorm.weight"))
+            self.layers.append(lay)
+        self.zero_conv_state = self.dev.upload(np.zeros((L - 1, H), np.float32))
+
+    # -- buffers ---------------------------------------------------------------------------------------------------
+    def _dims(self, *values: int) -> Buffer:
+        key = tuple(int(v) for v in values) + (0,) * (4 - len(values))
+        buf = self._dims_cache.get(key)
+        if buf is None:
+            buf = self.dev.upload(np.array(key, np.uint32), uniform=True)
+            self._dims_cache[key] = buf
+        return buf
+
+    def _ensure_rows(self, n: int) -> None:
+        if n <= self._rows:
+            return
+        cfg = self.cfg
+        H, F = cfg.hidden_size, cfg.ffn_dim
+        hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        rows = max(MIN_ROW_CAPACITY, 1 << (n - 1).bit_length())
+        wide = max(3 * H, (hq + 2 * hkv) * d, F)
+        alloc = self.dev.allocate
+        for name, nbytes in (("x", rows * H), ("h", rows * H), ("big", rows * wide), ("y", rows * max(H, hq * d)),
+                             ("q", rows * hq * d), ("ids", rows)):
+            self._check_fits(f"activation {name}", 4 * nbytes)
+        if self._rows:
+            self._keep.append(self.act)
+        self.act = {"x": alloc(4 * rows * H), "h": alloc(4 * rows * H), "big": alloc(4 * rows * wide),
+                    "y": alloc(4 * rows * max(H, hq * d)), "q": alloc(4 * rows * hq * d), "ids": alloc(4 * rows),
+                    "x1": alloc(4 * H), "h1": alloc(4 * H), "g1": alloc(4 * F),
+                    "res": alloc(4 * (H + cfg.num_labels))}
+        self._rows = rows
+
+    def _ensure_rope(self, positions: int) -> None:
+        if positions <= self._rope_positions:
+            return
+        cap = min(max(MIN_CACHE_POSITIONS, 1 << (positions - 1).bit_length()), self.cfg.max_position_embeddings)
+        cos, sin = attn_k.rope_table(cap, self.cfg.head_dim, self.cfg.rope_theta)
+        if self._rope_positions:
+            self._keep.append(self.rope)
+        self.rope = (self._upload("rope cos table", cos), self._upload("rope sin table", sin))
+        self._rope_positions = cap
+
+    def _take_caches(self, positions: int) -> GPUCaches:
+        cfg = self.cfg
+        cap = min(max(MIN_CACHE_POSITIONS, 1 << (positions - 1).bit_length()), cfg.max_position_embeddings)
+        free = self._pool.setdefault(cap, [])
+        if free:
+            c = free.pop()
+        else:
+            kv_bytes = 4 * cap * cfg.num_key_value_heads * cfg.head_dim
+            self._check_fits("KV cache of one attention layer", kv_bytes)
+            kv = {i: (self.dev.allocate(kv_bytes), self.dev.allocate(kv_bytes))
+                  for i, t in enumerate(cfg.layer_types) if t == "full_attention"}
+            conv = {i: self.dev.allocate(4 * (cfg.conv_L_cache - 1) * cfg.hidden_size)
+                    for i, t in enumerate(cfg.layer_types) if t == "conv"}
+            c = GPUCaches(cap, kv, conv, self.generation)
+        # back to the pool when the State holding it is collected; buffers are never freed (see _keep)
+        weakref.finalize(c, _return_to_pool, free, c.capacity, c.kv, c.conv, c.generation, weakref.ref(self))
+        return c
+
+    # -- programs ----------------------------------------------------------------------------------------------------
+    def _program(self, key: tuple[Any, ...], make_source: Any, name: str) -> Program:
+        prog = self._programs.get(key)
+        if prog is None:
+            prog = self.dev.compile(make_source(), "main", name=name)
+            self._programs[key] = prog
+        return prog
+
+    def _matmul(self, plan: _Plan, label: str, epilogue: str, x: Buffer, x_row0: int, rows: int,
+                weights: list[Buffer], out: Buffer, n: int, k: int) -> None:
+        kind, cfg = self.dispatch.pick_matmul(self.fmt, epilogue, n, k, rows)
+        key = ("mm", kind, tuple(sorted(cfg.items())), self.fmt, epilogue, n, k)
+        prog = self._program(key, lambda: mm.source(kind, cfg, self.fmt, epilogue, n, k),
+                             f"{self.fmt}_matmul.{kind}.{epilogue}[{n}x{k}]")
+        plan.add(label, Launch(prog, mm.grid(kind, cfg, rows, n), [self._dims(rows, x_row0), x, *weights, out]))
+
+    def _rmsnorm(self, plan: _Plan, label: str, x: Buffer, row0: int, rows: int, w: Buffer, out: Buffer) -> None:
+        H = self.cfg.hidden_size
+        prog = self._program(("rms", H), lambda: rowops.rmsnorm_source(ROW_WG, H, self.cfg.norm_eps), "rmsnorm")
+        plan.add(label, Launch(prog, (rows, 1, 1), [self._dims(rows, row0), x, w, out]))
+
+    def _copy(self, plan: _Plan, label: str, src: Buffer, src_word: int, dst: Buffer, dst_word: int,
+              words: int) -> None:
+        prog = self._program(("copy",), rowops.copy_source, "copy")
+        plan.add(label, Launch(prog, rowops.copy_grid(words), [self._dims(words, src_word, dst_word), src, dst]))
+
+    # -- forward -------------------------------------------------------------------------------------------------------
+    def plan(self, ids: np.ndarray, start: int, caches: GPUCaches | None,
+             final_row_slicing: bool) -> tuple[_Plan, GPUCaches]:
+        """Write the token ids and build the launches of one decision (nothing runs yet)."""
+        cfg = self.cfg
+        n = int(ids.size)
+        H, F, L = cfg.hidden_size, cfg.ffn_dim, cfg.conv_L_cache
+        hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        if caches is not None and caches.generation != self.generation:
+            raise LaunchError("this state was made before the WebGPU device was lost and rebuilt; its caches are gone",
+                              "prefill the prompt again")
+        if start + n > cfg.max_position_embeddings:
+            raise ConfigError(f"sequence of {start + n} tokens exceeds the model's {cfg.max_position_embeddings} "
+                              "positions", "shorten the prompt")
+        self._ensure_rows(n)
+        self._ensure_rope(start + n)
+        new = self._take_caches(start + n)
+        new.n_tokens = start + n
+        a = self.act
+        self.dev.write(a["ids"], ids.astype(np.uint32))
+        plan = _Plan()
+        if caches is not None and start > 0:
+            words = start * hkv * d
+            for i, (k_old, v_old) in caches.kv.items():
+                k_new, v_new = new.kv[i]
+                self._copy(plan, "copy.kv_prefix", k_old, 0, k_new, 0, words)
+                self._copy(plan, "copy.kv_prefix", v_old, 0, v_new, 0, words)
+        fmt = self.fmt
+        prog = self._program(("embed", fmt, H), lambda: rowops.embed_source(ROW_WG, fmt, H), f"embed.{fmt}")
+        plan.add("embed", Launch(prog, (n, 1, 1), [self._dims(n), a["ids"], *self.embed, a["x"]]))
+        n_layers = len(self.layers)
+        attn_cfg = self.dispatch.op_config("attention", attn_k.DEFAULT_ATTN)
+        xr, xr_rows = a["x"], n  # the residual rows the FFN works on
+        for i, lay in enumerate(self.layers):
+            last = final_row_slicing and i == n_layers - 1
+            if lay["kind"] == "conv":
+                # the last block needs Bx of the last L rows only (its output row + the new conv state)
+                r = min(n, L) if last else n
+                self._rmsnorm(plan, "rmsnorm", a["x"], n - r, r, lay["operator_norm"], a["h"])
+                self._matmul(plan, "conv.in_proj", "none", a["h"], 0, r, lay["in_proj"], a["big"], 3 * H, H)
+                prog = self._program(("conv", H, L), lambda: conv_k.conv_source(ROW_WG, H, L), "shortconv")
+                state_in = caches.conv[i] if caches is not None else self.zero_conv_state
+                plan.add("conv", Launch(prog, (math.ceil(H / ROW_WG), r, 1),
+                                        [self._dims(r), a["big"], state_in, lay["taps"], a["y"], new.conv[i]]))
+                if last:
+                    self._copy(plan, "copy.last_row", a["x"], (n - 1) * H, a["x1"], 0, H)
+                    self._matmul(plan, "conv.out_proj", "residual", a["y"], r - 1, 1, lay["out_proj"], a["x1"], H, H)
+                else:
+                    self._matmul(plan, "conv.out_proj", "residual", a["y"], 0, n, lay["out_proj"], a["x"], H, H)
+            else:
+                nqkv = (hq + 2 * hkv) * d
+                self._rmsnorm(plan, "rmsnorm", a["x"], 0, n, lay["operator_norm"], a["h"])
+                self._matmul(plan, "attn.qkv", "none", a["h"], 0, n, lay["qkv"], a["big"], nqkv, H)
+                k_c, v_c = new.kv[i]
+                prog = self._program(("rope", hq, hkv, d), lambda: attn_k.qknorm_rope_source(hq, hkv, d, cfg.norm_eps),
+                                     "qknorm_rope")
+                plan.add("attn.qknorm_rope", Launch(prog, (hq + 2 * hkv, n, 1), [
+                    self._dims(n, start), a["big"], lay["q_norm"], lay["k_norm"], self.rope[0], self.rope[1], a["q"],
+                    k_c, v_c]))
+                prog = self._program(("attn", tuple(sorted(attn_cfg.items())), hq, hkv, d),
+                                     lambda: attn_k.attention_source(attn_cfg, hq, hkv, d), "attention")
+                nq, first = (1, n - 1) if last else (n, 0)
+                plan.add("attention", Launch(prog, attn_k.attention_grid(attn_cfg, nq, hq), [
+                    self._dims(nq, start, first), a["q"], k_c, v_c, a["y"]]))
+                if last:
+                    self._copy(plan, "copy.last_row", a["x"], (n - 1) * H, a["x1"], 0, H)
+                    self._matmul(plan, "attn.out_proj", "residual", a["y"], 0, 1, lay["out_proj"], a["x1"], H, hq * d)
+                else:
+                    self._matmul(plan, "attn.out_proj", "residual", a["y"], 0, n, lay["out_proj"], a["x"], H, hq * d)
+            xr, xr_rows = (a["x1"], 1) if last else (a["x"], n)
+            hbuf, gbuf = (a["h1"], a["g1"]) if last else (a["h"], a["big"])
+            self._rmsnorm(plan, "rmsnorm", xr, 0, xr_rows, lay["ffn_norm"], hbuf)
+            self._matmul(plan, "ffn.gate_up", "swiglu", hbuf, 0, xr_rows, [*lay["w1"], *lay["w3"]], gbuf, F, H)
+            self._matmul(plan, "ffn.down", "residual", gbuf, 0, xr_rows, lay["w2"], xr, H, F)
+        prog = self._program(("head", H), lambda: rowops.head_source(HEAD_WG, H, cfg.num_labels, cfg.norm_eps), "head")
+        plan.add("head", Launch(prog, (1, 1, 1), [self._dims(1, xr_rows - 1), xr, self.final_norm, self.head,
+                                                  a["res"]]))
+        return plan, new
+
+    def forward(self, ids: np.ndarray, start: int, caches: GPUCaches | None, final_row_slicing: bool,
+                timed: bool = False) -> tuple[np.ndarray, GPUCaches]:
+        """Run new tokens after `caches` (None at the start) in one submission; `caches` is not modified.
+
+        Args:
+            ids: (n,) token ids.
+            start: position of the first one.
+            caches: the previous state's caches.
+            final_row_slicing: compute only the last row in the last block.
+            timed: time every launch with GPU timestamps (one pass per launch) into `last_op_times`.
+
+        Returns:
+            ((hidden,) float32 final-normed last hidden state, new caches).
+        """
+        if self._lost:
+            self._setup()
+        try:
+            plan, new = self.plan(np.asarray(ids), start, caches, final_row_slicing)
+            if timed:
+                ms = self.dev.time(plan.launches)
+                self.last_op_times = list(zip(plan.labels, (float(t) for t in ms)))
+            else:
+                self.dev.run(plan.launches)
+            res = self.dev.download(self.act["res"], np.float32, (self.cfg.hidden_size + self.cfg.num_labels,))
+        except DeviceLost as exc:
+            self._lost = True
+            raise DeviceLost(f"{exc.problem} (during a decision)",
+                             "retry the decision: the next call rebuilds the device, weights and pipelines; states "
+                             "made before must be prefilled again") from exc
+        H = self.cfg.hidden_size
+        new.scores = res[H:].copy() if self.has_head else None
+        return res[:H].copy(), new
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights on the device."""
+        total = sum(b.nbytes for b in self.embed) + self.final_norm.nbytes + self.head.nbytes
+        for lay in self.layers:
+            for v in lay.values():
+                if isinstance(v, Buffer):
+                    total += v.nbytes
+                elif isinstance(v, list):
+                    total += sum(b.nbytes for b in v)
+        return total
+
+
+def _return_to_pool(free: list[GPUCaches], capacity: int, kv: dict[int, tuple[Buffer, Buffer]],
+                    conv: dict[int, Buffer], generation: int, owner: Any) -> None:
+    ex = owner()
+    if ex is not None and ex.generation == generation:
+        free.append(GPUCaches(capacity, kv, conv, generation))
