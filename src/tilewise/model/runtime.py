@@ -366,11 +366,16 @@ def load(path_or_preset: str | Path = "default", device: str = "cpu", weights: s
         raise ConfigError(f"unknown device {device!r}", f"use one of {', '.join(KNOWN_DEVICES)}")
     if dev == "auto":
         dev = "cpu"
-    if dev not in EXECUTORS:
+    if dev not in EXECUTORS and dev != "webgpu":
         raise DeviceUnavailable(f"the model runtime has no executor for {dev!r} yet",
                                 "use device='cpu' (the CPU executor) for now")
     ck = open_checkpoint(path_or_preset, weights=weights, seed=seed)
-    executor = EXECUTORS[dev](ck)
+    if dev == "webgpu":
+        from tilewise.model.webgpu import WebGPUExecutor
+
+        executor = WebGPUExecutor(ck, device=str(device))
+    else:
+        executor = EXECUTORS[dev](ck)
     head = ck.float32(HEAD).astype(np.float32) if ck.has_head else None
     tokenizer = None
     if ck.tokenizer_path is not None:
