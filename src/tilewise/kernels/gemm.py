@@ -378,6 +378,10 @@ class WgslGemm(KernelTemplate):
     def space_names(self) -> tuple[str, ...]:
         return SPACES
 
+    def default_config(self) -> Config:
+        """Seed 003's base config (128x64x16 W64x32 WN2 T4x4 128t), for partial `--show-source` configs."""
+        return gemm_space("full").config(BASE)
+
     def shape_problems(self, config: Config, shape: Shape) -> list[str]:
         M, N, K = shape
         problems = []
