@@ -1,0 +1,193 @@
+"""`tilewise play` and `tilewise game prompt | tokenizer | eval | dataset`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the `play` and `game` commands to the main parser."""
+    p = sub.add_parser("play", help="play the polyomino game with a model, the expert or random actions")
+    p.add_argument("--policy", choices=("model", "expert", "random"), default="model",
+                   help="who plays (default: model, the bundled classifier)")
+    p.add_argument("--model", default="default", help="model for --policy model: default (bundled), a preset or a path")
+    p.add_argument("--device", choices=("auto", "cpu", "webgpu", "cuda"), default="auto",
+                   help="device for --policy model")
+    p.add_argument("--steps", type=int, default=500, help="most decisions to make (stops earlier at game over)")
+    p.add_argument("--seed", type=int, default=0, help="game seed (piece sequence; also the random policy's)")
+    p.add_argument("--watch", action="store_true", help="draw the board live (only when stdout is a terminal)")
+    p.add_argument("--delay-ms", type=float, default=0.0,
+                   help="with --watch, pause this long after each step (not counted in the latencies)")
+    p.add_argument("--json", action="store_true", help="print the stats as one JSON object")
+    p.set_defaults(func=_cmd_play)
+
+    g = sub.add_parser("game", help="the game's prompt, tokenizer, expert evaluation and training data")
+    gs = g.add_subparsers(dest="game_command", metavar="SUBCOMMAND")
+    gs.required = True
+
+    q = gs.add_parser("prompt", help="print a prompt and its token counts")
+    q.add_argument("--example", action="store_true", help="seed 001's example position")
+    q.add_argument("--seed", type=int, default=0, help="game seed")
+    q.add_argument("--steps", type=int, default=0, help="expert steps to play before printing")
+    q.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the shipped one)")
+    q.set_defaults(func=_cmd_prompt)
+
+    t = gs.add_parser("tokenizer", help="vocabulary size, example prompt length and cacheable prefix")
+    t.add_argument("--path", default=None, help="tokenizer.json or a folder with one (default: the shipped one)")
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=_cmd_tokenizer)
+
+    e = gs.add_parser("eval", help="mean lines and pieces of a policy over seeded games")
+    e.add_argument("--policy", choices=("expert", "random"), default="expert")
+    e.add_argument("--games", type=int, default=20)
+    e.add_argument("--max-pieces", type=int, default=1000)
+    e.add_argument("--seed", type=int, default=0, help="first game seed (game g uses seed + g)")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(func=_cmd_eval)
+
+    d = gs.add_parser("dataset", help="expert decisions as training records (.npz, format version 1)")
+    d.add_argument("--games", type=int, required=True)
+    d.add_argument("--seed", type=int, required=True)
+    d.add_argument("--out", required=True, help="output file (.npz)")
+    d.add_argument("--max-pieces", type=int, default=1000, help="pieces per game at most")
+    d.add_argument("--explore", type=float, default=0.02,
+                   help="probability of a random rotation/move instead of the expert's (labels stay the expert's)")
+    d.add_argument("--workers", type=int, default=None, help="processes (default: CPU count)")
+    d.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the shipped one)")
+    d.set_defaults(func=_cmd_dataset)
+
+
+def _cmd_play(args: argparse.Namespace) -> int:
+    from tilewise.game.play import board_panel, make_policy, play
+
+    policy = make_policy(args.policy, model=args.model, device=args.device, seed=args.seed)
+    watch = args.watch and sys.stdout.isatty() and not args.json
+    if args.watch and not watch:
+        print("note: --watch draws only when stdout is a terminal (and without --json); playing without it",
+              file=sys.stderr)
+    if watch:
+        import time
+
+        from rich.live import Live
+
+        from tilewise.game.engine import Game
+
+        with Live(board_panel(Game(args.seed), policy.name, None, None), refresh_per_second=30,
+                  auto_refresh=False) as live:
+
+            def draw(game: Game, action: int, latency_ms: float) -> None:
+                live.update(board_panel(game, policy.name, action, latency_ms), refresh=True)
+                if args.delay_ms > 0:
+                    time.sleep(args.delay_ms / 1e3)  # display pacing only; latencies are measured around decide()
+
+            stats = play(policy, steps=args.steps, seed=args.seed, on_step=draw)
+    else:
+        stats = play(policy, steps=args.steps, seed=args.seed)
+    if args.json:
+        print(json.dumps(stats.as_dict()))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{stats.policy} on {stats.device}, seed {stats.seed}")
+    table.add_column("stat")
+    table.add_column("value", justify="right")
+    rows = [("decisions", stats.steps), ("pieces", stats.pieces), ("lines", stats.lines),
+            ("game over", "yes" if stats.game_over else "no"), ("decisions/s", f"{stats.decisions_per_s:.1f}"),
+            ("APM", f"{stats.apm:.0f}"), ("latency mean", f"{stats.latency_ms_mean:.3f} ms"),
+            ("latency p50", f"{stats.latency_ms_p50:.3f} ms"), ("latency p90", f"{stats.latency_ms_p90:.3f} ms")]
+    for k in ("prompt_tokens", "prefix_tokens", "full_prefills"):
+        if k in stats.extra:
+            rows.append((k.replace("_", " "), stats.extra[k]))
+    for k, v in rows:
+        table.add_row(k, str(v))
+    Console().print(table)
+    return 0
+
+
+def _cmd_prompt(args: argparse.Namespace) -> int:
+    from tilewise.game.engine import Game
+    from tilewise.game.expert import Expert
+    from tilewise.game.prompt import render_prompt
+    from tilewise.game.tokenizer import encode_prompt, example_prompt, load_tokenizer, shared_prefix_length
+
+    tok = load_tokenizer(args.tokenizer)
+    if args.example:
+        text = example_prompt()
+    else:
+        game = Game(args.seed)
+        expert = Expert()
+        for _ in range(max(0, args.steps)):
+            if game.game_over:
+                break
+            game.step(expert.act(game))
+        text = render_prompt(game)
+    print(text)
+    print(f"\n[{len(encode_prompt(tok, text))} tokens; the first {shared_prefix_length(tok)} are shared by every "
+          f"prompt]", file=sys.stderr)
+    return 0
+
+
+def _cmd_tokenizer(args: argparse.Namespace) -> int:
+    from tilewise.game.tokenizer import (
+        TOKENIZER_PATH,
+        encode_prompt,
+        example_prompt,
+        load_tokenizer,
+        shared_prefix_length,
+        tokenizer_fingerprint,
+    )
+
+    tok = load_tokenizer(args.path)
+    info = {"path": str(args.path or TOKENIZER_PATH.name), "vocab_size": tok.get_vocab_size(),
+            "example_prompt_tokens": len(encode_prompt(tok, example_prompt())),
+            "shared_prefix_tokens": shared_prefix_length(tok), "fingerprint": tokenizer_fingerprint(tok),
+            "special_tokens": {t: tok.token_to_id(t) for t in ("<|pad|>", "<|startoftext|>", "<|im_start|>",
+                                                                  "<|im_end|>")}}
+    if args.json:
+        print(json.dumps(info))
+    else:
+        for k, v in info.items():
+            print(f"{k}: {v}")
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    import time
+
+    from tilewise.game.play import ExpertPolicy, RandomPolicy, evaluate_policy
+
+    def make(seed: int) -> ExpertPolicy | RandomPolicy:
+        return ExpertPolicy() if args.policy == "expert" else RandomPolicy(seed)
+
+    t0 = time.perf_counter()
+    result = evaluate_policy(make, games=args.games, max_pieces=args.max_pieces, seed=args.seed)
+    result["policy"] = args.policy
+    result["wall_s"] = round(time.perf_counter() - t0, 2)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    for r in result["per_game"]:
+        print(f"seed {r['seed']}: {r['pieces']} pieces, {r['lines']} lines, {r['steps']} steps"
+              f"{' (game over)' if r['game_over'] else ''}")
+    print(f"{args.policy}: mean {result['mean_lines']:.1f} lines, {result['mean_pieces']:.1f} pieces over "
+          f"{args.games} games (cap {args.max_pieces} pieces; {result['games_at_cap']} reached it) "
+          f"in {result['wall_s']} s")
+    return 0
+
+
+def _cmd_dataset(args: argparse.Namespace) -> int:
+    import time
+
+    from tilewise.game.dataset import generate, write_dataset
+
+    t0 = time.perf_counter()
+    data = generate(args.games, args.seed, max_pieces=args.max_pieces, explore=args.explore, workers=args.workers,
+                    tokenizer_path=args.tokenizer, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    path = write_dataset(data, args.out)
+    dt = time.perf_counter() - t0
+    print(f"wrote {path}: {len(data)} decisions from {args.games} games, {data.tokens.shape[1]} tokens per prompt, "
+          f"in {dt:.1f} s ({len(data) / dt:.0f} decisions/s)")
+    return 0
