@@ -1,0 +1,178 @@
+"""The Model API on the CPU executor: reference agreement per weight format, prefix-cache branching,
+final-row slicing, presets' activation scale, and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilewise
+from tilewise.errors import ConfigError, DeviceUnavailable, TilewiseError
+from tilewise.model import checkpoint as ckpt
+from tilewise.model import reference, runtime
+from tilewise.model.config import preset
+
+
+@pytest.fixture(scope="module")
+def tiny_nf4():
+    return tilewise.load("tiny", weights="nf4", seed=1)
+
+
+def _ids(rng, n, vocab=512):
+    return rng.integers(0, vocab, n)
+
+
+@pytest.mark.parametrize("weights", ["nf4", "f16", "f32"])
+def test_executor_matches_float64_reference_on_its_weights(rng, weights):
+    model = tilewise.load("tiny", weights=weights, seed=2)
+    ck = model.checkpoint
+    dequant = {n: ck.float32(n) for n in ck.names()}
+    ids = _ids(rng, 97)
+    ref, _ = reference.forward(model.config, dequant, ids)
+    state = model.prefill(ids)
+    np.testing.assert_allclose(model.hidden(state), ref[-1], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(model.scores(state), dequant[ckpt.HEAD] @ ref[-1], atol=1e-4, rtol=0)
+    assert model.scores(state).shape == (8,) and model.hidden(state).shape == (64,)
+
+
+def test_formats_differ_only_by_quantization(rng):
+    ids = _ids(rng, 50)
+    s = {w: tilewise.load("tiny", weights=w, seed=2) for w in ("nf4", "f16", "f32")}
+    out = {w: m.scores(m.prefill(ids)) for w, m in s.items()}
+    assert np.abs(out["f16"] - out["f32"]).max() < 1e-2
+    assert 1e-4 < np.abs(out["nf4"] - out["f32"]).max() < 0.5  # NF4 moves scores, but not wildly
+
+
+def test_extend_branches_without_changing_the_base(rng, tiny_nf4):
+    m = tiny_nf4
+    prefix, a, b = _ids(rng, 47), _ids(rng, 30), _ids(rng, 30)
+    base = m.prefill(prefix)
+    base_hidden = m.hidden(base)
+    base_caches = [tuple(np.copy(x) for x in c) if isinstance(c, tuple) else np.copy(c) for c in base.caches]
+    sa = m.extend(base, a)
+    sb = m.extend(base, b)
+    sa2 = m.extend(base, a)  # the same branch again, after another branch was taken
+    np.testing.assert_array_equal(m.hidden(base), base_hidden)
+    for before, after in zip(base_caches, base.caches):
+        for x, y in zip(before if isinstance(before, tuple) else (before,),
+                        after if isinstance(after, tuple) else (after,)):
+            np.testing.assert_array_equal(x, y)
+    np.testing.assert_array_equal(m.scores(sa), m.scores(sa2))
+    assert not np.allclose(m.scores(sa), m.scores(sb))
+    full = m.prefill(np.concatenate([prefix, a]))
+    np.testing.assert_allclose(m.scores(sa), m.scores(full), atol=1e-5, rtol=0)
+    assert sa.n_tokens == 77 and base.n_tokens == 47
+    with pytest.raises(ValueError):
+        base.last_hidden[0] = 1.0  # states are read-only
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 40])
+def test_final_row_slicing_changes_nothing(rng, tiny_nf4, n):
+    m = tiny_nf4
+    ids, more = _ids(rng, n), _ids(rng, n)
+    m.final_row_slicing = True
+    sliced = m.extend(m.prefill(ids), more)
+    m.final_row_slicing = False
+    try:
+        full = m.extend(m.prefill(ids), more)
+    finally:
+        m.final_row_slicing = True
+    np.testing.assert_allclose(m.hidden(sliced), m.hidden(full), atol=2e-6, rtol=0)
+    # the sliced run must also leave a state every later token can use
+    last = _ids(rng, 3)
+    np.testing.assert_allclose(m.hidden(m.extend(sliced, last)), m.hidden(m.extend(full, last)), atol=2e-6, rtol=0)
+
+
+def test_mixer_rows_plan():
+    assert runtime.mixer_rows(3, 4, 10, True) == slice(9, 10)
+    assert runtime.mixer_rows(2, 4, 10, True) == slice(0, 10)
+    assert runtime.mixer_rows(3, 4, 10, False) == slice(0, 10)
+
+
+def test_deep_random_preset_keeps_activations_order_one(rng):
+    cfg = preset("tiny").replace(layer_types=("conv", "conv", "full_attention") * 6, name="deep")
+    t = ckpt.random_tensors(cfg, seed=0)
+    ids = _ids(rng, 64)
+    unit = dict(t, **{"embedding_norm.weight": np.ones(cfg.hidden_size, np.float32)})
+    hidden, _ = reference.forward(cfg, unit, ids)
+    assert 0.5 < hidden.std() < 2.0  # RMS-normed output
+    # each stack of blocks changes the (normed) stream by O(1): later blocks neither vanish nor explode
+    prev, _ = reference.forward(cfg.replace(layer_types=cfg.layer_types[:1]), unit, ids)
+    for n_layers in (3, 9, 18):
+        sub = cfg.replace(layer_types=cfg.layer_types[:n_layers])
+        h, _ = reference.forward(sub, unit, ids)
+        assert 0.05 < np.abs(h - prev).mean() < 2.0
+        prev = h
+    scores = t[ckpt.HEAD] @ hidden[-1]
+    assert scores.std() > 0.1
+
+
+def test_bad_token_ids_and_lengths(tiny_nf4):
+    m = tiny_nf4
+    with pytest.raises(ConfigError, match=r"token id 512 at index 2 is outside the vocabulary \(0\.\.511\)"):
+        m.prefill([1, 2, 512])
+    with pytest.raises(ConfigError, match="outside the vocabulary"):
+        m.prefill([-1])
+    with pytest.raises(ConfigError, match="no token ids"):
+        m.prefill([])
+    with pytest.raises(ConfigError, match="1-D"):
+        m.prefill([[1, 2]])
+    with pytest.raises(ConfigError, match="1-D"):
+        m.prefill([1.5, 2.0])
+    state = m.prefill(np.arange(2000) % 512)
+    with pytest.raises(ConfigError, match="exceeds the model's 2048 positions"):
+        m.extend(state, np.arange(49))
+    with pytest.raises(ConfigError, match="no tokenizer"):
+        m.prefill("hello")
+    other = tilewise.load("tiny", weights="f32")
+    with pytest.raises(ConfigError, match="another model"):
+        other.extend(state, [1])
+    with pytest.raises(ConfigError, match="expected a State"):
+        m.scores(np.zeros(64))
+
+
+def test_devices_and_sources():
+    with pytest.raises(DeviceUnavailable, match="no executor for 'webgpu'"):
+        tilewise.load("tiny", device="webgpu")
+    with pytest.raises(DeviceUnavailable, match="no executor for 'cuda'"):
+        tilewise.load("tiny", device="cuda:0")
+    with pytest.raises(ConfigError, match="unknown device 'tpu'"):
+        tilewise.load("tiny", device="tpu")
+    with pytest.raises(ConfigError, match="weights format"):
+        tilewise.load("tiny", weights="int8")
+    with pytest.raises(ConfigError, match="neither a model preset nor an existing path"):
+        tilewise.load("no-such-model")
+    assert tilewise.load("tiny", device="auto").device == "cpu"
+
+
+def test_default_model_missing_is_explained():
+    if runtime.DEFAULT_MODEL_DIR.exists():
+        pytest.skip("a bundled model is present")
+    with pytest.raises(TilewiseError, match="no bundled model is present") as exc:
+        tilewise.load("default")
+    assert "tiny" in str(exc.value) and "path" in str(exc.value)
+
+
+def test_headless_checkpoint_gives_hidden_not_scores(tmp_path, rng):
+    cfg = preset("tiny")
+    t = ckpt.random_tensors(cfg, seed=5, head=False)
+    ckpt.save_hf_folder(cfg, t, tmp_path)
+    m = tilewise.load(str(tmp_path), weights="f32")
+    state = m.prefill(_ids(rng, 10))
+    assert m.hidden(state).shape == (cfg.hidden_size,)
+    with pytest.raises(ConfigError, match=r"no classifier head \(score.weight, 8 x 64\)"):
+        m.scores(state)
+
+
+def test_tokenizer_is_loaded_from_the_folder(tmp_path, rng):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(100)} | {"[UNK]": 100}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    cfg = preset("tiny")
+    ckpt.save_hf_folder(cfg, ckpt.random_tensors(cfg, seed=6), tmp_path)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    m = tilewise.load(str(tmp_path), weights="nf4")
+    assert m.tokenizer is not None and m.encode("w3 w7 w99") == [3, 7, 99]
+    np.testing.assert_array_equal(m.scores(m.prefill("w3 w7 w99")), m.scores(m.prefill([3, 7, 99])))
