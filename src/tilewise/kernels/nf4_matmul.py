@@ -236,7 +236,8 @@ def rows_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, k
         for s in range(2 if paired else 1):
             L.append(f"        let v{s}_{q} = load8_{s}(nn, cc{q});\n")
         for i in range(RM):
-            L.append(f"        let xa{i}_{q} = x[x{i} + 2u * cc{q}];\n        let xb{i}_{q} = x[x{i} + 2u * cc{q} + 1u];\n")
+            L.append(f"        let xa{i}_{q} = x[x{i} + 2u * cc{q}];\n"
+                     f"        let xb{i}_{q} = x[x{i} + 2u * cc{q} + 1u];\n")
             for s in range(2 if paired else 1):
                 L.append(f"        a{s}_{i} = a{s}_{i} + dot(xa{i}_{q}, v{s}_{q}.a) + dot(xb{i}_{q}, v{s}_{q}.b);\n")
     L.append("    }\n")
@@ -246,7 +247,8 @@ def rows_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, k
     L.append("    workgroupBarrier();\n")
     L.append("    for (var h = TPC / 2u; h > 0u; h = h / 2u) {\n        if (l < h) {\n")
     L.append("            for (var v = 0u; v < NV; v = v + 1u) {\n"
-             "                red[(c * NV + v) * TPC + l] = red[(c * NV + v) * TPC + l] + red[(c * NV + v) * TPC + l + h];\n"
+             "                let r = (c * NV + v) * TPC + l;\n"
+             "                red[r] = red[r] + red[r + h];\n"
              "            }\n        }\n        workgroupBarrier();\n    }\n")
     L.append("    if (l == 0u && n < N) {\n")
     for i in range(RM):
@@ -329,7 +331,7 @@ def rows_space(paired: bool = False) -> Space:
              lambda c, _: f"lanes per column WG/NC = {c.WG // c.NC} is not a power of two (tree reduction)"),
         Rule("accumulators", lambda c, _: sets * c.RM * (1 + c.EL // 8) <= ACC_BUDGET,
              lambda c, _: f"{sets}*RM*(1+EL/8) = {sets * c.RM * (1 + c.EL // 8)} live values > {ACC_BUDGET}"),
-        Rule("invocations", lambda c, lim: c.WG <= lim.max_invocations_per_workgroup,
+        Rule("invocations", lambda c, lim: lim.max_invocations_per_workgroup >= c.WG,
              lambda c, lim: f"WG={c.WG} > max_invocations_per_workgroup {lim.max_invocations_per_workgroup}",
              needs_limits=True),
         Rule("workgroup_storage", lambda c, lim: 4 * c.WG * sets * c.RM + 64 <= lim.max_workgroup_storage_bytes,
@@ -470,7 +472,7 @@ class MatmulTemplate(KernelTemplate):
         return device.download(bufs["out"], np.float32, (m, n))
 
     def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
-        m, n, k = shape
+        _, n, k = shape
         x = host["x"].astype(np.float64)
         y = x @ dequantized({"w": host["w"], "absmax": host.get("absmax")}, self.fmt, n, k).T
         if self.epilogue == "swiglu":

@@ -1,0 +1,161 @@
+"""Every model kernel against its float64 reference on random inputs, on the WebGPU adapter (lavapipe in CI).
+
+Matmuls run at rows around the short-row / tiled cutoff (95, 96, 97) and at 1, in every weight format and
+epilogue; a sample of legal configs checks the generator across geometries; the rules explain illegal ones.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tilewise.kernels import attention, conv, rowops
+from tilewise.kernels import nf4_matmul as mm
+from tilewise.tune.space import Config
+from tilewise.tune.verify import compare
+
+pytestmark = pytest.mark.webgpu
+
+_KEEP: list = []  # programs and buffers stay alive: the device caches bind groups by object identity
+
+
+def _run(dev, template, config, shape, rng):
+    host = template.make_inputs(shape, rng)
+    bufs = template.upload(dev, host, shape)
+    template.poison(dev, bufs, shape)
+    prog = template.compile(dev, config, shape)
+    _KEEP.append((prog, bufs))
+    dev.run(template.launches(prog, bufs, config, shape))
+    return template.read_output(dev, bufs, shape), template.reference(host, shape)
+
+
+def _assert_close(out, ref, dtype):
+    assert not np.isnan(out).any(), "unwritten (NaN-poisoned) outputs"
+    check = compare(out, ref, dtype)
+    assert check.ok, check.message
+
+
+@pytest.mark.parametrize("fmt", mm.FORMATS)
+@pytest.mark.parametrize("epilogue", mm.EPILOGUES)
+@pytest.mark.parametrize("kind", mm.KINDS)
+def test_matmul_default_configs_around_the_cutoff(webgpu_device, rng, kind, fmt, epilogue):
+    t = mm.MatmulTemplate(kind, fmt, epilogue, webgpu_device.enabled_features)
+    cfg = t.default_config()
+    for rows in (1, 95, 96, 97):
+        out, ref = _run(webgpu_device, t, cfg, (rows, 96, 128), rng)
+        _assert_close(out, ref, t.dtype)
+
+
+def test_matmul_nf4_matches_dequantized_weights_tightly(webgpu_device, rng):
+    # NF4 decode must be exact: the only error left is float32 accumulation
+    t = mm.MatmulTemplate("tiled", "nf4", "none")
+    out, ref = _run(webgpu_device, t, t.default_config(), (33, 64, 256), rng)
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 1e-5
+
+
+@pytest.mark.parametrize("kind", mm.KINDS)
+def test_matmul_sampled_configs(webgpu_device, rng, kind):
+    t = mm.MatmulTemplate(kind, "nf4", "swiglu", webgpu_device.enabled_features)
+    configs = t.space().sample(5, seed=int(rng.integers(1 << 30)), limits=webgpu_device.info.limits)
+    assert configs
+    for cfg in configs:
+        shape = (int(rng.integers(1, 140)), 72, 128)  # N=72 is no multiple of most tile widths: edge guards
+        if t.shape_problems(cfg, shape):
+            continue
+        out, ref = _run(webgpu_device, t, cfg, shape, rng)
+        _assert_close(out, ref, t.dtype)
+
+
+def test_matmul_f16_staging_has_its_own_tolerance(webgpu_device, rng):
+    if "shader-f16" not in webgpu_device.enabled_features:
+        pytest.skip("adapter has no shader-f16")
+    t = mm.MatmulTemplate("tiled", "nf4", "swiglu", webgpu_device.enabled_features, f16_staging=True)
+    assert t.dtype == "f16"
+    out, ref = _run(webgpu_device, t, t.default_config(), (97, 96, 128), rng)
+    _assert_close(out, ref, "f16")
+    err = np.abs(out - ref).max() / np.abs(ref).max()
+    assert err > 1e-6, "f16 staging should round (else the f16 path did not run)"
+
+
+def test_matmul_rules_explain_illegal_configs(webgpu_device):
+    lim = webgpu_device.info.limits
+    sp = mm.tiled_space(paired=True, features=())
+    text = " ".join(sp.why_illegal(sp.config(BM=128, BN=128, BK=32, TM=8, TN=8, F16S=True), lim))
+    assert "accumulators" in text and "f16_staging" in text
+    if lim.max_workgroup_storage_bytes < 49728:  # (2*32*128 + 128*33) * 4 + 64 bytes
+        text = " ".join(sp.why_illegal(sp.config(BM=128, BN=128, BK=32, TM=4, TN=4, F16S=False), lim))
+        assert "workgroup_storage" in text and "49728" in text
+    assert sp.why_illegal(sp.config(BM=64, BN=32, BK=16, TM=4, TN=2, F16S=False), lim) == []
+    rs = mm.rows_space()
+    assert any(r.startswith("pow2_lanes") for r in rs.why_illegal(rs.config(WG=96 * 2, NC=2, RM=1, EL=8), lim))
+    assert mm.shape_problems("tiled", mm.DEFAULT_TILED, 64, 100) != []
+
+
+def test_dispatch_defaults_switch_kernels_at_96_rows():
+    from tilewise.model.webgpu import DispatchTable
+
+    table = DispatchTable()
+    assert table.pick_matmul("nf4", "none", 64, 64, 95)[0] == "rows"
+    assert table.pick_matmul("nf4", "none", 64, 64, 96)[0] == "tiled"
+    table.matmul["matmul:nf4:none:64x64"] = [
+        {"min_rows": 1, "max_rows": 40, "kind": "rows", "config": {"WG": 32, "NC": 1, "RM": 2, "EL": 8}},
+        {"min_rows": 41, "max_rows": None, "kind": "tiled", "config": dict(mm.DEFAULT_TILED, BM=32)}]
+    assert table.pick_matmul("nf4", "none", 64, 64, 40) == ("rows", {"WG": 32, "NC": 1, "RM": 2, "EL": 8})
+    assert table.pick_matmul("nf4", "none", 64, 64, 41)[1]["BM"] == 32
+
+
+def test_rmsnorm_embed_head(webgpu_device, rng):
+    cfg = Config({"WG": 64})
+    for rows in (1, 95, 96, 97):
+        out, ref = _run(webgpu_device, rowops.RMSNormTemplate(), cfg, (rows, 128), rng)
+        _assert_close(out, ref, "f32")
+    for fmt in mm.FORMATS:
+        out, ref = _run(webgpu_device, rowops.EmbedTemplate(fmt), Config({"WG": 32}), (9, 128, 40), rng)
+        np.testing.assert_array_equal(out, ref.astype(np.float32))  # a gather decodes exactly
+    out, ref = _run(webgpu_device, rowops.HeadTemplate(), cfg, (7, 128, 8), rng)
+    _assert_close(out, ref, "f32")
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 50])
+def test_conv_with_state(webgpu_device, rng, rows):
+    out, ref = _run(webgpu_device, conv.ConvTemplate(), Config({"WG": 32}), (rows, 64, 3), rng)
+    _assert_close(out, ref, "f32")
+
+
+@pytest.mark.parametrize("shape", [(1, 0, 4, 2, 16), (1, 40, 4, 2, 16), (37, 5, 4, 2, 16), (97, 0, 4, 4, 16),
+                                   (12, 3, 8, 2, 64)])
+def test_attention_causal_gqa(webgpu_device, rng, shape):
+    t = attention.AttentionTemplate()
+    for cfg in (Config({"BQ": 16, "BKV": 8}), Config({"BQ": 32, "BKV": 16})):
+        out, ref = _run(webgpu_device, t, cfg, shape, rng)
+        _assert_close(out, ref, "f32")
+
+
+def test_qknorm_rope_writes_q_and_cache_rows(webgpu_device, rng):
+    from tilewise.devices.base import Launch
+
+    dev = webgpu_device
+    m, p, hq, hkv, d, cap = 6, 9, 4, 2, 16, 32
+    qkv = rng.standard_normal((m, (hq + 2 * hkv) * d)).astype(np.float32)
+    qn, kn = (1 + 0.3 * rng.standard_normal((2, d))).astype(np.float32)
+    cos, sin = attention.rope_table(cap, d, 1e6)
+    bufs = {"dims": dev.upload(np.array([m, p, 0, 0], np.uint32), uniform=True), "qkv": dev.upload(qkv),
+            "q_norm": dev.upload(qn), "k_norm": dev.upload(kn), "cos": dev.upload(cos), "sin": dev.upload(sin),
+            "q": dev.allocate(4 * m * hq * d), "k_cache": dev.upload(np.full((cap, hkv * d), np.nan, np.float32)),
+            "v_cache": dev.upload(np.full((cap, hkv * d), np.nan, np.float32))}
+    prog = dev.compile(attention.qknorm_rope_source(hq, hkv, d, 1e-5))
+    _KEEP.append((prog, bufs))
+    dev.run([Launch(prog, (hq + 2 * hkv, m, 1), [bufs[k] for k in attention.ROPE_BINDINGS])])
+    q, k, v = attention.qknorm_rope_ref(qkv, qn, kn, p, hq, hkv, d, 1e6, 1e-5)
+    kc = dev.download(bufs["k_cache"], np.float32, (cap, hkv, d))
+    np.testing.assert_allclose(dev.download(bufs["q"], np.float32, (m, hq, d)), q, atol=2e-6)
+    np.testing.assert_allclose(kc[p:p + m], k, atol=2e-6)
+    np.testing.assert_array_equal(dev.download(bufs["v_cache"], np.float32, (cap, hkv, d))[p:p + m], v)
+    assert np.isnan(kc[:p]).all() and np.isnan(kc[p + m:]).all(), "rows outside p..p+m-1 must stay untouched"
+
+
+def test_flop_and_byte_counts():
+    t = mm.MatmulTemplate("tiled", "nf4", "swiglu")
+    assert t.flops((346, 2560, 1024)) == 2 * 2 * 346 * 2560 * 1024
+    assert t.bytes_moved((1, 2560, 1024)) == int(4 * 1024 + 2 * 2560 * 1024 * (0.5 + 4 / 64) + 4 * 2560)
+    assert t.tile_waste(t.default_config(), (346, 2560, 1024)) == pytest.approx(384 / 346)

@@ -1,0 +1,174 @@
+"""The classifier on the WebGPU executor (tiny preset, lavapipe in CI): every score against the float64
+reference per weight format, prefix-cache branching, final-row slicing, and the bad inputs users hit."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+import tilewise
+from tilewise.errors import ConfigError, DeviceLost
+from tilewise.model import reference
+from tilewise.model.checkpoint import HEAD
+from tilewise.model.webgpu import DispatchTable, WebGPUExecutor, kernel_version
+
+pytestmark = pytest.mark.webgpu
+
+
+@pytest.fixture(scope="module")
+def models(webgpu_device):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no tuned dispatch table" is expected here
+        return {w: tilewise.load("tiny", device="webgpu", weights=w, seed=3) for w in ("nf4", "f16", "f32")}
+
+
+def _ids(rng, n, vocab=512):
+    return rng.integers(0, vocab, n)
+
+
+@pytest.mark.parametrize("weights", ["nf4", "f16", "f32"])
+@pytest.mark.parametrize("n", [1, 95, 96, 97])
+def test_all_scores_match_the_float64_reference(models, rng, weights, n):
+    model = models[weights]
+    ck = model.checkpoint
+    dequant = {k: ck.float32(k) for k in ck.names()}
+    ids = _ids(rng, n)
+    ref, _ = reference.forward(model.config, dequant, ids)
+    state = model.prefill(ids)
+    ref_scores = dequant[HEAD].astype(np.float64) @ ref[-1]
+    # the reference uses the same (dequantized) weights, so every format is held to float32 accumulation error
+    np.testing.assert_allclose(model.scores(state), ref_scores, atol=2e-5, rtol=0)
+    np.testing.assert_allclose(model.hidden(state), ref[-1], atol=2e-5, rtol=0)
+    np.testing.assert_allclose(state.caches.scores, ref_scores, atol=2e-5, rtol=0)  # the GPU's own head
+
+
+@pytest.mark.parametrize("split", [1, 47, 95, 96])
+def test_prefill_all_equals_prefix_plus_extend(models, rng, split):
+    model = models["nf4"]
+    ids = _ids(rng, 130)
+    full = model.scores(model.prefill(ids))
+    ext = model.scores(model.extend(model.prefill(ids[:split]), ids[split:]))
+    np.testing.assert_allclose(ext, full, atol=2e-6, rtol=0)
+
+
+def test_base_state_unchanged_after_many_branches(models, rng):
+    model = models["nf4"]
+    ex = model.executor
+    base = model.prefill(_ids(rng, 47))
+    before = {i: [ex.dev.download(b) for b in kv] for i, kv in base.caches.kv.items()}
+    conv_before = {i: ex.dev.download(b) for i, b in base.caches.conv.items()}
+    tail = _ids(rng, 60)
+    first = model.scores(model.extend(base, tail))
+    for _ in range(12):
+        model.extend(base, _ids(rng, int(rng.integers(1, 80))))
+    for i, kv in base.caches.kv.items():
+        for old, buf in zip(before[i], kv):
+            np.testing.assert_array_equal(ex.dev.download(buf), old)
+    for i, buf in base.caches.conv.items():
+        np.testing.assert_array_equal(ex.dev.download(buf), conv_before[i])
+    np.testing.assert_array_equal(model.scores(model.extend(base, tail)), first)
+
+
+def test_final_row_slicing_changes_nothing_but_launch_count(models, rng):
+    model = models["f32"]
+    ids = _ids(rng, 100)
+    model.final_row_slicing = False
+    try:
+        whole = model.scores(model.prefill(ids))
+        n_whole = len(model.executor.plan(np.asarray(ids), 0, None, False)[0].launches)
+    finally:
+        model.final_row_slicing = True
+    sliced = model.scores(model.prefill(ids))
+    np.testing.assert_allclose(sliced, whole, atol=2e-6, rtol=0)
+    plan, _ = model.executor.plan(np.asarray(ids), 0, None, True)
+    # the sliced plan copies the last row once (plus nothing else): its FFN runs on one row
+    assert len(plan.launches) == n_whole + 1
+    assert plan.launches[-2].grid[1] == 1  # the last down projection covers one row
+
+
+def test_timed_decision_reports_every_launch(models, rng):
+    model = models["nf4"]
+    ex = model.executor
+    ids = np.asarray(_ids(rng, 20))
+    hidden, _ = ex.forward(ids, 0, None, True, timed=True)
+    labels = [lab for lab, _ in ex.last_op_times]
+    assert labels[0] == "embed" and labels[-1] == "head" and "ffn.gate_up" in labels
+    assert all(ms >= 0 for _, ms in ex.last_op_times)
+    np.testing.assert_allclose(hidden, model.hidden(model.prefill(ids)), atol=1e-6)
+
+
+def test_prompt_longer_than_positions_is_refused(models):
+    model = models["nf4"]
+    cfg = model.config
+    with pytest.raises(ConfigError, match="positions"):
+        model.executor.plan(np.zeros(cfg.max_position_embeddings + 1, np.int64), 0, None, True)
+    with pytest.raises(ConfigError, match="positions"):
+        model.prefill(np.zeros(cfg.max_position_embeddings + 1, np.int64))
+
+
+class _Proxy:
+    """The real device with other limits, or a device that loses itself once."""
+
+    def __init__(self, dev, limits=None, lose_on_run=False):
+        self._dev = dev
+        self.info = dataclasses.replace(dev.info, limits=limits) if limits else dev.info
+        self._lose = lose_on_run
+        self._lost = False
+
+    def __getattr__(self, name):
+        return getattr(self._dev, name)
+
+    def run(self, launches):
+        if self._lose:
+            self._lose, self._lost = False, True
+            raise DeviceLost("the WebGPU device was lost while submitting work: simulated", "retry")
+        return self._dev.run(launches)
+
+
+def test_model_too_big_for_the_adapter_names_tensor_and_limit(models, webgpu_device):
+    ck = models["f32"].checkpoint
+    small = dataclasses.replace(webgpu_device.info.limits, max_storage_binding_bytes=100_000)
+    with pytest.raises(ConfigError) as err:
+        WebGPUExecutor(ck, device=_Proxy(webgpu_device, small), dispatch=DispatchTable())
+    text = str(err.value)
+    assert "embed_tokens.weight" in text and "max_storage_binding_bytes 100000" in text and "fix:" in text
+
+
+def test_device_loss_mid_decision_is_clear_and_the_next_decision_rebuilds(models, webgpu_device, rng):
+    ck = models["nf4"].checkpoint
+    ex = WebGPUExecutor(ck, device=_Proxy(webgpu_device, lose_on_run=True), dispatch=DispatchTable())
+    ids = np.asarray(_ids(rng, 30))
+    with pytest.raises(DeviceLost, match="during a decision") as err:
+        ex.forward(ids, 0, None, True)
+    assert "rebuild" in err.value.fix
+    gen = ex.generation
+    hidden, _ = ex.forward(ids, 0, None, True)
+    assert ex.generation == gen + 1
+    np.testing.assert_allclose(hidden, models["nf4"].hidden(models["nf4"].prefill(ids)), atol=1e-6)
+
+
+def test_dispatch_table_from_another_device_or_version_is_ignored(webgpu_device, tmp_path):
+    fp = webgpu_device.info.fingerprint
+    seg = [{"min_rows": 1, "max_rows": None, "kind": "tiled", "config": {"BM": 16, "BN": 16, "BK": 8, "TM": 1,
+                                                                         "TN": 8, "F16S": False}}]
+    good = DispatchTable(fingerprint=fp, version=kernel_version(), matmul={"matmul:nf4:none:64x64": seg})
+    path = good.save(tmp_path / "t.json")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = DispatchTable.load_for(fp, path)
+    assert loaded.pick_matmul("nf4", "none", 64, 64, 5) == ("tiled", seg[0]["config"])
+    for field, value, needle in (("fingerprint", "webgpu:Vulkan:other-gpu:1:abc", "measured on"),
+                                 ("kernel_version", "0ld", "kernel version")):
+        d = json.loads(path.read_text())
+        d[field] = value
+        bad = tmp_path / f"bad-{field}.json"
+        bad.write_text(json.dumps(d))
+        with pytest.warns(UserWarning, match=needle):
+            table = DispatchTable.load_for(fp, bad)
+        assert table.matmul == {} and table.source == "defaults"
+    with pytest.warns(UserWarning, match="tilewise tune model"):
+        DispatchTable.load_for(fp, tmp_path / "missing.json")
