@@ -18,8 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=500, help="most decisions to make (stops earlier at game over)")
     p.add_argument("--seed", type=int, default=0, help="game seed (piece sequence; also the random policy's)")
     p.add_argument("--watch", action="store_true", help="draw the board live (only when stdout is a terminal)")
-    p.add_argument("--delay-ms", type=float, default=0.0,
-                   help="with --watch, pause this long after each step (not counted in the latencies)")
+    p.add_argument("--delay-ms", type=float, default=50.0,
+                   help="with --watch, pause this long after each step so the board can be followed (default 50; "
+                        "not counted in the latencies)")
     p.add_argument("--json", action="store_true", help="print the stats as one JSON object")
     p.set_defaults(func=_cmd_play)
 

@@ -146,17 +146,16 @@ def placements(board: list[int], piece: Piece, weights: tuple[float, ...] | None
                 found.append(Placement(rot, x, y, _score_landing(board, piece, rot, x, y, weights)))
             continue
         cells = piece.states[rot]
-        left_edge = min(d for d, _ in cells)
-        right_edge = max(d for d, _ in cells)
         land_y = y + drop_distance(board, cells, x, y)
-        found.append(Placement(rot, x, land_y, _score_landing(board, piece, rot, x, land_y, weights)))  # drop right away
-        for move, at_wall in ((Action.LEFT, lambda c: c + left_edge == 0),
-                              (Action.RIGHT, lambda c: c + right_edge == BOARD_WIDTH - 1)):
+        found.append(Placement(rot, x, land_y, _score_landing(board, piece, rot, x, land_y, weights)))  # drop now
+        # pivot columns at which the piece touches the left and the right wall
+        sweeps = ((Action.LEFT, -min(d for d, _ in cells)), (Action.RIGHT, BOARD_WIDTH - 1 - max(d for d, _ in cells)))
+        for move, wall_x in sweeps:
             cx, cy = x, y
             locked = False
             # the policy pushes the same way every step until it reaches its column, so one trajectory
             # visits every target column on this side: the first time it stands in a column is that target's
-            while not locked and not at_wall(cx):
+            while not locked and cx != wall_x:
                 _, nx, ny, locked = apply_action(board, piece, rot, cx, cy, move)
                 if nx != cx:
                     land_y = ny if locked else ny + drop_distance(board, cells, nx, ny)

@@ -97,8 +97,8 @@ class ParsedPrompt:
 _TAIL = re.compile(
     r"piece:(?P<piece>[A-Z][0-9]) rot:(?P<rot>[0-3]) x:(?P<x>[0-9]{2}) y:(?P<y>[0-9]{2})\n"
     r"next:(?P<next>[A-Z][0-9])\n"
-    r"heights:(?P<heights>[0-9]{2}(?: [0-9]{2}){%d})\n"
-    r"holes:(?P<holes>[0-9]{2}) drop:(?P<drop>[0-9]{2})\Z" % (BOARD_WIDTH - 1)
+    r"heights:(?P<heights>[0-9]{2}(?: [0-9]{2}){" + str(BOARD_WIDTH - 1) + r"})\n"
+    r"holes:(?P<holes>[0-9]{2}) drop:(?P<drop>[0-9]{2})\Z"
 )
 
 
