@@ -1,0 +1,377 @@
+"""CUDA backend on CuPy: NVRTC-compiled CUDA C++ templates, CUDA-event timing, limits read from the device.
+
+CuPy is imported when a `CUDADevice` is created (or `list_cuda_devices()` runs), never at module import,
+so `import tilewise` works on machines without it. Install with `pip install 'tilewise[cuda]'`.
+
+Kernels are C++ templates instantiated by NVRTC name expressions (`sgemm_warptile<128, 64, ...>`), compiled
+with `-std=c++17 -arch=sm_XX` for the device's compute capability. Compiled modules are cached on disk
+(CuPy's kernel cache, pointed at tilewise's user cache directory unless `CUPY_CACHE_DIR` is set) and in
+memory per device.
+
+Launch arguments: a CUDA kernel takes scalars as well as pointers, so on this backend `Launch.buffers`
+is the kernel's argument list in order, where an element is either a `Buffer` (passed as its device
+pointer) or a NumPy scalar (`np.int32(M)`, `np.float32(alpha)`, passed by value). The block size is a
+property of the compiled program: `Program.meta["block"]` (the kernel template sets it when it compiles).
+A Program with `meta["callable"]` wraps a library call (cuBLAS via CuPy): its handle is called with the
+arguments (Buffers as CuPy byte arrays) and timed by the same events as a kernel.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tilewise.devices.base import Buffer, Device, DeviceInfo, Launch, Limits, Program, grid3, source_hash
+from tilewise.errors import DeviceUnavailable, LaunchError, ShaderCompileError
+
+INSTALL_FIX = "pip install 'tilewise[cuda]' (CuPy for CUDA 13) on a machine with an NVIDIA GPU and driver"
+
+#: CUDA caps grid y and z at 65535 blocks, x at 2**31 - 1
+MAX_GRID = (2**31 - 1, 65535, 65535)
+
+
+def _import_cupy() -> Any:
+    try:
+        import cupy
+    except ImportError as exc:
+        raise DeviceUnavailable(f"CuPy is not installed ({exc})", INSTALL_FIX) from exc
+    except Exception as exc:  # a broken CUDA install raises at import
+        raise DeviceUnavailable(f"CuPy failed to import: {_first_line(exc)}", INSTALL_FIX) from exc
+    return cupy
+
+
+def _device_count(cupy: Any) -> int:
+    try:
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as exc:
+        raise DeviceUnavailable(f"no usable NVIDIA GPU: {_first_line(exc)}",
+                                "check `nvidia-smi`; install the NVIDIA driver, then " + INSTALL_FIX) from exc
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.split(b"\0", 1)[0].decode(errors="replace")
+    return str(value)
+
+
+def _info_from(cupy: Any, index: int) -> DeviceInfo:
+    rt = cupy.cuda.runtime
+    p = rt.getDeviceProperties(index)
+    warp = int(p.get("warpSize", 32))
+    max_dims = tuple(int(x) for x in p.get("maxThreadsDim", (1024, 1024, 64)))
+    max_grid = tuple(int(x) for x in p.get("maxGridSize", MAX_GRID))
+    total = int(p.get("totalGlobalMem", 0))
+    limits = Limits(
+        max_workgroup_storage_bytes=int(p["sharedMemPerBlock"]),
+        max_invocations_per_workgroup=int(p["maxThreadsPerBlock"]),
+        max_workgroup_size=max_dims,  # type: ignore[arg-type]
+        max_workgroups_per_dimension=min(max_grid),
+        max_buffer_bytes=total,
+        max_storage_binding_bytes=total,
+        subgroup_size_min=warp,
+        subgroup_size_max=warp,
+        warp_size=warp,
+        shared_bytes_per_block_optin=_opt_int(p.get("sharedMemPerBlockOptin")),
+        shared_bytes_per_multiprocessor=_opt_int(p.get("sharedMemPerMultiprocessor")),
+        registers_per_block=_opt_int(p.get("regsPerBlock")),
+        registers_per_multiprocessor=_opt_int(p.get("regsPerMultiprocessor")),
+        max_threads_per_multiprocessor=_opt_int(p.get("maxThreadsPerMultiProcessor")),
+        multiprocessors=_opt_int(p.get("multiProcessorCount")),
+        compute_capability=f"{int(p['major'])}.{int(p['minor'])}",
+    )
+    driver = rt.driverGetVersion()
+    runtime = rt.runtimeGetVersion()
+    uuid = p.get("uuid")
+    return DeviceInfo(
+        backend="cuda",
+        name=_text(p.get("name", f"CUDA device {index}")),
+        adapter_type="discrete",
+        api="CUDA",
+        driver=f"{driver // 1000}.{driver % 1000 // 10}",
+        vendor="NVIDIA",
+        limits=limits,
+        features=("fp32", "float4"),
+        index=index,
+        extra={
+            "cuda_runtime": f"{runtime // 1000}.{runtime % 1000 // 10}",
+            "cupy": getattr(cupy, "__version__", "?"),
+            "l2_cache_bytes": int(p.get("l2CacheSize", 0)),
+            "global_memory_bytes": total,
+            "clock_khz": int(p.get("clockRate", 0)),
+            **({"uuid": uuid.hex() if isinstance(uuid, bytes) else str(uuid)} if uuid is not None else {}),
+        },
+    )
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+def list_cuda_devices() -> list[DeviceInfo]:
+    """DeviceInfo of every visible NVIDIA GPU.
+
+    Returns:
+        One DeviceInfo per CUDA device, in CUDA's order (`cuda:0`, `cuda:1`, ...).
+
+    Raises:
+        DeviceUnavailable: CuPy is missing or no GPU/driver is usable (the message carries the fix).
+    """
+    cupy = _import_cupy()
+    return [_info_from(cupy, i) for i in range(_device_count(cupy))]
+
+
+def cache_dir() -> str:
+    """Directory of compiled CUDA modules (CuPy's kernel cache; `CUPY_CACHE_DIR` overrides)."""
+    env = os.environ.get("CUPY_CACHE_DIR")
+    if env:
+        return env
+    try:
+        from platformdirs import user_cache_dir
+
+        base = user_cache_dir("tilewise", appauthor=False)
+    except ImportError:  # platformdirs is a dependency; this keeps a bare checkout usable
+        base = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tilewise")
+    return os.path.join(base, "cuda")
+
+
+def nvrtc_options(compute_capability: str, extra: Sequence[str] = ()) -> tuple[str, ...]:
+    """NVRTC options for a device of `compute_capability` ("9.0" -> `-arch=sm_90`)."""
+    major, minor = compute_capability.split(".")
+    return ("-std=c++17", f"-arch=sm_{major}{minor}", *extra)
+
+
+class CUDADevice(Device):
+    """One NVIDIA GPU through CuPy. `time()` uses CUDA events; `flush_l2` evicts L2 between samples."""
+
+    timer = "gpu-timestamp"
+
+    def __init__(self, index: int = 0, *, flush_l2: bool = True) -> None:
+        cupy = _import_cupy()
+        count = _device_count(cupy)
+        if count == 0:
+            raise DeviceUnavailable("CuPy sees no NVIDIA GPU", "check `nvidia-smi` and CUDA_VISIBLE_DEVICES")
+        if not 0 <= index < count:
+            raise DeviceUnavailable(f"cuda:{index} does not exist ({count} CUDA device(s))",
+                                    f"use cuda:0 .. cuda:{count - 1}")
+        self._cp = cupy
+        self._dev = cupy.cuda.Device(index)
+        self.info = _info_from(cupy, index)
+        self.flush_l2 = flush_l2
+        self.options = nvrtc_options(self.info.limits.compute_capability or "9.0")
+        os.environ.setdefault("CUPY_CACHE_DIR", cache_dir())
+        self._modules: dict[tuple[str, str, tuple[str, ...]], Any] = {}
+        self._lock = threading.Lock()
+        self._flush_buf: Any = None
+        self._lost = False
+
+    # ---- memory ------------------------------------------------------------------------------
+    def allocate(self, nbytes: int, *, uniform: bool = False) -> Buffer:
+        size = max(4, (int(nbytes) + 3) // 4 * 4)
+        try:
+            with self._dev:
+                handle = self._cp.empty(size, dtype=self._cp.uint8)
+        except self._cp.cuda.memory.OutOfMemoryError as exc:
+            raise LaunchError(f"out of GPU memory allocating {size} bytes on {self.info.name}",
+                              "use smaller shapes or free GPU memory") from exc
+        return Buffer(self, handle, size, uniform)
+
+    def write(self, buffer: Buffer, array: np.ndarray, offset_bytes: int = 0) -> None:
+        raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        if offset_bytes + raw.nbytes > buffer.nbytes:
+            raise ValueError(f"write of {raw.nbytes} bytes at {offset_bytes} overflows a {buffer.nbytes}-byte buffer")
+        with self._dev:
+            buffer.handle[offset_bytes:offset_bytes + raw.nbytes].set(raw)
+
+    def download(self, buffer: Buffer, dtype: Any = np.float32, shape: Sequence[int] | None = None,
+                 offset_bytes: int = 0) -> np.ndarray:
+        nbytes = buffer.nbytes - offset_bytes
+        if shape is not None:
+            nbytes = min(nbytes, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        try:
+            with self._dev:
+                raw = self._cp.asnumpy(buffer.handle[offset_bytes:offset_bytes + nbytes])
+        except self._cp.cuda.runtime.CUDARuntimeError as exc:
+            raise self._wrap(exc, "reading a buffer back") from exc
+        out = raw.view(dtype)
+        return out.reshape(shape) if shape is not None else out
+
+    def array(self, buffer: Buffer, dtype: Any = np.float32, shape: Sequence[int] | None = None) -> Any:
+        """A CuPy view of a buffer (no copy), e.g. to compare with cuBLAS on the device."""
+        view = buffer.handle.view(dtype)
+        return view[: int(np.prod(shape))].reshape(shape) if shape is not None else view
+
+    # ---- programs ----------------------------------------------------------------------------
+    def compile(self, source: Any, entry: str = "main", constants: dict[str, Any] | None = None,
+                name: str | None = None) -> Program:
+        """Compile CUDA C++ `source` and return the kernel named by the name expression `entry`.
+
+        Args:
+            source: CUDA C++ text.
+            entry: a kernel name or a template name expression (`sgemm_warptile<128, 64, ...>`).
+            constants: recorded with the program (for the store); CUDA templates take values in `entry`.
+            name: label for messages (default: `entry`).
+
+        Returns:
+            A Program whose handle is a CuPy RawKernel-like function; `meta` holds registers, spills and
+            static shared memory reported by the compiled kernel.
+
+        Raises:
+            ShaderCompileError: NVRTC rejected the source; the message has its first error line.
+        """
+        if not isinstance(source, str):
+            raise TypeError("the CUDA device compiles CUDA C++ source text")
+        cp = self._cp
+        label = name or entry
+        key = (source_hash(source), entry, self.options)
+        with self._lock:
+            module = self._modules.get(key)
+        if module is None:
+            try:
+                with self._dev:
+                    module = cp.RawModule(code=source, options=self.options, name_expressions=[entry],
+                                          backend="nvrtc")
+                    func = module.get_function(entry)
+            except cp.cuda.compiler.CompileException as exc:
+                raise ShaderCompileError(f"NVRTC failed on {label}: {first_error_line(str(exc))}",
+                                         "this config's instantiation is rejected by the compiler; check the "
+                                         "template's rules (an illegal config must fail a static_assert)") from exc
+            with self._lock:
+                self._modules[key] = module
+        with self._dev:
+            func = module.get_function(entry)
+        meta = {
+            "source": source,
+            "entry": entry,
+            "options": list(self.options),
+            "registers": int(func.num_regs),
+            "local_bytes": int(func.local_size_bytes),  # > 0: registers spilled to local memory
+            "static_shared_bytes": int(func.shared_size_bytes),
+            "max_threads_per_block": int(func.max_threads_per_block),
+        }
+        return Program(label, func, source_hash(source, entry, *self.options), dict(constants or {}), meta)
+
+    # ---- launches ----------------------------------------------------------------------------
+    def _args(self, launch: Launch) -> tuple[Any, ...]:
+        args: list[Any] = []
+        for a in launch.buffers:
+            if isinstance(a, Buffer):
+                if a.device is not self:
+                    raise LaunchError(f"{launch.program.name}: a buffer of another device was passed",
+                                      "allocate every buffer on the device that launches the kernel")
+                args.append(a.handle)
+            elif isinstance(a, np.generic):
+                args.append(a)
+            else:
+                raise LaunchError(f"{launch.program.name}: kernel argument {a!r} is neither a Buffer nor a NumPy "
+                                  "scalar", "pass scalars as np.int32(...) / np.float32(...)")
+        return tuple(args)
+
+    def _launch(self, launch: Launch) -> None:
+        prog = launch.program
+        if prog.meta.get("callable"):
+            # a library call (cuBLAS through CuPy) timed like a kernel: handle(*args) on the current stream
+            args = [a.handle if isinstance(a, Buffer) else a for a in launch.buffers]
+            prog.handle(*args)
+            return
+        block = prog.meta.get("block")
+        if block is None:
+            raise LaunchError(f"{prog.name} has no block size", "set Program.meta['block'] = (x, y, z) after compile")
+        grid = grid3(launch.grid)
+        if any(g > cap for g, cap in zip(grid, MAX_GRID)):
+            raise LaunchError(f"{prog.name}: grid {grid} exceeds CUDA's limits {MAX_GRID}",
+                              "use a larger tile or split the launch")
+        if not all(g > 0 for g in grid):
+            return
+        threads = int(np.prod(grid3(block)))
+        if threads > prog.meta.get("max_threads_per_block", threads):
+            raise LaunchError(f"{prog.name}: {threads} threads per block, but the compiled kernel can run at most "
+                              f"{prog.meta['max_threads_per_block']} ({prog.meta.get('registers')} registers per "
+                              "thread)", "pick a config with fewer threads or fewer registers")
+        try:
+            prog.handle(grid, grid3(block), self._args(launch),
+                        shared_mem=int(prog.meta.get("dynamic_shared_bytes", 0)))
+        except self._cp.cuda.driver.CUDADriverError as exc:
+            raise self._wrap(exc, f"launching {prog.name} with grid {grid} block {block}") from exc
+
+    def run(self, launches: Sequence[Launch]) -> None:
+        with self._dev:
+            for launch in launches:
+                self._launch(launch)
+
+    def time(self, launches: Sequence[Launch], *, flush_l2: bool | None = None) -> np.ndarray:
+        """Each launch's GPU time in ms (CUDA events around it), launched back to back on one stream.
+
+        Args:
+            launches: the launches, in order.
+            flush_l2: overwrite a buffer larger than L2 before each launch (outside its events) so every
+                sample starts with cold caches, as a real layer in a model does; default `self.flush_l2`.
+        """
+        n = len(launches)
+        if n == 0:
+            return np.empty(0)
+        cp = self._cp
+        flush = self.flush_l2 if flush_l2 is None else flush_l2
+        with self._dev:
+            events = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(n)]
+            try:
+                for (start, end), launch in zip(events, launches):
+                    if flush:
+                        self._flush()
+                    start.record()
+                    self._launch(launch)
+                    end.record()
+                events[-1][1].synchronize()
+            except cp.cuda.runtime.CUDARuntimeError as exc:
+                raise self._wrap(exc, "timing launches") from exc
+            return np.array([cp.cuda.get_elapsed_time(s, e) for s, e in events], dtype=np.float64)
+
+    def _flush(self) -> None:
+        if self._flush_buf is None:
+            l2 = int(self.info.extra.get("l2_cache_bytes") or 0) or 64 << 20
+            self._flush_buf = self._cp.empty(2 * l2 // 4, dtype=self._cp.float32)
+        self._flush_buf.fill(0.0)  # a write of 2x L2 evicts every line the previous launch left
+
+    def synchronize(self) -> None:
+        try:
+            self._dev.synchronize()
+        except self._cp.cuda.runtime.CUDARuntimeError as exc:
+            raise self._wrap(exc, "waiting for the GPU") from exc
+
+    def _wrap(self, exc: Exception, doing: str) -> LaunchError:
+        text = _first_line(exc)
+        if any(s in text for s in ("ILLEGAL_ADDRESS", "LAUNCH_FAILED", "illegal memory", "unspecified launch")):
+            # a kernel fault poisons the CUDA context: every later call on it fails too
+            self._lost = True
+            from tilewise.errors import DeviceLost
+
+            return DeviceLost(f"CUDA error while {doing}: {text}",
+                              "the context is unusable after a kernel fault; restart the process")
+        return LaunchError(f"CUDA error while {doing}: {text}",
+                           "the config may exceed a resource (threads, registers, shared memory); it is stored as "
+                           "launch_error and the sweep continues")
+
+    def close(self) -> None:
+        self._modules.clear()
+        self._flush_buf = None
+
+
+_ERROR_RE = re.compile(r"error\s*:", re.IGNORECASE)
+
+
+def first_error_line(log: str) -> str:
+    """The first `error:` line of an NVRTC log (with its file:line), or the first non-empty line."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    for ln in lines:
+        if _ERROR_RE.search(ln):
+            return ln
+    return lines[0] if lines else "(empty compiler log)"
+
+
+def _first_line(exc: Exception) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return " / ".join(lines[:2]) if lines else type(exc).__name__
