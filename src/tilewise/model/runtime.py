@@ -361,21 +361,34 @@ def load(path_or_preset: str | Path = "default", device: str = "cpu", weights: s
     Returns:
         The Model (prefill / extend / hidden / scores).
     """
+    _device_name(device)  # a bad device fails before any weights are read
+    ck = open_checkpoint(path_or_preset, weights=weights, seed=seed)
+    return from_checkpoint(ck, device=device)
+
+
+def _device_name(device: str) -> str:
     dev = str(device).split(":", 1)[0]
     if dev not in KNOWN_DEVICES:
         raise ConfigError(f"unknown device {device!r}", f"use one of {', '.join(KNOWN_DEVICES)}")
     if dev == "auto":
         dev = "cpu"
-    if dev not in EXECUTORS and dev != "webgpu":
+    if dev not in EXECUTORS:
         raise DeviceUnavailable(f"the model runtime has no executor for {dev!r} yet",
                                 "use device='cpu' (the CPU executor) for now")
-    ck = open_checkpoint(path_or_preset, weights=weights, seed=seed)
-    if dev == "webgpu":
-        from tilewise.model.webgpu import WebGPUExecutor
+    return dev
 
-        executor = WebGPUExecutor(ck, device=str(device))
-    else:
-        executor = EXECUTORS[dev](ck)
+
+def from_checkpoint(ck: Checkpoint, device: str = "cpu") -> Model:
+    """Build a Model from an opened (or in-memory) checkpoint; its weights run in the checkpoint's format.
+
+    Args:
+        ck: the checkpoint (see `Checkpoint.open`, `Checkpoint.from_arrays`, `Checkpoint.converted`).
+        device: as in `load`.
+
+    Returns:
+        The Model.
+    """
+    executor = EXECUTORS[_device_name(device)](ck)
     head = ck.float32(HEAD).astype(np.float32) if ck.has_head else None
     tokenizer = None
     if ck.tokenizer_path is not None:

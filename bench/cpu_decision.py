@@ -1,0 +1,205 @@
+"""Decision latency of the CPU executor against HF transformers' `Lfm2Model` on the CPU, in one run.
+
+A decision is what `tilewise play` does per move: run the prompt (346 tokens, batch 1) and read the 8 scores
+of the last position. For each preset (seeded random weights) it times, interleaved round-robin in a fresh
+random order per round (so drift hits every variant alike), after warm-up:
+
+- `hf f32`: `Lfm2Model` (torch, SDPA attention, `use_cache=False`) over all 346 tokens, then the head on the
+  last row. HF has no CPU NF4 path, so it is also the equal-precision peer of tilewise's NF4 run, whose
+  matrices are dequantized to float32 once at load (the NF4 and f32 runs do the same float32 arithmetic);
+- `tw <fmt> full`: tilewise, no final-row slicing, no prefix cache;
+- `tw <fmt> slice`: final-row slicing (the last block's FFN and everything after it on the last row);
+- `tw <fmt> cache`: prefix cache: the first 47 tokens (seed 001's shared prefix) are prefilled once outside
+  the timing and each decision extends that base with the 299 remaining tokens;
+- `tw <fmt> slice+cache`: both.
+(NF4 runs the same float32 arithmetic as f32 after load, so only its `full` and `slice+cache` are timed.)
+
+It prints medians with 20th/80th percentiles and ratios, checks every variant's scores against HF's on the same
+weights (the NF4 variants against HF running the dequantized NF4 weights),
+and writes the table to bench/results/ with the date, device and command.
+
+Usage: python bench/cpu_decision.py [--presets seed-250m lfm2-350m] [--repeats 7] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+# thread counts must be fixed before numpy / torch load their BLAS
+_threads = "2"
+for _i, _a in enumerate(sys.argv):
+    if _a == "--threads" and _i + 1 < len(sys.argv):
+        _threads = sys.argv[_i + 1]
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = _threads
+
+import datetime  # noqa: E402
+import platform  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import tilewise  # noqa: E402
+from tilewise.model import checkpoint as ckpt  # noqa: E402
+from tilewise.model.config import preset  # noqa: E402
+from tilewise.tune.measure import summarize  # noqa: E402
+
+PROMPT_TOKENS = 346
+PREFIX_TOKENS = 47
+
+
+def _hf_model(cfg, tensors):
+    import torch
+    import transformers
+
+    fields = cfg.to_hf_dict()
+    fields.pop("architectures")
+    fields.pop("model_type")
+    hc = transformers.Lfm2Config(**fields)
+    with torch.device("meta"):
+        model = transformers.Lfm2Model(hc)
+    _assign(model, tensors)
+    # non-persistent buffers are not in the state dict: rebuild RoPE's exactly as HF's init does
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float) / cfg.head_dim))
+    model.rotary_emb.inv_freq = inv_freq
+    model.rotary_emb.original_inv_freq = inv_freq.clone()
+    return model.eval()
+
+
+def _assign(model, tensors) -> None:
+    import torch
+
+    state = {k: torch.from_numpy(np.ascontiguousarray(v, np.float32)) for k, v in tensors.items() if k != ckpt.HEAD}
+    model.load_state_dict(state, strict=True, assign=True)  # shares the numpy memory, no copy
+
+
+def bench_preset(name: str, repeats: int, warmup: int, seed: int = 0) -> tuple[list[str], dict]:
+    import torch
+
+    from tilewise.model.runtime import from_checkpoint
+
+    cfg = preset(name)
+    t0 = time.perf_counter()
+    tensors = ckpt.random_tensors(cfg, seed=seed)
+    head = tensors[ckpt.HEAD]
+    hf = _hf_model(cfg, tensors)
+    ck32 = ckpt.Checkpoint.from_arrays(cfg, tensors, "f32", f"preset:{name}")
+    models = {"f32": from_checkpoint(ck32), "nf4": from_checkpoint(ck32.converted("nf4"))}
+    load_s = time.perf_counter() - t0
+    ids = np.random.default_rng(1).integers(0, cfg.vocab_size, PROMPT_TOKENS)
+    ids_t = torch.from_numpy(ids)[None]
+
+    def hf_decision() -> np.ndarray:
+        with torch.inference_mode():
+            out = hf(ids_t, use_cache=False).last_hidden_state[0, -1].numpy()
+        return head @ out
+
+    variants = {"hf f32": hf_decision}
+    for fmt, m in models.items():
+        base = {}
+        for slicing in (False, True):
+            m.final_row_slicing = slicing
+            base[slicing] = m.prefill(ids[:PREFIX_TOKENS])  # the shared prefix, prefilled once per session
+
+        def full(m=m, slicing=False):
+            m.final_row_slicing = slicing
+            return m.scores(m.prefill(ids))
+
+        def cached(m=m, slicing=False, base=base):
+            m.final_row_slicing = slicing
+            return m.scores(m.extend(base[slicing], ids[PREFIX_TOKENS:]))
+
+        variants[f"tw {fmt} full"] = full
+        if fmt == "f32":  # nf4 runs the same float32 arithmetic; its two ends suffice
+            variants[f"tw {fmt} slice"] = lambda full=full: full(slicing=True)
+            variants[f"tw {fmt} cache"] = cached
+        variants[f"tw {fmt} slice+cache"] = lambda cached=cached: cached(slicing=True)
+
+    scores = {k: fn() for k, fn in variants.items()}  # first call doubles as a warm-up
+    for _ in range(warmup - 1):
+        for fn in variants.values():
+            fn()
+    samples: dict[str, list[float]] = {k: [] for k in variants}
+    order_rng = np.random.default_rng(2)
+    for _ in range(repeats):
+        for k in order_rng.permutation(list(variants)):
+            t = time.perf_counter()
+            variants[k]()
+            samples[k].append((time.perf_counter() - t) * 1e3)
+    stats = {k: summarize(v) for k, v in samples.items()}
+    # the NF4 runs are checked against HF on the same (dequantized) weights
+    ref = {"f32": scores["hf f32"]}
+    ck4 = models["nf4"].checkpoint
+    _assign(hf, {n: ck4.float32(n) for n in ck4.names()})
+    ref["nf4"] = hf_decision()
+    lines = [f"### {name}: hidden {cfg.hidden_size}, ffn {cfg.ffn_dim}, {cfg.num_layers} blocks "
+             f"({len(cfg.attention_layers)} attention), vocab {cfg.vocab_size}; {PROMPT_TOKENS}-token prompt, "
+             f"prefix {PREFIX_TOKENS}; {repeats} interleaved samples after {warmup} warm-up; setup {load_s:.0f} s",
+             "", "| variant | median ms | p20 ms | p80 ms | HF / this | max abs score diff vs HF, same weights |",
+             "|---|---:|---:|---:|---:|---:|"]
+    hf_ms = stats["hf f32"].median_ms
+    for k, s in stats.items():
+        diff = float(np.abs(scores[k] - ref["nf4" if "nf4" in k else "f32"]).max())
+        lines.append(f"| {k} | {s.median_ms:.1f} | {s.p20_ms:.1f} | {s.p80_ms:.1f} | {hf_ms / s.median_ms:.2f} | "
+                     f"{diff:.2e} |")
+    lines.append("")
+    skipped = PREFIX_TOKENS / PROMPT_TOKENS
+    med = {k: s.median_ms for k, s in stats.items()}
+    lines.append(f"- f32: final-row slicing saves {1 - med['tw f32 slice'] / med['tw f32 full']:.1%}; the prefix "
+                 f"cache saves {1 - med['tw f32 cache'] / med['tw f32 full']:.1%} without slicing and "
+                 f"{1 - med['tw f32 slice+cache'] / med['tw f32 slice']:.1%} with it (it skips {skipped:.1%} of the "
+                 f"tokens); both vs HF: {hf_ms / med['tw f32 slice+cache']:.2f}x, neither vs HF: "
+                 f"{hf_ms / med['tw f32 full']:.2f}x")
+    lines.append(f"- nf4: both vs HF: {hf_ms / med['tw nf4 slice+cache']:.2f}x, neither vs HF: "
+                 f"{hf_ms / med['tw nf4 full']:.2f}x")
+    lines.append("")
+    return lines, {k: s.as_dict() for k, s in stats.items()}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--presets", nargs="+", default=["seed-250m", "lfm2-350m"])
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default=None, help="results file (default bench/results/<date>-cpu-decision.md)")
+    args = p.parse_args()
+    import torch
+    import transformers
+
+    torch.set_num_threads(args.threads)
+    dev = tilewise.get_device("cpu").info
+    now = datetime.datetime.now(datetime.UTC)
+    header = [
+        f"# CPU decision latency: tilewise CPU executor vs HF transformers Lfm2Model ({now:%Y-%m-%d %H:%M} UTC)", "",
+        f"- device: {dev.name} ({platform.machine()}), {os.cpu_count()} logical CPUs, {args.threads} threads; "
+        f"{dev.driver}; torch {torch.__version__}, transformers {transformers.__version__}, tilewise "
+        f"{tilewise.__version__}",
+        f"- command: `python bench/cpu_decision.py {' '.join(sys.argv[1:])}`".replace("`python bench/cpu_decision.py `",
+                                                                                      "`python bench/cpu_decision.py`"),
+        f"- load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())} (other work on the machine "
+        "shows up as spread between p20 and p80)",
+        "- weights: seeded random (seed 0), scaled so activations stay O(1); NF4 = blocksize 64, dequantized once "
+        "at load, so `tw nf4` does the same float32 arithmetic as `tw f32`; HF runs float32 (its equal-precision "
+        "peer for both)", ""]
+    print("\n".join(header), flush=True)
+    body = []
+    for name in args.presets:
+        lines, _ = bench_preset(name, args.repeats, args.warmup)
+        print("\n".join(lines), flush=True)
+        body += lines
+    default_out = Path(__file__).resolve().parent / "results" / f"{now:%Y-%m-%d}-cpu-decision.md"
+    out = Path(args.out) if args.out else default_out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(header + body) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
