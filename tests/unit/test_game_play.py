@@ -234,3 +234,23 @@ def test_real_runtime_with_a_tiny_random_model():
     cached = model.scores(model.extend(policy.prefix_state, ids[policy.prefix_tokens:]))
     full = model.scores(model.prefill(ids))
     np.testing.assert_allclose(cached, full, rtol=1e-4, atol=1e-5)
+
+
+def test_expert_agreement_is_reported_for_the_model_policy():
+    oracle = play(ModelPolicy(FakeModel(oracle_scores)), steps=60, seed=4)
+    assert oracle.extra["expert_agreement"] == 1.0
+    soft = play(ModelPolicy(FakeModel(lambda ids: np.eye(8)[0])), steps=30, seed=4)
+    assert soft.extra["expert_agreement"] == 0.0  # the expert never soft drops
+    assert "expert_agreement" not in play(RandomPolicy(1), steps=10, seed=1).extra
+
+
+def test_cli_game_eval_with_a_model(monkeypatch, capsys):
+    import tilewise
+
+    pytest.importorskip("tilewise.model.runtime")
+    monkeypatch.setattr(tilewise, "load", lambda *a, **k: FakeModel(oracle_scores))
+    assert main(["game", "eval", "--policy", "model", "--games", "2", "--max-pieces", "15", "--json"]) == 0
+    model = json.loads(capsys.readouterr().out)
+    assert main(["game", "eval", "--policy", "expert", "--games", "2", "--max-pieces", "15", "--json"]) == 0
+    expert = json.loads(capsys.readouterr().out)
+    assert model["per_game"] == expert["per_game"]

@@ -41,7 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.set_defaults(func=_cmd_tokenizer)
 
     e = gs.add_parser("eval", help="mean lines and pieces of a policy over seeded games")
-    e.add_argument("--policy", choices=("expert", "random"), default="expert")
+    e.add_argument("--policy", choices=("expert", "random", "model"), default="expert")
+    e.add_argument("--model", default="default", help="model for --policy model: default (bundled), a preset or a path")
+    e.add_argument("--device", choices=("auto", "cpu", "webgpu", "cuda"), default="auto",
+                   help="device for --policy model")
     e.add_argument("--games", type=int, default=20)
     e.add_argument("--max-pieces", type=int, default=1000)
     e.add_argument("--seed", type=int, default=0, help="first game seed (game g uses seed + g)")
@@ -158,9 +161,13 @@ def _cmd_tokenizer(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     import time
 
-    from tilewise.game.play import ExpertPolicy, RandomPolicy, evaluate_policy
+    from tilewise.game.play import ExpertPolicy, Policy, RandomPolicy, evaluate_policy, load_model_policy
 
-    def make(seed: int) -> ExpertPolicy | RandomPolicy:
+    model_policy = load_model_policy(args.model, args.device) if args.policy == "model" else None
+
+    def make(seed: int) -> Policy:
+        if model_policy is not None:
+            return model_policy  # stateless between decisions: the cached prefix is shared by every game
         return ExpertPolicy() if args.policy == "expert" else RandomPolicy(seed)
 
     t0 = time.perf_counter()

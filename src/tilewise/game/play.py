@@ -156,8 +156,13 @@ def load_model_policy(model: str = "default", device: str = "auto") -> ModelPoli
     try:
         loaded = tilewise.load(model, device=device, weights="nf4")
     except TilewiseError as exc:
-        raise type(exc)(f"cannot load model {model!r} for --policy model: {exc.problem}",
-                        f"{exc.fix}; or {fix}" if exc.fix else fix) from None
+        problem = f"cannot load model {model!r} for --policy model: {exc.problem}"
+        both = f"{exc.fix}; or {fix}" if exc.fix else fix
+        try:
+            err = type(exc)(problem, both)  # keep the subclass (DeviceUnavailable, ConfigError, ...)
+        except TypeError:
+            err = TilewiseError(problem, both)
+        raise err from None
     except FileNotFoundError as exc:
         raise TilewiseError(f"cannot load model {model!r}: {exc}", fix) from None
     return ModelPolicy(loaded)
@@ -191,7 +196,7 @@ class PlayStats:
 
 
 def play(policy: Policy, steps: int = 500, seed: int = 0,
-         on_step: Callable[[Game, int, float], None] | None = None) -> PlayStats:
+         on_step: Callable[[Game, int, float], None] | None = None, compare_expert: bool | None = None) -> PlayStats:
     """Play one game until `steps` decisions or game over.
 
     Args:
@@ -199,6 +204,8 @@ def play(policy: Policy, steps: int = 500, seed: int = 0,
         steps: the most decisions to make (>= 1).
         seed: the game's seed (non-negative int).
         on_step: called after each step with (game, action, latency_ms), e.g. to draw the board.
+        compare_expert: also ask the expert in every position and report the share of decisions that agree
+            (`expert_agreement`; outside the timed window). Default: on for the model policy.
 
     Returns:
         PlayStats.
@@ -206,6 +213,10 @@ def play(policy: Policy, steps: int = 500, seed: int = 0,
     seed = check_seed(seed)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"steps={steps!r} is not a positive integer", "pass --steps 1 or more")
+    if compare_expert is None:
+        compare_expert = isinstance(policy, ModelPolicy)
+    expert = Expert() if compare_expert else None
+    agree = 0
     game = Game(seed)
     latencies_ms: list[float] = []
     actions = [0] * 6
@@ -214,6 +225,8 @@ def play(policy: Policy, steps: int = 500, seed: int = 0,
         t0 = time.perf_counter()
         action = policy.decide(game)
         latencies_ms.append((time.perf_counter() - t0) * 1e3)
+        if expert is not None:
+            agree += int(expert.act(game) == action)
         game.step(action)  # refuses anything outside 0-5 with a clear error
         actions[action] += 1
         if on_step is not None:
@@ -223,6 +236,8 @@ def play(policy: Policy, steps: int = 500, seed: int = 0,
     total_s = float(lat.sum()) / 1e3
     dps = len(lat) / total_s if total_s > 0 else float("inf")
     extra: dict[str, Any] = {"actions": dict(zip(ACTION_NAMES, actions))}
+    if expert is not None:
+        extra["expert_agreement"] = round(agree / len(lat), 4)
     if isinstance(policy, ModelPolicy):
         extra.update(prompt_tokens=policy.prompt_tokens, prefix_tokens=policy.prefix_tokens,
                      full_prefills=policy.full_prefills)
