@@ -1,0 +1,228 @@
+"""Decision latency of the NF4 LFM2 classifier on WebGPU (tilewise) vs HF transformers on the same GPU, one run.
+
+For each preset (lfm2-350m and seed-250m shapes, seeded random weights) and weight format (nf4, f16):
+- tilewise WebGPU: 346-token decision latency p50/p90/p99 (host clock around prefill + scores read-back),
+  prefix-cached decisions (47 shared tokens), the run without final-row slicing, per-op GPU time (timestamps),
+  and the largest |score difference| against tilewise's CPU executor on the same weights (all 8 scores);
+- HF transformers `Lfm2Model` + Linear(hidden, 8) head on the same GPU in bf16, eager and `torch.compile`,
+  same weights (unquantized, bf16), same prompt length, `use_cache=False`, timed the same way (host clock around
+  the forward + reading the 8 scores back).
+Prints a ratio table at the end and writes `results.json` and `summary.md` into `--out`.
+
+Usage (needs torch with CUDA, transformers, wgpu; nothing installed from this repo):
+
+    PYTHONPATH=src python3 bench/decision_webgpu.py --out bench/results/decision_webgpu
+
+Every section has a time budget; a failing section is recorded with its error and the run goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from tilewise.runtime_cli import PREFIX_TOKENS, bench_model, percentiles, prompts, time_calls  # noqa: E402
+
+T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", flush=True)
+
+
+def left(budget_s: float) -> float:
+    return budget_s - (time.perf_counter() - T0)
+
+
+def tilewise_section(ck: Any, cpu_ck: Any, args: argparse.Namespace) -> dict[str, Any]:
+    from tilewise.model.runtime import Model, load
+    from tilewise.model.webgpu import WebGPUExecutor
+
+    t = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ex = WebGPUExecutor(ck, device="webgpu")
+    head = ck.float32("score.weight") if ck.has_head else None
+    model = Model(ck, ex, head)
+    load_s = time.perf_counter() - t
+    cpu = None
+    if cpu_ck is not None and not args.no_reference:
+        from tilewise.model.runtime import CPUExecutor
+
+        cpu = Model(cpu_ck, CPUExecutor(cpu_ck), cpu_ck.float32("score.weight"))
+    del load
+    res = bench_model(model, args.seq, args.decisions, prefix=PREFIX_TOKENS, cpu_model=cpu,
+                      budget_s=max(5.0, min(30.0, left(args.budget_s) / 8)), log=log)
+    res["load_s"] = load_s
+    res["weight_bytes_on_gpu"] = ex.weight_bytes()
+    res["notes"] = [str(w.message) for w in caught]
+    return res
+
+
+def hf_section(ck: Any, cfg: Any, args: argparse.Namespace, compiled: bool) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("torch sees no CUDA device")
+    hc = transformers.Lfm2Config(**cfg.to_hf_dict())
+    with torch.device("cuda"):
+        model = transformers.Lfm2Model(hc).to(torch.bfloat16).eval()
+    state = {k: torch.from_numpy(ck.float32(k)) for k in ck.names() if k != "score.weight"}
+    model.load_state_dict(state, strict=True)
+    head = torch.from_numpy(ck.float32("score.weight")).to("cuda", torch.bfloat16)
+    fwd = model
+    if compiled:
+        fwd = torch.compile(model)
+    _, full = prompts(cfg.vocab_size, args.seq, args.decisions + 3, PREFIX_TOKENS)
+    ids = [torch.from_numpy(f).long().cuda()[None] for f in full]
+
+    def decide(i: int) -> np.ndarray:
+        with torch.inference_mode():
+            h = fwd(input_ids=ids[i], use_cache=False).last_hidden_state  # (1, seq, H)
+            return (h[0, -1] @ head.T).float().cpu().numpy()
+
+    t = time.perf_counter()
+    decide(0)
+    first_s = time.perf_counter() - t
+    lat = percentiles(time_calls(decide, args.decisions, 3, budget_s=max(5.0, min(30.0, left(args.budget_s) / 8))))
+    out = {"impl": f"HF transformers Lfm2Model bf16 {'torch.compile' if compiled else 'eager'}",
+           "latency_ms_p50": lat["p50"], "latency_ms_p90": lat["p90"], "latency_ms_p99": lat["p99"],
+           "decisions_timed": lat["n"], "first_call_s": first_s, "torch": torch.__version__,
+           "transformers": transformers.__version__, "gpu": torch.cuda.get_device_name()}
+    del model, fwd
+    torch.cuda.empty_cache()
+    return out
+
+
+def run_section(results: list[dict[str, Any]], name: str, fn: Any, *a: Any, need_s: float = 30.0,
+                budget_s: float = 540.0) -> dict[str, Any] | None:
+    if left(budget_s) < need_s:
+        log(f"skip {name}: {left(budget_s):.0f} s left, it needs about {need_s:.0f} s")
+        results.append({"section": name, "skipped": f"time budget ({left(budget_s):.0f} s left)"})
+        return None
+    log(f"start {name}")
+    try:
+        res = fn(*a)
+        res["section"] = name
+        results.append(res)
+        return res
+    except Exception as exc:  # a failing section is a result; the run goes on
+        log(f"FAILED {name}: {type(exc).__name__}: {exc}")
+        results.append({"section": name, "error": f"{type(exc).__name__}: {exc}",
+                        "traceback": traceback.format_exc(limit=6)})
+        return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="bench/results/decision_webgpu", help="output folder")
+    ap.add_argument("--presets", default="lfm2-350m,seed-250m")
+    ap.add_argument("--weights", default="nf4,f16")
+    ap.add_argument("--seq", type=int, default=346)
+    ap.add_argument("--decisions", type=int, default=50)
+    ap.add_argument("--budget-s", type=float, default=540.0, help="stop starting sections after this many seconds")
+    ap.add_argument("--no-hf", action="store_true", help="skip HF transformers")
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--no-reference", action="store_true", help="skip the CPU score comparison")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    from tilewise.model.checkpoint import random_checkpoint
+    from tilewise.model.config import preset
+
+    results: list[dict[str, Any]] = []
+    import tilewise
+
+    dev = tilewise.get_device("webgpu")
+    info = dev.info
+    log(f"WebGPU adapter: {info.name} ({info.api}, {info.adapter_type}), driver {info.driver}")
+    coop = "cooperative-matrix" in info.features
+    meta = {"adapter": info.as_dict(), "argv": sys.argv, "seq": args.seq, "decisions": args.decisions,
+            "cooperative_matrix": ("advertised, not used: wgpu-py 0.32 cannot enable experimental features and "
+                                   "wgpu-native implements only 8x8 f32 fragments") if coop else "not advertised",
+            "shader_f16": "shader-f16" in info.features}
+    for name in args.presets.split(","):
+        cfg = preset(name)
+        t = time.perf_counter()
+        f32 = random_checkpoint(cfg, seed=0, weights="f32")
+        log(f"{name}: random f32 weights in {time.perf_counter() - t:.1f} s")
+        for w in args.weights.split(","):
+            t = time.perf_counter()
+            ck = f32 if w == "f32" else f32.converted(w)
+            for k in ck.names():
+                ck.get(k)
+            log(f"{name}: {w} weights in {time.perf_counter() - t:.1f} s")
+            run_section(results, f"tilewise {name} {w}", tilewise_section, ck, ck, args, need_s=40,
+                        budget_s=args.budget_s)
+            del ck
+        if not args.no_hf:
+            run_section(results, f"hf-eager {name}", hf_section, f32, cfg, args, False, need_s=20,
+                        budget_s=args.budget_s)
+            if not args.no_compile:
+                run_section(results, f"hf-compile {name}", hf_section, f32, cfg, args, True, need_s=120,
+                            budget_s=args.budget_s)
+        del f32
+    doc = {"meta": meta, "results": results}
+    (out / "results.json").write_text(json.dumps(doc, indent=1, default=str))
+    md = summary(results, args)
+    (out / "summary.md").write_text(md)
+    print(md)
+    log(f"wrote {out / 'results.json'} and {out / 'summary.md'}")
+    return 0
+
+
+def summary(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    by = {r["section"]: r for r in results}
+    lines = [f"# Decision latency, {args.seq}-token prompt, batch 1 (p50 ms; host clock, read-back included)", "",
+             "| model | impl | p50 ms | p90 ms | p99 ms | vs HF eager | vs torch.compile | prefix-cached p50 | "
+             "no final-row slicing p50 | GPU sum of ops ms | max abs score diff vs CPU |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name in args.presets.split(","):
+        eager = by.get(f"hf-eager {name}", {}).get("latency_ms_p50")
+        comp = by.get(f"hf-compile {name}", {}).get("latency_ms_p50")
+        for key in [f"tilewise {name} {w}" for w in args.weights.split(",")] + [f"hf-eager {name}",
+                                                                                 f"hf-compile {name}"]:
+            r = by.get(key)
+            if r is None:
+                continue
+            if "error" in r or "skipped" in r:
+                lines.append(f"| {name} | {key.split(' ')[0]} | {r.get('error') or r.get('skipped')} |"
+                             + " |" * 9)
+                continue
+            p50 = r["latency_ms_p50"]
+            impl = f"tilewise webgpu {r['weights']}" if key.startswith("tilewise") else r["impl"].replace(
+                "HF transformers Lfm2Model ", "HF ")
+
+            def ratio(ref: float | None, p50: float = p50) -> str:
+                return f"{ref / p50:.2f}x" if ref else "-"
+
+            pc = r.get("prefix_cached", {}).get("latency_ms_p50")
+            nf = r.get("no_final_row_slicing", {}).get("latency_ms_p50")
+            diff = r.get("max_abs_score_diff")
+            gpu = r.get("gpu_ms_sum_of_ops")
+            lines.append(f"| {name} | {impl} | {p50:.2f} | {r['latency_ms_p90']:.2f} | {r['latency_ms_p99']:.2f} | "
+                         f"{ratio(eager)} | {ratio(comp)} | {'-' if pc is None else f'{pc:.2f}'} | "
+                         f"{'-' if nf is None else f'{nf:.2f}'} | {'-' if gpu is None else f'{gpu:.2f}'} | "
+                         f"{'-' if diff is None else f'{diff:.2g}'} |")
+    lines += ["", "Ratios are speed-ups of the row's implementation (>1x: faster than HF). HF runs bf16 of the "
+              "unquantized weights; tilewise runs the stated format.", ""]
+    for r in results:
+        if r.get("ops"):
+            top = ", ".join(f"{o['name']} {o['ms']:.3f} ms/{o['launches']}" for o in r["ops"][:6])
+            lines.append(f"- {r['section']}: top ops {top}")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
