@@ -36,23 +36,42 @@ def to_masks(cells: np.ndarray) -> list[int]:
 
 # ------------------------------------------------------------------ pieces and rotation system
 
+def _canonical(cells, flips: bool) -> tuple:
+    """Smallest normalised cell tuple over the rotations (and mirror images when `flips`)."""
+    variants = []
+    for flip in (1, -1) if flips else (1,):
+        pts = [(flip * dx, dy) for dx, dy in cells]
+        for _ in range(4):
+            pts = [(-dy, dx) for dx, dy in pts]
+            mx, my = min(c[0] for c in pts), min(c[1] for c in pts)
+            variants.append(tuple(sorted((a - mx, b - my) for a, b in pts)))
+    return min(variants)
+
+
 def test_pieces_are_4_or_5_cells_distinct_named_and_pivot_is_a_cell():
-    shapes = set()
     for name, p in PIECES.items():
-        assert name[0].isalpha() and int(name[1]) == p.size == len(p.states[0]) and p.size in (4, 5)
-        assert (0, 0) in p.states[0], name
-        cells = p.states[0]
-        # canonical free shape: all 8 rotations/reflections, normalised
-        variants = []
-        for flip in (1, -1):
-            pts = [(flip * dx, dy) for dx, dy in cells]
-            for _ in range(4):
-                pts = [(-dy, dx) for dx, dy in pts]
-                mx, my = min(c[0] for c in pts), min(c[1] for c in pts)
-                variants.append(tuple(sorted((a - mx, b - my) for a, b in pts)))
-        key = min(variants) if name[0] not in "JLSZ" or p.size == 5 else tuple(sorted(cells))
-        assert key not in shapes, f"{name} looks like another piece"
-        shapes.add(key)
+        assert name[0].isalpha() and int(name[1]) == p.size and p.size in (4, 5)
+        assert (0, 0) in p.states[0], f"{name}: the pivot must be a cell"
+        xs = [dx for dx, _ in p.states[0]]
+        ys = [dy for _, dy in p.states[0]]
+        assert len(set(p.states[0])) == p.size and max(xs) - min(xs) + max(ys) - min(ys) + 1 <= p.size * 2
+    # no two pieces share a shape under rotation (J4/L4 and S4/Z4 are mirror images, as usual)
+    assert len({_canonical(p.states[0], flips=False) for p in PIECES.values()}) == len(PIECES)
+    # the pentominoes are 7 different free pentominoes
+    fives = [p for p in PIECES.values() if p.size == 5]
+    assert len({_canonical(p.states[0], flips=True) for p in fives}) == len(fives) == 7
+    # every piece is connected (a polyomino)
+    for p in PIECES.values():
+        cells = set(p.states[0])
+        seen, todo = set(), [next(iter(cells))]
+        while todo:
+            c = todo.pop()
+            if c in seen:
+                continue
+            seen.add(c)
+            near = [(c[0] + a, c[1] + b) for a, b in ((1, 0), (-1, 0), (0, 1), (0, -1))]
+            todo += [n for n in near if n in cells]
+        assert seen == cells, p.name
 
 
 @pytest.mark.parametrize("name", [n for n in PIECE_NAMES if n != "O4"])

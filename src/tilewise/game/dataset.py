@@ -32,6 +32,7 @@ import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,7 @@ class GameDataset:
     pieces: np.ndarray
     meta: dict[str, Any] = field(default_factory=dict)
 
-    @property
+    @cached_property
     def token_ids(self) -> list[np.ndarray]:
         """Per-record token ids without padding."""
         return [self.tokens[i, :n] for i, n in enumerate(self.lengths.tolist())]

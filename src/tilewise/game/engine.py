@@ -130,7 +130,7 @@ def apply_action(board: list[int], piece: Piece, rot: int, x: int, y: int,
         dx = -1 if action == Action.LEFT else 1
         if fits(board, cells, x + dx, y):
             x += dx
-    # gravity
+    # gravity; a piece that cannot fall locks now, so a landed piece gets exactly one more action
     if fits(board, cells, x, y + 1):
         return rot, x, y + 1, False
     return rot, x, y, True
