@@ -45,7 +45,7 @@ def left(budget_s: float) -> float:
 
 
 def tilewise_section(ck: Any, cpu_ck: Any, args: argparse.Namespace) -> dict[str, Any]:
-    from tilewise.model.runtime import Model, load
+    from tilewise.model.runtime import Model
     from tilewise.model.webgpu import WebGPUExecutor
 
     t = time.perf_counter()
@@ -60,7 +60,6 @@ def tilewise_section(ck: Any, cpu_ck: Any, args: argparse.Namespace) -> dict[str
         from tilewise.model.runtime import CPUExecutor
 
         cpu = Model(cpu_ck, CPUExecutor(cpu_ck), cpu_ck.float32("score.weight"))
-    del load
     res = bench_model(model, args.seq, args.decisions, prefix=PREFIX_TOKENS, cpu_model=cpu,
                       budget_s=max(5.0, min(30.0, left(args.budget_s) / 8)), log=log)
     res["load_s"] = load_s
@@ -100,8 +99,6 @@ def hf_section(ck: Any, cfg: Any, args: argparse.Namespace, compiled: bool) -> d
            "latency_ms_p50": lat["p50"], "latency_ms_p90": lat["p90"], "latency_ms_p99": lat["p99"],
            "decisions_timed": lat["n"], "first_call_s": first_s, "torch": torch.__version__,
            "transformers": transformers.__version__, "gpu": torch.cuda.get_device_name()}
-    del model, fwd
-    torch.cuda.empty_cache()
     return out
 
 

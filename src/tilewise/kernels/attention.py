@@ -150,7 +150,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
 
 def attention_space(d: int = 64) -> Space:
     return Space("attention", {"BQ": [16, 32, 64, 128], "BKV": [8, 16, 32, 64]}, [
-        Rule("invocations", lambda c, lim: c.BQ <= lim.max_invocations_per_workgroup,
+        Rule("invocations", lambda c, lim: lim.max_invocations_per_workgroup >= c.BQ,
              lambda c, lim: f"BQ={c.BQ} > max_invocations_per_workgroup {lim.max_invocations_per_workgroup}",
              needs_limits=True),
         Rule("workgroup_storage", lambda c, lim: 2 * c.BKV * d * 4 <= lim.max_workgroup_storage_bytes,

@@ -77,7 +77,7 @@ class ConvTemplate(KernelTemplate):
 
     def space(self, which: str = "full") -> Space:
         return Space("shortconv", {"WG": [32, 64, 128, 256]}, [
-            Rule("invocations", lambda c, lim: c.WG <= lim.max_invocations_per_workgroup,
+            Rule("invocations", lambda c, lim: lim.max_invocations_per_workgroup >= c.WG,
                  lambda c, lim: f"WG={c.WG} > max_invocations_per_workgroup {lim.max_invocations_per_workgroup}",
                  needs_limits=True)])
 

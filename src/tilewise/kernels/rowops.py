@@ -153,7 +153,7 @@ def _pow2_space(name: str, values: list[int], limit_rule: bool = True) -> Space:
     rules = [Rule("pow2", lambda c, _: c.WG & (c.WG - 1) == 0,
                   lambda c, _: f"WG={c.WG} is not a power of two (tree reduction)")]
     if limit_rule:
-        rules.append(Rule("invocations", lambda c, lim: c.WG <= lim.max_invocations_per_workgroup,
+        rules.append(Rule("invocations", lambda c, lim: lim.max_invocations_per_workgroup >= c.WG,
                           lambda c, lim: f"WG={c.WG} > max_invocations_per_workgroup "
                                          f"{lim.max_invocations_per_workgroup}", needs_limits=True))
     return Space(name, {"WG": values}, rules)
