@@ -372,3 +372,15 @@ def test_from_state_refuses_a_piece_that_does_not_fit():
         Game.from_state(EMPTY, "J4", 4, 4, 12)
     with pytest.raises(ConfigError, match="leaves the board"):
         Game.from_state(EMPTY, "I5", 0, 0, 12)
+
+
+def test_step_result_reports_the_lock():
+    rows = list(EMPTY)
+    rows[19] = "####.######"
+    rows[20] = "####.######"
+    g = Game.from_state(rows, "I4", 1, 4, 3)
+    res = g.step(Action.HARD_DROP)
+    assert res.piece == "I4" and sorted(res.cells) == [(4, 17), (4, 18), (4, 19), (4, 20)]
+    assert res.cleared_rows == (19, 20) and res.lines == 2
+    res = g.step(Action.LEFT)
+    assert not res.locked and res.cells == () and res.piece == ""

@@ -254,3 +254,20 @@ def test_cli_game_eval_with_a_model(monkeypatch, capsys):
     assert main(["game", "eval", "--policy", "expert", "--games", "2", "--max-pieces", "15", "--json"]) == 0
     expert = json.loads(capsys.readouterr().out)
     assert model["per_game"] == expert["per_game"]
+
+
+def test_color_board_tracks_the_settled_cells():
+    from tilewise.game.engine import Game
+    from tilewise.game.play import ColorBoard
+
+    g = Game(6)
+    ex = Expert()
+    colors = ColorBoard()
+    cleared = 0
+    while g.pieces < 80:
+        res = g.step(ex.act(g))
+        cleared += len(res.cleared_rows)
+        colors.update(res)
+        painted = [sum(1 << c for c in range(11) if colors.rows[r][c]) for r in range(21)]
+        assert painted == g.board
+    assert cleared == g.lines > 0

@@ -76,13 +76,16 @@ def _cmd_play(args: argparse.Namespace) -> int:
 
         from rich.live import Live
 
-        from tilewise.game.engine import Game
+        from tilewise.game.engine import Game, StepResult
+        from tilewise.game.play import ColorBoard
 
+        colors = ColorBoard()
         with Live(board_panel(Game(args.seed), policy.name, None, None), refresh_per_second=30,
                   auto_refresh=False) as live:
 
-            def draw(game: Game, action: int, latency_ms: float) -> None:
-                live.update(board_panel(game, policy.name, action, latency_ms), refresh=True)
+            def draw(game: Game, result: StepResult, latency_ms: float) -> None:
+                colors.update(result)
+                live.update(board_panel(game, policy.name, result.action, latency_ms, colors), refresh=True)
                 if args.delay_ms > 0:
                     time.sleep(args.delay_ms / 1e3)  # display pacing only; latencies are measured around decide()
 

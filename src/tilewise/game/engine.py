@@ -145,12 +145,18 @@ class StepResult:
         locked: the falling piece locked this step.
         lines: rows cleared by that lock (0 otherwise).
         game_over: the next piece could not spawn.
+        piece: name of the piece that locked ("" when none did).
+        cells: `(col, row)` cells where it locked, before the clear.
+        cleared_rows: indices of the rows cleared, before the clear (top to bottom).
     """
 
     action: int
     locked: bool
     lines: int
     game_over: bool
+    piece: str = ""
+    cells: tuple[tuple[int, int], ...] = ()
+    cleared_rows: tuple[int, ...] = ()
 
 
 class Game:
@@ -273,6 +279,12 @@ class Game:
             self.steps += 1
             return StepResult(action, False, 0, False)
         board, lines = place(self.board, self.piece.states[rot], x, y)
+        cells = tuple(self.piece.cells(rot, x, y))
+        before = list(self.board)
+        for c, r in cells:
+            before[r] |= 1 << c
+        cleared = tuple(r for r in range(BOARD_HEIGHT) if before[r] == FULL_ROW)
+        locked_name = self.piece.name
         nxt = self.next_piece
         following = get_piece(self._draw())
         self.board = board
@@ -283,7 +295,7 @@ class Game:
         self.rot, self.x, self.y = 0, nxt.spawn_x, nxt.spawn_y
         if not fits(self.board, nxt.states[0], self.x, self.y):
             self.game_over = True
-        return StepResult(action, True, lines, self.game_over)
+        return StepResult(action, True, lines, self.game_over, locked_name, cells, cleared)
 
 
 def parse_rows(settled: list[str] | list[int]) -> list[int]:

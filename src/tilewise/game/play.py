@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tilewise.errors import ConfigError, TilewiseError
-from tilewise.game.engine import ACTION_NAMES, NUM_OUTPUTS, Game, check_seed
+from tilewise.game.engine import ACTION_NAMES, NUM_OUTPUTS, Game, StepResult, check_seed
 from tilewise.game.expert import Expert
 from tilewise.game.prompt import render_prompt
 
@@ -196,14 +196,15 @@ class PlayStats:
 
 
 def play(policy: Policy, steps: int = 500, seed: int = 0,
-         on_step: Callable[[Game, int, float], None] | None = None, compare_expert: bool | None = None) -> PlayStats:
+         on_step: Callable[[Game, StepResult, float], None] | None = None,
+         compare_expert: bool | None = None) -> PlayStats:
     """Play one game until `steps` decisions or game over.
 
     Args:
         policy: the player.
         steps: the most decisions to make (>= 1).
         seed: the game's seed (non-negative int).
-        on_step: called after each step with (game, action, latency_ms), e.g. to draw the board.
+        on_step: called after each step with (game, step result, latency_ms), e.g. to draw the board.
         compare_expert: also ask the expert in every position and report the share of decisions that agree
             (`expert_agreement`; outside the timed window). Default: on for the model policy.
 
@@ -227,10 +228,10 @@ def play(policy: Policy, steps: int = 500, seed: int = 0,
         latencies_ms.append((time.perf_counter() - t0) * 1e3)
         if expert is not None:
             agree += int(expert.act(game) == action)
-        game.step(action)  # refuses anything outside 0-5 with a clear error
+        result = game.step(action)  # refuses anything outside 0-5 with a clear error
         actions[action] += 1
         if on_step is not None:
-            on_step(game, action, latencies_ms[-1])
+            on_step(game, result, latencies_ms[-1])
     wall_s = time.perf_counter() - t_start
     lat = np.array(latencies_ms)
     total_s = float(lat.sum()) / 1e3
@@ -299,8 +300,30 @@ def evaluate_policy(make: Callable[[int], Policy], games: int = 20, max_pieces: 
 
 # ---------------------------------------------------------------- terminal board
 
-def board_panel(game: Game, policy: str, action: int | None, latency_ms: float | None) -> Any:
-    """A rich renderable of the board (falling piece in its colour) with the game's counters."""
+class ColorBoard:
+    """Remembers which piece each settled cell came from, so the live board can draw every piece in its colour."""
+
+    def __init__(self) -> None:
+        from tilewise.game.pieces import BOARD_HEIGHT, BOARD_WIDTH
+
+        self.width = BOARD_WIDTH
+        self.rows: list[list[str]] = [[""] * BOARD_WIDTH for _ in range(BOARD_HEIGHT)]
+
+    def update(self, result: StepResult) -> None:
+        """Record a lock and its line clears."""
+        if not result.locked:
+            return
+        for c, r in result.cells:
+            self.rows[r][c] = result.piece
+        # top to bottom: dropping row r and adding an empty top row moves only the rows above r
+        for r in result.cleared_rows:
+            del self.rows[r]
+            self.rows.insert(0, [""] * self.width)
+
+
+def board_panel(game: Game, policy: str, action: int | None, latency_ms: float | None,
+                colors: ColorBoard | None = None) -> Any:
+    """A rich renderable of the board (each piece in its colour) with the game's counters."""
     from rich.panel import Panel
     from rich.table import Table
     from rich.text import Text
@@ -310,11 +333,12 @@ def board_panel(game: Game, policy: str, action: int | None, latency_ms: float |
     color = PIECE_COLORS.get(game.piece.name, "white")
     board = Text()
     for r, row in enumerate(game.render_rows()):
-        for ch in row:
+        for c, ch in enumerate(row):
             if ch == "%":
                 board.append("[]", style=f"bold {color}")
             elif ch == "#":
-                board.append("[]", style="grey62")
+                name = colors.rows[r][c] if colors is not None else ""
+                board.append("[]", style=PIECE_COLORS.get(name, "grey62"))
             else:
                 board.append(" .", style="grey30")
         if r < len(game.board) - 1:
