@@ -26,7 +26,6 @@ import os
 import platform
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -65,20 +64,6 @@ def tflops(flops: int, ms: float) -> float:
     return flops / (ms * 1e-3) / 1e12
 
 
-def compile_all(tpl: CudaGemm, dev: CUDADevice, configs: list[Config], shape: tuple[int, int, int],
-                workers: int) -> dict[Config, Any]:
-    """Compile configs in parallel (NVRTC releases the GIL); value: Program or the error raised."""
-
-    def one(cfg: Config) -> Any:
-        try:
-            return tpl.compile(dev, cfg, shape)
-        except TilewiseError as exc:
-            return exc
-
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return dict(zip(configs, pool.map(one, configs)))
-
-
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -107,7 +92,7 @@ class Bench:
     def ensure_compiled(self, configs: list[Config]) -> dict[Config, Any]:
         todo = [c for c in configs if c not in self.programs]
         if todo:
-            self.programs.update(compile_all(self.tpl, self.dev, todo, TUNE_SHAPE, self.args.workers))
+            self.programs.update(self.tpl.precompile(self.dev, todo, TUNE_SHAPE, self.args.workers))
         return {c: self.programs[c] for c in configs}
 
     def verify(self, configs: list[Config], verifier: Verifier) -> None:

@@ -14,6 +14,9 @@ bounds-guarded; ceil(M / BM) <= 65535 (CUDA's grid y limit).
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -21,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from tilewise.devices.base import Device, Launch, Limits, Program
-from tilewise.errors import ConfigError, LaunchError
+from tilewise.errors import ConfigError, LaunchError, TilewiseError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
 from tilewise.tune.space import Config, Rule, Space
 
@@ -72,8 +75,19 @@ FULL_VALUES: dict[str, list[int]] = {
 
 
 # ---- derived quantities (valid once the rules before their use have passed) ---------------------------
+def _exact(a: int, b: int) -> int:
+    """a / b when it divides exactly; otherwise ValueError, so that rules built on it are skipped once the
+    rule guaranteeing it has failed (the Space reports the first broken assumption, not its echoes)."""
+    if b <= 0 or a % b:
+        raise ValueError(f"{a}/{b} is not whole")
+    return a // b
+
+
 def wmiter(c: Config) -> int:
-    return (c.WM * c.WN) // (WARPSIZE * c.TM * c.TN * c.WNITER)
+    m = _exact(c.WM * c.WN, WARPSIZE * c.TM * c.TN * c.WNITER)
+    if m < 1:
+        raise ValueError("WMITER < 1")
+    return m
 
 
 def smem_bytes(c: Config) -> int:
@@ -170,7 +184,7 @@ SEED_RULES: list[Rule] = [
     Rule("warp_tiles_divide", lambda c, _: c.BM % c.WM == 0 and c.BN % c.WN == 0,
          lambda c, _: f"block tile {c.BM}x{c.BN} is not a whole number of {c.WM}x{c.WN} warp tiles",
          doc="the block tile must be tiled evenly by warp tiles"),
-    Rule("warps_count", lambda c, _: (c.BM // c.WM) * (c.BN // c.WN) == c.NT // WARPSIZE,
+    Rule("warps_count", lambda c, _: _exact(c.BM, c.WM) * _exact(c.BN, c.WN) == c.NT // WARPSIZE,
          lambda c, _: (f"({c.BM}/{c.WM})*({c.BN}/{c.WN}) = {(c.BM // c.WM) * (c.BN // c.WN)} warp tiles != "
                        f"NT/32 = {c.NT // WARPSIZE} warps"),
          doc="one warp per warp tile"),
@@ -248,15 +262,14 @@ class CudaGemm(KernelTemplate):
         return ("seed", "full")
 
     def space(self, which: str = "full") -> Space:
-        """`seed`: seed 003's 16 points (their values as the grid; iterate `seed_configs()` for the points).
-
-        `full`: the whole grid of the nine parameters over `FULL_VALUES`.
-        """
+        """`seed`: seed 003's 16 hand-picked points; `full`: the whole grid over `FULL_VALUES`."""
         if which == "full":
             return Space("gemm-cuda-full", {k: list(v) for k, v in FULL_VALUES.items()},
                          SEED_RULES + DEVICE_RULES, _fmt)
         if which == "seed":
-            return SeedSpace()
+            values = {p: sorted({pt[i] for pt in SEED_POINTS}) for i, p in enumerate(PARAMS)}
+            return Space("gemm-cuda-seed", values, SEED_RULES + DEVICE_RULES, _fmt,
+                         points=[dict(zip(PARAMS, pt)) for pt in SEED_POINTS])
         raise ConfigError(f"gemm on cuda has no space {which!r}", f"use one of: {', '.join(self.space_names())}")
 
     def shape_problems(self, config: Config, shape: Shape) -> list[str]:
@@ -284,6 +297,29 @@ class CudaGemm(KernelTemplate):
             raise LaunchError(f"{prog.name} needs {regs} registers x {config.NT} threads = {regs * config.NT} > "
                               f"{limit} per block", "pick a config with fewer threads or a smaller thread tile")
         return prog
+
+    def precompile(self, device: Device, configs: Sequence[Config], shape: Shape, workers: int | None = None,
+                   ) -> dict[Config, Program | TilewiseError]:
+        """Compile many configs in parallel (NVRTC releases the GIL); later `compile` calls hit the cache.
+
+        Args:
+            device: the CUDA device.
+            configs: legal configs.
+            shape: the problem shape (the program does not depend on it).
+            workers: compile threads (default: CPU count).
+
+        Returns:
+            config -> Program, or the ShaderCompileError/LaunchError it raised (a sweep stores those).
+        """
+
+        def one(cfg: Config) -> Program | TilewiseError:
+            try:
+                return self.compile(device, cfg, shape)
+            except TilewiseError as exc:
+                return exc
+
+        with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 4) as pool:
+            return dict(zip(configs, pool.map(one, configs)))
 
     # ---- data ------------------------------------------------------------------------------------------
     def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
@@ -370,22 +406,6 @@ class CudaGemm(KernelTemplate):
 
     def meta(self) -> dict[str, Any]:
         return {**super().meta(), "source": "gemm.cu", "kernel": KERNEL, "alpha": self.alpha, "beta": self.beta}
-
-
-class SeedSpace(Space):
-    """Seed 003's 16 hand-picked points (not their grid): iterating yields exactly those, in the seed's list."""
-
-    def __init__(self) -> None:
-        values = {p: sorted({pt[i] for pt in SEED_POINTS}) for i, p in enumerate(PARAMS)}
-        super().__init__("gemm-cuda-seed", values, SEED_RULES + DEVICE_RULES, _fmt)
-
-    @property
-    def size(self) -> int:
-        return len(SEED_POINTS)
-
-    def __iter__(self):  # type: ignore[override]
-        for pt in SEED_POINTS:
-            yield self.config(dict(zip(PARAMS, pt)))
 
 
 def _check_shape(shape: Shape) -> tuple[int, int, int]:
