@@ -320,7 +320,13 @@ def _attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, q_start: int
     return out.reshape(nkv, group, m, hd).transpose(2, 0, 1, 3).reshape(m, nh * hd)
 
 
-EXECUTORS: dict[str, type] = {"cpu": CPUExecutor}
+def _webgpu_executor(ck: Checkpoint, device: str = "webgpu") -> Any:
+    from tilewise.model.webgpu import WebGPUExecutor  # no GPU library is imported until a WebGPU model is loaded
+
+    return WebGPUExecutor(ck, device=device)
+
+
+EXECUTORS: dict[str, Any] = {"cpu": CPUExecutor, "webgpu": _webgpu_executor}
 
 
 # ---------------------------------------------------------------------------------------------------------------
