@@ -85,7 +85,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg = model_config(tok, args.shape, hidden=args.hidden, layers=args.layers, attn=args.attn, ffn=args.ffn,
                        heads=args.heads, kv_heads=args.kv_heads)
     t0 = time.perf_counter()
-    examples = load_examples(args.data, vocab_size=cfg.vocab_size, pad_id=cfg.pad_token_id or 0)
+    examples = load_examples(args.data, tokenizer=tok, pad_id=cfg.pad_token_id or 0)
     train_ex, held_ex = split_games(examples, args.heldout, args.seed)
     log(f"data: {len(examples)} decisions from {args.data} in {time.perf_counter() - t0:.1f} s; "
         f"prompt length {int(examples.lengths.min())}..{int(examples.lengths.max())} tokens")
@@ -100,6 +100,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         "decisions": len(examples),
         "train_decisions": len(train_ex),
         "heldout_decisions": len(held_ex),
+        "heldout_fraction": args.heldout,
         "heldout_games": len(set(held_ex.games.tolist())),
         "parameters": cfg.parameter_count(),
         "shape": {"hidden": cfg.hidden_size, "layers": cfg.num_layers, "attention_layers": cfg.attention_layers,

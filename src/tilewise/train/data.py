@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -49,9 +50,9 @@ class Examples:
         return np.bincount(self.actions, minlength=NUM_ACTIONS)[:NUM_ACTIONS].tolist()
 
 
-def from_records(token_ids: list[np.ndarray] | list[list[int]], actions: np.ndarray | list[int],
+def from_records(token_ids: list[np.ndarray] | list[list[int]] | np.ndarray, actions: np.ndarray | list[int],
                  games: np.ndarray | list[int], steps: np.ndarray | list[int], pad_id: int,
-                 vocab_size: int | None = None) -> Examples:
+                 vocab_size: int | None = None, lengths: np.ndarray | None = None) -> Examples:
     """Pad variable-length prompts into one array and check every field.
 
     Args:
@@ -61,6 +62,7 @@ def from_records(token_ids: list[np.ndarray] | list[list[int]], actions: np.ndar
         steps: step within its game per decision.
         pad_id: token written after each prompt (never read: the model is causal and reads the last real token).
         vocab_size: when given, every id must be below it.
+        lengths: with `token_ids` an already padded (N, T) int32 array, the real lengths (no copy is made).
 
     Returns:
         The examples.
@@ -78,13 +80,17 @@ def from_records(token_ids: list[np.ndarray] | list[list[int]], actions: np.ndar
     if bad.size:
         raise ConfigError(f"record {int(bad[0])} has expert action {int(actions[bad[0]])}, outside 0..5 "
                           f"(6 and 7 are reserved outputs)", "regenerate the dataset with `tilewise game dataset`")
-    lengths = np.fromiter((len(t) for t in token_ids), dtype=np.int64, count=n)
+    if lengths is None:
+        lengths = np.fromiter((len(t) for t in token_ids), dtype=np.int64, count=n)
     if int(lengths.min()) < 1:
         raise ConfigError(f"record {int(np.argmin(lengths))} has an empty prompt", "regenerate the dataset")
-    width = int(lengths.max())
-    ids = np.full((n, width), pad_id, dtype=np.int32)  # (N, T)
-    for i, t in enumerate(token_ids):
-        ids[i, : lengths[i]] = t
+    if isinstance(token_ids, np.ndarray) and token_ids.ndim == 2:
+        ids = token_ids
+    else:
+        width = int(lengths.max())
+        ids = np.full((n, width), pad_id, dtype=np.int32)  # (N, T)
+        for i, t in enumerate(token_ids):
+            ids[i, : lengths[i]] = t
     if vocab_size is not None:
         top = int(ids.max())
         if top >= vocab_size or int(ids.min()) < 0:
@@ -116,12 +122,13 @@ def split_games(ex: Examples, heldout_fraction: float, seed: int) -> tuple[Examp
     return ex.subset(~mask), ex.subset(mask)
 
 
-def load_examples(path: str | Path, vocab_size: int | None = None, pad_id: int = 0) -> Examples:
-    """Read a `tilewise game dataset` file into padded examples.
+def load_examples(path: str | Path, tokenizer: Any = None, pad_id: int = 0) -> Examples:
+    """Read a `tilewise game dataset` file (format checks are `read_dataset`'s) into examples.
 
     Args:
         path: the dataset file.
-        vocab_size: when given, token ids are checked against it.
+        tokenizer: when given, the file must have been made with this tokenizer (same fingerprint) and every
+            token id must be below its vocabulary size.
         pad_id: padding token id.
 
     Returns:
@@ -129,15 +136,44 @@ def load_examples(path: str | Path, vocab_size: int | None = None, pad_id: int =
     """
     from tilewise.game.dataset import read_dataset
 
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"dataset file {path} does not exist",
-                          "generate one with `tilewise game dataset --games N --seed S --out FILE`")
     data = read_dataset(path)
-    return from_dataset(data, vocab_size=vocab_size, pad_id=pad_id)
+    vocab_size = None
+    if tokenizer is not None:
+        from tilewise.game.tokenizer import tokenizer_fingerprint
+
+        vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        made_with = data.meta.get("tokenizer_fingerprint")
+        if made_with is not None and made_with != tokenizer_fingerprint(tokenizer):
+            raise ConfigError(f"{path} was made with another tokenizer (fingerprint {made_with}, this one "
+                              f"{tokenizer_fingerprint(tokenizer)})",
+                              "train with --tokenizer set to the dataset's tokenizer, or regenerate the dataset")
+    return from_arrays(data.tokens, data.lengths, data.actions, data.game_ids, data.steps, pad_id=pad_id,
+                       vocab_size=vocab_size)
 
 
-def from_dataset(data: object, vocab_size: int | None = None, pad_id: int = 0) -> Examples:
-    """Adapt what `tilewise.game.dataset.read_dataset` returns (see that module) to `Examples`."""
-    return from_records(data.token_ids, data.actions, data.game_ids, data.steps, pad_id=pad_id,  # type: ignore[attr-defined]
-                        vocab_size=vocab_size)
+def from_arrays(tokens: np.ndarray, lengths: np.ndarray, actions: np.ndarray, games: np.ndarray, steps: np.ndarray,
+                pad_id: int = 0, vocab_size: int | None = None) -> Examples:
+    """Examples from already padded arrays (the dataset file's layout), checked like `from_records`.
+
+    Args:
+        tokens: (N, T) right-padded token ids.
+        lengths: (N,) real lengths.
+        actions: (N,) expert actions 0..5.
+        games: (N,) game ids.
+        steps: (N,) step in game.
+        pad_id: id written over anything past a prompt's length.
+        vocab_size: when given, every id must be below it.
+
+    Returns:
+        The examples (ids as int32).
+    """
+    n = int(tokens.shape[0])
+    lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    if tokens.ndim != 2 or lengths.size != n:
+        raise ConfigError(f"dataset tokens {tokens.shape} and lengths {lengths.shape} disagree",
+                          "regenerate it with `tilewise game dataset`")
+    if n and (int(lengths.min()) < 1 or int(lengths.max()) > tokens.shape[1]):
+        raise ConfigError(f"dataset prompt lengths lie outside 1..{tokens.shape[1]}", "regenerate the dataset")
+    ids = tokens.astype(np.int32)  # (N, T)
+    ids[np.arange(tokens.shape[1])[None, :] >= lengths[:, None]] = pad_id
+    return from_records(ids, actions, games, steps, pad_id=pad_id, vocab_size=vocab_size, lengths=lengths)

@@ -65,7 +65,13 @@ class ShortConv(nn.Module):
         seq_len = x.shape[1]
         bcx = self.in_proj(x).transpose(1, 2)  # (B, 3H, T)
         b, c, xs = bcx.chunk(3, dim=1)  # each (B, H, T)
-        conv = self.conv(b * xs)[..., :seq_len]  # causal: left context only, (B, H, T)
+        # depthwise causal conv as kernel shifted multiply-adds: the same sum as HF's padded conv1d, and no
+        # slow depthwise-convolution path on CPUs
+        bx = F.pad(b * xs, (self.kernel - 1, 0))  # (B, H, T + L - 1)
+        taps = self.conv.weight[:, 0, :, None]  # (H, L, 1)
+        conv = taps[:, 0] * bx[..., :seq_len]
+        for j in range(1, self.kernel):
+            conv = conv + taps[:, j] * bx[..., j: j + seq_len]  # (B, H, T)
         return self.out_proj((c * conv).transpose(1, 2))
 
 
