@@ -200,7 +200,8 @@ def main() -> int:
     t = time.perf_counter()
     device = pick_device(args.device)
     examples = load_examples(data_path)
-    _, held = split_games(examples, float(results["train"]["heldout_fraction"]), int(results["train"]["settings"]["seed"]))
+    train_rec = results["train"]
+    _, held = split_games(examples, float(train_rec["heldout_fraction"]), int(train_rec["settings"]["seed"]))
     nf4_model = load_torch_model(nf4).to(device)
     ev = evaluate(nf4_model, held, device)
     results["nf4_heldout_agreement"] = ev["accuracy"]
