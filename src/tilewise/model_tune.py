@@ -1,0 +1,202 @@
+"""`tilewise tune model`: measure every matmul shape the classifier runs, across row counts, and write the
+dispatch table the WebGPU executor loads (per-shape row ranges -> short-row or tiled kernel and config).
+
+For each (epilogue, N, K) of the model (conv in/out projections, q/k/v and out projections, paired gate/up
+with SwiGLU, down with the residual), candidates of both kernels are compiled once and verified once against
+the float64 reference (every output value, NaN-poisoned outputs); then at each row count M (1..512 plus
+the decision's lengths) all surviving candidates are timed interleaved with the tuner's `measure`, and the
+tuner's `fit_dispatch` turns the per-M medians into the fewest row ranges within 3% of the per-M best. The
+measured cutoff (where the tiled kernel takes over) is printed per shape: seed 001 found 96 on an M1 Max.
+Attention's query/key tile is tuned at the decision length.
+
+A table is keyed by the device fingerprint and the kernels' version; the executor ignores (with a warning)
+a table from another device or from other kernels, and falls back to safe defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import numpy as np
+
+from tilewise.errors import ConfigError
+
+DEFAULT_ROWS = (1, 2, 4, 8, 16, 32, 64, 95, 96, 128, 192, 256, 384, 512)
+
+
+def model_matmuls(cfg: Any) -> dict[str, tuple[str, int, int]]:
+    """op label -> (epilogue, N, K) for every matmul the executor issues."""
+    H, F = cfg.hidden_size, cfg.ffn_dim
+    hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    out = {"ffn.gate_up": ("swiglu", F, H), "ffn.down": ("residual", H, F)}
+    if "conv" in cfg.layer_types:
+        out["conv.in_proj"] = ("none", 3 * H, H)
+        out["conv.out_proj"] = ("residual", H, H)
+    if "full_attention" in cfg.layer_types:
+        out["attn.qkv"] = ("none", (hq + 2 * hkv) * d, H)
+        out["attn.out_proj"] = ("residual", H, hq * d)
+    return out
+
+
+def candidates(template: Any, limits: Any, n: int, seed: int) -> list[Any]:
+    """The default config plus a seeded sample of legal configs of the template's space."""
+    space = template.space()
+    out = [template.default_config()]
+    for c in space.sample(n, seed=seed, limits=limits):
+        if c not in out:
+            out.append(c)
+    return [c for c in out if space.is_legal(c, limits)]
+
+
+def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[int], n_cand: int, seed: int,
+                log: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Measure both kernels across `rows`; returns (dispatch segments, measurements for the record)."""
+    from tilewise.kernels import nf4_matmul as mm
+    from tilewise.tune.dispatch import fit_dispatch
+    from tilewise.tune.measure import measure
+    from tilewise.tune.space import Config
+    from tilewise.tune.verify import Verifier
+
+    rng = np.random.default_rng(seed)
+    max_m = max(rows)
+    keep: list[Any] = []
+    cand: dict[Config, tuple[Any, Any, Any]] = {}  # tagged config -> (template, config, program)
+    bufs_of: dict[str, Any] = {}
+    failures: dict[str, str] = {}
+    for kind in mm.KINDS:
+        t = mm.MatmulTemplate(kind, fmt, epilogue, dev.enabled_features)
+        check_m = 97 if max_m >= 97 else max_m
+        ver = Verifier(t, dev, (check_m, n, k), rng, reuse=10_000)
+        for c in candidates(t, dev.info.limits, n_cand, seed):
+            tag = Config((("kind", kind), *c.items()))
+            probs = t.shape_problems(c, (max_m, n, k))
+            if probs:
+                failures[tag.key()] = "illegal: " + "; ".join(probs)
+                continue
+            try:
+                prog = t.compile(dev, c, (max_m, n, k))
+                chk = ver.check(prog, c)
+            except Exception as exc:  # a failing candidate is a result, never the end of the sweep
+                failures[tag.key()] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+                continue
+            if not chk.ok:
+                failures[tag.key()] = "wrong: " + chk.message
+                continue
+            cand[tag] = (t, c, prog)
+        keep.append(ver)
+        host = t.make_inputs((max_m, n, k), rng)
+        bufs_of[kind] = t.upload(dev, host, (max_m, n, k))
+    if not cand:
+        raise ConfigError(f"no matmul candidate ran for {fmt} {epilogue} {n}x{k}: {failures}",
+                          "report this with `tilewise devices --json`")
+    times: dict[Config, dict[int, float]] = {tag: {} for tag in cand}
+    for m in rows:
+        launches = {}
+        for tag, (t, c, prog) in cand.items():
+            bufs = dict(bufs_of[t.kind])
+            bufs["dims"] = dev.upload(np.array([m, 0, 0, 0], np.uint32), uniform=True)
+            keep.append(bufs["dims"])
+            launches[tag] = t.launches(prog, bufs, c, (m, n, k))
+        meas = measure(dev, launches, warmup=2, min_rounds=6, max_rounds=20, budget_s=0.4, rng=rng)
+        for tag, st in meas.stats.items():
+            times[tag][m] = st.median_ms
+    ranges = fit_dispatch(times, rows, tolerance=0.03)
+    segments = []
+    for i, r in enumerate(ranges):
+        cfg = dict(r.config)
+        kind = cfg.pop("kind")
+        segments.append({"min_rows": r.m_min, "max_rows": None if i == len(ranges) - 1 else r.m_max,
+                         "kind": kind, "config": cfg})
+    best = {m: min(times, key=lambda tg, m=m: times[tg].get(m, float("inf"))) for m in rows}
+    record = {"rows": rows, "best_ms": {m: times[best[m]][m] for m in rows},
+              "best": {m: best[m].key() for m in rows}, "failures": failures,
+              "candidates": [tg.key() for tg in cand]}
+    del keep
+    return segments, record
+
+
+def tune_attention(dev: Any, cfg: Any, seq: int, seed: int) -> tuple[dict[str, Any], float]:
+    from tilewise.kernels import attention as attn_k
+    from tilewise.tune.measure import measure
+    from tilewise.tune.verify import Verifier
+
+    t = attn_k.AttentionTemplate()
+    shape = (seq, 0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+    rng = np.random.default_rng(seed)
+    ver = Verifier(t, dev, shape, rng, reuse=10_000)
+    launches = {}
+    progs = []
+    for c in t.space().legal(dev.info.limits):
+        prog = t.compile(dev, c, shape)
+        progs.append(prog)
+        if ver.check(prog, c).ok:
+            launches[c] = t.launches(prog, ver.buffers(), c, shape)
+    meas = measure(dev, launches, warmup=2, min_rounds=6, max_rounds=25, budget_s=1.0, rng=rng)
+    best = min(meas.stats, key=lambda c: meas.stats[c].median_ms)
+    return dict(best), meas.stats[best].median_ms
+
+
+def run(args: argparse.Namespace) -> int:
+    """`tilewise tune model --preset P --seq 346 --device webgpu [--weights nf4] [--budget N]`."""
+    import tilewise
+    from tilewise.model.config import ModelConfig, preset
+    from tilewise.model.webgpu import DispatchTable, dispatch_path, kernel_version, matmul_key
+
+    name = getattr(args, "preset", None) or "seed-250m"
+    seq = int(getattr(args, "seq", None) or 346)
+    fmt = getattr(args, "weights", None) or "nf4"
+    device = getattr(args, "device", None) or "webgpu"
+    if not str(device).startswith("webgpu"):
+        raise ConfigError(f"`tilewise tune model` tunes the WebGPU executor, not {device!r}", "pass --device webgpu")
+    if fmt not in ("nf4", "f16", "f32"):
+        raise ConfigError(f"unknown weight format {fmt!r}", "use --weights nf4, f16 or f32")
+    if seq < 1:
+        raise ConfigError(f"--seq {seq} must be positive", "use e.g. --seq 346")
+    from pathlib import Path
+
+    cfg = ModelConfig.from_file(Path(name) / "config.json") if Path(name).is_dir() else preset(name)
+    n_cand = int(getattr(args, "budget", None) or 12)
+    seed = int(getattr(args, "seed", 0) or 0)
+    dev = tilewise.get_device(device)
+    fp = dev.info.fingerprint
+    rows = sorted(set(getattr(args, "rows", None) or DEFAULT_ROWS) | {seq, max(1, seq - 47)})
+    t0 = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)
+
+    log(f"tuning {cfg.name} ({fmt}) on {dev.info.name} [{fp}] at rows {rows}")
+    if "cooperative-matrix" in dev.info.features:
+        log("cooperative-matrix is advertised but skipped: wgpu-py 0.32 cannot enable experimental features and "
+            "wgpu-native implements only 8x8 f32 fragments")
+    # shapes this device already has (from another preset of the same width) are kept unless --force
+    path = dispatch_path(fp)
+    table = DispatchTable.load_for(fp, path, quiet=True) if path.exists() else DispatchTable(fp, kernel_version())
+    table.source = "tuned"
+    force = bool(getattr(args, "force", False))
+    seen: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    for label, (epilogue, n, k) in model_matmuls(cfg).items():
+        key = (epilogue, n, k)
+        if matmul_key(fmt, epilogue, n, k) in table.matmul and not force:
+            log(f"{label} ({epilogue}, N={n}, K={k}): already tuned on this device (--force re-measures)")
+            continue
+        if key not in seen:
+            segs, record = tune_matmul(dev, fmt, epilogue, n, k, rows, n_cand, seed, log)
+            seen[key] = segs
+            table.matmul[matmul_key(fmt, epilogue, n, k)] = segs
+            table.measured[f"{label} {n}x{k}"] = record
+            cut = next((s["min_rows"] for s in segs if s["kind"] == "tiled"), None)
+            desc = ", ".join(f"{s['min_rows']}-{s['max_rows'] or '...'}: {s['kind']} "
+                             f"{','.join(f'{a}={b}' for a, b in s['config'].items())}" for s in segs)
+            log(f"{label} ({epilogue}, N={n}, K={k}): tiled from {cut if cut else 'never'} rows; {desc}")
+            log(f"    best ms at rows {seq}: {record['best_ms'][seq]:.4f}; at 1: {record['best_ms'][1]:.4f}")
+    attn_cfg, attn_ms = tune_attention(dev, cfg, seq, seed)
+    table.ops["attention"] = attn_cfg
+    log(f"attention at {seq} rows: {attn_cfg} {attn_ms:.4f} ms")
+    out = table.save(path)
+    log(f"wrote dispatch table {out}; `tilewise.load(..., device='webgpu')` uses it on this device")
+    if getattr(args, "json", None):
+        log(f"and a copy in {table.save(args.json)}")
+    return 0
