@@ -187,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
             seen[key] = segs
             table.matmul[matmul_key(fmt, epilogue, n, k)] = segs
             table.measured[f"{label} {n}x{k}"] = record
+            table.save(path)  # each shape as soon as it is measured: an interrupted run keeps what it did
             cut = next((s["min_rows"] for s in segs if s["kind"] == "tiled"), None)
             desc = ", ".join(f"{s['min_rows']}-{s['max_rows'] or '...'}: {s['kind']} "
                              f"{','.join(f'{a}={b}' for a, b in s['config'].items())}" for s in segs)
