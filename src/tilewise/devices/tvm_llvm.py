@@ -29,7 +29,7 @@ def import_tvm() -> Any:
     """The `tvm` module, or a DeviceUnavailable that names the install command."""
     try:
         import tvm
-        import tvm.s_tir  # noqa: F401  (the schedule API this device's templates use)
+        import tvm.s_tir
         from tvm import te  # noqa: F401
     except ImportError as exc:
         raise DeviceUnavailable(f"Apache TVM is not installed ({exc}); the tvm-llvm device and the CPU conv1d "

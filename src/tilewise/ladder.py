@@ -1,0 +1,640 @@
+"""Optimization ladders (seed 000): each primitive from its unoptimized schedule through one distinct optimization
+per rung, plus the tuned best and the numpy/torch reference, all measured with the tuner's `measure`.
+
+A ladder is data: named configs of one kernel template, in order. Running it
+
+1. checks every rung against the template's rules at the shape (a refused rung is reported with the rule's numbers,
+   never compiled) and verifies every output value of every rung against the float64 reference;
+2. tunes the template at the shape (`tune.tuner.tune`, random search under a count/time budget);
+3. times all rungs, the tuned best and, for GPU ladders, each staging counterpart in ONE interleaved measurement,
+   so neighbour verdicts (tie / win / loss from overlapping 95% intervals) come from the same rounds;
+4. times the host references (numpy, torch when installed) with the same function on the CPU device;
+5. answers seed 000's question per device and shape: for pairs of schedules that differ only in staging scope
+   (`workgroup` vs `private`), which one won, by how much, with intervals.
+
+Primitives: `conv1d-cpu` (TVM on the `tvm-llvm` device), `conv1d-gpu`, `gemm-gpu` (the tuner's GEMM template and
+its staging parameters) and `dwsep-conv2d-gpu` (WebGPU).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tilewise.devices.base import Device, Launch
+from tilewise.errors import ConfigError
+from tilewise.kernels.base import KernelTemplate, Shape
+from tilewise.tune.measure import Stats, measure, ties
+from tilewise.tune.space import Config
+
+DEFAULT_MEASURE = {"warmup": 3, "min_rounds": 20, "max_rounds": 100, "budget_s": 8.0}
+TUNE_MEASURE = {"warmup": 1, "min_rounds": 5, "max_rounds": 20, "budget_s": 2.0}
+
+
+@dataclass(frozen=True)
+class RungSpec:
+    """One named schedule of a ladder: `what` says what it changes over the rung before it."""
+
+    name: str
+    what: str
+    config: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class LadderSpec:
+    """A primitive's ladder: its template, default device and shapes, rungs, and staging pairs."""
+
+    primitive: str
+    title: str
+    device: str
+    shape: tuple[int, ...]
+    small_shape: tuple[int, ...]
+    template: Callable[[], KernelTemplate]
+    rungs: tuple[RungSpec, ...]
+    references: Callable[[dict[str, np.ndarray], Shape], list[tuple[str, Callable[[], Any]]]]
+    #: (workgroup rung, private rung) pairs that differ only in staging scope
+    staging_pairs: tuple[tuple[str, str], ...] = ()
+    #: config -> the same config with staging `scope`, or None when the template has no staging parameter
+    restage: Callable[[Config, str], Config] | None = None
+    #: config -> its staging scope ("workgroup", "private", "global", "mixed")
+    stage_of: Callable[[Config], str] | None = None
+    #: the space and strategy of the "tuned best" search (gemm's full grid takes ~30 s just to enumerate)
+    tune_space: str = "full"
+    tune_strategy: str = "random"
+    #: values for parameters a rung leaves out (a template may grow parameters after its ladder was written)
+    defaults: Callable[[], dict[str, Any]] | None = None
+
+    def rung_config(self, space: Any, rung: RungSpec) -> Config:
+        """The rung's config in `space`: its own values, then `defaults`, then each parameter's first value."""
+        values = {k: v[0] for k, v in space.params.items()}
+        values.update({k: v for k, v in (self.defaults() if self.defaults else {}).items() if k in values})
+        values.update(rung.config)
+        return space.config(values)
+
+
+# ---- the four primitives ---------------------------------------------------------------------------------------
+def _conv1d_gpu_template() -> KernelTemplate:
+    from tilewise.kernels.conv1d import WgslConv1d
+
+    return WgslConv1d()
+
+
+def _dwsep_template() -> KernelTemplate:
+    from tilewise.kernels.dwsep_conv2d import WgslDwsepConv2d
+
+    return WgslDwsepConv2d()
+
+
+def _gemm_template() -> KernelTemplate:
+    from tilewise.kernels.gemm import WgslGemm
+
+    return WgslGemm()
+
+
+def _conv1d_tvm_template() -> KernelTemplate:
+    from tilewise.kernels.conv1d_tvm import TvmConv1d
+
+    return TvmConv1d()
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def _conv1d_refs(host: dict[str, np.ndarray], shape: Shape) -> list[tuple[str, Callable[[], Any]]]:
+    a, w = host["a"], host["w"]
+    refs: list[tuple[str, Callable[[], Any]]] = [("numpy.convolve", lambda: np.convolve(a, w))]
+    torch = _torch()
+    if torch is not None:
+        N = w.shape[0]
+        ta = torch.from_numpy(a).reshape(1, 1, -1)  # (1, 1, M)
+        tw = torch.from_numpy(w[::-1].copy()).reshape(1, 1, -1)  # (1, 1, N): conv1d correlates, so flip
+        refs.append(("torch.conv1d", lambda: torch.nn.functional.conv1d(ta, tw, padding=N - 1)))
+    return refs
+
+
+def _gemm_refs(host: dict[str, np.ndarray], shape: Shape) -> list[tuple[str, Callable[[], Any]]]:
+    a, b = host["a"], host["b"]
+    refs: list[tuple[str, Callable[[], Any]]] = [("numpy.matmul", lambda: a @ b)]
+    torch = _torch()
+    if torch is not None:
+        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+        refs.append(("torch.mm", lambda: torch.mm(ta, tb)))
+    return refs
+
+
+def _dwsep_refs(host: dict[str, np.ndarray], shape: Shape) -> list[tuple[str, Callable[[], Any]]]:
+    x, dw, pw = host["x"], host["dw"], host["pw"]
+    B, C, _, _, O, K, P = shape
+
+    def numpy_dwsep() -> np.ndarray:
+        xp = np.pad(x, ((0, 0), (0, 0), (P, P), (P, P)))  # (B, C, H+2P, W+2P)
+        Ho, Wo = xp.shape[2] - K + 1, xp.shape[3] - K + 1
+        d = np.zeros((B, C, Ho, Wo), np.float32)
+        for ky in range(K):
+            for kx in range(K):
+                d += xp[:, :, ky:ky + Ho, kx:kx + Wo] * dw[None, :, ky, kx, None, None]
+        return np.matmul(pw, d.reshape(B, C, Ho * Wo))  # (B, O, Ho*Wo)
+
+    refs: list[tuple[str, Callable[[], Any]]] = [("numpy (shifted sums + matmul)", numpy_dwsep)]
+    torch = _torch()
+    if torch is not None:
+        tx, tdw = torch.from_numpy(x), torch.from_numpy(dw).reshape(C, 1, K, K)
+        tpw = torch.from_numpy(pw).reshape(O, C, 1, 1)
+        F = torch.nn.functional
+        refs.append(("torch.conv2d (groups=C) + 1x1", lambda: F.conv2d(F.conv2d(tx, tdw, padding=P, groups=C), tpw)))
+    return refs
+
+
+def _restage_key(key: str) -> Callable[[Config, str], Config]:
+    return lambda c, scope: c.replace(**{key: scope})
+
+
+def _gemm_restage(c: Config, scope: str) -> Config:
+    if scope == "private" and c.get("PF"):
+        return c.replace(SA=scope, SB=scope, PF=0)  # prefetch exists only for workgroup-staged tiles
+    return c.replace(SA=scope, SB=scope)
+
+
+def _gemm_defaults() -> dict[str, Any]:
+    from tilewise.kernels.gemm import BASE
+
+    return dict(BASE)
+
+
+def _gemm_stage(c: Config) -> str:
+    return c["SA"] if c["SA"] == c["SB"] else "mixed"
+
+
+_GEMM_BASE = {"BM": 16, "BN": 16, "BK": 16, "WM": 8, "WN": 8, "WNITER": 2, "TM": 1, "TN": 1, "NT": 128,
+              "SA": "private", "SB": "private", "VEC": 1}
+_GEMM_44 = {"BM": 64, "BN": 64, "BK": 16, "WM": 32, "WN": 16, "WNITER": 1, "TM": 4, "TN": 4, "NT": 256,
+            "SA": "workgroup", "SB": "workgroup", "VEC": 1}
+
+LADDERS: dict[str, LadderSpec] = {
+    "conv1d-cpu": LadderSpec(
+        "conv1d-cpu", "1D convolution on the CPU, scheduled with TVM (LLVM)", "tvm-llvm", (16384, 64), (1024, 16),
+        _conv1d_tvm_template,
+        (
+            RungSpec("baseline", "TVM's default schedule: padded input computed whole, one dot product per output",
+                     {"XO": 1, "KI": 1, "ORDER": "n_k", "VEC": False, "CACHE": False, "PAD": "root"}),
+            RungSpec("split+reorder", "split n by 32 and k by 8; reorder so the innermost loop walks contiguous "
+                     "outputs and inputs", {"XO": 32, "KI": 8, "ORDER": "k_n", "VEC": False, "CACHE": False,
+                                            "PAD": "root"}),
+            RungSpec("vectorize", "vectorize the contiguous inner loop",
+                     {"XO": 32, "KI": 8, "ORDER": "k_n", "VEC": True, "CACHE": False, "PAD": "root"}),
+            RungSpec("cache accumulator", "cache_write the output tile into a local accumulator",
+                     {"XO": 32, "KI": 8, "ORDER": "k_n", "VEC": True, "CACHE": True, "PAD": "root"}),
+            RungSpec("compute_at padding", "compute_at the padded intermediate inside the output-tile loop",
+                     {"XO": 32, "KI": 8, "ORDER": "k_n", "VEC": True, "CACHE": True, "PAD": "compute_at"}),
+        ),
+        _conv1d_refs,
+    ),
+    "conv1d-gpu": LadderSpec(
+        "conv1d-gpu", "1D convolution on the GPU (WGSL)", "webgpu", (16384, 64), (1024, 16), _conv1d_gpu_template,
+        (
+            RungSpec("baseline", "one invocation per output, every operand read from global memory at every multiply",
+                     {"NT": 64, "TPT": 1, "RK": 1, "STAGE": "global"}),
+            RungSpec("reduction split", "walk the taps 8 at a time, each step unrolled",
+                     {"NT": 64, "TPT": 1, "RK": 8, "STAGE": "global"}),
+            RungSpec("per-thread tile", "each invocation owns 4 consecutive outputs",
+                     {"NT": 64, "TPT": 4, "RK": 8, "STAGE": "global"}),
+            RungSpec("workgroup staging", "stage each step's inputs and taps in var<workgroup> memory (barriers)",
+                     {"NT": 64, "TPT": 4, "RK": 8, "STAGE": "workgroup"}),
+            RungSpec("private staging", "instead stage each invocation's window in registers (no barrier)",
+                     {"NT": 64, "TPT": 4, "RK": 8, "STAGE": "private"}),
+        ),
+        _conv1d_refs,
+        staging_pairs=(("workgroup staging", "private staging"),),
+        restage=_restage_key("STAGE"),
+        stage_of=lambda c: c["STAGE"],
+    ),
+    "gemm-gpu": LadderSpec(
+        "gemm-gpu", "fp32 GEMM on the GPU (WGSL, the tuner's GEMM template)", "webgpu", (1024, 1024, 1024),
+        (128, 128, 128), _gemm_template,
+        (
+            RungSpec("baseline", "16x16 block, 2 outputs per invocation, operands read from global memory",
+                     dict(_GEMM_BASE)),
+            RungSpec("shared-memory tiling", "the textbook fix: stage A and B tiles in var<workgroup> memory",
+                     {**_GEMM_BASE, "SA": "workgroup", "SB": "workgroup"}),
+            RungSpec("register tile 4x4", "64x64 block, each invocation owns a 4x4 patch (still workgroup staging)",
+                     dict(_GEMM_44)),
+            RungSpec("private staging", "seed 000's winner: operands in registers, no shared memory, no barrier",
+                     {**_GEMM_44, "SA": "private", "SB": "private"}),
+            RungSpec("vec4 loads", "vectorized global loads and stores",
+                     {**_GEMM_44, "SA": "private", "SB": "private", "VEC": 4}),
+        ),
+        _gemm_refs,
+        staging_pairs=(("shared-memory tiling", "baseline"), ("register tile 4x4", "private staging")),
+        restage=_gemm_restage,
+        stage_of=_gemm_stage,
+        defaults=_gemm_defaults,
+        tune_space="seed",
+        tune_strategy="exhaustive",
+    ),
+    "dwsep-conv2d-gpu": LadderSpec(
+        "dwsep-conv2d-gpu", "depthwise-separable conv2d on the GPU (WGSL, fused)", "webgpu",
+        (1, 64, 56, 56, 128, 3, 1), (1, 8, 12, 12, 16, 3, 1), _dwsep_template,
+        (
+            RungSpec("baseline", "one invocation per output pixel and channel, operands from global memory",
+                     {"BW": 16, "TPX": 1, "BO": 16, "TO": 1, "RC": 1, "STAGE": "global"}),
+            RungSpec("reduction split", "walk input channels 4 at a time, unrolled",
+                     {"BW": 16, "TPX": 1, "BO": 16, "TO": 1, "RC": 4, "STAGE": "global"}),
+            RungSpec("per-thread tile", "32px x 32oc block, each invocation owns 4 pixels x 4 channels",
+                     {"BW": 32, "TPX": 4, "BO": 32, "TO": 4, "RC": 4, "STAGE": "global"}),
+            RungSpec("workgroup staging", "compute each step's depthwise values once per workgroup, share them",
+                     {"BW": 32, "TPX": 4, "BO": 32, "TO": 4, "RC": 4, "STAGE": "workgroup"}),
+            RungSpec("private staging", "instead keep input windows, taps and weights in registers (no barrier)",
+                     {"BW": 32, "TPX": 4, "BO": 32, "TO": 4, "RC": 4, "STAGE": "private"}),
+        ),
+        _dwsep_refs,
+        staging_pairs=(("workgroup staging", "private staging"),),
+        restage=_restage_key("STAGE"),
+        stage_of=lambda c: c["STAGE"],
+    ),
+}
+
+
+def get_ladder(primitive: str) -> LadderSpec:
+    """The ladder called `primitive`, or a ConfigError listing the known ones."""
+    try:
+        return LADDERS[primitive]
+    except KeyError:
+        raise ConfigError(f"unknown ladder {primitive!r}", f"use one of: {', '.join(LADDERS)}") from None
+
+
+def get_ladder_device(spec: LadderSpec, name: str | None) -> Device:
+    """The device for a ladder: `tvm-llvm` is constructed here; every other name goes through `get_device`."""
+    name = name or spec.device
+    if spec.device == "tvm-llvm" and name != "tvm-llvm":
+        raise ConfigError(f"ladder {spec.primitive} runs on the tvm-llvm device, not {name!r}",
+                          "leave out --device or pass --device tvm-llvm")
+    if spec.device == "webgpu" and not name.startswith("webgpu"):
+        raise ConfigError(f"ladder {spec.primitive} has WGSL templates only; device {name!r} cannot run them",
+                          "pass --device webgpu or webgpu:N (CUDA variants of these ladders are not built yet)")
+    if name == "tvm-llvm":
+        from tilewise.devices.tvm_llvm import TVMLLVMDevice
+
+        return TVMLLVMDevice()
+    from tilewise.devices import get_device
+
+    return get_device(name)
+
+
+# ---- results ---------------------------------------------------------------------------------------------------
+@dataclass
+class Rung:
+    """One measured (or refused) rung."""
+
+    name: str
+    what: str
+    config: Config
+    status: str = "ok"  # ok | illegal | wrong | compile_error
+    reason: str = ""
+    stats: Stats | None = None
+    rel_err: float | None = None
+    speedup_vs_baseline: float | None = None
+    speedup_vs_reference: float | None = None
+    verdict: str = ""  # baseline | win | tie | loss (against the previous measured rung) | "" when not measured
+    gflops: float | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        s = self.stats
+        return {"name": self.name, "what": self.what, "config": self.config.key(), "status": self.status,
+                "reason": self.reason, "median_ms": s.median_ms if s else None,
+                "ci95_ms": list(s.ci95_ms) if s else None, "p20_ms": s.p20_ms if s else None,
+                "p80_ms": s.p80_ms if s else None, "samples": s.n if s else 0,
+                "speedup_vs_baseline": self.speedup_vs_baseline, "speedup_vs_reference": self.speedup_vs_reference,
+                "verdict": self.verdict, "rel_err": self.rel_err, "gflops": self.gflops}
+
+
+@dataclass
+class StagingAnswer:
+    """Workgroup vs private staging at one schedule: who won, by what factor, with both intervals."""
+
+    at: str
+    workgroup: Stats
+    private: Stats
+    winner: str  # workgroup | private | tie
+    factor: float  # slower median / faster median
+
+    def as_json(self) -> dict[str, Any]:
+        return {"at": self.at, "winner": self.winner, "factor": self.factor,
+                "workgroup": {"median_ms": self.workgroup.median_ms, "ci95_ms": list(self.workgroup.ci95_ms)},
+                "private": {"median_ms": self.private.median_ms, "ci95_ms": list(self.private.ci95_ms)}}
+
+    def sentence(self) -> str:
+        w, p = self.workgroup, self.private
+        nums = (f"workgroup {w.median_ms:.4g} ms [{w.ci95_ms[0]:.4g}, {w.ci95_ms[1]:.4g}] vs private "
+                f"{p.median_ms:.4g} ms [{p.ci95_ms[0]:.4g}, {p.ci95_ms[1]:.4g}]")
+        if self.winner == "tie":
+            return f"at {self.at}: tie ({nums})"
+        return f"at {self.at}: {self.winner} staging wins by {self.factor:.2f}x ({nums})"
+
+
+@dataclass
+class LadderResult:
+    """A measured ladder: rungs (baseline first, tuned best last), references and staging answers."""
+
+    primitive: str
+    title: str
+    device: dict[str, Any]
+    timer: str
+    shape: Shape
+    shape_names: tuple[str, ...]
+    rungs: list[Rung]
+    references: list[tuple[str, Stats]]
+    staging: list[StagingAnswer] = field(default_factory=list)
+    tuned: dict[str, Any] = field(default_factory=dict)
+    rounds: int = 0
+
+    @property
+    def reference_ms(self) -> float | None:
+        """The fastest reference's median (the strongest peer)."""
+        return min((s.median_ms for _, s in self.references), default=None)
+
+    @property
+    def reference_name(self) -> str | None:
+        if not self.references:
+            return None
+        return min(self.references, key=lambda r: r[1].median_ms)[0]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"primitive": self.primitive, "title": self.title,
+                "device": self.device.get("name"), "device_info": self.device, "timer": self.timer,
+                "shape": list(self.shape), "shape_names": list(self.shape_names),
+                "reference_ms": self.reference_ms, "reference": self.reference_name,
+                "references": [{"name": n, "median_ms": s.median_ms, "ci95_ms": list(s.ci95_ms)}
+                               for n, s in self.references],
+                "rungs": [r.as_json() for r in self.rungs],
+                "staging": [s.as_json() for s in self.staging], "tuned": self.tuned, "rounds": self.rounds}
+
+    def table(self) -> str:
+        """The ladder as a plain-text table plus the staging answers."""
+        shape = " ".join(f"{n}={v}" for n, v in zip(self.shape_names, self.shape))
+        lines = [f"{self.primitive}: {self.title}",
+                 f"device {self.device.get('name')} ({self.device.get('api')}, timer {self.timer}), shape {shape}, "
+                 f"{self.rounds} interleaved rounds"]
+        for name, s in self.references:
+            lines.append(f"reference {name} (host CPU): {s.median_ms:.4g} ms [{s.ci95_ms[0]:.4g}, {s.ci95_ms[1]:.4g}]")
+        head = (f"  {'rung':<22} {'config':<40} {'median ms':>10} {'95% interval':>22} {'x base':>7} {'x ref':>7}"
+                "  vs prev")
+        lines += [head, "  " + "-" * (len(head) - 2)]
+        for r in self.rungs:
+            if r.stats is None:
+                lines.append(f"  {r.name:<22} {r.config!s:<40} {r.status}: {r.reason}")
+                continue
+            s = r.stats
+            ci = f"[{s.ci95_ms[0]:.4g}, {s.ci95_ms[1]:.4g}]"
+            xb = f"{r.speedup_vs_baseline:.2f}" if r.speedup_vs_baseline else "-"
+            xr = f"{r.speedup_vs_reference:.2f}" if r.speedup_vs_reference else "-"
+            lines.append(f"  {r.name:<22} {r.config!s:<40} {s.median_ms:>10.4g} {ci:>22} {xb:>7} {xr:>7}  "
+                         f"{r.verdict}")
+        for a in self.staging:
+            lines.append("staging " + a.sentence())
+        return "\n".join(lines)
+
+
+def verdict(prev: Stats, cur: Stats) -> str:
+    """`tie` when the 95% intervals overlap, else `win` (cur faster) or `loss`."""
+    if ties(prev, cur):
+        return "tie"
+    return "win" if cur.median_ms < prev.median_ms else "loss"
+
+
+def staging_answer(at: str, wg: Stats, pv: Stats) -> StagingAnswer:
+    """Compare one workgroup/private pair."""
+    if ties(wg, pv):
+        winner = "tie"
+    else:
+        winner = "private" if pv.median_ms < wg.median_ms else "workgroup"
+    lo, hi = sorted((wg.median_ms, pv.median_ms))
+    return StagingAnswer(at, wg, pv, winner, hi / lo if lo > 0 else float("inf"))
+
+
+# ---- running -----------------------------------------------------------------------------------------------------
+def time_references(spec: LadderSpec, host: dict[str, np.ndarray], shape: Shape,
+                    measure_kw: dict[str, Any]) -> list[tuple[str, Stats]]:
+    """Time each host reference (numpy, torch) on the CPU device with the tuner's `measure`.
+
+    torch references are timed twice: with torch's default intra-op threads and with one thread. On a loaded
+    machine the default threads can spin against other processes and run 1000x slower at small shapes; the
+    report shows both rather than picking the flattering one.
+    """
+    from tilewise.devices import get_device
+
+    cpu = get_device("cpu")
+    torch = _torch()
+    refs = spec.references(host, shape)
+    passes: list[tuple[int | None, list[tuple[str, Callable[[], Any]]]]] = [(None, refs)]
+    if torch is not None and torch.get_num_threads() > 1:
+        passes.append((1, [(n, f) for n, f in refs if n.startswith("torch")]))
+    out: list[tuple[str, Stats]] = []
+    for threads, group in passes:
+        if not group:
+            continue
+        launches: dict[str, list[Launch]] = {}
+        for name, fn in group:
+            def kernel(buffers: Sequence[Any], grid: Any, _fn: Callable[[], Any] = fn) -> None:
+                _fn()
+
+            label = name
+            if name.startswith("torch") and torch is not None:
+                label = f"{name} ({threads or torch.get_num_threads()} thread{'s' if (threads or 2) > 1 else ''})"
+            launches[label] = [Launch(cpu.compile(kernel, name=label), (1, 1, 1), [])]
+        saved = torch.get_num_threads() if torch is not None else None
+        try:
+            if threads is not None and torch is not None:
+                torch.set_num_threads(threads)
+            m = measure(cpu, launches, **measure_kw)
+        finally:
+            if threads is not None and torch is not None and saved is not None:
+                torch.set_num_threads(saved)
+        out += [(label, m.stats[label]) for label in launches]
+    return out
+
+
+def run_ladder(primitive: str, device: Device | None = None, shape: Shape | None = None, *,
+               tune_count: int = 24, tune_seconds: float | None = 60.0, measure_kw: dict[str, Any] | None = None,
+               tune_measure_kw: dict[str, Any] | None = None, seed: int = 0,
+               progress: Callable[[str], None] | None = None) -> LadderResult:
+    """Verify and measure one primitive's ladder.
+
+    Args:
+        primitive: a key of `LADDERS` (conv1d-cpu, conv1d-gpu, gemm-gpu, dwsep-conv2d-gpu).
+        device: where to run (default: the ladder's device).
+        shape: problem shape (default: the ladder's seed-sized shape).
+        tune_count: configs the tuner may measure for the "tuned best" rung (0: no tuned rung).
+        tune_seconds: wall-clock budget of that search.
+        measure_kw: arguments of the final interleaved `measure` (default `DEFAULT_MEASURE`).
+        tune_measure_kw: arguments of the tuner's per-batch `measure` (default `TUNE_MEASURE`).
+        seed: inputs, search order and bootstrap.
+        progress: callback with one line per stage.
+
+    Returns:
+        A `LadderResult` (rungs baseline first, tuned best last).
+
+    Raises:
+        ConfigError: unknown primitive, bad shape, or a baseline the shape refuses.
+    """
+    from tilewise.tune.search import Budget
+    from tilewise.tune.tuner import tune
+    from tilewise.tune.verify import compare
+
+    spec = get_ladder(primitive)
+    say = progress or (lambda _msg: None)
+    dev = device if device is not None else get_ladder_device(spec, None)
+    tpl = spec.template()
+    shape = tuple(int(s) for s in (shape or spec.shape))
+    if len(shape) != len(tpl.shape_names):
+        raise ConfigError(f"{primitive} takes a shape {','.join(tpl.shape_names)}, got {shape}",
+                          f"write e.g. --shape {','.join(str(s) for s in spec.shape)}")
+    space = tpl.space("full")
+    limits = dev.info.limits
+    rng = np.random.default_rng(seed)
+    mkw = {**DEFAULT_MEASURE, **(measure_kw or {})}
+    # one input set for every rung and the references: the ladder compares schedules, not data
+    host = tpl.make_inputs(shape, rng)
+    ref = tpl.reference(host, shape)
+    bufs = tpl.upload(dev, host, shape)
+    rungs: list[Rung] = []
+    launches: dict[str, list[Launch]] = {}
+
+    def add(name: str, what: str, cfg: Config) -> Rung:
+        rung = Rung(name, what, cfg)
+        why = space.why_illegal(cfg, limits) + tpl.shape_problems(cfg, shape)
+        if why:
+            rung.status, rung.reason = "illegal", "; ".join(why)
+            return rung
+        say(f"compile + verify {name}: {cfg}")
+        try:
+            prog = tpl.compile(dev, cfg, shape)
+        except Exception as exc:  # a failing rung is a result, not the end of the ladder
+            rung.status, rung.reason = "compile_error", str(exc).splitlines()[0]
+            return rung
+        tpl.poison(dev, bufs, shape)  # NaN: an output no invocation writes fails the comparison
+        dev.run(tpl.launches(prog, bufs, cfg, shape))
+        check = compare(tpl.read_output(dev, bufs, shape), ref, tpl.dtype)
+        rung.rel_err = check.rel_err
+        if not check.ok:
+            rung.status, rung.reason = "wrong", check.message
+            return rung
+        launches[name] = tpl.launches(prog, bufs, cfg, shape)
+        return rung
+
+    for spec_rung in spec.rungs:
+        rungs.append(add(spec_rung.name, spec_rung.what, spec.rung_config(space, spec_rung)))
+    if rungs[0].status != "ok":
+        raise ConfigError(f"the {primitive} baseline cannot run at shape {shape}: {rungs[0].reason}",
+                          f"use another shape, e.g. --shape {','.join(str(s) for s in spec.shape)}")
+
+    tuned_info: dict[str, Any] = {}
+    extras: dict[str, Config] = {}
+    if tune_count > 0:
+        say(f"tuning {tpl.name} ({tune_count} configs at most, {tune_seconds} s)")
+        res = tune(tpl, dev, shape, space=spec.tune_space, strategy=spec.tune_strategy,
+                   budget=Budget(tune_count, tune_seconds),
+                   seed=seed, final_race=4, measure_kw={**TUNE_MEASURE, **(tune_measure_kw or {})})
+        best = res.best
+        counts: dict[str, int] = {}
+        for row in res.rows:
+            counts[row.status] = counts.get(row.status, 0) + 1
+        tuned_info = {"strategy": spec.tune_strategy, "space": spec.tune_space, "count": tune_count,
+                      "seconds": round(res.seconds, 2), "statuses": counts,
+                      "best": best.config.key() if best else None}
+        if best is not None:
+            what = (f"best of {counts.get('ok', 0)} verified configs ({spec.tune_strategy} search of space "
+                    f"{spec.tune_space!r})")
+            rungs.append(add("tuned best", what, best.config))
+            # the tuned best with its staging flipped answers the staging question at the tuned tile too
+            if spec.restage is not None and spec.stage_of is not None and spec.stage_of(best.config) in (
+                    "workgroup", "private"):
+                other = "private" if spec.stage_of(best.config) == "workgroup" else "workgroup"
+                flipped = spec.restage(best.config, other)
+                if not space.why_illegal(flipped, limits) and not tpl.shape_problems(flipped, shape):
+                    extras["tuned best, staging flipped"] = flipped
+    for name, cfg in extras.items():
+        r = add(name, "", cfg)
+        if r.status != "ok":
+            extras = {}
+
+    say(f"timing {len(launches)} schedules interleaved")
+    m = measure(dev, launches, rng=rng, **mkw)
+    say("timing the host references")
+    refs = time_references(spec, host, shape, mkw)
+    ref_ms = min((s.median_ms for _, s in refs), default=None)
+    base = m.stats[rungs[0].name]
+    prev: Stats | None = None
+    for r in rungs:
+        st = m.stats.get(r.name)
+        if st is None:
+            continue
+        r.stats = st
+        r.gflops = tpl.flops(shape) / (st.median_ms * 1e6)
+        r.speedup_vs_baseline = base.median_ms / st.median_ms
+        r.speedup_vs_reference = ref_ms / st.median_ms if ref_ms else None
+        r.verdict = "baseline" if prev is None else verdict(prev, st)
+        prev = st
+
+    staging: list[StagingAnswer] = []
+    for wg_name, pv_name in spec.staging_pairs:
+        if wg_name in m.stats and pv_name in m.stats:
+            cfg = next(r.config for r in rungs if r.name == pv_name)
+            staging.append(staging_answer(f"{cfg} (rungs {wg_name!r} vs {pv_name!r})", m.stats[wg_name],
+                                          m.stats[pv_name]))
+    if extras and spec.stage_of is not None:
+        tuned = next(r for r in rungs if r.name == "tuned best")
+        flipped_name = "tuned best, staging flipped"
+        if tuned.stats is not None and flipped_name in m.stats:
+            pair = {spec.stage_of(tuned.config): tuned.stats,
+                    spec.stage_of(extras[flipped_name]): m.stats[flipped_name]}
+            staging.append(staging_answer(f"the tuned best tile ({tuned.config})", pair["workgroup"], pair["private"]))
+    return LadderResult(spec.primitive, spec.title, dev.info.as_dict(), dev.timer, shape, tuple(tpl.shape_names),
+                        rungs, refs, staging, tuned_info, m.rounds)
+
+
+def write_json(result: LadderResult, path: str) -> None:
+    """Write the ladder's JSON ({primitive, device, shape, reference_ms, rungs: [...], staging: [...]})."""
+    with open(path, "w") as f:
+        json.dump(result.as_json(), f, indent=2)
+        f.write("\n")
+
+
+def plot(result: LadderResult, path: str) -> None:
+    """A PNG: one bar per rung (median, 95% interval whiskers, log scale) and a line per reference."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ConfigError(f"--plot needs matplotlib ({exc})", "pip install 'tilewise[plot]'") from exc
+    measured = [r for r in result.rungs if r.stats is not None]
+    names = [r.name for r in measured]
+    med = np.array([r.stats.median_ms for r in measured])  # type: ignore[union-attr]
+    lo = med - np.array([r.stats.ci95_ms[0] for r in measured])  # type: ignore[union-attr]
+    hi = np.array([r.stats.ci95_ms[1] for r in measured]) - med  # type: ignore[union-attr]
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(names) + 1.8))
+    y = np.arange(len(names))[::-1]
+    ax.barh(y, med, xerr=[lo, hi], color="#4c78a8", capsize=3)
+    for yi, r in zip(y, measured):
+        ax.text(r.stats.ci95_ms[1] * 1.08, yi, f"{r.stats.median_ms:.3g} ms  {r.verdict}", va="center", fontsize=8)
+    for name, s in result.references:
+        ax.axvline(s.median_ms, linestyle="--", color="#e45756")
+        ax.text(s.median_ms, len(names) - 0.4, name, rotation=90, fontsize=7, color="#e45756", va="top")
+    ax.set_yticks(y, names)
+    ax.set_xscale("log")
+    ax.set_xlabel("median time per run, ms (95% interval)")
+    shape = ",".join(str(s) for s in result.shape)
+    ax.set_title(f"{result.primitive} [{shape}] on {result.device.get('name')}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
