@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="webgpu")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--race", type=int, default=8, help="best configs raced again at each shape")
+    ap.add_argument("--shape-budget-s", type=float, default=30.0,
+                    help="seconds of extra tuning at each other benchmark shape (seed space + random)")
     ap.add_argument("--store", default=None, help="results store (default: a fresh one beside --out)")
     ap.add_argument("--tune-shape", default="4096,4096,4096", help="M,N,K to tune at")
     ap.add_argument("--shapes", default=";".join(",".join(map(str, s)) for s in SHAPES),
@@ -134,6 +136,17 @@ def main(argv: list[str] | None = None) -> int:
     for shape in [parse_shape(s, ("M", "N", "K")) for s in args.shapes.split(";")]:
         M, N, K = shape
         cands = [c for c in finalists if not tpl.shape_problems(c, shape)]
+        if tuple(shape) != tuple(tune_shape) and args.shape_budget_s > 0:
+            # small shapes want other tiles (fewer workgroups than multiprocessors otherwise): tune here too
+            t1 = time.perf_counter()
+            local = tune(tpl, dev, shape, space="seed", store=store, seed=args.seed, measure_kw=mkw, final_race=0)
+            extra = list(local.rows)
+            left = args.shape_budget_s - (time.perf_counter() - t1)
+            if left > 3:
+                extra += tune(tpl, dev, shape, space="large", strategy="random", budget=Budget(seconds=left),
+                              store=store, seed=args.seed + 7, measure_kw=mkw, final_race=0).rows
+            local_ok = sorted((r for r in extra if r.status == "ok" and r.stats), key=lambda r: r.stats.median_ms)
+            cands += [r.config for r in local_ok[: args.race] if r.config not in cands]
         ver = Verifier(tpl, dev, shape, rng, reuse=len(cands) + 1)
         launches = {}
         for c in cands:

@@ -13,12 +13,16 @@ Variants (the parameters of seed 003's warp-tiled kernel, mapped to WGSL, plus s
                  memory, barrier, read by all) or "private" (each invocation loads its own operands from
                  global memory into registers, like TVM's cache_read(A, "local"); no barrier)
     VEC          1 or 4: vec4 global loads/stores, vec4 shared-memory reads (needs K and N multiples of 4)
+    PF           0 or 1: register prefetch of the next K tile of the workgroup-staged operands, issued before
+                 the current tile's arithmetic so that global latency overlaps it (one tile of registers)
 
 The WGSL is generated per config: accumulators are named scalars (or vec4s) and the per-invocation tile is
 fully unrolled, because on an H200 the same 64x64 tile ran 5-45x faster that way than with loop-indexed
 local arrays. Shapes (M, N, K) come in a uniform, so one pipeline serves every shape. Every assumption the
 generated body makes is a `Rule` in `RULES` (seed 003's cfg_valid, one guard per assumption, ordered so a
-rule only divides by values earlier rules guaranteed non-zero).
+rule only divides by values earlier rules guaranteed non-zero). Two of seed 003's checks are implied here and
+left out: whole warps (NT % 32) follows from `threads`, and "each sub-tile has exactly 32 lanes" follows from
+`warp_steps`, `sub_tile_m` and `sub_tile_n`.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from tilewise.tune.space import Config, Rule, Space
 
 WARP = 32  # invocations per logical warp
 MAX_ACCUMULATORS = 128  # above this the accumulators alone spill (seed 003)
+MAX_PREFETCH_REGISTERS = 32  # floats held for the next tile on top of the accumulators
 PARAMS: dict[str, list[Any]] = {
     "BM": [16, 32, 64, 128, 256],
     "BN": [16, 32, 64, 128, 256],
@@ -49,16 +54,18 @@ PARAMS: dict[str, list[Any]] = {
     "SA": ["workgroup", "private"],
     "SB": ["workgroup", "private"],
     "VEC": [1, 4],
+    "PF": [0, 1],
 }
 BASE = {"BM": 128, "BN": 64, "BK": 16, "WM": 64, "WN": 32, "WNITER": 2, "TM": 4, "TN": 4, "NT": 128,
-        "SA": "workgroup", "SB": "workgroup", "VEC": 4}
+        "SA": "workgroup", "SB": "workgroup", "VEC": 4,
+        "PF": 0}
 
 
 def fmt(c: Config) -> str:
     """`128x64x16 W64x32 WN2 T4x4 128t workgroup vec4` (staging written per operand when A and B differ)."""
     stage = c["SA"] if c["SA"] == c["SB"] else f"A:{c['SA']} B:{c['SB']}"
     return (f"{c['BM']}x{c['BN']}x{c['BK']} W{c['WM']}x{c['WN']} WN{c['WNITER']} T{c['TM']}x{c['TN']} "
-            f"{c['NT']}t {stage} vec{c['VEC']}")
+            f"{c['NT']}t {stage} vec{c['VEC']}" + (" pf" if c["PF"] else ""))
 
 
 # ---- derived quantities (valid once the rules before their use have passed) ---------------------------------
@@ -86,14 +93,16 @@ def _load_count(rows: int, cols: int, c: Config) -> float:
     return rows * cols / c["VEC"] / c["NT"]
 
 
+def _prefetch_regs(c: Config) -> float:
+    return c["VEC"] * ((_load_count(c.BM, c.BK, c) if c.SA == "workgroup" else 0)
+                       + (_load_count(c.BK, c.BN, c) if c.SB == "workgroup" else 0))
+
+
 def _rules() -> list[Rule]:
     def r(name: str, check: Any, explain: Any, needs_limits: bool = False, doc: str = "") -> Rule:
         return Rule(name, check, explain, needs_limits, doc)
 
     return [
-        r("whole_warps", lambda c, L: c.NT % WARP == 0,
-          lambda c, L: f"NT % 32 = {c.NT} % 32 = {c.NT % WARP} != 0",
-          doc="the workgroup is a whole number of 32-invocation warps"),
         r("warp_tile_m", lambda c, L: c.BM % c.WM == 0,
           lambda c, L: f"BM % WM = {c.BM} % {c.WM} = {c.BM % c.WM} != 0", doc="warp tiles cover the block rows"),
         r("warp_tile_n", lambda c, L: c.BN % c.WN == 0,
@@ -128,6 +137,11 @@ def _rules() -> list[Rule]:
                                                        and _load_count(c.BK, c.BN, c) >= 1),
           lambda c, L: f"B tile loads per invocation = BK*BN/VEC/NT = {c.BK}*{c.BN}/{c.VEC}/{c.NT} = "
                        f"{_load_count(c.BK, c.BN, c):g}, not a whole number >= 1"),
+        r("prefetch_staged", lambda c, L: c.PF == 0 or "workgroup" in (c.SA, c.SB),
+          lambda c, L: f"PF=1 prefetches workgroup tiles, but SA = SB = {c.SA} (same kernel as PF=0)"),
+        r("prefetch_registers", lambda c, L: c.PF == 0 or _prefetch_regs(c) <= MAX_PREFETCH_REGISTERS,
+          lambda c, L: f"prefetch registers = VEC*(loads of A + loads of B) = {_prefetch_regs(c):g} > "
+                       f"{MAX_PREFETCH_REGISTERS}"),
         r("accumulators", lambda c, L: _wmiter(c) * c.TM * c.WNITER * c.TN <= MAX_ACCUMULATORS,
           lambda c, L: f"accumulators = WMITER*TM*WNITER*TN = {_wmiter(c) * c.TM * c.WNITER * c.TN} > "
                        f"{MAX_ACCUMULATORS} (certain register spill)"),
@@ -154,7 +168,7 @@ def _seed_configs() -> list[dict[str, Any]]:
         {"BM": 64, "NT": 64},
         {"BN": 128, "NT": 256},
         {"TM": 8, "TN": 8, "WNITER": 1},
-        {"TM": 8, "WNITER": 1},
+        {"PF": 1},
         {"WNITER": 1},
         {"WNITER": 4},
         {"WM": 32, "WN": 64},
@@ -197,10 +211,12 @@ class GemmSpace(Space):
                                         for sa in p["SA"]:
                                             for sb in p["SB"]:
                                                 for vec in p["VEC"]:
-                                                    yield Config((("BM", bm), ("BN", bn), ("BK", bk),
-                                                                  ("WM", wm), ("WN", wn), ("WNITER", wniter),
-                                                                  ("TM", tm), ("TN", tn), ("NT", nt), ("SA", sa),
-                                                                  ("SB", sb), ("VEC", vec)), self.fmt)
+                                                    for pf in p["PF"]:
+                                                        yield Config((("BM", bm), ("BN", bn), ("BK", bk),
+                                                                      ("WM", wm), ("WN", wn), ("WNITER", wniter),
+                                                                      ("TM", tm), ("TN", tn), ("NT", nt),
+                                                                      ("SA", sa), ("SB", sb), ("VEC", vec),
+                                                                      ("PF", pf)), self.fmt)
 
 
 SPACES = ("seed", "full", "large")
@@ -276,31 +292,61 @@ def generate_wgsl(c: Config) -> str:
         for wn in range(WNITER):
             for j in range(tnv):
                 w(f"  let gb_{wn}_{j} = bn0 + ncol + {wn * WSUBN + j * V}u;  // global col of B operand")
-    w(f"  for (var bk0 = 0u; bk0 < K; bk0 += {BK}u) {{")
-    if sa:
-        per = BM * BK // V // NT
-        w(f"    for (var l = 0u; l < {per}u; l++) {{  // A tile -> As (transposed), {per} {vt} per invocation")
-        w(f"      let e = tid + l * {NT}u; let r = e / {BK // V}u; let kq = (e % {BK // V}u) * {V}u;")
-        w(f"      var v: {vt} = {zero};")
-        w("      if (bm0 + r < M && bk0 + kq < K) { v = A[(bm0 + r) * KV + (bk0 + kq) / " + f"{V}u]; }}")
-        comps = ["x", "y", "z", "w"] if V == 4 else [""]
+    pf = c["PF"] == 1
+    comps = ["x", "y", "z", "w"] if V == 4 else [""]
+    loads_a = BM * BK // V // NT if sa else 0
+    loads_b = BK * BN // V // NT if sb else 0
+
+    def store_a(r: str, kq: str, v: str, ind: str) -> None:
         for q, comp in enumerate(comps):
-            val = f"v.{comp}" if V == 4 else "v"
+            val = f"{v}.{comp}" if V == 4 else v
             if as_vec:
-                w(f"      As[((kq + {q}u) * {BM}u + r) / 4u][r % 4u] = {val};")
+                w(f"{ind}As[(({kq} + {q}u) * {BM}u + {r}) / 4u][{r} % 4u] = {val};")
             else:
-                w(f"      As[(kq + {q}u) * {BM}u + r] = {val};")
-        w("    }")
-    if sb:
-        per = BK * BN // V // NT
-        w(f"    for (var l = 0u; l < {per}u; l++) {{  // B tile -> Bs, {per} {vt} per invocation")
-        w(f"      let e = tid + l * {NT}u; let r = e / {BN // V}u; let nq = (e % {BN // V}u) * {V}u;")
-        w(f"      var v: {vt} = {zero};")
-        w("      if (bk0 + r < K && bn0 + nq < N) { v = B[(bk0 + r) * NV + (bn0 + nq) / " + f"{V}u]; }}")
-        w(f"      Bs[r * {BN // V}u + nq / {V}u] = v;")
-        w("    }")
-    if sa or sb:
+                w(f"{ind}As[({kq} + {q}u) * {BM}u + {r}] = {val};")
+
+    if pf:
+        # register prefetch: slot l of this invocation's share of the tiles, fixed across K steps
+        for l in range(loads_a):
+            w(f"  let ra_{l} = (tid + {l * NT}u) / {BK // V}u; let ka_{l} = ((tid + {l * NT}u) % {BK // V}u) * {V}u;")
+            w(f"  var pa_{l}: {vt} = {zero};")
+            w(f"  if (bm0 + ra_{l} < M && ka_{l} < K) {{ pa_{l} = A[(bm0 + ra_{l}) * KV + ka_{l} / {V}u]; }}")
+        for l in range(loads_b):
+            w(f"  let rb_{l} = (tid + {l * NT}u) / {BN // V}u; let nb_{l} = ((tid + {l * NT}u) % {BN // V}u) * {V}u;")
+            w(f"  var pb_{l}: {vt} = {zero};")
+            w(f"  if (rb_{l} < K && bn0 + nb_{l} < N) {{ pb_{l} = B[rb_{l} * NV + (bn0 + nb_{l}) / {V}u]; }}")
+    w(f"  for (var bk0 = 0u; bk0 < K; bk0 += {BK}u) {{")
+    if pf:
+        w("    // prefetched registers -> workgroup tiles, then start loading the next K tile")
+        for l in range(loads_a):
+            store_a(f"ra_{l}", f"ka_{l}", f"pa_{l}", "    ")
+        for l in range(loads_b):
+            w(f"    Bs[rb_{l} * {BN // V}u + nb_{l} / {V}u] = pb_{l};")
         w("    workgroupBarrier();")
+        w(f"    let nk = bk0 + {BK}u;")
+        for l in range(loads_a):
+            w(f"    pa_{l} = {zero};")
+            w(f"    if (bm0 + ra_{l} < M && nk + ka_{l} < K) {{ pa_{l} = A[(bm0 + ra_{l}) * KV + (nk + ka_{l}) / {V}u]; }}")
+        for l in range(loads_b):
+            w(f"    pb_{l} = {zero};")
+            w(f"    if (nk + rb_{l} < K && bn0 + nb_{l} < N) {{ pb_{l} = B[(nk + rb_{l}) * NV + (bn0 + nb_{l}) / {V}u]; }}")
+    else:
+        if sa:
+            w(f"    for (var l = 0u; l < {loads_a}u; l++) {{  // A tile -> As (transposed), {loads_a} {vt} per invocation")
+            w(f"      let e = tid + l * {NT}u; let r = e / {BK // V}u; let kq = (e % {BK // V}u) * {V}u;")
+            w(f"      var v: {vt} = {zero};")
+            w("      if (bm0 + r < M && bk0 + kq < K) { v = A[(bm0 + r) * KV + (bk0 + kq) / " + f"{V}u]; }}")
+            store_a("r", "kq", "v", "      ")
+            w("    }")
+        if sb:
+            w(f"    for (var l = 0u; l < {loads_b}u; l++) {{  // B tile -> Bs, {loads_b} {vt} per invocation")
+            w(f"      let e = tid + l * {NT}u; let r = e / {BN // V}u; let nq = (e % {BN // V}u) * {V}u;")
+            w(f"      var v: {vt} = {zero};")
+            w("      if (bk0 + r < K && bn0 + nq < N) { v = B[(bk0 + r) * NV + (bn0 + nq) / " + f"{V}u]; }}")
+            w(f"      Bs[r * {BN // V}u + nq / {V}u] = v;")
+            w("    }")
+        if sa or sb:
+            w("    workgroupBarrier();")
     w(f"    for (var k = 0u; k < {BK}u; k += {kstep}u) {{")
     # A operands for this k (or 4 k's)
     a_names: dict[tuple[int, int, int], str] = {}  # (wm, i, sub-k) -> scalar expression
