@@ -4,7 +4,7 @@
     (bench/train_h200.sh OUT_DIR runs this with the H200 settings)
 
 Steps, each logged with its time:
-1. data: expert games from `tilewise.game.dataset.generate` (all CPU cores) in rounds of `2 x workers` games,
+1. data: expert games from `tilewise.game.dataset.generate` (all CPU cores) in rounds of `3 x workers` games,
    each round with its own dataset seed, until the generation budget would be exceeded; merged (game ids
    offset per round) and written with `write_dataset` into the work folder (not OUT_DIR: it is large).
 2. baselines: expert and random over the quality games, in a background process (`bench/play_quality.py`) while
@@ -26,6 +26,7 @@ import platform
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -120,18 +121,18 @@ def main() -> int:
     ap.add_argument("--work", default=None, help="scratch folder for the dataset and float32 model "
                     "(default: OUT/../<out name>-work)")
     ap.add_argument("--seed", type=int, default=1, help="first dataset seed (round r uses seed + r)")
-    ap.add_argument("--gen-budget-s", type=float, default=100.0)
+    ap.add_argument("--gen-budget-s", type=float, default=90.0)
     ap.add_argument("--max-pieces", type=int, default=400, help="pieces per training game at most")
     ap.add_argument("--workers", type=int, default=None, help="generation processes (default: CPU count)")
-    ap.add_argument("--games-per-round", type=int, default=0, help="default: 2 x workers")
+    ap.add_argument("--games-per-round", type=int, default=0, help="default: 3 x workers")
     ap.add_argument("--max-rounds", type=int, default=1000)
-    ap.add_argument("--train-budget-s", type=float, default=210.0)
+    ap.add_argument("--train-budget-s", type=float, default=200.0)
     ap.add_argument("--train-args", default="--shape default --batch 256 --lr 2e-3 --warmup 200 --epochs 100",
                     help="extra arguments for `tilewise train`")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--quality-games", type=int, default=20)
     ap.add_argument("--quality-max-pieces", type=int, default=1000)
-    ap.add_argument("--play-budget-s", type=float, default=75.0)
+    ap.add_argument("--play-budget-s", type=float, default=70.0)
     args = ap.parse_args()
 
     t_all = time.perf_counter()
@@ -155,7 +156,7 @@ def main() -> int:
     # 1. data
     t = time.perf_counter()
     data_path, results["data"] = generate_rounds(work, args.gen_budget_s, args.seed, args.max_pieces, workers,
-                                                 args.games_per_round or 2 * workers, args.max_rounds, log)
+                                                 args.games_per_round or 3 * workers, args.max_rounds, log)
     results["time_data_s"] = round(time.perf_counter() - t, 1)
 
     # 2. baselines in the background (CPU) while the GPU trains
@@ -183,50 +184,74 @@ def main() -> int:
         return rc
     results["train"] = json.loads(train_json.read_text())
 
-    # 4. f16 copy of the float model (the float32 one is over the size that comes back)
-    from tilewise.model.checkpoint import Checkpoint
+    save = lambda: (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")  # noqa: E731
+    save()
 
-    f16 = out / "model-f16"
-    Checkpoint.open(hf).converted("f16").save(f16)
-    for extra in ("tokenizer.json",):  # the NF4 folder carries the tokenizer already
-        (f16 / extra).unlink(missing_ok=True)
+    # 4.-6.: each stage is guarded, so that a failure there keeps the model and the numbers already made
+    def stage(name: str, fn: Any) -> None:
+        t = time.perf_counter()
+        try:
+            fn()
+        except Exception:
+            log(f"{name}: FAILED\n" + traceback.format_exc())
+            results.setdefault("failed_stages", []).append(name)
+        results[f"time_{name}_s"] = round(time.perf_counter() - t, 1)
+        save()
 
-    # 5. NF4 agreement on the held-out games, and play quality on the GPU
-    from tilewise.train.data import load_examples, split_games
-    from tilewise.train.evaluate import play_batched
-    from tilewise.train.export import load_torch_model
-    from tilewise.train.trainer import evaluate, pick_device
+    def f16_copy() -> None:  # the float32 folder is over the size that comes back; f16 is half
+        from tilewise.model.checkpoint import Checkpoint
 
-    t = time.perf_counter()
-    device = pick_device(args.device)
-    examples = load_examples(data_path)
-    train_rec = results["train"]
-    _, held = split_games(examples, float(train_rec["heldout_fraction"]), int(train_rec["settings"]["seed"]))
-    nf4_model = load_torch_model(nf4).to(device)
-    ev = evaluate(nf4_model, held, device)
-    results["nf4_heldout_agreement"] = ev["accuracy"]
-    results["nf4_heldout_per_action"] = ev["per_action"]
-    log(f"nf4: held-out agreement {ev['accuracy']:.4f} on {ev['examples']} decisions "
-        f"(float32: {results['train']['result']['heldout_accuracy']:.4f})")
-    play = play_batched(nf4_model, list(range(args.quality_games)), max_pieces=args.quality_max_pieces,
-                        device=device, log=log, time_budget_s=args.play_budget_s)
-    results["model_play"] = {k: v for k, v in play.items()}
-    log(f"play: model (NF4, torch on {device}) mean {play['mean_lines']:.1f} lines, {play['mean_pieces']:.1f} pieces "
-        f"over {play['games']} games (cap {play['max_pieces']}), {play['decisions']} decisions in {play['wall_s']} s"
-        + (" - stopped by the time budget" if play["stopped_by_time"] else ""))
-    results["time_eval_s"] = round(time.perf_counter() - t, 1)
+        f16 = out / "model-f16"
+        Checkpoint.open(hf).converted("f16").save(f16)
+        (f16 / "tokenizer.json").unlink(missing_ok=True)  # the NF4 folder carries it
 
-    # 6. baselines
-    try:
-        base_out, _ = base_proc.communicate(timeout=60)
+    state: dict[str, Any] = {}
+
+    def nf4_agreement() -> None:
+        from tilewise.train.data import load_examples, split_games
+        from tilewise.train.export import load_torch_model
+        from tilewise.train.trainer import evaluate, pick_device
+
+        device = state["device"] = pick_device(args.device)
+        examples = load_examples(data_path)
+        train_rec = results["train"]
+        _, held = split_games(examples, float(train_rec["heldout_fraction"]), int(train_rec["settings"]["seed"]))
+        state["model"] = load_torch_model(nf4).to(device)
+        ev = evaluate(state["model"], held, device)
+        results["nf4_heldout_agreement"] = ev["accuracy"]
+        results["nf4_heldout_per_action"] = ev["per_action"]
+        log(f"nf4: held-out agreement {ev['accuracy']:.4f} on {ev['examples']} decisions "
+            f"(float32: {train_rec['result']['heldout_accuracy']:.4f})")
+
+    def model_play() -> None:
+        from tilewise.train.evaluate import play_batched
+
+        os.environ["TOKENIZERS_PARALLELISM"] = "true"  # one encode_batch per step for all games: use the cores
+        play = play_batched(state["model"], list(range(args.quality_games)), max_pieces=args.quality_max_pieces,
+                            device=state["device"], log=log, time_budget_s=args.play_budget_s)
+        results["model_play"] = play
+        log(f"play: model (NF4, torch on {state['device']}) mean {play['mean_lines']:.1f} lines, "
+            f"{play['mean_pieces']:.1f} pieces over {play['games']} games (cap {play['max_pieces']}), "
+            f"{play['decisions']} decisions in {play['wall_s']} s"
+            + (" - stopped by the time budget" if play["stopped_by_time"] else ""))
+
+    def baselines() -> None:
+        try:
+            base_out, _ = base_proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            base_proc.kill()
+            raise
         for line in base_out.splitlines():
             log("baselines: " + line)
         results["baselines"] = json.loads(base_json.read_text())["results"]
-    except (subprocess.TimeoutExpired, OSError, json.JSONDecodeError, KeyError) as exc:
-        base_proc.kill()
-        log(f"baselines: not finished ({exc!r})")
+
+    stage("f16", f16_copy)
+    stage("nf4_agreement", nf4_agreement)
+    if "model" in state:
+        stage("play", model_play)
+    stage("baselines", baselines)
     results["time_total_s"] = round(time.perf_counter() - t_all, 1)
-    (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    save()
 
     # summary
     r = results["train"]["result"]
@@ -236,14 +261,16 @@ def main() -> int:
         f"({results['time_data_s']} s)")
     log(f"  train     {r['steps']} steps, {r['epochs_done']:.2f} epochs, {r['train_time_s']:.0f} s, "
         f"{r['tokens_per_s']:,.0f} tok/s on {r['device']}")
-    log(f"  agreement held-out float32 {r['heldout_accuracy']:.4f}, NF4 {results['nf4_heldout_agreement']:.4f}")
-    rows = [("model", play["mean_lines"], play["mean_pieces"])]
-    for name in ("expert", "random"):
-        b = results.get("baselines", {}).get(name)
-        if b:
-            rows.append((name, b["mean_lines"], b["mean_pieces"]))
+    log(f"  agreement held-out float32 {r['heldout_accuracy']:.4f}, NF4 {results.get('nf4_heldout_agreement')}")
+    rows = []
+    for name, rec in (("model", results.get("model_play")), *((n, results.get("baselines", {}).get(n))
+                                                               for n in ("expert", "random"))):
+        if rec:
+            rows.append((name, rec["mean_lines"], rec["mean_pieces"]))
     for name, lines, pieces in rows:
         log(f"  {name:9} mean lines {lines:8.1f}   mean pieces {pieces:8.1f}")
+    if results.get("failed_stages"):
+        log(f"  FAILED stages: {', '.join(results['failed_stages'])} (tracebacks above)")
     log(f"  total     {results['time_total_s']} s; files in {out}:")
     for p in sorted(out.rglob("*")):
         if p.is_file():

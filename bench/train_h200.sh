@@ -4,7 +4,7 @@
 #   model-f16/{config.json,model.safetensors}                  the float model, f16
 #   train_log.txt, results.json                                every step's output; data, training, quality numbers
 # Usage: bench/train_h200.sh OUT_DIR [extra bench/train_h200.py options]
-# Budgets (seconds): data 100, training 210, model play 75; see bench/train_h200.py --help.
+# Budgets (seconds): data 90, training 200, model play 70; see bench/train_h200.py --help.
 set -euo pipefail
 if [ $# -lt 1 ]; then
     echo "usage: bench/train_h200.sh OUT_DIR [options of bench/train_h200.py]" >&2

@@ -108,6 +108,8 @@ class Attention(nn.Module):
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)  # (T, D)
         q = q * cos + _rotate_half(q) * sin  # (B, NH, T, D)
         k = k * cos + _rotate_half(k) * sin
+        # under autocast q and k leave their float32 norms while v is bf16: attend in v's dtype
+        q, k = q.to(v.dtype), k.to(v.dtype)
         if self.kv_heads != self.heads:
             rep = self.heads // self.kv_heads
             k = k.repeat_interleave(rep, dim=1)
