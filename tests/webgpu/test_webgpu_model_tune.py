@@ -1,0 +1,57 @@
+"""`tilewise tune model` on lavapipe at tiny shapes: both kernels measured across rows, the fitted ranges cover
+every row count, and the executor loads the table (and only a table for this device and these kernels)."""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+
+import numpy as np
+import pytest
+
+import tilewise
+from tilewise import model_tune
+from tilewise.model.config import preset
+from tilewise.model.webgpu import DispatchTable, dispatch_path, kernel_version
+
+pytestmark = pytest.mark.webgpu
+
+
+def test_model_matmul_shapes_cover_every_projection():
+    cfg = preset("lfm2-350m")
+    shapes = model_tune.model_matmuls(cfg)
+    assert shapes["ffn.gate_up"] == ("swiglu", 4608, 1024)
+    assert shapes["ffn.down"] == ("residual", 1024, 4608)
+    assert shapes["attn.qkv"] == ("none", (16 + 2 * 8) * 64, 1024)
+    assert shapes["conv.in_proj"] == ("none", 3072, 1024)
+
+
+def test_tune_matmul_ranges_cover_all_rows(webgpu_device):
+    rows = [1, 3, 40]
+    segs, record = model_tune.tune_matmul(webgpu_device, "nf4", "residual", 64, 64, rows, 2, 0, print)
+    assert segs[0]["min_rows"] == 1 and segs[-1]["max_rows"] is None
+    for a, b in zip(segs, segs[1:]):
+        assert b["min_rows"] == a["max_rows"] + 1
+    assert {s["kind"] for s in segs} <= {"rows", "tiled"}
+    assert set(record["best_ms"]) == set(rows) and all(v > 0 for v in record["best_ms"].values())
+    kinds = {c.split(",")[0] for c in record["candidates"]}
+    assert kinds == {"kind=rows", "kind=tiled"}, "both kernels must be measured"
+
+
+def test_run_writes_a_table_the_executor_uses(webgpu_device, tmp_path, monkeypatch, rng):
+    monkeypatch.setenv("TILEWISE_DISPATCH_DIR", str(tmp_path))
+    args = argparse.Namespace(preset="tiny", seq=40, weights="nf4", device="webgpu", budget=1, seed=0, json=None,
+                              rows=[1, 40], force=False)
+    assert model_tune.run(args) == 0
+    path = dispatch_path(webgpu_device.info.fingerprint)
+    table = DispatchTable.load_for(webgpu_device.info.fingerprint, path)
+    distinct = {(e, n, k) for e, n, k in model_tune.model_matmuls(preset("tiny")).values()}  # out_projs coincide
+    assert table.version == kernel_version() and len(table.matmul) == len(distinct) == 5
+    assert "attention" in table.ops
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a matching table loads without any warning
+        model = tilewise.load("tiny", device="webgpu", weights="nf4", seed=1)
+    assert model.executor.dispatch.source == str(path)
+    cpu = tilewise.load("tiny", device="cpu", weights="nf4", seed=1)
+    ids = rng.integers(0, 512, 40)
+    np.testing.assert_allclose(model.scores(model.prefill(ids)), cpu.scores(cpu.prefill(ids)), atol=2e-5)
