@@ -4,6 +4,7 @@ every row count, and the executor loads the table (and only a table for this dev
 from __future__ import annotations
 
 import argparse
+import itertools
 import warnings
 
 import numpy as np
@@ -30,7 +31,7 @@ def test_tune_matmul_ranges_cover_all_rows(webgpu_device):
     rows = [1, 3, 40]
     segs, record = model_tune.tune_matmul(webgpu_device, "nf4", "residual", 64, 64, rows, 2, 0, print)
     assert segs[0]["min_rows"] == 1 and segs[-1]["max_rows"] is None
-    for a, b in zip(segs, segs[1:]):
+    for a, b in itertools.pairwise(segs):
         assert b["min_rows"] == a["max_rows"] + 1
     assert {s["kind"] for s in segs} <= {"rows", "tiled"}
     assert set(record["best_ms"]) == set(rows) and all(v > 0 for v in record["best_ms"].values())
