@@ -420,6 +420,25 @@ def staging_answer(at: str, wg: Stats, pv: Stats) -> StagingAnswer:
     return StagingAnswer(at, wg, pv, winner, hi / lo if lo > 0 else float("inf"))
 
 
+def validate_shape(spec: LadderSpec, shape: Sequence[int]) -> Shape:
+    """The shape as ints, refused (before any device is touched) when the ladder's baseline cannot run it.
+
+    Raises:
+        ConfigError: wrong number of dimensions, or the baseline's shape rule fails (e.g. a kernel longer than
+            the input), with the numbers.
+    """
+    tpl = spec.template()
+    shp = tuple(int(s) for s in shape)
+    if len(shp) != len(tpl.shape_names):
+        raise ConfigError(f"{spec.primitive} takes a shape {','.join(tpl.shape_names)}, got {shp}",
+                          f"write e.g. --shape {','.join(str(s) for s in spec.shape)}")
+    problems = tpl.shape_problems(spec.rung_config(tpl.space("full"), spec.rungs[0]), shp)
+    if problems:
+        raise ConfigError(f"{spec.primitive} cannot run at shape {','.join(map(str, shp))}: {'; '.join(problems)}",
+                          f"use another shape, e.g. --shape {','.join(str(s) for s in spec.shape)}")
+    return shp
+
+
 # ---- running -----------------------------------------------------------------------------------------------------
 def time_references(spec: LadderSpec, host: dict[str, np.ndarray], shape: Shape,
                     measure_kw: dict[str, Any]) -> list[tuple[str, Stats]]:
@@ -493,10 +512,7 @@ def run_ladder(primitive: str, device: Device | None = None, shape: Shape | None
     say = progress or (lambda _msg: None)
     dev = device if device is not None else get_ladder_device(spec, None)
     tpl = spec.template()
-    shape = tuple(int(s) for s in (shape or spec.shape))
-    if len(shape) != len(tpl.shape_names):
-        raise ConfigError(f"{primitive} takes a shape {','.join(tpl.shape_names)}, got {shape}",
-                          f"write e.g. --shape {','.join(str(s) for s in spec.shape)}")
+    shape = validate_shape(spec, shape or spec.shape)
     space = tpl.space("full")
     limits = dev.info.limits
     rng = np.random.default_rng(seed)

@@ -34,13 +34,14 @@ def register(sub: Any) -> None:
 def _cmd_ladder(args: argparse.Namespace) -> int:
     from tilewise.errors import ConfigError
     from tilewise.kernels.base import parse_shape
-    from tilewise.ladder import get_ladder, get_ladder_device, plot, run_ladder, write_json
+    from tilewise.ladder import get_ladder, get_ladder_device, plot, run_ladder, validate_shape, write_json
 
     spec = get_ladder(args.primitive)
     tpl = spec.template()
     if args.shape and args.small:
         raise ConfigError("--shape and --small both give a shape", "pass only one of them")
-    shape = parse_shape(args.shape, tpl.shape_names) if args.shape else (spec.small_shape if args.small else None)
+    shape = parse_shape(args.shape, tpl.shape_names) if args.shape else (spec.small_shape if args.small else spec.shape)
+    shape = validate_shape(spec, shape)  # refuse bad shapes before a device starts
     mkw: dict[str, Any] = {}
     if args.rounds is not None:
         if args.rounds < 1:
