@@ -92,12 +92,17 @@ RULES = _rules()
 
 
 def conv1d_space(which: str = "full") -> Space:
-    """The named conv1d spaces: "full" (the grid) and "small" (a quick grid for CI-sized tuning)."""
+    """The named conv1d spaces: "seed" (15 hand-picked points), "full" (the grid), "small" (a quick grid)."""
     if which == "full":
         return Space("full", {k: list(v) for k, v in PARAMS.items()}, list(RULES), fmt)
     if which == "small":
         return Space("small", {"NT": [64], "TPT": [1, 4], "RK": [1, 4], "STAGE": list(STAGES)}, list(RULES), fmt)
-    raise ConfigError(f"unknown space {which!r} for conv1d", "use --space full or --space small")
+    if which == "seed":
+        # seed 000's question as 15 points: each staging scope at five per-thread tiles / reduction steps
+        points = [{"NT": 64, "TPT": t, "RK": r, "STAGE": s} for s in STAGES
+                  for t, r in ((1, 1), (1, 8), (4, 8), (8, 8), (4, 16))]
+        return Space("seed", {k: list(v) for k, v in PARAMS.items()}, list(RULES), fmt, points=points)
+    raise ConfigError(f"unknown space {which!r} for conv1d", "use --space seed, full or small")
 
 
 def check_shape(shape: Shape) -> tuple[int, int]:
@@ -199,7 +204,7 @@ class WgslConv1d(KernelTemplate):
         return conv1d_space(which)
 
     def space_names(self) -> tuple[str, ...]:
-        return ("full", "small")
+        return ("seed", "full", "small")
 
     def shape_problems(self, config: Config, shape: Shape) -> list[str]:
         try:

@@ -102,13 +102,18 @@ RULES = _rules()
 
 
 def dwsep_space(which: str = "full") -> Space:
-    """The named spaces: "full" (the grid) and "small" (a quick grid for CI-sized tuning)."""
+    """The named spaces: "seed" (15 hand-picked points), "full" (the grid), "small" (a quick grid)."""
     if which == "full":
         return Space("full", {k: list(v) for k, v in PARAMS.items()}, list(RULES), fmt)
     if which == "small":
         return Space("small", {"BW": [16], "TPX": [1, 4], "BO": [8], "TO": [1, 4], "RC": [1, 4],
                                "STAGE": list(STAGES)}, list(RULES), fmt)
-    raise ConfigError(f"unknown space {which!r} for dwsep-conv2d", "use --space full or --space small")
+    if which == "seed":
+        # each staging scope at five tiles: baseline, reduction split, 4x4 per-thread tiles, an 8-channel step
+        tiles = ((16, 1, 16, 1, 1), (16, 1, 16, 1, 4), (32, 4, 32, 4, 4), (16, 2, 16, 2, 4), (32, 4, 16, 4, 8))
+        points = [dict(zip(("BW", "TPX", "BO", "TO", "RC"), t), STAGE=s) for s in STAGES for t in tiles]
+        return Space("seed", {k: list(v) for k, v in PARAMS.items()}, list(RULES), fmt, points=points)
+    raise ConfigError(f"unknown space {which!r} for dwsep-conv2d", "use --space seed, full or small")
 
 
 class DwsepShape(NamedTuple):
@@ -274,7 +279,7 @@ class WgslDwsepConv2d(KernelTemplate):
         return dwsep_space(which)
 
     def space_names(self) -> tuple[str, ...]:
-        return ("full", "small")
+        return ("seed", "full", "small")
 
     def shape_problems(self, config: Config, shape: Shape) -> list[str]:
         try:

@@ -13,6 +13,9 @@ from tilewise.kernels.base import KernelTemplate
 TEMPLATES: dict[tuple[str, str], str] = {
     ("gemm", "webgpu"): "tilewise.kernels.gemm:WgslGemm",
     ("gemm", "cuda"): "tilewise.kernels.gemm_cuda:CudaGemm",
+    ("conv1d", "webgpu"): "tilewise.kernels.conv1d:WgslConv1d",
+    ("conv1d", "tvm-llvm"): "tilewise.kernels.conv1d_tvm:TvmConv1d",
+    ("dwsep-conv2d", "webgpu"): "tilewise.kernels.dwsep_conv2d:WgslDwsepConv2d",
 }
 
 
