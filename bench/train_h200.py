@@ -9,8 +9,8 @@ Steps, each logged with its time:
    offset per round) and written with `write_dataset` into the work folder (not OUT_DIR: it is large).
 2. baselines: expert and random over the quality games, in a background process (`bench/play_quality.py`) while
    the GPU trains.
-3. train: `python -m tilewise train --time-budget-s ... --nf4 OUT_DIR/model-nf4` (HF float32 folder in the
-   work folder; held-out agreement on whole held-out games).
+3. train: `python -m tilewise.train` (= `tilewise train`) `--time-budget-s ... --nf4 OUT_DIR/model-nf4` (HF
+   float32 folder in the work folder; held-out agreement on whole held-out games).
 4. NF4 agreement: the NF4 model (dequantized, torch) on the same held-out games.
 5. play: the NF4 model plays the quality games in lockstep on the GPU (`play_batched`).
 6. OUT_DIR gets: model-nf4/{config.json, model.safetensors, tokenizer.json}, model-f16/{config.json,
@@ -173,7 +173,8 @@ def main() -> int:
     hf = work / "model-hf"
     nf4 = out / "model-nf4"
     train_json = work / "train_results.json"
-    cmd = [sys.executable, "-m", "tilewise", "train", "--data", str(data_path), "--out", str(hf), "--nf4", str(nf4),
+    # `python -m tilewise.train` is `tilewise train` without importing the other commands (their deps)
+    cmd = [sys.executable, "-m", "tilewise.train", "--data", str(data_path), "--out", str(hf), "--nf4", str(nf4),
            "--time-budget-s", str(args.train_budget_s), "--device", args.device, "--results-json", str(train_json),
            *args.train_args.split()]
     rc = run_logged(cmd, log, env)
