@@ -113,8 +113,10 @@ def test_fast_legal_enumeration_matches_the_generic_filter():
 
 def test_full_space_is_mostly_illegal():
     sp = gemm_space("full")
-    legal = sp.legal(PROFILES["h200-vulkan"])
-    assert 0 < len(legal) < sp.size / 10
+    rng = random.Random(1)
+    draws = [sp.config({k: rng.choice(v) for k, v in PARAMS.items()}) for _ in range(4000)]
+    legal = sum(sp.is_legal(c, PROFILES["h200-vulkan"]) for c in draws)
+    assert 0 < legal < len(draws) / 10
 
 
 def test_points_space_iterates_points_only():

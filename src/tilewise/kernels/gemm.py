@@ -28,6 +28,7 @@ left out: whole warps (NT % 32) follows from `threads`, and "each sub-tile has e
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -194,29 +195,34 @@ class GemmSpace(Space):
         return list(cache[limits])
 
     def _candidates(self) -> Iterator[Config]:
+        """A superset of the legal configs, enumerated with cheap inline pre-checks of the structural rules
+        (the rules themselves still decide; a test checks this agrees with filtering the whole grid)."""
         p = self.params
-        for bm in p["BM"]:
-            for wm in (w for w in p["WM"] if bm % w == 0):
-                for bn in p["BN"]:
-                    for wn in (w for w in p["WN"] if bn % w == 0):
-                        nt = (bm // wm) * (bn // wn) * WARP
-                        if nt not in p["NT"]:
-                            continue
-                        for wniter in p["WNITER"]:
-                            for tm in p["TM"]:
-                                for tn in p["TN"]:
-                                    if (wm * wn) % (WARP * tm * tn * wniter):
-                                        continue
-                                    for bk in p["BK"]:
-                                        for sa in p["SA"]:
-                                            for sb in p["SB"]:
-                                                for vec in p["VEC"]:
-                                                    for pf in p["PF"]:
-                                                        yield Config((("BM", bm), ("BN", bn), ("BK", bk),
-                                                                      ("WM", wm), ("WN", wn), ("WNITER", wniter),
-                                                                      ("TM", tm), ("TN", tn), ("NT", nt),
-                                                                      ("SA", sa), ("SB", sb), ("VEC", vec),
-                                                                      ("PF", pf)), self.fmt)
+        for bm, wm, bn, wn in itertools.product(p["BM"], p["WM"], p["BN"], p["WN"]):
+            if bm % wm or bn % wn:
+                continue
+            nt = (bm // wm) * (bn // wn) * WARP
+            if nt not in p["NT"]:
+                continue
+            for wniter, tm, tn in itertools.product(p["WNITER"], p["TM"], p["TN"]):
+                denom = WARP * tm * tn * wniter
+                if (wm * wn) % denom or wm * wn < denom:
+                    continue
+                wmiter = wm * wn // denom
+                if wm % wmiter or wn % wniter or (wm // wmiter) % tm or (wn // wniter) % tn:
+                    continue
+                if wmiter * tm * wniter * tn > MAX_ACCUMULATORS:
+                    continue
+                for bk, sa, sb, vec, pf in itertools.product(p["BK"], p["SA"], p["SB"], p["VEC"], p["PF"]):
+                    if vec == 4 and (bk % 4 or tn % 4):
+                        continue
+                    if sa == "workgroup" and (bm * bk) % (vec * nt):
+                        continue
+                    if sb == "workgroup" and (bk * bn) % (vec * nt):
+                        continue
+                    yield Config((("BM", bm), ("BN", bn), ("BK", bk), ("WM", wm), ("WN", wn), ("WNITER", wniter),
+                                  ("TM", tm), ("TN", tn), ("NT", nt), ("SA", sa), ("SB", sb), ("VEC", vec),
+                                  ("PF", pf)), self.fmt)
 
 
 SPACES = ("seed", "full", "large")

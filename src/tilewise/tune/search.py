@@ -39,30 +39,53 @@ class Budget:
         return (self.count is None or taken < self.count) and not self.out_of_time()
 
 
+LAZY_ABOVE = 100_000  # grid size above which random search samples lazily instead of listing the legal space
+MAX_MISSES = 200_000  # consecutive rejected draws before falling back to the full legal list
+
 Strategy = Callable[[Space, "Limits | None", Budget, int], Iterator[Config]]
 
 
 def exhaustive(space: Space, limits: Limits | None, budget: Budget, seed: int = 0) -> Iterator[Config]:
     """Every legal config of the space, in grid order (the budget can still cut it short)."""
-    taken = 0
-    for cfg in space.legal(limits):
+    yield from _take(space.legal(limits), budget)
+
+
+def random_search(space: Space, limits: Limits | None, budget: Budget, seed: int = 0) -> Iterator[Config]:
+    """Legal configs drawn uniformly without replacement until the budget is spent.
+
+    Small spaces are shuffled; large grids are sampled lazily (uniform draws from the grid, illegal ones
+    rejected, which is uniform over the legal configs) so that the first candidate comes at once.
+    """
+    rnd = random.Random(seed)
+    if space.points is not None or space.size <= LAZY_ABOVE:
+        legal = space.legal(limits)
+        rnd.shuffle(legal)
+        yield from _take(legal, budget)
+        return
+    keys = list(space.params)
+    seen: set[Config] = set()
+    misses = 0
+    while budget.allows(len(seen)):
+        cfg = space.config({k: rnd.choice(space.params[k]) for k in keys})
+        if cfg in seen or not space.is_legal(cfg, limits):
+            misses += 1
+            if misses > MAX_MISSES:  # nearly exhausted (or nearly all illegal): finish from the full list
+                rest = [c for c in space.legal(limits) if c not in seen]
+                rnd.shuffle(rest)
+                yield from _take(rest, budget, len(seen))
+                return
+            continue
+        misses = 0
+        seen.add(cfg)
+        yield cfg
+
+
+def _take(configs: list[Config], budget: Budget, taken: int = 0) -> Iterator[Config]:
+    for cfg in configs:
         if not budget.allows(taken):
             return
         taken += 1
         yield cfg
-
-
-def random_search(space: Space, limits: Limits | None, budget: Budget, seed: int = 0) -> Iterator[Config]:
-    """Legal configs drawn uniformly without replacement until the budget is spent."""
-    legal = space.legal(limits)
-    order = list(range(len(legal)))
-    random.Random(seed).shuffle(order)
-    taken = 0
-    for i in order:
-        if not budget.allows(taken):
-            return
-        taken += 1
-        yield legal[i]
 
 
 STRATEGIES: dict[str, Strategy] = {"exhaustive": exhaustive, "random": random_search}

@@ -1,0 +1,87 @@
+"""Dispatch fitting: fewest ranges within tolerance of the per-M best, M parsing, lookups."""
+
+import itertools
+import random
+
+import pytest
+
+from tilewise.errors import ConfigError
+from tilewise.tune.dispatch import fit_dispatch, lookup, parse_m_values
+
+
+def test_parse_m_values():
+    assert parse_m_values("1..5") == [1, 2, 3, 4, 5]
+    assert parse_m_values("1..20:8") == [1, 9, 17, 20]
+    assert parse_m_values("96,1,2..3") == [1, 2, 3, 96]
+    for bad in ("0..4", "5..2", "a", "1..4:0", ""):
+        if bad == "":
+            assert parse_m_values(bad) == []
+            continue
+        with pytest.raises(ConfigError):
+            parse_m_values(bad)
+
+
+def sawtooth(tile, ms, per_row=0.01, per_tile=0.1):
+    # time grows with the padded row count (whole tiles), like seed 001's 346 rows in 32- vs 64-row tiles
+    return {m: per_row * tile * -(-m // tile) + per_tile * -(-m // tile) for m in ms}
+
+
+def test_short_row_then_wide_tile_cutoff():
+    ms = list(range(1, 200))
+    small = {m: 0.02 * m + 0.1 for m in ms}  # cheap at few rows, scales badly
+    big = {m: 2.0 + 0.002 * m for m in ms}  # fixed overhead, scales well
+    ranges = fit_dispatch({"small": small, "big": big}, ms, 0.0)
+    assert [r.config for r in ranges] == ["small", "big"]
+    cut = ranges[1].m_min
+    assert small[cut - 1] <= big[cut - 1] and big[cut] < small[cut]
+    assert ranges[0].m_min == 1 and ranges[-1].m_max == 199
+
+
+def test_tolerance_merges_ranges():
+    ms = list(range(1, 129))
+    times = {"t32": sawtooth(32, ms), "t64": sawtooth(64, ms)}
+    strict = fit_dispatch(times, ms, 0.0)
+    loose = fit_dispatch(times, ms, 1.0)
+    assert len(loose) == 1 < len(strict)
+    assert {r.config for r in strict} == {"t32", "t64"}
+
+
+def brute_force_min_ranges(times, ms, tol):
+    best = {m: min(t[m] for t in times.values() if m in t) for m in ms}
+    good = {c: {m for m in ms if m in t and t[m] <= (1 + tol) * best[m]} for c, t in times.items()}
+    n = len(ms)
+    for k in range(1, n + 1):
+        for cuts in itertools.combinations(range(1, n), k - 1):
+            bounds = [0, *cuts, n]
+            if all(any(all(ms[x] in g for x in range(a, b)) for g in good.values())
+                   for a, b in zip(bounds, bounds[1:])):
+                return k
+    raise AssertionError
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_greedy_is_optimal_against_brute_force(seed):
+    rnd = random.Random(seed)
+    ms = sorted(rnd.sample(range(1, 60), 9))
+    times = {c: {m: rnd.uniform(1, 2) for m in ms} for c in "abcd"}
+    ranges = fit_dispatch(times, ms, 0.05)
+    assert len(ranges) == brute_force_min_ranges(times, ms, 0.05)
+    best = {m: min(t[m] for t in times.values()) for m in ms}
+    for r in ranges:  # every measured M in a range is within tolerance for its config
+        for m in ms:
+            if r.m_min <= m <= r.m_max:
+                assert times[r.config][m] <= 1.05 * best[m]
+    assert all(a.m_max + 1 == b.m_min for a, b in zip(ranges, ranges[1:]))
+
+
+def test_missing_measurements_mean_the_config_cannot_cover():
+    ms = [1, 2, 3]
+    ranges = fit_dispatch({"a": {1: 1.0, 3: 1.0}, "b": {1: 5.0, 2: 5.0, 3: 5.0}}, ms, 0.03)
+    assert [r.config for r in ranges] == ["a", "b", "a"]
+
+
+def test_lookup():
+    table = {"ranges": [{"m_min": 1, "m_max": 95, "config": {"BM": 32}},
+                        {"m_min": 96, "m_max": 512, "config": {"BM": 64}}]}
+    assert lookup(table, 1) == {"BM": 32} and lookup(table, 95) == {"BM": 32}
+    assert lookup(table, 96) == {"BM": 64} and lookup(table, 4000) == {"BM": 64}

@@ -1,0 +1,120 @@
+"""The timing function: statistics, tie verdicts, interleaved rounds, hooks, self-tie."""
+
+import numpy as np
+import pytest
+
+from tilewise.devices.base import Launch, Program
+from tilewise.tune.measure import Stats, measure, summarize, tie_groups, ties
+
+
+class FakeDevice:
+    """Records every `time` call; each launch 'takes' a value drawn around its program's mean."""
+
+    timer = "gpu-timestamp"
+
+    def __init__(self, means, noise=0.02, seed=0):
+        self.means = means
+        self.noise = noise
+        self.rng = np.random.default_rng(seed)
+        self.calls = []
+
+    def time(self, launches):
+        self.calls.append([launch.program.name for launch in launches])
+        return np.array([self.means[launch.program.name] * (1 + self.noise * self.rng.standard_normal())
+                         for launch in launches])
+
+
+def launch(name):
+    return Launch(Program(name, None, name), (1, 1, 1), [])
+
+
+def test_summarize_median_percentiles_and_interval(rng):
+    x = rng.uniform(1.0, 2.0, 200)
+    st = summarize(x)
+    assert st.median_ms == pytest.approx(np.median(x))
+    assert st.p20_ms == pytest.approx(np.percentile(x, 20))
+    assert st.p80_ms == pytest.approx(np.percentile(x, 80))
+    lo, hi = st.ci95_ms
+    assert lo <= st.median_ms <= hi
+    assert hi - lo < st.p80_ms - st.p20_ms  # the median's interval is narrower than the spread
+    assert st.n == 200
+
+
+def test_interval_shrinks_with_more_samples(rng):
+    few = summarize(rng.normal(1.0, 0.1, 10))
+    many = summarize(rng.normal(1.0, 0.1, 1000))
+    assert (many.ci95_ms[1] - many.ci95_ms[0]) < (few.ci95_ms[1] - few.ci95_ms[0])
+
+
+def test_ties_and_groups():
+    a = Stats(1.0, 0.9, 1.1, (0.95, 1.05), np.ones(3))
+    b = Stats(1.02, 0.9, 1.1, (1.0, 1.04), np.ones(3))
+    c = Stats(2.0, 1.9, 2.1, (1.9, 2.1), np.ones(3))
+    assert ties(a, b) and ties(b, a)
+    assert not ties(a, c)
+    ranked = tie_groups({"c": c, "b": b, "a": a})
+    assert [(k, g) for k, _, g in ranked] == [("a", 1), ("b", 1), ("c", 2)]
+
+
+def test_rounds_are_interleaved_one_submission_each_with_every_candidate():
+    dev = FakeDevice({"x": 1.0, "y": 2.0, "z": 3.0})
+    cands = {"x": [launch("x")], "y": [launch("y")], "z": [launch("z")]}
+    m = measure(dev, cands, warmup=2, min_rounds=12, max_rounds=12, budget_s=60)
+    assert m.rounds == 12 and len(dev.calls) == 14  # 2 warm-up + 12 timed, each one `time` call
+    for call in dev.calls:
+        assert sorted(call) == ["x", "y", "z"]
+    orders = {tuple(call) for call in dev.calls[2:]}
+    assert len(orders) > 1  # order reshuffled between rounds
+    assert [k for k, _, _ in tie_groups(m.stats)] == ["x", "y", "z"]
+    assert m.stats["y"].median_ms == pytest.approx(2.0, rel=0.05)
+
+
+def test_candidate_registered_twice_ties_with_itself():
+    dev = FakeDevice({"same": 1.0, "slow": 1.5}, noise=0.05, seed=3)
+    one = launch("same")
+    m = measure(dev, {"a": [one], "b": [one], "slow": [launch("slow")]}, min_rounds=30, max_rounds=30)
+    groups = {k: g for k, _, g in tie_groups(m.stats)}
+    assert groups["a"] == groups["b"] == 1
+    assert groups["slow"] == 2
+
+
+def test_multi_launch_candidate_sums_its_launches():
+    dev = FakeDevice({"p": 1.0, "q": 0.5}, noise=0.0)
+    m = measure(dev, {"two": [launch("p"), launch("q")]}, warmup=0, min_rounds=3, max_rounds=3)
+    assert m.stats["two"].median_ms == pytest.approx(1.5)
+
+
+def test_between_launches_are_timed_but_discarded():
+    dev = FakeDevice({"flush": 100.0, "k": 1.0}, noise=0.0)
+    m = measure(dev, {"k": [launch("k")]}, warmup=0, min_rounds=4, max_rounds=4, between_launches=[launch("flush")])
+    assert m.stats["k"].median_ms == pytest.approx(1.0)
+    assert all(call == ["flush", "k"] for call in dev.calls)
+
+
+def test_between_callable_runs_before_every_sample():
+    dev = FakeDevice({"a": 1.0, "b": 2.0}, noise=0.0)
+    count = []
+    m = measure(dev, {"a": [launch("a")], "b": [launch("b")]}, warmup=1, min_rounds=5, max_rounds=5,
+                between=lambda: count.append(1))
+    assert len(count) == 2 * 6  # every sample (warm-up included), each its own submission
+    assert all(len(call) == 1 for call in dev.calls)
+    assert m.stats["b"].median_ms == pytest.approx(2.0)
+
+
+def test_budget_stops_after_min_rounds():
+    dev = FakeDevice({"a": 1.0})
+    m = measure(dev, {"a": [launch("a")]}, warmup=0, min_rounds=3, max_rounds=1000, budget_s=0.0)
+    assert m.rounds == 3
+
+
+def test_cpu_device_self_tie(cpu_device, rng):
+    a = rng.standard_normal((96, 96)).astype(np.float32)
+
+    def work(buffers, grid):
+        np.dot(a, a)
+
+    prog = cpu_device.compile(work, name="mm")
+    one = Launch(prog, (1, 1, 1), [])
+    m = measure(cpu_device, {"first": [one], "again": [one]}, warmup=3, min_rounds=40, max_rounds=40)
+    groups = {k: g for k, _, g in tie_groups(m.stats)}
+    assert groups["first"] == groups["again"]

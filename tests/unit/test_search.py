@@ -1,0 +1,49 @@
+"""Search strategies: exhaustive covers the legal space, random respects its budget, bad budgets refused."""
+
+import pytest
+
+from tilewise.errors import ConfigError
+from tilewise.kernels.gemm import gemm_space
+from tilewise.tune.profiles import PROFILES
+from tilewise.tune.search import STRATEGIES, Budget, exhaustive, get_strategy, random_search
+
+LIMITS = PROFILES["lavapipe"]
+
+
+def test_exhaustive_is_the_legal_space():
+    sp = gemm_space("seed")
+    got = list(exhaustive(sp, LIMITS, Budget()))
+    assert got == sp.legal(LIMITS) and len(got) == 14
+
+
+def test_random_budget_count_distinct_and_legal():
+    sp = gemm_space("full")
+    got = list(random_search(sp, LIMITS, Budget(count=25), seed=4))
+    assert len(got) == 25 == len(set(got))
+    assert all(sp.is_legal(c, LIMITS) for c in got)
+    again = list(random_search(sp, LIMITS, Budget(count=25), seed=4))
+    assert got == again  # seeded
+    assert got != list(random_search(sp, LIMITS, Budget(count=25), seed=5))
+
+
+def test_random_small_space_is_a_permutation_of_the_legal_configs():
+    sp = gemm_space("seed")
+    got = list(random_search(sp, LIMITS, Budget(), seed=1))
+    assert sorted(map(str, got)) == sorted(map(str, sp.legal(LIMITS)))
+
+
+def test_seconds_budget_stops_the_strategy():
+    b = Budget(seconds=1e-9)
+    assert list(exhaustive(gemm_space("seed"), LIMITS, b)) == []
+
+
+@pytest.mark.parametrize("count,seconds", [(0, None), (-3, None), (None, 0.0)])
+def test_empty_budgets_are_refused(count, seconds):
+    with pytest.raises(ConfigError, match="measures nothing"):
+        Budget(count, seconds)
+
+
+def test_strategies_are_plugins_with_one_signature():
+    assert set(STRATEGIES) >= {"exhaustive", "random"}
+    with pytest.raises(ConfigError, match="unknown strategy"):
+        get_strategy("annealing")
