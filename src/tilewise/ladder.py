@@ -523,6 +523,9 @@ def run_ladder(primitive: str, device: Device | None = None, shape: Shape | None
     bufs = tpl.upload(dev, host, shape)
     rungs: list[Rung] = []
     launches: dict[str, list[Launch]] = {}
+    # every compiled program stays alive for the run: a backend may cache bindings by object id, and a freed
+    # pipeline's id can come back for the next one
+    keep: list[Any] = []
 
     def add(name: str, what: str, cfg: Config) -> Rung:
         rung = Rung(name, what, cfg)
@@ -533,6 +536,7 @@ def run_ladder(primitive: str, device: Device | None = None, shape: Shape | None
         say(f"compile + verify {name}: {cfg}")
         try:
             prog = tpl.compile(dev, cfg, shape)
+            keep.append(prog)
         except Exception as exc:  # a failing rung is a result, not the end of the ladder
             rung.status, rung.reason = "compile_error", str(exc).splitlines()[0]
             return rung

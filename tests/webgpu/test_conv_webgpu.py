@@ -13,11 +13,18 @@ from tilewise.tune.verify import compare
 pytestmark = pytest.mark.webgpu
 
 
+# The WebGPU device caches bind groups by the ids of pipeline and buffers; a freed object's id can come back for a
+# new one, so every program and buffer set stays alive for the module (as the tuner's Verifier does).
+_KEEP: list[object] = []
+
+
 def _check(dev, tpl, cfg, shape, rng):
     host = tpl.make_inputs(shape, rng)
     bufs = tpl.upload(dev, host, shape)
+    prog = tpl.compile(dev, cfg, shape)
+    _KEEP.append((bufs, prog))
     tpl.poison(dev, bufs, shape)
-    dev.run(tpl.launches(tpl.compile(dev, cfg, shape), bufs, cfg, shape))
+    dev.run(tpl.launches(prog, bufs, cfg, shape))
     return compare(tpl.read_output(dev, bufs, shape), tpl.reference(host, shape), tpl.dtype)
 
 
