@@ -7,8 +7,8 @@ Steps, each logged with its time:
 1. data: expert games from `tilewise.game.dataset.generate` (all CPU cores) in rounds of `3 x workers` games,
    each round with its own dataset seed, until the generation budget would be exceeded; merged (game ids
    offset per round) and written with `write_dataset` into the work folder (not OUT_DIR: it is large).
-2. baselines: expert and random over the quality games, in a background process (`bench/play_quality.py`) while
-   the GPU trains.
+2. baselines: expert and random over the quality games (`bench/play_quality.py`), and the CPU decision latency of
+   the model shape on 2 pinned cores (`bench/train_shape_latency.py`), in background processes while the GPU trains.
 3. train: `python -m tilewise.train` (= `tilewise train`) `--time-budget-s ... --nf4 OUT_DIR/model-nf4` (HF
    float32 folder in the work folder; held-out agreement on whole held-out games).
 4. NF4 agreement: the NF4 model (dequantized, torch) on the same held-out games.
@@ -20,6 +20,7 @@ Steps, each logged with its time:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -105,6 +106,16 @@ def generate_rounds(work: Path, budget_s: float, seed: int, max_pieces: int, wor
     return path, summary
 
 
+def _pin(cores: set[int]) -> Any:
+    """preexec_fn that pins a child process to `cores` (ignored where the OS refuses)."""
+
+    def pin() -> None:
+        with contextlib.suppress(AttributeError, OSError):
+            os.sched_setaffinity(0, cores)
+
+    return pin
+
+
 def run_logged(cmd: list[str], log: Tee, env: dict[str, str]) -> int:
     """Run a command, streaming its output into the log."""
     log("$ " + " ".join(cmd))
@@ -133,6 +144,7 @@ def main() -> int:
     ap.add_argument("--quality-games", type=int, default=20)
     ap.add_argument("--quality-max-pieces", type=int, default=1000)
     ap.add_argument("--play-budget-s", type=float, default=70.0)
+    ap.add_argument("--latency-shapes", default="default,small", help="shapes timed on 2 cores (random weights)")
     args = ap.parse_args()
 
     t_all = time.perf_counter()
@@ -164,9 +176,20 @@ def main() -> int:
     base_cmd = [sys.executable, str(ROOT / "bench" / "play_quality.py"), "--policies", "expert,random",
                 "--games", str(args.quality_games), "--max-pieces", str(args.quality_max_pieces),
                 "--workers", str(max(1, min(workers - 2, 2 * args.quality_games))), "--json", str(base_json)]
-    log("$ " + " ".join(base_cmd) + "  (background)")
+    n_cpu = os.cpu_count() or 1
+    # the last two cores time the CPU decision latency (2 BLAS threads, as on a 2-core machine); baselines use
+    # the others; the training process is left to the scheduler
+    lat_cores, base_cores = set(range(max(0, n_cpu - 2), n_cpu)), set(range(max(1, n_cpu - 2)))
+    log("$ " + " ".join(base_cmd) + f"  (background, cores {min(base_cores)}-{max(base_cores)})")
     base_proc = subprocess.Popen(base_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                 cwd=ROOT)
+                                 cwd=ROOT, preexec_fn=_pin(base_cores))
+    lat_json = work / "latency.json"
+    lat_cmd = [sys.executable, str(ROOT / "bench" / "train_shape_latency.py"), "--shapes", args.latency_shapes,
+               "--repeats", "40", "--json", str(lat_json)]
+    lat_env = dict(env, OPENBLAS_NUM_THREADS="2", OMP_NUM_THREADS="2", MKL_NUM_THREADS="2")
+    log("$ " + " ".join(lat_cmd) + f"  (background, cores {sorted(lat_cores)}, 2 BLAS threads)")
+    lat_proc = subprocess.Popen(lat_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=lat_env,
+                                cwd=ROOT, preexec_fn=_pin(lat_cores))
 
     # 3. train (+ NF4)
     t = time.perf_counter()
@@ -182,6 +205,7 @@ def main() -> int:
     if rc != 0:
         log(f"train failed with exit code {rc}")
         base_proc.kill()
+        lat_proc.kill()
         return rc
     results["train"] = json.loads(train_json.read_text())
 
@@ -246,11 +270,18 @@ def main() -> int:
             log("baselines: " + line)
         results["baselines"] = json.loads(base_json.read_text())["results"]
 
+    def latency() -> None:
+        lat_out, _ = lat_proc.communicate(timeout=60)
+        for line in lat_out.splitlines():
+            log("latency: " + line)
+        results["cpu_latency"] = json.loads(lat_json.read_text())
+
     stage("f16", f16_copy)
     stage("nf4_agreement", nf4_agreement)
     if "model" in state:
         stage("play", model_play)
     stage("baselines", baselines)
+    stage("latency", latency)
     results["time_total_s"] = round(time.perf_counter() - t_all, 1)
     save()
 
@@ -270,6 +301,9 @@ def main() -> int:
             rows.append((name, rec["mean_lines"], rec["mean_pieces"]))
     for name, lines, pieces in rows:
         log(f"  {name:9} mean lines {lines:8.1f}   mean pieces {pieces:8.1f}")
+    for row in results.get("cpu_latency", {}).get("rows", []):
+        log(f"  CPU decision ({results['cpu_latency']['usable_cores']} cores) shape {row['shape']}: "
+            f"p50 {row['decision_ms_p50']} ms (p20 {row['decision_ms_p20']}, p80 {row['decision_ms_p80']})")
     if results.get("failed_stages"):
         log(f"  FAILED stages: {', '.join(results['failed_stages'])} (tracebacks above)")
     log(f"  total     {results['time_total_s']} s; files in {out}:")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import numpy as np
@@ -59,13 +60,19 @@ def main() -> int:
                      "decision_ms_p50": round(float(np.median(t)), 2),
                      "decision_ms_p20": round(float(np.percentile(t, 20)), 2),
                      "decision_ms_p80": round(float(np.percentile(t, 80)), 2)})
+    load = os.getloadavg()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = os.environ.get("OPENBLAS_NUM_THREADS", "default")
+    print(f"CPU: {cores} usable cores of {os.cpu_count()}, BLAS threads {threads}, load average {load[0]:.2f} "
+          "(the whole machine's, other processes included)")
     print(f"{'shape':8} {'params':>10} {'p20 ms':>8} {'p50 ms':>8} {'p80 ms':>8}")
     for r in rows:
         print(f"{r['shape']:8} {r['parameters']:>10,} {r['decision_ms_p20']:>8} {r['decision_ms_p50']:>8} "
               f"{r['decision_ms_p80']:>8}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2, default=list)
+            json.dump({"usable_cores": cores, "cpus": os.cpu_count(), "blas_threads": threads,
+                       "load_average_1min": load[0], "rows": rows}, f, indent=2, default=list)
     return 0
 
 
