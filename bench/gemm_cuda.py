@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+import tilewise
+
 os.environ.setdefault("CUPY_TF32", "0")  # cuBLAS fp32 must stay fp32 (no TF32 tensor cores)
 
 from tilewise.devices.cuda import CUDADevice
@@ -40,6 +42,7 @@ from tilewise.tune.measure import measure, tie_groups
 from tilewise.tune.search import Budget, get_strategy
 from tilewise.tune.space import Config
 from tilewise.tune.store import Result, Store, shape_key
+from tilewise.tune.tuner import config_source_hash
 from tilewise.tune.verify import Verifier, compare
 
 TUNE_SHAPE = (4096, 4096, 4096)
@@ -109,7 +112,9 @@ class Bench:
             except TilewiseError as exc:
                 self.verified[cfg] = {"status": "launch_error", "message": str(exc).splitlines()[0]}
                 continue
-            self.verified[cfg] = {"status": "ok" if chk.ok else "wrong", "message": chk.message,
+            where = shape_key(verifier.shape)
+            self.verified[cfg] = {"status": "ok" if chk.ok else "wrong",
+                                  "message": f"verified at {where}: {chk.message}",
                                   "rel_err": chk.rel_err, "max_abs_err": chk.max_abs_err,
                                   "registers": prog.meta.get("registers"), "local_bytes": prog.meta.get("local_bytes")}
 
@@ -124,10 +129,10 @@ class Bench:
 
     def put(self, cfg: Config, shape: tuple[int, int, int], status: str, message: str = "", stats: Any = None,
             extra: dict[str, Any] | None = None) -> None:
-        prog = self.programs.get(cfg)
-        src = prog.source_hash if prog is not None and not isinstance(prog, Exception) else "gemm.cu"
-        r = Result(self.dev.info.fingerprint, "gemm", src, shape_key(shape), cfg.key(), status, message,
-                   version="bench", created=time.time(),
+        # the same key as `tilewise tune` uses, so `tilewise store import` of these results resumes a tune
+        r = Result(self.dev.info.fingerprint, self.tpl.name, config_source_hash(self.tpl, cfg), shape_key(shape),
+                   cfg.key(), status, message,
+                   version=tilewise.__version__, created=time.time(),
                    tile_waste=self.tpl.tile_waste(cfg, shape), **(extra or {}))
         if stats is not None:
             r.median_ms, r.p20_ms, r.p80_ms = stats.median_ms, stats.p20_ms, stats.p80_ms
@@ -267,7 +272,7 @@ class Bench:
         rows = []
         self.log("\n== finals: tuned best vs cuBLAS fp32 (TF32 off) ==")
         self.log(f"{'shape':<16} {'pick':<40} {'ms':>8} {'TFLOP/s':>8} {'cuBLAS ms':>9} {'TFLOP/s':>8} {'ratio':>6} "
-                 f"{'err64':>8} {'vs cuBLAS':>9}")
+                 f"{'err64':>8} {'vs cuBLAS':>9} {'cuBLAS err64':>12}")
         for shape in FINAL_SHAPES:
             flops = self.tpl.flops(shape)
             pool = [c for c in verified_ok if not self.tpl.shape_problems(c, shape)]
@@ -297,7 +302,9 @@ class Bench:
                      {"rel_err": check["rel_err"]})
             self.log(f"{shape_key(shape):<16} {self.tpl.describe(pick):<40} {pst.median_ms:8.4f} "
                      f"{row['tflops']:8.2f} {cub.median_ms:9.4f} {row['cublas_tflops']:8.2f} {row['ratio']:6.3f} "
-                     f"{check['rel_err']:8.1e} {check['rel_vs_cublas']:9.1e}")
+                     f"{check['rel_err']:8.1e} {check['rel_vs_cublas']:9.1e} {check['cublas_rel_err']:12.1e}")
+            if check["cublas_rel_err"] > 1e-4:
+                self.log("  warning: cuBLAS is far from float64 here: TF32 may be on (unset CUPY_TF32)")
             if "best4096" in row:
                 self.log(f"{'':<16}   (4096-best {self.tpl.describe(best4096)} here: "
                          f"{row['best4096']['median_ms']:.4f} ms, ratio {row['best4096']['ratio']:.3f})")
