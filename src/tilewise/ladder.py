@@ -29,7 +29,7 @@ from tilewise.devices.base import Device, Launch
 from tilewise.errors import ConfigError
 from tilewise.kernels.base import KernelTemplate, Shape
 from tilewise.tune.measure import Stats, measure, ties
-from tilewise.tune.space import Config
+from tilewise.tune.space import Config, Space
 
 DEFAULT_MEASURE = {"warmup": 3, "min_rounds": 20, "max_rounds": 100, "budget_s": 8.0}
 TUNE_MEASURE = {"warmup": 1, "min_rounds": 5, "max_rounds": 20, "budget_s": 2.0}
@@ -481,6 +481,35 @@ def time_references(spec: LadderSpec, host: dict[str, np.ndarray], shape: Shape,
     return out
 
 
+class _SeededTemplate:
+    """The template as the tuner sees it, with one more named space: "ladder", the rungs followed by the search.
+
+    Seeding the search with the rungs means the tuned best is, by the tuner's own measurement, never slower than
+    the best rung; the search adds what the ladder did not think of.
+    """
+
+    def __init__(self, template: KernelTemplate, ladder_space: Space) -> None:
+        self._template = template
+        self._space = ladder_space
+
+    def space(self, which: str = "full") -> Space:
+        return self._space if which == "ladder" else self._template.space(which)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._template, name)
+
+
+def _search_points(spec: LadderSpec, tpl: KernelTemplate, space: Space, limits: Any, shape: Shape, count: int,
+                   seed: int) -> list[Config]:
+    """Up to `count` legal configs for the tuned rung: a named space's points, or a uniform sample of the grid."""
+    if spec.tune_strategy == "exhaustive":
+        cands = list(tpl.space(spec.tune_space))
+    else:
+        cands = tpl.space(spec.tune_space).sample(4 * count, seed=seed, limits=limits)
+    ok = [c for c in cands if not space.why_illegal(c, limits) and not tpl.shape_problems(c, shape)]
+    return ok[:count]
+
+
 def run_ladder(primitive: str, device: Device | None = None, shape: Shape | None = None, *,
                tune_count: int = 24, tune_seconds: float | None = 60.0, measure_kw: dict[str, Any] | None = None,
                tune_measure_kw: dict[str, Any] | None = None, seed: int = 0,
@@ -491,7 +520,7 @@ def run_ladder(primitive: str, device: Device | None = None, shape: Shape | None
         primitive: a key of `LADDERS` (conv1d-cpu, conv1d-gpu, gemm-gpu, dwsep-conv2d-gpu).
         device: where to run (default: the ladder's device).
         shape: problem shape (default: the ladder's seed-sized shape).
-        tune_count: configs the tuner may measure for the "tuned best" rung (0: no tuned rung).
+        tune_count: configs the search adds to the rungs for the "tuned best" rung (0: no tuned rung).
         tune_seconds: wall-clock budget of that search.
         measure_kw: arguments of the final interleaved `measure` (default `DEFAULT_MEASURE`).
         tune_measure_kw: arguments of the tuner's per-batch `measure` (default `TUNE_MEASURE`).
@@ -559,20 +588,25 @@ def run_ladder(primitive: str, device: Device | None = None, shape: Shape | None
     tuned_info: dict[str, Any] = {}
     extras: dict[str, Config] = {}
     if tune_count > 0:
-        say(f"tuning {tpl.name} ({tune_count} configs at most, {tune_seconds} s)")
-        res = tune(tpl, dev, shape, space=spec.tune_space, strategy=spec.tune_strategy,
-                   budget=Budget(tune_count, tune_seconds),
-                   seed=seed, final_race=4, measure_kw={**TUNE_MEASURE, **(tune_measure_kw or {})})
+        search = _search_points(spec, tpl, space, limits, shape, tune_count, seed)
+        points = [dict(c) for c in dict.fromkeys([*(r.config for r in rungs), *search])]
+        seeded = _SeededTemplate(tpl, Space("ladder", space.params, space.rules, space.fmt, points=points))
+        say(f"tuning {tpl.name}: the {len(rungs)} rungs + {len(search)} configs of a {spec.tune_strategy} search "
+            f"of space {spec.tune_space!r} ({tune_seconds} s at most)")
+        res = tune(seeded, dev, shape, space="ladder", strategy="exhaustive",  # type: ignore[arg-type]
+                   budget=Budget(None, tune_seconds), seed=seed, final_race=4,
+                   measure_kw={**TUNE_MEASURE, **(tune_measure_kw or {})})
         best = res.best
         counts: dict[str, int] = {}
         for row in res.rows:
             counts[row.status] = counts.get(row.status, 0) + 1
-        tuned_info = {"strategy": spec.tune_strategy, "space": spec.tune_space, "count": tune_count,
+        tuned_info = {"strategy": spec.tune_strategy, "space": spec.tune_space, "searched": len(search),
+                      "with_rungs": True,
                       "seconds": round(res.seconds, 2), "statuses": counts,
                       "best": best.config.key() if best else None}
         if best is not None:
-            what = (f"best of {counts.get('ok', 0)} verified configs ({spec.tune_strategy} search of space "
-                    f"{spec.tune_space!r})")
+            what = (f"best of {counts.get('ok', 0)} verified configs (the rungs + {len(search)} from a "
+                    f"{spec.tune_strategy} search of space {spec.tune_space!r})")
             rungs.append(add("tuned best", what, best.config))
             # the tuned best with its staging flipped answers the staging question at the tuned tile too
             if spec.restage is not None and spec.stage_of is not None and spec.stage_of(best.config) in (

@@ -19,8 +19,8 @@ def register(sub: Any) -> None:
     p.add_argument("--shape", help="problem shape: conv1d M,N (16384,64); gemm M,N,K (1024,1024,1024); "
                                    "dwsep-conv2d B,C,H,W,O,K,P (1,64,56,56,128,3,1)")
     p.add_argument("--small", action="store_true", help="use the ladder's CI-sized shape")
-    p.add_argument("--tune", type=int, default=24, metavar="N", help="configs the tuner may measure for the "
-                                                                      "'tuned best' rung (0: none; default 24)")
+    p.add_argument("--tune", type=int, default=24, metavar="N", help="configs a search adds to the rungs for "
+                                                                      "the 'tuned best' rung (0: none; default 24)")
     p.add_argument("--tune-s", type=float, default=60.0, metavar="S", help="seconds for that search (default 60)")
     p.add_argument("--rounds", type=int, default=None, metavar="N", help="most interleaved timing rounds (default 100)")
     p.add_argument("--budget-s", type=float, default=None, metavar="S",
