@@ -209,7 +209,7 @@ def train(cfg: ModelConfig, train_ex: Examples, heldout_ex: Examples, settings: 
     len_all = torch.as_tensor(train_ex.lengths, device=device)  # (N,)
     act_all = torch.as_tensor(train_ex.actions, device=device)  # (N,)
     gen = torch.Generator(device="cpu").manual_seed(settings.seed + 1)
-    order = torch.randperm(n, generator=gen)
+    order = torch.randperm(n, generator=gen).to(device)  # on the device: a batch's indices need no copy
     cursor = 0
 
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else _null
@@ -231,9 +231,9 @@ def train(cfg: ModelConfig, train_ex: Examples, heldout_ex: Examples, settings: 
         for group in opt.param_groups:
             group["lr"] = settings.lr * lr_factor(progress, step, settings.warmup_steps)
         if cursor + settings.batch_size > n:
-            order = torch.randperm(n, generator=gen)
+            order = torch.randperm(n, generator=gen).to(device)
             cursor = 0
-        idx = order[cursor: cursor + settings.batch_size].to(device)
+        idx = order[cursor: cursor + settings.batch_size]
         cursor += settings.batch_size
         lengths = len_all[idx]
         # trim to this batch's longest prompt (prompts differ by a few tokens at most)
