@@ -54,7 +54,7 @@ def brute_force_min_ranges(times, ms, tol):
         for cuts in itertools.combinations(range(1, n), k - 1):
             bounds = [0, *cuts, n]
             if all(any(all(ms[x] in g for x in range(a, b)) for g in good.values())
-                   for a, b in zip(bounds, bounds[1:])):
+                   for a, b in itertools.pairwise(bounds)):
                 return k
     raise AssertionError
 
@@ -71,7 +71,7 @@ def test_greedy_is_optimal_against_brute_force(seed):
         for m in ms:
             if r.m_min <= m <= r.m_max:
                 assert times[r.config][m] <= 1.05 * best[m]
-    assert all(a.m_max + 1 == b.m_min for a, b in zip(ranges, ranges[1:]))
+    assert all(a.m_max + 1 == b.m_min for a, b in itertools.pairwise(ranges))
 
 
 def test_missing_measurements_mean_the_config_cannot_cover():

@@ -62,12 +62,13 @@ def test_gemm_inputs_are_fresh_and_never_zero(rng):
 
 
 def test_verifier_uses_fresh_inputs_per_check(cpu_device, rng):
+    seen = []
+
     class Recorder(WgslGemm):
-        seen = []
 
         def make_inputs(self, shape, rng):
             host = super().make_inputs(shape, rng)
-            self.seen.append(host["a"].copy())
+            seen.append(host["a"].copy())
             return host
 
         def launches(self, program, bufs, config, shape):
@@ -84,4 +85,4 @@ def test_verifier_uses_fresh_inputs_per_check(cpu_device, rng):
     cfg = t.default_config()
     first, second = v.check(None, cfg), v.check(None, cfg)
     assert not first.ok and not second.ok  # nothing wrote the output: the NaN poison stays
-    assert len(t.seen) == 2 and not np.array_equal(t.seen[0], t.seen[1])
+    assert len(seen) == 2 and not np.array_equal(seen[0], seen[1])

@@ -150,7 +150,7 @@ def _rules() -> list[Rule]:
           lambda c, L: f"workgroup storage = 4*({'BM*BK' if c.SA == 'workgroup' else '0'} + "
                        f"{'BK*BN' if c.SB == 'workgroup' else '0'}) = {_storage_bytes(c)} bytes > "
                        f"max_workgroup_storage_bytes {L.max_workgroup_storage_bytes}", needs_limits=True),
-        r("invocations", lambda c, L: c.NT <= min(L.max_invocations_per_workgroup, L.max_workgroup_size[0]),
+        r("invocations", lambda c, L: min(L.max_invocations_per_workgroup, L.max_workgroup_size[0]) >= c.NT,
           lambda c, L: f"NT = {c.NT} > max_invocations_per_workgroup "
                        f"{min(L.max_invocations_per_workgroup, L.max_workgroup_size[0])}", needs_limits=True),
     ]
@@ -282,8 +282,9 @@ def generate_wgsl(c: Config) -> str:
     w(f"  let KV = K / {V}u; let NV = N / {V}u;")
     w(f"  let bm0 = wg.y * {BM}u; let bn0 = wg.x * {BN}u;")
     w(f"  let warp = tid / {WARP}u; let lane = tid % {WARP}u;")
-    w(f"  let mrow = (warp / {d['WARPS_N']}u) * {c['WM']}u + (lane / {d['LANE_COLS']}u) * {TM}u;  // first row (in tile)")
-    w(f"  let ncol = (warp % {d['WARPS_N']}u) * {c['WN']}u + (lane % {d['LANE_COLS']}u) * {TN}u;  // first col (in tile)")
+    wn_, lc = d["WARPS_N"], d["LANE_COLS"]
+    w(f"  let mrow = (warp / {wn_}u) * {c['WM']}u + (lane / {lc}u) * {TM}u;  // first row (in tile)")
+    w(f"  let ncol = (warp % {wn_}u) * {c['WN']}u + (lane % {lc}u) * {TN}u;  // first col (in tile)")
     # accumulators: acc_{wm}_{i}_{wn}_{j} (j counts vec4s when VEC=4)
     tnv = TN // V
     accs = [(wm, i, wn, j) for wm in range(WMITER) for i in range(TM) for wn in range(WNITER) for j in range(tnv)]
@@ -332,13 +333,15 @@ def generate_wgsl(c: Config) -> str:
         w(f"    let nk = bk0 + {BK}u;")
         for l in range(loads_a):
             w(f"    pa_{l} = {zero};")
-            w(f"    if (bm0 + ra_{l} < M && nk + ka_{l} < K) {{ pa_{l} = A[(bm0 + ra_{l}) * KV + (nk + ka_{l}) / {V}u]; }}")
+            w(f"    if (bm0 + ra_{l} < M && nk + ka_{l} < K) {{ "
+              f"pa_{l} = A[(bm0 + ra_{l}) * KV + (nk + ka_{l}) / {V}u]; }}")
         for l in range(loads_b):
             w(f"    pb_{l} = {zero};")
-            w(f"    if (nk + rb_{l} < K && bn0 + nb_{l} < N) {{ pb_{l} = B[(nk + rb_{l}) * NV + (bn0 + nb_{l}) / {V}u]; }}")
+            w(f"    if (nk + rb_{l} < K && bn0 + nb_{l} < N) {{ "
+              f"pb_{l} = B[(nk + rb_{l}) * NV + (bn0 + nb_{l}) / {V}u]; }}")
     else:
         if sa:
-            w(f"    for (var l = 0u; l < {loads_a}u; l++) {{  // A tile -> As (transposed), {loads_a} {vt} per invocation")
+            w(f"    for (var l = 0u; l < {loads_a}u; l++) {{  // A tile -> As (transposed), {loads_a} {vt} each")
             w(f"      let e = tid + l * {NT}u; let r = e / {BK // V}u; let kq = (e % {BK // V}u) * {V}u;")
             w(f"      var v: {vt} = {zero};")
             w("      if (bm0 + r < M && bk0 + kq < K) { v = A[(bm0 + r) * KV + (bk0 + kq) / " + f"{V}u]; }}")
@@ -384,11 +387,13 @@ def generate_wgsl(c: Config) -> str:
         for wn in range(WNITER):
             for j in range(tnv):
                 if sb:
-                    w(f"      let b_{sub}_{wn}_{j} = Bs[({kexpr}) * {BN // V}u + (ncol + {wn * WSUBN + j * V}u) / {V}u];")
+                    off = wn * WSUBN + j * V
+                    w(f"      let b_{sub}_{wn}_{j} = Bs[({kexpr}) * {BN // V}u + (ncol + {off}u) / {V}u];")
                 else:
                     g = f"gb_{wn}_{j}"
                     w(f"      var b_{sub}_{wn}_{j}: {vt} = {zero};")
-                    w(f"      if ({g} < N && bk0 + {kexpr} < K) {{ b_{sub}_{wn}_{j} = B[(bk0 + {kexpr}) * NV + {g} / {V}u]; }}")
+                    w(f"      if ({g} < N && bk0 + {kexpr} < K) {{ "
+                      f"b_{sub}_{wn}_{j} = B[(bk0 + {kexpr}) * NV + {g} / {V}u]; }}")
                 b_names[(wn, j)] = f"b_{sub}_{wn}_{j}"
         for wm, i, wn, j in accs:
             a = a_names[(wm, i, sub if kstep == 4 else 0)]
@@ -435,7 +440,7 @@ class WgslGemm(KernelTemplate):
         return gemm_space("full").config(BASE)
 
     def shape_problems(self, config: Config, shape: Shape) -> list[str]:
-        M, N, K = shape
+        _, N, K = shape
         problems = []
         if config["VEC"] == 4 and (K % 4 or N % 4):
             problems.append(f"vec4_shape: vec4 rows need K % 4 == 0 and N % 4 == 0, got K={K}, N={N}")

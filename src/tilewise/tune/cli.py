@@ -175,7 +175,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     import tilewise
-    from tilewise.tune.report import plot_tune, tune_summary, tune_table
+    from tilewise.tune.report import failure_lines, plot_tune, tune_summary, tune_table
     from tilewise.tune.tuner import tune
 
     device = tilewise.get_device(args.device)
@@ -192,7 +192,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         result = tune(tpl, device, shape, space=args.space, strategy=args.strategy, budget=budget, store=store,
                       force=args.force, seed=args.seed, measure_kw=mkw, progress=progress)
     console.print(tune_table(result))
-    for line in tune_summary(result):
+    for line in failure_lines(result) + tune_summary(result):
         console.print(line, markup=False, highlight=False)
     console.print(f"store: {store.path}", style="dim", markup=False)
     if args.json:

@@ -14,7 +14,7 @@ _STATUS_ORDER = {"wrong": 0, "timeout": 1, "launch_error": 2, "compile_error": 3
 
 
 def tune_table(result: TuneResult) -> Any:
-    """A rich Table: ranked `ok` rows (GFLOP/s, % of best, interval, tie group), then every failure."""
+    """A rich Table of the ranked `ok` rows (GFLOP/s, % of best, interval, tie group); see `failure_lines`."""
     from rich.table import Table
 
     t = Table(title=f"{result.kernel} {'x'.join(map(str, result.shape))} on {result.fingerprint} "
@@ -32,11 +32,18 @@ def tune_table(result: TuneResult) -> Any:
                   f"{r.gflops:.1f}" if r.gflops else "-", f"{100 * best / s.median_ms:.0f}%",
                   f"{s.ci95_ms[0]:.4f}..{s.ci95_ms[1]:.4f}", str(r.tie_group),
                   f"{r.tile_waste:.2f}" if r.tile_waste else "-", f"{r.rel_err:.1e}" if r.rel_err is not None else "-")
+    return t
+
+
+def failure_lines(result: TuneResult) -> list[str]:
+    """One line per config that was not ranked: `skipped (illegal: <rule>: <numbers>)`, compile errors with
+    their first line, wrong answers with their error (printed as plain lines so nothing wraps mid-number)."""
     fails = sorted((r for r in result.rows if r.status != "ok"), key=lambda r: _STATUS_ORDER.get(r.status, 9))
+    out = []
     for r in fails:
         what = f"skipped (illegal: {r.reason})" if r.status == "illegal" else f"{r.status}: {r.reason}"
-        t.add_row("-", str(r.config), what, "", "", "", "", "", "")
-    return t
+        out.append(f"  {r.config}  {what}")
+    return out
 
 
 def tune_summary(result: TuneResult) -> list[str]:
@@ -57,6 +64,9 @@ def tune_summary(result: TuneResult) -> list[str]:
     for r in result.rows:
         counts[r.status] = counts.get(r.status, 0) + 1
     lines.append("results: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    cached = sum(r.cached for r in result.rows)
+    if cached:
+        lines.append(f"{cached} results came from the store (marked 'stored'; --force re-measures them)")
     if result.illegal_in_grid:
         lines.append(f"{result.illegal_in_grid} configs of the grid are illegal on this device (never compiled); "
                      "examples:")

@@ -241,7 +241,8 @@ class Space:
         values: dict[str, Any] = {}
         for part in filter(None, (p.strip() for p in text.split(","))):
             if "=" not in part:
-                raise ConfigError(f"cannot parse {part!r} in config {text!r}", "write NAME=VALUE pairs, comma separated")
+                raise ConfigError(f"cannot parse {part!r} in config {text!r}",
+                                  "write NAME=VALUE pairs, comma separated")
             k, v = part.split("=", 1)
             k = k.strip()
             if k not in self.params:

@@ -208,7 +208,8 @@ def tune(template: KernelTemplate, device: Device, shape: Shape, *, space: str =
 
     ok = sorted((r for r in rows if r.status == "ok" and r.stats), key=lambda r: r.stats.median_ms)  # type: ignore
     measured_together = len(ok) <= batch and not any(r.cached for r in ok) and taken <= batch
-    if final_race > 1 and len(ok) > 1 and not measured_together:
+    nothing_new = all(r.cached for r in ok)  # a pure resume re-measures nothing (use force for that)
+    if final_race > 1 and len(ok) > 1 and not measured_together and not nothing_new:
         race = ok[:final_race]
         launches: dict[Config, list[Launch]] = {}
         bufs = verifier.buffers()

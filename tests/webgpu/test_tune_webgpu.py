@@ -1,0 +1,162 @@
+"""The tuner end to end on lavapipe: ranking, JSON contract, failures as results, resume, sweep + dispatch."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tilewise.cli import main
+from tilewise.errors import ConfigError
+from tilewise.kernels.gemm import WgslGemm
+from tilewise.tune.dispatch import dispatch_table, lookup, sweep
+from tilewise.tune.measure import measure, tie_groups
+from tilewise.tune.store import Store
+from tilewise.tune.tuner import tune
+
+pytestmark = pytest.mark.webgpu
+FAST = {"warmup": 1, "min_rounds": 6, "max_rounds": 6}
+SHAPE = (64, 64, 32)
+
+
+class Sabotaged(WgslGemm):
+    """Breaks two seed configs on purpose: one computes a wrong value, one does not compile."""
+
+    def source(self, config):
+        src = super().source(config)
+        if config["BK"] == 8:  # 1% off in a sixteenth of the outputs: a silent, plausible bug
+            src = src.replace("= acc_0_0_0_0; }", "= acc_0_0_0_0 * 1.01; }", 1)
+        if config["BK"] == 32:
+            src = src.replace("workgroupBarrier();", "workgroupBarrier(;", 1)
+        return src
+
+
+def test_tune_ranks_stores_and_reports_failures(webgpu_device, tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    res = tune(Sabotaged(), webgpu_device, SHAPE, space="seed", store=store, measure_kw=FAST)
+    by_status = {}
+    for r in res.rows:
+        by_status.setdefault(r.status, []).append(r)
+    assert len(by_status["illegal"]) == 2
+    assert all(r.reason.split(":")[0] in ("threads", "vec4_tn") for r in by_status["illegal"])
+    (wrong,) = by_status["wrong"]
+    assert wrong.config["BK"] == 8 and wrong.rel_err > 1e-4 and wrong.stats is None
+    (bad,) = by_status["compile_error"]
+    assert bad.config["BK"] == 32 and "\n" not in bad.reason and bad.reason
+    ranked = res.ranked
+    assert len(ranked) == 12 and all(r.config != wrong.config for r in ranked)
+    assert all(r.stats.n >= 6 and r.gflops > 0 for r in ranked)
+    meds = [r.stats.median_ms for r in ranked if r.tie_group == ranked[0].tie_group]
+    assert ranked[0].tie_group == 1 and min(meds) == ranked[0].stats.median_ms
+    stored = {r.config: r.status for r in store.query(kernel="gemm", shape="64x64x32")}
+    assert len(stored) == 16 and stored[wrong.config.key()] == "wrong"
+
+
+def test_json_contract_and_resume(webgpu_device, tmp_path, capsys):
+    st = str(tmp_path / "s.sqlite")
+    out = tmp_path / "r.json"
+    argv = ["tune", "gemm", "--device", "webgpu", "--shape", "33,36,20", "--store", st, "--json", str(out),
+            "--rounds", "5"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "skipped (illegal: threads: threads = (BM/WM)*(BN/WN)*32" in text
+    data = json.loads(out.read_text())
+    assert list(data) == ["kernel", "device", "shape", "results"]
+    assert data["kernel"] == "gemm" and data["shape"] == [33, 36, 20] and data["device"].startswith("webgpu:")
+    assert len(data["results"]) == 16
+    for r in data["results"]:
+        assert list(r) == ["config", "status", "reason", "median_ms", "p20_ms", "p80_ms", "ci95_ms", "gflops",
+                           "rel_err", "tie_group"]
+    ok = [r for r in data["results"] if r["status"] == "ok"]
+    assert ok and ok[0]["tie_group"] == 1 and ok[0]["p20_ms"] <= ok[0]["median_ms"] <= ok[0]["p80_ms"]
+    # second run: everything comes from the store (nothing compiled), same answers
+    with Store(st) as s:
+        before = {r.config: (r.median_ms, r.created) for r in s}
+    assert main(argv) == 0
+    assert "14 results came from the store" in capsys.readouterr().out
+    with Store(st) as s:
+        after = {r.config: (r.median_ms, r.created) for r in s if r.status == "ok"}
+    assert all(after[k] == before[k] for k in after)
+
+
+def test_resume_after_crash_measures_only_the_rest(webgpu_device, tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    tpl = WgslGemm()
+    calls = []
+
+    class Crash(Exception):
+        pass
+
+    def crash_after_first_batch(stage, done, total):
+        calls.append(stage)
+        if stage.startswith("compile+verify") and done >= 4:
+            raise Crash
+
+    with pytest.raises(Crash):
+        tune(tpl, webgpu_device, SHAPE, space="seed", store=store, batch=4, measure_kw=FAST,
+             progress=crash_after_first_batch)
+    kept = {r.config for r in store.query(status="ok")}
+    assert len(kept) == 4  # the first batch was committed before the crash
+    compiled = []
+
+    class Counting(WgslGemm):
+        def compile(self, device, config, shape):
+            compiled.append(config)
+            return super().compile(device, config, shape)
+
+    res = tune(Counting(), webgpu_device, SHAPE, space="seed", store=store, batch=4, measure_kw=FAST, final_race=0)
+    assert len(compiled) == 10 and not ({c.key() for c in compiled} & kept)
+    assert sum(r.cached for r in res.rows) == 4 and len(res.ranked) == 14
+
+
+def test_self_tie_on_the_gpu(webgpu_device, rng):
+    tpl = WgslGemm()
+    cfg = tpl.default_config()
+    host = tpl.make_inputs(SHAPE, rng)
+    bufs = tpl.upload(webgpu_device, host, SHAPE)
+    prog = tpl.compile(webgpu_device, cfg, SHAPE)
+    launches = tpl.launches(prog, bufs, cfg, SHAPE)
+    m = measure(webgpu_device, {"a": launches, "b": launches}, warmup=2, min_rounds=30, max_rounds=30)
+    groups = {k: g for k, _, g in tie_groups(m.stats)}
+    assert groups["a"] == groups["b"] == 1
+
+
+def test_all_illegal_space_is_a_clear_error(webgpu_device):
+    class NoneLegal(WgslGemm):
+        def shape_problems(self, config, shape):
+            return ["pretend: nothing fits"]
+
+    with pytest.raises(ConfigError, match="every config of gemm space 'seed' is illegal"):
+        tune(NoneLegal(), webgpu_device, SHAPE, space="seed", measure_kw=FAST)
+
+
+def test_sweep_and_dispatch_table(webgpu_device, tmp_path):
+    tpl = WgslGemm()
+    base = tpl.default_config()
+    configs = [base.replace(BM=64, NT=64), base]  # 64-row and 128-row tiles
+    ms = [1, 40, 64, 65, 100, 128]
+    res = sweep(tpl, webgpu_device, ms, 64, 16, configs, store=Store(tmp_path / "s.sqlite"),
+                measure_kw={"warmup": 1, "min_rounds": 4, "max_rounds": 4})
+    assert not res.failures
+    assert res.waste[configs[1]][65] == pytest.approx(128 / 65)
+    assert res.waste[configs[0]][65] == pytest.approx(128 / 65) and res.waste[configs[0]][64] == 1.0
+    table = dispatch_table(res, 0.03)
+    assert table["ranges"][0]["m_min"] == 1 and table["ranges"][-1]["m_max"] == 128
+    for m in ms:  # the table's pick at every measured M is within 3% of that M's best
+        pick = lookup(table, m)
+        best = min(res.median(c, m) for c in configs)
+        chosen = next(c for c in configs if dict(c) == pick)
+        assert res.median(chosen, m) <= 1.03 * best
+
+
+def test_sweep_cli_writes_dispatch_json_and_plot(webgpu_device, tmp_path, capsys):
+    out, plot, js = tmp_path / "d.json", tmp_path / "p.png", tmp_path / "s.json"
+    code = main(["sweep", "gemm", "--device", "webgpu", "--m", "1..33:16", "--n", "8", "--k", "8",
+                 "--configs", "VEC=1;VEC=1,BM=64,NT=64", "--out", str(out), "--plot", str(plot), "--json", str(js),
+                 "--store", str(tmp_path / "s.sqlite")])
+    assert code == 0
+    table = json.loads(out.read_text())
+    assert table["N"] == 8 and table["K"] == 8 and table["measured_m"] == [1, 17, 33]
+    assert plot.stat().st_size > 5000
+    rows = json.loads(js.read_text())["results"]
+    assert len(rows) == 6 and all(r["median_ms"] > 0 and r["tile_waste"] >= 1 for r in rows)
+    assert np.isclose(rows[0]["tile_waste"], 128 * 64 / 8)  # M=1, N=8 in a 128x64 tile
