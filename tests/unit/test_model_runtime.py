@@ -132,8 +132,6 @@ def test_bad_token_ids_and_lengths(tiny_nf4):
 
 
 def test_devices_and_sources():
-    with pytest.raises(DeviceUnavailable, match="no executor for 'webgpu'"):
-        tilewise.load("tiny", device="webgpu")
     with pytest.raises(DeviceUnavailable, match="no executor for 'cuda'"):
         tilewise.load("tiny", device="cuda:0")
     with pytest.raises(ConfigError, match="unknown device 'tpu'"):

@@ -285,6 +285,13 @@ class Checkpoint:
             out._loaders[name] = load
         return out
 
+    def materialize(self) -> Checkpoint:
+        """Load every tensor now and drop the loaders (and with them any reference to a source checkpoint)."""
+        for name in self._loaders:
+            t = self.get(name)
+            self._loaders[name] = (lambda t=t: t)
+        return self
+
     def save(self, dst: str | Path) -> Path:
         """Write a tilewise folder: model.safetensors (with metadata), config.json, tokenizer.json if known."""
         dst = Path(dst)
@@ -403,7 +410,7 @@ def random_tensors(cfg: ModelConfig, seed: int = 0, head: bool = True) -> dict[s
 def random_checkpoint(cfg: ModelConfig, seed: int = 0, weights: str = "f32", blocksize: int = 64) -> Checkpoint:
     """A checkpoint of seeded random weights in a format (see `random_tensors`)."""
     ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, seed), "f32", f"preset:{cfg.name}")
-    return ck if weights == "f32" else ck.converted(weights, blocksize)
+    return ck if weights == "f32" else ck.converted(weights, blocksize).materialize()
 
 
 def save_hf_folder(cfg: ModelConfig, tensors: dict[str, np.ndarray], dst: str | Path, prefix: str = "") -> Path:

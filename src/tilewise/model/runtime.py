@@ -202,7 +202,7 @@ class CPUExecutor:
 
     device_name = "cpu"
 
-    def __init__(self, checkpoint: Checkpoint) -> None:
+    def __init__(self, checkpoint: Checkpoint, device: str = "cpu") -> None:
         cfg = self.cfg = checkpoint.config
         f32 = checkpoint.float32
         self.embed = f32("embed_tokens.weight")  # (V, H)
@@ -265,9 +265,8 @@ class CPUExecutor:
                 cc = c[rows.start - lo : rows.stop - lo]
                 mixed = (cc * conv) @ lay.mix_out.T  # (m, H)
             else:
-                qkv_rows = slice(0, n)
-                k_v = h[qkv_rows] @ lay.mix_in[nh * hd:].T  # (n, 2 nkv hd)
-                q = h[rows] @ lay.mix_in[: nh * hd].T  # (m, nh hd)
+                k_v = h @ lay.mix_in[nh * hd:].T  # (n, 2 nkv hd): every row's K/V is kept for later tokens
+                q = h[rows] @ lay.mix_in[: nh * hd].T  # (m, nh hd): queries only for the output rows
                 m = q.shape[0]
                 k = _rope(_rms_norm(k_v[:, : nkv * hd].reshape(n, nkv, hd), lay.k_norm, eps), cos, sin)
                 v = k_v[:, nkv * hd:].reshape(n, nkv, hd)
@@ -326,6 +325,7 @@ def _webgpu_executor(ck: Checkpoint, device: str = "webgpu") -> Any:
     return WebGPUExecutor(ck, device=device)
 
 
+# device kind -> executor factory, called as factory(checkpoint, device_string) (the string keeps an index, "webgpu:1")
 EXECUTORS: dict[str, Any] = {"cpu": CPUExecutor, "webgpu": _webgpu_executor}
 
 
@@ -394,7 +394,7 @@ def from_checkpoint(ck: Checkpoint, device: str = "cpu") -> Model:
     Returns:
         The Model.
     """
-    executor = EXECUTORS[_device_name(device)](ck)
+    executor = EXECUTORS[_device_name(device)](ck, str(device))
     head = ck.float32(HEAD).astype(np.float32) if ck.has_head else None
     tokenizer = None
     if ck.tokenizer_path is not None:
