@@ -95,7 +95,8 @@ def generate_rounds(work: Path, budget_s: float, seed: int, max_pieces: int, wor
     )
     gen_s = time.perf_counter() - t0
     path = write_dataset(merged, work / "data.npz")
-    summary = {"decisions": len(merged), "games": meta["games"], "rounds": len(parts), "max_pieces": max_pieces,
+    summary = {"decisions": len(merged), "games": meta["games"], "rounds": len(parts), "seed": seed,
+               "max_pieces": max_pieces, "games_per_round": games_per_round, "explore": meta.get("explore"),
                "workers": workers, "generate_s": round(gen_s, 1),
                "write_s": round(time.perf_counter() - t0 - gen_s, 1),
                "decisions_per_s": round(len(merged) / gen_s, 1),
