@@ -366,16 +366,22 @@ def main(argv: list[str] | None = None) -> int:
     except TilewiseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    bench.device_facts()
-    bench.seed_table()
-    if args.skip_sweep:
-        bench.sweep_ranked = bench.seed_ranked
-    else:
-        bench.sweep()
-    bench.finals()
-    bench.report["seconds_total"] = time.perf_counter() - t0
-    bench.log(f"\ntotal {bench.report['seconds_total']:.0f} s")
-    bench.write()
+    try:
+        bench.device_facts()
+        bench.seed_table()
+        if args.skip_sweep:
+            bench.sweep_ranked = bench.seed_ranked
+        else:
+            bench.sweep()
+        bench.finals()
+    except Exception as exc:  # keep what was measured: the logs are written either way
+        bench.report["error"] = f"{type(exc).__name__}: {exc}"
+        bench.log(f"\nerror: {bench.report['error']}")
+        raise
+    finally:
+        bench.report["seconds_total"] = time.perf_counter() - t0
+        bench.log(f"\ntotal {bench.report['seconds_total']:.0f} s")
+        bench.write()
     return 0
 
 
