@@ -44,16 +44,18 @@ def model_matmuls(cfg: Any) -> dict[str, tuple[str, int, int]]:
 # measured next to a random sample of the space; illegal ones (e.g. 8x8 paired: 128 accumulators) drop out
 SEED_TILED = ((64, 64, 16, 8, 8), (128, 64, 16, 8, 8), (128, 128, 8, 8, 8), (64, 64, 8, 8, 8), (64, 32, 16, 4, 4),
               (32, 64, 16, 4, 4), (128, 64, 8, 8, 4), (64, 128, 8, 4, 8), (64, 64, 16, 4, 8), (128, 64, 16, 8, 4),
-              (32, 32, 16, 4, 4), (64, 64, 32, 4, 4))
+              (32, 32, 16, 4, 4), (64, 64, 32, 4, 4), (32, 64, 16, 2, 4), (16, 64, 16, 1, 4), (32, 128, 16, 2, 8))
 SEED_ROWS = ((128, 4, 1, 8), (256, 8, 1, 16), (64, 2, 4, 8), (128, 2, 8, 8), (256, 4, 4, 16), (128, 1, 8, 32),
              (256, 2, 2, 32), (64, 1, 4, 16))
 
 
-def candidates(template: Any, limits: Any, n: int, seed: int) -> list[Any]:
+def candidates(template: Any, limits: Any, n: int, seed: int, hand_picked: bool = True) -> list[Any]:
     """The default config, the hand-picked seeds and a seeded sample of `n` legal configs of the template's space."""
     space = template.space()
     out = [template.default_config()]
-    if template.kind == "tiled":
+    if not hand_picked:
+        seeds: list[dict[str, Any]] = []
+    elif template.kind == "tiled":
         seeds = [dict(zip(("BM", "BN", "BK", "TM", "TN"), v), F16S=template.f16_staging) for v in SEED_TILED]
     else:
         seeds = [dict(zip(("WG", "NC", "RM", "EL"), v)) for v in SEED_ROWS]
@@ -69,7 +71,7 @@ def candidates(template: Any, limits: Any, n: int, seed: int) -> list[Any]:
 
 
 def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[int], n_cand: int, seed: int,
-                log: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                log: Any, hand_picked: bool = True) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Measure both kernels across `rows`; returns (dispatch segments, measurements for the record)."""
     from tilewise.kernels import nf4_matmul as mm
     from tilewise.tune.dispatch import fit_dispatch
@@ -87,7 +89,7 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
         t = mm.MatmulTemplate(kind, fmt, epilogue, dev.enabled_features)
         check_m = 97 if max_m >= 97 else max_m
         ver = Verifier(t, dev, (check_m, n, k), rng, reuse=10_000)
-        for c in candidates(t, dev.info.limits, n_cand, seed):
+        for c in candidates(t, dev.info.limits, n_cand, seed, hand_picked):
             tag = Config((("kind", kind), *c.items()))
             probs = t.shape_problems(c, (max_m, n, k))
             if probs:
@@ -201,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
             log(f"{label} ({epilogue}, N={n}, K={k}): already tuned on this device (--force re-measures)")
             continue
         if key not in seen:
-            segs, record = tune_matmul(dev, fmt, epilogue, n, k, rows, n_cand, seed, log)
+            segs, record = tune_matmul(dev, fmt, epilogue, n, k, rows, n_cand, seed, log,
+                                       hand_picked=getattr(args, "hand_picked", True))
             seen[key] = segs
             table.matmul[matmul_key(fmt, epilogue, n, k)] = segs
             table.measured[f"{label} {n}x{k}"] = record

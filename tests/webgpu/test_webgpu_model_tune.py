@@ -29,7 +29,8 @@ def test_model_matmul_shapes_cover_every_projection():
 
 def test_tune_matmul_ranges_cover_all_rows(webgpu_device):
     rows = [1, 3, 40]
-    segs, record = model_tune.tune_matmul(webgpu_device, "nf4", "residual", 64, 64, rows, 2, 0, print)
+    segs, record = model_tune.tune_matmul(webgpu_device, "nf4", "residual", 64, 64, rows, 2, 0, print,
+                                          hand_picked=False)
     assert segs[0]["min_rows"] == 1 and segs[-1]["max_rows"] is None
     for a, b in itertools.pairwise(segs):
         assert b["min_rows"] == a["max_rows"] + 1
@@ -42,7 +43,7 @@ def test_tune_matmul_ranges_cover_all_rows(webgpu_device):
 def test_run_writes_a_table_the_executor_uses(webgpu_device, tmp_path, monkeypatch, rng):
     monkeypatch.setenv("TILEWISE_DISPATCH_DIR", str(tmp_path))
     args = argparse.Namespace(preset="tiny", seq=40, weights="nf4", device="webgpu", budget=1, seed=0, json=None,
-                              rows=[1, 40], force=False)
+                              rows=[1, 40], force=False, hand_picked=False)
     assert model_tune.run(args) == 0
     path = dispatch_path(webgpu_device.info.fingerprint)
     table = DispatchTable.load_for(webgpu_device.info.fingerprint, path)

@@ -5,9 +5,10 @@ Variants (all generated from one template so that the three weight formats share
 - kind `tiled` (many rows): a workgroup owns a BM x BN output tile and walks `in` in steps of BK. Each step
   the workgroup decodes BN x BK weights into workgroup memory once (shared by all BM rows) and stages
   BM x BK activations (shared by all BN columns); each thread then accumulates a TM x TN register tile in
-  scalar, fully unrolled accumulators (`acc_i_j`, never a loop-indexed local array: 5-45x slower on an
-  H200). Rows and columns of a thread are strided by BM/TM and BN/TN so that neighbouring threads read
-  neighbouring workgroup words. `F16S` stages both tiles in f16 (needs `shader-f16`; own tolerance).
+  scalar, fully unrolled accumulators (`a_i_j`, never a loop-indexed local array: 5-45x slower on an
+  H200), reading its TN contiguous columns as vec4 (neighbouring threads: neighbouring 16 bytes) and its TM
+  rows from a k-major activation tile (a broadcast). `F16S` stages both tiles in f16 (needs `shader-f16`;
+  own tolerance).
 - kind `rows` (few rows, matrix-vector style): a workgroup of WG threads owns NC output columns and RM
   rows; WG/NC lanes split `in` for each column (EL elements per lane step), reduce through workgroup
   memory. No weight staging: with few rows there is nothing to share, and parallelism comes from columns.
@@ -48,7 +49,7 @@ NF4_CODES = (
 )
 
 # configs used when no dispatch table has been measured for a device (safe on every adapter we know)
-DEFAULT_TILED = {"BM": 64, "BN": 32, "BK": 16, "TM": 4, "TN": 2, "F16S": False}
+DEFAULT_TILED = {"BM": 64, "BN": 64, "BK": 16, "TM": 4, "TN": 4, "F16S": False}
 DEFAULT_ROWS = {"WG": 64, "NC": 2, "RM": 4, "EL": 8}
 DEFAULT_CUTOFF_ROWS = 96  # seed 001: below this the short-row path, from here the tiled one
 
@@ -142,69 +143,84 @@ def _store(epilogue: str, idx: str, acc: str, up: str | None = None) -> str:
 
 # ---------------------------------------------------------------------------------------------- generators
 def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, k: int) -> str:
-    """WGSL of the tiled kernel for one config and (N, K)."""
+    """WGSL of the tiled kernel for one config and (N, K).
+
+    Layout: a thread owns TN contiguous columns (read from workgroup memory as TN/4 vec4: neighbouring threads
+    read neighbouring 16 bytes) and TM contiguous rows (activations stored k-major, so a thread's TM values of
+    one k are TM/4 vec4 read by every thread of its row group at once: a broadcast).
+    """
     BM, BN, BK, TM, TN, F16S = (cfg[p] for p in ("BM", "BN", "BK", "TM", "TN", "F16S"))
     TX, TY = BN // TN, BM // TM
     NT = TX * TY
     paired = epilogue == "swiglu"
+    sets = 2 if paired else 1
     head, _ = _header(fmt, epilogue, n, k, F16S)
     st = "f16" if F16S else "f32"
-    XS = BK + 1  # padded row stride: threads of different rows hit different banks
     L = [head]
-    L.append(f"const BM: u32 = {BM}u;\nconst BN: u32 = {BN}u;\nconst BK: u32 = {BK}u;\nconst XS: u32 = {XS}u;\n")
-    L.append(f"var<workgroup> Ws0: array<{st}, {BK * BN}>;  // (BK, BN) decoded weights of this step\n")
-    if paired:
-        L.append(f"var<workgroup> Ws1: array<{st}, {BK * BN}>;  // (BK, BN) up-projection weights\n")
-    L.append(f"var<workgroup> Xs: array<{st}, {BM * XS}>;  // (BM, BK+1) activations of this step\n")
+    L.append(f"const BM: u32 = {BM}u;\nconst BN: u32 = {BN}u;\nconst BK: u32 = {BK}u;\n")
+    for s_ in range(sets):
+        L.append(f"var<workgroup> Ws{s_}: array<vec4<{st}>, {BK * BN // 4}>;  // (BK, BN) decoded weights\n")
+    L.append(f"var<workgroup> Xs: array<vec4<{st}>, {BK * BM // 4}>;  // (BK, BM) activations, k-major\n")
     L.append(f"@compute @workgroup_size({NT})\n"
              "fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {\n")
     L.append(_codes_init(fmt))
     L.append(f"    let M = dims.m;\n    let n0 = wid.x * BN;\n    let m0 = wid.y * BM;\n"
              f"    let tx = li % {TX}u;\n    let ty = li / {TX}u;\n")
-    for s in range(2 if paired else 1):
+    for s_ in range(sets):
         for i in range(TM):
-            L.append("    " + " ".join(f"var a{s}_{i}_{j} = 0.0;" for j in range(TN)) + "\n")
-    # weight loads: BN*BK/8 chunks of 8, neighbours read neighbouring chunks of one row
+            L.append("    " + " ".join(f"var a{s_}_{i}_{j} = 0.0;" for j in range(TN)) + "\n")
     wchunks = BN * BK // 8
     xvecs = BM * BK // 4
-    cv = "f16" if F16S else ""
 
     def cast(e: str) -> str:
-        return f"{cv}({e})" if F16S else e
+        return f"f16({e})" if F16S else e
 
     L.append("    for (var k0 = 0u; k0 < K; k0 = k0 + BK) {\n")
+    # weights: BN*BK/8 chunks of 8 along k; neighbouring threads read neighbouring chunks of one row
     L.append(f"        for (var t = li; t < {wchunks}u; t = t + {NT}u) {{\n"
              f"            let cl = t % {BK // 8}u;\n            let nl = t / {BK // 8}u;\n"
              "            let row = min(n0 + nl, N - 1u);\n")
-    for s in range(2 if paired else 1):
-        L.append(f"            let v{s} = load8_{s}(row, k0 / 8u + cl);\n")
+    for s_ in range(sets):
+        L.append(f"            let v{s_} = load8_{s_}(row, k0 / 8u + cl);\n")
         for e in range(8):
             comp = ("a", "b")[e // 4] + "." + "xyzw"[e % 4]
-            L.append(f"            Ws{s}[(cl * 8u + {e}u) * BN + nl] = {cast(f'v{s}.{comp}')};\n")
+            L.append(f"            Ws{s_}[(cl * 8u + {e}u) * (BN / 4u) + nl / 4u][nl % 4u] = "
+                     f"{cast(f'v{s_}.{comp}')};\n")
     L.append("        }\n")
+    # activations: neighbouring threads take neighbouring rows, so the k-major stores do not collide
     L.append(f"        for (var t = li; t < {xvecs}u; t = t + {NT}u) {{\n"
-             f"            let ml = t / {BK // 4}u;\n            let q = t % {BK // 4}u;\n"
+             "            let ml = t % BM;\n            let q = t / BM;\n"
              "            var v = vec4<f32>(0.0);\n"
              "            if (m0 + ml < M) { v = x[(dims.r0 + m0 + ml) * (K / 4u) + k0 / 4u + q]; }\n")
     for e in range(4):
-        L.append(f"            Xs[ml * XS + q * 4u + {e}u] = {cast('v.' + 'xyzw'[e])};\n")
+        L.append(f"            Xs[(q * 4u + {e}u) * (BM / 4u) + ml / 4u][ml % 4u] = {cast('v.' + 'xyzw'[e])};\n")
     L.append("        }\n        workgroupBarrier();\n")
     L.append("        for (var kk = 0u; kk < BK; kk = kk + 1u) {\n")
-    for i in range(TM):
-        L.append(f"            let x{i} = f32(Xs[(ty + {i * TY}u) * XS + kk]);\n")
-    for s in range(2 if paired else 1):
-        for j in range(TN):
-            L.append(f"            let w{s}_{j} = f32(Ws{s}[kk * BN + tx + {j * TX}u]);\n")
+    if TM % 4 == 0:
+        for i4 in range(TM // 4):
+            L.append(f"            let xv{i4} = vec4<f32>(Xs[kk * (BM / 4u) + ty * {TM // 4}u + {i4}u]);\n")
+        xs = [f"xv{i // 4}.{'xyzw'[i % 4]}" for i in range(TM)]
+    else:
         for i in range(TM):
-            L.append("            " + " ".join(f"a{s}_{i}_{j} = fma(x{i}, w{s}_{j}, a{s}_{i}_{j});"
-                                              for j in range(TN)) + "\n")
+            L.append(f"            let xr{i} = ty * {TM}u + {i}u;\n"
+                     f"            let xv{i} = f32(Xs[kk * (BM / 4u) + xr{i} / 4u][xr{i} % 4u]);\n")
+        xs = [f"xv{i}" for i in range(TM)]
+    for s_ in range(sets):
+        for j4 in range(TN // 4):
+            L.append(f"            let w{s_}_{j4} = vec4<f32>(Ws{s_}[kk * (BN / 4u) + tx * {TN // 4}u + {j4}u]);\n")
+        for i in range(TM):
+            L.append("            " + " ".join(
+                f"a{s_}_{i}_{j} = fma({xs[i]}, w{s_}_{j // 4}.{'xyzw'[j % 4]}, a{s_}_{i}_{j});" for j in range(TN))
+                + "\n")
     L.append("        }\n        workgroupBarrier();\n    }\n")
+    L.append(f"    let c0 = n0 + tx * {TN}u;\n")
     for i in range(TM):
-        L.append(f"    let r{i} = m0 + ty + {i * TY}u;\n")
+        L.append(f"    let r{i} = m0 + ty * {TM}u + {i}u;\n    if (r{i} < M) {{\n")
         for j in range(TN):
             up = f"a1_{i}_{j}" if paired else None
-            L.append(f"    if (r{i} < M && n0 + tx + {j * TX}u < N) {{ "
-                     f"{_store(epilogue, f'r{i} * N + n0 + tx + {j * TX}u', f'a0_{i}_{j}', up)} }}\n")
+            store = _store(epilogue, f"r{i} * N + c0 + {j}u", f"a0_{i}_{j}", up)
+            L.append(f"        if (c0 + {j}u < N) {{ {store} }}\n")
+        L.append("    }\n")
     L.append("}\n")
     return "".join(L)
 
@@ -288,13 +304,15 @@ def tiled_space(paired: bool = False, features: Iterable[str] = ()) -> Space:
 
     def storage(c: Config) -> int:
         elem = 2 if c.F16S else 4
-        return (sets * c.BK * c.BN + c.BM * (c.BK + 1)) * elem + 64
+        return (sets * c.BK * c.BN + c.BM * c.BK) * elem + 64
 
     rules = [
         Rule("thread_rows", lambda c, _: divides(c.TM, c.BM),
              lambda c, _: f"TM={c.TM} does not divide BM={c.BM}: rows would be dropped"),
         Rule("thread_cols", lambda c, _: divides(c.TN, c.BN),
              lambda c, _: f"TN={c.TN} does not divide BN={c.BN}: columns would be dropped"),
+        Rule("vec4_cols", lambda c, _: c.TN % 4 == 0,
+             lambda c, _: f"TN={c.TN} is not a multiple of 4: a thread reads its columns as vec4"),
         Rule("chunks_of_8", lambda c, _: c.BK % 8 == 0,
              lambda c, _: f"BK={c.BK} is not a multiple of 8: weights decode 8 at a time (one NF4 word)"),
         Rule("min_threads", lambda c, _: threads(c) >= 32,
@@ -311,12 +329,12 @@ def tiled_space(paired: bool = False, features: Iterable[str] = ()) -> Space:
              lambda c, lim: f"workgroup size {threads(c)} > max_workgroup_size_x {lim.max_workgroup_size[0]}",
              needs_limits=True),
         Rule("workgroup_storage", lambda c, lim: storage(c) <= lim.max_workgroup_storage_bytes,
-             lambda c, lim: f"workgroup storage = ({sets}*BK*BN + BM*(BK+1))*{2 if c.F16S else 4} + 64 = "
+             lambda c, lim: f"workgroup storage = ({sets}*BK*BN + BM*BK)*{2 if c.F16S else 4} + 64 = "
                             f"{storage(c)} bytes > max_workgroup_storage_bytes {lim.max_workgroup_storage_bytes}",
              needs_limits=True),
     ]
     params = {"BM": [16, 32, 64, 128], "BN": [16, 32, 64, 128], "BK": [8, 16, 32], "TM": [1, 2, 4, 8],
-              "TN": [1, 2, 4, 8], "F16S": [False, True]}
+              "TN": [4, 8], "F16S": [False, True]}
     return Space("nf4_matmul.tiled" + (".paired" if paired else ""), params, rules,
                  fmt=lambda c: f"{c.BM}x{c.BN} K{c.BK} {c.TM}x{c.TN}{' f16s' if c.F16S else ''}")
 
