@@ -26,6 +26,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -131,7 +132,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", help="output folder (created)")
     ap.add_argument("--work", default=None, help="scratch folder for the dataset and float32 model "
-                    "(default: OUT/../<out name>-work)")
+                    "(default: a new temporary folder)")
     ap.add_argument("--seed", type=int, default=1, help="first dataset seed (round r uses seed + r)")
     ap.add_argument("--gen-budget-s", type=float, default=90.0)
     ap.add_argument("--max-pieces", type=int, default=400, help="pieces per training game at most")
@@ -151,7 +152,8 @@ def main() -> int:
     t_all = time.perf_counter()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(args.work).resolve() if args.work else out.parent / (out.name + "-work")
+    # the dataset and float32 model stay out of OUT (too large to bring back); a temp folder is always writable
+    work = Path(args.work).resolve() if args.work else Path(tempfile.mkdtemp(prefix="tilewise-train-"))
     work.mkdir(parents=True, exist_ok=True)
     log = Tee(out / "train_log.txt")
     env = dict(os.environ)
@@ -161,6 +163,7 @@ def main() -> int:
     import torch
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    log(f"work folder: {work}")
     log(f"env: python {platform.python_version()}, torch {torch.__version__}, GPU {gpu}, {os.cpu_count()} CPUs")
     workers = args.workers or os.cpu_count() or 1
     results: dict[str, Any] = {"argv": sys.argv[1:], "python": platform.python_version(), "torch": torch.__version__,

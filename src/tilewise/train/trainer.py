@@ -321,6 +321,7 @@ def save_hf_folder(model: Any, cfg: ModelConfig, out_dir: str | Path, tokenizer_
     (out / "config.json").write_text(json.dumps(hf_config_dict(cfg), indent=2) + "\n")
     tensors = {k: v.detach().to("cpu").float().contiguous() for k, v in model.state_dict().items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "model.safetensors").chmod(0o644)  # safetensors creates it owner-only
     shutil.copyfile(tokenizer_path, out / "tokenizer.json")
     if training is not None:
         (out / "training.json").write_text(json.dumps(training, indent=2, default=_jsonable) + "\n")
