@@ -246,7 +246,7 @@ class Bench:
             rule = why[0].split(":")[0]
             rejected[rule] = rejected.get(rule, 0) + 1
         self.log(f"  rejected by first failing rule: {rejected}")
-        self.log("  top 10 at 4096^3 (short timing; finals re-time):")
+        self.log(f"  top 10 at {shape_key(shape)} (short timing; finals re-time):")
         for c, st in ranked[:10]:
             v = self.verified[c]
             self.log(f"    {self.tpl.describe(c):<40} {st.median_ms:7.3f} ms {tflops(flops, st.median_ms):6.2f} TFLOP/s"
