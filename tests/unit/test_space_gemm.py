@@ -103,7 +103,7 @@ def test_seed_space_has_16_points_and_at_least_two_illegal():
 
 def test_fast_legal_enumeration_matches_the_generic_filter():
     params = {**{k: list(v) for k, v in PARAMS.items()}, "BM": [32, 64, 128], "BN": [32, 64], "BK": [8, 16],
-              "WM": [16, 32, 64], "WN": [16, 32], "TM": [2, 4], "TN": [4, 8], "SA": ["workgroup"], "PF": [0, 1]}
+              "WM": [16, 32, 64], "WN": [16, 32], "TM": [2, 4], "TN": [4, 8], "SA": ["workgroup"], "PF": [0, 1, 2]}
     fast = GemmSpace("small", params, list(RULES), fmt)
     generic = Space("small", params, list(RULES), fmt)
     assert set(fast.legal(LAVAPIPE)) == set(generic.legal(LAVAPIPE))

@@ -13,8 +13,9 @@ Variants (the parameters of seed 003's warp-tiled kernel, mapped to WGSL, plus s
                  memory, barrier, read by all) or "private" (each invocation loads its own operands from
                  global memory into registers, like TVM's cache_read(A, "local"); no barrier)
     VEC          1 or 4: vec4 global loads/stores, vec4 shared-memory reads (needs K and N multiples of 4)
-    PF           0 or 1: register prefetch of the next K tile of the workgroup-staged operands, issued before
-                 the current tile's arithmetic so that global latency overlaps it (one tile of registers)
+    PF           0, 1 or 2: 1 = register prefetch of the next K tile of the workgroup-staged operands, issued
+                 before the current tile's arithmetic so that global latency overlaps it (one tile of
+                 registers); 2 = the same plus two workgroup buffers, so each K step needs one barrier, not two
 
 The WGSL is generated per config: accumulators are named scalars (or vec4s) and the per-invocation tile is
 fully unrolled, because on an H200 the same 64x64 tile ran 5-45x faster that way than with loop-indexed
@@ -55,7 +56,7 @@ PARAMS: dict[str, list[Any]] = {
     "SA": ["workgroup", "private"],
     "SB": ["workgroup", "private"],
     "VEC": [1, 4],
-    "PF": [0, 1],
+    "PF": [0, 1, 2],
 }
 BASE = {"BM": 128, "BN": 64, "BK": 16, "WM": 64, "WN": 32, "WNITER": 2, "TM": 4, "TN": 4, "NT": 128,
         "SA": "workgroup", "SB": "workgroup", "VEC": 4,
@@ -66,7 +67,7 @@ def fmt(c: Config) -> str:
     """`128x64x16 W64x32 WN2 T4x4 128t workgroup vec4` (staging written per operand when A and B differ)."""
     stage = c["SA"] if c["SA"] == c["SB"] else f"A:{c['SA']} B:{c['SB']}"
     return (f"{c['BM']}x{c['BN']}x{c['BK']} W{c['WM']}x{c['WN']} WN{c['WNITER']} T{c['TM']}x{c['TN']} "
-            f"{c['NT']}t {stage} vec{c['VEC']}" + (" pf" if c["PF"] else ""))
+            f"{c['NT']}t {stage} vec{c['VEC']}" + ("", " pf", " pf2")[c["PF"]])
 
 
 # ---- derived quantities (valid once the rules before their use have passed) ---------------------------------
@@ -86,8 +87,9 @@ def derived(c: Config) -> dict[str, int]:
 
 
 def _storage_bytes(c: Config) -> int:
-    return 4 * ((c["BM"] * c["BK"] if c["SA"] == "workgroup" else 0) + (c["BK"] * c["BN"] if c["SB"] == "workgroup"
-                                                                         else 0))
+    per_tile = (c["BM"] * c["BK"] if c["SA"] == "workgroup" else 0) + (c["BK"] * c["BN"] if c["SB"] == "workgroup"
+                                                                       else 0)
+    return 4 * per_tile * (2 if c["PF"] == 2 else 1)
 
 
 def _load_count(rows: int, cols: int, c: Config) -> float:
@@ -139,7 +141,7 @@ def _rules() -> list[Rule]:
           lambda c, L: f"B tile loads per invocation = BK*BN/VEC/NT = {c.BK}*{c.BN}/{c.VEC}/{c.NT} = "
                        f"{_load_count(c.BK, c.BN, c):g}, not a whole number >= 1"),
         r("prefetch_staged", lambda c, L: c.PF == 0 or "workgroup" in (c.SA, c.SB),
-          lambda c, L: f"PF=1 prefetches workgroup tiles, but SA = SB = {c.SA} (same kernel as PF=0)"),
+          lambda c, L: f"PF={c.PF} prefetches workgroup tiles, but SA = SB = {c.SA} (same kernel as PF=0)"),
         r("prefetch_registers", lambda c, L: c.PF == 0 or _prefetch_regs(c) <= MAX_PREFETCH_REGISTERS,
           lambda c, L: f"prefetch registers = VEC*(loads of A + loads of B) = {_prefetch_regs(c):g} > "
                        f"{MAX_PREFETCH_REGISTERS}"),
@@ -147,7 +149,7 @@ def _rules() -> list[Rule]:
           lambda c, L: f"accumulators = WMITER*TM*WNITER*TN = {_wmiter(c) * c.TM * c.WNITER * c.TN} > "
                        f"{MAX_ACCUMULATORS} (certain register spill)"),
         r("workgroup_storage", lambda c, L: _storage_bytes(c) <= L.max_workgroup_storage_bytes,
-          lambda c, L: f"workgroup storage = 4*({'BM*BK' if c.SA == 'workgroup' else '0'} + "
+          lambda c, L: f"workgroup storage = {'2*' if c.PF == 2 else ''}4*({'BM*BK' if c.SA == 'workgroup' else '0'} + "
                        f"{'BK*BN' if c.SB == 'workgroup' else '0'}) = {_storage_bytes(c)} bytes > "
                        f"max_workgroup_storage_bytes {L.max_workgroup_storage_bytes}", needs_limits=True),
         r("invocations", lambda c, L: min(L.max_invocations_per_workgroup, L.max_workgroup_size[0]) >= c.NT,
@@ -268,13 +270,15 @@ def generate_wgsl(c: Config) -> str:
     w(f"@group(0) @binding(1) var<storage, read> B: array<{vt}>;  // (K, N/{V})")
     w(f"@group(0) @binding(2) var<storage, read_write> C: array<{vt}>;  // (M, N/{V})")
     w("@group(0) @binding(3) var<uniform> dims: Dims;")
+    nbuf = 2 if c["PF"] == 2 else 1
+    lead = f"{nbuf}, " if nbuf > 1 else ""
     if sa:
         if as_vec:
-            w(f"var<workgroup> As: array<vec4<f32>, {BK * BM // 4}>;  // (BK, BM/4): A tile, transposed")
+            w(f"var<workgroup> As: array<vec4<f32>, {nbuf * BK * BM // 4}>;  // ({lead}BK, BM/4): A tile, transposed")
         else:
-            w(f"var<workgroup> As: array<f32, {BK * BM}>;  // (BK, BM): A tile, transposed")
+            w(f"var<workgroup> As: array<f32, {nbuf * BK * BM}>;  // ({lead}BK, BM): A tile, transposed")
     if sb:
-        w(f"var<workgroup> Bs: array<{vt}, {BK * BN // V}>;  // (BK, BN/{V})")
+        w(f"var<workgroup> Bs: array<{vt}, {nbuf * BK * BN // V}>;  // ({lead}BK, BN/{V})")
     w("")
     w(f"@compute @workgroup_size({NT})")
     w("fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wg: vec3<u32>) {")
@@ -299,18 +303,36 @@ def generate_wgsl(c: Config) -> str:
         for wn in range(WNITER):
             for j in range(tnv):
                 w(f"  let gb_{wn}_{j} = bn0 + ncol + {wn * WSUBN + j * V}u;  // global col of B operand")
-    pf = c["PF"] == 1
+    pf = c["PF"] >= 1
+    db = c["PF"] == 2  # two workgroup buffers: fill one while computing from the other, one barrier per K step
     comps = ["x", "y", "z", "w"] if V == 4 else [""]
     loads_a = BM * BK // V // NT if sa else 0
     loads_b = BK * BN // V // NT if sb else 0
 
-    def store_a(r: str, kq: str, v: str, ind: str) -> None:
+    def store_a(r: str, kq: str, v: str, ind: str, base: str = "") -> None:
         for q, comp in enumerate(comps):
             val = f"{v}.{comp}" if V == 4 else v
             if as_vec:
-                w(f"{ind}As[(({kq} + {q}u) * {BM}u + {r}) / 4u][{r} % 4u] = {val};")
+                w(f"{ind}As[({base}({kq} + {q}u) * {BM}u + {r}) / 4u][{r} % 4u] = {val};")
             else:
-                w(f"{ind}As[({kq} + {q}u) * {BM}u + {r}] = {val};")
+                w(f"{ind}As[{base}({kq} + {q}u) * {BM}u + {r}] = {val};")
+
+    def store_prefetched(ind: str, abase: str = "", bbase: str = "") -> None:
+        for l in range(loads_a):
+            store_a(f"ra_{l}", f"ka_{l}", f"pa_{l}", ind, abase)
+        for l in range(loads_b):
+            w(f"{ind}Bs[{bbase}rb_{l} * {BN // V}u + nb_{l} / {V}u] = pb_{l};")
+
+    def load_next(ind: str) -> None:
+        w(f"{ind}let nk = bk0 + {BK}u;")
+        for l in range(loads_a):
+            w(f"{ind}pa_{l} = {zero};")
+            w(f"{ind}if (bm0 + ra_{l} < M && nk + ka_{l} < K) {{ "
+              f"pa_{l} = A[(bm0 + ra_{l}) * KV + (nk + ka_{l}) / {V}u]; }}")
+        for l in range(loads_b):
+            w(f"{ind}pb_{l} = {zero};")
+            w(f"{ind}if (nk + rb_{l} < K && bn0 + nb_{l} < N) {{ "
+              f"pb_{l} = B[(nk + rb_{l}) * NV + (bn0 + nb_{l}) / {V}u]; }}")
 
     if pf:
         # register prefetch: slot l of this invocation's share of the tiles, fixed across K steps
@@ -322,23 +344,23 @@ def generate_wgsl(c: Config) -> str:
             w(f"  let rb_{l} = (tid + {l * NT}u) / {BN // V}u; let nb_{l} = ((tid + {l * NT}u) % {BN // V}u) * {V}u;")
             w(f"  var pb_{l}: {vt} = {zero};")
             w(f"  if (rb_{l} < K && bn0 + nb_{l} < N) {{ pb_{l} = B[rb_{l} * NV + (bn0 + nb_{l}) / {V}u]; }}")
+    if db:
+        w("  // the first K tile goes to buffer 0 before the loop")
+        store_prefetched("  ")
+        w("  workgroupBarrier();")
     w(f"  for (var bk0 = 0u; bk0 < K; bk0 += {BK}u) {{")
-    if pf:
+    abase = bbase = ""
+    if db:
+        w(f"    let cur = (bk0 / {BK}u) & 1u;  // buffer holding this K tile; the other one receives the next")
+        w(f"    let a_off = cur * {BK * BM}u; let b_off = cur * {BK * BN // V}u;")
+        w(f"    let a_nxt = (1u - cur) * {BK * BM}u; let b_nxt = (1u - cur) * {BK * BN // V}u;")
+        abase, bbase = "a_off + ", "b_off + "
+        load_next("    ")
+    elif pf:
         w("    // prefetched registers -> workgroup tiles, then start loading the next K tile")
-        for l in range(loads_a):
-            store_a(f"ra_{l}", f"ka_{l}", f"pa_{l}", "    ")
-        for l in range(loads_b):
-            w(f"    Bs[rb_{l} * {BN // V}u + nb_{l} / {V}u] = pb_{l};")
+        store_prefetched("    ")
         w("    workgroupBarrier();")
-        w(f"    let nk = bk0 + {BK}u;")
-        for l in range(loads_a):
-            w(f"    pa_{l} = {zero};")
-            w(f"    if (bm0 + ra_{l} < M && nk + ka_{l} < K) {{ "
-              f"pa_{l} = A[(bm0 + ra_{l}) * KV + (nk + ka_{l}) / {V}u]; }}")
-        for l in range(loads_b):
-            w(f"    pb_{l} = {zero};")
-            w(f"    if (nk + rb_{l} < K && bn0 + nb_{l} < N) {{ "
-              f"pb_{l} = B[(nk + rb_{l}) * NV + (bn0 + nb_{l}) / {V}u]; }}")
+        load_next("    ")
     else:
         if sa:
             w(f"    for (var l = 0u; l < {loads_a}u; l++) {{  // A tile -> As (transposed), {loads_a} {vt} each")
@@ -362,12 +384,12 @@ def generate_wgsl(c: Config) -> str:
     for wm in range(WMITER):
         if sa and as_vec:
             for i4 in range(TM // 4):
-                w(f"      let av_{wm}_{i4} = As[(k * {BM}u + mrow + {wm * WSUBM + 4 * i4}u) / 4u];")
+                w(f"      let av_{wm}_{i4} = As[({abase}k * {BM}u + mrow + {wm * WSUBM + 4 * i4}u) / 4u];")
                 for q, comp in enumerate("xyzw"):
                     a_names[(wm, 4 * i4 + q, 0)] = f"av_{wm}_{i4}.{comp}"
         elif sa:
             for i in range(TM):
-                w(f"      let a_{wm}_{i} = As[k * {BM}u + mrow + {wm * WSUBM + i}u];")
+                w(f"      let a_{wm}_{i} = As[{abase}k * {BM}u + mrow + {wm * WSUBM + i}u];")
                 a_names[(wm, i, 0)] = f"a_{wm}_{i}"
         else:
             for i in range(TM):
@@ -388,7 +410,7 @@ def generate_wgsl(c: Config) -> str:
             for j in range(tnv):
                 if sb:
                     off = wn * WSUBN + j * V
-                    w(f"      let b_{sub}_{wn}_{j} = Bs[({kexpr}) * {BN // V}u + (ncol + {off}u) / {V}u];")
+                    w(f"      let b_{sub}_{wn}_{j} = Bs[{bbase}({kexpr}) * {BN // V}u + (ncol + {off}u) / {V}u];")
                 else:
                     g = f"gb_{wn}_{j}"
                     w(f"      var b_{sub}_{wn}_{j}: {vt} = {zero};")
@@ -401,6 +423,8 @@ def generate_wgsl(c: Config) -> str:
             av = f"vec4<f32>({a})" if V == 4 else a
             w(f"      {acc} = fma({av}, {b_names[(wn, j)]}, {acc});")
     w("    }")
+    if db:
+        store_prefetched("    ", "a_nxt + ", "b_nxt + ")
     if sa or sb:
         w("    workgroupBarrier();")
     w("  }")
