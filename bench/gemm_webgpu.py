@@ -186,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         say("WGSL/cuBLAS = cuBLAS time / WGSL time (share of cuBLAS fp32 throughput, TF32 off)")
     record = {"date": time.strftime("%Y-%m-%d"), "device": dev.info.as_dict(), "python": platform.python_version(),
-              "argv": [Path(a).name if a == args.out else a for a in sys.argv], "tune_shape": list(tune_shape), "tune_seconds": tuned_s, "status_counts": counts,
+              "argv": [Path(a).name if a == args.out else a for a in sys.argv], "tune_shape": list(tune_shape),
+              "tune_seconds": tuned_s, "status_counts": counts,
               "tuned": [r.as_json() for r in ok[:20]], "table": table}
     out.with_suffix(".json").write_text(json.dumps(record, indent=1, default=str))
     out.with_suffix(".txt").write_text("\n".join(lines) + "\n")
