@@ -19,7 +19,13 @@ SHAPE = (64, 64, 32)
 
 
 class Sabotaged(WgslGemm):
-    """Breaks two seed configs on purpose: one computes a wrong value, one does not compile."""
+    """Breaks three seed configs on purpose: one computes a wrong value, one does not compile, one cannot launch."""
+
+    def launches(self, program, bufs, config, shape):
+        out = super().launches(program, bufs, config, shape)
+        if config["VEC"] == 1:  # more workgroups than any adapter dispatches in one dimension
+            return [out[0]._replace(grid=(10**6, 1, 1))]
+        return out
 
     def source(self, config):
         src = super().source(config)
@@ -42,13 +48,22 @@ def test_tune_ranks_stores_and_reports_failures(webgpu_device, tmp_path):
     assert wrong.config["BK"] == 8 and wrong.rel_err > 1e-4 and wrong.stats is None
     (bad,) = by_status["compile_error"]
     assert bad.config["BK"] == 32 and "\n" not in bad.reason and bad.reason
+    (nolaunch,) = by_status["launch_error"]
+    assert nolaunch.config["VEC"] == 1 and "max_workgroups_per_dimension" in nolaunch.reason
     ranked = res.ranked
-    assert len(ranked) == 12 and all(r.config != wrong.config for r in ranked)
+    assert len(ranked) == 11 and all(r.config != wrong.config for r in ranked)
     assert all(r.stats.n >= 6 and r.gflops > 0 for r in ranked)
     meds = [r.stats.median_ms for r in ranked if r.tie_group == ranked[0].tie_group]
     assert ranked[0].tie_group == 1 and min(meds) == ranked[0].stats.median_ms
     stored = {r.config: r.status for r in store.query(kernel="gemm", shape="64x64x32")}
     assert len(stored) == 16 and stored[wrong.config.key()] == "wrong"
+    assert stored[nolaunch.config.key()] == "launch_error"
+
+
+def test_slow_first_run_is_a_timeout(webgpu_device):
+    res = tune(WgslGemm(), webgpu_device, SHAPE, space="seed", measure_kw=FAST, timeout_s=1e-9)
+    assert {r.status for r in res.rows} == {"illegal", "timeout"}
+    assert res.ranked == [] and "timeout" in next(r for r in res.rows if r.status == "timeout").reason
 
 
 def test_json_contract_and_resume(webgpu_device, tmp_path, capsys):
@@ -56,7 +71,8 @@ def test_json_contract_and_resume(webgpu_device, tmp_path, capsys):
     out = tmp_path / "r.json"
     argv = ["tune", "gemm", "--device", "webgpu", "--shape", "33,36,20", "--store", st, "--json", str(out),
             "--rounds", "5"]
-    assert main(argv) == 0
+    assert main([*argv, "--plot", str(tmp_path / "t.png")]) == 0
+    assert (tmp_path / "t.png").stat().st_size > 5000
     text = capsys.readouterr().out
     assert "skipped (illegal: threads: threads = (BM/WM)*(BN/WN)*32" in text
     data = json.loads(out.read_text())
