@@ -180,14 +180,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     device = tilewise.get_device(args.device)
     store = _open_store(args.store)
-    total = budget.count or (space.size if space.points is not None else len(space.legal(device.info.limits)))
+    # a large grid's legal count is not worth enumerating just for a progress bar: leave the total open
+    total = budget.count or (space.size if space.points is not None else None)
     mkw = {"min_rounds": args.rounds, "max_rounds": args.rounds} if args.rounds else None
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as bar:
         task = bar.add_task("tuning", total=total)
 
         def progress(stage: str, done: int, _total: int | None) -> None:
-            bar.update(task, completed=min(done, total), description=stage[:70])
+            bar.update(task, completed=min(done, total) if total else done, description=stage[:70])
 
         result = tune(tpl, device, shape, space=args.space, strategy=args.strategy, budget=budget, store=store,
                       force=args.force, seed=args.seed, measure_kw=mkw, progress=progress)
