@@ -2,7 +2,8 @@
 
     PYTHONPATH=src python3 bench/gemm_webgpu.py --budget-s 180 --out bench/results/gemm-h200
 
-1. Tunes the WGSL GEMM at 4096^3 on the WebGPU device: seed 003's 16 points, then random configs of the
+1. Tunes the WGSL GEMM at 4096^3 on the WebGPU device: an earlier run's winners (PRIOR, with their
+   double-buffered variants; --no-prior skips them), seed 003's 16 points, then random configs of the
    "large" space until --budget-s is spent (every candidate verified on fresh random inputs against a
    float64 reference, timed interleaved with GPU timestamps).
 2. At each benchmark shape, races the best configs of step 1 (legal at that shape) together and keeps the
@@ -24,6 +25,16 @@ from typing import Any
 
 import numpy as np
 
+# winners of an earlier H200 run (bench/results/2026-11-30-h200-gemm-webgpu.json): raced again first, with their
+# double-buffered (PF=2) variants, before the seed space and the random search look for better ones
+PRIOR = [
+    "BM=128,BN=128,BK=16,WM=32,WN=128,WNITER=4,TM=8,TN=4,NT=128,SA=workgroup,SB=workgroup,VEC=4,PF=1",
+    "BM=128,BN=128,BK=16,WM=32,WN=128,WNITER=1,TM=4,TN=8,NT=128,SA=workgroup,SB=workgroup,VEC=4,PF=1",
+    "BM=128,BN=128,BK=16,WM=64,WN=64,WNITER=2,TM=8,TN=8,NT=128,SA=workgroup,SB=workgroup,VEC=4,PF=1",
+    "BM=128,BN=128,BK=16,WM=128,WN=32,WNITER=4,TM=4,TN=4,NT=128,SA=workgroup,SB=workgroup,VEC=4,PF=1",
+    "BM=128,BN=256,BK=16,WM=128,WN=32,WNITER=2,TM=4,TN=8,NT=256,SA=workgroup,SB=workgroup,VEC=4,PF=1",
+    "BM=128,BN=64,BK=32,WM=16,WN=64,WNITER=1,TM=4,TN=4,NT=256,SA=private,SB=workgroup,VEC=4,PF=1",
+]
 SHAPES = [(4096, 4096, 4096), (1024, 1024, 1024), (346, 2560, 1024)]  # (M, N, K): 346x1024 @ 1024x2560
 
 
@@ -73,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape-budget-s", type=float, default=30.0,
                     help="seconds of extra tuning at each other benchmark shape (seed space + random)")
     ap.add_argument("--store", default=None, help="results store (default: a fresh one beside --out)")
+    ap.add_argument("--no-prior", action="store_true", help="skip the earlier run's winners (search from scratch)")
     ap.add_argument("--tune-shape", default="4096,4096,4096", help="M,N,K to tune at")
     ap.add_argument("--shapes", default=";".join(",".join(map(str, s)) for s in SHAPES),
                     help="benchmark shapes M,N,K separated by ';' (default: 4096^3, 1024^3, 346x2560x1024)")
@@ -108,10 +120,17 @@ def main(argv: list[str] | None = None) -> int:
         if stage.startswith("timing") or stage == "final race":
             print(f"  [{time.perf_counter() - t0:6.1f} s] {stage} ({done} configs so far)", flush=True)
 
+    full = tpl.space("full")
+    prior = [full.parse(k) for k in PRIOR]
+    prior += [c.replace(PF=2) for c in prior]
+    rows: list[Row] = []
+    if not args.no_prior:
+        rows += tune(tpl, dev, tune_shape, space="full", configs=prior, store=store, seed=args.seed, measure_kw=mkw,
+                     final_race=0, progress=progress).rows
     seed_res = tune(tpl, dev, tune_shape, space="seed", store=store, seed=args.seed, measure_kw=mkw, final_race=0,
                     progress=progress)
     left = args.budget_s - (time.perf_counter() - t0)
-    rows: list[Row] = list(seed_res.rows)
+    rows += seed_res.rows
     if left > 5:
         rand_res = tune(tpl, dev, tune_shape, space="large", strategy="random", budget=Budget(seconds=left),
                         store=store, seed=args.seed, measure_kw=mkw, final_race=0, progress=progress)

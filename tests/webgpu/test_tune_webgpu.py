@@ -176,3 +176,12 @@ def test_sweep_cli_writes_dispatch_json_and_plot(webgpu_device, tmp_path, capsys
     rows = json.loads(js.read_text())["results"]
     assert len(rows) == 6 and all(r["median_ms"] > 0 and r["tile_waste"] >= 1 for r in rows)
     assert np.isclose(rows[0]["tile_waste"], 128 * 64 / 8)  # M=1, N=8 in a 128x64 tile
+
+
+def test_explicit_candidates_replace_the_strategy(webgpu_device):
+    tpl = WgslGemm()
+    base = tpl.default_config()
+    res = tune(tpl, webgpu_device, SHAPE, space="full", configs=[base, base.replace(PF=2), base.replace(NT=256)],
+               measure_kw=FAST)
+    assert sorted(r.status for r in res.rows) == ["illegal", "ok", "ok"]
+    assert {r.config for r in res.ranked} == {base, base.replace(PF=2)}

@@ -123,7 +123,8 @@ def no_legal_config_error(template: KernelTemplate, space: Space, shape: Shape,
 def tune(template: KernelTemplate, device: Device, shape: Shape, *, space: str = "seed",
          strategy: str = "exhaustive", budget: Budget | None = None, store: Store | None = None,
          force: bool = False, seed: int = 0, batch: int = 16, final_race: int = 8, timeout_s: float = 30.0,
-         measure_kw: dict[str, Any] | None = None, progress: Progress | None = None) -> TuneResult:
+         measure_kw: dict[str, Any] | None = None, progress: Progress | None = None,
+         configs: Sequence[Config] | None = None) -> TuneResult:
     """Tune one template at one shape on one device.
 
     Args:
@@ -141,6 +142,7 @@ def tune(template: KernelTemplate, device: Device, shape: Shape, *, space: str =
         timeout_s: a first run longer than this is recorded as `timeout` and not timed.
         measure_kw: extra arguments for `measure` (warmup, min_rounds, max_rounds, budget_s, ...).
         progress: callback(stage, done, total).
+        configs: explicit candidates instead of the strategy's (e.g. earlier winners); illegal ones are listed.
 
     Returns:
         A `TuneResult`.
@@ -166,7 +168,10 @@ def tune(template: KernelTemplate, device: Device, shape: Shape, *, space: str =
                              row.rel_err, row.max_abs_err, row.gflops, row.tile_waste))
 
     # illegal configs are listed, never compiled
-    if sp.points is not None:
+    if configs is not None:
+        given, illegal = split_configs(template, sp, limits, shape, list(configs))
+        cand_iter: Any = iter(given)
+    elif sp.points is not None:
         _, illegal = split_configs(template, sp, limits, shape, list(sp))
     else:
         illegal = []
@@ -179,7 +184,8 @@ def tune(template: KernelTemplate, device: Device, shape: Shape, *, space: str =
     pending: list[Config] = []
     programs: dict[Config, Program] = {}
     taken = 0
-    cand_iter = get_strategy(strategy)(sp, limits, budget, seed)
+    if configs is None:
+        cand_iter = get_strategy(strategy)(sp, limits, budget, seed)
     shape_bad: list[tuple[Config, list[str]]] = []
     for cfg in cand_iter:
         probs = template.shape_problems(cfg, shape)
