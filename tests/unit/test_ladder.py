@@ -110,3 +110,18 @@ def test_cli_refuses_bad_shapes(capsys):
     assert "longer than the input length M=4" in err or "WebGPU" in err
     rc = main(["ladder", "dwsep-conv2d-gpu", "--shape", "1,2,3"])
     assert rc != 0 and "malformed shape" in capsys.readouterr().err
+
+
+def test_rungs_a_shape_refuses_are_reported_with_the_numbers_and_skipped():
+    pytest.importorskip("tvm")
+    from tilewise.devices.tvm_llvm import TVMLLVMDevice
+
+    res = run_ladder("conv1d-cpu", TVMLLVMDevice(), (300, 12), tune_count=0,
+                     measure_kw={"warmup": 1, "min_rounds": 3, "max_rounds": 3, "budget_s": 0.5})
+    base, *rest = res.rungs
+    assert base.status == "ok" and base.verdict == "baseline"
+    assert len(rest) == 4
+    for r in rest:  # every later rung splits k by 8, which does not divide N = 12
+        assert r.status == "illegal" and r.stats is None and r.verdict == ""
+        assert r.reason == "reduction_split: N % KI = 12 % 8 = 4 != 0 (a predicated reduction loop)"
+    assert "illegal: reduction_split" in res.table()
