@@ -161,3 +161,28 @@ def test_flop_and_byte_counts():
     assert t.flops((346, 2560, 1024)) == 2 * 2 * 346 * 2560 * 1024
     assert t.bytes_moved((1, 2560, 1024)) == int(4 * 1024 + 2 * 2560 * 1024 * (0.5 + 4 / 64) + 4 * 2560)
     assert t.tile_waste(t.default_config(), (346, 2560, 1024)) == pytest.approx(384 / 346)
+
+
+def test_matmul_f16_arithmetic_has_its_own_tolerance(webgpu_device, rng):
+    if "shader-f16" not in webgpu_device.enabled_features:
+        pytest.skip("adapter has no shader-f16")
+    for epilogue in mm.EPILOGUES:
+        t = mm.MatmulTemplate("tiled", "nf4", epilogue, webgpu_device.enabled_features, f16_staging=True,
+                              f16_arith=True)
+        assert t.dtype == "f16" and "F16A" in t.space().params
+        for cfg in (t.default_config(), t.default_config().replace(TM=2, TN=8)):
+            out, ref = _run(webgpu_device, t, cfg, (97, 96, 256), rng)
+            _assert_close(out, ref, "f16")
+            assert np.abs(out - ref).max() / np.abs(ref).max() > 1e-6, "f16 FMAs should round"
+    sp = mm.tiled_space(features=webgpu_device.enabled_features)
+    cfg = Config({**mm.DEFAULT_TILED, "F16A": True})  # f16 arithmetic without f16 tiles
+    assert any(r.startswith("f16_arith") for r in sp.why_illegal(cfg))
+
+
+def test_registry_classes_run_under_the_tuner(webgpu_device):
+    from tilewise.tune.search import Budget
+    from tilewise.tune.tuner import tune
+
+    res = tune(mm.NF4SwigluTiled(), webgpu_device, (97, 64, 128), strategy="random", budget=Budget(count=2),
+               measure_kw={"budget_s": 0.1, "min_rounds": 2, "max_rounds": 3})
+    assert [r.status for r in res.rows] == ["ok", "ok"]

@@ -8,7 +8,8 @@ Variants (all generated from one template so that the three weight formats share
   scalar, fully unrolled accumulators (`a_i_j`, never a loop-indexed local array: 5-45x slower on an
   H200), reading its TN contiguous columns as vec4 (neighbouring threads: neighbouring 16 bytes) and its TM
   rows from a k-major activation tile (a broadcast). `F16S` stages both tiles in f16 (needs `shader-f16`;
-  own tolerance).
+  own tolerance); `F16A` (with F16S) also multiplies in f16: vec4<f16> FMAs into f16 partial sums over one
+  K step, added to the f32 accumulators after each step (own template, own tolerance).
 - kind `rows` (few rows, matrix-vector style): a workgroup of WG threads owns NC output columns and RM
   rows; WG/NC lanes split `in` for each column (EL elements per lane step), reduce through workgroup
   memory. No weight staging: with few rows there is nothing to share, and parallelism comes from columns.
@@ -150,6 +151,9 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
     one k are TM/4 vec4 read by every thread of its row group at once: a broadcast).
     """
     BM, BN, BK, TM, TN, F16S = (cfg[p] for p in ("BM", "BN", "BK", "TM", "TN", "F16S"))
+    F16A = bool(cfg.get("F16A", False))  # f16 FMAs on the staged tiles, partial sums per K step added in f32
+    if F16A and not F16S:
+        raise ValueError("F16A (f16 arithmetic) reads f16 tiles: it needs F16S")
     TX, TY = BN // TN, BM // TM
     NT = TX * TY
     paired = epilogue == "swiglu"
@@ -176,6 +180,11 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
         return f"f16({e})" if F16S else e
 
     L.append("    for (var k0 = 0u; k0 < K; k0 = k0 + BK) {\n")
+    if F16A:
+        for s_ in range(sets):
+            for i in range(TM):
+                L.append("        " + " ".join(f"var h{s_}_{i}_{j4} = vec4<f16>(0.0h);" for j4 in range(TN // 4))
+                         + "\n")
     # weights: BN*BK/8 chunks of 8 along k; neighbouring threads read neighbouring chunks of one row
     L.append(f"        for (var t = li; t < {wchunks}u; t = t + {NT}u) {{\n"
              f"            let cl = t % {BK // 8}u;\n            let nl = t / {BK // 8}u;\n"
@@ -196,23 +205,37 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
         L.append(f"            Xs[(q * 4u + {e}u) * (BM / 4u) + ml / 4u][ml % 4u] = {cast('v.' + 'xyzw'[e])};\n")
     L.append("        }\n        workgroupBarrier();\n")
     L.append("        for (var kk = 0u; kk < BK; kk = kk + 1u) {\n")
+    conv4 = "" if F16A else "vec4<f32>"
+    conv1 = "" if F16A else "f32"
     if TM % 4 == 0:
         for i4 in range(TM // 4):
-            L.append(f"            let xv{i4} = vec4<f32>(Xs[kk * (BM / 4u) + ty * {TM // 4}u + {i4}u]);\n")
+            L.append(f"            let xv{i4} = {conv4}(Xs[kk * (BM / 4u) + ty * {TM // 4}u + {i4}u]);\n")
         xs = [f"xv{i // 4}.{'xyzw'[i % 4]}" for i in range(TM)]
     else:
         for i in range(TM):
             L.append(f"            let xr{i} = ty * {TM}u + {i}u;\n"
-                     f"            let xv{i} = f32(Xs[kk * (BM / 4u) + xr{i} / 4u][xr{i} % 4u]);\n")
+                     f"            let xv{i} = {conv1}(Xs[kk * (BM / 4u) + xr{i} / 4u][xr{i} % 4u]);\n")
         xs = [f"xv{i}" for i in range(TM)]
     for s_ in range(sets):
         for j4 in range(TN // 4):
-            L.append(f"            let w{s_}_{j4} = vec4<f32>(Ws{s_}[kk * (BN / 4u) + tx * {TN // 4}u + {j4}u]);\n")
+            L.append(f"            let w{s_}_{j4} = {conv4}(Ws{s_}[kk * (BN / 4u) + tx * {TN // 4}u + {j4}u]);\n")
         for i in range(TM):
-            L.append("            " + " ".join(
-                f"a{s_}_{i}_{j} = fma({xs[i]}, w{s_}_{j // 4}.{'xyzw'[j % 4]}, a{s_}_{i}_{j});" for j in range(TN))
-                + "\n")
-    L.append("        }\n        workgroupBarrier();\n    }\n")
+            if F16A:  # one vec4<f16> FMA per 4 columns
+                L.append("            " + " ".join(
+                    f"h{s_}_{i}_{j4} = fma(vec4<f16>({xs[i]}), w{s_}_{j4}, h{s_}_{i}_{j4});" for j4 in range(TN // 4))
+                    + "\n")
+            else:
+                L.append("            " + " ".join(
+                    f"a{s_}_{i}_{j} = fma({xs[i]}, w{s_}_{j // 4}.{'xyzw'[j % 4]}, a{s_}_{i}_{j});" for j in range(TN))
+                    + "\n")
+    L.append("        }\n")
+    if F16A:  # the K step's f16 partial sums join the f32 accumulators
+        for s_ in range(sets):
+            for i in range(TM):
+                L.append("        " + " ".join(
+                    f"a{s_}_{i}_{j} = a{s_}_{i}_{j} + f32(h{s_}_{i}_{j // 4}.{'xyzw'[j % 4]});" for j in range(TN))
+                    + "\n")
+    L.append("        workgroupBarrier();\n    }\n")
     L.append(f"    let c0 = n0 + tx * {TN}u;\n")
     for i in range(TM):
         L.append(f"    let r{i} = m0 + ty * {TM}u + {i}u;\n    if (r{i} < M) {{\n")
@@ -294,9 +317,12 @@ def source(kind: str, cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: 
 
 
 # ---------------------------------------------------------------------------------------------- spaces
-def tiled_space(paired: bool = False, features: Iterable[str] = ()) -> Space:
-    """Tile rows x cols, K step, per-thread tile, f16 staging; rules say which assumption a config breaks."""
-    feats = frozenset(features)
+def tiled_space(paired: bool = False, features: Iterable[str] | None = ()) -> Space:
+    """Tile rows x cols, K step, per-thread tile, f16 staging; rules say which assumption a config breaks.
+
+    `features` are the adapter's; None means unknown (then `compile` refuses f16 on a device without it).
+    """
+    feats = None if features is None else frozenset(features)
     sets = 2 if paired else 1
 
     def threads(c: Config) -> int:
@@ -320,8 +346,10 @@ def tiled_space(paired: bool = False, features: Iterable[str] = ()) -> Space:
         Rule("accumulators", lambda c, _: sets * c.TM * c.TN <= ACC_BUDGET,
              lambda c, _: f"{sets}*TM*TN = {sets * c.TM * c.TN} scalar accumulators > {ACC_BUDGET}: they spill "
                           "out of registers"),
-        Rule("f16_staging", lambda c, _: not c.F16S or "shader-f16" in feats,
+        Rule("f16_staging", lambda c, _: not c.F16S or feats is None or "shader-f16" in feats,
              lambda c, _: "F16S=True needs the adapter feature shader-f16, which this device lacks"),
+        Rule("f16_arith", lambda c, _: not c.get("F16A", False) or c.F16S,
+             lambda c, _: "F16A=True (f16 FMAs) reads f16 tiles: it needs F16S=True"),
         Rule("invocations", lambda c, lim: threads(c) <= lim.max_invocations_per_workgroup,
              lambda c, lim: f"threads = {threads(c)} > max_invocations_per_workgroup "
                             f"{lim.max_invocations_per_workgroup}", needs_limits=True),
@@ -336,7 +364,8 @@ def tiled_space(paired: bool = False, features: Iterable[str] = ()) -> Space:
     params = {"BM": [16, 32, 64, 128], "BN": [16, 32, 64, 128], "BK": [8, 16, 32], "TM": [1, 2, 4, 8],
               "TN": [4, 8], "F16S": [False, True]}
     return Space("nf4_matmul.tiled" + (".paired" if paired else ""), params, rules,
-                 fmt=lambda c: f"{c.BM}x{c.BN} K{c.BK} {c.TM}x{c.TN}{' f16s' if c.F16S else ''}")
+                 fmt=lambda c: f"{c.BM}x{c.BN} K{c.BK} {c.TM}x{c.TN}{' f16s' if c.F16S else ''}"
+                               f"{' f16a' if c.get('F16A', False) else ''}")
 
 
 def rows_space(paired: bool = False) -> Space:
@@ -418,15 +447,19 @@ class MatmulTemplate(KernelTemplate):
     shape_names = ("M", "N", "K")
 
     def __init__(self, kind: str = "tiled", fmt: str = "nf4", epilogue: str = "none",
-                 features: Iterable[str] = (), f16_staging: bool = False) -> None:
+                 features: Iterable[str] | None = (), f16_staging: bool = False, f16_arith: bool = False) -> None:
         if kind not in KINDS or fmt not in FORMATS or epilogue not in EPILOGUES:
             raise ValueError(f"unknown matmul variant kind={kind} fmt={fmt} epilogue={epilogue}")
-        if f16_staging and kind != "tiled":
-            raise ValueError("f16 staging is a parameter of the tiled kernel only")
+        if (f16_staging or f16_arith) and kind != "tiled":
+            raise ValueError("f16 staging / arithmetic are parameters of the tiled kernel only")
+        if f16_arith and not f16_staging:
+            raise ValueError("f16 arithmetic reads f16 tiles: pass f16_staging=True too")
         self.kind, self.fmt, self.epilogue = kind, fmt, epilogue
-        self.features = frozenset(features)
+        self.features = None if features is None else frozenset(features)
         self.f16_staging = f16_staging
-        self.name = f"{fmt}_matmul.{kind}.{epilogue}" + (".f16s" if f16_staging else "")
+        self.f16_arith = f16_arith
+        self.name = f"{fmt}_matmul.{kind}.{epilogue}" + (".f16s" if f16_staging else "") + (
+            ".f16a" if f16_arith else "")
         # the reference multiplies the exact stored weights, so only f16 staging loosens the tolerance
         self.dtype = "f16" if f16_staging else ("nf4" if fmt == "nf4" else "f32")
 
@@ -436,12 +469,15 @@ class MatmulTemplate(KernelTemplate):
             return rows_space(paired)
         sp = tiled_space(paired, self.features)
         sp.params["F16S"] = [self.f16_staging]  # f16 staging is its own template: its own tolerance
+        if self.f16_arith:
+            sp.params["F16A"] = [True]
         return sp
 
     def default_config(self) -> Config:
         if self.kind == "rows":
             return self.space().config(DEFAULT_ROWS)
-        return self.space().config({**DEFAULT_TILED, "F16S": self.f16_staging})
+        extra = {"F16A": True} if self.f16_arith else {}
+        return self.space().config({**DEFAULT_TILED, "F16S": self.f16_staging, **extra})
 
     def shape_problems(self, config: Config, shape: Shape) -> list[str]:
         return shape_problems(self.kind, config, shape[1], shape[2])
@@ -450,6 +486,11 @@ class MatmulTemplate(KernelTemplate):
         return source(self.kind, config, self.fmt, self.epilogue, shape[1], shape[2])
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
+        if config.get("F16S", False) and "shader-f16" not in getattr(device, "enabled_features", ()):
+            from tilewise.errors import ShaderCompileError
+
+            raise ShaderCompileError(f"{self.name}[{config}] stages in f16, but {device.info.name} has no shader-f16",
+                                     "use the f32 template on this adapter")
         return device.compile(self.source(config, shape), "main", name=f"{self.name}[{config}]")
 
     def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
@@ -521,7 +562,8 @@ def all_templates(features: Iterable[str] = ()) -> list[MatmulTemplate]:
     """Every matmul variant (for a registry)."""
     out = [MatmulTemplate(k, f, e, features) for k in KINDS for f in FORMATS for e in EPILOGUES]
     if "shader-f16" in frozenset(features):
-        out += [MatmulTemplate("tiled", f, e, features, True) for f in FORMATS for e in EPILOGUES]
+        out += [MatmulTemplate("tiled", f, e, features, True, a) for f in FORMATS for e in EPILOGUES
+                for a in (False, True)]
     return out
 
 
@@ -534,3 +576,31 @@ def check_limits(limits: Limits, name: str, nbytes: int) -> None:
                           f"max_storage_binding_bytes {limits.max_storage_binding_bytes}",
                           "use a smaller model or weight format (nf4), or an adapter with larger limits")
 
+
+# no-argument classes for `tilewise.kernels.registry` (`tilewise tune nf4-matmul --shape M,N,K`, `tilewise sweep`)
+class NF4MatmulTiled(MatmulTemplate):
+    """Tiled NF4 matmul, plain epilogue."""
+
+    def __init__(self) -> None:
+        super().__init__("tiled", "nf4", "none", None)
+
+
+class NF4MatmulRows(MatmulTemplate):
+    """Short-row NF4 matmul, plain epilogue."""
+
+    def __init__(self) -> None:
+        super().__init__("rows", "nf4", "none", None)
+
+
+class NF4SwigluTiled(MatmulTemplate):
+    """Tiled paired gate/up NF4 matmul with SwiGLU (shape M, N = ffn, K = hidden)."""
+
+    def __init__(self) -> None:
+        super().__init__("tiled", "nf4", "swiglu", None)
+
+
+class NF4MatmulTiledF16(MatmulTemplate):
+    """Tiled NF4 matmul with f16 staging and f16 arithmetic (f16 tolerance; needs shader-f16)."""
+
+    def __init__(self) -> None:
+        super().__init__("tiled", "nf4", "none", None, f16_staging=True, f16_arith=True)
