@@ -101,3 +101,37 @@ def test_grid_over_limit_is_refused(webgpu_device):
     bufs = [dev.allocate(16) for _ in range(3)]
     with pytest.raises(LaunchError, match="max_workgroups_per_dimension"):
         dev.launch(prog, dev.info.limits.max_workgroups_per_dimension + 1, bufs)
+
+
+SCALE = """
+override S: f32 = 1.0;
+@group(0) @binding(0) var<storage, read> a: array<f32>;
+@group(0) @binding(1) var<storage, read_write> c: array<f32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+  if (gid.x < arrayLength(&c)) { c[gid.x] = S * a[gid.x]; }
+}
+"""
+
+
+def test_bind_groups_survive_freed_pipelines(webgpu_device, rng):
+    """Programs created and dropped in a loop must never reuse a stale cached bind group."""
+    import gc
+
+    dev = webgpu_device
+    n = 256
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    ba, bb, bc = dev.upload(a), dev.upload(b), dev.allocate(4 * n)
+    for i in range(12):
+        dev.write(bc, np.full(n, np.nan, np.float32))
+        if i % 2:
+            prog = dev.compile(VADD, constants={"N": n})
+            dev.launch(prog, n // 64, [ba, bb, bc])
+            expected = a + b
+        else:
+            prog = dev.compile(SCALE, constants={"S": float(i + 1)})
+            dev.launch(prog, n // 64, [ba, bc])
+            expected = (i + 1) * a
+        np.testing.assert_allclose(dev.download(bc, np.float32, (n,)), expected, rtol=1e-6)
+        del prog
+        gc.collect()

@@ -1,7 +1,8 @@
 """Device registry: names -> backends, imported lazily so `import tilewise` needs no GPU library.
 
 Names: `cpu`, `webgpu` (best adapter), `webgpu:N` (adapter N of `tilewise devices`), `cuda`,
-`cuda:N`, and `auto` (the best device the model runtime can use: a GPU WebGPU adapter, else CPU).
+`cuda:N`, `tvm-llvm` (TVM-compiled CPU code, optional extra), and `auto` (the best device the model
+runtime can use: a GPU WebGPU adapter, else CPU).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from tilewise.errors import ConfigError, DeviceLost, DeviceUnavailable
 __all__ = ["Buffer", "Device", "DeviceInfo", "Launch", "Limits", "Program", "get_device", "list_devices",
            "parse_device_name"]
 
-BACKENDS = ("cpu", "webgpu", "cuda")
+BACKENDS = ("cpu", "webgpu", "cuda", "tvm-llvm")
 _cache: dict[str, Device] = {}
 
 
@@ -23,7 +24,7 @@ def parse_device_name(name: str) -> tuple[str, int | None]:
     base, _, idx = name.strip().lower().partition(":")
     if base not in (*BACKENDS, "auto"):
         raise ConfigError(f"unknown device {name!r}",
-                          "use one of: auto, cpu, webgpu, webgpu:N, cuda, cuda:N (see `tilewise devices`)")
+                          "use one of: auto, cpu, webgpu, webgpu:N, cuda, cuda:N, tvm-llvm (see `tilewise devices`)")
     if idx and not idx.isdigit():
         raise ConfigError(f"device index in {name!r} must be a number", "write e.g. webgpu:0 or cuda:1")
     return base, int(idx) if idx else None
@@ -46,6 +47,10 @@ def get_device(name: str = "auto") -> Device:
         from tilewise.devices.webgpu import WebGPUDevice
 
         dev = WebGPUDevice(index)
+    elif base == "tvm-llvm":
+        from tilewise.devices.tvm_llvm import TVMLLVMDevice
+
+        dev = TVMLLVMDevice()
     else:
         dev = _cuda(index)
     _cache[key] = dev

@@ -140,7 +140,7 @@ class WebGPUDevice(Device):
         self.timer = "gpu-timestamp" if "timestamp-query" in feats else "wall-clock"
         self._usage_storage = (wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST)
         self._usage_uniform = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
-        self._bind_cache: dict[tuple[int, tuple[int, ...]], Any] = {}
+        self._bind_cache: dict[tuple[int, tuple[int, ...]], tuple[Any, Any, tuple[Any, ...]]] = {}
         self._modules: dict[str, Any] = {}
         self._sentinel = self._dev.create_buffer(size=4, usage=self._usage_storage)
         self._lost = False
@@ -206,7 +206,9 @@ class WebGPUDevice(Device):
 
     def _bind_group(self, launch: Launch) -> Any:
         key = (id(launch.program.handle), tuple(id(b.handle) for b in launch.buffers))
-        bg = self._bind_cache.get(key)
+        hit = self._bind_cache.get(key)
+        # the entry holds the pipeline and buffers alive, so their ids cannot be reused by new objects while cached
+        bg = hit[0] if hit is not None else None
         if bg is None:
             entries = [{"binding": i, "resource": {"buffer": b.handle, "offset": 0, "size": b.nbytes}}
                        for i, b in enumerate(launch.buffers)]
@@ -218,7 +220,7 @@ class WebGPUDevice(Device):
                                   "pass one buffer per declared @binding, in binding order") from exc
             if len(self._bind_cache) > 4096:
                 self._bind_cache.clear()
-            self._bind_cache[key] = bg
+            self._bind_cache[key] = (bg, launch.program.handle, tuple(b.handle for b in launch.buffers))
         return bg
 
     def _check_grid(self, launch: Launch) -> None:
