@@ -71,8 +71,13 @@ def candidates(template: Any, limits: Any, n: int, seed: int, hand_picked: bool 
 
 
 def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[int], n_cand: int, seed: int,
-                log: Any, hand_picked: bool = True) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Measure both kernels across `rows`; returns (dispatch segments, measurements for the record)."""
+                log: Any, hand_picked: bool = True, f16_arith: bool = False,
+                ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Measure both kernels across `rows`; returns (dispatch segments, measurements for the record).
+
+    With `f16_arith` (and shader-f16) the tiled kernel's f16-staging + f16-FMA variant competes too, verified
+    under the f16 tolerance.
+    """
     from tilewise.kernels import nf4_matmul as mm
     from tilewise.tune.dispatch import fit_dispatch
     from tilewise.tune.measure import measure
@@ -85,8 +90,11 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
     cand: dict[Config, tuple[Any, Any, Any]] = {}  # tagged config -> (template, config, program)
     bufs_of: dict[str, Any] = {}
     failures: dict[str, str] = {}
-    for kind in mm.KINDS:
-        t = mm.MatmulTemplate(kind, fmt, epilogue, dev.enabled_features)
+    templates = [mm.MatmulTemplate(kind, fmt, epilogue, dev.enabled_features) for kind in mm.KINDS]
+    if f16_arith and "shader-f16" in dev.enabled_features:
+        templates.append(mm.MatmulTemplate("tiled", fmt, epilogue, dev.enabled_features, True, True))
+    for t in templates:
+        kind = t.kind
         check_m = 97 if max_m >= 97 else max_m
         ver = Verifier(t, dev, (check_m, n, k), rng, reuse=10_000)
         for c in candidates(t, dev.info.limits, n_cand, seed, hand_picked):
@@ -107,7 +115,7 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
             cand[tag] = (t, c, prog)
         keep.append(ver)
         host = t.make_inputs((max_m, n, k), rng)
-        bufs_of[kind] = t.upload(dev, host, (max_m, n, k))
+        bufs_of[t.name] = t.upload(dev, host, (max_m, n, k))
     if not cand:
         raise ConfigError(f"no matmul candidate ran for {fmt} {epilogue} {n}x{k}: {failures}",
                           "report this with `tilewise devices --json`")
@@ -115,7 +123,7 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
     for m in rows:
         launches = {}
         for tag, (t, c, prog) in cand.items():
-            bufs = dict(bufs_of[t.kind])
+            bufs = dict(bufs_of[t.name])
             bufs["dims"] = dev.upload(np.array([m, 0, 0, 0], np.uint32), uniform=True)
             keep.append(bufs["dims"])
             launches[tag] = t.launches(prog, bufs, c, (m, n, k))
@@ -158,11 +166,78 @@ def tune_attention(dev: Any, cfg: Any, seq: int, seed: int) -> tuple[dict[str, A
     return dict(best), meas.stats[best].median_ms
 
 
+def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: Any = None, n_cand: int = 12,
+               seed: int = 0, force: bool = False, hand_picked: bool = True, f16_arith: bool = False,
+               path: Any = None, log: Any = print) -> Any:
+    """Tune every matmul shape and the attention tile of a model config on a device; returns the DispatchTable.
+
+    Args:
+        dev: a WebGPU device.
+        cfg: the ModelConfig.
+        seq: the decision length (its rows, and seq - 47, are measured besides `rows`).
+        fmt: weight format.
+        rows: row counts to measure (default `DEFAULT_ROWS`).
+        n_cand: random legal configs per kernel next to the default and the hand-picked ones.
+        seed: inputs and sampling.
+        force: re-measure shapes the table at `path` already holds.
+        hand_picked: include `SEED_TILED` / `SEED_ROWS`.
+        f16_arith: let the f16-arithmetic tiled variant compete (f16 tolerance; a table of its own).
+        path: where the table lives (default: `dispatch_path(fingerprint)`, with `-f16a` for f16_arith).
+        log: progress printer.
+
+    Returns:
+        The table, saved at `path` after every shape.
+    """
+    from pathlib import Path
+
+    from tilewise.model.webgpu import DispatchTable, dispatch_path, kernel_version, matmul_key
+
+    fp = dev.info.fingerprint
+    rows = sorted(set(rows or DEFAULT_ROWS) | {seq, max(1, seq - 47)})
+    if path is None:
+        path = dispatch_path(fp)
+        if f16_arith:
+            path = path.with_name(path.stem + "-f16a.json")
+    path = Path(path)
+    log(f"tuning {cfg.name} ({fmt}{', f16 arithmetic allowed' if f16_arith else ''}) on {dev.info.name} [{fp}] "
+        f"at rows {rows}")
+    if "cooperative-matrix" in dev.info.features:
+        log("cooperative-matrix is advertised but skipped: wgpu-py 0.32 cannot enable experimental features and "
+            "wgpu-native implements only 8x8 f32 fragments")
+    if f16_arith and "shader-f16" not in dev.enabled_features:
+        log("f16 arithmetic skipped: this adapter has no shader-f16")
+    # shapes this device already has (from another preset of the same width) are kept unless force
+    table = DispatchTable.load_for(fp, path, quiet=True) if path.exists() else DispatchTable(fp, kernel_version())
+    table.source = "tuned"
+    for label, (epilogue, n, k) in model_matmuls(cfg).items():
+        if matmul_key(fmt, epilogue, n, k) in table.matmul and not force:
+            log(f"{label} ({epilogue}, N={n}, K={k}): already tuned on this device (force re-measures)")
+            continue
+        segs, record = tune_matmul(dev, fmt, epilogue, n, k, rows, n_cand, seed, log, hand_picked=hand_picked,
+                                   f16_arith=f16_arith)
+        table.matmul[matmul_key(fmt, epilogue, n, k)] = segs
+        table.measured[f"{label} {n}x{k}"] = record
+        table.save(path)  # each shape as soon as it is measured: an interrupted run keeps what it did
+        cut = next((sg["min_rows"] for sg in segs if sg["kind"] == "tiled"), None)
+        desc = ", ".join(f"{sg['min_rows']}-{sg['max_rows'] or '...'}: {sg['kind']} "
+                         f"{','.join(f'{a}={b}' for a, b in sg['config'].items())}" for sg in segs)
+        log(f"{label} ({epilogue}, N={n}, K={k}): tiled from {cut if cut else 'never'} rows; {desc}")
+        log(f"    best ms at rows {seq}: {record['best_ms'][seq]:.4f}; at 1: {record['best_ms'][1]:.4f}")
+    attn_cfg, attn_ms = tune_attention(dev, cfg, seq, seed)
+    table.ops["attention"] = attn_cfg
+    log(f"attention at {seq} rows: {attn_cfg} {attn_ms:.4f} ms")
+    table.save(path)
+    table.source = str(path)
+    log(f"wrote dispatch table {path}")
+    return table
+
+
 def run(args: argparse.Namespace) -> int:
-    """`tilewise tune model --preset P --seq 346 --device webgpu [--weights nf4] [--budget N]`."""
+    """`tilewise tune model --preset P --seq 346 --device webgpu [--weights nf4] [--budget N] [--force]`."""
+    from pathlib import Path
+
     import tilewise
     from tilewise.model.config import ModelConfig, preset
-    from tilewise.model.webgpu import DispatchTable, dispatch_path, kernel_version, matmul_key
 
     name = getattr(args, "preset", None) or "seed-250m"
     seq = int(getattr(args, "seq", None) or 346)
@@ -174,51 +249,18 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"unknown weight format {fmt!r}", "use --weights nf4, f16 or f32")
     if seq < 1:
         raise ConfigError(f"--seq {seq} must be positive", "use e.g. --seq 346")
-    from pathlib import Path
-
     cfg = ModelConfig.from_file(Path(name) / "config.json") if Path(name).is_dir() else preset(name)
-    n_cand = int(getattr(args, "budget", None) or 12)
-    seed = int(getattr(args, "seed", 0) or 0)
     dev = tilewise.get_device(device)
-    fp = dev.info.fingerprint
-    rows = sorted(set(getattr(args, "rows", None) or DEFAULT_ROWS) | {seq, max(1, seq - 47)})
     t0 = time.perf_counter()
 
     def log(msg: str) -> None:
         print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)
 
-    log(f"tuning {cfg.name} ({fmt}) on {dev.info.name} [{fp}] at rows {rows}")
-    if "cooperative-matrix" in dev.info.features:
-        log("cooperative-matrix is advertised but skipped: wgpu-py 0.32 cannot enable experimental features and "
-            "wgpu-native implements only 8x8 f32 fragments")
-    # shapes this device already has (from another preset of the same width) are kept unless --force
-    path = dispatch_path(fp)
-    table = DispatchTable.load_for(fp, path, quiet=True) if path.exists() else DispatchTable(fp, kernel_version())
-    table.source = "tuned"
-    force = bool(getattr(args, "force", False))
-    seen: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
-    for label, (epilogue, n, k) in model_matmuls(cfg).items():
-        key = (epilogue, n, k)
-        if matmul_key(fmt, epilogue, n, k) in table.matmul and not force:
-            log(f"{label} ({epilogue}, N={n}, K={k}): already tuned on this device (--force re-measures)")
-            continue
-        if key not in seen:
-            segs, record = tune_matmul(dev, fmt, epilogue, n, k, rows, n_cand, seed, log,
-                                       hand_picked=getattr(args, "hand_picked", True))
-            seen[key] = segs
-            table.matmul[matmul_key(fmt, epilogue, n, k)] = segs
-            table.measured[f"{label} {n}x{k}"] = record
-            table.save(path)  # each shape as soon as it is measured: an interrupted run keeps what it did
-            cut = next((s["min_rows"] for s in segs if s["kind"] == "tiled"), None)
-            desc = ", ".join(f"{s['min_rows']}-{s['max_rows'] or '...'}: {s['kind']} "
-                             f"{','.join(f'{a}={b}' for a, b in s['config'].items())}" for s in segs)
-            log(f"{label} ({epilogue}, N={n}, K={k}): tiled from {cut if cut else 'never'} rows; {desc}")
-            log(f"    best ms at rows {seq}: {record['best_ms'][seq]:.4f}; at 1: {record['best_ms'][1]:.4f}")
-    attn_cfg, attn_ms = tune_attention(dev, cfg, seq, seed)
-    table.ops["attention"] = attn_cfg
-    log(f"attention at {seq} rows: {attn_cfg} {attn_ms:.4f} ms")
-    out = table.save(path)
-    log(f"wrote dispatch table {out}; `tilewise.load(..., device='webgpu')` uses it on this device")
+    table = tune_model(dev, cfg, seq, fmt, rows=getattr(args, "rows", None),
+                       n_cand=int(getattr(args, "budget", None) or 12), seed=int(getattr(args, "seed", 0) or 0),
+                       force=bool(getattr(args, "force", False)), hand_picked=getattr(args, "hand_picked", True),
+                       log=log)
+    log("`tilewise.load(..., device='webgpu')` uses it on this device")
     if getattr(args, "json", None):
         log(f"and a copy in {table.save(args.json)}")
     return 0

@@ -57,3 +57,13 @@ def test_run_writes_a_table_the_executor_uses(webgpu_device, tmp_path, monkeypat
     cpu = tilewise.load("tiny", device="cpu", weights="nf4", seed=1)
     ids = rng.integers(0, 512, 40)
     np.testing.assert_allclose(model.scores(model.prefill(ids)), cpu.scores(cpu.prefill(ids)), atol=2e-5)
+
+
+def test_f16_arithmetic_competes_when_asked(webgpu_device):
+    if "shader-f16" not in webgpu_device.enabled_features:
+        pytest.skip("adapter has no shader-f16")
+    _, record = model_tune.tune_matmul(webgpu_device, "nf4", "swiglu", 64, 64, [2, 40], 1, 0, print,
+                                       hand_picked=False, f16_arith=True)
+    assert any("F16A=True" in c for c in record["candidates"])
+    assert not any("F16A" in c for c in model_tune.tune_matmul(
+        webgpu_device, "nf4", "swiglu", 64, 64, [2], 1, 0, print, hand_picked=False)[1]["candidates"])
