@@ -128,11 +128,12 @@ def plot_sweep(result: SweepResult, path: str | Path, ranges: Sequence[Mapping[s
     for r in (ranges or [])[1:]:
         for a in (ax, ax2):
             a.axvline(r["m_min"] - 0.5, color="k", ls="--", lw=0.8)
-        ax.text(r["m_min"], ax.get_ylim()[1], f" M>={r['m_min']}", va="top", fontsize=7)
+        ax.text(r["m_min"], ax.get_ylim()[0], f" M>={r['m_min']}", va="bottom", fontsize=7, rotation=90)
     ax.set_ylabel("median time (ms)")
     ax.set_title(f"{result.kernel} N={result.n} K={result.k}: time vs M ({result.fingerprint})", fontsize=9)
-    ax.legend(fontsize=6, loc="upper left")
-    ax2.set_ylabel("tile waste")
+    ax.legend(fontsize=6, loc="best", framealpha=0.8)
+    ax2.set_yscale("log")
+    ax2.set_ylabel("tile waste (log)")
     ax2.set_xlabel("M")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
