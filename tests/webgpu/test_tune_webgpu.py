@@ -185,3 +185,14 @@ def test_explicit_candidates_replace_the_strategy(webgpu_device):
                measure_kw=FAST)
     assert sorted(r.status for r in res.rows) == ["illegal", "ok", "ok"]
     assert {r.config for r in res.ranked} == {base, base.replace(PF=2)}
+
+
+def test_random_search_over_a_grid_reports_the_illegal_count(webgpu_device):
+    from tilewise.tune.search import Budget
+
+    res = tune(WgslGemm(), webgpu_device, (32, 32, 16), space="large", strategy="random", budget=Budget(count=3),
+               measure_kw=FAST, seed=2)
+    assert len([r for r in res.rows if r.status != "illegal"]) == 3
+    space = WgslGemm().space("large")
+    assert res.illegal_in_grid == space.size - len(space.legal(webgpu_device.info.limits)) > 0
+    assert res.illegal_examples and all(why for _, why in res.illegal_examples)
