@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from tilewise.devices.base import Device, Launch, Limits, Program, source_hash
-from tilewise.errors import ConfigError, LaunchError, ShaderCompileError, TilewiseError
+from tilewise.errors import ConfigError, DeviceLost, ShaderCompileError
 from tilewise.kernels.base import KernelTemplate, Shape
 from tilewise.tune.measure import Stats, measure, tie_groups
 from tilewise.tune.search import Budget, get_strategy
@@ -267,15 +267,19 @@ def _run_batch(template: KernelTemplate, device: Device, shape: Shape, configs: 
         except ShaderCompileError as exc:
             record(Row(cfg, "compile_error", _first_line(exc.problem), tile_waste=waste), hsh)
             continue
-        except TilewiseError as exc:
-            record(Row(cfg, "compile_error", _first_line(str(exc)), tile_waste=waste), hsh)
+        except DeviceLost:
+            raise  # not this config's fault: stop, keep what is stored, resume later
+        except Exception as exc:  # a sweep never dies on one config
+            record(Row(cfg, "compile_error", f"{type(exc).__name__}: {_first_line(str(exc))}", tile_waste=waste), hsh)
             continue
         try:
             t0 = time.perf_counter()
             check = verifier.check(prog, cfg)
             first_s = time.perf_counter() - t0
-        except (LaunchError, TilewiseError) as exc:
-            record(Row(cfg, "launch_error", _first_line(str(exc)), tile_waste=waste), hsh)
+        except DeviceLost:
+            raise
+        except Exception as exc:
+            record(Row(cfg, "launch_error", _first_line(str(exc)) or type(exc).__name__, tile_waste=waste), hsh)
             continue
         if first_s > timeout_s:
             record(Row(cfg, "timeout", f"first run took {first_s:.1f} s > timeout {timeout_s:g} s",
@@ -295,12 +299,16 @@ def _run_batch(template: KernelTemplate, device: Device, shape: Shape, configs: 
         progress(f"timing {len(launches)} candidates", done, total)
     try:
         m = measure(device, launches, rng=rng, **mkw)
-    except (LaunchError, TilewiseError):
+    except DeviceLost:
+        raise
+    except Exception:
         # one bad launch must not sink the batch: time them one at a time to find it
         for cfg in list(launches):
             try:
                 m1 = measure(device, {cfg: launches[cfg]}, rng=rng, **mkw)
-            except (LaunchError, TilewiseError) as exc:
+            except DeviceLost:
+                raise
+            except Exception as exc:
                 record(Row(cfg, "launch_error", _first_line(str(exc)), tile_waste=template.tile_waste(cfg, shape)),
                        config_source_hash(template, cfg))
                 del good[cfg]
