@@ -19,6 +19,7 @@ import argparse
 import json
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -83,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--race", type=int, default=8, help="best configs raced again at each shape")
     ap.add_argument("--shape-budget-s", type=float, default=30.0,
                     help="seconds of extra tuning at each other benchmark shape (seed space + random)")
-    ap.add_argument("--store", default=None, help="results store (default: a fresh one beside --out)")
+    ap.add_argument("--store", default=None, help="results store to resume from (default: a fresh temporary one, "
+                    "so every run measures everything again)")
     ap.add_argument("--no-prior", action="store_true", help="skip the earlier run's winners (search from scratch)")
     ap.add_argument("--tune-shape", default="4096,4096,4096", help="M,N,K to tune at")
     ap.add_argument("--shapes", default=";".join(",".join(map(str, s)) for s in SHAPES),
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    store = Store(args.store or out.with_suffix(".sqlite"))
+    store = Store(args.store or Path(tempfile.mkdtemp(prefix="tilewise-bench-")) / "results.sqlite")
     dev = tilewise.get_device(args.device)
     tpl = WgslGemm()
     tune_shape = parse_shape(args.tune_shape, ("M", "N", "K"))
