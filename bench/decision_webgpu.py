@@ -1,9 +1,13 @@
 """Decision latency of the NF4 LFM2 classifier on WebGPU (tilewise) vs HF transformers on the same GPU, one run.
 
 For each preset (lfm2-350m and seed-250m shapes, seeded random weights) and weight format (nf4, f16):
+- first `tilewise tune model` for the preset on this GPU (both matmul kernels across rows 1..512, attention
+  tile), written to `--out`/dispatch, and a second table in which the f16-arithmetic tiled variant may compete
+  (only where the adapter has shader-f16);
 - tilewise WebGPU: 346-token decision latency p50/p90/p99 (host clock around prefill + scores read-back),
   prefix-cached decisions (47 shared tokens), the run without final-row slicing, per-op GPU time (timestamps),
   and the largest |score difference| against tilewise's CPU executor on the same weights (all 8 scores);
+  nf4 once more with the f16-arithmetic table (row `nf4 f16-arith`: its score difference is its tolerance);
 - HF transformers `Lfm2Model` + Linear(hidden, 8) head on the same GPU in bf16, eager and `torch.compile`,
   same weights (unquantized, bf16), same prompt length, `use_cache=False`, timed the same way (host clock around
   the forward + reading the 8 scores back).
@@ -12,6 +16,7 @@ Prints a ratio table at the end and writes `results.json` and `summary.md` into 
 Usage (needs torch with CUDA, transformers, wgpu; nothing installed from this repo):
 
     PYTHONPATH=src python3 bench/decision_webgpu.py --out bench/results/decision_webgpu
+    (on the offline H200: `source .offline/enter.sh` first, which sets PYTHONPATH and installs wgpu)
 
 Every section has a time budget; a failing section is recorded with its error and the run goes on.
 """
@@ -44,14 +49,32 @@ def left(budget_s: float) -> float:
     return budget_s - (time.perf_counter() - T0)
 
 
-def tilewise_section(ck: Any, cpu_ck: Any, args: argparse.Namespace) -> dict[str, Any]:
+def tune_section(cfg: Any, args: argparse.Namespace, f16_arith: bool) -> dict[str, Any]:
+    import tilewise
+    from tilewise.model_tune import tune_model
+
+    t = time.perf_counter()
+    rows = [int(r) for r in args.tune_rows.split(",")] if args.tune_rows else None
+    table = tune_model(tilewise.get_device("webgpu"), cfg, args.seq, "nf4", rows=rows, n_cand=args.tune_candidates,
+                       f16_arith=f16_arith, log=lambda m: log("  " + m))
+    TABLES[(cfg.name, f16_arith)] = table
+    return {"tuned": table.source, "seconds": time.perf_counter() - t, "f16_arith": f16_arith,
+            "cutoffs": {k: next((sg["min_rows"] for sg in v if sg["kind"] == "tiled"), None)
+                        for k, v in table.matmul.items()}}
+
+
+TABLES: dict[tuple[str, bool], Any] = {}
+
+
+def tilewise_section(ck: Any, cpu_ck: Any, args: argparse.Namespace, dispatch: Any = None,
+                     variant: str = "") -> dict[str, Any]:
     from tilewise.model.runtime import Model
     from tilewise.model.webgpu import WebGPUExecutor
 
     t = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ex = WebGPUExecutor(ck, device="webgpu")
+        ex = WebGPUExecutor(ck, device="webgpu", dispatch=dispatch)
     head = ck.float32("score.weight") if ck.has_head else None
     model = Model(ck, ex, head)
     load_s = time.perf_counter() - t
@@ -63,6 +86,7 @@ def tilewise_section(ck: Any, cpu_ck: Any, args: argparse.Namespace) -> dict[str
     res = bench_model(model, args.seq, args.decisions, prefix=PREFIX_TOKENS, cpu_model=cpu,
                       budget_s=max(5.0, min(30.0, left(args.budget_s) / 8)), log=log)
     res["load_s"] = load_s
+    res["variant"] = variant
     res["weight_bytes_on_gpu"] = ex.weight_bytes()
     res["notes"] = [str(w.message) for w in caught]
     return res
@@ -132,9 +156,17 @@ def main() -> int:
     ap.add_argument("--no-hf", action="store_true", help="skip HF transformers")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--no-reference", action="store_true", help="skip the CPU score comparison")
+    ap.add_argument("--no-tune", action="store_true", help="use the device's existing table (or the defaults)")
+    ap.add_argument("--no-f16-arith", action="store_true", help="skip the f16-arithmetic row")
+    ap.add_argument("--tune-candidates", type=int, default=6, help="random configs per kernel when tuning")
+    ap.add_argument("--tune-rows", default=None, help="row counts to tune at, e.g. 1,64,346 (default 1..512)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if not args.no_tune:
+        import os
+
+        os.environ["TILEWISE_DISPATCH_DIR"] = str(out / "dispatch")  # the tables come back with the results
     from tilewise.model.checkpoint import random_checkpoint
     from tilewise.model.config import preset
 
@@ -149,8 +181,14 @@ def main() -> int:
             "cooperative_matrix": ("advertised, not used: wgpu-py 0.32 cannot enable experimental features and "
                                    "wgpu-native implements only 8x8 f32 fragments") if coop else "not advertised",
             "shader_f16": "shader-f16" in info.features}
+    f16a = "shader-f16" in info.features and not args.no_f16_arith
     for name in args.presets.split(","):
         cfg = preset(name)
+        if not args.no_tune:
+            run_section(results, f"tune {name}", tune_section, cfg, args, False, need_s=60, budget_s=args.budget_s)
+            if f16a:
+                run_section(results, f"tune {name} f16-arith", tune_section, cfg, args, True, need_s=150,
+                            budget_s=args.budget_s)
         t = time.perf_counter()
         f32 = random_checkpoint(cfg, seed=0, weights="f32")
         log(f"{name}: random f32 weights in {time.perf_counter() - t:.1f} s")
@@ -162,6 +200,10 @@ def main() -> int:
             log(f"{name}: {w} weights in {time.perf_counter() - t:.1f} s")
             run_section(results, f"tilewise {name} {w}", tilewise_section, ck, ck, args, need_s=40,
                         budget_s=args.budget_s)
+            table16 = TABLES.get((name, True))
+            if w == "nf4" and table16 is not None:
+                run_section(results, f"tilewise {name} {w} f16-arith", tilewise_section, ck, ck, args, table16,
+                            "f16-arith", need_s=40, budget_s=args.budget_s)
             del ck
         if not args.no_hf:
             run_section(results, f"hf-eager {name}", hf_section, f32, cfg, args, False, need_s=20,
@@ -188,8 +230,8 @@ def summary(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     for name in args.presets.split(","):
         eager = by.get(f"hf-eager {name}", {}).get("latency_ms_p50")
         comp = by.get(f"hf-compile {name}", {}).get("latency_ms_p50")
-        for key in [f"tilewise {name} {w}" for w in args.weights.split(",")] + [f"hf-eager {name}",
-                                                                                 f"hf-compile {name}"]:
+        keys = [f"tilewise {name} {w}{v}" for w in args.weights.split(",") for v in ("", " f16-arith")]
+        for key in [*keys, f"hf-eager {name}", f"hf-compile {name}"]:
             r = by.get(key)
             if r is None:
                 continue
@@ -198,7 +240,8 @@ def summary(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
                              + " |" * 9)
                 continue
             p50 = r["latency_ms_p50"]
-            impl = f"tilewise webgpu {r['weights']}" if key.startswith("tilewise") else r["impl"].replace(
+            impl = f"tilewise webgpu {r['weights']} {r.get('variant', '')}".strip() if key.startswith(
+                "tilewise") else r["impl"].replace(
                 "HF transformers Lfm2Model ", "HF ")
 
             def ratio(ref: float | None, p50: float = p50) -> str:
@@ -214,6 +257,12 @@ def summary(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
                          f"{'-' if diff is None else f'{diff:.2g}'} |")
     lines += ["", "Ratios are speed-ups of the row's implementation (>1x: faster than HF). HF runs bf16 of the "
               "unquantized weights; tilewise runs the stated format.", ""]
+    for r in results:
+        if r.get("section", "").startswith("tune") and ("error" in r or "skipped" in r):
+            lines.append(f"- {r['section']}: {r.get('error') or r.get('skipped')}")
+        if "cutoffs" in r:
+            lines.append(f"- {r['section']} ({r['seconds']:.0f} s): tiled kernel from rows " + ", ".join(
+                f"{k.split(':', 2)[2]}: {v}" for k, v in r["cutoffs"].items()))
     for r in results:
         if r.get("ops"):
             top = ", ".join(f"{o['name']} {o['ms']:.3f} ms/{o['launches']}" for o in r["ops"][:6])

@@ -56,7 +56,8 @@ def candidates(template: Any, limits: Any, n: int, seed: int, hand_picked: bool 
     if not hand_picked:
         seeds: list[dict[str, Any]] = []
     elif template.kind == "tiled":
-        seeds = [dict(zip(("BM", "BN", "BK", "TM", "TN"), v), F16S=template.f16_staging) for v in SEED_TILED]
+        extra = {k: space.params[k][0] for k in ("F16S", "F16A") if k in space.params}
+        seeds = [dict(zip(("BM", "BN", "BK", "TM", "TN"), v), **extra) for v in SEED_TILED]
     else:
         seeds = [dict(zip(("WG", "NC", "RM", "EL"), v)) for v in SEED_ROWS]
     out += [space.config(v) for v in seeds]

@@ -64,6 +64,10 @@ def test_f16_arithmetic_competes_when_asked(webgpu_device):
         pytest.skip("adapter has no shader-f16")
     _, record = model_tune.tune_matmul(webgpu_device, "nf4", "swiglu", 64, 64, [2, 40], 1, 0, print,
                                        hand_picked=False, f16_arith=True)
+    from tilewise.kernels.nf4_matmul import MatmulTemplate
+
+    t = MatmulTemplate("tiled", "nf4", "swiglu", webgpu_device.enabled_features, True, True)
+    assert all(c["F16A"] for c in model_tune.candidates(t, webgpu_device.info.limits, 2, 0))  # seeds included
     assert any("F16A=True" in c for c in record["candidates"])
     assert not any("F16A" in c for c in model_tune.tune_matmul(
         webgpu_device, "nf4", "swiglu", 64, 64, [2], 1, 0, print, hand_picked=False)[1]["candidates"])
