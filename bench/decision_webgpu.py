@@ -59,7 +59,7 @@ def tune_section(cfg: Any, args: argparse.Namespace, f16_arith: bool) -> dict[st
                        f16_arith=f16_arith, log=lambda m: log("  " + m))
     TABLES[(cfg.name, f16_arith)] = table
     return {"tuned": table.source, "seconds": time.perf_counter() - t, "f16_arith": f16_arith,
-            "cutoffs": {k: next((sg["min_rows"] for sg in v if sg["kind"] == "tiled"), None)
+            "cutoffs": {k: next((sg["min_rows"] for sg in v if sg["kind"] != "rows"), None)
                         for k, v in table.matmul.items()}}
 
 

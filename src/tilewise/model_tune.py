@@ -45,6 +45,9 @@ def model_matmuls(cfg: Any) -> dict[str, tuple[str, int, int]]:
 SEED_TILED = ((64, 64, 16, 8, 8), (128, 64, 16, 8, 8), (128, 128, 8, 8, 8), (64, 64, 8, 8, 8), (64, 32, 16, 4, 4),
               (32, 64, 16, 4, 4), (128, 64, 8, 8, 4), (64, 128, 8, 4, 8), (64, 64, 16, 4, 8), (128, 64, 16, 8, 4),
               (32, 32, 16, 4, 4), (64, 64, 32, 4, 4), (32, 64, 16, 2, 4), (16, 64, 16, 1, 4), (32, 128, 16, 2, 8))
+# split-K: the tiles that did best unsplit, cut into 2 or 4 slices of K
+SEED_SPLITK = ((64, 64, 16, 4, 4, 2), (64, 64, 16, 4, 4, 4), (64, 64, 32, 4, 4, 2), (64, 64, 32, 4, 4, 4),
+               (64, 64, 16, 8, 8, 4), (128, 64, 16, 8, 4, 4), (32, 64, 16, 4, 4, 2), (64, 32, 16, 4, 4, 4))
 SEED_ROWS = ((128, 4, 1, 8), (256, 8, 1, 16), (64, 2, 4, 8), (128, 2, 8, 8), (256, 4, 4, 16), (128, 1, 8, 32),
              (256, 2, 2, 32), (64, 1, 4, 16))
 
@@ -58,10 +61,12 @@ def candidates(template: Any, limits: Any, n: int, seed: int, hand_picked: bool 
     elif template.kind == "tiled":
         extra = {k: space.params[k][0] for k in ("F16S", "F16A") if k in space.params}
         seeds = [dict(zip(("BM", "BN", "BK", "TM", "TN"), v), **extra) for v in SEED_TILED]
+    elif template.kind == "splitk":
+        seeds = [dict(zip(("BM", "BN", "BK", "TM", "TN", "KS"), v), F16S=False) for v in SEED_SPLITK]
     else:
         seeds = [dict(zip(("WG", "NC", "RM", "EL"), v)) for v in SEED_ROWS]
     out += [space.config(v) for v in seeds]
-    for c in space.sample(n, seed=seed, limits=limits):
+    for c in space.sample(n if template.kind != "splitk" else max(1, n // 2), seed=seed, limits=limits):
         if c not in out:
             out.append(c)
     uniq: list[Any] = []
@@ -92,6 +97,8 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
     bufs_of: dict[str, Any] = {}
     failures: dict[str, str] = {}
     templates = [mm.MatmulTemplate(kind, fmt, epilogue, dev.enabled_features) for kind in mm.KINDS]
+    if max(rows) < 64:  # split-K only pays where the unsplit tile grid is small but each tile is tall
+        templates = [t for t in templates if t.kind != "splitk"]
     if f16_arith and "shader-f16" in dev.enabled_features:
         templates.append(mm.MatmulTemplate("tiled", fmt, epilogue, dev.enabled_features, True, True))
     for t in templates:
@@ -219,7 +226,7 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
         table.matmul[matmul_key(fmt, epilogue, n, k)] = segs
         table.measured[f"{label} {n}x{k}"] = record
         table.save(path)  # each shape as soon as it is measured: an interrupted run keeps what it did
-        cut = next((sg["min_rows"] for sg in segs if sg["kind"] == "tiled"), None)
+        cut = next((sg["min_rows"] for sg in segs if sg["kind"] != "rows"), None)
         desc = ", ".join(f"{sg['min_rows']}-{sg['max_rows'] or '...'}: {sg['kind']} "
                          f"{','.join(f'{a}={b}' for a, b in sg['config'].items())}" for sg in segs)
         log(f"{label} ({epilogue}, N={n}, K={k}): tiled from {cut if cut else 'never'} rows; {desc}")

@@ -172,3 +172,24 @@ def test_dispatch_table_from_another_device_or_version_is_ignored(webgpu_device,
         assert table.matmul == {} and table.source == "defaults"
     with pytest.warns(UserWarning, match="tilewise tune model"):
         DispatchTable.load_for(fp, tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("kind", ["splitk", "rows", "tiled"])
+def test_every_matmul_kind_runs_the_whole_model(models, rng, webgpu_device, kind):
+    from tilewise.kernels import nf4_matmul as mm
+    from tilewise.model.webgpu import matmul_key
+    from tilewise.model_tune import model_matmuls
+
+    model = models["nf4"]
+    cfg = {"splitk": {**mm.DEFAULT_TILED, "BM": 32, "KS": 2}, "rows": mm.DEFAULT_ROWS, "tiled": mm.DEFAULT_TILED}[kind]
+    seg = [{"min_rows": 1, "max_rows": None, "kind": kind, "config": cfg}]
+    table = DispatchTable(fingerprint=webgpu_device.info.fingerprint, version=kernel_version(),
+                          matmul={matmul_key("nf4", e, n, k): seg for e, n, k in model_matmuls(model.config).values()})
+    ex = WebGPUExecutor(model.checkpoint, device=webgpu_device, dispatch=table)
+    for n in (1, 97):
+        ids = np.asarray(_ids(rng, n))
+        plan, _ = ex.plan(ids, 0, None, True)
+        names = {lab.program.name.split("[")[0] for lab in plan.launches}
+        assert f"nf4_matmul.{kind}.swiglu" in names
+        hidden, _ = ex.forward(ids, 0, None, True)
+        np.testing.assert_allclose(hidden, model.hidden(model.prefill(ids)), atol=2e-5, rtol=0)

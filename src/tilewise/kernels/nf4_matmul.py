@@ -13,6 +13,10 @@ Variants (all generated from one template so that the three weight formats share
 - kind `rows` (few rows, matrix-vector style): a workgroup of WG threads owns NC output columns and RM
   rows; WG/NC lanes split `in` for each column (EL elements per lane step), reduce through workgroup
   memory. No weight staging: with few rows there is nothing to share, and parallelism comes from columns.
+- kind `splitk` (many rows, few output columns, long K: the down projections): the tiled kernel over KS
+  slices of K (grid z), each writing its partial sums to a scratch buffer; a second launch adds the KS
+  partials and applies the epilogue. More workgroups for the same tile: a 64x64 tile of a 346 x 1024 output
+  is only 96 workgroups on a GPU with 132 multiprocessors.
 - epilogue `none` (y = xW^T), `residual` (out += xW^T, in place on the residual stream: the down / out
   projections), `swiglu` (paired gate/up weights, out = silu(x Wg^T) * (x Wu^T): the FFN's first half).
 - weights `nf4` (bitsandbytes layout: blocks of 64 along `in`, float32 absmax per block, element 2i in
@@ -37,7 +41,8 @@ from tilewise.tune.space import Config, Rule, Space, divides
 
 FORMATS = ("nf4", "f16", "f32")
 EPILOGUES = ("none", "residual", "swiglu")
-KINDS = ("tiled", "rows")
+KINDS = ("tiled", "rows", "splitk")
+SPLITK_WG = 256  # threads of the split-K reduction kernel
 NF4_BLOCK = 64
 # bytes one weight costs in each format (absmax included for nf4)
 WEIGHT_BYTES = {"nf4": 0.5 + 4 / NF4_BLOCK, "f16": 2.0, "f32": 4.0}
@@ -52,6 +57,7 @@ NF4_CODES = (
 # configs used when no dispatch table has been measured for a device (safe on every adapter we know)
 DEFAULT_TILED = {"BM": 64, "BN": 64, "BK": 16, "TM": 4, "TN": 4, "F16S": False}
 DEFAULT_ROWS = {"WG": 64, "NC": 2, "RM": 4, "EL": 8}
+DEFAULT_SPLITK = 4
 DEFAULT_CUTOFF_ROWS = 96  # seed 001: below this the short-row path, from here the tiled one
 
 
@@ -154,6 +160,7 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
     F16A = bool(cfg.get("F16A", False))  # f16 FMAs on the staged tiles, partial sums per K step added in f32
     if F16A and not F16S:
         raise ValueError("F16A (f16 arithmetic) reads f16 tiles: it needs F16S")
+    KS = int(cfg.get("KS", 1))  # split-K: this launch covers K / KS of `in` per grid z; `out` is the scratch
     TX, TY = BN // TN, BM // TM
     NT = TX * TY
     paired = epilogue == "swiglu"
@@ -179,7 +186,10 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
     def cast(e: str) -> str:
         return f"f16({e})" if F16S else e
 
-    L.append("    for (var k0 = 0u; k0 < K; k0 = k0 + BK) {\n")
+    if KS > 1:
+        L.append(f"    let kz = wid.z * {k // KS}u;\n    for (var k0 = kz; k0 < kz + {k // KS}u; k0 = k0 + BK) {{\n")
+    else:
+        L.append("    for (var k0 = 0u; k0 < K; k0 = k0 + BK) {\n")
     if F16A:
         for s_ in range(sets):
             for i in range(TM):
@@ -240,8 +250,12 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
     for i in range(TM):
         L.append(f"    let r{i} = m0 + ty * {TM}u + {i}u;\n    if (r{i} < M) {{\n")
         for j in range(TN):
-            up = f"a1_{i}_{j}" if paired else None
-            store = _store(epilogue, f"r{i} * N + c0 + {j}u", f"a0_{i}_{j}", up)
+            if KS > 1:  # partial sums of this K slice: scratch (KS, sets, M, N)
+                store = " ".join(f"out[((wid.z * {sets}u + {s_}u) * M + r{i}) * N + c0 + {j}u] = a{s_}_{i}_{j};"
+                                 for s_ in range(sets))
+            else:
+                up = f"a1_{i}_{j}" if paired else None
+                store = _store(epilogue, f"r{i} * N + c0 + {j}u", f"a0_{i}_{j}", up)
             L.append(f"        if (c0 + {j}u < N) {{ {store} }}\n")
         L.append("    }\n")
     L.append("}\n")
@@ -298,6 +312,32 @@ def rows_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, k
     return "".join(L)
 
 
+def splitk_reduce_source(epilogue: str, n: int, ks: int) -> str:
+    """WGSL: out = epilogue(sum over the KS partial sums in `part` (KS, sets, M, N)); one thread per output."""
+    sets = 2 if epilogue == "swiglu" else 1
+    sums = "\n".join(f"    let s{s_} = " + " + ".join(f"part[{z * sets + s_}u * MN + i]" for z in range(ks)) + ";"
+                     for s_ in range(sets))
+    return f"""struct Dims {{ m: u32, r0: u32, r1: u32, r2: u32 }}
+@group(0) @binding(0) var<uniform> dims: Dims;
+@group(0) @binding(1) var<storage, read> part: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+const N: u32 = {n}u;
+@compute @workgroup_size({SPLITK_WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
+    let MN = dims.m * N;
+    let i = gid.x;
+    if (i >= MN) {{ return; }}
+{sums}
+    {_store(epilogue, "i", "s0", "s1" if sets == 2 else None)}
+}}
+"""
+
+
+def splitk_scratch_bytes(cfg: Config | dict[str, Any], epilogue: str, m: int, n: int) -> int:
+    """Bytes of the partial-sum buffer a split-K launch needs for M rows."""
+    return 4 * int(cfg["KS"]) * (2 if epilogue == "swiglu" else 1) * m * n
+
+
 def binding_names(fmt: str, epilogue: str) -> list[str]:
     """Buffer names in binding order for (weights format, epilogue)."""
     return _header(fmt, epilogue, 8, 64, False)[1]
@@ -307,12 +347,16 @@ def grid(kind: str, cfg: Config | dict[str, Any], m: int, n: int) -> tuple[int, 
     """Workgroups for M rows and N output columns."""
     if kind == "tiled":
         return (math.ceil(n / cfg["BN"]), math.ceil(m / cfg["BM"]), 1)
+    if kind == "splitk":
+        return (math.ceil(n / cfg["BN"]), math.ceil(m / cfg["BM"]), int(cfg["KS"]))
     return (math.ceil(n / cfg["NC"]), math.ceil(m / cfg["RM"]), 1)
 
 
 def source(kind: str, cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, k: int) -> str:
     if kind not in KINDS or fmt not in FORMATS or epilogue not in EPILOGUES:
         raise ValueError(f"unknown matmul variant kind={kind} fmt={fmt} epilogue={epilogue}")
+    if kind == "splitk":
+        return tiled_source({**dict(cfg), "KS": cfg["KS"]}, fmt, epilogue, n, k)
     return (tiled_source if kind == "tiled" else rows_source)(cfg, fmt, epilogue, n, k)
 
 
@@ -397,6 +441,8 @@ def shape_problems(kind: str, cfg: Config | dict[str, Any], n: int, k: int) -> l
         out.append(f"K={k} is not a multiple of {NF4_BLOCK} (one NF4 absmax block per 64 inputs of a row)")
     if kind == "tiled" and k % cfg["BK"]:
         out.append(f"K={k} is not a multiple of BK={cfg['BK']}")
+    if kind == "splitk" and k % (cfg["KS"] * cfg["BK"]):
+        out.append(f"K={k} is not a multiple of KS*BK = {cfg['KS']}*{cfg['BK']}: the K slices must be whole steps")
     if kind == "rows" and (k // 8) % (cfg["EL"] // 8):
         out.append(f"K/8={k // 8} is not a multiple of EL/8={cfg['EL'] // 8}")
     return out
@@ -468,6 +514,9 @@ class MatmulTemplate(KernelTemplate):
         if self.kind == "rows":
             return rows_space(paired)
         sp = tiled_space(paired, self.features)
+        if self.kind == "splitk":
+            sp.params["KS"] = [2, 4, 8]
+            sp.name = sp.name.replace("tiled", "splitk")
         sp.params["F16S"] = [self.f16_staging]  # f16 staging is its own template: its own tolerance
         if self.f16_arith:
             sp.params["F16A"] = [True]
@@ -477,6 +526,8 @@ class MatmulTemplate(KernelTemplate):
         if self.kind == "rows":
             return self.space().config(DEFAULT_ROWS)
         extra = {"F16A": True} if self.f16_arith else {}
+        if self.kind == "splitk":
+            extra["KS"] = DEFAULT_SPLITK
         return self.space().config({**DEFAULT_TILED, "F16S": self.f16_staging, **extra})
 
     def shape_problems(self, config: Config, shape: Shape) -> list[str]:
@@ -491,7 +542,11 @@ class MatmulTemplate(KernelTemplate):
 
             raise ShaderCompileError(f"{self.name}[{config}] stages in f16, but {device.info.name} has no shader-f16",
                                      "use the f32 template on this adapter")
-        return device.compile(self.source(config, shape), "main", name=f"{self.name}[{config}]")
+        prog = device.compile(self.source(config, shape), "main", name=f"{self.name}[{config}]")
+        if self.kind == "splitk":
+            prog.meta["reduce"] = device.compile(splitk_reduce_source(self.epilogue, shape[1], config["KS"]), "main",
+                                                 name=f"{self.name}.reduce[KS={config['KS']}]")
+        return prog
 
     def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
         m, n, k = shape
@@ -510,6 +565,10 @@ class MatmulTemplate(KernelTemplate):
         for key, arr in host.items():
             bufs["_residual" if key == "residual" else key] = device.upload(arr)
         bufs["out"] = device.allocate(4 * m * n)
+        if self.kind == "splitk":
+            # sized for the largest KS of the space, so every candidate can share one input set
+            bufs["part"] = device.allocate(splitk_scratch_bytes({"KS": max(self.space().params["KS"])},
+                                                                self.epilogue, m, n))
         return bufs
 
     def poison(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> None:
@@ -523,6 +582,11 @@ class MatmulTemplate(KernelTemplate):
 
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
         m, n, _ = shape
+        if self.kind == "splitk":
+            order = [bufs["part" if name == "out" else name] for name in binding_names(self.fmt, self.epilogue)]
+            return [Launch(program, grid(self.kind, config, m, n), order),
+                    Launch(program.meta["reduce"], (math.ceil(m * n / SPLITK_WG), 1, 1),
+                           [bufs["dims"], bufs["part"], bufs["out"]])]
         order = [bufs[name] for name in binding_names(self.fmt, self.epilogue)]
         return [Launch(program, grid(self.kind, config, m, n), order)]
 
@@ -549,12 +613,12 @@ class MatmulTemplate(KernelTemplate):
         m, n, k = shape
         sets = 2 if self.epilogue == "swiglu" else 1
         out_rw = 2 if self.epilogue == "residual" else 1
-        return int(4 * m * k + sets * n * k * WEIGHT_BYTES[self.fmt] + out_rw * 4 * m * n)
+        return int(4 * m * k + sets * n * k * WEIGHT_BYTES[self.fmt] + out_rw * 4 * m * n)  # (scratch not counted)
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
         m, n, _ = shape
         gx, gy, _ = grid(self.kind, config, m, n)
-        bm, bn = (config["BM"], config["BN"]) if self.kind == "tiled" else (config["RM"], config["NC"])
+        bm, bn = (config["RM"], config["NC"]) if self.kind == "rows" else (config["BM"], config["BN"])
         return gx * gy * bm * bn / (m * n)
 
 

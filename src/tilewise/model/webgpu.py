@@ -234,6 +234,7 @@ class WebGPUExecutor:
         self._pool: dict[int, list[GPUCaches]] = {}
         self._rows = 0
         self._rope_positions = 0
+        self._scratch_buf: Buffer | None = None
         self._upload_weights()
         self._lost = False
 
@@ -374,7 +375,25 @@ class WebGPUExecutor:
         key = ("mm", kind, tuple(sorted(cfg.items())), self.fmt, epilogue, n, k)
         prog = self._program(key, lambda: mm.source(kind, cfg, self.fmt, epilogue, n, k),
                              f"{self.fmt}_matmul.{kind}.{epilogue}[{n}x{k}]")
-        plan.add(label, Launch(prog, mm.grid(kind, cfg, rows, n), [self._dims(rows, x_row0), x, *weights, out]))
+        dims = self._dims(rows, x_row0)
+        if kind != "splitk":
+            plan.add(label, Launch(prog, mm.grid(kind, cfg, rows, n), [dims, x, *weights, out]))
+            return
+        # split-K: partial sums into a scratch buffer, then one launch adds them and applies the epilogue
+        part = self._scratch(mm.splitk_scratch_bytes(cfg, epilogue, rows, n))
+        red = self._program(("mm-reduce", epilogue, n, cfg["KS"]),
+                            lambda: mm.splitk_reduce_source(epilogue, n, cfg["KS"]), f"splitk.reduce[{n}]")
+        plan.add(label, Launch(prog, mm.grid(kind, cfg, rows, n), [dims, x, *weights, part]))
+        plan.add(label, Launch(red, (math.ceil(rows * n / mm.SPLITK_WG), 1, 1), [self._dims(rows), part, out]))
+
+    def _scratch(self, nbytes: int) -> Buffer:
+        """One partial-sum buffer shared by every split-K launch (they run one after another)."""
+        if self._scratch_buf is None or self._scratch_buf.nbytes < nbytes:
+            self._check_fits("split-K scratch", nbytes)
+            if self._scratch_buf is not None:
+                self._keep.append(self._scratch_buf)
+            self._scratch_buf = self.dev.allocate(max(nbytes, 1 << 20))
+        return self._scratch_buf
 
     def _rmsnorm(self, plan: _Plan, label: str, x: Buffer, row0: int, rows: int, w: Buffer, out: Buffer) -> None:
         H = self.cfg.hidden_size
