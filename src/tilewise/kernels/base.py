@@ -15,12 +15,19 @@ Life of one candidate, as the tuner drives it:
     device.run(tpl.launches(prog, bufs, cfg, shape))
     out = tpl.read_output(device, bufs, shape)
     ref = tpl.reference(host, shape)                            # float64
+
+Optional hooks (defaults keep the plain behaviour above):
+
+    tpl.precompile(device, configs, shape)   # a batch's compiles at once (CUDA: NVRTC on a thread pool)
+    tpl.verify_shape(config, shape)          # verify at a cheaper shape with the same edge structure
+    tpl.peer_program(device)                 # a reference implementation to race (CUDA: cuBLAS fp32)
+    tpl.peer_launches(peer, bufs, shape)     # its launches on the template's own buffers
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,6 +51,8 @@ class KernelTemplate(ABC):
     shape_names: tuple[str, ...] = ()
     #: dtype label used to pick a verification tolerance ("f32", "f16", "nf4", ...)
     dtype: str = "f32"
+    #: short name of the peer `peer_program` returns (the tuner prints "% of <peer_name>"); "" = no peer
+    peer_name: str = ""
 
     @abstractmethod
     def space(self, which: str = "full") -> Space:
@@ -96,6 +105,58 @@ class KernelTemplate(ABC):
     @abstractmethod
     def bytes_moved(self, shape: Shape) -> int:
         """Fewest bytes one launch must move through device memory (each input read once, output written once)."""
+
+    # ---- optional hooks -------------------------------------------------------------------------------
+    def precompile(self, device: Device, configs: Sequence[Config], shape: Shape,
+                   ) -> Mapping[Config, Program | Exception]:
+        """Compile a batch of configs at once, before the tuner verifies them one by one.
+
+        A template whose compiler can work in parallel overrides this; the tuner calls it once per batch and
+        uses the returned programs instead of calling `compile`. A config missing from the answer is compiled
+        with `compile` as usual; an exception stands for what `compile` would have raised for that config.
+
+        Args:
+            device: where the programs will run.
+            configs: the batch's legal configs.
+            shape: the problem shape (as for `compile`).
+
+        Returns:
+            config -> Program or the exception compiling it raised; the default compiles nothing ({}).
+        """
+        return {}
+
+    def verify_shape(self, config: Config, shape: Shape) -> Shape:
+        """The shape at which to verify a config that will be timed at `shape`.
+
+        Verifying a large shape costs a float64 reference on the host (137 GFLOP at 4096^3); a template may
+        name a smaller shape that exercises the same code paths (the same partial tiles, or more), so every
+        candidate is checked on fresh inputs at a fraction of the cost. The program compiled for `shape` is
+        run at the returned shape, so a template whose programs specialise on the shape must keep the default.
+
+        Args:
+            config: the config to verify.
+            shape: the shape it is compiled for and timed at.
+
+        Returns:
+            The shape to verify at; the default is `shape` itself.
+        """
+        return shape
+
+    def peer_program(self, device: Device) -> Program | None:
+        """A reference implementation (a vendor library) that `tune` races against the best configs.
+
+        Returns:
+            A program the device can launch through `peer_launches`, or None when the template has no peer.
+        """
+        return None
+
+    def peer_launches(self, program: Program, bufs: DeviceBuffers, shape: Shape) -> list[Launch]:
+        """The launches of one run of the peer on this template's buffers (only called when `peer_program`
+        returned a program)."""
+        from tilewise.errors import ConfigError
+
+        raise ConfigError(f"kernel template {self.name} on {self.backend} has no peer to race",
+                          "tune without a peer (tilewise tune ... --no-peer)")
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
         """Launched tile area over useful area (1.0 = no padding)."""

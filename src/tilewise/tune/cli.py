@@ -2,7 +2,7 @@
 
     tilewise tune gemm --device webgpu --shape 256,256,256 [--space seed|full|large]
                   [--strategy exhaustive|random] [--budget N] [--budget-s S] [--json FILE] [--plot FILE]
-                  [--force] [--store PATH] [--show-source CONFIG] [--dry-run] [--target PROFILE]
+                  [--force] [--store PATH] [--show-source CONFIG] [--dry-run] [--target PROFILE] [--no-peer]
     tilewise tune model ...            (delegates to tilewise.model_tune when it is installed)
     tilewise sweep gemm --device webgpu --m 1..512:8 --n 2560 --k 1024 [--plot FILE.png] [--json FILE]
                   [--out dispatch.json] [--tolerance 0.03]
@@ -31,7 +31,7 @@ def register(sub: Any) -> None:
     p.add_argument("--strategy", default="exhaustive", help="exhaustive | random")
     p.add_argument("--budget", type=int, default=None, help="most configs to measure")
     p.add_argument("--budget-s", type=float, default=None, help="most seconds to spend")
-    p.add_argument("--json", metavar="FILE", help="write {kernel, device, shape, results} here")
+    p.add_argument("--json", metavar="FILE", help="write {kernel, device, shape, results[, peer]} here")
     p.add_argument("--plot", metavar="FILE", help="PNG of medians and intervals per config")
     p.add_argument("--force", action="store_true", help="re-measure configs the store already holds")
     p.add_argument("--store", metavar="PATH", help="results store (default: the user cache dir)")
@@ -41,6 +41,8 @@ def register(sub: Any) -> None:
     p.add_argument("--target", metavar="PROFILE", help="limits profile for --dry-run (webgpu-default, sm_90, ...)")
     p.add_argument("--seed", type=int, default=0, help="random seed (inputs, search order, bootstrap)")
     p.add_argument("--rounds", type=int, default=None, help="timed rounds per batch (default 10..40 within 5 s)")
+    p.add_argument("--no-peer", action="store_true", help="leave the template's peer (cuBLAS on CUDA) out of the "
+                   "final race and the table's %% of peer column")
     # for `tilewise tune model` (tilewise.model_tune)
     p.add_argument("--preset", help="model preset (tune model)")
     p.add_argument("--seq", type=int, help="sequence length (tune model)")
@@ -191,7 +193,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             bar.update(task, completed=min(done, total) if total else done, description=stage[:70])
 
         result = tune(tpl, device, shape, space=args.space, strategy=args.strategy, budget=budget, store=store,
-                      force=args.force, seed=args.seed, measure_kw=mkw, progress=progress)
+                      force=args.force, seed=args.seed, measure_kw=mkw, progress=progress, peer=not args.no_peer)
     console.print(tune_table(result))
     for line in failure_lines(result) + tune_summary(result):
         console.print(line, markup=False, highlight=False)

@@ -8,30 +8,47 @@ from typing import Any
 
 from tilewise.errors import ConfigError
 from tilewise.tune.dispatch import SweepResult
+from tilewise.tune.measure import ties
 from tilewise.tune.tuner import TuneResult
 
 _STATUS_ORDER = {"wrong": 0, "timeout": 1, "launch_error": 2, "compile_error": 3, "illegal": 4}
 
 
 def tune_table(result: TuneResult) -> Any:
-    """A rich Table of the ranked `ok` rows (GFLOP/s, % of best, interval, tie group); see `failure_lines`."""
+    """A rich Table of the ranked `ok` rows (GFLOP/s, % of best, interval, tie group); see `failure_lines`.
+
+    With a peer (`result.peer`), a `% of <peer>` column holds 100 * peer median / config median for the
+    configs that ran in the final race with it ("-" for the rest: their times come from other measurements),
+    and the peer's own row closes the table.
+    """
     from rich.table import Table
 
     t = Table(title=f"{result.kernel} {'x'.join(map(str, result.shape))} on {result.fingerprint} "
                     f"(space {result.space})")
-    for col, just in (("#", "right"), ("config", "left"), ("median ms", "right"), ("GFLOP/s", "right"),
-                      ("% best", "right"), ("95% interval ms", "right"), ("tie", "right"), ("waste", "right"),
-                      ("rel err", "right")):
+    peer = result.peer
+    cols = [("#", "right"), ("config", "left"), ("median ms", "right"), ("GFLOP/s", "right"), ("% best", "right")]
+    if peer is not None:
+        cols.append((f"% of {peer.name}", "right"))
+    cols += [("95% interval ms", "right"), ("tie", "right"), ("waste", "right"), ("rel err", "right")]
+    for col, just in cols:
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     ranked = result.ranked
     best = ranked[0].stats.median_ms if ranked and ranked[0].stats else None
     for i, r in enumerate(ranked, 1):
         s = r.stats
         assert s is not None and best is not None
-        t.add_row(str(i), str(r.config) + (" (stored)" if r.cached else ""), f"{s.median_ms:.4f}",
-                  f"{r.gflops:.1f}" if r.gflops else "-", f"{100 * best / s.median_ms:.0f}%",
-                  f"{s.ci95_ms[0]:.4f}..{s.ci95_ms[1]:.4f}", str(r.tie_group),
-                  f"{r.tile_waste:.2f}" if r.tile_waste else "-", f"{r.rel_err:.1e}" if r.rel_err is not None else "-")
+        cells = [str(i), str(r.config) + (" (stored)" if r.cached else ""), f"{s.median_ms:.4f}",
+                 f"{r.gflops:.1f}" if r.gflops else "-", f"{100 * best / s.median_ms:.0f}%"]
+        if peer is not None:
+            cells.append(f"{r.pct_of_peer:.1f}%" if r.pct_of_peer is not None else "-")
+        cells += [f"{s.ci95_ms[0]:.4f}..{s.ci95_ms[1]:.4f}", str(r.tie_group),
+                  f"{r.tile_waste:.2f}" if r.tile_waste else "-", f"{r.rel_err:.1e}" if r.rel_err is not None else "-"]
+        t.add_row(*cells)
+    if peer is not None:
+        ps = peer.stats
+        t.add_row("-", f"{peer.name} (peer)", f"{ps.median_ms:.4f}", f"{peer.gflops:.1f}",
+                  f"{100 * best / ps.median_ms:.0f}%" if best else "-", "100.0%",
+                  f"{ps.ci95_ms[0]:.4f}..{ps.ci95_ms[1]:.4f}", "-", "-", "-", style="dim")
     return t
 
 
@@ -60,6 +77,15 @@ def tune_summary(result: TuneResult) -> list[str]:
         worst = ranked[-1].stats.median_ms if ranked[-1].stats else None
         if worst and ranked[0].stats:
             lines.append(f"spread best..worst legal: {worst / ranked[0].stats.median_ms:.2f}x")
+        peer, top = result.peer, ranked[0]
+        if peer is not None and top.pct_of_peer is not None and top.stats is not None:
+            verdict = "a tie: the intervals overlap" if ties(top.stats, peer.stats) else (
+                "faster" if top.stats.median_ms < peer.stats.median_ms else "slower")
+            lines.append(f"fastest vs {peer.name}: {top.pct_of_peer:.1f}% of {peer.name} "
+                         f"({top.stats.median_ms:.4f} vs {peer.stats.median_ms:.4f} ms in one interleaved race; "
+                         f"{verdict})")
+    if result.peer_error:
+        lines.append(f"peer not timed: {result.peer_error}")
     counts: dict[str, int] = {}
     for r in result.rows:
         counts[r.status] = counts.get(r.status, 0) + 1

@@ -1,0 +1,347 @@
+"""The tuner's optional template hooks, on a fake template and a fake-timed CPU device (no GPU needed).
+
+- `precompile`: called once per batch with that batch's configs; its programs (and errors) are used as-is.
+- `verify_shape`: verification (fresh inputs, NaN poison, float64 reference) runs at that shape, timing at the
+  real shape; the stored message names the verified shape.
+- `peer_program`/`peer_launches`: the peer runs in the final race's rounds, and `% of peer` comes from them.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tilewise.devices.base import Launch
+from tilewise.devices.cpu import CPUDevice
+from tilewise.errors import ShaderCompileError, TilewiseError
+from tilewise.kernels.base import KernelTemplate
+from tilewise.tune.space import Space
+from tilewise.tune.store import Store
+from tilewise.tune.tuner import tune
+
+SHAPE = (16, 16, 16)  # no partial tile for any T below
+VSHAPE = (7, 12, 8)  # M = 7: a partial row tile for T = 2 and 4
+PEER_MS = 0.8
+FAST = {"warmup": 0, "min_rounds": 8, "max_rounds": 8, "budget_s": 60.0}
+POINTS = [dict(T=1, BUG=0), dict(T=2, BUG=0), dict(T=2, BUG=1), dict(T=4, BUG=0), dict(T=8, BUG=0)]
+
+
+def tiny_kernel(bufs, grid, T, BUG):
+    """out (M, N) = a (M, K) @ b (K, N); with BUG, the rows of a partial last T-row tile are never written."""
+    M, N, K = grid
+    a = bufs[0].view(np.float32)[: M * K].reshape(M, K)
+    b = bufs[1].view(np.float32)[: K * N].reshape(K, N)
+    out = bufs[2].view(np.float32)[: M * N].reshape(M, N)
+    rows = M - M % T if BUG else M
+    out[:rows] = a[:rows] @ b
+
+
+def peer_kernel(bufs, grid):
+    M, N, K = grid
+    out = bufs[2].view(np.float32)[: M * N].reshape(M, N)
+    out[:] = bufs[0].view(np.float32)[: M * K].reshape(M, K) @ bufs[1].view(np.float32)[: K * N].reshape(K, N)
+
+
+class TimedCPU(CPUDevice):
+    """Runs kernels for real (verification) but `time` returns each program's `meta["mean_ms"]` with 1% noise,
+    and records every call: (program names, grids, returned ms)."""
+
+    timer = "fake"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.noise = np.random.default_rng(7)
+        self.runs: list[tuple[int, ...]] = []
+        self.timed: list[tuple[list[str], list[tuple[int, ...]], np.ndarray]] = []
+
+    def run(self, launches):
+        self.runs += [tuple(lch.grid) for lch in launches]
+        super().run(launches)
+
+    def time(self, launches):
+        ms = np.array([lch.program.meta["mean_ms"] * (1 + 0.01 * self.noise.standard_normal()) for lch in launches])
+        self.timed.append(([lch.program.name for lch in launches], [tuple(lch.grid) for lch in launches], ms))
+        return ms
+
+
+class Tiny(KernelTemplate):
+    """A CPU GEMM whose configs differ in (fake) speed, one with an edge bug and one that cannot compile."""
+
+    name = "tiny"
+    backend = "cpu"
+    shape_names = ("M", "N", "K")
+
+    def __init__(self) -> None:
+        self.compiled: list[str] = []
+        self.precompiled: list[list[str]] = []
+        self.inputs_at: list[tuple[int, ...]] = []
+        self.reference_at: list[tuple[int, ...]] = []
+
+    def space_names(self):
+        return ("seed",)
+
+    def space(self, which="seed"):
+        return Space("tiny-seed", {"T": [1, 2, 4, 8], "BUG": [0, 1]}, points=POINTS)
+
+    def source(self, config):
+        return f"tiny T={config.T} BUG={config.BUG}"
+
+    def compile(self, device, config, shape):
+        self.compiled.append(config.key())
+        if config.T == 8:
+            raise ShaderCompileError("tiny.cu:3: T = 8 tiles need 9 registers too many", "pick T <= 4")
+        prog = device.compile(tiny_kernel, constants=dict(config), name=f"tiny[{config.key()}]")
+        prog.meta["mean_ms"] = 1.0 * config.T
+        return prog
+
+    def precompile(self, device, configs, shape):
+        self.precompiled.append([c.key() for c in configs])
+        out = {}
+        for c in configs:
+            try:
+                out[c] = self.compile(device, c, shape)
+            except TilewiseError as exc:
+                out[c] = exc
+        return out
+
+    def verify_shape(self, config, shape):
+        return VSHAPE if self.flops(shape) > self.flops(VSHAPE) else shape
+
+    def make_inputs(self, shape, rng):
+        self.inputs_at.append(tuple(shape))
+        M, N, K = shape
+        return {"a": rng.standard_normal((M, K), dtype=np.float32), "b": rng.standard_normal((K, N), dtype=np.float32)}
+
+    def upload(self, device, host, shape):
+        M, N, _ = shape
+        return {"a": device.upload(host["a"]), "b": device.upload(host["b"]), "out": device.allocate(4 * M * N)}
+
+    def launches(self, program, bufs, config, shape):
+        return [Launch(program, tuple(shape), [bufs["a"], bufs["b"], bufs["out"]])]
+
+    def read_output(self, device, bufs, shape):
+        return device.download(bufs["out"], np.float32, shape[:2])
+
+    def reference(self, host, shape):
+        self.reference_at.append(tuple(shape))
+        return host["a"].astype(np.float64) @ host["b"].astype(np.float64)
+
+    def flops(self, shape):
+        M, N, K = shape
+        return 2 * M * N * K
+
+    def bytes_moved(self, shape):
+        M, N, K = shape
+        return 4 * (M * K + K * N + M * N)
+
+
+class TinyWithPeer(Tiny):
+    peer_name = "fakeBLAS"
+
+    def peer_program(self, device):
+        prog = device.compile(peer_kernel, name="fakeblas")
+        prog.meta["mean_ms"] = PEER_MS
+        return prog
+
+    def peer_launches(self, program, bufs, shape):
+        return [Launch(program, tuple(shape), [bufs["a"], bufs["b"], bufs["out"]])]
+
+
+class TinyPlain(Tiny):
+    """No hooks: the base class's defaults."""
+
+    precompile = KernelTemplate.precompile
+    verify_shape = KernelTemplate.verify_shape
+
+
+def by_key(res):
+    return {r.config.key(): r for r in res.rows}
+
+
+# ---- precompile -------------------------------------------------------------------------------------------
+def test_precompile_is_called_once_per_batch_with_that_batchs_configs():
+    tpl, dev = Tiny(), TimedCPU()
+    res = tune(tpl, dev, SHAPE, batch=2, measure_kw=FAST)
+    keys = [f"T={p['T']},BUG={p['BUG']}" for p in POINTS]
+    assert tpl.precompiled == [keys[0:2], keys[2:4], keys[4:5]]
+    # every program came from the batch compile: nothing compiled twice, not even for the final race
+    assert sorted(tpl.compiled) == sorted(keys)
+    rows = by_key(res)
+    assert rows["T=8,BUG=0"].status == "compile_error"
+    assert rows["T=8,BUG=0"].reason == "tiny.cu:3: T = 8 tiles need 9 registers too many"
+
+
+def test_precompile_skips_stored_configs_and_a_failing_batch_compile_falls_back(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    tune(Tiny(), TimedCPU(), SHAPE, batch=2, store=store, measure_kw=FAST)
+
+    class Broken(Tiny):
+        def precompile(self, device, configs, shape):
+            self.precompiled.append([c.key() for c in configs])
+            raise RuntimeError("the compile pool died")
+
+    again = Tiny()
+    tune(again, TimedCPU(), SHAPE, batch=2, store=store, measure_kw=FAST)
+    assert again.precompiled == [] and again.compiled == []  # all stored: nothing to compile
+    broken = Broken()
+    res = tune(broken, TimedCPU(), SHAPE, batch=8, measure_kw=FAST)
+    assert len(broken.precompiled) == 1
+    assert sorted(broken.compiled) == sorted(f"T={p['T']},BUG={p['BUG']}" for p in POINTS)  # one by one instead
+    assert by_key(res)["T=8,BUG=0"].status == "compile_error" and by_key(res)["T=1,BUG=0"].status == "ok"
+
+
+def test_default_precompile_compiles_nothing_and_the_tuner_compiles_each_config():
+    tpl = TinyPlain()
+    assert tpl.precompile(TimedCPU(), [], SHAPE) == {}
+    res = tune(tpl, TimedCPU(), SHAPE, batch=2, measure_kw=FAST)
+    assert sorted(tpl.compiled) == sorted(f"T={p['T']},BUG={p['BUG']}" for p in POINTS)
+    assert by_key(res)["T=8,BUG=0"].status == "compile_error"
+
+
+# ---- verify_shape -----------------------------------------------------------------------------------------
+def test_verification_runs_at_verify_shape_and_timing_at_the_real_shape(tmp_path):
+    tpl, dev = Tiny(), TimedCPU()
+    store = Store(tmp_path / "s.sqlite")
+    res = tune(tpl, dev, SHAPE, batch=2, store=store, measure_kw=FAST)
+    rows = by_key(res)
+    # four configs compiled; each ran once, at the verify shape, on its own fresh inputs
+    assert dev.runs == [VSHAPE] * 4
+    assert tpl.inputs_at.count(VSHAPE) == 4 and tpl.reference_at == [VSHAPE] * 4
+    # timing: only the real shape, on inputs made once for it, never a reference at the real shape
+    assert dev.timed and all(g == SHAPE for _, grids, _ in dev.timed for g in grids)
+    assert tpl.inputs_at.count(SHAPE) == 1
+    # the edge bug is correct at SHAPE (no partial tile) but caught at VSHAPE by the NaN poison
+    bug = rows["T=2,BUG=1"]
+    assert bug.status == "wrong" and bug.verified_shape == VSHAPE
+    assert bug.reason.startswith("verified at 7x12x8: 12 of 84 outputs not finite")
+    ok = rows["T=1,BUG=0"]
+    assert ok.status == "ok" and ok.verified_shape == VSHAPE and ok.reason.startswith("verified at 7x12x8: rel_err")
+    assert ok.gflops == pytest.approx(2 * 16**3 / (ok.stats.median_ms * 1e6))  # GFLOP/s of the timed shape
+    stored = {r.config: r for r in store}
+    assert stored["T=1,BUG=0"].message.startswith("verified at 7x12x8: ")
+    assert stored["T=2,BUG=1"].status == "wrong" and stored["T=2,BUG=1"].message.startswith("verified at 7x12x8: ")
+    resumed = by_key(tune(Tiny(), TimedCPU(), SHAPE, store=store, measure_kw=FAST))
+    assert resumed["T=1,BUG=0"].cached and resumed["T=1,BUG=0"].verified_shape == VSHAPE
+
+
+def test_without_the_hook_verification_uses_the_real_shape():
+    tpl, dev = TinyPlain(), TimedCPU()
+    assert tpl.verify_shape(None, SHAPE) == SHAPE
+    res = tune(tpl, dev, SHAPE, batch=2, measure_kw=FAST)
+    assert dev.runs == [SHAPE] * 4 and tpl.reference_at == [SHAPE] * 4
+    assert by_key(res)["T=2,BUG=1"].status == "ok"  # at 16x16x16 the bug has no partial tile to skip
+    assert by_key(res)["T=1,BUG=0"].reason.startswith("verified at 16x16x16: ")
+
+
+def test_a_verify_shape_the_config_refuses_falls_back_to_the_real_shape():
+    class Picky(Tiny):
+        def shape_problems(self, config, shape):
+            return [f"odd_m: M = {shape[0]} is odd"] if shape[0] % 2 else []
+
+    tpl, dev = Picky(), TimedCPU()
+    res = tune(tpl, dev, SHAPE, batch=8, measure_kw=FAST)
+    assert dev.runs == [SHAPE] * 4
+    assert all(r.verified_shape == SHAPE for r in res.rows if r.status in ("ok", "wrong"))
+
+
+# ---- peer -------------------------------------------------------------------------------------------------
+def test_peer_runs_in_the_final_race_and_its_percentage_comes_from_that_race():
+    tpl, dev = TinyWithPeer(), TimedCPU()
+    res = tune(tpl, dev, SHAPE, batch=2, measure_kw=FAST, peer=True)
+    ranked = res.ranked
+    assert [r.config.key() for r in ranked] == ["T=1,BUG=0", "T=2,BUG=0", "T=4,BUG=0"]
+    race = [names for names, _, _ in dev.timed if "fakeblas" in names]
+    assert len(race) == FAST["max_rounds"]  # one race, every round with the peer and every raced config
+    assert all(sorted(names) == sorted(["fakeblas", *(f"tiny[{r.config.key()}]" for r in ranked)])
+               for names in race)
+    assert "fakeblas" not in {n for names, _, _ in dev.timed[:-len(race)] for n in names}  # only in the race
+    # recompute the peer's median and each config's from the race's own samples
+    samples: dict[str, list[float]] = {}
+    for names, _, ms in dev.timed[-len(race):]:
+        for n, t in zip(names, ms):
+            samples.setdefault(n, []).append(t)
+    peer_med = float(np.median(samples["fakeblas"]))
+    assert res.peer is not None and res.peer.name == "fakeBLAS"
+    assert res.peer.stats.median_ms == pytest.approx(peer_med)
+    assert res.peer.gflops == pytest.approx(2 * 16**3 / (peer_med * 1e6))
+    for r in ranked:
+        med = float(np.median(samples[f"tiny[{r.config.key()}]"]))
+        assert r.stats.median_ms == pytest.approx(med)
+        assert r.pct_of_peer == pytest.approx(100 * peer_med / med)
+    assert ranked[0].pct_of_peer == pytest.approx(100 * PEER_MS / 1.0, rel=0.05)
+    assert ranked[2].pct_of_peer == pytest.approx(100 * PEER_MS / 4.0, rel=0.05)
+
+
+def test_peer_is_off_by_default_and_absent_templates_have_none():
+    dev = TimedCPU()
+    res = tune(TinyWithPeer(), dev, SHAPE, batch=2, measure_kw=FAST)
+    assert res.peer is None and all(r.pct_of_peer is None for r in res.rows)
+    assert not any("fakeblas" in names for names, _, _ in dev.timed)
+    res = tune(Tiny(), TimedCPU(), SHAPE, batch=2, measure_kw=FAST, peer=True)
+    assert res.peer is None and list(res.as_json()) == ["kernel", "device", "shape", "results"]
+
+
+def test_peer_race_happens_even_when_one_batch_measured_everything():
+    # without a peer a single batch needs no final race; with one, the peer must share a measurement
+    dev = TimedCPU()
+    res = tune(TinyWithPeer(), dev, SHAPE, batch=16, measure_kw=FAST, peer=True)
+    assert res.peer is not None and all(r.pct_of_peer is not None for r in res.ranked)
+    dev = TimedCPU()
+    tune(Tiny(), dev, SHAPE, batch=16, measure_kw=FAST)
+    assert len(dev.timed) == FAST["max_rounds"]  # the batch's rounds only
+
+
+def test_a_failing_peer_keeps_the_race_and_says_why():
+    class BadPeer(TinyWithPeer):
+        def peer_launches(self, program, bufs, shape):
+            raise RuntimeError("cublas: handle lost")
+
+    res = tune(BadPeer(), TimedCPU(), SHAPE, batch=2, measure_kw=FAST, peer=True)
+    assert res.peer is None and res.peer_error == "RuntimeError: cublas: handle lost"
+    assert res.ranked and all(r.pct_of_peer is None for r in res.ranked)
+
+
+def test_base_template_has_no_peer():
+    tpl = TinyPlain()
+    assert tpl.peer_program(TimedCPU()) is None and tpl.peer_name == ""
+    with pytest.raises(TilewiseError, match="has no peer"):
+        KernelTemplate.peer_launches(tpl, None, {}, SHAPE)
+
+
+# ---- the command line -------------------------------------------------------------------------------------
+@pytest.fixture
+def fake_cli(monkeypatch):
+    import tilewise
+    from tilewise.tune import cli
+
+    monkeypatch.setenv("COLUMNS", "220")
+    monkeypatch.setattr(cli, "_template", lambda kernel, device: TinyWithPeer())
+    monkeypatch.setattr(tilewise, "get_device", lambda name: TimedCPU())
+
+
+def test_cli_prints_percent_of_peer_and_json_adds_peer_keys_only(fake_cli, tmp_path, capsys):
+    from tilewise.cli import main
+
+    out = tmp_path / "r.json"
+    argv = ["tune", "tiny", "--device", "cpu", "--shape", "16,16,16", "--rounds", "6", "--json", str(out)]
+    assert main([*argv, "--store", str(tmp_path / "a.sqlite")]) == 0
+    text = capsys.readouterr().out
+    assert "% of fakeBLAS" in text and "fakeBLAS (peer)" in text
+    assert "fastest vs fakeBLAS: " in text and "% of fakeBLAS (" in text
+    data = json.loads(out.read_text())
+    assert list(data) == ["kernel", "device", "shape", "results", "peer"]
+    assert list(data["peer"]) == ["name", "median_ms", "ci95_ms", "gflops"] and data["peer"]["name"] == "fakeBLAS"
+    for r in data["results"]:
+        assert list(r) == ["config", "status", "reason", "median_ms", "p20_ms", "p80_ms", "ci95_ms", "gflops",
+                           "rel_err", "tie_group", "pct_of_peer"]
+    best = data["results"][0]
+    assert best["status"] == "ok" and best["pct_of_peer"] == pytest.approx(
+        100 * data["peer"]["median_ms"] / best["median_ms"])
+    assert main([*argv, "--store", str(tmp_path / "b.sqlite"), "--no-peer"]) == 0
+    text = capsys.readouterr().out
+    assert "% of fakeBLAS" not in text
+    data = json.loads(out.read_text())
+    assert list(data) == ["kernel", "device", "shape", "results"]
+    assert all(list(r)[-1] == "tie_group" for r in data["results"])
