@@ -26,17 +26,17 @@ from tilewise.errors import ConfigError
 DEFAULT_ROWS = (1, 2, 4, 8, 16, 32, 64, 95, 96, 128, 192, 256, 384, 512)
 
 
-def model_matmuls(cfg: Any) -> dict[str, tuple[str, int, int]]:
-    """op label -> (epilogue, N, K) for every matmul the executor issues."""
+def model_matmuls(cfg: Any) -> dict[str, tuple[str, int, int, bool]]:
+    """op label -> (epilogue, N, K, fused RMSNorm) for every matmul the executor issues."""
     H, F = cfg.hidden_size, cfg.ffn_dim
     hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    out = {"ffn.gate_up": ("swiglu", F, H), "ffn.down": ("residual", H, F)}
+    out = {"ffn.gate_up": ("swiglu", F, H, True), "ffn.down": ("residual", H, F, False)}
     if "conv" in cfg.layer_types:
-        out["conv.in_proj"] = ("none", 3 * H, H)
-        out["conv.out_proj"] = ("residual", H, H)
+        out["conv.in_proj"] = ("none", 3 * H, H, True)
+        out["conv.out_proj"] = ("residual", H, H, False)
     if "full_attention" in cfg.layer_types:
-        out["attn.qkv"] = ("none", (hq + 2 * hkv) * d, H)
-        out["attn.out_proj"] = ("residual", H, hq * d)
+        out["attn.qkv"] = ("none", (hq + 2 * hkv) * d, H, True)
+        out["attn.out_proj"] = ("residual", H, hq * d, False)
     return out
 
 
@@ -77,8 +77,8 @@ def candidates(template: Any, limits: Any, n: int, seed: int, hand_picked: bool 
 
 
 def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[int], n_cand: int, seed: int,
-                log: Any, hand_picked: bool = True, f16_arith: bool = False,
-                ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                log: Any, hand_picked: bool = True, f16_arith: bool = False, norm: bool = False,
+                eps: float = 1e-5) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Measure both kernels across `rows`; returns (dispatch segments, measurements for the record).
 
     With `f16_arith` (and shader-f16) the tiled kernel's f16-staging + f16-FMA variant competes too, verified
@@ -96,11 +96,11 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
     cand: dict[Config, tuple[Any, Any, Any]] = {}  # tagged config -> (template, config, program)
     bufs_of: dict[str, Any] = {}
     failures: dict[str, str] = {}
-    templates = [mm.MatmulTemplate(kind, fmt, epilogue, dev.enabled_features) for kind in mm.KINDS]
-    if max(rows) < 64:  # split-K only pays where the unsplit tile grid is small but each tile is tall
-        templates = [t for t in templates if t.kind != "splitk"]
+    kinds = [k for k in mm.KINDS if not (k == "splitk" and (norm or max(rows) < 64))]  # split-K: whole-row norm
+    templates = [mm.MatmulTemplate(kind, fmt, epilogue, dev.enabled_features, norm=norm, eps=eps) for kind in kinds]
     if f16_arith and "shader-f16" in dev.enabled_features:
-        templates.append(mm.MatmulTemplate("tiled", fmt, epilogue, dev.enabled_features, True, True))
+        templates.append(mm.MatmulTemplate("tiled", fmt, epilogue, dev.enabled_features, True, True, norm=norm,
+                                           eps=eps))
     for t in templates:
         kind = t.kind
         check_m = 97 if max_m >= 97 else max_m
@@ -217,13 +217,13 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
     # shapes this device already has (from another preset of the same width) are kept unless force
     table = DispatchTable.load_for(fp, path, quiet=True) if path.exists() else DispatchTable(fp, kernel_version())
     table.source = "tuned"
-    for label, (epilogue, n, k) in model_matmuls(cfg).items():
-        if matmul_key(fmt, epilogue, n, k) in table.matmul and not force:
+    for label, (epilogue, n, k, norm) in model_matmuls(cfg).items():
+        if matmul_key(fmt, epilogue, n, k, norm) in table.matmul and not force:
             log(f"{label} ({epilogue}, N={n}, K={k}): already tuned on this device (force re-measures)")
             continue
         segs, record = tune_matmul(dev, fmt, epilogue, n, k, rows, n_cand, seed, log, hand_picked=hand_picked,
-                                   f16_arith=f16_arith)
-        table.matmul[matmul_key(fmt, epilogue, n, k)] = segs
+                                   f16_arith=f16_arith, norm=norm, eps=cfg.norm_eps)
+        table.matmul[matmul_key(fmt, epilogue, n, k, norm)] = segs
         table.measured[f"{label} {n}x{k}"] = record
         table.save(path)  # each shape as soon as it is measured: an interrupted run keeps what it did
         cut = next((sg["min_rows"] for sg in segs if sg["kind"] != "rows"), None)

@@ -186,3 +186,15 @@ def test_registry_classes_run_under_the_tuner(webgpu_device):
     res = tune(mm.NF4SwigluTiled(), webgpu_device, (97, 64, 128), strategy="random", budget=Budget(count=2),
                measure_kw={"budget_s": 0.1, "min_rounds": 2, "max_rounds": 3})
     assert [r.status for r in res.rows] == ["ok", "ok"]
+
+
+@pytest.mark.parametrize("kind", ["tiled", "rows"])
+@pytest.mark.parametrize("epilogue", ["none", "swiglu"])
+def test_matmul_with_fused_rmsnorm(webgpu_device, rng, kind, epilogue):
+    t = mm.MatmulTemplate(kind, "nf4", epilogue, webgpu_device.enabled_features, norm=True, eps=1e-5)
+    assert mm.binding_names("nf4", epilogue, norm=True)[:3] == ["dims", "x", "norm_w"]
+    for rows in (1, 95, 96, 97):
+        out, ref = _run(webgpu_device, t, t.default_config(), (rows, 96, 128), rng)
+        _assert_close(out, ref, t.dtype)
+    with pytest.raises(ValueError, match="split-K"):
+        mm.MatmulTemplate("splitk", "nf4", epilogue, norm=True)

@@ -184,12 +184,14 @@ def test_every_matmul_kind_runs_the_whole_model(models, rng, webgpu_device, kind
     cfg = {"splitk": {**mm.DEFAULT_TILED, "BM": 32, "KS": 2}, "rows": mm.DEFAULT_ROWS, "tiled": mm.DEFAULT_TILED}[kind]
     seg = [{"min_rows": 1, "max_rows": None, "kind": kind, "config": cfg}]
     table = DispatchTable(fingerprint=webgpu_device.info.fingerprint, version=kernel_version(),
-                          matmul={matmul_key("nf4", e, n, k): seg for e, n, k in model_matmuls(model.config).values()})
+                          matmul={matmul_key("nf4", e, n, k, nm): seg
+                                  for e, n, k, nm in model_matmuls(model.config).values()})
     ex = WebGPUExecutor(model.checkpoint, device=webgpu_device, dispatch=table)
     for n in (1, 97):
         ids = np.asarray(_ids(rng, n))
         plan, _ = ex.plan(ids, 0, None, True)
         names = {lab.program.name.split("[")[0] for lab in plan.launches}
-        assert f"nf4_matmul.{kind}.swiglu" in names
+        assert f"nf4_matmul.{kind}.swiglu.norm" in names or kind == "splitk"  # norm-fused ops never split K
+        assert f"nf4_matmul.{kind}.residual" in names
         hidden, _ = ex.forward(ids, 0, None, True)
         np.testing.assert_allclose(hidden, model.hidden(model.prefill(ids)), atol=2e-5, rtol=0)

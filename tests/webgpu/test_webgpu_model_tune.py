@@ -21,10 +21,10 @@ pytestmark = pytest.mark.webgpu
 def test_model_matmul_shapes_cover_every_projection():
     cfg = preset("lfm2-350m")
     shapes = model_tune.model_matmuls(cfg)
-    assert shapes["ffn.gate_up"] == ("swiglu", 4608, 1024)
-    assert shapes["ffn.down"] == ("residual", 1024, 4608)
-    assert shapes["attn.qkv"] == ("none", (16 + 2 * 8) * 64, 1024)
-    assert shapes["conv.in_proj"] == ("none", 3072, 1024)
+    assert shapes["ffn.gate_up"] == ("swiglu", 4608, 1024, True)  # ffn_norm fused in
+    assert shapes["ffn.down"] == ("residual", 1024, 4608, False)
+    assert shapes["attn.qkv"] == ("none", (16 + 2 * 8) * 64, 1024, True)
+    assert shapes["conv.in_proj"] == ("none", 3072, 1024, True)
 
 
 def test_tune_matmul_ranges_cover_all_rows(webgpu_device):
@@ -47,7 +47,7 @@ def test_run_writes_a_table_the_executor_uses(webgpu_device, tmp_path, monkeypat
     assert model_tune.run(args) == 0
     path = dispatch_path(webgpu_device.info.fingerprint)
     table = DispatchTable.load_for(webgpu_device.info.fingerprint, path)
-    distinct = {(e, n, k) for e, n, k in model_tune.model_matmuls(preset("tiny")).values()}  # out_projs coincide
+    distinct = set(model_tune.model_matmuls(preset("tiny")).values())  # the two out_projs coincide
     assert table.version == kernel_version() and len(table.matmul) == len(distinct) == 5
     assert "attention" in table.ops
     with warnings.catch_warnings():

@@ -109,15 +109,20 @@ fn load8_{slot}(row: u32, c: u32) -> C8 {{
 """
 
 
-def _header(fmt: str, epilogue: str, n: int, k: int, f16: bool) -> tuple[str, list[str]]:
+def _header(fmt: str, epilogue: str, n: int, k: int, f16: bool, norm: bool = False) -> tuple[str, list[str]]:
     """Common declarations; returns (text, binding names in order)."""
-    names = ["dims", "x"]
+    names = ["dims", "x", "norm_w"] if norm else ["dims", "x"]
     text = "enable f16;\n" if f16 else ""
     text += f"const N: u32 = {n}u;\nconst K: u32 = {k}u;\n"
     text += "struct Dims { m: u32, r0: u32, r1: u32, r2: u32 }\nstruct C8 { a: vec4<f32>, b: vec4<f32> }\n"
     text += "@group(0) @binding(0) var<uniform> dims: Dims;\n"
     text += "@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;\n"
-    decl, nb = _weight_decls(fmt, 0, 2)
+    if norm:
+        # RMSNorm fused in: weights are scaled by the norm weight g[k] as they are decoded, the row's sum of
+        # squares is accumulated next to the products, and the epilogue multiplies by rsqrt(mean(x^2) + eps)
+        text += "@group(0) @binding(2) var<storage, read> norm_w: array<vec4<f32>>;\n"
+        text += "fn gnorm(v: C8, c: u32) -> C8 { return C8(v.a * norm_w[2u * c], v.b * norm_w[2u * c + 1u]); }\n"
+    decl, nb = _weight_decls(fmt, 0, 3 if norm else 2)
     text += decl
     names += ["w", "absmax"] if fmt == "nf4" else ["w"]
     if epilogue == "swiglu":
@@ -149,7 +154,8 @@ def _store(epilogue: str, idx: str, acc: str, up: str | None = None) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- generators
-def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, k: int) -> str:
+def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, k: int,
+                 norm_eps: float | None = None) -> str:
     """WGSL of the tiled kernel for one config and (N, K).
 
     Layout: a thread owns TN contiguous columns (read from workgroup memory as TN/4 vec4: neighbouring threads
@@ -161,11 +167,14 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
     if F16A and not F16S:
         raise ValueError("F16A (f16 arithmetic) reads f16 tiles: it needs F16S")
     KS = int(cfg.get("KS", 1))  # split-K: this launch covers K / KS of `in` per grid z; `out` is the scratch
+    norm = norm_eps is not None
+    if norm and KS > 1:
+        raise ValueError("a fused RMSNorm needs the whole row's sum of squares: not with split-K")
     TX, TY = BN // TN, BM // TM
     NT = TX * TY
     paired = epilogue == "swiglu"
     sets = 2 if paired else 1
-    head, _ = _header(fmt, epilogue, n, k, F16S)
+    head, _ = _header(fmt, epilogue, n, k, F16S, norm)
     st = "f16" if F16S else "f32"
     L = [head]
     L.append(f"const BM: u32 = {BM}u;\nconst BN: u32 = {BN}u;\nconst BK: u32 = {BK}u;\n")
@@ -180,6 +189,8 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
     for s_ in range(sets):
         for i in range(TM):
             L.append("    " + " ".join(f"var a{s_}_{i}_{j} = 0.0;" for j in range(TN)) + "\n")
+    if norm:
+        L.append("    " + " ".join(f"var q{i} = 0.0;" for i in range(TM)) + "  // sums of squares of the rows\n")
     wchunks = BN * BK // 8
     xvecs = BM * BK // 4
 
@@ -200,7 +211,8 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
              f"            let cl = t % {BK // 8}u;\n            let nl = t / {BK // 8}u;\n"
              "            let row = min(n0 + nl, N - 1u);\n")
     for s_ in range(sets):
-        L.append(f"            let v{s_} = load8_{s_}(row, k0 / 8u + cl);\n")
+        load = f"load8_{s_}(row, k0 / 8u + cl)"
+        L.append(f"            let v{s_} = {f'gnorm({load}, k0 / 8u + cl)' if norm else load};\n")
         for e in range(8):
             comp = ("a", "b")[e // 4] + "." + "xyzw"[e % 4]
             L.append(f"            Ws{s_}[(cl * 8u + {e}u) * (BN / 4u) + nl / 4u][nl % 4u] = "
@@ -226,6 +238,8 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
             L.append(f"            let xr{i} = ty * {TM}u + {i}u;\n"
                      f"            let xv{i} = {conv1}(Xs[kk * (BM / 4u) + xr{i} / 4u][xr{i} % 4u]);\n")
         xs = [f"xv{i}" for i in range(TM)]
+    if norm:
+        L.append("            " + " ".join(f"q{i} = fma(f32({xs[i]}), f32({xs[i]}), q{i});" for i in range(TM)) + "\n")
     for s_ in range(sets):
         for j4 in range(TN // 4):
             L.append(f"            let w{s_}_{j4} = {conv4}(Ws{s_}[kk * (BN / 4u) + tx * {TN // 4}u + {j4}u]);\n")
@@ -247,6 +261,11 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
                     + "\n")
     L.append("        workgroupBarrier();\n    }\n")
     L.append(f"    let c0 = n0 + tx * {TN}u;\n")
+    if norm:
+        for i in range(TM):
+            L.append(f"    let rs{i} = inverseSqrt(q{i} / f32(K) + {norm_eps!r});\n")
+            L.append("    " + " ".join(f"a{s_}_{i}_{j} = a{s_}_{i}_{j} * rs{i};" for s_ in range(sets)
+                                        for j in range(TN)) + "\n")
     for i in range(TM):
         L.append(f"    let r{i} = m0 + ty * {TM}u + {i}u;\n    if (r{i} < M) {{\n")
         for j in range(TN):
@@ -262,14 +281,17 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
     return "".join(L)
 
 
-def rows_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, k: int) -> str:
+def rows_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, k: int,
+                norm_eps: float | None = None) -> str:
     """WGSL of the short-row (matrix-vector style) kernel for one config and (N, K)."""
     WG, NC, RM, EL = (cfg[p] for p in ("WG", "NC", "RM", "EL"))
     TPC = WG // NC
     CH = EL // 8
     paired = epilogue == "swiglu"
-    nv = (2 if paired else 1) * RM  # partial sums per thread
-    head, _ = _header(fmt, epilogue, n, k, False)
+    norm = norm_eps is not None
+    sets = 2 if paired else 1
+    nv = (sets + (1 if norm else 0)) * RM  # partial sums per thread (products, then sums of squares)
+    head, _ = _header(fmt, epilogue, n, k, False, norm)
     L = [head]
     L.append(f"const TPC: u32 = {TPC}u;\nconst NV: u32 = {nv}u;\n")
     L.append(f"var<workgroup> red: array<f32, {WG * nv}>;  // (NC, NV, TPC) partial sums\n")
@@ -283,20 +305,28 @@ def rows_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, k
         L.append(f"    let x{i} = (dims.r0 + min(m0 + {i}u, M - 1u)) * (K / 4u);\n")
     for s in range(2 if paired else 1):
         L.append("    " + " ".join(f"var a{s}_{i} = 0.0;" for i in range(RM)) + "\n")
+    if norm:
+        L.append("    " + " ".join(f"var q{i} = 0.0;" for i in range(RM)) + "\n")
     L.append(f"    for (var c0 = l * {CH}u; c0 < K / 8u; c0 = c0 + {TPC * CH}u) {{\n")
     for q in range(CH):
         L.append(f"        let cc{q} = c0 + {q}u;\n")
         for s in range(2 if paired else 1):
-            L.append(f"        let v{s}_{q} = load8_{s}(nn, cc{q});\n")
+            load = f"load8_{s}(nn, cc{q})"
+            L.append(f"        let v{s}_{q} = {f'gnorm({load}, cc{q})' if norm else load};\n")
         for i in range(RM):
             L.append(f"        let xa{i}_{q} = x[x{i} + 2u * cc{q}];\n"
                      f"        let xb{i}_{q} = x[x{i} + 2u * cc{q} + 1u];\n")
             for s in range(2 if paired else 1):
                 L.append(f"        a{s}_{i} = a{s}_{i} + dot(xa{i}_{q}, v{s}_{q}.a) + dot(xb{i}_{q}, v{s}_{q}.b);\n")
+            if norm:
+                L.append(f"        q{i} = q{i} + dot(xa{i}_{q}, xa{i}_{q}) + dot(xb{i}_{q}, xb{i}_{q});\n")
     L.append("    }\n")
     for s in range(2 if paired else 1):
         for i in range(RM):
             L.append(f"    red[(c * NV + {s * RM + i}u) * TPC + l] = a{s}_{i};\n")
+    if norm:
+        for i in range(RM):
+            L.append(f"    red[(c * NV + {sets * RM + i}u) * TPC + l] = q{i};\n")
     L.append("    workgroupBarrier();\n")
     L.append("    for (var h = TPC / 2u; h > 0u; h = h / 2u) {\n        if (l < h) {\n")
     L.append("            for (var v = 0u; v < NV; v = v + 1u) {\n"
@@ -307,6 +337,11 @@ def rows_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, k
     for i in range(RM):
         acc = f"red[(c * NV + {i}u) * TPC]"
         up = f"red[(c * NV + {RM + i}u) * TPC]" if paired else None
+        if norm:
+            ss = f"red[(c * NV + {sets * RM + i}u) * TPC]"
+            L.append(f"        let rs{i} = inverseSqrt({ss} / f32(K) + {norm_eps!r});\n")
+            acc = f"({acc} * rs{i})"
+            up = f"({up} * rs{i})" if paired else None
         L.append(f"        if (m0 + {i}u < M) {{ {_store(epilogue, f'(m0 + {i}u) * N + n', acc, up)} }}\n")
     L.append("    }\n}\n")
     return "".join(L)
@@ -338,9 +373,9 @@ def splitk_scratch_bytes(cfg: Config | dict[str, Any], epilogue: str, m: int, n:
     return 4 * int(cfg["KS"]) * (2 if epilogue == "swiglu" else 1) * m * n
 
 
-def binding_names(fmt: str, epilogue: str) -> list[str]:
-    """Buffer names in binding order for (weights format, epilogue)."""
-    return _header(fmt, epilogue, 8, 64, False)[1]
+def binding_names(fmt: str, epilogue: str, norm: bool = False) -> list[str]:
+    """Buffer names in binding order for (weights format, epilogue, fused norm)."""
+    return _header(fmt, epilogue, 8, 64, False, norm)[1]
 
 
 def grid(kind: str, cfg: Config | dict[str, Any], m: int, n: int) -> tuple[int, int, int]:
@@ -352,12 +387,14 @@ def grid(kind: str, cfg: Config | dict[str, Any], m: int, n: int) -> tuple[int, 
     return (math.ceil(n / cfg["NC"]), math.ceil(m / cfg["RM"]), 1)
 
 
-def source(kind: str, cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, k: int) -> str:
+def source(kind: str, cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, k: int,
+           norm_eps: float | None = None) -> str:
+    """WGSL of one matmul variant; `norm_eps` fuses an RMSNorm of x (weights `norm_w`) into it."""
     if kind not in KINDS or fmt not in FORMATS or epilogue not in EPILOGUES:
         raise ValueError(f"unknown matmul variant kind={kind} fmt={fmt} epilogue={epilogue}")
     if kind == "splitk":
-        return tiled_source({**dict(cfg), "KS": cfg["KS"]}, fmt, epilogue, n, k)
-    return (tiled_source if kind == "tiled" else rows_source)(cfg, fmt, epilogue, n, k)
+        return tiled_source({**dict(cfg), "KS": cfg["KS"]}, fmt, epilogue, n, k, norm_eps)
+    return (tiled_source if kind == "tiled" else rows_source)(cfg, fmt, epilogue, n, k, norm_eps)
 
 
 # ---------------------------------------------------------------------------------------------- spaces
@@ -412,9 +449,9 @@ def tiled_space(paired: bool = False, features: Iterable[str] | None = ()) -> Sp
                                f"{' f16a' if c.get('F16A', False) else ''}")
 
 
-def rows_space(paired: bool = False) -> Space:
+def rows_space(paired: bool = False, norm: bool = False) -> Space:
     """Threads per workgroup, columns per workgroup, rows per workgroup, elements per lane step."""
-    sets = 2 if paired else 1
+    sets = (2 if paired else 1) + (1 if norm else 0)  # reduced values per row: products (+ sums of squares)
     rules = [
         Rule("columns_split", lambda c, _: divides(c.NC, c.WG),
              lambda c, _: f"NC={c.NC} does not divide WG={c.WG}: lanes per column must be whole"),
@@ -493,26 +530,30 @@ class MatmulTemplate(KernelTemplate):
     shape_names = ("M", "N", "K")
 
     def __init__(self, kind: str = "tiled", fmt: str = "nf4", epilogue: str = "none",
-                 features: Iterable[str] | None = (), f16_staging: bool = False, f16_arith: bool = False) -> None:
+                 features: Iterable[str] | None = (), f16_staging: bool = False, f16_arith: bool = False,
+                 norm: bool = False, eps: float = 1e-5) -> None:
         if kind not in KINDS or fmt not in FORMATS or epilogue not in EPILOGUES:
             raise ValueError(f"unknown matmul variant kind={kind} fmt={fmt} epilogue={epilogue}")
         if (f16_staging or f16_arith) and kind != "tiled":
             raise ValueError("f16 staging / arithmetic are parameters of the tiled kernel only")
         if f16_arith and not f16_staging:
             raise ValueError("f16 arithmetic reads f16 tiles: pass f16_staging=True too")
+        if norm and kind == "splitk":
+            raise ValueError("a fused RMSNorm needs whole rows: not with split-K")
+        self.norm, self.eps = norm, eps
         self.kind, self.fmt, self.epilogue = kind, fmt, epilogue
         self.features = None if features is None else frozenset(features)
         self.f16_staging = f16_staging
         self.f16_arith = f16_arith
-        self.name = f"{fmt}_matmul.{kind}.{epilogue}" + (".f16s" if f16_staging else "") + (
-            ".f16a" if f16_arith else "")
+        self.name = f"{fmt}_matmul.{kind}.{epilogue}" + (".norm" if norm else "") + (
+            ".f16s" if f16_staging else "") + (".f16a" if f16_arith else "")
         # the reference multiplies the exact stored weights, so only f16 staging loosens the tolerance
         self.dtype = "f16" if f16_staging else ("nf4" if fmt == "nf4" else "f32")
 
     def space(self, which: str = "full") -> Space:
         paired = self.epilogue == "swiglu"
         if self.kind == "rows":
-            return rows_space(paired)
+            return rows_space(paired, self.norm)
         sp = tiled_space(paired, self.features)
         if self.kind == "splitk":
             sp.params["KS"] = [2, 4, 8]
@@ -534,7 +575,8 @@ class MatmulTemplate(KernelTemplate):
         return shape_problems(self.kind, config, shape[1], shape[2])
 
     def source(self, config: Config, shape: Shape = (1, 64, 64)) -> str:
-        return source(self.kind, config, self.fmt, self.epilogue, shape[1], shape[2])
+        return source(self.kind, config, self.fmt, self.epilogue, shape[1], shape[2],
+                      self.eps if self.norm else None)
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
         if config.get("F16S", False) and "shader-f16" not in getattr(device, "enabled_features", ()):
@@ -557,6 +599,8 @@ class MatmulTemplate(KernelTemplate):
                 host[key + suffix] = arr
         if self.epilogue == "residual":
             host["residual"] = rng.standard_normal((m, n)).astype(np.float32)
+        if self.norm:
+            host["norm_w"] = (1 + 0.3 * rng.standard_normal(k)).astype(np.float32)
         return host
 
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
@@ -587,7 +631,7 @@ class MatmulTemplate(KernelTemplate):
             return [Launch(program, grid(self.kind, config, m, n), order),
                     Launch(program.meta["reduce"], (math.ceil(m * n / SPLITK_WG), 1, 1),
                            [bufs["dims"], bufs["part"], bufs["out"]])]
-        order = [bufs[name] for name in binding_names(self.fmt, self.epilogue)]
+        order = [bufs[name] for name in binding_names(self.fmt, self.epilogue, self.norm)]
         return [Launch(program, grid(self.kind, config, m, n), order)]
 
     def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
@@ -597,6 +641,8 @@ class MatmulTemplate(KernelTemplate):
     def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
         _, n, k = shape
         x = host["x"].astype(np.float64)
+        if self.norm:
+            x = x / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps) * host["norm_w"].astype(np.float64)
         y = x @ dequantized({"w": host["w"], "absmax": host.get("absmax")}, self.fmt, n, k).T
         if self.epilogue == "swiglu":
             u = x @ dequantized({"w": host["w_up"], "absmax": host.get("absmax_up")}, self.fmt, n, k).T
@@ -613,7 +659,8 @@ class MatmulTemplate(KernelTemplate):
         m, n, k = shape
         sets = 2 if self.epilogue == "swiglu" else 1
         out_rw = 2 if self.epilogue == "residual" else 1
-        return int(4 * m * k + sets * n * k * WEIGHT_BYTES[self.fmt] + out_rw * 4 * m * n)  # (scratch not counted)
+        return int(4 * m * k + sets * n * k * WEIGHT_BYTES[self.fmt] + out_rw * 4 * m * n  # (scratch not counted)
+                   + (4 * k if self.norm else 0))
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
         m, n, _ = shape

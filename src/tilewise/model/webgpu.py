@@ -7,6 +7,8 @@ What a decision costs on the GPU side:
   uniform `dims` buffers are cached by their contents, so a decision writes only its token ids;
 - one command encoder, one compute pass, one submit per decision, and one read-back (the normed last row and
   the 8 scores share a buffer);
+- each block's two RMSNorms are fused into the matmuls that read them (in_proj / qkv, gate/up): the weights
+  are scaled by the norm weight as they are decoded and the row's rsqrt(mean(x^2)) multiplies the epilogue;
 - matmuls pick a kernel per row count from the dispatch table (`tilewise tune model`), or the defaults:
   the short-row kernel below 96 rows, the tiled kernel from 96 (seed 001's measured cutoff);
 - final-row slicing: in the last block only the last row goes through the mixer's output projection and
@@ -72,8 +74,8 @@ def dispatch_path(fingerprint: str) -> Path:
     return base / f"model-{slug}.json"
 
 
-def matmul_key(fmt: str, epilogue: str, n: int, k: int) -> str:
-    return f"matmul:{fmt}:{epilogue}:{n}x{k}"
+def matmul_key(fmt: str, epilogue: str, n: int, k: int, norm: bool = False) -> str:
+    return f"matmul:{fmt}:{epilogue}{'+norm' if norm else ''}:{n}x{k}"
 
 
 @dataclass
@@ -95,9 +97,12 @@ class DispatchTable:
     source: str = "defaults"
     measured: dict[str, Any] = field(default_factory=dict)
 
-    def pick_matmul(self, fmt: str, epilogue: str, n: int, k: int, rows: int) -> tuple[str, dict[str, Any]]:
-        for seg in self.matmul.get(matmul_key(fmt, epilogue, n, k), []):
+    def pick_matmul(self, fmt: str, epilogue: str, n: int, k: int, rows: int,
+                    norm: bool = False) -> tuple[str, dict[str, Any]]:
+        for seg in self.matmul.get(matmul_key(fmt, epilogue, n, k, norm), []):
             hi = seg.get("max_rows")
+            if norm and seg["kind"] == "splitk":
+                continue  # a fused norm needs whole rows
             if seg["min_rows"] <= rows and (hi is None or rows <= hi):
                 cfg = dict(seg["config"])
                 if not mm.shape_problems(seg["kind"], cfg, n, k):
@@ -322,14 +327,14 @@ class WebGPUExecutor:
         rows = max(MIN_ROW_CAPACITY, 1 << (n - 1).bit_length())
         wide = max(3 * H, (hq + 2 * hkv) * d, F)
         alloc = self.dev.allocate
-        for name, nbytes in (("x", rows * H), ("h", rows * H), ("big", rows * wide), ("y", rows * max(H, hq * d)),
+        for name, nbytes in (("x", rows * H), ("big", rows * wide), ("y", rows * max(H, hq * d)),
                              ("q", rows * hq * d), ("ids", rows)):
             self._check_fits(f"activation {name}", 4 * nbytes)
         if self._rows:
             self._keep.append(self.act)
-        self.act = {"x": alloc(4 * rows * H), "h": alloc(4 * rows * H), "big": alloc(4 * rows * wide),
+        self.act = {"x": alloc(4 * rows * H), "big": alloc(4 * rows * wide),
                     "y": alloc(4 * rows * max(H, hq * d)), "q": alloc(4 * rows * hq * d), "ids": alloc(4 * rows),
-                    "x1": alloc(4 * H), "h1": alloc(4 * H), "g1": alloc(4 * F),
+                    "x1": alloc(4 * H), "g1": alloc(4 * F),
                     "res": alloc(4 * (H + cfg.num_labels))}
         self._rows = rows
 
@@ -370,14 +375,17 @@ class WebGPUExecutor:
         return prog
 
     def _matmul(self, plan: _Plan, label: str, epilogue: str, x: Buffer, x_row0: int, rows: int,
-                weights: list[Buffer], out: Buffer, n: int, k: int) -> None:
-        kind, cfg = self.dispatch.pick_matmul(self.fmt, epilogue, n, k, rows)
-        key = ("mm", kind, tuple(sorted(cfg.items())), self.fmt, epilogue, n, k)
-        prog = self._program(key, lambda: mm.source(kind, cfg, self.fmt, epilogue, n, k),
-                             f"{self.fmt}_matmul.{kind}.{epilogue}[{n}x{k}]")
+                weights: list[Buffer], out: Buffer, n: int, k: int, norm: Buffer | None = None) -> None:
+        """One matmul (two launches for split-K); `norm` fuses the RMSNorm of x with these weights into it."""
+        kind, cfg = self.dispatch.pick_matmul(self.fmt, epilogue, n, k, rows, norm is not None)
+        eps = self.cfg.norm_eps if norm is not None else None
+        key = ("mm", kind, tuple(sorted(cfg.items())), self.fmt, epilogue, n, k, eps)
+        prog = self._program(key, lambda: mm.source(kind, cfg, self.fmt, epilogue, n, k, eps),
+                             f"{self.fmt}_matmul.{kind}.{epilogue}{'.norm' if norm else ''}[{n}x{k}]")
         dims = self._dims(rows, x_row0)
         if kind != "splitk":
-            plan.add(label, Launch(prog, mm.grid(kind, cfg, rows, n), [dims, x, *weights, out]))
+            plan.add(label, Launch(prog, mm.grid(kind, cfg, rows, n),
+                                   [dims, x, *([norm] if norm is not None else []), *weights, out]))
             return
         # split-K: partial sums into a scratch buffer, then one launch adds them and applies the epilogue
         part = self._scratch(mm.splitk_scratch_bytes(cfg, epilogue, rows, n))
@@ -394,11 +402,6 @@ class WebGPUExecutor:
                 self._keep.append(self._scratch_buf)
             self._scratch_buf = self.dev.allocate(max(nbytes, 1 << 20))
         return self._scratch_buf
-
-    def _rmsnorm(self, plan: _Plan, label: str, x: Buffer, row0: int, rows: int, w: Buffer, out: Buffer) -> None:
-        H = self.cfg.hidden_size
-        prog = self._program(("rms", H), lambda: rowops.rmsnorm_source(ROW_WG, H, self.cfg.norm_eps), "rmsnorm")
-        plan.add(label, Launch(prog, (rows, 1, 1), [self._dims(rows, row0), x, w, out]))
 
     def _copy(self, plan: _Plan, label: str, src: Buffer, src_word: int, dst: Buffer, dst_word: int,
               words: int) -> None:
@@ -443,8 +446,8 @@ class WebGPUExecutor:
             if lay["kind"] == "conv":
                 # the last block needs Bx of the last L rows only (its output row + the new conv state)
                 r = min(n, L) if last else n
-                self._rmsnorm(plan, "rmsnorm", a["x"], n - r, r, lay["operator_norm"], a["h"])
-                self._matmul(plan, "conv.in_proj", "none", a["h"], 0, r, lay["in_proj"], a["big"], 3 * H, H)
+                self._matmul(plan, "conv.in_proj", "none", a["x"], n - r, r, lay["in_proj"], a["big"], 3 * H, H,
+                             norm=lay["operator_norm"])
                 prog = self._program(("conv", H, L), lambda: conv_k.conv_source(ROW_WG, H, L), "shortconv")
                 state_in = caches.conv[i] if caches is not None else self.zero_conv_state
                 plan.add("conv", Launch(prog, (math.ceil(H / ROW_WG), r, 1),
@@ -456,8 +459,8 @@ class WebGPUExecutor:
                     self._matmul(plan, "conv.out_proj", "residual", a["y"], 0, n, lay["out_proj"], a["x"], H, H)
             else:
                 nqkv = (hq + 2 * hkv) * d
-                self._rmsnorm(plan, "rmsnorm", a["x"], 0, n, lay["operator_norm"], a["h"])
-                self._matmul(plan, "attn.qkv", "none", a["h"], 0, n, lay["qkv"], a["big"], nqkv, H)
+                self._matmul(plan, "attn.qkv", "none", a["x"], 0, n, lay["qkv"], a["big"], nqkv, H,
+                             norm=lay["operator_norm"])
                 k_c, v_c = new.kv[i]
                 prog = self._program(("rope", hq, hkv, d), lambda: attn_k.qknorm_rope_source(hq, hkv, d, cfg.norm_eps),
                                      "qknorm_rope")
@@ -475,9 +478,9 @@ class WebGPUExecutor:
                 else:
                     self._matmul(plan, "attn.out_proj", "residual", a["y"], 0, n, lay["out_proj"], a["x"], H, hq * d)
             xr, xr_rows = (a["x1"], 1) if last else (a["x"], n)
-            hbuf, gbuf = (a["h1"], a["g1"]) if last else (a["h"], a["big"])
-            self._rmsnorm(plan, "rmsnorm", xr, 0, xr_rows, lay["ffn_norm"], hbuf)
-            self._matmul(plan, "ffn.gate_up", "swiglu", hbuf, 0, xr_rows, [*lay["w1"], *lay["w3"]], gbuf, F, H)
+            gbuf = a["g1"] if last else a["big"]
+            self._matmul(plan, "ffn.gate_up", "swiglu", xr, 0, xr_rows, [*lay["w1"], *lay["w3"]], gbuf, F, H,
+                         norm=lay["ffn_norm"])
             self._matmul(plan, "ffn.down", "residual", gbuf, 0, xr_rows, lay["w2"], xr, H, F)
         prog = self._program(("head", H), lambda: rowops.head_source(HEAD_WG, H, cfg.num_labels, cfg.norm_eps), "head")
         plan.add("head", Launch(prog, (1, 1, 1), [self._dims(1, xr_rows - 1), xr, self.final_norm, self.head,
