@@ -57,6 +57,7 @@ NF4_CODES = (
 # configs used when no dispatch table has been measured for a device (safe on every adapter we know)
 DEFAULT_TILED = {"BM": 64, "BN": 64, "BK": 16, "TM": 4, "TN": 4, "F16S": False}
 DEFAULT_ROWS = {"WG": 64, "NC": 2, "RM": 4, "EL": 8}
+DEFAULT_ONE_ROW = {"WG": 128, "NC": 4, "RM": 1, "EL": 8}  # 1-2 rows: no clamped duplicate rows (H200-tuned)
 DEFAULT_SPLITK = 4
 DEFAULT_CUTOFF_ROWS = 96  # seed 001: below this the short-row path, from here the tiled one
 

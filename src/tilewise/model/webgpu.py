@@ -107,6 +107,8 @@ class DispatchTable:
                 cfg = dict(seg["config"])
                 if not mm.shape_problems(seg["kind"], cfg, n, k):
                     return seg["kind"], cfg
+        if rows <= 2:
+            return "rows", dict(mm.DEFAULT_ONE_ROW)
         if rows < mm.DEFAULT_CUTOFF_ROWS:
             return "rows", dict(mm.DEFAULT_ROWS)
         return "tiled", dict(mm.DEFAULT_TILED)
