@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import re
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -204,3 +205,28 @@ class Device(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.info.name} ({self.info.api}, {self.info.adapter_type})>"
+
+
+class HostDevice(Device):
+    """A device whose launches run synchronously on the host: `time` is the host clock around each call."""
+
+    timer = "wall-clock"
+
+    @abstractmethod
+    def _call(self, launch: Launch) -> None:
+        """Run one launch to completion."""
+
+    def run(self, launches: Sequence[Launch]) -> None:
+        for launch in launches:
+            self._call(launch)
+
+    def time(self, launches: Sequence[Launch]) -> np.ndarray:
+        out = np.empty(len(launches))
+        for i, launch in enumerate(launches):
+            t0 = time.perf_counter_ns()
+            self._call(launch)
+            out[i] = (time.perf_counter_ns() - t0) / 1e6
+        return out
+
+    def synchronize(self) -> None:
+        return None

@@ -10,13 +10,12 @@ from __future__ import annotations
 import inspect
 import os
 import platform
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from tilewise.devices.base import Buffer, Device, DeviceInfo, Launch, Limits, Program, source_hash
+from tilewise.devices.base import Buffer, DeviceInfo, HostDevice, Launch, Limits, Program, source_hash
 
 
 def _cpu_name() -> str:
@@ -39,10 +38,8 @@ def _blas_name() -> str:
         return f"numpy {np.__version__}"
 
 
-class CPUDevice(Device):
+class CPUDevice(HostDevice):
     """numpy-backed device; `time` is the host clock around each call (the work is synchronous)."""
-
-    timer = "wall-clock"
 
     def __init__(self) -> None:
         threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -97,18 +94,3 @@ class CPUDevice(Device):
 
     def _call(self, launch: Launch) -> None:
         launch.program.handle([b.handle for b in launch.buffers], launch.grid, **launch.program.constants)
-
-    def run(self, launches: Sequence[Launch]) -> None:
-        for launch in launches:
-            self._call(launch)
-
-    def time(self, launches: Sequence[Launch]) -> np.ndarray:
-        out = np.empty(len(launches))
-        for i, launch in enumerate(launches):
-            t0 = time.perf_counter_ns()
-            self._call(launch)
-            out[i] = (time.perf_counter_ns() - t0) / 1e6
-        return out
-
-    def synchronize(self) -> None:
-        return None

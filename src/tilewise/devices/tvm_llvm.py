@@ -11,13 +11,12 @@ TVM is an optional extra: `pip install 'tilewise[tvm]'` (apache-tvm 0.27 with ap
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from tilewise.devices.base import Buffer, Device, DeviceInfo, Launch, Limits, Program, source_hash
+from tilewise.devices.base import Buffer, DeviceInfo, HostDevice, Launch, Limits, Program, source_hash
 from tilewise.devices.cpu import _cpu_name
 from tilewise.errors import DeviceUnavailable, LaunchError, ShaderCompileError
 
@@ -53,7 +52,7 @@ def aligned_empty(nbytes: int) -> np.ndarray:
     return raw[off : off + int(nbytes)]
 
 
-class TVMLLVMDevice(Device):
+class TVMLLVMDevice(HostDevice):
     """Host CPU through TVM + LLVM. `compile` takes a scheduled `IRModule`/`PrimFunc`; buffers are aligned arrays."""
 
     timer = "wall-clock"
@@ -162,18 +161,3 @@ class TVMLLVMDevice(Device):
         except Exception as exc:
             raise LaunchError(f"{launch.program.name} failed: {str(exc).strip().splitlines()[-1:]}",
                               "rerun with --debug for TVM's message") from exc
-
-    def run(self, launches: Sequence[Launch]) -> None:
-        for launch in launches:
-            self._call(launch)
-
-    def time(self, launches: Sequence[Launch]) -> np.ndarray:
-        out = np.empty(len(launches))
-        for i, launch in enumerate(launches):
-            t0 = time.perf_counter_ns()
-            self._call(launch)
-            out[i] = (time.perf_counter_ns() - t0) / 1e6
-        return out
-
-    def synchronize(self) -> None:
-        return None
