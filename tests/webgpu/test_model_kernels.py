@@ -196,5 +196,10 @@ def test_matmul_with_fused_rmsnorm(webgpu_device, rng, kind, epilogue):
     for rows in (1, 95, 96, 97):
         out, ref = _run(webgpu_device, t, t.default_config(), (rows, 96, 128), rng)
         _assert_close(out, ref, t.dtype)
+    if kind == "tiled":  # 64 threads for 128 rows: each thread keeps two rows' sums of squares
+        cfg = t.default_config().replace(BM=128, BN=16, TM=8, TN=4)
+        assert t.space().is_legal(cfg, webgpu_device.info.limits)
+        out, ref = _run(webgpu_device, t, cfg, (130, 96, 128), rng)
+        _assert_close(out, ref, t.dtype)
     with pytest.raises(ValueError, match="split-K"):
         mm.MatmulTemplate("splitk", "nf4", epilogue, norm=True)

@@ -182,6 +182,8 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
     for s_ in range(sets):
         L.append(f"var<workgroup> Ws{s_}: array<vec4<{st}>, {BK * BN // 4}>;  // (BK, BN) decoded weights\n")
     L.append(f"var<workgroup> Xs: array<vec4<{st}>, {BK * BM // 4}>;  // (BK, BM) activations, k-major\n")
+    if norm:
+        L.append(f"var<workgroup> rss: array<f32, {BM}>;  // (BM,) each row's running sum of squares\n")
     L.append(f"@compute @workgroup_size({NT})\n"
              "fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {\n")
     L.append(_codes_init(fmt))
@@ -191,7 +193,8 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
         for i in range(TM):
             L.append("    " + " ".join(f"var a{s_}_{i}_{j} = 0.0;" for j in range(TN)) + "\n")
     if norm:
-        L.append("    " + " ".join(f"var q{i} = 0.0;" for i in range(TM)) + "  // sums of squares of the rows\n")
+        # row r's sum of squares is kept by thread r % NT alone (no race, no reduction), one load per k
+        L.append(f"    for (var r = li; r < BM; r = r + {NT}u) {{ rss[r] = 0.0; }}\n")
     wchunks = BN * BK // 8
     xvecs = BM * BK // 4
 
@@ -227,6 +230,12 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
     for e in range(4):
         L.append(f"            Xs[(q * 4u + {e}u) * (BM / 4u) + ml / 4u][ml % 4u] = {cast('v.' + 'xyzw'[e])};\n")
     L.append("        }\n        workgroupBarrier();\n")
+    if norm:
+        L.append(f"        for (var r = li; r < BM; r = r + {NT}u) {{\n            var q = rss[r];\n"
+                 "            for (var kk = 0u; kk < BK; kk = kk + 1u) {\n"
+                 "                let v = f32(Xs[kk * (BM / 4u) + r / 4u][r % 4u]);\n"
+                 "                q = fma(v, v, q);\n"
+                 "            }\n            rss[r] = q;\n        }\n")
     L.append("        for (var kk = 0u; kk < BK; kk = kk + 1u) {\n")
     conv4 = "" if F16A else "vec4<f32>"
     conv1 = "" if F16A else "f32"
@@ -239,8 +248,6 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
             L.append(f"            let xr{i} = ty * {TM}u + {i}u;\n"
                      f"            let xv{i} = {conv1}(Xs[kk * (BM / 4u) + xr{i} / 4u][xr{i} % 4u]);\n")
         xs = [f"xv{i}" for i in range(TM)]
-    if norm:
-        L.append("            " + " ".join(f"q{i} = fma(f32({xs[i]}), f32({xs[i]}), q{i});" for i in range(TM)) + "\n")
     for s_ in range(sets):
         for j4 in range(TN // 4):
             L.append(f"            let w{s_}_{j4} = {conv4}(Ws{s_}[kk * (BN / 4u) + tx * {TN // 4}u + {j4}u]);\n")
@@ -264,7 +271,7 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
     L.append(f"    let c0 = n0 + tx * {TN}u;\n")
     if norm:
         for i in range(TM):
-            L.append(f"    let rs{i} = inverseSqrt(q{i} / f32(K) + {norm_eps!r});\n")
+            L.append(f"    let rs{i} = inverseSqrt(rss[ty * {TM}u + {i}u] / f32(K) + {norm_eps!r});\n")
             L.append("    " + " ".join(f"a{s_}_{i}_{j} = a{s_}_{i}_{j} * rs{i};" for s_ in range(sets)
                                         for j in range(TN)) + "\n")
     for i in range(TM):
@@ -399,7 +406,7 @@ def source(kind: str, cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: 
 
 
 # ---------------------------------------------------------------------------------------------- spaces
-def tiled_space(paired: bool = False, features: Iterable[str] | None = ()) -> Space:
+def tiled_space(paired: bool = False, features: Iterable[str] | None = (), norm: bool = False) -> Space:
     """Tile rows x cols, K step, per-thread tile, f16 staging; rules say which assumption a config breaks.
 
     `features` are the adapter's; None means unknown (then `compile` refuses f16 on a device without it).
@@ -412,7 +419,7 @@ def tiled_space(paired: bool = False, features: Iterable[str] | None = ()) -> Sp
 
     def storage(c: Config) -> int:
         elem = 2 if c.F16S else 4
-        return (sets * c.BK * c.BN + c.BM * c.BK) * elem + 64
+        return (sets * c.BK * c.BN + c.BM * c.BK) * elem + 64 + (4 * c.BM if norm else 0)
 
     rules = [
         Rule("thread_rows", lambda c, _: divides(c.TM, c.BM),
@@ -439,7 +446,8 @@ def tiled_space(paired: bool = False, features: Iterable[str] | None = ()) -> Sp
              lambda c, lim: f"workgroup size {threads(c)} > max_workgroup_size_x {lim.max_workgroup_size[0]}",
              needs_limits=True),
         Rule("workgroup_storage", lambda c, lim: storage(c) <= lim.max_workgroup_storage_bytes,
-             lambda c, lim: f"workgroup storage = ({sets}*BK*BN + BM*BK)*{2 if c.F16S else 4} + 64 = "
+             lambda c, lim: f"workgroup storage = ({sets}*BK*BN + BM*BK)*{2 if c.F16S else 4} + 64"
+                            f"{' + 4*BM' if norm else ''} = "
                             f"{storage(c)} bytes > max_workgroup_storage_bytes {lim.max_workgroup_storage_bytes}",
              needs_limits=True),
     ]
@@ -555,7 +563,7 @@ class MatmulTemplate(KernelTemplate):
         paired = self.epilogue == "swiglu"
         if self.kind == "rows":
             return rows_space(paired, self.norm)
-        sp = tiled_space(paired, self.features)
+        sp = tiled_space(paired, self.features, self.norm)
         if self.kind == "splitk":
             sp.params["KS"] = [2, 4, 8]
             sp.name = sp.name.replace("tiled", "splitk")
