@@ -203,3 +203,22 @@ def test_matmul_with_fused_rmsnorm(webgpu_device, rng, kind, epilogue):
         _assert_close(out, ref, t.dtype)
     with pytest.raises(ValueError, match="split-K"):
         mm.MatmulTemplate("splitk", "nf4", epilogue, norm=True)
+
+
+def test_copy_kernels_move_exactly_the_asked_words(webgpu_device, rng):
+    from tilewise.devices.base import Launch
+
+    dev = webgpu_device
+    src = [rng.integers(0, 2**32, 3000, dtype=np.uint32) for _ in range(2)]
+    dst = [np.full(3000, 7, np.uint32) for _ in range(2)]
+    bufs = [dev.upload(a) for a in src + dst]
+    dims = dev.upload(np.array([1234, 10, 100, 0], np.uint32), uniform=True)  # 1234 words, src at 10, dst at 100
+    progs = [dev.compile(rowops.copy_source()), dev.compile(rowops.copy2_source())]
+    _KEEP.append((progs, bufs, dims))
+    dev.run([Launch(progs[1], rowops.copy_grid(1234), [dims, *bufs])])
+    for a, b in zip(src, bufs[2:]):
+        got = dev.download(b, np.uint32, (3000,))
+        np.testing.assert_array_equal(got[100:1334], a[10:1244])
+        assert (got[:100] == 7).all() and (got[1334:] == 7).all()
+    dev.run([Launch(progs[0], (1, 1, 1), [dims, bufs[1], bufs[2]])])  # one workgroup: the grid-stride loop
+    np.testing.assert_array_equal(dev.download(bufs[2], np.uint32, (3000,))[100:1334], src[1][10:1244])

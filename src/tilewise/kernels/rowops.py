@@ -7,7 +7,8 @@ Variants:
 - `head`: final RMSNorm of one row (dims.r0 picks it) then scores = W (L, H) @ h; writes the normed row
   (the state's `hidden`) and the scores into one buffer (H + L), so one read-back returns both. One
   workgroup: the head is 8 x hidden, there is nothing to spread.
-- `copy`: dst[r1 + i] = src[r0 + i] for i < dims.m words (prefix cache: branch a state on the GPU).
+- `copy`: dst[r1 + i] = src[r0 + i] for i < dims.m words (prefix cache: branch a state on the GPU); `copy2`
+  does two buffer pairs (a layer's K and V) in one launch.
 
 Bindings are listed per op in `BINDINGS`; `dims` is a uniform vec4<u32> (m, r0, r1, r2).
 """
@@ -31,6 +32,7 @@ BINDINGS = {
     "embed_f32": ["dims", "ids", "w", "out"],
     "head": ["dims", "x", "norm_weight", "head_weight", "out"],
     "copy": ["dims", "src", "dst"],
+    "copy2": ["dims", "src_a", "src_b", "dst_a", "dst_b"],
 }
 _DIMS = "struct Dims { m: u32, r0: u32, r1: u32, r2: u32 }\n@group(0) @binding(0) var<uniform> dims: Dims;\n"
 
@@ -135,6 +137,23 @@ def copy_source(wg: int = 256) -> str:
 @compute @workgroup_size({wg})
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {{
     for (var i = gid.x; i < dims.m; i = i + nw.x * {wg}u) {{ dst[dims.r1 + i] = src[dims.r0 + i]; }}
+}}
+"""
+
+
+def copy2_source(wg: int = 256) -> str:
+    """WGSL: the copy of `copy_source` on two buffer pairs at once (K and V of one layer: one launch, not two)."""
+    return f"""{_DIMS}
+@group(0) @binding(1) var<storage, read> src_a: array<u32>;
+@group(0) @binding(2) var<storage, read> src_b: array<u32>;
+@group(0) @binding(3) var<storage, read_write> dst_a: array<u32>;
+@group(0) @binding(4) var<storage, read_write> dst_b: array<u32>;
+@compute @workgroup_size({wg})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {{
+    for (var i = gid.x; i < dims.m; i = i + nw.x * {wg}u) {{
+        dst_a[dims.r1 + i] = src_a[dims.r0 + i];
+        dst_b[dims.r1 + i] = src_b[dims.r0 + i];
+    }}
 }}
 """
 

@@ -433,10 +433,11 @@ class WebGPUExecutor:
         plan = _Plan()
         if caches is not None and start > 0:
             words = start * hkv * d
+            prog = self._program(("copy2",), rowops.copy2_source, "copy2")
             for i, (k_old, v_old) in caches.kv.items():
                 k_new, v_new = new.kv[i]
-                self._copy(plan, "copy.kv_prefix", k_old, 0, k_new, 0, words)
-                self._copy(plan, "copy.kv_prefix", v_old, 0, v_new, 0, words)
+                plan.add("copy.kv_prefix", Launch(prog, rowops.copy_grid(words),
+                                                  [self._dims(words, 0, 0), k_old, v_old, k_new, v_new]))
         fmt = self.fmt
         prog = self._program(("embed", fmt, H), lambda: rowops.embed_source(ROW_WG, fmt, H), f"embed.{fmt}")
         plan.add("embed", Launch(prog, (n, 1, 1), [self._dims(n), a["ids"], *self.embed, a["x"]]))
