@@ -16,7 +16,6 @@ Prints a ratio table at the end and writes `results.json` and `summary.md` into 
 Usage (needs torch with CUDA, transformers, wgpu; nothing installed from this repo):
 
     PYTHONPATH=src python3 bench/decision_webgpu.py --out bench/results/decision_webgpu
-    (on the offline H200: `source .offline/enter.sh` first, which sets PYTHONPATH and installs wgpu)
 
 Every section has a time budget; a failing section is recorded with its error and the run goes on.
 """
