@@ -57,7 +57,7 @@ def tune_section(cfg: Any, args: argparse.Namespace, f16_arith: bool) -> dict[st
     table = tune_model(tilewise.get_device("webgpu"), cfg, args.seq, "nf4", rows=rows, n_cand=args.tune_candidates,
                        f16_arith=f16_arith, log=lambda m: log("  " + m))
     TABLES[(cfg.name, f16_arith)] = table
-    return {"tuned": table.source, "seconds": time.perf_counter() - t, "f16_arith": f16_arith,
+    return {"tuned": Path(table.source).name, "seconds": time.perf_counter() - t, "f16_arith": f16_arith,
             "cutoffs": {k: next((sg["min_rows"] for sg in v if sg["kind"] != "rows"), None)
                         for k, v in table.matmul.items()}}
 
@@ -176,7 +176,8 @@ def main() -> int:
     info = dev.info
     log(f"WebGPU adapter: {info.name} ({info.api}, {info.adapter_type}), driver {info.driver}")
     coop = "cooperative-matrix" in info.features
-    meta = {"adapter": info.as_dict(), "argv": sys.argv, "seq": args.seq, "decisions": args.decisions,
+    argv = [out.name if a == str(out) else a for a in sys.argv[1:]]  # no machine paths in the record
+    meta = {"adapter": info.as_dict(), "argv": argv, "seq": args.seq, "decisions": args.decisions,
             "cooperative_matrix": ("advertised, not used: wgpu-py 0.32 cannot enable experimental features and "
                                    "wgpu-native implements only 8x8 f32 fragments") if coop else "not advertised",
             "shader_f16": "shader-f16" in info.features}
@@ -216,7 +217,7 @@ def main() -> int:
     md = summary(results, args)
     (out / "summary.md").write_text(md)
     print(md)
-    log(f"wrote {out / 'results.json'} and {out / 'summary.md'}")
+    log(f"wrote results.json and summary.md into {out}")
     return 0
 
 

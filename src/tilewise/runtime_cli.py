@@ -79,7 +79,8 @@ def bench_model(model: Any, seq: int, decisions: int, prefix: int = PREFIX_TOKEN
     if hasattr(ex, "dev"):
         res["adapter"] = ex.dev.info.name
         res["fingerprint"] = ex.dev.info.fingerprint
-        res["dispatch"] = getattr(getattr(ex, "dispatch", None), "source", "defaults")
+        source = str(getattr(getattr(ex, "dispatch", None), "source", "defaults"))
+        res["dispatch"] = Path(source).name if source not in ("defaults", "tuned") else source  # no local paths
 
     def decide(i: int) -> None:
         model.scores(model.prefill(full[i]))
