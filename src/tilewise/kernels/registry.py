@@ -16,6 +16,10 @@ TEMPLATES: dict[tuple[str, str], str] = {
     ("conv1d", "webgpu"): "tilewise.kernels.conv1d:WgslConv1d",
     ("conv1d", "tvm-llvm"): "tilewise.kernels.conv1d_tvm:TvmConv1d",
     ("dwsep-conv2d", "webgpu"): "tilewise.kernels.dwsep_conv2d:WgslDwsepConv2d",
+    ("nf4-matmul", "webgpu"): "tilewise.kernels.nf4_matmul:NF4MatmulTiled",
+    ("nf4-matmul-rows", "webgpu"): "tilewise.kernels.nf4_matmul:NF4MatmulRows",
+    ("nf4-swiglu", "webgpu"): "tilewise.kernels.nf4_matmul:NF4SwigluTiled",
+    ("nf4-matmul-f16s", "webgpu"): "tilewise.kernels.nf4_matmul:NF4MatmulTiledF16",
 }
 
 

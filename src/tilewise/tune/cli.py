@@ -27,7 +27,8 @@ def register(sub: Any) -> None:
     p.add_argument("kernel", help="kernel family (gemm) or `model` (tunes the model's kernels)")
     p.add_argument("--device", default="webgpu", help="webgpu, webgpu:N, cuda, cuda:N (default webgpu)")
     p.add_argument("--shape", help="problem shape, e.g. M,N,K = 256,256,256")
-    p.add_argument("--space", default="seed", help="named space: seed (16 hand-picked points), full, ...")
+    p.add_argument("--space", default=None,
+                   help="named space: seed (16 hand-picked points; the default where the kernel has it), full, ...")
     p.add_argument("--strategy", default="exhaustive", help="exhaustive | random")
     p.add_argument("--budget", type=int, default=None, help="most configs to measure")
     p.add_argument("--budget-s", type=float, default=None, help="most seconds to spend")
@@ -55,7 +56,8 @@ def register(sub: Any) -> None:
     p.add_argument("--m", required=True, help="M values: 1..512, 1..512:8, 1,64,96,346")
     p.add_argument("--n", type=int, required=True)
     p.add_argument("--k", type=int, required=True)
-    p.add_argument("--space", default="seed", help="candidate configs: the legal configs of this space")
+    p.add_argument("--space", default=None,
+                   help="candidate configs: the legal configs of this space (default: seed where the kernel has it)")
     p.add_argument("--configs", help="candidate configs instead: NAME=V,...;NAME=V,... (or a tune --json file)")
     p.add_argument("--tolerance", type=float, default=0.03, help="accepted slowdown vs the per-M best (0.03 = 3%%)")
     p.add_argument("--plot", metavar="FILE.png")
@@ -131,6 +133,10 @@ def _parse_config(tpl: Any, text: str) -> Any:
     return space.parse(",".join(f"{k}={v}" for k, v in given.items()))
 
 
+def _default_space(tpl: Any) -> str:
+    return "seed" if "seed" in tpl.space_names() else "full"
+
+
 def _console() -> Any:
     from rich.console import Console
 
@@ -162,6 +168,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return 0
     if args.budget is not None and args.budget < 1:
         raise ConfigError(f"--budget {args.budget} measures nothing", "give --budget N with N >= 1")
+    args.space = args.space or _default_space(tpl)
     space = _space(tpl, args.space)
     if not args.shape:
         raise ConfigError("--shape is required", f"write e.g. --shape {','.join(['256'] * len(tpl.shape_names))} "
@@ -261,6 +268,7 @@ def _sweep_configs(tpl: Any, args: argparse.Namespace, limits: Any) -> list[Any]
         if bad:
             raise ConfigError(f"{bad[0][0]} is illegal here: {'; '.join(bad[0][1])}", "drop it from --configs")
         return configs
+    args.space = args.space or _default_space(tpl)
     space = _space(tpl, args.space)
     configs = space.legal(limits)
     if space.points is None and len(configs) > 32:
