@@ -1,7 +1,7 @@
 """tilewise.game: the polyomino game the classifier plays (seed 001).
 
 Engine (`Game`), pieces and rotation system, prompt rendering and parsing, the shipped tokenizer, the
-expert player, the training dataset and the play loop. See docs/game.md.
+expert player, the training dataset and the play loop. The README section "The game" documents it.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ it lands. With all 12 pentominoes in the bag the expert placed 122 pieces per ga
 37 lines); with this set it places 982 of a 1000-piece cap (seeds 0-19, 397 lines). A game a good player
 can keep clean makes a better yardstick for a model.
 
-Rotation system (documented in docs/game.md):
+Rotation system (documented in the README, "The game"):
 
 - Every piece has a *pivot*, one of its own cells. A piece's position `(x, y)` is the pivot's column
   (0 = left wall) and row (0 = top row), so both are always on the board.
