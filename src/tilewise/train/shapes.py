@@ -1,8 +1,9 @@
 """Model shapes for training: the bundled default and a toy shape for tests, sized from the tokenizer.
 
 The default is sized for a CPU decision well under 100 ms on 2 cores at the game's 348-token prompt
-(see the README, "Training the bundled model"): hidden 256, 8 blocks with attention at 2, 5 and 7 (the last block attends, so
-the position that answers can read the whole board), SwiGLU FFN 768, 4 query heads over 2 KV heads of 64.
+(see the README, "Training the bundled model"): hidden 256, 8 blocks with attention at 2, 5 and 7 (the last
+block attends, so the position that answers can read the whole board), SwiGLU FFN 768, 4 query heads over 2 KV
+heads of 64.
 """
 
 from __future__ import annotations
