@@ -37,7 +37,7 @@ os.environ.setdefault("CUPY_TF32", "0")  # cuBLAS fp32 must stay fp32 (no TF32 t
 
 from tilewise.devices.cuda import CUDADevice
 from tilewise.errors import TilewiseError
-from tilewise.kernels.gemm_cuda import KERNEL7, SEED_WINNER, CudaGemm
+from tilewise.kernels.gemm_cuda import KERNEL7, SEED_WINNER, VERIFY_SHAPE, CudaGemm
 from tilewise.tune.measure import measure, tie_groups
 from tilewise.tune.search import Budget, get_strategy
 from tilewise.tune.space import Config
@@ -46,8 +46,6 @@ from tilewise.tune.tuner import config_source_hash
 from tilewise.tune.verify import Verifier, compare
 
 TUNE_SHAPE = (4096, 4096, 4096)
-#: partial tiles in every dimension: M odd, N not a multiple of any BN, K not a multiple of BK >= 8
-VERIFY_SHAPE = (517, 1036, 388)
 FINAL_SHAPES = [(4096, 4096, 4096), (2048, 2048, 2048), (346, 2560, 1024), (346, 1024, 2560)]
 CUBLAS = "cuBLAS"
 
@@ -162,7 +160,7 @@ class Bench:
         legal, illegal = space.split(self.limits)
         t0 = time.perf_counter()
         self.ensure_compiled(legal)
-        self.verify(legal, Verifier(self.tpl, self.dev, VERIFY_SHAPE, self.rng, reuse=4))
+        self.verify(legal, Verifier(self.tpl, self.dev, VERIFY_SHAPE, self.rng))
         ok = [c for c in legal if self.verified[c]["status"] == "ok"]
         stats = self.time_configs(ok, shape, self.args.rounds, with_cublas=True)
         cub = stats[CUBLAS].median_ms
@@ -207,7 +205,7 @@ class Bench:
         t_rules = time.perf_counter() - t0
         budget = Budget(seconds=args.budget_s)
         order = list(get_strategy("random")(space, self.limits, Budget(), args.seed))
-        verifier = Verifier(self.tpl, self.dev, VERIFY_SHAPE, self.rng, reuse=8)
+        verifier = Verifier(self.tpl, self.dev, VERIFY_SHAPE, self.rng)
         timed: dict[Config, Any] = {}
         t_compile = t_verify = t_time = 0.0
         done = 0

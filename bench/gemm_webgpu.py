@@ -168,15 +168,20 @@ def main(argv: list[str] | None = None) -> int:
                               store=store, seed=args.seed + 7, measure_kw=mkw, final_race=0).rows
             local_ok = sorted((r for r in extra if r.status == "ok" and r.stats), key=lambda r: r.stats.median_ms)
             cands += [r.config for r in local_ok[: args.race] if r.config not in cands]
-        ver = Verifier(tpl, dev, shape, rng, reuse=len(cands) + 1)
+        # every candidate is checked on fresh inputs (at a cheaper shape with the same edge structure where the
+        # template offers one) and timed on one input set at the real shape
+        timing_bufs = tpl.upload(dev, tpl.make_inputs(shape, rng), shape)
+        verifiers: dict = {}
         launches = {}
         for c in cands:
             prog = tpl.compile(dev, c, shape)
+            vshape = tpl.verify_shape(c, shape)
+            ver = verifiers.setdefault(vshape, Verifier(tpl, dev, vshape, rng))
             chk = ver.check(prog, c)
             if not chk.ok:
-                say(f"  {c} is wrong at {shape}: {chk.message}")
+                say(f"  {c} is wrong at {vshape}: {chk.message}")
                 continue
-            launches[c] = tpl.launches(prog, ver.buffers(), c, shape)
+            launches[c] = tpl.launches(prog, timing_bufs, c, shape)
         m = measure(dev, launches, warmup=3, min_rounds=15, max_rounds=40, budget_s=8.0, rng=rng)
         ranked = tie_groups(m.stats)
         best_cfg, best_st, _ = ranked[0]

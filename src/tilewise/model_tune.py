@@ -104,7 +104,7 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
     for t in templates:
         kind = t.kind
         check_m = 97 if max_m >= 97 else max_m
-        ver = Verifier(t, dev, (check_m, n, k), rng, reuse=10_000)
+        ver = Verifier(t, dev, (check_m, n, k), rng)
         for c in candidates(t, dev.info.limits, n_cand, seed, hand_picked):
             tag = Config((("kind", kind), *c.items()))
             probs = t.shape_problems(c, (max_m, n, k))
@@ -161,7 +161,7 @@ def tune_attention(dev: Any, cfg: Any, seq: int, seed: int) -> tuple[dict[str, A
     t = attn_k.AttentionTemplate()
     shape = (seq, 0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
     rng = np.random.default_rng(seed)
-    ver = Verifier(t, dev, shape, rng, reuse=10_000)
+    ver = Verifier(t, dev, shape, rng)
     launches = {}
     progs = []
     for c in t.space().legal(dev.info.limits):

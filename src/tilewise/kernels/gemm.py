@@ -43,6 +43,8 @@ from tilewise.tune.space import Config, Rule, Space
 WARP = 32  # invocations per logical warp
 MAX_ACCUMULATORS = 128  # above this the accumulators alone spill (seed 003)
 MAX_PREFETCH_REGISTERS = 32  # floats held for the next tile on top of the accumulators
+# big shapes are verified here: partial tiles in M and N for every BM/BN, in K for every BK > 4 (vec4 needs K % 4)
+VERIFY_SHAPE = (517, 1036, 388)
 PARAMS: dict[str, list[Any]] = {
     "BM": [16, 32, 64, 128, 256],
     "BN": [16, 32, 64, 128, 256],
@@ -469,6 +471,17 @@ class WgslGemm(KernelTemplate):
         if config["VEC"] == 4 and (K % 4 or N % 4):
             problems.append(f"vec4_shape: vec4 rows need K % 4 == 0 and N % 4 == 0, got K={K}, N={N}")
         return problems
+
+    def verify_shape(self, config: Config, shape: Shape) -> Shape:
+        """Verify at `VERIFY_SHAPE` when it is cheaper than `shape` and the config admits it.
+
+        The pipeline does not depend on the shape (M, N, K come in a uniform), and `VERIFY_SHAPE` gives
+        every legal config partial tiles in M and N (and in K for BK > 4) and several tiles along each, so it
+        takes the edge guards a large shape can take while its float64 reference stays cheap on the host.
+        """
+        if self.flops(shape) <= self.flops(VERIFY_SHAPE) or self.shape_problems(config, VERIFY_SHAPE):
+            return shape
+        return VERIFY_SHAPE
 
     def source(self, config: Config) -> str:
         return generate_wgsl(config)
