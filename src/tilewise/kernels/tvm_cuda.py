@@ -1,0 +1,402 @@
+"""fp32 1D convolution on CUDA, scheduled with Apache TVM and emitted as CUDA C++ that tilewise's CUDA device runs.
+
+    Apad (Mp + N - 1) = a (M) with N-1 zeros on the left (and on the right up to the padded output)
+    out[n] = sum_k Apad[n + N - 1 - k] * w[k]        n < Mp = M + N - 1 rounded up to the block tile
+                                                       (= np.convolve(a, w) on its first M + N - 1 values)
+
+Variants (seed 000's GPU schedule, each choice a parameter of `schedule`):
+
+    NT     threads per block: the output axis is split n -> (block, thread, j), block bound to blockIdx.x and
+           thread to threadIdx.x; one block computes TILE = NT * TPT consecutive outputs
+    TPT    per-thread tile: each thread owns TPT consecutive outputs, accumulated in a `local` cache_write
+           (registers; the j loop is unrolled so every index is a constant)
+    RK     reduction split k -> (k_o, k_i): the staged operands are refreshed once per k_o; k_i is unrolled
+    STAGE  where the operands of one k_o step sit (seed 000's `cache_read(A, "local")` question):
+             "global"  no cache_read: every multiply reads global memory (the unoptimized baseline)
+             "shared"  cache_read(Apad, "shared") and cache_read(W, "shared") at k_o: the block copies its
+                       TILE + RK - 1 inputs and RK taps into __shared__ arrays between two __syncthreads
+             "local"   cache_read(..., "local") at k_o: each thread loads its own window of TPT + RK - 1 inputs
+                       and RK taps into a per-thread array; no barrier, and each loaded input feeds up to
+                       min(TPT, RK) multiplies
+
+The zero padding Apad is inlined into whichever stage reads it (a bounds select on every read of `a`), so no
+padded copy exists on the GPU. The output is computed over Mp positions so the output split needs no predicate;
+the extra positions read only padding, the output buffer is allocated for every config's Mp, and `read_output`
+drops them. The kernel is specialised on the shape (static loop bounds), so `verify_shape` keeps the default.
+
+TVM (imported lazily; `pip install 'tilewise[tvm]'`) lowers the schedule for a `{"kind": "cuda", "arch": "sm_XX"}`
+target and emits an `extern "C" __global__` kernel whose pointer parameters come in name order (A, B, W), not in
+the order of the function's arguments; `parse_kernel` reads the order, the kernel name and `__launch_bounds__`
+from the emitted signature. The device compiles the emitted source without TVM's include preamble (the kernel
+uses only int and float; the preamble's NVRTC branch includes CCCL headers that NVRTC finds only with extra
+include paths); `source` shows the source exactly as TVM emitted it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tilewise.devices.base import Device, Launch, Limits, Program
+from tilewise.errors import ConfigError, ShaderCompileError
+from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
+from tilewise.kernels.conv1d import check_shape, nonzero_uniform
+from tilewise.tune.space import Config, Rule, Space
+
+MAX_REGISTERS = 128  # named f32 values per thread above which the accumulators and window spill
+MAX_INDEX = 2**31 - 1  # TVM indexes with int32 at these shapes, and CUDA caps grid.x at the same number
+STAGES = ("global", "shared", "local")
+PARAMS: dict[str, list[Any]] = {
+    "NT": [32, 64, 128, 256, 512, 1024],
+    "TPT": [1, 2, 4, 8],
+    "RK": [1, 2, 4, 8, 16],
+    "STAGE": list(STAGES),
+}
+MAX_TILE = max(PARAMS["NT"]) * max(PARAMS["TPT"])  # every TILE of the grid divides it (powers of two)
+DEFAULT_SHAPE = (16384, 64)  # what `source(config)` shows when no shape is given
+DEFAULT_ARCH = "sm_90"
+
+
+def fmt(c: Config) -> str:
+    """`128t T4 RK8 local` (TILE = NT * TPT outputs per block)."""
+    return f"{c['NT']}t T{c['TPT']} RK{c['RK']} {c['STAGE']}"
+
+
+def tile(c: Config) -> int:
+    """Outputs per block."""
+    return c["NT"] * c["TPT"]
+
+
+def registers(c: Config) -> int:
+    """f32 values one thread keeps live: TPT accumulators, plus the local window and taps."""
+    if c["STAGE"] == "local":
+        return c["TPT"] + (c["TPT"] + c["RK"] - 1) + c["RK"]
+    return c["TPT"]
+
+
+def shared_bytes(c: Config) -> int:
+    """Static __shared__ bytes of one block: the input tile with its RK - 1 halo, plus the RK taps of one step."""
+    return 4 * (tile(c) + c["RK"] - 1 + c["RK"]) if c["STAGE"] == "shared" else 0
+
+
+def _max_threads(L: Limits) -> int:
+    return min(L.max_invocations_per_workgroup, L.max_workgroup_size[0])
+
+
+def _rules() -> list[Rule]:
+    return [
+        Rule("stage", lambda c, L: c.STAGE in STAGES,
+             lambda c, L: f"STAGE = {c.STAGE!r} is not one of {', '.join(STAGES)}"),
+        Rule("registers", lambda c, L: registers(c) <= MAX_REGISTERS,
+             lambda c, L: f"registers = TPT + (TPT + RK - 1) + RK = {c.TPT} + {c.TPT + c.RK - 1} + {c.RK} = "
+                          f"{registers(c)} > {MAX_REGISTERS} (the local window and accumulators would spill)",
+             doc="accumulators plus the local window stay in registers"),
+        Rule("threads_per_block", lambda c, L: _max_threads(L) >= c.NT,
+             lambda c, L: f"NT = {c.NT} threads per block > the device's limit {_max_threads(L)}",
+             needs_limits=True),
+        Rule("shared_memory", lambda c, L: shared_bytes(c) <= L.max_workgroup_storage_bytes,
+             lambda c, L: f"__shared__ = 4*(NT*TPT + 2*RK - 1) = 4*({c.NT}*{c.TPT} + 2*{c.RK} - 1) = "
+                          f"{shared_bytes(c)} bytes > {L.max_workgroup_storage_bytes} per block",
+             needs_limits=True, doc="static shared memory of one block"),
+    ]
+
+
+RULES = _rules()
+
+
+def tvm_cuda_conv1d_space(which: str = "full") -> Space:
+    """The named spaces: "seed" (15 points: each staging scope at five tiles), "full" (the grid), "small"."""
+    if which == "full":
+        return Space("full", {k: list(v) for k, v in PARAMS.items()}, list(RULES), fmt)
+    if which == "small":
+        return Space("small", {"NT": [64], "TPT": [1, 4], "RK": [1, 4], "STAGE": list(STAGES)}, list(RULES), fmt)
+    if which == "seed":
+        # seed 000's question as 15 points, the WebGPU template's seed space with TVM's scope names
+        points = [{"NT": 64, "TPT": t, "RK": r, "STAGE": s} for s in STAGES
+                  for t, r in ((1, 1), (1, 8), (4, 8), (8, 8), (4, 16))]
+        return Space("seed", {k: list(v) for k, v in PARAMS.items()}, list(RULES), fmt, points=points)
+    raise ConfigError(f"unknown space {which!r} for conv1d (cuda, TVM)", "use --space seed, full or small")
+
+
+def padded_length(M: int, N: int, c: Config) -> int:
+    """Output positions computed: M + N - 1 rounded up to the block tile."""
+    return -(-(M + N - 1) // tile(c)) * tile(c)
+
+
+def alloc_length(M: int, N: int) -> int:
+    """Output buffer length: M + N - 1 rounded up to MAX_TILE (holds every config's padded output)."""
+    return -(-(M + N - 1) // MAX_TILE) * MAX_TILE
+
+
+def kernel_symbol(c: Config) -> str:
+    """The PrimFunc's global symbol; TVM names the kernel `<symbol>_kernel`, unique per config."""
+    return f"tw_conv1d_nt{c['NT']}_tpt{c['TPT']}_rk{c['RK']}_{c['STAGE']}"
+
+
+def arch_of(compute_capability: str | None) -> str:
+    """`9.0` -> `sm_90` (the default when the device does not say)."""
+    if not compute_capability:
+        return DEFAULT_ARCH
+    major, _, minor = compute_capability.partition(".")
+    return f"sm_{major}{minor or '0'}"
+
+
+def refuse_illegal(c: Config, shape: Shape, limits: Limits | None) -> tuple[int, int]:
+    """(M, N) when the config is legal at this shape; otherwise a ConfigError naming every broken rule.
+
+    Runs before TVM is imported, so an illegal config costs no scheduling.
+    """
+    M, N = check_shape(shape)
+    reasons = tvm_cuda_conv1d_space("full").why_illegal(c, limits) + _shape_problems(c, M, N)
+    if reasons:
+        raise ConfigError(f"conv1d (cuda, TVM) config {fmt(c)} is illegal at shape {M},{N}: " + "; ".join(reasons),
+                          "pick a legal config (tilewise tune conv1d --device cuda --dry-run lists the rules)")
+    return M, N
+
+
+def _shape_problems(c: Config, M: int, N: int) -> list[str]:
+    problems = []
+    if N % c["RK"]:
+        problems.append(f"reduction_split: N % RK = {N} % {c['RK']} = {N % c['RK']} != 0 "
+                        "(each step reads RK taps unguarded)")
+    if padded_length(M, N, c) + N - 1 > MAX_INDEX:
+        problems.append(f"index_range: Mp + N - 1 = {padded_length(M, N, c) + N - 1} > {MAX_INDEX} (int32 indices)")
+    return problems
+
+
+def schedule(c: Config, M: int, N: int) -> Any:
+    """The scheduled TIR module of one config at input length M and kernel length N (see the module docstring).
+
+    Args:
+        c: a legal config of this template's space.
+        M: input length.
+        N: kernel length (N <= M, N % RK == 0).
+
+    Returns:
+        `tvm.IRModule` holding one PrimFunc `kernel_symbol(c)(A (M,), W (N,), B (Mp,))`.
+    """
+    from tilewise.devices.tvm_llvm import import_tvm
+
+    tvm = import_tvm()
+    from tvm import te
+
+    NT, TPT, RK = c["NT"], c["TPT"], c["RK"]
+    Mp = padded_length(M, N, c)
+    A = te.placeholder((M,), name="A", dtype="float32")  # (M,)
+    W = te.placeholder((N,), name="W", dtype="float32")  # (N,)
+    zero = tvm.tirx.const(0.0, "float32")
+    Apad = te.compute((Mp + N - 1,),  # (Mp + N - 1,)
+                      lambda i: tvm.tirx.if_then_else(tvm.tirx.all(i >= N - 1, i < M + N - 1), A[i - (N - 1)], zero),
+                      name="Apad")
+    k = te.reduce_axis((0, N), name="k")
+    B = te.compute((Mp,), lambda n: te.sum(Apad[n + N - 1 - k] * W[k], axis=k), name="B")  # (Mp,)
+    symbol = kernel_symbol(c)
+    func = te.create_prim_func([A, W, B]).with_attr("global_symbol", symbol)
+    sch = tvm.s_tir.Schedule(tvm.IRModule({symbol: func}))
+    sch.work_on(symbol)
+    blk = sch.get_sblock("B")
+    n, kk = sch.get_loops(blk)
+    n_b, n_t, n_j = sch.split(n, factors=[None, NT, TPT])
+    k_o, k_i = sch.split(kk, factors=[None, RK])
+    sch.reorder(n_b, n_t, k_o, k_i, n_j)
+    sch.bind(n_b, "blockIdx.x")
+    sch.bind(n_t, "threadIdx.x")
+    acc = sch.cache_write(blk, 0, "local")  # the TPT accumulators, written back once per thread
+    sch.reverse_compute_at(acc, n_t)
+    init = sch.decompose_reduction(blk, k_o)  # zero the accumulators once, before the k_o loop
+    if c["STAGE"] in ("shared", "local"):
+        reads = [_region_name(r) for r in sch.get(blk).reads]  # the update block reads B_local, Apad and W
+        staged = [sch.cache_read(blk, reads.index(name), c["STAGE"]) for name in ("Apad", "W")]
+        for s in staged:
+            sch.compute_at(s, k_o)
+            for copy in _loops_below(sch, s, 3):  # below n_b, n_t, k_o: the copy of TILE + RK - 1 (or RK)
+                if c["STAGE"] == "shared":
+                    # the block copies cooperatively: NT threads stride over the elements
+                    _, lane = sch.split(copy, factors=[None, NT])
+                    sch.bind(lane, "threadIdx.x")
+                else:
+                    sch.unroll(copy)  # constant indices keep the per-thread window in registers
+    sch.compute_inline(sch.get_sblock("Apad"))
+    for loop in _loops_below(sch, init, 2) + _loops_below(sch, acc, 2) + [k_i, n_j]:
+        sch.unroll(loop)
+    return sch.mod
+
+
+def _region_name(region: Any) -> str:
+    """The buffer name of a block's read region (TVM 0.27: `region.source`; older releases: `region.buffer`)."""
+    source = getattr(region, "source", None)
+    return str(source.name if source is not None else region.buffer.name)
+
+
+def _loops_below(sch: Any, block: Any, depth: int) -> list[Any]:
+    """The loops of `block` nested deeper than `depth` (a loop of extent 1 may not exist, so never index [-1])."""
+    return list(sch.get_loops(block))[depth:]
+
+
+def emit_cuda(c: Config, M: int, N: int, arch: str = DEFAULT_ARCH) -> str:
+    """The CUDA C++ TVM emits for one config (no GPU and no CUDA toolkit needed).
+
+    Args:
+        c: a legal config.
+        M: input length.
+        N: kernel length.
+        arch: the CUDA target architecture, e.g. `sm_90`.
+
+    Returns:
+        The source text of the module TVM built, exactly as emitted.
+    """
+    from tilewise.devices.tvm_llvm import import_tvm
+
+    tvm = import_tvm()
+    mod = schedule(c, M, N)
+    try:
+        lib = tvm.compile(mod, target=tvm.target.Target({"kind": "cuda", "arch": arch}))
+    except Exception as exc:  # TVM reports lowering failures as TVMError/ValueError/RuntimeError
+        raise ShaderCompileError(f"TVM could not lower conv1d {fmt(c)} for {arch}: {str(exc).splitlines()[-1]}",
+                                 "report the config; its schedule is outside what this TVM version lowers") from exc
+    device_modules = [m for m in lib.mod.imports if getattr(m, "kind", "") == "cuda"] or list(lib.mod.imports)
+    return str(device_modules[0].inspect_source())
+
+
+_SIGNATURE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\((\d+)\)\s+)?'
+                        r"(\w+)\s*\(([^)]*)\)\s*\{")
+_PARAM = re.compile(r"^float\s*\*\s*(?:__restrict__\s+)?(\w+?)(?:_ptr)?$")
+
+
+@dataclass(frozen=True)
+class KernelSignature:
+    """What the launch needs from an emitted kernel: its name, block size bound and argument order."""
+
+    name: str
+    launch_bounds: int | None
+    arg_order: tuple[str, ...]  # tensor names (A, B, W) in parameter order
+
+
+def parse_kernel(source: str) -> KernelSignature:
+    """The one kernel definition of an emitted source: name, `__launch_bounds__` and tensor names in order.
+
+    Raises:
+        ShaderCompileError: not exactly one kernel, or a parameter that is not a float pointer (a scalar
+            would need a value this template does not pass).
+    """
+    defs = _SIGNATURE.findall(source)
+    if len(defs) != 1:
+        raise ShaderCompileError(f"expected one __global__ kernel definition in TVM's output, found {len(defs)}",
+                                 "the schedule must lower to a single kernel (inline every intermediate stage)")
+    bounds, name, params = defs[0]
+    order = []
+    for p in (p.strip() for p in params.split(",")):
+        m = _PARAM.match(p)
+        if m is None:
+            raise ShaderCompileError(f"kernel {name} has a parameter this template cannot pass: {p!r}",
+                                     "keep the shape static in the schedule (no scalar kernel arguments)")
+        order.append(m.group(1))
+    return KernelSignature(name, int(bounds) if bounds else None, tuple(order))
+
+
+_RTC_PREAMBLE = re.compile(r"#ifdef __CUDACC_RTC__\n.*?\n#else\n.*?\n#endif\n", re.DOTALL)
+
+
+def device_source(emitted: str) -> str:
+    """The emitted source without TVM's include preamble, when the kernel needs nothing from those headers.
+
+    The preamble includes `<cuda/std/cstdint>` under NVRTC (found only with CCCL's include path) and `<cuda.h>`
+    under nvcc; the conv1d kernel uses int and float only, so dropping it lets NVRTC and nvcc compile the same
+    text with no include path. A kernel that does use std:: or fixed-width types keeps the preamble.
+    """
+    stripped = _RTC_PREAMBLE.sub("", emitted, count=1)
+    kernels = stripped[stripped.find('extern "C"'):]
+    if stripped == emitted or re.search(r"\bstd::|\b(?:u?int(?:8|16|32|64)_t)\b", kernels):
+        return emitted
+    return stripped
+
+
+class TvmCudaConv1d(KernelTemplate):
+    """Full 1D convolution on an NVIDIA GPU: TVM schedules and emits the CUDA C++, the CUDA device runs it."""
+
+    name = "conv1d"
+    backend = "cuda"
+    shape_names = ("M", "N")
+    dtype = "f32"
+
+    def space(self, which: str = "full") -> Space:
+        return tvm_cuda_conv1d_space(which)
+
+    def space_names(self) -> tuple[str, ...]:
+        return ("seed", "full", "small")
+
+    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
+        try:
+            M, N = check_shape(shape)
+        except ConfigError as exc:
+            return [f"shape: {exc.problem}"]
+        return _shape_problems(config, M, N)
+
+    def source(self, config: Config, shape: Shape | None = None, arch: str = DEFAULT_ARCH) -> str:
+        """TVM's CUDA C++ for one config at `shape` (default 16384,64) for `arch`, as emitted.
+
+        Raises:
+            ConfigError: the config breaks a rule (checked against the `arch` profile when tilewise has one).
+        """
+        from tilewise.tune.profiles import PROFILES
+
+        M, N = refuse_illegal(config, shape or DEFAULT_SHAPE, PROFILES.get(arch))
+        return emit_cuda(config, M, N, arch)
+
+    def compile(self, device: Device, config: Config, shape: Shape) -> Program:
+        limits = device.info.limits
+        M, N = refuse_illegal(config, shape, limits)
+        emitted = emit_cuda(config, M, N, arch_of(limits.compute_capability))
+        sig = parse_kernel(emitted)
+        if sorted(sig.arg_order) != ["A", "B", "W"]:
+            raise ShaderCompileError(f"kernel {sig.name} takes {sig.arg_order}, expected the tensors A, B and W",
+                                     "the schedule must keep A, W and B as the only kernel parameters")
+        if sig.launch_bounds is not None and sig.launch_bounds != config["NT"]:
+            raise ShaderCompileError(f"kernel {sig.name} is bounded to {sig.launch_bounds} threads, config has "
+                                     f"NT = {config['NT']}", "bind exactly one loop of extent NT to threadIdx.x")
+        prog = device.compile(device_source(emitted), entry=sig.name, constants=dict(config),
+                              name=f"conv1d-tvm-cuda[{fmt(config)}]")
+        prog.meta.update(block=(config["NT"], 1, 1), arg_order=sig.arg_order, shape=(M, N),
+                         grid=(padded_length(M, N, config) // tile(config), 1, 1))
+        return prog
+
+    def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
+        M, N = check_shape(shape)
+        return {"a": nonzero_uniform(rng, M).astype(np.float32), "w": nonzero_uniform(rng, N).astype(np.float32)}
+
+    def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
+        M, N = check_shape(shape)
+        return {"a": device.upload(host["a"]), "w": device.upload(host["w"]),
+                "out": device.allocate(4 * alloc_length(M, N))}
+
+    def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
+        if tuple(program.meta["shape"]) != tuple(shape):
+            raise ConfigError(f"{program.name} was compiled for shape {program.meta['shape']}, launched at {shape}",
+                              "compile the config at the shape it runs (the kernel's loop bounds are static)")
+        by_name = {"A": bufs["a"], "W": bufs["w"], "B": bufs["out"]}
+        return [Launch(program, program.meta["grid"], [by_name[t] for t in program.meta["arg_order"]])]
+
+    def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
+        M, N = check_shape(shape)
+        return device.download(bufs["out"], np.float32, (M + N - 1,))
+
+    def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
+        return np.convolve(host["a"].astype(np.float64), host["w"].astype(np.float64))
+
+    def flops(self, shape: Shape) -> int:
+        M, N = check_shape(shape)
+        return 2 * M * N
+
+    def bytes_moved(self, shape: Shape) -> int:
+        M, N = check_shape(shape)
+        return 4 * (M + N + (M + N - 1))
+
+    def tile_waste(self, config: Config, shape: Shape) -> float:
+        M, N = check_shape(shape)
+        return padded_length(M, N, config) / (M + N - 1)
+
+    def describe(self, config: Config) -> str:
+        return fmt(config)
