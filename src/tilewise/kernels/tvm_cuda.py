@@ -51,8 +51,8 @@ MAX_INDEX = 2**31 - 1  # TVM indexes with int32 at these shapes, and CUDA caps g
 STAGES = ("global", "shared", "local")
 PARAMS: dict[str, list[Any]] = {
     "NT": [32, 64, 128, 256, 512, 1024],
-    "TPT": [1, 2, 4, 8],
-    "RK": [1, 2, 4, 8, 16],
+    "TPT": [1, 2, 4, 8, 16],
+    "RK": [1, 2, 4, 8, 16, 32, 64],
     "STAGE": list(STAGES),
 }
 MAX_TILE = max(PARAMS["NT"]) * max(PARAMS["TPT"])  # every TILE of the grid divides it (powers of two)

@@ -1,0 +1,219 @@
+"""conv1d scheduled with TVM for CUDA, without a GPU: the emitted source per staging scope, the parsed argument
+order, rules refusing illegal configs before TVM runs, and the emitted kernels run on the host (each CUDA thread
+an OS thread, `__syncthreads` a barrier) against the float64 reference through the template's own launches."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+import sys
+import types
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from tilewise.devices.base import Buffer, Program
+from tilewise.errors import ConfigError
+from tilewise.kernels import tvm_cuda
+from tilewise.kernels.registry import get_template
+from tilewise.kernels.tvm_cuda import TvmCudaConv1d, device_source, emit_cuda, fmt, parse_kernel
+from tilewise.tune.profiles import get_profile
+from tilewise.tune.verify import compare
+
+pytest.importorskip("tvm")
+
+SM90 = get_profile("sm_90")
+TPL = TvmCudaConv1d()
+
+
+def cfg(NT=64, TPT=4, RK=8, STAGE="local"):
+    return TPL.space("full").config(NT=NT, TPT=TPT, RK=RK, STAGE=STAGE)
+
+
+def kernel_body(src: str) -> str:
+    return src[src.rindex('extern "C"'):]
+
+
+def test_registered_as_conv1d_on_cuda():
+    tpl = get_template("conv1d", "cuda")
+    assert isinstance(tpl, TvmCudaConv1d) and tpl.backend == "cuda"
+
+
+@pytest.mark.parametrize("c", [cfg(TPT=4, RK=8), cfg(TPT=1, RK=1), cfg(NT=128, TPT=8, RK=16)], ids=fmt)
+def test_staging_scope_decides_shared_arrays_and_barriers(c):
+    shared = TPL.source(c.replace(STAGE="shared"), (1000, 16))
+    local = TPL.source(c.replace(STAGE="local"), (1000, 16))
+    glob = TPL.source(c.replace(STAGE="global"), (1000, 16))
+    tile_halo = c.NT * c.TPT + c.RK - 1
+    assert re.search(rf"__shared__ alignas\(\d+\) float Apad_shared_ptr\[{tile_halo}\];", shared)
+    assert "__syncthreads()" in shared
+    for src in (local, glob):
+        assert "__shared__" not in src and "__syncthreads" not in src
+    window = c.TPT + c.RK - 1
+    if window > 1:  # a one-element window is a scalar, not an array
+        assert re.search(rf"float Apad_local_ptr\[{window}\];", local)
+    assert "Apad_local" not in glob and "Apad_shared" not in glob
+
+
+def test_parsed_argument_order_matches_the_emitted_signature():
+    src = emit_cuda(cfg(), 1000, 16)
+    sig = parse_kernel(src)
+    assert sig.name == f"{tvm_cuda.kernel_symbol(cfg())}_kernel"
+    assert sig.launch_bounds == 64
+    params = re.search(rf"void __launch_bounds__\(64\) {sig.name}\(([^)]*)\) \{{", src).group(1)
+    assert tuple(re.findall(r"float\* __restrict__ (\w+)_ptr", params)) == sig.arg_order
+    assert sig.arg_order == ("A", "B", "W")  # TVM orders by name: not the function's (A, W, B)
+
+
+def test_parse_refuses_scalar_parameters_and_several_kernels():
+    one = 'extern "C" __global__ void k(float* __restrict__ A_ptr, int n) {'
+    with pytest.raises(Exception, match="parameter this template cannot pass: 'int n'"):
+        parse_kernel(one)
+    two = 'extern "C" __global__ void a(float* __restrict__ A_ptr) {\n}\nextern "C" __global__ void b(float* x) {'
+    with pytest.raises(Exception, match="found 2"):
+        parse_kernel(two)
+
+
+def test_device_source_drops_only_the_include_preamble():
+    src = emit_cuda(cfg(STAGE="shared"), 1000, 16)
+    dev = device_source(src)
+    assert "#include" in src and "#include" not in dev
+    assert kernel_body(dev) == kernel_body(src)
+
+
+def _forbid_tvm(monkeypatch):
+    monkeypatch.setattr(tvm_cuda, "schedule", lambda *a: pytest.fail("TVM ran for an illegal config"))
+
+
+def test_illegal_configs_are_refused_with_rule_and_numbers_before_tvm(monkeypatch):
+    _forbid_tvm(monkeypatch)
+    with pytest.raises(ConfigError, match=r"registers: registers = TPT \+ \(TPT \+ RK - 1\) \+ RK = "
+                                          r"64 \+ 79 \+ 16 = 159 > 128"):
+        TPL.source(cfg(TPT=64, RK=16), (1000, 16))
+    tight = replace(SM90, max_invocations_per_workgroup=256, max_workgroup_storage_bytes=4096)
+    fake = types.SimpleNamespace(info=types.SimpleNamespace(limits=tight))
+    with pytest.raises(ConfigError, match=r"threads_per_block: NT = 512 threads per block > the device's limit 256"):
+        TPL.compile(fake, cfg(NT=512, TPT=1, RK=1, STAGE="global"), (1000, 16))
+    # 4*(256*8 + 2*8 - 1) = 8252 bytes of tile, halo and taps
+    with pytest.raises(ConfigError, match=r"shared_memory: .* = 8252 bytes > 4096 per block"):
+        TPL.compile(fake, cfg(NT=256, TPT=8, RK=8, STAGE="shared"), (1000, 16))
+    with pytest.raises(ConfigError, match=r"reduction_split: N % RK = 20 % 8 = 4 != 0"):
+        TPL.source(cfg(RK=8), (1000, 20))
+
+
+def test_seed_space_is_legal_on_sm_90_and_full_grid_refusals_name_rules():
+    legal, illegal = TPL.space("seed").split(SM90)
+    assert len(legal) == 15 and not illegal
+    _, bad = TPL.space("full").split(SM90)
+    rules = {r.split(":")[0] for _, why in bad for r in why}
+    assert rules == {"registers", "shared_memory"}  # 1024 threads x 16 outputs staged: 65788 bytes > 48 KiB
+    huge = TPL.space("full").config(NT=1024, TPT=16, RK=4, STAGE="shared")
+    assert TPL.space("full").why_illegal(huge, SM90) == [
+        "shared_memory: __shared__ = 4*(NT*TPT + 2*RK - 1) = 4*(1024*16 + 2*4 - 1) = 65564 bytes > 49152 per block"]
+
+
+def test_flops_bytes_and_padding():
+    assert TPL.flops((1000, 16)) == 2 * 1000 * 16
+    assert TPL.bytes_moved((1000, 16)) == 4 * (1000 + 16 + 1015)
+    c = cfg(NT=64, TPT=8)  # tile 512: 1015 outputs padded to 1024
+    assert TPL.tile_waste(c, (1000, 16)) == pytest.approx(1024 / 1015)
+    assert tvm_cuda.alloc_length(1000, 16) % (c.NT * c.TPT) == 0
+
+
+# ---- the emitted kernels, run on the host -------------------------------------------------------------------
+HARNESS = r"""
+#include <barrier>
+#include <thread>
+#include <vector>
+struct tw_dim3 { unsigned x = 0, y = 0, z = 0; };
+thread_local tw_dim3 threadIdx, blockIdx;
+static std::barrier<>* tw_bar;
+#define __global__
+#define __launch_bounds__(n)
+#define __syncthreads() tw_bar->arrive_and_wait()
+// one block at a time, so a block's __shared__ arrays (made `static`) are private to it while it runs
+template <class F> void tw_launch(F f, int blocks, int threads) {
+  for (int b = 0; b < blocks; ++b) {
+    std::barrier<> bar(threads);
+    tw_bar = &bar;
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) pool.emplace_back([=] { blockIdx.x = b; threadIdx.x = t; f(); });
+    for (auto& th : pool) th.join();
+  }
+}
+"""
+
+
+class HostCuda:
+    """Just enough of a CUDA device for `TvmCudaConv1d.compile/upload/launches`: sources are collected, built
+    into one shared library by g++, and each launch runs its kernel over the grid with one thread per CUDA thread."""
+
+    def __init__(self, tmp_path):
+        self.info = types.SimpleNamespace(limits=SM90, name="host emulation")
+        self.tmp_path = tmp_path
+        self.sources: dict[str, str] = {}
+        self.lib = None
+
+    def compile(self, source, entry, constants=None, name=None):
+        self.sources[entry] = source
+        return Program(name or entry, entry, entry, dict(constants or {}), {})
+
+    def build(self):
+        # `__shared__ alignas(64) float x[n]` -> `alignas(64) static float x[n]`: one array for the block's threads
+        runners = [HARNESS] + [re.sub(r"__shared__ (alignas\(\d+\) )?", r"\1static ", s) for s in self.sources.values()]
+        for entry in self.sources:
+            runners.append(f'extern "C" void run_{entry}(float** p, int blocks, int threads) '
+                           f"{{ tw_launch([=] {{ {entry}(p[0], p[1], p[2]); }}, blocks, threads); }}\n")
+        src = self.tmp_path / "kernels.cpp"
+        src.write_text("\n".join(runners))
+        lib = self.tmp_path / "kernels.so"
+        res = subprocess.run([shutil.which("g++"), "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w",
+                              str(src), "-o", str(lib)], capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        self.lib = ctypes.CDLL(str(lib))
+
+    def allocate(self, nbytes, *, uniform=False):
+        return Buffer(self, np.zeros(nbytes // 4, np.float32), nbytes)
+
+    def upload(self, array, *, uniform=False):
+        return Buffer(self, np.ascontiguousarray(array, np.float32).copy(), array.nbytes)
+
+    def write(self, buffer, array, offset_bytes=0):
+        buffer.handle[:] = array
+
+    def download(self, buffer, dtype=np.float32, shape=None, offset_bytes=0):
+        return buffer.handle[: int(np.prod(shape))].reshape(shape).copy()
+
+    def run(self, launches):
+        for launch in launches:
+            ptrs = (ctypes.POINTER(ctypes.c_float) * 3)(
+                *(b.handle.ctypes.data_as(ctypes.POINTER(ctypes.c_float)) for b in launch.buffers))
+            getattr(self.lib, f"run_{launch.program.handle}")(ptrs, launch.grid[0], launch.program.meta["block"][0])
+
+
+@pytest.mark.skipif(shutil.which("g++") is None or sys.platform != "linux", reason="needs g++ on Linux")
+def test_emitted_kernels_match_float64_when_run_on_the_host(tmp_path, rng):
+    dev = HostCuda(tmp_path)
+    shape = (700, 16)  # 715 outputs: partial last tile for every seed config, both pad edges inside a block
+    legal, _ = TPL.space("seed").split(SM90)
+    programs = [(c, TPL.compile(dev, c, shape)) for c in legal]
+    dev.build()
+    for c, prog in programs:
+        assert prog.meta["arg_order"] == ("A", "B", "W")
+        host = TPL.make_inputs(shape, rng)
+        bufs = TPL.upload(dev, host, shape)
+        TPL.poison(dev, bufs, shape)
+        dev.run(TPL.launches(prog, bufs, c, shape))
+        check = compare(TPL.read_output(dev, bufs, shape), TPL.reference(host, shape), "f32")
+        assert check.ok, (fmt(c), check.message)
+
+
+def test_launch_refuses_a_program_compiled_for_another_shape(tmp_path):
+    dev = HostCuda(tmp_path)
+    prog = TPL.compile(dev, cfg(), (1000, 16))
+    bufs = TPL.upload(dev, TPL.make_inputs((900, 16), np.random.default_rng(1)), (900, 16))
+    with pytest.raises(ConfigError, match=r"compiled for shape \(1000, 16\), launched at \(900, 16\)"):
+        TPL.launches(prog, bufs, cfg(), (900, 16))
