@@ -90,9 +90,10 @@ def _forbid_tvm(monkeypatch):
 
 def test_illegal_configs_are_refused_with_rule_and_numbers_before_tvm(monkeypatch):
     _forbid_tvm(monkeypatch)
+    # 1024 threads share 65536 registers: 64 each, and the window of 16 outputs x 32 taps needs 95
     with pytest.raises(ConfigError, match=r"registers: registers = TPT \+ \(TPT \+ RK - 1\) \+ RK = "
-                                          r"64 \+ 79 \+ 16 = 159 > 128"):
-        TPL.source(cfg(TPT=64, RK=16), (1000, 16))
+                                          r"16 \+ 47 \+ 32 = 95 > 64 per thread"):
+        TPL.source(cfg(NT=1024, TPT=16, RK=32), (1000, 64))
     tight = replace(SM90, max_invocations_per_workgroup=256, max_workgroup_storage_bytes=4096)
     fake = types.SimpleNamespace(info=types.SimpleNamespace(limits=tight))
     with pytest.raises(ConfigError, match=r"threads_per_block: NT = 512 threads per block > the device's limit 256"):
