@@ -218,3 +218,20 @@ def test_launch_refuses_a_program_compiled_for_another_shape(tmp_path):
     bufs = TPL.upload(dev, TPL.make_inputs((900, 16), np.random.default_rng(1)), (900, 16))
     with pytest.raises(ConfigError, match=r"compiled for shape \(1000, 16\), launched at \(900, 16\)"):
         TPL.launches(prog, bufs, cfg(), (900, 16))
+
+
+@pytest.mark.skipif(shutil.which("g++") is None or sys.platform != "linux", reason="needs g++ on Linux")
+def test_large_blocks_and_long_windows_match_float64_on_the_host(tmp_path, rng):
+    dev = HostCuda(tmp_path)
+    shape = (3001, 64)  # one partial block of 16384 or 2048 outputs, several of 512
+    configs = [cfg(NT=1024, TPT=16, RK=16, STAGE="local"), cfg(NT=1024, TPT=2, RK=64, STAGE="shared"),
+               cfg(NT=32, TPT=16, RK=32, STAGE="global"), cfg(NT=512, TPT=1, RK=4, STAGE="shared")]
+    programs = [(c, TPL.compile(dev, c, shape)) for c in configs]
+    dev.build()
+    for c, prog in programs:
+        host = TPL.make_inputs(shape, rng)
+        bufs = TPL.upload(dev, host, shape)
+        TPL.poison(dev, bufs, shape)
+        dev.run(TPL.launches(prog, bufs, c, shape))
+        check = compare(TPL.read_output(dev, bufs, shape), TPL.reference(host, shape), "f32")
+        assert check.ok, (fmt(c), check.message)
