@@ -73,3 +73,18 @@ def test_program_meta_and_timing(dev, tpl, rng):
     bufs = tpl.upload(dev, tpl.make_inputs(shape, rng), shape)
     times_ms = dev.time(tpl.launches(prog, bufs, cfg, shape) * 5)
     assert times_ms.shape == (5,) and np.all(times_ms > 0)
+
+
+@pytest.mark.parametrize("shape", [(64, 64, 16), (256, 192, 48), (1024, 1024, 1024)])
+def test_every_gemm_seed_config_matches_float64(dev, shape, rng):
+    from tilewise.kernels.tvm_cuda import TvmCudaGemm, gemm_fmt
+
+    gemm = TvmCudaGemm()
+    legal, _ = gemm.space("seed").split(dev.info.limits)
+    assert len(legal) == 12
+    for cfg in legal:
+        if gemm.shape_problems(cfg, shape):
+            continue
+        out, ref = run_once(dev, gemm, cfg, shape, rng)
+        check = compare(out, ref, "f32")
+        assert check.ok, (gemm_fmt(cfg), shape, check.message)

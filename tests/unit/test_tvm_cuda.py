@@ -19,7 +19,7 @@ from tilewise.devices.base import Buffer, Program
 from tilewise.errors import ConfigError
 from tilewise.kernels import tvm_cuda
 from tilewise.kernels.registry import get_template
-from tilewise.kernels.tvm_cuda import TvmCudaConv1d, device_source, emit_cuda, fmt, parse_kernel
+from tilewise.kernels.tvm_cuda import TvmCudaConv1d, TvmCudaGemm, device_source, emit_cuda, fmt, gemm_fmt, parse_kernel
 from tilewise.tune.profiles import get_profile
 from tilewise.tune.verify import compare
 
@@ -136,12 +136,16 @@ static std::barrier<>* tw_bar;
 #define __launch_bounds__(n)
 #define __syncthreads() tw_bar->arrive_and_wait()
 // one block at a time, so a block's __shared__ arrays (made `static`) are private to it while it runs
-template <class F> void tw_launch(F f, int blocks, int threads) {
-  for (int b = 0; b < blocks; ++b) {
-    std::barrier<> bar(threads);
+template <class F> void tw_launch(F f, int gx, int gy, int bx, int by) {
+  for (int b = 0; b < gx * gy; ++b) {
+    std::barrier<> bar(bx * by);
     tw_bar = &bar;
     std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t) pool.emplace_back([=] { blockIdx.x = b; threadIdx.x = t; f(); });
+    for (int t = 0; t < bx * by; ++t)
+      pool.emplace_back([=] {
+        blockIdx.x = b % gx; blockIdx.y = b / gx; threadIdx.x = t % bx; threadIdx.y = t / bx;
+        f();
+      });
     for (auto& th : pool) th.join();
   }
 }
@@ -166,8 +170,8 @@ class HostCuda:
         # `__shared__ alignas(64) float x[n]` -> `alignas(64) static float x[n]`: one array for the block's threads
         runners = [HARNESS] + [re.sub(r"__shared__ (alignas\(\d+\) )?", r"\1static ", s) for s in self.sources.values()]
         for entry in self.sources:
-            runners.append(f'extern "C" void run_{entry}(float** p, int blocks, int threads) '
-                           f"{{ tw_launch([=] {{ {entry}(p[0], p[1], p[2]); }}, blocks, threads); }}\n")
+            runners.append(f'extern "C" void run_{entry}(float** p, int gx, int gy, int bx, int by) '
+                           f"{{ tw_launch([=] {{ {entry}(p[0], p[1], p[2]); }}, gx, gy, bx, by); }}\n")
         src = self.tmp_path / "kernels.cpp"
         src.write_text("\n".join(runners))
         lib = self.tmp_path / "kernels.so"
@@ -180,19 +184,20 @@ class HostCuda:
         return Buffer(self, np.zeros(nbytes // 4, np.float32), nbytes)
 
     def upload(self, array, *, uniform=False):
-        return Buffer(self, np.ascontiguousarray(array, np.float32).copy(), array.nbytes)
+        return Buffer(self, np.ascontiguousarray(array, np.float32).reshape(-1).copy(), array.nbytes)
 
     def write(self, buffer, array, offset_bytes=0):
         buffer.handle[:] = array
 
     def download(self, buffer, dtype=np.float32, shape=None, offset_bytes=0):
-        return buffer.handle[: int(np.prod(shape))].reshape(shape).copy()
+        return buffer.handle.reshape(-1)[: int(np.prod(shape))].reshape(shape).copy()
 
     def run(self, launches):
         for launch in launches:
             ptrs = (ctypes.POINTER(ctypes.c_float) * 3)(
                 *(b.handle.ctypes.data_as(ctypes.POINTER(ctypes.c_float)) for b in launch.buffers))
-            getattr(self.lib, f"run_{launch.program.handle}")(ptrs, launch.grid[0], launch.program.meta["block"][0])
+            block = launch.program.meta["block"]
+            getattr(self.lib, f"run_{launch.program.handle}")(ptrs, launch.grid[0], launch.grid[1], block[0], block[1])
 
 
 @pytest.mark.skipif(shutil.which("g++") is None or sys.platform != "linux", reason="needs g++ on Linux")
@@ -235,3 +240,55 @@ def test_large_blocks_and_long_windows_match_float64_on_the_host(tmp_path, rng):
         dev.run(TPL.launches(prog, bufs, c, shape))
         check = compare(TPL.read_output(dev, bufs, shape), TPL.reference(host, shape), "f32")
         assert check.ok, (fmt(c), check.message)
+
+
+# ---- GEMM ------------------------------------------------------------------------------------------------------
+GEMM = TvmCudaGemm()
+
+
+def gcfg(TY=16, TX=16, TM=4, TN=4, KB=8, STAGE="local"):
+    return GEMM.space("full").config(TY=TY, TX=TX, TM=TM, TN=TN, KB=KB, STAGE=STAGE)
+
+
+def test_gemm_registered_and_staging_scope_decides_shared_arrays():
+    assert isinstance(get_template("gemm-tvm", "cuda"), TvmCudaGemm)
+    shared = GEMM.source(gcfg(STAGE="shared"), (128, 128, 64))
+    local = GEMM.source(gcfg(STAGE="local"), (128, 128, 64))
+    assert re.search(r"__shared__ alignas\(\d+\) float A_shared_ptr\[512\];", shared)  # (TY*TM, KB) = 64 x 8
+    assert "__syncthreads()" in shared and "__shared__" not in local and "__syncthreads" not in local
+    assert re.search(r"float A_local_ptr\[32\];", local)  # (TM, KB) = 4 x 8
+    sig = parse_kernel(shared)
+    assert sig.arg_order == ("A", "B", "C") and sig.launch_bounds == 256
+
+
+def test_gemm_illegal_configs_are_refused_before_tvm(monkeypatch):
+    monkeypatch.setattr(tvm_cuda, "gemm_schedule", lambda *a: pytest.fail("TVM ran for an illegal config"))
+    fake = types.SimpleNamespace(info=types.SimpleNamespace(limits=replace(SM90, max_invocations_per_workgroup=256)))
+    with pytest.raises(ConfigError, match=r"threads_per_block: TY\*TX = 32\*16 = 512 threads per block \(TY = 32\) "
+                                          r"> the device's limit 256"):
+        GEMM.compile(fake, gcfg(TY=32, TX=16, TM=1, TN=1, KB=1, STAGE="global"), (1024, 1024, 1024))
+    with pytest.raises(ConfigError, match=r"registers: registers = TM\*TN \+ KB\*\(TM \+ TN\) = 576 > 255"):
+        GEMM.source(gcfg(TY=4, TX=4, TM=8, TN=8, KB=32), (1024, 1024, 1024))
+    with pytest.raises(ConfigError, match=r"shared_memory: __shared__ = 4\*KB\*\(TY\*TM \+ TX\*TN\) = "
+                                          r"4\*32\*\(32\*8 \+ 32\*8\) = 65536 bytes > 49152"):
+        GEMM.source(gcfg(TY=32, TX=32, TM=8, TN=8, KB=32, STAGE="shared"), (1024, 1024, 1024))
+    with pytest.raises(ConfigError, match=r"row_split: M % \(TY\*TM\) = 100 % 64 = 36 != 0"):
+        GEMM.source(gcfg(), (100, 128, 64))
+
+
+@pytest.mark.skipif(shutil.which("g++") is None or sys.platform != "linux", reason="needs g++ on Linux")
+def test_gemm_emitted_kernels_match_float64_on_the_host(tmp_path, rng):
+    dev = HostCuda(tmp_path)
+    shape = (64, 128, 48)  # two block columns of the 64x64 tiles, eight of 16x16, K in 3 steps of 16
+    legal, illegal = GEMM.space("seed").split(SM90)
+    assert len(legal) == 12 and not illegal
+    configs = [*legal, gcfg(TY=8, TX=4, TM=2, TN=8, KB=4, STAGE="shared")]  # a non-square block and tile
+    programs = [(c, GEMM.compile(dev, c, shape)) for c in configs]
+    dev.build()
+    for c, prog in programs:
+        host = GEMM.make_inputs(shape, rng)
+        bufs = GEMM.upload(dev, host, shape)
+        GEMM.poison(dev, bufs, shape)
+        dev.run(GEMM.launches(prog, bufs, c, shape))
+        check = compare(GEMM.read_output(dev, bufs, shape), GEMM.reference(host, shape), "f32")
+        assert check.ok, (gemm_fmt(c), check.message)

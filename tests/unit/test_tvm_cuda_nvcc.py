@@ -1,5 +1,6 @@
 """TVM-emitted conv1d kernels under nvcc (no GPU needed): every seed config compiles for sm_90 in one translation
-unit, exactly as the CUDA device receives the source, and the registers rule's budget matches what ptxas does."""
+unit, exactly as the CUDA device receives the source, and the registers rule's budget matches what ptxas does;
+the same for the GEMM seed configs."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ import subprocess
 
 import pytest
 
-from tilewise.kernels.tvm_cuda import TvmCudaConv1d, device_source, emit_cuda, kernel_symbol, registers
+from tilewise.kernels.tvm_cuda import (
+    TvmCudaConv1d,
+    TvmCudaGemm,
+    device_source,
+    emit_cuda,
+    gemm_symbol,
+    kernel_symbol,
+    registers,
+)
 from tilewise.tune.profiles import get_profile
 
 pytest.importorskip("tvm")
@@ -46,3 +55,16 @@ def test_every_seed_config_compiles_for_sm_90_without_spills(tmp_path):
         regs, spill = report[f"{kernel_symbol(c)}_kernel"]
         assert spill == 0 and regs <= SM90.registers_per_block // c.NT, (c, regs, spill)
     assert registers(spills) == 95 and report[f"{kernel_symbol(spills)}_kernel"][1] > 0
+
+
+def test_every_gemm_seed_config_compiles_for_sm_90_without_spills(tmp_path):
+    gemm = TvmCudaGemm()
+    legal, _ = gemm.space("seed").split(SM90)
+    src = tmp_path / "gemm_tvm.cu"
+    src.write_text("".join(device_source(gemm.source(c, (256, 256, 64))) for c in legal))
+    res = subprocess.run([NVCC, "-std=c++17", "-arch=sm_90", "-c", "-Xptxas", "-v", str(src), "-o", "g.o"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    entries = re.findall(r"Compiling entry function '(\w+)'", res.stderr)
+    assert sorted(entries) == sorted(f"{gemm_symbol(c)}_kernel" for c in legal)
+    assert re.findall(r"(\d+) bytes spill stores", res.stderr) == ["0"] * len(legal)

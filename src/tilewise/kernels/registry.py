@@ -16,6 +16,7 @@ TEMPLATES: dict[tuple[str, str], str] = {
     ("conv1d", "webgpu"): "tilewise.kernels.conv1d:WgslConv1d",
     ("conv1d", "tvm-llvm"): "tilewise.kernels.conv1d_tvm:TvmConv1d",
     ("conv1d", "cuda"): "tilewise.kernels.tvm_cuda:TvmCudaConv1d",
+    ("gemm-tvm", "cuda"): "tilewise.kernels.tvm_cuda:TvmCudaGemm",
     ("dwsep-conv2d", "webgpu"): "tilewise.kernels.dwsep_conv2d:WgslDwsepConv2d",
     ("nf4-matmul", "webgpu"): "tilewise.kernels.nf4_matmul:NF4MatmulTiled",
     ("nf4-matmul-rows", "webgpu"): "tilewise.kernels.nf4_matmul:NF4MatmulRows",
