@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tilewise.devices.base import Buffer, Program
-from tilewise.errors import ConfigError
+from tilewise.errors import ConfigError, DeviceUnavailable
 from tilewise.kernels import tvm_cuda
 from tilewise.kernels.registry import get_template
 from tilewise.kernels.tvm_cuda import TvmCudaConv1d, TvmCudaGemm, device_source, emit_cuda, fmt, gemm_fmt, parse_kernel
@@ -86,6 +86,16 @@ def test_device_source_drops_only_the_include_preamble():
 
 def _forbid_tvm(monkeypatch):
     monkeypatch.setattr(tvm_cuda, "schedule", lambda *a: pytest.fail("TVM ran for an illegal config"))
+
+
+def test_without_tvm_the_error_names_the_install_command(monkeypatch):
+    for name in [m for m in sys.modules if m == "tvm" or m.startswith("tvm.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # `import tvm` now raises ImportError
+    with pytest.raises(DeviceUnavailable, match="TVM-scheduled CUDA templates") as err:
+        TPL.source(cfg(), (1000, 16))
+    assert "pip install 'tilewise[tvm]'" in err.value.fix
+    with pytest.raises(DeviceUnavailable):
+        GEMM.source(gcfg(), (128, 128, 64))
 
 
 def test_illegal_configs_are_refused_with_rule_and_numbers_before_tvm(monkeypatch):

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from tilewise.devices.base import Device, Launch, Limits, Program
-from tilewise.errors import ConfigError, ShaderCompileError
+from tilewise.errors import ConfigError, DeviceUnavailable, ShaderCompileError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
 from tilewise.kernels.conv1d import check_shape, nonzero_uniform
 from tilewise.tune.space import Config, Rule, Space
@@ -181,6 +181,18 @@ def _shape_problems(c: Config, M: int, N: int) -> list[str]:
     return problems
 
 
+def import_tvm() -> Any:
+    """The `tvm` module, or a DeviceUnavailable naming these templates and the install command."""
+    from tilewise.devices.tvm_llvm import TVM_INSTALL
+    from tilewise.devices.tvm_llvm import import_tvm as _import
+
+    try:
+        return _import()
+    except DeviceUnavailable as exc:
+        raise DeviceUnavailable(f"Apache TVM is not installed; the TVM-scheduled CUDA templates (conv1d and gemm-tvm "
+                                f"on cuda) need it to emit their kernels ({exc.problem})", TVM_INSTALL) from exc
+
+
 def schedule(c: Config, M: int, N: int) -> Any:
     """The scheduled TIR module of one config at input length M and kernel length N (see the module docstring).
 
@@ -192,8 +204,6 @@ def schedule(c: Config, M: int, N: int) -> Any:
     Returns:
         `tvm.IRModule` holding one PrimFunc `kernel_symbol(c)(A (M,), W (N,), B (Mp,))`.
     """
-    from tilewise.devices.tvm_llvm import import_tvm
-
     tvm = import_tvm()
     from tvm import te
 
@@ -271,8 +281,6 @@ def lower_to_cuda(mod: Any, arch: str, label: str) -> str:
     Raises:
         ShaderCompileError: TVM could not lower the schedule.
     """
-    from tilewise.devices.tvm_llvm import import_tvm
-
     tvm = import_tvm()
     try:
         lib = tvm.compile(mod, target=tvm.target.Target({"kind": "cuda", "arch": arch}))
@@ -554,8 +562,6 @@ def gemm_schedule(c: Config, M: int, N: int, K: int) -> Any:
     Returns:
         `tvm.IRModule` holding one PrimFunc `gemm_symbol(c)(A (M, K), B (K, N), C (M, N))`.
     """
-    from tilewise.devices.tvm_llvm import import_tvm
-
     tvm = import_tvm()
     from tvm import te
 
