@@ -54,16 +54,22 @@ def tile(c: Config) -> int:
     return c["NT"] * c["TPT"]
 
 
-def registers(c: Config) -> int:
-    """Named f32 values one invocation keeps live: accumulators, plus the private window and taps."""
-    if c["STAGE"] == "private":
+def registers(c: Config, private: str = "private") -> int:
+    """Named f32 values one invocation keeps live: accumulators, plus the private window and taps.
+
+    `private` names the register staging scope (`private` in WGSL, `local` in TVM's CUDA schedules).
+    """
+    if c["STAGE"] == private:
         return c["TPT"] + (c["TPT"] + c["RK"] - 1) + c["RK"]
     return c["TPT"]
 
 
-def storage_bytes(c: Config) -> int:
-    """var<workgroup> bytes: the input tile with its RK - 1 halo, plus the RK taps of one step."""
-    return 4 * (tile(c) + c["RK"] - 1 + c["RK"]) if c["STAGE"] == "workgroup" else 0
+def storage_bytes(c: Config, shared: str = "workgroup") -> int:
+    """Shared bytes of one workgroup (block): the input tile with its RK - 1 halo, plus the RK taps of one step.
+
+    `shared` names the shared staging scope (`workgroup` in WGSL, `shared` in TVM's CUDA schedules).
+    """
+    return 4 * (tile(c) + c["RK"] - 1 + c["RK"]) if c["STAGE"] == shared else 0
 
 
 def _max_threads(L: Any) -> int:

@@ -44,8 +44,9 @@ import numpy as np
 
 from tilewise.devices.base import Device, Launch, Limits, Program
 from tilewise.errors import ConfigError, DeviceUnavailable, ShaderCompileError
+from tilewise.kernels import conv1d
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
-from tilewise.kernels.conv1d import check_shape, nonzero_uniform
+from tilewise.kernels.conv1d import check_shape, fmt, nonzero_uniform, tile
 from tilewise.tune.space import Config, Rule, Space
 
 MAX_REGISTERS = 255  # CUDA's per-thread register maximum
@@ -62,26 +63,14 @@ DEFAULT_SHAPE = (16384, 64)  # what `source(config)` shows when no shape is give
 DEFAULT_ARCH = "sm_90"
 
 
-def fmt(c: Config) -> str:
-    """`128t T4 RK8 local` (TILE = NT * TPT outputs per block)."""
-    return f"{c['NT']}t T{c['TPT']} RK{c['RK']} {c['STAGE']}"
-
-
-def tile(c: Config) -> int:
-    """Outputs per block."""
-    return c["NT"] * c["TPT"]
-
-
 def registers(c: Config) -> int:
     """f32 values one thread keeps live: TPT accumulators, plus the local window and taps."""
-    if c["STAGE"] == "local":
-        return c["TPT"] + (c["TPT"] + c["RK"] - 1) + c["RK"]
-    return c["TPT"]
+    return conv1d.registers(c, private="local")
 
 
 def shared_bytes(c: Config) -> int:
     """Static __shared__ bytes of one block: the input tile with its RK - 1 halo, plus the RK taps of one step."""
-    return 4 * (tile(c) + c["RK"] - 1 + c["RK"]) if c["STAGE"] == "shared" else 0
+    return conv1d.storage_bytes(c, shared="shared")
 
 
 def register_budget(c: Config, L: Limits | None) -> int:
