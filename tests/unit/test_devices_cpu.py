@@ -70,3 +70,12 @@ def test_import_does_not_load_gpu_libraries():
 
 def test_cpu_device_is_cached():
     assert get_device("cpu") is get_device("cpu")
+
+
+def test_host_buffers_roundtrip_with_offsets_and_shapes(cpu_device, rng):
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    buf = cpu_device.allocate(4 * 32)
+    cpu_device.write(buf, np.full(32, np.nan, np.float32))
+    cpu_device.write(buf, x, offset_bytes=8)
+    np.testing.assert_array_equal(cpu_device.download(buf, np.float32, (3, 5), offset_bytes=8), x)
+    assert np.isnan(cpu_device.download(buf, np.float32, (2,))).all()

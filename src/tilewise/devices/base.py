@@ -208,9 +208,25 @@ class Device(ABC):
 
 
 class HostDevice(Device):
-    """A device whose launches run synchronously on the host: `time` is the host clock around each call."""
+    """A device whose buffers are host byte arrays (np.uint8) and whose launches run synchronously on the host.
+
+    `time` is the host clock around each call.
+    """
 
     timer = "wall-clock"
+
+    def write(self, buffer: Buffer, array: np.ndarray, offset_bytes: int = 0) -> None:
+        raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        if offset_bytes + raw.nbytes > buffer.nbytes:
+            raise ValueError(f"write of {raw.nbytes} bytes at {offset_bytes} overflows a {buffer.nbytes}-byte buffer")
+        buffer.handle[offset_bytes : offset_bytes + raw.nbytes] = raw
+
+    def download(self, buffer: Buffer, dtype: Any = np.float32, shape: Sequence[int] | None = None,
+                 offset_bytes: int = 0) -> np.ndarray:
+        out = buffer.handle[offset_bytes:].view(dtype).copy()
+        if shape is not None:
+            out = out[: int(np.prod(shape))].reshape(shape)
+        return out
 
     @abstractmethod
     def _call(self, launch: Launch) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import inspect
 import os
 import platform
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -65,20 +64,6 @@ class CPUDevice(HostDevice):
 
     def allocate(self, nbytes: int, *, uniform: bool = False) -> Buffer:
         return Buffer(self, np.empty(int(nbytes), dtype=np.uint8), int(nbytes), uniform)
-
-    def write(self, buffer: Buffer, array: np.ndarray, offset_bytes: int = 0) -> None:
-        raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-        if offset_bytes + raw.nbytes > buffer.nbytes:
-            raise ValueError(f"write of {raw.nbytes} bytes at {offset_bytes} overflows a {buffer.nbytes}-byte buffer")
-        buffer.handle[offset_bytes : offset_bytes + raw.nbytes] = raw
-
-    def download(self, buffer: Buffer, dtype: Any = np.float32, shape: Sequence[int] | None = None,
-                 offset_bytes: int = 0) -> np.ndarray:
-        out = buffer.handle[offset_bytes:].view(dtype).copy()
-        if shape is not None:
-            count = int(np.prod(shape))
-            out = out[:count].reshape(shape)
-        return out
 
     def compile(self, source: Any, entry: str = "main", constants: dict[str, Any] | None = None,
                 name: str | None = None) -> Program:

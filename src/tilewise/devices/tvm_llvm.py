@@ -11,7 +11,6 @@ TVM is an optional extra: `pip install 'tilewise[tvm]'` (apache-tvm 0.27 with ap
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -86,19 +85,6 @@ class TVMLLVMDevice(HostDevice):
     # ---- memory ------------------------------------------------------------------------------
     def allocate(self, nbytes: int, *, uniform: bool = False) -> Buffer:
         return Buffer(self, aligned_empty(max(int(nbytes), 4)), max(int(nbytes), 4), uniform)
-
-    def write(self, buffer: Buffer, array: np.ndarray, offset_bytes: int = 0) -> None:
-        raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-        if offset_bytes + raw.nbytes > buffer.nbytes:
-            raise ValueError(f"write of {raw.nbytes} bytes at {offset_bytes} overflows a {buffer.nbytes}-byte buffer")
-        buffer.handle[offset_bytes : offset_bytes + raw.nbytes] = raw
-
-    def download(self, buffer: Buffer, dtype: Any = np.float32, shape: Sequence[int] | None = None,
-                 offset_bytes: int = 0) -> np.ndarray:
-        out = buffer.handle[offset_bytes:].view(dtype).copy()
-        if shape is not None:
-            out = out[: int(np.prod(shape))].reshape(shape)
-        return out
 
     # ---- programs ----------------------------------------------------------------------------
     def compile(self, source: Any, entry: str = "main", constants: dict[str, Any] | None = None,
