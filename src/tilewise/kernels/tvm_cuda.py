@@ -32,6 +32,10 @@ the order of the function's arguments; `parse_kernel` reads the order, the kerne
 from the emitted signature. The device compiles the emitted source without TVM's include preamble (the kernel
 uses only int and float; the preamble's NVRTC branch includes CCCL headers that NVRTC finds only with extra
 include paths); `source` shows the source exactly as TVM emitted it.
+
+A machine without TVM runs these templates from a store of pre-emitted sources (`tilewise.kernels.tvm_sources`,
+`TILEWISE_TVM_CUDA_SOURCES=DIR`, filled by `bench/tvm_cuda_emit.py` where TVM is installed): `compile` and `source`
+emit with TVM when it imports (and write the store when the variable is set), else read the store.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ import numpy as np
 
 from tilewise.devices.base import Device, Launch, Limits, Program
 from tilewise.errors import ConfigError, DeviceUnavailable, ShaderCompileError
-from tilewise.kernels import conv1d
+from tilewise.kernels import conv1d, tvm_sources
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
 from tilewise.kernels.conv1d import check_shape, fmt, nonzero_uniform, tile
 from tilewise.tune.space import Config, Rule, Space
@@ -355,7 +359,7 @@ class TvmCudaConv1d(KernelTemplate):
         return _shape_problems(config, M, N)
 
     def source(self, config: Config, shape: Shape | None = None, arch: str = DEFAULT_ARCH) -> str:
-        """TVM's CUDA C++ for one config at `shape` (default 16384,64) for `arch`, as emitted.
+        """TVM's CUDA C++ for one config at `shape` (default 16384,64) for `arch`, as emitted (stored, without TVM).
 
         Raises:
             ConfigError: the config breaks a rule (checked against the `arch` profile when tilewise has one).
@@ -363,12 +367,24 @@ class TvmCudaConv1d(KernelTemplate):
         from tilewise.tune.profiles import PROFILES
 
         M, N = refuse_illegal(config, shape or DEFAULT_SHAPE, PROFILES.get(arch))
+        return self._emitted(config, M, N, arch)
+
+    def emit_tvm(self, config: Config, shape: Shape, arch: str = DEFAULT_ARCH) -> str:
+        """TVM's CUDA C++ for one legal config (refused against the `arch` profile first); never the store."""
+        from tilewise.tune.profiles import PROFILES
+
+        M, N = refuse_illegal(config, shape, PROFILES.get(arch))
         return emit_cuda(config, M, N, arch)
+
+    def _emitted(self, config: Config, M: int, N: int, arch: str) -> str:
+        """TVM's emission, or the stored one without TVM (`tvm_sources.emitted_source`)."""
+        key = tvm_sources.SourceKey.make(self.name, config, (M, N), arch)
+        return tvm_sources.emitted_source(key, lambda: emit_cuda(config, M, N, arch))
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
         limits = device.info.limits
         M, N = refuse_illegal(config, shape, limits)
-        emitted = emit_cuda(config, M, N, arch_of(limits.compute_capability))
+        emitted = self._emitted(config, M, N, arch_of(limits.compute_capability))
         sig = parse_kernel(emitted)
         if sorted(sig.arg_order) != ["A", "B", "W"]:
             raise ShaderCompileError(f"kernel {sig.name} takes {sig.arg_order}, expected the tensors A, B and W",
@@ -627,7 +643,7 @@ class TvmCudaGemm(KernelTemplate):
         return M, N, K
 
     def source(self, config: Config, shape: Shape | None = None, arch: str = DEFAULT_ARCH) -> str:
-        """TVM's CUDA C++ for one config at `shape` (default 1024^3) for `arch`, as emitted.
+        """TVM's CUDA C++ for one config at `shape` (default 1024^3) for `arch`, as emitted (stored, without TVM).
 
         Raises:
             ConfigError: the config breaks a rule (checked against the `arch` profile when tilewise has one).
@@ -635,13 +651,25 @@ class TvmCudaGemm(KernelTemplate):
         from tilewise.tune.profiles import PROFILES
 
         M, N, K = self._refuse_illegal(config, shape or GEMM_DEFAULT_SHAPE, PROFILES.get(arch))
+        return self._emitted(config, M, N, K, arch)
+
+    def emit_tvm(self, config: Config, shape: Shape, arch: str = DEFAULT_ARCH) -> str:
+        """TVM's CUDA C++ for one legal config (refused against the `arch` profile first); never the store."""
+        from tilewise.tune.profiles import PROFILES
+
+        M, N, K = self._refuse_illegal(config, shape, PROFILES.get(arch))
         return lower_to_cuda(gemm_schedule(config, M, N, K), arch, f"gemm {gemm_fmt(config)}")
+
+    def _emitted(self, config: Config, M: int, N: int, K: int, arch: str) -> str:
+        """TVM's emission, or the stored one without TVM (`tvm_sources.emitted_source`)."""
+        key = tvm_sources.SourceKey.make(self.name, config, (M, N, K), arch)
+        return tvm_sources.emitted_source(
+            key, lambda: lower_to_cuda(gemm_schedule(config, M, N, K), arch, f"gemm {gemm_fmt(config)}"))
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
         limits = device.info.limits
         M, N, K = self._refuse_illegal(config, shape, limits)
-        emitted = lower_to_cuda(gemm_schedule(config, M, N, K), arch_of(limits.compute_capability),
-                                f"gemm {gemm_fmt(config)}")
+        emitted = self._emitted(config, M, N, K, arch_of(limits.compute_capability))
         sig = parse_kernel(emitted)
         threads = config["TY"] * config["TX"]
         if sorted(sig.arg_order) != ["A", "B", "C"]:
