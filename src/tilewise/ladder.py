@@ -13,7 +13,10 @@ A ladder is data: named configs of one kernel template, in order. Running it
    (`workgroup` vs `private`), which one won, by how much, with intervals.
 
 Primitives: `conv1d-cpu` (TVM on the `tvm-llvm` device), `conv1d-gpu`, `gemm-gpu` (the tuner's GEMM template and
-its staging parameters) and `dwsep-conv2d-gpu` (WebGPU).
+its staging parameters) and `dwsep-conv2d-gpu` (WebGPU). `conv1d-gpu` and `gemm-gpu` also run on `--device cuda`
+(`VARIANTS`): the same ladder over the TVM-scheduled, TVM-emitted CUDA templates (`kernels/tvm_cuda.py`), whose
+`shared`/`local` scopes answer the workgroup/private staging question. Without TVM those kernels come from the
+pre-emitted source store (`kernels/tvm_sources.py`), and the tuned best chooses only among stored configs.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from tilewise.devices.base import Device, Launch
-from tilewise.errors import ConfigError
+from tilewise.errors import ConfigError, DeviceUnavailable
 from tilewise.kernels.base import KernelTemplate, Shape
 from tilewise.tune.measure import Stats, measure, ties
 from tilewise.tune.space import Config, Space
@@ -67,6 +70,9 @@ class LadderSpec:
     tune_strategy: str = "random"
     #: values for parameters a rung leaves out (a template may grow parameters after its ladder was written)
     defaults: Callable[[], dict[str, Any]] | None = None
+    #: the template's kernels are emitted by TVM: without TVM they come from the source store, and the tuned best
+    #: chooses only among the configs stored for the shape and arch
+    emitted_by_tvm: bool = False
 
     def rung_config(self, space: Any, rung: RungSpec) -> Config:
         """The rung's config in `space`: its own values, then `defaults`, then each parameter's first value."""
@@ -99,6 +105,18 @@ def _conv1d_tvm_template() -> KernelTemplate:
     from tilewise.kernels.conv1d_tvm import TvmConv1d
 
     return TvmConv1d()
+
+
+def _tvm_cuda_conv1d_template() -> KernelTemplate:
+    from tilewise.kernels.tvm_cuda import TvmCudaConv1d
+
+    return TvmCudaConv1d()
+
+
+def _tvm_cuda_gemm_template() -> KernelTemplate:
+    from tilewise.kernels.tvm_cuda import TvmCudaGemm
+
+    return TvmCudaGemm()
 
 
 def _torch() -> Any:
@@ -263,12 +281,86 @@ LADDERS: dict[str, LadderSpec] = {
 }
 
 
-def get_ladder(primitive: str) -> LadderSpec:
-    """The ladder called `primitive`, or a ConfigError listing the known ones."""
+# ---- the same primitives on CUDA: TVM schedules and emits, the CUDA device runs ----------------------------------
+#: TVM's scope names -> the staging names of the ladder's answer (shared memory is the workgroup's, local is private)
+_TVM_STAGE = {"global": "global", "shared": "workgroup", "local": "private"}
+_TVM_SCOPE = {"workgroup": "shared", "private": "local"}
+
+
+def _tvm_restage(c: Config, scope: str) -> Config:
+    return c.replace(STAGE=_TVM_SCOPE.get(scope, scope))
+
+
+def _tvm_stage(c: Config) -> str:
+    return _TVM_STAGE.get(c["STAGE"], c["STAGE"])
+
+
+_TVM_GEMM_BASE = {"TY": 16, "TX": 16, "TM": 1, "TN": 1, "KB": 1, "STAGE": "global"}
+
+#: (primitive, device backend) -> the ladder of that primitive on that backend; `get_ladder(primitive, device)`
+#: picks it, `LADDERS` holds each primitive's default (the rung names match, so the JSON of both compares)
+VARIANTS: dict[tuple[str, str], LadderSpec] = {
+    ("conv1d-gpu", "cuda"): LadderSpec(
+        "conv1d-gpu", "1D convolution on the GPU (CUDA, scheduled and emitted by TVM)", "cuda", (16384, 64),
+        (1024, 16), _tvm_cuda_conv1d_template,
+        (
+            RungSpec("baseline", "one thread per output, every operand read from global memory at every multiply",
+                     {"NT": 64, "TPT": 1, "RK": 1, "STAGE": "global"}),
+            RungSpec("reduction split", "split k by 8, the inner step unrolled",
+                     {"NT": 64, "TPT": 1, "RK": 8, "STAGE": "global"}),
+            RungSpec("per-thread tile", "each thread owns 4 consecutive outputs (a local cache_write, unrolled)",
+                     {"NT": 64, "TPT": 4, "RK": 8, "STAGE": "global"}),
+            RungSpec("workgroup staging", "cache_read(..., 'shared'): the block copies each step's inputs and taps "
+                     "into __shared__ arrays between __syncthreads",
+                     {"NT": 64, "TPT": 4, "RK": 8, "STAGE": "shared"}),
+            RungSpec("private staging", "instead cache_read(..., 'local'): each thread loads its own window into "
+                     "registers (no barrier)", {"NT": 64, "TPT": 4, "RK": 8, "STAGE": "local"}),
+        ),
+        _conv1d_refs,
+        staging_pairs=(("workgroup staging", "private staging"),),
+        restage=_tvm_restage,
+        stage_of=_tvm_stage,
+        emitted_by_tvm=True,
+    ),
+    ("gemm-gpu", "cuda"): LadderSpec(
+        "gemm-gpu", "fp32 GEMM on the GPU (CUDA, scheduled and emitted by TVM)", "cuda", (1024, 1024, 1024),
+        (128, 128, 128), _tvm_cuda_gemm_template,
+        (
+            RungSpec("baseline", "16x16 thread block, one output per thread, operands read from global memory",
+                     dict(_TVM_GEMM_BASE)),
+            RungSpec("reduction split", "split k by 8, the inner step unrolled", {**_TVM_GEMM_BASE, "KB": 8}),
+            RungSpec("shared-memory tiling", "the textbook fix: the block stages its (16, 8) slab of A and (8, 16) "
+                     "slab of B in __shared__ memory", {**_TVM_GEMM_BASE, "KB": 8, "STAGE": "shared"}),
+            RungSpec("register tile 4x4", "each thread owns a 4x4 patch of C (64x64 per block, still shared "
+                     "staging)", {**_TVM_GEMM_BASE, "TM": 4, "TN": 4, "KB": 8, "STAGE": "shared"}),
+            RungSpec("private staging", "seed 000's cache_read(A, 'local'): each thread's operands in registers, no "
+                     "shared memory, no barrier", {**_TVM_GEMM_BASE, "TM": 4, "TN": 4, "KB": 8, "STAGE": "local"}),
+        ),
+        _gemm_refs,
+        staging_pairs=(("register tile 4x4", "private staging"),),
+        restage=_tvm_restage,
+        stage_of=_tvm_stage,
+        emitted_by_tvm=True,
+    ),
+}
+
+
+def _backend_of(device: str) -> str:
+    """`cuda:1` -> `cuda`."""
+    return device.split(":", 1)[0]
+
+
+def get_ladder(primitive: str, device: str | None = None) -> LadderSpec:
+    """The ladder called `primitive` for a device name (`cuda`, `cuda:1`, `webgpu`, ...), or a ConfigError listing
+    the known ones. A device whose backend has a variant of the primitive (`VARIANTS`) gets that variant; every
+    other device (and None) gets the default in `LADDERS`."""
     try:
-        return LADDERS[primitive]
+        spec = LADDERS[primitive]
     except KeyError:
         raise ConfigError(f"unknown ladder {primitive!r}", f"use one of: {', '.join(LADDERS)}") from None
+    if device:
+        return VARIANTS.get((primitive, _backend_of(device)), spec)
+    return spec
 
 
 def get_ladder_device(spec: LadderSpec, name: str | None) -> Device:
@@ -278,8 +370,14 @@ def get_ladder_device(spec: LadderSpec, name: str | None) -> Device:
         raise ConfigError(f"ladder {spec.primitive} runs on the tvm-llvm device, not {name!r}",
                           "leave out --device or pass --device tvm-llvm")
     if spec.device == "webgpu" and not name.startswith("webgpu"):
-        raise ConfigError(f"ladder {spec.primitive} has WGSL templates only; device {name!r} cannot run them",
-                          "pass --device webgpu or webgpu:N (CUDA variants of these ladders are not built yet)")
+        variant = VARIANTS.get((spec.primitive, _backend_of(name)))
+        also = (f", or take its {variant.device} variant: get_ladder({spec.primitive!r}, {name!r}) (the CLI picks "
+                f"it for --device {name})" if variant is not None else "")
+        raise ConfigError(f"ladder {spec.primitive} ({spec.title}) has WGSL templates only; device {name!r} cannot "
+                          "run them", f"pass --device webgpu or webgpu:N{also}")
+    if spec.device == "cuda" and _backend_of(name) != "cuda":
+        raise ConfigError(f"ladder {spec.primitive} ({spec.title}) runs on CUDA; device {name!r} cannot run it",
+                          f"pass --device cuda or cuda:N, or get_ladder({spec.primitive!r}) for the default ladder")
     if name == "tvm-llvm":
         from tilewise.devices.tvm_llvm import TVMLLVMDevice
 
@@ -400,6 +498,8 @@ class LadderResult:
                          f"{r.verdict}")
         for a in self.staging:
             lines.append("staging " + a.sentence())
+        if self.tuned.get("note"):
+            lines.append("tuned best: " + self.tuned["note"])
         return "\n".join(lines)
 
 
@@ -510,6 +610,35 @@ def _search_points(spec: LadderSpec, tpl: KernelTemplate, space: Space, limits: 
     return ok[:count]
 
 
+def _stored_search_points(tpl: KernelTemplate, space: Space, limits: Any, shape: Shape, count: int,
+                          usual: list[Config]) -> tuple[list[Config], str]:
+    """For a TVM-emitted template on a machine without TVM: up to `count` legal configs that have a stored source
+    (those of the usual search first, then the other stored ones), and a sentence saying so. With TVM: `usual`.
+    """
+    from tilewise.kernels import tvm_sources
+    from tilewise.kernels.tvm_cuda import arch_of
+
+    if tvm_sources.tvm_available():
+        return usual, ""
+    arch = arch_of(getattr(limits, "compute_capability", None))
+    store = tvm_sources.store_dir()
+    stored: list[Config] = []
+    for values in tvm_sources.stored_configs(tpl.name, shape, arch, store) if store is not None else []:
+        try:
+            stored.append(space.config(values))
+        except ConfigError:  # stored by an older version of the template: not a config of this space
+            continue
+    ok = [c for c in stored if not space.why_illegal(c, limits) and not tpl.shape_problems(c, shape)]
+    in_store = set(ok)
+    ordered = list(dict.fromkeys([*(c for c in usual if c in in_store), *ok]))
+    picked = ordered[:count]
+    where = f"store {store}" if store is not None else f"no store ({tvm_sources.ENV} is not set)"
+    note = (f"TVM is not importable, so the tuned best chose only among configs with a pre-emitted source: "
+            f"{len(picked)} of the {len(ok)} legal configs stored for {tpl.name} at shape "
+            f"{','.join(map(str, shape))} for {arch} ({where})")
+    return picked, note
+
+
 def run_ladder(primitive: str, device: Device | None = None, shape: Shape | None = None, *,
                tune_count: int = 24, tune_seconds: float | None = 60.0, measure_kw: dict[str, Any] | None = None,
                tune_measure_kw: dict[str, Any] | None = None, seed: int = 0,
@@ -537,7 +666,7 @@ def run_ladder(primitive: str, device: Device | None = None, shape: Shape | None
     from tilewise.tune.tuner import tune
     from tilewise.tune.verify import compare
 
-    spec = get_ladder(primitive)
+    spec = get_ladder(primitive, device.info.backend if device is not None else None)
     say = progress or (lambda _msg: None)
     dev = device if device is not None else get_ladder_device(spec, None)
     tpl = spec.template()
@@ -555,6 +684,7 @@ def run_ladder(primitive: str, device: Device | None = None, shape: Shape | None
     # every compiled program stays alive for the run: a backend may cache bindings by object id, and a freed
     # pipeline's id can come back for the next one
     keep: list[Any] = []
+    unavailable: dict[str, DeviceUnavailable] = {}
 
     def add(name: str, what: str, cfg: Config) -> Rung:
         rung = Rung(name, what, cfg)
@@ -568,6 +698,8 @@ def run_ladder(primitive: str, device: Device | None = None, shape: Shape | None
             keep.append(prog)
         except Exception as exc:  # a failing rung is a result, not the end of the ladder
             rung.status, rung.reason = "compile_error", str(exc).splitlines()[0]
+            if isinstance(exc, DeviceUnavailable):
+                unavailable[name] = exc
             return rung
         tpl.poison(dev, bufs, shape)  # NaN: an output no invocation writes fails the comparison
         dev.run(tpl.launches(prog, bufs, cfg, shape))
@@ -581,6 +713,8 @@ def run_ladder(primitive: str, device: Device | None = None, shape: Shape | None
 
     for spec_rung in spec.rungs:
         rungs.append(add(spec_rung.name, spec_rung.what, spec.rung_config(space, spec_rung)))
+    if rungs[0].name in unavailable:  # e.g. no TVM and no stored source: its fix says how to get one
+        raise unavailable[rungs[0].name]
     if rungs[0].status != "ok":
         raise ConfigError(f"the {primitive} baseline cannot run at shape {shape}: {rungs[0].reason}",
                           f"use another shape, e.g. --shape {','.join(str(s) for s in spec.shape)}")
@@ -589,6 +723,11 @@ def run_ladder(primitive: str, device: Device | None = None, shape: Shape | None
     extras: dict[str, Config] = {}
     if tune_count > 0:
         search = _search_points(spec, tpl, space, limits, shape, tune_count, seed)
+        note = ""
+        if spec.emitted_by_tvm:
+            search, note = _stored_search_points(tpl, space, limits, shape, tune_count, search)
+            if note:
+                say(note)
         points = [dict(c) for c in dict.fromkeys([*(r.config for r in rungs), *search])]
         seeded = _SeededTemplate(tpl, Space("ladder", space.params, space.rules, space.fmt, points=points))
         say(f"tuning {tpl.name}: the {len(rungs)} rungs + {len(search)} configs of a {spec.tune_strategy} search "
@@ -604,9 +743,14 @@ def run_ladder(primitive: str, device: Device | None = None, shape: Shape | None
                       "with_rungs": True,
                       "seconds": round(res.seconds, 2), "statuses": counts,
                       "best": best.config.key() if best else None}
+        if spec.emitted_by_tvm:
+            tuned_info.update(sources="store" if note else "tvm", note=note)
         if best is not None:
             what = (f"best of {counts.get('ok', 0)} verified configs (the rungs + {len(search)} from a "
                     f"{spec.tune_strategy} search of space {spec.tune_space!r})")
+            if note:
+                what = (f"best of {counts.get('ok', 0)} verified configs (the rungs + {len(search)} configs with a "
+                        f"stored source; TVM is not importable, so nothing else was a candidate)")
             rungs.append(add("tuned best", what, best.config))
             # the tuned best with its staging flipped answers the staging question at the tuned tile too
             if spec.restage is not None and spec.stage_of is not None and spec.stage_of(best.config) in (

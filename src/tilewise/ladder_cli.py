@@ -15,7 +15,9 @@ def register(sub: Any) -> None:
                                       "(seed 000), with the tuned best, the numpy/torch reference and the "
                                       "workgroup-vs-private staging verdict")
     p.add_argument("primitive", choices=PRIMITIVES, help="which ladder")
-    p.add_argument("--device", help="conv1d-cpu: tvm-llvm (default); GPU ladders: webgpu (default) or webgpu:N")
+    p.add_argument("--device", help="conv1d-cpu: tvm-llvm (default); GPU ladders: webgpu (default) or webgpu:N; "
+                                    "conv1d-gpu and gemm-gpu also cuda or cuda:N (TVM-emitted CUDA kernels; without "
+                                    "TVM read from the store named by TILEWISE_TVM_CUDA_SOURCES)")
     p.add_argument("--shape", help="problem shape: conv1d M,N (16384,64); gemm M,N,K (1024,1024,1024); "
                                    "dwsep-conv2d B,C,H,W,O,K,P (1,64,56,56,128,3,1)")
     p.add_argument("--small", action="store_true", help="use the ladder's CI-sized shape")
@@ -36,7 +38,7 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
     from tilewise.kernels.base import parse_shape
     from tilewise.ladder import get_ladder, get_ladder_device, plot, run_ladder, validate_shape, write_json
 
-    spec = get_ladder(args.primitive)
+    spec = get_ladder(args.primitive, args.device)  # --device cuda picks the TVM-emitted CUDA variant
     tpl = spec.template()
     if args.shape and args.small:
         raise ConfigError("--shape and --small both give a shape", "pass only one of them")
