@@ -1,5 +1,10 @@
-"""TVM-emitted conv1d kernels on a real NVIDIA GPU through tilewise's CUDA device (skips cleanly without CuPy,
-TVM or a GPU): every output value against the float64 reference on random inputs, and timing."""
+"""TVM-emitted conv1d and GEMM kernels on a real NVIDIA GPU through tilewise's CUDA device: every output value
+against the float64 reference on random inputs, and timing.
+
+The sources come from TVM when it imports, else from the pre-emitted store named by TILEWISE_TVM_CUDA_SOURCES
+(`python bench/tvm_cuda_emit.py --arch sm_90 --out DIR` on a machine with TVM). A test skips cleanly without CuPy
+or a GPU, and when neither TVM nor a store holding every source it needs is available.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +12,31 @@ import numpy as np
 import pytest
 
 from tilewise.errors import DeviceUnavailable
-from tilewise.kernels.tvm_cuda import TvmCudaConv1d, fmt
+from tilewise.kernels import tvm_sources
+from tilewise.kernels.tvm_cuda import TvmCudaConv1d, TvmCudaGemm, arch_of, fmt, gemm_fmt
 from tilewise.tune.verify import compare
 
 pytestmark = pytest.mark.cuda
 
-#: a tiny input, partial last tiles of every seed tile, a kernel as long as the input, a long input
+# What these tests compile (bench/tvm_cuda_emit.py pre-emits the same; a unit test checks it covers them):
+#: conv1d seed configs: a tiny input, partial last tiles of every seed tile, a kernel as long as the input, a long input
 SHAPES = [(16, 16), (700, 16), (1023, 64), (64, 64), (100_003, 64)]
+#: conv1d (NT, TPT, RK, STAGE) of large blocks and long windows, at LARGE_SHAPE
+LARGE = [(1024, 16, 16, "local"), (1024, 2, 64, "shared"), (32, 16, 32, "global"), (512, 8, 4, "shared")]
+LARGE_SHAPE = (50_001, 64)
+#: the conv1d config and shape that are timed
+TIMED = ({"NT": 128, "TPT": 4, "RK": 8, "STAGE": "local"}, (1 << 20, 64))
+#: GEMM seed configs
+GEMM_SHAPES = [(64, 64, 16), (256, 192, 48), (1024, 1024, 1024)]
 
 
 @pytest.fixture(scope="module")
 def dev():
     pytest.importorskip("cupy")
-    pytest.importorskip("tvm")
     from tilewise.devices import get_device
 
+    if not tvm_sources.tvm_available() and tvm_sources.store_dir() is None:
+        pytest.skip(f"neither TVM nor a pre-emitted source store ({tvm_sources.ENV}) is available")
     try:
         return get_device("cuda")
     except DeviceUnavailable as exc:
@@ -31,6 +46,18 @@ def dev():
 @pytest.fixture(scope="module")
 def tpl():
     return TvmCudaConv1d()
+
+
+def need_sources(dev, template, configs, shape):
+    """Skip unless TVM imports or the store holds the source of every config at this shape for the device's arch."""
+    if tvm_sources.tvm_available():
+        return
+    arch = arch_of(dev.info.limits.compute_capability)
+    keys = [tvm_sources.SourceKey.make(template.name, c, shape, arch) for c in configs]
+    gone = tvm_sources.missing(keys)
+    if gone:
+        pytest.skip(f"TVM is not installed and the store {tvm_sources.store_dir()} lacks {len(gone)} of "
+                    f"{len(keys)} sources, e.g. {gone[0].describe()} (emit: {gone[0].emit_command()})")
 
 
 def run_once(dev, tpl, cfg, shape, rng):
@@ -46,27 +73,28 @@ def run_once(dev, tpl, cfg, shape, rng):
 def test_every_seed_config_matches_float64(dev, tpl, shape, rng):
     legal, _ = tpl.space("seed").split(dev.info.limits)
     assert len(legal) == 15
-    for cfg in legal:
-        if tpl.shape_problems(cfg, shape):
-            continue  # RK does not divide N
+    configs = [c for c in legal if not tpl.shape_problems(c, shape)]  # RK must divide N
+    need_sources(dev, tpl, configs, shape)
+    for cfg in configs:
         out, ref = run_once(dev, tpl, cfg, shape, rng)
         check = compare(out, ref, "f32")
         assert check.ok, (fmt(cfg), shape, check.message)
 
 
-@pytest.mark.parametrize("values", [(1024, 16, 16, "local"), (1024, 2, 64, "shared"), (32, 16, 32, "global"),
-                                    (512, 8, 4, "shared")])
+@pytest.mark.parametrize("values", LARGE)
 def test_large_blocks_and_windows_match_float64(dev, tpl, values, rng):
     cfg = tpl.space("full").config(dict(zip(("NT", "TPT", "RK", "STAGE"), values)))
     assert tpl.space("full").why_illegal(cfg, dev.info.limits) == []
-    out, ref = run_once(dev, tpl, cfg, (50_001, 64), rng)
+    need_sources(dev, tpl, [cfg], LARGE_SHAPE)
+    out, ref = run_once(dev, tpl, cfg, LARGE_SHAPE, rng)
     check = compare(out, ref, "f32")
     assert check.ok, (fmt(cfg), check.message)
 
 
 def test_program_meta_and_timing(dev, tpl, rng):
-    shape = (1 << 20, 64)
-    cfg = tpl.space("full").config(NT=128, TPT=4, RK=8, STAGE="local")
+    values, shape = TIMED
+    cfg = tpl.space("full").config(values)
+    need_sources(dev, tpl, [cfg], shape)
     prog = tpl.compile(dev, cfg, shape)
     assert prog.meta["block"] == (128, 1, 1) and prog.meta["arg_order"] == ("A", "B", "W")
     assert prog.meta["local_bytes"] == 0  # the window stayed in registers
@@ -75,16 +103,14 @@ def test_program_meta_and_timing(dev, tpl, rng):
     assert times_ms.shape == (5,) and np.all(times_ms > 0)
 
 
-@pytest.mark.parametrize("shape", [(64, 64, 16), (256, 192, 48), (1024, 1024, 1024)])
+@pytest.mark.parametrize("shape", GEMM_SHAPES)
 def test_every_gemm_seed_config_matches_float64(dev, shape, rng):
-    from tilewise.kernels.tvm_cuda import TvmCudaGemm, gemm_fmt
-
     gemm = TvmCudaGemm()
     legal, _ = gemm.space("seed").split(dev.info.limits)
     assert len(legal) == 12
-    for cfg in legal:
-        if gemm.shape_problems(cfg, shape):
-            continue
+    configs = [c for c in legal if not gemm.shape_problems(c, shape)]
+    need_sources(dev, gemm, configs, shape)
+    for cfg in configs:
         out, ref = run_once(dev, gemm, cfg, shape, rng)
         check = compare(out, ref, "f32")
         assert check.ok, (gemm_fmt(cfg), shape, check.message)
