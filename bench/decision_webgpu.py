@@ -2,8 +2,8 @@
 
 For each preset (lfm2-350m and seed-250m shapes, seeded random weights) and weight format (nf4, f16):
 - first `tilewise tune model` for the preset on this GPU (both matmul kernels across rows 1..512, attention
-  tile), written to `--out`/dispatch, and a second table in which the f16-arithmetic tiled variant may compete
-  (only where the adapter has shader-f16);
+  tile), written to `--out`/dispatch, and a second table in which the f16-arithmetic tiled and split-K variants
+  may compete (only where the adapter has shader-f16);
 - tilewise WebGPU: 346-token decision latency p50/p90/p99 (host clock around prefill + scores read-back),
   prefix-cached decisions (47 shared tokens), the run without final-row slicing, per-op GPU time (timestamps),
   and the largest |score difference| against tilewise's CPU executor on the same weights (all 8 scores);

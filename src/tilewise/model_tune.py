@@ -62,7 +62,8 @@ def candidates(template: Any, limits: Any, n: int, seed: int, hand_picked: bool 
         extra = {k: space.params[k][0] for k in ("F16S", "F16A") if k in space.params}
         seeds = [dict(zip(("BM", "BN", "BK", "TM", "TN"), v), **extra) for v in SEED_TILED]
     elif template.kind == "splitk":
-        seeds = [dict(zip(("BM", "BN", "BK", "TM", "TN", "KS"), v), F16S=False) for v in SEED_SPLITK]
+        extra = {k: space.params[k][0] for k in ("F16S", "F16A") if k in space.params}
+        seeds = [dict(zip(("BM", "BN", "BK", "TM", "TN", "KS"), v), **extra) for v in SEED_SPLITK]
     else:
         seeds = [dict(zip(("WG", "NC", "RM", "EL"), v)) for v in SEED_ROWS]
     out += [space.config(v) for v in seeds]
@@ -81,8 +82,8 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
                 eps: float = 1e-5) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Measure both kernels across `rows`; returns (dispatch segments, measurements for the record).
 
-    With `f16_arith` (and shader-f16) the tiled kernel's f16-staging + f16-FMA variant competes too, verified
-    under the f16 tolerance.
+    With `f16_arith` (and shader-f16) the tiled and split-K kernels' f16-staging + f16-FMA variants compete too,
+    verified under the f16 tolerance.
     """
     from tilewise.kernels import nf4_matmul as mm
     from tilewise.tune.dispatch import fit_dispatch
@@ -99,8 +100,9 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
     kinds = [k for k in mm.KINDS if not (k == "splitk" and (norm or max(rows) < 64))]  # split-K: whole-row norm
     templates = [mm.MatmulTemplate(kind, fmt, epilogue, dev.enabled_features, norm=norm, eps=eps) for kind in kinds]
     if f16_arith and "shader-f16" in dev.enabled_features:
-        templates.append(mm.MatmulTemplate("tiled", fmt, epilogue, dev.enabled_features, True, True, norm=norm,
-                                           eps=eps))
+        # f16 FMAs in both many-row kernels: the split-K one serves the long-K down projections
+        templates += [mm.MatmulTemplate(kind, fmt, epilogue, dev.enabled_features, True, True, norm=norm, eps=eps)
+                      for kind in kinds if kind != "rows"]
     for t in templates:
         kind = t.kind
         check_m = 97 if max_m >= 97 else max_m
@@ -189,7 +191,7 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
         seed: inputs and sampling.
         force: re-measure shapes the table at `path` already holds.
         hand_picked: include `SEED_TILED` / `SEED_ROWS`.
-        f16_arith: let the f16-arithmetic tiled variant compete (f16 tolerance; a table of its own).
+        f16_arith: let the f16-arithmetic tiled and split-K variants compete (f16 tolerance; a table of its own).
         path: where the table lives (default: `dispatch_path(fingerprint)`, with `-f16a` for f16_arith).
         log: progress printer.
 

@@ -166,8 +166,8 @@ def test_flop_and_byte_counts():
 def test_matmul_f16_arithmetic_has_its_own_tolerance(webgpu_device, rng):
     if "shader-f16" not in webgpu_device.enabled_features:
         pytest.skip("adapter has no shader-f16")
-    for epilogue in mm.EPILOGUES:
-        t = mm.MatmulTemplate("tiled", "nf4", epilogue, webgpu_device.enabled_features, f16_staging=True,
+    for kind, epilogue in [("tiled", e) for e in mm.EPILOGUES] + [("splitk", "residual"), ("splitk", "swiglu")]:
+        t = mm.MatmulTemplate(kind, "nf4", epilogue, webgpu_device.enabled_features, f16_staging=True,
                               f16_arith=True)
         assert t.dtype == "f16" and "F16A" in t.space().params
         for cfg in (t.default_config(), t.default_config().replace(TM=2, TN=8)):

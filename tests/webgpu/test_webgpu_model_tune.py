@@ -69,5 +69,11 @@ def test_f16_arithmetic_competes_when_asked(webgpu_device):
     t = MatmulTemplate("tiled", "nf4", "swiglu", webgpu_device.enabled_features, True, True)
     assert all(c["F16A"] for c in model_tune.candidates(t, webgpu_device.info.limits, 2, 0))  # seeds included
     assert any("F16A=True" in c for c in record["candidates"])
+    _, record = model_tune.tune_matmul(webgpu_device, "nf4", "residual", 64, 256, [2, 64], 1, 0, print,
+                                       hand_picked=False, f16_arith=True)
+    kinds_f16a = {c.split(",")[0] for c in record["candidates"] if "F16A=True" in c}
+    assert kinds_f16a == {"kind=tiled", "kind=splitk"}, "f16 FMAs compete in both many-row kernels"
+    t = MatmulTemplate("splitk", "nf4", "residual", webgpu_device.enabled_features, True, True)
+    assert all(c["F16A"] and c["F16S"] for c in model_tune.candidates(t, webgpu_device.info.limits, 2, 0))
     assert not any("F16A" in c for c in model_tune.tune_matmul(
         webgpu_device, "nf4", "swiglu", 64, 64, [2], 1, 0, print, hand_picked=False)[1]["candidates"])

@@ -543,8 +543,8 @@ class MatmulTemplate(KernelTemplate):
                  norm: bool = False, eps: float = 1e-5) -> None:
         if kind not in KINDS or fmt not in FORMATS or epilogue not in EPILOGUES:
             raise ValueError(f"unknown matmul variant kind={kind} fmt={fmt} epilogue={epilogue}")
-        if (f16_staging or f16_arith) and kind != "tiled":
-            raise ValueError("f16 staging / arithmetic are parameters of the tiled kernel only")
+        if (f16_staging or f16_arith) and kind == "rows":
+            raise ValueError("f16 staging / arithmetic are parameters of the tiled and split-K kernels only")
         if f16_arith and not f16_staging:
             raise ValueError("f16 arithmetic reads f16 tiles: pass f16_staging=True too")
         if norm and kind == "splitk":
@@ -682,8 +682,8 @@ def all_templates(features: Iterable[str] = ()) -> list[MatmulTemplate]:
     """Every matmul variant (for a registry)."""
     out = [MatmulTemplate(k, f, e, features) for k in KINDS for f in FORMATS for e in EPILOGUES]
     if "shader-f16" in frozenset(features):
-        out += [MatmulTemplate("tiled", f, e, features, True, a) for f in FORMATS for e in EPILOGUES
-                for a in (False, True)]
+        out += [MatmulTemplate(k, f, e, features, True, a) for k in ("tiled", "splitk") for f in FORMATS
+                for e in EPILOGUES for a in (False, True)]
     return out
 
 
