@@ -11,7 +11,10 @@ random order per round (so drift hits every variant alike), after warm-up:
 - `tw <fmt> slice`: final-row slicing (the last block's FFN and everything after it on the last row);
 - `tw <fmt> cache`: prefix cache: the first 47 tokens (seed 001's shared prefix) are prefilled once outside
   the timing and each decision extends that base with the 299 remaining tokens;
-- `tw <fmt> slice+cache`: both.
+- `tw <fmt> slice+cache`: both;
+- `tw f32 full n=K`: the first K tokens only (K = 47, 150, 250). A line through these and the full prompt
+  splits a decision into a fixed part and a per-token part; the prefix cache can only skip the per-token part
+  of the tokens it skips, so its saving is also reported against that share.
 (NF4 runs the same float32 arithmetic as f32 after load, so only its `full` and `slice+cache` are timed.)
 
 It prints medians with 20th/80th percentiles and ratios, checks every variant's scores against HF's on the same
@@ -51,6 +54,7 @@ from tilewise.tune.measure import summarize  # noqa: E402
 
 PROMPT_TOKENS = 346
 PREFIX_TOKENS = 47
+FIT_TOKENS = (47, 150, 250)  # shorter prompts timed to split a decision into fixed + per-token cost
 
 
 def _hf_model(cfg, tensors):
@@ -118,6 +122,8 @@ def bench_preset(name: str, repeats: int, warmup: int, seed: int = 0) -> tuple[l
         if fmt == "f32":  # nf4 runs the same float32 arithmetic; its two ends suffice
             variants[f"tw {fmt} slice"] = lambda full=full: full(slicing=True)
             variants[f"tw {fmt} cache"] = cached
+            for n in FIT_TOKENS:  # shorter prompts: the line time = fixed + per_token * n
+                variants[f"tw f32 full n={n}"] = lambda m=m, n=n: m.scores(m.prefill(ids[:n]))
         variants[f"tw {fmt} slice+cache"] = lambda cached=cached: cached(slicing=True)
 
     scores = {k: fn() for k, fn in variants.items()}  # first call doubles as a warm-up
@@ -158,8 +164,24 @@ def bench_preset(name: str, repeats: int, warmup: int, seed: int = 0) -> tuple[l
                      f"tokens); vs HF: {t['hf f32'] / t['tw f32 full']:.2f}x with neither, "
                      f"{t['hf f32'] / t['tw f32 slice+cache']:.2f}x with both; nf4 vs HF: "
                      f"{t['hf f32'] / t['tw nf4 full']:.2f}x / {t['hf f32'] / t['tw nf4 slice+cache']:.2f}x")
+    # every cost that grows with the prompt is `per_token * n`; what does not (each GEMM re-packs its whole weight
+    # matrix, per-layer Python and norms of the last row) is `fixed`, and no prefix cache can skip it
+    ns = np.array([*FIT_TOKENS, PROMPT_TOKENS], float)
+    fit: dict[str, dict[str, float]] = {}
+    for label, t in (("median", med), ("min", low)):
+        per_token, fixed = np.polyfit(ns, [t[f"tw f32 full n={n}"] for n in FIT_TOKENS] + [t["tw f32 full"]], 1)
+        share = per_token * PREFIX_TOKENS / t["tw f32 full"]
+        saved = 1 - t["tw f32 cache"] / t["tw f32 full"]
+        fit[label] = {"fixed_ms": float(fixed), "per_token_ms": float(per_token), "skipped_share": float(share),
+                      "saved": float(saved)}
+        lines.append(f"- {label}, f32, fit of time vs prompt length over n = {', '.join(map(str, FIT_TOKENS))}, "
+                     f"{PROMPT_TOKENS} (no slicing): fixed {fixed:.1f} ms + {per_token:.3f} ms/token; the "
+                     f"{PREFIX_TOKENS} skipped tokens' share of the token-proportional time is {share:.1%} of a "
+                     f"decision and the cache saves {saved:.1%} ({saved / share:.2f}x that share)")
     lines.append("")
-    return lines, {k: s.as_dict() for k, s in stats.items()}
+    out = {k: s.as_dict() for k, s in stats.items()}
+    out["fit"] = fit
+    return lines, out
 
 
 def main() -> int:
