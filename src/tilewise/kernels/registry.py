@@ -18,6 +18,7 @@ TEMPLATES: dict[tuple[str, str], str] = {
     ("conv1d", "cuda"): "tilewise.kernels.tvm_cuda:TvmCudaConv1d",
     ("gemm-tvm", "cuda"): "tilewise.kernels.tvm_cuda:TvmCudaGemm",
     ("dwsep-conv2d", "webgpu"): "tilewise.kernels.dwsep_conv2d:WgslDwsepConv2d",
+    ("dwsep-conv2d", "cuda"): "tilewise.kernels.tvm_cuda_dwsep:TvmCudaDwsepConv2d",
     ("nf4-matmul", "webgpu"): "tilewise.kernels.nf4_matmul:NF4MatmulTiled",
     ("nf4-matmul-rows", "webgpu"): "tilewise.kernels.nf4_matmul:NF4MatmulRows",
     ("nf4-swiglu", "webgpu"): "tilewise.kernels.nf4_matmul:NF4SwigluTiled",

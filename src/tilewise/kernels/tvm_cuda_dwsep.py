@@ -1,0 +1,389 @@
+"""Seed 000's fourth primitive on CUDA: the depthwise-separable 2D convolution scheduled with Apache TVM and emitted
+as CUDA C++ that tilewise's CUDA device runs (`dwsep-conv2d` on `cuda`). Same shape, semantics and reference as the
+WebGPU template (`kernels/dwsep_conv2d.py`):
+
+    d[b, c, y, x]   = sum_{ky, kx} xin[b, c, y + ky - P, x + kx - P] * dw[c, ky, kx]   (zero padding P)
+    out[b, o, y, x] = sum_c pw[o, c] * d[b, c, y, x]
+    xin (B, C, H, W), dw (C, K, K), pw (O, C), out (B, O, Ho, Wo) with Ho = H + 2P - K + 1, Wo = W + 2P - K + 1
+
+The TE definition has three stages: `Xpad` (the zero padding, always inlined into whatever reads it: a bounds select
+on every read of X), `D` (the depthwise result) and `Out` (the pointwise reduction over input channels). The
+schedule is the WebGPU template's, each choice a parameter of `schedule`:
+
+    BW, BO   block tile: one block computes BW consecutive pixels of one output row for BO output channels; Out's
+             loops are split x -> (block, thread, j) and o -> (block, thread, j), b and y fused, bound to
+             blockIdx.x (pixel tiles), blockIdx.y (B * Ho rows) and blockIdx.z (channel tiles)
+    TPX, TO  per-thread tile: each thread owns TPX pixels x TO channels, accumulated in a `local` cache_write
+             (registers, loops unrolled); threadIdx.x walks pixel strips, threadIdx.y channel groups
+    RC       reduction split over input channels c -> (c_o, c_i): the depthwise values and staged operands of RC
+             channels are produced once per c_o step; c_i is unrolled
+    STAGE    where the depthwise result and the operands of one step sit:
+               "global"  D is computed at c_o per thread into `local` (RC x TPX values; the fused kernel has no
+                         other place for it), every input, tap and pointwise weight read from global memory at
+                         every multiply (the unoptimized baseline)
+               "shared"  set_scope(D, "shared") at c_o: the block computes the RC x BW depthwise values of a step
+                         once, cooperatively (all threads stride over them), and cache_read(PW, "shared") the
+                         BO x RC pointwise weights, between __syncthreads; every channel group reads them. Here
+                         threads *do* read the same values, the case where seed 000 says shared memory pays
+               "local"   D per thread as in "global", plus cache_read(Xpad, "local") (per input channel, a K x
+                         (TPX + K - 1) window), cache_read(DW, "local") (K x K taps) and cache_read(PW, "local")
+                         (TO x RC weights): registers, no barrier
+
+The depthwise stage is always fused into the pointwise loop nest (compute_at at c_o): D never goes to global memory.
+An unfused schedule (D as a root stage) would lower to two kernels and need a global workspace argument, which the
+one-kernel launch of these templates does not carry.
+
+Partial tiles are TVM's: a split that does not divide Wo or O puts a predicate (`T.where`) on every block below it,
+so the kernel writes exactly (B, O, Ho, Wo). C % RC == 0 is required (the reduction has no guard). The kernel is
+specialised on the shape (static loop bounds).
+
+TVM is imported lazily; without it the sources come from the pre-emitted store (`tilewise.kernels.tvm_sources`,
+`TILEWISE_TVM_CUDA_SOURCES`), like the conv1d and gemm-tvm templates of `kernels/tvm_cuda.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tilewise.devices.base import Device, Launch, Limits, Program
+from tilewise.errors import ConfigError, ShaderCompileError
+from tilewise.kernels import tvm_sources
+from tilewise.kernels.base import DeviceBuffers, HostInputs, Shape
+from tilewise.kernels.dwsep_conv2d import WgslDwsepConv2d, check_shape, fmt
+from tilewise.kernels.tvm_cuda import (
+    DEFAULT_ARCH,
+    MAX_INDEX,
+    MAX_REGISTERS,
+    _loops_below,
+    _region_name,
+    arch_of,
+    device_source,
+    import_tvm,
+    lower_to_cuda,
+    parse_kernel,
+)
+from tilewise.tune.space import Config, Rule, Space
+
+STAGES = ("global", "shared", "local")
+PARAMS: dict[str, list[Any]] = {
+    "BW": [8, 16, 32, 64],
+    "TPX": [1, 2, 4],
+    "BO": [4, 8, 16, 32, 64],
+    "TO": [1, 2, 4, 8],
+    "RC": [1, 2, 4, 8],
+    "STAGE": list(STAGES),
+}
+MAX_GRID_YZ = 65535  # CUDA caps grid.y (B * Ho rows) and grid.z (channel tiles)
+DEFAULT_SHAPE = (1, 64, 56, 56, 128, 3, 1)  # what `source(config)` shows when no shape is given
+ARG_NAMES = ["DW", "Out", "PW", "X"]
+
+
+def threads(c: Config) -> int:
+    """Threads per block: (BO/TO) channel groups x (BW/TPX) pixel strips (valid once the split rules pass)."""
+    return (c["BO"] // c["TO"]) * (c["BW"] // c["TPX"])
+
+
+def registers(c: Config) -> int:
+    """f32 values one thread keeps live that do not depend on K: TO*TPX accumulators, the RC*TPX depthwise values
+    of a step (global, local) and the TO*RC pointwise weights (local)."""
+    n = c["TO"] * c["TPX"]
+    if c["STAGE"] != "shared":
+        n += c["RC"] * c["TPX"]
+    if c["STAGE"] == "local":
+        n += c["TO"] * c["RC"]
+    return n
+
+
+def window_registers(c: Config, K: int) -> int:
+    """All f32 values one thread keeps live at kernel size K: `registers(c)`, plus the local variant's input
+    window of one channel (K x (TPX + K - 1)) and its K x K taps."""
+    extra = K * (c["TPX"] + K - 1) + K * K if c["STAGE"] == "local" else 0
+    return registers(c) + extra
+
+
+def shared_bytes(c: Config) -> int:
+    """Static __shared__ bytes of the shared variant: (RC, BW) depthwise values + (BO, RC) pointwise weights."""
+    return 4 * (c["RC"] * c["BW"] + c["BO"] * c["RC"]) if c["STAGE"] == "shared" else 0
+
+
+def register_budget(c: Config, L: Limits | None) -> int:
+    """Registers one thread may hold: the block's register file shared by its threads, at most 255."""
+    per_block = getattr(L, "registers_per_block", None) if L is not None else None
+    nt = max(1, threads(c))
+    return MAX_REGISTERS if per_block is None else min(MAX_REGISTERS, per_block // nt)
+
+
+def _rules() -> list[Rule]:
+    return [
+        Rule("stage", lambda c, L: c.STAGE in STAGES,
+             lambda c, L: f"STAGE = {c.STAGE!r} is not one of {', '.join(STAGES)}"),
+        Rule("pixel_split", lambda c, L: c.BW % c.TPX == 0,
+             lambda c, L: f"BW % TPX = {c.BW} % {c.TPX} = {c.BW % c.TPX} != 0",
+             doc="the pixel tile splits into whole per-thread strips"),
+        Rule("channel_split", lambda c, L: c.BO % c.TO == 0,
+             lambda c, L: f"BO % TO = {c.BO} % {c.TO} = {c.BO % c.TO} != 0",
+             doc="the output-channel tile splits into whole per-thread groups"),
+        Rule("registers", lambda c, L: registers(c) <= register_budget(c, L),
+             lambda c, L: f"registers = TO*TPX{' + RC*TPX' if c.STAGE != 'shared' else ''}"
+                          f"{' + TO*RC' if c.STAGE == 'local' else ''} = {registers(c)} > {register_budget(c, L)} "
+                          f"per thread (min(255, registers per block / {threads(c)} threads)): would spill",
+             doc="accumulators, depthwise values and local weights stay in registers"),
+        Rule("threads_per_block",
+             lambda c, L: threads(c) <= L.max_invocations_per_workgroup and L.max_workgroup_size[0] >= c.BW // c.TPX
+             and L.max_workgroup_size[1] >= c.BO // c.TO,
+             lambda c, L: f"(BO/TO)*(BW/TPX) = ({c.BO}/{c.TO})*({c.BW}/{c.TPX}) = {threads(c)} threads per block > "
+                          f"the device's limit {L.max_invocations_per_workgroup} (x at most {L.max_workgroup_size[0]}, "
+                          f"y at most {L.max_workgroup_size[1]})", needs_limits=True),
+        Rule("shared_memory", lambda c, L: shared_bytes(c) <= L.max_workgroup_storage_bytes,
+             lambda c, L: f"__shared__ = 4*(RC*BW + BO*RC) = 4*({c.RC}*{c.BW} + {c.BO}*{c.RC}) = {shared_bytes(c)} "
+                          f"bytes > {L.max_workgroup_storage_bytes} per block", needs_limits=True,
+             doc="static shared memory of one block"),
+    ]
+
+
+RULES = _rules()
+
+
+def tvm_cuda_dwsep_space(which: str = "full") -> Space:
+    """The named spaces: "seed" (12 points: each staging scope at four tiles), "full" (the grid), "small"."""
+    if which == "full":
+        return Space("full", {k: list(v) for k, v in PARAMS.items()}, list(RULES), fmt)
+    if which == "small":
+        return Space("small", {"BW": [16], "TPX": [1, 4], "BO": [8], "TO": [1, 4], "RC": [1, 4],
+                               "STAGE": list(STAGES)}, list(RULES), fmt)
+    if which == "seed":
+        # each scope at: the baseline tile, a reduction split, 4x4 per-thread tiles, an 8-channel step
+        tiles = ((16, 1, 16, 1, 1), (16, 1, 16, 1, 4), (32, 4, 32, 4, 4), (32, 4, 16, 4, 8))
+        points = [dict(zip(("BW", "TPX", "BO", "TO", "RC"), t), STAGE=s) for s in STAGES for t in tiles]
+        return Space("seed", {k: list(v) for k, v in PARAMS.items()}, list(RULES), fmt, points=points)
+    raise ConfigError(f"unknown space {which!r} for dwsep-conv2d (cuda, TVM)", "use --space seed, full or small")
+
+
+def _shape_problems(c: Config, shape: Shape) -> list[str]:
+    d = check_shape(shape)
+    problems = []
+    if d.C % c["RC"]:
+        problems.append(f"reduction_split: C % RC = {d.C} % {c['RC']} = {d.C % c['RC']} != 0 "
+                        "(each step reads RC channels unguarded)")
+    if d.B * d.Ho > MAX_GRID_YZ:
+        problems.append(f"grid_rows: B*Ho = {d.B}*{d.Ho} = {d.B * d.Ho} > {MAX_GRID_YZ} blocks (grid.y)")
+    if -(-d.O // c["BO"]) > MAX_GRID_YZ:
+        problems.append(f"grid_channels: ceil(O/BO) = {-(-d.O // c['BO'])} > {MAX_GRID_YZ} blocks (grid.z)")
+    if c["STAGE"] == "local" and window_registers(c, d.K) > MAX_REGISTERS:
+        problems.append(f"window_registers: TO*TPX + RC*TPX + TO*RC + K*(TPX+K-1) + K*K = "
+                        f"{window_registers(c, d.K)} > {MAX_REGISTERS} at K={d.K} (would spill)")
+    largest = max(d.B * d.C * d.H * d.W, d.B * d.O * d.Ho * d.Wo, d.O * d.C)
+    if largest > MAX_INDEX:
+        problems.append(f"index_range: largest tensor has {largest} elements > {MAX_INDEX} (int32 indices)")
+    return problems
+
+
+def refuse_illegal(c: Config, shape: Shape, limits: Limits | None) -> None:
+    """Nothing when the config is legal at this shape; otherwise a ConfigError naming every broken rule.
+
+    Runs before TVM is imported, so an illegal config costs no scheduling.
+    """
+    d = check_shape(shape)
+    reasons = tvm_cuda_dwsep_space("full").why_illegal(c, limits) + _shape_problems(c, shape)
+    if reasons:
+        raise ConfigError(f"dwsep-conv2d (cuda, TVM) config {fmt(c)} is illegal at shape "
+                          f"{','.join(map(str, d[:7]))}: " + "; ".join(reasons),
+                          "pick a legal config (tilewise tune dwsep-conv2d --device cuda --dry-run lists the rules)")
+
+
+def kernel_symbol(c: Config) -> str:
+    """The PrimFunc's global symbol; TVM names the kernel `<symbol>_kernel`, unique per config."""
+    return f"tw_dwsep_bw{c['BW']}_tpx{c['TPX']}_bo{c['BO']}_to{c['TO']}_rc{c['RC']}_{c['STAGE']}"
+
+
+def grid(c: Config, shape: Shape) -> tuple[int, int, int]:
+    """(ceil(Wo/BW), B*Ho, ceil(O/BO)) blocks."""
+    d = check_shape(shape)
+    return -(-d.Wo // c["BW"]), d.B * d.Ho, -(-d.O // c["BO"])
+
+
+def schedule(c: Config, shape: Shape) -> Any:
+    """The scheduled TIR module of one config at one shape (see the module docstring).
+
+    Args:
+        c: a legal config of this template's space.
+        shape: (B, C, H, W, O, K, P) with C % RC == 0.
+
+    Returns:
+        `tvm.IRModule` holding one PrimFunc `kernel_symbol(c)(X, DW, PW, Out)`.
+    """
+    tvm = import_tvm()
+    from tvm import te
+
+    B, C, H, W, O, K, P, Ho, Wo = check_shape(shape)
+    BW, TPX, BO, TO, RC, stage = c["BW"], c["TPX"], c["BO"], c["TO"], c["RC"], c["STAGE"]
+    tir = tvm.tirx
+    X = te.placeholder((B, C, H, W), name="X", dtype="float32")  # (B, C, H, W)
+    DW = te.placeholder((C, K, K), name="DW", dtype="float32")  # (C, K, K)
+    PW = te.placeholder((O, C), name="PW", dtype="float32")  # (O, C)
+    zero = tir.const(0.0, "float32")
+    Xpad = te.compute((B, C, H + 2 * P, W + 2 * P),  # (B, C, H+2P, W+2P)
+                      lambda b, ch, y, x: tir.if_then_else(tir.all(y >= P, y < H + P, x >= P, x < W + P),
+                                                           X[b, ch, y - P, x - P], zero), name="Xpad")
+    ky = te.reduce_axis((0, K), name="ky")
+    kx = te.reduce_axis((0, K), name="kx")
+    D = te.compute((B, C, Ho, Wo),  # (B, C, Ho, Wo)
+                   lambda b, ch, y, x: te.sum(Xpad[b, ch, y + ky, x + kx] * DW[ch, ky, kx], axis=[ky, kx]), name="D")
+    rc = te.reduce_axis((0, C), name="rc")
+    Out = te.compute((B, O, Ho, Wo), lambda b, o, y, x: te.sum(PW[o, rc] * D[b, rc, y, x], axis=rc),  # (B, O, Ho, Wo)
+                     name="Out")
+    symbol = kernel_symbol(c)
+    func = te.create_prim_func([X, DW, PW, Out]).with_attr("global_symbol", symbol)
+    sch = tvm.s_tir.Schedule(tvm.IRModule({symbol: func}))
+    sch.work_on(symbol)
+
+    blk = sch.get_sblock("Out")
+    b, o, y, x, cc = sch.get_loops(blk)
+    sch.reorder(y, o)
+    by = sch.fuse(b, y)
+    o_b, o_t, o_j = sch.split(o, factors=[None, BO // TO, TO])
+    x_b, x_t, x_j = sch.split(x, factors=[None, BW // TPX, TPX])
+    c_o, c_i = sch.split(cc, factors=[None, RC])
+    sch.reorder(x_b, by, o_b, o_t, x_t, c_o, c_i, o_j, x_j)
+    sch.bind(x_b, "blockIdx.x")
+    sch.bind(by, "blockIdx.y")
+    sch.bind(o_b, "blockIdx.z")
+    sch.bind(o_t, "threadIdx.y")
+    sch.bind(x_t, "threadIdx.x")
+    acc = sch.cache_write(blk, 0, "local")  # the TO x TPX accumulators, written back once per thread
+    sch.reverse_compute_at(acc, x_t)
+    init = sch.decompose_reduction(blk, c_o)  # zero the accumulators once, before the c_o loop
+    depth = 6  # x_b, by, o_b, o_t, x_t, c_o
+
+    d = sch.get_sblock("D")
+    sch.set_scope(d, 0, "shared" if stage == "shared" else "local")
+    if stage in ("shared", "local"):
+        reads = [_region_name(r) for r in sch.get(blk).reads]  # Out_local, PW, D
+        pw = sch.cache_read(blk, reads.index("PW"), stage)
+        sch.compute_at(pw, c_o)
+    if stage == "shared":
+        # the block computes the RC x BW depthwise values of a step cooperatively (its threads stride over them),
+        # each value accumulated in a register and written to shared memory once (an accumulation in shared
+        # memory would need a barrier inside the bounds predicate, which TVM refuses to insert)
+        wb = sch.cache_write(d, 0, "local")
+        sch.compute_at(wb, c_o)
+        lanes = None
+        for s in (wb, pw):
+            copy = _loops_below(sch, s, depth)
+            if not copy:
+                continue
+            flat = sch.fuse(*copy) if len(copy) > 1 else copy[0]
+            _, ty, tx = sch.split(flat, factors=[None, BO // TO, BW // TPX])
+            sch.bind(ty, "threadIdx.y")
+            sch.bind(tx, "threadIdx.x")
+            if s is wb:
+                lanes = tx
+        sch.compute_at(d, lanes if lanes is not None else c_o)  # one thread's values, in registers
+        for loop in _loops_below(sch, d, len(sch.get_loops(wb))):
+            sch.unroll(loop)
+    else:
+        sch.compute_at(d, c_o)
+        d_loops = _loops_below(sch, d, depth)  # (channel if RC > 1, pixel if TPX > 1, ky, kx)
+        if stage == "local":
+            # per input channel: the K x (TPX + K - 1) input window and the K x K taps in registers
+            d_reads = [_region_name(r) for r in sch.get(d).reads]  # Xpad, DW
+            at, at_depth = (d_loops[0], depth + 1) if RC > 1 else (c_o, depth)
+            staged = [(pw, depth)]
+            for name in ("Xpad", "DW"):
+                s = sch.cache_read(d, d_reads.index(name), "local")
+                sch.compute_at(s, at)
+                staged.append((s, at_depth))
+            for s, below in staged:
+                for loop in _loops_below(sch, s, below):
+                    sch.unroll(loop)
+        for loop in _loops_below(sch, d, depth):
+            sch.unroll(loop)  # constant indices keep the depthwise values in registers
+    sch.compute_inline(sch.get_sblock("Xpad"))
+    for loop in _loops_below(sch, init, 5) + _loops_below(sch, acc, 5) + [c_i, o_j, x_j]:
+        sch.unroll(loop)
+    return sch.mod
+
+
+def emit_cuda(c: Config, shape: Shape, arch: str = DEFAULT_ARCH) -> str:
+    """The CUDA C++ TVM emits for one config at one shape, exactly as emitted (no GPU and no toolkit needed)."""
+    return lower_to_cuda(schedule(c, shape), arch, f"dwsep-conv2d {fmt(c)}")
+
+
+class TvmCudaDwsepConv2d(WgslDwsepConv2d):
+    """Fused depthwise-separable conv2d on an NVIDIA GPU: TVM schedules and emits the CUDA C++, the CUDA device runs
+    it. Inputs, reference, flops, bytes and tile waste are the WebGPU template's (same shape and semantics)."""
+
+    name = "dwsep-conv2d"
+    backend = "cuda"
+    shape_names = ("B", "C", "H", "W", "O", "K", "P")
+    dtype = "f32"
+
+    def space(self, which: str = "full") -> Space:
+        return tvm_cuda_dwsep_space(which)
+
+    def space_names(self) -> tuple[str, ...]:
+        return ("seed", "full", "small")
+
+    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
+        try:
+            check_shape(shape)
+        except ConfigError as exc:
+            return [f"shape: {exc.problem}"]
+        return _shape_problems(config, shape)
+
+    def source(self, config: Config, shape: Shape | None = None, arch: str = DEFAULT_ARCH) -> str:  # type: ignore[override]
+        """TVM's CUDA C++ for one config at `shape` (default 1,64,56,56,128,3,1) for `arch`, as emitted (stored,
+        without TVM).
+
+        Raises:
+            ConfigError: the config breaks a rule (checked against the `arch` profile when tilewise has one).
+        """
+        from tilewise.tune.profiles import PROFILES
+
+        shape = tuple(int(s) for s in (shape or DEFAULT_SHAPE))
+        refuse_illegal(config, shape, PROFILES.get(arch))
+        return self._emitted(config, shape, arch)
+
+    def emit_tvm(self, config: Config, shape: Shape, arch: str = DEFAULT_ARCH) -> str:
+        """TVM's CUDA C++ for one legal config (refused against the `arch` profile first); never the store."""
+        from tilewise.tune.profiles import PROFILES
+
+        shape = tuple(int(s) for s in shape)
+        refuse_illegal(config, shape, PROFILES.get(arch))
+        return emit_cuda(config, shape, arch)
+
+    def _emitted(self, config: Config, shape: Shape, arch: str) -> str:
+        """TVM's emission, or the stored one without TVM (`tvm_sources.emitted_source`)."""
+        key = tvm_sources.SourceKey.make(self.name, config, shape, arch)
+        return tvm_sources.emitted_source(key, lambda: emit_cuda(config, shape, arch))
+
+    def compile(self, device: Device, config: Config, shape: Shape) -> Program:
+        limits = device.info.limits
+        shape = tuple(int(s) for s in shape)
+        refuse_illegal(config, shape, limits)
+        emitted = self._emitted(config, shape, arch_of(limits.compute_capability))
+        sig = parse_kernel(emitted)
+        if sorted(sig.arg_order) != ARG_NAMES:
+            raise ShaderCompileError(f"kernel {sig.name} takes {sig.arg_order}, expected the tensors "
+                                     f"{', '.join(ARG_NAMES)}", "the schedule must keep X, DW, PW and Out as the "
+                                                                "only kernel parameters")
+        if sig.launch_bounds is not None and sig.launch_bounds != threads(config):
+            raise ShaderCompileError(f"kernel {sig.name} is bounded to {sig.launch_bounds} threads, config has "
+                                     f"(BO/TO)*(BW/TPX) = {threads(config)}", "bind exactly BW/TPX x BO/TO threads")
+        prog = device.compile(device_source(emitted), entry=sig.name, constants=dict(config),
+                              name=f"dwsep-conv2d-tvm-cuda[{fmt(config)}]")
+        prog.meta.update(block=(config["BW"] // config["TPX"], config["BO"] // config["TO"], 1),
+                         arg_order=sig.arg_order, shape=shape, grid=grid(config, shape))
+        return prog
+
+    def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
+        d = check_shape(shape)
+        return {"x": device.upload(host["x"]), "dw": device.upload(host["dw"]), "pw": device.upload(host["pw"]),
+                "out": device.allocate(4 * d.B * d.O * d.Ho * d.Wo)}
+
+    def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
+        if tuple(program.meta["shape"]) != tuple(int(s) for s in shape):
+            raise ConfigError(f"{program.name} was compiled for shape {program.meta['shape']}, launched at {shape}",
+                              "compile the config at the shape it runs (the kernel's loop bounds are static)")
+        by_name = {"X": bufs["x"], "DW": bufs["dw"], "PW": bufs["pw"], "Out": bufs["out"]}
+        return [Launch(program, program.meta["grid"], [by_name[t] for t in program.meta["arg_order"]])]
