@@ -21,10 +21,19 @@ uniformly random action instead of the expert's (seeded), so the data also holds
 after a mistake; the label is always the expert's action for the position shown.
 
 `read_dataset(path)` checks the format and version and returns a `GameDataset`.
+
+On-policy records (DAgger, dataset aggregation): `collect_on_policy(policy, games, seed, beta=...)` lets a policy
+(e.g. the model being trained, batched on its device) play the games, and records every position it visits with
+the EXPERT's action as the label, in this same format and version, so that the records merge with expert data
+(`concat_datasets`, or several `--data` files for `tilewise train`). There `played` is the action actually played:
+the policy's, or with probability `beta` the expert's (DAgger's mixture policy).
+
+Prompts are tokenized with `PromptEncoder` (each prompt line encoded once and cached; exactly the tokenizer's ids).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -79,7 +88,79 @@ def game_seed(seed: int, game: int) -> int:
     return int(np.random.SeedSequence([seed, game]).generate_state(1)[0])
 
 
-_WORKER_TOKENIZER: dict[str, Any] = {}
+class PromptEncoder:
+    """Token ids of game prompts, the tokenizer's exact ids about 30x faster: each prompt line is encoded once.
+
+    The game's tokenizer never merges across a newline (its pre-tokenizer isolates every whitespace character), so
+    a prompt's ids are its lines' ids joined by the newline's id. Lines repeat a lot (the fixed header, board rows,
+    the piece line), so a cache of line -> ids turns a ~300 us encode of a 348-token prompt into ~10 us, and
+    tokenization stops being the bottleneck of data generation. For a tokenizer where that might not hold, the
+    encoder checks itself: the first `verify_first` prompts and every `verify_every`-th after are also encoded
+    whole; at the first difference it returns the whole-prompt ids and encodes whole prompts from then on.
+
+    Args:
+        tok: a `tokenizers.Tokenizer` (prompts carry their special tokens: encoded without adding any).
+        verify_first: prompts checked against the whole-prompt encoding at the start.
+        verify_every: then every this many prompts are checked.
+        max_cache: lines kept (the cache is emptied when full).
+    """
+
+    def __init__(self, tok: Any, verify_first: int = 64, verify_every: int = 256, max_cache: int = 200_000) -> None:
+        self.tok = tok
+        self.fast = True
+        self.checked = 0
+        self.mismatches = 0
+        self._count = 0
+        self._verify_first = verify_first
+        self._verify_every = max(1, verify_every)
+        self._max_cache = max_cache
+        self._cache: dict[str, list[int]] = {}
+        self._nl = tok.encode("\n", add_special_tokens=False).ids
+
+    def _whole(self, prompt: str) -> list[int]:
+        return self.tok.encode(prompt, add_special_tokens=False).ids
+
+    def encode(self, prompt: str) -> list[int]:
+        """The prompt's token ids (no special tokens added: the prompt text has them)."""
+        if not self.fast:
+            return self._whole(prompt)
+        cache, nl = self._cache, self._nl
+        if len(cache) >= self._max_cache:
+            cache.clear()
+        ids: list[int] = []
+        for i, line in enumerate(prompt.split("\n")):
+            if i:
+                ids.extend(nl)
+            part = cache.get(line)
+            if part is None:
+                part = cache[line] = self.tok.encode(line, add_special_tokens=False).ids
+            ids.extend(part)
+        self._count += 1
+        if self._count <= self._verify_first or self._count % self._verify_every == 0:
+            self.checked += 1
+            whole = self._whole(prompt)
+            if whole != ids:
+                self.mismatches += 1
+                self.fast = False
+                return whole
+        return ids
+
+    def encode_many(self, prompts: list[str]) -> list[list[int]]:
+        """`encode` of each prompt."""
+        return [self.encode(p) for p in prompts]
+
+
+_WORKER_ENCODER: dict[str, PromptEncoder] = {}
+
+
+def _worker_encoder(tok_path: str | None) -> PromptEncoder:
+    """One cached `PromptEncoder` per tokenizer per process (worker processes keep it across jobs)."""
+    from tilewise.game.tokenizer import load_tokenizer
+
+    key = tok_path or ""
+    if key not in _WORKER_ENCODER:
+        _WORKER_ENCODER[key] = PromptEncoder(load_tokenizer(tok_path))
+    return _WORKER_ENCODER[key]
 
 
 def _play_game(job: tuple[int, int, int, float, str | None]) -> dict[str, Any]:
@@ -87,22 +168,18 @@ def _play_game(job: tuple[int, int, int, float, str | None]) -> dict[str, Any]:
     from tilewise.game.engine import Game
     from tilewise.game.expert import Expert
     from tilewise.game.prompt import render_prompt
-    from tilewise.game.tokenizer import encode_prompts, load_tokenizer
 
     game_id, seed, max_pieces, explore, tok_path = job
-    key = tok_path or ""
-    if key not in _WORKER_TOKENIZER:
-        _WORKER_TOKENIZER[key] = load_tokenizer(tok_path)
-    tok = _WORKER_TOKENIZER[key]
+    enc = _worker_encoder(tok_path)
     game = Game(seed)
     expert = Expert()
     rng = random.Random(seed ^ 0x5EED)  # exploration stream, separate from the piece sequence
-    prompts: list[str] = []
+    ids: list[list[int]] = []
     actions: list[int] = []
     played: list[int] = []
     pieces: list[int] = []
     while not game.game_over and game.pieces < max_pieces:
-        prompts.append(render_prompt(game))
+        ids.append(enc.encode(render_prompt(game)))
         a = expert.act(game)
         # exploration turns or shifts the piece (2-5), never drops it: the expert's next label is a recovery
         p = rng.randrange(2, 6) if explore > 0 and rng.random() < explore else a
@@ -110,7 +187,6 @@ def _play_game(job: tuple[int, int, int, float, str | None]) -> dict[str, Any]:
         played.append(p)
         pieces.append(game.pieces)
         game.step(p)
-    ids = encode_prompts(tok, prompts)
     return {"game_id": game_id, "seed": seed, "ids": ids, "actions": actions, "played": played, "pieces": pieces,
             "result": {"pieces": game.pieces, "lines": game.lines, "steps": game.steps,
                        "game_over": game.game_over}}
@@ -118,7 +194,7 @@ def _play_game(job: tuple[int, int, int, float, str | None]) -> dict[str, Any]:
 
 def generate(games: int, seed: int, max_pieces: int = 1000, explore: float = 0.02, workers: int | None = None,
              tokenizer_path: str | Path | None = None,
-             progress: Callable[[str], None] | None = None) -> GameDataset:
+             progress: Callable[[str], None] | None = None, pool: Any = None) -> GameDataset:
     """Play `games` expert games and collect every decision.
 
     Args:
@@ -130,45 +206,67 @@ def generate(games: int, seed: int, max_pieces: int = 1000, explore: float = 0.0
         workers: processes (default: the CPU count, at most `games`); the output does not depend on it.
         tokenizer_path: a tokenizer.json; None for the shipped one.
         progress: called with one line per finished game.
+        pool: a `multiprocessing` pool (spawn context) to play the games in, instead of starting `workers`
+            processes for this call (repeated calls then share one pool); the output does not depend on it.
 
     Returns:
         The GameDataset (not yet written; see `write_dataset`).
     """
-    from tilewise import __version__
-    from tilewise.game.engine import check_seed
-    from tilewise.game.tokenizer import load_tokenizer, shared_prefix_length, tokenizer_fingerprint
-
-    seed = check_seed(seed)
-    if isinstance(games, bool) or not isinstance(games, int) or games < 1:
-        raise ConfigError(f"games={games!r} is not a positive integer", "pass --games 1 or more")
-    if isinstance(max_pieces, bool) or not isinstance(max_pieces, int) or max_pieces < 1:
-        raise ConfigError(f"max_pieces={max_pieces!r} is not a positive integer", "pass --max-pieces 1 or more")
+    seed, games, max_pieces = _check_common(seed, games, max_pieces)
     if not 0.0 <= explore < 1.0:
         raise ConfigError(f"explore={explore} is outside [0, 1)", "pass a probability such as 0.05")
     tok_path = None if tokenizer_path is None else str(tokenizer_path)
-    tok = load_tokenizer(tok_path)
-    pad_id = tok.token_to_id("<|pad|>")
-    if tok.get_vocab_size() > 65536:
-        raise ConfigError(f"the tokenizer has {tok.get_vocab_size()} tokens; the format stores ids as uint16",
-                          "use a tokenizer with at most 65536 tokens")
+    tok = _checked_tokenizer(tok_path)
     workers = max(1, min(workers or os.cpu_count() or 1, games))
     jobs = [(g, game_seed(seed, g), max_pieces, float(explore), tok_path) for g in range(games)]
     results: list[dict[str, Any]] = []
     t0 = time.perf_counter()
-    if workers == 1:
-        mapped = map(_play_game, jobs)
-        for r in mapped:
-            results.append(r)
-            if progress:
-                progress(_progress_line(r, len(results), games, t0))
-    else:
+    if pool is not None or workers > 1:
         import multiprocessing as mp
 
-        with mp.get_context("spawn").Pool(workers) as pool:
+        with contextlib.ExitStack() as stack:
+            if pool is None:
+                pool = stack.enter_context(mp.get_context("spawn").Pool(workers))
             for r in pool.imap(_play_game, jobs):  # imap keeps game order: output independent of workers
                 results.append(r)
                 if progress:
                     progress(_progress_line(r, len(results), games, t0))
+    else:
+        for r in map(_play_game, jobs):
+            results.append(r)
+            if progress:
+                progress(_progress_line(r, len(results), games, t0))
+    meta = _base_meta(tok, tok_path, seed, games, max_pieces)
+    meta["explore"] = explore
+    return _assemble(results, tok, meta)
+
+
+def _checked_tokenizer(tok_path: str | None) -> Any:
+    from tilewise.game.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tok_path)
+    if tok.get_vocab_size() > 65536:
+        raise ConfigError(f"the tokenizer has {tok.get_vocab_size()} tokens; the format stores ids as uint16",
+                          "use a tokenizer with at most 65536 tokens")
+    return tok
+
+
+def _base_meta(tok: Any, tok_path: str | None, seed: int, games: int, max_pieces: int) -> dict[str, Any]:
+    from tilewise import __version__
+    from tilewise.game.tokenizer import shared_prefix_length, tokenizer_fingerprint
+
+    return {
+        "format": FORMAT_NAME, "version": FORMAT_VERSION, "tilewise_version": __version__, "seed": seed,
+        "games": games, "max_pieces": max_pieces,
+        "tokenizer": "shipped" if tok_path is None else Path(tok_path).name,
+        "tokenizer_fingerprint": tokenizer_fingerprint(tok), "vocab_size": tok.get_vocab_size(),
+        "pad_id": tok.token_to_id("<|pad|>"), "prefix_tokens": shared_prefix_length(tok),
+    }
+
+
+def _assemble(results: list[dict[str, Any]], tok: Any, meta: dict[str, Any]) -> GameDataset:
+    """Per-game results (ids, actions, played, pieces, result; in game order) -> one GameDataset."""
+    pad_id = tok.token_to_id("<|pad|>")
     all_ids = [ids for r in results for ids in r["ids"]]
     n = len(all_ids)
     lengths = np.fromiter((len(t) for t in all_ids), dtype=np.int32, count=n)
@@ -176,14 +274,9 @@ def generate(games: int, seed: int, max_pieces: int = 1000, explore: float = 0.0
     tokens = np.full((n, width), pad_id, dtype=np.uint16)  # (N, T)
     for i, t in enumerate(all_ids):
         tokens[i, : lengths[i]] = t
-    meta = {
-        "format": FORMAT_NAME, "version": FORMAT_VERSION, "tilewise_version": __version__, "seed": seed,
-        "games": games, "max_pieces": max_pieces, "explore": explore,
-        "game_seeds": [r["seed"] for r in results], "results": [r["result"] for r in results],
-        "tokenizer": "shipped" if tok_path is None else Path(tok_path).name,
-        "tokenizer_fingerprint": tokenizer_fingerprint(tok), "vocab_size": tok.get_vocab_size(), "pad_id": pad_id,
-        "prompt_tokens": width, "prefix_tokens": shared_prefix_length(tok),
-    }
+    meta = dict(meta)
+    meta.update(game_seeds=[r["seed"] for r in results], results=[r["result"] for r in results],
+                prompt_tokens=width)
     return GameDataset(
         tokens=tokens, lengths=lengths,
         actions=np.array([a for r in results for a in r["actions"]], dtype=np.uint8),
@@ -195,10 +288,354 @@ def generate(games: int, seed: int, max_pieces: int = 1000, explore: float = 0.0
     )
 
 
+def _check_common(seed: Any, games: Any, max_pieces: Any) -> tuple[int, int, int]:
+    from tilewise.game.engine import check_seed
+
+    seed = check_seed(seed)
+    if isinstance(games, bool) or not isinstance(games, int) or games < 1:
+        raise ConfigError(f"games={games!r} is not a positive integer", "pass --games 1 or more")
+    if isinstance(max_pieces, bool) or not isinstance(max_pieces, int) or max_pieces < 1:
+        raise ConfigError(f"max_pieces={max_pieces!r} is not a positive integer", "pass --max-pieces 1 or more")
+    return seed, games, max_pieces
+
+
 def _progress_line(r: dict[str, Any], done: int, total: int, t0: float) -> str:
     res = r["result"]
     return (f"game {r['game_id']}: {res['pieces']} pieces, {res['lines']} lines, {len(r['actions'])} decisions "
             f"({done}/{total} games, {time.perf_counter() - t0:.1f} s)")
+
+
+def concat_datasets(parts: list[GameDataset], meta: dict[str, Any] | None = None) -> GameDataset:
+    """Records of several datasets as one (same format and version), game ids renumbered so they stay distinct.
+
+    Args:
+        parts: datasets made with the same tokenizer (their prompts are re-padded to the widest).
+        meta: the result's metadata (default: the first part's, with `games`, `game_seeds` and `results`
+            joined and `parts` holding each part's `seed`, `games` and `source`).
+
+    Returns:
+        The merged GameDataset: part k's game g becomes game `offset_k + g`, where `offset_k` is the number of
+        game ids the parts before it used (their highest game id + 1).
+
+    Raises:
+        ConfigError: no parts, or parts made with different tokenizers.
+    """
+    if not parts:
+        raise ConfigError("no datasets to merge", "pass at least one dataset")
+    prints = {p.meta.get("tokenizer_fingerprint") for p in parts}
+    if len(prints) > 1:
+        raise ConfigError(f"the datasets were made with different tokenizers ({sorted(map(str, prints))})",
+                          "merge only datasets made with one tokenizer")
+    width = max(p.tokens.shape[1] for p in parts)
+    pad = int(parts[0].meta.get("pad_id", 0))
+
+    def padded(t: np.ndarray) -> np.ndarray:
+        return t if t.shape[1] == width else np.pad(t, ((0, 0), (0, width - t.shape[1])), constant_values=pad)
+
+    game_ids, offset = [], 0
+    for p in parts:
+        game_ids.append(p.game_ids.astype(np.int64) + offset)
+        offset += int(p.game_ids.max()) + 1 if len(p) else 0
+    if meta is None:
+        meta = dict(parts[0].meta)
+        meta.update(games=offset, prompt_tokens=width,
+                    game_seeds=[s for p in parts for s in p.meta.get("game_seeds", [])],
+                    results=[x for p in parts for x in p.meta.get("results", [])],
+                    parts=[{"seed": p.meta.get("seed"), "games": p.meta.get("games"),
+                            "source": p.meta.get("source", "expert")} for p in parts])
+    return GameDataset(
+        tokens=np.concatenate([padded(p.tokens) for p in parts]),
+        lengths=np.concatenate([p.lengths for p in parts]),
+        actions=np.concatenate([p.actions for p in parts]),
+        played=np.concatenate([p.played for p in parts]),
+        game_ids=np.concatenate(game_ids).astype(np.int32),
+        steps=np.concatenate([p.steps for p in parts]),
+        pieces=np.concatenate([p.pieces for p in parts]),
+        meta=meta,
+    )
+
+
+# ---------------------------------------------------------------- on-policy records (DAgger)
+
+BatchPolicy = Callable[[np.ndarray, np.ndarray], Any]
+"""`policy(tokens, lengths) -> actions`: tokens (B, T) right-padded int32 ids, lengths (B,); B actions in 0-5."""
+
+
+class _OnPolicyShard:
+    """Some games of a collection: per position the prompt's ids and the expert's label; then the played action.
+
+    Game g draws its mixture coin from its own stream (seeded by its engine seed), so which games share a worker
+    or a forward batch never changes what is recorded.
+    """
+
+    def __init__(self, game_ids: list[int], seeds: list[int], max_pieces: int, beta: float,
+                 tok_path: str | None) -> None:
+        from tilewise.game.engine import Game
+        from tilewise.game.expert import Expert
+
+        self.enc = _worker_encoder(tok_path)
+        self.max_pieces = max_pieces
+        self.beta = beta
+        self.expert = Expert()  # its target cache is keyed by (board, piece): shared by the games
+        self.ids = list(game_ids)
+        self.seeds = dict(zip(game_ids, seeds))
+        self.games = {g: Game(s) for g, s in zip(game_ids, seeds)}
+        self.rngs = {g: random.Random(s ^ 0xDA66E5) for g, s in zip(game_ids, seeds)}
+        self.rec: dict[int, dict[str, list[Any]]] = {
+            g: {"ids": [], "actions": [], "played": [], "policy": [], "pieces": []} for g in game_ids}
+        self.pending: list[tuple[int, list[int], int]] = []
+
+    def running(self, g: int) -> bool:
+        game = self.games[g]
+        return not game.game_over and game.pieces < self.max_pieces
+
+    def prompts(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(tokens (b, T) uint16, lengths (b,) int32) of the games still running; None when all have ended."""
+        from tilewise.game.prompt import render_prompt
+
+        self.pending = []
+        for g in self.ids:
+            if self.running(g):
+                game = self.games[g]
+                self.pending.append((g, self.enc.encode(render_prompt(game)), self.expert.act(game)))
+        if not self.pending:
+            return None
+        lengths = np.array([len(ids) for _, ids, _ in self.pending], dtype=np.int32)
+        tokens = np.zeros((len(self.pending), int(lengths.max())), dtype=np.uint16)
+        for r, (_, ids, _) in enumerate(self.pending):
+            tokens[r, : len(ids)] = ids
+        return tokens, lengths
+
+    def apply(self, actions: Any) -> None:
+        """Record each pending position with the expert's label and play the policy's (or the expert's) action."""
+        actions = np.asarray(actions).reshape(-1)
+        if actions.shape[0] != len(self.pending):
+            raise ConfigError(f"the policy returned {actions.shape[0]} actions for {len(self.pending)} positions",
+                              "return one action per row of the batch")
+        for (g, ids, label), a in zip(self.pending, actions.tolist()):
+            a = int(a)
+            if not 0 <= a <= 5:
+                raise ConfigError(f"the policy returned action {a}, outside 0-5",
+                                  "take the argmax of the first 6 scores")
+            played = a
+            if self.beta >= 1.0 or (self.beta > 0.0 and self.rngs[g].random() < self.beta):
+                played = label
+            rec = self.rec[g]
+            rec["ids"].append(ids)
+            rec["actions"].append(label)
+            rec["played"].append(played)
+            rec["policy"].append(a)
+            rec["pieces"].append(self.games[g].pieces)
+            self.games[g].step(played)
+        self.pending = []
+
+    def results(self) -> list[dict[str, Any]]:
+        out = []
+        for g in self.ids:
+            game, rec = self.games[g], self.rec[g]
+            agree = sum(int(p == a) for p, a in zip(rec["policy"], rec["actions"]))
+            out.append({"game_id": g, "seed": self.seeds[g], "ids": rec["ids"], "actions": rec["actions"],
+                        "played": rec["played"], "pieces": rec["pieces"], "agree": agree,
+                        "result": {"pieces": game.pieces, "lines": game.lines, "steps": game.steps,
+                                   "game_over": game.game_over, "stopped": self.running(g),
+                                   "policy_agreement": round(agree / len(rec["actions"]), 4) if rec["actions"]
+                                   else None}})
+        return out
+
+
+def _on_policy_worker(conn: Any, job: tuple[Any, ...]) -> None:
+    """Worker process: play its games in lockstep, sending each step's prompts and receiving the policy's actions."""
+    import traceback
+
+    try:
+        shard = _OnPolicyShard(*job)
+        while True:
+            batch = shard.prompts()
+            if batch is None:
+                break
+            conn.send(("batch", *batch))
+            msg = conn.recv()
+            if msg[0] == "stop":
+                shard.pending = []
+                break
+            shard.apply(msg[1])
+        conn.send(("done", shard.results()))
+    except BaseException:  # the parent re-raises it with the traceback
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+def collect_on_policy(policy: BatchPolicy, games: int, seed: int, max_pieces: int = 1000, beta: float = 0.0,
+                      workers: int | None = None, tokenizer_path: str | Path | None = None,
+                      time_budget_s: float = 0.0, max_batch: int = 0,
+                      progress: Callable[[str], None] | None = None, progress_every_s: float = 10.0) -> GameDataset:
+    """DAgger's data collection: `policy` plays the games; every visited position is recorded with the expert's label.
+
+    All games advance in lockstep and the policy sees one batch of prompts per call (one forward on its device).
+    With `workers` > 1 the games are split over that many processes, which render the prompts, tokenize them and
+    ask the expert for its action (the CPU work); this process gathers whichever workers are ready into one batch
+    for the policy and sends the actions back, so the policy's device and the workers' CPUs work at once.
+
+    Args:
+        policy: `policy(tokens, lengths) -> actions` (see `BatchPolicy`), e.g. `tilewise.train.dagger.torch_policy`.
+        games: number of games; game g plays the piece sequence of `game_seed(seed, g)`, as in `generate`.
+        seed: dataset seed (non-negative int).
+        max_pieces: a game stops after this many pieces (or at game over).
+        beta: DAgger's mixture: at each step, with this probability the expert's action is played instead of the
+            policy's (the label is the expert's either way). 0: the policy alone plays.
+        workers: processes (default: the CPU count, at most `games`); 1 plays in this process. The records do not
+            depend on it (for a policy whose action for a prompt does not depend on the rest of its batch).
+        tokenizer_path: a tokenizer.json; None for the shipped one (must be the policy's tokenizer).
+        time_budget_s: when > 0, stop every game once this much time has passed; positions already played are
+            kept, and those games' results say `stopped`.
+        max_batch: most prompts per policy call (0: no limit; a larger batch is split).
+        progress: gets a status line every `progress_every_s` seconds.
+        progress_every_s: seconds between status lines.
+
+    Returns:
+        A GameDataset in the dataset format (`actions` the expert's labels, `played` what was played, game ids
+        0..games-1). `meta["source"]` is "on-policy"; `meta["collector"]` holds beta, `policy_agreement` (share of
+        recorded positions where the policy's own action equals the expert's, whether or not it was played),
+        the games' mean lines and pieces, `stopped_by_time`, wall time and batch counts. `meta["results"]` has
+        per game pieces, lines, steps, game_over, stopped and policy_agreement.
+    """
+    seed, games, max_pieces = _check_common(seed, games, max_pieces)
+    if not 0.0 <= beta <= 1.0:
+        raise ConfigError(f"beta={beta} is outside [0, 1]", "pass a mixture probability such as 0.3")
+    tok_path = None if tokenizer_path is None else str(tokenizer_path)
+    tok = _checked_tokenizer(tok_path)
+    workers = max(1, min(workers or os.cpu_count() or 1, games))
+    seeds = [game_seed(seed, g) for g in range(games)]
+    shards = [[g for g in range(games) if g % workers == w] for w in range(workers)]
+    stats = {"batches": 0, "rows": 0, "policy_s": 0.0}
+    t0 = time.perf_counter()
+    t_progress = t0
+
+    def act(tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        tp = time.perf_counter()
+        out = []
+        step = max_batch if max_batch > 0 else tokens.shape[0]
+        for start in range(0, tokens.shape[0], step):
+            ids = tokens[start: start + step].astype(np.int32)
+            out.append(np.asarray(policy(ids, lengths[start: start + step])).reshape(-1))
+        stats["batches"] += 1
+        stats["rows"] += int(tokens.shape[0])
+        stats["policy_s"] += time.perf_counter() - tp
+        return np.concatenate(out)
+
+    def over_time() -> bool:
+        return bool(time_budget_s) and time.perf_counter() - t0 > time_budget_s
+
+    def report(running: int) -> None:
+        nonlocal t_progress
+        now = time.perf_counter()
+        if progress and now - t_progress >= progress_every_s:
+            t_progress = now
+            progress(f"on-policy: {stats['rows']} positions, {running} games running, "
+                     f"{stats['rows'] / max(now - t0, 1e-9):.0f}/s, {now - t0:.1f} s")
+
+    stopped_by_time = False
+    results: list[dict[str, Any]] = []
+    if workers == 1:
+        shard = _OnPolicyShard(shards[0], [seeds[g] for g in shards[0]], max_pieces, beta, tok_path)
+        while (batch := shard.prompts()) is not None:
+            if over_time():
+                stopped_by_time = True
+                shard.pending = []
+                break
+            shard.apply(act(*batch))
+            report(sum(shard.running(g) for g in shard.ids))
+        results = shard.results()
+    else:
+        results, stopped_by_time = _collect_with_workers(act, shards, seeds, max_pieces, beta, tok_path, over_time,
+                                                         report)
+    results.sort(key=lambda r: r["game_id"])
+    wall = time.perf_counter() - t0
+    meta = _base_meta(tok, tok_path, seed, games, max_pieces)
+    n = sum(len(r["actions"]) for r in results)
+    finished = [r["result"] for r in results if not r["result"]["stopped"]]
+    meta.update(explore=0.0, source="on-policy", collector={
+        "beta": beta, "workers": workers, "positions": n, "games": games,
+        "policy_agreement": round(sum(r["agree"] for r in results) / n, 4) if n else None,
+        "mean_lines": float(np.mean([r["result"]["lines"] for r in results])),
+        "mean_pieces": float(np.mean([r["result"]["pieces"] for r in results])),
+        "games_finished": len(finished), "games_at_cap": sum(r["pieces"] >= max_pieces for r in finished),
+        "stopped_by_time": stopped_by_time, "wall_s": round(wall, 2), "positions_per_s": round(n / max(wall, 1e-9), 1),
+        "policy_calls": stats["batches"], "mean_batch": round(stats["rows"] / max(stats["batches"], 1), 1),
+        "policy_s": round(stats["policy_s"], 2),
+    })
+    return _assemble(results, tok, meta)
+
+
+def _collect_with_workers(act: Callable[[np.ndarray, np.ndarray], np.ndarray], shards: list[list[int]],
+                          seeds: list[int], max_pieces: int, beta: float, tok_path: str | None,
+                          over_time: Callable[[], bool],
+                          report: Callable[[int], None]) -> tuple[list[dict[str, Any]], bool]:
+    """Run the shards in worker processes; batch the ready workers' prompts into one policy call per round.
+
+    Returns:
+        (per-game results, whether the time budget stopped games).
+    """
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+
+    from tilewise.errors import TilewiseError
+
+    ctx = mp.get_context("spawn")
+    live: dict[Any, int] = {}
+    procs = []
+    results: list[dict[str, Any]] = []
+    stopped = False
+    try:
+        for w, shard in enumerate(shards):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_on_policy_worker, daemon=True,
+                               args=(child, (shard, [seeds[g] for g in shard], max_pieces, beta, tok_path)))
+            proc.start()
+            child.close()
+            procs.append(proc)
+            live[parent] = w
+        while live:
+            requests = []
+            for conn in wait(list(live)):
+                try:
+                    msg = conn.recv()
+                except EOFError:
+                    raise TilewiseError(f"on-policy worker {live[conn]} exited without sending its games",
+                                        "look for a crash above (out of memory?) and run again") from None
+                if msg[0] == "done":
+                    results.extend(msg[1])
+                    del live[conn]
+                elif msg[0] == "error":
+                    raise TilewiseError(f"on-policy worker {live[conn]} failed:\n{msg[1]}",
+                                        "fix the error above (the policy's actions must be 0-5)")
+                else:
+                    requests.append((conn, msg[1], msg[2]))
+            if not requests:
+                continue
+            if over_time():
+                stopped = True
+                for conn, _, _ in requests:
+                    conn.send(("stop",))
+                continue
+            width = max(t.shape[1] for _, t, _ in requests)
+            tokens = np.concatenate([t if t.shape[1] == width else np.pad(t, ((0, 0), (0, width - t.shape[1])))
+                                     for _, t, _ in requests])
+            actions = act(tokens, np.concatenate([n for _, _, n in requests]))
+            start = 0
+            for conn, t, _ in requests:
+                conn.send(("act", actions[start: start + t.shape[0]].astype(np.int64)))
+                start += t.shape[0]
+            report(tokens.shape[0])
+    finally:
+        for conn in live:
+            conn.close()
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.terminate()
+    return results, stopped
 
 
 def write_dataset(data: GameDataset, path: str | Path) -> Path:

@@ -1,7 +1,12 @@
 """`tilewise train`: imitate the expert player with an LFM2 classifier; write an HF folder (and NF4 with --nf4).
 
-    tilewise train --data games.twd --out runs/m [--shape default] [--steps N | --epochs E]
+    tilewise train --data games.npz [more.npz ...] --out runs/m [--shape default] [--steps N | --epochs E]
                    [--time-budget-s S] [--batch B] [--lr LR] [--seed S] [--device auto|cpu|cuda] [--nf4 DIR]
+                   [--init HF_DIR]
+
+Several `--data` files train on all their records; each file is split into training and held-out games on its own
+(`tilewise.train.data.load_split`), and the agreement on each file's held-out games is reported too. `--init`
+starts from a saved model's weights (its shape; e.g. a DAgger round continuing the previous round's model).
 
 Needs the `train` extra (torch).
 """
@@ -15,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tilewise.errors import DeviceUnavailable
+from tilewise.errors import ConfigError, DeviceUnavailable
 
 
 def _attn_list(text: str) -> tuple[int, ...]:
@@ -31,10 +36,13 @@ def register(sub: Any) -> None:
                        description="Train an LFM2-architecture classifier (conv + attention blocks, SwiGLU, 8-way "
                                    "head on the last position) on `tilewise game dataset` records. Writes an HF "
                                    "folder (config.json, model.safetensors, tokenizer.json, training.json).")
-    p.add_argument("--data", required=True, help="dataset file from `tilewise game dataset`")
+    p.add_argument("--data", required=True, nargs="+", metavar="FILE",
+                   help="dataset file(s) from `tilewise game dataset` (or DAgger's on-policy records); each file is "
+                        "split into training and held-out games on its own")
     p.add_argument("--out", required=True, help="output folder for the HF-style model")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json the dataset was made with (default: the game's)")
-    p.add_argument("--shape", default="default", help="model shape: default, small or tiny (default: default)")
+    p.add_argument("--shape", default=None,
+                   help="model shape: default, small or tiny (default: default, or the --init model's shape)")
     p.add_argument("--hidden", type=int, help="override the shape's hidden size")
     p.add_argument("--layers", type=int, help="override the number of blocks")
     p.add_argument("--attn", type=_attn_list, help="attention block indices, e.g. 2,5,7")
@@ -56,6 +64,9 @@ def register(sub: Any) -> None:
     p.add_argument("--log-every", type=int, default=50, help="steps between progress lines")
     p.add_argument("--eval-every-s", type=float, default=30.0, help="seconds between held-out evaluations")
     p.add_argument("--nf4", default=None, metavar="DIR", help="also convert the result to NF4 into DIR")
+    p.add_argument("--init", default=None, metavar="HF_DIR",
+                   help="start from this model folder's weights (e.g. an earlier `tilewise train --out`) instead of a "
+                        "fresh initialisation; the shape is the folder's")
     p.add_argument("--results-json", default=None, metavar="FILE", help="write the run's results as JSON here")
     p.set_defaults(func=_cmd_train)
 
@@ -71,9 +82,9 @@ def _need_torch() -> None:
 def _cmd_train(args: argparse.Namespace) -> int:
     _need_torch()
     from tilewise.game.tokenizer import TOKENIZER_PATH, load_tokenizer
-    from tilewise.train.data import load_examples, split_games
+    from tilewise.train.data import load_split
     from tilewise.train.shapes import model_config
-    from tilewise.train.trainer import TrainSettings, save_hf_folder, train
+    from tilewise.train.trainer import TrainSettings, save_hf_folder, shape_key, train
 
     def log(line: str) -> None:
         print(line, flush=True)
@@ -82,22 +93,41 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if tok_path.is_dir():
         tok_path = tok_path / "tokenizer.json"
     tok = load_tokenizer(tok_path)
-    cfg = model_config(tok, args.shape, hidden=args.hidden, layers=args.layers, attn=args.attn, ffn=args.ffn,
-                       heads=args.heads, kv_heads=args.kv_heads)
+    overrides = dict(hidden=args.hidden, layers=args.layers, attn=args.attn, ffn=args.ffn, heads=args.heads,
+                     kv_heads=args.kv_heads)
+    cfg = model_config(tok, args.shape or "default", **overrides)
+    if args.init:
+        from tilewise.train.export import checkpoint_weights
+
+        init_cfg = checkpoint_weights(args.init)[0]
+        asked = args.shape is not None or any(v is not None for v in overrides.values())
+        if asked and shape_key(init_cfg) != shape_key(cfg):
+            raise ConfigError(f"--init {args.init} holds a model of shape {shape_key(init_cfg)}, but --shape and its "
+                              f"overrides ask for {shape_key(cfg)}",
+                              "leave out --shape and its overrides with --init (the model's shape is used)")
+        cfg = init_cfg  # the saved model's own config (its shape, numerics and special ids)
+        if cfg.vocab_size != tok.get_vocab_size(with_added_tokens=True):
+            raise ConfigError(f"--init {args.init} has a vocabulary of {cfg.vocab_size} tokens, the tokenizer "
+                              f"{tok.get_vocab_size(with_added_tokens=True)}",
+                              "train with the tokenizer the model was trained with (--tokenizer)")
     t0 = time.perf_counter()
-    examples = load_examples(args.data, tokenizer=tok, pad_id=cfg.pad_token_id or 0)
-    train_ex, held_ex = split_games(examples, args.heldout, args.seed)
-    log(f"data: {len(examples)} decisions from {args.data} in {time.perf_counter() - t0:.1f} s; "
-        f"prompt length {int(examples.lengths.min())}..{int(examples.lengths.max())} tokens")
+    data_paths = list(args.data)
+    train_ex, held_ex, held_parts = load_split(data_paths, args.heldout, args.seed, tokenizer=tok,
+                                               pad_id=cfg.pad_token_id or 0)
+    n_all = len(train_ex) + len(held_ex)
+    lengths = [x.lengths for x in (train_ex, held_ex) if len(x)]
+    log(f"data: {n_all} decisions from {', '.join(data_paths)} in {time.perf_counter() - t0:.1f} s; "
+        f"prompt length {min(int(x.min()) for x in lengths)}..{max(int(x.max()) for x in lengths)} tokens")
     settings = TrainSettings(epochs=args.epochs, max_steps=args.steps, time_budget_s=args.time_budget_s,
                              batch_size=args.batch, lr=args.lr, weight_decay=args.weight_decay,
                              warmup_steps=args.warmup, seed=args.seed, device=args.device,
-                             eval_every_s=args.eval_every_s, log_every=args.log_every, compile=args.compile)
-    model, result = train(cfg, train_ex, held_ex, settings, log=log)
+                             eval_every_s=args.eval_every_s, log_every=args.log_every, compile=args.compile,
+                             init=str(args.init or ""))
+    model, result = train(cfg, train_ex, held_ex, settings, log=log, heldout_parts=held_parts)
     record = {
         "argv": sys.argv[1:],
-        "data": str(args.data),
-        "decisions": len(examples),
+        "data": data_paths[0] if len(data_paths) == 1 else data_paths,
+        "decisions": n_all,
         "train_decisions": len(train_ex),
         "heldout_decisions": len(held_ex),
         "heldout_fraction": args.heldout,

@@ -49,6 +49,22 @@ class Examples:
         """How many examples carry each action 0..5."""
         return np.bincount(self.actions, minlength=NUM_ACTIONS)[:NUM_ACTIONS].tolist()
 
+    @staticmethod
+    def concat(parts: list[Examples], pad_id: int = 0) -> Examples:
+        """The parts' examples in order, padded to the widest; game ids are kept (make them distinct first)."""
+        parts = [p for p in parts if len(p)] or parts[:1]
+        width = max(p.ids.shape[1] for p in parts)
+
+        def padded(ids: np.ndarray) -> np.ndarray:
+            return ids if ids.shape[1] == width else np.pad(ids, ((0, 0), (0, width - ids.shape[1])),
+                                                            constant_values=pad_id)
+
+        if len(parts) == 1:
+            return parts[0]
+        return Examples(np.concatenate([padded(p.ids) for p in parts]), np.concatenate([p.lengths for p in parts]),
+                        np.concatenate([p.actions for p in parts]), np.concatenate([p.games for p in parts]),
+                        np.concatenate([p.steps for p in parts]))
+
 
 def from_records(token_ids: list[np.ndarray] | list[list[int]] | np.ndarray, actions: np.ndarray | list[int],
                  games: np.ndarray | list[int], steps: np.ndarray | list[int], pad_id: int,
@@ -177,3 +193,36 @@ def from_arrays(tokens: np.ndarray, lengths: np.ndarray, actions: np.ndarray, ga
     ids = tokens.astype(np.int32)  # (N, T)
     ids[np.arange(tokens.shape[1])[None, :] >= lengths[:, None]] = pad_id
     return from_records(ids, actions, games, steps, pad_id=pad_id, vocab_size=vocab_size, lengths=lengths)
+
+
+def load_split(paths: list[str | Path], heldout_fraction: float, seed: int, tokenizer: Any = None,
+               pad_id: int = 0) -> tuple[Examples, Examples, list[Examples]]:
+    """Read several dataset files and split each one by whole games, then join the parts.
+
+    Each file is split on its own with `split_games(file, heldout_fraction, seed)`, so adding files (e.g. DAgger's
+    on-policy records) never moves a game of the first file between training and held-out: agreement on the first
+    file's held-out games stays comparable across runs, and no game a model was trained on becomes held out later.
+    Game ids are renumbered per file (file k's ids are offset past those of the files before it).
+
+    Args:
+        paths: dataset files (at least one).
+        heldout_fraction: share of each file's games held out.
+        seed: seed of the choice of held-out games.
+        tokenizer: as in `load_examples`.
+        pad_id: padding token id.
+
+    Returns:
+        (training examples of all files, held-out examples of all files, held-out examples per file).
+    """
+    if not paths:
+        raise ConfigError("no dataset files given", "pass --data FILE [FILE ...]")
+    trains, helds = [], []
+    offset = 0
+    for path in paths:
+        ex = load_examples(path, tokenizer=tokenizer, pad_id=pad_id)
+        ex.games = ex.games + offset
+        offset = int(ex.games.max()) + 1
+        train, held = split_games(ex, heldout_fraction, seed)
+        trains.append(train)
+        helds.append(held)
+    return Examples.concat(trains, pad_id), Examples.concat(helds, pad_id), helds

@@ -40,11 +40,13 @@ def play_batched(model: Any, seeds: list[int], max_pieces: int = 1000, max_steps
     """
     import torch
 
+    from tilewise.game.dataset import PromptEncoder
     from tilewise.game.engine import Game
     from tilewise.game.prompt import render_prompt
-    from tilewise.game.tokenizer import encode_prompts, load_tokenizer
+    from tilewise.game.tokenizer import load_tokenizer
 
     tok = load_tokenizer() if tokenizer is None else tokenizer
+    enc = PromptEncoder(tok)  # the tokenizer's exact ids, one cached encode per prompt line
     games = [Game(s) for s in seeds]
     steps = [0] * len(games)
     model = model.to(device).eval()
@@ -66,7 +68,7 @@ def play_batched(model: Any, seeds: list[int], max_pieces: int = 1000, max_steps
             if time_budget_s and time.perf_counter() - t0 > time_budget_s:
                 stopped_by_time = True
                 break
-            ids = encode_prompts(tok, [render_prompt(games[i]) for i in active])
+            ids = enc.encode_many([render_prompt(games[i]) for i in active])
             lengths = np.array([len(t) for t in ids])
             batch = np.zeros((len(ids), int(lengths.max())), dtype=np.int64)
             for r, t in enumerate(ids):

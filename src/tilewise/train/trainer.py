@@ -3,6 +3,10 @@
 The learning rate warms up linearly, then follows a cosine to 10% of its peak over the run; the run's progress
 is the larger of `step / max_steps` and `elapsed / time_budget_s`, so a time-bounded run anneals and stops cleanly
 when its time is up, and still writes the model.
+
+With `TrainSettings.init` (`tilewise train --init HF_DIR`) the run starts from a saved model's weights instead of a
+fresh initialisation (e.g. a DAgger round continuing from the previous round's model); the optimizer state starts
+fresh (it is not saved), so the warm-up applies again.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ class TrainSettings:
         eval_every_s: seconds between held-out evaluations during training (0: only at the end).
         log_every: steps between progress lines.
         compile: wrap the model in `torch.compile`.
+        init: a model folder (`tilewise train` output, or any folder `load_torch_model` reads) whose weights the
+            run starts from; its shape must be the run's. Empty: a fresh seeded initialisation.
     """
 
     epochs: float = 1.0
@@ -56,6 +62,7 @@ class TrainSettings:
     eval_every_s: float = 30.0
     log_every: int = 50
     compile: bool = False
+    init: str = ""
 
 
 @dataclass
@@ -73,6 +80,7 @@ class TrainResult:
     heldout_loss: float = float("nan")
     heldout_examples: int = 0
     heldout_per_action: dict[str, float] = field(default_factory=dict)
+    heldout_by_data: list[dict[str, Any]] = field(default_factory=list)
     device: str = ""
     stopped_by: str = ""
 
@@ -136,13 +144,18 @@ def evaluate(model: Any, ex: Examples, device: Any, batch_size: int = 256) -> di
             loss_sum += float(F.cross_entropy(scores[:, :6], target, reduction="sum"))
             preds[sl] = scores[:, :6].argmax(-1).cpu().numpy()
     model.train(was_training)
-    per_action = {}
-    for a in range(6):
-        sel = ex.actions == a
-        if sel.any():
-            per_action[ACTION_LABELS[a]] = float((preds[sel] == a).mean())
     return {"accuracy": float((preds == ex.actions).mean()), "loss": loss_sum / n, "examples": n,
-            "per_action": per_action, "predictions": preds}
+            "per_action": per_action_accuracy(preds, ex.actions), "predictions": preds}
+
+
+def per_action_accuracy(preds: np.ndarray, actions: np.ndarray) -> dict[str, float]:
+    """Accuracy of `preds` among the examples of each expert action (actions that occur only)."""
+    out = {}
+    for a in range(6):
+        sel = actions == a
+        if sel.any():
+            out[ACTION_LABELS[a]] = float((preds[sel] == a).mean())
+    return out
 
 
 class _null:
@@ -153,9 +166,42 @@ class _null:
         return None
 
 
+def initial_model(cfg: ModelConfig, settings: TrainSettings) -> Any:
+    """The model a run starts from (float32, CPU): `settings.init`'s weights, or a fresh seeded init of `cfg`.
+
+    Raises:
+        ConfigError: the init folder's model has another shape than `cfg`.
+    """
+    import torch
+
+    from tilewise.train.model import Lfm2Classifier
+
+    if settings.init:
+        from tilewise.train.export import load_torch_model
+
+        model = load_torch_model(settings.init)
+        got, want = shape_key(model.cfg), shape_key(cfg)
+        if got != want:
+            raise ConfigError(f"the --init model {settings.init} has shape {got}, the run asks for {want}",
+                              "leave out --shape and its overrides with --init (the model's shape is used), or "
+                              "start a fresh run")
+        return model.float().train()
+    torch.manual_seed(settings.seed)
+    model = Lfm2Classifier(cfg)
+    model.init_weights(settings.seed)
+    return model
+
+
+def shape_key(cfg: ModelConfig) -> dict[str, Any]:
+    """The fields that make two classifiers' weights interchangeable."""
+    return {"vocab": cfg.vocab_size, "hidden": cfg.hidden_size, "ffn": cfg.ffn_dim,
+            "layers": list(cfg.layer_types), "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads,
+            "head_dim": cfg.head_dim, "labels": cfg.num_labels}
+
+
 def train(cfg: ModelConfig, train_ex: Examples, heldout_ex: Examples, settings: TrainSettings,
-          log: Callable[[str], None] = print) -> tuple[Any, TrainResult]:
-    """Train a fresh classifier of shape `cfg` to predict the expert's action.
+          log: Callable[[str], None] = print, heldout_parts: list[Examples] | None = None) -> tuple[Any, TrainResult]:
+    """Train a classifier of shape `cfg` (fresh, or from `settings.init`) to predict the expert's action.
 
     Args:
         cfg: model shape (vocab_size must cover the dataset's token ids).
@@ -163,14 +209,14 @@ def train(cfg: ModelConfig, train_ex: Examples, heldout_ex: Examples, settings: 
         heldout_ex: held-out decisions (whole games) for agreement numbers.
         settings: the run's knobs.
         log: where progress lines go.
+        heldout_parts: the held-out decisions split by source (e.g. per dataset file); when there are two or
+            more, the agreement on each is reported too (`TrainResult.heldout_by_data`).
 
     Returns:
         (the trained `Lfm2Classifier` in float32 on the CPU, the result record).
     """
     import torch
     import torch.nn.functional as F
-
-    from tilewise.train.model import Lfm2Classifier
 
     if len(train_ex) == 0:
         raise ConfigError("no training decisions left after holding out games", "generate more games")
@@ -181,9 +227,9 @@ def train(cfg: ModelConfig, train_ex: Examples, heldout_ex: Examples, settings: 
         raise ConfigError(f"token id {top} in the data is outside the model's vocabulary of {cfg.vocab_size}",
                           "train with the tokenizer that made the dataset (vocab_size comes from it)")
     device = pick_device(settings.device)
-    torch.manual_seed(settings.seed)
-    model = Lfm2Classifier(cfg)
-    model.init_weights(settings.seed)
+    model = initial_model(cfg, settings)
+    if settings.init:
+        log(f"train: starting from the weights of {settings.init}")
     model.to(device).train()
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
@@ -277,7 +323,19 @@ def train(cfg: ModelConfig, train_ex: Examples, heldout_ex: Examples, settings: 
     if step == 0:
         raise ConfigError("training stopped before its first step", "raise --time-budget-s or --steps")
 
-    ev = evaluate(model, heldout_ex, device)
+    if heldout_parts is not None and len(heldout_parts) > 1:
+        # each source on its own, and the whole held-out set from the same predictions (it is their concatenation)
+        evs = [evaluate(model, part, device) for part in heldout_parts]
+        for k, ev_k in enumerate(evs):
+            result.heldout_by_data.append({"part": k, "accuracy": ev_k["accuracy"], "loss": ev_k["loss"],
+                                           "examples": ev_k["examples"], "per_action": ev_k["per_action"]})
+        preds = np.concatenate([e["predictions"] for e in evs])
+        total = sum(e["examples"] for e in evs)
+        ev = {"accuracy": float((preds == heldout_ex.actions).mean()) if total else float("nan"),
+              "loss": sum(e["loss"] * e["examples"] for e in evs if e["examples"]) / max(total, 1),
+              "examples": total, "per_action": per_action_accuracy(preds, heldout_ex.actions)}
+    else:
+        ev = evaluate(model, heldout_ex, device)
     sample = train_ex.subset(np.arange(n) < min(n, 20_000))
     ev_train = evaluate(model, sample, device)
     result.heldout_accuracy, result.heldout_loss = ev["accuracy"], ev["loss"]
@@ -286,6 +344,9 @@ def train(cfg: ModelConfig, train_ex: Examples, heldout_ex: Examples, settings: 
     log(f"done: {step} steps in {result.train_time_s:.1f} s ({result.stopped_by}), "
         f"{result.tokens_per_s:,.0f} tok/s; train agreement {result.train_accuracy:.4f}, "
         f"held-out agreement {result.heldout_accuracy:.4f} on {result.heldout_examples} decisions")
+    for part in result.heldout_by_data:
+        log(f"done: held-out agreement on data file {part['part']}: {part['accuracy']:.4f} on {part['examples']} "
+            "decisions")
     model = model.to("cpu").float().eval()
     return model, result
 
