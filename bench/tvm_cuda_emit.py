@@ -3,20 +3,22 @@
     PYTHONPATH=src python bench/tvm_cuda_emit.py --arch sm_90 --out build/tvm-cuda-sources
 
 Run it where TVM is installed (no GPU needed). Then, on the GPU machine, point TILEWISE_TVM_CUDA_SOURCES at the
-copied directory: `conv1d` and `gemm-tvm` on `--device cuda` (`tilewise tune`, `tilewise ladder conv1d-gpu|gemm-gpu
---device cuda`, tests/cuda/test_tvm_cuda_runtime.py) read their kernels from it (`tilewise.kernels.tvm_sources`).
+copied directory: `conv1d`, `gemm-tvm` and `dwsep-conv2d` on `--device cuda` (`tilewise tune`, `tilewise ladder
+conv1d-gpu|gemm-gpu|dwsep-conv2d-gpu --device cuda`, tests/cuda/test_tvm_cuda_runtime.py and
+tests/cuda/test_tvm_cuda_dwsep_runtime.py) read their kernels from it (`tilewise.kernels.tvm_sources`).
 
 Without --shapes it emits, for each template, every legal config of
 
-* the spaces and shapes tests/cuda/test_tvm_cuda_runtime.py compiles (the seed spaces at their shapes, the large
-  conv1d blocks, the timed config), and
+* the spaces and shapes tests/cuda/test_tvm_cuda_runtime.py and test_tvm_cuda_dwsep_runtime.py compile (the seed
+  spaces at their shapes, the large conv1d blocks, the timed configs), and
 * each CUDA ladder (`tilewise.ladder.VARIANTS`) at its default and --small shape: the rungs, the seed space, the
   configs the ladder's tuned-best search draws with its defaults (--tune 24, --seed 0), and the staging-flipped
   counterpart of each (the ladder times the tuned best with its staging flipped).
 
-`--shapes M,N ... M,N,K ...` replaces the shapes (two numbers: conv1d, three: gemm-tvm) and emits the ladder set at
-each; `--config K=V,...` emits only those configs; `--space NAME` adds every legal config of a named space
-(`full`: the whole grid) at the shapes. Illegal configs are skipped with their reasons. Writes DIR/index.json.
+`--shapes M,N ... M,N,K ... B,C,H,W,O,K,P ...` replaces the shapes (two numbers: conv1d, three: gemm-tvm, seven:
+dwsep-conv2d) and emits the ladder set at each; `--config K=V,...` emits only those configs; `--space NAME` adds
+every legal config of a named space (`full`: the whole grid) at the shapes. Illegal configs are skipped with their
+reasons. Writes DIR/index.json.
 """
 
 from __future__ import annotations
@@ -34,17 +36,22 @@ TEST_CONV1D_LARGE = [(1024, 16, 16, "local"), (1024, 2, 64, "shared"), (32, 16, 
 TEST_CONV1D_LARGE_SHAPE = (50_001, 64)
 TEST_CONV1D_TIMED = ({"NT": 128, "TPT": 4, "RK": 8, "STAGE": "local"}, (1 << 20, 64))
 TEST_GEMM_SEED_SHAPES = [(64, 64, 16), (256, 192, 48), (1024, 1024, 1024)]
+# tests/cuda/test_tvm_cuda_dwsep_runtime.py
+TEST_DWSEP_SEED_SHAPES = [(2, 8, 5, 13, 20, 3, 1), (1, 16, 9, 11, 24, 5, 2), (1, 8, 7, 70, 9, 1, 0),
+                          (1, 64, 56, 56, 128, 3, 1)]
+TEST_DWSEP_TIMED = ({"BW": 32, "TPX": 4, "BO": 32, "TO": 4, "RC": 4, "STAGE": "local"}, (8, 64, 56, 56, 128, 3, 1))
 #: the ladder's tuned-best search with `tilewise ladder`'s defaults
 LADDER_TUNE_COUNT = 24
 LADDER_SEED = 0
-PRIMITIVE_OF = {"conv1d": "conv1d-gpu", "gemm-tvm": "gemm-gpu"}
-DIMS_OF = {"conv1d": 2, "gemm-tvm": 3}
+PRIMITIVE_OF = {"conv1d": "conv1d-gpu", "gemm-tvm": "gemm-gpu", "dwsep-conv2d": "dwsep-conv2d-gpu"}
+DIMS_OF = {"conv1d": 2, "gemm-tvm": 3, "dwsep-conv2d": 7}
 
 
 def templates() -> dict[str, Any]:
     from tilewise.kernels.tvm_cuda import TvmCudaConv1d, TvmCudaGemm
+    from tilewise.kernels.tvm_cuda_dwsep import TvmCudaDwsepConv2d
 
-    return {"conv1d": TvmCudaConv1d(), "gemm-tvm": TvmCudaGemm()}
+    return {"conv1d": TvmCudaConv1d(), "gemm-tvm": TvmCudaGemm(), "dwsep-conv2d": TvmCudaDwsepConv2d()}
 
 
 def ladder_configs(name: str, tpl: Any, shape: tuple[int, ...], limits: Any, count: int = LADDER_TUNE_COUNT,
@@ -79,6 +86,9 @@ def default_plan(tpls: dict[str, Any], limits: Any) -> dict[str, list[tuple[Any,
     items += [(full.config(TEST_CONV1D_TIMED[0]), TEST_CONV1D_TIMED[1])]
     plan["conv1d"] = items
     plan["gemm-tvm"] = [(c, s) for s in TEST_GEMM_SEED_SHAPES for c in gemm.space("seed")]
+    dwsep = tpls["dwsep-conv2d"]
+    plan["dwsep-conv2d"] = [(c, s) for s in TEST_DWSEP_SEED_SHAPES for c in dwsep.space("seed")]
+    plan["dwsep-conv2d"] += [(dwsep.space("full").config(TEST_DWSEP_TIMED[0]), TEST_DWSEP_TIMED[1])]
     for name, tpl in tpls.items():
         spec = VARIANTS[(PRIMITIVE_OF[name], "cuda")]
         for shape in (spec.shape, spec.small_shape):
@@ -92,9 +102,11 @@ def parse_shapes(texts: Sequence[str]) -> list[tuple[int, ...]]:
         try:
             shape = tuple(int(p) for p in text.split(","))
         except ValueError:
-            raise SystemExit(f"--shapes: {text!r} is not integers M,N or M,N,K (e.g. 16384,64)") from None
-        if len(shape) not in (2, 3) or min(shape) < 1:
-            raise SystemExit(f"--shapes: {text!r} must be M,N (conv1d) or M,N,K (gemm-tvm), positive")
+            raise SystemExit(f"--shapes: {text!r} is not integers M,N or M,N,K or B,C,H,W,O,K,P (e.g. 16384,64)"
+                             ) from None
+        if len(shape) not in (2, 3, 7) or min(shape[:6]) < 1 or shape[-1] < 0:
+            raise SystemExit(f"--shapes: {text!r} must be M,N (conv1d), M,N,K (gemm-tvm) or B,C,H,W,O,K,P "
+                             "(dwsep-conv2d), positive (P >= 0)")
         shapes.append(shape)
     return shapes
 
@@ -118,10 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="sm_90", help="CUDA architecture to emit for (default sm_90)")
     ap.add_argument("--out", required=True, help="the source store directory (TILEWISE_TVM_CUDA_SOURCES there)")
-    ap.add_argument("--shapes", nargs="+", metavar="SHAPE", help="M,N (conv1d) and/or M,N,K (gemm-tvm) instead of "
-                                                                 "the tests' and ladders' shapes")
-    ap.add_argument("--template", action="append", choices=("conv1d", "gemm-tvm"), help="only this template "
-                                                                                         "(repeatable)")
+    ap.add_argument("--shapes", nargs="+", metavar="SHAPE", help="M,N (conv1d), M,N,K (gemm-tvm) and/or "
+                                                                 "B,C,H,W,O,K,P (dwsep-conv2d) instead of the tests' "
+                                                                 "and ladders' shapes")
+    ap.add_argument("--template", action="append", choices=("conv1d", "gemm-tvm", "dwsep-conv2d"),
+                    help="only this template (repeatable)")
     ap.add_argument("--config", action="append", default=[], metavar="K=V,...",
                     help="only this config (repeatable; needs --shapes and one --template)")
     ap.add_argument("--space", action="append", default=[], choices=("seed", "full", "small"),

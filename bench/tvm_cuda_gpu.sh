@@ -3,14 +3,16 @@
 #   OUT_DIR/log.txt                      everything below, in order, with each step's exit status and seconds
 #   OUT_DIR/env.txt                      GPU, Python packages, whether TVM imports, the source store's size
 #   OUT_DIR/pytest.txt                   python3 -m pytest tests/cuda -q -rs
-#   OUT_DIR/ladder-conv1d-gpu-cuda.{json,txt}, OUT_DIR/ladder-gemm-gpu-cuda.{json,txt}
-#                                        tilewise ladder conv1d-gpu|gemm-gpu --device cuda --json ...
+#   OUT_DIR/ladder-conv1d-gpu-cuda.{json,txt}, OUT_DIR/ladder-gemm-gpu-cuda.{json,txt},
+#   OUT_DIR/ladder-dwsep-conv2d-gpu-cuda.{json,txt}
+#                                        tilewise ladder conv1d-gpu|gemm-gpu|dwsep-conv2d-gpu --device cuda --json ...
 #   OUT_DIR/status.txt                   one line per step: name, exit status (124: timed out), seconds
 # The kernels come from the pre-emitted source store (TILEWISE_TVM_CUDA_SOURCES, default build/tvm-cuda-sources
 # in this checkout), made on a machine with TVM by:
 #   PYTHONPATH=src python bench/tvm_cuda_emit.py --arch sm_90 --out build/tvm-cuda-sources
 # Each step runs under `timeout`, so one failure or hang does not stop the others.
-# Budgets (seconds): environment 15, tests 95, conv1d ladder 55, gemm ladder 65 (at most 230 in all).
+# Budgets (seconds): environment 15, tests 80, conv1d ladder 45, gemm ladder 50, dwsep-conv2d ladder 45 (at most
+# 235 in all; on an H200 the first four took 8, 35, 10 and 13 s before the dwsep-conv2d template existed).
 # Usage: bench/tvm_cuda_gpu.sh OUT_DIR
 set -uo pipefail
 if [ $# -ne 1 ]; then
@@ -70,13 +72,16 @@ EOF
 step environment 15 "$OUT/env.txt" bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
     || echo "nvidia-smi failed"; exec "$0" "$1"' "$PY" "$ENV_PY"
 
-step tests 95 "$OUT/pytest.txt" "$PY" -m pytest tests/cuda -q -rs -p no:cacheprovider --durations=10
+step tests 80 "$OUT/pytest.txt" "$PY" -m pytest tests/cuda -q -rs -p no:cacheprovider --durations=10
 
-step ladder-conv1d-gpu 55 "$OUT/ladder-conv1d-gpu-cuda.txt" "$PY" -m tilewise ladder conv1d-gpu --device cuda \
+step ladder-conv1d-gpu 45 "$OUT/ladder-conv1d-gpu-cuda.txt" "$PY" -m tilewise ladder conv1d-gpu --device cuda \
     --tune 16 --tune-s 12 --rounds 40 --budget-s 3 --json "$OUT/ladder-conv1d-gpu-cuda.json"
 
-step ladder-gemm-gpu 65 "$OUT/ladder-gemm-gpu-cuda.txt" "$PY" -m tilewise ladder gemm-gpu --device cuda \
+step ladder-gemm-gpu 50 "$OUT/ladder-gemm-gpu-cuda.txt" "$PY" -m tilewise ladder gemm-gpu --device cuda \
     --tune 16 --tune-s 15 --rounds 40 --budget-s 3 --json "$OUT/ladder-gemm-gpu-cuda.json"
+
+step ladder-dwsep-conv2d-gpu 45 "$OUT/ladder-dwsep-conv2d-gpu-cuda.txt" "$PY" -m tilewise ladder dwsep-conv2d-gpu \
+    --device cuda --tune 16 --tune-s 15 --rounds 40 --budget-s 3 --json "$OUT/ladder-dwsep-conv2d-gpu-cuda.json"
 
 echo "== done: $(tr '\n' ';' < "$OUT/status.txt")" | tee -a "$LOG"
 exit "$failed"

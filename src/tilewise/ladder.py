@@ -13,10 +13,11 @@ A ladder is data: named configs of one kernel template, in order. Running it
    (`workgroup` vs `private`), which one won, by how much, with intervals.
 
 Primitives: `conv1d-cpu` (TVM on the `tvm-llvm` device), `conv1d-gpu`, `gemm-gpu` (the tuner's GEMM template and
-its staging parameters) and `dwsep-conv2d-gpu` (WebGPU). `conv1d-gpu` and `gemm-gpu` also run on `--device cuda`
-(`VARIANTS`): the same ladder over the TVM-scheduled, TVM-emitted CUDA templates (`kernels/tvm_cuda.py`), whose
-`shared`/`local` scopes answer the workgroup/private staging question. Without TVM those kernels come from the
-pre-emitted source store (`kernels/tvm_sources.py`), and the tuned best chooses only among stored configs.
+its staging parameters) and `dwsep-conv2d-gpu` (WebGPU). All three GPU ladders also run on `--device cuda`
+(`VARIANTS`): the same ladder over the TVM-scheduled, TVM-emitted CUDA templates (`kernels/tvm_cuda.py`,
+`kernels/tvm_cuda_dwsep.py`), whose `shared`/`local` scopes answer the workgroup/private staging question.
+Without TVM those kernels come from the pre-emitted source store (`kernels/tvm_sources.py`), and the tuned best
+chooses only among stored configs.
 """
 
 from __future__ import annotations
@@ -117,6 +118,12 @@ def _tvm_cuda_gemm_template() -> KernelTemplate:
     from tilewise.kernels.tvm_cuda import TvmCudaGemm
 
     return TvmCudaGemm()
+
+
+def _tvm_cuda_dwsep_template() -> KernelTemplate:
+    from tilewise.kernels.tvm_cuda_dwsep import TvmCudaDwsepConv2d
+
+    return TvmCudaDwsepConv2d()
 
 
 def _torch() -> Any:
@@ -296,6 +303,7 @@ def _tvm_stage(c: Config) -> str:
 
 
 _TVM_GEMM_BASE = {"TY": 16, "TX": 16, "TM": 1, "TN": 1, "KB": 1, "STAGE": "global"}
+_TVM_DWSEP_44 = {"BW": 32, "TPX": 4, "BO": 32, "TO": 4, "RC": 4}
 
 #: (primitive, device backend) -> the ladder of that primitive on that backend; `get_ladder(primitive, device)`
 #: picks it, `LADDERS` holds each primitive's default (the rung names match, so the JSON of both compares)
@@ -338,6 +346,29 @@ VARIANTS: dict[tuple[str, str], LadderSpec] = {
         ),
         _gemm_refs,
         staging_pairs=(("register tile 4x4", "private staging"),),
+        restage=_tvm_restage,
+        stage_of=_tvm_stage,
+        emitted_by_tvm=True,
+    ),
+    ("dwsep-conv2d-gpu", "cuda"): LadderSpec(
+        "dwsep-conv2d-gpu", "depthwise-separable conv2d on the GPU (CUDA, fused, scheduled and emitted by TVM)", "cuda",
+        (1, 64, 56, 56, 128, 3, 1), (1, 8, 12, 12, 16, 3, 1), _tvm_cuda_dwsep_template,
+        (
+            RungSpec("baseline", "one thread per output pixel and channel, its depthwise values in registers, every "
+                     "operand read from global memory at every multiply",
+                     {"BW": 16, "TPX": 1, "BO": 16, "TO": 1, "RC": 1, "STAGE": "global"}),
+            RungSpec("reduction split", "split the input channels by 4, the inner step unrolled",
+                     {"BW": 16, "TPX": 1, "BO": 16, "TO": 1, "RC": 4, "STAGE": "global"}),
+            RungSpec("per-thread tile", "32px x 32oc block, each thread owns 4 pixels x 4 channels (a local "
+                     "cache_write, unrolled)", {**_TVM_DWSEP_44, "STAGE": "global"}),
+            RungSpec("workgroup staging", "set_scope(D, 'shared'): the block computes each step's depthwise values "
+                     "once and shares them (with the pointwise weights) through __shared__ arrays between "
+                     "__syncthreads", {**_TVM_DWSEP_44, "STAGE": "shared"}),
+            RungSpec("private staging", "instead cache_read(..., 'local'): each thread keeps its input windows, taps "
+                     "and weights in registers (no barrier)", {**_TVM_DWSEP_44, "STAGE": "local"}),
+        ),
+        _dwsep_refs,
+        staging_pairs=(("workgroup staging", "private staging"),),
         restage=_tvm_restage,
         stage_of=_tvm_stage,
         emitted_by_tvm=True,

@@ -16,8 +16,8 @@ def register(sub: Any) -> None:
                                       "workgroup-vs-private staging verdict")
     p.add_argument("primitive", choices=PRIMITIVES, help="which ladder")
     p.add_argument("--device", help="conv1d-cpu: tvm-llvm (default); GPU ladders: webgpu (default) or webgpu:N; "
-                                    "conv1d-gpu and gemm-gpu also cuda or cuda:N (TVM-emitted CUDA kernels; without "
-                                    "TVM read from the store named by TILEWISE_TVM_CUDA_SOURCES)")
+                                    "conv1d-gpu, gemm-gpu and dwsep-conv2d-gpu also cuda or cuda:N (TVM-emitted CUDA "
+                                    "kernels; without TVM read from the store named by TILEWISE_TVM_CUDA_SOURCES)")
     p.add_argument("--shape", help="problem shape: conv1d M,N (16384,64); gemm M,N,K (1024,1024,1024); "
                                    "dwsep-conv2d B,C,H,W,O,K,P (1,64,56,56,128,3,1)")
     p.add_argument("--small", action="store_true", help="use the ladder's CI-sized shape")

@@ -255,3 +255,28 @@ def test_every_seed_config_compiles_for_sm_90_with_nvcc(tmp_path):
         # a few bytes under ptxas 12.x (its predicated unrolled loads), which the rules do not promise against
         spill = report[f"{kernel_symbol(c)}_kernel"]
         assert spill == 0 if c.STAGE != "global" else spill <= 64, (fmt(c), spill)
+
+
+def test_precompile_returns_programs_and_the_errors_of_illegal_configs(tmp_path):
+    pytest.importorskip("tvm")
+    dev = HostCuda(tmp_path)
+    ok = cfg(BW=16, TPX=2, BO=8, TO=2, RC=4, STAGE="local")
+    bad = cfg(RC=8)  # C = 12 is not a multiple of 8
+    shape = (1, 12, 4, 9, 10, 3, 1)
+    out = TPL.precompile(dev, [ok, bad], shape, workers=2)
+    assert isinstance(out[ok], Program) and out[ok].meta["grid"] == (1, 4, 2)
+    assert isinstance(out[bad], ConfigError) and "reduction_split" in out[bad].problem
+    assert list(dev.sources) == [f"{kernel_symbol(ok)}_kernel"]
+
+
+def test_cuda_ladder_mirrors_the_webgpu_ladder():
+    from tilewise.ladder import LADDERS, get_ladder
+
+    cuda, wgsl = get_ladder("dwsep-conv2d-gpu", "cuda"), LADDERS["dwsep-conv2d-gpu"]
+    assert cuda.template().backend == "cuda" and cuda.device == "cuda"
+    assert [r.name for r in cuda.rungs] == [r.name for r in wgsl.rungs]
+    assert (cuda.shape, cuda.small_shape, cuda.staging_pairs) == (wgsl.shape, wgsl.small_shape, wgsl.staging_pairs)
+    tiles = {k: v for k, v in wgsl.rungs[2].config.items() if k != "STAGE"}
+    assert {k: v for k, v in cuda.rungs[2].config.items() if k != "STAGE"} == tiles
+    assert [r.config["STAGE"] for r in cuda.rungs] == ["global", "global", "global", "shared", "local"]
+    assert cuda.emitted_by_tvm and cuda.references is wgsl.references

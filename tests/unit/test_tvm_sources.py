@@ -1,6 +1,6 @@
 """The TVM-emitted CUDA source store (emit with TVM here, run without it elsewhere), its emit script and the CUDA
 ladders that read it: round trips with TVM made unimportable, the missing-key and corrupt-file errors, the emit
-plan covering what tests/cuda compiles, and both CUDA ladders run from the store on a numpy stand-in device."""
+plan covering what tests/cuda compiles, and the CUDA ladders run from the store on a numpy stand-in device."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from tilewise.devices.base import Program, source_hash
 from tilewise.devices.cpu import CPUDevice
 from tilewise.errors import ConfigError, DeviceUnavailable
 from tilewise.kernels import tvm_sources
+from tilewise.kernels.dwsep_conv2d import reference_dwsep
 from tilewise.kernels.tvm_cuda import TvmCudaConv1d, TvmCudaGemm, device_source
 from tilewise.tune.profiles import get_profile
 
@@ -80,6 +81,11 @@ class FakeCuda(CPUDevice):
         if len(meta["shape"]) == 2:
             M, N = meta["shape"]
             t["B"][: M + N - 1] = np.convolve(t["A"][:M], t["W"][:N])
+        elif len(meta["shape"]) == 7:
+            B, C, H, W, O, K, P = meta["shape"]
+            x = t["X"][: B * C * H * W].reshape(B, C, H, W)
+            out = reference_dwsep(x, t["DW"][: C * K * K].reshape(C, K, K), t["PW"][: O * C].reshape(O, C), P)
+            t["Out"][: out.size] = out.reshape(-1)
         else:
             M, N, K = meta["shape"]
             t["C"][: M * N] = (t["A"][: M * K].reshape(M, K) @ t["B"][: K * N].reshape(K, N)).reshape(-1)
@@ -186,6 +192,11 @@ def test_default_emit_plan_covers_what_the_cuda_tests_and_ladders_compile():
     need.add(("conv1d", full.config(runtime.TIMED[0]), runtime.TIMED[1]))
     need |= {("gemm-tvm", c, s) for s in runtime.GEMM_SHAPES for c in GEMM.space("seed")
              if not GEMM.shape_problems(c, s)}
+    dwsep_runtime = load(ROOT / "tests" / "cuda" / "test_tvm_cuda_dwsep_runtime.py", "tvm_cuda_dwsep_runtime")
+    dwsep = emit.templates()["dwsep-conv2d"]
+    need |= {("dwsep-conv2d", c, s) for s in dwsep_runtime.SHAPES for c in dwsep.space("seed")
+             if not dwsep.shape_problems(c, s)}
+    need.add(("dwsep-conv2d", dwsep.space("full").config(dwsep_runtime.TIMED[0]), dwsep_runtime.TIMED[1]))
     from tilewise.ladder import VARIANTS, _search_points
 
     for spec in VARIANTS.values():
@@ -219,7 +230,7 @@ def test_emit_script_writes_one_config_and_the_index(tmp_path, capsys):
 def test_cuda_ladder_variants_are_picked_by_device_and_their_rungs_are_legal():
     from tilewise.ladder import LADDERS, VARIANTS, get_ladder, get_ladder_device
 
-    assert set(VARIANTS) == {("conv1d-gpu", "cuda"), ("gemm-gpu", "cuda")}
+    assert set(VARIANTS) == {("conv1d-gpu", "cuda"), ("gemm-gpu", "cuda"), ("dwsep-conv2d-gpu", "cuda")}
     for (primitive, _backend), spec in VARIANTS.items():
         assert get_ladder(primitive, "cuda") is spec and get_ladder(primitive, "cuda:1") is spec
         assert get_ladder(primitive) is LADDERS[primitive] and get_ladder(primitive, "webgpu") is LADDERS[primitive]
@@ -243,12 +254,13 @@ def test_cuda_ladder_variants_are_picked_by_device_and_their_rungs_are_legal():
     assert "get_ladder('conv1d-gpu', 'cuda')" in err.value.fix
 
 
-@pytest.mark.parametrize("primitive,shape", [("conv1d-gpu", (1024, 16)), ("gemm-gpu", (128, 128, 128))])
+@pytest.mark.parametrize("primitive,shape", [("conv1d-gpu", (1024, 16)), ("gemm-gpu", (128, 128, 128)),
+                                             ("dwsep-conv2d-gpu", (1, 8, 12, 12, 16, 3, 1))])
 def test_cuda_ladder_runs_from_the_store_without_tvm(primitive, shape, store, monkeypatch):
     from tilewise.ladder import run_ladder
 
     emit = load(ROOT / "bench" / "tvm_cuda_emit.py", "tvm_cuda_emit")
-    name = "conv1d" if primitive == "conv1d-gpu" else "gemm-tvm"
+    name = {"conv1d-gpu": "conv1d", "gemm-gpu": "gemm-tvm", "dwsep-conv2d-gpu": "dwsep-conv2d"}[primitive]
     assert emit.main(["--arch", "sm_90", "--out", str(store), "--template", name,
                       "--shapes", ",".join(map(str, shape))]) == 0
     stored = tvm_sources.stored_configs(name, shape, "sm_90")

@@ -182,8 +182,9 @@ def import_tvm() -> Any:
     try:
         return _import()
     except DeviceUnavailable as exc:
-        raise DeviceUnavailable(f"Apache TVM is not installed; the TVM-scheduled CUDA templates (conv1d and gemm-tvm "
-                                f"on cuda) need it to emit their kernels ({exc.problem})", TVM_INSTALL) from exc
+        raise DeviceUnavailable(f"Apache TVM is not installed; the TVM-scheduled CUDA templates (conv1d, gemm-tvm "
+                                f"and dwsep-conv2d on cuda) need it to emit their kernels ({exc.problem})",
+                                TVM_INSTALL) from exc
 
 
 def schedule(c: Config, M: int, N: int) -> Any:

@@ -43,10 +43,13 @@ TVM is imported lazily; without it the sources come from the pre-emitted store (
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tilewise.devices.base import Device, Launch, Limits, Program
-from tilewise.errors import ConfigError, ShaderCompileError
+from tilewise.errors import ConfigError, ShaderCompileError, TilewiseError
 from tilewise.kernels import tvm_sources
 from tilewise.kernels.base import DeviceBuffers, HostInputs, Shape
 from tilewise.kernels.dwsep_conv2d import WgslDwsepConv2d, check_shape, fmt
@@ -358,10 +361,13 @@ class TvmCudaDwsepConv2d(WgslDwsepConv2d):
         return tvm_sources.emitted_source(key, lambda: emit_cuda(config, shape, arch))
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
-        limits = device.info.limits
         shape = tuple(int(s) for s in shape)
-        refuse_illegal(config, shape, limits)
-        emitted = self._emitted(config, shape, arch_of(limits.compute_capability))
+        refuse_illegal(config, shape, device.info.limits)
+        return self._build(device, config, shape, self._emitted(config, shape, arch_of(
+            device.info.limits.compute_capability)))
+
+    def _build(self, device: Device, config: Config, shape: Shape, emitted: str) -> Program:
+        """The device program of one emitted source, with its launch geometry in `meta`."""
         sig = parse_kernel(emitted)
         if sorted(sig.arg_order) != ARG_NAMES:
             raise ShaderCompileError(f"kernel {sig.name} takes {sig.arg_order}, expected the tensors "
@@ -375,6 +381,35 @@ class TvmCudaDwsepConv2d(WgslDwsepConv2d):
         prog.meta.update(block=(config["BW"] // config["TPX"], config["BO"] // config["TO"], 1),
                          arg_order=sig.arg_order, shape=shape, grid=grid(config, shape))
         return prog
+
+    def precompile(self, device: Device, configs: Sequence[Config], shape: Shape, workers: int | None = None,
+                   ) -> dict[Config, Program | TilewiseError]:
+        """A tuner batch at once: the sources are emitted (or read from the store) one after another, then the
+        device compiles them on a thread pool (NVRTC releases the GIL); later `compile` calls hit its cache.
+
+        Returns:
+            config -> Program, or the error emitting or compiling it raised.
+        """
+        shape = tuple(int(s) for s in shape)
+        arch = arch_of(device.info.limits.compute_capability)
+        out: dict[Config, Program | TilewiseError] = {}
+        ready: list[tuple[Config, str]] = []
+        for c in configs:
+            try:
+                refuse_illegal(c, shape, device.info.limits)
+                ready.append((c, self._emitted(c, shape, arch)))
+            except TilewiseError as exc:
+                out[c] = exc
+
+        def one(item: tuple[Config, str]) -> Program | TilewiseError:
+            try:
+                return self._build(device, item[0], shape, item[1])
+            except TilewiseError as exc:
+                return exc
+
+        with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 4) as pool:
+            out.update(zip((c for c, _ in ready), pool.map(one, ready)))
+        return out
 
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
         d = check_shape(shape)

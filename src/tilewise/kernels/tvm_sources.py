@@ -38,7 +38,7 @@ HEADER = "// tilewise-tvm-cuda-source "
 EMIT_SCRIPT = "bench/tvm_cuda_emit.py"
 INDEX = "index.json"
 #: the templates whose kernels TVM emits, as `bench/tvm_cuda_emit.py --template` names them
-TEMPLATES = ("conv1d", "gemm-tvm")
+TEMPLATES = ("conv1d", "gemm-tvm", "dwsep-conv2d")
 
 
 @dataclass(frozen=True)
@@ -259,8 +259,9 @@ def emitted_source(key: SourceKey, emit: Callable[[], str]) -> str:
         return source
     if store is None:
         raise DeviceUnavailable(
-            f"Apache TVM is not installed; the TVM-scheduled CUDA templates (conv1d and gemm-tvm on cuda) need it to "
-            f"emit their kernels, and {ENV} is not set, so there is no pre-emitted source for {key.describe()}",
+            f"Apache TVM is not installed; the TVM-scheduled CUDA templates (conv1d, gemm-tvm and dwsep-conv2d on "
+            f"cuda) need it to emit their kernels, and {ENV} is not set, so there is no pre-emitted source for "
+            f"{key.describe()}",
             f"{TVM_INSTALL}; or, on a machine with TVM, run `python {EMIT_SCRIPT} --arch {key.arch} --out DIR` "
             f"and set {ENV}=DIR here")
     source = read(store, key)
