@@ -102,9 +102,11 @@ def test_records_follow_the_policy_and_carry_the_expert_labels() -> None:
             assert data.pieces[i] == game.pieces
             game.step(4)
         assert game.game_over  # always-left stacks the left side until it tops out
-        assert data.meta["results"][g] == {"pieces": game.pieces, "lines": game.lines, "steps": game.steps,
-                                           "game_over": True, "stopped": False,
-                                           "policy_agreement": data.meta["results"][g]["policy_agreement"]}
+        res = data.meta["results"][g]
+        assert {k: res[k] for k in ("pieces", "lines", "steps", "game_over", "stopped", "rollin_pieces",
+                                    "policy_pieces")} == {"pieces": game.pieces, "lines": game.lines,
+                                                          "steps": game.steps, "game_over": True, "stopped": False,
+                                                          "rollin_pieces": 0, "policy_pieces": game.pieces}
     c = data.meta["collector"]
     assert c["positions"] == len(data) and c["beta"] == 0.0
     assert c["policy_agreement"] == pytest.approx(float((data.actions == 4).mean()), abs=1e-4)
@@ -184,9 +186,32 @@ def test_adding_files_keeps_the_first_files_held_out_games(tmp_path: Path) -> No
     first = write_dataset(generate(20, seed=1, max_pieces=3, workers=1), tmp_path / "expert.npz")
     second = write_dataset(collect_on_policy(_always(4), 20, seed=100, max_pieces=3, workers=1), tmp_path / "on.npz")
     _, held_alone = split_games(load_examples(first), 0.1, seed=0)
-    train, held, parts = load_split([first, second], 0.1, seed=0)
+    train, held, parts, sizes = load_split([first, second], 0.1, seed=0)
+    assert sum(sizes) == len(train)
     np.testing.assert_array_equal(parts[0].games, held_alone.games)
     np.testing.assert_array_equal(parts[0].ids, held_alone.ids)
     assert len(parts) == 2 and len(parts[1]) > 0 and parts[1].games.min() >= 20  # second file's ids come after
     assert not set(train.games.tolist()) & set(held.games.tolist())
     assert len(train) + len(held) == len(read_dataset(first)) + len(read_dataset(second))
+
+
+def test_expert_rollin_then_the_policy_up_to_its_piece_cap() -> None:
+    """With a roll-in, the expert plays first (not recorded); the policy's part is capped at policy_pieces."""
+    data = collect_on_policy(_always(1), 8, seed=6, max_pieces=100, prefix_pieces=12, policy_pieces=5, workers=1)
+    expert = Expert()
+    rollins = [r["rollin_pieces"] for r in data.meta["results"]]
+    assert rollins[0] == rollins[4] == 0  # every fourth game starts from the empty board
+    assert all(1 <= k <= 12 for g, k in enumerate(rollins) if g % 4)
+    for g, res in enumerate(data.meta["results"]):
+        game = Game(game_seed(6, g))
+        while game.pieces < res["rollin_pieces"]:
+            game.step(expert.act(game))
+        rows = np.flatnonzero(data.game_ids == g)
+        assert data.pieces[rows[0]] == res["rollin_pieces"] and data.steps[rows[0]] == 0
+        for i in rows:
+            assert data.actions[i] == expert.act(game) and data.played[i] == 1
+            game.step(1)  # hard drop: one piece per step
+        assert res["policy_pieces"] == game.pieces - res["rollin_pieces"] == 5 and not res["stopped"]
+    c = data.meta["collector"]
+    assert c["from_empty"]["games"] == 2 and c["policy_part"]["games"] == 8
+    assert c["policy_part"]["mean_pieces"] == 5.0

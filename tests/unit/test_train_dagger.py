@@ -108,3 +108,38 @@ def test_torch_policy_is_the_argmax_of_the_scores(tiny_model: tuple[Path, Path])
     with torch.no_grad():
         ref = model(torch.from_numpy(tokens.astype(np.int64)), torch.from_numpy(lengths))[:, :6].argmax(-1)
     np.testing.assert_array_equal(acts, ref.numpy())
+
+
+def test_data_repeat_oversamples_a_files_decisions(tiny_model: tuple[Path, Path], tmp_path: Path) -> None:
+    from tilewise.cli import main
+
+    hf, data = tiny_model
+    res = tmp_path / "r.json"
+    rc = main(["train", "--data", str(data), str(data), "--data-repeat", "1", "3", "--out", str(tmp_path / "m"),
+               "--init", str(hf), "--epochs", "1", "--batch", "4", "--device", "cpu", "--eval-every-s", "0",
+               "--results-json", str(res)])
+    assert rc == 0
+    record = json.loads(res.read_text())
+    a, b = record["data_train_decisions"]
+    assert record["result"]["steps"] == (a + 3 * b) // 4  # one epoch holds the second file three times
+    rc = main(["train", "--data", str(data), "--data-repeat", "1", "2", "--out", str(tmp_path / "x"),
+               "--init", str(hf), "--steps", "1", "--device", "cpu"])
+    assert rc == 2
+
+
+def test_repeats_sample_only_the_repeated_decisions() -> None:
+    from tilewise.model.config import ModelConfig
+    from tilewise.train.data import from_records
+    from tilewise.train.trainer import TrainSettings, train
+
+    cfg = ModelConfig(vocab_size=40, hidden_size=32, intermediate_size=64, layer_types=("conv", "full_attention"),
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, block_auto_adjust_ff_dim=False,
+                      max_position_embeddings=64)
+    rng = np.random.default_rng(0)
+    ex = from_records([rng.integers(4, 40, 10) for _ in range(40)], [1] * 20 + [4] * 20, np.arange(40) // 4,
+                      np.arange(40) % 4, pad_id=0, vocab_size=40)
+    # only the first 20 decisions (all labelled 1) are ever sampled: the model learns to answer 1 everywhere
+    _, result = train(cfg, ex, ex.subset(np.arange(40) >= 20), TrainSettings(max_steps=60, epochs=100, batch_size=8,
+                      lr=3e-3, warmup_steps=5, device="cpu", eval_every_s=0, log_every=100),
+                      log=lambda s: None, repeats=np.array([1] * 20 + [0] * 20))
+    assert result.heldout_accuracy == 0.0  # held-out games are all label 4

@@ -361,20 +361,32 @@ BatchPolicy = Callable[[np.ndarray, np.ndarray], Any]
 """`policy(tokens, lengths) -> actions`: tokens (B, T) right-padded int32 ids, lengths (B,); B actions in 0-5."""
 
 
+def rollin_pieces(game_id: int, rng: random.Random, prefix_pieces: int) -> int:
+    """Pieces the expert plays before the policy takes over in game `game_id` (drawn from the game's own stream).
+
+    Every fourth game (`game_id % 4 == 0`) starts from the empty board, the others after 1..`prefix_pieces`
+    expert pieces (uniform); 0 for every game when `prefix_pieces` is 0.
+    """
+    if prefix_pieces <= 0 or game_id % 4 == 0:
+        return 0
+    return rng.randint(1, prefix_pieces)
+
+
 class _OnPolicyShard:
     """Some games of a collection: per position the prompt's ids and the expert's label; then the played action.
 
-    Game g draws its mixture coin from its own stream (seeded by its engine seed), so which games share a worker
-    or a forward batch never changes what is recorded.
+    Game g draws its roll-in length and its mixture coins from its own stream (seeded by its engine seed), so which
+    games share a worker or a forward batch never changes what is recorded.
     """
 
     def __init__(self, game_ids: list[int], seeds: list[int], max_pieces: int, beta: float,
-                 tok_path: str | None) -> None:
+                 tok_path: str | None, prefix_pieces: int = 0, policy_pieces: int = 0) -> None:
         from tilewise.game.engine import Game
         from tilewise.game.expert import Expert
 
         self.enc = _worker_encoder(tok_path)
         self.max_pieces = max_pieces
+        self.policy_pieces = policy_pieces
         self.beta = beta
         self.expert = Expert()  # its target cache is keyed by (board, piece): shared by the games
         self.ids = list(game_ids)
@@ -384,10 +396,17 @@ class _OnPolicyShard:
         self.rec: dict[int, dict[str, list[Any]]] = {
             g: {"ids": [], "actions": [], "played": [], "policy": [], "pieces": []} for g in game_ids}
         self.pending: list[tuple[int, list[int], int]] = []
+        self.start: dict[int, tuple[int, int]] = {}  # (pieces, lines) when the policy took over
+        for g in self.ids:  # the expert's roll-in: not recorded (positions like the expert data's)
+            game, target = self.games[g], min(rollin_pieces(g, self.rngs[g], prefix_pieces), max_pieces)
+            while not game.game_over and game.pieces < target:
+                game.step(self.expert.act(game))
+            self.start[g] = (game.pieces, game.lines)
 
     def running(self, g: int) -> bool:
         game = self.games[g]
-        return not game.game_over and game.pieces < self.max_pieces
+        return (not game.game_over and game.pieces < self.max_pieces
+                and not (self.policy_pieces and game.pieces - self.start[g][0] >= self.policy_pieces))
 
     def prompts(self) -> tuple[np.ndarray, np.ndarray] | None:
         """(tokens (b, T) uint16, lengths (b,) int32) of the games still running; None when all have ended."""
@@ -434,10 +453,13 @@ class _OnPolicyShard:
         for g in self.ids:
             game, rec = self.games[g], self.rec[g]
             agree = sum(int(p == a) for p, a in zip(rec["policy"], rec["actions"]))
+            start_pieces, start_lines = self.start[g]
             out.append({"game_id": g, "seed": self.seeds[g], "ids": rec["ids"], "actions": rec["actions"],
                         "played": rec["played"], "pieces": rec["pieces"], "agree": agree,
                         "result": {"pieces": game.pieces, "lines": game.lines, "steps": game.steps,
                                    "game_over": game.game_over, "stopped": self.running(g),
+                                   "rollin_pieces": start_pieces, "policy_pieces": game.pieces - start_pieces,
+                                   "policy_lines": game.lines - start_lines,
                                    "policy_agreement": round(agree / len(rec["actions"]), 4) if rec["actions"]
                                    else None}})
         return out
@@ -468,8 +490,9 @@ def _on_policy_worker(conn: Any, job: tuple[Any, ...]) -> None:
 
 def collect_on_policy(policy: BatchPolicy, games: int, seed: int, max_pieces: int = 1000, beta: float = 0.0,
                       workers: int | None = None, tokenizer_path: str | Path | None = None,
-                      time_budget_s: float = 0.0, max_batch: int = 0,
-                      progress: Callable[[str], None] | None = None, progress_every_s: float = 10.0) -> GameDataset:
+                      time_budget_s: float = 0.0, max_batch: int = 0, prefix_pieces: int = 0,
+                      policy_pieces: int = 0, progress: Callable[[str], None] | None = None,
+                      progress_every_s: float = 10.0) -> GameDataset:
     """DAgger's data collection: `policy` plays the games; every visited position is recorded with the expert's label.
 
     All games advance in lockstep and the policy sees one batch of prompts per call (one forward on its device).
@@ -490,6 +513,10 @@ def collect_on_policy(policy: BatchPolicy, games: int, seed: int, max_pieces: in
         time_budget_s: when > 0, stop every game once this much time has passed; positions already played are
             kept, and those games' results say `stopped`.
         max_batch: most prompts per policy call (0: no limit; a larger batch is split).
+        prefix_pieces: expert roll-in: games start after the expert has played 1..prefix_pieces pieces (uniform;
+            not recorded), except every fourth game (g % 4 == 0), which starts from the empty board; so a short
+            collection also reaches the positions of later game phases. 0: every game starts empty.
+        policy_pieces: a game also stops after the policy's part has placed this many pieces (0: no cap).
         progress: gets a status line every `progress_every_s` seconds.
         progress_every_s: seconds between status lines.
 
@@ -498,11 +525,16 @@ def collect_on_policy(policy: BatchPolicy, games: int, seed: int, max_pieces: in
         0..games-1). `meta["source"]` is "on-policy"; `meta["collector"]` holds beta, `policy_agreement` (share of
         recorded positions where the policy's own action equals the expert's, whether or not it was played),
         the games' mean lines and pieces, `stopped_by_time`, wall time and batch counts. `meta["results"]` has
-        per game pieces, lines, steps, game_over, stopped and policy_agreement.
+        per game pieces, lines, steps, game_over, stopped, rollin_pieces, policy_pieces (pieces placed after the
+        roll-in), policy_lines and policy_agreement. `collector["from_empty"]` sums up the games without roll-in
+        (the policy's own games, capped at `policy_pieces`); `collector["policy_part"]` all games' parts after it.
     """
     seed, games, max_pieces = _check_common(seed, games, max_pieces)
     if not 0.0 <= beta <= 1.0:
         raise ConfigError(f"beta={beta} is outside [0, 1]", "pass a mixture probability such as 0.3")
+    if prefix_pieces < 0 or policy_pieces < 0:
+        raise ConfigError(f"prefix_pieces={prefix_pieces} / policy_pieces={policy_pieces} is negative",
+                          "pass 0 (none) or a positive number of pieces")
     tok_path = None if tokenizer_path is None else str(tokenizer_path)
     tok = _checked_tokenizer(tok_path)
     workers = max(1, min(workers or os.cpu_count() or 1, games))
@@ -538,7 +570,8 @@ def collect_on_policy(policy: BatchPolicy, games: int, seed: int, max_pieces: in
     stopped_by_time = False
     results: list[dict[str, Any]] = []
     if workers == 1:
-        shard = _OnPolicyShard(shards[0], [seeds[g] for g in shards[0]], max_pieces, beta, tok_path)
+        shard = _OnPolicyShard(shards[0], [seeds[g] for g in shards[0]], max_pieces, beta, tok_path, prefix_pieces,
+                               policy_pieces)
         while (batch := shard.prompts()) is not None:
             if over_time():
                 stopped_by_time = True
@@ -548,18 +581,29 @@ def collect_on_policy(policy: BatchPolicy, games: int, seed: int, max_pieces: in
             report(sum(shard.running(g) for g in shard.ids))
         results = shard.results()
     else:
-        results, stopped_by_time = _collect_with_workers(act, shards, seeds, max_pieces, beta, tok_path, over_time,
-                                                         report)
+        shard_args = (max_pieces, beta, tok_path, prefix_pieces, policy_pieces)
+        results, stopped_by_time = _collect_with_workers(act, shards, seeds, shard_args, over_time, report)
     results.sort(key=lambda r: r["game_id"])
     wall = time.perf_counter() - t0
     meta = _base_meta(tok, tok_path, seed, games, max_pieces)
     n = sum(len(r["actions"]) for r in results)
     finished = [r["result"] for r in results if not r["result"]["stopped"]]
+
+    def part(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        if not rows:
+            return {"games": 0}
+        return {"games": len(rows), "mean_pieces": float(np.mean([r["policy_pieces"] for r in rows])),
+                "mean_lines": float(np.mean([r["policy_lines"] for r in rows])),
+                "game_over_share": float(np.mean([r["game_over"] for r in rows]))}
+
     meta.update(explore=0.0, source="on-policy", collector={
-        "beta": beta, "workers": workers, "positions": n, "games": games,
+        "beta": beta, "workers": workers, "positions": n, "games": games, "prefix_pieces": prefix_pieces,
+        "policy_pieces": policy_pieces,
         "policy_agreement": round(sum(r["agree"] for r in results) / n, 4) if n else None,
         "mean_lines": float(np.mean([r["result"]["lines"] for r in results])),
         "mean_pieces": float(np.mean([r["result"]["pieces"] for r in results])),
+        "from_empty": part([r["result"] for r in results if r["result"]["rollin_pieces"] == 0]),
+        "policy_part": part([r["result"] for r in results]),
         "games_finished": len(finished), "games_at_cap": sum(r["pieces"] >= max_pieces for r in finished),
         "stopped_by_time": stopped_by_time, "wall_s": round(wall, 2), "positions_per_s": round(n / max(wall, 1e-9), 1),
         "policy_calls": stats["batches"], "mean_batch": round(stats["rows"] / max(stats["batches"], 1), 1),
@@ -569,8 +613,7 @@ def collect_on_policy(policy: BatchPolicy, games: int, seed: int, max_pieces: in
 
 
 def _collect_with_workers(act: Callable[[np.ndarray, np.ndarray], np.ndarray], shards: list[list[int]],
-                          seeds: list[int], max_pieces: int, beta: float, tok_path: str | None,
-                          over_time: Callable[[], bool],
+                          seeds: list[int], shard_args: tuple[Any, ...], over_time: Callable[[], bool],
                           report: Callable[[int], None]) -> tuple[list[dict[str, Any]], bool]:
     """Run the shards in worker processes; batch the ready workers' prompts into one policy call per round.
 
@@ -591,7 +634,7 @@ def _collect_with_workers(act: Callable[[np.ndarray, np.ndarray], np.ndarray], s
         for w, shard in enumerate(shards):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_on_policy_worker, daemon=True,
-                               args=(child, (shard, [seeds[g] for g in shard], max_pieces, beta, tok_path)))
+                               args=(child, (shard, [seeds[g] for g in shard], *shard_args)))
             proc.start()
             child.close()
             procs.append(proc)

@@ -64,6 +64,9 @@ def register(sub: Any) -> None:
     p.add_argument("--log-every", type=int, default=50, help="steps between progress lines")
     p.add_argument("--eval-every-s", type=float, default=30.0, help="seconds between held-out evaluations")
     p.add_argument("--nf4", default=None, metavar="DIR", help="also convert the result to NF4 into DIR")
+    p.add_argument("--data-repeat", type=int, nargs="+", default=None, metavar="N",
+                   help="per --data file, how many times its training decisions are in an epoch (oversampling, e.g. "
+                        "DAgger's on-policy files; default 1 each)")
     p.add_argument("--init", default=None, metavar="HF_DIR",
                    help="start from this model folder's weights (e.g. an earlier `tilewise train --out`) instead of a "
                         "fresh initialisation; the shape is the folder's")
@@ -81,6 +84,8 @@ def _need_torch() -> None:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     _need_torch()
+    import numpy as np
+
     from tilewise.game.tokenizer import TOKENIZER_PATH, load_tokenizer
     from tilewise.train.data import load_split
     from tilewise.train.shapes import model_config
@@ -112,8 +117,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
                               "train with the tokenizer the model was trained with (--tokenizer)")
     t0 = time.perf_counter()
     data_paths = list(args.data)
-    train_ex, held_ex, held_parts = load_split(data_paths, args.heldout, args.seed, tokenizer=tok,
-                                               pad_id=cfg.pad_token_id or 0)
+    if args.data_repeat is not None and (len(args.data_repeat) != len(data_paths)
+                                         or min(args.data_repeat) < 0 or max(args.data_repeat) < 1):
+        raise ConfigError(f"--data-repeat {args.data_repeat} needs one count >= 0 per --data file "
+                          f"({len(data_paths)}), at least one of them >= 1",
+                          "e.g. --data a.npz b.npz --data-repeat 1 3")
+    train_ex, held_ex, held_parts, train_sizes = load_split(data_paths, args.heldout, args.seed, tokenizer=tok,
+                                                            pad_id=cfg.pad_token_id or 0)
+    repeats = None
+    if args.data_repeat is not None and any(r != 1 for r in args.data_repeat):
+        repeats = np.repeat(np.array(args.data_repeat, dtype=np.int64), train_sizes)
+        log(f"data: each file's training decisions repeated {args.data_repeat} times per epoch")
     n_all = len(train_ex) + len(held_ex)
     lengths = [x.lengths for x in (train_ex, held_ex) if len(x)]
     log(f"data: {n_all} decisions from {', '.join(data_paths)} in {time.perf_counter() - t0:.1f} s; "
@@ -123,10 +137,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
                              warmup_steps=args.warmup, seed=args.seed, device=args.device,
                              eval_every_s=args.eval_every_s, log_every=args.log_every, compile=args.compile,
                              init=str(args.init or ""))
-    model, result = train(cfg, train_ex, held_ex, settings, log=log, heldout_parts=held_parts)
+    model, result = train(cfg, train_ex, held_ex, settings, log=log, heldout_parts=held_parts, repeats=repeats)
     record = {
         "argv": sys.argv[1:],
         "data": data_paths[0] if len(data_paths) == 1 else data_paths,
+        "data_train_decisions": train_sizes,
+        "data_repeat": args.data_repeat,
         "decisions": n_all,
         "train_decisions": len(train_ex),
         "heldout_decisions": len(held_ex),

@@ -196,7 +196,7 @@ def from_arrays(tokens: np.ndarray, lengths: np.ndarray, actions: np.ndarray, ga
 
 
 def load_split(paths: list[str | Path], heldout_fraction: float, seed: int, tokenizer: Any = None,
-               pad_id: int = 0) -> tuple[Examples, Examples, list[Examples]]:
+               pad_id: int = 0) -> tuple[Examples, Examples, list[Examples], list[int]]:
     """Read several dataset files and split each one by whole games, then join the parts.
 
     Each file is split on its own with `split_games(file, heldout_fraction, seed)`, so adding files (e.g. DAgger's
@@ -212,7 +212,8 @@ def load_split(paths: list[str | Path], heldout_fraction: float, seed: int, toke
         pad_id: padding token id.
 
     Returns:
-        (training examples of all files, held-out examples of all files, held-out examples per file).
+        (training examples of all files, held-out examples of all files, held-out examples per file, number of
+        training examples per file).
     """
     if not paths:
         raise ConfigError("no dataset files given", "pass --data FILE [FILE ...]")
@@ -225,4 +226,4 @@ def load_split(paths: list[str | Path], heldout_fraction: float, seed: int, toke
         train, held = split_games(ex, heldout_fraction, seed)
         trains.append(train)
         helds.append(held)
-    return Examples.concat(trains, pad_id), Examples.concat(helds, pad_id), helds
+    return Examples.concat(trains, pad_id), Examples.concat(helds, pad_id), helds, [len(t) for t in trains]

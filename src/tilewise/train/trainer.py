@@ -200,7 +200,8 @@ def shape_key(cfg: ModelConfig) -> dict[str, Any]:
 
 
 def train(cfg: ModelConfig, train_ex: Examples, heldout_ex: Examples, settings: TrainSettings,
-          log: Callable[[str], None] = print, heldout_parts: list[Examples] | None = None) -> tuple[Any, TrainResult]:
+          log: Callable[[str], None] = print, heldout_parts: list[Examples] | None = None,
+          repeats: np.ndarray | None = None) -> tuple[Any, TrainResult]:
     """Train a classifier of shape `cfg` (fresh, or from `settings.init`) to predict the expert's action.
 
     Args:
@@ -211,6 +212,7 @@ def train(cfg: ModelConfig, train_ex: Examples, heldout_ex: Examples, settings: 
         log: where progress lines go.
         heldout_parts: the held-out decisions split by source (e.g. per dataset file); when there are two or
             more, the agreement on each is reported too (`TrainResult.heldout_by_data`).
+        repeats: (N,) how many times each training decision is in an epoch (oversampling; default once each).
 
     Returns:
         (the trained `Lfm2Classifier` in float32 on the CPU, the result record).
@@ -240,7 +242,14 @@ def train(cfg: ModelConfig, train_ex: Examples, heldout_ex: Examples, settings: 
     step_fn = torch.compile(model) if settings.compile else model
 
     n = len(train_ex)
-    steps_per_epoch = max(1, n // settings.batch_size)
+    pool = None  # with repeats: the training indices of one epoch, each repeated
+    if repeats is not None:
+        repeats = np.asarray(repeats, dtype=np.int64).reshape(-1)
+        if repeats.shape != (n,) or int(repeats.min()) < 0 or int(repeats.sum()) == 0:
+            raise ConfigError(f"repeats must be {n} non-negative counts, not all 0", "pass one count per decision")
+        pool = np.repeat(np.arange(n), repeats)
+    n_epoch = n if pool is None else int(pool.size)
+    steps_per_epoch = max(1, n_epoch // settings.batch_size)
     max_steps = math.ceil(settings.epochs * steps_per_epoch)
     if settings.max_steps:
         max_steps = min(max_steps, settings.max_steps)
@@ -255,7 +264,13 @@ def train(cfg: ModelConfig, train_ex: Examples, heldout_ex: Examples, settings: 
     len_all = torch.as_tensor(train_ex.lengths, device=device)  # (N,)
     act_all = torch.as_tensor(train_ex.actions, device=device)  # (N,)
     gen = torch.Generator(device="cpu").manual_seed(settings.seed + 1)
-    order = torch.randperm(n, generator=gen).to(device)  # on the device: a batch's indices need no copy
+    pool_t = None if pool is None else torch.as_tensor(pool, device=device)
+
+    def new_order() -> Any:  # on the device: a batch's indices need no copy
+        perm = torch.randperm(n_epoch, generator=gen).to(device)
+        return perm if pool_t is None else pool_t[perm]
+
+    order = new_order()
     cursor = 0
 
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else _null
@@ -276,8 +291,8 @@ def train(cfg: ModelConfig, train_ex: Examples, heldout_ex: Examples, settings: 
             progress = max(progress, elapsed / settings.time_budget_s)
         for group in opt.param_groups:
             group["lr"] = settings.lr * lr_factor(progress, step, settings.warmup_steps)
-        if cursor + settings.batch_size > n:
-            order = torch.randperm(n, generator=gen).to(device)
+        if cursor + settings.batch_size > n_epoch:
+            order = new_order()
             cursor = 0
         idx = order[cursor: cursor + settings.batch_size]
         cursor += settings.batch_size
