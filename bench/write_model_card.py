@@ -25,16 +25,68 @@ def _fmt_int(x: float) -> str:
 def _train_args(argv: list[str]) -> str:
     """The train command's arguments with machine-specific paths replaced by their role."""
     roles = {"--data": "DATA.npz", "--out": "HF_DIR", "--nf4": "NF4_DIR", "--results-json": "RESULTS.json",
-             "--tokenizer": "TOKENIZER.json"}
+             "--tokenizer": "TOKENIZER.json", "--init": "PREVIOUS_HF_DIR"}
     out, i = [], 0
     while i < len(argv):
         a = argv[i]
         out.append(a)
-        if a in roles and i + 1 < len(argv):
+        if a == "--data":  # one or more files: the expert data, then DAgger's on-policy records
+            files = []
+            while i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                files.append(argv[i + 1])
+                i += 1
+            out += ["DATA.npz", *(f"DAGGER_R{k}.npz" for k in range(1, len(files)))]
+        elif a in roles and i + 1 < len(argv):
             out.append(roles[a])
             i += 1
         i += 1
     return " ".join(out)
+
+
+def _heldout_expert(record: dict[str, Any]) -> float:
+    """Held-out agreement on the expert data's games (the first data file) of a `tilewise train` record."""
+    parts = record["result"].get("heldout_by_data") or []
+    return float(parts[0]["accuracy"] if parts else record["result"]["heldout_accuracy"])
+
+
+def _dagger_lines(res: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(Data lines, Training lines) for the DAgger rounds of a run (empty without any)."""
+    dg = res.get("dagger") or {}
+    rounds = [r for r in dg.get("rounds", []) if r.get("collector")]
+    if not rounds:
+        return [], []
+    trains = res.get("train_rounds") or []
+    mix = f", the expert's action played instead with probability {dg['beta']:g} per step" if dg.get("beta") else ""
+    data = [f"- DAgger (dataset aggregation): {len(rounds)} round(s) after the first training. In each, the current "
+            f"model played {dg['games']} games in lockstep on the training device (every 4th from the empty board, "
+            "the others after an "
+            f"expert roll-in of 1-{dg['prefix_pieces']} pieces; then the model for up to {dg['policy_pieces']} "
+            f"pieces{mix}), and every position it reached was recorded with the expert's action as the label "
+            "(`tilewise.game.dataset.collect_on_policy`):"]
+    for r in rounds:
+        c = r["collector"]
+        fe = c.get("from_empty") or {}
+        empty = (f"; from the empty board it placed {fe['mean_pieces']:.1f} pieces and cleared "
+                 f"{fe['mean_lines']:.1f} lines on average (cap {dg['policy_pieces']})" if fe.get("games") else "")
+        data.append(f"  - round {r['round']}: {_fmt_int(c['positions'])} positions in {r.get('collect_s', '?')} s; "
+                    f"the model agreed with the expert on {c['policy_agreement']:.3f} of the positions it reached"
+                    f"{empty}.")
+    train = []
+    for r in rounds:
+        t = r.get("train")
+        if not t:
+            train.append(f"- DAgger round {r['round']}: {r.get('status', 'not trained')}.")
+            continue
+        rec = trains[r["round"]] if r["round"] < len(trains) else {}
+        st = rec.get("settings", {})
+        which = "round 1's records" if r["round"] == 1 else f"rounds 1-{r['round']}'s records"
+        train.append(f"- DAgger round {r['round']}: continued from the previous weights (`--init`) on the expert data "
+                     f"plus {which} (on-policy files repeated {r.get('data_repeat', 1)}x, "
+                     f"{_fmt_int(t['decisions'])} decisions): {t['steps']} steps ({t['epochs_done']:.2f} epochs) in "
+                     f"{t['train_time_s']:.0f} s, peak lr {st.get('lr', float('nan')):g} (warm-up "
+                     f"{st.get('warmup_steps', '?')}); held-out agreement: expert games {t['heldout_expert']:.3f}, "
+                     "on-policy games " + ", ".join(f"{a:.3f}" for a in t["heldout_onpolicy"]) + ".")
+    return data, train
 
 
 def _play_rows(title: str, results: dict[str, Any]) -> list[str]:
@@ -57,8 +109,13 @@ def card(res: dict[str, Any], model_dir: Path, play_quality: dict[str, Any] | No
 
     ck = Checkpoint.open(model_dir)
     cfg = ck.config
-    tr, result, data = res["train"], res["train"]["result"], res["data"]
-    settings = tr["settings"]
+    tr, data = res["train"], res["data"]  # tr: the run that made the shipped model
+    first = (res.get("train_rounds") or [tr])[0]  # the first training (behaviour cloning on the expert data)
+    result, settings = first["result"], first["settings"]
+    dagger_data, dagger_train = _dagger_lines(res)
+    explore = data.get("explore")
+    explore_text = (f"{explore:.0%} exploration steps (a random rotation or shift) whose label stays the expert's "
+                    "action" if explore else "no exploration steps")
     size_mib = (model_dir / "model.safetensors").stat().st_size / 2**20
     attn = ", ".join(str(i) for i in cfg.attention_layers)
     out = [
@@ -83,23 +140,30 @@ def card(res: dict[str, Any], model_dir: Path, play_quality: dict[str, Any] | No
         f"pieces each; expert mean {data['expert_mean_lines_per_game']:.0f} lines / "
         f"{data['expert_mean_pieces_per_game']:.0f} pieces per game), generated with `tilewise.game.dataset.generate` "
         f"in {data['rounds']} rounds (dataset seeds {data.get('seed', '?')} to "
-        f"{data.get('seed', 0) + data['rounds'] - 1}; 2% exploration steps whose label stays the expert's action).",
-        f"- Held out: {tr['heldout_games']} whole games ({_fmt_int(tr['heldout_decisions'])} decisions, "
-        f"{tr['heldout_fraction']:.0%} of the games) for agreement numbers.", "",
+        f"{data.get('seed', 0) + data['rounds'] - 1}; {explore_text}).",
+        *dagger_data,
+        f"- Held out: {first['heldout_games']} whole expert games ({_fmt_int(first['heldout_decisions'])} decisions, "
+        f"{first['heldout_fraction']:.0%} of the games) for agreement numbers"
+        + ("; each DAgger round's records are split the same way, and the expert games held out stay the same in "
+           "every round." if dagger_data else "."), "",
         "## Training", "",
         f"- Command: `bench/train_h200.sh OUT_DIR{''.join(' ' + shlex.quote(a) for a in res['argv'][1:])}`, which runs "
-        f"`python -m tilewise.train {_train_args(tr['argv'])}` (= `tilewise train ...`).",
+        f"`python -m tilewise.train {_train_args(first['argv'])}` (= `tilewise train ...`)"
+        + (f", then per DAgger round `python -m tilewise.train {_train_args(tr['argv'])}`." if tr is not first
+           else "."),
         f"- {result['steps']} AdamW steps ({result['epochs_done']:.2f} epochs) of batch {settings['batch_size']}, "
         f"peak lr {settings['lr']:g} (warm-up {settings['warmup_steps']}, cosine to 10% over the time budget), "
         f"weight decay {settings['weight_decay']:g}, bf16 autocast, seed {settings['seed']}.",
         f"- {result['train_time_s']:.0f} s on {res['gpu'] if res.get('gpu', 'none') != 'none' else result['device']} "
-        f"({result['tokens_per_s']:,.0f} tokens/s); torch {res.get('torch', '?')}.", "",
+        f"({result['tokens_per_s']:,.0f} tokens/s); torch {res.get('torch', '?')}; held-out agreement after it "
+        f"{_heldout_expert(first):.3f}.",
+        *dagger_train, "",
         "## Quality", "",
-        f"- Agreement with the expert's action on the held-out games: {result['heldout_accuracy']:.3f} (float32), "
+        f"- Agreement with the expert's action on the held-out expert games: {_heldout_expert(tr):.3f} (float32), "
         f"{res.get('nf4_heldout_agreement', float('nan')):.3f} (this NF4 model). Training-set agreement "
-        f"{result['train_accuracy']:.3f}.",
+        f"{tr['result']['train_accuracy']:.3f}.",
     ]
-    per_action = res.get("nf4_heldout_per_action") or result.get("heldout_per_action") or {}
+    per_action = res.get("nf4_heldout_per_action") or tr["result"].get("heldout_per_action") or {}
     if per_action:
         out.append("- NF4 agreement per expert action: "
                    + ", ".join(f"{k} {v:.3f}" for k, v in per_action.items()) + ".")

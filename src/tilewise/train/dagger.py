@@ -55,7 +55,8 @@ def torch_policy(model: Any, device: Any = "cpu", bf16: bool = True, max_batch: 
 
 
 def collect_round(model_dir: str | Path, games: int, seed: int, max_pieces: int = 400, beta: float = 0.0,
-                  device: Any = "cpu", workers: int | None = None, time_budget_s: float = 0.0, bf16: bool = True,
+                  device: Any = "cpu", workers: int | None = None, time_budget_s: float = 0.0,
+                  prefix_pieces: int = 0, policy_pieces: int = 0, bf16: bool = True,
                   log: Callable[[str], None] | None = None) -> Any:
     """One DAgger collection: the model in `model_dir` plays `games` games on `device`; the expert labels.
 
@@ -68,6 +69,8 @@ def collect_round(model_dir: str | Path, games: int, seed: int, max_pieces: int 
         device: torch device of the model.
         workers: CPU processes for prompts and expert labels (default: the CPU count).
         time_budget_s: stop all games after this many seconds (0: none).
+        prefix_pieces: expert roll-in of 1..N pieces before the model plays (every 4th game starts empty; 0: none).
+        policy_pieces: a game stops after the model has placed this many pieces (0: no cap).
         bf16: bf16 autocast on CUDA.
         log: progress lines.
 
@@ -79,6 +82,7 @@ def collect_round(model_dir: str | Path, games: int, seed: int, max_pieces: int 
 
     policy = torch_policy(load_torch_model(model_dir), device, bf16=bf16)
     data = collect_on_policy(policy, games, seed, max_pieces=max_pieces, beta=beta, workers=workers,
-                             time_budget_s=time_budget_s, progress=log)
+                             time_budget_s=time_budget_s, prefix_pieces=prefix_pieces, policy_pieces=policy_pieces,
+                             progress=log)
     data.meta["policy"] = Path(model_dir).name
     return data
