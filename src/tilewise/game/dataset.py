@@ -187,9 +187,23 @@ def _play_game(job: tuple[int, int, int, float, str | None]) -> dict[str, Any]:
         played.append(p)
         pieces.append(game.pieces)
         game.step(p)
-    return {"game_id": game_id, "seed": seed, "ids": ids, "actions": actions, "played": played, "pieces": pieces,
+    tokens, lengths = _pack_ids(ids, enc.tok.token_to_id("<|pad|>"))
+    return {"game_id": game_id, "seed": seed, "tokens": tokens, "lengths": lengths, "actions": actions,
+            "played": played, "pieces": pieces,
             "result": {"pieces": game.pieces, "lines": game.lines, "steps": game.steps,
                        "game_over": game.game_over}}
+
+
+def _pack_ids(ids: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token id lists -> ((n, width) uint16 right-padded with `pad_id`, (n,) int32 lengths); compact to send back."""
+    lengths = np.fromiter((len(t) for t in ids), dtype=np.int32, count=len(ids))
+    width = int(lengths.max()) if len(ids) else 0
+    if len(ids) and int(lengths.min()) == width:
+        return np.array(ids, dtype=np.uint16).reshape(len(ids), width), lengths  # equal lengths: one C loop
+    tokens = np.full((len(ids), width), pad_id, dtype=np.uint16)
+    for i, t in enumerate(ids):
+        tokens[i, : lengths[i]] = t
+    return tokens, lengths
 
 
 def generate(games: int, seed: int, max_pieces: int = 1000, explore: float = 0.02, workers: int | None = None,
@@ -267,13 +281,10 @@ def _base_meta(tok: Any, tok_path: str | None, seed: int, games: int, max_pieces
 def _assemble(results: list[dict[str, Any]], tok: Any, meta: dict[str, Any]) -> GameDataset:
     """Per-game results (ids, actions, played, pieces, result; in game order) -> one GameDataset."""
     pad_id = tok.token_to_id("<|pad|>")
-    all_ids = [ids for r in results for ids in r["ids"]]
-    n = len(all_ids)
-    lengths = np.fromiter((len(t) for t in all_ids), dtype=np.int32, count=n)
-    width = int(lengths.max()) if n else 0
-    tokens = np.full((n, width), pad_id, dtype=np.uint16)  # (N, T)
-    for i, t in enumerate(all_ids):
-        tokens[i, : lengths[i]] = t
+    width = max((r["tokens"].shape[1] for r in results), default=0)
+    tokens = np.concatenate([np.pad(r["tokens"], ((0, 0), (0, width - r["tokens"].shape[1])), constant_values=pad_id)
+                             for r in results]) if results else np.zeros((0, 0), np.uint16)  # (N, T)
+    lengths = np.concatenate([r["lengths"] for r in results]) if results else np.zeros(0, np.int32)
     meta = dict(meta)
     meta.update(game_seeds=[r["seed"] for r in results], results=[r["result"] for r in results],
                 prompt_tokens=width)
@@ -454,7 +465,9 @@ class _OnPolicyShard:
             game, rec = self.games[g], self.rec[g]
             agree = sum(int(p == a) for p, a in zip(rec["policy"], rec["actions"]))
             start_pieces, start_lines = self.start[g]
-            out.append({"game_id": g, "seed": self.seeds[g], "ids": rec["ids"], "actions": rec["actions"],
+            tokens, lengths = _pack_ids(rec["ids"], self.enc.tok.token_to_id("<|pad|>"))
+            out.append({"game_id": g, "seed": self.seeds[g], "tokens": tokens, "lengths": lengths,
+                        "actions": rec["actions"],
                         "played": rec["played"], "pieces": rec["pieces"], "agree": agree,
                         "result": {"pieces": game.pieces, "lines": game.lines, "steps": game.steps,
                                    "game_over": game.game_over, "stopped": self.running(g),
