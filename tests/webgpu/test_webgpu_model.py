@@ -73,6 +73,31 @@ def test_base_state_unchanged_after_many_branches(models, rng):
     np.testing.assert_array_equal(model.scores(model.extend(base, tail)), first)
 
 
+def test_reused_decision_plans_give_each_decision_its_own_answer(models, rng):
+    """Decisions of one shape reuse their launch list; the token ids and the cached base must still be each
+    decision's own: every branch matches a fresh CPU run of the same tokens, whether earlier states are kept alive
+    (new pooled caches each time) or dropped (the same caches come back from the pool)."""
+    model = models["nf4"]
+    cpu = tilewise.load("tiny", device="cpu", weights="nf4", seed=3)
+    ex = model.executor
+    prefixes = [_ids(rng, 40), _ids(rng, 40)]
+    bases = [model.prefill(p) for p in prefixes]
+    cpu_bases = [cpu.prefill(p) for p in prefixes]
+    kept = []
+    reused = 0
+    for step in range(24):
+        b = int(rng.integers(2)) if step > 1 else step  # no pattern the cache pool could line up with
+        tail = _ids(rng, 57)
+        plans_before = len(ex._plans)
+        state = model.extend(bases[b], tail)
+        reused += len(ex._plans) == plans_before
+        np.testing.assert_allclose(model.scores(state), cpu.scores(cpu.extend(cpu_bases[b], tail)), atol=2e-5,
+                                   rtol=0)
+        if step < 6:
+            kept.append(state)  # alive: the next decisions draw other caches from the pool
+    assert reused >= 6, "decisions of one shape from one base should reuse their plan once the pool cycles"
+
+
 def test_final_row_slicing_changes_nothing_but_launch_count(models, rng):
     model = models["f32"]
     ids = _ids(rng, 100)

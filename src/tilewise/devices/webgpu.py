@@ -141,6 +141,7 @@ class WebGPUDevice(Device):
         self._usage_storage = (wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST)
         self._usage_uniform = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
         self._bind_cache: dict[tuple[int, tuple[int, ...]], tuple[Any, Any, tuple[Any, ...]]] = {}
+        self._launch_bind: dict[int, tuple[Launch, Any]] = {}  # id(launch) -> (launch, bind group)
         self._modules: dict[str, Any] = {}
         self._sentinel = self._dev.create_buffer(size=4, usage=self._usage_storage)
         self._lost = False
@@ -205,6 +206,18 @@ class WebGPUDevice(Device):
                        meta={"source": source, "entry": entry})
 
     def _bind_group(self, launch: Launch) -> Any:
+        # a launch object that is run again (a reused decision plan) finds its bind group without rebuilding the key;
+        # the entry holds the launch, so its id cannot be taken by another object while cached
+        hit_launch = self._launch_bind.get(id(launch))
+        if hit_launch is not None and hit_launch[0] is launch:
+            return hit_launch[1]
+        bg = self._bind_group_by_key(launch)
+        if len(self._launch_bind) > 8192:
+            self._launch_bind.clear()
+        self._launch_bind[id(launch)] = (launch, bg)
+        return bg
+
+    def _bind_group_by_key(self, launch: Launch) -> Any:
         key = (id(launch.program.handle), tuple(id(b.handle) for b in launch.buffers))
         hit = self._bind_cache.get(key)
         # the entry holds the pipeline and buffers alive, so their ids cannot be reused by new objects while cached
@@ -304,6 +317,7 @@ class WebGPUDevice(Device):
 
     def close(self) -> None:
         self._bind_cache.clear()
+        self._launch_bind.clear()
         self._modules.clear()
 
 

@@ -50,6 +50,7 @@ ROW_WG = 128  # rmsnorm / embed / conv threads per workgroup
 HEAD_WG = 64
 MIN_ROW_CAPACITY = 64
 MIN_CACHE_POSITIONS = 512
+MAX_CACHED_PLANS = 64  # decision plans kept per executor (a game uses a handful of prompt lengths)
 
 
 def kernel_version() -> str:
@@ -242,6 +243,10 @@ class WebGPUExecutor:
         self._rows = 0
         self._rope_positions = 0
         self._scratch_buf: Buffer | None = None
+        # decision plans by everything their launches depend on besides the token ids (which live in a buffer):
+        # a repeated decision shape (same length, same cached base, same pooled caches) reuses its launch list,
+        # and with it the device's per-launch bind groups, instead of rebuilding ~120 launches in Python
+        self._plans: dict[tuple[Any, ...], _Plan] = {}
         self._upload_weights()
         self._lost = False
 
@@ -413,11 +418,9 @@ class WebGPUExecutor:
     # -- forward -------------------------------------------------------------------------------------------------------
     def plan(self, ids: np.ndarray, start: int, caches: GPUCaches | None,
              final_row_slicing: bool) -> tuple[_Plan, GPUCaches]:
-        """Write the token ids and build the launches of one decision (nothing runs yet)."""
+        """Write the token ids and build (or reuse) the launches of one decision (nothing runs yet)."""
         cfg = self.cfg
         n = int(ids.size)
-        H, F, L = cfg.hidden_size, cfg.ffn_dim, cfg.conv_L_cache
-        hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         if caches is not None and caches.generation != self.generation:
             raise LaunchError("this state was made before the WebGPU device was lost and rebuilt; its caches are gone",
                               "prefill the prompt again")
@@ -430,6 +433,25 @@ class WebGPUExecutor:
         new.n_tokens = start + n
         a = self.act
         self.dev.write(a["ids"], ids.astype(np.uint32))
+        # pooled caches come back with the same buffer dicts, so their ids identify the buffers the launches bind
+        key = (n, start, final_row_slicing, None if caches is None else (id(caches.kv), id(caches.conv)),
+               id(new.kv), id(new.conv), self._rows, self._rope_positions)
+        cached = self._plans.get(key)
+        if cached is not None:
+            return cached, new
+        plan = self._build_plan(n, start, caches, new, final_row_slicing)
+        if len(self._plans) >= MAX_CACHED_PLANS:
+            self._plans.clear()
+        self._plans[key] = plan
+        return plan, new
+
+    def _build_plan(self, n: int, start: int, caches: GPUCaches | None, new: GPUCaches,
+                    final_row_slicing: bool) -> _Plan:
+        """The launches of one decision of `n` new tokens after `caches`, writing `new` (see `plan`)."""
+        cfg = self.cfg
+        H, F, L = cfg.hidden_size, cfg.ffn_dim, cfg.conv_L_cache
+        hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        a = self.act
         plan = _Plan()
         if caches is not None and start > 0:
             words = start * hkv * d
@@ -488,7 +510,7 @@ class WebGPUExecutor:
         prog = self._program(("head", H), lambda: rowops.head_source(HEAD_WG, H, cfg.num_labels, cfg.norm_eps), "head")
         plan.add("head", Launch(prog, (1, 1, 1), [self._dims(1, xr_rows - 1), xr, self.final_norm, self.head,
                                                   a["res"]]))
-        return plan, new
+        return plan
 
     def forward(self, ids: np.ndarray, start: int, caches: GPUCaches | None, final_row_slicing: bool,
                 timed: bool = False) -> tuple[np.ndarray, GPUCaches]:
