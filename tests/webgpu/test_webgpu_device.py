@@ -135,3 +135,16 @@ def test_bind_groups_survive_freed_pipelines(webgpu_device, rng):
         np.testing.assert_allclose(dev.download(bc, np.float32, (n,)), expected, rtol=1e-6)
         del prog
         gc.collect()
+
+
+def test_run_and_download_returns_each_runs_result(webgpu_device, rng):
+    """One submission runs the launches and copies the result back; the kept staging buffers (one per size) must
+    never hand back an earlier run's bytes."""
+    dev = webgpu_device
+    for n in (1000, 37, 1000, 5):
+        a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+        ba, bb, bc = dev.upload(a), dev.upload(b), dev.allocate(4 * n)
+        dev.write(bc, np.full(n, np.nan, np.float32))
+        prog = dev.compile(VADD, constants={"N": n})
+        out = dev.run_and_download([Launch(prog, ((n + 63) // 64, 1, 1), [ba, bb, bc])], bc, np.float32, (n - 1,))
+        np.testing.assert_array_equal(out, (a + b)[: n - 1])

@@ -98,6 +98,35 @@ def test_reused_decision_plans_give_each_decision_its_own_answer(models, rng):
     assert reused >= 6, "decisions of one shape from one base should reuse their plan once the pool cycles"
 
 
+def test_a_decision_is_one_submission(models, rng, monkeypatch):
+    """The launches and the read-back of the result row go to the GPU in one submit (no second one for the copy)."""
+    model = models["nf4"]
+    queue = model.executor.dev._dev.queue
+    buffer_cls = type(model.executor.act["res"].handle)
+    submits, mapping = [], []
+    real_submit, real_map = type(queue).submit, buffer_cls.map_sync
+
+    def submit(self, bufs):
+        if not mapping:  # wgpu-py's map_sync submits an empty command buffer of its own to sync; that is no work
+            submits.append(len(bufs))
+        return real_submit(self, bufs)
+
+    def map_sync(self, *args, **kwargs):
+        mapping.append(1)
+        try:
+            return real_map(self, *args, **kwargs)
+        finally:
+            mapping.pop()
+
+    monkeypatch.setattr(type(queue), "submit", submit)
+    monkeypatch.setattr(buffer_cls, "map_sync", map_sync)
+    ids = _ids(rng, 50)
+    scores = model.scores(model.prefill(ids))
+    assert submits == [1], f"a decision submitted {submits} command buffers"
+    cpu = tilewise.load("tiny", device="cpu", weights="nf4", seed=3)
+    np.testing.assert_allclose(scores, cpu.scores(cpu.prefill(ids)), atol=2e-5, rtol=0)
+
+
 def test_final_row_slicing_changes_nothing_but_launch_count(models, rng):
     model = models["f32"]
     ids = _ids(rng, 100)
@@ -147,11 +176,18 @@ class _Proxy:
     def __getattr__(self, name):
         return getattr(self._dev, name)
 
-    def run(self, launches):
+    def _maybe_lose(self):
         if self._lose:
             self._lose, self._lost = False, True
             raise DeviceLost("the WebGPU device was lost while submitting work: simulated", "retry")
+
+    def run(self, launches):
+        self._maybe_lose()
         return self._dev.run(launches)
+
+    def run_and_download(self, launches, buffer, dtype=np.float32, shape=None):
+        self._maybe_lose()
+        return self._dev.run_and_download(launches, buffer, dtype, shape)
 
 
 def test_model_too_big_for_the_adapter_names_tensor_and_limit(models, webgpu_device):

@@ -189,6 +189,12 @@ class Device(ABC):
     def synchronize(self) -> None:
         """Block until all submitted work has finished (never by sleeping)."""
 
+    def run_and_download(self, launches: Sequence[Launch], buffer: Buffer, dtype: Any = np.float32,
+                         shape: Sequence[int] | None = None) -> np.ndarray:
+        """Run launches, then return `buffer`'s contents (a device may fold the read-back into the same submission)."""
+        self.run(launches)
+        return self.download(buffer, dtype, shape)
+
     def upload(self, array: np.ndarray, *, uniform: bool = False) -> Buffer:
         """A new buffer holding `array`'s bytes."""
         data = np.ascontiguousarray(array)

@@ -142,6 +142,7 @@ class WebGPUDevice(Device):
         self._usage_uniform = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
         self._bind_cache: dict[tuple[int, tuple[int, ...]], tuple[Any, Any, tuple[Any, ...]]] = {}
         self._launch_bind: dict[int, tuple[Launch, Any]] = {}  # id(launch) -> (launch, bind group)
+        self._staging: dict[int, Any] = {}  # bytes -> a MAP_READ buffer kept for run_and_download
         self._modules: dict[str, Any] = {}
         self._sentinel = self._dev.create_buffer(size=4, usage=self._usage_storage)
         self._lost = False
@@ -252,23 +253,58 @@ class WebGPUDevice(Device):
             cp.dispatch_workgroups(*launch.grid)
         cp.end()
 
+    def _encode_pass(self, launches: Sequence[Launch]) -> Any:
+        encoder = self._dev.create_command_encoder()
+        cp = encoder.begin_compute_pass()
+        for launch in launches:
+            self._check_grid(launch)
+            if not all(g > 0 for g in launch.grid):
+                continue
+            cp.set_pipeline(launch.program.handle)
+            cp.set_bind_group(0, self._bind_group(launch))
+            cp.dispatch_workgroups(*launch.grid)
+        cp.end()
+        return encoder
+
     def run(self, launches: Sequence[Launch]) -> None:
         try:
-            encoder = self._dev.create_command_encoder()
-            cp = encoder.begin_compute_pass()
-            for launch in launches:
-                self._check_grid(launch)
-                if not all(g > 0 for g in launch.grid):
-                    continue
-                cp.set_pipeline(launch.program.handle)
-                cp.set_bind_group(0, self._bind_group(launch))
-                cp.dispatch_workgroups(*launch.grid)
-            cp.end()
-            self._dev.queue.submit([encoder.finish()])
+            self._dev.queue.submit([self._encode_pass(launches).finish()])
         except LaunchError:
             raise
         except Exception as exc:
             raise self._wrap(exc, "submitting work") from exc
+
+    def run_and_download(self, launches: Sequence[Launch], buffer: Buffer, dtype: Any = np.float32,
+                         shape: Sequence[int] | None = None) -> np.ndarray:
+        """The launches and the copy of `buffer` into a kept mappable buffer in one submission, then one map.
+
+        (`download` goes through `queue.read_buffer`, which creates a buffer and submits a copy of its own.)
+        """
+        nbytes = buffer.nbytes
+        if shape is not None:
+            nbytes = min(nbytes, (int(np.prod(shape)) * np.dtype(dtype).itemsize + 3) // 4 * 4)
+        try:
+            staging = self._staging.get(nbytes)
+            if staging is None:
+                staging = self._dev.create_buffer(size=nbytes, usage=self._wgpu.BufferUsage.MAP_READ
+                                                  | self._wgpu.BufferUsage.COPY_DST)
+                self._staging[nbytes] = staging
+            encoder = self._encode_pass(launches)
+            encoder.copy_buffer_to_buffer(buffer.handle, 0, staging, 0, nbytes)
+            self._dev.queue.submit([encoder.finish()])
+            staging.map_sync(self._wgpu.MapMode.READ)
+            try:
+                mem = staging.read_mapped(0, nbytes, copy=True)
+            finally:
+                staging.unmap()
+        except LaunchError:
+            raise
+        except Exception as exc:
+            raise self._wrap(exc, "running work and reading a buffer back") from exc
+        out = np.frombuffer(mem, dtype=np.uint8).view(dtype).copy()
+        if shape is not None:
+            out = out[: int(np.prod(shape))].reshape(shape)
+        return out
 
     def time(self, launches: Sequence[Launch]) -> np.ndarray:
         n = len(launches)
@@ -318,6 +354,7 @@ class WebGPUDevice(Device):
     def close(self) -> None:
         self._bind_cache.clear()
         self._launch_bind.clear()
+        self._staging.clear()
         self._modules.clear()
 
 

@@ -5,8 +5,9 @@ What a decision costs on the GPU side:
   q/k/v rows and nothing else are concatenated (one projection launch per attention block);
 - activation buffers are allocated for a row capacity (a power of two) and reused; pipelines and the small
   uniform `dims` buffers are cached by their contents, so a decision writes only its token ids;
-- one command encoder, one compute pass, one submit per decision, and one read-back (the normed last row and
-  the 8 scores share a buffer);
+- one command encoder, one compute pass and one submit per decision, the read-back included: the copy of the
+  result row (the normed last row and the 8 scores share a buffer) into a kept mappable buffer is encoded after
+  the pass (`Device.run_and_download`), then mapped once; decision plans are reused per shape (see `plan`);
 - each block's two RMSNorms are fused into the matmuls that read them (in_proj / qkv, gate/up): the weights
   are scaled by the norm weight as they are decoded and the row's rsqrt(mean(x^2)) multiplies the epilogue;
 - matmuls pick a kernel per row count from the dispatch table (`tilewise tune model`), or the defaults:
@@ -530,12 +531,13 @@ class WebGPUExecutor:
             self._setup()
         try:
             plan, new = self.plan(np.asarray(ids), start, caches, final_row_slicing)
+            res_shape = (self.cfg.hidden_size + self.cfg.num_labels,)
             if timed:
                 ms = self.dev.time(plan.launches)
                 self.last_op_times = list(zip(plan.labels, (float(t) for t in ms)))
-            else:
-                self.dev.run(plan.launches)
-            res = self.dev.download(self.act["res"], np.float32, (self.cfg.hidden_size + self.cfg.num_labels,))
+                res = self.dev.download(self.act["res"], np.float32, res_shape)
+            else:  # one submission: the decision's launches and the copy of its result row
+                res = self.dev.run_and_download(plan.launches, self.act["res"], np.float32, res_shape)
         except DeviceLost as exc:
             self._lost = True
             raise DeviceLost(f"{exc.problem} (during a decision)",
