@@ -198,50 +198,32 @@ def nonzero_uniform(rng: np.random.Generator, shape: Any) -> np.ndarray:
     return rng.uniform(0.5, 1.5, shape) * rng.choice([-1.0, 1.0], shape)
 
 
-class WgslConv1d(KernelTemplate):
-    """fp32 full 1D convolution on WebGPU, generated per config (see the module docstring)."""
+class Conv1dTemplate(KernelTemplate):
+    """What every full-1D-convolution template shares (WGSL, TVM on the CPU, TVM-emitted CUDA): the problem
+    (shape (M, N), random never-zero inputs, the float64 reference, flop and byte counts, the output read-back);
+    a backend adds its space, the rules a config breaks at a shape (`config_shape_problems`), code and launches."""
 
     name = "conv1d"
-    backend = "webgpu"
     shape_names = ("M", "N")
     dtype = "f32"
-
-    def space(self, which: str = "full") -> Space:
-        return conv1d_space(which)
 
     def space_names(self) -> tuple[str, ...]:
         return ("seed", "full", "small")
 
-    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
-        try:
-            _, N = check_shape(shape)
-        except ConfigError as exc:
-            return [f"shape: {exc.problem}"]
-        if N % config["RK"]:
-            return [f"reduction_split: N % RK = {N} % {config['RK']} = {N % config['RK']} != 0 "
-                    "(each step reads RK taps unguarded)"]
+    def config_shape_problems(self, config: Config, M: int, N: int) -> list[str]:
+        """Why `config` cannot run at input length M and kernel length N (a valid shape); empty when it can."""
         return []
 
-    def source(self, config: Config) -> str:
-        return generate_wgsl(config)
-
-    def compile(self, device: Device, config: Config, shape: Shape) -> Program:
-        return device.compile(self.source(config), "main", name=f"conv1d {fmt(config)}")
+    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
+        try:
+            M, N = check_shape(shape)
+        except ConfigError as exc:
+            return [f"shape: {exc.problem}"]
+        return self.config_shape_problems(config, M, N)
 
     def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
         M, N = check_shape(shape)
         return {"a": nonzero_uniform(rng, M).astype(np.float32), "w": nonzero_uniform(rng, N).astype(np.float32)}
-
-    def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
-        M, N = check_shape(shape)
-        return {"a": device.upload(host["a"]), "w": device.upload(host["w"]),
-                "out": device.allocate(4 * (M + N - 1)),
-                "dims": device.upload(np.array([M, N, M + N - 1, 0], dtype=np.uint32), uniform=True)}
-
-    def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
-        M, N = check_shape(shape)
-        groups = -(-(M + N - 1) // tile(config))
-        return [Launch(program, grid_for(groups), [bufs["a"], bufs["w"], bufs["out"], bufs["dims"]])]
 
     def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
         M, N = check_shape(shape)
@@ -257,6 +239,38 @@ class WgslConv1d(KernelTemplate):
     def bytes_moved(self, shape: Shape) -> int:
         M, N = check_shape(shape)
         return 4 * (M + N + (M + N - 1))
+
+
+class WgslConv1d(Conv1dTemplate):
+    """fp32 full 1D convolution on WebGPU, generated per config (see the module docstring)."""
+
+    backend = "webgpu"
+
+    def space(self, which: str = "full") -> Space:
+        return conv1d_space(which)
+
+    def config_shape_problems(self, config: Config, M: int, N: int) -> list[str]:
+        if N % config["RK"]:
+            return [f"reduction_split: N % RK = {N} % {config['RK']} = {N % config['RK']} != 0 "
+                    "(each step reads RK taps unguarded)"]
+        return []
+
+    def source(self, config: Config) -> str:
+        return generate_wgsl(config)
+
+    def compile(self, device: Device, config: Config, shape: Shape) -> Program:
+        return device.compile(self.source(config), "main", name=f"conv1d {fmt(config)}")
+
+    def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
+        M, N = check_shape(shape)
+        return {"a": device.upload(host["a"]), "w": device.upload(host["w"]),
+                "out": device.allocate(4 * (M + N - 1)),
+                "dims": device.upload(np.array([M, N, M + N - 1, 0], dtype=np.uint32), uniform=True)}
+
+    def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
+        M, N = check_shape(shape)
+        groups = -(-(M + N - 1) // tile(config))
+        return [Launch(program, grid_for(groups), [bufs["a"], bufs["w"], bufs["out"], bufs["dims"]])]
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
         M, N = check_shape(shape)

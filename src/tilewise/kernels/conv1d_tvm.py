@@ -27,12 +27,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from tilewise.devices.base import Device, Launch, Program
 from tilewise.errors import ConfigError
-from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
-from tilewise.kernels.conv1d import check_shape, nonzero_uniform
+from tilewise.kernels.base import DeviceBuffers, HostInputs, Shape
+from tilewise.kernels.conv1d import Conv1dTemplate, check_shape
 from tilewise.tune.space import Config, Rule, Space
 
 OUT_ALIGN = 256  # the output buffer is padded to this multiple, which every XO divides
@@ -139,25 +137,15 @@ def schedule(c: Config, M: int, N: int) -> Any:
     return sch.mod
 
 
-class TvmConv1d(KernelTemplate):
+class TvmConv1d(Conv1dTemplate):
     """Full 1D convolution on the host CPU, scheduled with TVM and built with LLVM (device `tvm-llvm`)."""
 
-    name = "conv1d"
     backend = "tvm-llvm"
-    shape_names = ("M", "N")
-    dtype = "f32"
 
     def space(self, which: str = "full") -> Space:
         return tvm_conv1d_space(which)
 
-    def space_names(self) -> tuple[str, ...]:
-        return ("seed", "full", "small")
-
-    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
-        try:
-            _, N = check_shape(shape)
-        except ConfigError as exc:
-            return [f"shape: {exc.problem}"]
+    def config_shape_problems(self, config: Config, M: int, N: int) -> list[str]:
         if N % config["KI"]:
             return [f"reduction_split: N % KI = {N} % {config['KI']} = {N % config['KI']} != 0 "
                     "(a predicated reduction loop)"]
@@ -171,10 +159,6 @@ class TvmConv1d(KernelTemplate):
         M, N = check_shape(shape)
         return device.compile(schedule(config, M, N), "main", name=f"conv1d-tvm {fmt(config)}")
 
-    def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
-        M, N = check_shape(shape)
-        return {"a": nonzero_uniform(rng, M).astype(np.float32), "w": nonzero_uniform(rng, N).astype(np.float32)}
-
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
         M, N = check_shape(shape)
         return {"a": device.upload(host["a"]), "w": device.upload(host["w"]),
@@ -182,21 +166,6 @@ class TvmConv1d(KernelTemplate):
 
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
         return [Launch(program, (1, 1, 1), [bufs["a"], bufs["w"], bufs["out"]])]
-
-    def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
-        M, N = check_shape(shape)
-        return device.download(bufs["out"], np.float32, (M + N - 1,))
-
-    def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
-        return np.convolve(host["a"].astype(np.float64), host["w"].astype(np.float64))
-
-    def flops(self, shape: Shape) -> int:
-        M, N = check_shape(shape)
-        return 2 * M * N
-
-    def bytes_moved(self, shape: Shape) -> int:
-        M, N = check_shape(shape)
-        return 4 * (M + N + (M + N - 1))
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
         M, N = check_shape(shape)

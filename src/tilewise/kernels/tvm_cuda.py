@@ -338,25 +338,15 @@ def device_source(emitted: str) -> str:
     return stripped
 
 
-class TvmCudaConv1d(KernelTemplate):
+class TvmCudaConv1d(conv1d.Conv1dTemplate):
     """Full 1D convolution on an NVIDIA GPU: TVM schedules and emits the CUDA C++, the CUDA device runs it."""
 
-    name = "conv1d"
     backend = "cuda"
-    shape_names = ("M", "N")
-    dtype = "f32"
 
     def space(self, which: str = "full") -> Space:
         return tvm_cuda_conv1d_space(which)
 
-    def space_names(self) -> tuple[str, ...]:
-        return ("seed", "full", "small")
-
-    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
-        try:
-            M, N = check_shape(shape)
-        except ConfigError as exc:
-            return [f"shape: {exc.problem}"]
+    def config_shape_problems(self, config: Config, M: int, N: int) -> list[str]:
         return _shape_problems(config, M, N)
 
     def source(self, config: Config, shape: Shape | None = None, arch: str = DEFAULT_ARCH) -> str:
@@ -399,10 +389,6 @@ class TvmCudaConv1d(KernelTemplate):
                          grid=(padded_length(M, N, config) // tile(config), 1, 1))
         return prog
 
-    def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
-        M, N = check_shape(shape)
-        return {"a": nonzero_uniform(rng, M).astype(np.float32), "w": nonzero_uniform(rng, N).astype(np.float32)}
-
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
         M, N = check_shape(shape)
         return {"a": device.upload(host["a"]), "w": device.upload(host["w"]),
@@ -414,21 +400,6 @@ class TvmCudaConv1d(KernelTemplate):
                               "compile the config at the shape it runs (the kernel's loop bounds are static)")
         by_name = {"A": bufs["a"], "W": bufs["w"], "B": bufs["out"]}
         return [Launch(program, program.meta["grid"], [by_name[t] for t in program.meta["arg_order"]])]
-
-    def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
-        M, N = check_shape(shape)
-        return device.download(bufs["out"], np.float32, (M + N - 1,))
-
-    def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
-        return np.convolve(host["a"].astype(np.float64), host["w"].astype(np.float64))
-
-    def flops(self, shape: Shape) -> int:
-        M, N = check_shape(shape)
-        return 2 * M * N
-
-    def bytes_moved(self, shape: Shape) -> int:
-        M, N = check_shape(shape)
-        return 4 * (M + N + (M + N - 1))
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
         M, N = check_shape(shape)

@@ -316,16 +316,10 @@ class TvmCudaDwsepConv2d(WgslDwsepConv2d):
     """Fused depthwise-separable conv2d on an NVIDIA GPU: TVM schedules and emits the CUDA C++, the CUDA device runs
     it. Inputs, reference, flops, bytes and tile waste are the WebGPU template's (same shape and semantics)."""
 
-    name = "dwsep-conv2d"
     backend = "cuda"
-    shape_names = ("B", "C", "H", "W", "O", "K", "P")
-    dtype = "f32"
 
     def space(self, which: str = "full") -> Space:
         return tvm_cuda_dwsep_space(which)
-
-    def space_names(self) -> tuple[str, ...]:
-        return ("seed", "full", "small")
 
     def shape_problems(self, config: Config, shape: Shape) -> list[str]:
         try:
