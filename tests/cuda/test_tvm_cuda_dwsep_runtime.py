@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tvm_support import need_sources, tvm_cuda_device
 
 from tilewise.devices.base import Program
-from tilewise.errors import DeviceUnavailable
-from tilewise.kernels import tvm_sources
 from tilewise.kernels.dwsep_conv2d import fmt
-from tilewise.kernels.tvm_cuda import arch_of
 from tilewise.kernels.tvm_cuda_dwsep import TvmCudaDwsepConv2d
 from tilewise.tune.verify import compare
 
@@ -31,32 +29,12 @@ TIMED = ({"BW": 32, "TPX": 4, "BO": 32, "TO": 4, "RC": 4, "STAGE": "local"}, (8,
 
 @pytest.fixture(scope="module")
 def dev():
-    pytest.importorskip("cupy")
-    from tilewise.devices import get_device
-
-    if not tvm_sources.tvm_available() and tvm_sources.store_dir() is None:
-        pytest.skip(f"neither TVM nor a pre-emitted source store ({tvm_sources.ENV}) is available")
-    try:
-        return get_device("cuda")
-    except DeviceUnavailable as exc:
-        pytest.skip(f"no CUDA device: {exc}")
+    return tvm_cuda_device()
 
 
 @pytest.fixture(scope="module")
 def tpl():
     return TvmCudaDwsepConv2d()
-
-
-def need_sources(dev, template, configs, shape):
-    """Skip unless TVM imports or the store holds the source of every config at this shape for the device's arch."""
-    if tvm_sources.tvm_available():
-        return
-    arch = arch_of(dev.info.limits.compute_capability)
-    keys = [tvm_sources.SourceKey.make(template.name, c, shape, arch) for c in configs]
-    gone = tvm_sources.missing(keys)
-    if gone:
-        pytest.skip(f"TVM is not installed and the store {tvm_sources.store_dir()} lacks {len(gone)} of "
-                    f"{len(keys)} sources, e.g. {gone[0].describe()} (emit: {gone[0].emit_command()})")
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: ",".join(map(str, s)))
