@@ -38,9 +38,14 @@ def gemm_cfg(TY=16, TX=16, TM=4, TN=4, KB=8, STAGE="shared"):
 
 
 def load(path: Path, name: str):
+    """Import a test file by path, with its own folder importable (as pytest has it) for its helper modules."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
     return module
 
 
