@@ -31,7 +31,7 @@ import numpy as np
 from tilewise.devices.base import Device, Launch, Program
 from tilewise.errors import ConfigError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
-from tilewise.tune.space import Config, Rule, Space
+from tilewise.tune.space import Config, Rule, Space, named_space
 
 MAX_REGISTERS = 128  # named f32 values per invocation above which spilling is certain
 GRID_X = 32768  # workgroups per grid row; larger launches wrap into grid.y (the limit is 65535 per dimension)
@@ -99,16 +99,11 @@ RULES = _rules()
 
 def conv1d_space(which: str = "full") -> Space:
     """The named conv1d spaces: "seed" (15 hand-picked points), "full" (the grid), "small" (a quick grid)."""
-    if which == "full":
-        return Space("full", {k: list(v) for k, v in PARAMS.items()}, list(RULES), fmt)
-    if which == "small":
-        return Space("small", {"NT": [64], "TPT": [1, 4], "RK": [1, 4], "STAGE": list(STAGES)}, list(RULES), fmt)
-    if which == "seed":
-        # seed 000's question as 15 points: each staging scope at five per-thread tiles / reduction steps
-        points = [{"NT": 64, "TPT": t, "RK": r, "STAGE": s} for s in STAGES
-                  for t, r in ((1, 1), (1, 8), (4, 8), (8, 8), (4, 16))]
-        return Space("seed", {k: list(v) for k, v in PARAMS.items()}, list(RULES), fmt, points=points)
-    raise ConfigError(f"unknown space {which!r} for conv1d", "use --space seed, full or small")
+    # seed 000's question as 15 points: each staging scope at five per-thread tiles / reduction steps
+    seed = [{"NT": 64, "TPT": t, "RK": r, "STAGE": s} for s in STAGES
+            for t, r in ((1, 1), (1, 8), (4, 8), (8, 8), (4, 16))]
+    return named_space(which, PARAMS, RULES, fmt, {"NT": [64], "TPT": [1, 4], "RK": [1, 4], "STAGE": STAGES}, seed,
+                       "conv1d")
 
 
 def check_shape(shape: Shape) -> tuple[int, int]:

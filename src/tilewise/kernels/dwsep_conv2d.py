@@ -33,7 +33,7 @@ from tilewise.devices.base import Device, Launch, Program
 from tilewise.errors import ConfigError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
 from tilewise.kernels.conv1d import nonzero_uniform
-from tilewise.tune.space import Config, Rule, Space
+from tilewise.tune.space import Config, Rule, Space, named_space
 
 MAX_REGISTERS = 128  # named f32 values per invocation above which spilling is certain
 MAX_GRID = 65535  # workgroups per grid dimension (WebGPU's default limit)
@@ -46,6 +46,7 @@ PARAMS: dict[str, list[Any]] = {
     "RC": [1, 2, 4, 8],
     "STAGE": list(STAGES),
 }
+SMALL = {"BW": [16], "TPX": [1, 4], "BO": [8], "TO": [1, 4], "RC": [1, 4], "STAGE": list(STAGES)}  # a quick grid
 DEFAULT_KP = (3, 1)  # K, P used when a source is shown without a shape
 
 
@@ -103,17 +104,10 @@ RULES = _rules()
 
 def dwsep_space(which: str = "full") -> Space:
     """The named spaces: "seed" (15 hand-picked points), "full" (the grid), "small" (a quick grid)."""
-    if which == "full":
-        return Space("full", {k: list(v) for k, v in PARAMS.items()}, list(RULES), fmt)
-    if which == "small":
-        return Space("small", {"BW": [16], "TPX": [1, 4], "BO": [8], "TO": [1, 4], "RC": [1, 4],
-                               "STAGE": list(STAGES)}, list(RULES), fmt)
-    if which == "seed":
-        # each staging scope at five tiles: baseline, reduction split, 4x4 per-thread tiles, an 8-channel step
-        tiles = ((16, 1, 16, 1, 1), (16, 1, 16, 1, 4), (32, 4, 32, 4, 4), (16, 2, 16, 2, 4), (32, 4, 16, 4, 8))
-        points = [dict(zip(("BW", "TPX", "BO", "TO", "RC"), t), STAGE=s) for s in STAGES for t in tiles]
-        return Space("seed", {k: list(v) for k, v in PARAMS.items()}, list(RULES), fmt, points=points)
-    raise ConfigError(f"unknown space {which!r} for dwsep-conv2d", "use --space seed, full or small")
+    # each staging scope at five tiles: baseline, reduction split, 4x4 per-thread tiles, an 8-channel step
+    tiles = ((16, 1, 16, 1, 1), (16, 1, 16, 1, 4), (32, 4, 32, 4, 4), (16, 2, 16, 2, 4), (32, 4, 16, 4, 8))
+    seed = [dict(zip(("BW", "TPX", "BO", "TO", "RC"), t), STAGE=s) for s in STAGES for t in tiles]
+    return named_space(which, PARAMS, RULES, fmt, SMALL, seed, "dwsep-conv2d")
 
 
 class DwsepShape(NamedTuple):

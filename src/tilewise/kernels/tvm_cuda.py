@@ -51,7 +51,7 @@ from tilewise.errors import ConfigError, DeviceUnavailable, ShaderCompileError
 from tilewise.kernels import conv1d, tvm_sources
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
 from tilewise.kernels.conv1d import check_shape, fmt, nonzero_uniform, tile
-from tilewise.tune.space import Config, Rule, Space
+from tilewise.tune.space import Config, Rule, Space, named_space
 
 MAX_REGISTERS = 255  # CUDA's per-thread register maximum
 MAX_INDEX = 2**31 - 1  # TVM indexes with int32 at these shapes, and CUDA caps grid.x at the same number
@@ -116,16 +116,11 @@ RULES = _rules()
 
 def tvm_cuda_conv1d_space(which: str = "full") -> Space:
     """The named spaces: "seed" (15 points: each staging scope at five tiles), "full" (the grid), "small"."""
-    if which == "full":
-        return Space("full", {k: list(v) for k, v in PARAMS.items()}, list(RULES), fmt)
-    if which == "small":
-        return Space("small", {"NT": [64], "TPT": [1, 4], "RK": [1, 4], "STAGE": list(STAGES)}, list(RULES), fmt)
-    if which == "seed":
-        # seed 000's question as 15 points, the WebGPU template's seed space with TVM's scope names
-        points = [{"NT": 64, "TPT": t, "RK": r, "STAGE": s} for s in STAGES
-                  for t, r in ((1, 1), (1, 8), (4, 8), (8, 8), (4, 16))]
-        return Space("seed", {k: list(v) for k, v in PARAMS.items()}, list(RULES), fmt, points=points)
-    raise ConfigError(f"unknown space {which!r} for conv1d (cuda, TVM)", "use --space seed, full or small")
+    # seed 000's question as 15 points, the WebGPU template's seed space with TVM's scope names
+    seed = [{"NT": 64, "TPT": t, "RK": r, "STAGE": s} for s in STAGES
+            for t, r in ((1, 1), (1, 8), (4, 8), (8, 8), (4, 16))]
+    return named_space(which, PARAMS, RULES, fmt, {"NT": [64], "TPT": [1, 4], "RK": [1, 4], "STAGE": STAGES}, seed,
+                       "conv1d (cuda, TVM)")
 
 
 def padded_length(M: int, N: int, c: Config) -> int:
@@ -484,17 +479,11 @@ GEMM_RULES = _gemm_rules()
 
 def tvm_cuda_gemm_space(which: str = "full") -> Space:
     """The named spaces: "seed" (12 points: three staging scopes at four tiles), "full" (the grid), "small"."""
-    if which == "full":
-        return Space("full", {k: list(v) for k, v in GEMM_PARAMS.items()}, list(GEMM_RULES), gemm_fmt)
-    if which == "small":
-        return Space("small", {"TY": [8], "TX": [16], "TM": [1, 4], "TN": [4], "KB": [8], "STAGE": list(GEMM_STAGES)},
-                     list(GEMM_RULES), gemm_fmt)
-    if which == "seed":
-        # seed 000: a 16x16 thread block, from one output per thread to its 4x4 patch, per staging scope
-        points = [{"TY": 16, "TX": 16, "TM": tm, "TN": tn, "KB": kb, "STAGE": s} for s in GEMM_STAGES
-                  for tm, tn, kb in ((1, 1, 1), (1, 1, 8), (4, 4, 8), (4, 4, 16))]
-        return Space("seed", {k: list(v) for k, v in GEMM_PARAMS.items()}, list(GEMM_RULES), gemm_fmt, points=points)
-    raise ConfigError(f"unknown space {which!r} for gemm-tvm (cuda)", "use --space seed, full or small")
+    # seed 000: a 16x16 thread block, from one output per thread to its 4x4 patch, per staging scope
+    seed = [{"TY": 16, "TX": 16, "TM": tm, "TN": tn, "KB": kb, "STAGE": s} for s in GEMM_STAGES
+            for tm, tn, kb in ((1, 1, 1), (1, 1, 8), (4, 4, 8), (4, 4, 16))]
+    small = {"TY": [8], "TX": [16], "TM": [1, 4], "TN": [4], "KB": [8], "STAGE": GEMM_STAGES}
+    return named_space(which, GEMM_PARAMS, GEMM_RULES, gemm_fmt, small, seed, "gemm-tvm (cuda)")
 
 
 def gemm_check_shape(shape: Shape) -> tuple[int, int, int]:

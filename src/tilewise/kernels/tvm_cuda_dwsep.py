@@ -52,7 +52,7 @@ from tilewise.devices.base import Device, Launch, Limits, Program
 from tilewise.errors import ConfigError, ShaderCompileError, TilewiseError
 from tilewise.kernels import tvm_sources
 from tilewise.kernels.base import DeviceBuffers, HostInputs, Shape
-from tilewise.kernels.dwsep_conv2d import WgslDwsepConv2d, check_shape, fmt
+from tilewise.kernels.dwsep_conv2d import SMALL, WgslDwsepConv2d, check_shape, fmt
 from tilewise.kernels.tvm_cuda import (
     DEFAULT_ARCH,
     MAX_INDEX,
@@ -65,7 +65,7 @@ from tilewise.kernels.tvm_cuda import (
     lower_to_cuda,
     parse_kernel,
 )
-from tilewise.tune.space import Config, Rule, Space
+from tilewise.tune.space import Config, Rule, Space, named_space
 
 STAGES = ("global", "shared", "local")
 PARAMS: dict[str, list[Any]] = {
@@ -149,17 +149,11 @@ RULES = _rules()
 
 def tvm_cuda_dwsep_space(which: str = "full") -> Space:
     """The named spaces: "seed" (12 points: each staging scope at four tiles), "full" (the grid), "small"."""
-    if which == "full":
-        return Space("full", {k: list(v) for k, v in PARAMS.items()}, list(RULES), fmt)
-    if which == "small":
-        return Space("small", {"BW": [16], "TPX": [1, 4], "BO": [8], "TO": [1, 4], "RC": [1, 4],
-                               "STAGE": list(STAGES)}, list(RULES), fmt)
-    if which == "seed":
-        # each scope at: the baseline tile, a reduction split, 4x4 per-thread tiles, an 8-channel step
-        tiles = ((16, 1, 16, 1, 1), (16, 1, 16, 1, 4), (32, 4, 32, 4, 4), (32, 4, 16, 4, 8))
-        points = [dict(zip(("BW", "TPX", "BO", "TO", "RC"), t), STAGE=s) for s in STAGES for t in tiles]
-        return Space("seed", {k: list(v) for k, v in PARAMS.items()}, list(RULES), fmt, points=points)
-    raise ConfigError(f"unknown space {which!r} for dwsep-conv2d (cuda, TVM)", "use --space seed, full or small")
+    # each scope at: the baseline tile, a reduction split, 4x4 per-thread tiles, an 8-channel step
+    tiles = ((16, 1, 16, 1, 1), (16, 1, 16, 1, 4), (32, 4, 32, 4, 4), (32, 4, 16, 4, 8))
+    seed = [dict(zip(("BW", "TPX", "BO", "TO", "RC"), t), STAGE=s) for s in STAGES for t in tiles]
+    return named_space(which, PARAMS, RULES, fmt, {**SMALL, "STAGE": STAGES}, seed,
+                       "dwsep-conv2d (cuda, TVM)")
 
 
 def _shape_problems(c: Config, shape: Shape) -> list[str]:

@@ -267,3 +267,21 @@ def _coerce(text: str, like: Sequence[Any]) -> Any:
 def divides(a: int, b: int) -> bool:
     """True when a divides b exactly (a > 0)."""
     return a > 0 and b % a == 0
+
+
+def named_space(which: str, params: Mapping[str, Sequence[Any]], rules: Sequence[Rule],
+                fmt: Callable[[Config], str] | None, small: Mapping[str, Sequence[Any]],
+                seed_points: Sequence[Mapping[str, Any]], label: str) -> Space:
+    """The three spaces a template names: "full" (the grid of `params`), "small" (the quick grid `small`) and
+    "seed" (the hand-picked `seed_points`, checked against the full grid); all under the same `rules`.
+
+    Raises:
+        ConfigError: `which` is another name (the message names the template, `label`).
+    """
+    if which == "full":
+        return Space("full", {k: list(v) for k, v in params.items()}, list(rules), fmt)
+    if which == "small":
+        return Space("small", {k: list(v) for k, v in small.items()}, list(rules), fmt)
+    if which == "seed":
+        return Space("seed", {k: list(v) for k, v in params.items()}, list(rules), fmt, points=list(seed_points))
+    raise ConfigError(f"unknown space {which!r} for {label}", "use --space seed, full or small")
