@@ -91,6 +91,27 @@ def alloc_length(M: int, N: int) -> int:
     return padded_length(M, N, OUT_ALIGN)
 
 
+def conv1d_te(tvm: Any, M: int, N: int, Mp: int) -> tuple[Any, Any, Any]:
+    """The full 1D convolution as TVM tensor expressions, over an output length padded to Mp >= M + N - 1.
+
+    The zero padding is its own stage, `Apad` (Mp + N - 1,), which a schedule inlines or computes at its consumer.
+
+    Returns:
+        (A (M,), W (N,), B (Mp,)) tensors for `te.create_prim_func([A, W, B])`.
+    """
+    from tvm import te
+
+    A = te.placeholder((M,), name="A", dtype="float32")  # (M,)
+    W = te.placeholder((N,), name="W", dtype="float32")  # (N,)
+    zero = tvm.tirx.const(0.0, "float32")
+    Apad = te.compute((Mp + N - 1,),  # (Mp + N - 1,)
+                      lambda i: tvm.tirx.if_then_else(tvm.tirx.all(i >= N - 1, i < M + N - 1), A[i - (N - 1)], zero),
+                      name="Apad")
+    k = te.reduce_axis((0, N), name="k")
+    B = te.compute((Mp,), lambda n: te.sum(Apad[n + N - 1 - k] * W[k], axis=k), name="B")  # (Mp,)
+    return A, W, B
+
+
 def schedule(c: Config, M: int, N: int) -> Any:
     """The scheduled TIR module of one config at input length M and kernel length N.
 
@@ -107,15 +128,7 @@ def schedule(c: Config, M: int, N: int) -> Any:
     tvm = import_tvm()
     from tvm import te
 
-    Mp = padded_length(M, N, c["XO"])
-    A = te.placeholder((M,), name="A", dtype="float32")  # (M,)
-    W = te.placeholder((N,), name="W", dtype="float32")  # (N,)
-    zero = tvm.tirx.const(0.0, "float32")
-    Apad = te.compute((Mp + N - 1,),  # (Mp + N - 1,)
-                      lambda i: tvm.tirx.if_then_else(tvm.tirx.all(i >= N - 1, i < M + N - 1), A[i - (N - 1)], zero),
-                      name="Apad")
-    k = te.reduce_axis((0, N), name="k")
-    B = te.compute((Mp,), lambda n: te.sum(Apad[n + N - 1 - k] * W[k], axis=k), name="B")  # (Mp,)
+    A, W, B = conv1d_te(tvm, M, N, padded_length(M, N, c["XO"]))
     sch = tvm.s_tir.Schedule(te.create_prim_func([A, W, B]))
     blk = sch.get_sblock("B")
     n, kk = sch.get_loops(blk)

@@ -196,16 +196,10 @@ def schedule(c: Config, M: int, N: int) -> Any:
     tvm = import_tvm()
     from tvm import te
 
+    from tilewise.kernels.conv1d_tvm import conv1d_te
+
     NT, TPT, RK = c["NT"], c["TPT"], c["RK"]
-    Mp = padded_length(M, N, c)
-    A = te.placeholder((M,), name="A", dtype="float32")  # (M,)
-    W = te.placeholder((N,), name="W", dtype="float32")  # (N,)
-    zero = tvm.tirx.const(0.0, "float32")
-    Apad = te.compute((Mp + N - 1,),  # (Mp + N - 1,)
-                      lambda i: tvm.tirx.if_then_else(tvm.tirx.all(i >= N - 1, i < M + N - 1), A[i - (N - 1)], zero),
-                      name="Apad")
-    k = te.reduce_axis((0, N), name="k")
-    B = te.compute((Mp,), lambda n: te.sum(Apad[n + N - 1 - k] * W[k], axis=k), name="B")  # (Mp,)
+    A, W, B = conv1d_te(tvm, M, N, padded_length(M, N, c))
     symbol = kernel_symbol(c)
     func = te.create_prim_func([A, W, B]).with_attr("global_symbol", symbol)
     sch = tvm.s_tir.Schedule(tvm.IRModule({symbol: func}))
