@@ -168,19 +168,29 @@ class WebGPUDevice(Device):
             raise ValueError(f"write of {raw.nbytes} bytes at {offset_bytes} overflows a {buffer.nbytes}-byte buffer")
         self._dev.queue.write_buffer(buffer.handle, offset_bytes, raw)
 
-    def download(self, buffer: Buffer, dtype: Any = np.float32, shape: Sequence[int] | None = None,
-                 offset_bytes: int = 0) -> np.ndarray:
+    @staticmethod
+    def _read_bytes(buffer: Buffer, dtype: Any, shape: Sequence[int] | None, offset_bytes: int = 0) -> int:
+        """Bytes to copy back: the rest of the buffer, or just `shape` of `dtype` (rounded up to 4 bytes)."""
         nbytes = buffer.nbytes - offset_bytes
         if shape is not None:
             nbytes = min(nbytes, (int(np.prod(shape)) * np.dtype(dtype).itemsize + 3) // 4 * 4)
-        try:
-            mem = self._dev.queue.read_buffer(buffer.handle, offset_bytes, nbytes)
-        except Exception as exc:
-            raise self._wrap(exc, "reading a buffer back") from exc
+        return nbytes
+
+    @staticmethod
+    def _as_array(mem: Any, dtype: Any, shape: Sequence[int] | None) -> np.ndarray:
         out = np.frombuffer(mem, dtype=np.uint8).view(dtype).copy()
         if shape is not None:
             out = out[: int(np.prod(shape))].reshape(shape)
         return out
+
+    def download(self, buffer: Buffer, dtype: Any = np.float32, shape: Sequence[int] | None = None,
+                 offset_bytes: int = 0) -> np.ndarray:
+        nbytes = self._read_bytes(buffer, dtype, shape, offset_bytes)
+        try:
+            mem = self._dev.queue.read_buffer(buffer.handle, offset_bytes, nbytes)
+        except Exception as exc:
+            raise self._wrap(exc, "reading a buffer back") from exc
+        return self._as_array(mem, dtype, shape)
 
     # ---- programs ----------------------------------------------------------------------------
     def compile(self, source: Any, entry: str = "main", constants: dict[str, Any] | None = None,
@@ -280,9 +290,7 @@ class WebGPUDevice(Device):
 
         (`download` goes through `queue.read_buffer`, which creates a buffer and submits a copy of its own.)
         """
-        nbytes = buffer.nbytes
-        if shape is not None:
-            nbytes = min(nbytes, (int(np.prod(shape)) * np.dtype(dtype).itemsize + 3) // 4 * 4)
+        nbytes = self._read_bytes(buffer, dtype, shape)
         try:
             staging = self._staging.get(nbytes)
             if staging is None:
@@ -301,10 +309,7 @@ class WebGPUDevice(Device):
             raise
         except Exception as exc:
             raise self._wrap(exc, "running work and reading a buffer back") from exc
-        out = np.frombuffer(mem, dtype=np.uint8).view(dtype).copy()
-        if shape is not None:
-            out = out[: int(np.prod(shape))].reshape(shape)
-        return out
+        return self._as_array(mem, dtype, shape)
 
     def time(self, launches: Sequence[Launch]) -> np.ndarray:
         n = len(launches)
