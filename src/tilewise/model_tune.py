@@ -41,13 +41,34 @@ def model_matmuls(cfg: Any) -> dict[str, tuple[str, int, int, bool]]:
 
 
 # hand-picked starting points (big per-thread tiles did best on an H200 in the design probe: 8x8 per thread),
-# measured next to a random sample of the space; illegal ones (e.g. 8x8 paired: 128 accumulators) drop out
-SEED_TILED = ((64, 64, 16, 8, 8), (128, 64, 16, 8, 8), (128, 128, 8, 8, 8), (64, 64, 8, 8, 8), (64, 32, 16, 4, 4),
-              (32, 64, 16, 4, 4), (128, 64, 8, 8, 4), (64, 128, 8, 4, 8), (64, 64, 16, 4, 8), (128, 64, 16, 8, 4),
-              (32, 32, 16, 4, 4), (64, 64, 32, 4, 4), (32, 64, 16, 2, 4), (16, 64, 16, 1, 4), (32, 128, 16, 2, 8))
-# split-K: the tiles that did best unsplit, cut into 2 or 4 slices of K
-SEED_SPLITK = ((64, 64, 16, 4, 4, 2), (64, 64, 16, 4, 4, 4), (64, 64, 32, 4, 4, 2), (64, 64, 32, 4, 4, 4),
-               (64, 64, 16, 8, 8, 4), (128, 64, 16, 8, 4, 4), (32, 64, 16, 4, 4, 2), (64, 32, 16, 4, 4, 4))
+# measured next to a random sample of the space; illegal ones (e.g. 8x8 paired with F16A: 192 accumulator
+# registers, or a prefetch needing more than 32 registers) drop out. Keys left out take PF=0 and CL="block".
+_TILE = ("BM", "BN", "BK", "TM", "TN")
+# the tiles measured since the first runtime (no prefetch, block columns)
+_SEED_TILED_BASE = [dict(zip(_TILE, v)) for v in (
+    (64, 64, 16, 8, 8), (128, 64, 16, 8, 8), (128, 128, 8, 8, 8), (64, 64, 8, 8, 8), (64, 32, 16, 4, 4),
+    (32, 64, 16, 4, 4), (128, 64, 8, 8, 4), (64, 128, 8, 4, 8), (64, 64, 16, 4, 8), (128, 64, 16, 8, 4),
+    (32, 32, 16, 4, 4), (64, 64, 32, 4, 4), (32, 64, 16, 2, 4), (16, 64, 16, 1, 4), (32, 128, 16, 2, 8))]
+# register prefetch + strided columns (bank-conflict-free vec4 reads; TN=4 has one vec4, so block) on the big
+# per-thread tiles: 8x8 / 4x8 / 8x4 on 64/128-row x 64/128-column tiles, K steps of 16 and 32 (8x8 on 64 columns
+# with K step 32 is left out: its activation prefetch alone is 32 registers)
+_SEED_TILED_PF = [
+    {"BM": bm, "BN": bn, "BK": bk, "TM": tm, "TN": tn, "PF": 1, "CL": "strided" if tn >= 8 else "block"}
+    for tm, tn in ((8, 8), (4, 8), (8, 4)) for bm in (64, 128) for bn in (64, 128) for bk in (16, 32)
+    if not (tm * tn == 64 and bn == 64 and bk == 32)]
+# each change alone on the 64x64 8x8 tile, to tell the two apart
+_SEED_TILED_ONE = [{"BM": 64, "BN": 64, "BK": 16, "TM": 8, "TN": 8, "CL": "strided"},
+                   {"BM": 64, "BN": 64, "BK": 16, "TM": 8, "TN": 8, "PF": 1}]
+SEED_TILED: tuple[dict[str, Any], ...] = (*_SEED_TILED_BASE, *_SEED_TILED_PF, *_SEED_TILED_ONE)
+# split-K: the tiles that did best unsplit, cut into 2 or 4 slices of K; then the big per-thread tiles with
+# prefetch and strided columns
+_SPLIT = (*_TILE, "KS")
+SEED_SPLITK: tuple[dict[str, Any], ...] = (*(dict(zip(_SPLIT, v)) for v in (
+    (64, 64, 16, 4, 4, 2), (64, 64, 16, 4, 4, 4), (64, 64, 32, 4, 4, 2), (64, 64, 32, 4, 4, 4),
+    (64, 64, 16, 8, 8, 4), (128, 64, 16, 8, 4, 4), (32, 64, 16, 4, 4, 2), (64, 32, 16, 4, 4, 4))), *(
+    dict(zip(_SPLIT, v), PF=1, CL="strided" if v[4] >= 8 else "block") for v in (
+        (64, 64, 16, 8, 8, 2), (64, 64, 16, 8, 8, 4), (64, 64, 16, 4, 8, 4), (64, 64, 16, 8, 4, 4),
+        (128, 64, 16, 8, 8, 4), (64, 128, 16, 8, 8, 4), (128, 128, 16, 8, 8, 8), (64, 64, 32, 4, 8, 4))))
 SEED_ROWS = ((128, 4, 1, 8), (256, 8, 1, 16), (64, 2, 4, 8), (128, 2, 8, 8), (256, 4, 4, 16), (128, 1, 8, 32),
              (256, 2, 2, 32), (64, 1, 4, 16))
 
@@ -58,12 +79,11 @@ def candidates(template: Any, limits: Any, n: int, seed: int, hand_picked: bool 
     out = [template.default_config()]
     if not hand_picked:
         seeds: list[dict[str, Any]] = []
-    elif template.kind == "tiled":
-        extra = {k: space.params[k][0] for k in ("F16S", "F16A") if k in space.params}
-        seeds = [dict(zip(("BM", "BN", "BK", "TM", "TN"), v), **extra) for v in SEED_TILED]
-    elif template.kind == "splitk":
-        extra = {k: space.params[k][0] for k in ("F16S", "F16A") if k in space.params}
-        seeds = [dict(zip(("BM", "BN", "BK", "TM", "TN", "KS"), v), **extra) for v in SEED_SPLITK]
+    elif template.kind in ("tiled", "splitk"):
+        # the template's own f16 settings (one value each); prefetch and columns default to today's kernel
+        fixed = {k: space.params[k][0] for k in ("F16S", "F16A") if k in space.params}
+        seeds = [{"PF": 0, "CL": "block", **v, **fixed} for v in (SEED_TILED if template.kind == "tiled"
+                                                                   else SEED_SPLITK)]
     else:
         seeds = [dict(zip(("WG", "NC", "RM", "EL"), v)) for v in SEED_ROWS]
     out += [space.config(v) for v in seeds]
@@ -190,7 +210,7 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
         n_cand: random legal configs per kernel next to the default and the hand-picked ones.
         seed: inputs and sampling.
         force: re-measure shapes the table at `path` already holds.
-        hand_picked: include `SEED_TILED` / `SEED_ROWS`.
+        hand_picked: include `SEED_TILED` / `SEED_SPLITK` / `SEED_ROWS`.
         f16_arith: let the f16-arithmetic tiled and split-K variants compete (f16 tolerance; a table of its own).
         path: where the table lives (default: `dispatch_path(fingerprint)`, with `-f16a` for f16_arith).
         log: progress printer.

@@ -79,15 +79,18 @@ def test_matmul_f16_staging_has_its_own_tolerance(webgpu_device, rng):
 
 def test_matmul_rules_explain_illegal_configs(webgpu_device):
     lim = webgpu_device.info.limits
+    sp = mm.MatmulTemplate("tiled", "nf4", "swiglu", (), f16_staging=True, f16_arith=True).space()
+    text = " ".join(sp.why_illegal(sp.config(BM=128, BN=128, BK=32, TM=8, TN=8, F16S=True, PF=0, CL="block",
+                                             F16A=True), lim))
+    assert "accumulators" in text and "= 192 " in text and "f16_staging" in text  # 2*8*8*1.5
     sp = mm.tiled_space(paired=True, features=())
-    text = " ".join(sp.why_illegal(sp.config(BM=128, BN=128, BK=32, TM=8, TN=8, F16S=True), lim))
-    assert "accumulators" in text and "f16_staging" in text
     if lim.max_workgroup_storage_bytes < 49216:  # (2*32*128 + 128*32) * 4 + 64 bytes
-        text = " ".join(sp.why_illegal(sp.config(BM=128, BN=128, BK=32, TM=4, TN=4, F16S=False), lim))
+        text = " ".join(sp.why_illegal(sp.config(BM=128, BN=128, BK=32, TM=4, TN=4, F16S=False, PF=0, CL="block"),
+                                       lim))
         assert "workgroup_storage" in text and "49216" in text
-    assert sp.why_illegal(sp.config(BM=64, BN=64, BK=16, TM=4, TN=4, F16S=False), lim) == []
+    assert sp.why_illegal(sp.config(BM=64, BN=64, BK=16, TM=4, TN=4, F16S=False, PF=0, CL="block"), lim) == []
     assert any(r.startswith("vec4_cols") for r in sp.why_illegal(sp.config(BM=64, BN=32, BK=16, TM=4, TN=2,
-                                                                           F16S=False), lim))
+                                                                           F16S=False, PF=0, CL="block"), lim))
     rs = mm.rows_space()
     assert any(r.startswith("pow2_lanes") for r in rs.why_illegal(rs.config(WG=96 * 2, NC=2, RM=1, EL=8), lim))
     assert mm.shape_problems("tiled", mm.DEFAULT_TILED, 64, 100) != []
@@ -222,3 +225,49 @@ def test_copy_kernels_move_exactly_the_asked_words(webgpu_device, rng):
         assert (got[:100] == 7).all() and (got[1334:] == 7).all()
     dev.run([Launch(progs[0], (1, 1, 1), [dims, bufs[1], bufs[2]])])  # one workgroup: the grid-stride loop
     np.testing.assert_array_equal(dev.download(bufs[2], np.uint32, (3000,))[100:1334], src[1][10:1244])
+
+
+# prefetch (PF) and column layout (CL) of the tiled / split-K kernels: every value, in every weight format,
+# epilogue, with and without the fused norm, split-K, f16 staging / arithmetic; M=37 and 97 and N=72 leave
+# partial tiles (N=72 is no multiple of 32, 64 or 256), and some configs leave a thread's last prefetch slot
+# partly outside the tile (weight chunks or activation vec4s not a multiple of the threads)
+_VARIANTS = [  # (kind, fmt, epilogue, norm, f16: 0 f32 / 1 F16S / 2 F16S+F16A, overrides of the default, M)
+    ("tiled", "nf4", "none", False, 0, {"PF": 1}, 37),
+    ("tiled", "nf4", "residual", False, 0, {"TN": 8, "CL": "strided"}, 37),
+    ("tiled", "nf4", "swiglu", True, 0, {"TN": 8, "PF": 1, "CL": "strided"}, 37),
+    ("tiled", "nf4", "swiglu", False, 0, {"TM": 8, "TN": 8, "PF": 1, "CL": "strided"}, 97),  # 128 accumulators
+    ("tiled", "nf4", "none", True, 0, {"BM": 16, "BN": 32, "BK": 64, "TM": 1, "TN": 8, "PF": 1, "CL": "strided"}, 37),
+    ("tiled", "nf4", "swiglu", False, 0, {"BN": 32, "BK": 8, "TM": 2, "PF": 1}, 37),  # 256 threads, 32 chunks
+    ("tiled", "nf4", "residual", False, 0, {"BM": 16, "BN": 256, "BK": 8, "TM": 2, "TN": 8, "PF": 1,
+                                            "CL": "strided"}, 37),
+    ("tiled", "f16", "none", True, 0, {"TN": 8, "PF": 1, "CL": "strided"}, 37),
+    ("tiled", "f16", "swiglu", False, 0, {"PF": 1}, 37),
+    ("tiled", "f16", "residual", False, 0, {"BM": 32, "TM": 2, "TN": 8, "CL": "strided"}, 97),
+    ("tiled", "f32", "swiglu", True, 0, {"BK": 8, "TN": 8, "PF": 1, "CL": "strided"}, 37),
+    ("tiled", "f32", "residual", False, 0, {"PF": 1}, 37),
+    ("splitk", "nf4", "residual", False, 0, {"KS": 2, "TN": 8, "PF": 1, "CL": "strided"}, 37),
+    ("splitk", "f16", "swiglu", False, 0, {"KS": 4, "PF": 1}, 37),
+    ("splitk", "f32", "none", False, 0, {"KS": 2, "TN": 8, "CL": "strided"}, 37),
+    ("tiled", "nf4", "swiglu", True, 1, {"TN": 8, "PF": 1, "CL": "strided"}, 37),
+    ("tiled", "nf4", "swiglu", True, 2, {"TN": 8, "PF": 1, "CL": "strided"}, 37),
+    ("splitk", "nf4", "residual", False, 2, {"KS": 2, "TN": 8, "PF": 1, "CL": "strided"}, 37),
+    ("tiled", "f16", "none", False, 2, {"TN": 8, "CL": "strided"}, 37),
+]
+
+
+@pytest.mark.parametrize("variant", _VARIANTS, ids=lambda v: "-".join(
+    [v[0], v[1], v[2]] + (["norm"] if v[3] else []) + [("", "f16s", "f16a")[v[4]]] * bool(v[4])
+    + [f"{a}{b}" for a, b in v[5].items()] + [f"m{v[6]}"]))
+def test_matmul_prefetch_and_column_layout(webgpu_device, rng, variant):
+    kind, fmt, epilogue, norm, f16, overrides, m = variant
+    if f16 and "shader-f16" not in webgpu_device.enabled_features:
+        pytest.skip("adapter has no shader-f16: the F16S / F16A variants cannot compile")
+    t = mm.MatmulTemplate(kind, fmt, epilogue, webgpu_device.enabled_features, f16 > 0, f16 == 2, norm=norm)
+    cfg = t.default_config().replace(**overrides)
+    assert t.space().why_illegal(cfg, webgpu_device.info.limits) == []
+    shape = (m, 72, 128)
+    assert not t.shape_problems(cfg, shape)
+    src = t.source(cfg, shape)
+    assert ("pw0_0" in src) == (cfg["PF"] == 1) and ("cs0" in src) == (cfg["CL"] == "strided")
+    out, ref = _run(webgpu_device, t, cfg, shape, rng)
+    _assert_close(out, ref, t.dtype)

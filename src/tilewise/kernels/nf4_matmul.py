@@ -6,10 +6,24 @@ Variants (all generated from one template so that the three weight formats share
   the workgroup decodes BN x BK weights into workgroup memory once (shared by all BM rows) and stages
   BM x BK activations (shared by all BN columns); each thread then accumulates a TM x TN register tile in
   scalar, fully unrolled accumulators (`a_i_j`, never a loop-indexed local array: 5-45x slower on an
-  H200), reading its TN contiguous columns as vec4 (neighbouring threads: neighbouring 16 bytes) and its TM
-  rows from a k-major activation tile (a broadcast). `F16S` stages both tiles in f16 (needs `shader-f16`;
-  own tolerance); `F16A` (with F16S) also multiplies in f16: vec4<f16> FMAs into f16 partial sums over one
-  K step, added to the f32 accumulators after each step (own template, own tolerance).
+  H200), reading its TN columns as TN/4 vec4 and its TM rows from a k-major activation tile (a broadcast).
+  Parameters: BM, BN (tile), BK (K step), TM x TN (per thread; sets*TM*TN accumulators, sets = 2 for swiglu,
+  at most TILED_ACC_BUDGET = 128, F16A's f16 partial sums counted as half as many again), and
+    `F16S`  stages both tiles in f16 (needs `shader-f16`; own tolerance);
+    `F16A`  (with F16S) also multiplies in f16: vec4<f16> FMAs into f16 partial sums over one K step, added
+            to the f32 accumulators after each step (own template, own tolerance);
+    `PF`    0 or 1: register prefetch. With 1 a thread loads the next K step's raw global words into
+            registers (nf4: the u32 word and its absmax, f16: the vec4<u32>, f32: the two vec4<f32> of each
+            chunk of 8 weights; the activation vec4s) right after the step's barrier, before its FMAs, and
+            decodes / stores them into workgroup memory at the top of the next step, so global latency
+            overlaps the FMAs (the fused norm's weights, K floats that stay cached, are read at decode time).
+            At most MAX_PREFETCH_REGISTERS = 32 registers held (rule `prefetch_registers`). 0: load, decode
+            and store at the top of each step (the kernel before PF existed; also when the key is absent);
+    `CL`    "block" or "strided": a thread's columns. "block" (also when absent): thread tx owns the TN
+            contiguous columns tx*TN .. tx*TN+TN-1, so at TN=8 neighbouring threads read vec4s 32 bytes apart
+            (shared-memory bank conflicts on NVIDIA). "strided": thread tx owns the vec4 column groups tx,
+            tx+TX, tx+2*TX, .. (TX = BN/TN; columns 4*(tx + j4*TX) + 0..3), so at every j4 neighbouring threads
+            read neighbouring 16 bytes and store neighbouring columns. Needs TN >= 8 (with TN=4 it is "block").
 - kind `rows` (few rows, matrix-vector style): a workgroup of WG threads owns NC output columns and RM
   rows; WG/NC lanes split `in` for each column (EL elements per lane step), reduce through workgroup
   memory. No weight staging: with few rows there is nothing to share, and parallelism comes from columns.
@@ -47,6 +61,13 @@ NF4_BLOCK = 64
 # bytes one weight costs in each format (absmax included for nf4)
 WEIGHT_BYTES = {"nf4": 0.5 + 4 / NF4_BLOCK, "f16": 2.0, "f32": 4.0}
 ACC_BUDGET = 64  # scalar accumulators per thread before register spills dominate (seed 000/001 probes)
+# the tiled / split-K kernels' own allowance: seed 003's warp-tiled GEMM held 128 accumulators per thread on an
+# H200 without spilling (gemm.MAX_ACCUMULATORS); F16A's vec4<f16> partial sums count half a register per value
+TILED_ACC_BUDGET = 128
+MAX_PREFETCH_REGISTERS = 32  # 32-bit registers holding the next K step (PF=1) on top of the accumulators (gemm.py)
+# 32-bit registers one prefetched chunk of 8 weights holds: nf4 u32 word + absmax, f16 vec4<u32>, f32 2 x vec4<f32>
+PREFETCH_WORDS = {"nf4": 2, "f16": 4, "f32": 8}
+COLUMN_LAYOUTS = ("block", "strided")
 
 NF4_CODES = (
     -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
@@ -55,7 +76,7 @@ NF4_CODES = (
 )
 
 # configs used when no dispatch table has been measured for a device (safe on every adapter we know)
-DEFAULT_TILED = {"BM": 64, "BN": 64, "BK": 16, "TM": 4, "TN": 4, "F16S": False}
+DEFAULT_TILED = {"BM": 64, "BN": 64, "BK": 16, "TM": 4, "TN": 4, "F16S": False, "PF": 0, "CL": "block"}
 DEFAULT_ROWS = {"WG": 64, "NC": 2, "RM": 4, "EL": 8}
 DEFAULT_ONE_ROW = {"WG": 128, "NC": 4, "RM": 1, "EL": 8}  # 1-2 rows: no clamped duplicate rows (H200-tuned)
 DEFAULT_SPLITK = 4
@@ -110,6 +131,39 @@ fn load8_{slot}(row: u32, c: u32) -> C8 {{
 """
 
 
+def _dec8_fn(fmt: str) -> str:
+    """`dec8(raw...)`: the 8 weights of one prefetched chunk (PF=1 loads the raw words, decodes them later)."""
+    if fmt == "nf4":
+        return """
+fn dec8(wd: u32, s: f32) -> C8 {
+    let a = vec4<f32>(codes[(wd >> 4u) & 15u], codes[wd & 15u], codes[(wd >> 12u) & 15u], codes[(wd >> 8u) & 15u]);
+    let b = vec4<f32>(codes[(wd >> 20u) & 15u], codes[(wd >> 16u) & 15u], codes[(wd >> 28u) & 15u],
+                      codes[(wd >> 24u) & 15u]);
+    return C8(a * s, b * s);
+}
+"""
+    if fmt == "f16":
+        return """
+fn dec8(v: vec4<u32>) -> C8 {
+    return C8(vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y)),
+              vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w)));
+}
+"""
+    return ""  # f32: the raw chunk already is a C8
+
+
+def prefetch_slots(cfg: Config | dict[str, Any]) -> tuple[int, int]:
+    """(weight chunks, activation vec4s) one thread stages per K step: ceil(BN*BK/8 / threads), ceil(BM*BK/4 / ...)."""
+    nt = (cfg["BN"] // cfg["TN"]) * (cfg["BM"] // cfg["TM"])
+    return math.ceil(cfg["BN"] * cfg["BK"] // 8 / nt), math.ceil(cfg["BM"] * cfg["BK"] // 4 / nt)
+
+
+def prefetch_registers(cfg: Config | dict[str, Any], fmt: str, paired: bool) -> int:
+    """32-bit registers PF=1 holds for the next K step: the raw weight words (per set) and the activation vec4s."""
+    ws, xs = prefetch_slots(cfg)
+    return (2 if paired else 1) * ws * PREFETCH_WORDS[fmt] + 4 * xs
+
+
 def _header(fmt: str, epilogue: str, n: int, k: int, f16: bool, norm: bool = False) -> tuple[str, list[str]]:
     """Common declarations; returns (text, binding names in order)."""
     names = ["dims", "x", "norm_w"] if norm else ["dims", "x"]
@@ -159,14 +213,21 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
                  norm_eps: float | None = None) -> str:
     """WGSL of the tiled kernel for one config and (N, K).
 
-    Layout: a thread owns TN contiguous columns (read from workgroup memory as TN/4 vec4: neighbouring threads
-    read neighbouring 16 bytes) and TM contiguous rows (activations stored k-major, so a thread's TM values of
-    one k are TM/4 vec4 read by every thread of its row group at once: a broadcast).
+    Layout: a thread owns TN columns, read from workgroup memory as TN/4 vec4: with CL="block" the TN contiguous
+    columns tx*TN.., with CL="strided" the vec4 column groups tx, tx+TX, tx+2*TX, .. (TX = BN/TN threads per
+    row), so that neighbouring threads read neighbouring 16 bytes at every j4; and TM contiguous rows
+    (activations stored k-major, so a thread's TM values of one k are TM/4 vec4 read by every thread of its row
+    group at once: a broadcast). With PF=1 the next K step's raw global words sit in registers during the
+    current step's FMAs and are decoded into workgroup memory at the top of the next step.
     """
     BM, BN, BK, TM, TN, F16S = (cfg[p] for p in ("BM", "BN", "BK", "TM", "TN", "F16S"))
     F16A = bool(cfg.get("F16A", False))  # f16 FMAs on the staged tiles, partial sums per K step added in f32
     if F16A and not F16S:
         raise ValueError("F16A (f16 arithmetic) reads f16 tiles: it needs F16S")
+    PF = int(cfg.get("PF", 0))  # register prefetch of the next K step
+    CL = str(cfg.get("CL", "block"))  # column layout of a thread's TN columns
+    if PF not in (0, 1) or CL not in COLUMN_LAYOUTS:
+        raise ValueError(f"PF={PF} CL={CL!r}: PF is 0 or 1, CL one of {COLUMN_LAYOUTS}")
     KS = int(cfg.get("KS", 1))  # split-K: this launch covers K / KS of `in` per grid z; `out` is the scratch
     norm = norm_eps is not None
     if norm and KS > 1:
@@ -178,6 +239,8 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
     head, _ = _header(fmt, epilogue, n, k, F16S, norm)
     st = "f16" if F16S else "f32"
     L = [head]
+    if PF:
+        L.append(_dec8_fn(fmt))
     L.append(f"const BM: u32 = {BM}u;\nconst BN: u32 = {BN}u;\nconst BK: u32 = {BK}u;\n")
     for s_ in range(sets):
         L.append(f"var<workgroup> Ws{s_}: array<vec4<{st}>, {BK * BN // 4}>;  // (BK, BN) decoded weights\n")
@@ -201,8 +264,87 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
     def cast(e: str) -> str:
         return f"f16({e})" if F16S else e
 
+    def store_w(s_: int, v: str, cl: str, nl: str, ind: str) -> None:
+        """The 8 decoded weights `v` of chunk `cl` of local column `nl` into Ws<s_> (k-major)."""
+        for e in range(8):
+            comp = ("a", "b")[e // 4] + "." + "xyzw"[e % 4]
+            L.append(f"{ind}Ws{s_}[({cl} * 8u + {e}u) * (BN / 4u) + {nl} / 4u][{nl} % 4u] = {cast(f'{v}.{comp}')};\n")
+
+    # PF=1: thread li stages the same slots every K step (weight chunk li + l*NT, activation vec4 li + l*NT);
+    # a slot past the tile (when NT does not divide it) is skipped by a per-thread guard
+    wslots, xslots = prefetch_slots(cfg)
+
+    def guard(l: int, total: int, var: str) -> str:
+        return f"{var}{l} < {total}u" if (l + 1) * NT > total else ""
+
+    def pf_load(kv: str, ind: str) -> None:
+        """Raw global words of the K step starting at `kv` into the prefetch registers."""
+        for l in range(wslots):
+            g = guard(l, wchunks, "wt")
+            ind2 = ind + "    " if g else ind
+            if g:
+                L.append(f"{ind}if ({g}) {{\n")
+            ch = f"{kv} / 8u + wc{l}"  # chunk of 8 along `in`
+            for s_ in range(sets):
+                if fmt == "nf4":
+                    L.append(f"{ind2}pw{s_}_{l} = w{s_}[wr{l} * (K / 8u) + {ch}];\n"
+                             f"{ind2}ps{s_}_{l} = am{s_}[wr{l} * (K / 64u) + ({ch}) / 8u];\n")
+                elif fmt == "f16":
+                    L.append(f"{ind2}pw{s_}_{l} = w{s_}[wr{l} * (K / 8u) + {ch}];\n")
+                else:
+                    L.append(f"{ind2}pw{s_}_{l} = C8(w{s_}[wr{l} * (K / 4u) + 2u * ({ch})], "
+                             f"w{s_}[wr{l} * (K / 4u) + 2u * ({ch}) + 1u]);\n")
+            if g:
+                L.append(f"{ind}}}\n")
+        for l in range(xslots):
+            g = guard(l, xvecs, "xt")
+            # rows past M keep their zeros (a slot's row is the same every step)
+            cond = f"{g} && m0 + xm{l} < M" if g else f"m0 + xm{l} < M"
+            L.append(f"{ind}if ({cond}) {{ px{l} = x[(dims.r0 + m0 + xm{l}) * (K / 4u) + {kv} / 4u + xq{l}]; }}\n")
+
+    def pf_store(ind: str) -> None:
+        """The prefetch registers of step k0, decoded (and norm-scaled), into Ws / Xs."""
+        for l in range(wslots):
+            g = guard(l, wchunks, "wt")
+            ind2 = ind + "    " if g else ind
+            if g:
+                L.append(f"{ind}if ({g}) {{\n")
+            for s_ in range(sets):
+                raw = {"nf4": f"dec8(pw{s_}_{l}, ps{s_}_{l})", "f16": f"dec8(pw{s_}_{l})", "f32": f"pw{s_}_{l}"}[fmt]
+                L.append(f"{ind2}let v{s_}_{l} = {f'gnorm({raw}, k0 / 8u + wc{l})' if norm else raw};\n")
+                store_w(s_, f"v{s_}_{l}", f"wc{l}", f"wn{l}", ind2)
+            if g:
+                L.append(f"{ind}}}\n")
+        for l in range(xslots):
+            g = guard(l, xvecs, "xt")
+            ind2 = ind + "    " if g else ind
+            if g:
+                L.append(f"{ind}if ({g}) {{\n")
+            for e in range(4):
+                L.append(f"{ind2}Xs[(xq{l} * 4u + {e}u) * (BM / 4u) + xm{l} / 4u][xm{l} % 4u] = "
+                         f"{cast(f'px{l}.' + 'xyzw'[e])};\n")
+            if g:
+                L.append(f"{ind}}}\n")
+
     if KS > 1:
-        L.append(f"    let kz = wid.z * {k // KS}u;\n    for (var k0 = kz; k0 < kz + {k // KS}u; k0 = k0 + BK) {{\n")
+        kbeg, kend = "kz", f"kz + {k // KS}u"
+        L.append(f"    let kz = wid.z * {k // KS}u;\n")
+    else:
+        kbeg, kend = "0u", "K"
+    if PF:
+        raw_t = {"nf4": "u32", "f16": "vec4<u32>", "f32": "C8"}[fmt]
+        for l in range(wslots):
+            L.append(f"    let wt{l} = li + {l * NT}u;\n    let wc{l} = wt{l} % {BK // 8}u;\n"
+                     f"    let wn{l} = wt{l} / {BK // 8}u;\n    let wr{l} = min(n0 + wn{l}, N - 1u);\n")
+            for s_ in range(sets):
+                L.append(f"    var pw{s_}_{l}: {raw_t};\n" + (f"    var ps{s_}_{l}: f32;\n" if fmt == "nf4" else ""))
+        for l in range(xslots):
+            L.append(f"    let xt{l} = li + {l * NT}u;\n    let xm{l} = xt{l} % BM;\n    let xq{l} = xt{l} / BM;\n"
+                     f"    var px{l} = vec4<f32>(0.0);\n")
+        L.append("    // the first K step's words, before the loop\n")
+        pf_load(kbeg, "    ")
+    if KS > 1:
+        L.append(f"    for (var k0 = kz; k0 < {kend}; k0 = k0 + BK) {{\n")
     else:
         L.append("    for (var k0 = 0u; k0 < K; k0 = k0 + BK) {\n")
     if F16A:
@@ -210,26 +352,32 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
             for i in range(TM):
                 L.append("        " + " ".join(f"var h{s_}_{i}_{j4} = vec4<f16>(0.0h);" for j4 in range(TN // 4))
                          + "\n")
-    # weights: BN*BK/8 chunks of 8 along k; neighbouring threads read neighbouring chunks of one row
-    L.append(f"        for (var t = li; t < {wchunks}u; t = t + {NT}u) {{\n"
-             f"            let cl = t % {BK // 8}u;\n            let nl = t / {BK // 8}u;\n"
-             "            let row = min(n0 + nl, N - 1u);\n")
-    for s_ in range(sets):
-        load = f"load8_{s_}(row, k0 / 8u + cl)"
-        L.append(f"            let v{s_} = {f'gnorm({load}, k0 / 8u + cl)' if norm else load};\n")
-        for e in range(8):
-            comp = ("a", "b")[e // 4] + "." + "xyzw"[e % 4]
-            L.append(f"            Ws{s_}[(cl * 8u + {e}u) * (BN / 4u) + nl / 4u][nl % 4u] = "
-                     f"{cast(f'v{s_}.{comp}')};\n")
-    L.append("        }\n")
-    # activations: neighbouring threads take neighbouring rows, so the k-major stores do not collide
-    L.append(f"        for (var t = li; t < {xvecs}u; t = t + {NT}u) {{\n"
-             "            let ml = t % BM;\n            let q = t / BM;\n"
-             "            var v = vec4<f32>(0.0);\n"
-             "            if (m0 + ml < M) { v = x[(dims.r0 + m0 + ml) * (K / 4u) + k0 / 4u + q]; }\n")
-    for e in range(4):
-        L.append(f"            Xs[(q * 4u + {e}u) * (BM / 4u) + ml / 4u][ml % 4u] = {cast('v.' + 'xyzw'[e])};\n")
-    L.append("        }\n        workgroupBarrier();\n")
+    if PF:
+        # the registers loaded during the previous step -> workgroup memory; then the next step's loads are
+        # issued, and their latency overlaps this step's FMAs
+        pf_store("        ")
+        L.append("        workgroupBarrier();\n")
+        L.append(f"        if (k0 + BK < {kend}) {{\n            let nk = k0 + BK;\n")
+        pf_load("nk", "            ")
+        L.append("        }\n")
+    else:
+        # weights: BN*BK/8 chunks of 8 along k; neighbouring threads read neighbouring chunks of one row
+        L.append(f"        for (var t = li; t < {wchunks}u; t = t + {NT}u) {{\n"
+                 f"            let cl = t % {BK // 8}u;\n            let nl = t / {BK // 8}u;\n"
+                 "            let row = min(n0 + nl, N - 1u);\n")
+        for s_ in range(sets):
+            load = f"load8_{s_}(row, k0 / 8u + cl)"
+            L.append(f"            let v{s_} = {f'gnorm({load}, k0 / 8u + cl)' if norm else load};\n")
+            store_w(s_, f"v{s_}", "cl", "nl", "            ")
+        L.append("        }\n")
+        # activations: neighbouring threads take neighbouring rows, so the k-major stores do not collide
+        L.append(f"        for (var t = li; t < {xvecs}u; t = t + {NT}u) {{\n"
+                 "            let ml = t % BM;\n            let q = t / BM;\n"
+                 "            var v = vec4<f32>(0.0);\n"
+                 "            if (m0 + ml < M) { v = x[(dims.r0 + m0 + ml) * (K / 4u) + k0 / 4u + q]; }\n")
+        for e in range(4):
+            L.append(f"            Xs[(q * 4u + {e}u) * (BM / 4u) + ml / 4u][ml % 4u] = {cast('v.' + 'xyzw'[e])};\n")
+        L.append("        }\n        workgroupBarrier();\n")
     if norm:
         L.append(f"        for (var r = li; r < BM; r = r + {NT}u) {{\n            var q = rss[r];\n"
                  "            for (var kk = 0u; kk < BK; kk = kk + 1u) {\n"
@@ -248,9 +396,11 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
             L.append(f"            let xr{i} = ty * {TM}u + {i}u;\n"
                      f"            let xv{i} = {conv1}(Xs[kk * (BM / 4u) + xr{i} / 4u][xr{i} % 4u]);\n")
         xs = [f"xv{i}" for i in range(TM)]
+    strided = CL == "strided"
     for s_ in range(sets):
         for j4 in range(TN // 4):
-            L.append(f"            let w{s_}_{j4} = {conv4}(Ws{s_}[kk * (BN / 4u) + tx * {TN // 4}u + {j4}u]);\n")
+            col4 = f"tx + {j4 * TX}u" if strided else f"tx * {TN // 4}u + {j4}u"  # the thread's j4-th vec4
+            L.append(f"            let w{s_}_{j4} = {conv4}(Ws{s_}[kk * (BN / 4u) + {col4}]);\n")
         for i in range(TM):
             if F16A:  # one vec4<f16> FMA per 4 columns
                 L.append("            " + " ".join(
@@ -268,7 +418,17 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
                     f"a{s_}_{i}_{j} = a{s_}_{i}_{j} + f32(h{s_}_{i}_{j // 4}.{'xyzw'[j % 4]});" for j in range(TN))
                     + "\n")
     L.append("        workgroupBarrier();\n    }\n")
-    L.append(f"    let c0 = n0 + tx * {TN}u;\n")
+    if strided:  # output column of accumulator j: vec4 group tx + (j/4)*TX, lane j%4
+        for j4 in range(TN // 4):
+            L.append(f"    let cs{j4} = n0 + 4u * (tx + {j4 * TX}u);\n")
+
+        def col(j: int) -> str:
+            return f"cs{j // 4} + {j % 4}u"
+    else:
+        L.append(f"    let c0 = n0 + tx * {TN}u;\n")
+
+        def col(j: int) -> str:
+            return f"c0 + {j}u"
     if norm:
         for i in range(TM):
             L.append(f"    let rs{i} = inverseSqrt(rss[ty * {TM}u + {i}u] / f32(K) + {norm_eps!r});\n")
@@ -278,12 +438,12 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
         L.append(f"    let r{i} = m0 + ty * {TM}u + {i}u;\n    if (r{i} < M) {{\n")
         for j in range(TN):
             if KS > 1:  # partial sums of this K slice: scratch (KS, sets, M, N)
-                store = " ".join(f"out[((wid.z * {sets}u + {s_}u) * M + r{i}) * N + c0 + {j}u] = a{s_}_{i}_{j};"
+                store = " ".join(f"out[((wid.z * {sets}u + {s_}u) * M + r{i}) * N + {col(j)}] = a{s_}_{i}_{j};"
                                  for s_ in range(sets))
             else:
                 up = f"a1_{i}_{j}" if paired else None
-                store = _store(epilogue, f"r{i} * N + c0 + {j}u", f"a0_{i}_{j}", up)
-            L.append(f"        if (c0 + {j}u < N) {{ {store} }}\n")
+                store = _store(epilogue, f"r{i} * N + {col(j)}", f"a0_{i}_{j}", up)
+            L.append(f"        if ({col(j)} < N) {{ {store} }}\n")
         L.append("    }\n")
     L.append("}\n")
     return "".join(L)
@@ -406,13 +566,27 @@ def source(kind: str, cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: 
 
 
 # ---------------------------------------------------------------------------------------------- spaces
-def tiled_space(paired: bool = False, features: Iterable[str] | None = (), norm: bool = False) -> Space:
-    """Tile rows x cols, K step, per-thread tile, f16 staging; rules say which assumption a config breaks.
+def tiled_space(paired: bool = False, features: Iterable[str] | None = (), norm: bool = False,
+                fmt: str = "nf4") -> Space:
+    """Tile rows x cols, K step, per-thread tile, f16 staging, prefetch, column layout; rules say which
+    assumption a config breaks.
 
     `features` are the adapter's; None means unknown (then `compile` refuses f16 on a device without it).
+    `fmt` (the weight format) sizes the prefetch registers of a raw weight chunk.
     """
     feats = None if features is None else frozenset(features)
     sets = 2 if paired else 1
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown weight format {fmt!r}")
+
+    def acc_regs(c: Config) -> float:  # F16A: vec4<f16> partial sums, 2 registers per 4 values, on top
+        return sets * c.TM * c.TN * (1.5 if c.get("F16A", False) else 1)
+
+    def pf_explain(c: Config) -> str:
+        ws, xs = prefetch_slots(c)
+        return (f"prefetch registers = {sets}*ceil(BN*BK/8/threads)*{PREFETCH_WORDS[fmt]} ({fmt} words per 8 weights)"
+                f" + 4*ceil(BM*BK/4/threads) = {sets}*{ws}*{PREFETCH_WORDS[fmt]} + 4*{xs} = "
+                f"{prefetch_registers(c, fmt, paired)} > {MAX_PREFETCH_REGISTERS}")
 
     def threads(c: Config) -> int:
         return (c.BN // c.TN) * (c.BM // c.TM)
@@ -428,13 +602,20 @@ def tiled_space(paired: bool = False, features: Iterable[str] | None = (), norm:
              lambda c, _: f"TN={c.TN} does not divide BN={c.BN}: columns would be dropped"),
         Rule("vec4_cols", lambda c, _: c.TN % 4 == 0,
              lambda c, _: f"TN={c.TN} is not a multiple of 4: a thread reads its columns as vec4"),
+        Rule("strided_cols", lambda c, _: c.get("CL", "block") == "block" or c.TN >= 8,
+             lambda c, _: f"CL=strided with TN={c.TN}: one vec4 per thread is the block layout (same kernel as "
+                          "CL=block)"),
         Rule("chunks_of_8", lambda c, _: c.BK % 8 == 0,
              lambda c, _: f"BK={c.BK} is not a multiple of 8: weights decode 8 at a time (one NF4 word)"),
         Rule("min_threads", lambda c, _: threads(c) >= 32,
              lambda c, _: f"threads = (BN/TN)*(BM/TM) = {threads(c)} < 32: less than one subgroup of work"),
-        Rule("accumulators", lambda c, _: sets * c.TM * c.TN <= ACC_BUDGET,
-             lambda c, _: f"{sets}*TM*TN = {sets * c.TM * c.TN} scalar accumulators > {ACC_BUDGET}: they spill "
-                          "out of registers"),
+        Rule("accumulators", lambda c, _: acc_regs(c) <= TILED_ACC_BUDGET,
+             lambda c, _: f"{sets}*TM*TN{'*1.5 (F16A partial sums)' if c.get('F16A', False) else ''} = "
+                          f"{sets}*{c.TM}*{c.TN}{'*1.5' if c.get('F16A', False) else ''} = {acc_regs(c):g} "
+                          f"accumulator registers > {TILED_ACC_BUDGET}: they spill out of registers"),
+        Rule("prefetch_registers", lambda c, _: c.get("PF", 0) == 0
+             or prefetch_registers(c, fmt, paired) <= MAX_PREFETCH_REGISTERS,
+             lambda c, _: pf_explain(c)),
         Rule("f16_staging", lambda c, _: not c.F16S or feats is None or "shader-f16" in feats,
              lambda c, _: "F16S=True needs the adapter feature shader-f16, which this device lacks"),
         Rule("f16_arith", lambda c, _: not c.get("F16A", False) or c.F16S,
@@ -451,11 +632,12 @@ def tiled_space(paired: bool = False, features: Iterable[str] | None = (), norm:
                             f"{storage(c)} bytes > max_workgroup_storage_bytes {lim.max_workgroup_storage_bytes}",
              needs_limits=True),
     ]
-    params = {"BM": [16, 32, 64, 128], "BN": [16, 32, 64, 128], "BK": [8, 16, 32], "TM": [1, 2, 4, 8],
-              "TN": [4, 8], "F16S": [False, True]}
+    params = {"BM": [16, 32, 64, 128], "BN": [16, 32, 64, 128, 256], "BK": [8, 16, 32, 64], "TM": [1, 2, 4, 8],
+              "TN": [4, 8], "F16S": [False, True], "PF": [0, 1], "CL": list(COLUMN_LAYOUTS)}
     return Space("nf4_matmul.tiled" + (".paired" if paired else ""), params, rules,
                  fmt=lambda c: f"{c.BM}x{c.BN} K{c.BK} {c.TM}x{c.TN}{' f16s' if c.F16S else ''}"
-                               f"{' f16a' if c.get('F16A', False) else ''}")
+                               f"{' f16a' if c.get('F16A', False) else ''}{' pf' if c.get('PF', 0) else ''}"
+                               f"{' strided' if c.get('CL', 'block') == 'strided' else ''}")
 
 
 def rows_space(paired: bool = False, norm: bool = False) -> Space:
@@ -563,7 +745,7 @@ class MatmulTemplate(KernelTemplate):
         paired = self.epilogue == "swiglu"
         if self.kind == "rows":
             return rows_space(paired, self.norm)
-        sp = tiled_space(paired, self.features, self.norm)
+        sp = tiled_space(paired, self.features, self.norm, self.fmt)
         if self.kind == "splitk":
             sp.params["KS"] = [2, 4, 8]
             sp.name = sp.name.replace("tiled", "splitk")

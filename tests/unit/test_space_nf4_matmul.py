@@ -1,0 +1,118 @@
+"""Tiled / split-K matmul rules for the prefetch (PF), column layout (CL) and accumulator parameters: a config
+breaking one rule is rejected by that rule alone with the numbers; PF=0 / CL="block" generate today's WGSL
+byte for byte; the model tuner's hand-picked seeds are whole configs and include the new variants."""
+
+from __future__ import annotations
+
+import pytest
+
+from tilewise import model_tune
+from tilewise.kernels import nf4_matmul as mm
+from tilewise.tune.profiles import PROFILES
+
+LAVAPIPE = PROFILES["lavapipe"]
+H200 = PROFILES["h200-vulkan"]
+F16 = ("shader-f16",)
+
+
+def _space(kind="tiled", fmt="nf4", epilogue="none", f16=0, norm=False):
+    return mm.MatmulTemplate(kind, fmt, epilogue, F16, f16 > 0, f16 == 2, norm=norm).space()
+
+
+def _cfg(sp, **kw):
+    base = {**mm.DEFAULT_TILED, **{k: v[0] for k, v in sp.params.items() if k in ("KS", "F16S", "F16A")}}
+    return sp.config({**base, **kw})
+
+
+# (space arguments, overrides of the default tile, limits, the only rule broken, numbers its message shows)
+BREAKS_ONLY = [
+    ({}, {"CL": "strided"}, LAVAPIPE, "strided_cols", "TN=4"),
+    ({"epilogue": "swiglu"}, {"BK": 32, "TM": 8, "TN": 8, "PF": 1}, LAVAPIPE, "prefetch_registers",
+     "= 2*4*2 + 4*8 = 48 > 32"),  # 64 threads: 256 nf4 chunks x 2 sets, 512 activation vec4s
+    ({"fmt": "f32", "epilogue": "swiglu"}, {"BM": 32, "BN": 32, "BK": 32, "TM": 2, "TN": 8, "PF": 1}, LAVAPIPE,
+     "prefetch_registers", "(f32 words per 8 weights) + 4*ceil(BM*BK/4/threads) = 2*2*8 + 4*4 = 48 > 32"),
+    ({"epilogue": "swiglu", "f16": 2}, {"TM": 8, "TN": 8}, LAVAPIPE, "accumulators",
+     "2*TM*TN*1.5 (F16A partial sums) = 2*8*8*1.5 = 192 accumulator registers > 128"),
+    ({}, {"BN": 256, "BK": 64, "TN": 8}, H200, "workgroup_storage",
+     "= 81984 bytes > max_workgroup_storage_bytes 49152"),  # (64*256 + 64*64)*4 + 64
+]
+
+
+@pytest.mark.parametrize("case", BREAKS_ONLY, ids=lambda c: c[3])
+def test_config_breaks_only_this_rule_and_explains_numbers(case):
+    args, overrides, limits, rule, numbers = case
+    sp = _space(**args)
+    assert sp.why_illegal(_cfg(sp), limits) == []
+    why = sp.why_illegal(_cfg(sp, **overrides), limits)
+    assert [w.split(":", 1)[0] for w in why] == [rule], why
+    assert numbers in why[0], why[0]
+
+
+def test_prefetch_registers_count_the_weight_format():
+    tile = {"BM": 32, "BN": 32, "BK": 32, "TM": 2, "TN": 8, "PF": 1}  # 64 threads: 2 chunks, 4 vec4s each
+    assert mm.prefetch_slots(tile) == (2, 4)
+    assert {f: mm.prefetch_registers(tile, f, False) for f in mm.FORMATS} == {"nf4": 20, "f16": 24, "f32": 32}
+    sp = _space(fmt="f32")
+    assert sp.why_illegal(_cfg(sp, **tile), LAVAPIPE) == []  # 32 is the limit, allowed
+    sp = _space(fmt="nf4", epilogue="swiglu")
+    assert sp.why_illegal(_cfg(sp, **tile), LAVAPIPE) == []  # 2*2*2 + 16 = 24
+    assert sp.why_illegal(_cfg(sp, **{**tile, "PF": 0, "BK": 64}), LAVAPIPE) == []  # PF=0 holds no registers
+
+
+def test_accumulator_allowance_is_128_for_tiles_and_64_for_rows():
+    sp = _space(epilogue="swiglu")
+    assert sp.why_illegal(_cfg(sp, TM=8, TN=8), H200) == []  # 2*8*8 = 128 f32 accumulators
+    sp = _space(f16=2)
+    assert sp.why_illegal(_cfg(sp, TM=8, TN=8), H200) == []  # 8*8*1.5 = 96 with the f16 partial sums
+    assert mm.TILED_ACC_BUDGET == 128 and mm.ACC_BUDGET == 64
+    rs = mm.rows_space(paired=True)
+    (why,) = rs.why_illegal(rs.config(WG=64, NC=2, RM=8, EL=32), H200)
+    assert why.startswith("accumulators") and "80 live values > 64" in why
+
+
+def test_new_parameter_values_are_in_the_space():
+    for kind in ("tiled", "splitk"):
+        sp = _space(kind)
+        assert sp.params["PF"] == [0, 1] and sp.params["CL"] == ["block", "strided"]
+        assert 256 in sp.params["BN"] and 64 in sp.params["BK"] and sp.params["TM"] == [1, 2, 4, 8]
+        assert any(c["PF"] == 1 and c["CL"] == "strided" for c in sp.sample(40, seed=1, limits=H200))
+    c = _cfg(_space(), TN=8, PF=1, CL="strided")
+    assert str(c).endswith(" pf strided")
+    assert _space().parse(c.key()) == c
+
+
+@pytest.mark.parametrize("fmt", mm.FORMATS)
+def test_pf0_block_is_todays_wgsl_byte_for_byte(fmt):
+    tiles = [dict(mm.DEFAULT_TILED), {"BM": 32, "BN": 128, "BK": 32, "TM": 2, "TN": 8, "F16S": False},
+             {"BM": 128, "BN": 64, "BK": 8, "TM": 8, "TN": 8, "F16S": False}]
+    for tile in tiles:
+        old = {k: v for k, v in tile.items() if k not in ("PF", "CL")}
+        for epilogue in mm.EPILOGUES:
+            for extra, norm in (({}, None), ({}, 1e-5), ({"KS": 2}, None), ({"F16S": True}, 1e-5),
+                                ({"F16S": True, "F16A": True}, None), ({"F16S": True, "F16A": True, "KS": 4}, None)):
+                kind = "splitk" if "KS" in extra else "tiled"
+                a = mm.source(kind, {**old, **extra}, fmt, epilogue, 72, 256, norm)
+                b = mm.source(kind, {**old, **extra, "PF": 0, "CL": "block"}, fmt, epilogue, 72, 256, norm)
+                assert a == b
+                assert "dec8" not in a and "cs0" not in a
+                c = mm.source(kind, {**old, **extra, "PF": 1, "CL": "strided"}, fmt, epilogue, 72, 256, norm)
+                assert c != a and "pw0_0" in c and "cs0" in c
+
+
+def test_bad_values_are_refused_by_the_generator():
+    with pytest.raises(ValueError, match="PF"):
+        mm.tiled_source({**mm.DEFAULT_TILED, "PF": 2}, "nf4", "none", 64, 64)
+    with pytest.raises(ValueError, match="CL"):
+        mm.tiled_source({**mm.DEFAULT_TILED, "CL": "cyclic"}, "nf4", "none", 64, 64)
+
+
+def test_hand_picked_seeds_are_whole_configs_with_the_new_variants():
+    assert len(model_tune.SEED_TILED) <= 40 and len(model_tune.SEED_SPLITK) <= 16
+    for kind, epilogue, norm in (("tiled", "swiglu", True), ("splitk", "residual", False)):  # gate/up, down
+        for f16 in (0, 2):
+            t = mm.MatmulTemplate(kind, "nf4", epilogue, F16, f16 > 0, f16 == 2, norm=norm)
+            cands = model_tune.candidates(t, H200, 0, 0)  # default + hand-picked, legal on the H200
+            assert all(set(c) == set(t.space().params) for c in cands)
+            assert any(c["PF"] == 1 and c["CL"] == "strided" for c in cands)
+            assert any(c["PF"] == 0 and c["CL"] == "block" for c in cands)
+            assert len(cands) <= (41 if kind == "tiled" else 17)
