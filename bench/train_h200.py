@@ -339,10 +339,12 @@ def main() -> int:
     def dagger_train(r: int, rec: dict[str, Any], train_budget: float, repeat: int) -> None:
         hf_r, nf4_r, json_r = work / f"model-hf-r{r}", work / f"model-nf4-r{r}", work / f"train_results-r{r}.json"
         cmd = [sys.executable, "-m", "tilewise.train", "--data", str(data_path), *map(str, onpolicy_files),
-               "--data-repeat", "1", *[str(repeat)] * len(onpolicy_files), "--init", str(current["hf"]),
+               "--data-repeat", "1", *[str(repeat)] * len(onpolicy_files),
                "--out", str(hf_r), "--nf4", str(nf4_r), "--time-budget-s", f"{train_budget:.1f}",
                "--device", args.device, "--results-json", str(json_r),
-               *args.train_args.split(), *args.dagger_train_args.split()]
+               *args.train_args.split(), *args.dagger_train_args.split(),
+               # last, so that an `--init` in --train-args (the first training's start) does not override it
+               "--init", str(current["hf"])]
         rc = run_logged(cmd, log, env)
         if rc != 0:
             raise RuntimeError(f"tilewise train exited with code {rc}")
