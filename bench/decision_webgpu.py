@@ -157,6 +157,9 @@ def main() -> int:
     ap.add_argument("--no-reference", action="store_true", help="skip the CPU score comparison")
     ap.add_argument("--no-tune", action="store_true", help="use the device's existing table (or the defaults)")
     ap.add_argument("--no-f16-arith", action="store_true", help="skip the f16-arithmetic row")
+    ap.add_argument("--only-f16-arith", action="store_true",
+                    help="nf4 only with the f16-arithmetic table: skip the plain tuning and the plain nf4 row "
+                         "(a shorter run when the f16-arithmetic kernels are what changed)")
     ap.add_argument("--tune-candidates", type=int, default=6, help="random configs per kernel when tuning")
     ap.add_argument("--tune-rows", default=None, help="row counts to tune at, e.g. 1,64,346 (default 1..512)")
     args = ap.parse_args()
@@ -185,7 +188,9 @@ def main() -> int:
     for name in args.presets.split(","):
         cfg = preset(name)
         if not args.no_tune:
-            run_section(results, f"tune {name}", tune_section, cfg, args, False, need_s=60, budget_s=args.budget_s)
+            if not args.only_f16_arith:
+                run_section(results, f"tune {name}", tune_section, cfg, args, False, need_s=60,
+                            budget_s=args.budget_s)
             if f16a:
                 run_section(results, f"tune {name} f16-arith", tune_section, cfg, args, True, need_s=150,
                             budget_s=args.budget_s)
@@ -198,8 +203,9 @@ def main() -> int:
             for k in ck.names():
                 ck.get(k)
             log(f"{name}: {w} weights in {time.perf_counter() - t:.1f} s")
-            run_section(results, f"tilewise {name} {w}", tilewise_section, ck, ck, args, need_s=40,
-                        budget_s=args.budget_s)
+            if not (args.only_f16_arith and w == "nf4"):
+                run_section(results, f"tilewise {name} {w}", tilewise_section, ck, ck, args, need_s=40,
+                            budget_s=args.budget_s)
             table16 = TABLES.get((name, True))
             if w == "nf4" and table16 is not None:
                 run_section(results, f"tilewise {name} {w} f16-arith", tilewise_section, ck, ck, args, table16,

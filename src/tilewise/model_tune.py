@@ -117,7 +117,7 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
     cand: dict[Config, tuple[Any, Any, Any]] = {}  # tagged config -> (template, config, program)
     bufs_of: dict[str, Any] = {}
     failures: dict[str, str] = {}
-    kinds = [k for k in mm.KINDS if not (k == "splitk" and (norm or max(rows) < 64))]  # split-K: whole-row norm
+    kinds = [k for k in mm.KINDS if not (k == "splitk" and max(rows) < 64)]  # split-K only pays with many rows
     templates = [mm.MatmulTemplate(kind, fmt, epilogue, dev.enabled_features, norm=norm, eps=eps) for kind in kinds]
     if f16_arith and "shader-f16" in dev.enabled_features:
         # f16 FMAs in both many-row kernels: the split-K one serves the long-K down projections

@@ -191,7 +191,7 @@ def test_registry_classes_run_under_the_tuner(webgpu_device):
     assert [r.status for r in res.rows] == ["ok", "ok"]
 
 
-@pytest.mark.parametrize("kind", ["tiled", "rows"])
+@pytest.mark.parametrize("kind", ["tiled", "rows", "splitk"])
 @pytest.mark.parametrize("epilogue", ["none", "swiglu"])
 def test_matmul_with_fused_rmsnorm(webgpu_device, rng, kind, epilogue):
     t = mm.MatmulTemplate(kind, "nf4", epilogue, webgpu_device.enabled_features, norm=True, eps=1e-5)
@@ -204,8 +204,10 @@ def test_matmul_with_fused_rmsnorm(webgpu_device, rng, kind, epilogue):
         assert t.space().is_legal(cfg, webgpu_device.info.limits)
         out, ref = _run(webgpu_device, t, cfg, (130, 96, 128), rng)
         _assert_close(out, ref, t.dtype)
-    with pytest.raises(ValueError, match="split-K"):
-        mm.MatmulTemplate("splitk", "nf4", epilogue, norm=True)
+    if kind == "splitk":  # each K slice's sums of squares reach the reduce: a wrong split changes every row
+        assert "inverseSqrt" not in t.source(t.default_config(), (97, 96, 128))
+        with pytest.raises(ValueError, match="needs K"):
+            mm.splitk_reduce_source(epilogue, 96, 4, 1e-5)
 
 
 def test_copy_kernels_move_exactly_the_asked_words(webgpu_device, rng):
@@ -252,6 +254,10 @@ _VARIANTS = [  # (kind, fmt, epilogue, norm, f16: 0 f32 / 1 F16S / 2 F16S+F16A, 
     ("tiled", "nf4", "swiglu", True, 2, {"TN": 8, "PF": 1, "CL": "strided"}, 37),
     ("splitk", "nf4", "residual", False, 2, {"KS": 2, "TN": 8, "PF": 1, "CL": "strided"}, 37),
     ("tiled", "f16", "none", False, 2, {"TN": 8, "CL": "strided"}, 37),
+    # split-K with the fused norm: the slices' sums of squares are added in the reduce
+    ("splitk", "nf4", "swiglu", True, 0, {"KS": 2, "TN": 8, "PF": 1, "CL": "strided"}, 97),
+    ("splitk", "nf4", "none", True, 2, {"KS": 4, "BM": 32, "TN": 8, "PF": 1, "CL": "strided"}, 37),
+    ("splitk", "f16", "none", True, 0, {"KS": 2}, 37),
 ]
 
 

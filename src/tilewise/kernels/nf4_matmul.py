@@ -30,7 +30,9 @@ Variants (all generated from one template so that the three weight formats share
 - kind `splitk` (many rows, few output columns, long K: the down projections): the tiled kernel over KS
   slices of K (grid z), each writing its partial sums to a scratch buffer; a second launch adds the KS
   partials and applies the epilogue. More workgroups for the same tile: a 64x64 tile of a 346 x 1024 output
-  is only 96 workgroups on a GPU with 132 multiprocessors.
+  is only 96 workgroups on a GPU with 132 multiprocessors. With a fused RMSNorm each slice also writes its
+  rows' sums of squares over its part of K; the reduce adds them and scales by rsqrt(mean(x^2) + eps) before
+  the epilogue (sum of squares is additive over K, so the norm survives the split).
 - epilogue `none` (y = xW^T), `residual` (out += xW^T, in place on the residual stream: the down / out
   projections), `swiglu` (paired gate/up weights, out = silu(x Wg^T) * (x Wu^T): the FFN's first half).
 - weights `nf4` (bitsandbytes layout: blocks of 64 along `in`, float32 absmax per block, element 2i in
@@ -230,8 +232,6 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
         raise ValueError(f"PF={PF} CL={CL!r}: PF is 0 or 1, CL one of {COLUMN_LAYOUTS}")
     KS = int(cfg.get("KS", 1))  # split-K: this launch covers K / KS of `in` per grid z; `out` is the scratch
     norm = norm_eps is not None
-    if norm and KS > 1:
-        raise ValueError("a fused RMSNorm needs the whole row's sum of squares: not with split-K")
     TX, TY = BN // TN, BM // TM
     NT = TX * TY
     paired = epilogue == "swiglu"
@@ -429,7 +429,13 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
 
         def col(j: int) -> str:
             return f"c0 + {j}u"
-    if norm:
+    if norm and KS > 1:
+        # this slice's sums of squares follow the partial sums in the scratch, (KS, M) after (KS, sets, M, N); one
+        # column of workgroups writes them, each row by the thread that accumulated it; the reduce applies rsqrt
+        L.append(f"    if (wid.x == 0u) {{\n        for (var r = li; r < BM; r = r + {NT}u) {{\n"
+                 f"            if (m0 + r < M) {{ out[{KS * sets}u * M * N + wid.z * M + m0 + r] = rss[r]; }}\n"
+                 "        }\n    }\n")
+    elif norm:
         for i in range(TM):
             L.append(f"    let rs{i} = inverseSqrt(rss[ty * {TM}u + {i}u] / f32(K) + {norm_eps!r});\n")
             L.append("    " + " ".join(f"a{s_}_{i}_{j} = a{s_}_{i}_{j} * rs{i};" for s_ in range(sets)
@@ -515,11 +521,24 @@ def rows_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, k
     return "".join(L)
 
 
-def splitk_reduce_source(epilogue: str, n: int, ks: int) -> str:
-    """WGSL: out = epilogue(sum over the KS partial sums in `part` (KS, sets, M, N)); one thread per output."""
+def splitk_reduce_source(epilogue: str, n: int, ks: int, norm_eps: float | None = None, k: int = 0) -> str:
+    """WGSL: out = epilogue(sum over the KS partial sums in `part` (KS, sets, M, N)); one thread per output.
+
+    With `norm_eps` (a fused RMSNorm over `k` inputs) the slices' sums of squares (KS, M) follow the partial sums;
+    the row's total gives rsqrt(mean(x^2) + eps), which scales the sums before the epilogue.
+    """
     sets = 2 if epilogue == "swiglu" else 1
     sums = "\n".join(f"    let s{s_} = " + " + ".join(f"part[{z * sets + s_}u * MN + i]" for z in range(ks)) + ";"
                      for s_ in range(sets))
+    if norm_eps is not None:
+        if k <= 0:
+            raise ValueError("a split-K reduce with a fused norm needs K (the inputs per row)")
+        ss = " + ".join(f"part[{ks * sets}u * MN + {z}u * dims.m + row]" for z in range(ks))
+        scale = "\n".join(f"    let n{s_} = s{s_} * rs;" for s_ in range(sets))
+        sums += f"\n    let row = i / N;\n    let rs = inverseSqrt(({ss}) / {float(k)!r} + {norm_eps!r});\n{scale}"
+        final = ("n0", "n1" if sets == 2 else None)
+    else:
+        final = ("s0", "s1" if sets == 2 else None)
     return f"""struct Dims {{ m: u32, r0: u32, r1: u32, r2: u32 }}
 @group(0) @binding(0) var<uniform> dims: Dims;
 @group(0) @binding(1) var<storage, read> part: array<f32>;
@@ -531,14 +550,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
     let i = gid.x;
     if (i >= MN) {{ return; }}
 {sums}
-    {_store(epilogue, "i", "s0", "s1" if sets == 2 else None)}
+    {_store(epilogue, "i", *final)}
 }}
 """
 
 
-def splitk_scratch_bytes(cfg: Config | dict[str, Any], epilogue: str, m: int, n: int) -> int:
-    """Bytes of the partial-sum buffer a split-K launch needs for M rows."""
-    return 4 * int(cfg["KS"]) * (2 if epilogue == "swiglu" else 1) * m * n
+def splitk_scratch_bytes(cfg: Config | dict[str, Any], epilogue: str, m: int, n: int, norm: bool = False) -> int:
+    """Bytes of the partial-sum buffer a split-K launch needs for M rows (plus the sums of squares of a norm)."""
+    ks = int(cfg["KS"])
+    return 4 * ks * ((2 if epilogue == "swiglu" else 1) * m * n + (m if norm else 0))
 
 
 def binding_names(fmt: str, epilogue: str, norm: bool = False) -> list[str]:
@@ -729,8 +749,6 @@ class MatmulTemplate(KernelTemplate):
             raise ValueError("f16 staging / arithmetic are parameters of the tiled and split-K kernels only")
         if f16_arith and not f16_staging:
             raise ValueError("f16 arithmetic reads f16 tiles: pass f16_staging=True too")
-        if norm and kind == "splitk":
-            raise ValueError("a fused RMSNorm needs whole rows: not with split-K")
         self.norm, self.eps = norm, eps
         self.kind, self.fmt, self.epilogue = kind, fmt, epilogue
         self.features = None if features is None else frozenset(features)
@@ -747,7 +765,8 @@ class MatmulTemplate(KernelTemplate):
             return rows_space(paired, self.norm)
         sp = tiled_space(paired, self.features, self.norm, self.fmt)
         if self.kind == "splitk":
-            sp.params["KS"] = [2, 4, 8]
+            # paired weights double the scratch: KS 8 at 512 rows of a 4608-wide FFN would need 151 MB
+            sp.params["KS"] = [2, 4] if paired else [2, 4, 8]
             sp.name = sp.name.replace("tiled", "splitk")
         sp.params["F16S"] = [self.f16_staging]  # f16 staging is its own template: its own tolerance
         if self.f16_arith:
@@ -777,8 +796,10 @@ class MatmulTemplate(KernelTemplate):
                                      "use the f32 template on this adapter")
         prog = device.compile(self.source(config, shape), "main", name=f"{self.name}[{config}]")
         if self.kind == "splitk":
-            prog.meta["reduce"] = device.compile(splitk_reduce_source(self.epilogue, shape[1], config["KS"]), "main",
-                                                 name=f"{self.name}.reduce[KS={config['KS']}]")
+            eps = self.eps if self.norm else None
+            prog.meta["reduce"] = device.compile(splitk_reduce_source(self.epilogue, shape[1], config["KS"], eps,
+                                                                      shape[2]),
+                                                 "main", name=f"{self.name}.reduce[KS={config['KS']}]")
         return prog
 
     def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
@@ -803,7 +824,7 @@ class MatmulTemplate(KernelTemplate):
         if self.kind == "splitk":
             # sized for the largest KS of the space, so every candidate can share one input set
             bufs["part"] = device.allocate(splitk_scratch_bytes({"KS": max(self.space().params["KS"])},
-                                                                self.epilogue, m, n))
+                                                                self.epilogue, m, n, self.norm))
         return bufs
 
     def poison(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> None:
@@ -818,7 +839,8 @@ class MatmulTemplate(KernelTemplate):
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
         m, n, _ = shape
         if self.kind == "splitk":
-            order = [bufs["part" if name == "out" else name] for name in binding_names(self.fmt, self.epilogue)]
+            order = [bufs["part" if name == "out" else name]
+                     for name in binding_names(self.fmt, self.epilogue, self.norm)]
             return [Launch(program, grid(self.kind, config, m, n), order),
                     Launch(program.meta["reduce"], (math.ceil(m * n / SPLITK_WG), 1, 1),
                            [bufs["dims"], bufs["part"], bufs["out"]])]

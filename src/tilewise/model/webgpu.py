@@ -103,8 +103,6 @@ class DispatchTable:
                     norm: bool = False) -> tuple[str, dict[str, Any]]:
         for seg in self.matmul.get(matmul_key(fmt, epilogue, n, k, norm), []):
             hi = seg.get("max_rows")
-            if norm and seg["kind"] == "splitk":
-                continue  # a fused norm needs whole rows
             if seg["min_rows"] <= rows and (hi is None or rows <= hi):
                 cfg = dict(seg["config"])
                 if not mm.shape_problems(seg["kind"], cfg, n, k):
@@ -396,10 +394,11 @@ class WebGPUExecutor:
                                    [dims, x, *([norm] if norm is not None else []), *weights, out]))
             return
         # split-K: partial sums into a scratch buffer, then one launch adds them and applies the epilogue
-        part = self._scratch(mm.splitk_scratch_bytes(cfg, epilogue, rows, n))
-        red = self._program(("mm-reduce", epilogue, n, cfg["KS"]),
-                            lambda: mm.splitk_reduce_source(epilogue, n, cfg["KS"]), f"splitk.reduce[{n}]")
-        plan.add(label, Launch(prog, mm.grid(kind, cfg, rows, n), [dims, x, *weights, part]))
+        part = self._scratch(mm.splitk_scratch_bytes(cfg, epilogue, rows, n, norm is not None))
+        red = self._program(("mm-reduce", epilogue, n, k, cfg["KS"], eps),
+                            lambda: mm.splitk_reduce_source(epilogue, n, cfg["KS"], eps, k), f"splitk.reduce[{n}]")
+        plan.add(label, Launch(prog, mm.grid(kind, cfg, rows, n),
+                               [dims, x, *([norm] if norm is not None else []), *weights, part]))
         plan.add(label, Launch(red, (math.ceil(rows * n / mm.SPLITK_WG), 1, 1), [self._dims(rows), part, out]))
 
     def _scratch(self, nbytes: int) -> Buffer:
