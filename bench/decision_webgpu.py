@@ -157,6 +157,9 @@ def main() -> int:
     ap.add_argument("--no-reference", action="store_true", help="skip the CPU score comparison")
     ap.add_argument("--no-tune", action="store_true", help="use the device's existing table (or the defaults)")
     ap.add_argument("--no-f16-arith", action="store_true", help="skip the f16-arithmetic row")
+    ap.add_argument("--submit-first", type=int, default=8,
+                    help="also time the f16-arithmetic decision submitted in growing pieces, this many launches "
+                         "first (0: not)")
     ap.add_argument("--only-f16-arith", action="store_true",
                     help="nf4 only with the f16-arithmetic table: skip the plain tuning and the plain nf4 row "
                          "(a shorter run when the f16-arithmetic kernels are what changed)")
@@ -210,6 +213,14 @@ def main() -> int:
             if w == "nf4" and table16 is not None:
                 run_section(results, f"tilewise {name} {w} f16-arith", tilewise_section, ck, ck, args, table16,
                             "f16-arith", need_s=40, budget_s=args.budget_s)
+                if args.submit_first > 0:  # the same decision submitted in growing pieces: GPU and encoder overlap
+                    dev.submit_first_launches = args.submit_first
+                    try:
+                        run_section(results, f"tilewise {name} {w} f16-arith pipelined", tilewise_section, ck, ck,
+                                    args, table16, f"f16-arith, submits of {args.submit_first}, "
+                                    f"{2 * args.submit_first}, ... launches", need_s=30, budget_s=args.budget_s)
+                    finally:
+                        dev.submit_first_launches = 0
             del ck
         if not args.no_hf:
             run_section(results, f"hf-eager {name}", hf_section, f32, cfg, args, False, need_s=20,
@@ -236,7 +247,8 @@ def summary(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     for name in args.presets.split(","):
         eager = by.get(f"hf-eager {name}", {}).get("latency_ms_p50")
         comp = by.get(f"hf-compile {name}", {}).get("latency_ms_p50")
-        keys = [f"tilewise {name} {w}{v}" for w in args.weights.split(",") for v in ("", " f16-arith")]
+        keys = [f"tilewise {name} {w}{v}" for w in args.weights.split(",")
+                for v in ("", " f16-arith", " f16-arith pipelined")]
         for key in [*keys, f"hf-eager {name}", f"hf-compile {name}"]:
             r = by.get(key)
             if r is None:

@@ -65,3 +65,17 @@ def test_adapter_index_out_of_range(fake_adapters):
     fake_adapters += [FakeAdapter("soft", "Vulkan", "CPU")]
     with pytest.raises(DeviceUnavailable, match="no WebGPU adapter 3"):
         wg._pick_adapter(3)
+
+
+@pytest.mark.parametrize("n,first", [(1, 0), (130, 0), (130, 8), (8, 8), (9, 8), (24, 8), (25, 8), (3, 1)])
+def test_submit_pieces_cover_every_launch_once_in_growing_pieces(n, first):
+    from tilewise.devices.webgpu import submit_pieces
+
+    pieces = submit_pieces(n, first)
+    assert [i for a, b in pieces for i in range(a, b)] == list(range(n))
+    sizes = [b - a for a, b in pieces]
+    if first <= 0 or n <= first:
+        assert sizes == [n]
+    else:
+        assert sizes[:-1] == [first * 2**i for i in range(len(sizes) - 1)]
+        assert 0 < sizes[-1] <= first * 2 ** (len(sizes) - 1)

@@ -98,9 +98,17 @@ def test_reused_decision_plans_give_each_decision_its_own_answer(models, rng):
     assert reused >= 6, "decisions of one shape from one base should reuse their plan once the pool cycles"
 
 
-def test_a_decision_is_one_submission(models, rng, monkeypatch):
-    """The launches and the read-back of the result row go to the GPU in one submit (no second one for the copy)."""
+@pytest.mark.parametrize("first", [0, 4])
+def test_a_decision_is_one_submission(models, rng, monkeypatch, first):
+    """The launches and the read-back of the result row go to the GPU in one submit (no second one for the copy);
+    with `submit_first_launches` the same launches go in growing pieces, the copy with the last, same scores."""
+    from tilewise.devices.webgpu import submit_pieces
+
     model = models["nf4"]
+    ids = _ids(rng, 50)
+    model.scores(model.prefill(ids))  # buffers and pipelines made (their uploads are no decision's submits)
+    n_launches = len(model.executor.plan(np.asarray(ids), 0, None, True)[0].launches)
+    monkeypatch.setattr(model.executor.dev, "submit_first_launches", first)
     queue = model.executor.dev._dev.queue
     buffer_cls = type(model.executor.act["res"].handle)
     submits, mapping = [], []
@@ -120,9 +128,10 @@ def test_a_decision_is_one_submission(models, rng, monkeypatch):
 
     monkeypatch.setattr(type(queue), "submit", submit)
     monkeypatch.setattr(buffer_cls, "map_sync", map_sync)
-    ids = _ids(rng, 50)
     scores = model.scores(model.prefill(ids))
-    assert submits == [1], f"a decision submitted {submits} command buffers"
+    expected = [1] * len(submit_pieces(n_launches, first))
+    assert (len(expected) > 2) == (first > 0)
+    assert submits == expected, f"a decision of {n_launches} launches submitted {submits} command buffers"
     cpu = tilewise.load("tiny", device="cpu", weights="nf4", seed=3)
     np.testing.assert_allclose(scores, cpu.scores(cpu.prefill(ids)), atol=2e-5, rtol=0)
 

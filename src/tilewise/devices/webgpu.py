@@ -105,6 +105,17 @@ def _pick_adapter(index: int | None) -> tuple[Any, DeviceInfo]:
     return adapters[chosen[0]], infos[chosen[0]]
 
 
+def submit_pieces(n: int, first: int) -> list[tuple[int, int]]:
+    """[start, end) of each submission of n launches: one piece when first <= 0, else first, 2*first, 4*first..."""
+    if first <= 0 or n <= first:
+        return [(0, n)]
+    out, a, size = [], 0, first
+    while a < n:
+        out.append((a, min(n, a + size)))
+        a, size = a + size, 2 * size
+    return out
+
+
 def _shader_error(exc: Exception, source: str, name: str) -> ShaderCompileError:
     """Turn a wgpu validation error into a message that quotes the offending WGSL line."""
     text = str(exc)
@@ -124,7 +135,14 @@ def _shader_error(exc: Exception, source: str, name: str) -> ShaderCompileError:
 
 
 class WebGPUDevice(Device):
-    """A wgpu device on the best adapter (discrete > integrated > virtual > CPU), with its maximum limits."""
+    """A wgpu device on the best adapter (discrete > integrated > virtual > CPU), with its maximum limits.
+
+    `submit_first_launches` > 0 makes `run_and_download` submit a long launch list in growing pieces (that many
+    launches first, then twice as many each time), so that the GPU starts on the first launches while Python
+    still encodes the rest; 0 (the default) submits everything at once.
+    """
+
+    submit_first_launches: int = 0
 
     def __init__(self, index: int | None = None) -> None:
         self._wgpu = wgpu = _import_wgpu()
@@ -297,7 +315,12 @@ class WebGPUDevice(Device):
                 staging = self._dev.create_buffer(size=nbytes, usage=self._wgpu.BufferUsage.MAP_READ
                                                   | self._wgpu.BufferUsage.COPY_DST)
                 self._staging[nbytes] = staging
-            encoder = self._encode_pass(launches)
+            launches = list(launches)
+            pieces = submit_pieces(len(launches), self.submit_first_launches)
+            for a, b in pieces[:-1]:
+                self._dev.queue.submit([self._encode_pass(launches[a:b]).finish()])
+            a, b = pieces[-1]
+            encoder = self._encode_pass(launches[a:b])
             encoder.copy_buffer_to_buffer(buffer.handle, 0, staging, 0, nbytes)
             self._dev.queue.submit([encoder.finish()])
             staging.map_sync(self._wgpu.MapMode.READ)
