@@ -157,9 +157,9 @@ def main() -> int:
     ap.add_argument("--no-reference", action="store_true", help="skip the CPU score comparison")
     ap.add_argument("--no-tune", action="store_true", help="use the device's existing table (or the defaults)")
     ap.add_argument("--no-f16-arith", action="store_true", help="skip the f16-arithmetic row")
-    ap.add_argument("--submit-first", type=int, default=8,
+    ap.add_argument("--submit-first", default="8",
                     help="also time the f16-arithmetic decision submitted in growing pieces, this many launches "
-                         "first (0: not)")
+                         "first; a comma list times each (0 or empty: not)")
     ap.add_argument("--only-f16-arith", action="store_true",
                     help="nf4 only with the f16-arithmetic table: skip the plain tuning and the plain nf4 row "
                          "(a shorter run when the f16-arithmetic kernels are what changed)")
@@ -213,12 +213,12 @@ def main() -> int:
             if w == "nf4" and table16 is not None:
                 run_section(results, f"tilewise {name} {w} f16-arith", tilewise_section, ck, ck, args, table16,
                             "f16-arith", need_s=40, budget_s=args.budget_s)
-                if args.submit_first > 0:  # the same decision submitted in growing pieces: GPU and encoder overlap
-                    dev.submit_first_launches = args.submit_first
+                for first in submit_firsts(args):  # the same decision in growing submissions: GPU and encoder
+                    dev.submit_first_launches = first  # overlap
                     try:
-                        run_section(results, f"tilewise {name} {w} f16-arith pipelined", tilewise_section, ck, ck,
-                                    args, table16, f"f16-arith, submits of {args.submit_first}, "
-                                    f"{2 * args.submit_first}, ... launches", need_s=30, budget_s=args.budget_s)
+                        run_section(results, f"tilewise {name} {w} f16-arith pipelined {first}", tilewise_section, ck,
+                                    ck, args, table16, f"f16-arith, submits of {first}, {2 * first}, ... launches",
+                                    need_s=30, budget_s=args.budget_s)
                     finally:
                         dev.submit_first_launches = 0
             del ck
@@ -238,6 +238,10 @@ def main() -> int:
     return 0
 
 
+def submit_firsts(args: argparse.Namespace) -> list[int]:
+    return [int(v) for v in str(args.submit_first).split(",") if v.strip() and int(v) > 0]
+
+
 def summary(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     by = {r["section"]: r for r in results}
     lines = [f"# Decision latency, {args.seq}-token prompt, batch 1 (p50 ms; host clock, read-back included)", "",
@@ -248,7 +252,7 @@ def summary(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         eager = by.get(f"hf-eager {name}", {}).get("latency_ms_p50")
         comp = by.get(f"hf-compile {name}", {}).get("latency_ms_p50")
         keys = [f"tilewise {name} {w}{v}" for w in args.weights.split(",")
-                for v in ("", " f16-arith", " f16-arith pipelined")]
+                for v in ("", " f16-arith", *(f" f16-arith pipelined {f}" for f in submit_firsts(args)))]
         for key in [*keys, f"hf-eager {name}", f"hf-compile {name}"]:
             r = by.get(key)
             if r is None:
