@@ -7,7 +7,9 @@ For each preset (lfm2-350m and seed-250m shapes, seeded random weights) and weig
 - tilewise WebGPU: 346-token decision latency p50/p90/p99 (host clock around prefill + scores read-back),
   prefix-cached decisions (47 shared tokens), the run without final-row slicing, per-op GPU time (timestamps),
   and the largest |score difference| against tilewise's CPU executor on the same weights (all 8 scores);
-  nf4 once more with the f16-arithmetic table (row `nf4 f16-arith`: its score difference is its tolerance);
+  nf4 once more with the f16-arithmetic table (row `nf4 f16-arith`: its score difference is its tolerance),
+  and again for each `--submit-first` value (how the decision's launches are split into submissions; default
+  row 0: all in one submission, against the device default of growing pieces from 16 launches);
 - HF transformers `Lfm2Model` + Linear(hidden, 8) head on the same GPU in bf16, eager and `torch.compile`,
   same weights (unquantized, bf16), same prompt length, `use_cache=False`, timed the same way (host clock around
   the forward + reading the 8 scores back).
@@ -157,9 +159,10 @@ def main() -> int:
     ap.add_argument("--no-reference", action="store_true", help="skip the CPU score comparison")
     ap.add_argument("--no-tune", action="store_true", help="use the device's existing table (or the defaults)")
     ap.add_argument("--no-f16-arith", action="store_true", help="skip the f16-arithmetic row")
-    ap.add_argument("--submit-first", default="8",
-                    help="also time the f16-arithmetic decision submitted in growing pieces, this many launches "
-                         "first; a comma list times each (0 or empty: not)")
+    ap.add_argument("--submit-first", default="0",
+                    help="also time the f16-arithmetic decision with other submission pieces (the device's "
+                         "submit_first_launches: this many launches first, then twice as many each time; 0: all "
+                         "in one submission); a comma list times each, empty: none")
     ap.add_argument("--only-f16-arith", action="store_true",
                     help="nf4 only with the f16-arithmetic table: skip the plain tuning and the plain nf4 row "
                          "(a shorter run when the f16-arithmetic kernels are what changed)")
@@ -213,14 +216,15 @@ def main() -> int:
             if w == "nf4" and table16 is not None:
                 run_section(results, f"tilewise {name} {w} f16-arith", tilewise_section, ck, ck, args, table16,
                             "f16-arith", need_s=40, budget_s=args.budget_s)
-                for first in submit_firsts(args):  # the same decision in growing submissions: GPU and encoder
-                    dev.submit_first_launches = first  # overlap
+                default_first = dev.submit_first_launches
+                for first in submit_firsts(args):  # the same decision submitted otherwise (0: all at once)
+                    dev.submit_first_launches = first
+                    how = "one submission" if first == 0 else f"submits of {first}, {2 * first}, ... launches"
                     try:
-                        run_section(results, f"tilewise {name} {w} f16-arith pipelined {first}", tilewise_section, ck,
-                                    ck, args, table16, f"f16-arith, submits of {first}, {2 * first}, ... launches",
-                                    need_s=30, budget_s=args.budget_s)
+                        run_section(results, f"tilewise {name} {w} f16-arith submit {first}", tilewise_section, ck,
+                                    ck, args, table16, f"f16-arith, {how}", need_s=30, budget_s=args.budget_s)
                     finally:
-                        dev.submit_first_launches = 0
+                        dev.submit_first_launches = default_first
             del ck
         if not args.no_hf:
             run_section(results, f"hf-eager {name}", hf_section, f32, cfg, args, False, need_s=20,
@@ -239,7 +243,7 @@ def main() -> int:
 
 
 def submit_firsts(args: argparse.Namespace) -> list[int]:
-    return [int(v) for v in str(args.submit_first).split(",") if v.strip() and int(v) > 0]
+    return [int(v) for v in str(args.submit_first).split(",") if v.strip() and int(v) >= 0]
 
 
 def summary(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
@@ -252,7 +256,7 @@ def summary(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         eager = by.get(f"hf-eager {name}", {}).get("latency_ms_p50")
         comp = by.get(f"hf-compile {name}", {}).get("latency_ms_p50")
         keys = [f"tilewise {name} {w}{v}" for w in args.weights.split(",")
-                for v in ("", " f16-arith", *(f" f16-arith pipelined {f}" for f in submit_firsts(args)))]
+                for v in ("", " f16-arith", *(f" f16-arith submit {f}" for f in submit_firsts(args)))]
         for key in [*keys, f"hf-eager {name}", f"hf-compile {name}"]:
             r = by.get(key)
             if r is None:

@@ -99,9 +99,9 @@ def test_reused_decision_plans_give_each_decision_its_own_answer(models, rng):
 
 
 @pytest.mark.parametrize("first", [0, 4])
-def test_a_decision_is_one_submission(models, rng, monkeypatch, first):
-    """The launches and the read-back of the result row go to the GPU in one submit (no second one for the copy);
-    with `submit_first_launches` the same launches go in growing pieces, the copy with the last, same scores."""
+def test_decision_submissions_carry_the_read_back(models, rng, monkeypatch, first):
+    """With `submit_first_launches` 0 the launches and the read-back of the result row go to the GPU in one submit
+    (no second one for the copy); otherwise in growing pieces, the copy with the last; same scores either way."""
     from tilewise.devices.webgpu import submit_pieces
 
     model = models["nf4"]

@@ -139,10 +139,11 @@ class WebGPUDevice(Device):
 
     `submit_first_launches` > 0 makes `run_and_download` submit a long launch list in growing pieces (that many
     launches first, then twice as many each time), so that the GPU starts on the first launches while Python
-    still encodes the rest; 0 (the default) submits everything at once.
+    still encodes the rest; 0 submits everything at once. Measured on an H200 (lfm2-350m shape, 346-token
+    decision, ~130 launches): one submission 12.35 ms p50, pieces from 4 / 8 / 16 launches 10.68 / 10.65 / 10.63 ms.
     """
 
-    submit_first_launches: int = 0
+    submit_first_launches: int = 16
 
     def __init__(self, index: int | None = None) -> None:
         self._wgpu = wgpu = _import_wgpu()
@@ -304,7 +305,7 @@ class WebGPUDevice(Device):
 
     def run_and_download(self, launches: Sequence[Launch], buffer: Buffer, dtype: Any = np.float32,
                          shape: Sequence[int] | None = None) -> np.ndarray:
-        """The launches and the copy of `buffer` into a kept mappable buffer in one submission, then one map.
+        """The launches and the copy of `buffer` into a kept mappable buffer (in the last submission), one map.
 
         (`download` goes through `queue.read_buffer`, which creates a buffer and submits a copy of its own.)
         """

@@ -5,9 +5,11 @@ What a decision costs on the GPU side:
   q/k/v rows and nothing else are concatenated (one projection launch per attention block);
 - activation buffers are allocated for a row capacity (a power of two) and reused; pipelines and the small
   uniform `dims` buffers are cached by their contents, so a decision writes only its token ids;
-- one command encoder, one compute pass and one submit per decision, the read-back included: the copy of the
-  result row (the normed last row and the 8 scores share a buffer) into a kept mappable buffer is encoded after
-  the pass (`Device.run_and_download`), then mapped once; decision plans are reused per shape (see `plan`);
+- one compute pass per command buffer and no waiting between them: the decision's launches go to the GPU in
+  growing submissions (16 launches, then 32, 64, ...: the GPU starts while Python encodes the rest; the
+  device's `submit_first_launches`), the read-back included: the copy of the result row (the normed last row
+  and the 8 scores share a buffer) into a kept mappable buffer is encoded after the last pass
+  (`Device.run_and_download`), then mapped once; decision plans are reused per shape (see `plan`);
 - each block's two RMSNorms are fused into the matmuls that read them (in_proj / qkv, gate/up): the weights
   are scaled by the norm weight as they are decoded and the row's rsqrt(mean(x^2)) multiplies the epilogue;
 - matmuls pick a kernel per row count from the dispatch table (`tilewise tune model`), or the defaults:
@@ -514,7 +516,7 @@ class WebGPUExecutor:
 
     def forward(self, ids: np.ndarray, start: int, caches: GPUCaches | None, final_row_slicing: bool,
                 timed: bool = False) -> tuple[np.ndarray, GPUCaches]:
-        """Run new tokens after `caches` (None at the start) in one submission; `caches` is not modified.
+        """Run new tokens after `caches` (None at the start), one wait for the result; `caches` is not modified.
 
         Args:
             ids: (n,) token ids.
@@ -535,7 +537,7 @@ class WebGPUExecutor:
                 ms = self.dev.time(plan.launches)
                 self.last_op_times = list(zip(plan.labels, (float(t) for t in ms)))
                 res = self.dev.download(self.act["res"], np.float32, res_shape)
-            else:  # one submission: the decision's launches and the copy of its result row
+            else:  # the decision's launches and the copy of its result row, one map at the end
                 res = self.dev.run_and_download(plan.launches, self.act["res"], np.float32, res_shape)
         except DeviceLost as exc:
             self._lost = True
