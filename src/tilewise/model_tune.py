@@ -123,6 +123,7 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
         # f16 FMAs in both many-row kernels: the split-K one serves the long-K down projections
         templates += [mm.MatmulTemplate(kind, fmt, epilogue, dev.enabled_features, True, True, norm=norm, eps=eps)
                       for kind in kinds if kind != "rows"]
+    seconds = {"compile": 0.0, "verify": 0.0, "inputs": 0.0, "measure": 0.0}  # where a shape's tuning time goes
     for t in templates:
         kind = t.kind
         check_m = 97 if max_m >= 97 else max_m
@@ -133,9 +134,13 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
             if probs:
                 failures[tag.key()] = "illegal: " + "; ".join(probs)
                 continue
+            t0 = time.perf_counter()
             try:
                 prog = t.compile(dev, c, (max_m, n, k))
+                t1 = time.perf_counter()
+                seconds["compile"] += t1 - t0
                 chk = ver.check(prog, c)
+                seconds["verify"] += time.perf_counter() - t1
             except Exception as exc:  # a failing candidate is a result, never the end of the sweep
                 failures[tag.key()] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
                 continue
@@ -144,12 +149,15 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
                 continue
             cand[tag] = (t, c, prog)
         keep.append(ver)
+        t0 = time.perf_counter()
         host = t.make_inputs((max_m, n, k), rng)
         bufs_of[t.name] = t.upload(dev, host, (max_m, n, k))
+        seconds["inputs"] += time.perf_counter() - t0
     if not cand:
         raise ConfigError(f"no matmul candidate ran for {fmt} {epilogue} {n}x{k}: {failures}",
                           "report this with `tilewise devices --json`")
     times: dict[Config, dict[int, float]] = {tag: {} for tag in cand}
+    t_measure = time.perf_counter()
     for m in rows:
         launches = {}
         for tag, (t, c, prog) in cand.items():
@@ -160,6 +168,7 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
         meas = measure(dev, launches, warmup=2, min_rounds=6, max_rounds=20, budget_s=0.4, rng=rng)
         for tag, st in meas.stats.items():
             times[tag][m] = st.median_ms
+    seconds["measure"] = time.perf_counter() - t_measure
     ranges = fit_dispatch(times, rows, tolerance=0.03)
     segments = []
     for i, r in enumerate(ranges):
@@ -170,7 +179,7 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
     best = {m: min(times, key=lambda tg, m=m: times[tg].get(m, float("inf"))) for m in rows}
     record = {"rows": rows, "best_ms": {m: times[best[m]][m] for m in rows},
               "best": {m: best[m].key() for m in rows}, "failures": failures,
-              "candidates": [tg.key() for tg in cand]}
+              "candidates": [tg.key() for tg in cand], "seconds": {a: round(b, 4) for a, b in seconds.items()}}
     del keep
     return segments, record
 
@@ -252,7 +261,9 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
         desc = ", ".join(f"{sg['min_rows']}-{sg['max_rows'] or '...'}: {sg['kind']} "
                          f"{','.join(f'{a}={b}' for a, b in sg['config'].items())}" for sg in segs)
         log(f"{label} ({epilogue}, N={n}, K={k}): tiled from {cut if cut else 'never'} rows; {desc}")
-        log(f"    best ms at rows {seq}: {record['best_ms'][seq]:.4f}; at 1: {record['best_ms'][1]:.4f}")
+        log(f"    best ms at rows {seq}: {record['best_ms'][seq]:.4f}; at 1: {record['best_ms'][1]:.4f}; "
+            f"{len(record['candidates'])} candidates ran, {len(record['failures'])} refused or failed; seconds: "
+            + ", ".join(f"{a} {b:.1f}" for a, b in record["seconds"].items()))
     attn_cfg, attn_ms = tune_attention(dev, cfg, seq, seed)
     table.ops["attention"] = attn_cfg
     log(f"attention at {seq} rows: {attn_cfg} {attn_ms:.4f} ms")

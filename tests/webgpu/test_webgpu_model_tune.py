@@ -38,6 +38,9 @@ def test_tune_matmul_ranges_cover_all_rows(webgpu_device):
     assert set(record["best_ms"]) == set(rows) and all(v > 0 for v in record["best_ms"].values())
     kinds = {c.split(",")[0] for c in record["candidates"]}
     assert kinds == {"kind=rows", "kind=tiled", "kind=splitk"}, "every kernel kind must be measured"
+    # where the tuning time went: every stage ran, so every stage took time
+    assert set(record["seconds"]) == {"compile", "verify", "inputs", "measure"}
+    assert all(v > 0 for v in record["seconds"].values()), record["seconds"]
 
 
 def test_run_writes_a_table_the_executor_uses(webgpu_device, tmp_path, monkeypatch, rng):
