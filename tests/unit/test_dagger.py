@@ -100,6 +100,7 @@ def test_records_follow_the_policy_and_carry_the_expert_labels() -> None:
             assert data.token_ids[i].tolist() == encode_prompt(tok, render_prompt(game))
             assert data.actions[i] == expert.act(game)
             assert data.pieces[i] == game.pieces
+            assert tuple(data.targets[i].tolist()) == (expert.target(game.board, game.piece) or (-1, -1))
             game.step(4)
         assert game.game_over  # always-left stacks the left side until it tops out
         res = data.meta["results"][g]
@@ -173,7 +174,7 @@ def test_merged_records_keep_the_format(tmp_path: Path) -> None:
     assert back.meta["parts"] == [{"seed": 1, "games": 2, "source": "expert"},
                                   {"seed": 100, "games": 3, "source": "on-policy"}]
     n = len(expert)
-    for k in ("tokens", "lengths", "actions", "played", "steps", "pieces"):
+    for k in ("tokens", "lengths", "actions", "played", "steps", "pieces", "targets"):
         np.testing.assert_array_equal(getattr(back, k)[:n], getattr(expert, k))
         np.testing.assert_array_equal(getattr(back, k)[n:], getattr(on, k))
     np.testing.assert_array_equal(back.game_ids[n:], on.game_ids + 2)  # distinct games

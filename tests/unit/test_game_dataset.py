@@ -8,9 +8,17 @@ import numpy as np
 import pytest
 
 from tilewise.errors import ConfigError
-from tilewise.game.dataset import FORMAT_NAME, FORMAT_VERSION, game_seed, generate, read_dataset, write_dataset
+from tilewise.game.dataset import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    concat_datasets,
+    game_seed,
+    generate,
+    read_dataset,
+    write_dataset,
+)
 from tilewise.game.engine import Game
-from tilewise.game.expert import Expert
+from tilewise.game.expert import Expert, action_toward
 from tilewise.game.prompt import render_prompt
 from tilewise.game.tokenizer import encode_prompt, load_tokenizer
 
@@ -26,8 +34,9 @@ def test_written_file_reads_back_identically(small):
     data, path = small
     assert path.suffix == ".npz"
     back = read_dataset(path)
-    for k in ("tokens", "lengths", "actions", "played", "game_ids", "steps", "pieces"):
+    for k in ("tokens", "lengths", "actions", "played", "game_ids", "steps", "pieces", "targets"):
         np.testing.assert_array_equal(getattr(back, k), getattr(data, k))
+    assert back.targets.dtype == np.int8 and back.targets.shape == (len(data), 2)
     assert back.meta["version"] == FORMAT_VERSION and back.meta["seed"] == 7 and back.meta["games"] == 3
     assert back.tokens.dtype == np.uint16 and back.actions.dtype == np.uint8
     assert [len(t) for t in back.token_ids] == back.lengths.tolist()
@@ -48,6 +57,10 @@ def test_records_replay_to_the_expert_labels(small):
             assert data.token_ids[i].tolist() == ids
             assert data.actions[i] == expert.act(game)
             assert data.pieces[i] == game.pieces
+            # the target is the expert's, and the label is the step toward it from where the piece is
+            t_rot, t_x = data.targets[i].tolist()
+            assert (t_rot, t_x) == (expert.target(game.board, game.piece) or (-1, -1))
+            assert data.actions[i] == action_toward(None if t_rot < 0 else (t_rot, t_x), game.rot, game.x)
             explored += int(data.played[i] != data.actions[i])
             assert data.played[i] in (data.actions[i], 2, 3, 4, 5)
             game.step(int(data.played[i]))
@@ -121,3 +134,30 @@ def test_not_a_dataset(tmp_path):
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         generate(**kwargs)
+
+
+def test_files_without_targets_still_read(small, tmp_path):
+    """Files written before the targets array existed read back with `targets` None (no target signal)."""
+    data, path = small
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files if k != "targets"}
+    old = tmp_path / "old.npz"
+    np.savez_compressed(old, **arrays)
+    back = read_dataset(old)
+    assert back.targets is None
+    np.testing.assert_array_equal(back.actions, data.actions)
+    assert concat_datasets([data, back]).targets is None  # no target signal where one part lacks it
+    np.testing.assert_array_equal(concat_datasets([data, data]).targets[len(data):], data.targets)
+
+
+def test_bad_targets_are_refused(small, tmp_path):
+    _, path = small
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    for change, match in (((arrays["targets"][:-1]), "targets has shape"),
+                          (np.where(np.arange(arrays["targets"].size).reshape(-1, 2) == 0, 7,
+                                    arrays["targets"]).astype(np.int8), "rotation state")):
+        bad = tmp_path / "bad.npz"
+        np.savez_compressed(bad, **{**arrays, "targets": change})
+        with pytest.raises(ConfigError, match=match):
+            read_dataset(bad)

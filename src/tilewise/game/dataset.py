@@ -11,6 +11,10 @@ File format (version 1): a NumPy `.npz` (zip of `.npy` arrays, compressed; reada
     game_ids      int32 (N,)    game number 0..games-1
     steps         int32 (N,)    decision number within its game, from 0
     pieces        int32 (N,)    pieces locked in that game before this decision
+    targets       int8 (N, 2)   optional: the expert's target (rotation state, pivot column) for the falling
+                                piece, (-1, -1) when nothing is reachable; the action is "rotate toward the
+                                target state, else move toward its column, else drop" (`expert.action_toward`).
+                                Files written before it existed lack it (training then has no target signal)
     meta          str scalar    JSON: tilewise version, seed, games, max_pieces, explore, game_seeds,
                                 per-game pieces/lines/steps, tokenizer fingerprint and vocab size,
                                 prompt and shared-prefix lengths, pad id
@@ -63,6 +67,7 @@ class GameDataset:
         token_ids: per record, the (length,) ids without padding (views into `tokens`).
         actions, played, game_ids, steps, pieces: (N,) arrays.
         meta: the JSON metadata.
+        targets: (N, 2) int8 expert targets (rot, x), or None (older files).
     """
 
     tokens: np.ndarray
@@ -73,6 +78,7 @@ class GameDataset:
     steps: np.ndarray
     pieces: np.ndarray
     meta: dict[str, Any] = field(default_factory=dict)
+    targets: np.ndarray | None = None  # (N, 2) int8 expert target (rot, x); None in files made before it
 
     @cached_property
     def token_ids(self) -> list[np.ndarray]:
@@ -81,6 +87,16 @@ class GameDataset:
 
     def __len__(self) -> int:
         return int(self.actions.shape[0])
+
+
+def expert_target(expert: Any, game: Any) -> tuple[int, int]:
+    """The expert's target (rot, x) for the game's falling piece; (-1, -1) when nothing is reachable."""
+    t = expert.target(game.board, game.piece)
+    return (-1, -1) if t is None else (int(t[0]), int(t[1]))
+
+
+def _targets_array(rows: list[tuple[int, int]]) -> np.ndarray:
+    return np.array(rows, dtype=np.int8).reshape(-1, 2)  # (N, 2)
 
 
 def game_seed(seed: int, game: int) -> int:
@@ -178,9 +194,11 @@ def _play_game(job: tuple[int, int, int, float, str | None]) -> dict[str, Any]:
     actions: list[int] = []
     played: list[int] = []
     pieces: list[int] = []
+    targets: list[tuple[int, int]] = []
     while not game.game_over and game.pieces < max_pieces:
         ids.append(enc.encode(render_prompt(game)))
         a = expert.act(game)
+        targets.append(expert_target(expert, game))  # cached: `act` just computed it
         # exploration turns or shifts the piece (2-5), never drops it: the expert's next label is a recovery
         p = rng.randrange(2, 6) if explore > 0 and rng.random() < explore else a
         actions.append(a)
@@ -189,7 +207,7 @@ def _play_game(job: tuple[int, int, int, float, str | None]) -> dict[str, Any]:
         game.step(p)
     tokens, lengths = _pack_ids(ids, enc.tok.token_to_id("<|pad|>"))
     return {"game_id": game_id, "seed": seed, "tokens": tokens, "lengths": lengths, "actions": actions,
-            "played": played, "pieces": pieces,
+            "played": played, "pieces": pieces, "targets": targets,
             "result": {"pieces": game.pieces, "lines": game.lines, "steps": game.steps,
                        "game_over": game.game_over}}
 
@@ -296,6 +314,8 @@ def _assemble(results: list[dict[str, Any]], tok: Any, meta: dict[str, Any]) -> 
         steps=np.array([s for r in results for s in range(len(r["actions"]))], dtype=np.int32),
         pieces=np.array([p for r in results for p in r["pieces"]], dtype=np.int32),
         meta=meta,
+        targets=_targets_array([t for r in results for t in r["targets"]])
+        if all("targets" in r for r in results) else None,
     )
 
 
@@ -363,6 +383,8 @@ def concat_datasets(parts: list[GameDataset], meta: dict[str, Any] | None = None
         steps=np.concatenate([p.steps for p in parts]),
         pieces=np.concatenate([p.pieces for p in parts]),
         meta=meta,
+        # the target signal only where every part has it (a file from before it existed has none)
+        targets=np.concatenate([p.targets for p in parts]) if all(p.targets is not None for p in parts) else None,
     )
 
 
@@ -405,8 +427,8 @@ class _OnPolicyShard:
         self.games = {g: Game(s) for g, s in zip(game_ids, seeds)}
         self.rngs = {g: random.Random(s ^ 0xDA66E5) for g, s in zip(game_ids, seeds)}
         self.rec: dict[int, dict[str, list[Any]]] = {
-            g: {"ids": [], "actions": [], "played": [], "policy": [], "pieces": []} for g in game_ids}
-        self.pending: list[tuple[int, list[int], int]] = []
+            g: {"ids": [], "actions": [], "played": [], "policy": [], "pieces": [], "targets": []} for g in game_ids}
+        self.pending: list[tuple[int, list[int], int, tuple[int, int]]] = []
         self.start: dict[int, tuple[int, int]] = {}  # (pieces, lines) when the policy took over
         for g in self.ids:  # the expert's roll-in: not recorded (positions like the expert data's)
             game, target = self.games[g], min(rollin_pieces(g, self.rngs[g], prefix_pieces), max_pieces)
@@ -427,12 +449,13 @@ class _OnPolicyShard:
         for g in self.ids:
             if self.running(g):
                 game = self.games[g]
-                self.pending.append((g, self.enc.encode(render_prompt(game)), self.expert.act(game)))
+                self.pending.append((g, self.enc.encode(render_prompt(game)), self.expert.act(game),
+                                     expert_target(self.expert, game)))
         if not self.pending:
             return None
-        lengths = np.array([len(ids) for _, ids, _ in self.pending], dtype=np.int32)
+        lengths = np.array([len(p[1]) for p in self.pending], dtype=np.int32)
         tokens = np.zeros((len(self.pending), int(lengths.max())), dtype=np.uint16)
-        for r, (_, ids, _) in enumerate(self.pending):
+        for r, (_, ids, _, _) in enumerate(self.pending):
             tokens[r, : len(ids)] = ids
         return tokens, lengths
 
@@ -442,7 +465,7 @@ class _OnPolicyShard:
         if actions.shape[0] != len(self.pending):
             raise ConfigError(f"the policy returned {actions.shape[0]} actions for {len(self.pending)} positions",
                               "return one action per row of the batch")
-        for (g, ids, label), a in zip(self.pending, actions.tolist()):
+        for (g, ids, label, target), a in zip(self.pending, actions.tolist()):
             a = int(a)
             if not 0 <= a <= 5:
                 raise ConfigError(f"the policy returned action {a}, outside 0-5",
@@ -456,6 +479,7 @@ class _OnPolicyShard:
             rec["played"].append(played)
             rec["policy"].append(a)
             rec["pieces"].append(self.games[g].pieces)
+            rec["targets"].append(target)
             self.games[g].step(played)
         self.pending = []
 
@@ -468,7 +492,7 @@ class _OnPolicyShard:
             tokens, lengths = _pack_ids(rec["ids"], self.enc.tok.token_to_id("<|pad|>"))
             out.append({"game_id": g, "seed": self.seeds[g], "tokens": tokens, "lengths": lengths,
                         "actions": rec["actions"],
-                        "played": rec["played"], "pieces": rec["pieces"], "agree": agree,
+                        "played": rec["played"], "pieces": rec["pieces"], "targets": rec["targets"], "agree": agree,
                         "result": {"pieces": game.pieces, "lines": game.lines, "steps": game.steps,
                                    "game_over": game.game_over, "stopped": self.running(g),
                                    "rollin_pieces": start_pieces, "policy_pieces": game.pieces - start_pieces,
@@ -710,6 +734,7 @@ def write_dataset(data: GameDataset, path: str | Path) -> Path:
         tmp, format=np.array(FORMAT_NAME), version=np.array(FORMAT_VERSION, dtype=np.int64),
         meta=np.array(json.dumps(data.meta, sort_keys=True)),
         **{name: getattr(data, name) for name in _ARRAYS},
+        **({} if data.targets is None else {"targets": np.asarray(data.targets, dtype=np.int8)}),
     )
     tmp.replace(path)  # never leave a half-written file under the real name
     return path
@@ -749,6 +774,7 @@ def read_dataset(path: str | Path) -> GameDataset:
         if missing:
             raise ConfigError(f"{path} lacks the arrays {', '.join(missing)}", regen)
         arrays = {k: z[k] for k in _ARRAYS}
+        targets = z["targets"] if "targets" in keys else None
         meta = json.loads(str(z["meta"][()]))
     tokens = arrays["tokens"]
     n = tokens.shape[0] if tokens.ndim == 2 else -1
@@ -765,4 +791,8 @@ def read_dataset(path: str | Path) -> GameDataset:
             i = int(np.argmax(arrays[k] > 5))
             raise ConfigError(f"{path}: record {i} has {k} value {int(arrays[k][i])}, outside 0-5 "
                               "(6 and 7 are reserved outputs)", regen)
-    return GameDataset(meta=meta, **arrays)
+    if targets is not None and targets.shape != (n, 2):
+        raise ConfigError(f"{path}: targets has shape {targets.shape}, expected ({n}, 2)", regen)
+    if targets is not None and n and (int(targets[:, 0].min()) < -1 or int(targets[:, 0].max()) > 3):
+        raise ConfigError(f"{path}: a target rotation state is outside -1..3", regen)
+    return GameDataset(meta=meta, targets=targets, **arrays)
