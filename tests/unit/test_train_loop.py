@@ -102,3 +102,29 @@ def test_hf_folder_has_the_documented_files(tmp_path: Path) -> None:
     assert cfg["model_type"] == "lfm2" and cfg["num_labels"] == 8 and cfg["id2label"]["1"] == "hard_drop"
     assert ModelConfig.from_hf_dict(cfg).layer_types == _cfg().layer_types
     assert json.loads((out / "training.json").read_text())["result"]["steps"] == 3
+
+
+def test_aux_target_loss_trains_its_head_and_leaves_the_export_alone() -> None:
+    """Targets that are a fixed function of the prompt: with the auxiliary loss on, its head learns them (chance
+    1/44), the action rule is still learnt, and the model keeps exactly the exported parameters."""
+    ex = _task(2000, 4)
+    rng = np.random.default_rng(4)
+    last = ex.ids[np.arange(len(ex)), ex.lengths - 2]  # the token 2 before the end decides the placement
+    ex.targets = np.stack([last % 4, (last // 4) % 11], axis=1).astype(np.int64)  # (N, 2) rot, x
+    ex.targets[rng.random(len(ex)) < 0.05] = -1  # nothing reachable: ignored
+    train_ex, held = split_games(ex, 0.1, seed=0)
+    lines: list[str] = []
+    model, result = train(_cfg(), train_ex, held, _settings(max_steps=300, log_every=50, aux_target_weight=1.0),
+                          log=lines.append)
+    assert result.aux_target_batch_accuracy > 0.5, result
+    assert result.heldout_accuracy > 0.7, result
+    assert any("auxiliary target loss" in line for line in lines) and any(" aux " in line for line in lines)
+    plain, _ = train(_cfg(), train_ex, held, _settings(max_steps=5), log=lambda s: None)
+    assert list(model.state_dict()) == list(plain.state_dict())  # the aux head never joins the model
+    ex_no = _task(200, 5)
+    notes: list[str] = []
+    _, r = train(_cfg(), *split_games(ex_no, 0.1, seed=0), _settings(max_steps=3, aux_target_weight=1.0),
+                 log=notes.append)
+    assert any("records no expert targets" in n for n in notes) and np.isnan(r.aux_target_batch_accuracy)
+    with pytest.raises(ConfigError, match="negative"):
+        train(_cfg(), train_ex, held, _settings(max_steps=3, aux_target_weight=-1.0), log=lambda s: None)

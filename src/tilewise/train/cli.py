@@ -70,6 +70,9 @@ def register(sub: Any) -> None:
     p.add_argument("--init", default=None, metavar="HF_DIR",
                    help="start from this model folder's weights (e.g. an earlier `tilewise train --out`) instead of a "
                         "fresh initialisation; the shape is the folder's")
+    p.add_argument("--aux-target-weight", type=float, default=0.0, metavar="W",
+                   help="weight of a training-only loss on the expert's target placement (rotation state and pivot "
+                        "column, recorded in the dataset), predicted from the head's hidden state; 0: off")
     p.add_argument("--results-json", default=None, metavar="FILE", help="write the run's results as JSON here")
     p.set_defaults(func=_cmd_train)
 
@@ -136,7 +139,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
                              batch_size=args.batch, lr=args.lr, weight_decay=args.weight_decay,
                              warmup_steps=args.warmup, seed=args.seed, device=args.device,
                              eval_every_s=args.eval_every_s, log_every=args.log_every, compile=args.compile,
-                             init=str(args.init or ""))
+                             init=str(args.init or ""), aux_target_weight=args.aux_target_weight)
     model, result = train(cfg, train_ex, held_ex, settings, log=log, heldout_parts=held_parts, repeats=repeats)
     record = {
         "argv": sys.argv[1:],

@@ -28,6 +28,8 @@ class Examples:
         actions: (N,) expert actions in 0..5.
         games: (N,) game ids.
         steps: (N,) step within the game.
+        targets: (N, 2) the expert's target (rot, x) per decision, (-1, -1) when none; None when the data has no
+            targets (an auxiliary training signal only).
     """
 
     ids: np.ndarray
@@ -35,6 +37,7 @@ class Examples:
     actions: np.ndarray
     games: np.ndarray
     steps: np.ndarray
+    targets: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.actions.shape[0])
@@ -43,7 +46,8 @@ class Examples:
         """The examples where `mask` is true, with padding trimmed to the longest kept prompt."""
         lengths = self.lengths[mask]
         width = int(lengths.max()) if lengths.size else 1
-        return Examples(self.ids[mask, :width], lengths, self.actions[mask], self.games[mask], self.steps[mask])
+        return Examples(self.ids[mask, :width], lengths, self.actions[mask], self.games[mask], self.steps[mask],
+                        None if self.targets is None else self.targets[mask])
 
     def action_counts(self) -> list[int]:
         """How many examples carry each action 0..5."""
@@ -63,7 +67,9 @@ class Examples:
             return parts[0]
         return Examples(np.concatenate([padded(p.ids) for p in parts]), np.concatenate([p.lengths for p in parts]),
                         np.concatenate([p.actions for p in parts]), np.concatenate([p.games for p in parts]),
-                        np.concatenate([p.steps for p in parts]))
+                        np.concatenate([p.steps for p in parts]),
+                        np.concatenate([p.targets for p in parts]) if all(p.targets is not None for p in parts)
+                        else None)
 
 
 def from_records(token_ids: list[np.ndarray] | list[list[int]] | np.ndarray, actions: np.ndarray | list[int],
@@ -163,8 +169,11 @@ def load_examples(path: str | Path, tokenizer: Any = None, pad_id: int = 0) -> E
             raise ConfigError(f"{path} was made with another tokenizer (fingerprint {made_with}, this one "
                               f"{tokenizer_fingerprint(tokenizer)})",
                               "train with --tokenizer set to the dataset's tokenizer, or regenerate the dataset")
-    return from_arrays(data.tokens, data.lengths, data.actions, data.game_ids, data.steps, pad_id=pad_id,
-                       vocab_size=vocab_size)
+    ex = from_arrays(data.tokens, data.lengths, data.actions, data.game_ids, data.steps, pad_id=pad_id,
+                     vocab_size=vocab_size)
+    if data.targets is not None:
+        ex.targets = data.targets.astype(np.int64)  # (N, 2)
+    return ex
 
 
 def from_arrays(tokens: np.ndarray, lengths: np.ndarray, actions: np.ndarray, games: np.ndarray, steps: np.ndarray,

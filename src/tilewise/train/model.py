@@ -201,15 +201,17 @@ class Lfm2Classifier(nn.Module):
             x = layer(x, cos, sin)
         return self.model.embedding_norm(x)
 
-    def forward(self, input_ids: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, lengths: torch.Tensor | None = None,
+                return_hidden: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Scores of the 8 outputs at each prompt's last real token.
 
         Args:
             input_ids: (B, T) right-padded token ids.
             lengths: (B,) real lengths (None: every row is T long).
+            return_hidden: also return the final-normed hidden state the head reads (for training-only heads).
 
         Returns:
-            (B, num_labels) float32 scores.
+            (B, num_labels) float32 scores; with `return_hidden`, (scores, (B, hidden) normed last hidden state).
         """
         seq_len = input_ids.shape[1]
         cos, sin = rope_tables(seq_len, self.cfg.head_dim, self.cfg.rope_theta, input_ids.device)
@@ -221,4 +223,6 @@ class Lfm2Classifier(nn.Module):
         else:
             last = x[torch.arange(x.shape[0], device=x.device), lengths - 1]  # (B, H)
         # the final norm and head act per position, so only the read position needs them
-        return self.score(self.model.embedding_norm(last)).float()
+        h = self.model.embedding_norm(last)  # (B, H)
+        scores = self.score(h).float()
+        return (scores, h) if return_hidden else scores

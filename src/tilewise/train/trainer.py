@@ -48,6 +48,9 @@ class TrainSettings:
         compile: wrap the model in `torch.compile`.
         init: a model folder (`tilewise train` output, or any folder `load_torch_model` reads) whose weights the
             run starts from; its shape must be the run's. Empty: a fresh seeded initialisation.
+        aux_target_weight: weight of an auxiliary loss during training only: from the same last hidden state, a
+            linear head predicts the expert's target placement (rotation state and pivot column, two
+            cross-entropies) where the data records it. The head is not part of the exported model. 0: off.
     """
 
     epochs: float = 1.0
@@ -63,6 +66,7 @@ class TrainSettings:
     log_every: int = 50
     compile: bool = False
     init: str = ""
+    aux_target_weight: float = 0.0
 
 
 @dataclass
@@ -83,6 +87,7 @@ class TrainResult:
     heldout_by_data: list[dict[str, Any]] = field(default_factory=list)
     device: str = ""
     stopped_by: str = ""
+    aux_target_batch_accuracy: float = float("nan")  # last logged batch: rotation and column both right
 
 
 def pick_device(name: str) -> Any:
@@ -222,6 +227,8 @@ def train(cfg: ModelConfig, train_ex: Examples, heldout_ex: Examples, settings: 
 
     if len(train_ex) == 0:
         raise ConfigError("no training decisions left after holding out games", "generate more games")
+    if settings.aux_target_weight < 0:
+        raise ConfigError(f"aux_target_weight {settings.aux_target_weight} is negative", "use 0 (off) or a weight > 0")
     if settings.batch_size < 1:
         raise ConfigError(f"batch size {settings.batch_size} must be >= 1", "use e.g. --batch 64")
     top = int(train_ex.ids.max())
@@ -233,8 +240,20 @@ def train(cfg: ModelConfig, train_ex: Examples, heldout_ex: Examples, settings: 
     if settings.init:
         log(f"train: starting from the weights of {settings.init}")
     model.to(device).train()
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    aux_head = None
+    if settings.aux_target_weight > 0:
+        if train_ex.targets is None:
+            log("train: the data records no expert targets (made before they were recorded): auxiliary target "
+                "loss off; regenerate the data to use it")
+        else:
+            from tilewise.game.pieces import BOARD_WIDTH
+
+            # logits: 4 rotation states, then BOARD_WIDTH pivot columns; training only, never exported
+            aux_head = torch.nn.Linear(cfg.hidden_size, 4 + BOARD_WIDTH, bias=False).to(device)
+            log(f"train: auxiliary target loss, weight {settings.aux_target_weight}")
+    params = list(model.parameters()) + ([] if aux_head is None else list(aux_head.parameters()))
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
     fused = device.type == "cuda"
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
@@ -263,6 +282,7 @@ def train(cfg: ModelConfig, train_ex: Examples, heldout_ex: Examples, settings: 
     ids_all = torch.as_tensor(train_ex.ids, device=device)  # (N, T) int32
     len_all = torch.as_tensor(train_ex.lengths, device=device)  # (N,)
     act_all = torch.as_tensor(train_ex.actions, device=device)  # (N,)
+    tgt_all = None if aux_head is None else torch.as_tensor(train_ex.targets, device=device)  # (N, 2) rot, x
     gen = torch.Generator(device="cpu").manual_seed(settings.seed + 1)
     pool_t = None if pool is None else torch.as_tensor(pool, device=device)
 
@@ -302,11 +322,20 @@ def train(cfg: ModelConfig, train_ex: Examples, heldout_ex: Examples, settings: 
         ids = ids_all[idx, :width]
         target = act_all[idx]
         with autocast():
-            scores = step_fn(ids, lengths)  # (B, 8) float32
+            if aux_head is None:
+                scores = step_fn(ids, lengths)  # (B, 8) float32
+            else:
+                scores, hidden = step_fn(ids, lengths, return_hidden=True)  # (B, 8), (B, H)
+                aux = aux_head(hidden).float()  # (B, 4 + BOARD_WIDTH)
         loss = F.cross_entropy(scores[:, :6], target)
+        if aux_head is not None:
+            tgt = tgt_all[idx]  # (B, 2); -1: nothing reachable, no target
+            aux_loss = (F.cross_entropy(aux[:, :4], tgt[:, 0], ignore_index=-1)
+                        + F.cross_entropy(aux[:, 4:], tgt[:, 1], ignore_index=-1))
+            loss = loss + settings.aux_target_weight * aux_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
         tokens = int(settings.batch_size * width)
@@ -315,10 +344,16 @@ def train(cfg: ModelConfig, train_ex: Examples, heldout_ex: Examples, settings: 
         if step % settings.log_every == 0 or step == max_steps:
             # one host sync per log line keeps the GPU queue full between them
             loss_sum = float(loss.detach())
+            aux_note = ""
+            if aux_head is not None:
+                hit = (aux[:, :4].argmax(-1) == tgt[:, 0]) & (aux[:, 4:].argmax(-1) == tgt[:, 1])
+                valid = tgt[:, 0] >= 0
+                result.aux_target_batch_accuracy = float(hit[valid].float().mean()) if bool(valid.any()) else 0.0
+                aux_note = f"  aux {float(aux_loss.detach()):.4f} (target acc {result.aux_target_batch_accuracy:.3f})"
             correct = int((scores[:, :6].argmax(-1) == target).sum())
             seen = int(target.numel())
             now = time.perf_counter()
-            log(f"step {step:6d}  epoch {step / steps_per_epoch:5.2f}  loss {loss_sum:.4f}  "
+            log(f"step {step:6d}  epoch {step / steps_per_epoch:5.2f}  loss {loss_sum:.4f}{aux_note}  "
                 f"batch acc {correct / seen:.3f}  lr {opt.param_groups[0]['lr']:.2e}  "
                 f"{tokens_since / max(now - t_log, 1e-9):,.0f} tok/s  {now - t_start:6.1f} s")
             t_log, tokens_since = now, 0
