@@ -22,6 +22,7 @@ chooses only among stored configs.
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -84,46 +85,22 @@ class LadderSpec:
 
 
 # ---- the four primitives ---------------------------------------------------------------------------------------
-def _conv1d_gpu_template() -> KernelTemplate:
-    from tilewise.kernels.conv1d import WgslConv1d
+def _lazy_template(module: str, cls: str) -> Callable[[], KernelTemplate]:
+    """A factory of `module.cls()`, imported on first use (TVM, CuPy and wgpu load only for the ladder that runs)."""
 
-    return WgslConv1d()
+    def make() -> KernelTemplate:
+        return getattr(importlib.import_module(module), cls)()
 
-
-def _dwsep_template() -> KernelTemplate:
-    from tilewise.kernels.dwsep_conv2d import WgslDwsepConv2d
-
-    return WgslDwsepConv2d()
+    return make
 
 
-def _gemm_template() -> KernelTemplate:
-    from tilewise.kernels.gemm import WgslGemm
-
-    return WgslGemm()
-
-
-def _conv1d_tvm_template() -> KernelTemplate:
-    from tilewise.kernels.conv1d_tvm import TvmConv1d
-
-    return TvmConv1d()
-
-
-def _tvm_cuda_conv1d_template() -> KernelTemplate:
-    from tilewise.kernels.tvm_cuda import TvmCudaConv1d
-
-    return TvmCudaConv1d()
-
-
-def _tvm_cuda_gemm_template() -> KernelTemplate:
-    from tilewise.kernels.tvm_cuda import TvmCudaGemm
-
-    return TvmCudaGemm()
-
-
-def _tvm_cuda_dwsep_template() -> KernelTemplate:
-    from tilewise.kernels.tvm_cuda_dwsep import TvmCudaDwsepConv2d
-
-    return TvmCudaDwsepConv2d()
+_conv1d_gpu_template = _lazy_template("tilewise.kernels.conv1d", "WgslConv1d")
+_dwsep_template = _lazy_template("tilewise.kernels.dwsep_conv2d", "WgslDwsepConv2d")
+_gemm_template = _lazy_template("tilewise.kernels.gemm", "WgslGemm")
+_conv1d_tvm_template = _lazy_template("tilewise.kernels.conv1d_tvm", "TvmConv1d")
+_tvm_cuda_conv1d_template = _lazy_template("tilewise.kernels.tvm_cuda", "TvmCudaConv1d")
+_tvm_cuda_gemm_template = _lazy_template("tilewise.kernels.tvm_cuda", "TvmCudaGemm")
+_tvm_cuda_dwsep_template = _lazy_template("tilewise.kernels.tvm_cuda_dwsep", "TvmCudaDwsepConv2d")
 
 
 def _torch() -> Any:

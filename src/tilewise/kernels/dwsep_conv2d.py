@@ -75,19 +75,27 @@ def storage_bytes(c: Config) -> int:
     return 4 * (c["RC"] * c["BW"] + c["BO"] * c["RC"]) if c["STAGE"] == "workgroup" else 0
 
 
-def _rules() -> list[Rule]:
-    def lim(L: Any) -> int:
-        return min(L.max_invocations_per_workgroup, L.max_workgroup_size[0])
-
+def tile_split_rules(stages: tuple[str, ...]) -> list[Rule]:
+    """The staging choice (one of the backend's `stages`) and the tile splits: the same rules for the WGSL and the
+    TVM-CUDA dwsep templates."""
     return [
-        Rule("stage", lambda c, L: c.STAGE in STAGES,
-             lambda c, L: f"STAGE = {c.STAGE!r} is not one of {', '.join(STAGES)}"),
+        Rule("stage", lambda c, L: c.STAGE in stages,
+             lambda c, L: f"STAGE = {c.STAGE!r} is not one of {', '.join(stages)}"),
         Rule("pixel_split", lambda c, L: c.BW % c.TPX == 0,
              lambda c, L: f"BW % TPX = {c.BW} % {c.TPX} = {c.BW % c.TPX} != 0",
              doc="the pixel tile splits into whole per-thread strips"),
         Rule("channel_split", lambda c, L: c.BO % c.TO == 0,
              lambda c, L: f"BO % TO = {c.BO} % {c.TO} = {c.BO % c.TO} != 0",
              doc="the output-channel tile splits into whole per-thread groups"),
+    ]
+
+
+def _rules() -> list[Rule]:
+    def lim(L: Any) -> int:
+        return min(L.max_invocations_per_workgroup, L.max_workgroup_size[0])
+
+    return [
+        *tile_split_rules(STAGES),
         Rule("registers", lambda c, L: registers(c) <= MAX_REGISTERS,
              lambda c, L: f"registers = TO*TPX + RC*TPX = {registers(c)} > {MAX_REGISTERS} (certain spill)"),
         Rule("workgroup_storage", lambda c, L: storage_bytes(c) <= L.max_workgroup_storage_bytes,

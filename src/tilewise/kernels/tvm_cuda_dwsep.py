@@ -52,7 +52,7 @@ from tilewise.devices.base import Device, Launch, Limits, Program
 from tilewise.errors import ConfigError, ShaderCompileError, TilewiseError
 from tilewise.kernels import tvm_sources
 from tilewise.kernels.base import DeviceBuffers, HostInputs, Shape
-from tilewise.kernels.dwsep_conv2d import SMALL, WgslDwsepConv2d, check_shape, fmt
+from tilewise.kernels.dwsep_conv2d import SMALL, WgslDwsepConv2d, check_shape, fmt, tile_split_rules
 from tilewise.kernels.tvm_cuda import (
     DEFAULT_ARCH,
     MAX_INDEX,
@@ -118,14 +118,7 @@ def register_budget(c: Config, L: Limits | None) -> int:
 
 def _rules() -> list[Rule]:
     return [
-        Rule("stage", lambda c, L: c.STAGE in STAGES,
-             lambda c, L: f"STAGE = {c.STAGE!r} is not one of {', '.join(STAGES)}"),
-        Rule("pixel_split", lambda c, L: c.BW % c.TPX == 0,
-             lambda c, L: f"BW % TPX = {c.BW} % {c.TPX} = {c.BW % c.TPX} != 0",
-             doc="the pixel tile splits into whole per-thread strips"),
-        Rule("channel_split", lambda c, L: c.BO % c.TO == 0,
-             lambda c, L: f"BO % TO = {c.BO} % {c.TO} = {c.BO % c.TO} != 0",
-             doc="the output-channel tile splits into whole per-thread groups"),
+        *tile_split_rules(STAGES),
         Rule("registers", lambda c, L: registers(c) <= register_budget(c, L),
              lambda c, L: f"registers = TO*TPX{' + RC*TPX' if c.STAGE != 'shared' else ''}"
                           f"{' + TO*RC' if c.STAGE == 'local' else ''} = {registers(c)} > {register_budget(c, L)} "
