@@ -52,6 +52,7 @@ from tilewise.devices.base import Device, Launch, Limits, Program
 from tilewise.errors import ConfigError, ShaderCompileError, TilewiseError
 from tilewise.kernels import tvm_sources
 from tilewise.kernels.base import DeviceBuffers, HostInputs, Shape
+from tilewise.kernels.dwsep_conv2d import PARAMS as WGSL_PARAMS
 from tilewise.kernels.dwsep_conv2d import SMALL, WgslDwsepConv2d, check_shape, fmt, tile_split_rules
 from tilewise.kernels.tvm_cuda import (
     DEFAULT_ARCH,
@@ -68,14 +69,7 @@ from tilewise.kernels.tvm_cuda import (
 from tilewise.tune.space import Config, Rule, Space, named_space
 
 STAGES = ("global", "shared", "local")
-PARAMS: dict[str, list[Any]] = {
-    "BW": [8, 16, 32, 64],
-    "TPX": [1, 2, 4],
-    "BO": [4, 8, 16, 32, 64],
-    "TO": [1, 2, 4, 8],
-    "RC": [1, 2, 4, 8],
-    "STAGE": list(STAGES),
-}
+PARAMS: dict[str, list[Any]] = {**WGSL_PARAMS, "STAGE": list(STAGES)}  # the WGSL template's tiles, CUDA's stages
 MAX_GRID_YZ = 65535  # CUDA caps grid.y (B * Ho rows) and grid.z (channel tiles)
 DEFAULT_SHAPE = (1, 64, 56, 56, 128, 3, 1)  # what `source(config)` shows when no shape is given
 ARG_NAMES = ["DW", "Out", "PW", "X"]
