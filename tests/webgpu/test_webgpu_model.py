@@ -235,6 +235,8 @@ def test_dispatch_table_from_another_device_or_version_is_ignored(webgpu_device,
                                  ("kernel_version", "0ld", "kernel version")):
         d = json.loads(path.read_text())
         d[field] = value
+        if field == "kernel_version":
+            d["kernel_versions"] = {part: value for part in d["kernel_versions"]}
         bad = tmp_path / f"bad-{field}.json"
         bad.write_text(json.dumps(d))
         with pytest.warns(UserWarning, match=needle):
@@ -242,6 +244,35 @@ def test_dispatch_table_from_another_device_or_version_is_ignored(webgpu_device,
         assert table.matmul == {} and table.source == "defaults"
     with pytest.warns(UserWarning, match="tilewise tune model"):
         DispatchTable.load_for(fp, tmp_path / "missing.json")
+
+
+def test_dispatch_table_drops_only_the_parts_whose_kernels_changed(webgpu_device, tmp_path):
+    fp = webgpu_device.info.fingerprint
+    seg = [{"min_rows": 1, "max_rows": None, "kind": "tiled", "config": {"BM": 16, "BN": 16, "BK": 8, "TM": 1,
+                                                                         "TN": 8, "F16S": False}}]
+    attn = {"BQ": 16, "BKV": 8}
+    path = DispatchTable(fingerprint=fp, version=kernel_version(), matmul={"matmul:nf4:none:64x64": seg},
+                         ops={"attention": attn}).save(tmp_path / "t.json")
+    for part in ("attention", "matmul"):
+        d = json.loads(path.read_text())
+        d["kernel_version"] = "0ld"  # the combined hash differs whenever any part does
+        d["kernel_versions"][part] = "0ld"
+        stale = tmp_path / f"stale-{part}.json"
+        stale.write_text(json.dumps(d))
+        with pytest.warns(UserWarning, match=f"the {part} kernels changed"):
+            table = DispatchTable.load_for(fp, stale)
+        assert table.source == str(stale)
+        if part == "attention":
+            assert table.ops == {} and table.matmul == {"matmul:nf4:none:64x64": seg}
+        else:
+            assert table.ops == {"attention": attn} and table.matmul == {}
+    old = json.loads(path.read_text())  # a table written before per-part versions
+    del old["kernel_versions"]
+    old["kernel_version"] = "0ld"
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    with pytest.warns(UserWarning, match="kernel version"):
+        table = DispatchTable.load_for(fp, tmp_path / "old.json")
+    assert table.matmul == {} and table.ops == {} and table.source == "defaults"
 
 
 @pytest.mark.parametrize("kind", ["splitk", "rows", "tiled"])

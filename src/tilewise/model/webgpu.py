@@ -57,11 +57,21 @@ MAX_CACHED_PLANS = 64  # decision plans kept per executor (a game uses a handful
 
 
 def kernel_version() -> str:
-    """Hash of the kernel generators' source: a dispatch table measured on other kernels is stale."""
+    """Hash of all the kernel generators' source (shown in a table; `kernel_versions` decides what is stale)."""
     h = hashlib.sha256()
     for mod in (mm, rowops, conv_k, attn_k):
         h.update(Path(mod.__file__).read_bytes())
     return h.hexdigest()[:12]
+
+
+def kernel_versions() -> dict[str, str]:
+    """Hash of each tuned part's kernel generator: `matmul` (nf4_matmul.py) and `attention` (attention.py).
+
+    A table keeps the parts whose generator is unchanged, so editing the attention kernel costs a re-tune of
+    attention only, not of every matmul shape.
+    """
+    return {part: hashlib.sha256(Path(mod.__file__).read_bytes()).hexdigest()[:12]
+            for part, mod in (("matmul", mm), ("attention", attn_k))}
 
 
 # ---------------------------------------------------------------------------------------------- dispatch
@@ -89,6 +99,7 @@ class DispatchTable:
     Attributes:
         fingerprint: the device it was measured on.
         version: `kernel_version()` of the kernels measured.
+        versions: `kernel_versions()` of the kernels measured (per tuned part).
         matmul: key (`matmul_key`) -> [{"min_rows", "max_rows" (inclusive, null = no bound), "kind", "config"}].
         ops: op name (`attention`) -> config.
         source: "defaults" or the file it came from.
@@ -100,6 +111,7 @@ class DispatchTable:
     ops: dict[str, dict[str, Any]] = field(default_factory=dict)
     source: str = "defaults"
     measured: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=kernel_versions)
 
     def pick_matmul(self, fmt: str, epilogue: str, n: int, k: int, rows: int,
                     norm: bool = False) -> tuple[str, dict[str, Any]]:
@@ -120,7 +132,7 @@ class DispatchTable:
 
     def to_json(self) -> dict[str, Any]:
         return {"format": "tilewise-model-dispatch", "fingerprint": self.fingerprint, "kernel_version": self.version,
-                "matmul": self.matmul, "ops": self.ops, "measured": self.measured}
+                "kernel_versions": self.versions, "matmul": self.matmul, "ops": self.ops, "measured": self.measured}
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -153,13 +165,27 @@ class DispatchTable:
             warnings.warn(f"ignoring dispatch table {path}: it was measured on {d.get('fingerprint')!r}, not on this "
                           f"device {fingerprint!r}; using defaults. {fix}", stacklevel=2)
             return cls(fingerprint=fingerprint, version=kernel_version())
-        if d.get("kernel_version") != kernel_version():
+        now = kernel_versions()
+        theirs = d.get("kernel_versions")
+        if not isinstance(theirs, dict):  # a table from before per-part versions: all or nothing
+            theirs = now if d.get("kernel_version") == kernel_version() else {}
+        stale = [part for part in now if theirs.get(part) != now[part]]
+        if len(stale) == len(now):
             warnings.warn(f"ignoring dispatch table {path}: it was measured on kernel version "
-                          f"{d.get('kernel_version')!r}, these kernels are {kernel_version()!r}; using defaults. {fix}",
-                          stacklevel=2)
+                          f"{d.get('kernel_version')!r}, these kernels are {kernel_version()!r}; using defaults. "
+                          f"{fix}", stacklevel=2)
             return cls(fingerprint=fingerprint, version=kernel_version())
-        return cls(fingerprint=fingerprint, version=d["kernel_version"], matmul=d.get("matmul", {}),
-                   ops=d.get("ops", {}), source=str(path), measured=d.get("measured", {}))
+        matmul, ops = d.get("matmul", {}), dict(d.get("ops", {}))
+        if "matmul" in stale:
+            matmul = {}
+        if "attention" in stale:
+            ops.pop("attention", None)
+        if stale:
+            warnings.warn(f"dispatch table {path}: the {' and '.join(stale)} kernels changed since it was measured "
+                          f"(versions {', '.join(f'{p} {theirs.get(p)!r} -> {now[p]!r}' for p in stale)}); using "
+                          f"defaults for them and the table for the rest. {fix}", stacklevel=2)
+        return cls(fingerprint=fingerprint, version=kernel_version(), matmul=matmul, ops=ops, source=str(path),
+                   measured=d.get("measured", {}), versions=now)
 
 
 # ---------------------------------------------------------------------------------------------- state
