@@ -5,10 +5,14 @@ Variants:
   projection: RMSNorm q and k per head (eps = norm_eps), rotate by RoPE (half-split pairs d, d + D/2,
   theta from the config; cos/sin come from a float64-built table, so that positions in the thousands keep
   f32 accuracy), write q to `q`, k and v into the cache rows P .. P+M-1 (P = positions already cached).
-- `attention`: flash-style, one thread per query row, BQ query rows of one head per workgroup; keys and
-  values are staged in workgroup memory BKV at a time (read by every thread: broadcast) and folded in with
-  an online softmax, q and the output held in D/4 scalar vec4 registers (generated, unrolled). GQA: head h
-  reads kv head h / (Hq / Hkv). Queries can start at a row offset (final-row slicing: only the last row).
+- `attention`: flash-style, KT threads per query row, BQ query rows of one head per workgroup (BQ * KT
+  threads); keys and values are staged in workgroup memory BKV at a time (read by every thread: broadcast)
+  and folded in with an online softmax, q and the output held in D/4 scalar vec4 registers (generated,
+  unrolled). With KT > 1 the KT threads of a query take every KT-th key of the tile, each with its own
+  softmax state, and merge the states through workgroup memory at the end: one thread per query leaves
+  most of a big GPU idle at a few hundred rows (346 rows x 16 heads is 5.5k threads), KT = 8 gives 44k.
+  GQA: head h reads kv head h / (Hq / Hkv). Queries can start at a row offset (final-row slicing: only the
+  last row). KT = 1 is the original one-thread-per-query kernel, unchanged.
 
 Bindings (qknorm_rope): dims (m = M, r0 = P), qkv (M, (Hq+2Hkv) D), q_norm (D), k_norm (D), cos (cap, D/2),
 sin (cap, D/2), q (M, Hq D), k_cache (cap, Hkv D), v_cache (cap, Hkv D).
@@ -27,7 +31,7 @@ from tilewise.tune.space import Config, Rule, Space
 
 ROPE_BINDINGS = ["dims", "qkv", "q_norm", "k_norm", "cos", "sin", "q", "k_cache", "v_cache"]
 ATTN_BINDINGS = ["dims", "q", "k_cache", "v_cache", "out"]
-DEFAULT_ATTN = {"BQ": 32, "BKV": 16}
+DEFAULT_ATTN = {"BQ": 32, "BKV": 16}  # KT absent: 1
 
 
 def rope_table(positions: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -92,9 +96,10 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
 
 
 def attention_source(cfg: Config | dict, hq: int, hkv: int, d: int) -> str:
-    BQ, BKV = cfg["BQ"], cfg["BKV"]
+    BQ, BKV, KT = cfg["BQ"], cfg["BKV"], cfg.get("KT", 1)
     d4 = d // 4
     scale = 1.0 / math.sqrt(d)
+    split = KT > 1
     L = [f"""struct Dims {{ m: u32, r0: u32, r1: u32, r2: u32 }}
 @group(0) @binding(0) var<uniform> dims: Dims;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
@@ -108,23 +113,41 @@ const BQ: u32 = {BQ}u;
 const BKV: u32 = {BKV}u;
 var<workgroup> Ks: array<vec4<f32>, {BKV * d4}>;  // (BKV, D) keys of this step
 var<workgroup> Vs: array<vec4<f32>, {BKV * d4}>;  // (BKV, D) values of this step
-@compute @workgroup_size({BQ})
+"""]
+    if split:
+        L.append(f"""const KT: u32 = {KT}u;
+var<workgroup> Ms: array<f32, {BQ * KT}>;  // (KT, BQ) running maxima of the key slices
+var<workgroup> Ls: array<f32, {BQ * KT}>;  // (KT, BQ) their softmax denominators
+var<workgroup> Os: array<vec4<f32>, {BQ * d4}>;  // (BQ, D) output sums of the slices merged so far
+@compute @workgroup_size({BQ * KT})
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
+    let nq = dims.m;
+    let h = wid.y;
+    let hk = h / (HQ / HKV);
+    let qi = li % BQ;
+    let kslot = li / BQ;
+    let i = wid.x * BQ + qi;
+""")
+    else:
+        L.append(f"""@compute @workgroup_size({BQ})
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
     let nq = dims.m;
     let h = wid.y;
     let hk = h / (HQ / HKV);
     let i = wid.x * BQ + li;
-    let row = dims.r1 + min(i, nq - 1u);
+""")
+    L.append("""    let row = dims.r1 + min(i, nq - 1u);
     let pos = dims.r0 + row;
     let nkeys = dims.r0 + dims.r1 + min(wid.x * BQ + BQ, nq);
     let qb = (row * HQ + h) * D4;
-"""]
+""")
     for j in range(d4):
         L.append(f"    let q{j} = q[qb + {j}u] * {scale!r};\n")
     L.append("    " + " ".join(f"var o{j} = vec4<f32>(0.0);" for j in range(d4)) + "\n")
     L.append("    var mx = -3.0e38;\n    var l = 0.0;\n")
+    threads = "BQ * KT" if split else "BQ"
     L.append("    for (var kt = 0u; kt < nkeys; kt = kt + BKV) {\n"
-             "        for (var t = li; t < BKV * D4; t = t + BQ) {\n"
+             f"        for (var t = li; t < BKV * D4; t = t + {threads}) {{\n"
              "            let key = kt + t / D4;\n"
              "            var kv = vec4<f32>(0.0);\n            var vv = vec4<f32>(0.0);\n"
              "            if (key < nkeys) {\n"
@@ -133,7 +156,8 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
              "            }\n            Ks[t] = kv;\n            Vs[t] = vv;\n        }\n"
              "        workgroupBarrier();\n"
              "        let kend = min(BKV, nkeys - kt);\n"
-             "        for (var jj = 0u; jj < kend; jj = jj + 1u) {\n")
+             + ("        for (var jj = kslot; jj < kend; jj = jj + KT) {\n" if split else
+                "        for (var jj = 0u; jj < kend; jj = jj + 1u) {\n"))
     L.append("            let s = " + " + ".join(f"dot(q{j}, Ks[jj * D4 + {j}u])" for j in range(d4)) + ";\n")
     L.append("            if (kt + jj <= pos) {\n"
              "                let mn = max(mx, s);\n                let cr = exp(mx - mn);\n"
@@ -141,22 +165,56 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
     for j in range(d4):
         L.append(f"                o{j} = o{j} * cr + p * Vs[jj * D4 + {j}u];\n")
     L.append("            }\n        }\n        workgroupBarrier();\n    }\n")
-    L.append("    if (i < nq) {\n        let ob = (i * HQ + h) * D4;\n        let il = 1.0 / l;\n")
+    if not split:
+        L.append("    if (i < nq) {\n        let ob = (i * HQ + h) * D4;\n        let il = 1.0 / l;\n")
+        for j in range(d4):
+            L.append(f"        out[ob + {j}u] = o{j} * il;\n")
+        L.append("    }\n}\n")
+        return "".join(L)
+    # merge the KT slices of each query: a common maximum, the summed denominators, then the output sums
+    # slot by slot (KT - 1 barriers), the last slot adding its own and writing the row
+    L.append("""    Ms[li] = mx;
+    workgroupBarrier();
+    var gm = Ms[qi];
+    for (var r = 1u; r < KT; r = r + 1u) { gm = max(gm, Ms[r * BQ + qi]); }
+    let f = exp(mx - gm);
+    Ls[li] = l * f;
+    workgroupBarrier();
+    var gl = 0.0;
+    for (var r = 0u; r < KT; r = r + 1u) { gl = gl + Ls[r * BQ + qi]; }
+    let ob = qi * D4;
+    for (var r = 0u; r < KT - 1u; r = r + 1u) {
+        if (kslot == r) {
+""")
     for j in range(d4):
-        L.append(f"        out[ob + {j}u] = o{j} * il;\n")
+        L.append(f"            if (r == 0u) {{ Os[ob + {j}u] = o{j} * f; }} "
+                 f"else {{ Os[ob + {j}u] = Os[ob + {j}u] + o{j} * f; }}\n")
+    L.append("        }\n        workgroupBarrier();\n    }\n")
+    L.append("    if (kslot == KT - 1u && i < nq) {\n        let gb = (i * HQ + h) * D4;\n        let il = 1.0 / gl;\n")
+    for j in range(d4):
+        L.append(f"        out[gb + {j}u] = (Os[ob + {j}u] + o{j} * f) * il;\n")
     L.append("    }\n}\n")
     return "".join(L)
 
 
+def attention_storage_bytes(cfg: Config | dict, d: int) -> int:
+    """Workgroup memory of a config: the K and V tiles, plus the merge arrays when KT > 1."""
+    kt = cfg.get("KT", 1)
+    return 2 * cfg["BKV"] * d * 4 + (cfg["BQ"] * d * 4 + 2 * cfg["BQ"] * kt * 4 if kt > 1 else 0)
+
+
 def attention_space(d: int = 64) -> Space:
-    return Space("attention", {"BQ": [16, 32, 64, 128], "BKV": [8, 16, 32, 64]}, [
-        Rule("invocations", lambda c, lim: lim.max_invocations_per_workgroup >= c.BQ,
-             lambda c, lim: f"BQ={c.BQ} > max_invocations_per_workgroup {lim.max_invocations_per_workgroup}",
-             needs_limits=True),
-        Rule("workgroup_storage", lambda c, lim: 2 * c.BKV * d * 4 <= lim.max_workgroup_storage_bytes,
-             lambda c, lim: f"K and V tiles 2*BKV*D*4 = {2 * c.BKV * d * 4} bytes > "
-                            f"max_workgroup_storage_bytes {lim.max_workgroup_storage_bytes}", needs_limits=True),
-    ], fmt=lambda c: f"bq{c.BQ} bkv{c.BKV}")
+    return Space("attention", {"BQ": [16, 32, 64, 128], "BKV": [8, 16, 32, 64], "KT": [1, 2, 4, 8]}, [
+        Rule("invocations", lambda c, lim: lim.max_invocations_per_workgroup >= c.BQ * c.KT,
+             lambda c, lim: f"BQ*KT={c.BQ * c.KT} threads > max_invocations_per_workgroup "
+                            f"{lim.max_invocations_per_workgroup}", needs_limits=True),
+        Rule("slices_fill_tile", lambda c: c.KT <= c.BKV,
+             lambda c: f"KT={c.KT} key slices > BKV={c.BKV} keys per tile: some threads would never see a key"),
+        Rule("workgroup_storage", lambda c, lim: attention_storage_bytes(c, d) <= lim.max_workgroup_storage_bytes,
+             lambda c, lim: f"K and V tiles (2*BKV*D*4) plus the KT-slice merge (BQ*D*4 + 2*BQ*KT*4) = "
+                            f"{attention_storage_bytes(c, d)} bytes > max_workgroup_storage_bytes "
+                            f"{lim.max_workgroup_storage_bytes}", needs_limits=True),
+    ], fmt=lambda c: f"bq{c.BQ} bkv{c.BKV} kt{c.KT}")
 
 
 def attention_grid(cfg: Config | dict, nq: int, hq: int) -> tuple[int, int, int]:
