@@ -245,7 +245,12 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
     for s_ in range(sets):
         L.append(f"var<workgroup> Ws{s_}: array<vec4<{st}>, {BK * BN // 4}>;  // (BK, BN) decoded weights\n")
     L.append(f"var<workgroup> Xs: array<vec4<{st}>, {BK * BM // 4}>;  // (BK, BM) activations, k-major\n")
-    if norm:
+    # the fused norm's sums of squares: PF=1 keeps them in registers per activation slot and adds a row's
+    # BK/4 slots once after the loop (rss is (BK/4, BM) partials, then (BM,) totals at the front); PF=0 adds
+    # each K step's tile into a running (BM,) sum
+    if norm and PF:
+        L.append(f"var<workgroup> rss: array<f32, {BM * BK // 4}>;  // (BK/4, BM) slot sums, then (BM,) totals\n")
+    elif norm:
         L.append(f"var<workgroup> rss: array<f32, {BM}>;  // (BM,) each row's running sum of squares\n")
     L.append(f"@compute @workgroup_size({NT})\n"
              "fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {\n")
@@ -255,7 +260,7 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
     for s_ in range(sets):
         for i in range(TM):
             L.append("    " + " ".join(f"var a{s_}_{i}_{j} = 0.0;" for j in range(TN)) + "\n")
-    if norm:
+    if norm and not PF:
         # row r's sum of squares is kept by thread r % NT alone (no race, no reduction), one load per k
         L.append(f"    for (var r = li; r < BM; r = r + {NT}u) {{ rss[r] = 0.0; }}\n")
     wchunks = BN * BK // 8
@@ -323,6 +328,8 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
             for e in range(4):
                 L.append(f"{ind2}Xs[(xq{l} * 4u + {e}u) * (BM / 4u) + xm{l} / 4u][xm{l} % 4u] = "
                          f"{cast(f'px{l}.' + 'xyzw'[e])};\n")
+            if norm:
+                L.append(f"{ind2}ss{l} = ss{l} + dot(px{l}, px{l});\n")
             if g:
                 L.append(f"{ind}}}\n")
 
@@ -340,7 +347,7 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
                 L.append(f"    var pw{s_}_{l}: {raw_t};\n" + (f"    var ps{s_}_{l}: f32;\n" if fmt == "nf4" else ""))
         for l in range(xslots):
             L.append(f"    let xt{l} = li + {l * NT}u;\n    let xm{l} = xt{l} % BM;\n    let xq{l} = xt{l} / BM;\n"
-                     f"    var px{l} = vec4<f32>(0.0);\n")
+                     f"    var px{l} = vec4<f32>(0.0);\n" + (f"    var ss{l} = 0.0;\n" if norm else ""))
         L.append("    // the first K step's words, before the loop\n")
         pf_load(kbeg, "    ")
     if KS > 1:
@@ -378,7 +385,7 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
         for e in range(4):
             L.append(f"            Xs[(q * 4u + {e}u) * (BM / 4u) + ml / 4u][ml % 4u] = {cast('v.' + 'xyzw'[e])};\n")
         L.append("        }\n        workgroupBarrier();\n")
-    if norm:
+    if norm and not PF:
         L.append(f"        for (var r = li; r < BM; r = r + {NT}u) {{\n            var q = rss[r];\n"
                  "            for (var kk = 0u; kk < BK; kk = kk + 1u) {\n"
                  "                let v = f32(Xs[kk * (BM / 4u) + r / 4u][r % 4u]);\n"
@@ -418,6 +425,16 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
                     f"a{s_}_{i}_{j} = a{s_}_{i}_{j} + f32(h{s_}_{i}_{j // 4}.{'xyzw'[j % 4]});" for j in range(TN))
                     + "\n")
     L.append("        workgroupBarrier();\n    }\n")
+    if norm and PF:
+        # a thread's activation slots are the same (row, k quarter) every K step, so their sums of squares
+        # stayed in registers; each row's BK/4 slot sums are added once (thread r alone writes entry r)
+        for l in range(xslots):
+            g = guard(l, xvecs, "xt")
+            st_ = f"rss[xq{l} * BM + xm{l}] = ss{l};"
+            L.append(f"    if ({g}) {{ {st_} }}\n" if g else f"    {st_}\n")
+        L.append(f"    workgroupBarrier();\n    for (var r = li; r < BM; r = r + {NT}u) {{\n        var q = 0.0;\n"
+                 f"        for (var c = 0u; c < {BK // 4}u; c = c + 1u) {{ q = q + rss[c * BM + r]; }}\n"
+                 "        rss[r] = q;\n    }\n    workgroupBarrier();\n")
     if strided:  # output column of accumulator j: vec4 group tx + (j/4)*TX, lane j%4
         for j4 in range(TN // 4):
             L.append(f"    let cs{j4} = n0 + 4u * (tx + {j4 * TX}u);\n")
@@ -611,9 +628,12 @@ def tiled_space(paired: bool = False, features: Iterable[str] | None = (), norm:
     def threads(c: Config) -> int:
         return (c.BN // c.TN) * (c.BM // c.TM)
 
+    def rss_floats(c: Config) -> int:  # the fused norm's sums of squares (see tiled_source)
+        return c.BM * c.BK // 4 if c.get("PF", 0) else c.BM
+
     def storage(c: Config) -> int:
         elem = 2 if c.F16S else 4
-        return (sets * c.BK * c.BN + c.BM * c.BK) * elem + 64 + (4 * c.BM if norm else 0)
+        return (sets * c.BK * c.BN + c.BM * c.BK) * elem + 64 + (rss_floats(c) * 4 if norm else 0)
 
     rules = [
         Rule("thread_rows", lambda c, _: divides(c.TM, c.BM),
@@ -648,7 +668,7 @@ def tiled_space(paired: bool = False, features: Iterable[str] | None = (), norm:
              needs_limits=True),
         Rule("workgroup_storage", lambda c, lim: storage(c) <= lim.max_workgroup_storage_bytes,
              lambda c, lim: f"workgroup storage = ({sets}*BK*BN + BM*BK)*{2 if c.F16S else 4} + 64"
-                            f"{' + 4*BM' if norm else ''} = "
+                            f"{(' + 4*BM*BK/4' if c.get('PF', 0) else ' + 4*BM') if norm else ''} = "
                             f"{storage(c)} bytes > max_workgroup_storage_bytes {lim.max_workgroup_storage_bytes}",
              needs_limits=True),
     ]
