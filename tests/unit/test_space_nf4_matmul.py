@@ -116,3 +116,16 @@ def test_hand_picked_seeds_are_whole_configs_with_the_new_variants():
             assert any(c["PF"] == 1 and c["CL"] == "strided" for c in cands)
             assert any(c["PF"] == 0 and c["CL"] == "block" for c in cands)
             assert len(cands) <= (41 if kind == "tiled" else 17)
+
+
+def test_split_k_beyond_the_scratch_is_refused_before_compiling():
+    # the harness's scratch holds the largest listed KS; the paired (gate/up) space lists 2 and 4, and one
+    # hand-picked seed has KS=8: it used to compile, write past the scratch and fail verification on the GPU
+    t = mm.MatmulTemplate("splitk", "nf4", "swiglu", F16, norm=True)
+    seed8 = t.space().config({**mm.DEFAULT_TILED, "BM": 128, "BN": 128, "TM": 8, "TN": 8, "PF": 1,
+                              "CL": "strided", "KS": 8})
+    why = t.space().why_illegal(seed8, H200)
+    assert why and why[0].startswith("scratch_ks: KS=8 is not one of [2, 4]"), why
+    assert all(c["KS"] in (2, 4) for c in model_tune.candidates(t, H200, 8, 0))
+    down = mm.MatmulTemplate("splitk", "nf4", "residual", F16)
+    assert down.space().is_legal(down.space().config(dict(seed8)), H200)  # unpaired: KS=8 fits its scratch

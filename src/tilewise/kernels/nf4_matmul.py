@@ -786,8 +786,15 @@ class MatmulTemplate(KernelTemplate):
         sp = tiled_space(paired, self.features, self.norm, self.fmt)
         if self.kind == "splitk":
             # paired weights double the scratch: KS 8 at 512 rows of a 4608-wide FFN would need 151 MB
-            sp.params["KS"] = [2, 4] if paired else [2, 4, 8]
+            ks_values = [2, 4] if paired else [2, 4, 8]
+            sp.params["KS"] = ks_values
             sp.name = sp.name.replace("tiled", "splitk")
+            # the harness sizes one scratch for the largest KS listed (so candidates share inputs): a
+            # hand-written KS beyond it would write past that scratch
+            sp.rules.append(Rule("scratch_ks", lambda c, _: c.KS in ks_values,
+                                 lambda c, _: f"KS={c.KS} is not one of {ks_values}: the partial-sum scratch "
+                                              f"holds at most KS={max(ks_values)} slices of "
+                                              f"{'2 (paired) ' if paired else ''}M x N"))
         sp.params["F16S"] = [self.f16_staging]  # f16 staging is its own template: its own tolerance
         if self.f16_arith:
             sp.params["F16A"] = [True]
