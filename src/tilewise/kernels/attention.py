@@ -208,8 +208,8 @@ def attention_space(d: int = 64) -> Space:
         Rule("invocations", lambda c, lim: lim.max_invocations_per_workgroup >= c.BQ * c.KT,
              lambda c, lim: f"BQ*KT={c.BQ * c.KT} threads > max_invocations_per_workgroup "
                             f"{lim.max_invocations_per_workgroup}", needs_limits=True),
-        Rule("slices_fill_tile", lambda c: c.KT <= c.BKV,
-             lambda c: f"KT={c.KT} key slices > BKV={c.BKV} keys per tile: some threads would never see a key"),
+        Rule("slices_fill_tile", lambda c, _: c.KT <= c.BKV,
+             lambda c, _: f"KT={c.KT} key slices > BKV={c.BKV} keys per tile: some threads would never see a key"),
         Rule("workgroup_storage", lambda c, lim: attention_storage_bytes(c, d) <= lim.max_workgroup_storage_bytes,
              lambda c, lim: f"K and V tiles (2*BKV*D*4) plus the KT-slice merge (BQ*D*4 + 2*BQ*KT*4) = "
                             f"{attention_storage_bytes(c, d)} bytes > max_workgroup_storage_bytes "
