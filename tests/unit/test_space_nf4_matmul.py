@@ -107,7 +107,8 @@ def test_bad_values_are_refused_by_the_generator():
 
 
 def test_hand_picked_seeds_are_whole_configs_with_the_new_variants():
-    assert len(model_tune.SEED_TILED) <= 40 and len(model_tune.SEED_SPLITK) <= 16
+    # a cap on tuning time: every seed compiles (and the driver's compile dominates a model's tuning)
+    assert len(model_tune.SEED_TILED) <= 52 and len(model_tune.SEED_SPLITK) <= 22
     for kind, epilogue, norm in (("tiled", "swiglu", True), ("splitk", "residual", False)):  # gate/up, down
         for f16 in (0, 2):
             t = mm.MatmulTemplate(kind, "nf4", epilogue, F16, f16 > 0, f16 == 2, norm=norm)
@@ -115,7 +116,8 @@ def test_hand_picked_seeds_are_whole_configs_with_the_new_variants():
             assert all(set(c) == set(t.space().params) for c in cands)
             assert any(c["PF"] == 1 and c["CL"] == "strided" for c in cands)
             assert any(c["PF"] == 0 and c["CL"] == "block" for c in cands)
-            assert len(cands) <= (41 if kind == "tiled" else 17)
+            assert any(c["DB"] == 1 for c in cands) and all(c["PF"] == 1 for c in cands if c["DB"])
+            assert len(cands) <= (53 if kind == "tiled" else 23)
 
 
 def test_split_k_beyond_the_scratch_is_refused_before_compiling():

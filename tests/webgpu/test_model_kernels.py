@@ -81,16 +81,19 @@ def test_matmul_rules_explain_illegal_configs(webgpu_device):
     lim = webgpu_device.info.limits
     sp = mm.MatmulTemplate("tiled", "nf4", "swiglu", (), f16_staging=True, f16_arith=True).space()
     text = " ".join(sp.why_illegal(sp.config(BM=128, BN=128, BK=32, TM=8, TN=8, F16S=True, PF=0, CL="block",
-                                             F16A=True), lim))
+                                             DB=0, F16A=True), lim))
     assert "accumulators" in text and "= 192 " in text and "f16_staging" in text  # 2*8*8*1.5
     sp = mm.tiled_space(paired=True, features=())
     if lim.max_workgroup_storage_bytes < 49216:  # (2*32*128 + 128*32) * 4 + 64 bytes
-        text = " ".join(sp.why_illegal(sp.config(BM=128, BN=128, BK=32, TM=4, TN=4, F16S=False, PF=0, CL="block"),
-                                       lim))
+        text = " ".join(sp.why_illegal(sp.config(BM=128, BN=128, BK=32, TM=4, TN=4, F16S=False, PF=0, CL="block",
+                                                 DB=0), lim))
         assert "workgroup_storage" in text and "49216" in text
-    assert sp.why_illegal(sp.config(BM=64, BN=64, BK=16, TM=4, TN=4, F16S=False, PF=0, CL="block"), lim) == []
+    assert sp.why_illegal(sp.config(BM=64, BN=64, BK=16, TM=4, TN=4, F16S=False, PF=0, CL="block", DB=0), lim) == []
     assert any(r.startswith("vec4_cols") for r in sp.why_illegal(sp.config(BM=64, BN=32, BK=16, TM=4, TN=2,
-                                                                           F16S=False, PF=0, CL="block"), lim))
+                                                                           F16S=False, PF=0, CL="block", DB=0), lim))
+    why = sp.why_illegal(sp.config(BM=64, BN=64, BK=16, TM=4, TN=4, F16S=False, PF=0, CL="block", DB=1), lim)
+    assert why == ["double_buffer: DB=1 (double-buffered tiles) stores the prefetch registers of the next step: it "
+                   "needs PF=1"]
     rs = mm.rows_space()
     assert any(r.startswith("pow2_lanes") for r in rs.why_illegal(rs.config(WG=96 * 2, NC=2, RM=1, EL=8), lim))
     assert mm.shape_problems("tiled", mm.DEFAULT_TILED, 64, 100) != []
@@ -261,6 +264,12 @@ _VARIANTS = [  # (kind, fmt, epilogue, norm, f16: 0 f32 / 1 F16S / 2 F16S+F16A, 
     ("splitk", "nf4", "swiglu", True, 0, {"KS": 2, "TN": 8, "PF": 1, "CL": "strided"}, 97),
     ("splitk", "nf4", "none", True, 2, {"KS": 4, "BM": 32, "TN": 8, "PF": 1, "CL": "strided"}, 37),
     ("splitk", "f16", "none", True, 0, {"KS": 2}, 37),
+    # double-buffered tiles (DB): the halves alternate over 8, 16, 4 and 1 K steps, partial prefetch slots too
+    ("tiled", "nf4", "swiglu", True, 2, {"TN": 8, "PF": 1, "CL": "strided", "DB": 1}, 37),
+    ("tiled", "nf4", "residual", False, 0, {"BN": 32, "BK": 8, "TM": 2, "PF": 1, "DB": 1}, 97),
+    ("tiled", "f16", "none", True, 0, {"BM": 32, "BK": 32, "PF": 1, "DB": 1}, 37),
+    ("splitk", "nf4", "swiglu", True, 2, {"KS": 2, "BM": 32, "TN": 8, "PF": 1, "CL": "strided", "DB": 1}, 97),
+    ("splitk", "f32", "residual", False, 0, {"KS": 4, "BN": 32, "BK": 32, "PF": 1, "DB": 1}, 37),
 ]
 
 

@@ -78,7 +78,7 @@ NF4_CODES = (
 )
 
 # configs used when no dispatch table has been measured for a device (safe on every adapter we know)
-DEFAULT_TILED = {"BM": 64, "BN": 64, "BK": 16, "TM": 4, "TN": 4, "F16S": False, "PF": 0, "CL": "block"}
+DEFAULT_TILED = {"BM": 64, "BN": 64, "BK": 16, "TM": 4, "TN": 4, "F16S": False, "PF": 0, "CL": "block", "DB": 0}
 DEFAULT_ROWS = {"WG": 64, "NC": 2, "RM": 4, "EL": 8}
 DEFAULT_ONE_ROW = {"WG": 128, "NC": 4, "RM": 1, "EL": 8}  # 1-2 rows: no clamped duplicate rows (H200-tuned)
 DEFAULT_SPLITK = 4
@@ -231,6 +231,9 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
     if PF not in (0, 1) or CL not in COLUMN_LAYOUTS:
         raise ValueError(f"PF={PF} CL={CL!r}: PF is 0 or 1, CL one of {COLUMN_LAYOUTS}")
     KS = int(cfg.get("KS", 1))  # split-K: this launch covers K / KS of `in` per grid z; `out` is the scratch
+    DB = int(cfg.get("DB", 0))  # double-buffered tiles: one barrier per K step instead of two (needs PF=1)
+    if DB not in (0, 1) or (DB and not PF):
+        raise ValueError(f"DB={DB} PF={PF}: DB is 0 or 1, and DB=1 stages from the prefetch registers (PF=1)")
     norm = norm_eps is not None
     TX, TY = BN // TN, BM // TM
     NT = TX * TY
@@ -242,9 +245,10 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
     if PF:
         L.append(_dec8_fn(fmt))
     L.append(f"const BM: u32 = {BM}u;\nconst BN: u32 = {BN}u;\nconst BK: u32 = {BK}u;\n")
+    nbuf = 2 if DB else 1  # DB: tiles (2, BK, BN) and (2, BK, BM); step s computes on half s % 2
     for s_ in range(sets):
-        L.append(f"var<workgroup> Ws{s_}: array<vec4<{st}>, {BK * BN // 4}>;  // (BK, BN) decoded weights\n")
-    L.append(f"var<workgroup> Xs: array<vec4<{st}>, {BK * BM // 4}>;  // (BK, BM) activations, k-major\n")
+        L.append(f"var<workgroup> Ws{s_}: array<vec4<{st}>, {nbuf * BK * BN // 4}>;  // (BK, BN) decoded weights\n")
+    L.append(f"var<workgroup> Xs: array<vec4<{st}>, {nbuf * BK * BM // 4}>;  // (BK, BM) activations, k-major\n")
     # the fused norm's sums of squares: PF=1 keeps them in registers per activation slot and adds a row's
     # BK/4 slots once after the loop (rss is (BK/4, BM) partials, then (BM,) totals at the front); PF=0 adds
     # each K step's tile into a running (BM,) sum
@@ -269,11 +273,12 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
     def cast(e: str) -> str:
         return f"f16({e})" if F16S else e
 
-    def store_w(s_: int, v: str, cl: str, nl: str, ind: str) -> None:
-        """The 8 decoded weights `v` of chunk `cl` of local column `nl` into Ws<s_> (k-major)."""
+    def store_w(s_: int, v: str, cl: str, nl: str, ind: str, wb: str = "") -> None:
+        """The 8 decoded weights `v` of chunk `cl` of local column `nl` into Ws<s_> (k-major), from offset `wb`."""
         for e in range(8):
             comp = ("a", "b")[e // 4] + "." + "xyzw"[e % 4]
-            L.append(f"{ind}Ws{s_}[({cl} * 8u + {e}u) * (BN / 4u) + {nl} / 4u][{nl} % 4u] = {cast(f'{v}.{comp}')};\n")
+            L.append(f"{ind}Ws{s_}[{wb}({cl} * 8u + {e}u) * (BN / 4u) + {nl} / 4u][{nl} % 4u] = "
+                     f"{cast(f'{v}.{comp}')};\n")
 
     # PF=1: thread li stages the same slots every K step (weight chunk li + l*NT, activation vec4 li + l*NT);
     # a slot past the tile (when NT does not divide it) is skipped by a per-thread guard
@@ -307,8 +312,11 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
             cond = f"{g} && m0 + xm{l} < M" if g else f"m0 + xm{l} < M"
             L.append(f"{ind}if ({cond}) {{ px{l} = x[(dims.r0 + m0 + xm{l}) * (K / 4u) + {kv} / 4u + xq{l}]; }}\n")
 
-    def pf_store(ind: str) -> None:
-        """The prefetch registers of step k0, decoded (and norm-scaled), into Ws / Xs."""
+    def pf_store(ind: str, kv: str = "k0", half: str = "") -> None:
+        """The prefetch registers of the step starting at `kv`, decoded (and norm-scaled), into Ws / Xs (or
+        into the tile half `half` when double-buffered)."""
+        wb = f"{half} * {BK * BN // 4}u + " if half else ""
+        xb = f"{half} * {BK * BM // 4}u + " if half else ""
         for l in range(wslots):
             g = guard(l, wchunks, "wt")
             ind2 = ind + "    " if g else ind
@@ -316,8 +324,8 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
                 L.append(f"{ind}if ({g}) {{\n")
             for s_ in range(sets):
                 raw = {"nf4": f"dec8(pw{s_}_{l}, ps{s_}_{l})", "f16": f"dec8(pw{s_}_{l})", "f32": f"pw{s_}_{l}"}[fmt]
-                L.append(f"{ind2}let v{s_}_{l} = {f'gnorm({raw}, k0 / 8u + wc{l})' if norm else raw};\n")
-                store_w(s_, f"v{s_}_{l}", f"wc{l}", f"wn{l}", ind2)
+                L.append(f"{ind2}let v{s_}_{l} = {f'gnorm({raw}, {kv} / 8u + wc{l})' if norm else raw};\n")
+                store_w(s_, f"v{s_}_{l}", f"wc{l}", f"wn{l}", ind2, wb)
             if g:
                 L.append(f"{ind}}}\n")
         for l in range(xslots):
@@ -326,7 +334,7 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
             if g:
                 L.append(f"{ind}if ({g}) {{\n")
             for e in range(4):
-                L.append(f"{ind2}Xs[(xq{l} * 4u + {e}u) * (BM / 4u) + xm{l} / 4u][xm{l} % 4u] = "
+                L.append(f"{ind2}Xs[{xb}(xq{l} * 4u + {e}u) * (BM / 4u) + xm{l} / 4u][xm{l} % 4u] = "
                          f"{cast(f'px{l}.' + 'xyzw'[e])};\n")
             if norm:
                 L.append(f"{ind2}ss{l} = ss{l} + dot(px{l}, px{l});\n")
@@ -350,6 +358,9 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
                      f"    var px{l} = vec4<f32>(0.0);\n" + (f"    var ss{l} = 0.0;\n" if norm else ""))
         L.append("    // the first K step's words, before the loop\n")
         pf_load(kbeg, "    ")
+        if DB:
+            pf_store("    ", kbeg, "0u")
+            L.append("    workgroupBarrier();\n")
     if KS > 1:
         L.append(f"    for (var k0 = kz; k0 < {kend}; k0 = k0 + BK) {{\n")
     else:
@@ -359,7 +370,14 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
             for i in range(TM):
                 L.append("        " + " ".join(f"var h{s_}_{i}_{j4} = vec4<f16>(0.0h);" for j4 in range(TN // 4))
                          + "\n")
-    if PF:
+    if DB:
+        # this step's tiles were stored before the barrier that ended the previous step; the next step's
+        # words load now (their latency overlaps the FMAs) and go into the other half after them
+        L.append(f"        let cur = ((k0 - {kbeg}) / BK) % 2u;\n        let nk = k0 + BK;\n"
+                 f"        if (nk < {kend}) {{\n")
+        pf_load("nk", "            ")
+        L.append("        }\n")
+    elif PF:
         # the registers loaded during the previous step -> workgroup memory; then the next step's loads are
         # issued, and their latency overlaps this step's FMAs
         pf_store("        ")
@@ -392,22 +410,24 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
                  "                q = fma(v, v, q);\n"
                  "            }\n            rss[r] = q;\n        }\n")
     L.append("        for (var kk = 0u; kk < BK; kk = kk + 1u) {\n")
+    xcur = f"cur * {BK * BM // 4}u + " if DB else ""
+    wcur = f"cur * {BK * BN // 4}u + " if DB else ""
     conv4 = "" if F16A else "vec4<f32>"
     conv1 = "" if F16A else "f32"
     if TM % 4 == 0:
         for i4 in range(TM // 4):
-            L.append(f"            let xv{i4} = {conv4}(Xs[kk * (BM / 4u) + ty * {TM // 4}u + {i4}u]);\n")
+            L.append(f"            let xv{i4} = {conv4}(Xs[{xcur}kk * (BM / 4u) + ty * {TM // 4}u + {i4}u]);\n")
         xs = [f"xv{i // 4}.{'xyzw'[i % 4]}" for i in range(TM)]
     else:
         for i in range(TM):
             L.append(f"            let xr{i} = ty * {TM}u + {i}u;\n"
-                     f"            let xv{i} = {conv1}(Xs[kk * (BM / 4u) + xr{i} / 4u][xr{i} % 4u]);\n")
+                     f"            let xv{i} = {conv1}(Xs[{xcur}kk * (BM / 4u) + xr{i} / 4u][xr{i} % 4u]);\n")
         xs = [f"xv{i}" for i in range(TM)]
     strided = CL == "strided"
     for s_ in range(sets):
         for j4 in range(TN // 4):
             col4 = f"tx + {j4 * TX}u" if strided else f"tx * {TN // 4}u + {j4}u"  # the thread's j4-th vec4
-            L.append(f"            let w{s_}_{j4} = {conv4}(Ws{s_}[kk * (BN / 4u) + {col4}]);\n")
+            L.append(f"            let w{s_}_{j4} = {conv4}(Ws{s_}[{wcur}kk * (BN / 4u) + {col4}]);\n")
         for i in range(TM):
             if F16A:  # one vec4<f16> FMA per 4 columns
                 L.append("            " + " ".join(
@@ -424,6 +444,10 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
                 L.append("        " + " ".join(
                     f"a{s_}_{i}_{j} = a{s_}_{i}_{j} + f32(h{s_}_{i}_{j // 4}.{'xyzw'[j % 4]});" for j in range(TN))
                     + "\n")
+    if DB:  # the next step's registers into the other half: nobody reads it until after the barrier
+        L.append("        if (nk < " + kend + ") {\n")
+        pf_store("            ", "nk", "(1u - cur)")
+        L.append("        }\n")
     L.append("        workgroupBarrier();\n    }\n")
     if norm and PF:
         # a thread's activation slots are the same (row, k quarter) every K step, so their sums of squares
@@ -633,7 +657,8 @@ def tiled_space(paired: bool = False, features: Iterable[str] | None = (), norm:
 
     def storage(c: Config) -> int:
         elem = 2 if c.F16S else 4
-        return (sets * c.BK * c.BN + c.BM * c.BK) * elem + 64 + (rss_floats(c) * 4 if norm else 0)
+        nbuf = 2 if c.get("DB", 0) else 1
+        return nbuf * (sets * c.BK * c.BN + c.BM * c.BK) * elem + 64 + (rss_floats(c) * 4 if norm else 0)
 
     rules = [
         Rule("thread_rows", lambda c, _: divides(c.TM, c.BM),
@@ -656,6 +681,8 @@ def tiled_space(paired: bool = False, features: Iterable[str] | None = (), norm:
         Rule("prefetch_registers", lambda c, _: c.get("PF", 0) == 0
              or prefetch_registers(c, fmt, paired) <= MAX_PREFETCH_REGISTERS,
              lambda c, _: pf_explain(c)),
+        Rule("double_buffer", lambda c, _: not c.get("DB", 0) or c.get("PF", 0),
+             lambda c, _: "DB=1 (double-buffered tiles) stores the prefetch registers of the next step: it needs PF=1"),
         Rule("f16_staging", lambda c, _: not c.F16S or feats is None or "shader-f16" in feats,
              lambda c, _: "F16S=True needs the adapter feature shader-f16, which this device lacks"),
         Rule("f16_arith", lambda c, _: not c.get("F16A", False) or c.F16S,
@@ -667,17 +694,19 @@ def tiled_space(paired: bool = False, features: Iterable[str] | None = (), norm:
              lambda c, lim: f"workgroup size {threads(c)} > max_workgroup_size_x {lim.max_workgroup_size[0]}",
              needs_limits=True),
         Rule("workgroup_storage", lambda c, lim: storage(c) <= lim.max_workgroup_storage_bytes,
-             lambda c, lim: f"workgroup storage = ({sets}*BK*BN + BM*BK)*{2 if c.F16S else 4} + 64"
+             lambda c, lim: f"workgroup storage = {'2*' if c.get('DB', 0) else ''}({sets}*BK*BN + BM*BK)*"
+                            f"{2 if c.F16S else 4} + 64"
                             f"{(' + 4*BM*BK/4' if c.get('PF', 0) else ' + 4*BM') if norm else ''} = "
                             f"{storage(c)} bytes > max_workgroup_storage_bytes {lim.max_workgroup_storage_bytes}",
              needs_limits=True),
     ]
     params = {"BM": [16, 32, 64, 128], "BN": [16, 32, 64, 128, 256], "BK": [8, 16, 32, 64], "TM": [1, 2, 4, 8],
-              "TN": [4, 8], "F16S": [False, True], "PF": [0, 1], "CL": list(COLUMN_LAYOUTS)}
+              "TN": [4, 8], "F16S": [False, True], "PF": [0, 1], "CL": list(COLUMN_LAYOUTS), "DB": [0, 1]}
     return Space("nf4_matmul.tiled" + (".paired" if paired else ""), params, rules,
                  fmt=lambda c: f"{c.BM}x{c.BN} K{c.BK} {c.TM}x{c.TN}{' f16s' if c.F16S else ''}"
                                f"{' f16a' if c.get('F16A', False) else ''}{' pf' if c.get('PF', 0) else ''}"
-                               f"{' strided' if c.get('CL', 'block') == 'strided' else ''}")
+                               f"{' strided' if c.get('CL', 'block') == 'strided' else ''}"
+                               f"{' db' if c.get('DB', 0) else ''}")
 
 
 def rows_space(paired: bool = False, norm: bool = False) -> Space:
