@@ -93,7 +93,8 @@ def tilewise_section(ck: Any, cpu_ck: Any, args: argparse.Namespace, dispatch: A
     return res
 
 
-def hf_section(ck: Any, cfg: Any, args: argparse.Namespace, compiled: bool) -> dict[str, Any]:
+def hf_decider(ck: Any, cfg: Any, args: argparse.Namespace, compiled: bool, full: list[np.ndarray]) -> Any:
+    """HF `Lfm2Model` (bf16, same weights) + the 8-way head on the GPU; returns decide(i) over the prompts `full`."""
     import torch
     import transformers
 
@@ -108,7 +109,6 @@ def hf_section(ck: Any, cfg: Any, args: argparse.Namespace, compiled: bool) -> d
     fwd = model
     if compiled:
         fwd = torch.compile(model)
-    _, full = prompts(cfg.vocab_size, args.seq, args.decisions + 3, PREFIX_TOKENS)
     ids = [torch.from_numpy(f).long().cuda()[None] for f in full]
 
     def decide(i: int) -> np.ndarray:
@@ -116,6 +116,15 @@ def hf_section(ck: Any, cfg: Any, args: argparse.Namespace, compiled: bool) -> d
             h = fwd(input_ids=ids[i], use_cache=False).last_hidden_state  # (1, seq, H)
             return (h[0, -1] @ head.T).float().cpu().numpy()
 
+    return decide
+
+
+def hf_section(ck: Any, cfg: Any, args: argparse.Namespace, compiled: bool) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    _, full = prompts(cfg.vocab_size, args.seq, args.decisions + 3, PREFIX_TOKENS)
+    decide = hf_decider(ck, cfg, args, compiled, full)
     t = time.perf_counter()
     decide(0)
     first_s = time.perf_counter() - t
@@ -125,6 +134,42 @@ def hf_section(ck: Any, cfg: Any, args: argparse.Namespace, compiled: bool) -> d
            "decisions_timed": lat["n"], "first_call_s": first_s, "torch": torch.__version__,
            "transformers": transformers.__version__, "gpu": torch.cuda.get_device_name()}
     return out
+
+
+def alternate_section(ck: Any, f32: Any, cfg: Any, args: argparse.Namespace, dispatch: Any) -> dict[str, Any]:
+    """tilewise and HF eager deciding in turn on the same prompts (the order flips every decision), so that both
+    see the same host: on a shared machine HF eager's launch-bound latency drifts by tens of percent from one
+    section to the next."""
+    from tilewise.model.runtime import Model
+    from tilewise.model.webgpu import WebGPUExecutor
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ex = WebGPUExecutor(ck, device="webgpu", dispatch=dispatch)
+    model = Model(ck, ex, ck.float32("score.weight"))
+    _, full = prompts(cfg.vocab_size, args.seq, args.decisions + 3, PREFIX_TOKENS)
+    hf = hf_decider(f32, cfg, args, False, full)
+
+    def tw(i: int) -> None:
+        model.scores(model.prefill(full[i]))
+
+    for i in range(3):  # warm-up, untimed
+        tw(-1 - i)
+        hf(-1 - i)
+    ms: dict[str, list[float]] = {"tilewise": [], "hf": []}
+    for i in range(args.decisions):
+        order = (("tilewise", tw), ("hf", hf)) if i % 2 == 0 else (("hf", hf), ("tilewise", tw))
+        for name, fn in order:
+            t0 = time.perf_counter()
+            fn(i)
+            ms[name].append((time.perf_counter() - t0) * 1e3)
+    lat = {k: percentiles(v) for k, v in ms.items()}
+    ratios = [h / t for h, t in zip(ms["hf"], ms["tilewise"])]
+    log(f"  alternating: tilewise p50 {lat['tilewise']['p50']:.2f} ms, HF eager p50 {lat['hf']['p50']:.2f} ms, "
+        f"median per-decision ratio {float(np.median(ratios)):.2f}x")
+    return {"decisions": args.decisions, "tilewise_ms": lat["tilewise"], "hf_eager_ms": lat["hf"],
+            "ratio_of_p50": lat["hf"]["p50"] / lat["tilewise"]["p50"], "median_pair_ratio": float(np.median(ratios)),
+            "pairs_tilewise_faster": int(sum(r > 1 for r in ratios)), "variant": "nf4 f16-arith"}
 
 
 def run_section(results: list[dict[str, Any]], name: str, fn: Any, *a: Any, need_s: float = 30.0,
@@ -167,6 +212,8 @@ def main() -> int:
                     help="nf4 only with the f16-arithmetic table: skip the plain tuning and the plain nf4 row "
                          "(a shorter run when the f16-arithmetic kernels are what changed)")
     ap.add_argument("--tune-candidates", type=int, default=6, help="random configs per kernel when tuning")
+    ap.add_argument("--alternate", action="store_true",
+                    help="also time tilewise (nf4, f16-arith table) and HF eager deciding in turn")
     ap.add_argument("--tune-rows", default=None, help="row counts to tune at, e.g. 1,64,346 (default 1..512)")
     args = ap.parse_args()
     out = Path(args.out)
@@ -232,6 +279,10 @@ def main() -> int:
             if not args.no_compile:
                 run_section(results, f"hf-compile {name}", hf_section, f32, cfg, args, True, need_s=120,
                             budget_s=args.budget_s)
+            table16 = TABLES.get((name, True))
+            if args.alternate and table16 is not None and "nf4" in args.weights.split(","):
+                run_section(results, f"alternate {name}", alternate_section, f32.converted("nf4"), f32, cfg, args,
+                            table16, need_s=30, budget_s=args.budget_s)
         del f32
     doc = {"meta": meta, "results": results}
     (out / "results.json").write_text(json.dumps(doc, indent=1, default=str))
@@ -289,6 +340,14 @@ def summary(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         if "cutoffs" in r:
             lines.append(f"- {r['section']} ({r['seconds']:.0f} s): tiled kernel from rows " + ", ".join(
                 f"{k.split(':', 2)[2]}: {v}" for k, v in r["cutoffs"].items()))
+    for r in results:
+        if r.get("section", "").startswith("alternate") and "ratio_of_p50" in r:
+            tw, hf = r["tilewise_ms"], r["hf_eager_ms"]
+            lines.append(f"- {r['section']} (tilewise {r['variant']} and HF bf16 eager deciding in turn, "
+                         f"{r['decisions']} each): tilewise p50 {tw['p50']:.2f} / p90 {tw['p90']:.2f} ms, HF eager "
+                         f"p50 {hf['p50']:.2f} / p90 {hf['p90']:.2f} ms; HF/tilewise {r['ratio_of_p50']:.2f}x "
+                         f"(p50s), {r['median_pair_ratio']:.2f}x (median of pairs), tilewise faster in "
+                         f"{r['pairs_tilewise_faster']} of {r['decisions']} pairs")
     for r in results:
         if r.get("ops"):
             top = ", ".join(f"{o['name']} {o['ms']:.3f} ms/{o['launches']}" for o in r["ops"][:6])
