@@ -108,7 +108,9 @@ def test_bad_values_are_refused_by_the_generator():
 
 def test_hand_picked_seeds_are_whole_configs_with_the_new_variants():
     # a cap on tuning time: every seed compiles (and the driver's compile dominates a model's tuning)
-    assert len(model_tune.SEED_TILED) <= 52 and len(model_tune.SEED_SPLITK) <= 22
+    assert len(model_tune.SEED_TILED) <= 40 and len(model_tune.SEED_SPLITK) <= 16
+    # DB=1 lost at every shape on the H200: only random draws try it
+    assert all(v.get("DB", 0) == 0 for v in (*model_tune.SEED_TILED, *model_tune.SEED_SPLITK))
     for kind, epilogue, norm in (("tiled", "swiglu", True), ("splitk", "residual", False)):  # gate/up, down
         for f16 in (0, 2):
             t = mm.MatmulTemplate(kind, "nf4", epilogue, F16, f16 > 0, f16 == 2, norm=norm)
@@ -116,8 +118,7 @@ def test_hand_picked_seeds_are_whole_configs_with_the_new_variants():
             assert all(set(c) == set(t.space().params) for c in cands)
             assert any(c["PF"] == 1 and c["CL"] == "strided" for c in cands)
             assert any(c["PF"] == 0 and c["CL"] == "block" for c in cands)
-            assert any(c["DB"] == 1 for c in cands) and all(c["PF"] == 1 for c in cands if c["DB"])
-            assert len(cands) <= (53 if kind == "tiled" else 23)
+            assert len(cands) <= (41 if kind == "tiled" else 17)
 
 
 def test_split_k_beyond_the_scratch_is_refused_before_compiling():
