@@ -36,6 +36,9 @@ def _train_args(argv: list[str]) -> str:
                 files.append(argv[i + 1])
                 i += 1
             out += ["DATA.npz", *(f"DAGGER_R{k}.npz" for k in range(1, len(files)))]
+        elif a == "--init" and i + 1 < len(argv) and not argv[i + 1].startswith("/"):
+            out.append(argv[i + 1])  # a folder of this repository (the bundled model): its name says what it is
+            i += 1
         elif a in roles and i + 1 < len(argv):
             out.append(roles[a])
             i += 1
@@ -103,7 +106,7 @@ def _play_rows(title: str, results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def card(res: dict[str, Any], model_dir: Path, play_quality: dict[str, Any] | None) -> str:
+def card(res: dict[str, Any], model_dir: Path, play_quality: dict[str, Any] | None, lineage: str = "") -> str:
     """The card's markdown text."""
     from tilewise.model.checkpoint import Checkpoint
 
@@ -149,8 +152,9 @@ def card(res: dict[str, Any], model_dir: Path, play_quality: dict[str, Any] | No
         "## Training", "",
         f"- Command: `bench/train_h200.sh OUT_DIR{''.join(' ' + shlex.quote(a) for a in res['argv'][1:])}`, which runs "
         f"`python -m tilewise.train {_train_args(first['argv'])}` (= `tilewise train ...`)"
-        + (f", then per DAgger round `python -m tilewise.train {_train_args(tr['argv'])}`." if tr is not first
-           else "."),
+        + (f", then per DAgger round `python -m tilewise.train {_train_args(tr['argv'])}`."
+           if len(res.get("train_rounds") or []) > 1 else "."),
+        *([f"- Starting point: {lineage}"] if lineage else []),
         f"- {result['steps']} AdamW steps ({result['epochs_done']:.2f} epochs) of batch {settings['batch_size']}, "
         f"peak lr {settings['lr']:g} (warm-up {settings['warmup_steps']}, cosine to 10% over the time budget), "
         f"weight decay {settings['weight_decay']:g}, bf16 autocast, seed {settings['seed']}.",
@@ -204,11 +208,12 @@ def main() -> int:
     ap.add_argument("--play-quality", default=None, help="JSON of bench/play_quality.py --json")
     ap.add_argument("--model", default=str(ROOT / "src" / "tilewise" / "model" / "default"))
     ap.add_argument("--out", default=None, help="default: MODEL_CARD.md in the model folder")
+    ap.add_argument("--lineage", default="", help="where the first training started (when it used --init)")
     args = ap.parse_args()
     res = json.loads(Path(args.results).read_text())
     pq = json.loads(Path(args.play_quality).read_text()) if args.play_quality else None
     model_dir = Path(args.model)
-    text = card(res, model_dir, pq)
+    text = card(res, model_dir, pq, args.lineage)
     out = Path(args.out) if args.out else model_dir / "MODEL_CARD.md"
     out.write_text(text)
     print(f"wrote {out}")
