@@ -75,6 +75,9 @@ SEED_ROWS = ((128, 4, 1, 8), (256, 8, 1, 16), (64, 2, 4, 8), (128, 2, 8, 8), (25
              (256, 2, 2, 32), (64, 1, 4, 16))
 
 
+VERIFY_REUSE = 8  # consecutive candidate checks that share one input set in `tune_matmul`
+
+
 def candidates(template: Any, limits: Any, n: int, seed: int, hand_picked: bool = True) -> list[Any]:
     """The default config, the hand-picked seeds and a seeded sample of `n` legal configs of the template's space."""
     space = template.space()
@@ -129,7 +132,9 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
     for t in templates:
         kind = t.kind
         check_m = 97 if max_m >= 97 else max_m
-        ver = Verifier(t, dev, (check_m, n, k), rng)
+        # eight candidates share one random input set (outputs re-poisoned for each): making the NF4 weights of a
+        # 4608x1024 pair takes 0.6 s, more than compiling a candidate, and was most of a model's tuning time
+        ver = Verifier(t, dev, (check_m, n, k), rng, reuse=VERIFY_REUSE)
         for c in candidates(t, dev.info.limits, n_cand, seed, hand_picked):
             tag = Config((("kind", kind), *c.items()))
             probs = t.shape_problems(c, (max_m, n, k))

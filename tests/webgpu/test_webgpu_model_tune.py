@@ -80,3 +80,30 @@ def test_f16_arithmetic_competes_when_asked(webgpu_device):
     assert all(c["F16A"] and c["F16S"] for c in model_tune.candidates(t, webgpu_device.info.limits, 2, 0))
     assert not any("F16A" in c for c in model_tune.tune_matmul(
         webgpu_device, "nf4", "swiglu", 64, 64, [2], 1, 0, print, hand_picked=False)[1]["candidates"])
+
+
+def test_candidates_sharing_inputs_are_still_checked_value_by_value(webgpu_device, rng):
+    """Model tuning lets VERIFY_REUSE checks share one input set; each check re-poisons the output, so a kernel
+    that leaves rows unwritten fails even right after a correct kernel filled them on the same inputs."""
+    from tilewise.devices.base import Launch
+    from tilewise.kernels import nf4_matmul as mm
+    from tilewise.tune.verify import Verifier
+
+    assert model_tune.VERIFY_REUSE > 1
+    t = mm.MatmulTemplate("tiled", "nf4", "swiglu", webgpu_device.enabled_features, norm=True)
+    cfg = t.default_config()
+    shape = (97, 64, 128)
+    ver = Verifier(t, webgpu_device, shape, rng, reuse=model_tune.VERIFY_REUSE)
+    prog = t.compile(webgpu_device, cfg, shape)
+    assert ver.check(prog, cfg).ok
+    host_before = ver.buffers()["x"]
+
+    class HalfGrid(mm.MatmulTemplate):  # the same kernel launched over the first row tile only
+        def launches(self, program, bufs, config, shape):
+            (full,) = super().launches(program, bufs, config, shape)
+            return [Launch(full.program, (full.grid[0], 1, 1), full.buffers)]
+
+    ver.template = HalfGrid("tiled", "nf4", "swiglu", webgpu_device.enabled_features, norm=True)
+    bad = ver.check(prog, cfg)
+    assert ver.buffers()["x"] is host_before  # the same inputs: the second check shared them
+    assert not bad.ok

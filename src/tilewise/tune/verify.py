@@ -94,7 +94,8 @@ class Verifier:
     Large shapes make the float64 reference expensive (4096^3 is 137 GFLOP on the host): templates verify
     those at a smaller shape with the same edge structure (`KernelTemplate.verify_shape`) instead of
     sharing inputs between checks. `reuse` > 1 lets that many consecutive checks share one input set
-    (outputs are still re-poisoned); nothing in tilewise uses it by default.
+    (outputs are still re-poisoned); `tilewise tune model` uses 8 for its matmul candidates, whose NF4
+    weights cost more to make than a candidate costs to compile.
     """
 
     def __init__(self, template: KernelTemplate, device: Device, shape: Shape, rng: np.random.Generator,
