@@ -64,7 +64,8 @@ class Tee:
 
 
 def generate_rounds(work: Path, budget_s: float, seed: int, max_pieces: int, workers: int, games_per_round: int,
-                    max_rounds: int, log: Tee, explore: float = 0.02) -> tuple[Path, dict[str, Any]]:
+                    max_rounds: int, log: Tee, explore: float = 0.02,
+                    detour: float = 0.0) -> tuple[Path, dict[str, Any]]:
     """Expert games in rounds until the budget; returns the merged dataset file and a summary."""
     import multiprocessing as mp
 
@@ -82,7 +83,7 @@ def generate_rounds(work: Path, budget_s: float, seed: int, max_pieces: int, wor
                 break
             tr = time.perf_counter()
             part = generate(games_per_round, seed + r, max_pieces=max_pieces, explore=explore, workers=workers,
-                            pool=pool)
+                            pool=pool, detour=detour)
             parts.append(part)
             round_s.append(time.perf_counter() - tr)
             res = part.meta["results"]
@@ -97,7 +98,7 @@ def generate_rounds(work: Path, budget_s: float, seed: int, max_pieces: int, wor
     path = write_dataset(merged, work / "data.npz")
     summary = {"decisions": len(merged), "games": meta["games"], "rounds": len(parts), "seed": seed,
                "max_pieces": max_pieces, "games_per_round": games_per_round, "explore": meta.get("explore"),
-               "workers": workers, "generate_s": round(gen_s, 1),
+               "detour": detour, "workers": workers, "generate_s": round(gen_s, 1),
                "write_s": round(time.perf_counter() - t0 - gen_s, 1),
                "decisions_per_s": round(len(merged) / gen_s, 1),
                "expert_mean_lines_per_game": float(np.mean([x["lines"] for x in meta["results"]])),
@@ -155,6 +156,8 @@ def main() -> int:
     ap.add_argument("--max-pieces", type=int, default=400, help="pieces per training game at most")
     ap.add_argument("--explore", type=float, default=0.05,
                     help="share of random rotations/shifts in the expert games (labels stay the expert's)")
+    ap.add_argument("--detour", type=float, default=0.0,
+                    help="share of pieces that first take 1-3 random sideways steps (labels stay the expert's)")
     ap.add_argument("--workers", type=int, default=None, help="generation and DAgger processes (default: CPU count)")
     ap.add_argument("--games-per-round", type=int, default=0, help="default: 3 x workers")
     ap.add_argument("--max-rounds", type=int, default=1000)
@@ -214,7 +217,7 @@ def main() -> int:
     t = time.perf_counter()
     data_path, results["data"] = generate_rounds(work, args.gen_budget_s, args.seed, args.max_pieces, workers,
                                                  args.games_per_round or 3 * workers, args.max_rounds, log,
-                                                 explore=args.explore)
+                                                 explore=args.explore, detour=args.detour)
     results["time_data_s"] = round(time.perf_counter() - t, 1)
 
     # 2. baselines in the background (CPU) while the GPU trains

@@ -81,6 +81,35 @@ def test_explore_zero_plays_the_labels():
     np.testing.assert_array_equal(d.actions, d.played)
 
 
+def test_detours_shift_new_pieces_sideways_and_keep_the_expert_labels():
+    """With detour=1 every piece starts with 1-3 sideways steps (then the expert plays on), every label is the
+    expert's, and the data holds shifted, unrotated pieces labelled "rotate"; detour=0 changes nothing."""
+    d = generate(2, seed=5, max_pieces=10, explore=0.0, workers=1, detour=1.0)
+    assert d.meta["detour"] == 1.0
+    expert = Expert()
+    shifted_unrotated_rotate = 0
+    for g in range(2):
+        game = Game(game_seed(5, g))
+        step_in_piece = 0
+        for i in np.flatnonzero(d.game_ids == g):
+            assert d.actions[i] == expert.act(game)
+            if step_in_piece == 0:
+                assert d.played[i] in (4, 5)  # a detour step, whatever the expert wanted
+            elif step_in_piece >= 3:
+                assert d.played[i] == d.actions[i]  # detours are over after 3 steps: the expert plays
+            if game.rot == 0 and game.x != game.piece.spawn_x and d.actions[i] in (2, 3):
+                shifted_unrotated_rotate += 1
+            step_in_piece = 0 if game.step(int(d.played[i])).locked else step_in_piece + 1
+        assert game.pieces == 10 or game.game_over
+    assert shifted_unrotated_rotate > 0  # the positions the expert's own order never shows
+    plain = generate(2, seed=5, max_pieces=10, explore=0.05, workers=1)
+    again = generate(2, seed=5, max_pieces=10, explore=0.05, workers=1, detour=0.0)
+    np.testing.assert_array_equal(plain.tokens, again.tokens)
+    np.testing.assert_array_equal(plain.played, again.played)
+    with pytest.raises(ConfigError, match="detour"):
+        generate(1, seed=1, detour=1.5)
+
+
 def _rewrite(path, out, **changes):
     with np.load(path, allow_pickle=False) as z:
         arrays = {k: z[k] for k in z.files}

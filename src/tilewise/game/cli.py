@@ -58,6 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--max-pieces", type=int, default=1000, help="pieces per game at most")
     d.add_argument("--explore", type=float, default=0.02,
                    help="probability of a random rotation/move instead of the expert's (labels stay the expert's)")
+    d.add_argument("--detour", type=float, default=0.0,
+                   help="probability that a new piece first takes 1-3 random sideways steps (labels stay the "
+                        "expert's: shifted, unrotated pieces the expert's own order never shows)")
     d.add_argument("--workers", type=int, default=None, help="processes (default: CPU count)")
     d.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the shipped one)")
     d.set_defaults(func=_cmd_dataset)
@@ -196,7 +199,8 @@ def _cmd_dataset(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     data = generate(args.games, args.seed, max_pieces=args.max_pieces, explore=args.explore, workers=args.workers,
-                    tokenizer_path=args.tokenizer, progress=lambda line: print(line, file=sys.stderr, flush=True))
+                    tokenizer_path=args.tokenizer, progress=lambda line: print(line, file=sys.stderr, flush=True),
+                    detour=args.detour)
     path = write_dataset(data, args.out)
     dt = time.perf_counter() - t0
     print(f"wrote {path}: {len(data)} decisions from {args.games} games, {data.tokens.shape[1]} tokens per prompt, "

@@ -22,7 +22,11 @@ File format (version 1): a NumPy `.npz` (zip of `.npy` arrays, compressed; reada
 Records are ordered by game, then step. Game g plays the piece sequence of seed
 `numpy.random.SeedSequence([seed, g]).generate_state(1)[0]`. With probability `explore` a step plays a
 uniformly random action instead of the expert's (seeded), so the data also holds positions a model reaches
-after a mistake; the label is always the expert's action for the position shown.
+after a mistake; the label is always the expert's action for the position shown. With probability `detour` a
+new piece first takes 1-3 random sideways steps (one direction) before the expert plays on: the expert always
+rotates before it moves, so without detours its data never shows a shifted, unrotated piece, the position a model
+that moves first reaches (and where the shipped model moves sideways when the expert rotates,
+`bench/results/2026-11-30-cpu-play-errors.md`).
 
 `read_dataset(path)` checks the format and version and returns a `GameDataset`.
 
@@ -179,13 +183,13 @@ def _worker_encoder(tok_path: str | None) -> PromptEncoder:
     return _WORKER_ENCODER[key]
 
 
-def _play_game(job: tuple[int, int, int, float, str | None]) -> dict[str, Any]:
+def _play_game(job: tuple[int, int, int, float, str | None, float]) -> dict[str, Any]:
     """One expert game in a worker: prompts tokenized there, arrays returned."""
-    from tilewise.game.engine import Game
+    from tilewise.game.engine import Action, Game
     from tilewise.game.expert import Expert
     from tilewise.game.prompt import render_prompt
 
-    game_id, seed, max_pieces, explore, tok_path = job
+    game_id, seed, max_pieces, explore, tok_path, detour = job
     enc = _worker_encoder(tok_path)
     game = Game(seed)
     expert = Expert()
@@ -195,16 +199,25 @@ def _play_game(job: tuple[int, int, int, float, str | None]) -> dict[str, Any]:
     played: list[int] = []
     pieces: list[int] = []
     targets: list[tuple[int, int]] = []
+    detour_steps, detour_move, new_piece = 0, 0, True
     while not game.game_over and game.pieces < max_pieces:
         ids.append(enc.encode(render_prompt(game)))
         a = expert.act(game)
         targets.append(expert_target(expert, game))  # cached: `act` just computed it
-        # exploration turns or shifts the piece (2-5), never drops it: the expert's next label is a recovery
-        p = rng.randrange(2, 6) if explore > 0 and rng.random() < explore else a
+        if detour > 0 and new_piece and rng.random() < detour:  # draws only when detours are on: same data at 0
+            detour_steps, detour_move = rng.randrange(1, 4), rng.choice((Action.LEFT, Action.RIGHT))
+        new_piece = False
+        if detour_steps:
+            p = int(detour_move)
+            detour_steps -= 1
+        else:
+            # exploration turns or shifts the piece (2-5), never drops it: the expert's next label is a recovery
+            p = rng.randrange(2, 6) if explore > 0 and rng.random() < explore else a
         actions.append(a)
         played.append(p)
         pieces.append(game.pieces)
-        game.step(p)
+        if game.step(p).locked:
+            new_piece, detour_steps = True, 0
     tokens, lengths = _pack_ids(ids, enc.tok.token_to_id("<|pad|>"))
     return {"game_id": game_id, "seed": seed, "tokens": tokens, "lengths": lengths, "actions": actions,
             "played": played, "pieces": pieces, "targets": targets,
@@ -226,7 +239,7 @@ def _pack_ids(ids: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray
 
 def generate(games: int, seed: int, max_pieces: int = 1000, explore: float = 0.02, workers: int | None = None,
              tokenizer_path: str | Path | None = None,
-             progress: Callable[[str], None] | None = None, pool: Any = None) -> GameDataset:
+             progress: Callable[[str], None] | None = None, pool: Any = None, detour: float = 0.0) -> GameDataset:
     """Play `games` expert games and collect every decision.
 
     Args:
@@ -240,6 +253,8 @@ def generate(games: int, seed: int, max_pieces: int = 1000, explore: float = 0.0
         progress: called with one line per finished game.
         pool: a `multiprocessing` pool (spawn context) to play the games in, instead of starting `workers`
             processes for this call (repeated calls then share one pool); the output does not depend on it.
+        detour: probability that a new piece first takes 1-3 random sideways steps before the expert plays on
+            (labels stay the expert's: mostly "rotate" on those positions).
 
     Returns:
         The GameDataset (not yet written; see `write_dataset`).
@@ -247,10 +262,12 @@ def generate(games: int, seed: int, max_pieces: int = 1000, explore: float = 0.0
     seed, games, max_pieces = _check_common(seed, games, max_pieces)
     if not 0.0 <= explore < 1.0:
         raise ConfigError(f"explore={explore} is outside [0, 1)", "pass a probability such as 0.05")
+    if not 0.0 <= detour <= 1.0:
+        raise ConfigError(f"detour={detour} is outside [0, 1]", "pass a probability such as 0.3")
     tok_path = None if tokenizer_path is None else str(tokenizer_path)
     tok = _checked_tokenizer(tok_path)
     workers = max(1, min(workers or os.cpu_count() or 1, games))
-    jobs = [(g, game_seed(seed, g), max_pieces, float(explore), tok_path) for g in range(games)]
+    jobs = [(g, game_seed(seed, g), max_pieces, float(explore), tok_path, float(detour)) for g in range(games)]
     results: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     if pool is not None or workers > 1:
@@ -270,6 +287,7 @@ def generate(games: int, seed: int, max_pieces: int = 1000, explore: float = 0.0
                 progress(_progress_line(r, len(results), games, t0))
     meta = _base_meta(tok, tok_path, seed, games, max_pieces)
     meta["explore"] = explore
+    meta["detour"] = detour
     return _assemble(results, tok, meta)
 
 
