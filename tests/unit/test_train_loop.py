@@ -75,6 +75,14 @@ def test_time_budget_stops_cleanly() -> None:
     assert np.isfinite(result.heldout_accuracy)
 
 
+def test_train_agreement_sample_size_is_a_setting() -> None:
+    train_ex, held = split_games(_task(300, 4), 0.1, seed=0)
+    _, skipped = train(_cfg(), train_ex, held, _settings(max_steps=5, train_eval_examples=0), log=lambda s: None)
+    assert np.isnan(skipped.train_accuracy) and np.isfinite(skipped.heldout_accuracy)
+    _, few = train(_cfg(), train_ex, held, _settings(max_steps=5, train_eval_examples=7), log=lambda s: None)
+    assert abs(few.train_accuracy * 7 - round(few.train_accuracy * 7)) < 1e-9  # k of 7 decisions agree
+
+
 def test_lr_schedule_warms_up_and_anneals() -> None:
     assert lr_factor(0.0, 0, 10) == pytest.approx(0.1)
     assert lr_factor(0.0, 9, 10) == pytest.approx(1.0)

@@ -63,6 +63,8 @@ def register(sub: Any) -> None:
     p.add_argument("--compile", action="store_true", help="torch.compile the model (faster on a GPU after warm-up)")
     p.add_argument("--log-every", type=int, default=50, help="steps between progress lines")
     p.add_argument("--eval-every-s", type=float, default=30.0, help="seconds between held-out evaluations")
+    p.add_argument("--train-eval-examples", type=int, default=20_000,
+                   help="training decisions whose agreement is reported at the end (0: skip; slow on a CPU)")
     p.add_argument("--nf4", default=None, metavar="DIR", help="also convert the result to NF4 into DIR")
     p.add_argument("--data-repeat", type=int, nargs="+", default=None, metavar="N",
                    help="per --data file, how many times its training decisions are in an epoch (oversampling, e.g. "
@@ -139,7 +141,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
                              batch_size=args.batch, lr=args.lr, weight_decay=args.weight_decay,
                              warmup_steps=args.warmup, seed=args.seed, device=args.device,
                              eval_every_s=args.eval_every_s, log_every=args.log_every, compile=args.compile,
-                             init=str(args.init or ""), aux_target_weight=args.aux_target_weight)
+                             init=str(args.init or ""), aux_target_weight=args.aux_target_weight,
+                             train_eval_examples=args.train_eval_examples)
     model, result = train(cfg, train_ex, held_ex, settings, log=log, heldout_parts=held_parts, repeats=repeats)
     record = {
         "argv": sys.argv[1:],
