@@ -160,6 +160,12 @@ def prefetch_slots(cfg: Config | dict[str, Any]) -> tuple[int, int]:
     return math.ceil(cfg["BN"] * cfg["BK"] // 8 / nt), math.ceil(cfg["BM"] * cfg["BK"] // 4 / nt)
 
 
+def norm_sum_floats(cfg: Config | dict[str, Any]) -> int:
+    """f32 words of workgroup memory the fused norm's sums of squares take (`rss` in `tiled_source`): PF=1
+    keeps (BK/4, BM) slot sums, PF=0 one running (BM,) sum."""
+    return cfg["BM"] * cfg["BK"] // 4 if cfg.get("PF", 0) else cfg["BM"]
+
+
 def prefetch_registers(cfg: Config | dict[str, Any], fmt: str, paired: bool) -> int:
     """32-bit registers PF=1 holds for the next K step: the raw weight words (per set) and the activation vec4s."""
     ws, xs = prefetch_slots(cfg)
@@ -252,10 +258,9 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
     # the fused norm's sums of squares: PF=1 keeps them in registers per activation slot and adds a row's
     # BK/4 slots once after the loop (rss is (BK/4, BM) partials, then (BM,) totals at the front); PF=0 adds
     # each K step's tile into a running (BM,) sum
-    if norm and PF:
-        L.append(f"var<workgroup> rss: array<f32, {BM * BK // 4}>;  // (BK/4, BM) slot sums, then (BM,) totals\n")
-    elif norm:
-        L.append(f"var<workgroup> rss: array<f32, {BM}>;  // (BM,) each row's running sum of squares\n")
+    if norm:
+        what = "(BK/4, BM) slot sums, then (BM,) totals" if PF else "(BM,) each row's running sum of squares"
+        L.append(f"var<workgroup> rss: array<f32, {norm_sum_floats(cfg)}>;  // {what}\n")
     L.append(f"@compute @workgroup_size({NT})\n"
              "fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {\n")
     L.append(_codes_init(fmt))
@@ -652,13 +657,10 @@ def tiled_space(paired: bool = False, features: Iterable[str] | None = (), norm:
     def threads(c: Config) -> int:
         return (c.BN // c.TN) * (c.BM // c.TM)
 
-    def rss_floats(c: Config) -> int:  # the fused norm's sums of squares (see tiled_source)
-        return c.BM * c.BK // 4 if c.get("PF", 0) else c.BM
-
     def storage(c: Config) -> int:
         elem = 2 if c.F16S else 4
         nbuf = 2 if c.get("DB", 0) else 1
-        return nbuf * (sets * c.BK * c.BN + c.BM * c.BK) * elem + 64 + (rss_floats(c) * 4 if norm else 0)
+        return nbuf * (sets * c.BK * c.BN + c.BM * c.BK) * elem + 64 + (norm_sum_floats(c) * 4 if norm else 0)
 
     rules = [
         Rule("thread_rows", lambda c, _: divides(c.TM, c.BM),
