@@ -188,6 +188,10 @@ def main() -> int:
     ap.add_argument("--quality-games", type=int, default=20)
     ap.add_argument("--quality-max-pieces", type=int, default=1000)
     ap.add_argument("--play-budget-s", type=float, default=60.0)
+    ap.add_argument("--extra-play-games", type=int, default=0,
+                    help="the model also plays this many games from --extra-play-seed on (a larger sample than the "
+                         "quality games for comparing runs; no baselines are played on them)")
+    ap.add_argument("--extra-play-seed", type=int, default=100, help="first engine seed of the extra games")
     ap.add_argument("--latency-shapes", default="default,small", help="shapes timed on 2 cores (random weights)")
     args = ap.parse_args()
 
@@ -208,9 +212,11 @@ def main() -> int:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     log(f"work folder: {work}")
     log(f"env: python {platform.python_version()}, torch {torch.__version__}, GPU {gpu}, {os.cpu_count()} CPUs")
-    workers = args.workers or os.cpu_count() or 1
+    # the cores this process may use (two runs can share a machine, each pinned to its half)
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    workers = args.workers or len(cores)
     results: dict[str, Any] = {"argv": sys.argv[1:], "python": platform.python_version(), "torch": torch.__version__,
-                               "gpu": gpu, "cpus": os.cpu_count()}
+                               "gpu": gpu, "cpus": len(cores)}
     save = lambda: (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")  # noqa: E731
 
     # 1. data
@@ -225,10 +231,9 @@ def main() -> int:
     base_cmd = [sys.executable, str(ROOT / "bench" / "play_quality.py"), "--policies", "expert,random",
                 "--games", str(args.quality_games), "--max-pieces", str(args.quality_max_pieces),
                 "--workers", str(max(1, min(workers - 2, 2 * args.quality_games))), "--json", str(base_json)]
-    n_cpu = os.cpu_count() or 1
     # the last two cores time the CPU decision latency (2 BLAS threads, as on a 2-core machine); baselines use
     # the others; the training process is left to the scheduler
-    lat_cores, base_cores = set(range(max(0, n_cpu - 2), n_cpu)), set(range(max(1, n_cpu - 2)))
+    lat_cores, base_cores = set(cores[-2:]), set(cores[:-2] or cores)
     log("$ " + " ".join(base_cmd) + f"  (background, cores {min(base_cores)}-{max(base_cores)})")
     base_proc = subprocess.Popen(base_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                  cwd=ROOT, preexec_fn=_pin(base_cores))
@@ -425,6 +430,15 @@ def main() -> int:
             f"{play['mean_pieces']:.1f} pieces over {play['games']} games (cap {play['max_pieces']}), "
             f"{play['decisions']} decisions in {play['wall_s']} s"
             + (f" - stopped by the time budget ({budget:.0f} s)" if play["stopped_by_time"] else ""))
+        if args.extra_play_games > 0:
+            seeds = list(range(args.extra_play_seed, args.extra_play_seed + args.extra_play_games))
+            budget = max(10.0, min(args.play_budget_s, deadline - time.perf_counter() - 15.0))
+            extra = play_batched(state["model"], seeds, max_pieces=args.quality_max_pieces, device=state["device"],
+                                 log=log, time_budget_s=budget)
+            results["model_play_extra"] = extra
+            log(f"play: model on seeds {seeds[0]}-{seeds[-1]}: mean {extra['mean_lines']:.2f} lines, "
+                f"{extra['mean_pieces']:.1f} pieces over {extra['games']} games, {extra['decisions']} decisions in "
+                f"{extra['wall_s']} s" + (" - stopped by the time budget" if extra["stopped_by_time"] else ""))
 
     def baselines() -> None:
         try:
@@ -477,6 +491,10 @@ def main() -> int:
             rows.append((name, rec["mean_lines"], rec["mean_pieces"]))
     for name, lines, pieces in rows:
         log(f"  {name:9} mean lines {lines:8.1f}   mean pieces {pieces:8.1f}")
+    if results.get("model_play_extra"):
+        ex = results["model_play_extra"]
+        log(f"  model on {ex['games']} extra games (seeds from {args.extra_play_seed}): mean lines "
+            f"{ex['mean_lines']:8.2f}   mean pieces {ex['mean_pieces']:8.1f}")
     for row in results.get("cpu_latency", {}).get("rows", []):
         log(f"  CPU decision ({results['cpu_latency']['usable_cores']} cores) shape {row['shape']}: "
             f"p50 {row['decision_ms_p50']} ms (p20 {row['decision_ms_p20']}, p80 {row['decision_ms_p80']})")
