@@ -211,9 +211,10 @@ def main() -> int:
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     log(f"work folder: {work}")
-    log(f"env: python {platform.python_version()}, torch {torch.__version__}, GPU {gpu}, {os.cpu_count()} CPUs")
     # the cores this process may use (two runs can share a machine, each pinned to its half)
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    log(f"env: python {platform.python_version()}, torch {torch.__version__}, GPU {gpu}, {len(cores)} of "
+        f"{os.cpu_count()} CPUs")
     workers = args.workers or len(cores)
     results: dict[str, Any] = {"argv": sys.argv[1:], "python": platform.python_version(), "torch": torch.__version__,
                                "gpu": gpu, "cpus": len(cores)}

@@ -106,6 +106,13 @@ def _play_rows(title: str, results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _train_agreement(result: dict[str, Any]) -> str:
+    acc = result.get("train_accuracy")
+    if acc is None or acc != acc:  # NaN: the run skipped it
+        return "Training-set agreement not measured (`--train-eval-examples 0`)."
+    return f"Training-set agreement {acc:.3f}."
+
+
 def card(res: dict[str, Any], model_dir: Path, play_quality: dict[str, Any] | None, lineage: str = "") -> str:
     """The card's markdown text."""
     from tilewise.model.checkpoint import Checkpoint
@@ -119,6 +126,10 @@ def card(res: dict[str, Any], model_dir: Path, play_quality: dict[str, Any] | No
     explore = data.get("explore")
     explore_text = (f"{explore:.0%} exploration steps (a random rotation or shift) whose label stays the expert's "
                     "action" if explore else "no exploration steps")
+    detour = data.get("detour") or 0.0
+    if detour:
+        explore_text += (f"; {detour:.0%} of the pieces first took a detour of 1-3 random sideways steps, after which "
+                         "the expert played on, every label staying the expert's action")
     size_mib = (model_dir / "model.safetensors").stat().st_size / 2**20
     attn = ", ".join(str(i) for i in cfg.attention_layers)
     out = [
@@ -146,7 +157,8 @@ def card(res: dict[str, Any], model_dir: Path, play_quality: dict[str, Any] | No
         f"{data.get('seed', 0) + data['rounds'] - 1}; {explore_text}).",
         *dagger_data,
         f"- Held out: {first['heldout_games']} whole expert games ({_fmt_int(first['heldout_decisions'])} decisions, "
-        f"{first['heldout_fraction']:.0%} of the games) for agreement numbers"
+        f"{first['heldout_fraction']:.0%} of the games{', detours included' if detour else ''}) for agreement "
+        "numbers"
         + ("; each DAgger round's records are split the same way, and the expert games held out stay the same in "
            "every round." if dagger_data else "."), "",
         "## Training", "",
@@ -164,8 +176,8 @@ def card(res: dict[str, Any], model_dir: Path, play_quality: dict[str, Any] | No
         *dagger_train, "",
         "## Quality", "",
         f"- Agreement with the expert's action on the held-out expert games: {_heldout_expert(tr):.3f} (float32), "
-        f"{res.get('nf4_heldout_agreement', float('nan')):.3f} (this NF4 model). Training-set agreement "
-        f"{tr['result']['train_accuracy']:.3f}.",
+        f"{res.get('nf4_heldout_agreement', float('nan')):.3f} (this NF4 model). "
+        + _train_agreement(tr["result"]),
     ]
     per_action = res.get("nf4_heldout_per_action") or tr["result"].get("heldout_per_action") or {}
     if per_action:
@@ -182,6 +194,13 @@ def card(res: dict[str, Any], model_dir: Path, play_quality: dict[str, Any] | No
         seeds = [g["seed"] for g in next(iter(play.values()))["per_game"]]
         title = f"Played over the same seeded games (engine seeds {min(seeds)}-{max(seeds)}; `bench/train_h200.sh`):"
         out += ["", *_play_rows(title, play)]
+    extra = res.get("model_play_extra")
+    if extra:
+        seeds = [g["seed"] for g in extra["per_game"]]
+        out += ["", f"The model also played {extra['games']} more games (engine seeds {min(seeds)}-{max(seeds)}, cap "
+                    f"{extra['max_pieces']} pieces, `--extra-play-games`): mean {extra['mean_lines']:.1f} lines, "
+                    f"{extra['mean_pieces']:.1f} pieces"
+                    + (" (stopped by the time budget)." if extra.get("stopped_by_time") else ".")]
     if play_quality:
         cmd = play_quality.get("command", "python bench/play_quality.py")
         out += ["", *_play_rows(f"With tilewise's runtime (`{cmd}`):", play_quality["results"])]
