@@ -9,7 +9,8 @@ For each preset (lfm2-350m and seed-250m shapes, seeded random weights) and weig
   and the largest |score difference| against tilewise's CPU executor on the same weights (all 8 scores);
   nf4 once more with the f16-arithmetic table (row `nf4 f16-arith`: its score difference is its tolerance),
   and again for each `--submit-first` value (how the decision's launches are split into submissions; default
-  row 0: all in one submission, against the device default of growing pieces from 16 launches);
+  row 0: all in one submission, against the device default of growing pieces from 16 launches), and with
+  `--compare-record-ahead` once with the device's record-ahead off (commands encoded in each decision's own time);
 - HF transformers `Lfm2Model` + Linear(hidden, 8) head on the same GPU in bf16, eager and `torch.compile`,
   same weights (unquantized, bf16), same prompt length, `use_cache=False`, timed the same way (host clock around
   the forward + reading the 8 scores back).
@@ -208,6 +209,9 @@ def main() -> int:
                     help="also time the f16-arithmetic decision with other submission pieces (the device's "
                          "submit_first_launches: this many launches first, then twice as many each time; 0: all "
                          "in one submission); a comma list times each, empty: none")
+    ap.add_argument("--compare-record-ahead", action="store_true",
+                    help="also time the f16-arithmetic decision with the device's record_ahead off (every decision "
+                         "encodes its commands before the GPU can start on them)")
     ap.add_argument("--only-f16-arith", action="store_true",
                     help="nf4 only with the f16-arithmetic table: skip the plain tuning and the plain nf4 row "
                          "(a shorter run when the f16-arithmetic kernels are what changed)")
@@ -272,6 +276,14 @@ def main() -> int:
                                     ck, args, table16, f"f16-arith, {how}", need_s=30, budget_s=args.budget_s)
                     finally:
                         dev.submit_first_launches = default_first
+                if args.compare_record_ahead:
+                    dev.record_ahead = False
+                    try:
+                        run_section(results, f"tilewise {name} {w} f16-arith no-record-ahead", tilewise_section, ck,
+                                    ck, args, table16, "f16-arith, no record-ahead", need_s=30,
+                                    budget_s=args.budget_s)
+                    finally:
+                        dev.record_ahead = True
             del ck
         if not args.no_hf:
             run_section(results, f"hf-eager {name}", hf_section, f32, cfg, args, False, need_s=20,
@@ -307,7 +319,8 @@ def summary(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         eager = by.get(f"hf-eager {name}", {}).get("latency_ms_p50")
         comp = by.get(f"hf-compile {name}", {}).get("latency_ms_p50")
         keys = [f"tilewise {name} {w}{v}" for w in args.weights.split(",")
-                for v in ("", " f16-arith", *(f" f16-arith submit {f}" for f in submit_firsts(args)))]
+                for v in ("", " f16-arith", *(f" f16-arith submit {f}" for f in submit_firsts(args)),
+                          " f16-arith no-record-ahead")]
         for key in [*keys, f"hf-eager {name}", f"hf-compile {name}"]:
             r = by.get(key)
             if r is None:

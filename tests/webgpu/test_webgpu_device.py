@@ -137,6 +137,35 @@ def test_bind_groups_survive_freed_pipelines(webgpu_device, rng):
         gc.collect()
 
 
+def test_recorded_runs_read_the_inputs_written_before_them(webgpu_device, rng):
+    """A launch list run again under one `reuse` key is submitted from commands encoded during its previous run:
+    each run must still see the inputs written just before it; a different launch list under the same key must
+    not run the old commands."""
+    dev = webgpu_device
+    n = 300
+    ba, bb, bc = dev.allocate(4 * n), dev.allocate(4 * n), dev.allocate(4 * n)
+    add = [Launch(dev.compile(VADD, constants={"N": n}), ((n + 63) // 64, 1, 1), [ba, bb, bc])]
+
+    class Key:
+        pass
+
+    key = Key()
+    before = dev.recorded_runs
+    for _ in range(5):
+        a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+        dev.write(ba, a)
+        dev.write(bb, b)
+        dev.write(bc, np.full(n, np.nan, np.float32))
+        np.testing.assert_array_equal(dev.run_and_download(add, bc, np.float32, (n,), reuse=key), a + b)
+    assert dev.recorded_runs - before == 3  # runs 3, 4 and 5 (recording starts at a key's second run)
+    scale = [Launch(dev.compile(SCALE, constants={"S": 3.0}), (n // 64, 1, 1), [ba, bc])]
+    a = rng.standard_normal(n).astype(np.float32)
+    dev.write(ba, a)
+    out = dev.run_and_download(scale, bc, np.float32, (n // 64 * 64,), reuse=key)
+    np.testing.assert_array_equal(out, 3 * a[: n // 64 * 64])
+    assert dev.recorded_runs - before == 3
+
+
 def test_run_and_download_returns_each_runs_result(webgpu_device, rng):
     """One submission runs the launches and copies the result back; the kept staging buffers (one per size) must
     never hand back an earlier run's bytes."""

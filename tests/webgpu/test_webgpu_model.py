@@ -74,9 +74,10 @@ def test_base_state_unchanged_after_many_branches(models, rng):
 
 
 def test_reused_decision_plans_give_each_decision_its_own_answer(models, rng):
-    """Decisions of one shape reuse their launch list; the token ids and the cached base must still be each
-    decision's own: every branch matches a fresh CPU run of the same tokens, whether earlier states are kept alive
-    (new pooled caches each time) or dropped (the same caches come back from the pool)."""
+    """Decisions of one shape reuse their launch list (and, from its second run, commands encoded ahead); the token
+    ids and the cached base must still be each decision's own: every branch matches a fresh CPU run of the same
+    tokens, whether earlier states are kept alive (new pooled caches each time) or dropped (the same caches come back
+    from the pool)."""
     model = models["nf4"]
     cpu = tilewise.load("tiny", device="cpu", weights="nf4", seed=3)
     ex = model.executor
@@ -85,6 +86,7 @@ def test_reused_decision_plans_give_each_decision_its_own_answer(models, rng):
     cpu_bases = [cpu.prefill(p) for p in prefixes]
     kept = []
     reused = 0
+    recorded_before = ex.dev.recorded_runs
     for step in range(24):
         b = int(rng.integers(2)) if step > 1 else step  # no pattern the cache pool could line up with
         tail = _ids(rng, 57)
@@ -96,16 +98,19 @@ def test_reused_decision_plans_give_each_decision_its_own_answer(models, rng):
         if step < 6:
             kept.append(state)  # alive: the next decisions draw other caches from the pool
     assert reused >= 6, "decisions of one shape from one base should reuse their plan once the pool cycles"
+    # some of those reuses ran from commands encoded during the plan's previous run (and still matched the CPU)
+    assert ex.dev.recorded_runs > recorded_before
 
 
 @pytest.mark.parametrize("first", [0, 4])
 def test_decision_submissions_carry_the_read_back(models, rng, monkeypatch, first):
     """With `submit_first_launches` 0 the launches and the read-back of the result row go to the GPU in one submit
-    (no second one for the copy); otherwise in growing pieces, the copy with the last; same scores either way."""
+    (no second one for the copy); otherwise in growing pieces, the copy with the last; a run from commands encoded
+    ahead is one submit; same scores every way."""
     from tilewise.devices.webgpu import submit_pieces
 
     model = models["nf4"]
-    ids = _ids(rng, 50)
+    ids = _ids(rng, 50 + first)  # a length no other test uses: this plan's first run is here
     model.scores(model.prefill(ids))  # buffers and pipelines made (their uploads are no decision's submits)
     n_launches = len(model.executor.plan(np.asarray(ids), 0, None, True)[0].launches)
     monkeypatch.setattr(model.executor.dev, "submit_first_launches", first)
@@ -132,8 +137,13 @@ def test_decision_submissions_carry_the_read_back(models, rng, monkeypatch, firs
     expected = [1] * len(submit_pieces(n_launches, first))
     assert (len(expected) > 2) == (first > 0)
     assert submits == expected, f"a decision of {n_launches} launches submitted {submits} command buffers"
+    # the plan's third run submits the commands encoded during its second: one command buffer, read-back included
+    submits.clear()
+    again = model.scores(model.prefill(ids))
+    assert submits == [1], f"a decision from recorded commands submitted {submits} command buffers"
     cpu = tilewise.load("tiny", device="cpu", weights="nf4", seed=3)
     np.testing.assert_allclose(scores, cpu.scores(cpu.prefill(ids)), atol=2e-5, rtol=0)
+    np.testing.assert_array_equal(again, scores)
 
 
 def test_final_row_slicing_changes_nothing_but_launch_count(models, rng):
@@ -194,9 +204,9 @@ class _Proxy:
         self._maybe_lose()
         return self._dev.run(launches)
 
-    def run_and_download(self, launches, buffer, dtype=np.float32, shape=None):
+    def run_and_download(self, launches, buffer, dtype=np.float32, shape=None, reuse=None):
         self._maybe_lose()
-        return self._dev.run_and_download(launches, buffer, dtype, shape)
+        return self._dev.run_and_download(launches, buffer, dtype, shape, reuse=reuse)
 
 
 def test_model_too_big_for_the_adapter_names_tensor_and_limit(models, webgpu_device):

@@ -190,8 +190,12 @@ class Device(ABC):
         """Block until all submitted work has finished (never by sleeping)."""
 
     def run_and_download(self, launches: Sequence[Launch], buffer: Buffer, dtype: Any = np.float32,
-                         shape: Sequence[int] | None = None) -> np.ndarray:
-        """Run launches, then return `buffer`'s contents (a device may fold the read-back into the same submission)."""
+                         shape: Sequence[int] | None = None, reuse: Any = None) -> np.ndarray:
+        """Run launches, then return `buffer`'s contents (a device may fold the read-back into the same submission).
+
+        `reuse` is a hint: a key for a launch list that will run again unchanged (a device may prepare the next
+        run ahead); devices without such preparation ignore it.
+        """
         self.run(launches)
         return self.download(buffer, dtype, shape)
 

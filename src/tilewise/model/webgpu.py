@@ -564,7 +564,7 @@ class WebGPUExecutor:
                 self.last_op_times = list(zip(plan.labels, (float(t) for t in ms)))
                 res = self.dev.download(self.act["res"], np.float32, res_shape)
             else:  # the decision's launches and the copy of its result row, one map at the end
-                res = self.dev.run_and_download(plan.launches, self.act["res"], np.float32, res_shape)
+                res = self.dev.run_and_download(plan.launches, self.act["res"], np.float32, res_shape, reuse=plan)
         except DeviceLost as exc:
             self._lost = True
             raise DeviceLost(f"{exc.problem} (during a decision)",
