@@ -136,8 +136,11 @@ def test_attention_causal_gqa(webgpu_device, rng, shape):
     t = attention.AttentionTemplate()
     # KT > 1: each query's keys split over KT threads and merged; BKV = 8 with KT = 8 gives every slot one key
     # per tile, so the merge of slots that saw no key at all (the first rows) is covered too
+    # LZ = 1: lazy rescale, with and without the key split
     for cfg in (Config({"BQ": 16, "BKV": 8}), Config({"BQ": 32, "BKV": 16}), Config({"BQ": 16, "BKV": 8, "KT": 8}),
-                Config({"BQ": 32, "BKV": 16, "KT": 2}), Config({"BQ": 16, "BKV": 32, "KT": 4})):
+                Config({"BQ": 32, "BKV": 16, "KT": 2}), Config({"BQ": 16, "BKV": 32, "KT": 4}),
+                Config({"BQ": 16, "BKV": 8, "LZ": 1}), Config({"BQ": 32, "BKV": 16, "KT": 4, "LZ": 1}),
+                Config({"BQ": 16, "BKV": 8, "KT": 8, "LZ": 1})):
         out, ref = _run(webgpu_device, t, cfg, shape, rng)
         _assert_close(out, ref, "f32")
 

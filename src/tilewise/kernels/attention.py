@@ -12,7 +12,9 @@ Variants:
   softmax state, and merge the states through workgroup memory at the end: one thread per query leaves
   most of a big GPU idle at a few hundred rows (346 rows x 16 heads is 5.5k threads), KT = 8 gives 44k.
   GQA: head h reads kv head h / (Hq / Hkv). Queries can start at a row offset (final-row slicing: only the
-  last row). KT = 1 is the original one-thread-per-query kernel, unchanged.
+  last row). KT = 1 is the original one-thread-per-query kernel, unchanged. LZ = 1 rescales a thread's
+  softmax sums only when a key raises its running maximum (branch), instead of for every key; LZ = 0 (or
+  absent) generates the kernel as before.
 
 Bindings (qknorm_rope): dims (m = M, r0 = P), qkv (M, (Hq+2Hkv) D), q_norm (D), k_norm (D), cos (cap, D/2),
 sin (cap, D/2), q (M, Hq D), k_cache (cap, Hkv D), v_cache (cap, Hkv D).
@@ -159,11 +161,23 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
              + ("        for (var jj = kslot; jj < kend; jj = jj + KT) {\n" if split else
                 "        for (var jj = 0u; jj < kend; jj = jj + 1u) {\n"))
     L.append("            let s = " + " + ".join(f"dot(q{j}, Ks[jj * D4 + {j}u])" for j in range(d4)) + ";\n")
-    L.append("            if (kt + jj <= pos) {\n"
-             "                let mn = max(mx, s);\n                let cr = exp(mx - mn);\n"
-             "                let p = exp(s - mn);\n                l = l * cr + p;\n                mx = mn;\n")
-    for j in range(d4):
-        L.append(f"                o{j} = o{j} * cr + p * Vs[jj * D4 + {j}u];\n")
+    if cfg.get("LZ", 0):
+        # lazy rescale: the sums are rescaled only when a key raises the maximum (rare after the first keys of
+        # a row), instead of D/4 vec4 products and one exp per key
+        L.append("            if (kt + jj <= pos) {\n"
+                 "                if (s > mx) {\n                    let cr = exp(mx - s);\n"
+                 "                    l = l * cr;\n                    mx = s;\n")
+        for j in range(d4):
+            L.append(f"                    o{j} = o{j} * cr;\n")
+        L.append("                }\n                let p = exp(s - mx);\n                l = l + p;\n")
+        for j in range(d4):
+            L.append(f"                o{j} = o{j} + p * Vs[jj * D4 + {j}u];\n")
+    else:
+        L.append("            if (kt + jj <= pos) {\n"
+                 "                let mn = max(mx, s);\n                let cr = exp(mx - mn);\n"
+                 "                let p = exp(s - mn);\n                l = l * cr + p;\n                mx = mn;\n")
+        for j in range(d4):
+            L.append(f"                o{j} = o{j} * cr + p * Vs[jj * D4 + {j}u];\n")
     L.append("            }\n        }\n        workgroupBarrier();\n    }\n")
     if not split:
         L.append("    if (i < nq) {\n        let ob = (i * HQ + h) * D4;\n        let il = 1.0 / l;\n")
@@ -204,7 +218,7 @@ def attention_storage_bytes(cfg: Config | dict, d: int) -> int:
 
 
 def attention_space(d: int = 64) -> Space:
-    return Space("attention", {"BQ": [16, 32, 64, 128], "BKV": [8, 16, 32, 64], "KT": [1, 2, 4, 8]}, [
+    return Space("attention", {"BQ": [16, 32, 64, 128], "BKV": [8, 16, 32, 64], "KT": [1, 2, 4, 8], "LZ": [0, 1]}, [
         Rule("invocations", lambda c, lim: lim.max_invocations_per_workgroup >= c.BQ * c.KT,
              lambda c, lim: f"BQ*KT={c.BQ * c.KT} threads > max_invocations_per_workgroup "
                             f"{lim.max_invocations_per_workgroup}", needs_limits=True),
@@ -214,7 +228,7 @@ def attention_space(d: int = 64) -> Space:
              lambda c, lim: f"K and V tiles (2*BKV*D*4) plus the KT-slice merge (BQ*D*4 + 2*BQ*KT*4) = "
                             f"{attention_storage_bytes(c, d)} bytes > max_workgroup_storage_bytes "
                             f"{lim.max_workgroup_storage_bytes}", needs_limits=True),
-    ], fmt=lambda c: f"bq{c.BQ} bkv{c.BKV} kt{c.KT}")
+    ], fmt=lambda c: f"bq{c.BQ} bkv{c.BKV} kt{c.KT}" + (" lazy" if c.LZ else ""))
 
 
 def attention_grid(cfg: Config | dict, nq: int, hq: int) -> tuple[int, int, int]:
