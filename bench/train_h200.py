@@ -95,7 +95,7 @@ def generate_rounds(work: Path, budget_s: float, seed: int, max_pieces: int, wor
     merged.meta.update(seed=seed, rounds=len(parts), round_seeds=[seed + i for i in range(len(parts))])
     meta = merged.meta
     gen_s = time.perf_counter() - t0
-    path = write_dataset(merged, work / "data.npz")
+    path = write_dataset(merged, work / "data.npz", compress=False)  # a scratch file: deflating took ~24 s
     summary = {"decisions": len(merged), "games": meta["games"], "rounds": len(parts), "seed": seed,
                "max_pieces": max_pieces, "games_per_round": games_per_round, "explore": meta.get("explore"),
                "detour": detour, "workers": workers, "generate_s": round(gen_s, 1),
@@ -329,7 +329,7 @@ def main() -> int:
         if not len(data):
             raise RuntimeError("the collection recorded no positions")
         tw = time.perf_counter()
-        write_dataset(data, path)
+        write_dataset(data, path, compress=False)
         rec["write_s"] = round(time.perf_counter() - tw, 1)
         fe, pp = c["from_empty"], c["policy_part"]
         log(f"dagger: round {r}: {c['positions']} positions in {rec['collect_s']} s ({c['positions_per_s']:.0f}/s; "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import zipfile
 
 import numpy as np
 import pytest
@@ -40,6 +41,19 @@ def test_written_file_reads_back_identically(small):
     assert back.meta["version"] == FORMAT_VERSION and back.meta["seed"] == 7 and back.meta["games"] == 3
     assert back.tokens.dtype == np.uint16 and back.actions.dtype == np.uint8
     assert [len(t) for t in back.token_ids] == back.lengths.tolist()
+
+
+def test_uncompressed_file_reads_back_identically(small, tmp_path):
+    data, packed = small
+    path = write_dataset(data, tmp_path / "plain", compress=False)
+    with zipfile.ZipFile(path) as z:
+        assert {i.compress_type for i in z.infolist()} == {zipfile.ZIP_STORED}
+    with zipfile.ZipFile(packed) as z:
+        assert {i.compress_type for i in z.infolist()} == {zipfile.ZIP_DEFLATED}
+    back = read_dataset(path)
+    for k in ("tokens", "lengths", "actions", "played", "game_ids", "steps", "pieces", "targets"):
+        np.testing.assert_array_equal(getattr(back, k), getattr(data, k))
+    assert back.meta == read_dataset(packed).meta
 
 
 def test_records_replay_to_the_expert_labels(small):

@@ -736,8 +736,14 @@ def _collect_with_workers(act: Callable[[np.ndarray, np.ndarray], np.ndarray], s
     return results, stopped
 
 
-def write_dataset(data: GameDataset, path: str | Path) -> Path:
-    """Write a dataset in format version 1 (compressed `.npz`; the `.npz` suffix is added if missing).
+def write_dataset(data: GameDataset, path: str | Path, compress: bool = True) -> Path:
+    """Write a dataset in format version 1 (`.npz`; the `.npz` suffix is added if missing).
+
+    Args:
+        data: the dataset.
+        path: the file.
+        compress: deflate the arrays (the default; about 5x smaller). Uncompressed files read the same and are
+            written and read several times faster: for a scratch file on the machine that uses it.
 
     Returns:
         The path written.
@@ -748,7 +754,7 @@ def write_dataset(data: GameDataset, path: str | Path) -> Path:
     if path.parent and not path.parent.exists():
         raise ConfigError(f"folder {path.parent} does not exist", "create it or choose another --out")
     tmp = path.with_name(path.name + ".part.npz")
-    np.savez_compressed(
+    (np.savez_compressed if compress else np.savez)(
         tmp, format=np.array(FORMAT_NAME), version=np.array(FORMAT_VERSION, dtype=np.int64),
         meta=np.array(json.dumps(data.meta, sort_keys=True)),
         **{name: getattr(data, name) for name in _ARRAYS},
