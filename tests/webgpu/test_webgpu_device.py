@@ -158,6 +158,14 @@ def test_recorded_runs_read_the_inputs_written_before_them(webgpu_device, rng):
         dev.write(bc, np.full(n, np.nan, np.float32))
         np.testing.assert_array_equal(dev.run_and_download(add, bc, np.float32, (n,), reuse=key), a + b)
     assert dev.recorded_runs - before == 3  # runs 3, 4 and 5 (recording starts at a key's second run)
+    dev.record_ahead = False  # off: the commands recorded during run 5 are not used either
+    try:
+        a = rng.standard_normal(n).astype(np.float32)
+        dev.write(ba, a)
+        np.testing.assert_array_equal(dev.run_and_download(add, bc, np.float32, (n,), reuse=key), a + b)
+        assert dev.recorded_runs - before == 3
+    finally:
+        dev.record_ahead = True
     scale = [Launch(dev.compile(SCALE, constants={"S": 3.0}), (n // 64, 1, 1), [ba, bc])]
     a = rng.standard_normal(n).astype(np.float32)
     dev.write(ba, a)

@@ -341,7 +341,8 @@ class WebGPUDevice(Device):
                                                   | self._wgpu.BufferUsage.COPY_DST)
                 self._staging[nbytes] = staging
             rec = self._recorded.pop(reuse, None) if reuse is not None else None
-            if rec is not None and rec.launches is launches and rec.buffer is buffer and rec.nbytes == nbytes:
+            if (rec is not None and self.record_ahead and rec.launches is launches and rec.buffer is buffer
+                    and rec.nbytes == nbytes):
                 self._dev.queue.submit(rec.commands)
                 self.recorded_runs += 1
             else:
