@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -26,18 +25,15 @@ def agreement(models: list[str], games: int, seed: int, max_pieces: int, explore
     """Generate the games once, then score every model on all their decisions."""
     import torch
 
-    from tilewise.game.dataset import generate, write_dataset
+    from tilewise.game.dataset import generate
     from tilewise.model.runtime import DEFAULT_MODEL_DIR
-    from tilewise.train.data import load_examples
+    from tilewise.train.data import from_arrays
     from tilewise.train.export import load_torch_model
     from tilewise.train.trainer import evaluate
 
     t0 = time.perf_counter()
     data = generate(games, seed, max_pieces=max_pieces, explore=explore, workers=workers)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "games.npz"
-        write_dataset(data, path)
-        examples = load_examples(path)
+    examples = from_arrays(data.tokens, data.lengths, data.actions, data.game_ids, data.steps)
     gen_s = time.perf_counter() - t0
     print(f"{len(examples)} decisions from {games} expert games (dataset seeds {seed}..; explore {explore}, "
           f"at most {max_pieces} pieces), {gen_s:.1f} s", flush=True)
