@@ -323,6 +323,12 @@ class WebGPUDevice(Device):
         except Exception as exc:
             raise self._wrap(exc, "submitting work") from exc
 
+    def _encode_read_back(self, launches: Sequence[Launch], buffer: Buffer, staging: Any, nbytes: int) -> Any:
+        """One finished command buffer: the launches' pass, then the copy of `buffer` into `staging`."""
+        encoder = self._encode_pass(launches)
+        encoder.copy_buffer_to_buffer(buffer.handle, 0, staging, 0, nbytes)
+        return encoder.finish()
+
     def run_and_download(self, launches: Sequence[Launch], buffer: Buffer, dtype: Any = np.float32,
                          shape: Sequence[int] | None = None, reuse: Any = None) -> np.ndarray:
         """The launches and the copy of `buffer` into a kept mappable buffer (in the last submission), one map.
@@ -351,16 +357,13 @@ class WebGPUDevice(Device):
                 for a, b in pieces[:-1]:
                     self._dev.queue.submit([self._encode_pass(seq[a:b]).finish()])
                 a, b = pieces[-1]
-                encoder = self._encode_pass(seq[a:b])
-                encoder.copy_buffer_to_buffer(buffer.handle, 0, staging, 0, nbytes)
-                self._dev.queue.submit([encoder.finish()])
+                self._dev.queue.submit([self._encode_read_back(seq[a:b], buffer, staging, nbytes)])
             if reuse is not None and self.record_ahead:
                 runs = self._reuse_runs.get(reuse, 0) + 1
                 self._reuse_runs[reuse] = runs
                 if runs >= 2:  # seen twice: likely to run again; encode while the GPU is busy with this run
-                    encoder = self._encode_pass(launches)
-                    encoder.copy_buffer_to_buffer(buffer.handle, 0, staging, 0, nbytes)
-                    self._recorded[reuse] = _Recorded(launches, buffer, nbytes, [encoder.finish()])
+                    commands = [self._encode_read_back(launches, buffer, staging, nbytes)]
+                    self._recorded[reuse] = _Recorded(launches, buffer, nbytes, commands)
             staging.map_sync(self._wgpu.MapMode.READ)
             try:
                 mem = staging.read_mapped(0, nbytes, copy=True)
