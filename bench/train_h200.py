@@ -422,24 +422,20 @@ def main() -> int:
     def model_play() -> None:
         from tilewise.train.evaluate import play_batched
 
-        budget = max(10.0, min(args.play_budget_s, deadline - time.perf_counter() - 15.0))
         os.environ["TOKENIZERS_PARALLELISM"] = "true"  # one encode_batch per step for all games: use the cores
-        play = play_batched(state["model"], list(range(args.quality_games)), max_pieces=args.quality_max_pieces,
-                            device=state["device"], log=log, time_budget_s=budget)
-        results["model_play"] = play
-        log(f"play: model (NF4, torch on {state['device']}) mean {play['mean_lines']:.1f} lines, "
-            f"{play['mean_pieces']:.1f} pieces over {play['games']} games (cap {play['max_pieces']}), "
-            f"{play['decisions']} decisions in {play['wall_s']} s"
-            + (f" - stopped by the time budget ({budget:.0f} s)" if play["stopped_by_time"] else ""))
-        if args.extra_play_games > 0:
-            seeds = list(range(args.extra_play_seed, args.extra_play_seed + args.extra_play_games))
+
+        def play(key: str, seeds: list[int]) -> None:
             budget = max(10.0, min(args.play_budget_s, deadline - time.perf_counter() - 15.0))
-            extra = play_batched(state["model"], seeds, max_pieces=args.quality_max_pieces, device=state["device"],
-                                 log=log, time_budget_s=budget)
-            results["model_play_extra"] = extra
-            log(f"play: model on seeds {seeds[0]}-{seeds[-1]}: mean {extra['mean_lines']:.2f} lines, "
-                f"{extra['mean_pieces']:.1f} pieces over {extra['games']} games, {extra['decisions']} decisions in "
-                f"{extra['wall_s']} s" + (" - stopped by the time budget" if extra["stopped_by_time"] else ""))
+            res = results[key] = play_batched(state["model"], seeds, max_pieces=args.quality_max_pieces,
+                                              device=state["device"], log=log, time_budget_s=budget)
+            log(f"play: model (NF4, torch on {state['device']}) on seeds {seeds[0]}-{seeds[-1]}: mean "
+                f"{res['mean_lines']:.2f} lines, {res['mean_pieces']:.1f} pieces over {res['games']} games (cap "
+                f"{res['max_pieces']}), {res['decisions']} decisions in {res['wall_s']} s"
+                + (f" - stopped by the time budget ({budget:.0f} s)" if res["stopped_by_time"] else ""))
+
+        play("model_play", list(range(args.quality_games)))
+        if args.extra_play_games > 0:
+            play("model_play_extra", list(range(args.extra_play_seed, args.extra_play_seed + args.extra_play_games)))
 
     def baselines() -> None:
         try:
