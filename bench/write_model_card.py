@@ -1,10 +1,12 @@
 """Write the bundled model's MODEL_CARD.md from the numbers a training run measured (no number typed by hand).
 
-    PYTHONPATH=src python bench/write_model_card.py RESULTS_JSON [--play-quality JSON] [--model DIR] [--out FILE]
+    PYTHONPATH=src python bench/write_model_card.py RESULTS_JSON [--play-quality JSON] [--cpu-latency JSON]
+        [--model DIR] [--out FILE]
 
 RESULTS_JSON is `results.json` of `bench/train_h200.sh`; `--play-quality` adds a `bench/play_quality.py --json`
-measurement made with tilewise's own runtime (the card then shows both); `--model` is the NF4 folder described
-(default: src/tilewise/model/default).
+measurement (other games, another engine: the card then shows both); `--cpu-latency` takes the CPU latency table
+from a `bench/train_shape_latency.py --json` run on a quiet machine instead of the one the training run measured
+beside its other work; `--model` is the NF4 folder described (default: src/tilewise/model/default).
 """
 
 from __future__ import annotations
@@ -113,7 +115,8 @@ def _train_agreement(result: dict[str, Any]) -> str:
     return f"Training-set agreement {acc:.3f}."
 
 
-def card(res: dict[str, Any], model_dir: Path, play_quality: dict[str, Any] | None, lineage: str = "") -> str:
+def card(res: dict[str, Any], model_dir: Path, play_quality: dict[str, Any] | None, lineage: str = "",
+         cpu_latency: dict[str, Any] | None = None) -> str:
     """The card's markdown text."""
     from tilewise.model.checkpoint import Checkpoint
 
@@ -203,10 +206,11 @@ def card(res: dict[str, Any], model_dir: Path, play_quality: dict[str, Any] | No
                     + (" (stopped by the time budget)." if extra.get("stopped_by_time") else ".")]
     if play_quality:
         cmd = play_quality.get("command", "python bench/play_quality.py")
-        out += ["", *_play_rows(f"With tilewise's runtime (`{cmd}`):", play_quality["results"])]
-    lat = res.get("cpu_latency")
+        out += ["", *_play_rows(f"Also played with `{cmd}`:", play_quality["results"])]
+    lat = cpu_latency or res.get("cpu_latency")
     if lat:
-        out += ["", f"CPU decision latency (tilewise CPU executor, {lat['usable_cores']} pinned cores, "
+        out += ["", f"CPU decision latency (tilewise CPU executor, {lat['usable_cores']} of the machine's "
+                    f"{lat['cpus']} cores, "
                     f"{lat['blas_threads']} BLAS threads, cached 42-token prefix + the rest of a 348-token prompt, "
                     "random weights of the same shape; `bench/train_shape_latency.py`):", "",
                 "| shape | parameters | p20 ms | p50 ms | p80 ms |", "| --- | ---: | ---: | ---: | ---: |"]
@@ -225,6 +229,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", help="results.json of bench/train_h200.sh")
     ap.add_argument("--play-quality", default=None, help="JSON of bench/play_quality.py --json")
+    ap.add_argument("--cpu-latency", default=None, help="JSON of bench/train_shape_latency.py --json (replaces the "
+                    "run's own CPU latency table)")
     ap.add_argument("--model", default=str(ROOT / "src" / "tilewise" / "model" / "default"))
     ap.add_argument("--out", default=None, help="default: MODEL_CARD.md in the model folder")
     ap.add_argument("--lineage", default="", help="where the first training started (when it used --init)")
@@ -232,7 +238,8 @@ def main() -> int:
     res = json.loads(Path(args.results).read_text())
     pq = json.loads(Path(args.play_quality).read_text()) if args.play_quality else None
     model_dir = Path(args.model)
-    text = card(res, model_dir, pq, args.lineage)
+    lat = json.loads(Path(args.cpu_latency).read_text()) if args.cpu_latency else None
+    text = card(res, model_dir, pq, args.lineage, lat)
     out = Path(args.out) if args.out else model_dir / "MODEL_CARD.md"
     out.write_text(text)
     print(f"wrote {out}")
