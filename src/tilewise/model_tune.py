@@ -16,7 +16,9 @@ a table from another device or from other kernels, and falls back to safe defaul
 from __future__ import annotations
 
 import argparse
+import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -59,9 +61,12 @@ _SEED_TILED_PF = [
 # each change alone on the 64x64 8x8 tile, to tell the two apart
 _SEED_TILED_ONE = [{"BM": 64, "BN": 64, "BK": 16, "TM": 8, "TN": 8, "CL": "strided"},
                    {"BM": 64, "BN": 64, "BK": 16, "TM": 8, "TN": 8, "PF": 1}]
+# 192 columns: the gate/up pair's fastest tile at 299 rows in the fitted-tile run on the H200
+# (bench/results/matmul_tiles/2026-12-01-h200-lfm2-350m.md)
+_SEED_TILED_WIDE = [{"BM": 64, "BN": 192, "BK": 16, "TM": 8, "TN": 4, "PF": 1}]
 # no double-buffered (DB=1) seeds: the 18 tried lost at every shape and row count on the H200 and made tuning
 # 25% longer (bench/results/decision_webgpu/summary-db-alternate.md); the random sample still draws DB=1 configs
-SEED_TILED: tuple[dict[str, Any], ...] = (*_SEED_TILED_BASE, *_SEED_TILED_PF, *_SEED_TILED_ONE)
+SEED_TILED: tuple[dict[str, Any], ...] = (*_SEED_TILED_BASE, *_SEED_TILED_PF, *_SEED_TILED_ONE, *_SEED_TILED_WIDE)
 # split-K: the tiles that did best unsplit, cut into 2 or 4 slices of K; then the big per-thread tiles with
 # prefetch and strided columns
 _SPLIT = (*_TILE, "KS")
@@ -70,7 +75,31 @@ SEED_SPLITK: tuple[dict[str, Any], ...] = (*(dict(zip(_SPLIT, v)) for v in (
     (64, 64, 16, 8, 8, 4), (128, 64, 16, 8, 4, 4), (32, 64, 16, 4, 4, 2), (64, 32, 16, 4, 4, 4))), *(
     dict(zip(_SPLIT, v), PF=1, CL="strided" if v[4] >= 8 else "block") for v in (
         (64, 64, 16, 8, 8, 2), (64, 64, 16, 8, 8, 4), (64, 64, 16, 4, 8, 4), (64, 64, 16, 8, 4, 4),
-        (128, 64, 16, 8, 8, 4), (64, 128, 16, 8, 8, 4), (128, 128, 16, 8, 8, 8), (64, 64, 32, 4, 8, 4))))
+        (128, 64, 16, 8, 8, 4), (64, 128, 16, 8, 8, 4), (128, 128, 16, 8, 8, 8), (64, 64, 32, 4, 8, 4),
+        # eight K slices of a 64x128 tile: the fitted-tile run's fastest at 1024x1024 and 3072x1024 (346 rows)
+        (64, 128, 32, 8, 8, 8), (64, 64, 32, 8, 4, 4))))
+# tiles whose row count splits the decision's rows into a few blocks with little padding (346 rows: 2 x 176,
+# 3 x 120, 4 x 88 instead of 3 x 128 = 384), with column counts that fill the GPU in whole waves; the fastest of
+# this family in the fitted-tile run on the H200 (bench/results/matmul_tiles/): 176x72 for the gate/up pair,
+# 176x128 and 88x128 in eight K slices for the down projection. `fitted_seeds(seq, kind)` sizes them.
+_FIT_TILED = (  # (row blocks, BN, BK, TM, TN)
+    (2, 72, 32, 4, 8), (2, 72, 32, 8, 4), (3, 128, 16, 4, 8))
+_FIT_SPLITK = (  # (row blocks, BN, BK, TM, TN, KS)
+    (2, 128, 16, 8, 8, 8), (4, 128, 16, 4, 8, 8))
+
+
+def fitted_rows(seq: int, blocks: int) -> int:
+    """The row tile (a multiple of 8) that covers `seq` rows in `blocks` blocks: 346 -> 176 (2), 120 (3), 88 (4)."""
+    return 8 * math.ceil(seq / blocks / 8)
+
+
+def fitted_seeds(seq: int, kind: str) -> list[dict[str, Any]]:
+    """Hand-picked tiled / split-K seeds whose row tile is fitted to a `seq`-row decision (prefetch on)."""
+    if kind == "tiled":
+        return [{"BM": fitted_rows(seq, j), "BN": bn, "BK": bk, "TM": tm, "TN": tn, "PF": 1,
+                 "CL": "strided" if tn >= 8 else "block"} for j, bn, bk, tm, tn in _FIT_TILED]
+    return [{"BM": fitted_rows(seq, j), "BN": bn, "BK": bk, "TM": tm, "TN": tn, "KS": ks, "PF": 1,
+             "CL": "strided" if tn >= 8 else "block"} for j, bn, bk, tm, tn, ks in _FIT_SPLITK]
 SEED_ROWS = ((128, 4, 1, 8), (256, 8, 1, 16), (64, 2, 4, 8), (128, 2, 8, 8), (256, 4, 4, 16), (128, 1, 8, 32),
              (256, 2, 2, 32), (64, 1, 4, 16))
 
@@ -78,8 +107,10 @@ SEED_ROWS = ((128, 4, 1, 8), (256, 8, 1, 16), (64, 2, 4, 8), (128, 2, 8, 8), (25
 VERIFY_REUSE = 8  # consecutive candidate checks that share one input set in `tune_matmul`
 
 
-def candidates(template: Any, limits: Any, n: int, seed: int, hand_picked: bool = True) -> list[Any]:
-    """The default config, the hand-picked seeds and a seeded sample of `n` legal configs of the template's space."""
+def candidates(template: Any, limits: Any, n: int, seed: int, hand_picked: bool = True,
+               seq: int | None = None) -> list[Any]:
+    """The default config, the hand-picked seeds (with `seq`, also those fitted to a `seq`-row decision) and a
+    seeded sample of `n` legal configs of the template's space."""
     space = template.space()
     out = [template.default_config()]
     if not hand_picked:
@@ -87,8 +118,9 @@ def candidates(template: Any, limits: Any, n: int, seed: int, hand_picked: bool 
     elif template.kind in ("tiled", "splitk"):
         # the template's own f16 settings (one value each); prefetch and columns default to today's kernel
         fixed = {k: space.params[k][0] for k in ("F16S", "F16A") if k in space.params}
-        seeds = [{"PF": 0, "CL": "block", "DB": 0, **v, **fixed} for v in (SEED_TILED if template.kind == "tiled"
-                                                                   else SEED_SPLITK)]
+        picked = [*(SEED_TILED if template.kind == "tiled" else SEED_SPLITK),
+                  *(fitted_seeds(seq, template.kind) if seq else [])]
+        seeds = [{"PF": 0, "CL": "block", "DB": 0, **v, **fixed} for v in picked]
     else:
         seeds = [dict(zip(("WG", "NC", "RM", "EL"), v)) for v in SEED_ROWS]
     out += [space.config(v) for v in seeds]
@@ -104,11 +136,14 @@ def candidates(template: Any, limits: Any, n: int, seed: int, hand_picked: bool 
 
 def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[int], n_cand: int, seed: int,
                 log: Any, hand_picked: bool = True, f16_arith: bool = False, norm: bool = False,
-                eps: float = 1e-5) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                eps: float = 1e-5, configs: Callable[[Any], list[Any]] | None = None,
+                keep_times: bool = False, seq: int | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Measure both kernels across `rows`; returns (dispatch segments, measurements for the record).
 
     With `f16_arith` (and shader-f16) the tiled and split-K kernels' f16-staging + f16-FMA variants compete too,
-    verified under the f16 tolerance.
+    verified under the f16 tolerance. `seq` (the decision length) adds the seeds fitted to it. `configs(template)`,
+    when given, replaces `candidates` (a template it gives nothing is skipped); `keep_times` adds every
+    candidate's median per row count (`times_ms`).
     """
     from tilewise.kernels import nf4_matmul as mm
     from tilewise.tune.dispatch import fit_dispatch
@@ -131,11 +166,14 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
     seconds = {"compile": 0.0, "verify": 0.0, "inputs": 0.0, "measure": 0.0}  # where a shape's tuning time goes
     for t in templates:
         kind = t.kind
+        todo = candidates(t, dev.info.limits, n_cand, seed, hand_picked, seq) if configs is None else configs(t)
+        if not todo:
+            continue
         check_m = 97 if max_m >= 97 else max_m
         # eight candidates share one random input set (outputs re-poisoned for each): making the NF4 weights of a
         # 4608x1024 pair takes 0.6 s, more than compiling a candidate, and was most of a model's tuning time
         ver = Verifier(t, dev, (check_m, n, k), rng, reuse=VERIFY_REUSE)
-        for c in candidates(t, dev.info.limits, n_cand, seed, hand_picked):
+        for c in todo:
             tag = Config((("kind", kind), *c.items()))
             probs = t.shape_problems(c, (max_m, n, k))
             if probs:
@@ -187,6 +225,8 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
     record = {"rows": rows, "best_ms": {m: times[best[m]][m] for m in rows},
               "best": {m: best[m].key() for m in rows}, "failures": failures,
               "candidates": [tg.key() for tg in cand], "seconds": {a: round(b, 4) for a, b in seconds.items()}}
+    if keep_times:
+        record["times_ms"] = {tg.key(): {m: times[tg][m] for m in rows} for tg in cand}
     del keep
     return segments, record
 
@@ -226,7 +266,7 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
         n_cand: random legal configs per kernel next to the default and the hand-picked ones.
         seed: inputs and sampling.
         force: re-measure shapes the table at `path` already holds.
-        hand_picked: include `SEED_TILED` / `SEED_SPLITK` / `SEED_ROWS`.
+        hand_picked: include `SEED_TILED` / `SEED_SPLITK` / `SEED_ROWS` and the seeds fitted to `seq`.
         f16_arith: let the f16-arithmetic tiled and split-K variants compete (f16 tolerance; a table of its own).
         path: where the table lives (default: `dispatch_path(fingerprint)`, with `-f16a` for f16_arith).
         log: progress printer.
@@ -260,7 +300,7 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
             log(f"{label} ({epilogue}, N={n}, K={k}): already tuned on this device (force re-measures)")
             continue
         segs, record = tune_matmul(dev, fmt, epilogue, n, k, rows, n_cand, seed, log, hand_picked=hand_picked,
-                                   f16_arith=f16_arith, norm=norm, eps=cfg.norm_eps)
+                                   f16_arith=f16_arith, norm=norm, eps=cfg.norm_eps, seq=seq)
         table.matmul[matmul_key(fmt, epilogue, n, k, norm)] = segs
         table.measured[f"{label} {n}x{k}"] = record
         table.save(path)  # each shape as soon as it is measured: an interrupted run keeps what it did

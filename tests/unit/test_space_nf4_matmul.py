@@ -75,6 +75,7 @@ def test_new_parameter_values_are_in_the_space():
         sp = _space(kind)
         assert sp.params["PF"] == [0, 1] and sp.params["CL"] == ["block", "strided"]
         assert 256 in sp.params["BN"] and 64 in sp.params["BK"] and sp.params["TM"] == [1, 2, 4, 8]
+        assert {48, 72, 96, 192} <= set(sp.params["BN"]) and {48, 96} <= set(sp.params["BM"])  # not only 2^k
         assert any(c["PF"] == 1 and c["CL"] == "strided" for c in sp.sample(40, seed=1, limits=H200))
     c = _cfg(_space(), TN=8, PF=1, CL="strided")
     assert str(c).endswith(" pf strided")
@@ -108,7 +109,7 @@ def test_bad_values_are_refused_by_the_generator():
 
 def test_hand_picked_seeds_are_whole_configs_with_the_new_variants():
     # a cap on tuning time: every seed compiles (and the driver's compile dominates a model's tuning)
-    assert len(model_tune.SEED_TILED) <= 40 and len(model_tune.SEED_SPLITK) <= 16
+    assert len(model_tune.SEED_TILED) <= 41 and len(model_tune.SEED_SPLITK) <= 18
     # DB=1 lost at every shape on the H200: only random draws try it
     assert all(v.get("DB", 0) == 0 for v in (*model_tune.SEED_TILED, *model_tune.SEED_SPLITK))
     for kind, epilogue, norm in (("tiled", "swiglu", True), ("splitk", "residual", False)):  # gate/up, down
@@ -118,7 +119,23 @@ def test_hand_picked_seeds_are_whole_configs_with_the_new_variants():
             assert all(set(c) == set(t.space().params) for c in cands)
             assert any(c["PF"] == 1 and c["CL"] == "strided" for c in cands)
             assert any(c["PF"] == 0 and c["CL"] == "block" for c in cands)
-            assert len(cands) <= (41 if kind == "tiled" else 17)
+            assert len(cands) <= (42 if kind == "tiled" else 19)
+            fitted = model_tune.candidates(t, H200, 0, 0, seq=346)  # plus the seeds fitted to 346 rows
+            assert set(cands) < set(fitted) and len(fitted) <= len(cands) + 3
+            assert {c["BM"] for c in fitted} - {c["BM"] for c in cands} <= {176, 120, 88}
+
+
+def test_fitted_row_tiles_split_the_decision_into_few_blocks_with_little_padding():
+    for seq in (17, 100, 299, 346, 512, 1000):
+        for blocks in (2, 3, 4):
+            bm = model_tune.fitted_rows(seq, blocks)
+            assert bm % 8 == 0 and -(-seq // bm) <= blocks  # covers seq rows in at most `blocks` tiles
+            assert blocks * bm - seq < 8 * blocks  # pads less than one 8-row step per block
+    assert [model_tune.fitted_rows(346, j) for j in (2, 3, 4)] == [176, 120, 88]
+    for kind in ("tiled", "splitk"):
+        seeds = model_tune.fitted_seeds(346, kind)
+        assert seeds and all(s["BM"] in (176, 120, 88) and s["PF"] == 1 for s in seeds)
+        assert all(("KS" in s) == (kind == "splitk") for s in seeds)
 
 
 def test_split_k_beyond_the_scratch_is_refused_before_compiling():

@@ -292,3 +292,30 @@ def test_matmul_prefetch_and_column_layout(webgpu_device, rng, variant):
     assert ("pw0_0" in src) == (cfg["PF"] == 1) and ("cs0" in src) == (cfg["CL"] == "strided")
     out, ref = _run(webgpu_device, t, cfg, shape, rng)
     _assert_close(out, ref, t.dtype)
+
+
+# tiles of 88 / 176 / 120 rows and 72 / 48 / 192 columns (fitted to a decision's rows, `model_tune.fitted_seeds`):
+# row counts that leave a partial last row tile (97 = 88 + 9, 130 = 120 + 10) and a column count that is not a
+# multiple of the tile (150 = 2 x 72 + 6), so the guards of both partial tiles run
+_FITTED = [
+    ("tiled", "swiglu", True, {"BM": 88, "BN": 72, "BK": 32, "TM": 4, "TN": 8, "PF": 1, "CL": "strided"}, 97),
+    ("tiled", "swiglu", True, {"BM": 176, "BN": 72, "BK": 32, "TM": 8, "TN": 4, "PF": 1}, 130),
+    ("tiled", "none", True, {"BM": 120, "BN": 48, "BK": 16, "TM": 4, "TN": 8, "PF": 1, "CL": "strided"}, 130),
+    ("splitk", "residual", False, {"BM": 88, "BN": 128, "BK": 16, "TM": 4, "TN": 8, "PF": 1, "CL": "strided",
+                                   "KS": 8}, 97),
+    ("splitk", "none", True, {"BM": 48, "BN": 192, "BK": 16, "TM": 8, "TN": 8, "PF": 1, "CL": "strided",
+                              "KS": 4}, 49),
+]
+
+
+@pytest.mark.parametrize("variant", _FITTED, ids=lambda v: f"{v[0]}-{v[1]}-{v[3]['BM']}x{v[3]['BN']}-m{v[4]}")
+def test_matmul_tiles_that_are_not_powers_of_two(webgpu_device, rng, variant):
+    kind, epilogue, norm, overrides, m = variant
+    f16 = "shader-f16" in webgpu_device.enabled_features
+    t = mm.MatmulTemplate(kind, "nf4", epilogue, webgpu_device.enabled_features, f16, f16, norm=norm)
+    cfg = t.default_config().replace(**overrides)
+    assert t.space().why_illegal(cfg, webgpu_device.info.limits) == []
+    shape = (m, 150, 128 if kind == "tiled" else 256)
+    assert not t.shape_problems(cfg, shape)
+    out, ref = _run(webgpu_device, t, cfg, shape, rng)
+    _assert_close(out, ref, t.dtype)

@@ -702,8 +702,12 @@ def tiled_space(paired: bool = False, features: Iterable[str] | None = (), norm:
                             f"{storage(c)} bytes > max_workgroup_storage_bytes {lim.max_workgroup_storage_bytes}",
              needs_limits=True),
     ]
-    params = {"BM": [16, 32, 64, 128], "BN": [16, 32, 64, 128, 256], "BK": [8, 16, 32, 64], "TM": [1, 2, 4, 8],
-              "TN": [4, 8], "F16S": [False, True], "PF": [0, 1], "CL": list(COLUMN_LAYOUTS), "DB": [0, 1]}
+    # any multiple of TM / TN runs (the grid and guards handle a partial last tile); besides powers of two the
+    # space lists 48 / 96 rows and 48 / 72 / 96 / 192 columns, which waste fewer padded rows or fill a large GPU
+    # in whole waves at some shapes (measured: bench/matmul_tiles_webgpu.py)
+    params = {"BM": [16, 32, 48, 64, 96, 128], "BN": [16, 32, 48, 64, 72, 96, 128, 192, 256],
+              "BK": [8, 16, 32, 64], "TM": [1, 2, 4, 8], "TN": [4, 8], "F16S": [False, True], "PF": [0, 1],
+              "CL": list(COLUMN_LAYOUTS), "DB": [0, 1]}
     return Space("nf4_matmul.tiled" + (".paired" if paired else ""), params, rules,
                  fmt=lambda c: f"{c.BM}x{c.BN} K{c.BK} {c.TM}x{c.TN}{' f16s' if c.F16S else ''}"
                                f"{' f16a' if c.get('F16A', False) else ''}{' pf' if c.get('PF', 0) else ''}"
