@@ -62,30 +62,39 @@ _SEED_TILED_PF = [
 _SEED_TILED_ONE = [{"BM": 64, "BN": 64, "BK": 16, "TM": 8, "TN": 8, "CL": "strided"},
                    {"BM": 64, "BN": 64, "BK": 16, "TM": 8, "TN": 8, "PF": 1}]
 # 192 columns: the gate/up pair's fastest tile at 299 rows in the fitted-tile run on the H200
-# (bench/results/matmul_tiles/2026-12-01-h200-lfm2-350m.md)
+# (bench/results/matmul_tiles/2026-12-01-h200-lfm2-350m-tiles.md)
 _SEED_TILED_WIDE = [{"BM": 64, "BN": 192, "BK": 16, "TM": 8, "TN": 4, "PF": 1}]
 # no double-buffered (DB=1) seeds: the 18 tried lost at every shape and row count on the H200 and made tuning
 # 25% longer (bench/results/decision_webgpu/summary-db-alternate.md); the random sample still draws DB=1 configs
-SEED_TILED: tuple[dict[str, Any], ...] = (*_SEED_TILED_BASE, *_SEED_TILED_PF, *_SEED_TILED_ONE, *_SEED_TILED_WIDE)
+# the K step's loop unrolled (UK=1, see SEED_SPLITK) on the tiles where it helped the gate/up pair
+_SEED_TILED_UK = [{"BM": 128, "BN": 128, "BK": 32, "TM": 8, "TN": 4, "PF": 1, "UK": 1},
+                  {"BM": 128, "BN": 128, "BK": 32, "TM": 4, "TN": 8, "PF": 1, "CL": "strided", "UK": 1}]
+SEED_TILED: tuple[dict[str, Any], ...] = (*_SEED_TILED_BASE, *_SEED_TILED_PF, *_SEED_TILED_ONE, *_SEED_TILED_WIDE,
+                                          *_SEED_TILED_UK)
 # split-K: the tiles that did best unsplit, cut into 2 or 4 slices of K; then the big per-thread tiles with
 # prefetch and strided columns
 _SPLIT = (*_TILE, "KS")
+# split-K with prefetch and strided columns on the big per-thread tiles
+_SPLITK_PF = [dict(zip(_SPLIT, v), PF=1, CL="strided" if v[4] >= 8 else "block") for v in (
+    (64, 64, 16, 8, 8, 2), (64, 64, 16, 8, 8, 4), (64, 64, 16, 4, 8, 4), (64, 64, 16, 8, 4, 4),
+    (128, 64, 16, 8, 8, 4), (64, 128, 16, 8, 8, 4), (128, 128, 16, 8, 8, 8), (64, 64, 32, 4, 8, 4),
+    # eight K slices of a 64x128 tile: the fitted-tile run's fastest at 1024x1024 and 3072x1024 (346 rows)
+    (64, 128, 32, 8, 8, 8), (64, 64, 32, 8, 4, 4))]
+# UK=1 (the K step's loop unrolled in the source) on the H200 (bench/results/matmul_variants/): 1.05-1.3x on most
+# split-K tiles, 0.87x on a few; 0.93-1.04x on the tiled gate/up pair (1.03-1.04x on its 128-column K-step-32
+# tiles). Each prefetching split-K seed is offered both ways, the tiled seeds only on those tiles.
 SEED_SPLITK: tuple[dict[str, Any], ...] = (*(dict(zip(_SPLIT, v)) for v in (
     (64, 64, 16, 4, 4, 2), (64, 64, 16, 4, 4, 4), (64, 64, 32, 4, 4, 2), (64, 64, 32, 4, 4, 4),
-    (64, 64, 16, 8, 8, 4), (128, 64, 16, 8, 4, 4), (32, 64, 16, 4, 4, 2), (64, 32, 16, 4, 4, 4))), *(
-    dict(zip(_SPLIT, v), PF=1, CL="strided" if v[4] >= 8 else "block") for v in (
-        (64, 64, 16, 8, 8, 2), (64, 64, 16, 8, 8, 4), (64, 64, 16, 4, 8, 4), (64, 64, 16, 8, 4, 4),
-        (128, 64, 16, 8, 8, 4), (64, 128, 16, 8, 8, 4), (128, 128, 16, 8, 8, 8), (64, 64, 32, 4, 8, 4),
-        # eight K slices of a 64x128 tile: the fitted-tile run's fastest at 1024x1024 and 3072x1024 (346 rows)
-        (64, 128, 32, 8, 8, 8), (64, 64, 32, 8, 4, 4))))
+    (64, 64, 16, 8, 8, 4), (128, 64, 16, 8, 4, 4), (32, 64, 16, 4, 4, 2), (64, 32, 16, 4, 4, 4))),
+    *_SPLITK_PF, *({**v, "UK": 1} for v in _SPLITK_PF))
 # tiles whose row count splits the decision's rows into a few blocks with little padding (346 rows: 2 x 176,
 # 3 x 120, 4 x 88 instead of 3 x 128 = 384), with column counts that fill the GPU in whole waves; the fastest of
 # this family in the fitted-tile run on the H200 (bench/results/matmul_tiles/): 176x72 for the gate/up pair,
 # 176x128 and 88x128 in eight K slices for the down projection. `fitted_seeds(seq, kind)` sizes them.
-_FIT_TILED = (  # (row blocks, BN, BK, TM, TN)
-    (2, 72, 32, 4, 8), (2, 72, 32, 8, 4), (3, 128, 16, 4, 8))
-_FIT_SPLITK = (  # (row blocks, BN, BK, TM, TN, KS)
-    (2, 128, 16, 8, 8, 8), (4, 128, 16, 4, 8, 8))
+_FIT_TILED = (  # (row blocks, BN, BK, TM, TN, UK)
+    (2, 72, 32, 4, 8, 0), (2, 72, 32, 8, 4, 0), (3, 128, 16, 4, 8, 0), (3, 128, 32, 8, 4, 1))
+_FIT_SPLITK = (  # (row blocks, BN, BK, TM, TN, KS, UK)
+    (2, 128, 16, 8, 8, 8, 0), (4, 128, 16, 4, 8, 8, 0), (2, 128, 16, 8, 8, 8, 1), (4, 128, 16, 4, 8, 8, 1))
 
 
 def fitted_rows(seq: int, blocks: int) -> int:
@@ -96,10 +105,12 @@ def fitted_rows(seq: int, blocks: int) -> int:
 def fitted_seeds(seq: int, kind: str) -> list[dict[str, Any]]:
     """Hand-picked tiled / split-K seeds whose row tile is fitted to a `seq`-row decision (prefetch on)."""
     if kind == "tiled":
-        return [{"BM": fitted_rows(seq, j), "BN": bn, "BK": bk, "TM": tm, "TN": tn, "PF": 1,
-                 "CL": "strided" if tn >= 8 else "block"} for j, bn, bk, tm, tn in _FIT_TILED]
-    return [{"BM": fitted_rows(seq, j), "BN": bn, "BK": bk, "TM": tm, "TN": tn, "KS": ks, "PF": 1,
-             "CL": "strided" if tn >= 8 else "block"} for j, bn, bk, tm, tn, ks in _FIT_SPLITK]
+        return [{"BM": fitted_rows(seq, j), "BN": bn, "BK": bk, "TM": tm, "TN": tn, "PF": 1, "UK": uk,
+                 "CL": "strided" if tn >= 8 else "block"} for j, bn, bk, tm, tn, uk in _FIT_TILED]
+    return [{"BM": fitted_rows(seq, j), "BN": bn, "BK": bk, "TM": tm, "TN": tn, "KS": ks, "PF": 1, "UK": uk,
+             "CL": "strided" if tn >= 8 else "block"} for j, bn, bk, tm, tn, ks, uk in _FIT_SPLITK]
+
+
 SEED_ROWS = ((128, 4, 1, 8), (256, 8, 1, 16), (64, 2, 4, 8), (128, 2, 8, 8), (256, 4, 4, 16), (128, 1, 8, 32),
              (256, 2, 2, 32), (64, 1, 4, 16))
 
@@ -120,7 +131,7 @@ def candidates(template: Any, limits: Any, n: int, seed: int, hand_picked: bool 
         fixed = {k: space.params[k][0] for k in ("F16S", "F16A") if k in space.params}
         picked = [*(SEED_TILED if template.kind == "tiled" else SEED_SPLITK),
                   *(fitted_seeds(seq, template.kind) if seq else [])]
-        seeds = [{"PF": 0, "CL": "block", "DB": 0, **v, **fixed} for v in picked]
+        seeds = [{"PF": 0, "CL": "block", "DB": 0, "UK": 0, **v, **fixed} for v in picked]
     else:
         seeds = [dict(zip(("WG", "NC", "RM", "EL"), v)) for v in SEED_ROWS]
     out += [space.config(v) for v in seeds]

@@ -81,17 +81,18 @@ def test_matmul_rules_explain_illegal_configs(webgpu_device):
     lim = webgpu_device.info.limits
     sp = mm.MatmulTemplate("tiled", "nf4", "swiglu", (), f16_staging=True, f16_arith=True).space()
     text = " ".join(sp.why_illegal(sp.config(BM=128, BN=128, BK=32, TM=8, TN=8, F16S=True, PF=0, CL="block",
-                                             DB=0, F16A=True), lim))
+                                             DB=0, UK=0, F16A=True), lim))
     assert "accumulators" in text and "= 192 " in text and "f16_staging" in text  # 2*8*8*1.5
     sp = mm.tiled_space(paired=True, features=())
     if lim.max_workgroup_storage_bytes < 49216:  # (2*32*128 + 128*32) * 4 + 64 bytes
         text = " ".join(sp.why_illegal(sp.config(BM=128, BN=128, BK=32, TM=4, TN=4, F16S=False, PF=0, CL="block",
-                                                 DB=0), lim))
+                                                 DB=0, UK=0), lim))
         assert "workgroup_storage" in text and "49216" in text
-    assert sp.why_illegal(sp.config(BM=64, BN=64, BK=16, TM=4, TN=4, F16S=False, PF=0, CL="block", DB=0), lim) == []
-    assert any(r.startswith("vec4_cols") for r in sp.why_illegal(sp.config(BM=64, BN=32, BK=16, TM=4, TN=2,
-                                                                           F16S=False, PF=0, CL="block", DB=0), lim))
-    why = sp.why_illegal(sp.config(BM=64, BN=64, BK=16, TM=4, TN=4, F16S=False, PF=0, CL="block", DB=1), lim)
+    plain = {"F16S": False, "PF": 0, "CL": "block", "DB": 0, "UK": 0}
+    assert sp.why_illegal(sp.config(BM=64, BN=64, BK=16, TM=4, TN=4, **plain), lim) == []
+    assert any(r.startswith("vec4_cols") for r in sp.why_illegal(sp.config(BM=64, BN=32, BK=16, TM=4, TN=2, **plain),
+                                                                 lim))
+    why = sp.why_illegal(sp.config(BM=64, BN=64, BK=16, TM=4, TN=4, F16S=False, PF=0, CL="block", DB=1, UK=0), lim)
     assert why == ["double_buffer: DB=1 (double-buffered tiles) stores the prefetch registers of the next step: it "
                    "needs PF=1"]
     rs = mm.rows_space()
@@ -273,6 +274,11 @@ _VARIANTS = [  # (kind, fmt, epilogue, norm, f16: 0 f32 / 1 F16S / 2 F16S+F16A, 
     ("tiled", "f16", "none", True, 0, {"BM": 32, "BK": 32, "PF": 1, "DB": 1}, 37),
     ("splitk", "nf4", "swiglu", True, 2, {"KS": 2, "BM": 32, "TN": 8, "PF": 1, "CL": "strided", "DB": 1}, 97),
     ("splitk", "f32", "residual", False, 0, {"KS": 4, "BN": 32, "BK": 32, "PF": 1, "DB": 1}, 37),
+    # the K step's loop unrolled in the source (UK): with and without prefetch, double buffering, the fused norm
+    ("tiled", "nf4", "swiglu", True, 2, {"TN": 8, "PF": 1, "CL": "strided", "UK": 1}, 37),
+    ("tiled", "f32", "none", True, 0, {"BK": 8, "UK": 1}, 97),
+    ("splitk", "nf4", "residual", False, 2, {"KS": 4, "BK": 32, "TN": 8, "PF": 1, "CL": "strided", "UK": 1}, 97),
+    ("splitk", "f16", "none", True, 1, {"KS": 2, "BM": 32, "PF": 1, "DB": 1, "UK": 1}, 37),
 ]
 
 
@@ -290,6 +296,7 @@ def test_matmul_prefetch_and_column_layout(webgpu_device, rng, variant):
     assert not t.shape_problems(cfg, shape)
     src = t.source(cfg, shape)
     assert ("pw0_0" in src) == (cfg["PF"] == 1) and ("cs0" in src) == (cfg["CL"] == "strided")
+    assert src.count("let kk = ") == (cfg["BK"] if cfg["UK"] else 0)  # UK=1: one constant kk per copy
     out, ref = _run(webgpu_device, t, cfg, shape, rng)
     _assert_close(out, ref, t.dtype)
 

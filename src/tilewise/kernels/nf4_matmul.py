@@ -24,6 +24,10 @@ Variants (all generated from one template so that the three weight formats share
             (shared-memory bank conflicts on NVIDIA). "strided": thread tx owns the vec4 column groups tx,
             tx+TX, tx+2*TX, .. (TX = BN/TN; columns 4*(tx + j4*TX) + 0..3), so at every j4 neighbouring threads
             read neighbouring 16 bytes and store neighbouring columns. Needs TN >= 8 (with TN=4 it is "block").
+    `DB`    0 or 1: double-buffered tiles (needs PF=1): one barrier per K step instead of two.
+    `UK`    0 or 1: with 1 the K step's loop over its BK inputs is unrolled in the source (BK copies of the FMA
+            block, kk a constant), so the shader compiler can fold the workgroup-memory addresses into
+            immediate offsets; 0 (also when absent) keeps the loop and leaves unrolling to the compiler.
 - kind `rows` (few rows, matrix-vector style): a workgroup of WG threads owns NC output columns and RM
   rows; WG/NC lanes split `in` for each column (EL elements per lane step), reduce through workgroup
   memory. No weight staging: with few rows there is nothing to share, and parallelism comes from columns.
@@ -78,7 +82,8 @@ NF4_CODES = (
 )
 
 # configs used when no dispatch table has been measured for a device (safe on every adapter we know)
-DEFAULT_TILED = {"BM": 64, "BN": 64, "BK": 16, "TM": 4, "TN": 4, "F16S": False, "PF": 0, "CL": "block", "DB": 0}
+DEFAULT_TILED = {"BM": 64, "BN": 64, "BK": 16, "TM": 4, "TN": 4, "F16S": False, "PF": 0, "CL": "block", "DB": 0,
+                 "UK": 0}
 DEFAULT_ROWS = {"WG": 64, "NC": 2, "RM": 4, "EL": 8}
 DEFAULT_ONE_ROW = {"WG": 128, "NC": 4, "RM": 1, "EL": 8}  # 1-2 rows: no clamped duplicate rows (H200-tuned)
 DEFAULT_SPLITK = 4
@@ -238,6 +243,9 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
         raise ValueError(f"PF={PF} CL={CL!r}: PF is 0 or 1, CL one of {COLUMN_LAYOUTS}")
     KS = int(cfg.get("KS", 1))  # split-K: this launch covers K / KS of `in` per grid z; `out` is the scratch
     DB = int(cfg.get("DB", 0))  # double-buffered tiles: one barrier per K step instead of two (needs PF=1)
+    UK = int(cfg.get("UK", 0))  # 1: the kk loop of a K step unrolled in the source
+    if UK not in (0, 1):
+        raise ValueError(f"UK={UK}: UK is 0 (kk loop) or 1 (unrolled)")
     if DB not in (0, 1) or (DB and not PF):
         raise ValueError(f"DB={DB} PF={PF}: DB is 0 or 1, and DB=1 stages from the prefetch registers (PF=1)")
     norm = norm_eps is not None
@@ -414,7 +422,11 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
                  "                let v = f32(Xs[kk * (BM / 4u) + r / 4u][r % 4u]);\n"
                  "                q = fma(v, v, q);\n"
                  "            }\n            rss[r] = q;\n        }\n")
-    L.append("        for (var kk = 0u; kk < BK; kk = kk + 1u) {\n")
+    # the K step's FMAs: a loop over kk, or with UK=1 BK copies of its body with kk a constant (the compiler then
+    # folds the workgroup-memory addresses into immediate offsets instead of computing them every kk)
+    kk_open = [f"        {{\n            let kk = {kk}u;\n" for kk in range(BK)] if UK else [
+        "        for (var kk = 0u; kk < BK; kk = kk + 1u) {\n"]
+    body_start = len(L)
     xcur = f"cur * {BK * BM // 4}u + " if DB else ""
     wcur = f"cur * {BK * BN // 4}u + " if DB else ""
     conv4 = "" if F16A else "vec4<f32>"
@@ -442,7 +454,12 @@ def tiled_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, 
                 L.append("            " + " ".join(
                     f"a{s_}_{i}_{j} = fma({xs[i]}, w{s_}_{j // 4}.{'xyzw'[j % 4]}, a{s_}_{i}_{j});" for j in range(TN))
                     + "\n")
-    L.append("        }\n")
+    body = L[body_start:]
+    del L[body_start:]
+    for opening in kk_open:
+        L.append(opening)
+        L.extend(body)
+        L.append("        }\n")
     if F16A:  # the K step's f16 partial sums join the f32 accumulators
         for s_ in range(sets):
             for i in range(TM):
@@ -707,12 +724,12 @@ def tiled_space(paired: bool = False, features: Iterable[str] | None = (), norm:
     # in whole waves at some shapes (measured: bench/matmul_tiles_webgpu.py)
     params = {"BM": [16, 32, 48, 64, 96, 128], "BN": [16, 32, 48, 64, 72, 96, 128, 192, 256],
               "BK": [8, 16, 32, 64], "TM": [1, 2, 4, 8], "TN": [4, 8], "F16S": [False, True], "PF": [0, 1],
-              "CL": list(COLUMN_LAYOUTS), "DB": [0, 1]}
+              "CL": list(COLUMN_LAYOUTS), "DB": [0, 1], "UK": [0, 1]}
     return Space("nf4_matmul.tiled" + (".paired" if paired else ""), params, rules,
                  fmt=lambda c: f"{c.BM}x{c.BN} K{c.BK} {c.TM}x{c.TN}{' f16s' if c.F16S else ''}"
                                f"{' f16a' if c.get('F16A', False) else ''}{' pf' if c.get('PF', 0) else ''}"
                                f"{' strided' if c.get('CL', 'block') == 'strided' else ''}"
-                               f"{' db' if c.get('DB', 0) else ''}")
+                               f"{' db' if c.get('DB', 0) else ''}{' uk' if c.get('UK', 0) else ''}")
 
 
 def rows_space(paired: bool = False, norm: bool = False) -> Space:

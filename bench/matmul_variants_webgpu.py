@@ -1,0 +1,130 @@
+"""One kernel parameter's values side by side on the fastest configs of an earlier run, per matmul of a model.
+
+    PYTHONPATH=src python3 bench/matmul_variants_webgpu.py --from bench/results/matmul_tiles/X-tiles.json \
+        --param UK=0,1 --top 8 --out OUT/variants
+
+Takes each matmul's `--top` fastest configs at the decision length from a `bench/matmul_tiles_webgpu.py` record,
+sets `--param` to each of its values on every one of them, and verifies (float64 reference, every output value)
+and times them all interleaved at the decision's row counts with GPU timestamps (the tuner's `measure`): the
+same tile with and without the change, in one run. Prints per config the time of each value and the ratio to
+the first value, and per matmul best against best; writes OUT/variants.json and OUT/variants.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def parse_param(text: str) -> tuple[str, list[Any]]:
+    """`NAME=V1,V2,...` -> (NAME, values as int where they are numbers)."""
+    name, _, vals = text.partition("=")
+    if not name or not vals:
+        raise SystemExit(f"--param {text!r}: write NAME=V1,V2 (e.g. UK=0,1)")
+    return name, [int(v) if v.lstrip("-").isdigit() else v for v in vals.split(",")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--from", dest="source", type=Path, required=True, help="tiles.json of matmul_tiles_webgpu.py")
+    ap.add_argument("--param", required=True, help="NAME=V1,V2: the parameter and its values (first = baseline)")
+    ap.add_argument("--top", type=int, default=8, help="fastest configs per matmul taken from the record")
+    ap.add_argument("--rows", type=int, nargs="*", help="row counts to time (default: the record's)")
+    ap.add_argument("--ops", nargs="*", help="matmul labels to run (default: all in the record)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path("variants-out"), help="folder for variants.json and .md")
+    args = ap.parse_args(argv)
+
+    import tilewise
+    from tilewise.model.config import preset
+    from tilewise.model_tune import model_matmuls, tune_matmul
+
+    rec = json.loads(args.source.read_text())
+    name, values = parse_param(args.param)
+    cfg = preset(rec["preset"])
+    seq = int(rec["seq"])
+    rows = sorted(set(args.rows or rec["rows"]))
+    dev = tilewise.get_device("webgpu")
+    t0 = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)
+
+    log(f"{dev.info.name}; {cfg.name}; {name} in {values}; top {args.top} of {args.source.name} at {seq} rows")
+    args.out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "device": dev.info.name,
+                              "fingerprint": dev.info.fingerprint, "preset": cfg.name, "seq": seq, "rows": rows,
+                              "param": name, "values": values, "source": args.source.name,
+                              "command": " ".join(sys.argv), "python": platform.python_version(), "ops": {}}
+    lines = [f"# {name} = {values} on the {args.top} fastest configs per matmul: {cfg.name}, rows {rows}, "
+             f"{dev.info.name}", "",
+             "| op | rows | config (baseline value) | " + " | ".join(f"{name}={v} ms" for v in values) + " | "
+             + " | ".join(f"{values[0]}/{v}" for v in values[1:]) + " |",
+             "|---|---|---|" + "---|" * (2 * len(values) - 1)]
+    shapes = model_matmuls(cfg)
+    for label, entry in rec["ops"].items():
+        if (args.ops and label not in args.ops) or label not in shapes:
+            continue
+        epilogue, n, k, norm = shapes[label]
+        times0 = entry["times_ms"]
+        top = sorted(times0, key=lambda c: times0[c][str(seq)])[:args.top]
+        parsed = [dict(kv.split("=", 1) for kv in c.split(",")) for c in top]
+        wanted: dict[str, list[dict[str, Any]]] = {}
+        for p in parsed:
+            typed = {kk: (int(vv) if vv.lstrip("-").isdigit() else vv == "True" if vv in ("True", "False") else vv)
+                     for kk, vv in p.items()}
+            kind = typed.pop("kind")
+            wanted.setdefault(kind, []).append(typed)
+
+        def configs(t: Any, wanted: dict[str, list[dict[str, Any]]] = wanted) -> list[Any]:
+            out = []
+            sp = t.space()
+            for v in wanted.get(t.kind, []):
+                if bool(v.get("F16A", False)) != t.f16_arith or bool(v.get("F16S", False)) != t.f16_staging:
+                    continue
+                for val in values:
+                    c = sp.config({**{kk: vv for kk, vv in v.items() if kk in sp.params},
+                                   **{kk: sp.params[kk][0] for kk in sp.params if kk not in v}, name: val})
+                    if sp.is_legal(c, dev.info.limits) and c not in out:
+                        out.append(c)
+            return out
+
+        log(f"{label} ({epilogue}, N={n}, K={k}): {sum(map(len, wanted.values()))} configs x {len(values)} values")
+        _, record = tune_matmul(dev, "nf4", epilogue, n, k, rows, 0, args.seed, log, f16_arith=True, norm=norm,
+                                eps=cfg.norm_eps, configs=configs, keep_times=True)
+        times = record["times_ms"]
+        pairs = []
+        for key in times:
+            kv = dict(x.split("=", 1) for x in key.split(","))
+            if kv.get(name) != str(values[0]):
+                continue
+            row = [key] + [key.replace(f"{name}={values[0]}", f"{name}={v}") for v in values[1:]]
+            if all(r in times for r in row):
+                pairs.append(row)
+        op_out: dict[str, Any] = {"N": n, "K": k, "times_ms": times, "failures": record["failures"], "best": {}}
+        for m in rows:
+            for row in sorted(pairs, key=lambda r: times[r[0]][m]):
+                ms = [times[r][m] for r in row]
+                lines.append(f"| {label} | {m} | {row[0]} | " + " | ".join(f"{x:.4f}" for x in ms) + " | "
+                             + " | ".join(f"{ms[0] / x:.3f}x" for x in ms[1:]) + " |")
+            best = {str(v): min((times[r[i]][m] for r in pairs), default=None) for i, v in enumerate(values)}
+            op_out["best"][m] = best
+            b0 = best[str(values[0])]
+            log(f"  rows {m}: best per value " + ", ".join(f"{name}={v}: {best[str(v)]:.4f} ms" for v in values)
+                + "; " + ", ".join(f"{values[0]}/{v} {b0 / best[str(v)]:.3f}x" for v in values[1:]))
+        report["ops"][label] = op_out
+        (args.out / "variants.json").write_text(json.dumps(report, indent=1, default=str))
+    lines += ["", f"Command: `{report['command']}`; {report['date']}. Ratio: baseline time / variant time (>1: the "
+              "variant is faster). Medians of interleaved GPU-timestamp rounds; every config verified first."]
+    (args.out / "variants.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
