@@ -47,7 +47,7 @@ def family(template: Any, limits: Any, seq: int, n: int, k: int) -> list[Any]:
                 for bk in (16, 32):
                     for ks in ks_values:
                         v = {"BM": bm, "BN": bn, "BK": bk, "TM": tm, "TN": tn, "F16S": template.f16_staging,
-                             "PF": 1, "CL": "strided" if tn >= 8 else "block", "DB": 0}
+                             "PF": 1, "CL": "strided" if tn >= 8 else "block", "DB": 0, "UK": 0}
                         if template.f16_arith:
                             v["F16A"] = True
                         if template.kind == "splitk":
