@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     import tilewise
     from tilewise.model.config import preset
     from tilewise.model_tune import model_matmuls, tune_matmul
+    from tilewise.tune.space import Config
 
     rec = json.loads(args.source.read_text())
     name, values = parse_param(args.param)
@@ -73,39 +74,32 @@ def main(argv: list[str] | None = None) -> int:
         epilogue, n, k, norm = shapes[label]
         times0 = entry["times_ms"]
         top = sorted(times0, key=lambda c: times0[c][str(seq)])[:args.top]
-        parsed = [dict(kv.split("=", 1) for kv in c.split(",")) for c in top]
-        wanted: dict[str, list[dict[str, Any]]] = {}
-        for p in parsed:
-            typed = {kk: (int(vv) if vv.lstrip("-").isdigit() else vv == "True" if vv in ("True", "False") else vv)
-                     for kk, vv in p.items()}
-            kind = typed.pop("kind")
-            wanted.setdefault(kind, []).append(typed)
+        pairs: list[list[str]] = []  # per base config, the tagged keys of its configs with each value, in order
 
-        def configs(t: Any, wanted: dict[str, list[dict[str, Any]]] = wanted) -> list[Any]:
-            out = []
+        def configs(t: Any, top: list[str] = top, pairs: list[list[str]] = pairs) -> list[Any]:
             sp = t.space()
-            for v in wanted.get(t.kind, []):
-                if bool(v.get("F16A", False)) != t.f16_arith or bool(v.get("F16S", False)) != t.f16_staging:
+            out = []
+            for key in top:
+                kind, _, rest = key.partition(",")
+                given = dict(part.split("=", 1) for part in rest.split(","))
+                if kind != f"kind={t.kind}" or not set(given) <= set(sp.params):
                     continue
-                for val in values:
-                    c = sp.config({**{kk: vv for kk, vv in v.items() if kk in sp.params},
-                                   **{kk: sp.params[kk][0] for kk in sp.params if kk not in v}, name: val})
-                    if sp.is_legal(c, dev.info.limits) and c not in out:
-                        out.append(c)
+                # keys the record predates (a parameter added since) take the space's first value
+                base = sp.parse(",".join(f"{kk}={given.get(kk, vals[0])}" for kk, vals in sp.params.items()))
+                if base.get("F16A", False) != t.f16_arith or base["F16S"] != t.f16_staging:
+                    continue
+                row = [base.replace(**{name: v}) for v in values]
+                keys = [Config((("kind", t.kind), *c.items())).key() for c in row]
+                if keys not in pairs and all(sp.is_legal(c, dev.info.limits) for c in row):
+                    out += [c for c in row if c not in out]
+                    pairs.append(keys)
             return out
 
-        log(f"{label} ({epilogue}, N={n}, K={k}): {sum(map(len, wanted.values()))} configs x {len(values)} values")
+        log(f"{label} ({epilogue}, N={n}, K={k}): {len(top)} configs x {len(values)} values")
         _, record = tune_matmul(dev, "nf4", epilogue, n, k, rows, 0, args.seed, log, f16_arith=True, norm=norm,
                                 eps=cfg.norm_eps, configs=configs, keep_times=True)
         times = record["times_ms"]
-        pairs = []
-        for key in times:
-            kv = dict(x.split("=", 1) for x in key.split(","))
-            if kv.get(name) != str(values[0]):
-                continue
-            row = [key] + [key.replace(f"{name}={values[0]}", f"{name}={v}") for v in values[1:]]
-            if all(r in times for r in row):
-                pairs.append(row)
+        pairs[:] = [row for row in pairs if all(r in times for r in row)]  # both ways verified and timed
         op_out: dict[str, Any] = {"N": n, "K": k, "times_ms": times, "failures": record["failures"], "best": {}}
         for m in rows:
             for row in sorted(pairs, key=lambda r: times[r[0]][m]):
