@@ -74,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import tilewise
+    from tilewise.kernels.space import Config
     from tilewise.model.config import preset
     from tilewise.model_tune import candidates, model_matmuls, tune_matmul
-    from tilewise.tune.space import Config
 
     cfg = preset(args.preset)
     dev = tilewise.get_device("webgpu")

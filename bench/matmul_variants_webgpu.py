@@ -41,9 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import tilewise
+    from tilewise.kernels.space import Config
     from tilewise.model.config import preset
     from tilewise.model_tune import model_matmuls, tune_matmul
-    from tilewise.tune.space import Config
 
     rec = json.loads(args.source.read_text())
     name, values = parse_param(args.param)

@@ -142,9 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="list the counts, emit nothing")
     args = ap.parse_args(argv)
 
+    from tilewise.devices.profiles import PROFILES
     from tilewise.errors import TilewiseError
     from tilewise.kernels import tvm_sources
-    from tilewise.tune.profiles import PROFILES
 
     if args.config and (not args.shapes or not args.template or len(args.template) != 1):
         raise SystemExit("--config needs --shapes and exactly one --template")

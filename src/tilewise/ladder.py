@@ -33,8 +33,8 @@ import numpy as np
 from tilewise.devices.base import Device, Launch
 from tilewise.errors import ConfigError, DeviceUnavailable
 from tilewise.kernels.base import KernelTemplate, Shape
+from tilewise.kernels.space import Config, Space
 from tilewise.tune.measure import Stats, measure, ties
-from tilewise.tune.space import Config, Space
 
 DEFAULT_MEASURE = {"warmup": 3, "min_rounds": 20, "max_rounds": 100, "budget_s": 8.0}
 TUNE_MEASURE = {"warmup": 1, "min_rounds": 5, "max_rounds": 20, "budget_s": 2.0}

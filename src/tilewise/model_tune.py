@@ -157,9 +157,9 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
     candidate's median per row count (`times_ms`).
     """
     from tilewise.kernels import nf4_matmul as mm
+    from tilewise.kernels.space import Config
     from tilewise.tune.dispatch import fit_dispatch
     from tilewise.tune.measure import measure
-    from tilewise.tune.space import Config
     from tilewise.tune.verify import Verifier
 
     rng = np.random.default_rng(seed)

@@ -13,8 +13,8 @@ import types
 import numpy as np
 
 from tilewise.devices.base import Buffer, Program
+from tilewise.devices.profiles import get_profile
 from tilewise.kernels.tvm_cuda import parse_kernel
-from tilewise.tune.profiles import get_profile
 
 SM90 = get_profile("sm_90")
 

@@ -10,7 +10,7 @@ import pytest
 from tilewise.errors import ConfigError
 from tilewise.model import checkpoint as ckpt
 from tilewise.model.config import preset
-from tilewise.model.nf4 import NF4Tensor
+from tilewise.quant.nf4 import NF4Tensor
 
 
 @pytest.fixture(scope="module")

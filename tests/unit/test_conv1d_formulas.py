@@ -3,7 +3,7 @@
 import itertools
 
 from tilewise.kernels import conv1d, tvm_cuda
-from tilewise.tune.space import Config
+from tilewise.kernels.space import Config
 
 
 def _cfg(stage, nt=64, tpt=4, rk=8):

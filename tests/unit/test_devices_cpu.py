@@ -62,7 +62,7 @@ def test_grid3_normalises():
 
 
 def test_import_does_not_load_gpu_libraries():
-    code = ("import sys, tilewise, tilewise.cli, tilewise.tune.space; "
+    code = ("import sys, tilewise, tilewise.cli, tilewise.kernels.space; "
             "print(sorted(m for m in ('wgpu', 'cupy', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out.strip().replace("'", '"')) == []

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tilewise.devices.profiles import get_profile
 from tilewise.errors import ConfigError, DeviceUnavailable
 from tilewise.kernels.gemm_cuda import (
     DEVICE_RULES,
@@ -22,7 +23,6 @@ from tilewise.kernels.gemm_cuda import (
     CudaGemm,
     min_registers_per_thread,
 )
-from tilewise.tune.profiles import get_profile
 
 WARPSIZE = 32
 

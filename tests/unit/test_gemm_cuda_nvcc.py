@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tilewise.devices.profiles import get_profile
 from tilewise.kernels.gemm_cuda import PARAMS, SEED_RULES, CudaGemm
-from tilewise.tune.profiles import get_profile
 
 NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) not found")

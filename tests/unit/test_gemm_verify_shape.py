@@ -2,8 +2,8 @@
 
 import pytest
 
+from tilewise.devices.profiles import get_profile
 from tilewise.kernels.gemm import VERIFY_SHAPE, WgslGemm
-from tilewise.tune.profiles import get_profile
 
 
 @pytest.fixture(scope="module")

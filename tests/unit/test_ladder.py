@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
+from tilewise.devices.profiles import PROFILES
 from tilewise.errors import ConfigError
 from tilewise.ladder import LADDERS, get_ladder, get_ladder_device, run_ladder, staging_answer, verdict
 from tilewise.tune.measure import summarize
-from tilewise.tune.profiles import PROFILES
 
 
 @pytest.mark.parametrize("primitive", sorted(LADDERS))

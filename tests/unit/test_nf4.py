@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tilewise.errors import ConfigError
-from tilewise.model import nf4
+from tilewise.quant import nf4
 
 DESIGN_CODES = [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
                 -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,

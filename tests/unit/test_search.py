@@ -2,9 +2,9 @@
 
 import pytest
 
+from tilewise.devices.profiles import PROFILES
 from tilewise.errors import ConfigError
 from tilewise.kernels.gemm import gemm_space
-from tilewise.tune.profiles import PROFILES
 from tilewise.tune.search import STRATEGIES, Budget, exhaustive, get_strategy, random_search
 
 LIMITS = PROFILES["lavapipe"]

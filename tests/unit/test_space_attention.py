@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from tilewise.devices.profiles import PROFILES
 from tilewise.kernels.attention import attention_source, attention_space, attention_storage_bytes
-from tilewise.tune.profiles import PROFILES
 
 LIMITS = PROFILES["h200-vulkan"]
 

@@ -5,9 +5,9 @@ import random
 
 import pytest
 
+from tilewise.devices.profiles import PROFILES
 from tilewise.kernels.gemm import BASE, PARAMS, RULES, GemmSpace, fmt, gemm_space
-from tilewise.tune.profiles import PROFILES
-from tilewise.tune.space import Config, Rule, RuleOrderError, Space
+from tilewise.kernels.space import Config, Rule, RuleOrderError, Space
 
 LAVAPIPE = PROFILES["lavapipe"]
 DEFAULT = PROFILES["webgpu-default"]

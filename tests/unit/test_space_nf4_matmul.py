@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from tilewise import model_tune
+from tilewise.devices.profiles import PROFILES
 from tilewise.kernels import nf4_matmul as mm
-from tilewise.tune.profiles import PROFILES
 
 LAVAPIPE = PROFILES["lavapipe"]
 H200 = PROFILES["h200-vulkan"]

@@ -17,7 +17,7 @@ from tilewise.devices.base import Launch
 from tilewise.devices.cpu import CPUDevice
 from tilewise.errors import ShaderCompileError, TilewiseError
 from tilewise.kernels.base import KernelTemplate
-from tilewise.tune.space import Space
+from tilewise.kernels.space import Space
 from tilewise.tune.store import Store
 from tilewise.tune.tuner import tune
 

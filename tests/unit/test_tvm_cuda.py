@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from host_cuda import HostCuda
 
+from tilewise.devices.profiles import get_profile
 from tilewise.errors import ConfigError, DeviceUnavailable
 from tilewise.kernels import tvm_cuda
 from tilewise.kernels.registry import get_template
 from tilewise.kernels.tvm_cuda import TvmCudaConv1d, TvmCudaGemm, device_source, emit_cuda, fmt, gemm_fmt, parse_kernel
-from tilewise.tune.profiles import get_profile
 from tilewise.tune.verify import compare
 
 pytest.importorskip("tvm")

@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 
+from tilewise.devices.profiles import get_profile
 from tilewise.kernels.tvm_cuda import (
     TvmCudaConv1d,
     TvmCudaGemm,
@@ -19,7 +20,6 @@ from tilewise.kernels.tvm_cuda import (
     kernel_symbol,
     registers,
 )
-from tilewise.tune.profiles import get_profile
 
 pytest.importorskip("tvm")
 NVCC = shutil.which("nvcc")

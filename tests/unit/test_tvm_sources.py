@@ -15,11 +15,11 @@ import pytest
 
 from tilewise.devices.base import Program, source_hash
 from tilewise.devices.cpu import CPUDevice
+from tilewise.devices.profiles import get_profile
 from tilewise.errors import ConfigError, DeviceUnavailable
 from tilewise.kernels import tvm_sources
 from tilewise.kernels.dwsep_conv2d import reference_dwsep
 from tilewise.kernels.tvm_cuda import TvmCudaConv1d, TvmCudaGemm, device_source
-from tilewise.tune.profiles import get_profile
 
 pytest.importorskip("tvm")
 

@@ -11,7 +11,7 @@ import pytest
 
 from tilewise.kernels import attention, conv, rowops
 from tilewise.kernels import nf4_matmul as mm
-from tilewise.tune.space import Config
+from tilewise.kernels.space import Config
 from tilewise.tune.verify import compare
 
 pytestmark = pytest.mark.webgpu

@@ -29,7 +29,7 @@ import numpy as np
 
 from tilewise.devices.base import Device, Launch, Program
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
-from tilewise.tune.space import Config, Rule, Space
+from tilewise.kernels.space import Config, Rule, Space
 
 ROPE_BINDINGS = ["dims", "qkv", "q_norm", "k_norm", "cos", "sin", "q", "k_cache", "v_cache"]
 ATTN_BINDINGS = ["dims", "q", "k_cache", "v_cache", "out"]

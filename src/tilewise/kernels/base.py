@@ -1,25 +1,28 @@
-"""What a kernel template is, for the tuner: one class per kernel family and backend.
+"""The two halves of a kernel family: its `Problem` (the math, written once) and one `KernelTemplate` per backend.
 
-A template owns its source (text or a generator), its `Space` (parameters + rules), the launch geometry,
-a float64 reference, and flop/byte counts. The tuner (`tune/`) only talks to this interface, so the
-measurement, verification, store and search code exists once for every backend.
+A **problem** owns what every backend shares: the shape's names and checks, fresh random inputs (never zeros),
+the float64 reference, flop and byte counts, and the output's initial value when a kernel accumulates into it.
+An **implementation** (`KernelTemplate`) owns what differs per backend: its `Space` (parameters and `Rule`s), the
+generated source, compilation, the device buffers and the launches. No implementation inherits from another
+backend's; two backends of one family share their problem object, nothing else.
 
-Life of one candidate, as the tuner drives it:
+Life of one candidate, as the evaluation engine (`tilewise.tune.engine`) drives it:
 
-    space = tpl.space("full")                                   # or "seed", ...
-    reasons = space.why_illegal(cfg, device.info.limits) + tpl.shape_problems(cfg, shape)
+    reasons = tpl.why_illegal(cfg, device.info.limits, shape)   # rules + shape_problems, before compiling
     prog = tpl.compile(device, cfg, shape)                      # raises ShaderCompileError
-    host = tpl.make_inputs(shape, rng)                          # fresh random arrays, never zeros
-    bufs = tpl.upload(device, host, shape)                      # device buffers incl. the output
-    tpl.poison(device, bufs, shape)                             # NaN into the output
+    host = tpl.problem.make_inputs(shape, rng)                  # fresh random arrays
+    bufs = tpl.upload(device, host, shape)                      # device buffers incl. the output "out"
+    tpl.poison(device, bufs, shape)                             # NaN (or the initial output) into "out"
     device.run(tpl.launches(prog, bufs, cfg, shape))
     out = tpl.read_output(device, bufs, shape)
-    ref = tpl.reference(host, shape)                            # float64
+    ref = tpl.problem.reference(host, shape)                    # float64, compared value by value
 
-Optional hooks (defaults keep the plain behaviour above):
+Optional hooks (the defaults keep the plain behaviour above):
 
     tpl.precompile(device, configs, shape)   # a batch's compiles at once (CUDA: NVRTC on a thread pool)
     tpl.verify_shape(config, shape)          # verify at a cheaper shape with the same edge structure
+    tpl.program_key(config, shape)           # what a compiled program depends on (one compile serves many shapes)
+    tpl.rebind(device, bufs, have, shape)    # buffers uploaded for shape `have` serving a smaller shape
     tpl.peer_program(device)                 # a reference implementation to race (CUDA: cuBLAS fp32)
     tpl.peer_launches(peer, bufs, shape)     # its launches on the template's own buffers
 """
@@ -27,33 +30,94 @@ Optional hooks (defaults keep the plain behaviour above):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from tilewise.devices.base import Buffer, Device, Launch, Program
-from tilewise.tune.space import Config, Space
+from tilewise.devices.base import Buffer, Device, Launch, Limits, Program
+from tilewise.errors import ConfigError
+from tilewise.kernels.space import Config, Space
 
 Shape = tuple[int, ...]
 HostInputs = dict[str, np.ndarray]
 DeviceBuffers = dict[str, Buffer]
 
 
-class KernelTemplate(ABC):
-    """One kernel family on one backend (e.g. `gemm` on `webgpu`)."""
+def nonzero_uniform(rng: np.random.Generator, shape: Any) -> np.ndarray:
+    """Uniform magnitudes in [0.5, 1.5) with random signs: random, never zero (float64)."""
+    return rng.uniform(0.5, 1.5, shape) * rng.choice([-1.0, 1.0], shape)
 
-    #: family name used on the command line (`tilewise tune gemm`)
+
+class Problem(ABC):
+    """A kernel family's math, shared by every backend's implementation."""
+
+    #: the family's problem name; with the shape's trailing sizes it keys a dispatch-table entry
     name: str = ""
-    #: backend this template's source targets: "webgpu" | "cuda" | "cpu"
-    backend: str = ""
-    #: names of the shape dimensions, e.g. ("M", "N", "K")
+    #: names of the shape dimensions, e.g. ("M", "N", "K"); a dispatch table picks per value of the first
     shape_names: tuple[str, ...] = ()
-    #: dtype label used to pick a verification tolerance ("f32", "f16", "nf4", ...)
+    #: dtype label that picks the verification tolerance ("f32", "f16", "nf4", ...)
+    dtype: str = "f32"
+    #: an example shape for messages and `--show-source`
+    example_shape: tuple[int, ...] = ()
+
+    def check_shape(self, shape: Sequence[int]) -> Shape:
+        """The shape as ints; ConfigError when it has the wrong length or a size below 1."""
+        shp = tuple(int(s) for s in shape)
+        if len(shp) != len(self.shape_names) or any(s < 1 for s in shp):
+            example = ",".join(str(s) for s in (self.example_shape or (256,) * len(self.shape_names)))
+            raise ConfigError(f"{self.name} takes a shape {','.join(self.shape_names)} of positive sizes, got "
+                              f"{','.join(map(str, shape)) or 'nothing'}", f"write e.g. --shape {example}")
+        return shp
+
+    @abstractmethod
+    def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
+        """Fresh random host inputs for one check or timing (never zeros: a kernel that skips work looks right
+        on zeros)."""
+
+    @abstractmethod
+    def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
+        """The float64 answer for these inputs, in the shape `read_output` returns."""
+
+    @abstractmethod
+    def flops(self, shape: Shape) -> int:
+        """Useful floating-point operations of one run (padding not counted)."""
+
+    @abstractmethod
+    def bytes_moved(self, shape: Shape) -> int:
+        """Fewest bytes one run must move through device memory (each input read once, the output written once)."""
+
+    def initial_output(self, host: HostInputs, shape: Shape) -> np.ndarray | None:
+        """What the output holds before a run when the kernel accumulates into it (a residual, beta * C); None
+        when the output is written only, and is then poisoned with NaN so that unwritten elements fail."""
+        return None
+
+    def dispatch_key(self, shape: Shape) -> str:
+        """The dispatch-table entry for this shape: the name and every size but the first (`gemm:2560x1024`)."""
+        rest = "x".join(str(int(s)) for s in shape[1:])
+        return f"{self.name}:{rest}" if rest else self.name
+
+
+class KernelTemplate(ABC):
+    """One kernel family on one backend (e.g. `gemm` on `webgpu`): space, rules, source, compile, launches."""
+
+    #: the family's math (shared with the other backends' implementations)
+    problem: Problem
+    #: the implementation's name: the store's kernel key and the command-line family (`tilewise tune gemm`)
+    name: str = ""
+    #: backend this template's source targets: "webgpu" | "cuda" | "cpu" | "tvm-llvm"
+    backend: str = ""
+    #: names of the shape dimensions (the problem's)
+    shape_names: tuple[str, ...] = ()
+    #: tolerance label; an implementation that rounds more than the problem (f16 staging) says so here
     dtype: str = "f32"
     #: short name of the peer `peer_program` returns (the tuner prints "% of <peer_name>"); "" = no peer
     peer_name: str = ""
+    #: consecutive verifications that may share one input set (outputs re-poisoned each time); >1 where making
+    #: inputs costs more than a candidate (quantizing NF4 weights)
+    verify_reuse: int = 1
 
+    # ---- the space -------------------------------------------------------------------------------------------
     @abstractmethod
     def space(self, which: str = "full") -> Space:
         """A named space of configs ("full" = the whole grid; templates may add "seed", "small", ...)."""
@@ -62,29 +126,52 @@ class KernelTemplate(ABC):
         return ("full",)
 
     def shape_problems(self, config: Config, shape: Shape) -> list[str]:
-        """Reasons this config cannot handle this shape (e.g. alignment the template requires); empty if fine."""
+        """Reasons this config cannot handle this shape (alignment the source assumes, grid limits); empty if fine."""
         return []
 
+    def why_illegal(self, config: Config, limits: Limits | None, shape: Shape) -> list[str]:
+        """Every broken rule and shape assumption as `rule: numbers`; empty when the config may be compiled."""
+        return self.space("full").why_illegal(config, limits) + self.shape_problems(config, shape)
+
+    # ---- code ------------------------------------------------------------------------------------------------
     @abstractmethod
-    def source(self, config: Config) -> str:
-        """The generated source of one config (what `--show-source` prints)."""
+    def source(self, config: Config, shape: Shape | None = None) -> str:
+        """The generated source of one config (what `--show-source` prints); `shape` where the code depends on it."""
 
     @abstractmethod
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
-        """Compile one config; may specialise on the shape (then the store key includes the shape anyway)."""
+        """Compile one config for a shape (the store key includes the shape, so specialising on it is fine)."""
 
-    @abstractmethod
-    def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
-        """Fresh random host inputs for one check or timing (never zeros)."""
+    def program_key(self, config: Config, shape: Shape) -> Hashable:
+        """What a compiled program depends on: programs with equal keys are interchangeable. The default, the
+        config and the whole shape, is always safe; a template whose sizes come in a uniform returns less."""
+        return (config, tuple(shape))
 
+    # ---- data --------------------------------------------------------------------------------------------------
     @abstractmethod
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
-        """Device buffers for the inputs plus an allocated output buffer named "out"."""
+        """Device buffers for the inputs plus an allocated output buffer named "out" (see `attach_initial`)."""
+
+    def attach_initial(self, device: Device, host: HostInputs, shape: Shape, bufs: DeviceBuffers) -> DeviceBuffers:
+        """Keep the problem's initial output (if any) beside the buffers, so `poison` can restore it."""
+        init = self.problem.initial_output(host, shape)
+        if init is not None:
+            bufs["_init"] = device.upload(np.ascontiguousarray(init))
+        return bufs
 
     def poison(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> None:
-        """Fill the output with NaN so that unwritten elements fail verification."""
+        """Fill the output with NaN so that unwritten elements fail verification; an output the kernel accumulates
+        into gets its initial value instead (unwritten elements then keep it and still differ from the answer)."""
         out = bufs["out"]
+        init = bufs.get("_init")
+        if init is not None:
+            device.write(out, device.download(init, np.uint8))
+            return
         device.write(out, np.full(out.nbytes // 4, np.nan, dtype=np.float32))
+
+    def rebind(self, device: Device, bufs: DeviceBuffers, have: Shape, shape: Shape) -> DeviceBuffers | None:
+        """Buffers for `shape` made from `bufs` (uploaded for shape `have`), or None when they cannot serve it."""
+        return bufs if tuple(have) == tuple(shape) else None
 
     @abstractmethod
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
@@ -94,31 +181,27 @@ class KernelTemplate(ABC):
     def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
         """Download the output as an array of the reference's shape."""
 
-    @abstractmethod
+    # ---- the problem's math, as the engine and the reports ask for it -----------------------------------------
+    def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
+        return self.problem.make_inputs(shape, rng)
+
     def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
-        """The float64 answer for these inputs."""
+        return self.problem.reference(host, shape)
 
-    @abstractmethod
     def flops(self, shape: Shape) -> int:
-        """Useful floating-point operations of one launch (not counting padding)."""
+        return self.problem.flops(shape)
 
-    @abstractmethod
     def bytes_moved(self, shape: Shape) -> int:
-        """Fewest bytes one launch must move through device memory (each input read once, output written once)."""
+        return self.problem.bytes_moved(shape)
 
-    # ---- optional hooks -------------------------------------------------------------------------------
+    # ---- optional hooks -------------------------------------------------------------------------------------
     def precompile(self, device: Device, configs: Sequence[Config], shape: Shape,
                    ) -> Mapping[Config, Program | Exception]:
-        """Compile a batch of configs at once, before the tuner verifies them one by one.
+        """Compile a batch of configs at once, before the engine verifies them one by one.
 
-        A template whose compiler can work in parallel overrides this; the tuner calls it once per batch and
+        A template whose compiler can work in parallel overrides this; the engine calls it once per batch and
         uses the returned programs instead of calling `compile`. A config missing from the answer is compiled
         with `compile` as usual; an exception stands for what `compile` would have raised for that config.
-
-        Args:
-            device: where the programs will run.
-            configs: the batch's legal configs.
-            shape: the problem shape (as for `compile`).
 
         Returns:
             config -> Program or the exception compiling it raised; the default compiles nothing ({}).
@@ -129,32 +212,18 @@ class KernelTemplate(ABC):
         """The shape at which to verify a config that will be timed at `shape`.
 
         Verifying a large shape costs a float64 reference on the host (137 GFLOP at 4096^3); a template may
-        name a smaller shape that exercises the same code paths (the same partial tiles, or more), so every
-        candidate is checked on fresh inputs at a fraction of the cost. The program compiled for `shape` is
-        run at the returned shape, so a template whose programs specialise on the shape must keep the default.
-
-        Args:
-            config: the config to verify.
-            shape: the shape it is compiled for and timed at.
-
-        Returns:
-            The shape to verify at; the default is `shape` itself.
+        name a smaller shape that exercises the same code paths (the same partial tiles, or more). The program
+        compiled for `shape` runs at the returned shape, so the two must have equal `program_key`s.
         """
         return shape
 
     def peer_program(self, device: Device) -> Program | None:
-        """A reference implementation (a vendor library) that `tune` races against the best configs.
-
-        Returns:
-            A program the device can launch through `peer_launches`, or None when the template has no peer.
-        """
+        """A reference implementation (a vendor library) that the tuner races against the best configs, or None."""
         return None
 
     def peer_launches(self, program: Program, bufs: DeviceBuffers, shape: Shape) -> list[Launch]:
         """The launches of one run of the peer on this template's buffers (only called when `peer_program`
         returned a program)."""
-        from tilewise.errors import ConfigError
-
         raise ConfigError(f"kernel template {self.name} on {self.backend} has no peer to race",
                           "tune without a peer (tilewise tune ... --no-peer)")
 
@@ -166,13 +235,12 @@ class KernelTemplate(ABC):
         return str(config)
 
     def meta(self) -> dict[str, Any]:
-        return {"name": self.name, "backend": self.backend, "shape_names": list(self.shape_names)}
+        return {"name": self.name, "backend": self.backend, "shape_names": list(self.shape_names),
+                "problem": getattr(getattr(self, "problem", None), "name", self.name)}
 
 
 def parse_shape(text: str, names: Sequence[str]) -> Shape:
     """Parse `M,N,K` into ints, refusing malformed input with the expected form."""
-    from tilewise.errors import ConfigError
-
     parts = [p.strip() for p in str(text).replace("x", ",").split(",") if p.strip()]
     if len(parts) != len(names) or not all(p.isdigit() and int(p) > 0 for p in parts):
         raise ConfigError(f"malformed shape {text!r}: expected {len(names)} positive integers "

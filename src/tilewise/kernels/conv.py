@@ -17,7 +17,7 @@ import numpy as np
 
 from tilewise.devices.base import Device, Launch, Program
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
-from tilewise.tune.space import Config, Rule, Space
+from tilewise.kernels.space import Config, Rule, Space
 
 BINDINGS = ["dims", "bcx", "state_in", "weight", "y", "state_out"]
 

@@ -31,7 +31,7 @@ import numpy as np
 from tilewise.devices.base import Device, Launch, Program
 from tilewise.errors import ConfigError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
-from tilewise.tune.space import Config, Rule, Space, named_space
+from tilewise.kernels.space import Config, Rule, Space, named_space
 
 MAX_REGISTERS = 128  # named f32 values per invocation above which spilling is certain
 GRID_X = 32768  # workgroups per grid row; larger launches wrap into grid.y (the limit is 65535 per dimension)

@@ -31,7 +31,7 @@ from tilewise.devices.base import Device, Launch, Program
 from tilewise.errors import ConfigError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, Shape
 from tilewise.kernels.conv1d import Conv1dTemplate, check_shape
-from tilewise.tune.space import Config, Rule, Space
+from tilewise.kernels.space import Config, Rule, Space
 
 OUT_ALIGN = 256  # the output buffer is padded to this multiple, which every XO divides
 PARAMS: dict[str, list[Any]] = {

@@ -33,7 +33,7 @@ from tilewise.devices.base import Device, Launch, Program
 from tilewise.errors import ConfigError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
 from tilewise.kernels.conv1d import nonzero_uniform
-from tilewise.tune.space import Config, Rule, Space, named_space
+from tilewise.kernels.space import Config, Rule, Space, named_space
 
 MAX_REGISTERS = 128  # named f32 values per invocation above which spilling is certain
 MAX_GRID = 65535  # workgroups per grid dimension (WebGPU's default limit)

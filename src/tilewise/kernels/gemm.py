@@ -38,7 +38,7 @@ import numpy as np
 from tilewise.devices.base import Buffer, Device, Launch, Limits, Program
 from tilewise.errors import ConfigError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
-from tilewise.tune.space import Config, Rule, Space
+from tilewise.kernels.space import Config, Rule, Space
 
 WARP = 32  # invocations per logical warp
 MAX_ACCUMULATORS = 128  # above this the accumulators alone spill (seed 003)

@@ -26,7 +26,7 @@ import numpy as np
 from tilewise.devices.base import Device, Launch, Limits, Program
 from tilewise.errors import ConfigError, LaunchError, TilewiseError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
-from tilewise.tune.space import Config, Rule, Space
+from tilewise.kernels.space import Config, Rule, Space
 
 WARPSIZE = 32
 PARAMS = ("BM", "BN", "BK", "WM", "WN", "WNITER", "TM", "TN", "NT")

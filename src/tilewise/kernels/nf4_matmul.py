@@ -57,7 +57,8 @@ import numpy as np
 
 from tilewise.devices.base import Device, Launch, Limits, Program
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
-from tilewise.tune.space import Config, Rule, Space, divides
+from tilewise.kernels.space import Config, Rule, Space, divides
+from tilewise.quant.nf4 import NF4_CODES, weight_arrays, weight_values
 
 FORMATS = ("nf4", "f16", "f32")
 EPILOGUES = ("none", "residual", "swiglu")
@@ -75,11 +76,6 @@ MAX_PREFETCH_REGISTERS = 32  # 32-bit registers holding the next K step (PF=1) o
 PREFETCH_WORDS = {"nf4": 2, "f16": 4, "f32": 8}
 COLUMN_LAYOUTS = ("block", "strided")
 
-NF4_CODES = (
-    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
-    -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
-    0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0,
-)
 
 # configs used when no dispatch table has been measured for a device (safe on every adapter we know)
 DEFAULT_TILED = {"BM": 64, "BN": 64, "BK": 16, "TM": 4, "TN": 4, "F16S": False, "PF": 0, "CL": "block", "DB": 0,
@@ -92,7 +88,7 @@ DEFAULT_CUTOFF_ROWS = 96  # seed 001: below this the short-row path, from here t
 
 # ---------------------------------------------------------------------------------------------- WGSL pieces
 def _codes_decl() -> str:
-    vals = ", ".join(f"{c!r}" for c in NF4_CODES)
+    vals = ", ".join(f"{float(c)!r}" for c in NF4_CODES)
     return (f"const NF4_CODES = array<f32, 16>({vals});\n"
             "var<workgroup> codes: array<f32, 16>;\n")
 
@@ -768,44 +764,6 @@ def shape_problems(kind: str, cfg: Config | dict[str, Any], n: int, k: int) -> l
     return out
 
 
-# ---------------------------------------------------------------------------------------------- host side
-def pack_weight(w: np.ndarray, fmt: str) -> dict[str, np.ndarray]:
-    """Device arrays for one (out, in) weight in a format: nf4 -> {w: u32 words, absmax}, f16/f32 -> {w}."""
-    w = np.asarray(w)
-    if fmt == "nf4":
-        from tilewise.model.nf4 import quantize_nf4
-
-        t = quantize_nf4(w.astype(np.float32), 64)
-        return pack_nf4(t)
-    if fmt == "f16":
-        return {"w": np.ascontiguousarray(w.astype(np.float16)).view(np.uint32)}
-    return {"w": np.ascontiguousarray(w.astype(np.float32))}
-
-
-def pack_nf4(t: Any) -> dict[str, np.ndarray]:
-    """Device arrays of a bitsandbytes-layout NF4Tensor of shape (out, in) with blocksize 64."""
-    if t.blocksize != NF4_BLOCK or len(t.shape) != 2 or t.shape[1] % NF4_BLOCK:
-        raise ValueError(f"the WebGPU NF4 kernels need (out, in) weights with in % 64 == 0 and blocksize 64, "
-                         f"got shape {t.shape} blocksize {t.blocksize}")
-    if not np.array_equal(np.asarray(t.code, np.float32), np.asarray(NF4_CODES, np.float32)):
-        raise ValueError("the NF4 tensor uses a custom quant_map; the kernels have the standard NF4 codes built in")
-    packed = np.ascontiguousarray(t.packed.reshape(-1))
-    return {"w": packed.view(np.uint32), "absmax": np.ascontiguousarray(t.block_absmax().astype(np.float32))}
-
-
-def dequantized(packed: dict[str, np.ndarray], fmt: str, n: int, k: int) -> np.ndarray:
-    """float64 (N, K) weights exactly as the kernel sees them (the reference multiplies these)."""
-    if fmt == "nf4":
-        b = packed["w"].view(np.uint8)
-        codes = np.empty(b.size * 2, np.uint8)
-        codes[0::2], codes[1::2] = b >> 4, b & 15
-        vals = np.asarray(NF4_CODES, np.float32)[codes].reshape(n, k // 64, 64)
-        return (vals * packed["absmax"].reshape(n, k // 64, 1)).reshape(n, k).astype(np.float64)
-    if fmt == "f16":
-        return packed["w"].view(np.float16).reshape(n, k).astype(np.float64)
-    return packed["w"].reshape(n, k).astype(np.float64)
-
-
 class MatmulTemplate(KernelTemplate):
     """One matmul variant (kind x weight format x epilogue) as the tuner sees it; shape = (M, N, K)."""
 
@@ -886,7 +844,7 @@ class MatmulTemplate(KernelTemplate):
         host: HostInputs = {"x": rng.standard_normal((m, k)).astype(np.float32)}
         for suffix in ("", "_up") if self.epilogue == "swiglu" else ("",):
             w = (rng.standard_normal((n, k)) / math.sqrt(k)).astype(np.float32)
-            for key, arr in pack_weight(w, self.fmt).items():
+            for key, arr in weight_arrays(w, self.fmt).items():
                 host[key + suffix] = arr
         if self.epilogue == "residual":
             host["residual"] = rng.standard_normal((m, n)).astype(np.float32)
@@ -935,9 +893,9 @@ class MatmulTemplate(KernelTemplate):
         x = host["x"].astype(np.float64)
         if self.norm:
             x = x / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps) * host["norm_w"].astype(np.float64)
-        y = x @ dequantized({"w": host["w"], "absmax": host.get("absmax")}, self.fmt, n, k).T
+        y = x @ weight_values({"w": host["w"], "absmax": host.get("absmax")}, self.fmt, n, k).T
         if self.epilogue == "swiglu":
-            u = x @ dequantized({"w": host["w_up"], "absmax": host.get("absmax_up")}, self.fmt, n, k).T
+            u = x @ weight_values({"w": host["w_up"], "absmax": host.get("absmax_up")}, self.fmt, n, k).T
             return y / (1.0 + np.exp(-y)) * u
         if self.epilogue == "residual":
             return host["residual"].astype(np.float64) + y

@@ -23,7 +23,8 @@ import numpy as np
 from tilewise.devices.base import Device, Launch, Program
 from tilewise.kernels import nf4_matmul as mm
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
-from tilewise.tune.space import Config, Rule, Space
+from tilewise.kernels.space import Config, Rule, Space
+from tilewise.quant.nf4 import weight_arrays, weight_values
 
 BINDINGS = {
     "rmsnorm": ["dims", "x", "weight", "out"],
@@ -258,7 +259,7 @@ class EmbedTemplate(_Template):
     def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
         m, h, v = shape
         table = rng.standard_normal((v, h)).astype(np.float32)
-        host = dict(mm.pack_weight(table, self.fmt))
+        host = dict(weight_arrays(table, self.fmt))
         host["ids"] = rng.integers(0, v, m).astype(np.uint32)
         return host
 
@@ -267,7 +268,7 @@ class EmbedTemplate(_Template):
 
     def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
         _, h, v = shape
-        return mm.dequantized(host, self.fmt, v, h)[host["ids"].astype(np.int64)]
+        return weight_values(host, self.fmt, v, h)[host["ids"].astype(np.int64)]
 
     def out_shape(self, shape: Shape) -> tuple[int, ...]:
         return (shape[0], shape[1])

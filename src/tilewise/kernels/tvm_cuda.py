@@ -51,7 +51,7 @@ from tilewise.errors import ConfigError, DeviceUnavailable, ShaderCompileError
 from tilewise.kernels import conv1d, tvm_sources
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
 from tilewise.kernels.conv1d import check_shape, fmt, nonzero_uniform, tile
-from tilewise.tune.space import Config, Rule, Space, named_space
+from tilewise.kernels.space import Config, Rule, Space, named_space
 
 MAX_REGISTERS = 255  # CUDA's per-thread register maximum
 MAX_INDEX = 2**31 - 1  # TVM indexes with int32 at these shapes, and CUDA caps grid.x at the same number
@@ -344,14 +344,14 @@ class TvmCudaConv1d(conv1d.Conv1dTemplate):
         Raises:
             ConfigError: the config breaks a rule (checked against the `arch` profile when tilewise has one).
         """
-        from tilewise.tune.profiles import PROFILES
+        from tilewise.devices.profiles import PROFILES
 
         M, N = refuse_illegal(config, shape or DEFAULT_SHAPE, PROFILES.get(arch))
         return self._emitted(config, M, N, arch)
 
     def emit_tvm(self, config: Config, shape: Shape, arch: str = DEFAULT_ARCH) -> str:
         """TVM's CUDA C++ for one legal config (refused against the `arch` profile first); never the store."""
-        from tilewise.tune.profiles import PROFILES
+        from tilewise.devices.profiles import PROFILES
 
         M, N = refuse_illegal(config, shape, PROFILES.get(arch))
         return emit_cuda(config, M, N, arch)
@@ -603,14 +603,14 @@ class TvmCudaGemm(KernelTemplate):
         Raises:
             ConfigError: the config breaks a rule (checked against the `arch` profile when tilewise has one).
         """
-        from tilewise.tune.profiles import PROFILES
+        from tilewise.devices.profiles import PROFILES
 
         M, N, K = self._refuse_illegal(config, shape or GEMM_DEFAULT_SHAPE, PROFILES.get(arch))
         return self._emitted(config, M, N, K, arch)
 
     def emit_tvm(self, config: Config, shape: Shape, arch: str = DEFAULT_ARCH) -> str:
         """TVM's CUDA C++ for one legal config (refused against the `arch` profile first); never the store."""
-        from tilewise.tune.profiles import PROFILES
+        from tilewise.devices.profiles import PROFILES
 
         M, N, K = self._refuse_illegal(config, shape, PROFILES.get(arch))
         return lower_to_cuda(gemm_schedule(config, M, N, K), arch, f"gemm {gemm_fmt(config)}")

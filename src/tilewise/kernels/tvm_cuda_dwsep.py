@@ -54,6 +54,7 @@ from tilewise.kernels import tvm_sources
 from tilewise.kernels.base import DeviceBuffers, HostInputs, Shape
 from tilewise.kernels.dwsep_conv2d import PARAMS as WGSL_PARAMS
 from tilewise.kernels.dwsep_conv2d import SMALL, WgslDwsepConv2d, check_shape, fmt, tile_split_rules
+from tilewise.kernels.space import Config, Rule, Space, named_space
 from tilewise.kernels.tvm_cuda import (
     DEFAULT_ARCH,
     MAX_INDEX,
@@ -66,7 +67,6 @@ from tilewise.kernels.tvm_cuda import (
     lower_to_cuda,
     parse_kernel,
 )
-from tilewise.tune.space import Config, Rule, Space, named_space
 
 STAGES = ("global", "shared", "local")
 PARAMS: dict[str, list[Any]] = {**WGSL_PARAMS, "STAGE": list(STAGES)}  # the WGSL template's tiles, CUDA's stages
@@ -316,7 +316,7 @@ class TvmCudaDwsepConv2d(WgslDwsepConv2d):
         Raises:
             ConfigError: the config breaks a rule (checked against the `arch` profile when tilewise has one).
         """
-        from tilewise.tune.profiles import PROFILES
+        from tilewise.devices.profiles import PROFILES
 
         shape = tuple(int(s) for s in (shape or DEFAULT_SHAPE))
         refuse_illegal(config, shape, PROFILES.get(arch))
@@ -324,7 +324,7 @@ class TvmCudaDwsepConv2d(WgslDwsepConv2d):
 
     def emit_tvm(self, config: Config, shape: Shape, arch: str = DEFAULT_ARCH) -> str:
         """TVM's CUDA C++ for one legal config (refused against the `arch` profile first); never the store."""
-        from tilewise.tune.profiles import PROFILES
+        from tilewise.devices.profiles import PROFILES
 
         shape = tuple(int(s) for s in shape)
         refuse_illegal(config, shape, PROFILES.get(arch))

@@ -28,7 +28,7 @@ import numpy as np
 
 from tilewise.errors import ConfigError
 from tilewise.model.config import ModelConfig
-from tilewise.model.nf4 import FORMATS, QUANT_STATE_KEY, NF4Tensor, StoredTensor, decode, encode, stored_shape
+from tilewise.quant.nf4 import FORMATS, QUANT_STATE_KEY, NF4Tensor, StoredTensor, decode, encode, stored_shape
 
 FORMAT_NAME = "tilewise"
 FORMAT_VERSION = 1

@@ -26,7 +26,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     from tilewise.errors import ConfigError
     from tilewise.model.checkpoint import Checkpoint, is_matrix, random_checkpoint
     from tilewise.model.config import PRESETS
-    from tilewise.model.nf4 import BLOCKSIZES, NF4Tensor, decode, roundtrip_stats
+    from tilewise.quant.nf4 import BLOCKSIZES, NF4Tensor, decode, roundtrip_stats
 
     if args.blocksize not in BLOCKSIZES:
         raise ConfigError(f"--blocksize {args.blocksize} is not supported", f"use one of {BLOCKSIZES}")

@@ -24,7 +24,7 @@ import numpy as np
 from tilewise.errors import ConfigError, DeviceUnavailable, TilewiseError
 from tilewise.model.checkpoint import HEAD, Checkpoint, random_checkpoint
 from tilewise.model.config import PRESETS, ModelConfig
-from tilewise.model.nf4 import FORMATS
+from tilewise.quant.nf4 import FORMATS
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "default"
 KNOWN_DEVICES = ("cpu", "webgpu", "cuda", "auto")

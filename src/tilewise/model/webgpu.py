@@ -47,7 +47,7 @@ from tilewise.kernels import conv as conv_k
 from tilewise.kernels import nf4_matmul as mm
 from tilewise.kernels import rowops
 from tilewise.model.checkpoint import HEAD, Checkpoint
-from tilewise.model.nf4 import NF4Tensor
+from tilewise.quant.nf4 import weight_arrays
 
 ROW_WG = 128  # rmsnorm / embed / conv threads per workgroup
 HEAD_WG = 64
@@ -213,21 +213,6 @@ class _Plan:
         self.labels.append(label)
 
 
-def _pack_stored(t: Any, fmt: str) -> dict[str, np.ndarray]:
-    """Device arrays of a stored (out, in) matrix without re-quantizing (NF4 blocksize 64 kept as is)."""
-    if isinstance(t, NF4Tensor):
-        if t.blocksize != mm.NF4_BLOCK:
-            # other block sizes are legal bitsandbytes files; the kernels index 64-blocks, so re-block once
-            from tilewise.model.nf4 import quantize_nf4
-
-            t = quantize_nf4(t.dequantize(), mm.NF4_BLOCK)
-        return mm.pack_nf4(t)
-    arr = np.asarray(t)
-    if fmt == "f16":
-        return {"w": np.ascontiguousarray(arr.astype(np.float16)).view(np.uint32)}
-    return {"w": np.ascontiguousarray(arr.astype(np.float32))}
-
-
 class WebGPUExecutor:
     """Runs the classifier's forward pass on a WebGPU device (see the module docstring)."""
 
@@ -293,7 +278,7 @@ class WebGPUExecutor:
 
     def _matrix(self, names: Sequence[str]) -> list[Buffer]:
         """Upload one matrix (rows of several stored matrices stacked) as [w] or [w, absmax]."""
-        packs = [_pack_stored(self.checkpoint.get(n), self.fmt) for n in names]
+        packs = [weight_arrays(self.checkpoint.get(n), self.fmt) for n in names]
         label = "+".join(names)
         out = [self._upload(label, np.concatenate([p["w"].reshape(-1) for p in packs]))]
         if self.fmt == "nf4":

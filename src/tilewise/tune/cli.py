@@ -215,7 +215,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _dry_run(tpl: Any, space: Any, shape: tuple[int, ...], args: argparse.Namespace, console: Any) -> int:
-    from tilewise.tune.profiles import DEFAULT_FOR_BACKEND, get_profile
+    from tilewise.devices.profiles import DEFAULT_FOR_BACKEND, get_profile
     from tilewise.tune.tuner import _illegal_examples, no_legal_config_error, split_configs
 
     target = args.target or DEFAULT_FOR_BACKEND.get(tpl.backend, "webgpu-default")

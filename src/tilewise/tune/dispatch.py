@@ -25,8 +25,8 @@ import numpy as np
 from tilewise.devices.base import Device, Launch
 from tilewise.errors import ConfigError, LaunchError, ShaderCompileError, TilewiseError
 from tilewise.kernels.base import KernelTemplate
+from tilewise.kernels.space import Config
 from tilewise.tune.measure import Stats, measure
-from tilewise.tune.space import Config
 from tilewise.tune.store import Result, Store, shape_key
 from tilewise.tune.tuner import config_source_hash
 from tilewise.tune.verify import Verifier

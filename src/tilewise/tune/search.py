@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from tilewise.devices.base import Limits
 from tilewise.errors import ConfigError
-from tilewise.tune.space import Config, Space
+from tilewise.kernels.space import Config, Space
 
 
 @dataclass

@@ -33,9 +33,9 @@ import numpy as np
 from tilewise.devices.base import Device, Launch, Limits, Program, source_hash
 from tilewise.errors import ConfigError, DeviceLost, ShaderCompileError
 from tilewise.kernels.base import DeviceBuffers, KernelTemplate, Shape
+from tilewise.kernels.space import Config, Space
 from tilewise.tune.measure import Stats, measure, tie_groups
 from tilewise.tune.search import Budget, get_strategy
-from tilewise.tune.space import Config, Space
 from tilewise.tune.store import Result, Store, shape_key
 from tilewise.tune.verify import Verifier
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from tilewise.devices.base import Device, Program
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
-from tilewise.tune.space import Config
+from tilewise.kernels.space import Config
 
 
 @dataclass(frozen=True)

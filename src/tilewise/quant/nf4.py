@@ -321,3 +321,45 @@ def decode(t: StoredTensor) -> np.ndarray:
 
 def stored_shape(t: StoredTensor) -> tuple[int, ...]:
     return t.shape if isinstance(t, NF4Tensor) else tuple(np.shape(t))
+
+
+# ---- the arrays kernels read ----------------------------------------------------------------------------------
+KERNEL_BLOCKSIZE = 64  # the GPU kernels index one absmax per 64 inputs of a row
+
+
+def weight_arrays(w: StoredTensor, fmt: str) -> dict[str, np.ndarray]:
+    """The arrays a kernel reads for one (out, in) weight in a format.
+
+    nf4: {"w": the packed bytes as u32 words (8 weights each), "absmax": (out * in / 64,) float32}; a float
+    array is quantized first, an NF4Tensor of another blocksize is re-blocked to 64. f16: {"w": pairs of f16
+    as u32}. f32: {"w"}.
+    """
+    if fmt == "nf4":
+        t = w if isinstance(w, NF4Tensor) else quantize_nf4(np.asarray(w, dtype=np.float32), KERNEL_BLOCKSIZE)
+        if t.blocksize != KERNEL_BLOCKSIZE:
+            t = quantize_nf4(t.dequantize(), KERNEL_BLOCKSIZE)
+        if len(t.shape) != 2 or t.shape[1] % KERNEL_BLOCKSIZE:
+            raise ConfigError(f"NF4 kernels need (out, in) weights with in % {KERNEL_BLOCKSIZE} == 0, got {t.shape}",
+                              "use f16 or f32 weights for this tensor")
+        if not np.array_equal(np.asarray(t.code, np.float32), NF4_CODES):
+            raise ConfigError("the NF4 tensor uses a custom quant_map; the kernels have the standard codes built in",
+                              "re-quantize it with the standard NF4 codes (tilewise convert --format nf4)")
+        return {"w": np.ascontiguousarray(t.packed.reshape(-1)).view(np.uint32),
+                "absmax": np.ascontiguousarray(t.block_absmax().astype(np.float32))}
+    arr = decode(w)
+    if fmt == "f16":
+        return {"w": np.ascontiguousarray(arr.astype(np.float16)).view(np.uint32)}
+    if fmt == "f32":
+        return {"w": np.ascontiguousarray(arr.astype(np.float32))}
+    raise ConfigError(f"unknown weight format {fmt!r}", f"use one of {', '.join(FORMATS)}")
+
+
+def weight_values(arrays: dict[str, np.ndarray], fmt: str, n: int, k: int) -> np.ndarray:
+    """float64 (n, k) weights exactly as a kernel sees `weight_arrays(...)` (what a reference multiplies)."""
+    if fmt == "nf4":
+        t = NF4Tensor(packed=arrays["w"].view(np.uint8), absmax=arrays["absmax"], shape=(n, k),
+                      blocksize=KERNEL_BLOCKSIZE)
+        return dequantize_nf4(t).astype(np.float64)
+    if fmt == "f16":
+        return arrays["w"].view(np.float16).reshape(n, k).astype(np.float64)
+    return arrays["w"].reshape(n, k).astype(np.float64)
