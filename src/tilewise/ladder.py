@@ -589,24 +589,6 @@ def time_references(spec: LadderSpec, host: dict[str, np.ndarray], shape: Shape,
     return out
 
 
-class _SeededTemplate:
-    """The template as the tuner sees it, with one more named space: "ladder", the rungs followed by the search.
-
-    Seeding the search with the rungs means the tuned best is, by the tuner's own measurement, never slower than
-    the best rung; the search adds what the ladder did not think of.
-    """
-
-    def __init__(self, template: KernelTemplate, ladder_space: Space) -> None:
-        self._template = template
-        self._space = ladder_space
-
-    def space(self, which: str = "full") -> Space:
-        return self._space if which == "ladder" else self._template.space(which)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._template, name)
-
-
 def _search_points(spec: LadderSpec, tpl: KernelTemplate, space: Space, limits: Any, shape: Shape, count: int,
                    seed: int) -> list[Config]:
     """Up to `count` legal configs for the tuned rung: a named space's points, or a uniform sample of the grid."""
@@ -670,9 +652,9 @@ def run_ladder(primitive: str, device: Device | None = None, shape: Shape | None
     Raises:
         ConfigError: unknown primitive, bad shape, or a baseline the shape refuses.
     """
+    from tilewise.tune.engine import Engine, Item
     from tilewise.tune.search import Budget
     from tilewise.tune.tuner import tune
-    from tilewise.tune.verify import compare
 
     spec = get_ladder(primitive, device.info.backend if device is not None else None)
     say = progress or (lambda _msg: None)
@@ -681,54 +663,29 @@ def run_ladder(primitive: str, device: Device | None = None, shape: Shape | None
     shape = validate_shape(spec, shape or spec.shape)
     space = tpl.space("full")
     limits = dev.info.limits
-    rng = np.random.default_rng(seed)
-    mkw = {**DEFAULT_MEASURE, **(measure_kw or {})}
-    # one input set for every rung and the references: the ladder compares schedules, not data
-    host = tpl.make_inputs(shape, rng)
-    ref = tpl.reference(host, shape)
-    bufs = tpl.upload(dev, host, shape)
+    eng = Engine(dev, None, seed=seed, measure_kw={**TUNE_MEASURE, **(tune_measure_kw or {})})
     rungs: list[Rung] = []
-    launches: dict[str, list[Launch]] = {}
-    # every compiled program stays alive for the run: a backend may cache bindings by object id, and a freed
-    # pipeline's id can come back for the next one
-    keep: list[Any] = []
-    unavailable: dict[str, DeviceUnavailable] = {}
+    extras: list[Rung] = []  # raced for the staging answer at the tuned tile, not a rung of the ladder
 
-    def add(name: str, what: str, cfg: Config) -> Rung:
-        rung = Rung(name, what, cfg)
-        why = space.why_illegal(cfg, limits) + tpl.shape_problems(cfg, shape)
-        if why:
-            rung.status, rung.reason = "illegal", "; ".join(why)
-            return rung
-        say(f"compile + verify {name}: {cfg}")
-        try:
-            prog = tpl.compile(dev, cfg, shape)
-            keep.append(prog)
-        except Exception as exc:  # a failing rung is a result, not the end of the ladder
-            rung.status, rung.reason = "compile_error", str(exc).splitlines()[0]
-            if isinstance(exc, DeviceUnavailable):
-                unavailable[name] = exc
-            return rung
-        tpl.poison(dev, bufs, shape)  # NaN: an output no invocation writes fails the comparison
-        dev.run(tpl.launches(prog, bufs, cfg, shape))
-        check = compare(tpl.read_output(dev, bufs, shape), ref, tpl.dtype)
-        rung.rel_err = check.rel_err
-        if not check.ok:
-            rung.status, rung.reason = "wrong", check.message
-            return rung
-        launches[name] = tpl.launches(prog, bufs, cfg, shape)
-        return rung
+    def add(entries: list[tuple[str, str, Config]], to: list[Rung] = rungs) -> list[Rung]:
+        """Verify rungs (the engine: rules first, never compiled when illegal; every output value checked)."""
+        for name, _, cfg in entries:
+            say(f"compile + verify {name}: {cfg}")
+        outs = eng.evaluate([Item(tpl, cfg, shape) for _, _, cfg in entries], batch=None, timed=False)
+        made = [Rung(name, what, cfg, oc.status, "" if oc.status == "ok" else oc.reason, rel_err=oc.rel_err)
+                for (name, what, cfg), oc in zip(entries, outs)]
+        to.extend(made)
+        return made
 
-    for spec_rung in spec.rungs:
-        rungs.append(add(spec_rung.name, spec_rung.what, spec.rung_config(space, spec_rung)))
-    if rungs[0].name in unavailable:  # e.g. no TVM and no stored source: its fix says how to get one
-        raise unavailable[rungs[0].name]
+    add([(r.name, r.what, spec.rung_config(space, r)) for r in spec.rungs])
     if rungs[0].status != "ok":
+        prog = eng.program(Item(tpl, rungs[0].config, shape)) if rungs[0].status == "compile_error" else None
+        if isinstance(prog, DeviceUnavailable):  # e.g. no TVM and no stored source: its fix says how to get one
+            raise prog
         raise ConfigError(f"the {primitive} baseline cannot run at shape {shape}: {rungs[0].reason}",
                           f"use another shape, e.g. --shape {','.join(str(s) for s in spec.shape)}")
 
     tuned_info: dict[str, Any] = {}
-    extras: dict[str, Config] = {}
     if tune_count > 0:
         search = _search_points(spec, tpl, space, limits, shape, tune_count, seed)
         note = ""
@@ -736,20 +693,18 @@ def run_ladder(primitive: str, device: Device | None = None, shape: Shape | None
             search, note = _stored_search_points(tpl, space, limits, shape, tune_count, search)
             if note:
                 say(note)
-        points = [dict(c) for c in dict.fromkeys([*(r.config for r in rungs), *search])]
-        seeded = _SeededTemplate(tpl, Space("ladder", space.params, space.rules, space.fmt, points=points))
+        # the rungs seed the search: by the tuner's own measurement the tuned best is never slower than the best rung
+        points = list(dict.fromkeys([*(r.config for r in rungs), *search]))
         say(f"tuning {tpl.name}: the {len(rungs)} rungs + {len(search)} configs of a {spec.tune_strategy} search "
             f"of space {spec.tune_space!r} ({tune_seconds} s at most)")
-        res = tune(seeded, dev, shape, space="ladder", strategy="exhaustive",  # type: ignore[arg-type]
-                   budget=Budget(None, tune_seconds), seed=seed, final_race=4,
-                   measure_kw={**TUNE_MEASURE, **(tune_measure_kw or {})})
+        res = tune(tpl, dev, shape, space="full", configs=points, budget=Budget(None, tune_seconds), seed=seed,
+                   final_race=4, engine=eng)
         best = res.best
         counts: dict[str, int] = {}
         for row in res.rows:
             counts[row.status] = counts.get(row.status, 0) + 1
         tuned_info = {"strategy": spec.tune_strategy, "space": spec.tune_space, "searched": len(search),
-                      "with_rungs": True,
-                      "seconds": round(res.seconds, 2), "statuses": counts,
+                      "with_rungs": True, "seconds": round(res.seconds, 2), "statuses": counts,
                       "best": best.config.key() if best else None}
         if spec.emitted_by_tvm:
             tuned_info.update(sources="store" if note else "tvm", note=note)
@@ -759,28 +714,28 @@ def run_ladder(primitive: str, device: Device | None = None, shape: Shape | None
             if note:
                 what = (f"best of {counts.get('ok', 0)} verified configs (the rungs + {len(search)} configs with a "
                         f"stored source; TVM is not importable, so nothing else was a candidate)")
-            rungs.append(add("tuned best", what, best.config))
+            add([("tuned best", what, best.config)])
             # the tuned best with its staging flipped answers the staging question at the tuned tile too
             if spec.restage is not None and spec.stage_of is not None and spec.stage_of(best.config) in (
                     "workgroup", "private"):
                 other = "private" if spec.stage_of(best.config) == "workgroup" else "workgroup"
                 flipped = spec.restage(best.config, other)
-                if not space.why_illegal(flipped, limits) and not tpl.shape_problems(flipped, shape):
-                    extras["tuned best, staging flipped"] = flipped
-    for name, cfg in extras.items():
-        r = add(name, "", cfg)
-        if r.status != "ok":
-            extras = {}
+                if not tpl.why_illegal(flipped, limits, shape):
+                    add([("tuned best, staging flipped", "", flipped)], extras)
 
-    say(f"timing {len(launches)} schedules interleaved")
-    m = measure(dev, launches, rng=rng, **mkw)
+    measured = [r for r in rungs + extras if r.status == "ok"]
+    say(f"timing {len(measured)} schedules interleaved")
+    final_kw = {**DEFAULT_MEASURE, **(measure_kw or {})}
+    race = eng.race([Item(tpl, r.config, shape) for r in measured], measure_kw=final_kw)
+    stats = {r.name: st for r, st in zip(measured, race.stats)}
     say("timing the host references")
-    refs = time_references(spec, host, shape, mkw)
+    host = tpl.make_inputs(shape, np.random.default_rng(seed))
+    refs = time_references(spec, host, shape, final_kw)
     ref_ms = min((s.median_ms for _, s in refs), default=None)
-    base = m.stats[rungs[0].name]
+    base = stats[rungs[0].name]
     prev: Stats | None = None
     for r in rungs:
-        st = m.stats.get(r.name)
+        st = stats.get(r.name)
         if st is None:
             continue
         r.stats = st
@@ -792,19 +747,17 @@ def run_ladder(primitive: str, device: Device | None = None, shape: Shape | None
 
     staging: list[StagingAnswer] = []
     for wg_name, pv_name in spec.staging_pairs:
-        if wg_name in m.stats and pv_name in m.stats:
+        if wg_name in stats and pv_name in stats:
             cfg = next(r.config for r in rungs if r.name == pv_name)
-            staging.append(staging_answer(f"{cfg} (rungs {wg_name!r} vs {pv_name!r})", m.stats[wg_name],
-                                          m.stats[pv_name]))
-    if extras and spec.stage_of is not None:
-        tuned = next(r for r in rungs if r.name == "tuned best")
-        flipped_name = "tuned best, staging flipped"
-        if tuned.stats is not None and flipped_name in m.stats:
-            pair = {spec.stage_of(tuned.config): tuned.stats,
-                    spec.stage_of(extras[flipped_name]): m.stats[flipped_name]}
-            staging.append(staging_answer(f"the tuned best tile ({tuned.config})", pair["workgroup"], pair["private"]))
+            staging.append(staging_answer(f"{cfg} (rungs {wg_name!r} vs {pv_name!r})", stats[wg_name],
+                                          stats[pv_name]))
+    tuned = next((r for r in rungs if r.name == "tuned best"), None)
+    flipped_st = stats.get("tuned best, staging flipped")
+    if extras and tuned is not None and spec.stage_of is not None and tuned.stats is not None and flipped_st:
+        pair = {spec.stage_of(tuned.config): tuned.stats, spec.stage_of(extras[0].config): flipped_st}
+        staging.append(staging_answer(f"the tuned best tile ({tuned.config})", pair["workgroup"], pair["private"]))
     return LadderResult(spec.primitive, spec.title, dev.info.as_dict(), dev.timer, shape, tuple(tpl.shape_names),
-                        rungs, refs, staging, tuned_info, m.rounds)
+                        rungs, refs, staging, tuned_info, race.rounds)
 
 
 def write_json(result: LadderResult, path: str) -> None:

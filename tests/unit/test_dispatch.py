@@ -1,12 +1,13 @@
 """Dispatch fitting: fewest ranges within tolerance of the per-M best, M parsing, lookups."""
 
 import itertools
+import json
 import random
 
 import pytest
 
 from tilewise.errors import ConfigError
-from tilewise.tune.dispatch import fit_dispatch, lookup, parse_m_values
+from tilewise.tune.dispatch import DispatchTable, Entry, fit_dispatch, lookup, parse_m_values
 
 
 def test_parse_m_values():
@@ -81,7 +82,36 @@ def test_missing_measurements_mean_the_config_cannot_cover():
 
 
 def test_lookup():
-    table = {"ranges": [{"m_min": 1, "m_max": 95, "config": {"BM": 32}},
-                        {"m_min": 96, "m_max": 512, "config": {"BM": 64}}]}
+    entry = {"family": "gemm", "ranges": [{"m_min": 1, "m_max": 95, "kernel": "gemm", "config": {"BM": 32}},
+                                          {"m_min": 96, "m_max": 512, "kernel": "gemm", "config": {"BM": 64}}]}
+    table = {"format": "tilewise-dispatch", "schema": 2, "device": "d", "kernel_versions": {"gemm": "v"},
+             "entries": {"gemm:64x64": entry}}
     assert lookup(table, 1) == {"BM": 32} and lookup(table, 95) == {"BM": 32}
     assert lookup(table, 96) == {"BM": 64} and lookup(table, 4000) == {"BM": 64}
+    assert lookup(table, 96, "gemm:64x64") == {"BM": 64}
+    with pytest.raises(ConfigError, match="no range"):
+        lookup({**table, "entries": {"gemm:64x64": {**entry, "ranges": [{**entry["ranges"][1]}]}}}, 3)
+
+
+def test_table_round_trip_and_staleness(tmp_path):
+    entry = Entry([{"m_min": 1, "m_max": None, "kernel": "k", "config": {"A": 1}}], family="gemm")
+    table = DispatchTable("dev", {"gemm:8x8": entry, "attention:4x2x16": Entry(
+        [{"m_min": 1, "m_max": None, "kernel": "attention", "config": {"BQ": 16}}], family="attention")},
+        {"gemm": "v1", "attention": "a1"})
+    back = DispatchTable.load(table.save(tmp_path / "t.json"))
+    assert back.pick("gemm:8x8", 10_000) == ("k", {"A": 1}) and back.source.endswith("t.json")
+    usable, notes = back.usable_on("dev", {"gemm": "v2", "attention": "a1"})
+    assert list(usable.entries) == ["attention:4x2x16"] and "gemm" in notes[0]
+    other, notes = back.usable_on("another", {"gemm": "v1", "attention": "a1"})
+    assert not other.entries and "another" in notes[0]
+
+
+def test_old_formats_are_refused_with_the_fix(tmp_path):
+    for old in ({"format": "tilewise-model-dispatch", "matmul": {}}, {"kernel": "gemm", "ranges": []}):
+        p = tmp_path / "old.json"
+        p.write_text(json.dumps(old))
+        with pytest.raises(ConfigError, match="measure it again"):
+            DispatchTable.load(p)
+    (tmp_path / "junk.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="not a tilewise dispatch table"):
+        DispatchTable.load(tmp_path / "junk.json")

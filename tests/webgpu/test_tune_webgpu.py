@@ -8,7 +8,7 @@ import pytest
 from tilewise.cli import main
 from tilewise.errors import ConfigError
 from tilewise.kernels.gemm import WgslGemm
-from tilewise.tune.dispatch import dispatch_table, lookup, sweep
+from tilewise.tune.dispatch import DispatchTable, dispatch_table, lookup, sweep
 from tilewise.tune.measure import measure, tie_groups
 from tilewise.tune.store import Store
 from tilewise.tune.tuner import tune
@@ -156,7 +156,8 @@ def test_sweep_and_dispatch_table(webgpu_device, tmp_path):
     assert res.waste[configs[1]][65] == pytest.approx(128 / 65)
     assert res.waste[configs[0]][65] == pytest.approx(128 / 65) and res.waste[configs[0]][64] == 1.0
     table = dispatch_table(res, 0.03)
-    assert table["ranges"][0]["m_min"] == 1 and table["ranges"][-1]["m_max"] == 128
+    ranges = table["entries"]["gemm:64x16"]["ranges"]
+    assert ranges[0]["m_min"] == 1 and ranges[-1]["m_max"] == 128 and all(r["kernel"] == "gemm" for r in ranges)
     for m in ms:  # the table's pick at every measured M is within 3% of that M's best
         pick = lookup(table, m)
         best = min(res.median(c, m) for c in configs)
@@ -171,7 +172,10 @@ def test_sweep_cli_writes_dispatch_json_and_plot(webgpu_device, tmp_path, capsys
                  "--store", str(tmp_path / "s.sqlite")])
     assert code == 0
     table = json.loads(out.read_text())
-    assert table["N"] == 8 and table["K"] == 8 and table["measured_m"] == [1, 17, 33]
+    entry = table["entries"]["gemm:8x8"]
+    assert entry["fixed"] == {"N": 8, "K": 8} and entry["measured_m"] == [1, 17, 33]
+    loaded = DispatchTable.load(out)  # the format the runtime loads
+    assert loaded.device == webgpu_device.info.fingerprint and loaded.pick("gemm:8x8", 17) is not None
     assert plot.stat().st_size > 5000
     rows = json.loads(js.read_text())["results"]
     assert len(rows) == 6 and all(r["median_ms"] > 0 and r["tile_waste"] >= 1 for r in rows)

@@ -216,7 +216,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def _dry_run(tpl: Any, space: Any, shape: tuple[int, ...], args: argparse.Namespace, console: Any) -> int:
     from tilewise.devices.profiles import DEFAULT_FOR_BACKEND, get_profile
-    from tilewise.tune.tuner import _illegal_examples, no_legal_config_error, split_configs
+    from tilewise.tune.tuner import illegal_examples, no_legal_config_error, split_configs
 
     target = args.target or DEFAULT_FOR_BACKEND.get(tpl.backend, "webgpu-default")
     limits = get_profile(target)
@@ -237,7 +237,7 @@ def _dry_run(tpl: Any, space: Any, shape: tuple[int, ...], args: argparse.Namesp
     console.print(f"{len(legal)} legal of {space.size} in the grid ({space.size - len(all_legal)} break a rule, "
                   f"{len(bad_shape)} more refuse this shape)", markup=False, highlight=False)
     counts: dict[str, int] = {}
-    examples = _illegal_examples(space, limits, args.seed, n=400)
+    examples = illegal_examples(space, limits, args.seed, n=400)
     for c in examples:
         first = space.why_illegal(c, limits)[0].split(":", 1)[0]
         counts[first] = counts.get(first, 0) + 1
@@ -281,8 +281,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     import tilewise
-    from tilewise.tune.dispatch import dispatch_table, parse_m_values, sweep, sweep_json
+    from tilewise.tune.dispatch import dispatch_table
     from tilewise.tune.report import plot_sweep, sweep_table
+    from tilewise.tune.sweep import parse_m_values, sweep, sweep_json
 
     tpl = _template(args.kernel, args.device)
     if tuple(tpl.shape_names) != ("M", "N", "K"):
@@ -303,12 +304,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         result = sweep(tpl, device, ms, args.n, args.k, configs, store=store, force=args.force, seed=args.seed,
                        progress=lambda i, n, m: bar.update(task, completed=i, description=f"M={m}"))
     table = dispatch_table(result, args.tolerance)
-    tbl, legend = sweep_table(result, table["ranges"])
+    ranges = next(iter(table["entries"].values()))["ranges"]
+    tbl, legend = sweep_table(result, ranges)
     console.print(tbl)
     for line in legend:
         console.print(line, markup=False, highlight=False)
     console.print(f"dispatch (within {100 * args.tolerance:g}% of the per-M best at every measured M):", markup=False)
-    for r in table["ranges"]:
+    for r in ranges:
         console.print(f"  M {r['m_min']}..{r['m_max']}: {r['label']}", markup=False, highlight=False)
     fails = sum(len(v) for v in result.failures.values())
     if fails:
@@ -320,7 +322,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(sweep_json(result, table), indent=1))
         console.print(f"wrote {args.json}", markup=False)
     if args.plot:
-        plot_sweep(result, args.plot, table["ranges"])
+        plot_sweep(result, args.plot, ranges)
         console.print(f"wrote {args.plot}", markup=False)
     return 0
 

@@ -1,191 +1,60 @@
-"""Shape sweeps and dispatch tables: which config to run for which M (seed 001: the 96-row cutoff).
+"""The one dispatch-table format: which kernel and config to run for which problem and row count.
 
-A speed-up at one shape can be padding (346 rows fit 11 tiles of 32 but 6 of 64), so configs are compared
-across many M values, each with its tile waste (launched tile area / useful area) beside its time, and the
-choice per M is fitted into the fewest M ranges whose config is within a tolerance of the per-M best.
+`tilewise sweep --out` and `tilewise tune model` write it; the model runtime loads it. A table is measured on one
+device (its fingerprint) and holds one entry per problem, keyed by the problem's dispatch key (the problem name and
+every size but the rows: `gemm:2560x1024`, `nf4_matmul.swiglu.norm:4608x1024`, `attention:16x8x64`). An entry is
+the fewest row ranges whose choice is within a tolerance of the per-row-count best at every measured row count
+(`fit_dispatch`); the last range also serves larger counts.
 
-Dispatch table JSON (what the runtime loads):
-    {"kernel": "gemm", "device": FINGERPRINT, "N": 2560, "K": 1024, "tolerance": 0.03,
-     "ranges": [{"m_min": 1, "m_max": 95, "config": {...}, "config_key": "BM=...", "label": "..."}, ...],
-     "measured_m": [...], "per_m": {M: {"best": KEY, "median_ms": ...}}}
-The ranges cover 1..max measured M without gaps; the last range also serves larger M.
+    {"format": "tilewise-dispatch", "schema": 2, "device": FINGERPRINT,
+     "kernel_versions": {"matmul": "3f2a...", ...},           # per kernel family: the code the entries measured
+     "entries": {KEY: {"family": "matmul", "fixed": {"N": 2560, "K": 1024}, "tolerance": 0.03,
+                       "ranges": [{"m_min": 1, "m_max": 95, "kernel": TEMPLATE, "config": {...},
+                                   "config_key": "BM=...", "label": "..."}, ...],     # m_max null: no bound
+                       "measured_m": [...], "per_m": {M: {"best": KEY, "median_ms": ...}}}},
+     "measured": {...}}                                        # free-form records of how the entries were measured
+
+A loader drops the entries whose family's code changed since (with a warning naming them), and a table from
+another device entirely, so a stale choice never runs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import re
-from collections.abc import Callable, Mapping, Sequence
+import sys
+import warnings
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from tilewise.devices.base import Device, Launch
-from tilewise.errors import ConfigError, LaunchError, ShaderCompileError, TilewiseError
+from tilewise.errors import ConfigError
 from tilewise.kernels.base import KernelTemplate
-from tilewise.kernels.space import Config
-from tilewise.tune.measure import Stats, measure
-from tilewise.tune.store import Result, Store, shape_key
-from tilewise.tune.tuner import config_source_hash
-from tilewise.tune.verify import Verifier
+from tilewise.tune.sweep import SweepResult, parse_m_values, sweep, sweep_json
 
-MAX_SWEEP_POINTS = 4096
-
-
-def parse_m_values(text: str) -> list[int]:
-    """`1..512` (every M), `1..512:8` (step 8, plus the end), `1,2,4,96` or a mix: `1..16,32,64..512:64`."""
-    out: set[int] = set()
-    for part in filter(None, (p.strip() for p in str(text).split(","))):
-        m = re.fullmatch(r"(\d+)\.\.(\d+)(?::(\d+))?", part)
-        if m:
-            lo, hi, step = int(m.group(1)), int(m.group(2)), int(m.group(3) or 1)
-            if lo < 1 or hi < lo or step < 1:
-                raise ConfigError(f"bad M range {part!r}: need 1 <= lo <= hi and step >= 1", "write e.g. --m 1..512:8")
-            out.update(range(lo, hi + 1, step))
-            out.add(hi)
-        elif part.isdigit() and int(part) > 0:
-            out.add(int(part))
-        else:
-            raise ConfigError(f"cannot parse M value {part!r} in {text!r}", "write e.g. --m 1..512, --m 1..512:8 "
-                              "or --m 1,64,96,346")
-    if len(out) > MAX_SWEEP_POINTS:
-        raise ConfigError(f"{len(out)} M values is too many", f"use a step: at most {MAX_SWEEP_POINTS} values")
-    return sorted(out)
-
-
-@dataclass
-class SweepResult:
-    """Times per (config, M), plus the failures and the tile waste."""
-
-    kernel: str
-    fingerprint: str
-    n: int
-    k: int
-    ms: list[int]
-    configs: list[Config]
-    stats: dict[Config, dict[int, Stats]] = field(default_factory=dict)
-    waste: dict[Config, dict[int, float]] = field(default_factory=dict)
-    failures: dict[Config, dict[int, str]] = field(default_factory=dict)
-
-    def median(self, cfg: Config, m: int) -> float | None:
-        st = self.stats.get(cfg, {}).get(m)
-        return st.median_ms if st else None
-
-    def best_at(self, m: int) -> tuple[Config, float] | None:
-        cands = [(c, self.median(c, m)) for c in self.configs]
-        cands = [(c, t) for c, t in cands if t is not None]
-        return min(cands, key=lambda ct: ct[1]) if cands else None
-
-
-def sweep(template: KernelTemplate, device: Device, ms: Sequence[int], n: int, k: int, configs: Sequence[Config],
-          *, store: Store | None = None, force: bool = False, seed: int = 0,
-          measure_kw: Mapping[str, Any] | None = None,
-          progress: Callable[[int, int, int], None] | None = None) -> SweepResult:
-    """Verify and time every config at every M (interleaved per M), storing each result.
-
-    Args:
-        template: a template with shape (M, N, K).
-        device: where to run.
-        ms: the M values.
-        n, k: the fixed N and K.
-        configs: candidates (legal for the device; shape problems are recorded as failures).
-        store: resume from / write to (one transaction per result).
-        force: re-measure stored results.
-        seed: inputs and bootstrap.
-        measure_kw: extra arguments for `measure`.
-        progress: callback(index of M, number of Ms, M).
-
-    Returns:
-        A `SweepResult`.
-    """
-    if not configs:
-        raise ConfigError("no candidate configs to sweep", "pick a space with legal configs for this device")
-    rng = np.random.default_rng(seed)
-    mkw = {"warmup": 2, "min_rounds": 8, "max_rounds": 30, "budget_s": 2.0, **(measure_kw or {})}
-    fp = device.info.fingerprint
-    res = SweepResult(template.name, fp, n, k, list(ms), list(configs))
-    programs: dict[Config, Any] = {}
-    for idx, m in enumerate(ms):
-        if progress:
-            progress(idx, len(ms), m)
-        shape = (m, n, k)
-        skey = shape_key(shape)
-        todo: list[Config] = []
-        for cfg in configs:
-            res.waste.setdefault(cfg, {})[m] = template.tile_waste(cfg, shape)
-            probs = template.shape_problems(cfg, shape)
-            if probs:
-                res.failures.setdefault(cfg, {})[m] = "illegal: " + "; ".join(probs)
-                continue
-            old = None if force or store is None else store.get(fp, template.name, config_source_hash(template, cfg),
-                                                                 skey, cfg.key())
-            if old is not None and old.status == "ok" and old.median_ms is not None:
-                lo = old.ci_lo_ms if old.ci_lo_ms is not None else old.median_ms
-                hi = old.ci_hi_ms if old.ci_hi_ms is not None else old.median_ms
-                res.stats.setdefault(cfg, {})[m] = Stats(old.median_ms, old.p20_ms or old.median_ms,
-                                                         old.p80_ms or old.median_ms, (lo, hi), np.empty(0))
-            elif old is not None:
-                res.failures.setdefault(cfg, {})[m] = f"{old.status}: {old.message}"
-            else:
-                todo.append(cfg)
-        if not todo:
-            continue
-        ver = Verifier(template, device, shape, rng)
-        launches: dict[Config, list[Launch]] = {}
-        checks = {}
-        for cfg in todo:
-            hsh = config_source_hash(template, cfg)
-            status, msg = "ok", ""
-            try:
-                prog = programs.get(cfg) or template.compile(device, cfg, shape)
-                programs[cfg] = prog
-                chk = ver.check(prog, cfg)
-                if not chk.ok:
-                    status, msg = "wrong", chk.message
-                checks[cfg] = chk
-            except ShaderCompileError as exc:
-                status, msg = "compile_error", exc.problem.splitlines()[0]
-            except (LaunchError, TilewiseError) as exc:
-                status, msg = "launch_error", str(exc).splitlines()[0]
-            if status != "ok":
-                res.failures.setdefault(cfg, {})[m] = f"{status}: {msg}"
-                if store is not None:
-                    store.put(Result(fp, template.name, hsh, skey, cfg.key(), status, msg,
-                                     tile_waste=res.waste[cfg][m]))
-                continue
-            launches[cfg] = template.launches(programs[cfg], ver.buffers(), cfg, shape)
-        if not launches:
-            continue
-        meas = measure(device, launches, rng=rng, **mkw)
-        for cfg, st in meas.stats.items():
-            res.stats.setdefault(cfg, {})[m] = st
-            if store is not None:
-                chk = checks[cfg]
-                store.put(Result(fp, template.name, config_source_hash(template, cfg), skey, cfg.key(), "ok",
-                                 chk.message, st.median_ms, st.p20_ms, st.p80_ms, st.ci95_ms[0], st.ci95_ms[1], st.n,
-                                 chk.rel_err, chk.max_abs_err, template.flops(shape) / (st.median_ms * 1e6),
-                                 res.waste[cfg][m]))
-    return res
+FORMAT = "tilewise-dispatch"
+SCHEMA = 2
 
 
 @dataclass
 class Range:
+    """Rows m_min..m_max (inclusive) run `config` (a config, or any hashable choice such as (kernel, config))."""
+
     m_min: int
     m_max: int
-    config: Config
+    config: Any
 
 
-def fit_dispatch(times: Mapping[Config, Mapping[int, float]], ms: Sequence[int], tolerance: float = 0.03,
+def fit_dispatch(times: Mapping[Hashable, Mapping[int, float]], ms: Sequence[int], tolerance: float = 0.03,
                  ) -> list[Range]:
-    """The fewest M ranges, each with one config whose time is within `tolerance` of the per-M best.
+    """The fewest M ranges, each with one choice whose time is within `tolerance` of the per-M best.
 
     Greedy furthest-reach is optimal for covering a line with the fewest intervals: from the first
-    uncovered M, take the config that stays acceptable the longest (ties: the lowest summed time).
+    uncovered M, take the choice that stays acceptable the longest (ties: the lowest summed time).
 
     Args:
-        times: config -> {M: median ms} (missing M = that config cannot run there).
+        times: choice -> {M: median ms} (missing M = that choice cannot run there).
         ms: the measured M values.
         tolerance: accepted slowdown over the per-M best (0.03 = 3%).
 
@@ -222,54 +91,191 @@ def fit_dispatch(times: Mapping[Config, Mapping[int, float]], ms: Sequence[int],
     return ranges
 
 
+def family_of(template: KernelTemplate) -> str:
+    """The kernel family a template belongs to: its package under `tilewise.kernels` (`matmul`, `gemm`, ...)."""
+    parts = type(template).__module__.split(".")
+    return parts[2] if len(parts) > 3 and parts[:2] == ["tilewise", "kernels"] else parts[-1]
+
+
+def family_version(template: KernelTemplate) -> str:
+    """Hash of a family's code (every source file of its package): a table measured on other code is stale."""
+    name = type(template).__module__
+    path = Path(sys.modules[name].__file__ or "")
+    in_package = len(name.split(".")) > 3  # tilewise.kernels.<family>.<backend>
+    files = sorted(p for p in path.parent.iterdir() if p.suffix in (".py", ".cu", ".wgsl")) if in_package else [path]
+    h = hashlib.sha256()
+    for p in files:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:12]
+
+
+@dataclass
+class Entry:
+    """One problem's choices per row range (see the module docstring for the JSON)."""
+
+    ranges: list[dict[str, Any]]
+    family: str = ""
+    fixed: dict[str, int] = field(default_factory=dict)
+    tolerance: float | None = None
+    measured_m: list[int] = field(default_factory=list)
+    per_m: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def pick(self, m: int) -> tuple[str, dict[str, Any]] | None:
+        """(kernel name, config) for m rows; beyond the last range its choice; None when no range covers m."""
+        for r in self.ranges:
+            hi = r.get("m_max")
+            if r["m_min"] <= m and (hi is None or m <= hi):
+                return r.get("kernel", ""), dict(r["config"])
+        if self.ranges and m > (self.ranges[-1].get("m_max") or m):
+            return self.ranges[-1].get("kernel", ""), dict(self.ranges[-1]["config"])
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"family": self.family, "fixed": self.fixed, "ranges": self.ranges}
+        if self.tolerance is not None:
+            out["tolerance"] = self.tolerance
+        if self.measured_m:
+            out.update(measured_m=self.measured_m, per_m=self.per_m)
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Entry:
+        return cls([dict(r) for r in d["ranges"]], d.get("family", ""), dict(d.get("fixed", {})),
+                   d.get("tolerance"), list(d.get("measured_m", [])), dict(d.get("per_m", {})))
+
+
+def make_ranges(ranges: Sequence[Range], kernel_of: Any = None, open_end: bool = False) -> list[dict[str, Any]]:
+    """The JSON ranges of fitted `Range`s. A range's `config` is a Config, or a (kernel name, Config) pair;
+    `kernel_of` names the kernel of plain configs. `open_end` leaves the last range without an upper bound."""
+    out = []
+    for i, r in enumerate(ranges):
+        kernel, cfg = r.config if isinstance(r.config, tuple) else (kernel_of, r.config)
+        out.append({"m_min": r.m_min, "m_max": None if open_end and i == len(ranges) - 1 else r.m_max,
+                    "kernel": kernel, "config": dict(cfg), "config_key": cfg.key(), "label": str(cfg)})
+    return out
+
+
+@dataclass
+class DispatchTable:
+    """Choices per problem on one device; see the module docstring."""
+
+    device: str = ""
+    entries: dict[str, Entry] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    measured: dict[str, Any] = field(default_factory=dict)
+    #: "defaults", "tuned" or the file it came from
+    source: str = "defaults"
+
+    def pick(self, key: str, m: int) -> tuple[str, dict[str, Any]] | None:
+        entry = self.entries.get(key)
+        return entry.pick(m) if entry is not None else None
+
+    def put(self, key: str, entry: Entry, template: KernelTemplate) -> None:
+        """Add (or replace) an entry measured with `template`'s family code."""
+        entry.family = entry.family or family_of(template)
+        self.entries[key] = entry
+        self.versions[entry.family] = family_version(template)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "schema": SCHEMA, "device": self.device, "kernel_versions": self.versions,
+                "entries": {k: e.to_json() for k, e in self.entries.items()}, "measured": self.measured}
+
+    def save(self, path: str | Path) -> Path:
+        """Write atomically (a crash mid-write leaves the old file)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1))
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def from_json(cls, d: Any, where: str = "the dispatch table") -> DispatchTable:
+        if not isinstance(d, dict) or d.get("format") != FORMAT or not isinstance(d.get("entries"), dict):
+            raise ConfigError(f"{where} is not a tilewise dispatch table (format {FORMAT!r}, schema {SCHEMA})",
+                              "write one with `tilewise sweep ... --out FILE` or `tilewise tune model`")
+        try:
+            entries = {k: Entry.from_json(e) for k, e in d["entries"].items()}
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"{where} has a malformed entry ({exc})", "write it again with `tilewise sweep`") \
+                from exc
+        return cls(str(d.get("device", "")), entries, dict(d.get("kernel_versions", {})), dict(d.get("measured", {})))
+
+    @classmethod
+    def load(cls, path: str | Path) -> DispatchTable:
+        """Read a table file, refusing files that are not one (old formats included, with what to do)."""
+        try:
+            d = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read dispatch table {path}: {exc}",
+                              "write one with `tilewise sweep ... --out FILE` or `tilewise tune model`") from exc
+        if isinstance(d, dict) and (d.get("format") == "tilewise-model-dispatch" or "ranges" in d):
+            raise ConfigError(f"{path} is a dispatch table in the format before schema {SCHEMA}, measured on kernels "
+                              "that have changed since", "measure it again (`tilewise tune model`, `tilewise sweep`)")
+        table = cls.from_json(d, str(path))
+        table.source = str(path)
+        return table
+
+    def usable_on(self, fingerprint: str, current: Mapping[str, str]) -> tuple[DispatchTable, list[str]]:
+        """This table as it may run on a device with `fingerprint` and family code versions `current`: (the
+        usable part, warnings). Another device's table gives nothing; a changed family loses its entries."""
+        if self.device != fingerprint:
+            return DispatchTable(fingerprint), [f"it was measured on {self.device!r}, not on this device "
+                                                f"{fingerprint!r}"]
+        stale = sorted({e.family for e in self.entries.values()
+                        if self.versions.get(e.family) != current.get(e.family)})
+        kept = {k: e for k, e in self.entries.items() if e.family not in stale}
+        changes = ", ".join(f"{f} {self.versions.get(f)!r} -> {current.get(f)!r}" for f in stale)
+        notes = [f"the {', '.join(stale)} kernels changed since it was measured (versions {changes})"] if stale else []
+        versions = {f: v for f, v in self.versions.items() if f not in stale}
+        return DispatchTable(self.device, kept, versions, self.measured, self.source), notes
+
+
 def dispatch_table(result: SweepResult, tolerance: float = 0.03) -> dict[str, Any]:
-    """The JSON object the runtime loads (see the module docstring)."""
-    times = {c: {m: st.median_ms for m, st in per.items()} for c, per in result.stats.items()}
-    ranges = fit_dispatch(times, result.ms, tolerance)
+    """The dispatch table (JSON) of a sweep: one entry, the sweep's problem at its N and K."""
+    tpl = result.template
+    if tpl is None:
+        raise ConfigError("this sweep result does not name its template", "run it with `tune.sweep.sweep`")
+    ranges = fit_dispatch(result.times(), result.ms, tolerance)
     per_m = {}
     for m in result.ms:
         b = result.best_at(m)
         if b:
             per_m[str(m)] = {"best": b[0].key(), "median_ms": b[1]}
-    return {"kernel": result.kernel, "device": result.fingerprint, "N": result.n, "K": result.k,
-            "tolerance": tolerance,
-            "ranges": [{"m_min": r.m_min, "m_max": r.m_max, "config": dict(r.config), "config_key": r.config.key(),
-                        "label": str(r.config)} for r in ranges],
-            "measured_m": list(result.ms), "per_m": per_m}
+    shape = (max(result.ms), result.n, result.k)
+    entry = Entry(make_ranges(ranges, tpl.name), fixed=dict(zip(tpl.shape_names[1:], shape[1:])),
+                  tolerance=tolerance, measured_m=list(result.ms), per_m=per_m)
+    table = DispatchTable(result.fingerprint)
+    problem = getattr(tpl, "problem", None)  # TRANSITION: every template gets a problem in the redesign
+    key = problem.dispatch_key(shape) if problem is not None else f"{tpl.name}:{result.n}x{result.k}"
+    table.put(key, entry, tpl)
+    return table.to_json()
 
 
-def lookup(table: Mapping[str, Any], m: int) -> dict[str, Any]:
-    """The config dict a dispatch table picks for M (beyond the last range: the last range's config)."""
-    ranges = table["ranges"]
-    for r in ranges:
-        if r["m_min"] <= m <= r["m_max"]:
-            return dict(r["config"])
-    if ranges and m > ranges[-1]["m_max"]:
-        return dict(ranges[-1]["config"])
-    raise ConfigError(f"dispatch table has no range for M={m}", "re-run `tilewise sweep` over this M")
+def lookup(table: DispatchTable | Mapping[str, Any], m: int, key: str | None = None) -> dict[str, Any]:
+    """The config dict a dispatch table picks for M (beyond the last range: the last range's config); `key` may
+    be left out when the table has one entry."""
+    t = table if isinstance(table, DispatchTable) else DispatchTable.from_json(table)
+    if key is None:
+        if len(t.entries) != 1:
+            raise ConfigError(f"the table has {len(t.entries)} entries; say which one", f"keys: {', '.join(t.entries)}")
+        key = next(iter(t.entries))
+    got = t.pick(key, m)
+    if got is None:
+        raise ConfigError(f"dispatch table has no range for M={m} in {key}", "re-run `tilewise sweep` over this M")
+    return got[1]
 
 
-def load_table(path: str | Path) -> dict[str, Any]:
-    """Read a dispatch table JSON, refusing files that are not one."""
-    try:
-        table = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot read dispatch table {path}: {exc}", "write one with `tilewise sweep ... --out`") \
-            from exc
-    if not isinstance(table, dict) or not isinstance(table.get("ranges"), list):
-        raise ConfigError(f"{path} is not a dispatch table (no 'ranges')", "write one with `tilewise sweep ... --out`")
-    return table
+def load_table(path: str | Path) -> DispatchTable:
+    """Read a dispatch table file (see `DispatchTable.load`)."""
+    return DispatchTable.load(path)
 
 
-def sweep_json(result: SweepResult, table: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Every measurement of a sweep (for `--json`)."""
-    rows = []
-    for c in result.configs:
-        for m in result.ms:
-            st = result.stats.get(c, {}).get(m)
-            rows.append({"config": c.key(), "label": str(c), "M": m, "tile_waste": result.waste.get(c, {}).get(m),
-                         "median_ms": st.median_ms if st else None, "p20_ms": st.p20_ms if st else None,
-                         "p80_ms": st.p80_ms if st else None, "ci95_ms": list(st.ci95_ms) if st else None,
-                         "failure": result.failures.get(c, {}).get(m)})
-    return {"kernel": result.kernel, "device": result.fingerprint, "N": result.n, "K": result.k, "results": rows,
-            **({"dispatch": table} if table else {})}
+def warn_unusable(path: Any, notes: Sequence[str], fix: str) -> None:
+    if notes:
+        warnings.warn(f"dispatch table {path}: {'; '.join(notes)}; using defaults for those. {fix}", stacklevel=3)
+
+
+__all__ = ["FORMAT", "SCHEMA", "DispatchTable", "Entry", "Range", "dispatch_table", "family_of", "family_version",
+           "fit_dispatch", "load_table", "lookup", "make_ranges", "parse_m_values", "sweep", "sweep_json"]

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from tilewise.errors import ConfigError
-from tilewise.tune.dispatch import SweepResult
 from tilewise.tune.measure import ties
+from tilewise.tune.sweep import SweepResult
 from tilewise.tune.tuner import TuneResult
 
 _STATUS_ORDER = {"wrong": 0, "timeout": 1, "launch_error": 2, "compile_error": 3, "illegal": 4}
