@@ -1,4 +1,4 @@
-"""bench/write_model_card.py writes the numbers it is given: the run's, or a separately measured latency table."""
+"""The bundled model's card writer writes the numbers it is given: the run's, or a separately measured latency table."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ MODEL = ROOT / "src" / "tilewise" / "model" / "default"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("write_model_card", ROOT / "bench" / "write_model_card.py")
+    script = ROOT / "recipes" / "bundled_model" / "write_model_card.py"
+    spec = importlib.util.spec_from_file_location("write_model_card", script)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -60,9 +61,9 @@ def test_play_quality_table_shows_its_command_and_numbers():
     res = json.loads(RECORD.read_text())
     rng = np.random.default_rng(11)
     lines, pieces = float(rng.uniform(50, 300)), float(rng.uniform(300, 900))
-    pq = {"command": "python bench/play_quality.py --games 64 --seed 300",
+    pq = {"command": "python recipes/bundled_model/play_quality.py --games 64 --seed 300",
           "results": {"model": {"engine": "torch-cuda", "games": 64, "max_pieces": 1000, "mean_lines": lines,
                                 "mean_pieces": pieces, "games_at_cap": 3}}}
     text = mod.card(res, MODEL, pq)
-    assert "Also played with `python bench/play_quality.py --games 64 --seed 300`:" in text
+    assert "Also played with `python recipes/bundled_model/play_quality.py --games 64 --seed 300`:" in text
     assert f"| model | torch-cuda | 64 | 1000 | {lines:.1f} | {pieces:.1f} | 3 |" in text

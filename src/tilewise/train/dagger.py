@@ -10,8 +10,8 @@ held-out expert positions yet lost its games after ~30 pieces). DAgger (Ross, Go
 2. train on all the data gathered so far (expert games + every round's on-policy records), continuing from the
    current weights (`tilewise train --init HF_DIR --data expert.npz round1.npz ...`).
 
-`bench/train_h200.py --dagger-rounds N` runs the rounds after the first training. Here: the model as a batched
-policy, and one round's collection from a model folder.
+`recipes/bundled_model/train_h200.py --dagger-rounds N` runs the rounds after the first training. Here: the model as
+a batched policy, and one round's collection from a model folder.
 """
 
 from __future__ import annotations
