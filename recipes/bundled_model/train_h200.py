@@ -211,6 +211,8 @@ def main() -> int:
 
     import torch
 
+    from tilewise.train.card import heldout_expert
+
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     log(f"work folder: {work}")
     # the cores this process may use (two runs can share a machine, each pinned to its half)
@@ -504,12 +506,6 @@ def main() -> int:
         if p.is_file():
             log(f"    {p.relative_to(out)}  {p.stat().st_size / 2**20:.2f} MiB")
     return 0
-
-
-def heldout_expert(record: dict[str, Any]) -> float:
-    """A `tilewise train` record's held-out agreement on the first data file's games (the expert data)."""
-    parts = record["result"].get("heldout_by_data") or []
-    return float(parts[0]["accuracy"] if parts else record["result"]["heldout_accuracy"])
 
 
 if __name__ == "__main__":
