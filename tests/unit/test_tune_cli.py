@@ -77,8 +77,8 @@ def test_bad_input_is_one_clear_error(capsys, argv, needle):
 
 def test_every_config_illegal_is_a_clear_message(capsys):
     # a target with 32 invocations and 1 KiB of workgroup storage rejects every seed point
-    from tilewise.devices.base import Limits
     from tilewise.devices import profiles
+    from tilewise.devices.base import Limits
 
     profiles.PROFILES["tiny"] = Limits(1024, 32, (32, 1, 1), 65535, 2**20, 2**20)
     try:
