@@ -12,7 +12,6 @@ from tilewise.errors import ConfigError
 from tilewise.game.dataset import (
     FORMAT_VERSION,
     PromptEncoder,
-    collect_on_policy,
     concat_datasets,
     game_seed,
     generate,
@@ -23,6 +22,7 @@ from tilewise.game.engine import Game
 from tilewise.game.expert import Expert
 from tilewise.game.prompt import render_prompt
 from tilewise.game.tokenizer import encode_prompt, load_tokenizer
+from tilewise.train.collect import collect_on_policy
 
 ARRAYS = ("tokens", "lengths", "actions", "played", "game_ids", "steps", "pieces")
 

@@ -1,24 +1,18 @@
-"""bench/write_model_card.py writes the numbers it is given: the run's, or a separately measured latency table."""
+"""`tilewise.train.card` writes the numbers it is given: the run's, or a separately measured latency table."""
 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 
+from tilewise.train.card import card
+
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = ROOT / "bench" / "results" / "2026-11-30-h200-pair5-lr2e-3_results.json"
 MODEL = ROOT / "src" / "tilewise" / "model" / "default"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("write_model_card", ROOT / "bench" / "write_model_card.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _latency(rng: np.random.Generator) -> dict:
@@ -29,40 +23,37 @@ def _latency(rng: np.random.Generator) -> dict:
 
 
 def test_cpu_latency_table_replaces_the_runs_own():
-    mod = _module()
     res = json.loads(RECORD.read_text())
     lat = _latency(np.random.default_rng(7))
     own = res["cpu_latency"]["rows"][0]
-    text = mod.card(res, MODEL, None, cpu_latency=lat)
+    text = card(res, MODEL, None, cpu_latency=lat)
     row = lat["rows"][0]
     assert f"| default | 6,729,600 | {row['decision_ms_p20']} | {row['decision_ms_p50']} | {row['decision_ms_p80']} |" \
         in text
     assert f"2 of the machine's {lat['cpus']} cores" in text
     assert f"| {own['decision_ms_p50']} |" not in text
     # without the option the run's own table is written
-    assert f"| {own['decision_ms_p20']} | {own['decision_ms_p50']} |" in mod.card(res, MODEL, None)
+    assert f"| {own['decision_ms_p20']} | {own['decision_ms_p50']} |" in card(res, MODEL, None)
 
 
 def test_extra_games_cut_by_the_time_budget_are_marked():
-    mod = _module()
     res = json.loads(RECORD.read_text())
-    cut = mod.card(res, MODEL, None)
+    cut = card(res, MODEL, None)
     assert res["model_play_extra"]["stopped_by_time"]
     assert f"mean {res['model_play_extra']['mean_lines']:.1f} lines" in cut
     assert "(stopped by the time budget)." in cut
     whole = copy.deepcopy(res)
     whole["model_play_extra"]["stopped_by_time"] = False
-    assert "(stopped by the time budget)" not in mod.card(whole, MODEL, None)
+    assert "(stopped by the time budget)" not in card(whole, MODEL, None)
 
 
 def test_play_quality_table_shows_its_command_and_numbers():
-    mod = _module()
     res = json.loads(RECORD.read_text())
     rng = np.random.default_rng(11)
     lines, pieces = float(rng.uniform(50, 300)), float(rng.uniform(300, 900))
-    pq = {"command": "python bench/play_quality.py --games 64 --seed 300",
+    pq = {"command": "python recipes/bundled_model/play_quality.py --games 64 --seed 300",
           "results": {"model": {"engine": "torch-cuda", "games": 64, "max_pieces": 1000, "mean_lines": lines,
                                 "mean_pieces": pieces, "games_at_cap": 3}}}
-    text = mod.card(res, MODEL, pq)
-    assert "Also played with `python bench/play_quality.py --games 64 --seed 300`:" in text
+    text = card(res, MODEL, pq)
+    assert "Also played with `python recipes/bundled_model/play_quality.py --games 64 --seed 300`:" in text
     assert f"| model | torch-cuda | 64 | 1000 | {lines:.1f} | {pieces:.1f} | 3 |" in text

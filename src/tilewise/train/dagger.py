@@ -6,12 +6,12 @@ held-out expert positions yet lost its games after ~30 pieces). DAgger (Ross, Go
 
 1. let the current model play (with probability `beta` per step the expert's action is played instead: the
    mixture policy), recording every visited position with the EXPERT's action as the label
-   (`tilewise.game.dataset.collect_on_policy`, expert labelling in CPU worker processes);
+   (`tilewise.train.collect.collect_on_policy`, expert labelling in CPU worker processes);
 2. train on all the data gathered so far (expert games + every round's on-policy records), continuing from the
    current weights (`tilewise train --init HF_DIR --data expert.npz round1.npz ...`).
 
-`bench/train_h200.py --dagger-rounds N` runs the rounds after the first training. Here: the model as a batched
-policy, and one round's collection from a model folder.
+`recipes/bundled_model/train_h200.py --dagger-rounds N` runs the rounds after the first training. Here: the model as
+a batched policy, and one round's collection from a model folder.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def collect_round(model_dir: str | Path, games: int, seed: int, max_pieces: int 
     Returns:
         The on-policy GameDataset (`meta["collector"]` has its statistics; `meta["policy"]` the model folder).
     """
-    from tilewise.game.dataset import collect_on_policy
+    from tilewise.train.collect import collect_on_policy
     from tilewise.train.export import load_torch_model
 
     policy = torch_policy(load_torch_model(model_dir), device, bf16=bf16)

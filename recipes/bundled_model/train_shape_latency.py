@@ -4,7 +4,7 @@ A decision is what `tilewise play --policy model` does per step: extend the cach
 the rest of a real 348-token game prompt, then read the 8 scores. Timed with perf_counter around each
 decision, interleaved across shapes (round-robin) so that load drift hits all of them; prints median, p20/p80.
 
-    PYTHONPATH=src python bench/train_shape_latency.py [--repeats 30] [--shapes default,small]
+    PYTHONPATH=src python recipes/bundled_model/train_shape_latency.py [--repeats 30] [--shapes default,small]
 """
 
 from __future__ import annotations

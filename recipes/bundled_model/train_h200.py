@@ -1,7 +1,8 @@
 """Train the bundled default model in one run on one GPU machine: data, training, DAgger, NF4, quality, time-bounded.
 
-    PYTHONPATH=src python bench/train_h200.py OUT_DIR [--gen-budget-s 35] [--train-budget-s 140] [--dagger-rounds 2] ...
-    (bench/train_h200.sh OUT_DIR runs this with the H200 settings)
+    PYTHONPATH=src python recipes/bundled_model/train_h200.py OUT_DIR [--gen-budget-s 35] [--train-budget-s 140]
+        [--dagger-rounds 2] ...
+    (recipes/bundled_model/train_h200.sh OUT_DIR runs this with the H200 settings)
 
 Steps, each logged with its time:
 1. data: expert games from `tilewise.game.dataset.generate` (all CPU cores, one process pool) in rounds of
@@ -9,8 +10,8 @@ Steps, each logged with its time:
    merged (`concat_datasets`: game ids offset per round) and written with `write_dataset` into the work folder
    (not OUT_DIR: it is large). `--explore` is the share of random rotations/shifts in those games (labels stay
    the expert's).
-2. baselines: expert and random over the quality games (`bench/play_quality.py`), and the CPU decision latency of
-   the model shape on 2 pinned cores (`bench/train_shape_latency.py`), in background processes while the GPU trains.
+2. baselines: expert and random over the quality games (`play_quality.py` here), and the CPU decision latency of
+   the model shape on 2 pinned cores (`train_shape_latency.py` here), in background processes while the GPU trains.
 3. train (round 0, behaviour cloning): `python -m tilewise.train` (= `tilewise train`) `--time-budget-s ...
    --nf4 OUT_DIR/model-nf4` (HF float32 folder in the work folder; held-out agreement on whole held-out games),
    then OUT_DIR/model-f16.
@@ -48,7 +49,8 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
 
 
 class Tee:
@@ -209,6 +211,8 @@ def main() -> int:
 
     import torch
 
+    from tilewise.train.card import heldout_expert
+
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     log(f"work folder: {work}")
     # the cores this process may use (two runs can share a machine, each pinned to its half)
@@ -229,7 +233,7 @@ def main() -> int:
 
     # 2. baselines in the background (CPU) while the GPU trains
     base_json = work / "baselines.json"
-    base_cmd = [sys.executable, str(ROOT / "bench" / "play_quality.py"), "--policies", "expert,random",
+    base_cmd = [sys.executable, str(HERE / "play_quality.py"), "--policies", "expert,random",
                 "--games", str(args.quality_games), "--max-pieces", str(args.quality_max_pieces),
                 "--workers", str(max(1, min(workers - 2, 2 * args.quality_games))), "--json", str(base_json)]
     # the last two cores time the CPU decision latency (2 BLAS threads, as on a 2-core machine); baselines use
@@ -239,7 +243,7 @@ def main() -> int:
     base_proc = subprocess.Popen(base_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                  cwd=ROOT, preexec_fn=_pin(base_cores))
     lat_json = work / "latency.json"
-    lat_cmd = [sys.executable, str(ROOT / "bench" / "train_shape_latency.py"), "--shapes", args.latency_shapes,
+    lat_cmd = [sys.executable, str(HERE / "train_shape_latency.py"), "--shapes", args.latency_shapes,
                "--repeats", "40", "--json", str(lat_json)]
     lat_env = dict(env, OPENBLAS_NUM_THREADS="2", OMP_NUM_THREADS="2", MKL_NUM_THREADS="2")
     log("$ " + " ".join(lat_cmd) + f"  (background, cores {sorted(lat_cores)}, 2 BLAS threads)")
@@ -502,12 +506,6 @@ def main() -> int:
         if p.is_file():
             log(f"    {p.relative_to(out)}  {p.stat().st_size / 2**20:.2f} MiB")
     return 0
-
-
-def heldout_expert(record: dict[str, Any]) -> float:
-    """A `tilewise train` record's held-out agreement on the first data file's games (the expert data)."""
-    parts = record["result"].get("heldout_by_data") or []
-    return float(parts[0]["accuracy"] if parts else record["result"]["heldout_accuracy"])
 
 
 if __name__ == "__main__":

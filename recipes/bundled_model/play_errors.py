@@ -6,8 +6,8 @@ The model plays (`tilewise play --policy model`'s runtime path, one decision at 
 expert's action is computed too but never played, so the boards are the model's own. The expert's target for a
 piece is its search from the spawn position (`Expert.target`), the same target its actions steer toward.
 
-    PYTHONPATH=src python bench/play_errors.py [--model default] [--games 6] [--seed 200] [--max-pieces 200]
-        [--device cpu] [--json FILE]
+    PYTHONPATH=src python recipes/bundled_model/play_errors.py [--model default] [--games 6] [--seed 200]
+        [--max-pieces 200] [--device cpu] [--json FILE]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 
 def analyse(model: str, games: int, seed: int, max_pieces: int, device: str) -> dict[str, Any]:

@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
-# Two bench/train_h200.py runs side by side on a machine with two GPUs: run A on GPU 0 and the first half of the
-# cores, run B on GPU 1 and the second half. Used to compare two training settings (say --detour 0.3 against none)
-# in the time one run takes, each with the same data budget per core as a one-GPU run of half the machine.
-# Usage: bench/train_h200_pair.sh OUT_DIR "OPTIONS OF RUN A" "OPTIONS OF RUN B"
-#   writes OUT_DIR/a and OUT_DIR/b (each as bench/train_h200.sh writes its OUT_DIR) and OUT_DIR/pair_log.txt.
+# Two recipes/bundled_model/train_h200.py runs side by side on a machine with two GPUs: run A on GPU 0 and the first
+# half of the cores, run B on GPU 1 and the second half. Used to compare two training settings (say --detour 0.3
+# against none) in the time one run takes, each with the same data budget per core as a one-GPU run of half the
+# machine.
+# Usage: recipes/bundled_model/train_h200_pair.sh OUT_DIR "OPTIONS OF RUN A" "OPTIONS OF RUN B"
+#   writes OUT_DIR/a and OUT_DIR/b (each as recipes/bundled_model/train_h200.sh writes its OUT_DIR) and
+#   OUT_DIR/pair_log.txt.
 set -euo pipefail
 if [ $# -ne 3 ]; then
-    echo "usage: bench/train_h200_pair.sh OUT_DIR \"OPTIONS OF RUN A\" \"OPTIONS OF RUN B\"" >&2
+    echo "usage: recipes/bundled_model/train_h200_pair.sh OUT_DIR \"OPTIONS OF RUN A\" \"OPTIONS OF RUN B\"" >&2
     exit 2
 fi
 out="$1"
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 py="${PYTHON:-python3}"
 gpus=$("$py" -c 'import torch; print(torch.cuda.device_count())')
 if [ "$gpus" -lt 2 ]; then
-    echo "error: this machine has $gpus GPU(s); a pair needs 2. Run bench/train_h200.sh once per setting instead." >&2
+    echo "error: this machine has $gpus GPU(s); a pair needs 2." \
+        "Run recipes/bundled_model/train_h200.sh once per setting instead." >&2
     exit 2
 fi
 read -r -a cores < <("$py" -c 'import os; print(*sorted(os.sched_getaffinity(0)))')
@@ -35,10 +38,10 @@ echo "pair: run B on GPU 1, cores $cores_b: $3" | tee -a "$log"
 # each run's options are parsed as a shell would (quotes group words, as in --train-args "...")
 eval "opts_a=($2)"
 eval "opts_b=($3)"
-CUDA_VISIBLE_DEVICES=0 taskset -c "$cores_a" "$py" bench/train_h200.py "$out/a" "${opts_a[@]}" \
+CUDA_VISIBLE_DEVICES=0 taskset -c "$cores_a" "$py" recipes/bundled_model/train_h200.py "$out/a" "${opts_a[@]}" \
     >"$out/a/stdout.txt" 2>&1 &
 pid_a=$!
-CUDA_VISIBLE_DEVICES=1 taskset -c "$cores_b" "$py" bench/train_h200.py "$out/b" "${opts_b[@]}" \
+CUDA_VISIBLE_DEVICES=1 taskset -c "$cores_b" "$py" recipes/bundled_model/train_h200.py "$out/b" "${opts_b[@]}" \
     >"$out/b/stdout.txt" 2>&1 &
 pid_b=$!
 rc_a=0; rc_b=0

@@ -9,7 +9,7 @@ worker processes (one BLAS thread each). The model is played by:
 - `--engine torch`: all games in lockstep with one batched torch forward per step on the weights the model folder
   holds (NF4 dequantized), float32 with TF32 off (`tilewise.train.evaluate.play_batched`); for GPUs.
 
-    PYTHONPATH=src python bench/play_quality.py [--model default] [--games 20] [--max-pieces 1000]
+    PYTHONPATH=src python recipes/bundled_model/play_quality.py [--model default] [--games 20] [--max-pieces 1000]
         [--policies model,expert,random] [--engine runtime|torch] [--device cpu] [--workers N] [--json FILE]
 """
 
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(results)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": "python bench/play_quality.py " + " ".join(argv or sys.argv[1:]),
+            json.dump({"command": "python recipes/bundled_model/play_quality.py " + " ".join(argv or sys.argv[1:]),
                        "results": results}, f, indent=1)
     return 0
 

@@ -1,23 +1,19 @@
-"""Write the bundled model's MODEL_CARD.md from the numbers a training run measured (no number typed by hand).
+"""The bundled model's MODEL_CARD.md text, built from the numbers a training run measured (no number typed by hand).
 
-    PYTHONPATH=src python bench/write_model_card.py RESULTS_JSON [--play-quality JSON] [--cpu-latency JSON]
-        [--model DIR] [--out FILE]
-
-RESULTS_JSON is `results.json` of `bench/train_h200.sh`; `--play-quality` adds a `bench/play_quality.py --json`
-measurement (other games, another engine: the card then shows both); `--cpu-latency` takes the CPU latency table
-from a `bench/train_shape_latency.py --json` run on a quiet machine instead of the one the training run measured
-beside its other work; `--model` is the NF4 folder described (default: src/tilewise/model/default).
+`card(results, model_dir, play_quality, lineage, cpu_latency)` reads `results.json` of
+`recipes/bundled_model/train_h200.sh`, optionally a `play_quality.py --json` measurement (other games, another
+engine: the card then shows both) and a `train_shape_latency.py --json` table (from a quiet machine, in place of the
+one the training run measured beside its other work), and the NF4 model folder it describes (architecture, size).
+`recipes/bundled_model/write_model_card.py` is its command line.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import shlex
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+RECIPE = "recipes/bundled_model"  # the scripts the card names, as the repository root sees them
 
 
 def _fmt_int(x: float) -> str:
@@ -48,7 +44,7 @@ def _train_args(argv: list[str]) -> str:
     return " ".join(out)
 
 
-def _heldout_expert(record: dict[str, Any]) -> float:
+def heldout_expert(record: dict[str, Any]) -> float:
     """Held-out agreement on the expert data's games (the first data file) of a `tilewise train` record."""
     parts = record["result"].get("heldout_by_data") or []
     return float(parts[0]["accuracy"] if parts else record["result"]["heldout_accuracy"])
@@ -67,7 +63,7 @@ def _dagger_lines(res: dict[str, Any]) -> tuple[list[str], list[str]]:
             "the others after an "
             f"expert roll-in of 1-{dg['prefix_pieces']} pieces; then the model for up to {dg['policy_pieces']} "
             f"pieces{mix}), and every position it reached was recorded with the expert's action as the label "
-            "(`tilewise.game.dataset.collect_on_policy`):"]
+            "(`tilewise.train.collect.collect_on_policy`):"]
     for r in rounds:
         c = r["collector"]
         fe = c.get("from_empty") or {}
@@ -165,7 +161,8 @@ def card(res: dict[str, Any], model_dir: Path, play_quality: dict[str, Any] | No
         + ("; each DAgger round's records are split the same way, and the expert games held out stay the same in "
            "every round." if dagger_data else "."), "",
         "## Training", "",
-        f"- Command: `bench/train_h200.sh OUT_DIR{''.join(' ' + shlex.quote(a) for a in res['argv'][1:])}`, which runs "
+        f"- Command: `{RECIPE}/train_h200.sh OUT_DIR{''.join(' ' + shlex.quote(a) for a in res['argv'][1:])}`, "
+        "which runs "
         f"`python -m tilewise.train {_train_args(first['argv'])}` (= `tilewise train ...`)"
         + (f", then per DAgger round `python -m tilewise.train {_train_args(tr['argv'])}`."
            if len(res.get("train_rounds") or []) > 1 else "."),
@@ -175,10 +172,10 @@ def card(res: dict[str, Any], model_dir: Path, play_quality: dict[str, Any] | No
         f"weight decay {settings['weight_decay']:g}, bf16 autocast, seed {settings['seed']}.",
         f"- {result['train_time_s']:.0f} s on {res['gpu'] if res.get('gpu', 'none') != 'none' else result['device']} "
         f"({result['tokens_per_s']:,.0f} tokens/s); torch {res.get('torch', '?')}; held-out agreement after it "
-        f"{_heldout_expert(first):.3f}.",
+        f"{heldout_expert(first):.3f}.",
         *dagger_train, "",
         "## Quality", "",
-        f"- Agreement with the expert's action on the held-out expert games: {_heldout_expert(tr):.3f} (float32), "
+        f"- Agreement with the expert's action on the held-out expert games: {heldout_expert(tr):.3f} (float32), "
         f"{res.get('nf4_heldout_agreement', float('nan')):.3f} (this NF4 model). "
         + _train_agreement(tr["result"]),
     ]
@@ -195,7 +192,7 @@ def card(res: dict[str, Any], model_dir: Path, play_quality: dict[str, Any] | No
         play[name] = b
     if play:
         seeds = [g["seed"] for g in next(iter(play.values()))["per_game"]]
-        title = f"Played over the same seeded games (engine seeds {min(seeds)}-{max(seeds)}; `bench/train_h200.sh`):"
+        title = f"Played over the same seeded games (engine seeds {min(seeds)}-{max(seeds)}; `{RECIPE}/train_h200.sh`):"
         out += ["", *_play_rows(title, play)]
     extra = res.get("model_play_extra")
     if extra:
@@ -205,14 +202,14 @@ def card(res: dict[str, Any], model_dir: Path, play_quality: dict[str, Any] | No
                     f"{extra['mean_pieces']:.1f} pieces"
                     + (" (stopped by the time budget)." if extra.get("stopped_by_time") else ".")]
     if play_quality:
-        cmd = play_quality.get("command", "python bench/play_quality.py")
+        cmd = play_quality.get("command", f"python {RECIPE}/play_quality.py")
         out += ["", *_play_rows(f"Also played with `{cmd}`:", play_quality["results"])]
     lat = cpu_latency or res.get("cpu_latency")
     if lat:
         out += ["", f"CPU decision latency (tilewise CPU executor, {lat['usable_cores']} of the machine's "
                     f"{lat['cpus']} cores, "
                     f"{lat['blas_threads']} BLAS threads, cached 42-token prefix + the rest of a 348-token prompt, "
-                    "random weights of the same shape; `bench/train_shape_latency.py`):", "",
+                    f"random weights of the same shape; `{RECIPE}/train_shape_latency.py`):", "",
                 "| shape | parameters | p20 ms | p50 ms | p80 ms |", "| --- | ---: | ---: | ---: | ---: |"]
         for row in lat["rows"]:
             out.append(f"| {row['shape']} | {_fmt_int(row['parameters'])} | {row['decision_ms_p20']} | "
@@ -223,28 +220,3 @@ def card(res: dict[str, Any], model_dir: Path, play_quality: dict[str, Any] | No
             "with El-Tetris weights and a fixed action order) and inherits its choices, including never using soft "
             "drop and ignoring the preview piece. Outputs 6 and 7 are reserved and untrained.", ""]
     return "\n".join(out)
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", help="results.json of bench/train_h200.sh")
-    ap.add_argument("--play-quality", default=None, help="JSON of bench/play_quality.py --json")
-    ap.add_argument("--cpu-latency", default=None, help="JSON of bench/train_shape_latency.py --json (replaces the "
-                    "run's own CPU latency table)")
-    ap.add_argument("--model", default=str(ROOT / "src" / "tilewise" / "model" / "default"))
-    ap.add_argument("--out", default=None, help="default: MODEL_CARD.md in the model folder")
-    ap.add_argument("--lineage", default="", help="where the first training started (when it used --init)")
-    args = ap.parse_args()
-    res = json.loads(Path(args.results).read_text())
-    pq = json.loads(Path(args.play_quality).read_text()) if args.play_quality else None
-    model_dir = Path(args.model)
-    lat = json.loads(Path(args.cpu_latency).read_text()) if args.cpu_latency else None
-    text = card(res, model_dir, pq, args.lineage, lat)
-    out = Path(args.out) if args.out else model_dir / "MODEL_CARD.md"
-    out.write_text(text)
-    print(f"wrote {out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

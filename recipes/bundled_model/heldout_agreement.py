@@ -1,6 +1,7 @@
 """Agreement with the expert on freshly generated expert games, for one or more models, on the same decisions.
 
-    PYTHONPATH=src python bench/heldout_agreement.py --models default OTHER_DIR [--games 8 --seed 5000 --json F]
+    PYTHONPATH=src python recipes/bundled_model/heldout_agreement.py --models default OTHER_DIR
+        [--games 8 --seed 5000 --json F]
 
 The games use dataset seeds no training run has used (training used 1-52, 200-255, 400-455, 600-655 and DAgger
 1000 and up), with the training data's 5% exploration steps and no detours, so the number is comparable across
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def agreement(models: list[str], games: int, seed: int, max_pieces: int, explore: float, workers: int | None,
@@ -64,7 +65,7 @@ def main() -> int:
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
     res = agreement(args.models, args.games, args.seed, args.max_pieces, args.explore, args.workers, args.device)
-    res["command"] = "python bench/heldout_agreement.py " + " ".join(sys.argv[1:])
+    res["command"] = "python recipes/bundled_model/heldout_agreement.py " + " ".join(sys.argv[1:])
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
     return 0
