@@ -156,7 +156,7 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
     when given, replaces `candidates` (a template it gives nothing is skipped); `keep_times` adds every
     candidate's median per row count (`times_ms`).
     """
-    from tilewise.kernels import nf4_matmul as mm
+    from tilewise.kernels import matmul as mm
     from tilewise.kernels.space import Config
     from tilewise.tune.dispatch import fit_dispatch
     from tilewise.tune.measure import measure

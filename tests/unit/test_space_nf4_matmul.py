@@ -8,7 +8,7 @@ import pytest
 
 from tilewise import model_tune
 from tilewise.devices.profiles import PROFILES
-from tilewise.kernels import nf4_matmul as mm
+from tilewise.kernels import matmul as mm
 
 LAVAPIPE = PROFILES["lavapipe"]
 H200 = PROFILES["h200-vulkan"]

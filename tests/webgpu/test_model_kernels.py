@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tilewise.kernels import attention, conv, rowops
-from tilewise.kernels import nf4_matmul as mm
+from tilewise.kernels import attention, rowops
+from tilewise.kernels import matmul as mm
+from tilewise.kernels import shortconv as conv
 from tilewise.kernels.space import Config
 from tilewise.tune.verify import compare
 

@@ -287,7 +287,7 @@ def test_dispatch_table_drops_only_the_parts_whose_kernels_changed(webgpu_device
 
 @pytest.mark.parametrize("kind", ["splitk", "rows", "tiled"])
 def test_every_matmul_kind_runs_the_whole_model(models, rng, webgpu_device, kind):
-    from tilewise.kernels import nf4_matmul as mm
+    from tilewise.kernels import matmul as mm
     from tilewise.model.webgpu import matmul_key
     from tilewise.model_tune import model_matmuls
 

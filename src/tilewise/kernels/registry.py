@@ -19,10 +19,10 @@ TEMPLATES: dict[tuple[str, str], str] = {
     ("gemm-tvm", "cuda"): "tilewise.kernels.tvm_cuda:TvmCudaGemm",
     ("dwsep-conv2d", "webgpu"): "tilewise.kernels.dwsep_conv2d:WgslDwsepConv2d",
     ("dwsep-conv2d", "cuda"): "tilewise.kernels.tvm_cuda_dwsep:TvmCudaDwsepConv2d",
-    ("nf4-matmul", "webgpu"): "tilewise.kernels.nf4_matmul:NF4MatmulTiled",
-    ("nf4-matmul-rows", "webgpu"): "tilewise.kernels.nf4_matmul:NF4MatmulRows",
-    ("nf4-swiglu", "webgpu"): "tilewise.kernels.nf4_matmul:NF4SwigluTiled",
-    ("nf4-matmul-f16s", "webgpu"): "tilewise.kernels.nf4_matmul:NF4MatmulTiledF16",
+    ("nf4-matmul", "webgpu"): "tilewise.kernels.matmul.webgpu:NF4MatmulTiled",
+    ("nf4-matmul-rows", "webgpu"): "tilewise.kernels.matmul.webgpu:NF4MatmulRows",
+    ("nf4-swiglu", "webgpu"): "tilewise.kernels.matmul.webgpu:NF4SwigluTiled",
+    ("nf4-matmul-f16s", "webgpu"): "tilewise.kernels.matmul.webgpu:NF4MatmulTiledF16",
 }
 
 

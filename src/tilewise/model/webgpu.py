@@ -43,9 +43,9 @@ import numpy as np
 from tilewise.devices.base import Buffer, Device, Launch, Program
 from tilewise.errors import ConfigError, DeviceLost, LaunchError
 from tilewise.kernels import attention as attn_k
-from tilewise.kernels import conv as conv_k
-from tilewise.kernels import nf4_matmul as mm
+from tilewise.kernels import matmul as mm
 from tilewise.kernels import rowops
+from tilewise.kernels import shortconv as conv_k
 from tilewise.model.checkpoint import HEAD, Checkpoint
 from tilewise.quant.nf4 import weight_arrays
 

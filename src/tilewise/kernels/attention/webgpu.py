@@ -1,4 +1,4 @@
-"""LFM2 attention in WGSL: per-head q/k RMSNorm + RoPE into a KV cache, then causal GQA softmax(QK^T)V.
+"""LFM2 attention on WebGPU: per-head q/k RMSNorm + RoPE into a KV cache, then causal GQA softmax(QK^T)V.
 
 Variants:
 - `qknorm_rope`: one workgroup of D threads per (row, head) over q, k and v heads of the fused qkv
@@ -16,6 +16,8 @@ Variants:
   softmax sums only when a key raises its running maximum (branch), instead of for every key; LZ = 0 (or
   absent) generates the kernel as before.
 
+The math and the float64 references are `problem.py`.
+
 Bindings (qknorm_rope): dims (m = M, r0 = P), qkv (M, (Hq+2Hkv) D), q_norm (D), k_norm (D), cos (cap, D/2),
 sin (cap, D/2), q (M, Hq D), k_cache (cap, Hkv D), v_cache (cap, Hkv D).
 Bindings (attention): dims (m = queries, r0 = P, r1 = first query row), q, k_cache, v_cache, out (m, Hq D).
@@ -28,6 +30,7 @@ import math
 import numpy as np
 
 from tilewise.devices.base import Device, Launch, Program
+from tilewise.kernels.attention.problem import AttentionProblem
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
 from tilewise.kernels.space import Config, Rule, Space
 
@@ -35,12 +38,6 @@ ROPE_BINDINGS = ["dims", "qkv", "q_norm", "k_norm", "cos", "sin", "q", "k_cache"
 ATTN_BINDINGS = ["dims", "q", "k_cache", "v_cache", "out"]
 DEFAULT_ATTN = {"BQ": 32, "BKV": 16}  # KT absent: 1
 
-
-def rope_table(positions: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
-    """(cos, sin) of shape (positions, D/2), computed in float64 then rounded to f32."""
-    inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # (D/2,)
-    ang = np.arange(positions, dtype=np.float64)[:, None] * inv[None, :]
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
 def qknorm_rope_source(hq: int, hkv: int, d: int, eps: float) -> str:
@@ -235,51 +232,14 @@ def attention_grid(cfg: Config | dict, nq: int, hq: int) -> tuple[int, int, int]
     return (math.ceil(nq / cfg["BQ"]), hq, 1)
 
 
-# ---------------------------------------------------------------------------------------------- references
-def qknorm_rope_ref(qkv: np.ndarray, qn: np.ndarray, kn: np.ndarray, p: int, hq: int, hkv: int, d: int,
-                    theta: float, eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """float64 (q (M, Hq, D), k (M, Hkv, D), v (M, Hkv, D)) for rows at positions p .. p+M-1."""
-    m = qkv.shape[0]
-    x = qkv.astype(np.float64).reshape(m, hq + 2 * hkv, d)
-    q, k, v = x[:, :hq], x[:, hq:hq + hkv], x[:, hq + hkv:]
-
-    def norm(t: np.ndarray, w: np.ndarray) -> np.ndarray:
-        return t / np.sqrt((t * t).mean(-1, keepdims=True) + eps) * w.astype(np.float64)
-
-    inv = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
-    ang = (p + np.arange(m, dtype=np.float64))[:, None] * inv[None, :]  # (M, D/2)
-    cos = np.concatenate([np.cos(ang)] * 2, -1)[:, None, :]
-    sin = np.concatenate([np.sin(ang)] * 2, -1)[:, None, :]
-
-    def rope(t: np.ndarray) -> np.ndarray:
-        rot = np.concatenate([-t[..., d // 2:], t[..., :d // 2]], -1)
-        return t * cos + rot * sin
-
-    return rope(norm(q, qn)), rope(norm(k, kn)), v
-
-
-def attention_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, p: int, first: int = 0) -> np.ndarray:
-    """Causal GQA attention of queries q (Mq, Hq, D) at rows first.. of a chunk after p cached positions
-    over keys/values k, v (T, Hkv, D); returns (Mq, Hq * D) float64."""
-    mq, hq, d = q.shape
-    hkv = k.shape[1]
-    out = np.empty((mq, hq, d))
-    for h in range(hq):
-        kh, vh = k[:, h // (hq // hkv)].astype(np.float64), v[:, h // (hq // hkv)].astype(np.float64)
-        s = q[:, h].astype(np.float64) @ kh.T / math.sqrt(d)  # (Mq, T)
-        pos = p + first + np.arange(mq)
-        s = np.where(np.arange(k.shape[0])[None, :] <= pos[:, None], s, -np.inf)
-        s = np.exp(s - s.max(-1, keepdims=True))
-        out[:, h] = (s / s.sum(-1, keepdims=True)) @ vh
-    return out.reshape(mq, hq * d)
-
 
 class AttentionTemplate(KernelTemplate):
     """Causal GQA attention over a KV cache; shape = (Mq, P, Hq, Hkv, D): Mq new query rows after P cached."""
 
     name = "attention"
     backend = "webgpu"
-    shape_names = ("M", "P", "HQ", "HKV", "D")
+    problem = AttentionProblem()
+    shape_names = AttentionProblem.shape_names
 
     def space(self, which: str = "full") -> Space:
         return attention_space()
@@ -293,17 +253,15 @@ class AttentionTemplate(KernelTemplate):
             out.append(f"{hq} heads are not a multiple of {hkv} kv heads")
         return out
 
-    def source(self, config: Config, shape: Shape = (1, 0, 4, 2, 16)) -> str:
-        return attention_source(config, shape[2], shape[3], shape[4])
+    def source(self, config: Config, shape: Shape | None = None) -> str:
+        _, _, hq, hkv, d = shape or (1, 0, 4, 2, 16)
+        return attention_source(config, hq, hkv, d)
+
+    def program_key(self, config: Config, shape: Shape) -> tuple[object, ...]:
+        return (config, *shape[2:])  # queries and cached positions come in the dims uniform
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
         return device.compile(self.source(config, shape), "main", name=f"attention[{config}]")
-
-    def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
-        m, p, hq, hkv, d = shape
-        return {"q": rng.standard_normal((m, hq * d)).astype(np.float32),
-                "k_cache": rng.standard_normal((p + m, hkv * d)).astype(np.float32),
-                "v_cache": rng.standard_normal((p + m, hkv * d)).astype(np.float32)}
 
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
         m, p, hq, _, d = shape
@@ -319,16 +277,3 @@ class AttentionTemplate(KernelTemplate):
         m, _, hq, _, d = shape
         return device.download(bufs["out"], np.float32, (m, hq * d))
 
-    def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
-        m, p, hq, hkv, d = shape
-        return attention_ref(host["q"].reshape(m, hq, d), host["k_cache"].reshape(-1, hkv, d),
-                             host["v_cache"].reshape(-1, hkv, d), p)
-
-    def flops(self, shape: Shape) -> int:
-        m, p, hq, _, d = shape
-        keys = m * p + m * (m + 1) // 2  # causal: query i sees p + i + 1 keys
-        return 4 * keys * hq * d
-
-    def bytes_moved(self, shape: Shape) -> int:
-        m, p, hq, hkv, d = shape
-        return 4 * (2 * m * hq * d + 2 * (p + m) * hkv * d)

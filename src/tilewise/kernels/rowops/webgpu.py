@@ -1,4 +1,4 @@
-"""Row-wise model ops in WGSL: RMSNorm, embedding gather, final norm + classifier head, word copy.
+"""Row-wise model ops on WebGPU: RMSNorm, embedding gather, final norm + classifier head, word copy.
 
 Variants:
 - `rmsnorm`: one workgroup per row (WG threads, tree reduction of the sum of squares); reads rows
@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 
 from tilewise.devices.base import Device, Launch, Program
-from tilewise.kernels import nf4_matmul as mm
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
+from tilewise.kernels.matmul import wgsl as mm
+from tilewise.kernels.rowops.problem import EmbedProblem, HeadProblem, RMSNormProblem
 from tilewise.kernels.space import Config, Rule, Space
-from tilewise.quant.nf4 import weight_arrays, weight_values
 
 BINDINGS = {
     "rmsnorm": ["dims", "x", "weight", "out"],
@@ -68,16 +68,16 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
 
 def embed_source(wg: int, fmt: str, h: int) -> str:
     """WGSL: out[m, :] = decode(table[ids[m], :]), 8 values per thread step."""
-    decl, nb = mm._weight_decls(fmt, 0, 2)
-    codes = mm._codes_decl() if fmt == "nf4" else ""
+    decl, nb = mm.weight_decls(fmt, 0, 2)
+    codes = mm.codes_decl() if fmt == "nf4" else ""
     return f"""{_DIMS}struct C8 {{ a: vec4<f32>, b: vec4<f32> }}
 const K: u32 = {h}u;
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
 {decl}@group(0) @binding({nb}) var<storage, read_write> out: array<vec4<f32>>;
-{codes}{mm._load8_fn(fmt, 0)}
+{codes}{mm.load8_fn(fmt, 0)}
 @compute @workgroup_size({wg})
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
-{mm._codes_init(fmt)}    if (wid.x >= dims.m) {{ return; }}
+{mm.codes_init(fmt)}    if (wid.x >= dims.m) {{ return; }}
     let row = ids[wid.x];
     for (var c = li; c < K / 8u; c = c + {wg}u) {{
         let v = load8_0(row, c);
@@ -163,12 +163,6 @@ def copy_grid(words: int, wg: int = 256, cap: int = 4096) -> tuple[int, int, int
     return (max(1, min(cap, math.ceil(words / wg))), 1, 1)
 
 
-# ---------------------------------------------------------------------------------------------- references
-def rmsnorm_ref(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    x = x.astype(np.float64)
-    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w.astype(np.float64)
-
-
 def _pow2_space(name: str, values: list[int], limit_rule: bool = True) -> Space:
     rules = [Rule("pow2", lambda c, _: c.WG & (c.WG - 1) == 0,
                   lambda c, _: f"WG={c.WG} is not a power of two (tree reduction)")]
@@ -208,98 +202,63 @@ class RMSNormTemplate(_Template):
     """RMSNorm over rows; shape = (M, H)."""
 
     name = "rmsnorm"
-    shape_names = ("M", "H")
+    shape_names = RMSNormProblem.shape_names
 
     def __init__(self, eps: float = 1e-5) -> None:
         self.eps = eps
+        self.problem = RMSNormProblem(eps)
 
     def space(self, which: str = "full") -> Space:
         return _pow2_space("rmsnorm", [32, 64, 128, 256])
 
-    def source(self, config: Config, shape: Shape = (1, 64)) -> str:
-        return rmsnorm_source(config["WG"], shape[1], self.eps)
-
-    def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
-        m, h = shape
-        return {"x": rng.standard_normal((m, h)).astype(np.float32),
-                "weight": (1 + 0.3 * rng.standard_normal(h)).astype(np.float32)}
+    def source(self, config: Config, shape: Shape | None = None) -> str:
+        return rmsnorm_source(config["WG"], (shape or (1, 64))[1], self.eps)
 
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
         return [Launch(program, (shape[0], 1, 1), [bufs[k] for k in BINDINGS["rmsnorm"]])]
 
-    def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
-        return rmsnorm_ref(host["x"], host["weight"], self.eps)
-
-    def flops(self, shape: Shape) -> int:
-        return 4 * shape[0] * shape[1]
-
-    def bytes_moved(self, shape: Shape) -> int:
-        return 4 * (2 * shape[0] * shape[1] + shape[1])
-
-
 class EmbedTemplate(_Template):
     """Embedding gather; shape = (M, H, V)."""
 
-    shape_names = ("M", "H", "V")
+    shape_names = EmbedProblem.shape_names
 
     def __init__(self, fmt: str = "nf4") -> None:
         self.fmt = fmt
         self.name = f"embed.{fmt}"
-        self.dtype = fmt
+        self.problem = EmbedProblem(fmt)
+        self.dtype = self.problem.dtype
 
     def space(self, which: str = "full") -> Space:
         return _pow2_space("embed", [32, 64, 128, 256])
 
-    def source(self, config: Config, shape: Shape = (1, 64, 64)) -> str:
-        return embed_source(config["WG"], self.fmt, shape[1])
+    def source(self, config: Config, shape: Shape | None = None) -> str:
+        return embed_source(config["WG"], self.fmt, (shape or (1, 64, 64))[1])
 
     def shape_problems(self, config: Config, shape: Shape) -> list[str]:
         return [f"H={shape[1]} is not a multiple of 64"] if shape[1] % 64 else []
 
-    def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
-        m, h, v = shape
-        table = rng.standard_normal((v, h)).astype(np.float32)
-        host = dict(weight_arrays(table, self.fmt))
-        host["ids"] = rng.integers(0, v, m).astype(np.uint32)
-        return host
-
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
         return [Launch(program, (shape[0], 1, 1), [bufs[k] for k in BINDINGS[f"embed_{self.fmt}"]])]
 
-    def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
-        _, h, v = shape
-        return weight_values(host, self.fmt, v, h)[host["ids"].astype(np.int64)]
-
     def out_shape(self, shape: Shape) -> tuple[int, ...]:
         return (shape[0], shape[1])
-
-    def flops(self, shape: Shape) -> int:
-        return shape[0] * shape[1] if self.fmt == "nf4" else 0
-
-    def bytes_moved(self, shape: Shape) -> int:
-        return int(shape[0] * shape[1] * (mm.WEIGHT_BYTES[self.fmt] + 4) + 4 * shape[0])
-
 
 class HeadTemplate(_Template):
     """Final RMSNorm of the last row + Linear(H, labels); shape = (M, H, L). Output: normed row + L scores."""
 
     name = "head"
-    shape_names = ("M", "H", "L")
+    shape_names = HeadProblem.shape_names
 
     def __init__(self, eps: float = 1e-5) -> None:
         self.eps = eps
+        self.problem = HeadProblem(eps)
 
     def space(self, which: str = "full") -> Space:
         return _pow2_space("head", [32, 64, 128, 256])
 
-    def source(self, config: Config, shape: Shape = (1, 64, 8)) -> str:
-        return head_source(config["WG"], shape[1], shape[2], self.eps)
-
-    def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
-        m, h, labels = shape
-        return {"x": rng.standard_normal((m, h)).astype(np.float32),
-                "norm_weight": (1 + 0.3 * rng.standard_normal(h)).astype(np.float32),
-                "head_weight": (rng.standard_normal((labels, h)) / math.sqrt(h)).astype(np.float32)}
+    def source(self, config: Config, shape: Shape | None = None) -> str:
+        _, h, labels = shape or (1, 64, 8)
+        return head_source(config["WG"], h, labels, self.eps)
 
     def dims(self, shape: Shape) -> np.ndarray:
         return np.array([1, shape[0] - 1, 0, 0], np.uint32)
@@ -307,19 +266,8 @@ class HeadTemplate(_Template):
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
         return [Launch(program, (1, 1, 1), [bufs[k] for k in BINDINGS["head"]])]
 
-    def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
-        h = rmsnorm_ref(host["x"][-1:], host["norm_weight"], self.eps)[0]
-        return np.concatenate([h, host["head_weight"].astype(np.float64) @ h])
-
     def out_shape(self, shape: Shape) -> tuple[int, ...]:
         return (shape[1] + shape[2],)
-
-    def flops(self, shape: Shape) -> int:
-        return 2 * shape[1] * shape[2] + 4 * shape[1]
-
-    def bytes_moved(self, shape: Shape) -> int:
-        return 4 * (shape[1] * (shape[2] + 3) + shape[2])
-
 
 def default_wg(op: str) -> dict[str, Any]:
     return {"WG": 64 if op == "head" else 128}

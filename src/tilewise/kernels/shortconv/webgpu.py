@@ -1,4 +1,4 @@
-"""LFM2's short conv in WGSL: Bx = B * x, depthwise causal conv over time (kernel L = conv_L_cache), y = C * conv.
+"""LFM2's short conv on WebGPU: Bx = B * x, depthwise causal conv over time (kernel L = conv_L_cache), y = C * conv.
 
 Variant: one thread per (row, channel); a workgroup covers WG channels of one row. The `in_proj` output
 BCx (M, 3H) holds B, C and x side by side (HF's `chunk(3)` order). Rows before the chunk come from
@@ -17,6 +17,7 @@ import numpy as np
 
 from tilewise.devices.base import Device, Launch, Program
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
+from tilewise.kernels.shortconv.problem import ShortConvProblem
 from tilewise.kernels.space import Config, Rule, Space
 
 BINDINGS = ["dims", "bcx", "state_in", "weight", "y", "state_out"]
@@ -57,23 +58,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wi
 """
 
 
-def conv_ref(bcx: np.ndarray, state: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """float64 (y (M, H), new state (L-1, H)) of the gated causal conv."""
-    h = weight.shape[0]
-    taps = weight.shape[1]
-    b, c, x = (bcx[:, i * h:(i + 1) * h].astype(np.float64) for i in range(3))
-    bx = np.concatenate([state.astype(np.float64), b * x])  # (L-1+M, H)
-    m = bcx.shape[0]
-    conv = sum(weight[:, j].astype(np.float64) * bx[j:j + m] for j in range(taps))
-    return c * conv, bx[-(taps - 1):]
-
-
 class ConvTemplate(KernelTemplate):
     """Gated depthwise causal conv; shape = (M, H, L). Output: y (M, H) followed by the new state."""
 
     name = "shortconv"
     backend = "webgpu"
-    shape_names = ("M", "H", "L")
+    problem = ShortConvProblem()
+    shape_names = ShortConvProblem.shape_names
 
     def space(self, which: str = "full") -> Space:
         return Space("shortconv", {"WG": [32, 64, 128, 256]}, [
@@ -81,17 +72,12 @@ class ConvTemplate(KernelTemplate):
                  lambda c, lim: f"WG={c.WG} > max_invocations_per_workgroup {lim.max_invocations_per_workgroup}",
                  needs_limits=True)])
 
-    def source(self, config: Config, shape: Shape = (1, 64, 3)) -> str:
-        return conv_source(config["WG"], shape[1], shape[2])
+    def source(self, config: Config, shape: Shape | None = None) -> str:
+        _, h, taps = shape or (1, 64, 3)
+        return conv_source(config["WG"], h, taps)
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
         return device.compile(self.source(config, shape), "main", name=f"shortconv[{config}]")
-
-    def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
-        m, h, taps = shape
-        return {"bcx": rng.standard_normal((m, 3 * h)).astype(np.float32),
-                "state_in": rng.standard_normal((taps - 1, h)).astype(np.float32),
-                "weight": rng.standard_normal((h, taps)).astype(np.float32)}
 
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
         m, h, taps = shape
@@ -114,14 +100,3 @@ class ConvTemplate(KernelTemplate):
         return np.concatenate([device.download(bufs["out"], np.float32, (m, h)),
                                device.download(bufs["state_out"], np.float32, (taps - 1, h))])
 
-    def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
-        y, state = conv_ref(host["bcx"], host["state_in"], host["weight"])
-        return np.concatenate([y, state])
-
-    def flops(self, shape: Shape) -> int:
-        m, h, taps = shape
-        return m * h * (2 * taps + 2)
-
-    def bytes_moved(self, shape: Shape) -> int:
-        m, h, taps = shape
-        return 4 * (4 * m * h + 2 * (taps - 1) * h + taps * h)
