@@ -53,7 +53,7 @@ def left(budget_s: float) -> float:
 
 def tune_section(cfg: Any, args: argparse.Namespace, f16_arith: bool) -> dict[str, Any]:
     import tilewise
-    from tilewise.model_tune import tune_model
+    from tilewise.model.tune import tune_model
 
     t = time.perf_counter()
     rows = [int(r) for r in args.tune_rows.split(",")] if args.tune_rows else None

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     import tilewise
     from tilewise.kernels.space import Config
     from tilewise.model.config import preset
-    from tilewise.model_tune import model_matmuls, tune_matmul
+    from tilewise.model.tune import model_matmuls, tune_matmul
 
     rec = json.loads(args.source.read_text())
     name, values = parse_param(args.param)

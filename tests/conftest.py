@@ -12,6 +12,15 @@ import numpy as np
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def _private_store(tmp_path_factory, monkeypatch):
+    """Each test writes its results store and dispatch tables into its own folder, never the user's cache (a
+    stored result would otherwise be reused by a later test or run, and a user's tables read by a test)."""
+    base = tmp_path_factory.mktemp("tilewise-cache")
+    monkeypatch.setenv("TILEWISE_STORE", str(base / "results.sqlite"))
+    monkeypatch.setenv("TILEWISE_DISPATCH_DIR", str(base / "dispatch"))
+
+
 @pytest.fixture(scope="session")
 def cpu_device():
     from tilewise.devices import get_device

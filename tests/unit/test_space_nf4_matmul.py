@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from tilewise import model_tune
 from tilewise.devices.profiles import PROFILES
 from tilewise.kernels import matmul as mm
+from tilewise.model import tune as model_tune
 
 LAVAPIPE = PROFILES["lavapipe"]
 H200 = PROFILES["h200-vulkan"]

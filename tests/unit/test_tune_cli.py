@@ -90,15 +90,6 @@ def test_every_config_illegal_is_a_clear_message(capsys):
     assert "invocations" in err and "fix:" in err
 
 
-def test_model_tune_without_module_is_clear(capsys):
-    import importlib.util
-
-    if importlib.util.find_spec("tilewise.model_tune") is not None:
-        pytest.skip("tilewise.model_tune exists in this build")
-    code, _, err = run(capsys, "tune", "model", "--preset", "tiny")
-    assert code == 2 and "tilewise.model_tune" in err
-
-
 def test_store_export_import_and_report(capsys, tmp_path):
     a, b = tmp_path / "a.sqlite", tmp_path / "b.sqlite"
     with Store(a) as st:

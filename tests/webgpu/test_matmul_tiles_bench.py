@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tilewise import model_tune
+from tilewise.model import tune as model_tune
 
 pytestmark = pytest.mark.webgpu
 

@@ -102,16 +102,11 @@ def test_matmul_rules_explain_illegal_configs(webgpu_device):
 
 
 def test_dispatch_defaults_switch_kernels_at_96_rows():
-    from tilewise.model.webgpu import DispatchTable
+    from tilewise.model.dispatch import default_matmul
 
-    table = DispatchTable()
-    assert table.pick_matmul("nf4", "none", 64, 64, 95)[0] == "rows"
-    assert table.pick_matmul("nf4", "none", 64, 64, 96)[0] == "tiled"
-    table.matmul["matmul:nf4:none:64x64"] = [
-        {"min_rows": 1, "max_rows": 40, "kind": "rows", "config": {"WG": 32, "NC": 1, "RM": 2, "EL": 8}},
-        {"min_rows": 41, "max_rows": None, "kind": "tiled", "config": dict(mm.DEFAULT_TILED, BM=32)}]
-    assert table.pick_matmul("nf4", "none", 64, 64, 40) == ("rows", {"WG": 32, "NC": 1, "RM": 2, "EL": 8})
-    assert table.pick_matmul("nf4", "none", 64, 64, 41)[1]["BM"] == 32
+    assert default_matmul(1) == ("rows", mm.DEFAULT_ONE_ROW) and default_matmul(2)[1]["RM"] == 1
+    assert default_matmul(95) == ("rows", mm.DEFAULT_ROWS)
+    assert default_matmul(96) == ("tiled", mm.DEFAULT_TILED) and default_matmul(5000)[0] == "tiled"
 
 
 def test_rmsnorm_embed_head(webgpu_device, rng):

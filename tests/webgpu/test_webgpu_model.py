@@ -12,9 +12,14 @@ import pytest
 
 import tilewise
 from tilewise.errors import ConfigError, DeviceLost
+from tilewise.kernels import matmul as mm
+from tilewise.kernels.attention import AttentionTemplate
+from tilewise.kernels.matmul import MatmulTemplate
 from tilewise.model import reference
 from tilewise.model.checkpoint import HEAD
-from tilewise.model.webgpu import DispatchTable, WebGPUExecutor, kernel_version
+from tilewise.model.dispatch import load_model_table, matmul_key
+from tilewise.model.webgpu import WebGPUExecutor
+from tilewise.tune.dispatch import DispatchTable, Entry
 
 pytestmark = pytest.mark.webgpu
 
@@ -231,72 +236,87 @@ def test_device_loss_mid_decision_is_clear_and_the_next_decision_rebuilds(models
     np.testing.assert_allclose(hidden, models["nf4"].hidden(models["nf4"].prefill(ids)), atol=1e-6)
 
 
-def test_dispatch_table_from_another_device_or_version_is_ignored(webgpu_device, tmp_path):
+def _table(fp, entries):
+    """A dispatch table of the current kernels' versions with `entries`: key -> (kernel, config values)."""
+    table = DispatchTable(fp)
+    for key, (kernel, values) in entries.items():
+        tpl = AttentionTemplate() if kernel == "attention" else MatmulTemplate.from_name(kernel)
+        table.put(key, Entry([{"m_min": 1, "m_max": None, "kernel": kernel, "config": values}]), tpl)
+    return table
+
+
+TILE = {"BM": 16, "BN": 16, "BK": 8, "TM": 1, "TN": 8, "F16S": False}
+
+
+def test_dispatch_table_from_another_device_or_unreadable_is_ignored(webgpu_device, tmp_path):
     fp = webgpu_device.info.fingerprint
-    seg = [{"min_rows": 1, "max_rows": None, "kind": "tiled", "config": {"BM": 16, "BN": 16, "BK": 8, "TM": 1,
-                                                                         "TN": 8, "F16S": False}}]
-    good = DispatchTable(fingerprint=fp, version=kernel_version(), matmul={"matmul:nf4:none:64x64": seg})
-    path = good.save(tmp_path / "t.json")
+    path = _table(fp, {"nf4_matmul.none:64x64": ("nf4_matmul.tiled.none", TILE)}).save(tmp_path / "t.json")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        loaded = DispatchTable.load_for(fp, path)
-    assert loaded.pick_matmul("nf4", "none", 64, 64, 5) == ("tiled", seg[0]["config"])
-    for field, value, needle in (("fingerprint", "webgpu:Vulkan:other-gpu:1:abc", "measured on"),
-                                 ("kernel_version", "0ld", "kernel version")):
-        d = json.loads(path.read_text())
-        d[field] = value
-        if field == "kernel_version":
-            d["kernel_versions"] = {part: value for part in d["kernel_versions"]}
-        bad = tmp_path / f"bad-{field}.json"
-        bad.write_text(json.dumps(d))
+        loaded = load_model_table(fp, path)
+    assert loaded.pick("nf4_matmul.none:64x64", 5) == ("nf4_matmul.tiled.none", TILE)
+    d = json.loads(path.read_text())
+    d["device"] = "webgpu:Vulkan:other-gpu:1:abc"
+    (tmp_path / "other.json").write_text(json.dumps(d))
+    (tmp_path / "junk.json").write_text("{")
+    for name, needle in (("other.json", "measured on"), ("junk.json", "ignoring")):
         with pytest.warns(UserWarning, match=needle):
-            table = DispatchTable.load_for(fp, bad)
-        assert table.matmul == {} and table.source == "defaults"
+            table = load_model_table(fp, tmp_path / name)
+        assert table.entries == {} and table.source == "defaults"
     with pytest.warns(UserWarning, match="tilewise tune model"):
-        DispatchTable.load_for(fp, tmp_path / "missing.json")
+        load_model_table(fp, tmp_path / "missing.json")
 
 
-def test_dispatch_table_drops_only_the_parts_whose_kernels_changed(webgpu_device, tmp_path):
+def test_dispatch_table_drops_only_the_families_whose_kernels_changed(webgpu_device, tmp_path):
     fp = webgpu_device.info.fingerprint
-    seg = [{"min_rows": 1, "max_rows": None, "kind": "tiled", "config": {"BM": 16, "BN": 16, "BK": 8, "TM": 1,
-                                                                         "TN": 8, "F16S": False}}]
-    attn = {"BQ": 16, "BKV": 8}
-    path = DispatchTable(fingerprint=fp, version=kernel_version(), matmul={"matmul:nf4:none:64x64": seg},
-                         ops={"attention": attn}).save(tmp_path / "t.json")
-    for part in ("attention", "matmul"):
+    attn = {"BQ": 16, "BKV": 8, "KT": 1, "LZ": 0}
+    path = _table(fp, {"nf4_matmul.none:64x64": ("nf4_matmul.tiled.none", TILE),
+                       "attention:4x2x16": ("attention", attn)}).save(tmp_path / "t.json")
+    for family in ("attention", "matmul"):
         d = json.loads(path.read_text())
-        d["kernel_version"] = "0ld"  # the combined hash differs whenever any part does
-        d["kernel_versions"][part] = "0ld"
-        stale = tmp_path / f"stale-{part}.json"
+        d["kernel_versions"][family] = "0ld"
+        stale = tmp_path / f"stale-{family}.json"
         stale.write_text(json.dumps(d))
-        with pytest.warns(UserWarning, match=f"the {part} kernels changed"):
-            table = DispatchTable.load_for(fp, stale)
+        with pytest.warns(UserWarning, match=f"the {family} kernels changed"):
+            table = load_model_table(fp, stale)
         assert table.source == str(stale)
-        if part == "attention":
-            assert table.ops == {} and table.matmul == {"matmul:nf4:none:64x64": seg}
-        else:
-            assert table.ops == {"attention": attn} and table.matmul == {}
-    old = json.loads(path.read_text())  # a table written before per-part versions
-    del old["kernel_versions"]
-    old["kernel_version"] = "0ld"
-    (tmp_path / "old.json").write_text(json.dumps(old))
-    with pytest.warns(UserWarning, match="kernel version"):
-        table = DispatchTable.load_for(fp, tmp_path / "old.json")
-    assert table.matmul == {} and table.ops == {} and table.source == "defaults"
+        kept = {"attention:4x2x16"} if family == "matmul" else {"nf4_matmul.none:64x64"}
+        assert set(table.entries) == kept
+
+
+def test_the_executor_launches_a_config_as_the_tuner_measured_it(models, webgpu_device, rng):
+    """One launch-building path: the executor's launches of a tuned matmul are the template's own launches."""
+    from tilewise.tune.engine import Engine, Item
+
+    model = models["nf4"]
+    h = model.config.hidden_size
+    cfg = {**mm.DEFAULT_TILED, "BM": 32, "KS": 2}
+    key = matmul_key("nf4", "residual", h, model.config.ffn_dim)
+    table = _table(webgpu_device.info.fingerprint, {key: ("nf4_matmul.splitk.residual", cfg)})
+    ex = WebGPUExecutor(model.checkpoint, device=webgpu_device, dispatch=table)
+    plan, _ = ex.plan(np.asarray(_ids(rng, 40)), 0, None, True)
+    mine = [ln for ln, lab in zip(plan.launches, plan.labels) if lab == "ffn.down"][:2]  # slices + reduction
+    tpl, config = ex.matmul_choice("residual", h, model.config.ffn_dim, 40, False)
+    shape = (40, h, model.config.ffn_dim)
+    eng = Engine(webgpu_device)
+    item = Item(tpl, config, shape)
+    theirs = eng.launches(item)
+    assert tpl.name == "nf4_matmul.splitk.residual" and config == tpl.config_of(cfg)
+    assert [ln.grid for ln in mine] == [ln.grid for ln in theirs] and len(mine) == 2
+    assert [ln.program.source_hash for ln in mine] == [ln.program.source_hash for ln in theirs]
+    assert [len(ln.buffers) for ln in mine] == [len(ln.buffers) for ln in theirs]
+    assert eng.evaluate([item])[0].status == "ok"  # the config the executor runs is a verified one
 
 
 @pytest.mark.parametrize("kind", ["splitk", "rows", "tiled"])
 def test_every_matmul_kind_runs_the_whole_model(models, rng, webgpu_device, kind):
-    from tilewise.kernels import matmul as mm
-    from tilewise.model.webgpu import matmul_key
-    from tilewise.model_tune import model_matmuls
+    from tilewise.model.tune import model_matmuls
 
     model = models["nf4"]
     cfg = {"splitk": {**mm.DEFAULT_TILED, "BM": 32, "KS": 2}, "rows": mm.DEFAULT_ROWS, "tiled": mm.DEFAULT_TILED}[kind]
-    seg = [{"min_rows": 1, "max_rows": None, "kind": kind, "config": cfg}]
-    table = DispatchTable(fingerprint=webgpu_device.info.fingerprint, version=kernel_version(),
-                          matmul={matmul_key("nf4", e, n, k, nm): seg
-                                  for e, n, k, nm in model_matmuls(model.config).values()})
+    table = _table(webgpu_device.info.fingerprint, {
+        matmul_key("nf4", e, n, k, nm): (MatmulTemplate(kind, "nf4", e, None, norm=nm).name, cfg)
+        for e, n, k, nm in model_matmuls(model.config).values()})
     ex = WebGPUExecutor(model.checkpoint, device=webgpu_device, dispatch=table)
     for n in (1, 97):
         ids = np.asarray(_ids(rng, n))

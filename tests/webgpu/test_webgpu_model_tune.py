@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import tilewise
-from tilewise import model_tune
+from tilewise.model import tune as model_tune
 from tilewise.model.config import preset
-from tilewise.model.webgpu import DispatchTable, dispatch_path, kernel_version
+from tilewise.model.dispatch import dispatch_path, load_model_table, matmul_key
 
 pytestmark = pytest.mark.webgpu
 
@@ -27,14 +27,26 @@ def test_model_matmul_shapes_cover_every_projection():
     assert shapes["conv.in_proj"] == ("none", 3072, 1024, True)
 
 
-def test_tune_matmul_ranges_cover_all_rows(webgpu_device):
+def test_tune_matmul_ranges_cover_all_rows(webgpu_device, tmp_path):
+    from tilewise.tune.store import Store
+
     rows = [1, 3, 64]
-    segs, record = model_tune.tune_matmul(webgpu_device, "nf4", "residual", 64, 64, rows, 2, 0, print,
-                                          hand_picked=False)
-    assert segs[0]["min_rows"] == 1 and segs[-1]["max_rows"] is None
+    store = Store(tmp_path / "s.sqlite")
+    entry, record = model_tune.tune_matmul(webgpu_device, "nf4", "residual", 64, 64, rows, 2, 0, print,
+                                           hand_picked=False, store=store)
+    segs = entry.ranges
+    assert segs[0]["m_min"] == 1 and segs[-1]["m_max"] is None
     for a, b in itertools.pairwise(segs):
-        assert b["min_rows"] == a["max_rows"] + 1
-    assert {s["kind"] for s in segs} <= {"rows", "tiled", "splitk"}
+        assert b["m_min"] == a["m_max"] + 1
+    assert {s["kernel"].split(".")[1] for s in segs} <= {"rows", "tiled", "splitk"}
+    # every candidate's outcome at every row count is stored, and a second run resumes from the store
+    stored = store.query(fingerprint=webgpu_device.info.fingerprint)
+    assert {r.shape for r in stored} == {f"{m}x64x64" for m in rows}
+    assert sum(r.status == "ok" for r in stored) == len(record["candidates"]) * len(rows)
+    again, record2 = model_tune.tune_matmul(webgpu_device, "nf4", "residual", 64, 64, rows, 2, 0, print,
+                                            hand_picked=False, store=store)
+    assert again.ranges == entry.ranges and record2["best_ms"] == record["best_ms"]
+    assert record2["seconds"]["compile"] == 0 and record2["seconds"]["measure"] == 0
     assert set(record["best_ms"]) == set(rows) and all(v > 0 for v in record["best_ms"].values())
     kinds = {c.split(",")[0] for c in record["candidates"]}
     assert kinds == {"kind=rows", "kind=tiled", "kind=splitk"}, "every kernel kind must be measured"
@@ -45,14 +57,15 @@ def test_tune_matmul_ranges_cover_all_rows(webgpu_device):
 
 def test_run_writes_a_table_the_executor_uses(webgpu_device, tmp_path, monkeypatch, rng):
     monkeypatch.setenv("TILEWISE_DISPATCH_DIR", str(tmp_path))
+    monkeypatch.setenv("TILEWISE_STORE", str(tmp_path / "s.sqlite"))
     args = argparse.Namespace(preset="tiny", seq=40, weights="nf4", device="webgpu", budget=1, seed=0, json=None,
                               rows=[1, 40], force=False, hand_picked=False)
     assert model_tune.run(args) == 0
     path = dispatch_path(webgpu_device.info.fingerprint)
-    table = DispatchTable.load_for(webgpu_device.info.fingerprint, path)
+    table = load_model_table(webgpu_device.info.fingerprint, path)
     distinct = set(model_tune.model_matmuls(preset("tiny")).values())  # the two out_projs coincide
-    assert table.version == kernel_version() and len(table.matmul) == len(distinct) == 5
-    assert "attention" in table.ops
+    assert {matmul_key("nf4", *m) for m in distinct} | {"attention:4x2x16"} == set(table.entries)
+    assert len(distinct) == 5 and set(table.versions) == {"matmul", "attention"}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a matching table loads without any warning
         model = tilewise.load("tiny", device="webgpu", weights="nf4", seed=1)
@@ -83,17 +96,17 @@ def test_f16_arithmetic_competes_when_asked(webgpu_device):
 
 
 def test_candidates_sharing_inputs_are_still_checked_value_by_value(webgpu_device, rng):
-    """Model tuning lets VERIFY_REUSE checks share one input set; each check re-poisons the output, so a kernel
-    that leaves rows unwritten fails even right after a correct kernel filled them on the same inputs."""
+    """Matmul candidates let `verify_reuse` checks share one input set; each check re-poisons the output, so a
+    kernel that leaves rows unwritten fails even right after a correct kernel filled them on the same inputs."""
     from tilewise.devices.base import Launch
     from tilewise.kernels import matmul as mm
     from tilewise.tune.verify import Verifier
 
-    assert model_tune.VERIFY_REUSE > 1
     t = mm.MatmulTemplate("tiled", "nf4", "swiglu", webgpu_device.enabled_features, norm=True)
+    assert t.verify_reuse > 1
     cfg = t.default_config()
     shape = (97, 64, 128)
-    ver = Verifier(t, webgpu_device, shape, rng, reuse=model_tune.VERIFY_REUSE)
+    ver = Verifier(t, webgpu_device, shape, rng, reuse=t.verify_reuse)
     prog = t.compile(webgpu_device, cfg, shape)
     assert ver.check(prog, cfg).ok
     host_before = ver.buffers()["x"]

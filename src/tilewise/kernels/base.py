@@ -129,6 +129,10 @@ class KernelTemplate(ABC):
         """Reasons this config cannot handle this shape (alignment the source assumes, grid limits); empty if fine."""
         return []
 
+    def config_of(self, values: Mapping[str, Any]) -> Config:
+        """A config from plain values (a dispatch table's, a command line's); refuses unknown or missing names."""
+        return self.space("full").config(dict(values))
+
     def why_illegal(self, config: Config, limits: Limits | None, shape: Shape) -> list[str]:
         """Every broken rule and shape assumption as `rule: numbers`; empty when the config may be compiled."""
         return self.space("full").why_illegal(config, limits) + self.shape_problems(config, shape)

@@ -13,7 +13,8 @@ What a decision costs on the GPU side:
 - each block's two RMSNorms are fused into the matmuls that read them (in_proj / qkv, gate/up): the weights
   are scaled by the norm weight as they are decoded and the row's rsqrt(mean(x^2)) multiplies the epilogue;
 - matmuls pick a kernel per row count from the dispatch table (`tilewise tune model`), or the defaults:
-  the short-row kernel below 96 rows, the tiled kernel from 96 (seed 001's measured cutoff);
+  the short-row kernel below 96 rows, the tiled kernel from 96 (seed 001's measured cutoff); every tuned op
+  (and the embedding, short conv and head) launches through its kernel object, the one the tuner measured;
 - final-row slicing: in the last block only the last row goes through the mixer's output projection and
   the FFN (a conv last block runs its in_proj on the last conv_L_cache rows only; an attention last block
   still writes every row's K/V, since later tokens need them);
@@ -27,15 +28,9 @@ Device loss mid-decision raises `DeviceLost`; the next `forward` rebuilds the de
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
-import os
-import warnings
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -46,146 +41,18 @@ from tilewise.kernels import attention as attn_k
 from tilewise.kernels import matmul as mm
 from tilewise.kernels import rowops
 from tilewise.kernels import shortconv as conv_k
+from tilewise.kernels.base import KernelTemplate
+from tilewise.kernels.space import Config
 from tilewise.model.checkpoint import HEAD, Checkpoint
+from tilewise.model.dispatch import attention_key, default_matmul, load_model_table, matmul_key, matmul_name
 from tilewise.quant.nf4 import weight_arrays
+from tilewise.tune.dispatch import DispatchTable
 
 ROW_WG = 128  # rmsnorm / embed / conv threads per workgroup
 HEAD_WG = 64
 MIN_ROW_CAPACITY = 64
 MIN_CACHE_POSITIONS = 512
 MAX_CACHED_PLANS = 64  # decision plans kept per executor (a game uses a handful of prompt lengths)
-
-
-def kernel_version() -> str:
-    """Hash of all the kernel generators' source (shown in a table; `kernel_versions` decides what is stale)."""
-    h = hashlib.sha256()
-    for mod in (mm, rowops, conv_k, attn_k):
-        h.update(Path(mod.__file__).read_bytes())
-    return h.hexdigest()[:12]
-
-
-def kernel_versions() -> dict[str, str]:
-    """Hash of each tuned part's kernel generator: `matmul` (nf4_matmul.py) and `attention` (attention.py).
-
-    A table keeps the parts whose generator is unchanged, so editing the attention kernel costs a re-tune of
-    attention only, not of every matmul shape.
-    """
-    return {part: hashlib.sha256(Path(mod.__file__).read_bytes()).hexdigest()[:12]
-            for part, mod in (("matmul", mm), ("attention", attn_k))}
-
-
-# ---------------------------------------------------------------------------------------------- dispatch
-def dispatch_path(fingerprint: str) -> Path:
-    """Where `tilewise tune model` writes the dispatch table of a device (override: TILEWISE_DISPATCH_DIR)."""
-    env = os.environ.get("TILEWISE_DISPATCH_DIR")
-    if env:
-        base = Path(env)
-    else:
-        from tilewise.tune.store import default_path
-
-        base = default_path().parent / "dispatch"
-    slug = "".join(ch if ch.isalnum() or ch in ".-" else "-" for ch in fingerprint)
-    return base / f"model-{slug}.json"
-
-
-def matmul_key(fmt: str, epilogue: str, n: int, k: int, norm: bool = False) -> str:
-    return f"matmul:{fmt}:{epilogue}{'+norm' if norm else ''}:{n}x{k}"
-
-
-@dataclass
-class DispatchTable:
-    """Per-shape kernel choices: matmul row ranges -> (kind, config), plus configs of the other ops.
-
-    Attributes:
-        fingerprint: the device it was measured on.
-        version: `kernel_version()` of the kernels measured.
-        versions: `kernel_versions()` of the kernels measured (per tuned part).
-        matmul: key (`matmul_key`) -> [{"min_rows", "max_rows" (inclusive, null = no bound), "kind", "config"}].
-        ops: op name (`attention`) -> config.
-        source: "defaults" or the file it came from.
-    """
-
-    fingerprint: str = ""
-    version: str = ""
-    matmul: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    ops: dict[str, dict[str, Any]] = field(default_factory=dict)
-    source: str = "defaults"
-    measured: dict[str, Any] = field(default_factory=dict)
-    versions: dict[str, str] = field(default_factory=kernel_versions)
-
-    def pick_matmul(self, fmt: str, epilogue: str, n: int, k: int, rows: int,
-                    norm: bool = False) -> tuple[str, dict[str, Any]]:
-        for seg in self.matmul.get(matmul_key(fmt, epilogue, n, k, norm), []):
-            hi = seg.get("max_rows")
-            if seg["min_rows"] <= rows and (hi is None or rows <= hi):
-                cfg = dict(seg["config"])
-                if not mm.shape_problems(seg["kind"], cfg, n, k):
-                    return seg["kind"], cfg
-        if rows <= 2:
-            return "rows", dict(mm.DEFAULT_ONE_ROW)
-        if rows < mm.DEFAULT_CUTOFF_ROWS:
-            return "rows", dict(mm.DEFAULT_ROWS)
-        return "tiled", dict(mm.DEFAULT_TILED)
-
-    def op_config(self, op: str, default: dict[str, Any]) -> dict[str, Any]:
-        return dict(self.ops.get(op, default))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"format": "tilewise-model-dispatch", "fingerprint": self.fingerprint, "kernel_version": self.version,
-                "kernel_versions": self.versions, "matmul": self.matmul, "ops": self.ops, "measured": self.measured}
-
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1))
-        tmp.replace(path)
-        return path
-
-    @classmethod
-    def load_for(cls, fingerprint: str, path: str | Path | None = None, quiet: bool = False) -> DispatchTable:
-        """The table for a device, or the defaults (with a message saying how to tune) when there is none.
-
-        A table from another device fingerprint or another kernel version is ignored with a warning.
-        """
-        path = Path(path) if path is not None else dispatch_path(fingerprint)
-        fix = "run `tilewise tune model --preset P --seq 346 --device webgpu` to measure this device"
-        if not path.exists():
-            if not quiet:
-                warnings.warn(f"no tuned dispatch table for {fingerprint}; using safe defaults (short-row kernel "
-                              f"below {mm.DEFAULT_CUTOFF_ROWS} rows, 64x32 tiles from there). To tune: {fix}",
-                              stacklevel=2)
-            return cls(fingerprint=fingerprint, version=kernel_version())
-        try:
-            d = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            warnings.warn(f"ignoring unreadable dispatch table {path}: {exc}; {fix}", stacklevel=2)
-            return cls(fingerprint=fingerprint, version=kernel_version())
-        if d.get("fingerprint") != fingerprint:
-            warnings.warn(f"ignoring dispatch table {path}: it was measured on {d.get('fingerprint')!r}, not on this "
-                          f"device {fingerprint!r}; using defaults. {fix}", stacklevel=2)
-            return cls(fingerprint=fingerprint, version=kernel_version())
-        now = kernel_versions()
-        theirs = d.get("kernel_versions")
-        if not isinstance(theirs, dict):  # a table from before per-part versions: all or nothing
-            theirs = now if d.get("kernel_version") == kernel_version() else {}
-        stale = [part for part in now if theirs.get(part) != now[part]]
-        if len(stale) == len(now):
-            warnings.warn(f"ignoring dispatch table {path}: it was measured on kernel version "
-                          f"{d.get('kernel_version')!r}, these kernels are {kernel_version()!r}; using defaults. "
-                          f"{fix}", stacklevel=2)
-            return cls(fingerprint=fingerprint, version=kernel_version())
-        matmul, ops = d.get("matmul", {}), dict(d.get("ops", {}))
-        if "matmul" in stale:
-            matmul = {}
-        if "attention" in stale:
-            ops.pop("attention", None)
-        if stale:
-            warnings.warn(f"dispatch table {path}: the {' and '.join(stale)} kernels changed since it was measured "
-                          f"(versions {', '.join(f'{p} {theirs.get(p)!r} -> {now[p]!r}' for p in stale)}); using "
-                          f"defaults for them and the table for the rest. {fix}", stacklevel=2)
-        return cls(fingerprint=fingerprint, version=kernel_version(), matmul=matmul, ops=ops, source=str(path),
-                   measured=d.get("measured", {}), versions=now)
 
 
 # ---------------------------------------------------------------------------------------------- state
@@ -247,8 +114,9 @@ class WebGPUExecutor:
                 raise ConfigError(f"device {dev.info.name} is not a WebGPU device", "pass device='webgpu'")
         self.dev = dev
         self.generation += 1
-        self.dispatch = self._given_dispatch or DispatchTable.load_for(dev.info.fingerprint, quiet=self.quiet)
+        self.dispatch = self._given_dispatch or load_model_table(dev.info.fingerprint, quiet=self.quiet)
         self._programs: dict[Any, Program] = {}
+        self._templates: dict[str, KernelTemplate] = {}
         self._dims_cache: dict[tuple[int, ...], Buffer] = {}
         self._keep: list[Any] = []  # buffers replaced by larger ones stay referenced (bind groups key on ids)
         self._pool: dict[int, list[GPUCaches]] = {}
@@ -387,32 +255,69 @@ class WebGPUExecutor:
 
     # -- programs ----------------------------------------------------------------------------------------------------
     def _program(self, key: tuple[Any, ...], make_source: Any, name: str) -> Program:
+        """A program of an op without a kernel template (data movement, q/k norm + RoPE)."""
         prog = self._programs.get(key)
         if prog is None:
             prog = self.dev.compile(make_source(), "main", name=name)
             self._programs[key] = prog
         return prog
 
+    def _template(self, name: str) -> KernelTemplate:
+        """The kernel object a dispatch choice names: the same class the tuner measured, built for this device."""
+        tpl = self._templates.get(name)
+        if tpl is None:
+            if name == "attention":
+                tpl = attn_k.AttentionTemplate()
+            elif name == "shortconv":
+                tpl = conv_k.ConvTemplate()
+            elif name == "head":
+                tpl = rowops.HeadTemplate(self.cfg.norm_eps)
+            elif name.startswith("embed."):
+                tpl = rowops.EmbedTemplate(name.split(".", 1)[1])
+            else:
+                tpl = mm.MatmulTemplate.from_name(name, self.dev.enabled_features, self.cfg.norm_eps)
+            self._templates[name] = tpl
+        return tpl
+
+    def launches(self, tpl: KernelTemplate, config: Config, shape: tuple[int, ...], bufs: dict[str, Buffer],
+                 ) -> list[Launch]:
+        """One op's launches through its kernel object (compiled once per program key): the path the tuner's
+        measurements went through, so a tuned config runs exactly as it was measured."""
+        key = ("tpl", tpl.name, tpl.program_key(config, shape))
+        prog = self._programs.get(key)
+        if prog is None:
+            prog = tpl.compile(self.dev, config, shape)
+            self._programs[key] = prog
+        return tpl.launches(prog, bufs, config, shape)
+
+    def matmul_choice(self, epilogue: str, n: int, k: int, rows: int, norm: bool) -> tuple[KernelTemplate, Config]:
+        """The matmul kernel and config for `rows` rows: the dispatch table's, else the defaults."""
+        picked = self.dispatch.pick(matmul_key(self.fmt, epilogue, n, k, norm), rows)
+        if picked is not None:
+            try:
+                tpl = self._template(picked[0])
+                cfg = tpl.config_of(picked[1])
+                if not tpl.shape_problems(cfg, (rows, n, k)):
+                    return tpl, cfg
+            except (ConfigError, KeyError):  # a choice this build cannot run: the defaults are always safe
+                pass
+        kind, values = default_matmul(rows)
+        tpl = self._template(matmul_name(kind, self.fmt, epilogue, norm))
+        return tpl, tpl.config_of(values)
+
     def _matmul(self, plan: _Plan, label: str, epilogue: str, x: Buffer, x_row0: int, rows: int,
                 weights: list[Buffer], out: Buffer, n: int, k: int, norm: Buffer | None = None) -> None:
         """One matmul (two launches for split-K); `norm` fuses the RMSNorm of x with these weights into it."""
-        kind, cfg = self.dispatch.pick_matmul(self.fmt, epilogue, n, k, rows, norm is not None)
-        eps = self.cfg.norm_eps if norm is not None else None
-        key = ("mm", kind, tuple(sorted(cfg.items())), self.fmt, epilogue, n, k, eps)
-        prog = self._program(key, lambda: mm.source(kind, cfg, self.fmt, epilogue, n, k, eps),
-                             f"{self.fmt}_matmul.{kind}.{epilogue}{'.norm' if norm else ''}[{n}x{k}]")
-        dims = self._dims(rows, x_row0)
-        if kind != "splitk":
-            plan.add(label, Launch(prog, mm.grid(kind, cfg, rows, n),
-                                   [dims, x, *([norm] if norm is not None else []), *weights, out]))
-            return
-        # split-K: partial sums into a scratch buffer, then one launch adds them and applies the epilogue
-        part = self._scratch(mm.splitk_scratch_bytes(cfg, epilogue, rows, n, norm is not None))
-        red = self._program(("mm-reduce", epilogue, n, k, cfg["KS"], eps),
-                            lambda: mm.splitk_reduce_source(epilogue, n, cfg["KS"], eps, k), f"splitk.reduce[{n}]")
-        plan.add(label, Launch(prog, mm.grid(kind, cfg, rows, n),
-                               [dims, x, *([norm] if norm is not None else []), *weights, part]))
-        plan.add(label, Launch(red, (math.ceil(rows * n / mm.SPLITK_WG), 1, 1), [self._dims(rows), part, out]))
+        tpl, cfg = self.matmul_choice(epilogue, n, k, rows, norm is not None)
+        assert isinstance(tpl, mm.MatmulTemplate)
+        names = [b for b in tpl.binding_names() if b not in ("dims", "x", "norm_w", "out")]
+        bufs = {"dims": self._dims(rows, x_row0), "x": x, "out": out, **dict(zip(names, weights))}
+        if norm is not None:
+            bufs["norm_w"] = norm
+        if tpl.kind == "splitk":  # partial sums into a scratch buffer, then one launch adds them with the epilogue
+            bufs["part"] = self._scratch(tpl.scratch_bytes(cfg, rows, n))
+        for launch in self.launches(tpl, cfg, (rows, n, k), bufs):
+            plan.add(label, launch)
 
     def _scratch(self, nbytes: int) -> Buffer:
         """One partial-sum buffer shared by every split-K launch (they run one after another)."""
@@ -473,11 +378,16 @@ class WebGPUExecutor:
                 k_new, v_new = new.kv[i]
                 plan.add("copy.kv_prefix", Launch(prog, rowops.copy_grid(words),
                                                   [self._dims(words, 0, 0), k_old, v_old, k_new, v_new]))
-        fmt = self.fmt
-        prog = self._program(("embed", fmt, H), lambda: rowops.embed_source(ROW_WG, fmt, H), f"embed.{fmt}")
-        plan.add("embed", Launch(prog, (n, 1, 1), [self._dims(n), a["ids"], *self.embed, a["x"]]))
+        embed = self._template(f"embed.{self.fmt}")
+        table = dict(zip(("w", "absmax"), self.embed))
+        for launch in self.launches(embed, embed.config_of({"WG": ROW_WG}), (n, H, cfg.vocab_size),
+                                    {"dims": self._dims(n), "ids": a["ids"], **table, "out": a["x"]}):
+            plan.add("embed", launch)
         n_layers = len(self.layers)
-        attn_cfg = self.dispatch.op_config("attention", attn_k.DEFAULT_ATTN)
+        attn = self._template("attention")
+        picked = self.dispatch.pick(attention_key(hq, hkv, d), n)
+        attn_cfg = attn.config_of(picked[1] if picked is not None else attn_k.DEFAULT_ATTN)
+        conv = self._template("shortconv")
         xr, xr_rows = a["x"], n  # the residual rows the FFN works on
         for i, lay in enumerate(self.layers):
             last = final_row_slicing and i == n_layers - 1
@@ -486,10 +396,11 @@ class WebGPUExecutor:
                 r = min(n, L) if last else n
                 self._matmul(plan, "conv.in_proj", "none", a["x"], n - r, r, lay["in_proj"], a["big"], 3 * H, H,
                              norm=lay["operator_norm"])
-                prog = self._program(("conv", H, L), lambda: conv_k.conv_source(ROW_WG, H, L), "shortconv")
                 state_in = caches.conv[i] if caches is not None else self.zero_conv_state
-                plan.add("conv", Launch(prog, (math.ceil(H / ROW_WG), r, 1),
-                                        [self._dims(r), a["big"], state_in, lay["taps"], a["y"], new.conv[i]]))
+                for launch in self.launches(conv, conv.config_of({"WG": ROW_WG}), (r, H, L), {
+                        "dims": self._dims(r), "bcx": a["big"], "state_in": state_in, "weight": lay["taps"],
+                        "out": a["y"], "state_out": new.conv[i]}):
+                    plan.add("conv", launch)
                 if last:
                     self._copy(plan, "copy.last_row", a["x"], (n - 1) * H, a["x1"], 0, H)
                     self._matmul(plan, "conv.out_proj", "residual", a["y"], r - 1, 1, lay["out_proj"], a["x1"], H, H)
@@ -505,11 +416,11 @@ class WebGPUExecutor:
                 plan.add("attn.qknorm_rope", Launch(prog, (hq + 2 * hkv, n, 1), [
                     self._dims(n, start), a["big"], lay["q_norm"], lay["k_norm"], self.rope[0], self.rope[1], a["q"],
                     k_c, v_c]))
-                prog = self._program(("attn", tuple(sorted(attn_cfg.items())), hq, hkv, d),
-                                     lambda: attn_k.attention_source(attn_cfg, hq, hkv, d), "attention")
                 nq, first = (1, n - 1) if last else (n, 0)
-                plan.add("attention", Launch(prog, attn_k.attention_grid(attn_cfg, nq, hq), [
-                    self._dims(nq, start, first), a["q"], k_c, v_c, a["y"]]))
+                for launch in self.launches(attn, attn_cfg, (nq, start, hq, hkv, d), {
+                        "dims": self._dims(nq, start, first), "q": a["q"], "k_cache": k_c, "v_cache": v_c,
+                        "out": a["y"]}):
+                    plan.add("attention", launch)
                 if last:
                     self._copy(plan, "copy.last_row", a["x"], (n - 1) * H, a["x1"], 0, H)
                     self._matmul(plan, "attn.out_proj", "residual", a["y"], 0, 1, lay["out_proj"], a["x1"], H, hq * d)
@@ -520,9 +431,11 @@ class WebGPUExecutor:
             self._matmul(plan, "ffn.gate_up", "swiglu", xr, 0, xr_rows, [*lay["w1"], *lay["w3"]], gbuf, F, H,
                          norm=lay["ffn_norm"])
             self._matmul(plan, "ffn.down", "residual", gbuf, 0, xr_rows, lay["w2"], xr, H, F)
-        prog = self._program(("head", H), lambda: rowops.head_source(HEAD_WG, H, cfg.num_labels, cfg.norm_eps), "head")
-        plan.add("head", Launch(prog, (1, 1, 1), [self._dims(1, xr_rows - 1), xr, self.final_norm, self.head,
-                                                  a["res"]]))
+        head = self._template("head")
+        for launch in self.launches(head, head.config_of({"WG": HEAD_WG}), (xr_rows, H, cfg.num_labels), {
+                "dims": self._dims(1, xr_rows - 1), "x": xr, "norm_weight": self.final_norm,
+                "head_weight": self.head, "out": a["res"]}):
+            plan.add("head", launch)
         return plan
 
     def forward(self, ids: np.ndarray, start: int, caches: GPUCaches | None, final_row_slicing: bool,

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -146,14 +145,9 @@ def _console() -> Any:
 # ---- tune -----------------------------------------------------------------------------------------------------
 def cmd_tune(args: argparse.Namespace) -> int:
     if args.kernel == "model":
-        try:
-            mt = importlib.import_module("tilewise.model_tune")
-        except ModuleNotFoundError as exc:
-            if exc.name and "model_tune" in exc.name:
-                raise ConfigError("`tilewise tune model` needs tilewise.model_tune, which is not part of this build",
-                                  "tune single kernels with `tilewise tune gemm ...`") from exc
-            raise
-        return int(mt.run(args) or 0)
+        from tilewise.model.tune import run
+
+        return int(run(args) or 0)
     from tilewise.kernels.base import parse_shape
 
     tpl = _template(args.kernel, args.device)

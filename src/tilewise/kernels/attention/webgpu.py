@@ -257,6 +257,10 @@ class AttentionTemplate(KernelTemplate):
         _, _, hq, hkv, d = shape or (1, 0, 4, 2, 16)
         return attention_source(config, hq, hkv, d)
 
+    def config_of(self, values: dict[str, object]) -> Config:
+        """A config from a dispatch table's values; KT and LZ default to 1 and 0 (the kernel before they existed)."""
+        return self.space().config({"KT": 1, "LZ": 0, **values})
+
     def program_key(self, config: Config, shape: Shape) -> tuple[object, ...]:
         return (config, *shape[2:])  # queries and cached positions come in the dims uniform
 

@@ -182,6 +182,9 @@ class _Template(KernelTemplate):
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
         return device.compile(self.source(config, shape), "main", name=f"{self.name}[{config}]")
 
+    def program_key(self, config: Config, shape: Shape) -> tuple[object, ...]:
+        return (config, *shape[1:])  # the rows come in the dims uniform
+
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
         bufs = {k: device.upload(v) for k, v in host.items()}
         bufs["dims"] = device.upload(self.dims(shape), uniform=True)

@@ -76,6 +76,9 @@ class ConvTemplate(KernelTemplate):
         _, h, taps = shape or (1, 64, 3)
         return conv_source(config["WG"], h, taps)
 
+    def program_key(self, config: Config, shape: Shape) -> tuple[object, ...]:
+        return (config, *shape[1:])  # the rows come in the dims uniform
+
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
         return device.compile(self.source(config, shape), "main", name=f"shortconv[{config}]")
 

@@ -1,16 +1,17 @@
-"""`tilewise tune model`: measure every matmul shape the classifier runs, across row counts, and write the
-dispatch table the WebGPU executor loads (per-shape row ranges -> short-row or tiled kernel and config).
+"""`tilewise tune model`: measure every matmul the classifier runs, across row counts, and the attention tile, and
+write the dispatch table the WebGPU executor loads.
 
-For each (epilogue, N, K) of the model (conv in/out projections, q/k/v and out projections, paired gate/up
-with SwiGLU, down with the residual), candidates of both kernels are compiled once and verified once against
-the float64 reference (every output value, NaN-poisoned outputs); then at each row count M (1..512 plus
-the decision's lengths) all surviving candidates are timed interleaved with the tuner's `measure`, and the
-tuner's `fit_dispatch` turns the per-M medians into the fewest row ranges within 3% of the per-M best. The
-measured cutoff (where the tiled kernel takes over) is printed per shape: seed 001 found 96 on an M1 Max.
-Attention's query/key tile is tuned at the decision length.
+For each (epilogue, N, K) of the model (conv in/out projections, q/k/v and out projections, paired gate/up with
+SwiGLU, down with the residual) the candidates of the three kernels (short-row, tiled, split-K) are items of the
+evaluation engine at every row count (1..512 plus the decision's lengths): each is verified once against the
+float64 reference (every output value, NaN-poisoned outputs), every candidate of one row count is timed in the
+same interleaved rounds, and every outcome is stored (an interrupted run resumes from the store). The tuner's
+`fit_dispatch` turns the per-row-count medians into the fewest row ranges within 3% of the best; the cutoff where
+the tiled kernel takes over is printed per shape (seed 001 found 96 on an M1 Max). Attention's query/key tile is
+tuned at the decision length.
 
-A table is keyed by the device fingerprint and the kernels' version; the executor ignores (with a warning)
-a table from another device or from other kernels, and falls back to safe defaults.
+The table is keyed by the device fingerprint and the kernel families' code versions; the executor ignores (with a
+warning) a table from another device and the entries of a family whose code changed.
 """
 
 from __future__ import annotations
@@ -21,9 +22,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from tilewise.errors import ConfigError
+from tilewise.kernels import attention as attn_k
+from tilewise.kernels import matmul as mm
+from tilewise.kernels.space import Config
+from tilewise.model.dispatch import attention_key, dispatch_path, load_model_table, matmul_key
+from tilewise.tune.dispatch import DispatchTable, Entry, Range, fit_dispatch, make_ranges
+from tilewise.tune.engine import Engine, Item
+from tilewise.tune.store import Store
 
 DEFAULT_ROWS = (1, 2, 4, 8, 16, 32, 64, 95, 96, 128, 192, 256, 384, 512)
 
@@ -42,9 +48,9 @@ def model_matmuls(cfg: Any) -> dict[str, tuple[str, int, int, bool]]:
     return out
 
 
-# hand-picked starting points (big per-thread tiles did best on an H200 in the design probe: 8x8 per thread),
-# measured next to a random sample of the space; illegal ones (e.g. 8x8 paired with F16A: 192 accumulator
-# registers, or a prefetch needing more than 32 registers) drop out. Keys left out take PF=0 and CL="block".
+# hand-picked starting points (big per-thread tiles), measured next to a random sample of the space; illegal ones
+# (e.g. 8x8 paired with F16A: 192 accumulator registers, or a prefetch needing more than 32 registers) drop out.
+# Keys left out take PF=0 and CL="block". docs/journal/webgpu-runtime.md says which runs chose them.
 _TILE = ("BM", "BN", "BK", "TM", "TN")
 # the tiles measured since the first runtime (no prefetch, block columns)
 _SEED_TILED_BASE = [dict(zip(_TILE, v)) for v in (
@@ -61,11 +67,10 @@ _SEED_TILED_PF = [
 # each change alone on the 64x64 8x8 tile, to tell the two apart
 _SEED_TILED_ONE = [{"BM": 64, "BN": 64, "BK": 16, "TM": 8, "TN": 8, "CL": "strided"},
                    {"BM": 64, "BN": 64, "BK": 16, "TM": 8, "TN": 8, "PF": 1}]
-# 192 columns: the gate/up pair's fastest tile at 299 rows in the fitted-tile run on the H200
-# (bench/results/matmul_tiles/2026-12-01-h200-lfm2-350m-tiles.md)
+# 192 columns fill a large GPU in whole waves for the gate/up pair at a prefix-cached decision's rows
 _SEED_TILED_WIDE = [{"BM": 64, "BN": 192, "BK": 16, "TM": 8, "TN": 4, "PF": 1}]
-# no double-buffered (DB=1) seeds: the 18 tried lost at every shape and row count on the H200 and made tuning
-# 25% longer (bench/results/decision_webgpu/summary-db-alternate.md); the random sample still draws DB=1 configs
+# no double-buffered (DB=1) seeds: as seeds they lost at every shape and row count measured and made tuning longer;
+# the random sample still draws DB=1 configs
 # the K step's loop unrolled (UK=1, see SEED_SPLITK) on the tiles where it helped the gate/up pair
 _SEED_TILED_UK = [{"BM": 128, "BN": 128, "BK": 32, "TM": 8, "TN": 4, "PF": 1, "UK": 1},
                   {"BM": 128, "BN": 128, "BK": 32, "TM": 4, "TN": 8, "PF": 1, "CL": "strided", "UK": 1}]
@@ -78,19 +83,17 @@ _SPLIT = (*_TILE, "KS")
 _SPLITK_PF = [dict(zip(_SPLIT, v), PF=1, CL="strided" if v[4] >= 8 else "block") for v in (
     (64, 64, 16, 8, 8, 2), (64, 64, 16, 8, 8, 4), (64, 64, 16, 4, 8, 4), (64, 64, 16, 8, 4, 4),
     (128, 64, 16, 8, 8, 4), (64, 128, 16, 8, 8, 4), (128, 128, 16, 8, 8, 8), (64, 64, 32, 4, 8, 4),
-    # eight K slices of a 64x128 tile: the fitted-tile run's fastest at 1024x1024 and 3072x1024 (346 rows)
+    # eight K slices of a 64x128 tile: more workgroups for the narrow 1024-column outputs
     (64, 128, 32, 8, 8, 8), (64, 64, 32, 8, 4, 4))]
-# UK=1 (the K step's loop unrolled in the source) on the H200 (bench/results/matmul_variants/): 1.05-1.3x on most
-# split-K tiles, 0.87x on a few; 0.93-1.04x on the tiled gate/up pair (1.03-1.04x on its 128-column K-step-32
-# tiles). Each prefetching split-K seed is offered both ways, the tiled seeds only on those tiles.
+# UK=1 (the K step's loop unrolled in the source) helps most split-K tiles and a few tiled ones and hurts others,
+# so each prefetching split-K seed is offered both ways, the tiled seeds only on the tiles where it can win.
 SEED_SPLITK: tuple[dict[str, Any], ...] = (*(dict(zip(_SPLIT, v)) for v in (
     (64, 64, 16, 4, 4, 2), (64, 64, 16, 4, 4, 4), (64, 64, 32, 4, 4, 2), (64, 64, 32, 4, 4, 4),
     (64, 64, 16, 8, 8, 4), (128, 64, 16, 8, 4, 4), (32, 64, 16, 4, 4, 2), (64, 32, 16, 4, 4, 4))),
     *_SPLITK_PF, *({**v, "UK": 1} for v in _SPLITK_PF))
 # tiles whose row count splits the decision's rows into a few blocks with little padding (346 rows: 2 x 176,
-# 3 x 120, 4 x 88 instead of 3 x 128 = 384), with column counts that fill the GPU in whole waves; the fastest of
-# this family in the fitted-tile run on the H200 (bench/results/matmul_tiles/): 176x72 for the gate/up pair,
-# 176x128 and 88x128 in eight K slices for the down projection. `fitted_seeds(seq, kind)` sizes them.
+# 3 x 120, 4 x 88 instead of 3 x 128 = 384), with column counts that fill the GPU in whole waves (seed 001: padding
+# decides speed-ups at one length). `fitted_seeds(seq, kind)` sizes them.
 _FIT_TILED = (  # (row blocks, BN, BK, TM, TN, UK)
     (2, 72, 32, 4, 8, 0), (2, 72, 32, 8, 4, 0), (3, 128, 16, 4, 8, 0), (3, 128, 32, 8, 4, 1))
 _FIT_SPLITK = (  # (row blocks, BN, BK, TM, TN, KS, UK)
@@ -113,9 +116,6 @@ def fitted_seeds(seq: int, kind: str) -> list[dict[str, Any]]:
 
 SEED_ROWS = ((128, 4, 1, 8), (256, 8, 1, 16), (64, 2, 4, 8), (128, 2, 8, 8), (256, 4, 4, 16), (128, 1, 8, 32),
              (256, 2, 2, 32), (64, 1, 4, 16))
-
-
-VERIFY_REUSE = 8  # consecutive candidate checks that share one input set in `tune_matmul`
 
 
 def candidates(template: Any, limits: Any, n: int, seed: int, hand_picked: bool = True,
@@ -145,128 +145,91 @@ def candidates(template: Any, limits: Any, n: int, seed: int, hand_picked: bool 
     return uniq
 
 
+TUNE_MEASURE = {"warmup": 2, "min_rounds": 6, "max_rounds": 20, "budget_s": 0.4}
+ATTENTION_MEASURE = {"warmup": 2, "min_rounds": 6, "max_rounds": 25, "budget_s": 1.0}
+
+
+def matmul_templates(dev: Any, fmt: str, epilogue: str, rows: list[int], f16_arith: bool = False,
+                     norm: bool = False, eps: float = 1e-5) -> list[Any]:
+    """The matmul kernels that compete for one shape: short-row, tiled and (with 64+ rows) split-K, plus the
+    f16-arithmetic tiled and split-K variants when asked for and the adapter has shader-f16."""
+    kinds = [k for k in mm.KINDS if not (k == "splitk" and max(rows) < 64)]  # split-K only pays with many rows
+    out = [mm.MatmulTemplate(kind, fmt, epilogue, dev.enabled_features, norm=norm, eps=eps) for kind in kinds]
+    if f16_arith and "shader-f16" in dev.enabled_features:
+        out += [mm.MatmulTemplate(kind, fmt, epilogue, dev.enabled_features, True, True, norm=norm, eps=eps)
+                for kind in kinds if kind != "rows"]
+    return out
+
+
+def _tag(tpl: Any, config: Config) -> str:
+    """A candidate's name in the record: its kernel kind and config (`kind=tiled,BM=64,...`)."""
+    return f"kind={tpl.kind}," + config.key()
+
+
 def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[int], n_cand: int, seed: int,
                 log: Any, hand_picked: bool = True, f16_arith: bool = False, norm: bool = False,
                 eps: float = 1e-5, configs: Callable[[Any], list[Any]] | None = None,
-                keep_times: bool = False, seq: int | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Measure both kernels across `rows`; returns (dispatch segments, measurements for the record).
+                keep_times: bool = False, seq: int | None = None, store: Store | None = None,
+                force: bool = False) -> tuple[Entry, dict[str, Any]]:
+    """Measure the matmul kernels across `rows` (one engine run); returns (the dispatch entry, the record).
 
     With `f16_arith` (and shader-f16) the tiled and split-K kernels' f16-staging + f16-FMA variants compete too,
     verified under the f16 tolerance. `seq` (the decision length) adds the seeds fitted to it. `configs(template)`,
     when given, replaces `candidates` (a template it gives nothing is skipped); `keep_times` adds every
-    candidate's median per row count (`times_ms`).
+    candidate's median per row count (`times_ms`). Results are stored in `store` (resumed from it unless `force`).
     """
-    from tilewise.kernels import matmul as mm
-    from tilewise.kernels.space import Config
-    from tilewise.tune.dispatch import fit_dispatch
-    from tilewise.tune.measure import measure
-    from tilewise.tune.verify import Verifier
-
-    rng = np.random.default_rng(seed)
-    max_m = max(rows)
-    keep: list[Any] = []
-    cand: dict[Config, tuple[Any, Any, Any]] = {}  # tagged config -> (template, config, program)
-    bufs_of: dict[str, Any] = {}
-    failures: dict[str, str] = {}
-    kinds = [k for k in mm.KINDS if not (k == "splitk" and max(rows) < 64)]  # split-K only pays with many rows
-    templates = [mm.MatmulTemplate(kind, fmt, epilogue, dev.enabled_features, norm=norm, eps=eps) for kind in kinds]
-    if f16_arith and "shader-f16" in dev.enabled_features:
-        # f16 FMAs in both many-row kernels: the split-K one serves the long-K down projections
-        templates += [mm.MatmulTemplate(kind, fmt, epilogue, dev.enabled_features, True, True, norm=norm, eps=eps)
-                      for kind in kinds if kind != "rows"]
-    seconds = {"compile": 0.0, "verify": 0.0, "inputs": 0.0, "measure": 0.0}  # where a shape's tuning time goes
-    for t in templates:
-        kind = t.kind
+    eng = Engine(dev, store, force=force, seed=seed, measure_kw=TUNE_MEASURE)
+    cands: list[tuple[Any, Config]] = []
+    for t in matmul_templates(dev, fmt, epilogue, rows, f16_arith, norm, eps):
         todo = candidates(t, dev.info.limits, n_cand, seed, hand_picked, seq) if configs is None else configs(t)
-        if not todo:
-            continue
-        check_m = 97 if max_m >= 97 else max_m
-        # eight candidates share one random input set (outputs re-poisoned for each): making the NF4 weights of a
-        # 4608x1024 pair takes 0.6 s, more than compiling a candidate, and was most of a model's tuning time
-        ver = Verifier(t, dev, (check_m, n, k), rng, reuse=VERIFY_REUSE)
-        for c in todo:
-            tag = Config((("kind", kind), *c.items()))
-            probs = t.shape_problems(c, (max_m, n, k))
-            if probs:
-                failures[tag.key()] = "illegal: " + "; ".join(probs)
-                continue
-            t0 = time.perf_counter()
-            try:
-                prog = t.compile(dev, c, (max_m, n, k))
-                t1 = time.perf_counter()
-                seconds["compile"] += t1 - t0
-                chk = ver.check(prog, c)
-                seconds["verify"] += time.perf_counter() - t1
-            except Exception as exc:  # a failing candidate is a result, never the end of the sweep
-                failures[tag.key()] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-                continue
-            if not chk.ok:
-                failures[tag.key()] = "wrong: " + chk.message
-                continue
-            cand[tag] = (t, c, prog)
-        keep.append(ver)
-        t0 = time.perf_counter()
-        host = t.make_inputs((max_m, n, k), rng)
-        bufs_of[t.name] = t.upload(dev, host, (max_m, n, k))
-        seconds["inputs"] += time.perf_counter() - t0
-    if not cand:
+        cands += [(t, c) for c in todo]
+    items = [Item(t, c, (m, n, k)) for m in rows for t, c in cands]
+    outcomes = eng.evaluate(items, batch=None)
+    times: dict[tuple[str, Config], dict[int, float]] = {}
+    failures: dict[str, str] = {}
+    tags: dict[tuple[str, Config], str] = {}
+    for oc in outcomes:
+        key = (oc.item.kernel.name, oc.config)
+        tags[key] = _tag(oc.item.kernel, oc.config)
+        if oc.status == "ok" and oc.stats is not None:
+            times.setdefault(key, {})[oc.shape[0]] = oc.stats.median_ms
+        else:
+            failures.setdefault(tags[key], f"{oc.status}: {oc.reason}")
+    if not times:
         raise ConfigError(f"no matmul candidate ran for {fmt} {epilogue} {n}x{k}: {failures}",
                           "report this with `tilewise devices --json`")
-    times: dict[Config, dict[int, float]] = {tag: {} for tag in cand}
-    t_measure = time.perf_counter()
-    for m in rows:
-        launches = {}
-        for tag, (t, c, prog) in cand.items():
-            bufs = dict(bufs_of[t.name])
-            bufs["dims"] = dev.upload(np.array([m, 0, 0, 0], np.uint32), uniform=True)
-            keep.append(bufs["dims"])
-            launches[tag] = t.launches(prog, bufs, c, (m, n, k))
-        meas = measure(dev, launches, warmup=2, min_rounds=6, max_rounds=20, budget_s=0.4, rng=rng)
-        for tag, st in meas.stats.items():
-            times[tag][m] = st.median_ms
-    seconds["measure"] = time.perf_counter() - t_measure
     ranges = fit_dispatch(times, rows, tolerance=0.03)
-    segments = []
-    for i, r in enumerate(ranges):
-        cfg = dict(r.config)
-        kind = cfg.pop("kind")
-        segments.append({"min_rows": r.m_min, "max_rows": None if i == len(ranges) - 1 else r.m_max,
-                         "kind": kind, "config": cfg})
-    best = {m: min(times, key=lambda tg, m=m: times[tg].get(m, float("inf"))) for m in rows}
-    record = {"rows": rows, "best_ms": {m: times[best[m]][m] for m in rows},
-              "best": {m: best[m].key() for m in rows}, "failures": failures,
-              "candidates": [tg.key() for tg in cand], "seconds": {a: round(b, 4) for a, b in seconds.items()}}
+    best = {m: min((c for c in times if m in times[c]), key=lambda c, m=m: times[c][m]) for m in rows}
+    entry = Entry(make_ranges(ranges, open_end=True), fixed={"N": n, "K": k}, tolerance=0.03, measured_m=list(rows),
+                  per_m={str(m): {"best": tags[best[m]], "median_ms": times[best[m]][m]} for m in rows})
+    record = {"rows": rows, "best_ms": {m: times[best[m]][m] for m in rows}, "best": {m: tags[best[m]] for m in rows},
+              "failures": failures, "candidates": [tags[c] for c in times],
+              "seconds": {a: round(b, 4) for a, b in eng.seconds.items()}}
     if keep_times:
-        record["times_ms"] = {tg.key(): {m: times[tg][m] for m in rows} for tg in cand}
-    del keep
-    return segments, record
+        record["times_ms"] = {tags[c]: {m: t for m, t in sorted(ts.items())} for c, ts in times.items()}
+    return entry, record
 
 
-def tune_attention(dev: Any, cfg: Any, seq: int, seed: int) -> tuple[dict[str, Any], float]:
-    from tilewise.kernels import attention as attn_k
-    from tilewise.tune.measure import measure
-    from tilewise.tune.verify import Verifier
-
+def tune_attention(dev: Any, cfg: Any, seq: int, seed: int, store: Store | None = None,
+                   force: bool = False) -> tuple[dict[str, Any], float]:
+    """The fastest verified attention tile at the decision length: (config values, median ms)."""
     t = attn_k.AttentionTemplate()
     shape = (seq, 0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
-    rng = np.random.default_rng(seed)
-    ver = Verifier(t, dev, shape, rng)
-    launches = {}
-    progs = []
-    for c in t.space().legal(dev.info.limits):
-        prog = t.compile(dev, c, shape)
-        progs.append(prog)
-        if ver.check(prog, c).ok:
-            launches[c] = t.launches(prog, ver.buffers(), c, shape)
-    meas = measure(dev, launches, warmup=2, min_rounds=6, max_rounds=25, budget_s=1.0, rng=rng)
-    best = min(meas.stats, key=lambda c: meas.stats[c].median_ms)
-    return dict(best), meas.stats[best].median_ms
+    eng = Engine(dev, store, force=force, seed=seed, measure_kw=ATTENTION_MEASURE)
+    outcomes = eng.evaluate([Item(t, c, shape) for c in t.space().legal(dev.info.limits)], batch=None)
+    ok = [oc for oc in outcomes if oc.status == "ok" and oc.stats is not None]
+    if not ok:
+        raise ConfigError(f"no attention tile ran correctly at {seq} rows: "
+                          + "; ".join(f"{oc.config}: {oc.status}" for oc in outcomes[:4]),
+                          "report this with `tilewise devices --json`")
+    best = min(ok, key=lambda oc: oc.stats.median_ms)  # type: ignore[union-attr]
+    return dict(best.config), best.stats.median_ms  # type: ignore[union-attr]
 
 
 def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: Any = None, n_cand: int = 12,
                seed: int = 0, force: bool = False, hand_picked: bool = True, f16_arith: bool = False,
-               path: Any = None, log: Any = print) -> Any:
-    """Tune every matmul shape and the attention tile of a model config on a device; returns the DispatchTable.
+               path: Any = None, log: Any = print, store: Store | None = None) -> DispatchTable:
+    """Tune every matmul shape and the attention tile of a model config on a device; returns the table.
 
     Args:
         dev: a WebGPU device.
@@ -276,18 +239,17 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
         rows: row counts to measure (default `DEFAULT_ROWS`).
         n_cand: random legal configs per kernel next to the default and the hand-picked ones.
         seed: inputs and sampling.
-        force: re-measure shapes the table at `path` already holds.
+        force: re-measure shapes the table at `path` already holds (and items the store holds).
         hand_picked: include `SEED_TILED` / `SEED_SPLITK` / `SEED_ROWS` and the seeds fitted to `seq`.
         f16_arith: let the f16-arithmetic tiled and split-K variants compete (f16 tolerance; a table of its own).
         path: where the table lives (default: `dispatch_path(fingerprint)`, with `-f16a` for f16_arith).
         log: progress printer.
+        store: the results store every candidate's outcome goes to (None: keep none).
 
     Returns:
         The table, saved at `path` after every shape.
     """
     from pathlib import Path
-
-    from tilewise.model.webgpu import DispatchTable, dispatch_path, kernel_version, matmul_key
 
     fp = dev.info.fingerprint
     rows = sorted(set(rows or DEFAULT_ROWS) | {seq, max(1, seq - 47)})
@@ -304,26 +266,30 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
     if f16_arith and "shader-f16" not in dev.enabled_features:
         log("f16 arithmetic skipped: this adapter has no shader-f16")
     # shapes this device already has (from another preset of the same width) are kept unless force
-    table = DispatchTable.load_for(fp, path, quiet=True) if path.exists() else DispatchTable(fp, kernel_version())
+    table = load_model_table(fp, path, quiet=True) if path.exists() else DispatchTable(fp)
     table.source = "tuned"
     for label, (epilogue, n, k, norm) in model_matmuls(cfg).items():
-        if matmul_key(fmt, epilogue, n, k, norm) in table.matmul and not force:
+        key = matmul_key(fmt, epilogue, n, k, norm)
+        if key in table.entries and not force:
             log(f"{label} ({epilogue}, N={n}, K={k}): already tuned on this device (force re-measures)")
             continue
-        segs, record = tune_matmul(dev, fmt, epilogue, n, k, rows, n_cand, seed, log, hand_picked=hand_picked,
-                                   f16_arith=f16_arith, norm=norm, eps=cfg.norm_eps, seq=seq)
-        table.matmul[matmul_key(fmt, epilogue, n, k, norm)] = segs
+        entry, record = tune_matmul(dev, fmt, epilogue, n, k, rows, n_cand, seed, log, hand_picked=hand_picked,
+                                    f16_arith=f16_arith, norm=norm, eps=cfg.norm_eps, seq=seq, store=store,
+                                    force=force)
+        table.put(key, entry, mm.MatmulTemplate())
         table.measured[f"{label} {n}x{k}"] = record
         table.save(path)  # each shape as soon as it is measured: an interrupted run keeps what it did
-        cut = next((sg["min_rows"] for sg in segs if sg["kind"] != "rows"), None)
-        desc = ", ".join(f"{sg['min_rows']}-{sg['max_rows'] or '...'}: {sg['kind']} "
-                         f"{','.join(f'{a}={b}' for a, b in sg['config'].items())}" for sg in segs)
+        cut = next((r["m_min"] for r in entry.ranges if ".rows." not in r["kernel"]), None)
+        desc = ", ".join(f"{r['m_min']}-{r['m_max'] or '...'}: {r['kernel'].split('.')[1]} {r['config_key']}"
+                         for r in entry.ranges)
         log(f"{label} ({epilogue}, N={n}, K={k}): tiled from {cut if cut else 'never'} rows; {desc}")
         log(f"    best ms at rows {seq}: {record['best_ms'][seq]:.4f}; at 1: {record['best_ms'][1]:.4f}; "
             f"{len(record['candidates'])} candidates ran, {len(record['failures'])} refused or failed; seconds: "
             + ", ".join(f"{a} {b:.1f}" for a, b in record["seconds"].items()))
-    attn_cfg, attn_ms = tune_attention(dev, cfg, seq, seed)
-    table.ops["attention"] = attn_cfg
+    attn_cfg, attn_ms = tune_attention(dev, cfg, seq, seed, store=store, force=force)
+    akey = attention_key(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+    attn = attn_k.AttentionTemplate()
+    table.put(akey, Entry(make_ranges([Range(1, seq, attn.config_of(attn_cfg))], attn.name, open_end=True)), attn)
     log(f"attention at {seq} rows: {attn_cfg} {attn_ms:.4f} ms")
     table.save(path)
     table.source = str(path)
@@ -358,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
     table = tune_model(dev, cfg, seq, fmt, rows=getattr(args, "rows", None),
                        n_cand=int(getattr(args, "budget", None) or 12), seed=int(getattr(args, "seed", 0) or 0),
                        force=bool(getattr(args, "force", False)), hand_picked=getattr(args, "hand_picked", True),
-                       log=log)
+                       log=log, store=Store(getattr(args, "store", None)))
     log("`tilewise.load(..., device='webgpu')` uses it on this device")
     if getattr(args, "json", None):
         log(f"and a copy in {table.save(args.json)}")
