@@ -61,8 +61,8 @@ def tune_section(cfg: Any, args: argparse.Namespace, f16_arith: bool) -> dict[st
                        f16_arith=f16_arith, log=lambda m: log("  " + m))
     TABLES[(cfg.name, f16_arith)] = table
     return {"tuned": Path(table.source).name, "seconds": time.perf_counter() - t, "f16_arith": f16_arith,
-            "cutoffs": {k: next((sg["min_rows"] for sg in v if sg["kind"] != "rows"), None)
-                        for k, v in table.matmul.items()}}
+            "cutoffs": {k: next((r["m_min"] for r in e.ranges if ".rows." not in r["kernel"]), None)
+                        for k, e in table.entries.items() if e.family == "matmul"}}
 
 
 TABLES: dict[tuple[str, bool], Any] = {}
@@ -82,7 +82,7 @@ def tilewise_section(ck: Any, cpu_ck: Any, args: argparse.Namespace, dispatch: A
     load_s = time.perf_counter() - t
     cpu = None
     if cpu_ck is not None and not args.no_reference:
-        from tilewise.model.runtime import CPUExecutor
+        from tilewise.model.cpu import CPUExecutor
 
         cpu = Model(cpu_ck, CPUExecutor(cpu_ck), cpu_ck.float32("score.weight"))
     res = bench_model(model, args.seq, args.decisions, prefix=PREFIX_TOKENS, cpu_model=cpu,

@@ -21,7 +21,8 @@ from tilewise.game.expert import Expert
 from tilewise.game.prompt import render_prompt
 from tilewise.game.tokenizer import encode_prompt, load_tokenizer, shared_prefix_length
 from tilewise.model.checkpoint import random_checkpoint
-from tilewise.model.runtime import EXECUTORS, Model
+from tilewise.model.cpu import CPUExecutor
+from tilewise.model.runtime import Model
 from tilewise.train.shapes import SHAPES, model_config
 
 
@@ -42,7 +43,7 @@ def main() -> int:
     for name in args.shapes.split(","):
         cfg = model_config(tok, name)
         ck = random_checkpoint(cfg, seed=0, weights="nf4")
-        model = Model(ck, EXECUTORS["cpu"](ck), ck.float32("score.weight"), tok)
+        model = Model(ck, CPUExecutor(ck), ck.float32("score.weight"), tok)
         base = model.prefill(prompts[0][:p])
         model.scores(model.extend(base, prompts[0][p:]))  # warm-up
         models[name] = (cfg, model, base)

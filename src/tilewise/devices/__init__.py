@@ -1,40 +1,70 @@
-"""Device registry: names -> backends, imported lazily so `import tilewise` needs no GPU library.
+"""The one device resolver: names -> backends, imported lazily so `import tilewise` needs no GPU library.
 
-Names: `cpu`, `webgpu` (best adapter), `webgpu:N` (adapter N of `tilewise devices`), `cuda`,
-`cuda:N`, `tvm-llvm` (TVM-compiled CPU code, optional extra), and `auto` (the best device the model
-runtime can use: a GPU WebGPU adapter, else CPU).
+Names, the same in every command and in `tilewise.load`: `auto`, `cpu`, `webgpu` (the best adapter), `webgpu:N`
+(adapter N of `tilewise devices`), `cuda`, `cuda:N`, `tvm-llvm` (TVM-compiled CPU code, an optional extra).
+
+`resolve(name, backends, job)` is what commands call: `backends` are the backends that can run the job (the
+model's executors, a kernel family's implementations), in the caller's order of preference. `auto` means the
+fastest device among them: a discrete GPU over an integrated one, a GPU over the CPU, the CPU over a software
+adapter (lavapipe is far slower than numpy). A named device the job cannot run on is refused with the reason and
+the devices it can run on. The `Choice` says which device was picked and why, in one line.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tilewise.devices.base import Buffer, Device, DeviceInfo, Launch, Limits, Program
 from tilewise.errors import ConfigError, DeviceLost, DeviceUnavailable
 
-__all__ = ["Buffer", "Device", "DeviceInfo", "Launch", "Limits", "Program", "get_device", "list_devices",
-           "parse_device_name"]
+__all__ = ["BACKENDS", "Buffer", "Choice", "Device", "DeviceInfo", "Launch", "Limits", "Program", "get_device",
+           "list_devices", "parse_device_name", "resolve"]
 
 BACKENDS = ("cpu", "webgpu", "cuda", "tvm-llvm")
+#: what `auto` may pick when the caller names no job: every backend a model or kernel runs on, fastest first
+ALL_BACKENDS = ("cuda", "webgpu", "cpu")
+# rank of a device for `auto`: lower is faster
+_RANK = {"discrete": 0, "integrated": 1, "host": 2, "virtual": 3, "cpu": 3, "unknown": 3}
 _cache: dict[str, Device] = {}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A resolved device: the device, its canonical name (`webgpu:0`, `cpu`) and why it was picked."""
+
+    device: Device
+    name: str
+    reason: str
+
+    def line(self) -> str:
+        """One line for a command to print: `device: webgpu:0 (NVIDIA H200, Vulkan, discrete GPU): why`."""
+        info = self.device.info
+        kind = {"discrete": "discrete GPU", "integrated": "integrated GPU", "cpu": "software adapter",
+                "virtual": "virtual adapter"}.get(info.adapter_type, info.adapter_type)
+        what = f"{info.name}, {info.api}" + (f", {kind}" if info.backend != "cpu" else "")
+        return f"device: {self.name} ({what}): {self.reason}"
 
 
 def parse_device_name(name: str) -> tuple[str, int | None]:
     """Split `webgpu:1` into ("webgpu", 1); refuse unknown names with the list of valid ones."""
-    base, _, idx = name.strip().lower().partition(":")
+    base, _, idx = str(name).strip().lower().partition(":")
     if base not in (*BACKENDS, "auto"):
         raise ConfigError(f"unknown device {name!r}",
                           "use one of: auto, cpu, webgpu, webgpu:N, cuda, cuda:N, tvm-llvm (see `tilewise devices`)")
     if idx and not idx.isdigit():
         raise ConfigError(f"device index in {name!r} must be a number", "write e.g. webgpu:0 or cuda:1")
+    if idx and base in ("cpu", "tvm-llvm", "auto"):
+        raise ConfigError(f"device {name!r} takes no index", f"write {base}")
     return base, int(idx) if idx else None
 
 
 def get_device(name: str = "auto") -> Device:
-    """Return (and cache) the device called `name`."""
+    """Return (and cache) the device called `name` (`auto`: `resolve("auto").device`)."""
     base, index = parse_device_name(name)
     if base == "auto":
-        return _get_auto()
+        return resolve("auto").device
     key = f"{base}:{index}" if index is not None else base
     dev = _cache.get(key)
     if dev is not None and not getattr(dev, "_lost", False):
@@ -52,28 +82,81 @@ def get_device(name: str = "auto") -> Device:
 
         dev = TVMLLVMDevice()
     else:
-        dev = _cuda(index)
+        try:
+            from tilewise.devices.cuda import CUDADevice
+        except ImportError as exc:
+            raise DeviceUnavailable(f"the CUDA backend is not available ({exc})",
+                                    "pip install 'tilewise[cuda]' on a machine with an NVIDIA GPU") from exc
+        dev = CUDADevice(index or 0)
     _cache[key] = dev
     return dev
 
 
-def _cuda(index: int | None) -> Device:
-    try:
-        from tilewise.devices.cuda import CUDADevice
-    except ImportError as exc:
-        raise DeviceUnavailable(f"the CUDA backend is not available ({exc})",
-                                "pip install 'tilewise[cuda]' on a machine with an NVIDIA GPU") from exc
-    return CUDADevice(index or 0)
+def _names(backends: Sequence[str]) -> str:
+    return ", ".join(n for b in backends for n in ((b, f"{b}:N") if b in ("webgpu", "cuda") else (b,)))
 
 
-def _get_auto() -> Device:
-    try:
-        dev = get_device("webgpu")
-        if dev.info.adapter_type in ("discrete", "integrated"):
-            return dev
-    except (DeviceUnavailable, DeviceLost):
-        pass
-    return get_device("cpu")
+def _candidates(backends: Sequence[str]) -> list[tuple[int, int, str, DeviceInfo]]:
+    """(rank, preference, name, info) of every device of `backends` this machine has."""
+    out: list[tuple[int, int, str, DeviceInfo]] = []
+    for pref, b in enumerate(backends):
+        try:
+            if b == "cuda":
+                from tilewise.devices.cuda import list_cuda_devices
+
+                out += [(_RANK["discrete"], pref, f"cuda:{i.index}", i) for i in list_cuda_devices()]
+            elif b == "webgpu":
+                from tilewise.devices.webgpu import list_adapters
+
+                out += [(_RANK.get(i.adapter_type, 3), pref, f"webgpu:{i.index}", i) for i in list_adapters()
+                        if i.api.lower() != "opengl"]
+            elif b in ("cpu", "tvm-llvm"):
+                out.append((_RANK["host"], pref, b, get_device(b).info))
+        except (ImportError, DeviceUnavailable, DeviceLost):
+            continue  # that backend is not usable here; the others may be
+    return sorted(out, key=lambda c: (c[0], c[1]))
+
+
+def resolve(name: str = "auto", backends: Sequence[str] | None = None, job: str = "this job",
+            noun: str = "implementation") -> Choice:
+    """The device called `name` for a job that runs on `backends` (preference order; None: any).
+
+    Args:
+        name: a device name (see the module docstring).
+        backends: the backends the job has an implementation for, fastest first.
+        job: the job in words, for messages ("the classifier", "tuning gemm").
+        noun: what the job has per backend, for messages ("executor", "implementation").
+
+    Raises:
+        ConfigError: an unknown name.
+        DeviceUnavailable: a device of a backend the job has no `noun` for (the message says which devices it can
+            run on), or the device (for `auto`: every device of the job's backends) is not usable here.
+    """
+    base, _ = parse_device_name(name)
+    allowed = tuple(backends) if backends is not None else ALL_BACKENDS
+    if base != "auto":
+        if backends is not None and base not in allowed:
+            raise DeviceUnavailable(f"{job} has no {noun} for {base!r}, so it cannot run on device {name!r}",
+                                    f"use --device {_names(allowed)} or auto")
+        dev = get_device(name)
+        canonical = base if base in ("cpu", "tvm-llvm") else f"{base}:{dev.info.index}"
+        return Choice(dev, canonical, f"asked for {name}")
+    found = _candidates(allowed)
+    if not found:
+        raise DeviceUnavailable(f"no device for {job}: none of {', '.join(allowed)} is usable here",
+                                "see `tilewise devices` for each backend's state and fix")
+    rank, _, picked, _ = found[0]
+    software = [n for r, _, n, i in found if r == _RANK["cpu"] and i.backend != "cpu"]
+    if rank == _RANK["discrete"]:
+        why = f"auto: a discrete GPU, the fastest kind of device {job} runs on"
+    elif rank == _RANK["integrated"]:
+        why = f"auto: an integrated GPU (no discrete one), the fastest device {job} runs on here"
+    elif rank == _RANK["host"]:
+        why = "auto: no GPU" + (f"; {', '.join(software)} is a software adapter, slower than the CPU"
+                                if software else " found")
+    else:
+        why = f"auto: no GPU, and {job} has no CPU implementation; {picked} is a software adapter (slow)"
+    return Choice(get_device(picked), picked, why)
 
 
 def list_devices() -> tuple[list[DeviceInfo], list[str]]:

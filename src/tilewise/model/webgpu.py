@@ -93,8 +93,10 @@ class WebGPUExecutor:
         if self.fmt not in mm.FORMATS:
             raise ConfigError(f"the WebGPU executor runs nf4, f16 or f32 weights, not {self.fmt!r}",
                               "load with weights='nf4' (or f16 / f32)")
-        self._device_name = device if isinstance(device, str) or device is None else None
         self._given_device = device if not isinstance(device, str) and device is not None else None
+        # a lost device is rebuilt by name: the same adapter index as the one given
+        self._device_name = (device if isinstance(device, str) or device is None
+                             else f"webgpu:{device.info.index}")
         self._given_dispatch = dispatch
         self.quiet = quiet
         self.generation = 0
