@@ -16,7 +16,7 @@ Primitives: `conv1d-cpu` (TVM on the `tvm-llvm` device), `conv1d-gpu`, `gemm-gpu
 its staging parameters) and `dwsep-conv2d-gpu` (WebGPU). All three GPU ladders also run on `--device cuda`
 (`VARIANTS`): the same ladder over the TVM-scheduled, TVM-emitted CUDA templates (`kernels/tvm_cuda.py`,
 `kernels/tvm_cuda_dwsep.py`), whose `shared`/`local` scopes answer the workgroup/private staging question.
-Without TVM those kernels come from the pre-emitted source store (`kernels/tvm_sources.py`), and the tuned best
+Without TVM those kernels come from the pre-emitted source store (`kernels/tvm/sources.py`), and the tuned best
 chooses only among stored configs.
 """
 
@@ -623,8 +623,8 @@ def _stored_search_points(tpl: KernelTemplate, space: Space, limits: Any, shape:
     """For a TVM-emitted template on a machine without TVM: up to `count` legal configs that have a stored source
     (those of the usual search first, then the other stored ones), and a sentence saying so. With TVM: `usual`.
     """
-    from tilewise.kernels import tvm_sources
-    from tilewise.kernels.tvm_cuda import arch_of
+    from tilewise.kernels.tvm import sources as tvm_sources
+    from tilewise.kernels.tvm.cuda import arch_of
 
     if tvm_sources.tvm_available():
         return usual, ""

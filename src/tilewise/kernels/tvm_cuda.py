@@ -33,28 +33,37 @@ from the emitted signature. The device compiles the emitted source without TVM's
 uses only int and float; the preamble's NVRTC branch includes CCCL headers that NVRTC finds only with extra
 include paths); `source` shows the source exactly as TVM emitted it.
 
-A machine without TVM runs these templates from a store of pre-emitted sources (`tilewise.kernels.tvm_sources`,
-`TILEWISE_TVM_CUDA_SOURCES=DIR`, filled by `bench/tvm_cuda_emit.py` where TVM is installed): `compile` and `source`
+A machine without TVM runs these templates from a store of pre-emitted sources (`tilewise.kernels.tvm.sources`,
+`TILEWISE_TVM_CUDA_SOURCES=DIR`, filled by `tools/tvm_cuda_emit.py` where TVM is installed): `compile` and `source`
 emit with TVM when it imports (and write the store when the variable is set), else read the store.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from tilewise.devices.base import Device, Launch, Limits, Program
-from tilewise.errors import ConfigError, DeviceUnavailable, ShaderCompileError
-from tilewise.kernels import conv1d, tvm_sources
+from tilewise.errors import ConfigError, ShaderCompileError
+from tilewise.kernels import conv1d
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
 from tilewise.kernels.conv1d import check_shape, fmt, nonzero_uniform, tile
 from tilewise.kernels.space import Config, Rule, Space, named_space
+from tilewise.kernels.tvm import sources as tvm_sources
+from tilewise.kernels.tvm.cuda import (
+    DEFAULT_ARCH,
+    MAX_INDEX,
+    MAX_REGISTERS,
+    arch_of,
+    device_source,
+    import_tvm,
+    loops_below,
+    lower_to_cuda,
+    parse_kernel,
+    region_name,
+)
 
-MAX_REGISTERS = 255  # CUDA's per-thread register maximum
-MAX_INDEX = 2**31 - 1  # TVM indexes with int32 at these shapes, and CUDA caps grid.x at the same number
 STAGES = ("global", "shared", "local")
 PARAMS: dict[str, list[Any]] = {
     "NT": [32, 64, 128, 256, 512, 1024],
@@ -64,7 +73,6 @@ PARAMS: dict[str, list[Any]] = {
 }
 MAX_TILE = max(PARAMS["NT"]) * max(PARAMS["TPT"])  # every TILE of the grid divides it (powers of two)
 DEFAULT_SHAPE = (16384, 64)  # what `source(config)` shows when no shape is given
-DEFAULT_ARCH = "sm_90"
 
 
 def registers(c: Config) -> int:
@@ -138,14 +146,6 @@ def kernel_symbol(c: Config) -> str:
     return f"tw_conv1d_nt{c['NT']}_tpt{c['TPT']}_rk{c['RK']}_{c['STAGE']}"
 
 
-def arch_of(compute_capability: str | None) -> str:
-    """`9.0` -> `sm_90` (the default when the device does not say)."""
-    if not compute_capability:
-        return DEFAULT_ARCH
-    major, _, minor = compute_capability.partition(".")
-    return f"sm_{major}{minor or '0'}"
-
-
 def refuse_illegal(c: Config, shape: Shape, limits: Limits | None) -> tuple[int, int]:
     """(M, N) when the config is legal at this shape; otherwise a ConfigError naming every broken rule.
 
@@ -167,19 +167,6 @@ def _shape_problems(c: Config, M: int, N: int) -> list[str]:
     if padded_length(M, N, c) + N - 1 > MAX_INDEX:
         problems.append(f"index_range: Mp + N - 1 = {padded_length(M, N, c) + N - 1} > {MAX_INDEX} (int32 indices)")
     return problems
-
-
-def import_tvm() -> Any:
-    """The `tvm` module, or a DeviceUnavailable naming these templates and the install command."""
-    from tilewise.devices.tvm_llvm import TVM_INSTALL
-    from tilewise.devices.tvm_llvm import import_tvm as _import
-
-    try:
-        return _import()
-    except DeviceUnavailable as exc:
-        raise DeviceUnavailable(f"Apache TVM is not installed; the TVM-scheduled CUDA templates (conv1d, gemm-tvm "
-                                f"and dwsep-conv2d on cuda) need it to emit their kernels ({exc.problem})",
-                                TVM_INSTALL) from exc
 
 
 def schedule(c: Config, M: int, N: int) -> Any:
@@ -215,11 +202,11 @@ def schedule(c: Config, M: int, N: int) -> Any:
     sch.reverse_compute_at(acc, n_t)
     init = sch.decompose_reduction(blk, k_o)  # zero the accumulators once, before the k_o loop
     if c["STAGE"] in ("shared", "local"):
-        reads = [_region_name(r) for r in sch.get(blk).reads]  # the update block reads B_local, Apad and W
+        reads = [region_name(r) for r in sch.get(blk).reads]  # the update block reads B_local, Apad and W
         staged = [sch.cache_read(blk, reads.index(name), c["STAGE"]) for name in ("Apad", "W")]
         for s in staged:
             sch.compute_at(s, k_o)
-            for copy in _loops_below(sch, s, 3):  # below n_b, n_t, k_o: the copy of TILE + RK - 1 (or RK)
+            for copy in loops_below(sch, s, 3):  # below n_b, n_t, k_o: the copy of TILE + RK - 1 (or RK)
                 if c["STAGE"] == "shared":
                     # the block copies cooperatively: NT threads stride over the elements
                     _, lane = sch.split(copy, factors=[None, NT])
@@ -227,20 +214,9 @@ def schedule(c: Config, M: int, N: int) -> Any:
                 else:
                     sch.unroll(copy)  # constant indices keep the per-thread window in registers
     sch.compute_inline(sch.get_sblock("Apad"))
-    for loop in _loops_below(sch, init, 2) + _loops_below(sch, acc, 2) + [k_i, n_j]:
+    for loop in loops_below(sch, init, 2) + loops_below(sch, acc, 2) + [k_i, n_j]:
         sch.unroll(loop)
     return sch.mod
-
-
-def _region_name(region: Any) -> str:
-    """The buffer name of a block's read region (TVM 0.27: `region.source`; older releases: `region.buffer`)."""
-    source = getattr(region, "source", None)
-    return str(source.name if source is not None else region.buffer.name)
-
-
-def _loops_below(sch: Any, block: Any, depth: int) -> list[Any]:
-    """The loops of `block` nested deeper than `depth` (a loop of extent 1 may not exist, so never index [-1])."""
-    return list(sch.get_loops(block))[depth:]
 
 
 def emit_cuda(c: Config, M: int, N: int, arch: str = DEFAULT_ARCH) -> str:
@@ -256,75 +232,6 @@ def emit_cuda(c: Config, M: int, N: int, arch: str = DEFAULT_ARCH) -> str:
         The source text of the module TVM built, exactly as emitted.
     """
     return lower_to_cuda(schedule(c, M, N), arch, f"conv1d {fmt(c)}")
-
-
-def lower_to_cuda(mod: Any, arch: str, label: str) -> str:
-    """The CUDA C++ source of a scheduled TIR module, as TVM emits it for `{"kind": "cuda", "arch": arch}`.
-
-    Raises:
-        ShaderCompileError: TVM could not lower the schedule.
-    """
-    tvm = import_tvm()
-    try:
-        lib = tvm.compile(mod, target=tvm.target.Target({"kind": "cuda", "arch": arch}))
-    except Exception as exc:  # TVM reports lowering failures as TVMError/ValueError/RuntimeError
-        raise ShaderCompileError(f"TVM could not lower {label} for {arch}: {str(exc).splitlines()[-1]}",
-                                 "report the config; its schedule is outside what this TVM version lowers") from exc
-    device_modules = [m for m in lib.mod.imports if getattr(m, "kind", "") == "cuda"] or list(lib.mod.imports)
-    return str(device_modules[0].inspect_source())
-
-
-_SIGNATURE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\((\d+)\)\s+)?'
-                        r"(\w+)\s*\(([^)]*)\)\s*\{")
-_PARAM = re.compile(r"^float\s*\*\s*(?:__restrict__\s+)?(\w+?)(?:_ptr)?$")
-
-
-@dataclass(frozen=True)
-class KernelSignature:
-    """What the launch needs from an emitted kernel: its name, block size bound and argument order."""
-
-    name: str
-    launch_bounds: int | None
-    arg_order: tuple[str, ...]  # tensor names (A, B, W) in parameter order
-
-
-def parse_kernel(source: str) -> KernelSignature:
-    """The one kernel definition of an emitted source: name, `__launch_bounds__` and tensor names in order.
-
-    Raises:
-        ShaderCompileError: not exactly one kernel, or a parameter that is not a float pointer (a scalar
-            would need a value this template does not pass).
-    """
-    defs = _SIGNATURE.findall(source)
-    if len(defs) != 1:
-        raise ShaderCompileError(f"expected one __global__ kernel definition in TVM's output, found {len(defs)}",
-                                 "the schedule must lower to a single kernel (inline every intermediate stage)")
-    bounds, name, params = defs[0]
-    order = []
-    for p in (p.strip() for p in params.split(",")):
-        m = _PARAM.match(p)
-        if m is None:
-            raise ShaderCompileError(f"kernel {name} has a parameter this template cannot pass: {p!r}",
-                                     "keep the shape static in the schedule (no scalar kernel arguments)")
-        order.append(m.group(1))
-    return KernelSignature(name, int(bounds) if bounds else None, tuple(order))
-
-
-_RTC_PREAMBLE = re.compile(r"#ifdef __CUDACC_RTC__\n.*?\n#else\n.*?\n#endif\n", re.DOTALL)
-
-
-def device_source(emitted: str) -> str:
-    """The emitted source without TVM's include preamble, when the kernel needs nothing from those headers.
-
-    The preamble includes `<cuda/std/cstdint>` under NVRTC (found only with CCCL's include path) and `<cuda.h>`
-    under nvcc; the conv1d kernel uses int and float only, so dropping it lets NVRTC and nvcc compile the same
-    text with no include path. A kernel that does use std:: or fixed-width types keeps the preamble.
-    """
-    stripped = _RTC_PREAMBLE.sub("", emitted, count=1)
-    kernels = stripped[stripped.find('extern "C"'):]
-    if stripped == emitted or re.search(r"\bstd::|\b(?:u?int(?:8|16|32|64)_t)\b", kernels):
-        return emitted
-    return stripped
 
 
 class TvmCudaConv1d(conv1d.Conv1dTemplate):
@@ -547,11 +454,11 @@ def gemm_schedule(c: Config, M: int, N: int, K: int) -> Any:
     sch.reverse_compute_at(acc, j_t)
     init = sch.decompose_reduction(blk, k_o)
     if c["STAGE"] in ("shared", "local"):
-        reads = [_region_name(r) for r in sch.get(blk).reads]  # C_local, A, B
+        reads = [region_name(r) for r in sch.get(blk).reads]  # C_local, A, B
         for name in ("A", "B"):
             s = sch.cache_read(blk, reads.index(name), c["STAGE"])
             sch.compute_at(s, k_o)
-            copy = _loops_below(sch, s, 5)  # below i_b, j_b, i_t, j_t, k_o
+            copy = loops_below(sch, s, 5)  # below i_b, j_b, i_t, j_t, k_o
             if not copy:
                 continue
             if c["STAGE"] == "shared":
@@ -563,7 +470,7 @@ def gemm_schedule(c: Config, M: int, N: int, K: int) -> Any:
             else:
                 for loop in copy:
                     sch.unroll(loop)
-    for loop in _loops_below(sch, init, 4) + _loops_below(sch, acc, 4) + [k_i, i_i, j_i]:
+    for loop in loops_below(sch, init, 4) + loops_below(sch, acc, 4) + [k_i, i_i, j_i]:
         sch.unroll(loop)
     return sch.mod
 

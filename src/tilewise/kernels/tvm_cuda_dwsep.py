@@ -37,7 +37,7 @@ Partial tiles are TVM's: a split that does not divide Wo or O puts a predicate (
 so the kernel writes exactly (B, O, Ho, Wo). C % RC == 0 is required (the reduction has no guard). The kernel is
 specialised on the shape (static loop bounds).
 
-TVM is imported lazily; without it the sources come from the pre-emitted store (`tilewise.kernels.tvm_sources`,
+TVM is imported lazily; without it the sources come from the pre-emitted store (`tilewise.kernels.tvm.sources`,
 `TILEWISE_TVM_CUDA_SOURCES`), like the conv1d and gemm-tvm templates of `kernels/tvm_cuda.py`.
 """
 
@@ -50,22 +50,22 @@ from typing import Any
 
 from tilewise.devices.base import Device, Launch, Limits, Program
 from tilewise.errors import ConfigError, ShaderCompileError, TilewiseError
-from tilewise.kernels import tvm_sources
 from tilewise.kernels.base import DeviceBuffers, HostInputs, Shape
 from tilewise.kernels.dwsep_conv2d import PARAMS as WGSL_PARAMS
 from tilewise.kernels.dwsep_conv2d import SMALL, WgslDwsepConv2d, check_shape, fmt, tile_split_rules
 from tilewise.kernels.space import Config, Rule, Space, named_space
-from tilewise.kernels.tvm_cuda import (
+from tilewise.kernels.tvm import sources as tvm_sources
+from tilewise.kernels.tvm.cuda import (
     DEFAULT_ARCH,
     MAX_INDEX,
     MAX_REGISTERS,
-    _loops_below,
-    _region_name,
     arch_of,
     device_source,
     import_tvm,
+    loops_below,
     lower_to_cuda,
     parse_kernel,
+    region_name,
 )
 
 STAGES = ("global", "shared", "local")
@@ -242,7 +242,7 @@ def schedule(c: Config, shape: Shape) -> Any:
     d = sch.get_sblock("D")
     sch.set_scope(d, 0, "shared" if stage == "shared" else "local")
     if stage in ("shared", "local"):
-        reads = [_region_name(r) for r in sch.get(blk).reads]  # Out_local, PW, D
+        reads = [region_name(r) for r in sch.get(blk).reads]  # Out_local, PW, D
         pw = sch.cache_read(blk, reads.index("PW"), stage)
         sch.compute_at(pw, c_o)
     if stage == "shared":
@@ -253,7 +253,7 @@ def schedule(c: Config, shape: Shape) -> Any:
         sch.compute_at(wb, c_o)
         lanes = None
         for s in (wb, pw):
-            copy = _loops_below(sch, s, depth)
+            copy = loops_below(sch, s, depth)
             if not copy:
                 continue
             flat = sch.fuse(*copy) if len(copy) > 1 else copy[0]
@@ -263,14 +263,14 @@ def schedule(c: Config, shape: Shape) -> Any:
             if s is wb:
                 lanes = tx
         sch.compute_at(d, lanes if lanes is not None else c_o)  # one thread's values, in registers
-        for loop in _loops_below(sch, d, len(sch.get_loops(wb))):
+        for loop in loops_below(sch, d, len(sch.get_loops(wb))):
             sch.unroll(loop)
     else:
         sch.compute_at(d, c_o)
-        d_loops = _loops_below(sch, d, depth)  # (channel if RC > 1, pixel if TPX > 1, ky, kx)
+        d_loops = loops_below(sch, d, depth)  # (channel if RC > 1, pixel if TPX > 1, ky, kx)
         if stage == "local":
             # per input channel: the K x (TPX + K - 1) input window and the K x K taps in registers
-            d_reads = [_region_name(r) for r in sch.get(d).reads]  # Xpad, DW
+            d_reads = [region_name(r) for r in sch.get(d).reads]  # Xpad, DW
             at, at_depth = (d_loops[0], depth + 1) if RC > 1 else (c_o, depth)
             staged = [(pw, depth)]
             for name in ("Xpad", "DW"):
@@ -278,12 +278,12 @@ def schedule(c: Config, shape: Shape) -> Any:
                 sch.compute_at(s, at)
                 staged.append((s, at_depth))
             for s, below in staged:
-                for loop in _loops_below(sch, s, below):
+                for loop in loops_below(sch, s, below):
                     sch.unroll(loop)
-        for loop in _loops_below(sch, d, depth):
+        for loop in loops_below(sch, d, depth):
             sch.unroll(loop)  # constant indices keep the depthwise values in registers
     sch.compute_inline(sch.get_sblock("Xpad"))
-    for loop in _loops_below(sch, init, 5) + _loops_below(sch, acc, 5) + [c_i, o_j, x_j]:
+    for loop in loops_below(sch, init, 5) + loops_below(sch, acc, 5) + [c_i, o_j, x_j]:
         sch.unroll(loop)
     return sch.mod
 

@@ -1,11 +1,11 @@
 """Pre-emit the TVM-scheduled CUDA kernels into a source store, for a GPU machine that has no TVM.
 
-    PYTHONPATH=src python bench/tvm_cuda_emit.py --arch sm_90 --out build/tvm-cuda-sources
+    PYTHONPATH=src python tools/tvm_cuda_emit.py --arch sm_90 --out build/tvm-cuda-sources
 
 Run it where TVM is installed (no GPU needed). Then, on the GPU machine, point TILEWISE_TVM_CUDA_SOURCES at the
 copied directory: `conv1d`, `gemm-tvm` and `dwsep-conv2d` on `--device cuda` (`tilewise tune`, `tilewise ladder
 conv1d-gpu|gemm-gpu|dwsep-conv2d-gpu --device cuda`, tests/cuda/test_tvm_cuda_runtime.py and
-tests/cuda/test_tvm_cuda_dwsep_runtime.py) read their kernels from it (`tilewise.kernels.tvm_sources`).
+tests/cuda/test_tvm_cuda_dwsep_runtime.py) read their kernels from it (`tilewise.kernels.tvm.sources`).
 
 Without --shapes it emits, for each template, every legal config of
 
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tilewise.devices.profiles import PROFILES
     from tilewise.errors import TilewiseError
-    from tilewise.kernels import tvm_sources
+    from tilewise.kernels.tvm import sources as tvm_sources
 
     if args.config and (not args.shapes or not args.template or len(args.template) != 1):
         raise SystemExit("--config needs --shapes and exactly one --template")
