@@ -96,10 +96,10 @@ def _lazy_template(module: str, cls: str) -> Callable[[], KernelTemplate]:
 
 _conv1d_gpu_template = _lazy_template("tilewise.kernels.conv1d", "WgslConv1d")
 _dwsep_template = _lazy_template("tilewise.kernels.dwsep_conv2d", "WgslDwsepConv2d")
-_gemm_template = _lazy_template("tilewise.kernels.gemm", "WgslGemm")
+_gemm_template = _lazy_template("tilewise.kernels.gemm.webgpu", "WgslGemm")
 _conv1d_tvm_template = _lazy_template("tilewise.kernels.conv1d_tvm", "TvmConv1d")
 _tvm_cuda_conv1d_template = _lazy_template("tilewise.kernels.tvm_cuda", "TvmCudaConv1d")
-_tvm_cuda_gemm_template = _lazy_template("tilewise.kernels.tvm_cuda", "TvmCudaGemm")
+_tvm_cuda_gemm_template = _lazy_template("tilewise.kernels.gemm.tvm_cuda", "TvmCudaGemm")
 _tvm_cuda_dwsep_template = _lazy_template("tilewise.kernels.tvm_cuda_dwsep", "TvmCudaDwsepConv2d")
 
 
@@ -167,7 +167,7 @@ def _gemm_restage(c: Config, scope: str) -> Config:
 
 
 def _gemm_defaults() -> dict[str, Any]:
-    from tilewise.kernels.gemm import BASE
+    from tilewise.kernels.gemm.webgpu import BASE
 
     return dict(BASE)
 

@@ -77,8 +77,8 @@ def test_bad_input_is_one_clear_error(capsys, argv, needle):
 
 def test_every_config_illegal_is_a_clear_message(capsys):
     # a target with 32 invocations and 1 KiB of workgroup storage rejects every seed point
-    from tilewise.devices.base import Limits
     from tilewise.devices import profiles
+    from tilewise.devices.base import Limits
 
     profiles.PROFILES["tiny"] = Limits(1024, 32, (32, 1, 1), 65535, 2**20, 2**20)
     try:
@@ -125,8 +125,8 @@ def test_corrupt_store_via_cli(capsys, tmp_path):
 def test_registry_names_cuda_template_and_lists_kernels():
     from tilewise.kernels import registry
 
-    assert registry.TEMPLATES[("gemm", "webgpu")] == "tilewise.kernels.gemm:WgslGemm"
-    assert registry.TEMPLATES[("gemm", "cuda")] == "tilewise.kernels.gemm_cuda:CudaGemm"
+    assert registry.TEMPLATES[("gemm", "webgpu")] == "tilewise.kernels.gemm.webgpu:WgslGemm"
+    assert registry.TEMPLATES[("gemm", "cuda")] == "tilewise.kernels.gemm.cuda:CudaGemm"
     assert "gemm" in registry.kernels()
 
 

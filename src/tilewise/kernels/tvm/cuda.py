@@ -10,21 +10,30 @@ CCCL headers that NVRTC finds only with extra include paths); a template's `sour
 emitted it.
 
 A machine without TVM runs these templates from a store of pre-emitted sources (`tilewise.kernels.tvm.sources`,
-`TILEWISE_TVM_CUDA_SOURCES=DIR`, filled by `tools/tvm_cuda_emit.py` where TVM is installed).
+`TILEWISE_TVM_CUDA_SOURCES=DIR`, filled by `tools/tvm_cuda_emit.py` where TVM is installed): `TvmCudaTemplate`'s
+`compile` and `source` emit with TVM when it imports (and write the store when the variable is set), else read the
+store.
 """
 
 from __future__ import annotations
 
 import re
+from abc import abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tilewise.devices.base import Limits
-from tilewise.errors import DeviceUnavailable, ShaderCompileError
+from tilewise.devices.base import Device, Launch, Limits, Program
+from tilewise.errors import ConfigError, DeviceUnavailable, ShaderCompileError
+from tilewise.kernels.base import DeviceBuffers, KernelTemplate, Shape
+from tilewise.kernels.space import Config
 
 MAX_REGISTERS = 255  # CUDA's per-thread register maximum
 MAX_INDEX = 2**31 - 1  # TVM indexes with int32 at these shapes, and CUDA caps grid.x at the same number
 DEFAULT_ARCH = "sm_90"
+#: where a schedule stages its operands: read from global memory at every use, copied by the block into
+#: __shared__ arrays (`cache_read(..., "shared")`, between barriers) or by each thread into registers ("local")
+STAGES = ("global", "shared", "local")
 
 
 def arch_of(compute_capability: str | None) -> str:
@@ -132,3 +141,114 @@ def device_source(emitted: str) -> str:
     if stripped == emitted or re.search(r"\bstd::|\b(?:u?int(?:8|16|32|64)_t)\b", kernels):
         return emitted
     return stripped
+
+
+def _listed(names: Sequence[str]) -> str:
+    """`A, W and B`."""
+    return f"{', '.join(names[:-1])} and {names[-1]}" if len(names) > 1 else "".join(names)
+
+
+class TvmCudaTemplate(KernelTemplate):
+    """The emit, compile and launch path of a TVM-scheduled CUDA template; a family adds its problem, space, rules,
+    shape problems, TVM schedule (`emit`), launch geometry and buffers.
+
+    Every path refuses an illegal config (rules and shape problems, with their numbers) before TVM is imported, so
+    an illegal config costs no scheduling. The kernel is specialised on the shape (static loop bounds): a program
+    runs only at the shape it was compiled for.
+    """
+
+    backend = "cuda"
+    #: (tensor, buffer): the emitted kernel's tensor parameters in the schedule's argument order, each with the buffer
+    #: of `upload` that it binds (TVM's parameter order is read from the emitted signature, never assumed)
+    tensors: tuple[tuple[str, str], ...] = ()
+    #: the shape `source(config)` shows when no shape is given
+    default_shape: Shape = ()
+    #: how messages name the template, e.g. "conv1d (cuda, TVM)"
+    label: str = ""
+    #: the threads-per-block formula, as a refused `__launch_bounds__` names it ("NT", "TY*TX"), and its fix
+    threads_formula: str = ""
+    threads_fix: str = ""
+
+    # ---- what a family supplies ----------------------------------------------------------------------------
+    @abstractmethod
+    def emit(self, config: Config, shape: Shape, arch: str) -> str:
+        """TVM's CUDA C++ for one legal config at a checked shape (schedules and lowers; imports TVM)."""
+
+    @abstractmethod
+    def threads(self, config: Config) -> int:
+        """Threads per block."""
+
+    @abstractmethod
+    def block(self, config: Config) -> tuple[int, int, int]:
+        """The block dimensions (x, y, z)."""
+
+    @abstractmethod
+    def grid(self, config: Config, shape: Shape) -> tuple[int, int, int]:
+        """The grid of one launch at a checked shape."""
+
+    # ---- refusing, emitting, compiling ----------------------------------------------------------------------
+    def refuse_illegal(self, config: Config, shape: Shape, limits: Limits | None) -> Shape:
+        """The checked shape when the config is legal at it; otherwise a ConfigError naming every broken rule."""
+        shp = self.problem.check_shape(shape)
+        reasons = self.why_illegal(config, limits, shp)
+        if reasons:
+            raise ConfigError(f"{self.label} config {self.describe(config)} is illegal at shape "
+                              f"{','.join(map(str, shp))}: " + "; ".join(reasons),
+                              f"pick a legal config (tilewise tune {self.name} --device cuda --dry-run lists the "
+                              "rules)")
+        return shp
+
+    def source(self, config: Config, shape: Shape | None = None, arch: str = DEFAULT_ARCH) -> str:
+        """TVM's CUDA C++ for one config at `shape` (default `default_shape`) for `arch`, as emitted (stored, without
+        TVM).
+
+        Raises:
+            ConfigError: the config breaks a rule (checked against the `arch` profile when tilewise has one).
+        """
+        from tilewise.devices.profiles import PROFILES
+
+        shp = self.refuse_illegal(config, shape or self.default_shape, PROFILES.get(arch))
+        return self.emitted(config, shp, arch)
+
+    def emit_tvm(self, config: Config, shape: Shape, arch: str = DEFAULT_ARCH) -> str:
+        """TVM's CUDA C++ for one legal config (refused against the `arch` profile first); never the store."""
+        from tilewise.devices.profiles import PROFILES
+
+        return self.emit(config, self.refuse_illegal(config, shape, PROFILES.get(arch)), arch)
+
+    def emitted(self, config: Config, shape: Shape, arch: str) -> str:
+        """TVM's emission, or the stored one without TVM (`sources.emitted_source`)."""
+        from tilewise.kernels.tvm import sources
+
+        key = sources.SourceKey.make(self.name, config, shape, arch)
+        return sources.emitted_source(key, lambda: self.emit(config, shape, arch))
+
+    def compile(self, device: Device, config: Config, shape: Shape) -> Program:
+        limits = device.info.limits
+        shp = self.refuse_illegal(config, shape, limits)
+        return self.build(device, config, shp, self.emitted(config, shp, arch_of(limits.compute_capability)))
+
+    def build(self, device: Device, config: Config, shape: Shape, emitted: str) -> Program:
+        """The device program of one emitted source at a checked shape, with its launch geometry in `meta`."""
+        sig = parse_kernel(emitted)
+        names = [t for t, _ in self.tensors]
+        if sorted(sig.arg_order) != sorted(names):
+            raise ShaderCompileError(f"kernel {sig.name} takes {sig.arg_order}, expected the tensors "
+                                     f"{_listed(sorted(names))}",
+                                     f"the schedule must keep {_listed(names)} as the only kernel parameters")
+        threads = self.threads(config)
+        if sig.launch_bounds is not None and sig.launch_bounds != threads:
+            raise ShaderCompileError(f"kernel {sig.name} is bounded to {sig.launch_bounds} threads, config has "
+                                     f"{self.threads_formula} = {threads}", self.threads_fix)
+        prog = device.compile(device_source(emitted), entry=sig.name, constants=dict(config),
+                              name=f"{self.problem.name}-tvm-cuda[{self.describe(config)}]")
+        prog.meta.update(block=self.block(config), arg_order=sig.arg_order, shape=tuple(shape),
+                         grid=self.grid(config, shape))
+        return prog
+
+    def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
+        if tuple(program.meta["shape"]) != tuple(int(s) for s in shape):
+            raise ConfigError(f"{program.name} was compiled for shape {program.meta['shape']}, launched at {shape}",
+                              "compile the config at the shape it runs (the kernel's loop bounds are static)")
+        by_name = {t: bufs[b] for t, b in self.tensors}
+        return [Launch(program, program.meta["grid"], [by_name[t] for t in program.meta["arg_order"]])]
