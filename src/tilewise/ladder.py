@@ -94,11 +94,11 @@ def _lazy_template(module: str, cls: str) -> Callable[[], KernelTemplate]:
     return make
 
 
-_conv1d_gpu_template = _lazy_template("tilewise.kernels.conv1d", "WgslConv1d")
+_conv1d_gpu_template = _lazy_template("tilewise.kernels.conv1d.webgpu", "WgslConv1d")
 _dwsep_template = _lazy_template("tilewise.kernels.dwsep_conv2d", "WgslDwsepConv2d")
 _gemm_template = _lazy_template("tilewise.kernels.gemm.webgpu", "WgslGemm")
-_conv1d_tvm_template = _lazy_template("tilewise.kernels.conv1d_tvm", "TvmConv1d")
-_tvm_cuda_conv1d_template = _lazy_template("tilewise.kernels.tvm_cuda", "TvmCudaConv1d")
+_conv1d_tvm_template = _lazy_template("tilewise.kernels.conv1d.tvm_llvm", "TvmConv1d")
+_tvm_cuda_conv1d_template = _lazy_template("tilewise.kernels.conv1d.tvm_cuda", "TvmCudaConv1d")
 _tvm_cuda_gemm_template = _lazy_template("tilewise.kernels.gemm.tvm_cuda", "TvmCudaGemm")
 _tvm_cuda_dwsep_template = _lazy_template("tilewise.kernels.tvm_cuda_dwsep", "TvmCudaDwsepConv2d")
 

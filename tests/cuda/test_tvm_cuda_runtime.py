@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from tvm_support import need_sources, tvm_cuda_device
 
+from tilewise.kernels.conv1d.tvm_cuda import TvmCudaConv1d, fmt
 from tilewise.kernels.gemm.tvm_cuda import TvmCudaGemm, gemm_fmt
-from tilewise.kernels.tvm_cuda import TvmCudaConv1d, fmt
 from tilewise.tune.verify import compare
 
 pytestmark = pytest.mark.cuda

@@ -16,12 +16,12 @@ from host_cuda import HostCuda
 
 from tilewise.devices.profiles import get_profile
 from tilewise.errors import ConfigError, DeviceUnavailable
-from tilewise.kernels import tvm_cuda
+from tilewise.kernels.conv1d import tvm_cuda
+from tilewise.kernels.conv1d.tvm_cuda import TvmCudaConv1d, emit_cuda, fmt
 from tilewise.kernels.gemm import tvm_cuda as gemm_tvm_cuda
 from tilewise.kernels.gemm.tvm_cuda import TvmCudaGemm, gemm_fmt
 from tilewise.kernels.registry import get_template
 from tilewise.kernels.tvm.cuda import device_source, parse_kernel
-from tilewise.kernels.tvm_cuda import TvmCudaConv1d, emit_cuda, fmt
 from tilewise.tune.verify import compare
 
 pytest.importorskip("tvm")

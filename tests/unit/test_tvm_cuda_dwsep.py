@@ -22,7 +22,7 @@ from tilewise.errors import ConfigError
 from tilewise.kernels import tvm_cuda_dwsep
 from tilewise.kernels.dwsep_conv2d import WgslDwsepConv2d, fmt
 from tilewise.kernels.registry import get_template
-from tilewise.kernels.tvm_cuda import device_source, parse_kernel
+from tilewise.kernels.tvm.cuda import device_source, parse_kernel
 from tilewise.kernels.tvm_cuda_dwsep import TvmCudaDwsepConv2d, kernel_symbol
 from tilewise.tune.verify import compare
 

@@ -31,8 +31,7 @@ import numpy as np
 
 from tilewise.devices.base import Device, Launch, Program
 from tilewise.errors import ConfigError
-from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
-from tilewise.kernels.conv1d import nonzero_uniform
+from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape, nonzero_uniform
 from tilewise.kernels.space import Config, Rule, Space, named_space
 
 MAX_REGISTERS = 128  # named f32 values per invocation above which spilling is certain
