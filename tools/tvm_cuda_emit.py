@@ -49,8 +49,8 @@ DIMS_OF = {"conv1d": 2, "gemm-tvm": 3, "dwsep-conv2d": 7}
 
 def templates() -> dict[str, Any]:
     from tilewise.kernels.conv1d.tvm_cuda import TvmCudaConv1d
+    from tilewise.kernels.dwsep_conv2d.tvm_cuda import TvmCudaDwsepConv2d
     from tilewise.kernels.gemm.tvm_cuda import TvmCudaGemm
-    from tilewise.kernels.tvm_cuda_dwsep import TvmCudaDwsepConv2d
 
     return {"conv1d": TvmCudaConv1d(), "gemm-tvm": TvmCudaGemm(), "dwsep-conv2d": TvmCudaDwsepConv2d()}
 

@@ -14,10 +14,9 @@ A ladder is data: named configs of one kernel template, in order. Running it
 
 Primitives: `conv1d-cpu` (TVM on the `tvm-llvm` device), `conv1d-gpu`, `gemm-gpu` (the tuner's GEMM template and
 its staging parameters) and `dwsep-conv2d-gpu` (WebGPU). All three GPU ladders also run on `--device cuda`
-(`VARIANTS`): the same ladder over the TVM-scheduled, TVM-emitted CUDA templates (`kernels/tvm_cuda.py`,
-`kernels/tvm_cuda_dwsep.py`), whose `shared`/`local` scopes answer the workgroup/private staging question.
-Without TVM those kernels come from the pre-emitted source store (`kernels/tvm/sources.py`), and the tuned best
-chooses only among stored configs.
+(`VARIANTS`): the same ladder over the TVM-scheduled, TVM-emitted CUDA templates (`kernels/*/tvm_cuda.py`), whose
+`shared`/`local` scopes answer the workgroup/private staging question. Without TVM those kernels come from the
+pre-emitted source store (`kernels/tvm/sources.py`), and the tuned best chooses only among stored configs.
 """
 
 from __future__ import annotations
@@ -95,12 +94,12 @@ def _lazy_template(module: str, cls: str) -> Callable[[], KernelTemplate]:
 
 
 _conv1d_gpu_template = _lazy_template("tilewise.kernels.conv1d.webgpu", "WgslConv1d")
-_dwsep_template = _lazy_template("tilewise.kernels.dwsep_conv2d", "WgslDwsepConv2d")
+_dwsep_template = _lazy_template("tilewise.kernels.dwsep_conv2d.webgpu", "WgslDwsepConv2d")
 _gemm_template = _lazy_template("tilewise.kernels.gemm.webgpu", "WgslGemm")
 _conv1d_tvm_template = _lazy_template("tilewise.kernels.conv1d.tvm_llvm", "TvmConv1d")
 _tvm_cuda_conv1d_template = _lazy_template("tilewise.kernels.conv1d.tvm_cuda", "TvmCudaConv1d")
 _tvm_cuda_gemm_template = _lazy_template("tilewise.kernels.gemm.tvm_cuda", "TvmCudaGemm")
-_tvm_cuda_dwsep_template = _lazy_template("tilewise.kernels.tvm_cuda_dwsep", "TvmCudaDwsepConv2d")
+_tvm_cuda_dwsep_template = _lazy_template("tilewise.kernels.dwsep_conv2d.tvm_cuda", "TvmCudaDwsepConv2d")
 
 
 def _torch() -> Any:

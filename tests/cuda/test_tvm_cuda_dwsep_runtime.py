@@ -13,8 +13,8 @@ import pytest
 from tvm_support import need_sources, tvm_cuda_device
 
 from tilewise.devices.base import Program
-from tilewise.kernels.dwsep_conv2d import fmt
-from tilewise.kernels.tvm_cuda_dwsep import TvmCudaDwsepConv2d
+from tilewise.kernels.dwsep_conv2d.tiling import fmt
+from tilewise.kernels.dwsep_conv2d.tvm_cuda import TvmCudaDwsepConv2d
 from tilewise.tune.verify import compare
 
 pytestmark = pytest.mark.cuda

@@ -18,7 +18,7 @@ from tilewise.devices.cpu import CPUDevice
 from tilewise.devices.profiles import get_profile
 from tilewise.errors import ConfigError, DeviceUnavailable
 from tilewise.kernels.conv1d.tvm_cuda import TvmCudaConv1d
-from tilewise.kernels.dwsep_conv2d import reference_dwsep
+from tilewise.kernels.dwsep_conv2d.problem import reference_dwsep
 from tilewise.kernels.gemm.tvm_cuda import TvmCudaGemm
 from tilewise.kernels.tvm import sources as tvm_sources
 from tilewise.kernels.tvm.cuda import device_source
