@@ -46,6 +46,11 @@ class Conv1dProblem(Problem):
     def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
         return np.convolve(host["a"].astype(np.float64), host["w"].astype(np.float64))  # (M+N-1,)
 
+    def output_shape(self, shape: Shape) -> tuple[int, ...]:
+        """(M + N - 1,): what `reference` and every template's `read_output` return."""
+        M, N = self.check_shape(shape)
+        return (M + N - 1,)
+
     def flops(self, shape: Shape) -> int:
         M, N = self.check_shape(shape)
         return 2 * M * N

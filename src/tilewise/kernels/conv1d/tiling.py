@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tilewise.kernels.space import Config
+from tilewise.kernels.space import Config, Rule
 
 #: seed 000's question as (TPT, RK) at NT = 64, asked per staging scope: one output per thread without and with a
 #: reduction split, then 4- and 8-output tiles, then a longer step
@@ -35,6 +35,12 @@ def tile(c: Config) -> int:
 def seed_points(stages: tuple[str, ...]) -> list[dict[str, Any]]:
     """The seed space: every `SEED_TILES` entry at NT = 64 in each of the backend's staging scopes."""
     return [{"NT": 64, "TPT": t, "RK": r, "STAGE": s} for s in stages for t, r in SEED_TILES]
+
+
+def stage_rule(stages: tuple[str, ...]) -> Rule:
+    """STAGE is one of the backend's staging scopes."""
+    return Rule("stage", lambda c, L: c.STAGE in stages,
+                lambda c, L: f"STAGE = {c.STAGE!r} is not one of {', '.join(stages)}")
 
 
 def registers(c: Config, private: str = "private") -> int:

@@ -36,11 +36,10 @@ from typing import Any
 import numpy as np
 
 from tilewise.devices.base import Device, Limits
-from tilewise.errors import ConfigError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, Shape
 from tilewise.kernels.conv1d import tiling
 from tilewise.kernels.conv1d.problem import CONV1D, conv1d_te
-from tilewise.kernels.conv1d.tiling import fmt, reduction_split, seed_points, tile
+from tilewise.kernels.conv1d.tiling import fmt, reduction_split, seed_points, stage_rule, tile
 from tilewise.kernels.space import Config, Rule, Space, named_space
 from tilewise.kernels.tvm.cuda import (
     DEFAULT_ARCH,
@@ -90,8 +89,7 @@ def _max_threads(L: Limits) -> int:
 
 def _rules() -> list[Rule]:
     return [
-        Rule("stage", lambda c, L: c.STAGE in STAGES,
-             lambda c, L: f"STAGE = {c.STAGE!r} is not one of {', '.join(STAGES)}"),
+        stage_rule(STAGES),
         Rule("registers", lambda c, L: registers(c) <= register_budget(c, L),
              lambda c, L: f"registers = TPT + (TPT + RK - 1) + RK = {c.TPT} + {c.TPT + c.RK - 1} + {c.RK} = "
                           f"{registers(c)} > {register_budget(c, L)} per thread (min(255, registers per block / "
@@ -201,7 +199,6 @@ class TvmCudaConv1d(TvmCudaTemplate):
     problem = CONV1D
     name = "conv1d"
     shape_names = CONV1D.shape_names
-    dtype = "f32"
     tensors = (("A", "a"), ("W", "w"), ("B", "out"))
     default_shape = DEFAULT_SHAPE
     label = "conv1d (cuda, TVM)"
@@ -211,14 +208,8 @@ class TvmCudaConv1d(TvmCudaTemplate):
     def space(self, which: str = "full") -> Space:
         return tvm_cuda_conv1d_space(which)
 
-    def space_names(self) -> tuple[str, ...]:
-        return ("seed", "full", "small")
-
-    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
-        try:
-            M, N = self.problem.check_shape(shape)
-        except ConfigError as exc:
-            return [f"shape: {exc.problem}"]
+    def config_problems(self, config: Config, shape: Shape) -> list[str]:
+        M, N = shape
         problems = reduction_split(config, N)
         if padded_length(M, N, config) + N - 1 > MAX_INDEX:
             problems.append(f"index_range: Mp + N - 1 = {padded_length(M, N, config) + N - 1} > {MAX_INDEX} "
@@ -227,9 +218,6 @@ class TvmCudaConv1d(TvmCudaTemplate):
 
     def emit(self, config: Config, shape: Shape, arch: str) -> str:
         return emit_cuda(config, *shape, arch)
-
-    def threads(self, config: Config) -> int:
-        return config["NT"]
 
     def block(self, config: Config) -> tuple[int, int, int]:
         return (config["NT"], 1, 1)
@@ -243,8 +231,7 @@ class TvmCudaConv1d(TvmCudaTemplate):
                 "out": device.allocate(4 * alloc_length(M, N))}
 
     def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
-        M, N = self.problem.check_shape(shape)
-        return device.download(bufs["out"], np.float32, (M + N - 1,))
+        return device.download(bufs["out"], np.float32, self.problem.output_shape(shape))
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
         M, N = self.problem.check_shape(shape)

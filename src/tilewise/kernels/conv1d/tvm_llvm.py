@@ -139,7 +139,6 @@ class TvmConv1d(KernelTemplate):
     name = "conv1d"
     backend = "tvm-llvm"
     shape_names = CONV1D.shape_names
-    dtype = "f32"
 
     def space(self, which: str = "full") -> Space:
         return tvm_conv1d_space(which)
@@ -174,8 +173,7 @@ class TvmConv1d(KernelTemplate):
         return [Launch(program, (1, 1, 1), [bufs["a"], bufs["w"], bufs["out"]])]
 
     def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
-        M, N = self.problem.check_shape(shape)
-        return device.download(bufs["out"], np.float32, (M + N - 1,))
+        return device.download(bufs["out"], np.float32, self.problem.output_shape(shape))
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
         M, N = self.problem.check_shape(shape)

@@ -34,7 +34,15 @@ from tilewise.devices.base import Device, Launch, Program
 from tilewise.errors import ConfigError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
 from tilewise.kernels.conv1d.problem import CONV1D
-from tilewise.kernels.conv1d.tiling import fmt, reduction_split, registers, seed_points, storage_bytes, tile
+from tilewise.kernels.conv1d.tiling import (
+    fmt,
+    reduction_split,
+    registers,
+    seed_points,
+    stage_rule,
+    storage_bytes,
+    tile,
+)
 from tilewise.kernels.space import Config, Rule, Space, named_space
 
 MAX_REGISTERS = 128  # named f32 values per invocation above which spilling is certain
@@ -54,8 +62,7 @@ def _max_threads(L: Any) -> int:
 
 def _rules() -> list[Rule]:
     return [
-        Rule("stage", lambda c, L: c.STAGE in STAGES,
-             lambda c, L: f"STAGE = {c.STAGE!r} is not one of {', '.join(STAGES)}"),
+        stage_rule(STAGES),
         Rule("registers", lambda c, L: registers(c) <= MAX_REGISTERS,
              lambda c, L: f"registers = TPT + (TPT + RK - 1) + RK = {registers(c)} > {MAX_REGISTERS} "
                           "(certain spill)",
@@ -157,7 +164,6 @@ class WgslConv1d(KernelTemplate):
     name = "conv1d"
     backend = "webgpu"
     shape_names = CONV1D.shape_names
-    dtype = "f32"
 
     def space(self, which: str = "full") -> Space:
         return conv1d_space(which)
@@ -193,8 +199,7 @@ class WgslConv1d(KernelTemplate):
         return [Launch(program, grid_for(groups), [bufs["a"], bufs["w"], bufs["out"], bufs["dims"]])]
 
     def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
-        M, N = self.problem.check_shape(shape)
-        return device.download(bufs["out"], np.float32, (M + N - 1,))
+        return device.download(bufs["out"], np.float32, self.problem.output_shape(shape))
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
         M, N = self.problem.check_shape(shape)

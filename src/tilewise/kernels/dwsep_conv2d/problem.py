@@ -77,6 +77,11 @@ class DwsepProblem(Problem):
     def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
         return reference_dwsep(host["x"], host["dw"], host["pw"], self.dims(shape).P)
 
+    def output_shape(self, shape: Shape) -> tuple[int, ...]:
+        """(B, O, Ho, Wo): what `reference` and every template's `read_output` return."""
+        d = self.dims(shape)
+        return (d.B, d.O, d.Ho, d.Wo)
+
     def flops(self, shape: Shape) -> int:
         d = self.dims(shape)
         return 2 * d.B * d.Ho * d.Wo * d.C * (d.K * d.K + d.O)

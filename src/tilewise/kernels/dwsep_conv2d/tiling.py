@@ -57,12 +57,19 @@ def tile_split_rules(stages: tuple[str, ...]) -> list[Rule]:
     ]
 
 
-def reduction_split(c: Config, d: DwsepShape) -> list[str]:
-    """A step reads RC input channels with no guard, so RC must divide C."""
+def split_problems(c: Config, d: DwsepShape, max_grid: int, rows: str, channels: str) -> list[str]:
+    """What the tiling assumes of a shape: RC divides C (a step reads RC input channels with no guard), and the grid's
+    rows (B * Ho) and channel tiles (ceil(O/BO)) fit the backend's `max_grid` blocks per dimension (`rows` and
+    `channels` name them in the backend's words)."""
+    problems = []
     if d.C % c["RC"]:
-        return [f"reduction_split: C % RC = {d.C} % {c['RC']} = {d.C % c['RC']} != 0 "
-                "(each step reads RC channels unguarded)"]
-    return []
+        problems.append(f"reduction_split: C % RC = {d.C} % {c['RC']} = {d.C % c['RC']} != 0 "
+                        "(each step reads RC channels unguarded)")
+    if d.B * d.Ho > max_grid:
+        problems.append(f"grid_rows: B*Ho = {d.B}*{d.Ho} = {d.B * d.Ho} > {max_grid} {rows}")
+    if -(-d.O // c["BO"]) > max_grid:
+        problems.append(f"grid_channels: ceil(O/BO) = {-(-d.O // c['BO'])} > {max_grid}{channels}")
+    return problems
 
 
 def grid(c: Config, d: DwsepShape) -> tuple[int, int, int]:

@@ -52,20 +52,11 @@ from typing import Any
 import numpy as np
 
 from tilewise.devices.base import Device, Limits, Program
-from tilewise.errors import ConfigError, TilewiseError
+from tilewise.errors import TilewiseError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, Shape
+from tilewise.kernels.dwsep_conv2d import tiling
 from tilewise.kernels.dwsep_conv2d.problem import DWSEP
-from tilewise.kernels.dwsep_conv2d.tiling import (
-    SMALL_TILES,
-    TILE_PARAMS,
-    fmt,
-    grid,
-    reduction_split,
-    seed_points,
-    threads,
-    tile_split_rules,
-    tile_waste,
-)
+from tilewise.kernels.dwsep_conv2d.tiling import fmt, threads
 from tilewise.kernels.space import Config, Rule, Space, named_space
 from tilewise.kernels.tvm.cuda import (
     DEFAULT_ARCH,
@@ -81,7 +72,7 @@ from tilewise.kernels.tvm.cuda import (
     registers_per_thread,
 )
 
-PARAMS: dict[str, list[Any]] = {**TILE_PARAMS, "STAGE": list(STAGES)}
+PARAMS: dict[str, list[Any]] = {**tiling.TILE_PARAMS, "STAGE": list(STAGES)}
 MAX_GRID_YZ = 65535  # CUDA caps grid.y (B * Ho rows) and grid.z (channel tiles)
 DEFAULT_SHAPE = (1, 64, 56, 56, 128, 3, 1)  # what `source(config)` shows when no shape is given
 
@@ -116,7 +107,7 @@ def register_budget(c: Config, L: Limits | None) -> int:
 
 def _rules() -> list[Rule]:
     return [
-        *tile_split_rules(STAGES),
+        *tiling.tile_split_rules(STAGES),
         Rule("registers", lambda c, L: registers(c) <= register_budget(c, L),
              lambda c, L: f"registers = TO*TPX{' + RC*TPX' if c.STAGE != 'shared' else ''}"
                           f"{' + TO*RC' if c.STAGE == 'local' else ''} = {registers(c)} > {register_budget(c, L)} "
@@ -142,8 +133,8 @@ def tvm_cuda_dwsep_space(which: str = "full") -> Space:
     """The named spaces: "seed" (12 points: each staging scope at four tiles), "full" (the grid), "small"."""
     # each scope at: the baseline tile, a reduction split, 4x4 per-thread tiles, an 8-channel step
     tiles = ((16, 1, 16, 1, 1), (16, 1, 16, 1, 4), (32, 4, 32, 4, 4), (32, 4, 16, 4, 8))
-    return named_space(which, PARAMS, RULES, fmt, {**SMALL_TILES, "STAGE": STAGES}, seed_points(STAGES, tiles),
-                       "dwsep-conv2d (cuda, TVM)")
+    small = {**tiling.SMALL_TILES, "STAGE": STAGES}
+    return named_space(which, PARAMS, RULES, fmt, small, tiling.seed_points(STAGES, tiles), "dwsep-conv2d (cuda, TVM)")
 
 
 def kernel_symbol(c: Config) -> str:
@@ -265,7 +256,6 @@ class TvmCudaDwsepConv2d(TvmCudaTemplate):
     problem = DWSEP
     name = "dwsep-conv2d"
     shape_names = DWSEP.shape_names
-    dtype = "f32"
     tensors = (("X", "x"), ("DW", "dw"), ("PW", "pw"), ("Out", "out"))
     default_shape = DEFAULT_SHAPE
     label = "dwsep-conv2d (cuda, TVM)"
@@ -275,19 +265,9 @@ class TvmCudaDwsepConv2d(TvmCudaTemplate):
     def space(self, which: str = "full") -> Space:
         return tvm_cuda_dwsep_space(which)
 
-    def space_names(self) -> tuple[str, ...]:
-        return ("seed", "full", "small")
-
-    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
-        try:
-            d = self.problem.dims(shape)
-        except ConfigError as exc:
-            return [f"shape: {exc.problem}"]
-        problems = reduction_split(config, d)
-        if d.B * d.Ho > MAX_GRID_YZ:
-            problems.append(f"grid_rows: B*Ho = {d.B}*{d.Ho} = {d.B * d.Ho} > {MAX_GRID_YZ} blocks (grid.y)")
-        if -(-d.O // config["BO"]) > MAX_GRID_YZ:
-            problems.append(f"grid_channels: ceil(O/BO) = {-(-d.O // config['BO'])} > {MAX_GRID_YZ} blocks (grid.z)")
+    def config_problems(self, config: Config, shape: Shape) -> list[str]:
+        d = self.problem.dims(shape)
+        problems = tiling.split_problems(config, d, MAX_GRID_YZ, "blocks (grid.y)", " blocks (grid.z)")
         if config["STAGE"] == "local" and window_registers(config, d.K) > MAX_REGISTERS:
             problems.append(f"window_registers: TO*TPX + RC*TPX + TO*RC + K*(TPX+K-1) + K*K = "
                             f"{window_registers(config, d.K)} > {MAX_REGISTERS} at K={d.K} (would spill)")
@@ -299,14 +279,11 @@ class TvmCudaDwsepConv2d(TvmCudaTemplate):
     def emit(self, config: Config, shape: Shape, arch: str) -> str:
         return emit_cuda(config, shape, arch)
 
-    def threads(self, config: Config) -> int:
-        return threads(config)
-
     def block(self, config: Config) -> tuple[int, int, int]:
         return (config["BW"] // config["TPX"], config["BO"] // config["TO"], 1)
 
     def grid(self, config: Config, shape: Shape) -> tuple[int, int, int]:
-        return grid(config, self.problem.dims(shape))
+        return tiling.grid(config, self.problem.dims(shape))
 
     def precompile(self, device: Device, configs: Sequence[Config], shape: Shape, workers: int | None = None,
                    ) -> dict[Config, Program | TilewiseError]:
@@ -342,11 +319,10 @@ class TvmCudaDwsepConv2d(TvmCudaTemplate):
                 "out": device.allocate(4 * d.B * d.O * d.Ho * d.Wo)}
 
     def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
-        d = self.problem.dims(shape)
-        return device.download(bufs["out"], np.float32, (d.B, d.O, d.Ho, d.Wo))
+        return device.download(bufs["out"], np.float32, self.problem.output_shape(shape))
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
-        return tile_waste(config, self.problem.dims(shape))
+        return tiling.tile_waste(config, self.problem.dims(shape))
 
     def describe(self, config: Config) -> str:
         return fmt(config)

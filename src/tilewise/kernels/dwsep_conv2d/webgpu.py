@@ -34,25 +34,16 @@ import numpy as np
 from tilewise.devices.base import Device, Launch, Program
 from tilewise.errors import ConfigError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
+from tilewise.kernels.dwsep_conv2d import tiling
 from tilewise.kernels.dwsep_conv2d.problem import DWSEP
-from tilewise.kernels.dwsep_conv2d.tiling import (
-    SMALL_TILES,
-    TILE_PARAMS,
-    fmt,
-    grid,
-    reduction_split,
-    seed_points,
-    threads,
-    tile_split_rules,
-    tile_waste,
-)
+from tilewise.kernels.dwsep_conv2d.tiling import fmt, threads
 from tilewise.kernels.space import Config, Rule, Space, named_space
 
 MAX_REGISTERS = 128  # named f32 values per invocation above which spilling is certain
 MAX_GRID = 65535  # workgroups per grid dimension (WebGPU's default limit)
 STAGES = ("global", "workgroup", "private")
-PARAMS: dict[str, list[Any]] = {**TILE_PARAMS, "STAGE": list(STAGES)}
-SMALL = {**SMALL_TILES, "STAGE": list(STAGES)}  # a quick grid
+PARAMS: dict[str, list[Any]] = {**tiling.TILE_PARAMS, "STAGE": list(STAGES)}
+SMALL = {**tiling.SMALL_TILES, "STAGE": list(STAGES)}  # a quick grid
 DEFAULT_KP = (3, 1)  # K, P used when a source is shown without a shape
 
 
@@ -76,7 +67,7 @@ def _rules() -> list[Rule]:
         return min(L.max_invocations_per_workgroup, L.max_workgroup_size[0])
 
     return [
-        *tile_split_rules(STAGES),
+        *tiling.tile_split_rules(STAGES),
         Rule("registers", lambda c, L: registers(c) <= MAX_REGISTERS,
              lambda c, L: f"registers = TO*TPX + RC*TPX = {registers(c)} > {MAX_REGISTERS} (certain spill)"),
         Rule("workgroup_storage", lambda c, L: storage_bytes(c) <= L.max_workgroup_storage_bytes,
@@ -95,7 +86,7 @@ def dwsep_space(which: str = "full") -> Space:
     """The named spaces: "seed" (15 hand-picked points), "full" (the grid), "small" (a quick grid)."""
     # each staging scope at five tiles: baseline, reduction split, 4x4 per-thread tiles, an 8-channel step
     tiles = ((16, 1, 16, 1, 1), (16, 1, 16, 1, 4), (32, 4, 32, 4, 4), (16, 2, 16, 2, 4), (32, 4, 16, 4, 8))
-    return named_space(which, PARAMS, RULES, fmt, SMALL, seed_points(STAGES, tiles), "dwsep-conv2d")
+    return named_space(which, PARAMS, RULES, fmt, SMALL, tiling.seed_points(STAGES, tiles), "dwsep-conv2d")
 
 
 # ---- WGSL generation ----------------------------------------------------------------------------------------
@@ -218,7 +209,6 @@ class WgslDwsepConv2d(KernelTemplate):
     name = "dwsep-conv2d"
     backend = "webgpu"
     shape_names = DWSEP.shape_names
-    dtype = "f32"
 
     def space(self, which: str = "full") -> Space:
         return dwsep_space(which)
@@ -231,11 +221,7 @@ class WgslDwsepConv2d(KernelTemplate):
             d = self.problem.dims(shape)
         except ConfigError as exc:
             return [f"shape: {exc.problem}"]
-        problems = reduction_split(config, d)
-        if d.B * d.Ho > MAX_GRID:
-            problems.append(f"grid_rows: B*Ho = {d.B}*{d.Ho} = {d.B * d.Ho} > {MAX_GRID} workgroups per dimension")
-        if -(-d.O // config["BO"]) > MAX_GRID:
-            problems.append(f"grid_channels: ceil(O/BO) = {-(-d.O // config['BO'])} > {MAX_GRID}")
+        problems = tiling.split_problems(config, d, MAX_GRID, "workgroups per dimension", "")
         if config["STAGE"] == "private" and window_registers(config, d.K) > MAX_REGISTERS:
             problems.append(f"window_registers: TO*TPX + RC*TPX + (TPX+K-1) + K + TO = "
                             f"{window_registers(config, d.K)} > {MAX_REGISTERS} at K={d.K} (certain spill)")
@@ -261,15 +247,14 @@ class WgslDwsepConv2d(KernelTemplate):
                 "dims": device.upload(np.array([B, C, H, W, O, Ho, Wo, 0], dtype=np.uint32), uniform=True)}
 
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
-        return [Launch(program, grid(config, self.problem.dims(shape)),
+        return [Launch(program, tiling.grid(config, self.problem.dims(shape)),
                        [bufs["x"], bufs["dw"], bufs["pw"], bufs["out"], bufs["dims"]])]
 
     def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
-        d = self.problem.dims(shape)
-        return device.download(bufs["out"], np.float32, (d.B, d.O, d.Ho, d.Wo))
+        return device.download(bufs["out"], np.float32, self.problem.output_shape(shape))
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
-        return tile_waste(config, self.problem.dims(shape))
+        return tiling.tile_waste(config, self.problem.dims(shape))
 
     def describe(self, config: Config) -> str:
         return fmt(config)

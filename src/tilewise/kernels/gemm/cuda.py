@@ -257,7 +257,6 @@ class CudaGemm(KernelTemplate):
     name = "gemm"
     backend = "cuda"
     shape_names = GEMM.shape_names
-    dtype = "f32"
     peer_name = "cuBLAS"
 
     def __init__(self, alpha: float = 1.0, beta: float = 0.0) -> None:
@@ -377,8 +376,7 @@ class CudaGemm(KernelTemplate):
         return [Launch(program, grid, args)]
 
     def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
-        M, N, _ = self.problem.check_shape(shape)
-        return device.download(bufs["out"], np.float32, (M, N))
+        return device.download(bufs["out"], np.float32, self.problem.output_shape(shape))
 
     # ---- the cuBLAS peer -------------------------------------------------------------------------------
     def peer_program(self, device: Device) -> Program:

@@ -45,6 +45,11 @@ class GemmProblem(Problem):
             out += self.beta * host["c"].astype(np.float64)
         return out
 
+    def output_shape(self, shape: Shape) -> tuple[int, ...]:
+        """C's shape (M, N): what `reference` and every template's `read_output` return."""
+        M, N, _ = self.check_shape(shape)
+        return (M, N)
+
     def flops(self, shape: Shape) -> int:
         M, N, K = self.check_shape(shape)
         return 2 * M * N * K

@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from tilewise.devices.base import Device, Limits
-from tilewise.errors import ConfigError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, Shape
 from tilewise.kernels.gemm.problem import GEMM
 from tilewise.kernels.space import Config, Rule, Space, named_space
@@ -191,7 +190,6 @@ class TvmCudaGemm(TvmCudaTemplate):
     problem = GEMM
     name = "gemm-tvm"
     shape_names = GEMM.shape_names
-    dtype = "f32"
     tensors = (("A", "a"), ("B", "b"), ("C", "out"))
     default_shape = GEMM_DEFAULT_SHAPE
     label = "gemm-tvm"
@@ -201,21 +199,11 @@ class TvmCudaGemm(TvmCudaTemplate):
     def space(self, which: str = "full") -> Space:
         return tvm_cuda_gemm_space(which)
 
-    def space_names(self) -> tuple[str, ...]:
-        return ("seed", "full", "small")
-
-    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
-        try:
-            M, N, K = self.problem.check_shape(shape)
-        except ConfigError as exc:
-            return [f"shape: {exc.problem}"]
-        return _gemm_shape_problems(config, M, N, K)
+    def config_problems(self, config: Config, shape: Shape) -> list[str]:
+        return _gemm_shape_problems(config, *shape)
 
     def emit(self, config: Config, shape: Shape, arch: str) -> str:
         return lower_to_cuda(gemm_schedule(config, *shape), arch, f"gemm {gemm_fmt(config)}")
-
-    def threads(self, config: Config) -> int:
-        return config["TY"] * config["TX"]
 
     def block(self, config: Config) -> tuple[int, int, int]:
         return (config["TX"], config["TY"], 1)
@@ -229,8 +217,7 @@ class TvmCudaGemm(TvmCudaTemplate):
         return {"a": device.upload(host["a"]), "b": device.upload(host["b"]), "out": device.allocate(4 * M * N)}
 
     def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
-        M, N, _ = self.problem.check_shape(shape)
-        return device.download(bufs["out"], np.float32, (M, N))
+        return device.download(bufs["out"], np.float32, self.problem.output_shape(shape))
 
     def describe(self, config: Config) -> str:
         return gemm_fmt(config)

@@ -238,7 +238,6 @@ class WgslGemm(KernelTemplate):
     name = "gemm"
     backend = "webgpu"
     shape_names = GEMM.shape_names
-    dtype = "f32"
 
     def space(self, which: str = "full") -> Space:
         return gemm_space(which)
@@ -290,8 +289,7 @@ class WgslGemm(KernelTemplate):
         return [Launch(program, grid, order)]
 
     def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
-        M, N, _ = shape
-        return device.download(bufs["out"], np.float32, (M, N))
+        return device.download(bufs["out"], np.float32, self.problem.output_shape(shape))
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
         M, N, _ = shape

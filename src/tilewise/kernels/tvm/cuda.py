@@ -17,6 +17,7 @@ store.
 
 from __future__ import annotations
 
+import math
 import re
 from abc import abstractmethod
 from collections.abc import Sequence
@@ -171,12 +172,12 @@ class TvmCudaTemplate(KernelTemplate):
 
     # ---- what a family supplies ----------------------------------------------------------------------------
     @abstractmethod
-    def emit(self, config: Config, shape: Shape, arch: str) -> str:
-        """TVM's CUDA C++ for one legal config at a checked shape (schedules and lowers; imports TVM)."""
+    def config_problems(self, config: Config, shape: Shape) -> list[str]:
+        """Why `config` cannot run at a checked shape (the splits the kernel assumes, grid and index limits)."""
 
     @abstractmethod
-    def threads(self, config: Config) -> int:
-        """Threads per block."""
+    def emit(self, config: Config, shape: Shape, arch: str) -> str:
+        """TVM's CUDA C++ for one legal config at a checked shape (schedules and lowers; imports TVM)."""
 
     @abstractmethod
     def block(self, config: Config) -> tuple[int, int, int]:
@@ -186,7 +187,18 @@ class TvmCudaTemplate(KernelTemplate):
     def grid(self, config: Config, shape: Shape) -> tuple[int, int, int]:
         """The grid of one launch at a checked shape."""
 
+    def space_names(self) -> tuple[str, ...]:
+        return ("seed", "full", "small")
+
     # ---- refusing, emitting, compiling ----------------------------------------------------------------------
+    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
+        """`config_problems` at the checked shape; a shape the problem refuses is one reason, `shape: why`."""
+        try:
+            shp = self.problem.check_shape(shape)
+        except ConfigError as exc:
+            return [f"shape: {exc.problem}"]
+        return self.config_problems(config, shp)
+
     def refuse_illegal(self, config: Config, shape: Shape, limits: Limits | None) -> Shape:
         """The checked shape when the config is legal at it; otherwise a ConfigError naming every broken rule."""
         shp = self.problem.check_shape(shape)
@@ -236,7 +248,7 @@ class TvmCudaTemplate(KernelTemplate):
             raise ShaderCompileError(f"kernel {sig.name} takes {sig.arg_order}, expected the tensors "
                                      f"{_listed(sorted(names))}",
                                      f"the schedule must keep {_listed(names)} as the only kernel parameters")
-        threads = self.threads(config)
+        threads = math.prod(self.block(config))
         if sig.launch_bounds is not None and sig.launch_bounds != threads:
             raise ShaderCompileError(f"kernel {sig.name} is bounded to {sig.launch_bounds} threads, config has "
                                      f"{self.threads_formula} = {threads}", self.threads_fix)
