@@ -21,7 +21,7 @@ never goes to global memory. Variants (the tiling is `tilewise.kernels.dwsep_con
                           is the case where seed 000 says shared memory should pay; the ladder measures it.
 
 NT = (BO/TO) * (BW/TPX) invocations per workgroup. K and P are compiled in (the private window is unrolled
-over them); B, C, H, W, O come in a uniform.
+over them); B, C, H, W, O come in a uniform, so one pipeline serves every shape of the same K and P (`program_key`).
 """
 
 from __future__ import annotations
