@@ -37,7 +37,7 @@ os.environ.setdefault("CUPY_TF32", "0")  # cuBLAS fp32 must stay fp32 (no TF32 t
 
 from tilewise.devices.cuda import CUDADevice
 from tilewise.errors import TilewiseError
-from tilewise.kernels.gemm_cuda import KERNEL7, SEED_WINNER, VERIFY_SHAPE, CudaGemm
+from tilewise.kernels.gemm.cuda import KERNEL7, SEED_WINNER, VERIFY_SHAPE, CudaGemm
 from tilewise.kernels.space import Config
 from tilewise.tune.measure import measure, tie_groups
 from tilewise.tune.search import Budget, get_strategy

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import tilewise
     from tilewise.kernels.base import parse_shape
-    from tilewise.kernels.gemm import WgslGemm
+    from tilewise.kernels.gemm.webgpu import WgslGemm
     from tilewise.tune.measure import measure, tie_groups
     from tilewise.tune.search import Budget
     from tilewise.tune.store import Store

@@ -9,7 +9,7 @@
 #   OUT_DIR/status.txt                   one line per step: name, exit status (124: timed out), seconds
 # The kernels come from the pre-emitted source store (TILEWISE_TVM_CUDA_SOURCES, default build/tvm-cuda-sources
 # in this checkout), made on a machine with TVM by:
-#   PYTHONPATH=src python bench/tvm_cuda_emit.py --arch sm_90 --out build/tvm-cuda-sources
+#   PYTHONPATH=src python tools/tvm_cuda_emit.py --arch sm_90 --out build/tvm-cuda-sources
 # Each step runs under `timeout`, so one failure or hang does not stop the others.
 # Budgets (seconds): environment 15, tests 80, conv1d ladder 45, gemm ladder 50, dwsep-conv2d ladder 45 (at most
 # 235 in all; on an H200 the first four took 8, 35, 10 and 13 s before the dwsep-conv2d template existed).

@@ -14,10 +14,9 @@ A ladder is data: named configs of one kernel template, in order. Running it
 
 Primitives: `conv1d-cpu` (TVM on the `tvm-llvm` device), `conv1d-gpu`, `gemm-gpu` (the tuner's GEMM template and
 its staging parameters) and `dwsep-conv2d-gpu` (WebGPU). All three GPU ladders also run on `--device cuda`
-(`VARIANTS`): the same ladder over the TVM-scheduled, TVM-emitted CUDA templates (`kernels/tvm_cuda.py`,
-`kernels/tvm_cuda_dwsep.py`), whose `shared`/`local` scopes answer the workgroup/private staging question.
-Without TVM those kernels come from the pre-emitted source store (`kernels/tvm_sources.py`), and the tuned best
-chooses only among stored configs.
+(`VARIANTS`): the same ladder over the TVM-scheduled, TVM-emitted CUDA templates (`kernels/*/tvm_cuda.py`), whose
+`shared`/`local` scopes answer the workgroup/private staging question. Without TVM those kernels come from the
+pre-emitted source store (`kernels/tvm/sources.py`), and the tuned best chooses only among stored configs.
 """
 
 from __future__ import annotations
@@ -94,13 +93,13 @@ def _lazy_template(module: str, cls: str) -> Callable[[], KernelTemplate]:
     return make
 
 
-_conv1d_gpu_template = _lazy_template("tilewise.kernels.conv1d", "WgslConv1d")
-_dwsep_template = _lazy_template("tilewise.kernels.dwsep_conv2d", "WgslDwsepConv2d")
-_gemm_template = _lazy_template("tilewise.kernels.gemm", "WgslGemm")
-_conv1d_tvm_template = _lazy_template("tilewise.kernels.conv1d_tvm", "TvmConv1d")
-_tvm_cuda_conv1d_template = _lazy_template("tilewise.kernels.tvm_cuda", "TvmCudaConv1d")
-_tvm_cuda_gemm_template = _lazy_template("tilewise.kernels.tvm_cuda", "TvmCudaGemm")
-_tvm_cuda_dwsep_template = _lazy_template("tilewise.kernels.tvm_cuda_dwsep", "TvmCudaDwsepConv2d")
+_conv1d_gpu_template = _lazy_template("tilewise.kernels.conv1d.webgpu", "WgslConv1d")
+_dwsep_template = _lazy_template("tilewise.kernels.dwsep_conv2d.webgpu", "WgslDwsepConv2d")
+_gemm_template = _lazy_template("tilewise.kernels.gemm.webgpu", "WgslGemm")
+_conv1d_tvm_template = _lazy_template("tilewise.kernels.conv1d.tvm_llvm", "TvmConv1d")
+_tvm_cuda_conv1d_template = _lazy_template("tilewise.kernels.conv1d.tvm_cuda", "TvmCudaConv1d")
+_tvm_cuda_gemm_template = _lazy_template("tilewise.kernels.gemm.tvm_cuda", "TvmCudaGemm")
+_tvm_cuda_dwsep_template = _lazy_template("tilewise.kernels.dwsep_conv2d.tvm_cuda", "TvmCudaDwsepConv2d")
 
 
 def _torch() -> Any:
@@ -167,7 +166,7 @@ def _gemm_restage(c: Config, scope: str) -> Config:
 
 
 def _gemm_defaults() -> dict[str, Any]:
-    from tilewise.kernels.gemm import BASE
+    from tilewise.kernels.gemm.webgpu import BASE
 
     return dict(BASE)
 
@@ -605,8 +604,8 @@ def _stored_search_points(tpl: KernelTemplate, space: Space, limits: Any, shape:
     """For a TVM-emitted template on a machine without TVM: up to `count` legal configs that have a stored source
     (those of the usual search first, then the other stored ones), and a sentence saying so. With TVM: `usual`.
     """
-    from tilewise.kernels import tvm_sources
-    from tilewise.kernels.tvm_cuda import arch_of
+    from tilewise.kernels.tvm import sources as tvm_sources
+    from tilewise.kernels.tvm.cuda import arch_of
 
     if tvm_sources.tvm_available():
         return usual, ""

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tilewise.errors import DeviceUnavailable, LaunchError, ShaderCompileError
-from tilewise.kernels.gemm_cuda import KERNEL7, PARAMS, SEED_WINNER, CudaGemm, name_expression
+from tilewise.kernels.gemm.cuda import KERNEL7, PARAMS, SEED_WINNER, CudaGemm, name_expression
 from tilewise.tune.verify import compare
 
 pytestmark = pytest.mark.cuda
@@ -104,7 +104,7 @@ def test_limits_are_sane(dev):
 
 
 def test_illegal_config_cannot_compile_and_says_which_rule(dev, tpl):
-    from tilewise.kernels.gemm_cuda import _source
+    from tilewise.kernels.gemm.cuda import _source
 
     bad = config(tpl, (128, 128, 16, 64, 64, 4, 8, 4, 256))
     with pytest.raises(ShaderCompileError) as info:

@@ -2,7 +2,7 @@
 value of every seed config against the float64 reference on random inputs, the parallel precompile, and timing.
 
 The sources come from TVM when it imports, else from the pre-emitted store named by TILEWISE_TVM_CUDA_SOURCES
-(`python bench/tvm_cuda_emit.py --arch sm_90 --out DIR` on a machine with TVM). A test skips cleanly without CuPy
+(`python tools/tvm_cuda_emit.py --arch sm_90 --out DIR` on a machine with TVM). A test skips cleanly without CuPy
 or a GPU, and when neither TVM nor a store holding every source it needs is available.
 """
 
@@ -13,13 +13,13 @@ import pytest
 from tvm_support import need_sources, tvm_cuda_device
 
 from tilewise.devices.base import Program
-from tilewise.kernels.dwsep_conv2d import fmt
-from tilewise.kernels.tvm_cuda_dwsep import TvmCudaDwsepConv2d
+from tilewise.kernels.dwsep_conv2d.tiling import fmt
+from tilewise.kernels.dwsep_conv2d.tvm_cuda import TvmCudaDwsepConv2d
 from tilewise.tune.verify import compare
 
 pytestmark = pytest.mark.cuda
 
-# What these tests compile (bench/tvm_cuda_emit.py pre-emits the same; a unit test checks it covers them):
+# What these tests compile (tools/tvm_cuda_emit.py pre-emits the same; a unit test checks it covers them):
 #: seed configs at: partial pixel and channel tiles with two images, a 5x5 kernel with padding 2, a 1x1 kernel
 #: with more pixels than the widest tile, and the ladder's shape
 SHAPES = [(2, 8, 5, 13, 20, 3, 1), (1, 16, 9, 11, 24, 5, 2), (1, 8, 7, 70, 9, 1, 0), (1, 64, 56, 56, 128, 3, 1)]

@@ -2,7 +2,7 @@
 against the float64 reference on random inputs, and timing.
 
 The sources come from TVM when it imports, else from the pre-emitted store named by TILEWISE_TVM_CUDA_SOURCES
-(`python bench/tvm_cuda_emit.py --arch sm_90 --out DIR` on a machine with TVM). A test skips cleanly without CuPy
+(`python tools/tvm_cuda_emit.py --arch sm_90 --out DIR` on a machine with TVM). A test skips cleanly without CuPy
 or a GPU, and when neither TVM nor a store holding every source it needs is available.
 """
 
@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 from tvm_support import need_sources, tvm_cuda_device
 
-from tilewise.kernels.tvm_cuda import TvmCudaConv1d, TvmCudaGemm, fmt, gemm_fmt
+from tilewise.kernels.conv1d.tvm_cuda import TvmCudaConv1d, fmt
+from tilewise.kernels.gemm.tvm_cuda import TvmCudaGemm, gemm_fmt
 from tilewise.tune.verify import compare
 
 pytestmark = pytest.mark.cuda
 
-# What these tests compile (bench/tvm_cuda_emit.py pre-emits the same; a unit test checks it covers them):
+# What these tests compile (tools/tvm_cuda_emit.py pre-emits the same; a unit test checks it covers them):
 #: conv1d seed configs: a tiny input, partial last tiles of every seed tile, a kernel as long as the input, a long input
 SHAPES = [(16, 16), (700, 16), (1023, 64), (64, 64), (100_003, 64)]
 #: conv1d (NT, TPT, RK, STAGE) of large blocks and long windows, at LARGE_SHAPE

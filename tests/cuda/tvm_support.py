@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from tilewise.errors import DeviceUnavailable
-from tilewise.kernels import tvm_sources
-from tilewise.kernels.tvm_cuda import arch_of
+from tilewise.kernels.tvm import sources as tvm_sources
+from tilewise.kernels.tvm.cuda import arch_of
 
 
 def tvm_cuda_device() -> Any:

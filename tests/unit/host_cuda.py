@@ -14,7 +14,7 @@ import numpy as np
 
 from tilewise.devices.base import Buffer, Program
 from tilewise.devices.profiles import get_profile
-from tilewise.kernels.tvm_cuda import parse_kernel
+from tilewise.kernels.tvm.cuda import parse_kernel
 
 SM90 = get_profile("sm_90")
 

@@ -2,7 +2,7 @@
 
 import itertools
 
-from tilewise.kernels import conv1d, tvm_cuda
+from tilewise.kernels.conv1d import tiling, tvm_cuda
 from tilewise.kernels.space import Config
 
 
@@ -14,11 +14,11 @@ def test_scopes_map_between_wgsl_and_cuda():
     for nt, tpt, rk in itertools.product([32, 256], [1, 8], [1, 16]):
         window = tpt + (tpt + rk - 1) + rk
         smem = 4 * (nt * tpt + 2 * rk - 1)
-        assert conv1d.registers(_cfg("private", nt, tpt, rk)) == window
+        assert tiling.registers(_cfg("private", nt, tpt, rk)) == window
         assert tvm_cuda.registers(_cfg("local", nt, tpt, rk)) == window
-        assert conv1d.storage_bytes(_cfg("workgroup", nt, tpt, rk)) == smem
+        assert tiling.storage_bytes(_cfg("workgroup", nt, tpt, rk)) == smem
         assert tvm_cuda.shared_bytes(_cfg("shared", nt, tpt, rk)) == smem
         # a scope name of the other language stages nothing here
         assert tvm_cuda.registers(_cfg("private", nt, tpt, rk)) == tpt
         assert tvm_cuda.shared_bytes(_cfg("workgroup", nt, tpt, rk)) == 0
-        assert conv1d.storage_bytes(_cfg("global", nt, tpt, rk)) == 0
+        assert tiling.storage_bytes(_cfg("global", nt, tpt, rk)) == 0

@@ -7,9 +7,11 @@ import pytest
 
 from tilewise.devices.profiles import PROFILES
 from tilewise.errors import ConfigError
-from tilewise.kernels.conv1d import WgslConv1d, check_shape, conv1d_space, generate_wgsl
-from tilewise.kernels.dwsep_conv2d import WgslDwsepConv2d, dwsep_space, reference_dwsep
-from tilewise.kernels.dwsep_conv2d import generate_wgsl as dwsep_wgsl
+from tilewise.kernels.conv1d.problem import check_shape
+from tilewise.kernels.conv1d.webgpu import WgslConv1d, conv1d_space, generate_wgsl
+from tilewise.kernels.dwsep_conv2d.problem import reference_dwsep
+from tilewise.kernels.dwsep_conv2d.webgpu import WgslDwsepConv2d, dwsep_space
+from tilewise.kernels.dwsep_conv2d.webgpu import generate_wgsl as dwsep_wgsl
 
 WEBGPU_DEFAULT = PROFILES["webgpu-default"]
 

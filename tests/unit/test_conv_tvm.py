@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tilewise.errors import DeviceUnavailable
-from tilewise.kernels.conv1d_tvm import TvmConv1d, tvm_conv1d_space
+from tilewise.kernels.conv1d.tvm_llvm import TvmConv1d, tvm_conv1d_space
 from tilewise.tune.verify import compare
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tilewise.devices.profiles import get_profile
 from tilewise.errors import ConfigError, DeviceUnavailable
-from tilewise.kernels.gemm_cuda import (
+from tilewise.kernels.gemm.cuda import (
     DEVICE_RULES,
     KERNEL7,
     PARAMS,
@@ -215,7 +215,7 @@ def test_without_cupy_the_cuda_device_says_how_to_install():
 
 
 def test_importing_the_cuda_modules_does_not_import_cupy():
-    code = ("import sys, tilewise, tilewise.devices.cuda, tilewise.kernels.gemm_cuda; "
+    code = ("import sys, tilewise, tilewise.devices.cuda, tilewise.kernels.gemm.cuda; "
             "assert 'cupy' not in sys.modules, 'cupy imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tilewise.devices.profiles import get_profile
-from tilewise.kernels.gemm_cuda import PARAMS, SEED_RULES, CudaGemm
+from tilewise.kernels.gemm.cuda import PARAMS, SEED_RULES, CudaGemm
 
 NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) not found")
@@ -23,7 +23,7 @@ SIGNATURE = "(int, int, int, float, const float *, const float *, float, float *
 
 
 def gemm_cu() -> str:
-    return str(resources.files("tilewise.kernels").joinpath("gemm.cu"))
+    return str(resources.files("tilewise.kernels.gemm").joinpath("gemm.cu"))
 
 
 def instantiate(values) -> str:

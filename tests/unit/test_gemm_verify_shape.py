@@ -3,7 +3,7 @@
 import pytest
 
 from tilewise.devices.profiles import get_profile
-from tilewise.kernels.gemm import VERIFY_SHAPE, WgslGemm
+from tilewise.kernels.gemm.webgpu import VERIFY_SHAPE, WgslGemm
 
 
 @pytest.fixture(scope="module")

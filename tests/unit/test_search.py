@@ -4,7 +4,7 @@ import pytest
 
 from tilewise.devices.profiles import PROFILES
 from tilewise.errors import ConfigError
-from tilewise.kernels.gemm import gemm_space
+from tilewise.kernels.gemm.webgpu import gemm_space
 from tilewise.tune.search import STRATEGIES, Budget, exhaustive, get_strategy, random_search
 
 LIMITS = PROFILES["lavapipe"]

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from tilewise.devices.profiles import PROFILES
-from tilewise.kernels.gemm import BASE, PARAMS, RULES, GemmSpace, fmt, gemm_space
+from tilewise.kernels.gemm.webgpu import BASE, PARAMS, RULES, GemmSpace, fmt, gemm_space
 from tilewise.kernels.space import Config, Rule, RuleOrderError, Space
 
 LAVAPIPE = PROFILES["lavapipe"]

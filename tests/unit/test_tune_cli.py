@@ -116,8 +116,8 @@ def test_corrupt_store_via_cli(capsys, tmp_path):
 def test_registry_names_cuda_template_and_lists_kernels():
     from tilewise.kernels import registry
 
-    assert registry.TEMPLATES[("gemm", "webgpu")] == "tilewise.kernels.gemm:WgslGemm"
-    assert registry.TEMPLATES[("gemm", "cuda")] == "tilewise.kernels.gemm_cuda:CudaGemm"
+    assert registry.TEMPLATES[("gemm", "webgpu")] == "tilewise.kernels.gemm.webgpu:WgslGemm"
+    assert registry.TEMPLATES[("gemm", "cuda")] == "tilewise.kernels.gemm.cuda:CudaGemm"
     assert "gemm" in registry.kernels()
 
 

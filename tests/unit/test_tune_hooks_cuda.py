@@ -12,7 +12,7 @@ import pytest
 from tilewise.devices.base import Buffer, Program
 from tilewise.devices.cpu import CPUDevice
 from tilewise.devices.profiles import get_profile
-from tilewise.kernels.gemm_cuda import VERIFY_SHAPE, CudaGemm
+from tilewise.kernels.gemm.cuda import VERIFY_SHAPE, CudaGemm
 from tilewise.tune.tuner import tune
 
 SM90 = get_profile("sm_90")

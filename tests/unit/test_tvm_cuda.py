@@ -16,9 +16,12 @@ from host_cuda import HostCuda
 
 from tilewise.devices.profiles import get_profile
 from tilewise.errors import ConfigError, DeviceUnavailable
-from tilewise.kernels import tvm_cuda
+from tilewise.kernels.conv1d import tvm_cuda
+from tilewise.kernels.conv1d.tvm_cuda import TvmCudaConv1d, emit_cuda, fmt
+from tilewise.kernels.gemm import tvm_cuda as gemm_tvm_cuda
+from tilewise.kernels.gemm.tvm_cuda import TvmCudaGemm, gemm_fmt
 from tilewise.kernels.registry import get_template
-from tilewise.kernels.tvm_cuda import TvmCudaConv1d, TvmCudaGemm, device_source, emit_cuda, fmt, gemm_fmt, parse_kernel
+from tilewise.kernels.tvm.cuda import device_source, parse_kernel
 from tilewise.tune.verify import compare
 
 pytest.importorskip("tvm")
@@ -195,7 +198,7 @@ def test_gemm_registered_and_staging_scope_decides_shared_arrays():
 
 
 def test_gemm_illegal_configs_are_refused_before_tvm(monkeypatch):
-    monkeypatch.setattr(tvm_cuda, "gemm_schedule", lambda *a: pytest.fail("TVM ran for an illegal config"))
+    monkeypatch.setattr(gemm_tvm_cuda, "gemm_schedule", lambda *a: pytest.fail("TVM ran for an illegal config"))
     fake = types.SimpleNamespace(info=types.SimpleNamespace(limits=replace(SM90, max_invocations_per_workgroup=256)))
     with pytest.raises(ConfigError, match=r"threads_per_block: TY\*TX = 32\*16 = 512 threads per block \(TY = 32\) "
                                           r"> the device's limit 256"):

@@ -19,11 +19,12 @@ from host_cuda import HostCuda
 from tilewise.devices.base import Program
 from tilewise.devices.profiles import get_profile
 from tilewise.errors import ConfigError
-from tilewise.kernels import tvm_cuda_dwsep
-from tilewise.kernels.dwsep_conv2d import WgslDwsepConv2d, fmt
+from tilewise.kernels.dwsep_conv2d import tvm_cuda as tvm_cuda_dwsep
+from tilewise.kernels.dwsep_conv2d.tiling import fmt
+from tilewise.kernels.dwsep_conv2d.tvm_cuda import TvmCudaDwsepConv2d, kernel_symbol
+from tilewise.kernels.dwsep_conv2d.webgpu import WgslDwsepConv2d
 from tilewise.kernels.registry import get_template
-from tilewise.kernels.tvm_cuda import device_source, parse_kernel
-from tilewise.kernels.tvm_cuda_dwsep import TvmCudaDwsepConv2d, kernel_symbol
+from tilewise.kernels.tvm.cuda import device_source, parse_kernel
 from tilewise.tune.verify import compare
 
 SM90 = get_profile("sm_90")

@@ -11,15 +11,9 @@ import subprocess
 import pytest
 
 from tilewise.devices.profiles import get_profile
-from tilewise.kernels.tvm_cuda import (
-    TvmCudaConv1d,
-    TvmCudaGemm,
-    device_source,
-    emit_cuda,
-    gemm_symbol,
-    kernel_symbol,
-    registers,
-)
+from tilewise.kernels.conv1d.tvm_cuda import TvmCudaConv1d, emit_cuda, kernel_symbol, registers
+from tilewise.kernels.gemm.tvm_cuda import TvmCudaGemm, gemm_symbol
+from tilewise.kernels.tvm.cuda import device_source
 
 pytest.importorskip("tvm")
 NVCC = shutil.which("nvcc")

@@ -17,9 +17,11 @@ from tilewise.devices.base import Program, source_hash
 from tilewise.devices.cpu import CPUDevice
 from tilewise.devices.profiles import get_profile
 from tilewise.errors import ConfigError, DeviceUnavailable
-from tilewise.kernels import tvm_sources
-from tilewise.kernels.dwsep_conv2d import reference_dwsep
-from tilewise.kernels.tvm_cuda import TvmCudaConv1d, TvmCudaGemm, device_source
+from tilewise.kernels.conv1d.tvm_cuda import TvmCudaConv1d
+from tilewise.kernels.dwsep_conv2d.problem import reference_dwsep
+from tilewise.kernels.gemm.tvm_cuda import TvmCudaGemm
+from tilewise.kernels.tvm import sources as tvm_sources
+from tilewise.kernels.tvm.cuda import device_source
 
 pytest.importorskip("tvm")
 
@@ -138,7 +140,7 @@ def test_missing_key_names_the_key_and_the_emit_command(store, no_tvm):
     problem, fix = err.value.problem, err.value.fix
     assert "conv1d NT=128,TPT=2,RK=16,STAGE=shared at shape 5000,32 for sm_90" in problem
     assert str(store) in problem and tvm_sources.ENV in problem
-    assert (f"python bench/tvm_cuda_emit.py --arch sm_90 --out {store} --template conv1d --shapes 5000,32 "
+    assert (f"python tools/tvm_cuda_emit.py --arch sm_90 --out {store} --template conv1d --shapes 5000,32 "
             "--config NT=128,TPT=2,RK=16,STAGE=shared") in fix
     with pytest.raises(DeviceUnavailable, match=r"gemm-tvm TY=16,TX=16,TM=4,TN=4,KB=8,STAGE=shared at shape "
                                                 r"128,128,64 for sm_90"):
@@ -151,7 +153,7 @@ def test_without_tvm_or_store_the_error_names_both_fixes(monkeypatch, no_tvm):
         CONV.compile(FakeCuda(), conv_cfg(), (1000, 16))
     assert "TVM-scheduled CUDA templates" in err.value.problem and tvm_sources.ENV in err.value.problem
     assert "conv1d NT=64,TPT=4,RK=8,STAGE=local at shape 1000,16 for sm_90" in err.value.problem
-    assert "pip install 'tilewise[tvm]'" in err.value.fix and "bench/tvm_cuda_emit.py --arch sm_90" in err.value.fix
+    assert "pip install 'tilewise[tvm]'" in err.value.fix and "tools/tvm_cuda_emit.py --arch sm_90" in err.value.fix
 
 
 def test_a_corrupt_or_mismatched_store_file_is_an_error_naming_it(store, monkeypatch):
@@ -186,7 +188,7 @@ def test_a_corrupt_or_mismatched_store_file_is_an_error_naming_it(store, monkeyp
 
 # ---- the emit script ---------------------------------------------------------------------------------------------
 def test_default_emit_plan_covers_what_the_cuda_tests_and_ladders_compile():
-    emit = load(ROOT / "bench" / "tvm_cuda_emit.py", "tvm_cuda_emit")
+    emit = load(ROOT / "tools" / "tvm_cuda_emit.py", "tvm_cuda_emit")
     runtime = load(ROOT / "tests" / "cuda" / "test_tvm_cuda_runtime.py", "tvm_cuda_runtime")
     plan = emit.default_plan(emit.templates(), SM90)
     have = {(name, c, s) for name, items in plan.items() for c, s in items}
@@ -214,7 +216,7 @@ def test_default_emit_plan_covers_what_the_cuda_tests_and_ladders_compile():
 
 
 def test_emit_script_writes_one_config_and_the_index(tmp_path, capsys):
-    emit = load(ROOT / "bench" / "tvm_cuda_emit.py", "tvm_cuda_emit")
+    emit = load(ROOT / "tools" / "tvm_cuda_emit.py", "tvm_cuda_emit")
     out = tmp_path / "store"
     rc = emit.main(["--arch", "sm_90", "--out", str(out), "--template", "conv1d", "--shapes", "300,16",
                     "--config", "NT=64,TPT=4,RK=8,STAGE=shared", "--config", "NT=64,TPT=4,RK=32,STAGE=local"])
@@ -264,7 +266,7 @@ def test_cuda_ladder_variants_are_picked_by_device_and_their_rungs_are_legal():
 def test_cuda_ladder_runs_from_the_store_without_tvm(primitive, shape, store, monkeypatch):
     from tilewise.ladder import run_ladder
 
-    emit = load(ROOT / "bench" / "tvm_cuda_emit.py", "tvm_cuda_emit")
+    emit = load(ROOT / "tools" / "tvm_cuda_emit.py", "tvm_cuda_emit")
     name = {"conv1d-gpu": "conv1d", "gemm-gpu": "gemm-tvm", "dwsep-conv2d-gpu": "dwsep-conv2d"}[primitive]
     assert emit.main(["--arch", "sm_90", "--out", str(store), "--template", name,
                       "--shapes", ",".join(map(str, shape))]) == 0
@@ -302,4 +304,4 @@ def test_cuda_ladder_without_tvm_or_store_stops_at_the_baseline_with_the_fix(mon
     with pytest.raises(DeviceUnavailable, match=r"conv1d NT=64,TPT=1,RK=1,STAGE=global at shape 1024,16 for "
                                                 r"sm_90") as err:
         run_ladder("conv1d-gpu", FakeCuda(), (1024, 16), tune_count=0, measure_kw=FAST)
-    assert "bench/tvm_cuda_emit.py" in err.value.fix
+    assert "tools/tvm_cuda_emit.py" in err.value.fix

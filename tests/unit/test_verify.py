@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tilewise.kernels.gemm import WgslGemm
+from tilewise.kernels.gemm.webgpu import WgslGemm
 from tilewise.tune.verify import TOLERANCES, Verifier, compare
 
 

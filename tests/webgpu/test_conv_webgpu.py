@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tilewise.kernels.conv1d import WgslConv1d
-from tilewise.kernels.dwsep_conv2d import WgslDwsepConv2d
+from tilewise.kernels.conv1d.webgpu import WgslConv1d
+from tilewise.kernels.dwsep_conv2d.webgpu import WgslDwsepConv2d
 from tilewise.ladder import LADDERS
 from tilewise.tune.verify import compare
 

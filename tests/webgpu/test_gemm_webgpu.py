@@ -4,7 +4,7 @@ several rules are load-bearing (bypass them and the kernel computes garbage or f
 import pytest
 
 from tilewise.errors import LaunchError
-from tilewise.kernels.gemm import WgslGemm, gemm_space
+from tilewise.kernels.gemm.webgpu import WgslGemm, gemm_space
 from tilewise.tune.verify import verify
 
 pytestmark = pytest.mark.webgpu

@@ -7,7 +7,7 @@ import pytest
 
 from tilewise.cli import main
 from tilewise.errors import ConfigError
-from tilewise.kernels.gemm import WgslGemm
+from tilewise.kernels.gemm.webgpu import WgslGemm
 from tilewise.tune.dispatch import DispatchTable, dispatch_table, lookup, sweep
 from tilewise.tune.measure import measure, tie_groups
 from tilewise.tune.store import Store

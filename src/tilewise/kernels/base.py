@@ -240,7 +240,7 @@ class KernelTemplate(ABC):
 
     def meta(self) -> dict[str, Any]:
         return {"name": self.name, "backend": self.backend, "shape_names": list(self.shape_names),
-                "problem": getattr(getattr(self, "problem", None), "name", self.name)}
+                "problem": self.problem.name}
 
 
 def parse_shape(text: str, names: Sequence[str]) -> Shape:

@@ -11,14 +11,14 @@ from tilewise.errors import ConfigError, DeviceUnavailable
 from tilewise.kernels.base import KernelTemplate
 
 TEMPLATES: dict[tuple[str, str], str] = {
-    ("gemm", "webgpu"): "tilewise.kernels.gemm:WgslGemm",
-    ("gemm", "cuda"): "tilewise.kernels.gemm_cuda:CudaGemm",
-    ("conv1d", "webgpu"): "tilewise.kernels.conv1d:WgslConv1d",
-    ("conv1d", "tvm-llvm"): "tilewise.kernels.conv1d_tvm:TvmConv1d",
-    ("conv1d", "cuda"): "tilewise.kernels.tvm_cuda:TvmCudaConv1d",
-    ("gemm-tvm", "cuda"): "tilewise.kernels.tvm_cuda:TvmCudaGemm",
-    ("dwsep-conv2d", "webgpu"): "tilewise.kernels.dwsep_conv2d:WgslDwsepConv2d",
-    ("dwsep-conv2d", "cuda"): "tilewise.kernels.tvm_cuda_dwsep:TvmCudaDwsepConv2d",
+    ("gemm", "webgpu"): "tilewise.kernels.gemm.webgpu:WgslGemm",
+    ("gemm", "cuda"): "tilewise.kernels.gemm.cuda:CudaGemm",
+    ("conv1d", "webgpu"): "tilewise.kernels.conv1d.webgpu:WgslConv1d",
+    ("conv1d", "tvm-llvm"): "tilewise.kernels.conv1d.tvm_llvm:TvmConv1d",
+    ("conv1d", "cuda"): "tilewise.kernels.conv1d.tvm_cuda:TvmCudaConv1d",
+    ("gemm-tvm", "cuda"): "tilewise.kernels.gemm.tvm_cuda:TvmCudaGemm",
+    ("dwsep-conv2d", "webgpu"): "tilewise.kernels.dwsep_conv2d.webgpu:WgslDwsepConv2d",
+    ("dwsep-conv2d", "cuda"): "tilewise.kernels.dwsep_conv2d.tvm_cuda:TvmCudaDwsepConv2d",
     ("nf4-matmul", "webgpu"): "tilewise.kernels.matmul.webgpu:NF4MatmulTiled",
     ("nf4-matmul-rows", "webgpu"): "tilewise.kernels.matmul.webgpu:NF4MatmulRows",
     ("nf4-swiglu", "webgpu"): "tilewise.kernels.matmul.webgpu:NF4SwigluTiled",

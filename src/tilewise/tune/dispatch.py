@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-import warnings
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -247,9 +246,7 @@ def dispatch_table(result: SweepResult, tolerance: float = 0.03) -> dict[str, An
     entry = Entry(make_ranges(ranges, tpl.name), fixed=dict(zip(tpl.shape_names[1:], shape[1:])),
                   tolerance=tolerance, measured_m=list(result.ms), per_m=per_m)
     table = DispatchTable(result.fingerprint)
-    problem = getattr(tpl, "problem", None)  # TRANSITION: every template gets a problem in the redesign
-    key = problem.dispatch_key(shape) if problem is not None else f"{tpl.name}:{result.n}x{result.k}"
-    table.put(key, entry, tpl)
+    table.put(tpl.problem.dispatch_key(shape), entry, tpl)
     return table.to_json()
 
 
@@ -270,11 +267,6 @@ def lookup(table: DispatchTable | Mapping[str, Any], m: int, key: str | None = N
 def load_table(path: str | Path) -> DispatchTable:
     """Read a dispatch table file (see `DispatchTable.load`)."""
     return DispatchTable.load(path)
-
-
-def warn_unusable(path: Any, notes: Sequence[str], fix: str) -> None:
-    if notes:
-        warnings.warn(f"dispatch table {path}: {'; '.join(notes)}; using defaults for those. {fix}", stacklevel=3)
 
 
 __all__ = ["FORMAT", "SCHEMA", "DispatchTable", "Entry", "Range", "dispatch_table", "family_of", "family_version",

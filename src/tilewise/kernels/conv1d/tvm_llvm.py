@@ -1,4 +1,5 @@
-"""fp32 1D convolution on the CPU through Apache TVM: one TE definition, a schedule function whose choices are a Space.
+"""fp32 1D convolution on the CPU through Apache TVM: the problem's TE definition (`conv1d.problem.conv1d_te`), a
+schedule function whose choices are a Space.
 
     Apad (Mp + N - 1) = a (M) with N-1 zeros on the left (and enough on the right for the padded output)
     out[n] = sum_k Apad[n + N - 1 - k] * w[k]       n < Mp, the output length rounded up to XO
@@ -19,18 +20,20 @@ Variants (seed 000's CPU schedule, each choice a parameter of `schedule`):
              "inline"      compute_inline(Apad): no intermediate, a bounds select at every read
 
 The output is computed over Mp = ceil((M+N-1)/XO)*XO positions so that the output split never needs a predicate
-(a predicated n_i defeats vectorization: 10x slower in a probe); the extra positions read only padding and are
-dropped by `read_output`. TVM is imported lazily; without it every entry point raises the install command.
+(a predicated n_i defeats vectorization); the extra positions read only padding and are dropped by `read_output`.
+TVM is imported lazily; without it every entry point raises the install command.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from tilewise.devices.base import Device, Launch, Program
 from tilewise.errors import ConfigError
-from tilewise.kernels.base import DeviceBuffers, HostInputs, Shape
-from tilewise.kernels.conv1d import Conv1dTemplate, check_shape
+from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
+from tilewise.kernels.conv1d.problem import CONV1D, conv1d_te
 from tilewise.kernels.space import Config, Rule, Space
 
 OUT_ALIGN = 256  # the output buffer is padded to this multiple, which every XO divides
@@ -91,27 +94,6 @@ def alloc_length(M: int, N: int) -> int:
     return padded_length(M, N, OUT_ALIGN)
 
 
-def conv1d_te(tvm: Any, M: int, N: int, Mp: int) -> tuple[Any, Any, Any]:
-    """The full 1D convolution as TVM tensor expressions, over an output length padded to Mp >= M + N - 1.
-
-    The zero padding is its own stage, `Apad` (Mp + N - 1,), which a schedule inlines or computes at its consumer.
-
-    Returns:
-        (A (M,), W (N,), B (Mp,)) tensors for `te.create_prim_func([A, W, B])`.
-    """
-    from tvm import te
-
-    A = te.placeholder((M,), name="A", dtype="float32")  # (M,)
-    W = te.placeholder((N,), name="W", dtype="float32")  # (N,)
-    zero = tvm.tirx.const(0.0, "float32")
-    Apad = te.compute((Mp + N - 1,),  # (Mp + N - 1,)
-                      lambda i: tvm.tirx.if_then_else(tvm.tirx.all(i >= N - 1, i < M + N - 1), A[i - (N - 1)], zero),
-                      name="Apad")
-    k = te.reduce_axis((0, N), name="k")
-    B = te.compute((Mp,), lambda n: te.sum(Apad[n + N - 1 - k] * W[k], axis=k), name="B")  # (Mp,)
-    return A, W, B
-
-
 def schedule(c: Config, M: int, N: int) -> Any:
     """The scheduled TIR module of one config at input length M and kernel length N.
 
@@ -150,38 +132,51 @@ def schedule(c: Config, M: int, N: int) -> Any:
     return sch.mod
 
 
-class TvmConv1d(Conv1dTemplate):
+class TvmConv1d(KernelTemplate):
     """Full 1D convolution on the host CPU, scheduled with TVM and built with LLVM (device `tvm-llvm`)."""
 
+    problem = CONV1D
+    name = "conv1d"
     backend = "tvm-llvm"
+    shape_names = CONV1D.shape_names
 
     def space(self, which: str = "full") -> Space:
         return tvm_conv1d_space(which)
 
-    def config_shape_problems(self, config: Config, M: int, N: int) -> list[str]:
+    def space_names(self) -> tuple[str, ...]:
+        return ("seed", "full", "small")
+
+    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
+        try:
+            _, N = self.problem.check_shape(shape)
+        except ConfigError as exc:
+            return [f"shape: {exc.problem}"]
         if N % config["KI"]:
             return [f"reduction_split: N % KI = {N} % {config['KI']} = {N % config['KI']} != 0 "
                     "(a predicated reduction loop)"]
         return []
 
     def source(self, config: Config, shape: Shape | None = None) -> str:
-        M, N = check_shape(shape or DEFAULT_SHAPE)
+        M, N = self.problem.check_shape(shape or DEFAULT_SHAPE)
         return str(schedule(config, M, N).script())
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
-        M, N = check_shape(shape)
+        M, N = self.problem.check_shape(shape)
         return device.compile(schedule(config, M, N), "main", name=f"conv1d-tvm {fmt(config)}")
 
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
-        M, N = check_shape(shape)
+        M, N = self.problem.check_shape(shape)
         return {"a": device.upload(host["a"]), "w": device.upload(host["w"]),
                 "out": device.allocate(4 * alloc_length(M, N))}
 
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
         return [Launch(program, (1, 1, 1), [bufs["a"], bufs["w"], bufs["out"]])]
 
+    def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
+        return device.download(bufs["out"], np.float32, self.problem.output_shape(shape))
+
     def tile_waste(self, config: Config, shape: Shape) -> float:
-        M, N = check_shape(shape)
+        M, N = self.problem.check_shape(shape)
         return padded_length(M, N, config["XO"]) / (M + N - 1)
 
     def describe(self, config: Config) -> str:

@@ -14,7 +14,7 @@ followed by the source exactly as TVM emitted it. `emitted_source` is the policy
 
 * TVM importable: emit; when the variable is set, also write the file (a temporary file, then `os.replace`).
 * TVM not importable: read the file; a missing file is a `DeviceUnavailable` naming the key and the command that
-  emits it (`bench/tvm_cuda_emit.py`, run where TVM is installed).
+  emits it (`tools/tvm_cuda_emit.py`, run where TVM is installed).
 * A file whose header does not match its key, or whose source does not match the header's hash, is a
   `ConfigError` naming the file: it is never used.
 """
@@ -35,9 +35,9 @@ from tilewise.errors import ConfigError, DeviceUnavailable
 
 ENV = "TILEWISE_TVM_CUDA_SOURCES"
 HEADER = "// tilewise-tvm-cuda-source "
-EMIT_SCRIPT = "bench/tvm_cuda_emit.py"
+EMIT_SCRIPT = "tools/tvm_cuda_emit.py"
 INDEX = "index.json"
-#: the templates whose kernels TVM emits, as `bench/tvm_cuda_emit.py --template` names them
+#: the templates whose kernels TVM emits, as `tools/tvm_cuda_emit.py --template` names them
 TEMPLATES = ("conv1d", "gemm-tvm", "dwsep-conv2d")
 
 

@@ -6,16 +6,17 @@ instantiated per config by an NVRTC name expression. The rules below are seed 00
 it), followed by the device's real limits. `gemm.cu` mirrors the ten seed rules with `static_assert`s,
 so an illegal config is refused here before compiling and cannot compile either.
 
-Shapes (M, N, K), row-major C (M, N) = alpha * A (M, K) @ B (K, N) + beta * C: any M >= 1; N and K
-multiples of 4 (float4 loads and stores never straddle a row end); partial tiles in every dimension are
-bounds-guarded; ceil(M / BM) <= 65535 (CUDA's grid y limit).
+Shapes (M, N, K), row-major C (M, N) = alpha * A (M, K) @ B (K, N) + beta * C (`tilewise.kernels.gemm.problem`):
+any M >= 1; N and K multiples of 4 (float4 loads and stores never straddle a row end); partial tiles in every
+dimension are bounds-guarded; ceil(M / BM) <= 65535 (CUDA's grid y limit). M, N and K are kernel arguments, so one
+compiled program serves every shape (`program_key` is the config alone).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from importlib import resources
@@ -26,6 +27,7 @@ import numpy as np
 from tilewise.devices.base import Device, Launch, Limits, Program
 from tilewise.errors import ConfigError, LaunchError, TilewiseError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
+from tilewise.kernels.gemm.problem import GEMM, GemmProblem
 from tilewise.kernels.space import Config, Rule, Space
 
 WARPSIZE = 32
@@ -47,8 +49,8 @@ SEED_WINNER = (128, 64, 16, 64, 32, 2, 4, 4, 128)
 #: Two are illegal on purpose: T8x8 at WNITER 4 (WMITER would be 1/2) and 256 threads for 4 warp tiles.
 SEED_POINTS: tuple[tuple[int, ...], ...] = (
     KERNEL7,                                  # kernel 7's shape
-    (128, 128, 8, 64, 64, 4, 8, 4, 128),      # BK 8   (seed: 5.00 ms)
-    (128, 128, 32, 64, 64, 4, 8, 4, 128),     # BK 32  (seed: 4.91 ms; BK 16: 4.66 ms)
+    (128, 128, 8, 64, 64, 4, 8, 4, 128),      # BK 8
+    (128, 128, 32, 64, 64, 4, 8, 4, 128),     # BK 32
     (128, 128, 16, 64, 64, 2, 8, 4, 128),     # WNITER 2
     (128, 128, 16, 64, 64, 1, 8, 4, 128),     # WNITER 1
     (128, 128, 16, 64, 64, 4, 4, 4, 128),     # thread tile 4x4
@@ -61,7 +63,7 @@ SEED_POINTS: tuple[tuple[int, ...], ...] = (
     (64, 128, 16, 32, 64, 2, 4, 4, 128),      # the winner transposed
     (64, 64, 16, 32, 32, 2, 4, 4, 128),       # small block tile
     (128, 256, 16, 64, 64, 4, 8, 4, 256),     # wide block tile
-    (256, 128, 16, 64, 32, 2, 4, 4, 512),     # largest block tile, 512 threads (seed: finished last)
+    (256, 128, 16, 64, 32, 2, 4, 4, 512),     # largest block tile, 512 threads
 )
 
 #: the full grid: 23328 tuples, 1434 legal on sm_90 (a sweep compiles each legal one once)
@@ -235,7 +237,7 @@ DEVICE_RULES: list[Rule] = [
 
 @cache
 def _source() -> str:
-    return resources.files("tilewise.kernels").joinpath("gemm.cu").read_text()
+    return resources.files("tilewise.kernels.gemm").joinpath("gemm.cu").read_text()
 
 
 def name_expression(c: Config) -> str:
@@ -251,17 +253,23 @@ class CudaGemm(KernelTemplate):
         beta: scale of the existing C; 0 (the default) never reads C.
     """
 
+    problem: GemmProblem = GEMM
     name = "gemm"
     backend = "cuda"
-    shape_names = ("M", "N", "K")
-    dtype = "f32"
+    shape_names = GEMM.shape_names
     peer_name = "cuBLAS"
 
     def __init__(self, alpha: float = 1.0, beta: float = 0.0) -> None:
-        self.alpha = float(alpha)
-        self.beta = float(beta)
-        # C's initial values per output buffer (by id): verification and timing may hold buffers of two shapes
-        self._c_init: dict[int, np.ndarray] = {}
+        if (float(alpha), float(beta)) != (GEMM.alpha, GEMM.beta):
+            self.problem = GemmProblem(alpha, beta)
+
+    @property
+    def alpha(self) -> float:
+        return self.problem.alpha
+
+    @property
+    def beta(self) -> float:
+        return self.problem.beta
 
     # ---- spaces ---------------------------------------------------------------------------------------
     def space_names(self) -> tuple[str, ...]:
@@ -279,7 +287,7 @@ class CudaGemm(KernelTemplate):
         raise ConfigError(f"gemm on cuda has no space {which!r}", f"use one of: {', '.join(self.space_names())}")
 
     def shape_problems(self, config: Config, shape: Shape) -> list[str]:
-        M, N, K = _check_shape(shape)
+        M, N, K = self.problem.check_shape(shape)
         problems = []
         if N % 4:
             problems.append(f"float4_columns: N = {N} is not a multiple of 4 (B and C rows are read as float4)")
@@ -290,8 +298,11 @@ class CudaGemm(KernelTemplate):
         return problems
 
     # ---- source and compile ---------------------------------------------------------------------------
-    def source(self, config: Config) -> str:
+    def source(self, config: Config, shape: Shape | None = None) -> str:
         return f"{_source()}\n// instantiated as {name_expression(config)}\n"
+
+    def program_key(self, config: Config, shape: Shape) -> Hashable:
+        return config  # M, N and K are kernel arguments
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
         prog = device.compile(_source(), entry=name_expression(config), constants=dict(config),
@@ -347,48 +358,25 @@ class CudaGemm(KernelTemplate):
         return VERIFY_SHAPE
 
     # ---- data ------------------------------------------------------------------------------------------
-    def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
-        M, N, K = _check_shape(shape)
-        host = {
-            "a": rng.standard_normal((M, K), dtype=np.float32),  # (M, K)
-            "b": rng.standard_normal((K, N), dtype=np.float32),  # (K, N)
-        }
-        if self.beta != 0.0:
-            host["c"] = rng.standard_normal((M, N), dtype=np.float32)  # (M, N) read by beta * C
-        return host
-
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
-        M, N, _ = _check_shape(shape)
+        """A, B and the output; when beta != 0 the output starts as C (timing reads it too), and C is kept beside
+        the buffers so that `poison` restores it before each verification."""
+        M, N, _ = self.problem.check_shape(shape)
         bufs = {"a": device.upload(host["a"]), "b": device.upload(host["b"]), "out": device.allocate(M * N * 4)}
-        if self.beta != 0.0:
-            self._c_init[id(bufs["out"])] = host["c"]
-            device.write(bufs["out"], host["c"])
-        return bufs
-
-    def poison(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> None:
-        c_init = self._c_init.get(id(bufs["out"]))
-        if self.beta != 0.0 and c_init is not None:
-            # C is an input when beta != 0: restore it (every element is read, so stale values still fail)
-            device.write(bufs["out"], c_init)
-            return
-        super().poison(device, bufs, shape)
+        init = self.problem.initial_output(host, shape)
+        if init is not None:
+            device.write(bufs["out"], init)
+        return self.attach_initial(device, host, shape, bufs)
 
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
-        M, N, K = _check_shape(shape)
+        M, N, K = self.problem.check_shape(shape)
         grid = (math.ceil(N / config.BN), math.ceil(M / config.BM), 1)
         args: list[Any] = [np.int32(M), np.int32(N), np.int32(K), np.float32(self.alpha), bufs["a"], bufs["b"],
                            np.float32(self.beta), bufs["out"]]
         return [Launch(program, grid, args)]
 
     def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
-        M, N, _ = _check_shape(shape)
-        return device.download(bufs["out"], np.float32, (M, N))
-
-    def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
-        out = self.alpha * (host["a"].astype(np.float64) @ host["b"].astype(np.float64))
-        if self.beta != 0.0:
-            out += self.beta * host["c"].astype(np.float64)
-        return out
+        return device.download(bufs["out"], np.float32, self.problem.output_shape(shape))
 
     # ---- the cuBLAS peer -------------------------------------------------------------------------------
     def peer_program(self, device: Device) -> Program:
@@ -396,8 +384,6 @@ class CudaGemm(KernelTemplate):
 
         Launch it with `peer_launches`; it writes the same output buffer.
         """
-        import os
-
         if os.environ.get("CUPY_TF32", "0") not in ("", "0"):
             raise ConfigError("CUPY_TF32 is set: cuBLAS would use TF32 tensor cores, not fp32",
                               "unset CUPY_TF32 (or set it to 0) before starting Python")
@@ -411,20 +397,12 @@ class CudaGemm(KernelTemplate):
         return Program("cublas_sgemm", cublas_sgemm, "cublas", meta={"callable": True})
 
     def peer_launches(self, program: Program, bufs: DeviceBuffers, shape: Shape) -> list[Launch]:
-        M, N, K = _check_shape(shape)
+        M, N, K = self.problem.check_shape(shape)
         return [Launch(program, (1, 1, 1), [np.int32(M), np.int32(N), np.int32(K), bufs["a"], bufs["b"], bufs["out"]])]
 
-    # ---- counts -----------------------------------------------------------------------------------------
-    def flops(self, shape: Shape) -> int:
-        M, N, K = _check_shape(shape)
-        return 2 * M * N * K
-
-    def bytes_moved(self, shape: Shape) -> int:
-        M, N, K = _check_shape(shape)
-        return 4 * (M * K + K * N + M * N * (2 if self.beta != 0.0 else 1))
-
+    # ---- tiles -----------------------------------------------------------------------------------------
     def tile_waste(self, config: Config, shape: Shape) -> float:
-        M, N, _ = _check_shape(shape)
+        M, N, _ = self.problem.check_shape(shape)
         return (math.ceil(M / config.BM) * config.BM * math.ceil(N / config.BN) * config.BN) / (M * N)
 
     def describe(self, config: Config) -> str:
@@ -432,11 +410,3 @@ class CudaGemm(KernelTemplate):
 
     def meta(self) -> dict[str, Any]:
         return {**super().meta(), "source": "gemm.cu", "kernel": KERNEL, "alpha": self.alpha, "beta": self.beta}
-
-
-def _check_shape(shape: Shape) -> tuple[int, int, int]:
-    if len(shape) != 3 or any(int(s) < 1 for s in shape):
-        raise ConfigError(f"gemm shape must be three positive sizes M,N,K, got {shape!r}",
-                          "write e.g. --shape 4096,4096,4096")
-    return int(shape[0]), int(shape[1]), int(shape[2])
-

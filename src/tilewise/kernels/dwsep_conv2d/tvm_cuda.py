@@ -1,6 +1,6 @@
 """Seed 000's fourth primitive on CUDA: the depthwise-separable 2D convolution scheduled with Apache TVM and emitted
-as CUDA C++ that tilewise's CUDA device runs (`dwsep-conv2d` on `cuda`). Same shape, semantics and reference as the
-WebGPU template (`kernels/dwsep_conv2d.py`):
+as CUDA C++ that tilewise's CUDA device runs (`dwsep-conv2d` on `cuda`), the problem of
+`tilewise.kernels.dwsep_conv2d.problem` under the block tiling of `tilewise.kernels.dwsep_conv2d.tiling`:
 
     d[b, c, y, x]   = sum_{ky, kx} xin[b, c, y + ky - P, x + kx - P] * dw[c, ky, kx]   (zero padding P)
     out[b, o, y, x] = sum_c pw[o, c] * d[b, c, y, x]
@@ -8,7 +8,7 @@ WebGPU template (`kernels/dwsep_conv2d.py`):
 
 The TE definition has three stages: `Xpad` (the zero padding, always inlined into whatever reads it: a bounds select
 on every read of X), `D` (the depthwise result) and `Out` (the pointwise reduction over input channels). The
-schedule is the WebGPU template's, each choice a parameter of `schedule`:
+schedule is the WebGPU template's tiling, each choice a parameter of `schedule`:
 
     BW, BO   block tile: one block computes BW consecutive pixels of one output row for BO output channels; Out's
              loops are split x -> (block, thread, j) and o -> (block, thread, j), b and y fused, bound to
@@ -37,8 +37,9 @@ Partial tiles are TVM's: a split that does not divide Wo or O puts a predicate (
 so the kernel writes exactly (B, O, Ho, Wo). C % RC == 0 is required (the reduction has no guard). The kernel is
 specialised on the shape (static loop bounds).
 
-TVM is imported lazily; without it the sources come from the pre-emitted store (`tilewise.kernels.tvm_sources`,
-`TILEWISE_TVM_CUDA_SOURCES`), like the conv1d and gemm-tvm templates of `kernels/tvm_cuda.py`.
+TVM is imported lazily; without it the sources come from the pre-emitted store (`tilewise.kernels.tvm.sources`,
+`TILEWISE_TVM_CUDA_SOURCES`): the emit, compile and launch path is `tilewise.kernels.tvm.cuda.TvmCudaTemplate`'s, as
+for the conv1d and gemm-tvm templates.
 """
 
 from __future__ import annotations
@@ -48,36 +49,32 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tilewise.devices.base import Device, Launch, Limits, Program
-from tilewise.errors import ConfigError, ShaderCompileError, TilewiseError
-from tilewise.kernels import tvm_sources
+import numpy as np
+
+from tilewise.devices.base import Device, Limits, Program
+from tilewise.errors import TilewiseError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, Shape
-from tilewise.kernels.dwsep_conv2d import PARAMS as WGSL_PARAMS
-from tilewise.kernels.dwsep_conv2d import SMALL, WgslDwsepConv2d, check_shape, fmt, tile_split_rules
+from tilewise.kernels.dwsep_conv2d import tiling
+from tilewise.kernels.dwsep_conv2d.problem import DWSEP
+from tilewise.kernels.dwsep_conv2d.tiling import fmt, threads
 from tilewise.kernels.space import Config, Rule, Space, named_space
-from tilewise.kernels.tvm_cuda import (
+from tilewise.kernels.tvm.cuda import (
     DEFAULT_ARCH,
     MAX_INDEX,
     MAX_REGISTERS,
-    _loops_below,
-    _region_name,
+    STAGES,
+    TvmCudaTemplate,
     arch_of,
-    device_source,
     import_tvm,
+    loops_below,
     lower_to_cuda,
-    parse_kernel,
+    region_name,
+    registers_per_thread,
 )
 
-STAGES = ("global", "shared", "local")
-PARAMS: dict[str, list[Any]] = {**WGSL_PARAMS, "STAGE": list(STAGES)}  # the WGSL template's tiles, CUDA's stages
+PARAMS: dict[str, list[Any]] = {**tiling.TILE_PARAMS, "STAGE": list(STAGES)}
 MAX_GRID_YZ = 65535  # CUDA caps grid.y (B * Ho rows) and grid.z (channel tiles)
 DEFAULT_SHAPE = (1, 64, 56, 56, 128, 3, 1)  # what `source(config)` shows when no shape is given
-ARG_NAMES = ["DW", "Out", "PW", "X"]
-
-
-def threads(c: Config) -> int:
-    """Threads per block: (BO/TO) channel groups x (BW/TPX) pixel strips (valid once the split rules pass)."""
-    return (c["BO"] // c["TO"]) * (c["BW"] // c["TPX"])
 
 
 def registers(c: Config) -> int:
@@ -105,14 +102,12 @@ def shared_bytes(c: Config) -> int:
 
 def register_budget(c: Config, L: Limits | None) -> int:
     """Registers one thread may hold: the block's register file shared by its threads, at most 255."""
-    per_block = getattr(L, "registers_per_block", None) if L is not None else None
-    nt = max(1, threads(c))
-    return MAX_REGISTERS if per_block is None else min(MAX_REGISTERS, per_block // nt)
+    return registers_per_thread(threads(c), L)
 
 
 def _rules() -> list[Rule]:
     return [
-        *tile_split_rules(STAGES),
+        *tiling.tile_split_rules(STAGES),
         Rule("registers", lambda c, L: registers(c) <= register_budget(c, L),
              lambda c, L: f"registers = TO*TPX{' + RC*TPX' if c.STAGE != 'shared' else ''}"
                           f"{' + TO*RC' if c.STAGE == 'local' else ''} = {registers(c)} > {register_budget(c, L)} "
@@ -138,52 +133,13 @@ def tvm_cuda_dwsep_space(which: str = "full") -> Space:
     """The named spaces: "seed" (12 points: each staging scope at four tiles), "full" (the grid), "small"."""
     # each scope at: the baseline tile, a reduction split, 4x4 per-thread tiles, an 8-channel step
     tiles = ((16, 1, 16, 1, 1), (16, 1, 16, 1, 4), (32, 4, 32, 4, 4), (32, 4, 16, 4, 8))
-    seed = [dict(zip(("BW", "TPX", "BO", "TO", "RC"), t), STAGE=s) for s in STAGES for t in tiles]
-    return named_space(which, PARAMS, RULES, fmt, {**SMALL, "STAGE": STAGES}, seed,
-                       "dwsep-conv2d (cuda, TVM)")
-
-
-def _shape_problems(c: Config, shape: Shape) -> list[str]:
-    d = check_shape(shape)
-    problems = []
-    if d.C % c["RC"]:
-        problems.append(f"reduction_split: C % RC = {d.C} % {c['RC']} = {d.C % c['RC']} != 0 "
-                        "(each step reads RC channels unguarded)")
-    if d.B * d.Ho > MAX_GRID_YZ:
-        problems.append(f"grid_rows: B*Ho = {d.B}*{d.Ho} = {d.B * d.Ho} > {MAX_GRID_YZ} blocks (grid.y)")
-    if -(-d.O // c["BO"]) > MAX_GRID_YZ:
-        problems.append(f"grid_channels: ceil(O/BO) = {-(-d.O // c['BO'])} > {MAX_GRID_YZ} blocks (grid.z)")
-    if c["STAGE"] == "local" and window_registers(c, d.K) > MAX_REGISTERS:
-        problems.append(f"window_registers: TO*TPX + RC*TPX + TO*RC + K*(TPX+K-1) + K*K = "
-                        f"{window_registers(c, d.K)} > {MAX_REGISTERS} at K={d.K} (would spill)")
-    largest = max(d.B * d.C * d.H * d.W, d.B * d.O * d.Ho * d.Wo, d.O * d.C)
-    if largest > MAX_INDEX:
-        problems.append(f"index_range: largest tensor has {largest} elements > {MAX_INDEX} (int32 indices)")
-    return problems
-
-
-def refuse_illegal(c: Config, shape: Shape, limits: Limits | None) -> None:
-    """Nothing when the config is legal at this shape; otherwise a ConfigError naming every broken rule.
-
-    Runs before TVM is imported, so an illegal config costs no scheduling.
-    """
-    d = check_shape(shape)
-    reasons = tvm_cuda_dwsep_space("full").why_illegal(c, limits) + _shape_problems(c, shape)
-    if reasons:
-        raise ConfigError(f"dwsep-conv2d (cuda, TVM) config {fmt(c)} is illegal at shape "
-                          f"{','.join(map(str, d[:7]))}: " + "; ".join(reasons),
-                          "pick a legal config (tilewise tune dwsep-conv2d --device cuda --dry-run lists the rules)")
+    small = {**tiling.SMALL_TILES, "STAGE": STAGES}
+    return named_space(which, PARAMS, RULES, fmt, small, tiling.seed_points(STAGES, tiles), "dwsep-conv2d (cuda, TVM)")
 
 
 def kernel_symbol(c: Config) -> str:
     """The PrimFunc's global symbol; TVM names the kernel `<symbol>_kernel`, unique per config."""
     return f"tw_dwsep_bw{c['BW']}_tpx{c['TPX']}_bo{c['BO']}_to{c['TO']}_rc{c['RC']}_{c['STAGE']}"
-
-
-def grid(c: Config, shape: Shape) -> tuple[int, int, int]:
-    """(ceil(Wo/BW), B*Ho, ceil(O/BO)) blocks."""
-    d = check_shape(shape)
-    return -(-d.Wo // c["BW"]), d.B * d.Ho, -(-d.O // c["BO"])
 
 
 def schedule(c: Config, shape: Shape) -> Any:
@@ -199,7 +155,7 @@ def schedule(c: Config, shape: Shape) -> Any:
     tvm = import_tvm()
     from tvm import te
 
-    B, C, H, W, O, K, P, Ho, Wo = check_shape(shape)
+    B, C, H, W, O, K, P, Ho, Wo = DWSEP.dims(shape)
     BW, TPX, BO, TO, RC, stage = c["BW"], c["TPX"], c["BO"], c["TO"], c["RC"], c["STAGE"]
     tir = tvm.tirx
     X = te.placeholder((B, C, H, W), name="X", dtype="float32")  # (B, C, H, W)
@@ -242,7 +198,7 @@ def schedule(c: Config, shape: Shape) -> Any:
     d = sch.get_sblock("D")
     sch.set_scope(d, 0, "shared" if stage == "shared" else "local")
     if stage in ("shared", "local"):
-        reads = [_region_name(r) for r in sch.get(blk).reads]  # Out_local, PW, D
+        reads = [region_name(r) for r in sch.get(blk).reads]  # Out_local, PW, D
         pw = sch.cache_read(blk, reads.index("PW"), stage)
         sch.compute_at(pw, c_o)
     if stage == "shared":
@@ -253,7 +209,7 @@ def schedule(c: Config, shape: Shape) -> Any:
         sch.compute_at(wb, c_o)
         lanes = None
         for s in (wb, pw):
-            copy = _loops_below(sch, s, depth)
+            copy = loops_below(sch, s, depth)
             if not copy:
                 continue
             flat = sch.fuse(*copy) if len(copy) > 1 else copy[0]
@@ -263,14 +219,14 @@ def schedule(c: Config, shape: Shape) -> Any:
             if s is wb:
                 lanes = tx
         sch.compute_at(d, lanes if lanes is not None else c_o)  # one thread's values, in registers
-        for loop in _loops_below(sch, d, len(sch.get_loops(wb))):
+        for loop in loops_below(sch, d, len(sch.get_loops(wb))):
             sch.unroll(loop)
     else:
         sch.compute_at(d, c_o)
-        d_loops = _loops_below(sch, d, depth)  # (channel if RC > 1, pixel if TPX > 1, ky, kx)
+        d_loops = loops_below(sch, d, depth)  # (channel if RC > 1, pixel if TPX > 1, ky, kx)
         if stage == "local":
             # per input channel: the K x (TPX + K - 1) input window and the K x K taps in registers
-            d_reads = [_region_name(r) for r in sch.get(d).reads]  # Xpad, DW
+            d_reads = [region_name(r) for r in sch.get(d).reads]  # Xpad, DW
             at, at_depth = (d_loops[0], depth + 1) if RC > 1 else (c_o, depth)
             staged = [(pw, depth)]
             for name in ("Xpad", "DW"):
@@ -278,12 +234,12 @@ def schedule(c: Config, shape: Shape) -> Any:
                 sch.compute_at(s, at)
                 staged.append((s, at_depth))
             for s, below in staged:
-                for loop in _loops_below(sch, s, below):
+                for loop in loops_below(sch, s, below):
                     sch.unroll(loop)
-        for loop in _loops_below(sch, d, depth):
+        for loop in loops_below(sch, d, depth):
             sch.unroll(loop)  # constant indices keep the depthwise values in registers
     sch.compute_inline(sch.get_sblock("Xpad"))
-    for loop in _loops_below(sch, init, 5) + _loops_below(sch, acc, 5) + [c_i, o_j, x_j]:
+    for loop in loops_below(sch, init, 5) + loops_below(sch, acc, 5) + [c_i, o_j, x_j]:
         sch.unroll(loop)
     return sch.mod
 
@@ -293,69 +249,41 @@ def emit_cuda(c: Config, shape: Shape, arch: str = DEFAULT_ARCH) -> str:
     return lower_to_cuda(schedule(c, shape), arch, f"dwsep-conv2d {fmt(c)}")
 
 
-class TvmCudaDwsepConv2d(WgslDwsepConv2d):
+class TvmCudaDwsepConv2d(TvmCudaTemplate):
     """Fused depthwise-separable conv2d on an NVIDIA GPU: TVM schedules and emits the CUDA C++, the CUDA device runs
-    it. Inputs, reference, flops, bytes and tile waste are the WebGPU template's (same shape and semantics)."""
+    it."""
 
-    backend = "cuda"
+    problem = DWSEP
+    name = "dwsep-conv2d"
+    shape_names = DWSEP.shape_names
+    tensors = (("X", "x"), ("DW", "dw"), ("PW", "pw"), ("Out", "out"))
+    default_shape = DEFAULT_SHAPE
+    label = "dwsep-conv2d (cuda, TVM)"
+    threads_formula = "(BO/TO)*(BW/TPX)"
+    threads_fix = "bind exactly BW/TPX x BO/TO threads"
 
     def space(self, which: str = "full") -> Space:
         return tvm_cuda_dwsep_space(which)
 
-    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
-        try:
-            check_shape(shape)
-        except ConfigError as exc:
-            return [f"shape: {exc.problem}"]
-        return _shape_problems(config, shape)
+    def config_problems(self, config: Config, shape: Shape) -> list[str]:
+        d = self.problem.dims(shape)
+        problems = tiling.split_problems(config, d, MAX_GRID_YZ, "blocks (grid.y)", " blocks (grid.z)")
+        if config["STAGE"] == "local" and window_registers(config, d.K) > MAX_REGISTERS:
+            problems.append(f"window_registers: TO*TPX + RC*TPX + TO*RC + K*(TPX+K-1) + K*K = "
+                            f"{window_registers(config, d.K)} > {MAX_REGISTERS} at K={d.K} (would spill)")
+        largest = max(d.B * d.C * d.H * d.W, d.B * d.O * d.Ho * d.Wo, d.O * d.C)
+        if largest > MAX_INDEX:
+            problems.append(f"index_range: largest tensor has {largest} elements > {MAX_INDEX} (int32 indices)")
+        return problems
 
-    def source(self, config: Config, shape: Shape | None = None, arch: str = DEFAULT_ARCH) -> str:  # type: ignore[override]
-        """TVM's CUDA C++ for one config at `shape` (default 1,64,56,56,128,3,1) for `arch`, as emitted (stored,
-        without TVM).
-
-        Raises:
-            ConfigError: the config breaks a rule (checked against the `arch` profile when tilewise has one).
-        """
-        from tilewise.devices.profiles import PROFILES
-
-        shape = tuple(int(s) for s in (shape or DEFAULT_SHAPE))
-        refuse_illegal(config, shape, PROFILES.get(arch))
-        return self._emitted(config, shape, arch)
-
-    def emit_tvm(self, config: Config, shape: Shape, arch: str = DEFAULT_ARCH) -> str:
-        """TVM's CUDA C++ for one legal config (refused against the `arch` profile first); never the store."""
-        from tilewise.devices.profiles import PROFILES
-
-        shape = tuple(int(s) for s in shape)
-        refuse_illegal(config, shape, PROFILES.get(arch))
+    def emit(self, config: Config, shape: Shape, arch: str) -> str:
         return emit_cuda(config, shape, arch)
 
-    def _emitted(self, config: Config, shape: Shape, arch: str) -> str:
-        """TVM's emission, or the stored one without TVM (`tvm_sources.emitted_source`)."""
-        key = tvm_sources.SourceKey.make(self.name, config, shape, arch)
-        return tvm_sources.emitted_source(key, lambda: emit_cuda(config, shape, arch))
+    def block(self, config: Config) -> tuple[int, int, int]:
+        return (config["BW"] // config["TPX"], config["BO"] // config["TO"], 1)
 
-    def compile(self, device: Device, config: Config, shape: Shape) -> Program:
-        shape = tuple(int(s) for s in shape)
-        refuse_illegal(config, shape, device.info.limits)
-        return self._build(device, config, shape, self._emitted(config, shape, arch_of(
-            device.info.limits.compute_capability)))
-
-    def _build(self, device: Device, config: Config, shape: Shape, emitted: str) -> Program:
-        """The device program of one emitted source, with its launch geometry in `meta`."""
-        sig = parse_kernel(emitted)
-        if sorted(sig.arg_order) != ARG_NAMES:
-            raise ShaderCompileError(f"kernel {sig.name} takes {sig.arg_order}, expected the tensors "
-                                     f"{', '.join(ARG_NAMES)}", "the schedule must keep X, DW, PW and Out as the "
-                                                                "only kernel parameters")
-        if sig.launch_bounds is not None and sig.launch_bounds != threads(config):
-            raise ShaderCompileError(f"kernel {sig.name} is bounded to {sig.launch_bounds} threads, config has "
-                                     f"(BO/TO)*(BW/TPX) = {threads(config)}", "bind exactly BW/TPX x BO/TO threads")
-        prog = device.compile(device_source(emitted), entry=sig.name, constants=dict(config),
-                              name=f"dwsep-conv2d-tvm-cuda[{fmt(config)}]")
-        prog.meta.update(block=(config["BW"] // config["TPX"], config["BO"] // config["TO"], 1),
-                         arg_order=sig.arg_order, shape=shape, grid=grid(config, shape))
-        return prog
+    def grid(self, config: Config, shape: Shape) -> tuple[int, int, int]:
+        return tiling.grid(config, self.problem.dims(shape))
 
     def precompile(self, device: Device, configs: Sequence[Config], shape: Shape, workers: int | None = None,
                    ) -> dict[Config, Program | TilewiseError]:
@@ -365,35 +293,36 @@ class TvmCudaDwsepConv2d(WgslDwsepConv2d):
         Returns:
             config -> Program, or the error emitting or compiling it raised.
         """
-        shape = tuple(int(s) for s in shape)
         arch = arch_of(device.info.limits.compute_capability)
         out: dict[Config, Program | TilewiseError] = {}
-        ready: list[tuple[Config, str]] = []
+        ready: list[tuple[Config, Shape, str]] = []
         for c in configs:
             try:
-                refuse_illegal(c, shape, device.info.limits)
-                ready.append((c, self._emitted(c, shape, arch)))
+                shp = self.refuse_illegal(c, shape, device.info.limits)
+                ready.append((c, shp, self.emitted(c, shp, arch)))
             except TilewiseError as exc:
                 out[c] = exc
 
-        def one(item: tuple[Config, str]) -> Program | TilewiseError:
+        def one(item: tuple[Config, Shape, str]) -> Program | TilewiseError:
             try:
-                return self._build(device, item[0], shape, item[1])
+                return self.build(device, *item)
             except TilewiseError as exc:
                 return exc
 
         with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 4) as pool:
-            out.update(zip((c for c, _ in ready), pool.map(one, ready)))
+            out.update(zip((c for c, _, _ in ready), pool.map(one, ready)))
         return out
 
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
-        d = check_shape(shape)
+        d = self.problem.dims(shape)
         return {"x": device.upload(host["x"]), "dw": device.upload(host["dw"]), "pw": device.upload(host["pw"]),
                 "out": device.allocate(4 * d.B * d.O * d.Ho * d.Wo)}
 
-    def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
-        if tuple(program.meta["shape"]) != tuple(int(s) for s in shape):
-            raise ConfigError(f"{program.name} was compiled for shape {program.meta['shape']}, launched at {shape}",
-                              "compile the config at the shape it runs (the kernel's loop bounds are static)")
-        by_name = {"X": bufs["x"], "DW": bufs["dw"], "PW": bufs["pw"], "Out": bufs["out"]}
-        return [Launch(program, program.meta["grid"], [by_name[t] for t in program.meta["arg_order"]])]
+    def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
+        return device.download(bufs["out"], np.float32, self.problem.output_shape(shape))
+
+    def tile_waste(self, config: Config, shape: Shape) -> float:
+        return tiling.tile_waste(config, self.problem.dims(shape))
+
+    def describe(self, config: Config) -> str:
+        return fmt(config)

@@ -3,9 +3,10 @@
     d[b, c, y, x]   = sum_{ky, kx} xin[b, c, y + ky - P, x + kx - P] * dw[c, ky, kx]   (zero padding P)
     out[b, o, y, x] = sum_c pw[o, c] * d[b, c, y, x]
     xin (B, C, H, W), dw (C, K, K), pw (O, C), out (B, O, Ho, Wo) with Ho = H + 2P - K + 1, Wo = W + 2P - K + 1
+    (`tilewise.kernels.dwsep_conv2d.problem`)
 
 One workgroup computes BW output pixels of one output row for BO output channels; the depthwise result `d`
-never goes to global memory. Variants:
+never goes to global memory. Variants (the tiling is `tilewise.kernels.dwsep_conv2d.tiling`):
 
     BW, BO   workgroup tile: BW pixels along a row x BO output channels
     TPX, TO  per-thread tile: TPX consecutive pixels x TO output channels (TPX*TO named accumulators)
@@ -20,44 +21,30 @@ never goes to global memory. Variants:
                           is the case where seed 000 says shared memory should pay; the ladder measures it.
 
 NT = (BO/TO) * (BW/TPX) invocations per workgroup. K and P are compiled in (the private window is unrolled
-over them); B, C, H, W, O come in a uniform.
+over them); B, C, H, W, O come in a uniform, so one pipeline serves every shape of the same K and P (`program_key`).
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from collections.abc import Hashable
+from typing import Any
 
 import numpy as np
 
 from tilewise.devices.base import Device, Launch, Program
 from tilewise.errors import ConfigError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
-from tilewise.kernels.conv1d import nonzero_uniform
+from tilewise.kernels.dwsep_conv2d import tiling
+from tilewise.kernels.dwsep_conv2d.problem import DWSEP
+from tilewise.kernels.dwsep_conv2d.tiling import fmt, threads
 from tilewise.kernels.space import Config, Rule, Space, named_space
 
 MAX_REGISTERS = 128  # named f32 values per invocation above which spilling is certain
 MAX_GRID = 65535  # workgroups per grid dimension (WebGPU's default limit)
 STAGES = ("global", "workgroup", "private")
-PARAMS: dict[str, list[Any]] = {
-    "BW": [8, 16, 32, 64],
-    "TPX": [1, 2, 4],
-    "BO": [4, 8, 16, 32, 64],
-    "TO": [1, 2, 4, 8],
-    "RC": [1, 2, 4, 8],
-    "STAGE": list(STAGES),
-}
-SMALL = {"BW": [16], "TPX": [1, 4], "BO": [8], "TO": [1, 4], "RC": [1, 4], "STAGE": list(STAGES)}  # a quick grid
+PARAMS: dict[str, list[Any]] = {**tiling.TILE_PARAMS, "STAGE": list(STAGES)}
+SMALL = {**tiling.SMALL_TILES, "STAGE": list(STAGES)}  # a quick grid
 DEFAULT_KP = (3, 1)  # K, P used when a source is shown without a shape
-
-
-def fmt(c: Config) -> str:
-    """`32px x 16oc T4x4 RC4 private` (workgroup tile, per-thread pixels x channels, reduction step, staging)."""
-    return f"{c['BW']}px x {c['BO']}oc T{c['TPX']}x{c['TO']} RC{c['RC']} {c['STAGE']}"
-
-
-def threads(c: Config) -> int:
-    """Invocations per workgroup (valid once the split rules pass)."""
-    return (c["BO"] // c["TO"]) * (c["BW"] // c["TPX"])
 
 
 def registers(c: Config) -> int:
@@ -75,27 +62,12 @@ def storage_bytes(c: Config) -> int:
     return 4 * (c["RC"] * c["BW"] + c["BO"] * c["RC"]) if c["STAGE"] == "workgroup" else 0
 
 
-def tile_split_rules(stages: tuple[str, ...]) -> list[Rule]:
-    """The staging choice (one of the backend's `stages`) and the tile splits: the same rules for the WGSL and the
-    TVM-CUDA dwsep templates."""
-    return [
-        Rule("stage", lambda c, L: c.STAGE in stages,
-             lambda c, L: f"STAGE = {c.STAGE!r} is not one of {', '.join(stages)}"),
-        Rule("pixel_split", lambda c, L: c.BW % c.TPX == 0,
-             lambda c, L: f"BW % TPX = {c.BW} % {c.TPX} = {c.BW % c.TPX} != 0",
-             doc="the pixel tile splits into whole per-thread strips"),
-        Rule("channel_split", lambda c, L: c.BO % c.TO == 0,
-             lambda c, L: f"BO % TO = {c.BO} % {c.TO} = {c.BO % c.TO} != 0",
-             doc="the output-channel tile splits into whole per-thread groups"),
-    ]
-
-
 def _rules() -> list[Rule]:
     def lim(L: Any) -> int:
         return min(L.max_invocations_per_workgroup, L.max_workgroup_size[0])
 
     return [
-        *tile_split_rules(STAGES),
+        *tiling.tile_split_rules(STAGES),
         Rule("registers", lambda c, L: registers(c) <= MAX_REGISTERS,
              lambda c, L: f"registers = TO*TPX + RC*TPX = {registers(c)} > {MAX_REGISTERS} (certain spill)"),
         Rule("workgroup_storage", lambda c, L: storage_bytes(c) <= L.max_workgroup_storage_bytes,
@@ -114,34 +86,7 @@ def dwsep_space(which: str = "full") -> Space:
     """The named spaces: "seed" (15 hand-picked points), "full" (the grid), "small" (a quick grid)."""
     # each staging scope at five tiles: baseline, reduction split, 4x4 per-thread tiles, an 8-channel step
     tiles = ((16, 1, 16, 1, 1), (16, 1, 16, 1, 4), (32, 4, 32, 4, 4), (16, 2, 16, 2, 4), (32, 4, 16, 4, 8))
-    seed = [dict(zip(("BW", "TPX", "BO", "TO", "RC"), t), STAGE=s) for s in STAGES for t in tiles]
-    return named_space(which, PARAMS, RULES, fmt, SMALL, seed, "dwsep-conv2d")
-
-
-class DwsepShape(NamedTuple):
-    """A checked shape with its output size."""
-
-    B: int
-    C: int
-    H: int
-    W: int
-    O: int
-    K: int
-    P: int
-    Ho: int
-    Wo: int
-
-
-def check_shape(shape: Shape) -> DwsepShape:
-    """The checked shape (B, C, H, W, O, K, P, Ho, Wo); refuses a kernel larger than the padded input."""
-    if len(shape) != 7 or any(int(s) < 0 for s in shape) or any(int(s) < 1 for s in shape[:6]):
-        raise ConfigError(f"dwsep-conv2d shape {shape!r} must be B,C,H,W,O,K,P (positive, P >= 0)",
-                          "write e.g. --shape 1,32,56,56,64,3,1")
-    B, C, H, W, O, K, P = (int(s) for s in shape)
-    if K > H + 2 * P or K > W + 2 * P:
-        raise ConfigError(f"dwsep-conv2d kernel {K}x{K} is larger than the padded input {H + 2 * P}x{W + 2 * P} "
-                          f"(H={H}, W={W}, P={P})", "use a smaller kernel or more padding")
-    return DwsepShape(B, C, H, W, O, K, P, H + 2 * P - K + 1, W + 2 * P - K + 1)
+    return named_space(which, PARAMS, RULES, fmt, SMALL, tiling.seed_points(STAGES, tiles), "dwsep-conv2d")
 
 
 # ---- WGSL generation ----------------------------------------------------------------------------------------
@@ -257,25 +202,13 @@ def generate_wgsl(c: Config, K: int = DEFAULT_KP[0], P: int = DEFAULT_KP[1]) -> 
     return "\n".join(out) + "\n"
 
 
-def reference_dwsep(x: np.ndarray, dw: np.ndarray, pw: np.ndarray, P: int) -> np.ndarray:
-    """float64 depthwise-separable convolution: x (B,C,H,W), dw (C,K,K), pw (O,C) -> (B,O,Ho,Wo)."""
-    x64 = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (P, P), (P, P)))  # (B, C, H+2P, W+2P)
-    K = dw.shape[-1]
-    Ho, Wo = x64.shape[2] - K + 1, x64.shape[3] - K + 1
-    d = np.zeros((x.shape[0], x.shape[1], Ho, Wo))  # (B, C, Ho, Wo)
-    for ky in range(K):
-        for kx in range(K):
-            d += x64[:, :, ky:ky + Ho, kx:kx + Wo] * dw[None, :, ky, kx, None, None].astype(np.float64)
-    return np.einsum("oc,bchw->bohw", pw.astype(np.float64), d)
-
-
 class WgslDwsepConv2d(KernelTemplate):
     """Fused depthwise-separable conv2d on WebGPU, generated per config (see the module docstring)."""
 
+    problem = DWSEP
     name = "dwsep-conv2d"
     backend = "webgpu"
-    shape_names = ("B", "C", "H", "W", "O", "K", "P")
-    dtype = "f32"
+    shape_names = DWSEP.shape_names
 
     def space(self, which: str = "full") -> Space:
         return dwsep_space(which)
@@ -285,69 +218,43 @@ class WgslDwsepConv2d(KernelTemplate):
 
     def shape_problems(self, config: Config, shape: Shape) -> list[str]:
         try:
-            d = check_shape(shape)
+            d = self.problem.dims(shape)
         except ConfigError as exc:
             return [f"shape: {exc.problem}"]
-        B, C, O, K, Ho = d.B, d.C, d.O, d.K, d.Ho
-        problems = []
-        if C % config["RC"]:
-            problems.append(f"reduction_split: C % RC = {C} % {config['RC']} = {C % config['RC']} != 0 "
-                            "(each step reads RC channels unguarded)")
-        if B * Ho > MAX_GRID:
-            problems.append(f"grid_rows: B*Ho = {B}*{Ho} = {B * Ho} > {MAX_GRID} workgroups per dimension")
-        if -(-O // config["BO"]) > MAX_GRID:
-            problems.append(f"grid_channels: ceil(O/BO) = {-(-O // config['BO'])} > {MAX_GRID}")
-        if config["STAGE"] == "private" and window_registers(config, K) > MAX_REGISTERS:
+        problems = tiling.split_problems(config, d, MAX_GRID, "workgroups per dimension", "")
+        if config["STAGE"] == "private" and window_registers(config, d.K) > MAX_REGISTERS:
             problems.append(f"window_registers: TO*TPX + RC*TPX + (TPX+K-1) + K + TO = "
-                            f"{window_registers(config, K)} > {MAX_REGISTERS} at K={K} (certain spill)")
+                            f"{window_registers(config, d.K)} > {MAX_REGISTERS} at K={d.K} (certain spill)")
         return problems
 
     def source(self, config: Config, shape: Shape | None = None) -> str:
         if shape is None:
             return generate_wgsl(config, *DEFAULT_KP)
-        d = check_shape(shape)
+        d = self.problem.dims(shape)
         return generate_wgsl(config, d.K, d.P)
+
+    def program_key(self, config: Config, shape: Shape) -> Hashable:
+        d = self.problem.dims(shape)
+        return (config, d.K, d.P)  # K and P are compiled in; B, C, H, W and O come in a uniform
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
         return device.compile(self.source(config, shape), "main", name=f"dwsep-conv2d {fmt(config)}")
 
-    def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
-        B, C, H, W, O, K = check_shape(shape)[:6]
-        return {"x": nonzero_uniform(rng, (B, C, H, W)).astype(np.float32),
-                "dw": (nonzero_uniform(rng, (C, K, K)) / K).astype(np.float32),
-                "pw": (nonzero_uniform(rng, (O, C)) / np.sqrt(C)).astype(np.float32)}
-
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
-        B, C, H, W, O, _, _, Ho, Wo = check_shape(shape)
+        B, C, H, W, O, _, _, Ho, Wo = self.problem.dims(shape)
         return {"x": device.upload(host["x"]), "dw": device.upload(host["dw"]), "pw": device.upload(host["pw"]),
                 "out": device.allocate(4 * B * O * Ho * Wo),
                 "dims": device.upload(np.array([B, C, H, W, O, Ho, Wo, 0], dtype=np.uint32), uniform=True)}
 
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
-        d = check_shape(shape)
-        grid = (-(-d.Wo // config["BW"]), d.B * d.Ho, -(-d.O // config["BO"]))
-        return [Launch(program, grid, [bufs["x"], bufs["dw"], bufs["pw"], bufs["out"], bufs["dims"]])]
+        return [Launch(program, tiling.grid(config, self.problem.dims(shape)),
+                       [bufs["x"], bufs["dw"], bufs["pw"], bufs["out"], bufs["dims"]])]
 
     def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
-        d = check_shape(shape)
-        return device.download(bufs["out"], np.float32, (d.B, d.O, d.Ho, d.Wo))
-
-    def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
-        return reference_dwsep(host["x"], host["dw"], host["pw"], check_shape(shape).P)
-
-    def flops(self, shape: Shape) -> int:
-        d = check_shape(shape)
-        return 2 * d.B * d.Ho * d.Wo * d.C * (d.K * d.K + d.O)
-
-    def bytes_moved(self, shape: Shape) -> int:
-        d = check_shape(shape)
-        return 4 * (d.B * d.C * d.H * d.W + d.C * d.K * d.K + d.O * d.C + d.B * d.O * d.Ho * d.Wo)
+        return device.download(bufs["out"], np.float32, self.problem.output_shape(shape))
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
-        d = check_shape(shape)
-        Wo, O = d.Wo, d.O
-        bw, bo = config["BW"], config["BO"]
-        return (-(-Wo // bw) * bw * -(-O // bo) * bo) / (Wo * O)
+        return tiling.tile_waste(config, self.problem.dims(shape))
 
     def describe(self, config: Config) -> str:
         return fmt(config)

@@ -1,8 +1,8 @@
 """fp32 1D convolution for WebGPU: out (M+N-1) = a (M) full-convolved with w (N), as `np.convolve(a, w)`.
 
-    out[i] = sum_k a[i - k] * w[k],  a[j] = 0 outside [0, M)   (seed 000's zero padding of N-1 on both sides)
+    out[i] = sum_k a[i - k] * w[k],  a[j] = 0 outside [0, M)   (`tilewise.kernels.conv1d.problem`)
 
-Variants (seed 000's schedule choices as parameters):
+Variants (seed 000's schedule choices as parameters, `tilewise.kernels.conv1d.tiling`):
 
     NT      invocations per workgroup; one workgroup computes TILE = NT * TPT consecutive outputs
     TPT     per-thread tile: each invocation owns TPT consecutive outputs (TPT named accumulators)
@@ -17,13 +17,15 @@ Variants (seed 000's schedule choices as parameters):
                            invocations is already bought inside one.
 
 Zero padding is done by a bounds guard on every input read (`ld`), so no padded copy of `a` exists on the GPU.
-The WGSL is generated per config: accumulators and the window are named scalars, each step fully unrolled
-(loop-indexed private arrays ran 5-45x slower on an H200). M, N and the output length come in a uniform, so one
-pipeline serves every shape whose N the reduction split divides.
+The WGSL is generated per config: accumulators and the window are named scalars, each step fully unrolled, so every
+index is a constant and they can stay in registers (a loop-indexed private array may be placed in memory). M, N and
+the output length come in a uniform, so one pipeline serves every shape whose N the reduction split divides
+(`program_key` is the config alone).
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
@@ -31,6 +33,16 @@ import numpy as np
 from tilewise.devices.base import Device, Launch, Program
 from tilewise.errors import ConfigError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
+from tilewise.kernels.conv1d.problem import CONV1D
+from tilewise.kernels.conv1d.tiling import (
+    fmt,
+    reduction_split,
+    registers,
+    seed_points,
+    stage_rule,
+    storage_bytes,
+    tile,
+)
 from tilewise.kernels.space import Config, Rule, Space, named_space
 
 MAX_REGISTERS = 128  # named f32 values per invocation above which spilling is certain
@@ -44,42 +56,13 @@ PARAMS: dict[str, list[Any]] = {
 }
 
 
-def fmt(c: Config) -> str:
-    """`128t T4 RK8 private` (TILE = NT * TPT outputs per workgroup)."""
-    return f"{c['NT']}t T{c['TPT']} RK{c['RK']} {c['STAGE']}"
-
-
-def tile(c: Config) -> int:
-    """Outputs per workgroup."""
-    return c["NT"] * c["TPT"]
-
-
-def registers(c: Config, private: str = "private") -> int:
-    """Named f32 values one invocation keeps live: accumulators, plus the private window and taps.
-
-    `private` names the register staging scope (`private` in WGSL, `local` in TVM's CUDA schedules).
-    """
-    if c["STAGE"] == private:
-        return c["TPT"] + (c["TPT"] + c["RK"] - 1) + c["RK"]
-    return c["TPT"]
-
-
-def storage_bytes(c: Config, shared: str = "workgroup") -> int:
-    """Shared bytes of one workgroup (block): the input tile with its RK - 1 halo, plus the RK taps of one step.
-
-    `shared` names the shared staging scope (`workgroup` in WGSL, `shared` in TVM's CUDA schedules).
-    """
-    return 4 * (tile(c) + c["RK"] - 1 + c["RK"]) if c["STAGE"] == shared else 0
-
-
 def _max_threads(L: Any) -> int:
     return min(L.max_invocations_per_workgroup, L.max_workgroup_size[0])
 
 
 def _rules() -> list[Rule]:
     return [
-        Rule("stage", lambda c, L: c.STAGE in STAGES,
-             lambda c, L: f"STAGE = {c.STAGE!r} is not one of {', '.join(STAGES)}"),
+        stage_rule(STAGES),
         Rule("registers", lambda c, L: registers(c) <= MAX_REGISTERS,
              lambda c, L: f"registers = TPT + (TPT + RK - 1) + RK = {registers(c)} > {MAX_REGISTERS} "
                           "(certain spill)",
@@ -98,24 +81,10 @@ RULES = _rules()
 
 
 def conv1d_space(which: str = "full") -> Space:
-    """The named conv1d spaces: "seed" (15 hand-picked points), "full" (the grid), "small" (a quick grid)."""
-    # seed 000's question as 15 points: each staging scope at five per-thread tiles / reduction steps
-    seed = [{"NT": 64, "TPT": t, "RK": r, "STAGE": s} for s in STAGES
-            for t, r in ((1, 1), (1, 8), (4, 8), (8, 8), (4, 16))]
-    return named_space(which, PARAMS, RULES, fmt, {"NT": [64], "TPT": [1, 4], "RK": [1, 4], "STAGE": STAGES}, seed,
-                       "conv1d")
-
-
-def check_shape(shape: Shape) -> tuple[int, int]:
-    """(M, N) of a conv1d shape; refuses a kernel longer than its input."""
-    if len(shape) != 2 or any(int(s) < 1 for s in shape):
-        raise ConfigError(f"conv1d shape {shape!r} must be two positive integers M,N",
-                          "write e.g. --shape 4096,64 (input length, kernel length)")
-    M, N = (int(s) for s in shape)
-    if N > M:
-        raise ConfigError(f"conv1d kernel length N={N} is longer than the input length M={M}",
-                          "swap the operands (convolution is commutative) or pass a kernel no longer than the input")
-    return M, N
+    """The named conv1d spaces: "seed" (15 hand-picked points: each staging scope at five tiles), "full" (the grid),
+    "small" (a quick grid)."""
+    return named_space(which, PARAMS, RULES, fmt, {"NT": [64], "TPT": [1, 4], "RK": [1, 4], "STAGE": STAGES},
+                       seed_points(STAGES), "conv1d")
 
 
 # ---- WGSL generation ----------------------------------------------------------------------------------------
@@ -188,87 +157,52 @@ def grid_for(workgroups: int) -> tuple[int, int, int]:
     return (gx, -(-workgroups // gx), 1)
 
 
-def nonzero_uniform(rng: np.random.Generator, shape: Any) -> np.ndarray:
-    """Uniform magnitudes in [0.5, 1.5) with random signs: random, never zero."""
-    return rng.uniform(0.5, 1.5, shape) * rng.choice([-1.0, 1.0], shape)
-
-
-class Conv1dTemplate(KernelTemplate):
-    """What every full-1D-convolution template shares (WGSL, TVM on the CPU, TVM-emitted CUDA): the problem
-    (shape (M, N), random never-zero inputs, the float64 reference, flop and byte counts, the output read-back);
-    a backend adds its space, the rules a config breaks at a shape (`config_shape_problems`), code and launches."""
-
-    name = "conv1d"
-    shape_names = ("M", "N")
-    dtype = "f32"
-
-    def space_names(self) -> tuple[str, ...]:
-        return ("seed", "full", "small")
-
-    def config_shape_problems(self, config: Config, M: int, N: int) -> list[str]:
-        """Why `config` cannot run at input length M and kernel length N (a valid shape); empty when it can."""
-        return []
-
-    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
-        try:
-            M, N = check_shape(shape)
-        except ConfigError as exc:
-            return [f"shape: {exc.problem}"]
-        return self.config_shape_problems(config, M, N)
-
-    def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
-        M, N = check_shape(shape)
-        return {"a": nonzero_uniform(rng, M).astype(np.float32), "w": nonzero_uniform(rng, N).astype(np.float32)}
-
-    def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
-        M, N = check_shape(shape)
-        return device.download(bufs["out"], np.float32, (M + N - 1,))
-
-    def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
-        return np.convolve(host["a"].astype(np.float64), host["w"].astype(np.float64))
-
-    def flops(self, shape: Shape) -> int:
-        M, N = check_shape(shape)
-        return 2 * M * N
-
-    def bytes_moved(self, shape: Shape) -> int:
-        M, N = check_shape(shape)
-        return 4 * (M + N + (M + N - 1))
-
-
-class WgslConv1d(Conv1dTemplate):
+class WgslConv1d(KernelTemplate):
     """fp32 full 1D convolution on WebGPU, generated per config (see the module docstring)."""
 
+    problem = CONV1D
+    name = "conv1d"
     backend = "webgpu"
+    shape_names = CONV1D.shape_names
 
     def space(self, which: str = "full") -> Space:
         return conv1d_space(which)
 
-    def config_shape_problems(self, config: Config, M: int, N: int) -> list[str]:
-        if N % config["RK"]:
-            return [f"reduction_split: N % RK = {N} % {config['RK']} = {N % config['RK']} != 0 "
-                    "(each step reads RK taps unguarded)"]
-        return []
+    def space_names(self) -> tuple[str, ...]:
+        return ("seed", "full", "small")
 
-    def source(self, config: Config) -> str:
+    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
+        try:
+            _, N = self.problem.check_shape(shape)
+        except ConfigError as exc:
+            return [f"shape: {exc.problem}"]
+        return reduction_split(config, N)
+
+    def source(self, config: Config, shape: Shape | None = None) -> str:
         return generate_wgsl(config)
+
+    def program_key(self, config: Config, shape: Shape) -> Hashable:
+        return config  # M, N and the output length come in a uniform
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
         return device.compile(self.source(config), "main", name=f"conv1d {fmt(config)}")
 
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
-        M, N = check_shape(shape)
+        M, N = self.problem.check_shape(shape)
         return {"a": device.upload(host["a"]), "w": device.upload(host["w"]),
                 "out": device.allocate(4 * (M + N - 1)),
                 "dims": device.upload(np.array([M, N, M + N - 1, 0], dtype=np.uint32), uniform=True)}
 
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
-        M, N = check_shape(shape)
+        M, N = self.problem.check_shape(shape)
         groups = -(-(M + N - 1) // tile(config))
         return [Launch(program, grid_for(groups), [bufs["a"], bufs["w"], bufs["out"], bufs["dims"]])]
 
+    def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
+        return device.download(bufs["out"], np.float32, self.problem.output_shape(shape))
+
     def tile_waste(self, config: Config, shape: Shape) -> float:
-        M, N = check_shape(shape)
+        M, N = self.problem.check_shape(shape)
         out = M + N - 1
         return -(-out // tile(config)) * tile(config) / out
 

@@ -25,7 +25,7 @@
 //
 // Legality: `cfg_valid` is seed 003's function, check for check in its order; `cfg_first_failure` is the
 // same walk returning which check failed, so that the kernel's static_asserts name the broken assumption.
-// An illegal instantiation cannot compile. The Python rules (kernels/gemm_cuda.py) mirror these one to one.
+// An illegal instantiation cannot compile. The Python rules (kernels/gemm/cuda.py) mirror these one to one.
 
 #ifndef WARPSIZE
 #define WARPSIZE 32

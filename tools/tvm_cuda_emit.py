@@ -1,11 +1,11 @@
 """Pre-emit the TVM-scheduled CUDA kernels into a source store, for a GPU machine that has no TVM.
 
-    PYTHONPATH=src python bench/tvm_cuda_emit.py --arch sm_90 --out build/tvm-cuda-sources
+    PYTHONPATH=src python tools/tvm_cuda_emit.py --arch sm_90 --out build/tvm-cuda-sources
 
 Run it where TVM is installed (no GPU needed). Then, on the GPU machine, point TILEWISE_TVM_CUDA_SOURCES at the
 copied directory: `conv1d`, `gemm-tvm` and `dwsep-conv2d` on `--device cuda` (`tilewise tune`, `tilewise ladder
 conv1d-gpu|gemm-gpu|dwsep-conv2d-gpu --device cuda`, tests/cuda/test_tvm_cuda_runtime.py and
-tests/cuda/test_tvm_cuda_dwsep_runtime.py) read their kernels from it (`tilewise.kernels.tvm_sources`).
+tests/cuda/test_tvm_cuda_dwsep_runtime.py) read their kernels from it (`tilewise.kernels.tvm.sources`).
 
 Without --shapes it emits, for each template, every legal config of
 
@@ -48,8 +48,9 @@ DIMS_OF = {"conv1d": 2, "gemm-tvm": 3, "dwsep-conv2d": 7}
 
 
 def templates() -> dict[str, Any]:
-    from tilewise.kernels.tvm_cuda import TvmCudaConv1d, TvmCudaGemm
-    from tilewise.kernels.tvm_cuda_dwsep import TvmCudaDwsepConv2d
+    from tilewise.kernels.conv1d.tvm_cuda import TvmCudaConv1d
+    from tilewise.kernels.dwsep_conv2d.tvm_cuda import TvmCudaDwsepConv2d
+    from tilewise.kernels.gemm.tvm_cuda import TvmCudaGemm
 
     return {"conv1d": TvmCudaConv1d(), "gemm-tvm": TvmCudaGemm(), "dwsep-conv2d": TvmCudaDwsepConv2d()}
 
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tilewise.devices.profiles import PROFILES
     from tilewise.errors import TilewiseError
-    from tilewise.kernels import tvm_sources
+    from tilewise.kernels.tvm import sources as tvm_sources
 
     if args.config and (not args.shapes or not args.template or len(args.template) != 1):
         raise SystemExit("--config needs --shapes and exactly one --template")
