@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from tilewise.runtime_cli import PREFIX_TOKENS, bench_model, percentiles, prompts, time_calls
+from tilewise.model.bench import PREFIX_TOKENS, bench_model, percentiles, prompts, time_calls
 
 T0 = time.perf_counter()
 

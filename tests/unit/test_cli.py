@@ -22,7 +22,7 @@ def test_devices_json_lists_cpu_with_required_keys(capsys):
 def test_unknown_command_exits_nonzero():
     proc = run_cli("no-such-command")
     assert proc.returncode != 0
-    assert "invalid choice" in proc.stderr
+    assert "unknown command 'no-such-command'" in proc.stderr and "fix: use one of: play" in proc.stderr
 
 
 def test_cuda_without_cupy_is_one_clear_message(monkeypatch, capsys):

@@ -3,14 +3,13 @@
 import pytest
 
 from tilewise.kernels.registry import TEMPLATES, get_template
-from tilewise.tune.cli import _default_space
 
 
 @pytest.mark.parametrize("kernel,backend", sorted(TEMPLATES))
 def test_registered_templates_load_and_default_space_exists(kernel, backend):
     tpl = get_template(kernel, backend)
     assert tpl.backend == backend
-    name = _default_space(tpl)
+    name = tpl.default_space()
     assert name in tpl.space_names()
     space = tpl.space(name)
     assert space.size >= 1

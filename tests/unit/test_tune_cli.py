@@ -57,7 +57,7 @@ def test_show_source_prints_wgsl_of_one_config(capsys):
     (["tune", "gemm", "--shape", "64,64", "--dry-run"], "malformed shape"),
     (["tune", "gemm", "--shape", "64,x,64", "--dry-run"], "malformed shape"),
     (["tune", "gemm", "--shape", "0,64,64", "--dry-run"], "malformed shape"),
-    (["tune", "conv9", "--shape", "64,64,64", "--dry-run"], "unknown kernel 'conv9'"),
+    (["tune", "conv9", "--shape", "64,64,64", "--dry-run"], "unknown family 'conv9'"),
     (["tune", "gemm", "--shape", "64,64,64", "--space", "huge", "--dry-run"], "unknown space 'huge'"),
     (["tune", "gemm", "--shape", "64,64,64", "--strategy", "annealing", "--dry-run"], "unknown strategy"),
     (["tune", "gemm", "--shape", "64,64,64", "--budget", "0", "--dry-run"], "measures nothing"),

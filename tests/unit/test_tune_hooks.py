@@ -313,12 +313,18 @@ def test_base_template_has_no_peer():
 # ---- the command line -------------------------------------------------------------------------------------
 @pytest.fixture
 def fake_cli(monkeypatch):
-    import tilewise
-    from tilewise.tune import cli
+    """`tilewise tune tiny --device cpu` runs TinyWithPeer on a timed CPU device: a family registered for the cpu
+    backend, resolved by the one device resolver like any other."""
+    from tilewise import devices
+    from tilewise.kernels import registry
 
     monkeypatch.setenv("COLUMNS", "220")
-    monkeypatch.setattr(cli, "_template", lambda kernel, device: TinyWithPeer())
-    monkeypatch.setattr(tilewise, "get_device", lambda name: TimedCPU())
+    monkeypatch.setitem(registry.TEMPLATES, ("tiny", "cpu"), "test:TinyWithPeer")
+    real = registry.get_template
+    monkeypatch.setattr(registry, "get_template", lambda kernel, backend: TinyWithPeer() if kernel == "tiny"
+                        else real(kernel, backend))
+    dev = TimedCPU()
+    monkeypatch.setattr(devices, "get_device", lambda name: dev)
 
 
 def test_cli_prints_percent_of_peer_and_json_adds_peer_keys_only(fake_cli, tmp_path, capsys):

@@ -141,20 +141,14 @@ def load_model_policy(model: str = "default", device: str = "auto") -> ModelPoli
         ModelPolicy.
 
     Raises:
-        TilewiseError: the model runtime or the model is missing (the message suggests `--policy expert`).
+        TilewiseError: the model is missing or cannot run on the device (the message suggests `--policy expert`).
     """
+    from tilewise.model.runtime import load
+
     fix = "play with --policy expert (or --policy random) meanwhile"
-    try:
-        from tilewise.model import runtime  # noqa: F401
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.startswith("tilewise"):
-            raise TilewiseError("the model runtime (tilewise.model.runtime) is not part of this build, so "
-                                "--policy model cannot run", fix) from None
-        raise
-    import tilewise
 
     try:
-        loaded = tilewise.load(model, device=device, weights="nf4")
+        loaded = load(model, device=device, weights="nf4")
     except TilewiseError as exc:
         problem = f"cannot load model {model!r} for --policy model: {exc.problem}"
         both = f"{exc.fix}; or {fix}" if exc.fix else fix

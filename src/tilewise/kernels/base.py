@@ -125,6 +125,37 @@ class KernelTemplate(ABC):
     def space_names(self) -> tuple[str, ...]:
         return ("full",)
 
+    def default_space(self) -> str:
+        """The space a command uses when none is named: the hand-picked "seed" points where there are some."""
+        return "seed" if "seed" in self.space_names() else "full"
+
+    def named_space(self, name: str | None) -> Space:
+        """The space called `name` (None: `default_space`); an unknown name lists the known ones."""
+        name = name or self.default_space()
+        if name not in self.space_names():
+            raise ConfigError(f"unknown space {name!r} for {self.name}",
+                              f"use --space with one of: {', '.join(self.space_names())}")
+        return self.space(name)
+
+    def parse_config(self, text: str) -> Config:
+        """A config from `NAME=V,...`; names left out take the template's default config (where it has one)."""
+        given: dict[str, str] = {}
+        for part in filter(None, (p.strip() for p in str(text).split(","))):
+            if "=" not in part:
+                raise ConfigError(f"cannot parse {part!r} in config {text!r}",
+                                  "write NAME=VALUE pairs, comma separated")
+            k, v = part.split("=", 1)
+            given[k.strip()] = v.strip()
+        base = getattr(self, "default_config", None)
+        if base is not None:
+            full = {k: str(v) for k, v in base().items()}
+            unknown = set(given) - set(full)
+            if unknown:
+                raise ConfigError(f"unknown parameters {sorted(unknown)} for {self.name}",
+                                  f"parameters: {', '.join(full)}")
+            given = {**full, **given}
+        return self.space("full").parse(",".join(f"{k}={v}" for k, v in given.items()))
+
     def shape_problems(self, config: Config, shape: Shape) -> list[str]:
         """Reasons this config cannot handle this shape (alignment the source assumes, grid limits); empty if fine."""
         return []

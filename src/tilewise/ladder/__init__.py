@@ -41,9 +41,11 @@ from tilewise.ladder.specs import (
     RungSpec,
     get_ladder,
     get_ladder_device,
+    resolve_ladder_device,
     validate_shape,
 )
 
 __all__ = ["DEFAULT_MEASURE", "LADDERS", "TUNE_MEASURE", "VARIANTS", "LadderResult", "LadderSpec", "Rung", "RungSpec",
            "StagingAnswer", "_search_points", "_stored_search_points", "get_ladder", "get_ladder_device", "plot",
-           "run_ladder", "staging_answer", "time_references", "validate_shape", "verdict", "write_json"]
+           "resolve_ladder_device", "run_ladder", "staging_answer", "time_references", "validate_shape", "verdict",
+           "write_json"]

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from tilewise.devices import Choice
 from tilewise.devices.base import Device
 from tilewise.errors import ConfigError
 from tilewise.kernels.base import KernelTemplate, Shape
@@ -353,27 +354,30 @@ def get_ladder(primitive: str, device: str | None = None) -> LadderSpec:
 
 
 def get_ladder_device(spec: LadderSpec, name: str | None) -> Device:
-    """The device for a ladder: `tvm-llvm` is constructed here; every other name goes through `get_device`."""
+    """The device for a ladder (see `resolve_ladder_device`)."""
+    return resolve_ladder_device(spec, name).device
+
+
+def resolve_ladder_device(spec: LadderSpec, name: str | None) -> Choice:
+    """The device for a ladder, through the one device resolver: `auto` or no name is the ladder's own backend;
+    a device of another backend is refused, naming the ladder's variant for that backend when one exists."""
     name = name or spec.device
-    if spec.device == "tvm-llvm" and name != "tvm-llvm":
+    if spec.device == "tvm-llvm" and name not in ("tvm-llvm", "auto"):
         raise ConfigError(f"ladder {spec.primitive} runs on the tvm-llvm device, not {name!r}",
                           "leave out --device or pass --device tvm-llvm")
-    if spec.device == "webgpu" and not name.startswith("webgpu"):
-        variant = VARIANTS.get((spec.primitive, _backend_of(name)))
+    backend = _backend_of(name)
+    if spec.device == "webgpu" and backend not in ("webgpu", "auto"):
+        variant = VARIANTS.get((spec.primitive, backend))
         also = (f", or take its {variant.device} variant: get_ladder({spec.primitive!r}, {name!r}) (the CLI picks "
                 f"it for --device {name})" if variant is not None else "")
         raise ConfigError(f"ladder {spec.primitive} ({spec.title}) has WGSL templates only; device {name!r} cannot "
                           "run them", f"pass --device webgpu or webgpu:N{also}")
-    if spec.device == "cuda" and _backend_of(name) != "cuda":
+    if spec.device == "cuda" and backend not in ("cuda", "auto"):
         raise ConfigError(f"ladder {spec.primitive} ({spec.title}) runs on CUDA; device {name!r} cannot run it",
                           f"pass --device cuda or cuda:N, or get_ladder({spec.primitive!r}) for the default ladder")
-    if name == "tvm-llvm":
-        from tilewise.devices.tvm_llvm import TVMLLVMDevice
+    from tilewise.devices import resolve
 
-        return TVMLLVMDevice()
-    from tilewise.devices import get_device
-
-    return get_device(name)
+    return resolve(name, (spec.device,), job=f"the {spec.primitive} ladder")
 
 
 def validate_shape(spec: LadderSpec, shape: Sequence[int]) -> Shape:

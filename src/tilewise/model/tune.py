@@ -301,26 +301,26 @@ def run(args: argparse.Namespace) -> int:
     """`tilewise tune model --preset P --seq 346 --device webgpu [--weights nf4] [--budget N] [--force]`."""
     from pathlib import Path
 
-    import tilewise
+    from tilewise.devices import resolve
     from tilewise.model.config import ModelConfig, preset
 
     name = getattr(args, "preset", None) or "seed-250m"
     seq = int(getattr(args, "seq", None) or 346)
     fmt = getattr(args, "weights", None) or "nf4"
-    device = getattr(args, "device", None) or "webgpu"
-    if not str(device).startswith("webgpu"):
-        raise ConfigError(f"`tilewise tune model` tunes the WebGPU executor, not {device!r}", "pass --device webgpu")
+    device = getattr(args, "device", None) or "auto"
     if fmt not in ("nf4", "f16", "f32"):
         raise ConfigError(f"unknown weight format {fmt!r}", "use --weights nf4, f16 or f32")
     if seq < 1:
         raise ConfigError(f"--seq {seq} must be positive", "use e.g. --seq 346")
+    choice = resolve(str(device), ("webgpu",), job="tuning the classifier's kernels")
     cfg = ModelConfig.from_file(Path(name) / "config.json") if Path(name).is_dir() else preset(name)
-    dev = tilewise.get_device(device)
+    dev = choice.device
     t0 = time.perf_counter()
 
     def log(msg: str) -> None:
         print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)
 
+    log(choice.line())
     table = tune_model(dev, cfg, seq, fmt, rows=getattr(args, "rows", None),
                        n_cand=int(getattr(args, "budget", None) or 12), seed=int(getattr(args, "seed", 0) or 0),
                        force=bool(getattr(args, "force", False)), hand_picked=getattr(args, "hand_picked", True),

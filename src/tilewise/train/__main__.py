@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tilewise.cli.train import register
 from tilewise.errors import TilewiseError
-from tilewise.train.cli import register
 
 
 def main(argv: list[str] | None = None) -> int:

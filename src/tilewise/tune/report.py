@@ -187,3 +187,38 @@ def plot_tune(result: TuneResult, path: str | Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def dry_run_lines(tpl: Any, space: Any, shape: tuple[int, ...], target: str, seed: int = 0) -> list[str]:
+    """What `tune --dry-run` prints: legal and illegal configs with every broken rule, under a limits profile and
+    without a device. Raises the no-legal-config error (with the most broken rules) when nothing is legal."""
+    from tilewise.devices.profiles import get_profile
+    from tilewise.tune.tuner import illegal_examples, no_legal_config_error, split_configs
+
+    limits = get_profile(target)
+    lines = [f"{tpl.name} on {tpl.backend}, space {space.name}, shape {','.join(map(str, shape))}, "
+             f"limits {target} (no device used)"]
+    if space.points is not None:
+        legal, illegal = split_configs(tpl, space, limits, shape, list(space))
+        lines += [f"  legal    {c}" for c in legal]
+        lines += [f"  skipped  {c}  (illegal: {'; '.join(why)})" for c, why in illegal]
+        lines.append(f"{len(legal)} legal, {len(illegal)} illegal of {space.size}")
+        if not legal:
+            raise no_legal_config_error(tpl, space, shape, illegal, f"under {target}")
+        return lines
+    all_legal = space.legal(limits)
+    legal, bad_shape = split_configs(tpl, space, limits, shape, all_legal)
+    lines.append(f"{len(legal)} legal of {space.size} in the grid ({space.size - len(all_legal)} break a rule, "
+                 f"{len(bad_shape)} more refuse this shape)")
+    counts: dict[str, int] = {}
+    examples = illegal_examples(space, limits, seed, n=400)
+    for c in examples:
+        first = space.why_illegal(c, limits)[0].split(":", 1)[0]
+        counts[first] = counts.get(first, 0) + 1
+    lines.append("first broken rule among random illegal configs: "
+                 + ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])))
+    lines += [f"  skipped  {c}  (illegal: {'; '.join(space.why_illegal(c, limits))})" for c in examples[:10]]
+    lines += [f"  legal    {c}" for c in legal[:10]]
+    if not legal:
+        raise no_legal_config_error(tpl, space, shape, bad_shape, f"under {target}")
+    return lines

@@ -126,3 +126,34 @@ def sweep_json(result: SweepResult, table: Mapping[str, Any] | None = None) -> d
                          "failure": result.failures.get(c, {}).get(m)})
     return {"kernel": result.kernel, "device": result.fingerprint, "N": result.n, "K": result.k, "results": rows,
             **({"dispatch": table} if table else {})}
+
+
+MAX_SWEEP_CONFIGS = 32
+
+
+def sweep_candidates(tpl: KernelTemplate, limits: Any, configs: str | None = None,
+                     space: str | None = None) -> list[Config]:
+    """The configs a sweep times: `configs` (`NAME=V,...;NAME=V,...`, or a `tune --json` file whose best 8 ok
+    configs are taken), else every legal config of `space` (at most MAX_SWEEP_CONFIGS of a grid)."""
+    import json
+    from pathlib import Path
+
+    if configs:
+        p = Path(configs)
+        if p.suffix == ".json" and p.exists():
+            data = json.loads(p.read_text())
+            keys = [r["config"] for r in data.get("results", []) if r.get("status") == "ok"][:8]
+        else:
+            keys = [k for k in configs.split(";") if k.strip()]
+        chosen = [tpl.parse_config(k) for k in keys]
+        full = tpl.space("full")
+        bad = [(c, full.why_illegal(c, limits)) for c in chosen if full.why_illegal(c, limits)]
+        if bad:
+            raise ConfigError(f"{bad[0][0]} is illegal here: {'; '.join(bad[0][1])}", "drop it from --configs")
+        return chosen
+    sp = tpl.named_space(space)
+    legal = sp.legal(limits)
+    if sp.points is None and len(legal) > MAX_SWEEP_CONFIGS:
+        raise ConfigError(f"space {sp.name} has {len(legal)} legal configs; too many to sweep",
+                          "sweep --space seed, or pass the best few with --configs (e.g. a tune --json file)")
+    return legal

@@ -1,4 +1,4 @@
-"""`tilewise play` and `tilewise game prompt | tokenizer | eval | dataset`."""
+"""`tilewise play` and `tilewise game prompt | tokenizer | eval | dataset`: the game, its data and its players."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", choices=("model", "expert", "random"), default="model",
                    help="who plays (default: model, the bundled classifier)")
     p.add_argument("--model", default="default", help="model for --policy model: default (bundled), a preset or a path")
-    p.add_argument("--device", choices=("auto", "cpu", "webgpu", "cuda"), default="auto",
-                   help="device for --policy model")
+    p.add_argument("--device", default="auto",
+                   help="device for --policy model: auto (the fastest with a classifier executor), cpu, webgpu, "
+                        "webgpu:N (default auto)")
     p.add_argument("--steps", type=int, default=500, help="most decisions to make (stops earlier at game over)")
     p.add_argument("--seed", type=int, default=0, help="game seed (piece sequence; also the random policy's)")
     p.add_argument("--watch", action="store_true", help="draw the board live (only when stdout is a terminal)")
@@ -43,8 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     e = gs.add_parser("eval", help="mean lines and pieces of a policy over seeded games")
     e.add_argument("--policy", choices=("expert", "random", "model"), default="expert")
     e.add_argument("--model", default="default", help="model for --policy model: default (bundled), a preset or a path")
-    e.add_argument("--device", choices=("auto", "cpu", "webgpu", "cuda"), default="auto",
-                   help="device for --policy model")
+    e.add_argument("--device", default="auto",
+                   help="device for --policy model: auto, cpu, webgpu, webgpu:N (default auto)")
     e.add_argument("--games", type=int, default=20)
     e.add_argument("--max-pieces", type=int, default=1000)
     e.add_argument("--seed", type=int, default=0, help="first game seed (game g uses seed + g)")
@@ -70,6 +71,9 @@ def _cmd_play(args: argparse.Namespace) -> int:
     from tilewise.game.play import board_panel, make_policy, play
 
     policy = make_policy(args.policy, model=args.model, device=args.device, seed=args.seed)
+    choice = getattr(getattr(policy, "model", None), "device_choice", None)
+    if choice is not None:
+        print(choice.line(), file=sys.stderr, flush=True)
     watch = args.watch and sys.stdout.isatty() and not args.json
     if args.watch and not watch:
         print("note: --watch draws only when stdout is a terminal (and without --json); playing without it",

@@ -36,7 +36,7 @@ def register(sub: Any) -> None:
 def _cmd_ladder(args: argparse.Namespace) -> int:
     from tilewise.errors import ConfigError
     from tilewise.kernels.base import parse_shape
-    from tilewise.ladder import get_ladder, get_ladder_device, plot, run_ladder, validate_shape, write_json
+    from tilewise.ladder import get_ladder, plot, resolve_ladder_device, run_ladder, validate_shape, write_json
 
     spec = get_ladder(args.primitive, args.device)  # --device cuda picks the TVM-emitted CUDA variant
     tpl = spec.template()
@@ -53,7 +53,9 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
         mkw["budget_s"] = args.budget_s
     if args.tune < 0:
         raise ConfigError(f"--tune {args.tune} is negative", "give --tune 0 (no tuned rung) or a positive count")
-    device = get_ladder_device(spec, args.device)
+    choice = resolve_ladder_device(spec, args.device)
+    print(choice.line(), file=sys.stderr, flush=True)
+    device = choice.device
 
     def say(msg: str) -> None:
         print(f"  .. {msg}", file=sys.stderr, flush=True)

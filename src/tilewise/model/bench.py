@@ -1,4 +1,4 @@
-"""`tilewise bench`: decision latency of the classifier on a device, per-op GPU time, and agreement with the CPU.
+"""Decision latency of the classifier on a device, per-op GPU time, and agreement with the CPU (`tilewise bench`).
 
 One decision = the scores of one prompt of `--seq` tokens (batch 1), timed on the host clock around
 the whole call (submit + wait + read-back), as a user sees it. Reported:
@@ -12,8 +12,6 @@ the whole call (submit + wait + read-back), as a user sees it. Reported:
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -150,47 +148,3 @@ def print_result(res: dict[str, Any]) -> None:
               f"({pc['saving_pct']:.1f}% saved); final-row slicing saves "
               f"{res['no_final_row_slicing']['final_row_saving_pct']:.1f}%")
     con.print("max |score - CPU score| over all 8 scores: " + ("not measured" if diff is None else f"{diff:.3g}"))
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    import warnings
-
-    import tilewise
-    from tilewise.errors import ConfigError
-
-    if args.seq < 2:
-        raise ConfigError(f"--seq {args.seq} is too short for a decision", "use --seq 2 or more (the game uses 346)")
-    if args.decisions < 1:
-        raise ConfigError("--decisions must be at least 1", "e.g. --decisions 50")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model = tilewise.load(args.preset, device=args.device, weights=args.weights, seed=args.seed)
-    for w in caught:
-        print(f"note: {w.message}")
-    cpu = None
-    if not args.no_reference and not str(args.device).startswith("cpu"):
-        cpu = tilewise.load(args.preset, device="cpu", weights=args.weights, seed=args.seed)
-    res = bench_model(model, args.seq, args.decisions, prefix=args.prefix, cpu_model=cpu,
-                      log=lambda s: print(s, flush=True))
-    print_result(res)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=1))
-        print(f"wrote {args.json}")
-    return 0
-
-
-def register(sub: Any) -> None:
-    """Add `tilewise bench`."""
-    p = sub.add_parser("bench", help="decision latency of the classifier on a device (per-op GPU time, p50/p99, "
-                                     "APM, score agreement with the CPU)")
-    p.add_argument("--device", default="webgpu", help="webgpu, webgpu:N or cpu (default webgpu)")
-    p.add_argument("--preset", default="seed-250m", help="model preset or path (default seed-250m)")
-    p.add_argument("--seq", type=int, default=346, help="prompt tokens per decision (default 346)")
-    p.add_argument("--decisions", type=int, default=50, help="timed decisions (default 50)")
-    p.add_argument("--weights", default="nf4", choices=("nf4", "f16", "f32"), help="weight format (default nf4)")
-    p.add_argument("--prefix", type=int, default=PREFIX_TOKENS, help="shared prefix tokens for the cached run")
-    p.add_argument("--seed", type=int, default=0, help="seed of a preset's random weights")
-    p.add_argument("--no-reference", action="store_true", help="skip the CPU score comparison")
-    p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
-    p.set_defaults(func=_cmd_bench)

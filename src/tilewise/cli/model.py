@@ -1,14 +1,17 @@
-"""`tilewise convert SRC DST --format nf4|f16|f32`: re-store an LFM2 checkpoint in tilewise's format."""
+"""`tilewise convert SRC DST --format nf4|f16|f32` (re-store an LFM2 checkpoint in tilewise's format) and
+`tilewise bench` (decision latency of the classifier on a device; the measuring is `tilewise.model.bench`)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
 
 def register(sub: Any) -> None:
-    """Add the `convert` subcommand."""
+    """Add the `convert` and `bench` subcommands."""
+    register_bench(sub)
     p = sub.add_parser("convert", help="convert an HF LFM2 folder (or a preset) to a tilewise nf4/f16/f32 checkpoint",
                        description="Convert an HF LFM2 folder, a tilewise checkpoint or a preset (seeded random "
                                    "weights) into a tilewise checkpoint folder. Projections, FFN and embeddings take "
@@ -57,3 +60,51 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     print(f"head: {'score.weight present' if out.has_head else 'none (hidden() works, scores() will not)'}; "
           f"tokenizer: {'copied' if ck.tokenizer_path else 'none'}")
     return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import warnings
+
+    import tilewise
+    from tilewise.errors import ConfigError
+    from tilewise.model.bench import bench_model, print_result
+
+    if args.seq < 2:
+        raise ConfigError(f"--seq {args.seq} is too short for a decision", "use --seq 2 or more (the game uses 346)")
+    if args.decisions < 1:
+        raise ConfigError("--decisions must be at least 1", "e.g. --decisions 50")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = tilewise.load(args.preset, device=args.device, weights=args.weights, seed=args.seed)
+    print(model.device_choice.line(), flush=True)
+    for w in caught:
+        print(f"note: {w.message}")
+    cpu = None
+    if not args.no_reference and not str(args.device).startswith("cpu"):
+        cpu = tilewise.load(args.preset, device="cpu", weights=args.weights, seed=args.seed)
+    res = bench_model(model, args.seq, args.decisions, prefix=args.prefix, cpu_model=cpu,
+                      log=lambda s: print(s, flush=True))
+    print_result(res)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(res, indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def register_bench(sub: Any) -> None:
+    """Add `tilewise bench`."""
+    from tilewise.model.bench import PREFIX_TOKENS
+
+    p = sub.add_parser("bench", help="decision latency of the classifier on a device (per-op GPU time, p50/p99, "
+                                     "APM, score agreement with the CPU)")
+    p.add_argument("--device", default="webgpu", help="webgpu, webgpu:N or cpu (default webgpu)")
+    p.add_argument("--preset", default="seed-250m", help="model preset or path (default seed-250m)")
+    p.add_argument("--seq", type=int, default=346, help="prompt tokens per decision (default 346)")
+    p.add_argument("--decisions", type=int, default=50, help="timed decisions (default 50)")
+    p.add_argument("--weights", default="nf4", choices=("nf4", "f16", "f32"), help="weight format (default nf4)")
+    p.add_argument("--prefix", type=int, default=PREFIX_TOKENS, help="shared prefix tokens for the cached run")
+    p.add_argument("--seed", type=int, default=0, help="seed of a preset's random weights")
+    p.add_argument("--no-reference", action="store_true", help="skip the CPU score comparison")
+    p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
+    p.set_defaults(func=_cmd_bench)

@@ -1,0 +1,73 @@
+"""The one entry point: `tilewise play | bench | tune | sweep | store | report | convert | train | game | ladder |
+devices`.
+
+One module per command group (`cli/<group>.py`, each with `register(subparsers)`): they parse arguments, call the
+packages and print; the work lives in the packages. This file wires them together, prints a `TilewiseError` as one
+clear message (problem and fix, exit 2) and keeps tracebacks behind `--debug`. Heavy imports (numpy kernels, wgpu,
+torch) happen inside the handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from tilewise import __version__
+from tilewise.cli import devices, game, ladder, model, store, sweep, train, tune
+from tilewise.errors import ConfigError, TilewiseError
+
+# command groups, in help order
+GROUPS = (game, model, tune, sweep, store, train, ladder, devices)
+_INVALID_CHOICE = re.compile(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with usage errors raised as one clear `ConfigError` (problem and fix) like every other bad input."""
+
+    def error(self, message: str) -> NoReturn:
+        bad = _INVALID_CHOICE.fullmatch(message)
+        if bad:
+            what = bad.group(1).lower().replace("_", " ")
+            raise ConfigError(f"unknown {what} {bad.group(2)!r} for `{self.prog}`",
+                              f"use one of: {bad.group(3).replace(chr(39), '')}")
+        raise ConfigError(f"{self.prog}: {message}", f"see `{self.prog} --help`")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="tilewise",
+        description="Tune tiled GPU kernels honestly and run an NF4 LFM2 classifier on them.",
+    )
+    parser.add_argument("--version", action="version", version=f"tilewise {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for group in GROUPS:
+        group.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        return int(args.func(args) or 0)
+    except TilewiseError as exc:
+        if debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
