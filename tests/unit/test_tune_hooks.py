@@ -17,6 +17,7 @@ from tilewise.devices.base import Launch
 from tilewise.devices.cpu import CPUDevice
 from tilewise.errors import ShaderCompileError, TilewiseError
 from tilewise.kernels.base import KernelTemplate
+from tilewise.kernels.gemm.problem import GEMM
 from tilewise.kernels.space import Space
 from tilewise.tune.store import Store
 from tilewise.tune.tuner import tune
@@ -71,6 +72,7 @@ class Tiny(KernelTemplate):
 
     name = "tiny"
     backend = "cpu"
+    problem = GEMM  # the math (shape checks, flops) of a GEMM; inputs and reference are recorded below
     shape_names = ("M", "N", "K")
 
     def __init__(self) -> None:

@@ -103,19 +103,29 @@ class KernelTemplate(ABC):
 
     #: the family's math (shared with the other backends' implementations)
     problem: Problem
-    #: the implementation's name: the store's kernel key and the command-line family (`tilewise tune gemm`)
+    #: the implementation's name: the store's kernel key and the command-line family (`tilewise tune gemm`);
+    #: defaults to the problem's
     name: str = ""
     #: backend this template's source targets: "webgpu" | "cuda" | "cpu" | "tvm-llvm"
     backend: str = ""
     #: names of the shape dimensions (the problem's)
     shape_names: tuple[str, ...] = ()
-    #: tolerance label; an implementation that rounds more than the problem (f16 staging) says so here
+    #: tolerance label (the problem's); an implementation that rounds more (f16 staging) says so here
     dtype: str = "f32"
     #: short name of the peer `peer_program` returns (the tuner prints "% of <peer_name>"); "" = no peer
     peer_name: str = ""
     #: consecutive verifications that may share one input set (outputs re-poisoned each time); >1 where making
     #: inputs costs more than a candidate (quantizing NF4 weights)
     verify_reuse: int = 1
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A class that names its problem takes the problem's name, shape names and dtype unless it says otherwise."""
+        super().__init_subclass__(**kwargs)
+        problem = cls.__dict__.get("problem")
+        if isinstance(problem, Problem):
+            for attr in ("name", "shape_names", "dtype"):
+                if attr not in cls.__dict__:
+                    setattr(cls, attr, getattr(problem, attr))
 
     # ---- the space -------------------------------------------------------------------------------------------
     @abstractmethod
@@ -157,7 +167,16 @@ class KernelTemplate(ABC):
         return self.space("full").parse(",".join(f"{k}={v}" for k, v in given.items()))
 
     def shape_problems(self, config: Config, shape: Shape) -> list[str]:
-        """Reasons this config cannot handle this shape (alignment the source assumes, grid limits); empty if fine."""
+        """Reasons this config cannot handle this shape; empty if fine. A shape the problem refuses is one reason
+        (`shape: why`); otherwise the implementation's own `config_problems` at the checked shape."""
+        try:
+            checked = self.problem.check_shape(shape)
+        except ConfigError as exc:
+            return [f"shape: {exc.problem}"]
+        return self.config_problems(config, checked)
+
+    def config_problems(self, config: Config, shape: Shape) -> list[str]:
+        """What this config assumes of a valid shape that it breaks (alignment, grid limits, index ranges)."""
         return []
 
     def config_of(self, values: Mapping[str, Any]) -> Config:

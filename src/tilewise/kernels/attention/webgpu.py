@@ -236,15 +236,13 @@ def attention_grid(cfg: Config | dict, nq: int, hq: int) -> tuple[int, int, int]
 class AttentionTemplate(KernelTemplate):
     """Causal GQA attention over a KV cache; shape = (Mq, P, Hq, Hkv, D): Mq new query rows after P cached."""
 
-    name = "attention"
     backend = "webgpu"
     problem = AttentionProblem()
-    shape_names = AttentionProblem.shape_names
 
     def space(self, which: str = "full") -> Space:
         return attention_space()
 
-    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
+    def config_problems(self, config: Config, shape: Shape) -> list[str]:
         _, _, hq, hkv, d = shape
         out = []
         if d % 4:

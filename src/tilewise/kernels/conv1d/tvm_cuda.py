@@ -197,8 +197,6 @@ class TvmCudaConv1d(TvmCudaTemplate):
     """Full 1D convolution on an NVIDIA GPU: TVM schedules and emits the CUDA C++, the CUDA device runs it."""
 
     problem = CONV1D
-    name = "conv1d"
-    shape_names = CONV1D.shape_names
     tensors = (("A", "a"), ("W", "w"), ("B", "out"))
     default_shape = DEFAULT_SHAPE
     label = "conv1d (cuda, TVM)"

@@ -136,9 +136,7 @@ class TvmConv1d(KernelTemplate):
     """Full 1D convolution on the host CPU, scheduled with TVM and built with LLVM (device `tvm-llvm`)."""
 
     problem = CONV1D
-    name = "conv1d"
     backend = "tvm-llvm"
-    shape_names = CONV1D.shape_names
 
     def space(self, which: str = "full") -> Space:
         return tvm_conv1d_space(which)
@@ -146,11 +144,8 @@ class TvmConv1d(KernelTemplate):
     def space_names(self) -> tuple[str, ...]:
         return ("seed", "full", "small")
 
-    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
-        try:
-            _, N = self.problem.check_shape(shape)
-        except ConfigError as exc:
-            return [f"shape: {exc.problem}"]
+    def config_problems(self, config: Config, shape: Shape) -> list[str]:
+        N = shape[1]
         if N % config["KI"]:
             return [f"reduction_split: N % KI = {N} % {config['KI']} = {N % config['KI']} != 0 "
                     "(a predicated reduction loop)"]

@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 
 from tilewise.devices.base import Device, Launch, Program
-from tilewise.errors import ConfigError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
 from tilewise.kernels.conv1d.problem import CONV1D
 from tilewise.kernels.conv1d.tiling import (
@@ -161,9 +160,7 @@ class WgslConv1d(KernelTemplate):
     """fp32 full 1D convolution on WebGPU, generated per config (see the module docstring)."""
 
     problem = CONV1D
-    name = "conv1d"
     backend = "webgpu"
-    shape_names = CONV1D.shape_names
 
     def space(self, which: str = "full") -> Space:
         return conv1d_space(which)
@@ -171,12 +168,8 @@ class WgslConv1d(KernelTemplate):
     def space_names(self) -> tuple[str, ...]:
         return ("seed", "full", "small")
 
-    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
-        try:
-            _, N = self.problem.check_shape(shape)
-        except ConfigError as exc:
-            return [f"shape: {exc.problem}"]
-        return reduction_split(config, N)
+    def config_problems(self, config: Config, shape: Shape) -> list[str]:
+        return reduction_split(config, shape[1])
 
     def source(self, config: Config, shape: Shape | None = None) -> str:
         return generate_wgsl(config)

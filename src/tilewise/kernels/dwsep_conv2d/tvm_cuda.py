@@ -254,8 +254,6 @@ class TvmCudaDwsepConv2d(TvmCudaTemplate):
     it."""
 
     problem = DWSEP
-    name = "dwsep-conv2d"
-    shape_names = DWSEP.shape_names
     tensors = (("X", "x"), ("DW", "dw"), ("PW", "pw"), ("Out", "out"))
     default_shape = DEFAULT_SHAPE
     label = "dwsep-conv2d (cuda, TVM)"

@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 
 from tilewise.devices.base import Device, Launch, Program
-from tilewise.errors import ConfigError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
 from tilewise.kernels.dwsep_conv2d import tiling
 from tilewise.kernels.dwsep_conv2d.problem import DWSEP
@@ -206,9 +205,7 @@ class WgslDwsepConv2d(KernelTemplate):
     """Fused depthwise-separable conv2d on WebGPU, generated per config (see the module docstring)."""
 
     problem = DWSEP
-    name = "dwsep-conv2d"
     backend = "webgpu"
-    shape_names = DWSEP.shape_names
 
     def space(self, which: str = "full") -> Space:
         return dwsep_space(which)
@@ -216,11 +213,8 @@ class WgslDwsepConv2d(KernelTemplate):
     def space_names(self) -> tuple[str, ...]:
         return ("seed", "full", "small")
 
-    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
-        try:
-            d = self.problem.dims(shape)
-        except ConfigError as exc:
-            return [f"shape: {exc.problem}"]
+    def config_problems(self, config: Config, shape: Shape) -> list[str]:
+        d = self.problem.dims(shape)
         problems = tiling.split_problems(config, d, MAX_GRID, "workgroups per dimension", "")
         if config["STAGE"] == "private" and window_registers(config, d.K) > MAX_REGISTERS:
             problems.append(f"window_registers: TO*TPX + RC*TPX + (TPX+K-1) + K + TO = "

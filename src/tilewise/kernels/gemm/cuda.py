@@ -254,9 +254,7 @@ class CudaGemm(KernelTemplate):
     """
 
     problem: GemmProblem = GEMM
-    name = "gemm"
     backend = "cuda"
-    shape_names = GEMM.shape_names
     peer_name = "cuBLAS"
 
     def __init__(self, alpha: float = 1.0, beta: float = 0.0) -> None:
@@ -286,8 +284,8 @@ class CudaGemm(KernelTemplate):
                          points=[dict(zip(PARAMS, pt)) for pt in SEED_POINTS])
         raise ConfigError(f"gemm on cuda has no space {which!r}", f"use one of: {', '.join(self.space_names())}")
 
-    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
-        M, N, K = self.problem.check_shape(shape)
+    def config_problems(self, config: Config, shape: Shape) -> list[str]:
+        M, N, K = shape
         problems = []
         if N % 4:
             problems.append(f"float4_columns: N = {N} is not a multiple of 4 (B and C rows are read as float4)")

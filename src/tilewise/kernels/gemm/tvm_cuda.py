@@ -189,7 +189,6 @@ class TvmCudaGemm(TvmCudaTemplate):
 
     problem = GEMM
     name = "gemm-tvm"
-    shape_names = GEMM.shape_names
     tensors = (("A", "a"), ("B", "b"), ("C", "out"))
     default_shape = GEMM_DEFAULT_SHAPE
     label = "gemm-tvm"

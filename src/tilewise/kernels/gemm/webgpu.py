@@ -235,9 +235,7 @@ class WgslGemm(KernelTemplate):
     """fp32 GEMM on WebGPU, generated per config (see the module docstring for the parameters)."""
 
     problem = GEMM
-    name = "gemm"
     backend = "webgpu"
-    shape_names = GEMM.shape_names
 
     def space(self, which: str = "full") -> Space:
         return gemm_space(which)
@@ -249,7 +247,7 @@ class WgslGemm(KernelTemplate):
         """Seed 003's base config (128x64x16 W64x32 WN2 T4x4 128t), for partial `--show-source` configs."""
         return gemm_space("full").config(BASE)
 
-    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
+    def config_problems(self, config: Config, shape: Shape) -> list[str]:
         _, N, K = shape
         problems = []
         if config["VEC"] == 4 and (K % 4 or N % 4):

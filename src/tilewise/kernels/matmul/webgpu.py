@@ -299,7 +299,7 @@ class MatmulTemplate(KernelTemplate):
         """A config from a dispatch table's values; parameters it leaves out take the default config's value."""
         return self.default_config().replace(**values)
 
-    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
+    def config_problems(self, config: Config, shape: Shape) -> list[str]:
         return shape_problems(self.kind, config, shape[1], shape[2])
 
     def source(self, config: Config, shape: Shape | None = None) -> str:

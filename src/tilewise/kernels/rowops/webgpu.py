@@ -237,7 +237,7 @@ class EmbedTemplate(_Template):
     def source(self, config: Config, shape: Shape | None = None) -> str:
         return embed_source(config["WG"], self.fmt, (shape or (1, 64, 64))[1])
 
-    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
+    def config_problems(self, config: Config, shape: Shape) -> list[str]:
         return [f"H={shape[1]} is not a multiple of 64"] if shape[1] % 64 else []
 
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:

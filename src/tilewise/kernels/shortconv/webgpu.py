@@ -61,10 +61,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wi
 class ConvTemplate(KernelTemplate):
     """Gated depthwise causal conv; shape = (M, H, L). Output: y (M, H) followed by the new state."""
 
-    name = "shortconv"
     backend = "webgpu"
     problem = ShortConvProblem()
-    shape_names = ShortConvProblem.shape_names
 
     def space(self, which: str = "full") -> Space:
         return Space("shortconv", {"WG": [32, 64, 128, 256]}, [

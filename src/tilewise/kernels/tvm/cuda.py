@@ -191,14 +191,6 @@ class TvmCudaTemplate(KernelTemplate):
         return ("seed", "full", "small")
 
     # ---- refusing, emitting, compiling ----------------------------------------------------------------------
-    def shape_problems(self, config: Config, shape: Shape) -> list[str]:
-        """`config_problems` at the checked shape; a shape the problem refuses is one reason, `shape: why`."""
-        try:
-            shp = self.problem.check_shape(shape)
-        except ConfigError as exc:
-            return [f"shape: {exc.problem}"]
-        return self.config_problems(config, shp)
-
     def refuse_illegal(self, config: Config, shape: Shape, limits: Limits | None) -> Shape:
         """The checked shape when the config is legal at it; otherwise a ConfigError naming every broken rule."""
         shp = self.problem.check_shape(shape)
