@@ -30,7 +30,7 @@ Optional hooks (the defaults keep the plain behaviour above):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -87,6 +87,11 @@ class Problem(ABC):
     def bytes_moved(self, shape: Shape) -> int:
         """Fewest bytes one run must move through device memory (each input read once, the output written once)."""
 
+    def output_shape(self, shape: Shape) -> tuple[int, ...]:
+        """The shape of the reference (and of what `read_output` returns); the default is the shape's first two
+        sizes, the (rows, columns) of a matrix product."""
+        return tuple(shape[:2])
+
     def initial_output(self, host: HostInputs, shape: Shape) -> np.ndarray | None:
         """What the output holds before a run when the kernel accumulates into it (a residual, beta * C); None
         when the output is written only, and is then poisoned with NaN so that unwritten elements fail."""
@@ -114,6 +119,10 @@ class KernelTemplate(ABC):
     dtype: str = "f32"
     #: short name of the peer `peer_program` returns (the tuner prints "% of <peer_name>"); "" = no peer
     peer_name: str = ""
+    #: the named spaces (`space_names`) and the function that makes one (`space`), for templates whose spaces are
+    #: data; a template that builds its space itself overrides `space`
+    spaces: tuple[str, ...] = ("full",)
+    make_space: Callable[[str], Space] | None = None
     #: consecutive verifications that may share one input set (outputs re-poisoned each time); >1 where making
     #: inputs costs more than a candidate (quantizing NF4 weights)
     verify_reuse: int = 1
@@ -128,12 +137,14 @@ class KernelTemplate(ABC):
                     setattr(cls, attr, getattr(problem, attr))
 
     # ---- the space -------------------------------------------------------------------------------------------
-    @abstractmethod
     def space(self, which: str = "full") -> Space:
         """A named space of configs ("full" = the whole grid; templates may add "seed", "small", ...)."""
+        if self.make_space is None:
+            raise NotImplementedError(f"{type(self).__name__} names no make_space and does not override space()")
+        return type(self).make_space(which)  # type: ignore[misc]  # a plain function stored on the class
 
     def space_names(self) -> tuple[str, ...]:
-        return ("full",)
+        return self.spaces
 
     def default_space(self) -> str:
         """The space a command uses when none is named: the hand-picked "seed" points where there are some."""
@@ -231,9 +242,9 @@ class KernelTemplate(ABC):
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
         """The launch(es) that compute one output (usually one)."""
 
-    @abstractmethod
     def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
-        """Download the output as an array of the reference's shape."""
+        """Download the output ("out", float32) as an array of the reference's shape."""
+        return device.download(bufs["out"], np.float32, self.problem.output_shape(shape))
 
     # ---- the problem's math, as the engine and the reports ask for it -----------------------------------------
     def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:

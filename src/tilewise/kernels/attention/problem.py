@@ -74,6 +74,9 @@ class AttentionProblem(Problem):
                               "write e.g. --shape 346,0,16,8,64")
         return shp
 
+    def output_shape(self, shape: Shape) -> tuple[int, ...]:
+        return (shape[0], shape[2] * shape[4])  # (M, HQ D)
+
     def dispatch_key(self, shape: Shape) -> str:
         """Heads and head size only: one choice serves every cached length P."""
         return f"attention:{shape[2]}x{shape[3]}x{shape[4]}"

@@ -275,7 +275,4 @@ class AttentionTemplate(KernelTemplate):
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
         return [Launch(program, attention_grid(config, shape[0], shape[2]), [bufs[k] for k in ATTN_BINDINGS])]
 
-    def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
-        m, _, hq, _, d = shape
-        return device.download(bufs["out"], np.float32, (m, hq * d))
 

@@ -33,8 +33,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from tilewise.devices.base import Device, Limits
 from tilewise.kernels.base import DeviceBuffers, HostInputs, Shape
 from tilewise.kernels.conv1d import tiling
@@ -203,8 +201,7 @@ class TvmCudaConv1d(TvmCudaTemplate):
     threads_formula = "NT"
     threads_fix = "bind exactly one loop of extent NT to threadIdx.x"
 
-    def space(self, which: str = "full") -> Space:
-        return tvm_cuda_conv1d_space(which)
+    make_space = tvm_cuda_conv1d_space
 
     def config_problems(self, config: Config, shape: Shape) -> list[str]:
         M, N = shape
@@ -228,8 +225,6 @@ class TvmCudaConv1d(TvmCudaTemplate):
         return {"a": device.upload(host["a"]), "w": device.upload(host["w"]),
                 "out": device.allocate(4 * alloc_length(M, N))}
 
-    def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
-        return device.download(bufs["out"], np.float32, self.problem.output_shape(shape))
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
         M, N = self.problem.check_shape(shape)

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from tilewise.devices.base import Device, Launch, Program
 from tilewise.errors import ConfigError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
@@ -138,11 +136,8 @@ class TvmConv1d(KernelTemplate):
     problem = CONV1D
     backend = "tvm-llvm"
 
-    def space(self, which: str = "full") -> Space:
-        return tvm_conv1d_space(which)
-
-    def space_names(self) -> tuple[str, ...]:
-        return ("seed", "full", "small")
+    make_space = tvm_conv1d_space
+    spaces = ("seed", "full", "small")
 
     def config_problems(self, config: Config, shape: Shape) -> list[str]:
         N = shape[1]
@@ -167,8 +162,6 @@ class TvmConv1d(KernelTemplate):
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
         return [Launch(program, (1, 1, 1), [bufs["a"], bufs["w"], bufs["out"]])]
 
-    def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
-        return device.download(bufs["out"], np.float32, self.problem.output_shape(shape))
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
         M, N = self.problem.check_shape(shape)

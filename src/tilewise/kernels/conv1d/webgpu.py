@@ -162,11 +162,8 @@ class WgslConv1d(KernelTemplate):
     problem = CONV1D
     backend = "webgpu"
 
-    def space(self, which: str = "full") -> Space:
-        return conv1d_space(which)
-
-    def space_names(self) -> tuple[str, ...]:
-        return ("seed", "full", "small")
+    make_space = conv1d_space
+    spaces = ("seed", "full", "small")
 
     def config_problems(self, config: Config, shape: Shape) -> list[str]:
         return reduction_split(config, shape[1])
@@ -191,8 +188,6 @@ class WgslConv1d(KernelTemplate):
         groups = -(-(M + N - 1) // tile(config))
         return [Launch(program, grid_for(groups), [bufs["a"], bufs["w"], bufs["out"], bufs["dims"]])]
 
-    def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
-        return device.download(bufs["out"], np.float32, self.problem.output_shape(shape))
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
         M, N = self.problem.check_shape(shape)

@@ -49,8 +49,6 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
-
 from tilewise.devices.base import Device, Limits, Program
 from tilewise.errors import TilewiseError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, Shape
@@ -260,8 +258,7 @@ class TvmCudaDwsepConv2d(TvmCudaTemplate):
     threads_formula = "(BO/TO)*(BW/TPX)"
     threads_fix = "bind exactly BW/TPX x BO/TO threads"
 
-    def space(self, which: str = "full") -> Space:
-        return tvm_cuda_dwsep_space(which)
+    make_space = tvm_cuda_dwsep_space
 
     def config_problems(self, config: Config, shape: Shape) -> list[str]:
         d = self.problem.dims(shape)
@@ -316,8 +313,6 @@ class TvmCudaDwsepConv2d(TvmCudaTemplate):
         return {"x": device.upload(host["x"]), "dw": device.upload(host["dw"]), "pw": device.upload(host["pw"]),
                 "out": device.allocate(4 * d.B * d.O * d.Ho * d.Wo)}
 
-    def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
-        return device.download(bufs["out"], np.float32, self.problem.output_shape(shape))
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
         return tiling.tile_waste(config, self.problem.dims(shape))

@@ -207,11 +207,8 @@ class WgslDwsepConv2d(KernelTemplate):
     problem = DWSEP
     backend = "webgpu"
 
-    def space(self, which: str = "full") -> Space:
-        return dwsep_space(which)
-
-    def space_names(self) -> tuple[str, ...]:
-        return ("seed", "full", "small")
+    make_space = dwsep_space
+    spaces = ("seed", "full", "small")
 
     def config_problems(self, config: Config, shape: Shape) -> list[str]:
         d = self.problem.dims(shape)
@@ -244,8 +241,6 @@ class WgslDwsepConv2d(KernelTemplate):
         return [Launch(program, tiling.grid(config, self.problem.dims(shape)),
                        [bufs["x"], bufs["dw"], bufs["pw"], bufs["out"], bufs["dims"]])]
 
-    def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
-        return device.download(bufs["out"], np.float32, self.problem.output_shape(shape))
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
         return tiling.tile_waste(config, self.problem.dims(shape))

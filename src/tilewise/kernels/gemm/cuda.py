@@ -270,8 +270,7 @@ class CudaGemm(KernelTemplate):
         return self.problem.beta
 
     # ---- spaces ---------------------------------------------------------------------------------------
-    def space_names(self) -> tuple[str, ...]:
-        return ("seed", "full")
+    spaces = ("seed", "full")
 
     def space(self, which: str = "full") -> Space:
         """`seed`: seed 003's 16 hand-picked points; `full`: the whole grid over `FULL_VALUES`."""
@@ -373,8 +372,6 @@ class CudaGemm(KernelTemplate):
                            np.float32(self.beta), bufs["out"]]
         return [Launch(program, grid, args)]
 
-    def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
-        return device.download(bufs["out"], np.float32, self.problem.output_shape(shape))
 
     # ---- the cuBLAS peer -------------------------------------------------------------------------------
     def peer_program(self, device: Device) -> Program:

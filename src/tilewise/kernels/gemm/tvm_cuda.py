@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from tilewise.devices.base import Device, Limits
 from tilewise.kernels.base import DeviceBuffers, HostInputs, Shape
 from tilewise.kernels.gemm.problem import GEMM
@@ -195,8 +193,7 @@ class TvmCudaGemm(TvmCudaTemplate):
     threads_formula = "TY*TX"
     threads_fix = "bind exactly TY x TX threads"
 
-    def space(self, which: str = "full") -> Space:
-        return tvm_cuda_gemm_space(which)
+    make_space = tvm_cuda_gemm_space
 
     def config_problems(self, config: Config, shape: Shape) -> list[str]:
         return _gemm_shape_problems(config, *shape)
@@ -215,8 +212,6 @@ class TvmCudaGemm(TvmCudaTemplate):
         M, N, _ = self.problem.check_shape(shape)
         return {"a": device.upload(host["a"]), "b": device.upload(host["b"]), "out": device.allocate(4 * M * N)}
 
-    def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
-        return device.download(bufs["out"], np.float32, self.problem.output_shape(shape))
 
     def describe(self, config: Config) -> str:
         return gemm_fmt(config)

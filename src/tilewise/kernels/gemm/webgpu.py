@@ -237,11 +237,8 @@ class WgslGemm(KernelTemplate):
     problem = GEMM
     backend = "webgpu"
 
-    def space(self, which: str = "full") -> Space:
-        return gemm_space(which)
-
-    def space_names(self) -> tuple[str, ...]:
-        return SPACES
+    make_space = gemm_space
+    spaces = SPACES
 
     def default_config(self) -> Config:
         """Seed 003's base config (128x64x16 W64x32 WN2 T4x4 128t), for partial `--show-source` configs."""
@@ -286,8 +283,6 @@ class WgslGemm(KernelTemplate):
         order: list[Buffer] = [bufs["a"], bufs["b"], bufs["out"], bufs["dims"]]
         return [Launch(program, grid, order)]
 
-    def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
-        return device.download(bufs["out"], np.float32, self.problem.output_shape(shape))
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
         M, N, _ = shape

@@ -86,6 +86,9 @@ class HeadProblem(Problem):
                 "norm_weight": (1 + 0.3 * rng.standard_normal(h)).astype(np.float32),  # (H,)
                 "head_weight": (rng.standard_normal((labels, h)) / math.sqrt(h)).astype(np.float32)}  # (L, H)
 
+    def output_shape(self, shape: Shape) -> tuple[int, ...]:
+        return (shape[1] + shape[2],)  # the normed row, then the scores
+
     def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
         h = rmsnorm_ref(host["x"][-1:], host["norm_weight"], self.eps)[0]
         return np.concatenate([h, host["head_weight"].astype(np.float64) @ h])

@@ -177,8 +177,6 @@ class _Template(KernelTemplate):
     """Shared host plumbing: inputs by name, output `out`, bindings from a list."""
 
     backend = "webgpu"
-    out_name = "out"
-
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
         return device.compile(self.source(config, shape), "main", name=f"{self.name}[{config}]")
 
@@ -188,17 +186,12 @@ class _Template(KernelTemplate):
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
         bufs = {k: device.upload(v) for k, v in host.items()}
         bufs["dims"] = device.upload(self.dims(shape), uniform=True)
-        bufs["out"] = device.allocate(4 * int(np.prod(self.out_shape(shape))))
+        bufs["out"] = device.allocate(4 * int(np.prod(self.problem.output_shape(shape))))
         return bufs
 
     def dims(self, shape: Shape) -> np.ndarray:
         return np.array([shape[0], 0, 0, 0], np.uint32)
 
-    def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
-        return device.download(bufs["out"], np.float32, self.out_shape(shape))
-
-    def out_shape(self, shape: Shape) -> tuple[int, ...]:
-        return tuple(shape)
 
 
 class RMSNormTemplate(_Template):
@@ -243,8 +236,6 @@ class EmbedTemplate(_Template):
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
         return [Launch(program, (shape[0], 1, 1), [bufs[k] for k in BINDINGS[f"embed_{self.fmt}"]])]
 
-    def out_shape(self, shape: Shape) -> tuple[int, ...]:
-        return (shape[0], shape[1])
 
 class HeadTemplate(_Template):
     """Final RMSNorm of the last row + Linear(H, labels); shape = (M, H, L). Output: normed row + L scores."""
@@ -269,8 +260,6 @@ class HeadTemplate(_Template):
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
         return [Launch(program, (1, 1, 1), [bufs[k] for k in BINDINGS["head"]])]
 
-    def out_shape(self, shape: Shape) -> tuple[int, ...]:
-        return (shape[1] + shape[2],)
 
 def default_wg(op: str) -> dict[str, Any]:
     return {"WG": 64 if op == "head" else 128}

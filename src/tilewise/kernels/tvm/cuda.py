@@ -187,8 +187,7 @@ class TvmCudaTemplate(KernelTemplate):
     def grid(self, config: Config, shape: Shape) -> tuple[int, int, int]:
         """The grid of one launch at a checked shape."""
 
-    def space_names(self) -> tuple[str, ...]:
-        return ("seed", "full", "small")
+    spaces = ("seed", "full", "small")
 
     # ---- refusing, emitting, compiling ----------------------------------------------------------------------
     def refuse_illegal(self, config: Config, shape: Shape, limits: Limits | None) -> Shape:
