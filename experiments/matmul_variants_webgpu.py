@@ -1,13 +1,13 @@
 """One kernel parameter's values side by side on the fastest configs of an earlier run, per matmul of a model.
 
-    PYTHONPATH=src python3 bench/matmul_variants_webgpu.py --from bench/results/matmul_tiles/X-tiles.json \
+    PYTHONPATH=src python3 experiments/matmul_variants_webgpu.py --from bench/results/matmul_tiles/X-tiles.json \
         --param UK=0,1 --top 8 --out OUT/variants
 
-Takes each matmul's `--top` fastest configs at the decision length from a `bench/matmul_tiles_webgpu.py` record,
-sets `--param` to each of its values on every one of them, and verifies (float64 reference, every output value)
-and times them all interleaved at the decision's row counts with GPU timestamps (the tuner's `measure`): the
-same tile with and without the change, in one run. Prints per config the time of each value and the ratio to
-the first value, and per matmul best against best; writes OUT/variants.json and OUT/variants.md.
+Takes each matmul's `--top` fastest configs at the decision length from an `experiments/matmul_tiles_webgpu.py`
+record, sets `--param` to each of its values on every one of them, and verifies (float64 reference, every output
+value) and times them all interleaved at the decision's row counts with GPU timestamps (`tune_matmul`, on the
+engine): the same tile with and without the change, in one run. Prints per config the time of each value and the
+ratio to the first value, and per matmul best against best; writes OUT/variants.json and OUT/variants.md.
 """
 
 from __future__ import annotations
