@@ -17,16 +17,17 @@ OUT/tiles.md. A tilewise-against-tilewise study, not a peer race: it lives in ex
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from study_record import finish, header, save_op
+
 FAMILY_COLS = (48, 64, 72, 96, 128, 192)
+TABLE_NOTE = ("; the ratio is usual best time / family best time (>1: a fitted tile is faster). Medians of "
+              "interleaved GPU-timestamp rounds.")
 FAMILY_THREADS = (64, 512)  # workgroup sizes kept (fewer: not one subgroup per multiprocessor partition)
 
 
@@ -92,11 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         f"fitted row tiles {fitted_rows(args.seq)}")
     args.out.mkdir(parents=True, exist_ok=True)
     ops = model_matmuls(cfg)
-    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "device": dev.info.name,
-                              "fingerprint": dev.info.fingerprint, "preset": cfg.name, "seq": args.seq,
-                              "rows": rows, "fitted_rows": fitted_rows(args.seq), "f16_arith": f16a,
-                              "command": " ".join(sys.argv),
-                              "python": platform.python_version(), "ops": {}}
+    report = header(dev, cfg.name, seq=args.seq, rows=rows, fitted_rows=fitted_rows(args.seq), f16_arith=f16a)
     lines = [f"# Fitted tiles vs the tuner's candidates: {cfg.name}, rows {rows}, {dev.info.name}", "",
              "| op | N x K | rows | usual best ms | usual best | family best ms | family best | usual/family |",
              "|---|---|---|---|---|---|---|---|"]
@@ -143,12 +140,8 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"    {i + 1:2d}. {times[c][m]:.4f} ms {'family' if c in fam else 'usual '} {c}")
         log(f"  {len(times)} candidates timed ({len(entry['usual'])} usual, {len(entry['family'])} family); "
             f"{len(record['failures'])} refused or failed; seconds {record['seconds']}")
-        report["ops"][label] = entry
-        (args.out / "tiles.json").write_text(json.dumps(report, indent=1, default=str))
-    lines += ["", f"Command: `{report['command']}`; {report['date']}; the ratio is usual best time / family best "
-              "time (>1: a fitted tile is faster). Medians of interleaved GPU-timestamp rounds."]
-    (args.out / "tiles.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        save_op(args.out / "tiles.json", report, label, entry)
+    finish(args.out / "tiles.md", lines, report, TABLE_NOTE)
     return 0
 
 
