@@ -11,6 +11,12 @@
 3. Times cuBLAS fp32 with TF32 off on the same shapes with CUDA events and the same statistics, on fresh
    random inputs, and prints a ratio table (WGSL time / cuBLAS time; cuBLAS GFLOP/s share).
 Without torch+CUDA it still tunes and says cuBLAS was not measured. Writes OUT.json and OUT.txt.
+
+Every WGSL candidate goes through the evaluation engine (`tilewise.tune.engine`): one engine for the whole run
+compiles, verifies, times and stores each one (the tuning steps through `tune`, the per-shape races through
+`Engine.evaluate` and `Engine.race`), so the per-shape races reuse the tuning's programs and verifications. cuBLAS
+runs on another device (CUDA through torch, not the WebGPU adapter), so it cannot join a WGSL race: it is timed
+here with CUDA events and summarized with the same statistics.
 """
 
 from __future__ import annotations
@@ -24,10 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-# winners of an earlier H200 run (bench/results/2026-11-30-h200-gemm-webgpu.json): raced again first, with their
-# double-buffered (PF=2) variants, before the seed space and the random search look for better ones
+# an earlier run's winners and their double-buffered (PF=2) variants are raced first: a short budget then starts
+# from tiles known to be good on a large GPU, and the seed space and random search look for better ones
 PRIOR = [
     "BM=128,BN=128,BK=16,WM=32,WN=128,WNITER=4,TM=8,TN=4,NT=128,SA=workgroup,SB=workgroup,VEC=4,PF=1",
     "BM=128,BN=128,BK=16,WM=32,WN=128,WNITER=1,TM=4,TN=8,NT=128,SA=workgroup,SB=workgroup,VEC=4,PF=1",
@@ -37,6 +41,8 @@ PRIOR = [
     "BM=128,BN=64,BK=32,WM=16,WN=64,WNITER=1,TM=4,TN=4,NT=256,SA=private,SB=workgroup,VEC=4,PF=1",
 ]
 SHAPES = [(4096, 4096, 4096), (1024, 1024, 1024), (346, 2560, 1024)]  # (M, N, K): 346x1024 @ 1024x2560
+TUNE_MEASURE = {"warmup": 2, "min_rounds": 6, "max_rounds": 20, "budget_s": 3.0}
+RACE_MEASURE = {"warmup": 3, "min_rounds": 15, "max_rounds": 40, "budget_s": 8.0}
 
 
 def cublas_times(shape: tuple[int, int, int], samples: int, seed: int) -> dict[str, Any] | None:
@@ -75,6 +81,27 @@ def cublas_times(shape: tuple[int, int, int], samples: int, seed: int) -> dict[s
             "rel_err": rel, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
 
 
+def ok_by_speed(rows: list[Any]) -> list[Any]:
+    """The verified and timed outcomes, fastest first."""
+    return sorted((r for r in rows if r.status == "ok" and r.stats), key=lambda r: r.stats.median_ms)
+
+
+def race_at(eng: Any, tpl: Any, shape: tuple[int, ...], configs: list[Any], say: Any) -> tuple[list[Any], Any]:
+    """Verify `configs` at `shape` through the engine, then time the verified ones in one interleaved race.
+
+    Returns (the raced outcomes, in race order, with the race's stats; the race)."""
+    from tilewise.tune.engine import Item
+    from tilewise.tune.store import shape_key
+
+    outcomes = eng.evaluate([Item(tpl, c, shape) for c in configs], batch=None, timed=False)
+    for oc in outcomes:
+        if oc.status != "ok":
+            say(f"  {oc.config} is {oc.status} at {shape_key(shape)}: {oc.reason}")
+    ok = [oc for oc in outcomes if oc.status == "ok"]
+    race = eng.race([oc.item for oc in ok], measure_kw=RACE_MEASURE, outcomes=ok) if ok else None
+    return ok, race
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget-s", type=float, default=180.0, help="seconds of tuning at 4096^3 (default 180)")
@@ -95,11 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     import tilewise
     from tilewise.kernels.base import parse_shape
     from tilewise.kernels.gemm.webgpu import WgslGemm
-    from tilewise.tune.measure import measure, tie_groups
+    from tilewise.tune.engine import Engine
+    from tilewise.tune.measure import tie_groups
     from tilewise.tune.search import Budget
     from tilewise.tune.store import Store
     from tilewise.tune.tuner import Row, tune
-    from tilewise.tune.verify import Verifier
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -116,29 +143,28 @@ def main(argv: list[str] | None = None) -> int:
     say(f"device: {dev.info.name} ({dev.info.api}, {dev.info.driver}); timer {dev.timer}")
     say(f"fingerprint: {dev.info.fingerprint}")
     t0 = time.perf_counter()
-    mkw = {"warmup": 2, "min_rounds": 6, "max_rounds": 20, "budget_s": 3.0}
 
     def progress(stage: str, done: int, total: int | None) -> None:
         if stage.startswith("timing") or stage == "final race":
             print(f"  [{time.perf_counter() - t0:6.1f} s] {stage} ({done} configs so far)", flush=True)
+
+    eng = Engine(dev, store, seed=args.seed, measure_kw=TUNE_MEASURE, progress=progress)
+
+    def tuned(shape: tuple[int, ...], space: str, seed: int, **kw: Any) -> list[Row]:
+        return tune(tpl, dev, shape, space=space, seed=seed, final_race=0, engine=eng, **kw).rows
 
     full = tpl.space("full")
     prior = [full.parse(k) for k in PRIOR]
     prior += [c.replace(PF=2) for c in prior]
     rows: list[Row] = []
     if not args.no_prior:
-        rows += tune(tpl, dev, tune_shape, space="full", configs=prior, store=store, seed=args.seed, measure_kw=mkw,
-                     final_race=0, progress=progress).rows
-    seed_res = tune(tpl, dev, tune_shape, space="seed", store=store, seed=args.seed, measure_kw=mkw, final_race=0,
-                    progress=progress)
+        rows += tuned(tune_shape, "full", args.seed, configs=prior)
+    rows += tuned(tune_shape, "seed", args.seed)
     left = args.budget_s - (time.perf_counter() - t0)
-    rows += seed_res.rows
     if left > 5:
-        rand_res = tune(tpl, dev, tune_shape, space="large", strategy="random", budget=Budget(seconds=left),
-                        store=store, seed=args.seed, measure_kw=mkw, final_race=0, progress=progress)
-        rows += rand_res.rows
+        rows += tuned(tune_shape, "large", args.seed, strategy="random", budget=Budget(seconds=left))
     tuned_s = time.perf_counter() - t0
-    ok = sorted((r for r in rows if r.status == "ok" and r.stats), key=lambda r: r.stats.median_ms)
+    ok = ok_by_speed(rows)
     counts: dict[str, int] = {}
     for r in rows:
         counts[r.status] = counts.get(r.status, 0) + 1
@@ -153,37 +179,24 @@ def main(argv: list[str] | None = None) -> int:
     finalists = [r.config for r in ok[: args.race]]
 
     table: list[dict[str, Any]] = []
-    rng = np.random.default_rng(args.seed + 1)
     for shape in [parse_shape(s, ("M", "N", "K")) for s in args.shapes.split(";")]:
         M, N, K = shape
         cands = [c for c in finalists if not tpl.shape_problems(c, shape)]
         if tuple(shape) != tuple(tune_shape) and args.shape_budget_s > 0:
             # small shapes want other tiles (fewer workgroups than multiprocessors otherwise): tune here too
             t1 = time.perf_counter()
-            local = tune(tpl, dev, shape, space="seed", store=store, seed=args.seed, measure_kw=mkw, final_race=0)
-            extra = list(local.rows)
+            extra = tuned(shape, "seed", args.seed)
             left = args.shape_budget_s - (time.perf_counter() - t1)
             if left > 3:
-                extra += tune(tpl, dev, shape, space="large", strategy="random", budget=Budget(seconds=left),
-                              store=store, seed=args.seed + 7, measure_kw=mkw, final_race=0).rows
-            local_ok = sorted((r for r in extra if r.status == "ok" and r.stats), key=lambda r: r.stats.median_ms)
-            cands += [r.config for r in local_ok[: args.race] if r.config not in cands]
-        # every candidate is checked on fresh inputs (at a cheaper shape with the same edge structure where the
-        # template offers one) and timed on one input set at the real shape
-        timing_bufs = tpl.upload(dev, tpl.make_inputs(shape, rng), shape)
-        verifiers: dict = {}
-        launches = {}
-        for c in cands:
-            prog = tpl.compile(dev, c, shape)
-            vshape = tpl.verify_shape(c, shape)
-            ver = verifiers.setdefault(vshape, Verifier(tpl, dev, vshape, rng))
-            chk = ver.check(prog, c)
-            if not chk.ok:
-                say(f"  {c} is wrong at {vshape}: {chk.message}")
-                continue
-            launches[c] = tpl.launches(prog, timing_bufs, c, shape)
-        m = measure(dev, launches, warmup=3, min_rounds=15, max_rounds=40, budget_s=8.0, rng=rng)
-        ranked = tie_groups(m.stats)
+                extra += tuned(shape, "large", args.seed + 7, strategy="random", budget=Budget(seconds=left))
+            cands += [r.config for r in ok_by_speed(extra)[: args.race] if r.config not in cands]
+        # each candidate is verified by the engine (at the template's cheaper verify shape with the same edge
+        # structure, once per program) and raced at the real shape on one input set
+        raced, race = race_at(eng, tpl, shape, cands, say)
+        if race is None:
+            say(f"  no config verified at {M}x{N}x{K}; shape skipped")
+            continue
+        ranked = tie_groups({oc.config: st for oc, st in zip(raced, race.stats)})
         best_cfg, best_st, _ = ranked[0]
         tied = [k for k, _, g in ranked if g == 1]
         cub = cublas_times(shape, 40, args.seed)
@@ -217,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
               "tuned": [r.as_json() for r in ok[:20]], "table": table}
     out.with_suffix(".json").write_text(json.dumps(record, indent=1, default=str))
     out.with_suffix(".txt").write_text("\n".join(lines) + "\n")
+    store.close()
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.txt')}")
     return 0
 

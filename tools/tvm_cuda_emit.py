@@ -18,12 +18,14 @@ Without --shapes it emits, for each template, every legal config of
 `--shapes M,N ... M,N,K ... B,C,H,W,O,K,P ...` replaces the shapes (two numbers: conv1d, three: gemm-tvm, seven:
 dwsep-conv2d) and emits the ladder set at each; `--config K=V,...` emits only those configs; `--space NAME` adds
 every legal config of a named space (`full`: the whole grid) at the shapes. Illegal configs are skipped with their
-reasons. Writes DIR/index.json.
+reasons. Writes DIR/index.json. `--plan-json FILE` also writes the plan itself (every template, config and shape,
+with the reasons of those skipped as illegal), with or without --dry-run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -141,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--space", action="append", default=[], choices=("seed", "full", "small"),
                     help="with --shapes: also every legal config of this space (repeatable)")
     ap.add_argument("--dry-run", action="store_true", help="list the counts, emit nothing")
+    ap.add_argument("--plan-json", metavar="FILE", help="write the plan (template, config, shape, skip reasons) here")
     args = ap.parse_args(argv)
 
     from tilewise.devices.profiles import PROFILES
@@ -167,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"emitting for {args.arch} with TVM {version} into {out}", flush=True)
     t_all = time.perf_counter()
     total = {"sources": 0, "written": 0, "skipped": 0, "failed": 0}
+    planned: list[dict[str, Any]] = []
     for name, items in plan.items():
         tpl = tpls[name]
         space = tpl.space("full")
@@ -175,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         shapes = set()
         for cfg, shape in dict.fromkeys(items):
             why = space.why_illegal(cfg, limits) + tpl.shape_problems(cfg, shape)
+            planned.append({"template": name, "config": dict(cfg), "shape": list(shape), "skip": why})
             if why:
                 counts["skipped"] += 1
                 print(f"  skip {name} {cfg.key()} at {','.join(map(str, shape))}: {'; '.join(why)}", flush=True)
@@ -196,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {counts['sources']} sources at {len(shapes)} shapes ({counts['written']} written, "
               f"{counts['sources'] - counts['written'] - counts['failed']} already stored), {counts['skipped']} "
               f"illegal skipped, {counts['failed']} failed, {time.perf_counter() - t0:.1f} s", flush=True)
+    if args.plan_json:
+        Path(args.plan_json).write_text(json.dumps({"arch": args.arch, "sources": planned}, indent=1))
+        print(f"wrote the plan of {len(planned)} sources to {args.plan_json}")
     if not args.dry_run and out.is_dir():
         index = tvm_sources.write_index(out)
         size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())

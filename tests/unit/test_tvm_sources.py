@@ -1,11 +1,14 @@
 """The TVM-emitted CUDA source store (emit with TVM here, run without it elsewhere), its emit script and the CUDA
 ladders that read it: round trips with TVM made unimportable, the missing-key and corrupt-file errors, the emit
-plan covering what tests/cuda compiles, and the CUDA ladders run from the store on a numpy stand-in device."""
+plan covering what tests/cuda compiles, and the CUDA ladders run from the store on a numpy stand-in device. The emit
+script runs as a script (`python tools/tvm_cuda_emit.py ...`), never imported."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +22,7 @@ from tilewise.devices.profiles import get_profile
 from tilewise.errors import ConfigError, DeviceUnavailable
 from tilewise.kernels.conv1d.tvm_cuda import TvmCudaConv1d
 from tilewise.kernels.dwsep_conv2d.problem import reference_dwsep
+from tilewise.kernels.dwsep_conv2d.tvm_cuda import TvmCudaDwsepConv2d
 from tilewise.kernels.gemm.tvm_cuda import TvmCudaGemm
 from tilewise.kernels.tvm import sources as tvm_sources
 from tilewise.kernels.tvm.cuda import device_source
@@ -26,6 +30,7 @@ from tilewise.kernels.tvm.cuda import device_source
 pytest.importorskip("tvm")
 
 ROOT = Path(__file__).resolve().parents[2]
+EMIT = ROOT / "tools" / "tvm_cuda_emit.py"
 SM90 = get_profile("sm_90")
 CONV, GEMM = TvmCudaConv1d(), TvmCudaGemm()
 FAST = {"warmup": 1, "min_rounds": 3, "max_rounds": 3, "budget_s": 0.5}
@@ -39,8 +44,21 @@ def gemm_cfg(TY=16, TX=16, TM=4, TN=4, KB=8, STAGE="shared"):
     return GEMM.space("full").config(TY=TY, TX=TX, TM=TM, TN=TN, KB=KB, STAGE=STAGE)
 
 
+def emit(*args: str) -> subprocess.CompletedProcess:
+    """Run tools/tvm_cuda_emit.py with these arguments."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, str(EMIT), *args], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=600)
+
+
+def planned(template: str, config, shape) -> tuple:
+    """A (template, config, shape) of the emit plan, the config's order not counting."""
+    return template, tuple(sorted(dict(config).items())), tuple(shape)
+
+
 def load(path: Path, name: str):
-    """Import a test file by path, with its own folder importable (as pytest has it) for its helper modules."""
+    """Import a test module of tests/cuda by path (for the shapes and configs it compiles), with its own folder
+    importable (as pytest has it) for its helper modules."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(path.parent))
@@ -187,11 +205,14 @@ def test_a_corrupt_or_mismatched_store_file_is_an_error_naming_it(store, monkeyp
 
 
 # ---- the emit script ---------------------------------------------------------------------------------------------
-def test_default_emit_plan_covers_what_the_cuda_tests_and_ladders_compile():
-    emit = load(ROOT / "tools" / "tvm_cuda_emit.py", "tvm_cuda_emit")
+def test_default_emit_plan_covers_what_the_cuda_tests_and_ladders_compile(tmp_path):
+    res = emit("--arch", "sm_90", "--out", str(tmp_path / "store"), "--dry-run", "--plan-json", str(tmp_path / "p"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert not (tmp_path / "store").exists()  # a dry run writes the plan only
+    plan = json.loads((tmp_path / "p").read_text())
+    assert plan["arch"] == "sm_90"
+    have = {planned(r["template"], r["config"], r["shape"]) for r in plan["sources"] if not r["skip"]}
     runtime = load(ROOT / "tests" / "cuda" / "test_tvm_cuda_runtime.py", "tvm_cuda_runtime")
-    plan = emit.default_plan(emit.templates(), SM90)
-    have = {(name, c, s) for name, items in plan.items() for c, s in items}
     full = CONV.space("full")
     need = {("conv1d", c, s) for s in runtime.SHAPES for c in CONV.space("seed") if not CONV.shape_problems(c, s)}
     need |= {("conv1d", full.config(dict(zip(("NT", "TPT", "RK", "STAGE"), v))), runtime.LARGE_SHAPE)
@@ -200,7 +221,7 @@ def test_default_emit_plan_covers_what_the_cuda_tests_and_ladders_compile():
     need |= {("gemm-tvm", c, s) for s in runtime.GEMM_SHAPES for c in GEMM.space("seed")
              if not GEMM.shape_problems(c, s)}
     dwsep_runtime = load(ROOT / "tests" / "cuda" / "test_tvm_cuda_dwsep_runtime.py", "tvm_cuda_dwsep_runtime")
-    dwsep = emit.templates()["dwsep-conv2d"]
+    dwsep = TvmCudaDwsepConv2d()
     need |= {("dwsep-conv2d", c, s) for s in dwsep_runtime.SHAPES for c in dwsep.space("seed")
              if not dwsep.shape_problems(c, s)}
     need.add(("dwsep-conv2d", dwsep.space("full").config(dwsep_runtime.TIMED[0]), dwsep_runtime.TIMED[1]))
@@ -212,16 +233,16 @@ def test_default_emit_plan_covers_what_the_cuda_tests_and_ladders_compile():
         for shape in (spec.shape, spec.small_shape):
             need |= {(tpl.name, spec.rung_config(sp, r), shape) for r in spec.rungs}
             need |= {(tpl.name, c, shape) for c in _search_points(spec, tpl, sp, SM90, shape, 24, 0)}
-    assert need <= have, sorted(need - have, key=str)[:5]
+    need = {planned(*item) for item in need}
+    assert need <= have, sorted(need - have, key=str)[:5]  # each one planned, and legal (emitted, not skipped)
 
 
-def test_emit_script_writes_one_config_and_the_index(tmp_path, capsys):
-    emit = load(ROOT / "tools" / "tvm_cuda_emit.py", "tvm_cuda_emit")
+def test_emit_script_writes_one_config_and_the_index(tmp_path):
     out = tmp_path / "store"
-    rc = emit.main(["--arch", "sm_90", "--out", str(out), "--template", "conv1d", "--shapes", "300,16",
-                    "--config", "NT=64,TPT=4,RK=8,STAGE=shared", "--config", "NT=64,TPT=4,RK=32,STAGE=local"])
-    text = capsys.readouterr().out
-    assert rc == 0
+    res = emit("--arch", "sm_90", "--out", str(out), "--template", "conv1d", "--shapes", "300,16",
+               "--config", "NT=64,TPT=4,RK=8,STAGE=shared", "--config", "NT=64,TPT=4,RK=32,STAGE=local")
+    text = res.stdout
+    assert res.returncode == 0, res.stderr[-3000:]
     assert "skip conv1d NT=64,TPT=4,RK=32,STAGE=local at 300,16: reduction_split: N % RK = 16 % 32" in text
     assert "conv1d: 1 sources at 1 shapes (1 written, 0 already stored), 1 illegal skipped, 0 failed" in text
     assert "total: 1 sources" in text
@@ -266,10 +287,9 @@ def test_cuda_ladder_variants_are_picked_by_device_and_their_rungs_are_legal():
 def test_cuda_ladder_runs_from_the_store_without_tvm(primitive, shape, store, monkeypatch):
     from tilewise.ladder import run_ladder
 
-    emit = load(ROOT / "tools" / "tvm_cuda_emit.py", "tvm_cuda_emit")
     name = {"conv1d-gpu": "conv1d", "gemm-gpu": "gemm-tvm", "dwsep-conv2d-gpu": "dwsep-conv2d"}[primitive]
-    assert emit.main(["--arch", "sm_90", "--out", str(store), "--template", name,
-                      "--shapes", ",".join(map(str, shape))]) == 0
+    res = emit("--arch", "sm_90", "--out", str(store), "--template", name, "--shapes", ",".join(map(str, shape)))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     stored = tvm_sources.stored_configs(name, shape, "sm_90")
     with_tvm = FakeCuda()
     res = run_ladder(primitive, with_tvm, shape, tune_count=3, tune_seconds=20, measure_kw=FAST,

@@ -1,31 +1,33 @@
 """Tile shapes fitted to the decision length against the tuner's usual candidates, per matmul of a model, one run.
 
-    PYTHONPATH=src python3 bench/matmul_tiles_webgpu.py --preset lfm2-350m --seq 346 --out OUT/tiles
+    PYTHONPATH=src python3 experiments/matmul_tiles_webgpu.py --preset lfm2-350m --seq 346 --out OUT/tiles
 
 The tuner's candidates (`tilewise tune model`: the hand-picked seeds plus a seeded random sample) use tiles of
 16-256 rows and columns in powers of two. A 346-row decision then pads: 128-row tiles compute 384 rows, and a
 4608-column projection in 128x128 tiles is 108 workgroups, fewer than some GPUs have multiprocessors. This
-bench adds a family of tiles whose row count splits `seq` into 2, 3 or 4 blocks (346: 176, 120, 88 rows) and
-column counts of 48-192 (not only powers of two), with f16 arithmetic where the adapter has shader-f16,
+experiment adds a family of tiles whose row count splits `seq` into 2, 3 or 4 blocks (346: 176, 120, 88 rows)
+and column counts of 48-192 (not only powers of two), with f16 arithmetic where the adapter has shader-f16,
 samples `--sample` of them per kernel, and times them next to the usual candidates at the decision's row
 counts: every candidate verified against the float64 reference first, all timed interleaved with GPU
-timestamps (the tuner's `measure`). It prints, per matmul, the fastest usual candidate, the fastest of the
-family and their ratio, and the ten fastest overall; writes OUT/tiles.json and OUT/tiles.md.
+timestamps (`tune_matmul`, on the engine). It prints, per matmul, the fastest usual candidate, the fastest of
+the family and their ratio, and the ten fastest overall; writes OUT/tiles.json (with the fitted row tiles) and
+OUT/tiles.md. A tilewise-against-tilewise study, not a peer race: it lives in experiments/, not bench/.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from study_record import finish, header, save_op
+
 FAMILY_COLS = (48, 64, 72, 96, 128, 192)
+TABLE_NOTE = ("; the ratio is usual best time / family best time (>1: a fitted tile is faster). Medians of "
+              "interleaved GPU-timestamp rounds.")
 FAMILY_THREADS = (64, 512)  # workgroup sizes kept (fewer: not one subgroup per multiprocessor partition)
 
 
@@ -91,10 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         f"fitted row tiles {fitted_rows(args.seq)}")
     args.out.mkdir(parents=True, exist_ok=True)
     ops = model_matmuls(cfg)
-    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "device": dev.info.name,
-                              "fingerprint": dev.info.fingerprint, "preset": cfg.name, "seq": args.seq,
-                              "rows": rows, "f16_arith": f16a, "command": " ".join(sys.argv),
-                              "python": platform.python_version(), "ops": {}}
+    report = header(dev, cfg.name, seq=args.seq, rows=rows, fitted_rows=fitted_rows(args.seq), f16_arith=f16a)
     lines = [f"# Fitted tiles vs the tuner's candidates: {cfg.name}, rows {rows}, {dev.info.name}", "",
              "| op | N x K | rows | usual best ms | usual best | family best ms | family best | usual/family |",
              "|---|---|---|---|---|---|---|---|"]
@@ -141,12 +140,8 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"    {i + 1:2d}. {times[c][m]:.4f} ms {'family' if c in fam else 'usual '} {c}")
         log(f"  {len(times)} candidates timed ({len(entry['usual'])} usual, {len(entry['family'])} family); "
             f"{len(record['failures'])} refused or failed; seconds {record['seconds']}")
-        report["ops"][label] = entry
-        (args.out / "tiles.json").write_text(json.dumps(report, indent=1, default=str))
-    lines += ["", f"Command: `{report['command']}`; {report['date']}; the ratio is usual best time / family best "
-              "time (>1: a fitted tile is faster). Medians of interleaved GPU-timestamp rounds."]
-    (args.out / "tiles.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        save_op(args.out / "tiles.json", report, label, entry)
+    finish(args.out / "tiles.md", lines, report, TABLE_NOTE)
     return 0
 
 

@@ -1,24 +1,27 @@
 """One kernel parameter's values side by side on the fastest configs of an earlier run, per matmul of a model.
 
-    PYTHONPATH=src python3 bench/matmul_variants_webgpu.py --from bench/results/matmul_tiles/X-tiles.json \
+    PYTHONPATH=src python3 experiments/matmul_variants_webgpu.py --from bench/results/matmul_tiles/X-tiles.json \
         --param UK=0,1 --top 8 --out OUT/variants
 
-Takes each matmul's `--top` fastest configs at the decision length from a `bench/matmul_tiles_webgpu.py` record,
-sets `--param` to each of its values on every one of them, and verifies (float64 reference, every output value)
-and times them all interleaved at the decision's row counts with GPU timestamps (the tuner's `measure`): the
-same tile with and without the change, in one run. Prints per config the time of each value and the ratio to
-the first value, and per matmul best against best; writes OUT/variants.json and OUT/variants.md.
+Takes each matmul's `--top` fastest configs at the decision length from an `experiments/matmul_tiles_webgpu.py`
+record, sets `--param` to each of its values on every one of them, and verifies (float64 reference, every output
+value) and times them all interleaved at the decision's row counts with GPU timestamps (`tune_matmul`, on the
+engine): the same tile with and without the change, in one run. Prints per config the time of each value and the
+ratio to the first value, and per matmul best against best; writes OUT/variants.json and OUT/variants.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
-import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from study_record import finish, header, save_op
+
+TABLE_NOTE = (". Ratio: baseline time / variant time (>1: the variant is faster). Medians of interleaved "
+              "GPU-timestamp rounds; every config verified first.")
 
 
 def parse_param(text: str) -> tuple[str, list[Any]]:
@@ -58,10 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
     log(f"{dev.info.name}; {cfg.name}; {name} in {values}; top {args.top} of {args.source.name} at {seq} rows")
     args.out.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "device": dev.info.name,
-                              "fingerprint": dev.info.fingerprint, "preset": cfg.name, "seq": seq, "rows": rows,
-                              "param": name, "values": values, "source": args.source.name,
-                              "command": " ".join(sys.argv), "python": platform.python_version(), "ops": {}}
+    report = header(dev, cfg.name, seq=seq, rows=rows, param=name, values=values, source=args.source.name)
     lines = [f"# {name} = {values} on the {args.top} fastest configs per matmul: {cfg.name}, rows {rows}, "
              f"{dev.info.name}", "",
              "| op | rows | config (baseline value) | " + " | ".join(f"{name}={v} ms" for v in values) + " | "
@@ -111,12 +111,9 @@ def main(argv: list[str] | None = None) -> int:
             b0 = best[str(values[0])]
             log(f"  rows {m}: best per value " + ", ".join(f"{name}={v}: {best[str(v)]:.4f} ms" for v in values)
                 + "; " + ", ".join(f"{values[0]}/{v} {b0 / best[str(v)]:.3f}x" for v in values[1:]))
-        report["ops"][label] = op_out
-        (args.out / "variants.json").write_text(json.dumps(report, indent=1, default=str))
-    lines += ["", f"Command: `{report['command']}`; {report['date']}. Ratio: baseline time / variant time (>1: the "
-              "variant is faster). Medians of interleaved GPU-timestamp rounds; every config verified first."]
-    (args.out / "variants.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        log(f"  {len(pairs)} configs timed with every value; {len(record['failures'])} refused or failed")
+        save_op(args.out / "variants.json", report, label, op_out)
+    finish(args.out / "variants.md", lines, report, TABLE_NOTE)
     return 0
 
 
