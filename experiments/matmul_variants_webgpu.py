@@ -3,7 +3,7 @@
     PYTHONPATH=src python3 experiments/matmul_variants_webgpu.py --from bench/results/matmul_tiles/X-tiles.json \
         --param UK=0,1 --top 8 --out OUT/variants
 
-Takes each matmul's `--top` fastest configs at the decision length from an `experiments/matmul_tiles_webgpu.py`
+Takes each matmul kernel's `--top` fastest configs at the decision length from an `experiments/matmul_tiles_webgpu.py`
 record, sets `--param` to each of its values on every one of them, and verifies (float64 reference, every output
 value) and times them all interleaved at the decision's row counts with GPU timestamps (`tune_matmul`, on the
 engine): the same tile with and without the change, in one run. Prints per config the time of each value and the
@@ -73,14 +73,18 @@ def main(argv: list[str] | None = None) -> int:
             continue
         epilogue, n, k, norm = shapes[label]
         times0 = entry["times_ms"]
-        # the fastest configs that have the parameter (the short-row kernel has no UK, say)
-        top = sorted((c for c in times0 if f",{name}=" in f",{c}"), key=lambda c: times0[c][str(seq)])[:args.top]
+        # fastest first; per kernel, the first --top configs that take every value of the parameter (the short-row
+        # kernel has no UK, a 4-column thread tile no strided layout) are the baselines
+        ranked = sorted(times0, key=lambda c: times0[c][str(seq)])
         pairs: list[list[str]] = []  # per base config, the tagged keys of its configs with each value, in order
 
-        def configs(t: Any, top: list[str] = top, pairs: list[list[str]] = pairs) -> list[Any]:
+        def configs(t: Any, ranked: list[str] = ranked, pairs: list[list[str]] = pairs) -> list[Any]:
             sp = t.space()
-            out = []
-            for key in top:
+            out: list[Any] = []
+            taken = 0
+            for key in ranked:
+                if taken >= args.top:
+                    break
                 kind, _, rest = key.partition(",")
                 given = dict(part.split("=", 1) for part in rest.split(","))
                 if kind != f"kind={t.kind}" or not set(given) <= set(sp.params):
@@ -94,9 +98,11 @@ def main(argv: list[str] | None = None) -> int:
                 if keys not in pairs and all(sp.is_legal(c, dev.info.limits) for c in row):
                     out += [c for c in row if c not in out]
                     pairs.append(keys)
+                    taken += 1
             return out
 
-        log(f"{label} ({epilogue}, N={n}, K={k}): {len(top)} configs x {len(values)} values")
+        log(f"{label} ({epilogue}, N={n}, K={k}): per kernel the {args.top} fastest configs that take every value, "
+            f"x {len(values)} values")
         _, record = tune_matmul(dev, "nf4", epilogue, n, k, rows, 0, args.seed, log, f16_arith=True, norm=norm,
                                 eps=cfg.norm_eps, configs=configs, keep_times=True)
         times = record["times_ms"]
