@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tilewise.devices.profiles import PROFILES
-from tilewise.kernels.attention import attention_source, attention_space, attention_storage_bytes
+from tilewise.kernels.attention.webgpu import attention_source, attention_space, attention_storage_bytes
 
 LIMITS = PROFILES["h200-vulkan"]
 

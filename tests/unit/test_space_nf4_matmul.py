@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tilewise.devices.profiles import PROFILES
-from tilewise.kernels import matmul as mm
+from tilewise.kernels.matmul import webgpu as mm
 from tilewise.model import tune as model_tune
 
 LAVAPIPE = PROFILES["lavapipe"]

@@ -9,9 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tilewise.kernels import attention, rowops
-from tilewise.kernels import matmul as mm
-from tilewise.kernels import shortconv as conv
+from tilewise.kernels.attention import problem as attention_problem
+from tilewise.kernels.attention import webgpu as attention
+from tilewise.kernels.matmul import webgpu as mm
+from tilewise.kernels.rowops import webgpu as rowops
+from tilewise.kernels.shortconv import webgpu as conv
 from tilewise.kernels.space import Config
 from tilewise.tune.verify import compare
 
@@ -149,7 +151,7 @@ def test_qknorm_rope_writes_q_and_cache_rows(webgpu_device, rng):
     m, p, hq, hkv, d, cap = 6, 9, 4, 2, 16, 32
     qkv = rng.standard_normal((m, (hq + 2 * hkv) * d)).astype(np.float32)
     qn, kn = (1 + 0.3 * rng.standard_normal((2, d))).astype(np.float32)
-    cos, sin = attention.rope_table(cap, d, 1e6)
+    cos, sin = attention_problem.rope_table(cap, d, 1e6)
     bufs = {"dims": dev.upload(np.array([m, p, 0, 0], np.uint32), uniform=True), "qkv": dev.upload(qkv),
             "q_norm": dev.upload(qn), "k_norm": dev.upload(kn), "cos": dev.upload(cos), "sin": dev.upload(sin),
             "q": dev.allocate(4 * m * hq * d), "k_cache": dev.upload(np.full((cap, hkv * d), np.nan, np.float32)),
@@ -157,7 +159,7 @@ def test_qknorm_rope_writes_q_and_cache_rows(webgpu_device, rng):
     prog = dev.compile(attention.qknorm_rope_source(hq, hkv, d, 1e-5))
     _KEEP.append((prog, bufs))
     dev.run([Launch(prog, (hq + 2 * hkv, m, 1), [bufs[k] for k in attention.ROPE_BINDINGS])])
-    q, k, v = attention.qknorm_rope_ref(qkv, qn, kn, p, hq, hkv, d, 1e6, 1e-5)
+    q, k, v = attention_problem.qknorm_rope_ref(qkv, qn, kn, p, hq, hkv, d, 1e6, 1e-5)
     kc = dev.download(bufs["k_cache"], np.float32, (cap, hkv, d))
     np.testing.assert_allclose(dev.download(bufs["q"], np.float32, (m, hq, d)), q, atol=2e-6)
     np.testing.assert_allclose(kc[p:p + m], k, atol=2e-6)

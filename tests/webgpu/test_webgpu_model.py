@@ -12,9 +12,9 @@ import pytest
 
 import tilewise
 from tilewise.errors import ConfigError, DeviceLost
-from tilewise.kernels import matmul as mm
-from tilewise.kernels.attention import AttentionTemplate
-from tilewise.kernels.matmul import MatmulTemplate
+from tilewise.kernels.attention.webgpu import AttentionTemplate
+from tilewise.kernels.matmul import webgpu as mm
+from tilewise.kernels.matmul.webgpu import MatmulTemplate
 from tilewise.model import reference
 from tilewise.model.checkpoint import HEAD
 from tilewise.model.dispatch import load_model_table, matmul_key

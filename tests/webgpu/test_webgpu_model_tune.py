@@ -80,7 +80,7 @@ def test_f16_arithmetic_competes_when_asked(webgpu_device):
         pytest.skip("adapter has no shader-f16")
     _, record = model_tune.tune_matmul(webgpu_device, "nf4", "swiglu", 64, 64, [2, 40], 1, 0, print,
                                        hand_picked=False, f16_arith=True)
-    from tilewise.kernels.matmul import MatmulTemplate
+    from tilewise.kernels.matmul.webgpu import MatmulTemplate
 
     t = MatmulTemplate("tiled", "nf4", "swiglu", webgpu_device.enabled_features, True, True)
     assert all(c["F16A"] for c in model_tune.candidates(t, webgpu_device.info.limits, 2, 0))  # seeds included
@@ -99,7 +99,7 @@ def test_candidates_sharing_inputs_are_still_checked_value_by_value(webgpu_devic
     """Matmul candidates let `verify_reuse` checks share one input set; each check re-poisons the output, so a
     kernel that leaves rows unwritten fails even right after a correct kernel filled them on the same inputs."""
     from tilewise.devices.base import Launch
-    from tilewise.kernels import matmul as mm
+    from tilewise.kernels.matmul import webgpu as mm
     from tilewise.tune.verify import Verifier
 
     t = mm.MatmulTemplate("tiled", "nf4", "swiglu", webgpu_device.enabled_features, norm=True)

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from tilewise.errors import ConfigError
-from tilewise.kernels import attention as attn_k
-from tilewise.kernels import matmul as mm
+from tilewise.kernels.attention import webgpu as attn_k
+from tilewise.kernels.matmul import webgpu as mm
 from tilewise.tune.dispatch import DispatchTable, family_version
 from tilewise.tune.store import default_path
 

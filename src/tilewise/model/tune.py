@@ -23,8 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tilewise.errors import ConfigError
-from tilewise.kernels import attention as attn_k
-from tilewise.kernels import matmul as mm
+from tilewise.kernels.attention import webgpu as attn_k
+from tilewise.kernels.matmul import webgpu as mm
 from tilewise.kernels.space import Config
 from tilewise.model.dispatch import attention_key, dispatch_path, load_model_table, matmul_key
 from tilewise.tune.dispatch import DispatchTable, Entry, Range, fit_dispatch, make_ranges

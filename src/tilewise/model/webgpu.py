@@ -37,11 +37,12 @@ import numpy as np
 
 from tilewise.devices.base import Buffer, Device, Launch, Program
 from tilewise.errors import ConfigError, DeviceLost, LaunchError
-from tilewise.kernels import attention as attn_k
-from tilewise.kernels import matmul as mm
-from tilewise.kernels import rowops
-from tilewise.kernels import shortconv as conv_k
+from tilewise.kernels.attention import webgpu as attn_k
+from tilewise.kernels.attention.problem import rope_table
 from tilewise.kernels.base import KernelTemplate
+from tilewise.kernels.matmul import webgpu as mm
+from tilewise.kernels.rowops import webgpu as rowops
+from tilewise.kernels.shortconv import webgpu as conv_k
 from tilewise.kernels.space import Config
 from tilewise.model.checkpoint import HEAD, Checkpoint
 from tilewise.model.dispatch import attention_key, default_matmul, load_model_table, matmul_key, matmul_name
@@ -231,7 +232,7 @@ class WebGPUExecutor:
         if positions <= self._rope_positions:
             return
         cap = min(max(MIN_CACHE_POSITIONS, 1 << (positions - 1).bit_length()), self.cfg.max_position_embeddings)
-        cos, sin = attn_k.rope_table(cap, self.cfg.head_dim, self.cfg.rope_theta)
+        cos, sin = rope_table(cap, self.cfg.head_dim, self.cfg.rope_theta)
         if self._rope_positions:
             self._keep.append(self.rope)
         self.rope = (self._upload("rope cos table", cos), self._upload("rope sin table", sin))
