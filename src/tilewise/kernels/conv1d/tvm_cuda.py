@@ -225,7 +225,6 @@ class TvmCudaConv1d(TvmCudaTemplate):
         return {"a": device.upload(host["a"]), "w": device.upload(host["w"]),
                 "out": device.allocate(4 * alloc_length(M, N))}
 
-
     def tile_waste(self, config: Config, shape: Shape) -> float:
         M, N = self.problem.check_shape(shape)
         return padded_length(M, N, config) / (M + N - 1)

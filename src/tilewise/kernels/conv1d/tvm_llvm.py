@@ -162,7 +162,6 @@ class TvmConv1d(KernelTemplate):
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
         return [Launch(program, (1, 1, 1), [bufs["a"], bufs["w"], bufs["out"]])]
 
-
     def tile_waste(self, config: Config, shape: Shape) -> float:
         M, N = self.problem.check_shape(shape)
         return padded_length(M, N, config["XO"]) / (M + N - 1)

@@ -188,7 +188,6 @@ class WgslConv1d(KernelTemplate):
         groups = -(-(M + N - 1) // tile(config))
         return [Launch(program, grid_for(groups), [bufs["a"], bufs["w"], bufs["out"], bufs["dims"]])]
 
-
     def tile_waste(self, config: Config, shape: Shape) -> float:
         M, N = self.problem.check_shape(shape)
         out = M + N - 1

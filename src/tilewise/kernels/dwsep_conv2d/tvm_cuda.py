@@ -313,7 +313,6 @@ class TvmCudaDwsepConv2d(TvmCudaTemplate):
         return {"x": device.upload(host["x"]), "dw": device.upload(host["dw"]), "pw": device.upload(host["pw"]),
                 "out": device.allocate(4 * d.B * d.O * d.Ho * d.Wo)}
 
-
     def tile_waste(self, config: Config, shape: Shape) -> float:
         return tiling.tile_waste(config, self.problem.dims(shape))
 

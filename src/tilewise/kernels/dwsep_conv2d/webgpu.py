@@ -241,7 +241,6 @@ class WgslDwsepConv2d(KernelTemplate):
         return [Launch(program, tiling.grid(config, self.problem.dims(shape)),
                        [bufs["x"], bufs["dw"], bufs["pw"], bufs["out"], bufs["dims"]])]
 
-
     def tile_waste(self, config: Config, shape: Shape) -> float:
         return tiling.tile_waste(config, self.problem.dims(shape))
 

@@ -212,6 +212,5 @@ class TvmCudaGemm(TvmCudaTemplate):
         M, N, _ = self.problem.check_shape(shape)
         return {"a": device.upload(host["a"]), "b": device.upload(host["b"]), "out": device.allocate(4 * M * N)}
 
-
     def describe(self, config: Config) -> str:
         return gemm_fmt(config)

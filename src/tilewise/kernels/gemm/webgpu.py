@@ -283,7 +283,6 @@ class WgslGemm(KernelTemplate):
         order: list[Buffer] = [bufs["a"], bufs["b"], bufs["out"], bufs["dims"]]
         return [Launch(program, grid, order)]
 
-
     def tile_waste(self, config: Config, shape: Shape) -> float:
         M, N, _ = shape
         return (_ceil(M, config["BM"]) * config["BM"] * _ceil(N, config["BN"]) * config["BN"]) / (M * N)
