@@ -13,14 +13,15 @@ __all__ = ["__version__", "get_device", "load"]
 
 
 def get_device(name: str = "auto") -> Any:
-    """Return a device by name (`cpu`, `webgpu`, `webgpu:1`, `cuda`, `cuda:0`, `auto`)."""
+    """Return a device by name (`cpu`, `webgpu`, `webgpu:1`, `cuda`, `cuda:0`, `auto`: the fastest found)."""
     from tilewise.devices import get_device as _get
 
     return _get(name)
 
 
-def load(path_or_preset: str = "default", device: str = "cpu", weights: str = "nf4", seed: int = 0) -> Any:
-    """Load a classifier model (a preset name, an HF LFM2 folder or a tilewise checkpoint) onto a device."""
+def load(path_or_preset: str = "default", device: str = "auto", weights: str = "nf4", seed: int = 0) -> Any:
+    """Load a classifier model (`default`, a preset name, an HF LFM2 folder or a tilewise checkpoint) onto a device
+    (`auto`: the fastest with a classifier executor; `model.device_choice.line()` says which and why)."""
     from tilewise.model.runtime import load as _load
 
     return _load(path_or_preset, device=device, weights=weights, seed=seed)

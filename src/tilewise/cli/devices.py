@@ -45,7 +45,9 @@ def _cmd_devices(args: argparse.Namespace) -> int:
         from tilewise.model.runtime import resolve_device
 
         console.print(escape("the classifier (play, bench, tilewise.load) on auto: " + resolve_device().line()))
-        console.print(escape("kernel tuning on auto: " + resolve("auto").line()))
+        from tilewise.kernels.registry import backends
+
+        console.print(escape("tilewise tune gemm on auto: " + resolve("auto", backends("gemm"), "tuning gemm").line()))
     except TilewiseError as exc:
         console.print("[yellow]note[/yellow] " + escape(f"auto finds no device: {exc.problem}"))
     for note in notes:

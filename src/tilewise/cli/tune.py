@@ -55,7 +55,21 @@ def register(sub: Any) -> None:
     m.add_argument("--preset", default="seed-250m", help="model preset or a model folder (default seed-250m)")
     m.add_argument("--seq", type=int, default=346, help="decision length in tokens (default 346)")
     m.add_argument("--weights", default="nf4", help="weight format: nf4, f16 or f32 (default nf4)")
+    m.add_argument("--rows", type=_rows, default=None, metavar="M,M,...",
+                   help="row counts to measure besides the decision's (default 1,2,4,...,512)")
+    m.add_argument("--no-hand-picked", dest="hand_picked", action="store_false",
+                   help="leave out the hand-picked seed configs (then --budget random configs per kernel compete)")
     m.set_defaults(func=cmd_tune_model, budget=None)
+
+
+def _rows(text: str) -> list[int]:
+    try:
+        rows = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--rows takes comma-separated row counts, got {text!r}") from None
+    if not rows or min(rows) < 1:
+        raise argparse.ArgumentTypeError(f"--rows takes positive row counts, got {text!r}")
+    return rows
 
 
 def cmd_tune_model(args: argparse.Namespace) -> int:

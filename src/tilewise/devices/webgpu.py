@@ -149,8 +149,7 @@ class WebGPUDevice(Device):
 
     `submit_first_launches` > 0 makes `run_and_download` submit a long launch list in growing pieces (that many
     launches first, then twice as many each time), so that the GPU starts on the first launches while Python
-    still encodes the rest; 0 submits everything at once. Measured on an H200 (lfm2-350m shape, 346-token
-    decision, ~130 launches): one submission 12.35 ms p50, pieces from 4 / 8 / 16 launches 10.68 / 10.65 / 10.63 ms.
+    still encodes the rest; 0 submits everything at once (docs/journal/webgpu-runtime.md has the measurements).
 
     A launch list that is run again unchanged (`run_and_download(..., reuse=key)`, a decision plan) skips even
     that: from its second run on, the device encodes the next run's command buffer while the GPU works on this

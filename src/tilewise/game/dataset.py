@@ -25,8 +25,7 @@ uniformly random action instead of the expert's (seeded), so the data also holds
 after a mistake; the label is always the expert's action for the position shown. With probability `detour` a
 new piece first takes 1-3 random sideways steps (one direction) before the expert plays on: the expert always
 rotates before it moves, so without detours its data never shows a shifted, unrotated piece, the position a model
-that moves first reaches (and where the shipped model moves sideways when the expert rotates,
-`bench/results/2026-11-30-cpu-play-errors.md`).
+that moves first reaches.
 
 `read_dataset(path)` checks the format and version and returns a `GameDataset`.
 
