@@ -33,6 +33,7 @@ from tilewise.devices.base import Device, Launch, Program
 from tilewise.kernels.attention.problem import AttentionProblem
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
 from tilewise.kernels.space import Config, Rule, Space
+from tilewise.kernels.wgsl import row_header
 
 ROPE_BINDINGS = ["dims", "qkv", "q_norm", "k_norm", "cos", "sin", "q", "k_cache", "v_cache"]
 ATTN_BINDINGS = ["dims", "q", "k_cache", "v_cache", "out"]
@@ -41,17 +42,9 @@ DEFAULT_ATTN = {"BQ": 32, "BKV": 16}  # KT absent: 1
 
 
 def qknorm_rope_source(hq: int, hkv: int, d: int, eps: float) -> str:
-    return f"""struct Dims {{ m: u32, r0: u32, r1: u32, r2: u32 }}
-@group(0) @binding(0) var<uniform> dims: Dims;
-@group(0) @binding(1) var<storage, read> qkv: array<f32>;
-@group(0) @binding(2) var<storage, read> q_norm: array<f32>;
-@group(0) @binding(3) var<storage, read> k_norm: array<f32>;
-@group(0) @binding(4) var<storage, read> cos_t: array<f32>;
-@group(0) @binding(5) var<storage, read> sin_t: array<f32>;
-@group(0) @binding(6) var<storage, read_write> q: array<f32>;
-@group(0) @binding(7) var<storage, read_write> k_cache: array<f32>;
-@group(0) @binding(8) var<storage, read_write> v_cache: array<f32>;
-const HQ: u32 = {hq}u;
+    head = row_header([("qkv", "f32"), ("q_norm", "f32"), ("k_norm", "f32"), ("cos_t", "f32"), ("sin_t", "f32")],
+                      [("q", "f32"), ("k_cache", "f32"), ("v_cache", "f32")])
+    return f"""{head}const HQ: u32 = {hq}u;
 const HKV: u32 = {hkv}u;
 const D: u32 = {d}u;
 const HALF: u32 = {d // 2}u;
@@ -99,13 +92,8 @@ def attention_source(cfg: Config | dict, hq: int, hkv: int, d: int) -> str:
     d4 = d // 4
     scale = 1.0 / math.sqrt(d)
     split = KT > 1
-    L = [f"""struct Dims {{ m: u32, r0: u32, r1: u32, r2: u32 }}
-@group(0) @binding(0) var<uniform> dims: Dims;
-@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> k_cache: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> v_cache: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
-const HQ: u32 = {hq}u;
+    head = row_header([("q", "vec4<f32>"), ("k_cache", "vec4<f32>"), ("v_cache", "vec4<f32>")], [("out", "vec4<f32>")])
+    L = [f"""{head}const HQ: u32 = {hq}u;
 const HKV: u32 = {hkv}u;
 const D4: u32 = {d4}u;
 const BQ: u32 = {BQ}u;

@@ -141,11 +141,14 @@ def generate_wgsl(c: Config, K: int = DEFAULT_KP[0], P: int = DEFAULT_KP[1]) -> 
         for p in range(TPX):
             w(f"  var acc_{o}_{p} = 0.0;")
     w(f"  for (var c0 = 0u; c0 < dims.C; c0 += {RC}u) {{")
+    def open_channel(r: int) -> None:  # channel c0 + r's input plane and its TPX depthwise sums
+        w(f"    let plane_{r} = img + (c0 + {r}u) * dims.H * dims.W;")
+        for p in range(TPX):
+            w(f"    var d_{r}_{p} = 0.0;")
+
     if stage == "global":
         for r in range(RC):
-            w(f"    let plane_{r} = img + (c0 + {r}u) * dims.H * dims.W;")
-            for p in range(TPX):
-                w(f"    var d_{r}_{p} = 0.0;")
+            open_channel(r)
             w(f"    for (var ky = 0u; ky < {K}u; ky++) {{")
             w(f"      for (var kx = 0u; kx < {K}u; kx++) {{")
             for p in range(TPX):
@@ -158,9 +161,7 @@ def generate_wgsl(c: Config, K: int = DEFAULT_KP[0], P: int = DEFAULT_KP[1]) -> 
                     w(f"    acc_{o}_{p} = fma(ldpw(oc + {o}u, c0 + {r}u), d_{r}_{p}, acc_{o}_{p});")
     elif stage == "private":
         for r in range(RC):
-            w(f"    let plane_{r} = img + (c0 + {r}u) * dims.H * dims.W;")
-            for p in range(TPX):
-                w(f"    var d_{r}_{p} = 0.0;")
+            open_channel(r)
             for ky in range(K):
                 w(f"    {{  // kernel row {ky}: window of {TPX + K - 1} inputs and {K} taps in registers")
                 w(f"      let iy = i32(ho) + {ky - P};")

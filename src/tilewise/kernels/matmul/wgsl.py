@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 from tilewise.kernels.space import Config
+from tilewise.kernels.wgsl import ROW_DIMS
 from tilewise.quant.nf4 import NF4_CODES
 
 KINDS = ("tiled", "rows", "splitk")
@@ -112,8 +113,7 @@ def header(fmt: str, epilogue: str, n: int, k: int, f16: bool, norm: bool = Fals
     names = ["dims", "x", "norm_w"] if norm else ["dims", "x"]
     text = "enable f16;\n" if f16 else ""
     text += f"const N: u32 = {n}u;\nconst K: u32 = {k}u;\n"
-    text += "struct Dims { m: u32, r0: u32, r1: u32, r2: u32 }\nstruct C8 { a: vec4<f32>, b: vec4<f32> }\n"
-    text += "@group(0) @binding(0) var<uniform> dims: Dims;\n"
+    text += "struct C8 { a: vec4<f32>, b: vec4<f32> }\n" + ROW_DIMS
     text += "@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;\n"
     if norm:
         # RMSNorm fused in: weights are scaled by the norm weight g[k] as they are decoded, the row's sum of

@@ -6,6 +6,7 @@ from typing import Any
 
 from tilewise.kernels.matmul.wgsl import SPLITK_WG, codes_init, header, store_stmt
 from tilewise.kernels.space import Config
+from tilewise.kernels.wgsl import row_header
 
 
 def rows_source(cfg: Config | dict[str, Any], fmt: str, epilogue: str, n: int, k: int,
@@ -92,11 +93,7 @@ def splitk_reduce_source(epilogue: str, n: int, ks: int, norm_eps: float | None 
         final = ("n0", "n1" if sets == 2 else None)
     else:
         final = ("s0", "s1" if sets == 2 else None)
-    return f"""struct Dims {{ m: u32, r0: u32, r1: u32, r2: u32 }}
-@group(0) @binding(0) var<uniform> dims: Dims;
-@group(0) @binding(1) var<storage, read> part: array<f32>;
-@group(0) @binding(2) var<storage, read_write> out: array<f32>;
-const N: u32 = {n}u;
+    return f"""{row_header([("part", "f32")], [("out", "f32")])}const N: u32 = {n}u;
 @compute @workgroup_size({SPLITK_WG})
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
     let MN = dims.m * N;

@@ -25,6 +25,7 @@ from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Sha
 from tilewise.kernels.matmul import wgsl as mm
 from tilewise.kernels.rowops.problem import EmbedProblem, HeadProblem, RMSNormProblem
 from tilewise.kernels.space import Config, Rule, Space
+from tilewise.kernels.wgsl import ROW_DIMS, row_header
 
 BINDINGS = {
     "rmsnorm": ["dims", "x", "weight", "out"],
@@ -35,7 +36,6 @@ BINDINGS = {
     "copy": ["dims", "src", "dst"],
     "copy2": ["dims", "src_a", "src_b", "dst_a", "dst_b"],
 }
-_DIMS = "struct Dims { m: u32, r0: u32, r1: u32, r2: u32 }\n@group(0) @binding(0) var<uniform> dims: Dims;\n"
 
 
 def _reduce(wg: int, var: str = "red") -> str:
@@ -47,11 +47,7 @@ def _reduce(wg: int, var: str = "red") -> str:
 
 def rmsnorm_source(wg: int, h: int, eps: float) -> str:
     """WGSL: out[m] = x[r0 + m] * rsqrt(mean(x^2) + eps) * weight, one workgroup per row."""
-    return f"""{_DIMS}
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read> weight: array<f32>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;
-const H: u32 = {h}u;
+    return f"""{row_header([("x", "f32"), ("weight", "f32")], [("out", "f32")])}const H: u32 = {h}u;
 var<workgroup> red: array<f32, {wg}>;
 @compute @workgroup_size({wg})
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
@@ -70,7 +66,7 @@ def embed_source(wg: int, fmt: str, h: int) -> str:
     """WGSL: out[m, :] = decode(table[ids[m], :]), 8 values per thread step."""
     decl, nb = mm.weight_decls(fmt, 0, 2)
     codes = mm.codes_decl() if fmt == "nf4" else ""
-    return f"""{_DIMS}struct C8 {{ a: vec4<f32>, b: vec4<f32> }}
+    return f"""{ROW_DIMS}struct C8 {{ a: vec4<f32>, b: vec4<f32> }}
 const K: u32 = {h}u;
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
 {decl}@group(0) @binding({nb}) var<storage, read_write> out: array<vec4<f32>>;
@@ -93,12 +89,9 @@ def head_source(wg: int, h: int, labels: int, eps: float) -> str:
     acc = "\n".join(f"        s{j} = fma(hv, head_weight[{j}u * H + i], s{j});" for j in range(labels))
     decl = " ".join(f"var s{j} = 0.0;" for j in range(labels))
     stores = "\n".join(f"    red[li * {labels}u + {j}u] = s{j};" for j in range(labels))
-    return f"""{_DIMS}
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read> norm_weight: array<f32>;
-@group(0) @binding(3) var<storage, read> head_weight: array<f32>;
-@group(0) @binding(4) var<storage, read_write> out: array<f32>;  // (H + labels): normed row, then scores
-const H: u32 = {h}u;
+    # out (H + labels): the normed row, then the scores
+    head = row_header([("x", "f32"), ("norm_weight", "f32"), ("head_weight", "f32")], [("out", "f32")])
+    return f"""{head}const H: u32 = {h}u;
 var<workgroup> sq: array<f32, {wg}>;
 var<workgroup> red: array<f32, {wg * labels}>;
 @compute @workgroup_size({wg})
@@ -132,10 +125,7 @@ fn main(@builtin(local_invocation_index) li: u32) {{
 
 def copy_source(wg: int = 256) -> str:
     """WGSL: dst[r1 + i] = src[r0 + i] for i < m (grid-stride loop: any size fits the grid limit)."""
-    return f"""{_DIMS}
-@group(0) @binding(1) var<storage, read> src: array<u32>;
-@group(0) @binding(2) var<storage, read_write> dst: array<u32>;
-@compute @workgroup_size({wg})
+    return f"""{row_header([("src", "u32")], [("dst", "u32")])}@compute @workgroup_size({wg})
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {{
     for (var i = gid.x; i < dims.m; i = i + nw.x * {wg}u) {{ dst[dims.r1 + i] = src[dims.r0 + i]; }}
 }}
@@ -144,12 +134,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 
 def copy2_source(wg: int = 256) -> str:
     """WGSL: the copy of `copy_source` on two buffer pairs at once (K and V of one layer: one launch, not two)."""
-    return f"""{_DIMS}
-@group(0) @binding(1) var<storage, read> src_a: array<u32>;
-@group(0) @binding(2) var<storage, read> src_b: array<u32>;
-@group(0) @binding(3) var<storage, read_write> dst_a: array<u32>;
-@group(0) @binding(4) var<storage, read_write> dst_b: array<u32>;
-@compute @workgroup_size({wg})
+    head = row_header([("src_a", "u32"), ("src_b", "u32")], [("dst_a", "u32"), ("dst_b", "u32")])
+    return f"""{head}@compute @workgroup_size({wg})
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {{
     for (var i = gid.x; i < dims.m; i = i + nw.x * {wg}u) {{
         dst_a[dims.r1 + i] = src_a[dims.r0 + i];

@@ -19,6 +19,7 @@ from tilewise.devices.base import Device, Launch, Program
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
 from tilewise.kernels.shortconv.problem import ShortConvProblem
 from tilewise.kernels.space import Config, Rule, Space
+from tilewise.kernels.wgsl import row_header
 
 BINDINGS = ["dims", "bcx", "state_in", "weight", "y", "state_out"]
 
@@ -26,14 +27,8 @@ BINDINGS = ["dims", "bcx", "state_in", "weight", "y", "state_out"]
 def conv_source(wg: int, h: int, taps: int) -> str:
     """WGSL of the gated depthwise causal conv for hidden size `h` and kernel `taps`."""
     terms = " + ".join(f"weight[c * L + {j}u] * bx(i32(t) - {taps - 1 - j}, c)" for j in range(taps))
-    return f"""struct Dims {{ m: u32, r0: u32, r1: u32, r2: u32 }}
-@group(0) @binding(0) var<uniform> dims: Dims;
-@group(0) @binding(1) var<storage, read> bcx: array<f32>;
-@group(0) @binding(2) var<storage, read> state_in: array<f32>;
-@group(0) @binding(3) var<storage, read> weight: array<f32>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
-@group(0) @binding(5) var<storage, read_write> state_out: array<f32>;
-const H: u32 = {h}u;
+    head = row_header([("bcx", "f32"), ("state_in", "f32"), ("weight", "f32")], [("y", "f32"), ("state_out", "f32")])
+    return f"""{head}const H: u32 = {h}u;
 const L: u32 = {taps}u;
 
 fn bx(t: i32, c: u32) -> f32 {{
