@@ -352,7 +352,7 @@ def summary(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
             lines.append(f"- {r['section']}: {r.get('error') or r.get('skipped')}")
         if "cutoffs" in r:
             lines.append(f"- {r['section']} ({r['seconds']:.0f} s): tiled kernel from rows " + ", ".join(
-                f"{k.split(':', 2)[2]}: {v}" for k, v in r["cutoffs"].items()))
+                f"{k}: {v}" for k, v in r["cutoffs"].items()))
     for r in results:
         if r.get("section", "").startswith("alternate") and "ratio_of_p50" in r:
             tw, hf = r["tilewise_ms"], r["hf_eager_ms"]
