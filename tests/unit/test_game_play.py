@@ -257,3 +257,15 @@ def test_color_board_tracks_the_settled_cells():
         painted = [sum(1 << c for c in range(11) if colors.rows[r][c]) for r in range(21)]
         assert painted == g.board
     assert cleared == g.lines > 0
+
+
+def test_play_refuses_a_device_without_a_classifier_executor(capsys):
+    assert main(["play", "--policy", "model", "--device", "cuda", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "the classifier has no executor for 'cuda'" in err and "use --device webgpu, webgpu:N, cpu or auto" in err
+
+
+def test_play_says_which_device_it_plays_on(capsys):
+    assert main(["play", "--policy", "model", "--device", "cpu", "--steps", "2", "--json"]) == 0
+    out = capsys.readouterr()
+    assert out.err.startswith("device: cpu (") and json.loads(out.out)["device"] == "cpu"

@@ -326,3 +326,12 @@ def test_every_matmul_kind_runs_the_whole_model(models, rng, webgpu_device, kind
         assert f"nf4_matmul.{kind}.residual" in names
         hidden, _ = ex.forward(ids, 0, None, True)
         np.testing.assert_allclose(hidden, model.hidden(model.prefill(ids)), atol=2e-5, rtol=0)
+
+
+def test_play_takes_an_adapter_index(webgpu_device, capsys):
+    from tilewise.cli import main
+
+    index = webgpu_device.info.index
+    assert main(["play", "--policy", "model", "--device", f"webgpu:{index}", "--steps", "2", "--json"]) == 0
+    out = capsys.readouterr()
+    assert out.err.startswith(f"device: webgpu:{index} (") and json.loads(out.out)["device"] == "webgpu"

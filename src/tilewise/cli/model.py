@@ -98,7 +98,8 @@ def register_bench(sub: Any) -> None:
 
     p = sub.add_parser("bench", help="decision latency of the classifier on a device (per-op GPU time, p50/p99, "
                                      "APM, score agreement with the CPU)")
-    p.add_argument("--device", default="webgpu", help="webgpu, webgpu:N or cpu (default webgpu)")
+    p.add_argument("--device", default="auto", help="auto (the fastest with a classifier executor), webgpu, webgpu:N "
+                                                   "or cpu (default auto)")
     p.add_argument("--preset", default="seed-250m", help="model preset or path (default seed-250m)")
     p.add_argument("--seq", type=int, default=346, help="prompt tokens per decision (default 346)")
     p.add_argument("--decisions", type=int, default=50, help="timed decisions (default 50)")

@@ -1,0 +1,90 @@
+"""The one device resolver: the same names everywhere, `auto` = the fastest device the job has an implementation
+for (discrete > integrated GPU > CPU > software adapter), one line saying which and why, refusals with the reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from tilewise import devices
+from tilewise.devices.base import DeviceInfo, Limits
+from tilewise.errors import ConfigError, DeviceUnavailable
+from tilewise.kernels.registry import backends
+
+LIM = Limits(32768, 1024, (1024, 1024, 64), 65535, 2**30, 2**30)
+
+
+def info(backend: str, name: str, kind: str, index: int = 0) -> DeviceInfo:
+    return DeviceInfo(backend, name, kind, "Vulkan" if backend == "webgpu" else backend, "d", "v", LIM, (),
+                      index)
+
+
+class Fake:
+    def __init__(self, i: DeviceInfo) -> None:
+        self.info = i
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """A machine whose devices the test chooses: {backend: [DeviceInfo]} (cpu is always there)."""
+    from tilewise.devices import cuda, webgpu
+
+    have: dict[str, list[DeviceInfo]] = {"cpu": [info("cpu", "host CPU", "cpu")]}
+
+    def listed(b):
+        def f():
+            if b not in have:
+                raise DeviceUnavailable(f"no {b} here", "install it")
+            return have[b]
+        return f
+
+    monkeypatch.setattr(webgpu, "list_adapters", listed("webgpu"))
+    monkeypatch.setattr(cuda, "list_cuda_devices", listed("cuda"))
+
+    def get(name):
+        base, _, idx = name.partition(":")
+        return Fake(have[base][int(idx or 0)])
+
+    monkeypatch.setattr(devices, "get_device", get)
+    return have
+
+
+def test_auto_prefers_a_discrete_gpu_then_integrated_then_cpu_then_software(machine):
+    machine["webgpu"] = [info("webgpu", "lavapipe", "cpu", 0), info("webgpu", "iGPU", "integrated", 1)]
+    pick = devices.resolve("auto", ("webgpu", "cpu"), job="the classifier")
+    assert pick.name == "webgpu:1" and "integrated GPU" in pick.reason
+    assert pick.line().startswith("device: webgpu:1 (iGPU, Vulkan, integrated GPU): auto: an integrated GPU")
+    machine["webgpu"].append(info("webgpu", "dGPU", "discrete", 2))
+    assert devices.resolve("auto", ("webgpu", "cpu")).name == "webgpu:2"
+    machine["webgpu"] = [info("webgpu", "lavapipe", "cpu", 0)]
+    pick = devices.resolve("auto", ("webgpu", "cpu"))
+    assert pick.name == "cpu" and "webgpu:0 is a software adapter, slower than the CPU" in pick.reason
+    # a job without a CPU implementation takes the software adapter, and says it is slow
+    pick = devices.resolve("auto", ("webgpu",), job="tuning gemm")
+    assert pick.name == "webgpu:0" and "no CPU implementation" in pick.reason
+
+
+def test_auto_breaks_ties_by_the_callers_preference(machine):
+    machine["webgpu"] = [info("webgpu", "H200", "discrete")]
+    machine["cuda"] = [info("cuda", "H200", "discrete")]
+    assert backends("gemm")[:2] == ["cuda", "webgpu"]  # the family's preference: the faster implementation first
+    assert devices.resolve("auto", backends("gemm")).name == "cuda:0"
+    assert devices.resolve("auto", ("webgpu", "cpu")).name == "webgpu:0"  # the classifier has no CUDA executor
+
+
+def test_a_device_the_job_cannot_use_is_refused_with_the_ones_it_can(machine):
+    with pytest.raises(DeviceUnavailable) as err:
+        devices.resolve("cuda:0", ("webgpu", "cpu"), job="the classifier", noun="executor")
+    assert "the classifier has no executor for 'cuda'" in err.value.problem
+    assert err.value.fix == "use --device webgpu, webgpu:N, cpu or auto"
+    for bad, needle in (("tpu", "unknown device"), ("webgpu:x", "must be a number"), ("cpu:1", "takes no index")):
+        with pytest.raises(ConfigError, match=needle):
+            devices.resolve(bad, ("webgpu", "cpu"))
+    machine.pop("cpu")
+    with pytest.raises(DeviceUnavailable, match="none of webgpu is usable"):
+        devices.resolve("auto", ("webgpu",), job="tuning gemm")
+
+
+def test_named_devices_get_canonical_names(machine):
+    machine["webgpu"] = [info("webgpu", "a", "discrete", 0), info("webgpu", "b", "discrete", 1)]
+    assert devices.resolve("webgpu:1", ("webgpu",)).name == "webgpu:1"
+    assert devices.resolve("cpu").name == "cpu" and devices.resolve("cpu").reason == "asked for cpu"
