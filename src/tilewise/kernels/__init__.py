@@ -1,1 +1,3 @@
-"""Kernel families: one module per family (its Space, rules, reference, geometry, flop/byte counts) plus its sources."""
+"""Kernel families: `space.py` (parameters and rules), `base.py` (the Problem / KernelTemplate protocol),
+`registry.py` (family and backend -> implementation), and one package per family: `problem.py`, the math written
+once, and one module per backend."""
