@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tilewise.devices.base import Launch, Program
-from tilewise.tune.measure import Stats, measure, summarize, tie_groups, ties
+from tilewise.tune.measure import Stats, balanced_orders, measure, summarize, tie_groups, ties
 
 
 class FakeDevice:
@@ -76,6 +76,36 @@ def test_candidate_registered_twice_ties_with_itself():
     groups = {k: g for k, _, g in tie_groups(m.stats)}
     assert groups["a"] == groups["b"] == 1
     assert groups["slow"] == 2
+
+
+class PositionDevice(FakeDevice):
+    """Every launch after the first of a submission is 10% slower: a position effect, not a property of the program."""
+
+    def time(self, launches):
+        times = super().time(launches)
+        times[1:] *= 1.10
+        return times
+
+
+def test_balanced_orders_give_every_key_every_position_once_per_block():
+    keys = ["a", "b", "c", "d", "e"]
+    gen = balanced_orders(keys, np.random.default_rng(7))
+    for _ in range(4):
+        block = [next(gen) for _ in keys]
+        assert all(sorted(order) == keys for order in block)
+        for pos in range(len(keys)):
+            assert sorted(order[pos] for order in block) == keys
+
+
+def test_position_effect_cancels_so_twins_tie():
+    # with free shuffling a twin can sit in the slow slot more often and lose to itself; balanced blocks
+    # give both twins the slow slot equally often, so they must tie for every seed
+    one = launch("same")
+    for seed in range(25):
+        dev = PositionDevice({"same": 1.0}, noise=0.01, seed=seed)
+        m = measure(dev, {"a": [one], "b": [one]}, warmup=0, min_rounds=30, max_rounds=30,
+                    rng=np.random.default_rng(seed))
+        assert ties(m.stats["a"], m.stats["b"]), seed
 
 
 def test_multi_launch_candidate_sums_its_launches():

@@ -4,8 +4,11 @@ Rules it keeps (DESIGN.md, seed 001):
 - GPU timestamps where the device has them (`device.time` returns per-launch device milliseconds; the CUDA
   device uses events); never a sleeping poller.
 - Warm-up first: pipeline creation and the first dispatch cost 50-300 ms on lavapipe.
-- Candidates are timed interleaved: each round runs every candidate once, in a fresh random order, in one
-  submission, so drift and thermal changes hit all of them alike.
+- Candidates are timed interleaved: each round runs every candidate once, in one submission, so drift and
+  thermal changes hit all of them alike. Orders are balanced, not merely shuffled: a launch's position in
+  a submission changes its time (the second of two identical launches is often slower on lavapipe), and
+  with free shuffling one candidate can land in the slow slot more often than its twin. Rounds come in
+  blocks of rotations of a random order, so every candidate takes every position equally often.
 - Many samples per candidate; report the median, 20th/80th percentiles and a bootstrap 95% interval of
   the median. Two candidates whose intervals overlap are a tie, and the ranking groups ties instead of
   inventing a winner (a candidate registered twice must come out tied with itself).
@@ -17,7 +20,7 @@ same submission, discarded) or `between` (a host callable; then every sample is 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,10 +146,11 @@ def measure(device: Device, candidates: Mapping[Hashable, Sequence[Launch]], *, 
     for _ in range(warmup):
         _one_round(device, candidates, keys, between_launches, between)
     done = 0
+    orders = balanced_orders(keys, rng)
     while done < max_rounds:
         if done >= min_rounds and time.perf_counter() - t0 > budget_s:
             break
-        order = [keys[i] for i in rng.permutation(len(keys))]
+        order = next(orders)
         for key, ms in _one_round(device, candidates, order, between_launches, between).items():
             samples[key].append(ms)
         done += 1
@@ -154,6 +158,18 @@ def measure(device: Device, candidates: Mapping[Hashable, Sequence[Launch]], *, 
             on_round(done, max_rounds)
     stats = {k: summarize(v, rng) for k, v in samples.items()}
     return Measurement(stats, done, warmup, device.timer, time.perf_counter() - t0)
+
+
+def balanced_orders(keys: Sequence[Hashable], rng: np.random.Generator) -> Iterator[list[Hashable]]:
+    """Endless round orders in blocks of len(keys): the rotations of one random order, shuffled.
+
+    Within a block every key takes every position exactly once, so position effects cancel per block.
+    """
+    n = len(keys)
+    while True:
+        base = [keys[i] for i in rng.permutation(n)]
+        for shift in rng.permutation(n):
+            yield base[shift:] + base[:shift]
 
 
 def _one_round(device: Device, candidates: Mapping[Hashable, Sequence[Launch]], order: Sequence[Hashable],
