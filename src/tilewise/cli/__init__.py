@@ -17,15 +17,22 @@ from typing import NoReturn
 
 from tilewise import __version__
 from tilewise.cli import devices, game, ladder, model, store, sweep, train, tune
+from tilewise.cli.common import HelpFormatter
 from tilewise.errors import ConfigError, TilewiseError
 
 # command groups, in help order
 GROUPS = (game, model, tune, sweep, store, train, ladder, devices)
 _INVALID_CHOICE = re.compile(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)")
+_BAD_VALUE = re.compile(r"argument (\S+): (.*)", re.S)
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, with usage errors raised as one clear `ConfigError` (problem and fix) like every other bad input."""
+    """argparse, with usage errors raised as one clear `ConfigError` (problem and fix) like every other bad input,
+    and help that shows every default."""
+
+    def __init__(self, *args: object, **kw: object) -> None:
+        kw.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
 
     def error(self, message: str) -> NoReturn:
         bad = _INVALID_CHOICE.fullmatch(message)
@@ -33,6 +40,11 @@ class Parser(argparse.ArgumentParser):
             what = bad.group(1).lower().replace("_", " ")
             raise ConfigError(f"unknown {what} {bad.group(2)!r} for `{self.prog}`",
                               f"use one of: {bad.group(3).replace(chr(39), '')}")
+        bad = _BAD_VALUE.fullmatch(message)
+        if bad:
+            value = bad.group(2).replace("invalid int value", "expected a whole number, got")
+            value = value.replace("invalid float value", "expected a number, got")
+            raise ConfigError(f"{self.prog} {bad.group(1).split('/')[0]}: {value}", f"see `{self.prog} --help`")
         raise ConfigError(f"{self.prog}: {message}", f"see `{self.prog} --help`")
 
 
@@ -55,6 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in argv
     try:
         parser = build_parser()
+        if not [a for a in argv if a != "--debug"]:
+            parser.print_help()
+            return 0
         args = parser.parse_args(argv)
         return int(args.func(args) or 0)
     except TilewiseError as exc:
