@@ -187,7 +187,7 @@ def test_cli_game_dataset(tmp_path, capsys):
 def test_cli_rejects_non_integer_seed(capsys):
     assert main(["play", "--policy", "expert", "--seed", "abc"]) == 2
     err = capsys.readouterr().err
-    assert "invalid int value: 'abc'" in err and "fix: see `tilewise play --help`" in err
+    assert "expected a whole number, got: 'abc'" in err and "fix: see `tilewise play --help`" in err
 
 
 def test_board_panel_draws_the_board():
