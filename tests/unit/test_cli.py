@@ -12,7 +12,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_devices_json_lists_cpu_with_required_keys(capsys):
-    assert main(["devices", "--json"]) == 0
+    assert main(["devices", "--json", "-"]) == 0
     devices = json.loads(capsys.readouterr().out)
     assert devices[0]["backend"] == "cpu"
     for d in devices:

@@ -143,7 +143,7 @@ def test_missing_model_suggests_the_expert(monkeypatch):
 # ------------------------------------------------------------------ CLI
 
 def test_cli_play_json(capsys):
-    assert main(["play", "--policy", "expert", "--steps", "60", "--seed", "2", "--json"]) == 0
+    assert main(["play", "--policy", "expert", "--steps", "60", "--seed", "2", "--json", "-"]) == 0
     out = json.loads(capsys.readouterr().out)
     for key in ("policy", "device", "steps", "pieces", "lines", "decisions_per_s", "apm", "latency_ms_p50",
                 "latency_ms_p90"):
@@ -166,10 +166,10 @@ def test_cli_game_prompt_example_matches_golden(capsys):
 
 
 def test_cli_game_tokenizer_and_eval(capsys):
-    assert main(["game", "tokenizer", "--json"]) == 0
+    assert main(["game", "tokenizer", "--json", "-"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["example_prompt_tokens"] == 348 and info["shared_prefix_tokens"] == 42
-    assert main(["game", "eval", "--policy", "random", "--games", "3", "--json"]) == 0
+    assert main(["game", "eval", "--policy", "random", "--games", "3", "--json", "-"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["games"] == 3 and len(res["per_game"]) == 3 and res["mean_pieces"] > 0
 
@@ -187,7 +187,7 @@ def test_cli_game_dataset(tmp_path, capsys):
 def test_cli_rejects_non_integer_seed(capsys):
     assert main(["play", "--policy", "expert", "--seed", "abc"]) == 2
     err = capsys.readouterr().err
-    assert "expected a whole number, got: 'abc'" in err and "fix: see `tilewise play --help`" in err
+    assert "expected a whole number, got 'abc'" in err and "fix: see `tilewise play --help`" in err
 
 
 def test_board_panel_draws_the_board():
@@ -235,9 +235,9 @@ def test_cli_game_eval_with_a_model(monkeypatch, capsys):
     from tilewise.model import runtime
 
     monkeypatch.setattr(runtime, "load", lambda *a, **k: FakeModel(oracle_scores))
-    assert main(["game", "eval", "--policy", "model", "--games", "2", "--max-pieces", "15", "--json"]) == 0
+    assert main(["game", "eval", "--policy", "model", "--games", "2", "--max-pieces", "15", "--json", "-"]) == 0
     model = json.loads(capsys.readouterr().out)
-    assert main(["game", "eval", "--policy", "expert", "--games", "2", "--max-pieces", "15", "--json"]) == 0
+    assert main(["game", "eval", "--policy", "expert", "--games", "2", "--max-pieces", "15", "--json", "-"]) == 0
     expert = json.loads(capsys.readouterr().out)
     assert model["per_game"] == expert["per_game"]
 
@@ -266,6 +266,6 @@ def test_play_refuses_a_device_without_a_classifier_executor(capsys):
 
 
 def test_play_says_which_device_it_plays_on(capsys):
-    assert main(["play", "--policy", "model", "--device", "cpu", "--steps", "2", "--json"]) == 0
+    assert main(["play", "--policy", "model", "--device", "cpu", "--steps", "2", "--json", "-"]) == 0
     out = capsys.readouterr()
     assert out.err.startswith("device: cpu (") and json.loads(out.out)["device"] == "cpu"

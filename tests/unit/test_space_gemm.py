@@ -81,9 +81,9 @@ def test_rule_order_error_is_raised_for_misordered_rules():
 
 def test_config_prints_compactly_and_is_hashable():
     c = base()
-    assert str(c) == "128x64x16 W64x32 WN2 T4x4 128t workgroup vec4"
-    assert fmt(c.replace(SA="private", SB="private", PF=0)) == "128x64x16 W64x32 WN2 T4x4 128t private vec4"
-    assert "A:private B:workgroup" in str(c.replace(SA="private"))
+    assert str(c) == "128x64x16 W64x32 WN2 T4x4 128t wg vec4"
+    assert fmt(c.replace(SA="private", SB="private", PF=0)) == "128x64x16 W64x32 WN2 T4x4 128t priv vec4"
+    assert "A:priv B:wg" in str(c.replace(SA="private"))
     assert len({c, base(), c.replace(BK=8)}) == 2
     assert gemm_space("full").parse(c.key()) == c
 

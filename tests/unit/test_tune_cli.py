@@ -18,7 +18,7 @@ def test_dry_run_lists_legal_and_illegal_with_reasons(capsys):
     code, out, _ = run(capsys, "tune", "gemm", "--shape", "64,64,64", "--dry-run", "--target", "lavapipe")
     assert code == 0
     assert out.count("legal    ") == 14
-    assert "skipped  128x64x16 W64x32 WN2 T4x4 256t workgroup vec4  (illegal: threads: threads = " \
+    assert "skipped  128x64x16 W64x32 WN2 T4x4 256t wg vec4  (illegal: threads: threads = " \
            "(BM/WM)*(BN/WN)*32 = (128/64)*(64/32)*32 = 128 != NT 256)" in out
     assert "14 legal, 2 illegal of 16" in out
 
@@ -48,7 +48,7 @@ def test_full_space_dry_run_summarizes(capsys):
 def test_show_source_prints_wgsl_of_one_config(capsys):
     code, out, _ = run(capsys, "tune", "gemm", "--show-source", "TM=8,TN=8,WNITER=1,SA=private")
     assert code == 0
-    assert out.startswith("// tilewise gemm: 128x64x16 W64x32 WN1 T8x8 128t A:private B:workgroup vec4")
+    assert out.startswith("// tilewise gemm: 128x64x16 W64x32 WN1 T8x8 128t A:priv B:wg vec4")
     assert "@compute @workgroup_size(128)" in out and "acc_0_7_0_1" in out
     assert "array<f32, " not in out  # accumulators are named scalars/vectors, never an indexed local array
 
@@ -59,9 +59,9 @@ def test_show_source_prints_wgsl_of_one_config(capsys):
     (["tune", "gemm", "--shape", "0,64,64", "--dry-run"], "malformed shape"),
     (["tune", "conv9", "--shape", "64,64,64", "--dry-run"], "unknown family 'conv9'"),
     (["tune", "gemm", "--shape", "64,64,64", "--space", "huge", "--dry-run"], "unknown space 'huge'"),
-    (["tune", "gemm", "--shape", "64,64,64", "--strategy", "annealing", "--dry-run"], "unknown strategy"),
-    (["tune", "gemm", "--shape", "64,64,64", "--budget", "0", "--dry-run"], "measures nothing"),
-    (["tune", "gemm", "--shape", "64,64,64", "--dry-run", "--target", "sm_999"], "unknown target profile"),
+    (["tune", "gemm", "--shape", "64,64,64", "--strategy", "annealing", "--dry-run"], "unknown --strategy 'annealing'"),
+    (["tune", "gemm", "--shape", "64,64,64", "--budget", "0", "--dry-run"], "--budget: expected a whole number of at least 1, got 0"),
+    (["tune", "gemm", "--shape", "64,64,64", "--dry-run", "--target", "sm_999"], "unknown --target 'sm_999'"),
     (["tune", "gemm", "--dry-run"], "--shape is required"),
     (["tune", "gemm", "--show-source", "BM=128,XX=3"], "unknown parameters"),
     (["tune", "gemm", "--show-source", "BM"], "cannot parse"),

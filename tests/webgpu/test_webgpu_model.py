@@ -332,6 +332,6 @@ def test_play_takes_an_adapter_index(webgpu_device, capsys):
     from tilewise.cli import main
 
     index = webgpu_device.info.index
-    assert main(["play", "--policy", "model", "--device", f"webgpu:{index}", "--steps", "2", "--json"]) == 0
+    assert main(["play", "--policy", "model", "--device", f"webgpu:{index}", "--steps", "2", "--json", "-"]) == 0
     out = capsys.readouterr()
     assert out.err.startswith(f"device: webgpu:{index} (") and json.loads(out.out)["device"] == "webgpu"

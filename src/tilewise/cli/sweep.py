@@ -5,34 +5,43 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
+from tilewise.cli import common
 from tilewise.errors import ConfigError
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("sweep", help="time configs across many M, report tile waste, fit a dispatch table")
-    p.add_argument("kernel", help="kernel family with an M,N,K shape (gemm, nf4-matmul, ...)")
+    from tilewise.cli.tune import _plot_file
+    from tilewise.kernels.base import MAX_DIM
+    from tilewise.kernels.registry import kernels
+
+    p = sub.add_parser("sweep", help="time configs across many M, report tile waste, fit a dispatch table",
+                       epilog="examples:\n  tilewise sweep gemm --m 1..512:32 --n 256 --k 256\n"
+                              "  tilewise sweep gemm --m 1,64,96,346 --n 1024 --k 1024 --out dispatch.json --json -")
+    p.add_argument("kernel", choices=kernels(), metavar="FAMILY",
+                   help="kernel family with an M,N,K shape (gemm, nf4-matmul, ...)")
     p.add_argument("--device", default="auto", help="auto, webgpu, webgpu:N, cuda, cuda:N (default auto)")
-    p.add_argument("--m", required=True, help="M values: 1..512, 1..512:8, 1,64,96,346")
-    p.add_argument("--n", type=int, required=True)
-    p.add_argument("--k", type=int, required=True)
+    p.add_argument("--m", required=True, help="M values: 1..512, 1..512:8, 1,64,96,346 (required)")
+    p.add_argument("--n", type=common.int_at_least(1, MAX_DIM), required=True, help="N, the fixed output width")
+    p.add_argument("--k", type=common.int_at_least(1, MAX_DIM), required=True, help="K, the fixed reduction length")
     p.add_argument("--space", default=None,
                    help="candidate configs: the legal configs of this space (default: seed where the kernel has it)")
     p.add_argument("--configs", help="candidate configs instead: NAME=V,...;NAME=V,... (or a tune --json file)")
-    p.add_argument("--tolerance", type=float, default=0.03, help="accepted slowdown vs the per-M best (0.03 = 3%%)")
-    p.add_argument("--plot", metavar="FILE.png")
-    p.add_argument("--json", metavar="FILE", help="every measurement plus the dispatch table")
-    p.add_argument("--out", metavar="dispatch.json", help="the dispatch table the runtime loads")
-    p.add_argument("--store", metavar="PATH")
-    p.add_argument("--force", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tolerance", type=common.float_in(0.0, 1.0), default=0.03,
+                   help="accepted slowdown vs the per-M best (0.03 = 3%%)")
+    p.add_argument("--plot", metavar="FILE.png", type=_plot_file, help="PNG of time per M for every config")
+    p.add_argument("--wide", action="store_true", help="add every config's time per M (over 80 columns)")
+    common.add_json(p, "every measurement plus the dispatch table")
+    p.add_argument("--out", metavar="dispatch.json", type=lambda t: common.output_file(t, "--out"),
+                   help="write the dispatch table the runtime loads")
+    p.add_argument("--store", metavar="PATH", help="results store (default: the user cache dir)")
+    p.add_argument("--force", action="store_true", help="re-measure what the store already holds")
+    p.add_argument("--seed", type=common.seed, default=0, help="random seed (inputs, order, bootstrap)")
     p.set_defaults(func=cmd_sweep)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from tilewise.devices import resolve
@@ -42,20 +51,25 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from tilewise.tune.store import Store
     from tilewise.tune.sweep import parse_m_values, sweep, sweep_candidates, sweep_json
 
+    if args.out is not None and args.out == args.json:
+        raise ConfigError(f"--out and --json both name {args.out}", "give the dispatch table and the JSON report "
+                          "different files")
     ms = parse_m_values(args.m)
-    if args.n < 1 or args.k < 1:
-        raise ConfigError(f"--n {args.n} --k {args.k}: sizes must be positive", "write e.g. --n 2560 --k 1024")
-    choice = resolve(args.device, backends(args.kernel), job=f"sweeping {args.kernel}")
+    have = backends(args.kernel)
+    first = get_template(args.kernel, have[0])
+    if tuple(first.shape_names) != ("M", "N", "K"):
+        raise ConfigError(f"sweep needs an M,N,K kernel; {args.kernel} has {','.join(first.shape_names)}",
+                          "sweep gemm, or tune this family at one shape with `tilewise tune`")
+    first.problem.check_shape((ms[-1], args.n, args.k))
+    choice = resolve(args.device, have, job=f"sweeping {args.kernel}")
     tpl = get_template(args.kernel, choice.device.info.backend)
-    if tuple(tpl.shape_names) != ("M", "N", "K"):
-        raise ConfigError(f"sweep needs an M,N,K kernel; {tpl.name} has {tpl.shape_names}", "sweep gemm")
     device = choice.device
     configs = sweep_candidates(tpl, device.info.limits, args.configs, args.space)
     if not configs:
         raise ConfigError(f"no config of space {args.space or tpl.default_space()} is legal on {device.info.name}",
                           f"see `tilewise tune {args.kernel} --dry-run` for the reasons")
     store = Store(args.store)
-    console = Console(soft_wrap=True)
+    console = common.console(args, soft_wrap=True)
     console.print(choice.line(), markup=False, highlight=False)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as bar:
@@ -64,7 +78,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                        progress=lambda i, n, m: bar.update(task, completed=i, description=f"M={m}"))
     table = dispatch_table(result, args.tolerance)
     ranges = next(iter(table["entries"].values()))["ranges"]
-    tbl, legend = sweep_table(result, ranges)
+    tbl, legend = sweep_table(result, ranges, wide=args.wide)
     console.print(tbl)
     for line in legend:
         console.print(line, markup=False, highlight=False)
@@ -75,11 +89,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if fails:
         console.print(f"{fails} (config, M) pairs did not run correctly; see --json", markup=False)
     if args.out:
-        Path(args.out).write_text(json.dumps(table, indent=1))
+        common.write_atomic(args.out, json.dumps(table, indent=1))
         console.print(f"wrote {args.out}", markup=False)
-    if args.json:
-        Path(args.json).write_text(json.dumps(sweep_json(result, table), indent=1))
-        console.print(f"wrote {args.json}", markup=False)
+    common.emit_json(args.json, sweep_json(result, table), lambda line: console.print(line, markup=False))
     if args.plot:
         plot_sweep(result, args.plot, ranges)
         console.print(f"wrote {args.plot}", markup=False)

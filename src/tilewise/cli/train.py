@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tilewise.cli import common
 from tilewise.errors import ConfigError, DeviceUnavailable
 
 
@@ -35,7 +36,10 @@ def register(sub: Any) -> None:
     p = sub.add_parser("train", help="train an LFM2 classifier to imitate the expert player (needs torch)",
                        description="Train an LFM2-architecture classifier (conv + attention blocks, SwiGLU, 8-way "
                                    "head on the last position) on `tilewise game dataset` records. Writes an HF "
-                                   "folder (config.json, model.safetensors, tokenizer.json, training.json).")
+                                   "folder (config.json, model.safetensors, tokenizer.json, training.json).",
+                       epilog="examples:\n  tilewise game dataset --games 50 --seed 1 --out games.npz\n"
+                              "  tilewise train --data games.npz --out runs/m --shape tiny --steps 200 "
+                              "--nf4 runs/m-nf4")
     p.add_argument("--data", required=True, nargs="+", metavar="FILE",
                    help="dataset file(s) from `tilewise game dataset` (or DAgger's on-policy records); each file is "
                         "split into training and held-out games on its own")
@@ -43,39 +47,45 @@ def register(sub: Any) -> None:
     p.add_argument("--tokenizer", default=None, help="tokenizer.json the dataset was made with (default: the game's)")
     p.add_argument("--shape", default=None,
                    help="model shape: default, small or tiny (default: default, or the --init model's shape)")
-    p.add_argument("--hidden", type=int, help="override the shape's hidden size")
-    p.add_argument("--layers", type=int, help="override the number of blocks")
+    p.add_argument("--hidden", type=common.int_at_least(8, 65536), help="override the shape's hidden size")
+    p.add_argument("--layers", type=common.int_at_least(1, 256), help="override the number of blocks")
     p.add_argument("--attn", type=_attn_list, help="attention block indices, e.g. 2,5,7")
-    p.add_argument("--ffn", type=int, help="override the SwiGLU width")
-    p.add_argument("--heads", type=int, help="override the query heads")
-    p.add_argument("--kv-heads", type=int, help="override the key/value heads")
-    p.add_argument("--epochs", type=float, default=1.0, help="passes over the training games (default 1)")
-    p.add_argument("--steps", type=int, default=0, help="cap on optimizer steps (default: none)")
-    p.add_argument("--time-budget-s", type=float, default=0.0,
+    p.add_argument("--ffn", type=common.int_at_least(8, 262144), help="override the SwiGLU width")
+    p.add_argument("--heads", type=common.int_at_least(1, 1024), help="override the query heads")
+    p.add_argument("--kv-heads", type=common.int_at_least(1, 1024), help="override the key/value heads")
+    p.add_argument("--epochs", type=common.float_in(0.0, 1e6, low_open=True), default=1.0,
+                   help="passes over the training games (default 1)")
+    p.add_argument("--steps", type=common.non_negative, default=0, help="cap on optimizer steps (default: none)")
+    p.add_argument("--time-budget-s", type=common.float_in(0.0), default=0.0,
                    help="stop training after this many seconds (anneals to it) and still write the model")
-    p.add_argument("--batch", type=int, default=64, help="decisions per step (default 64)")
-    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
-    p.add_argument("--warmup", type=int, default=100, help="warm-up steps (default 100)")
-    p.add_argument("--weight-decay", type=float, default=0.05, help="AdamW weight decay on matrices")
-    p.add_argument("--heldout", type=float, default=0.05, help="share of games held out for agreement (default 0.05)")
-    p.add_argument("--seed", type=int, default=0, help="seed of init, shuffles and the held-out split")
+    p.add_argument("--batch", type=common.int_at_least(1, 1 << 20), default=64, help="decisions per step (default 64)")
+    p.add_argument("--lr", type=common.float_in(0.0, 10.0, low_open=True), default=1e-3,
+                   help="peak learning rate (default 1e-3)")
+    p.add_argument("--warmup", type=common.non_negative, default=100, help="warm-up steps (default 100)")
+    p.add_argument("--weight-decay", type=common.float_in(0.0, 10.0), default=0.05,
+                   help="AdamW weight decay on matrices")
+    p.add_argument("--heldout", type=common.float_in(0.0, 0.9), default=0.05,
+                   help="share of games held out for agreement (default 0.05)")
+    p.add_argument("--seed", type=common.seed, default=0, help="seed of init, shuffles and the held-out split")
     p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu or cuda[:N]")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (faster on a GPU after warm-up)")
-    p.add_argument("--log-every", type=int, default=50, help="steps between progress lines")
-    p.add_argument("--eval-every-s", type=float, default=30.0, help="seconds between held-out evaluations")
-    p.add_argument("--train-eval-examples", type=int, default=20_000,
+    p.add_argument("--log-every", type=common.positive, default=50, help="steps between progress lines")
+    p.add_argument("--eval-every-s", type=common.float_in(0.0, low_open=True), default=30.0,
+                   help="seconds between held-out evaluations")
+    p.add_argument("--train-eval-examples", type=common.non_negative, default=20_000,
                    help="training decisions whose agreement is reported at the end (0: skip; slow on a CPU)")
     p.add_argument("--nf4", default=None, metavar="DIR", help="also convert the result to NF4 into DIR")
-    p.add_argument("--data-repeat", type=int, nargs="+", default=None, metavar="N",
+    p.add_argument("--data-repeat", type=common.int_at_least(1, 1000), nargs="+", default=None, metavar="N",
                    help="per --data file, how many times its training decisions are in an epoch (oversampling, e.g. "
                         "DAgger's on-policy files; default 1 each)")
     p.add_argument("--init", default=None, metavar="HF_DIR",
                    help="start from this model folder's weights (e.g. an earlier `tilewise train --out`) instead of a "
                         "fresh initialisation; the shape is the folder's")
-    p.add_argument("--aux-target-weight", type=float, default=0.0, metavar="W",
+    p.add_argument("--aux-target-weight", type=common.float_in(0.0, 100.0), default=0.0, metavar="W",
                    help="weight of a training-only loss on the expert's target placement (rotation state and pivot "
                         "column, recorded in the dataset), predicted from the head's hidden state; 0: off")
-    p.add_argument("--results-json", default=None, metavar="FILE", help="write the run's results as JSON here")
+    p.add_argument("--json", "--results-json", dest="results_json", default=None, type=common.output_file,
+                   metavar="FILE", help="write the run's results as JSON to FILE ('-' for stdout)")
     p.set_defaults(func=_cmd_train)
 
 
@@ -169,7 +179,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         nf4_dir = convert_to_nf4(out, args.nf4)
         log(f"wrote NF4 model {nf4_dir}")
     if args.results_json:
-        Path(args.results_json).write_text(json.dumps(record, indent=2, default=_default) + "\n")
+        common.emit_json(args.results_json, json.loads(json.dumps(record, default=_default)))
     return 0
 
 

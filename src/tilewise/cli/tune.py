@@ -2,55 +2,74 @@
 
     tilewise tune gemm --device webgpu --shape 256,256,256 [--space seed|full|large]
                   [--strategy exhaustive|random] [--budget N] [--budget-s S] [--json FILE] [--plot FILE]
-                  [--force] [--store PATH] [--show-source CONFIG] [--dry-run] [--target PROFILE] [--no-peer]
+                  [--top N] [--wide] [--force] [--store PATH] [--show-source CONFIG] [--dry-run] [--target PROFILE]
+                  [--no-peer]
     tilewise tune model --preset seed-250m --seq 346 --device webgpu [--weights nf4] [--budget N] [--force]
+
+Every argument is checked before a device is opened or a config measured: a run never stores a result that the
+caller's arguments caused.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 from typing import Any
 
+from tilewise.cli import common
 from tilewise.errors import ConfigError
+
+MAX_ROUNDS = 10_000
 
 
 def register(sub: Any) -> None:
     """Add `tune`, with one subcommand per kernel family and `model`."""
     from tilewise.kernels.registry import backends, kernels
+    from tilewise.tune.report import SCREENFUL
+    from tilewise.tune.search import STRATEGIES
 
     p = sub.add_parser("tune", help="measure every legal config of a kernel at one shape and rank them, or tune the "
                                     "classifier's kernels (tune model)",
                        description="Tune one kernel family at one shape, or (tune model) every kernel the "
-                                   "classifier runs. Families: " + ", ".join(kernels()) + ".")
+                                   "classifier runs.\n\nkernel families: " + ", ".join(kernels()) + ".",
+                       epilog="examples:\n  tilewise tune gemm --shape 256,256,256 --budget 20\n"
+                              "  tilewise tune gemm --shape 256,256,256 --dry-run")
     fam = p.add_subparsers(dest="kernel", metavar="FAMILY")
     fam.required = True
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--device", default="auto", help="auto, webgpu, webgpu:N, cuda, cuda:N (default auto: the "
+    shared = argparse.ArgumentParser(add_help=False)
+    shared.add_argument("--device", default="auto", help="auto, webgpu, webgpu:N, cuda, cuda:N (default auto: the "
                                                          "fastest device the family has an implementation for)")
-    common.add_argument("--budget", type=int, default=None, help="most configs to measure")
-    common.add_argument("--force", action="store_true", help="re-measure what the store already holds")
-    common.add_argument("--store", metavar="PATH", help="results store (default: the user cache dir)")
-    common.add_argument("--json", metavar="FILE", help="also write the result as JSON here")
-    common.add_argument("--seed", type=int, default=0, help="random seed (inputs, search order, bootstrap)")
+    shared.add_argument("--budget", type=common.positive, default=None, help="most configs to measure")
+    shared.add_argument("--force", action="store_true", help="re-measure what the store already holds")
+    shared.add_argument("--store", metavar="PATH", help="results store (default: the user cache dir)")
+    common.add_json(shared, "the result (--dry-run: the legal and illegal configs)")
+    shared.add_argument("--seed", type=common.seed, default=0, help="random seed (inputs, search order, bootstrap)")
+    from tilewise.devices.profiles import PROFILES
+
     for name in kernels():
-        k = fam.add_parser(name, parents=[common], help=f"{name} ({', '.join(backends(name))})")
-        k.add_argument("--shape", help="problem shape, e.g. M,N,K = 256,256,256")
+        k = fam.add_parser(name, parents=[shared], help=f"{name} ({', '.join(backends(name))})",
+                           epilog=f"examples:\n  tilewise tune {name} --shape S --budget 20\n"
+                                  f"  tilewise tune {name} --shape S --dry-run --json -")
+        k.add_argument("--shape", help="problem shape, e.g. M,N,K = 256,256,256 (required)")
         k.add_argument("--space", default=None,
                        help="named space: seed (hand-picked points; the default where the family has it), full, ...")
-        k.add_argument("--strategy", default="exhaustive", help="exhaustive | random")
-        k.add_argument("--budget-s", type=float, default=None, help="most seconds to spend")
-        k.add_argument("--plot", metavar="FILE", help="PNG of medians and intervals per config")
-        k.add_argument("--show-source", metavar="CONFIG", help="print the source of one config (NAME=V,... ; "
+        k.add_argument("--strategy", default="exhaustive", choices=sorted(STRATEGIES),
+                       help="exhaustive (every legal config in order) or random (a seeded sample)")
+        k.add_argument("--budget-s", type=common.float_in(0.0, low_open=True), default=None,
+                       help="most seconds to spend")
+        k.add_argument("--plot", metavar="FILE", type=_plot_file, help="PNG of medians and intervals per config")
+        k.add_argument("--top", type=common.positive, default=SCREENFUL, help="ranked configs the table shows")
+        k.add_argument("--wide", action="store_true", help="add intervals, tile waste and errors (over 80 columns)")
+        k.add_argument("--show-source", metavar="CONFIG", help="print the source of one legal config (NAME=V,... ; "
                        "names left out take the template's base config) and exit")
         k.add_argument("--dry-run", action="store_true", help="list legal/illegal configs with reasons; no device")
-        k.add_argument("--target", metavar="PROFILE", help="limits profile for --dry-run (webgpu-default, sm_90, ...)")
-        k.add_argument("--rounds", type=int, default=None, help="timed rounds per batch (default 10..40 within 5 s)")
+        k.add_argument("--target", metavar="PROFILE", choices=sorted(PROFILES),
+                       help="limits profile for --dry-run and --show-source (default: the backend's)")
+        k.add_argument("--rounds", type=common.int_at_least(1, MAX_ROUNDS), default=None,
+                       help="timed rounds per batch (default 10..40 within 5 s)")
         k.add_argument("--no-peer", action="store_true", help="leave the template's peer (cuBLAS on CUDA) out of "
-                       "the final race and the table's %% of peer column")
+                       "the final race and the table's %%peer column")
         k.set_defaults(func=cmd_tune)
-    m = fam.add_parser("model", parents=[common], help="every matmul shape and the attention tile of the "
+    m = fam.add_parser("model", parents=[shared], help="every matmul shape and the attention tile of the "
                                                       "classifier, across row counts; writes its dispatch table")
     m.add_argument("--preset", default="seed-250m", help="model preset or a model folder (default seed-250m)")
     m.add_argument("--seq", type=int, default=346, help="decision length in tokens (default 346)")
@@ -78,68 +97,86 @@ def cmd_tune_model(args: argparse.Namespace) -> int:
     return int(run(args) or 0)
 
 
-def _dry_run_backend(kernel: str, device: str) -> str:
-    """The backend a dry run checks: --device's, or for auto the family's WebGPU implementation where it has one."""
+def _plot_file(text: str) -> str:
+    if not text.lower().endswith(".png"):
+        raise argparse.ArgumentTypeError(f"--plot {text!r} must name a .png file")
+    return common.output_file(text, "--plot")
+
+
+def _offline_backend(kernel: str, device: str) -> str:
+    """The backend --dry-run and --show-source check: --device's, or for auto the family's WebGPU implementation
+    where it has one (no device is opened for them)."""
     from tilewise.devices import parse_device_name
     from tilewise.kernels.registry import backends
 
     base, _ = parse_device_name(device)
-    if base != "auto":
-        return base
     have = backends(kernel)
+    if base != "auto":
+        if base not in have:
+            raise ConfigError(f"{kernel} has no {base} implementation", f"use --device {' or '.join(have)}")
+        return base
     return "webgpu" if "webgpu" in have else have[0]
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from tilewise.kernels.base import parse_shape
     from tilewise.kernels.registry import backends, get_template
 
-    console = Console(soft_wrap=True)
-    if args.show_source or args.dry_run:
-        tpl = get_template(args.kernel, _dry_run_backend(args.kernel, args.device))
-    else:
-        from tilewise.devices import resolve
-
-        choice = resolve(args.device, backends(args.kernel), job=f"tuning {args.kernel}")
-        console.print(choice.line(), markup=False, highlight=False)
-        tpl = get_template(args.kernel, choice.device.info.backend)
+    console = common.console(args, soft_wrap=True)
+    offline = bool(args.show_source or args.dry_run)
+    tpl = get_template(args.kernel, _offline_backend(args.kernel, args.device) if offline else backends(args.kernel)[0])
     if args.show_source:
-        cfg = tpl.parse_config(args.show_source)
-        why = tpl.space("full").why_illegal(cfg)
-        if why:
-            console.print(f"[yellow]note[/yellow]: this config is illegal: {'; '.join(why)}", markup=True)
-        print(tpl.source(cfg), end="")
-        return 0
-    if args.budget is not None and args.budget < 1:
-        raise ConfigError(f"--budget {args.budget} measures nothing", "give --budget N with N >= 1")
+        return _show_source(tpl, args)
     args.space = args.space or tpl.default_space()
     space = tpl.named_space(args.space)
     if not args.shape:
-        raise ConfigError("--shape is required", f"write e.g. --shape {','.join(['256'] * len(tpl.shape_names))} "
-                          f"({','.join(tpl.shape_names)})")
+        example = ",".join(map(str, tpl.problem.example_shape or (256,) * len(tpl.shape_names)))
+        raise ConfigError("--shape is required", f"write e.g. --shape {example} ({','.join(tpl.shape_names)})")
     shape = parse_shape(args.shape, tpl.shape_names)
-    from tilewise.tune.search import Budget, get_strategy
-
-    get_strategy(args.strategy)
-    budget = Budget(args.budget, args.budget_s)
+    tpl.problem.check_shape(shape)
     if args.dry_run:
         from tilewise.devices.profiles import DEFAULT_FOR_BACKEND
-        from tilewise.tune.report import dry_run_lines
+        from tilewise.tune.report import dry_run, dry_run_lines
 
-        target = args.target or DEFAULT_FOR_BACKEND.get(tpl.backend, "webgpu-default")
-        for line in dry_run_lines(tpl, space, shape, target, args.seed):
-            console.print(line, markup=False, highlight=False)
+        found = dry_run(tpl, space, shape, args.target or DEFAULT_FOR_BACKEND.get(tpl.backend, "webgpu-default"),
+                        args.seed)
+        common.emit_json(args.json, found, console.print)
+        if args.json != common.STDOUT:
+            for line in dry_run_lines(found):
+                console.print(line, markup=False, highlight=False)
         return 0
+    from tilewise.devices import resolve
+    from tilewise.tune.search import Budget
+
+    budget = Budget(args.budget, args.budget_s)
+    choice = resolve(args.device, backends(args.kernel), job=f"tuning {args.kernel}")
+    console.print(choice.line(), markup=False, highlight=False)
+    tpl = get_template(args.kernel, choice.device.info.backend)
+    space = tpl.named_space(args.space)
     return _run_tune(tpl, choice.device, space, shape, budget, args, console)
+
+
+def _show_source(tpl: Any, args: argparse.Namespace) -> int:
+    """Print the source of one legal config; an illegal one is refused with its broken rules, never generated."""
+    from tilewise.devices.profiles import DEFAULT_FOR_BACKEND, get_profile
+    from tilewise.kernels.base import parse_shape
+
+    cfg = tpl.parse_config(args.show_source)
+    target = args.target or DEFAULT_FOR_BACKEND.get(tpl.backend, "webgpu-default")
+    shape = parse_shape(args.shape, tpl.shape_names) if args.shape else None
+    why = tpl.space("full").why_illegal(cfg, get_profile(target)) + (tpl.shape_problems(cfg, shape) if shape else [])
+    if why:
+        raise ConfigError(f"config {cfg.key()} is illegal under {target}: {'; '.join(why)}",
+                          f"pick a legal config: `tilewise tune {tpl.name} --dry-run --shape ...` lists them")
+    print(tpl.source(cfg, shape) if shape else tpl.source(cfg), end="")
+    return 0
 
 
 def _run_tune(tpl: Any, device: Any, space: Any, shape: tuple[int, ...], budget: Any, args: argparse.Namespace,
               console: Any) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from tilewise.tune.report import failure_lines, plot_tune, tune_summary, tune_table
+    from tilewise.tune.report import failure_lines, table_notes, tune_summary, tune_table
     from tilewise.tune.store import Store
     from tilewise.tune.tuner import tune
 
@@ -152,18 +189,18 @@ def _run_tune(tpl: Any, device: Any, space: Any, shape: tuple[int, ...], budget:
         task = bar.add_task("tuning", total=total)
 
         def progress(stage: str, done: int, _total: int | None) -> None:
-            bar.update(task, completed=min(done, total) if total else done, description=stage[:70])
+            bar.update(task, completed=min(done, total) if total else done, description=stage[:40])
 
         result = tune(tpl, device, shape, space=args.space, strategy=args.strategy, budget=budget, store=store,
                       force=args.force, seed=args.seed, measure_kw=mkw, progress=progress, peer=not args.no_peer)
-    console.print(tune_table(result))
-    for line in failure_lines(result) + tune_summary(result):
+    console.print(tune_table(result, args.top, args.wide))
+    for line in table_notes(result, args.top) + failure_lines(result) + tune_summary(result):
         console.print(line, markup=False, highlight=False)
     console.print(f"store: {store.path}", style="dim", markup=False)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result.as_json(), indent=1))
-        console.print(f"wrote {args.json}", markup=False)
+    common.emit_json(args.json, result.as_json(), lambda line: console.print(line, markup=False))
     if args.plot:
+        from tilewise.tune.report import plot_tune
+
         plot_tune(result, args.plot)
         console.print(f"wrote {args.plot}", markup=False)
     return 0

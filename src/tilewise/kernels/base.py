@@ -49,6 +49,10 @@ def nonzero_uniform(rng: np.random.Generator, shape: Any) -> np.ndarray:
     return rng.uniform(0.5, 1.5, shape) * rng.choice([-1.0, 1.0], shape)
 
 
+MAX_DIM = 2**31 - 1  # kernels index with 32-bit integers
+MAX_PROBLEM_BYTES = 4 * 2**30
+
+
 class Problem(ABC):
     """A kernel family's math, shared by every backend's implementation."""
 
@@ -62,12 +66,24 @@ class Problem(ABC):
     example_shape: tuple[int, ...] = ()
 
     def check_shape(self, shape: Sequence[int]) -> Shape:
-        """The shape as ints; ConfigError when it has the wrong length or a size below 1."""
+        """The shape as ints; ConfigError when it has the wrong length, a size below 1, or is too large to check:
+        every run is verified against a float64 host reference, so its data must fit in host memory."""
         shp = tuple(int(s) for s in shape)
         if len(shp) != len(self.shape_names) or any(s < 1 for s in shp):
             example = ",".join(str(s) for s in (self.example_shape or (256,) * len(self.shape_names)))
             raise ConfigError(f"{self.name} takes a shape {','.join(self.shape_names)} of positive sizes, got "
                               f"{','.join(map(str, shape)) or 'nothing'}", f"write e.g. --shape {example}")
+        return self.check_size(shp)
+
+    def check_size(self, shp: Shape) -> Shape:
+        """`shp` unchanged, or ConfigError when it is too large to verify (families that override `check_shape`
+        end with this)."""
+        example = ",".join(str(s) for s in (self.example_shape or (256,) * len(self.shape_names)))
+        if max(shp) > MAX_DIM or self.bytes_moved(shp) > MAX_PROBLEM_BYTES:
+            raise ConfigError(f"{self.name} shape {','.join(map(str, shp))} is too large: it moves "
+                              f"{self.bytes_moved(shp) / 2**30:.1f} GiB and sizes stop at {MAX_DIM} (every run is "
+                              f"checked against a float64 reference on the host, limit "
+                              f"{MAX_PROBLEM_BYTES / 2**30:.0f} GiB)", f"write a smaller shape, e.g. --shape {example}")
         return shp
 
     @abstractmethod
@@ -165,8 +181,10 @@ class KernelTemplate(ABC):
             if "=" not in part:
                 raise ConfigError(f"cannot parse {part!r} in config {text!r}",
                                   "write NAME=VALUE pairs, comma separated")
-            k, v = part.split("=", 1)
-            given[k.strip()] = v.strip()
+            k, v = (x.strip() for x in part.split("=", 1))
+            if k in given:
+                raise ConfigError(f"parameter {k} is given twice in config {text!r}", "name each parameter once")
+            given[k] = v
         base = getattr(self, "default_config", None)
         if base is not None:
             full = {k: str(v) for k, v in base().items()}

@@ -237,31 +237,28 @@ class Space:
         return out
 
     def parse(self, text: str) -> Config:
-        """Parse `BM=128,BN=64,...` (the store key form) back into a config of this space."""
+        """Parse `BM=128,BN=64,...` (the store key form) back into a config of this space.
+
+        Every value must be one the space takes: a value off the grid, of the wrong type or named twice is refused,
+        so a typo never turns silently into a different config.
+        """
         values: dict[str, Any] = {}
-        for part in filter(None, (p.strip() for p in text.split(","))):
+        for part in filter(None, (p.strip() for p in str(text).split(","))):
             if "=" not in part:
                 raise ConfigError(f"cannot parse {part!r} in config {text!r}",
                                   "write NAME=VALUE pairs, comma separated")
-            k, v = part.split("=", 1)
-            k = k.strip()
+            k, v = (x.strip() for x in part.split("=", 1))
             if k not in self.params:
                 raise ConfigError(f"unknown parameter {k!r} for {self.name}", f"parameters: {', '.join(self.params)}")
+            if k in values:
+                raise ConfigError(f"parameter {k} is given twice in config {text!r}", "name each parameter once")
             allowed = self.params[k]
-            match = [a for a in allowed if str(a) == v.strip()]
-            values[k] = match[0] if match else _coerce(v.strip(), allowed)
+            match = [a for a in allowed if str(a) == v or (isinstance(a, bool) and v.lower() == str(a).lower())]
+            if not match:
+                raise ConfigError(f"{k}={v} is not a value of parameter {k} (space {self.name!r})",
+                                  f"use one of: {', '.join(map(str, allowed))}")
+            values[k] = match[0]
         return self.config(values)
-
-
-def _coerce(text: str, like: Sequence[Any]) -> Any:
-    sample = like[0]
-    if isinstance(sample, bool):
-        return text.lower() in ("1", "true", "yes")
-    if isinstance(sample, int):
-        return int(text)
-    if isinstance(sample, float):
-        return float(text)
-    return text
 
 
 def divides(a: int, b: int) -> bool:

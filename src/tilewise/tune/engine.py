@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from tilewise.devices.base import Device, Launch, Program, source_hash
-from tilewise.errors import DeviceLost, ShaderCompileError
+from tilewise.errors import ConfigError, DeviceLost, ShaderCompileError
 from tilewise.kernels.base import DeviceBuffers, KernelTemplate, Shape
 from tilewise.kernels.space import Config
 from tilewise.tune.measure import Stats, measure
@@ -45,6 +45,28 @@ from tilewise.tune.verify import Check, Verifier
 Progress = Callable[[str, int, "int | None"], None]
 
 DEFAULT_MEASURE = {"warmup": 2, "min_rounds": 10, "max_rounds": 40, "budget_s": 5.0}
+
+
+def check_measure_kw(kw: dict[str, Any]) -> dict[str, Any]:
+    """`kw` unchanged, or ConfigError before anything runs: a measurement that fails because of the caller's
+    arguments would otherwise be stored as a failure of every config it touched."""
+    unknown = set(kw) - set(DEFAULT_MEASURE) - {"between", "between_launches", "on_round"}
+    if unknown:
+        raise ConfigError(f"unknown timing arguments {sorted(unknown)}", f"use {', '.join(DEFAULT_MEASURE)}")
+    for name in ("warmup", "min_rounds", "max_rounds"):
+        value = kw[name]
+        if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "warmup" else 1):
+            raise ConfigError(f"{name}={value!r} is not a usable round count",
+                              f"give {name} as a whole number >= {0 if name == 'warmup' else 1} (e.g. --rounds 20)")
+    if kw["max_rounds"] < kw["min_rounds"]:
+        raise ConfigError(f"max_rounds {kw['max_rounds']} < min_rounds {kw['min_rounds']}",
+                          "give max_rounds >= min_rounds")
+    budget = kw["budget_s"]
+    if not isinstance(budget, (int, float)) or not budget > 0 or budget == float("inf"):
+        raise ConfigError(f"budget_s={budget!r} is not a usable time budget", "give a finite number of seconds > 0")
+    return kw
+
+
 KEEP_INPUT_SETS = 8  # input sets kept per kernel (most recently used first out); verifiers the same
 _VERIFIED_AT = re.compile(r"^verified at (\d+(?:x\d+)*): ")
 _FIRST_RUN = re.compile(r"first run took ([0-9.]+) s")
@@ -155,8 +177,10 @@ class Engine:
                  timeout_s: float = 30.0, measure_kw: dict[str, Any] | None = None,
                  progress: Progress | None = None) -> None:
         self.device, self.store, self.force, self.timeout_s = device, store, force, timeout_s
+        if not timeout_s > 0:
+            raise ConfigError(f"timeout {timeout_s!r} s stops every run", "give a timeout above 0 seconds")
         self.rng = np.random.default_rng(seed)
-        self.measure_kw = {**DEFAULT_MEASURE, **(measure_kw or {})}
+        self.measure_kw = check_measure_kw({**DEFAULT_MEASURE, **(measure_kw or {})})
         self.progress = progress
         self.fingerprint = device.info.fingerprint
         #: wall-clock seconds spent per stage (compile, verify, inputs, measure), summed over every call
@@ -288,7 +312,7 @@ class Engine:
         when `peer` (then every item must have the same shape). An item listed twice is timed twice (it must tie
         with itself). The new stats replace the stored ones, and any of `outcomes` whose item raced gets them too
         (its `cached` flag cleared, `pct_of_peer` set)."""
-        mkw = {**self.measure_kw, **(measure_kw or {})}
+        mkw = check_measure_kw({**self.measure_kw, **(measure_kw or {})})
         launches: dict[Any, list[Launch]] = {i: self.launches(it) for i, it in enumerate(items)}
         result = Race([])
         peer_key = _PeerKey()

@@ -14,42 +14,81 @@ from tilewise.tune.tuner import TuneResult
 _STATUS_ORDER = {"wrong": 0, "timeout": 1, "launch_error": 2, "compile_error": 3, "illegal": 4}
 
 
-def tune_table(result: TuneResult) -> Any:
-    """A rich Table of the ranked `ok` rows (GFLOP/s, % of best, interval, tie group); see `failure_lines`.
+SCREENFUL = 20  # ranked rows `tune` shows by default (--top N changes it)
 
-    With a peer (`result.peer`), a `% of <peer>` column holds 100 * peer median / config median for the
-    configs that ran in the final race with it ("-" for the rest: their times come from other measurements),
-    and the peer's own row closes the table.
-    """
+
+def _table(title: str) -> Any:
+    from rich import box
     from rich.table import Table
 
-    t = Table(title=f"{result.kernel} {'x'.join(map(str, result.shape))} on {result.fingerprint} "
-                    f"(space {result.space})")
+    return Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left")
+
+
+def tune_table(result: TuneResult, top: int | None = SCREENFUL, wide: bool = False) -> Any:
+    """A rich Table of the best `top` ranked `ok` rows, sized for 80 columns (`wide` adds the interval, tile
+    waste and error columns); see `failure_lines`.
+
+    With a peer (`result.peer`), a `%peer` column holds 100 * peer median / config median for the configs that ran
+    in the final race with it ("-" for the rest: their times come from other measurements), and the peer's own row
+    closes the table. Configs marked `*` come from the store.
+    """
+    t = _table(f"{result.kernel} {'x'.join(map(str, result.shape))} on {short_fingerprint(result.fingerprint)} "
+               f"(space {result.space})")
     peer = result.peer
-    cols = [("#", "right"), ("config", "left"), ("median ms", "right"), ("GFLOP/s", "right"), ("% best", "right")]
+    cols = [("#", "right"), ("config", "left"), ("ms", "right"), ("GFLOP/s", "right"), ("%best", "right")]
     if peer is not None:
-        cols.append((f"% of {peer.name}", "right"))
-    cols += [("95% interval ms", "right"), ("tie", "right"), ("waste", "right"), ("rel err", "right")]
+        cols.append(("%peer", "right"))
+    cols.append(("tie", "right"))
+    if wide:
+        cols += [("95% interval ms", "right"), ("waste", "right"), ("rel err", "right")]
     for col, just in cols:
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
+        t.add_column(col, justify=just, no_wrap=col != "config", overflow="fold")  # type: ignore[arg-type]
     ranked = result.ranked
     best = ranked[0].stats.median_ms if ranked and ranked[0].stats else None
-    for i, r in enumerate(ranked, 1):
+    for i, r in enumerate(ranked[:top] if top else ranked, 1):
         s = r.stats
         assert s is not None and best is not None
-        cells = [str(i), str(r.config) + (" (stored)" if r.cached else ""), f"{s.median_ms:.4f}",
+        cells = [str(i), str(r.config) + (" *" if r.cached else ""), _ms(s.median_ms),
                  f"{r.gflops:.1f}" if r.gflops else "-", f"{100 * best / s.median_ms:.0f}%"]
         if peer is not None:
             cells.append(f"{r.pct_of_peer:.1f}%" if r.pct_of_peer is not None else "-")
-        cells += [f"{s.ci95_ms[0]:.4f}..{s.ci95_ms[1]:.4f}", str(r.tie_group),
-                  f"{r.tile_waste:.2f}" if r.tile_waste else "-", f"{r.rel_err:.1e}" if r.rel_err is not None else "-"]
+        cells.append(str(r.tie_group))
+        if wide:
+            cells += [f"{_ms(s.ci95_ms[0])}..{_ms(s.ci95_ms[1])}", f"{r.tile_waste:.2f}" if r.tile_waste else "-",
+                      f"{r.rel_err:.1e}" if r.rel_err is not None else "-"]
         t.add_row(*cells)
     if peer is not None:
         ps = peer.stats
-        t.add_row("-", f"{peer.name} (peer)", f"{ps.median_ms:.4f}", f"{peer.gflops:.1f}",
-                  f"{100 * best / ps.median_ms:.0f}%" if best else "-", "100.0%",
-                  f"{ps.ci95_ms[0]:.4f}..{ps.ci95_ms[1]:.4f}", "-", "-", "-", style="dim")
+        cells = ["-", f"{peer.name} (peer)", _ms(ps.median_ms), f"{peer.gflops:.1f}",
+                 f"{100 * best / ps.median_ms:.0f}%" if best else "-", "100.0%", "-"]
+        if wide:
+            cells += [f"{_ms(ps.ci95_ms[0])}..{_ms(ps.ci95_ms[1])}", "-", "-"]
+        t.add_row(*cells, style="dim")
     return t
+
+
+def table_notes(result: TuneResult, top: int | None = SCREENFUL) -> list[str]:
+    """The lines that explain the table: rows left out, the store marker."""
+    lines = []
+    left = len(result.ranked) - top if top else 0
+    if left > 0:
+        lines.append(f"{left} more ranked configs not shown (--top {len(result.ranked)} shows all; --json has them)")
+    if any(r.cached for r in result.rows):
+        lines.append("* measured earlier, taken from the store (--force re-measures)")
+    return lines
+
+
+def short_fingerprint(fp: str, width: int = 36) -> str:
+    """A device fingerprint cut to `width` characters for titles, keeping its hash (the end) so it stays unique."""
+    if len(fp) <= width:
+        return fp
+    head, _, tail = fp.rpartition(":")
+    return f"{head[: max(8, width - len(tail) - 2)]}…:{tail}"
+
+
+def _ms(x: float) -> str:
+    """Milliseconds with four significant digits (0.01234, 1.234, 123.4)."""
+    return f"{x:.4g}" if x < 1000 else f"{x:.0f}"
 
 
 def failure_lines(result: TuneResult) -> list[str]:
@@ -100,33 +139,32 @@ def tune_summary(result: TuneResult) -> list[str]:
     return lines
 
 
-def sweep_table(result: SweepResult, ranges: Sequence[Mapping[str, Any]] | None = None, max_rows: int = 40) -> Any:
-    """Time and tile waste per (M, config), best per M marked."""
-    from rich.table import Table
-
-    t = Table(title=f"{result.kernel} sweep N={result.n} K={result.k} on {result.fingerprint}")
-    t.add_column("M", justify="right")
+def sweep_table(result: SweepResult, ranges: Sequence[Mapping[str, Any]] | None = None, max_rows: int = 40,
+                wide: bool = False) -> Any:
+    """Per M: the fastest config, the dispatch table's pick, the pick's time and its slowdown vs the fastest, and
+    the pick's tile waste; `wide` adds every config's time as its own column. Returns (table, legend lines)."""
     labels = [str(c) for c in result.configs]
-    for i, _ in enumerate(labels):
-        t.add_column(f"c{i} ms (waste)", justify="right")
-    t.add_column("dispatch", justify="left")
+    t = _table(f"{result.kernel} sweep N={result.n} K={result.k} on {short_fingerprint(result.fingerprint)}")
+    for col in ("M", "fastest", "ms", "pick", "pick ms", "slower", "waste"):
+        t.add_column(col, justify="left" if col in ("fastest", "pick") else "right", no_wrap=True)
+    if wide:
+        for i, _ in enumerate(labels):
+            t.add_column(f"c{i} ms", justify="right", no_wrap=True)
     step = max(1, len(result.ms) // max_rows)
     shown = result.ms[::step] + ([result.ms[-1]] if result.ms[-1] not in result.ms[::step] else [])
     for m in shown:
         best = result.best_at(m)
-        cells = []
-        for c in result.configs:
-            med = result.median(c, m)
-            w = result.waste.get(c, {}).get(m)
-            cell = "-" if med is None else f"{med:.4f} ({w:.2f})"
-            if best and best[0] == c:
-                cell = f"[bold]{cell}[/bold]"
-            cells.append(cell)
-        pick = ""
-        for r in ranges or []:
-            if r["m_min"] <= m <= r["m_max"]:
-                pick = f"c{[str(c) for c in result.configs].index(r['label'])}"
-        t.add_row(str(m), *cells, pick)
+        pick = next((labels.index(r["label"]) for r in ranges or [] if r["m_min"] <= m <= r["m_max"]
+                     and r["label"] in labels), None)
+        pick_ms = result.median(result.configs[pick], m) if pick is not None else None
+        waste = result.waste.get(result.configs[pick], {}).get(m) if pick is not None else None
+        cells = [str(m), f"c{labels.index(str(best[0]))}" if best else "-", _ms(best[1]) if best else "-",
+                 f"c{pick}" if pick is not None else "-", _ms(pick_ms) if pick_ms is not None else "-",
+                 f"{100 * (pick_ms / best[1] - 1):.1f}%" if pick_ms is not None and best else "-",
+                 f"{waste:.2f}" if waste is not None else "-"]
+        if wide:
+            cells += ["-" if result.median(c, m) is None else _ms(result.median(c, m) or 0.0) for c in result.configs]
+        t.add_row(*cells)
     return t, [f"c{i}: {lab}" for i, lab in enumerate(labels)]
 
 
@@ -189,36 +227,53 @@ def plot_tune(result: TuneResult, path: str | Path) -> None:
     plt.close(fig)
 
 
-def dry_run_lines(tpl: Any, space: Any, shape: tuple[int, ...], target: str, seed: int = 0) -> list[str]:
-    """What `tune --dry-run` prints: legal and illegal configs with every broken rule, under a limits profile and
-    without a device. Raises the no-legal-config error (with the most broken rules) when nothing is legal."""
+def dry_run(tpl: Any, space: Any, shape: tuple[int, ...], target: str, seed: int = 0) -> dict[str, Any]:
+    """What `tune --dry-run` finds, as data: legal and illegal configs with every broken rule, under a limits
+    profile and without a device (a large grid: counts, the first broken rule among random illegal configs, and
+    examples). Raises the no-legal-config error (with the most broken rules) when nothing is legal."""
     from tilewise.devices.profiles import get_profile
     from tilewise.tune.tuner import illegal_examples, no_legal_config_error, split_configs
 
     limits = get_profile(target)
-    lines = [f"{tpl.name} on {tpl.backend}, space {space.name}, shape {','.join(map(str, shape))}, "
-             f"limits {target} (no device used)"]
+    out: dict[str, Any] = {"kernel": tpl.name, "backend": tpl.backend, "space": space.name, "shape": list(shape),
+                           "target": target, "grid_size": space.size}
+
+    def entry(c: Any, why: Sequence[str] = ()) -> dict[str, Any]:
+        return {"config": c.key(), "label": str(c), **({"reasons": list(why)} if why else {})}
+
     if space.points is not None:
         legal, illegal = split_configs(tpl, space, limits, shape, list(space))
-        lines += [f"  legal    {c}" for c in legal]
-        lines += [f"  skipped  {c}  (illegal: {'; '.join(why)})" for c, why in illegal]
-        lines.append(f"{len(legal)} legal, {len(illegal)} illegal of {space.size}")
         if not legal:
             raise no_legal_config_error(tpl, space, shape, illegal, f"under {target}")
-        return lines
+        return {**out, "enumerated": True, "legal_count": len(legal), "legal": [entry(c) for c in legal],
+                "illegal": [entry(c, why) for c, why in illegal]}
     all_legal = space.legal(limits)
     legal, bad_shape = split_configs(tpl, space, limits, shape, all_legal)
-    lines.append(f"{len(legal)} legal of {space.size} in the grid ({space.size - len(all_legal)} break a rule, "
-                 f"{len(bad_shape)} more refuse this shape)")
+    if not legal:
+        raise no_legal_config_error(tpl, space, shape, bad_shape, f"under {target}")
     counts: dict[str, int] = {}
     examples = illegal_examples(space, limits, seed, n=400)
     for c in examples:
         first = space.why_illegal(c, limits)[0].split(":", 1)[0]
         counts[first] = counts.get(first, 0) + 1
+    return {**out, "enumerated": False, "legal_count": len(legal), "rule_breakers": space.size - len(all_legal),
+            "shape_refusals": len(bad_shape), "first_broken_rule_counts": counts,
+            "legal": [entry(c) for c in legal[:10]],
+            "illegal": [entry(c, space.why_illegal(c, limits)) for c in examples[:10]]}
+
+
+def dry_run_lines(found: Mapping[str, Any]) -> list[str]:
+    """The lines `tune --dry-run` prints for `dry_run`'s data."""
+    lines = [f"{found['kernel']} on {found['backend']}, space {found['space']}, shape "
+             f"{','.join(map(str, found['shape']))}, limits {found['target']} (no device used)"]
+    legal = [f"  legal    {e['label']}" for e in found["legal"]]
+    illegal = [f"  skipped  {e['label']}  (illegal: {'; '.join(e['reasons'])})" for e in found["illegal"]]
+    if found["enumerated"]:
+        return [*lines, *legal, *illegal,
+                f"{found['legal_count']} legal, {len(found['illegal'])} illegal of {found['grid_size']}"]
+    counts = found["first_broken_rule_counts"]
+    lines.append(f"{found['legal_count']} legal of {found['grid_size']} in the grid ({found['rule_breakers']} break "
+                 f"a rule, {found['shape_refusals']} more refuse this shape)")
     lines.append("first broken rule among random illegal configs: "
                  + ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])))
-    lines += [f"  skipped  {c}  (illegal: {'; '.join(space.why_illegal(c, limits))})" for c in examples[:10]]
-    lines += [f"  legal    {c}" for c in legal[:10]]
-    if not legal:
-        raise no_legal_config_error(tpl, space, shape, bad_shape, f"under {target}")
-    return lines
+    return [*lines, *illegal, *legal]

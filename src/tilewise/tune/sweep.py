@@ -34,6 +34,10 @@ def parse_m_values(text: str) -> list[int]:
             lo, hi, step = int(m.group(1)), int(m.group(2)), int(m.group(3) or 1)
             if lo < 1 or hi < lo or step < 1:
                 raise ConfigError(f"bad M range {part!r}: need 1 <= lo <= hi and step >= 1", "write e.g. --m 1..512:8")
+            count = (hi - lo) // step + 1  # counted before building it: a huge range must not fill memory
+            if len(out) + count > MAX_SWEEP_POINTS:
+                raise ConfigError(f"M range {part!r} holds {count} values; a sweep takes at most {MAX_SWEEP_POINTS}",
+                                  f"use a step, e.g. --m {lo}..{hi}:{max(1, (hi - lo) // (MAX_SWEEP_POINTS // 2))}")
             out.update(range(lo, hi + 1, step))
             out.add(hi)
         elif part.isdigit() and int(part) > 0:

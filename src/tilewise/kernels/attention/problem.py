@@ -72,7 +72,7 @@ class AttentionProblem(Problem):
         if len(shp) != 5 or min(shp) < 0 or shp[0] < 1 or min(shp[2:]) < 1:
             raise ConfigError(f"attention takes a shape M,P,HQ,HKV,D (M, HQ, HKV, D >= 1, P >= 0), got {shape!r}",
                               "write e.g. --shape 346,0,16,8,64")
-        return shp
+        return self.check_size(shp)
 
     def output_shape(self, shape: Shape) -> tuple[int, ...]:
         return (shape[0], shape[2] * shape[4])  # (M, HQ D)

@@ -36,10 +36,10 @@ class Conv1dProblem(Problem):
             raise ConfigError(f"conv1d kernel length N={N} is longer than the input length M={M}",
                               "swap the operands (convolution is commutative) or pass a kernel no longer than the "
                               "input")
-        return M, N
+        return self.check_size((M, N))
 
     def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
-        M, N = self.check_shape(shape)
+        M, N = map(int, shape)
         return {"a": nonzero_uniform(rng, M).astype(np.float32),  # (M,)
                 "w": nonzero_uniform(rng, N).astype(np.float32)}  # (N,)
 
@@ -48,15 +48,15 @@ class Conv1dProblem(Problem):
 
     def output_shape(self, shape: Shape) -> tuple[int, ...]:
         """(M + N - 1,): what `reference` and every template's `read_output` return."""
-        M, N = self.check_shape(shape)
+        M, N = map(int, shape)
         return (M + N - 1,)
 
     def flops(self, shape: Shape) -> int:
-        M, N = self.check_shape(shape)
+        M, N = map(int, shape)
         return 2 * M * N
 
     def bytes_moved(self, shape: Shape) -> int:
-        M, N = self.check_shape(shape)
+        M, N = map(int, shape)
         return 4 * (M + N + (M + N - 1))
 
 

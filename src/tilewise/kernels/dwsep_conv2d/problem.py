@@ -55,7 +55,7 @@ class DwsepProblem(Problem):
 
     def check_shape(self, shape: Sequence[int]) -> Shape:
         """The shape as ints (P may be 0); refuses a kernel larger than the padded input."""
-        return tuple(self.dims(shape)[:7])
+        return self.check_size(tuple(self.dims(shape)[:7]))
 
     def dims(self, shape: Sequence[int]) -> DwsepShape:
         """The checked shape with its output size (B, C, H, W, O, K, P, Ho, Wo)."""

@@ -14,8 +14,10 @@ WARP = 32  # invocations per logical warp
 
 
 def fmt(c: Config) -> str:
-    """`128x64x16 W64x32 WN2 T4x4 128t workgroup vec4` (staging written per operand when A and B differ)."""
-    stage = c["SA"] if c["SA"] == c["SB"] else f"A:{c['SA']} B:{c['SB']}"
+    """`128x64x16 W64x32 WN2 T4x4 128t wg vec4`: staging in workgroup memory (wg) or registers (priv), written per
+    operand when A and B differ (`A:priv B:wg`), so the name fits a table cell."""
+    short = {"workgroup": "wg", "private": "priv"}
+    stage = short[c["SA"]] if c["SA"] == c["SB"] else f"A:{short[c['SA']]} B:{short[c['SB']]}"
     return (f"{c['BM']}x{c['BN']}x{c['BK']} W{c['WM']}x{c['WN']} WN{c['WNITER']} T{c['TM']}x{c['TN']} "
             f"{c['NT']}t {stage} vec{c['VEC']}" + ("", " pf", " pf2")[c["PF"]])
 
