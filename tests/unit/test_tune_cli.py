@@ -60,7 +60,7 @@ def test_show_source_prints_wgsl_of_one_config(capsys):
     (["tune", "conv9", "--shape", "64,64,64", "--dry-run"], "unknown family 'conv9'"),
     (["tune", "gemm", "--shape", "64,64,64", "--space", "huge", "--dry-run"], "unknown space 'huge'"),
     (["tune", "gemm", "--shape", "64,64,64", "--strategy", "annealing", "--dry-run"], "unknown --strategy 'annealing'"),
-    (["tune", "gemm", "--shape", "64,64,64", "--budget", "0", "--dry-run"], "--budget: expected a whole number of at least 1, got 0"),
+    (["tune", "gemm", "--shape", "64,64,64", "--budget", "0", "--dry-run"], "expected a whole number of at least 1"),
     (["tune", "gemm", "--shape", "64,64,64", "--dry-run", "--target", "sm_999"], "unknown --target 'sm_999'"),
     (["tune", "gemm", "--dry-run"], "--shape is required"),
     (["tune", "gemm", "--show-source", "BM=128,XX=3"], "unknown parameters"),
