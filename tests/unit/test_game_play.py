@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -269,3 +270,50 @@ def test_play_says_which_device_it_plays_on(capsys):
     assert main(["play", "--policy", "model", "--device", "cpu", "--steps", "2", "--json", "-"]) == 0
     out = capsys.readouterr()
     assert out.err.startswith("device: cpu (") and json.loads(out.out)["device"] == "cpu"
+
+
+def _run_on_a_terminal(argv: list[str]) -> str:
+    """Run `tilewise argv` with stdout on a pseudo-terminal (as a user's shell has it) and return what it drew."""
+    import os
+    import pty
+    import subprocess
+
+    leader, follower = pty.openpty()
+    env = {**os.environ, "COLUMNS": "100", "LINES": "40", "TERM": "xterm-256color"}
+    proc = subprocess.Popen([sys.executable, "-m", "tilewise", *argv], stdout=follower, stderr=subprocess.PIPE,
+                            env=env)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 65536)
+        except OSError:  # the terminal closes when the process ends
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=120)
+    os.close(leader)
+    assert proc.returncode == 0, proc.stderr.read().decode()
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_play_draws_the_board_by_default_on_a_terminal():
+    drawn = _run_on_a_terminal(["play", "--policy", "expert", "--steps", "8", "--delay-ms", "0"])
+    assert "tilewise" in drawn and "[]" in drawn and "next" in drawn  # the live board panel
+    assert "decisions" in drawn and "latency p50" in drawn  # and the stats after it
+
+
+def test_play_piped_prints_only_the_stats():
+    import subprocess
+
+    run = subprocess.run([sys.executable, "-m", "tilewise", "play", "--policy", "expert", "--steps", "8"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0
+    assert "latency p50" in run.stdout and "[]" not in run.stdout
+    assert "policy expert: no model, so no device" in run.stderr
+
+
+def test_no_watch_keeps_the_terminal_plain():
+    drawn = _run_on_a_terminal(["play", "--policy", "expert", "--steps", "8", "--no-watch"])
+    assert "[]" not in drawn and "latency p50" in drawn
