@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tilewise.cli import common
+
 
 def register(sub: Any) -> None:
     """Add the `convert` and `bench` subcommands."""
@@ -15,13 +17,16 @@ def register(sub: Any) -> None:
     p = sub.add_parser("convert", help="convert an HF LFM2 folder (or a preset) to a tilewise nf4/f16/f32 checkpoint",
                        description="Convert an HF LFM2 folder, a tilewise checkpoint or a preset (seeded random "
                                    "weights) into a tilewise checkpoint folder. Projections, FFN and embeddings take "
-                                   "the chosen format; norms, conv taps and the classifier head stay float32.")
+                                   "the chosen format; norms, conv taps and the classifier head stay float32.",
+                       epilog="examples:\n  tilewise convert lfm2-350m models/lfm2-350m-nf4\n"
+                              "  tilewise convert path/to/hf-lfm2 models/mine-f16 --format f16")
     p.add_argument("src", help="HF LFM2 folder, tilewise checkpoint, or preset name (lfm2-350m, seed-250m, tiny)")
     p.add_argument("dst", help="output folder (model.safetensors, config.json, tokenizer.json if the source has one)")
     p.add_argument("--format", choices=("nf4", "f16", "f32"), default="nf4", help="weight format (default nf4)")
-    p.add_argument("--blocksize", type=int, default=64, help="NF4 weights per absmax block, 32..4096 (default 64)")
+    p.add_argument("--blocksize", type=common.int_at_least(32, 4096), default=64,
+                   help="NF4 weights per absmax block, 32..4096 (default 64)")
     p.add_argument("--double-quant", action="store_true", help="NF4: store absmax 8-bit (blocks of 256)")
-    p.add_argument("--seed", type=int, default=0, help="seed of a preset's random weights (default 0)")
+    p.add_argument("--seed", type=common.seed, default=0, help="seed of a preset's random weights (default 0)")
     p.set_defaults(func=_cmd_convert)
 
 
