@@ -3,6 +3,7 @@ and what it shares between items (programs by program key, verifications by veri
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -147,3 +148,33 @@ def test_race_times_items_together_and_updates_what_is_stored(tmp_path):
     assert len(race.stats) == 3 and race.rounds == 5 and all(st.n == 5 for st in race.stats)
     assert outs[0].stats is race.stats[0] and outs[1].stats is race.stats[1]
     assert {r.samples for r in store.query(kernel="fake-gemm", status="ok")} == {5}
+
+
+@pytest.mark.parametrize("bad,needle", [
+    ({"min_rounds": -3, "max_rounds": -3}, "min_rounds=-3 is not a usable round count"),
+    ({"min_rounds": 5, "max_rounds": 2}, "max_rounds 2 < min_rounds 5"),
+    ({"warmup": 1.5}, "warmup=1.5"),
+    ({"budget_s": float("nan")}, "budget_s=nan"),
+    ({"budget_s": 0}, "budget_s=0"),
+    ({"rounds": 3}, "unknown timing arguments ['rounds']"),
+])
+def test_bad_timing_arguments_are_refused_before_anything_is_stored(tmp_path, bad, needle):
+    from tilewise.errors import ConfigError
+
+    store = Store(tmp_path / "s.sqlite")
+    tpl = Fake()
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        Engine(CPUDevice(), store, measure_kw=bad).evaluate(items(tpl, (16, 8, 4)))
+    eng = Engine(CPUDevice(), store, measure_kw=FAST)
+    (first,) = eng.evaluate(items(tpl, (16, 8, 4), ["ok"]))
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        eng.race([first.item], measure_kw=bad)
+    # the only stored outcome is the good run's: the caller's bad arguments left no failure behind
+    assert [r.status for r in store.query(kernel="fake-gemm")] == ["ok"] and tpl.compiled == [("ok", (16, 8, 4))]
+
+
+def test_a_zero_timeout_is_refused():
+    from tilewise.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="stops every run"):
+        Engine(CPUDevice(), timeout_s=0.0)
