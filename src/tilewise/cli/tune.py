@@ -3,7 +3,8 @@
     tilewise tune gemm --device webgpu --shape 256,256,256 [--space seed|full|large]
                   [--strategy exhaustive|random] [--budget N] [--budget-s S] [--json FILE] [--plot FILE]
                   [--force] [--store PATH] [--show-source CONFIG] [--dry-run] [--target PROFILE] [--no-peer]
-    tilewise tune model --preset seed-250m --seq 346 --device webgpu [--weights nf4] [--budget N] [--force]
+    tilewise tune model [--preset default] [--seq 346] [--device auto] [--weights nf4] [--budget N]
+                  [--budget-s S] [--json FILE] [--force]
 """
 
 from __future__ import annotations
@@ -50,16 +51,38 @@ def register(sub: Any) -> None:
         k.add_argument("--no-peer", action="store_true", help="leave the template's peer (cuBLAS on CUDA) out of "
                        "the final race and the table's %% of peer column")
         k.set_defaults(func=cmd_tune)
-    m = fam.add_parser("model", parents=[common], help="every matmul shape and the attention tile of the "
-                                                      "classifier, across row counts; writes its dispatch table")
-    m.add_argument("--preset", default="seed-250m", help="model preset or a model folder (default seed-250m)")
-    m.add_argument("--seq", type=int, default=346, help="decision length in tokens (default 346)")
-    m.add_argument("--weights", default="nf4", help="weight format: nf4, f16 or f32 (default nf4)")
+    from tilewise.cli import common as cli_common
+
+    m = fam.add_parser(
+        "model", help="every matmul shape and the attention tile of the classifier, across row counts; writes its "
+                      "dispatch table",
+        description="Measure every matmul the classifier runs (each kernel's candidates at every row\n"
+                    "count) and its attention tile on one WebGPU device, and write the dispatch table\n"
+                    "that `tilewise.load` and `tilewise play` use there. Every outcome is stored, so\n"
+                    "a cut or interrupted run resumes where it stopped.",
+        epilog="examples:\n  tilewise tune model\n"
+               "  tilewise tune model --preset seed-250m --budget 20 --budget-s 600 --json -")
+    m.add_argument("--preset", default="default", help="`default` (the bundled model, what play runs), a preset "
+                   "(lfm2-350m, seed-250m, tiny) or a model folder: only its shapes matter")
+    m.add_argument("--device", default="auto", help="auto, webgpu or webgpu:N (the table is this adapter's)")
+    m.add_argument("--seq", type=cli_common.int_at_least(2), default=346,
+                   help="decision length in tokens: its rows (and 47 fewer) are measured besides --rows")
+    m.add_argument("--weights", default="nf4", choices=("nf4", "f16", "f32"), help="weight format of the model")
     m.add_argument("--rows", type=_rows, default=None, metavar="M,M,...",
                    help="row counts to measure besides the decision's (default 1,2,4,...,512)")
+    m.add_argument("--budget", type=cli_common.positive, default=None, metavar="N",
+                   help="most candidates per kernel (default: the default config, the hand-picked ones and 12 "
+                        "random ones)")
+    m.add_argument("--budget-s", type=cli_common.float_in(0, low_open=True), default=None, metavar="S",
+                   help="most seconds overall: no new candidate starts after S; the table keeps the shapes "
+                        "finished and says which were cut (default: no limit)")
     m.add_argument("--no-hand-picked", dest="hand_picked", action="store_false",
-                   help="leave out the hand-picked seed configs (then --budget random configs per kernel compete)")
-    m.set_defaults(func=cmd_tune_model, budget=None)
+                   help="leave out the hand-picked seed configs (the default config and random ones compete)")
+    m.add_argument("--force", action="store_true", help="re-measure shapes the table and the store already hold")
+    m.add_argument("--store", metavar="PATH", help="results store (default: the user cache dir)")
+    m.add_argument("--seed", type=cli_common.seed, default=0, help="random seed (inputs, sampled configs)")
+    cli_common.add_json(m, "a summary (table path, partial or not, best times per shape)")
+    m.set_defaults(func=cmd_tune_model)
 
 
 def _rows(text: str) -> list[int]:
@@ -73,9 +96,10 @@ def _rows(text: str) -> list[int]:
 
 
 def cmd_tune_model(args: argparse.Namespace) -> int:
+    from tilewise.cli.common import emit_json
     from tilewise.model.tune import run
 
-    return int(run(args) or 0)
+    return int(run(args, emit_json) or 0)
 
 
 def _dry_run_backend(kernel: str, device: str) -> str:

@@ -121,7 +121,7 @@ def check_model_table(table: DispatchTable, limits: Limits | None, features: Ite
             kept[key] = entry
         except ConfigError as exc:
             problems.append(exc.problem)
-    out = DispatchTable(table.device, kept, dict(table.versions), table.measured, table.source)
+    out = DispatchTable(table.device, kept, dict(table.versions), table.measured, table.source, table.partial)
     return out, problems
 
 

@@ -12,7 +12,8 @@ the fewest row ranges whose choice is within a tolerance of the per-row-count be
                        "ranges": [{"m_min": 1, "m_max": 95, "kernel": TEMPLATE, "config": {...},
                                    "config_key": "BM=...", "label": "..."}, ...],     # m_max null: no bound
                        "measured_m": [...], "per_m": {M: {"best": KEY, "median_ms": ...}}}},
-     "measured": {...}}                                        # free-form records of how the entries were measured
+     "measured": {...},                                        # free-form records of how the entries were measured
+     "partial": {"left": [...], "why": "..."}}                 # only while a run has not measured every shape
 
 A loader drops the entries whose family's code changed since (with a warning naming them), and a table from
 another device entirely, so a stale choice never runs.
@@ -224,6 +225,8 @@ class DispatchTable:
     measured: dict[str, Any] = field(default_factory=dict)
     #: "defaults", "tuned" or the file it came from
     source: str = "defaults"
+    #: set while a run has not measured every shape: {"left": [...], "why": "..."} (a cut or interrupted run)
+    partial: dict[str, Any] | None = None
 
     def pick(self, key: str, m: int) -> tuple[str, dict[str, Any]] | None:
         entry = self.entries.get(key)
@@ -236,8 +239,9 @@ class DispatchTable:
         self.versions[entry.family] = family_version(template)
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": FORMAT, "schema": SCHEMA, "device": self.device, "kernel_versions": self.versions,
-                "entries": {k: e.to_json() for k, e in self.entries.items()}, "measured": self.measured}
+        out = {"format": FORMAT, "schema": SCHEMA, "device": self.device, "kernel_versions": self.versions,
+               "entries": {k: e.to_json() for k, e in self.entries.items()}, "measured": self.measured}
+        return {**out, "partial": self.partial} if self.partial else out
 
     def save(self, path: str | Path) -> Path:
         """Write atomically (a crash mid-write leaves the old file)."""
@@ -259,7 +263,10 @@ class DispatchTable:
         if not isinstance(measured, dict) or not isinstance(device, str):
             raise ConfigError(f"{where}: measured is not an object or device is not a fingerprint", TABLE_FIX)
         entries = {str(k): Entry.from_json(e, where, k) for k, e in d["entries"].items()}
-        return cls(device, entries, dict(versions), dict(measured))
+        partial = d.get("partial")
+        if partial is not None and not isinstance(partial, dict):
+            raise ConfigError(f"{where}: partial {partial!r} is not an object", TABLE_FIX)
+        return cls(device, entries, dict(versions), dict(measured), partial=partial)
 
     @classmethod
     def load(cls, path: str | Path) -> DispatchTable:
@@ -288,7 +295,7 @@ class DispatchTable:
         changes = ", ".join(f"{f} {self.versions.get(f)!r} -> {current.get(f)!r}" for f in stale)
         notes = [f"the {', '.join(stale)} kernels changed since it was measured (versions {changes})"] if stale else []
         versions = {f: v for f, v in self.versions.items() if f not in stale}
-        return DispatchTable(self.device, kept, versions, self.measured, self.source), notes
+        return DispatchTable(self.device, kept, versions, self.measured, self.source, self.partial), notes
 
 
 def dispatch_table(result: SweepResult, tolerance: float = 0.03) -> dict[str, Any]:
