@@ -19,9 +19,11 @@ def get_device(name: str = "auto") -> Any:
     return _get(name)
 
 
-def load(path_or_preset: str = "default", device: str = "auto", weights: str = "nf4", seed: int = 0) -> Any:
+def load(path_or_preset: str = "default", device: str = "auto", weights: str = "nf4", seed: int = 0,
+         quiet: bool = False) -> Any:
     """Load a classifier model (`default`, a preset name, an HF LFM2 folder or a tilewise checkpoint) onto a device
-    (`auto`: the fastest with a classifier executor; `model.device_choice.line()` says which and why)."""
+    (`auto`: the fastest with a classifier executor; `model.device_choice.line()` says which and why). Steps that
+    take over a second print a short line to stderr unless `quiet`."""
     from tilewise.model.runtime import load as _load
 
-    return _load(path_or_preset, device=device, weights=weights, seed=seed)
+    return _load(path_or_preset, device=device, weights=weights, seed=seed, quiet=quiet)

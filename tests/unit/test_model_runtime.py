@@ -176,3 +176,21 @@ def test_tokenizer_is_loaded_from_the_folder(tmp_path, rng):
     m = tilewise.load(str(tmp_path), weights="nf4")
     assert m.tokenizer is not None and m.encode("w3 w7 w99") == [3, 7, 99]
     np.testing.assert_array_equal(m.scores(m.prefill("w3 w7 w99")), m.scores(m.prefill([3, 7, 99])))
+
+
+def test_load_progress_goes_to_stderr_and_quiet_prints_nothing(capfd, monkeypatch, rng):
+    monkeypatch.setattr(runtime, "PROGRESS_AFTER_S", 0.0)  # report every step, however fast
+    seed = int(rng.integers(1 << 30))
+    loud = tilewise.load("tiny", device="cpu", weights="nf4", seed=seed)
+    out, err = capfd.readouterr()
+    lines = err.splitlines()
+    assert out == "" and len(lines) == 3, lines
+    n_matrices = sum(ckpt.is_matrix(n) for n in loud.checkpoint.names())
+    assert lines[0].startswith(f"loading tiny: seeded random weights (seed {seed}) ... ")
+    assert lines[1].startswith(f"loading tiny: quantizing {n_matrices} tensors to NF4 ... ")
+    assert lines[2].startswith("loading tiny: preparing float32 weights for ") and all(ln.endswith(" s")
+                                                                                       for ln in lines)
+    quiet = tilewise.load("tiny", device="cpu", weights="nf4", seed=seed, quiet=True)
+    assert capfd.readouterr() == ("", "")
+    ids = rng.integers(0, 512, 9)
+    np.testing.assert_array_equal(quiet.scores(quiet.prefill(ids)), loud.scores(loud.prefill(ids)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import warnings
 
 import numpy as np
@@ -14,6 +15,7 @@ import tilewise
 from tilewise.model import tune as model_tune
 from tilewise.model.config import preset
 from tilewise.model.dispatch import dispatch_path, load_model_table, matmul_key
+from tilewise.tune.dispatch import DispatchTable
 
 pytestmark = pytest.mark.webgpu
 
@@ -120,3 +122,85 @@ def test_candidates_sharing_inputs_are_still_checked_value_by_value(webgpu_devic
     bad = ver.check(prog, cfg)
     assert ver.buffers()["x"] is host_before  # the same inputs: the second check shared them
     assert not bad.ok
+
+
+def _tiny_args(tmp_path, **kw):
+    base = {"preset": "tiny", "seq": 40, "weights": "nf4", "device": "webgpu", "budget": 2, "budget_s": None,
+            "seed": 0, "json": None, "rows": [1, 40], "force": False, "hand_picked": False,
+            "store": str(tmp_path / "s.sqlite")}
+    return argparse.Namespace(**{**base, **kw})
+
+
+def _rows(store, fp):
+    return {(r.kernel, r.shape, r.config): (r.status, r.created) for r in store.query(fingerprint=fp)}
+
+
+def test_progress_lines_per_shape_and_candidate(webgpu_device, tmp_path, capsys):
+    from tilewise.cli import main
+
+    out = tmp_path / "summary.json"
+    assert main(["tune", "model", "--preset", "tiny", "--seq", "40", "--rows", "1,40", "--budget", "2",
+                 "--no-hand-picked", "--device", "webgpu", "--store", str(tmp_path / "s.sqlite"),
+                 "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    # not a terminal: plain lines, one at the first candidate of every shape's row count
+    for i, label in enumerate(("ffn.gate_up 128x64", "ffn.down 64x128"), 1):
+        for m in (40, 1):
+            assert f"matmul {i}/5 (nf4 {label}, rows 1..40) M={m}: candidate 1/" in text
+    assert "attention (attention:4x2x16, 40 rows): candidate 1/2" in text
+    summary = json.loads(out.read_text())
+    assert summary["partial"] is None and len(summary["entries"]) == 6 and summary["model"] == "tiny"
+
+
+def test_budget_s_stops_early_and_writes_a_partial_table(webgpu_device, tmp_path, capsys):
+    from tilewise.tune.store import Store
+
+    fp = webgpu_device.info.fingerprint
+    args = _tiny_args(tmp_path, budget_s=1e-6)  # passed before the first candidate starts
+    assert model_tune.run(args) == 0
+    text = capsys.readouterr().out
+    table = DispatchTable.load(dispatch_path(fp))
+    labels = [lab for lab in model_tune.model_matmuls(preset("tiny")) if lab != "attn.out_proj"]
+    assert table.partial == {"left": [*labels, "attention"], "why": "--budget-s 1e-06 s passed"}
+    assert table.entries == {} and "cut ffn.gate_up" in text and "partial" in text
+    assert _rows(Store(args.store), fp) == {}  # no candidate was started
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a partial table loads like any other: the defaults serve what it lacks
+        model = tilewise.load("tiny", device="webgpu", weights="nf4")
+    assert model.executor.dispatch.entries == {}
+
+
+def test_an_interrupt_keeps_what_was_measured_and_a_rerun_resumes(webgpu_device, tmp_path):
+    from tilewise.tune.store import Store
+
+    fp = webgpu_device.info.fingerprint
+    store = Store(tmp_path / "s.sqlite")
+    cfg = preset("tiny")
+    kw = {"rows": [1, 40], "n_cand": 1, "budget": 2, "hand_picked": False, "store": store, "log": lambda _: None}
+    seen = []
+
+    def interrupt(text, done, total):
+        seen.append(text)
+        if text.startswith("matmul 2/5") and "M=1: candidate 2/" in text:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        model_tune.tune_model(webgpu_device, cfg, 40, progress=interrupt, **kw)
+    first_key = matmul_key("nf4", "swiglu", 128, 64, True)
+    table = DispatchTable.load(dispatch_path(fp))
+    assert set(table.entries) == {first_key} and table.partial["why"] == "interrupted"
+    assert table.partial["left"][0] == "ffn.down" and "attention" in table.partial["left"]
+    before = _rows(store, fp)
+    shapes = {s for _, s, _ in before}
+    assert shapes == {"1x128x64", "40x128x64", "40x64x128"}  # shape 1 at both row counts, shape 2 at 40
+
+    # a re-run measures only what is missing: every stored outcome is reused as it was
+    seen.clear()
+    done = model_tune.tune_model(webgpu_device, cfg, 40, progress=lambda *a: seen.append(a[0]), **kw)
+    assert done.partial is None and DispatchTable.load(dispatch_path(fp)).partial is None
+    assert len(done.entries) == 6 and not any(t.startswith("matmul 1/") and "gate_up" in t for t in seen)
+    after = _rows(store, fp)
+    assert {k: after[k] for k in before} == before and len(after) > len(before)
+    # and once everything is measured, nothing new at all
+    model_tune.tune_model(webgpu_device, cfg, 40, progress=lambda *a: pytest.fail("measured again"), **kw)
+    assert _rows(store, fp) == after

@@ -4,7 +4,8 @@
                   [--strategy exhaustive|random] [--budget N] [--budget-s S] [--json FILE] [--plot FILE]
                   [--top N] [--wide] [--force] [--store PATH] [--show-source CONFIG] [--dry-run] [--target PROFILE]
                   [--no-peer]
-    tilewise tune model --preset seed-250m --seq 346 --device webgpu [--weights nf4] [--budget N] [--force]
+    tilewise tune model [--preset default] [--seq 346] [--device auto] [--weights nf4] [--budget N]
+                  [--budget-s S] [--json FILE] [--force]
 
 Every argument is checked before a device is opened or a config measured: a run never stores a result that the
 caller's arguments caused.
@@ -19,6 +20,7 @@ from tilewise.cli import common
 from tilewise.errors import ConfigError
 
 MAX_ROUNDS = 10_000
+MAX_MODEL_ROWS = 8192  # a decision is a few hundred rows; the tuned range ends at 512
 
 
 def register(sub: Any) -> None:
@@ -69,16 +71,36 @@ def register(sub: Any) -> None:
         k.add_argument("--no-peer", action="store_true", help="leave the template's peer (cuBLAS on CUDA) out of "
                        "the final race and the table's %%peer column")
         k.set_defaults(func=cmd_tune)
-    m = fam.add_parser("model", parents=[shared], help="every matmul shape and the attention tile of the "
-                                                      "classifier, across row counts; writes its dispatch table")
-    m.add_argument("--preset", default="seed-250m", help="model preset or a model folder (default seed-250m)")
-    m.add_argument("--seq", type=int, default=346, help="decision length in tokens (default 346)")
-    m.add_argument("--weights", default="nf4", help="weight format: nf4, f16 or f32 (default nf4)")
+    m = fam.add_parser(
+        "model", help="every matmul shape and the attention tile of the classifier, across row counts; writes its "
+                      "dispatch table",
+        description="Measure every matmul the classifier runs (each kernel's candidates at every row\n"
+                    "count) and its attention tile on one WebGPU device, and write the dispatch table\n"
+                    "that `tilewise.load` and `tilewise play` use there. Every outcome is stored, so\n"
+                    "a cut or interrupted run resumes where it stopped.",
+        epilog="examples:\n  tilewise tune model\n"
+               "  tilewise tune model --preset seed-250m --budget 20 --budget-s 600 --json -")
+    m.add_argument("--preset", default="default", help="`default` (the bundled model, what play runs), a preset "
+                   "(lfm2-350m, seed-250m, tiny) or a model folder: only its shapes matter")
+    m.add_argument("--device", default="auto", help="auto, webgpu or webgpu:N (the table is this adapter's)")
+    m.add_argument("--seq", type=common.int_at_least(2), default=346,
+                   help="decision length in tokens: its rows (and 47 fewer) are measured besides --rows")
+    m.add_argument("--weights", default="nf4", choices=("nf4", "f16", "f32"), help="weight format of the model")
     m.add_argument("--rows", type=_rows, default=None, metavar="M,M,...",
                    help="row counts to measure besides the decision's (default 1,2,4,...,512)")
+    m.add_argument("--budget", type=common.positive, default=None, metavar="N",
+                   help="most candidates per kernel (default: the default config, the hand-picked ones and 12 "
+                        "random ones)")
+    m.add_argument("--budget-s", type=common.float_in(0, low_open=True), default=None, metavar="S",
+                   help="most seconds overall: no new candidate starts after S; the table keeps the shapes "
+                        "finished and says which were cut (default: no limit)")
     m.add_argument("--no-hand-picked", dest="hand_picked", action="store_false",
-                   help="leave out the hand-picked seed configs (then --budget random configs per kernel compete)")
-    m.set_defaults(func=cmd_tune_model, budget=None)
+                   help="leave out the hand-picked seed configs (the default config and random ones compete)")
+    m.add_argument("--force", action="store_true", help="re-measure shapes the table and the store already hold")
+    m.add_argument("--store", metavar="PATH", help="results store (default: the user cache dir)")
+    m.add_argument("--seed", type=common.seed, default=0, help="random seed (inputs, sampled configs)")
+    common.add_json(m, "a summary (table path, partial or not, best times per shape)")
+    m.set_defaults(func=cmd_tune_model)
 
 
 def _rows(text: str) -> list[int]:
@@ -86,15 +108,16 @@ def _rows(text: str) -> list[int]:
         rows = [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"--rows takes comma-separated row counts, got {text!r}") from None
-    if not rows or min(rows) < 1:
-        raise argparse.ArgumentTypeError(f"--rows takes positive row counts, got {text!r}")
+    if not rows or min(rows) < 1 or max(rows) > MAX_MODEL_ROWS:
+        raise argparse.ArgumentTypeError(f"--rows takes row counts from 1 to {MAX_MODEL_ROWS}, got {text!r}")
     return rows
 
 
 def cmd_tune_model(args: argparse.Namespace) -> int:
+    from tilewise.cli.common import emit_json
     from tilewise.model.tune import run
 
-    return int(run(args) or 0)
+    return int(run(args, emit_json) or 0)
 
 
 def _plot_file(text: str) -> str:

@@ -180,7 +180,7 @@ class Checkpoint:
             except KeyError:
                 raise ConfigError(f"checkpoint {self.source} has no tensor {name!r}", "use a complete checkpoint") \
                     from None
-            self._cache[name] = loader()
+            self._cache[name] = _finite(name, loader(), self.source)
         return self._cache[name]
 
     def float32(self, name: str) -> np.ndarray:
@@ -204,6 +204,9 @@ class Checkpoint:
                     tokenizer_path: Path | None = None) -> Checkpoint:
         """Wrap in-memory tensors (canonical names), validating names and shapes."""
         _validate(config, {k: stored_shape(v) for k, v in tensors.items()}, source)
+        for k, v in tensors.items():
+            if not isinstance(v, NF4Tensor) and (k in expected_shapes(config) or k == HEAD):
+                _float_dtype(k, np.asarray(v).dtype.name, source)
         ck = cls(config=config, weights=weights, source=source, tokenizer_path=tokenizer_path)
         for k, v in tensors.items():
             ck._loaders[k] = (lambda v=v: v)
@@ -242,6 +245,7 @@ class Checkpoint:
         shapes: dict[str, tuple[int, ...]] = {}
         loaders: dict[str, Callable[[], StoredTensor]] = {}
         dtypes: set[str] = set()
+        nf4: set[str] = set()
         for canon, (sf, stored_name) in index.items():
             if canon.endswith("." + QUANT_STATE_KEY):
                 base = canon[: -len(QUANT_STATE_KEY) - 1]
@@ -249,6 +253,7 @@ class Checkpoint:
                 t = NF4Tensor.from_state_dict(lambda n, sf=sf: sf.get(n) if n in sf.entries else None, prefix)
                 shapes[base] = t.shape
                 loaders[base] = (lambda t=t: t)
+                nf4.add(base)
                 dtypes.add("nf4")
         for canon, (sf, stored_name) in index.items():
             if canon in loaders or "." + QUANT_STATE_KEY in canon or _is_nf4_part(canon, loaders):
@@ -264,6 +269,10 @@ class Checkpoint:
         tok = folder / "tokenizer.json"
         ck = cls(config=config, weights=weights, source=str(path), tokenizer_path=tok if tok.exists() else None)
         ck._loaders = {k: loaders[k] for k in shapes if k in expected_shapes(config) or k == HEAD}
+        for k in ck._loaders:  # from the header alone: nothing is read or cast before the dtype is known
+            if k not in nf4:
+                sf, stored_name = index[k]
+                _float_dtype(k, sf.entries[stored_name]["dtype"], str(path))
         return ck
 
     # -- conversion and saving --------------------------------------------------------------------------------
@@ -295,13 +304,13 @@ class Checkpoint:
     def save(self, dst: str | Path) -> Path:
         """Write a tilewise folder: model.safetensors (with metadata), config.json, tokenizer.json if known."""
         dst = Path(dst)
-        dst.mkdir(parents=True, exist_ok=True)
         tensors: dict[str, np.ndarray] = {}
-        for name, t in self.items():
+        for name, t in self.items():  # every tensor is read (and checked) before anything is written
             if isinstance(t, NF4Tensor):
                 tensors.update(t.to_state_dict(name))
             else:
                 tensors[name] = np.asarray(t)
+        dst.mkdir(parents=True, exist_ok=True)
         cfg_text = json.dumps(self.config.to_hf_dict(), indent=2)
         meta = {"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION), "weights": self.weights,
                 "config": cfg_text}
@@ -313,6 +322,32 @@ class Checkpoint:
         if self.tokenizer_path is not None and self.tokenizer_path.resolve() != (dst / "tokenizer.json").resolve():
             shutil.copyfile(self.tokenizer_path, dst / "tokenizer.json")
         return dst
+
+
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "float64", "float32", "float16")
+
+
+def _float_dtype(name: str, dtype: str, source: str) -> None:
+    """Refuse a weight stored as an integer or boolean: cast to float it would run as garbage, not fail."""
+    if dtype not in FLOAT_DTYPES:
+        raise ConfigError(f"checkpoint {source}: tensor {name!r} is stored as {dtype}, not a floating-point type "
+                          "(LFM2 weights are F32, F16, BF16 or F64, or NF4 packed as bitsandbytes stores it)",
+                          f"export {name} as floating point again (e.g. tensor.float() before saving); integer or "
+                          "boolean values are not weights tilewise can run")
+
+
+def _finite(name: str, t: StoredTensor, source: str) -> StoredTensor:
+    """Refuse a tensor holding NaN or Inf (every score would come out NaN, or the model would play garbage)."""
+    parts = [t.absmax, t.code, t.nested_absmax, t.nested_code, np.float32(t.nested_offset)] \
+        if isinstance(t, NF4Tensor) else [t]
+    bad = sum(int(a.size - np.count_nonzero(np.isfinite(a))) for a in parts
+              if a is not None and np.issubdtype(np.asarray(a).dtype, np.floating))
+    if bad:
+        what = "values" if not isinstance(t, NF4Tensor) else "NF4 scales (absmax / code)"
+        raise ConfigError(f"checkpoint {source}: tensor {name!r} has {bad} non-finite (NaN or Inf) {what}",
+                          "the weights are corrupt (a diverged training run or a damaged file): re-export them "
+                          "from a good checkpoint")
+    return t
 
 
 def _is_nf4_part(canon: str, loaders: dict[str, Any]) -> bool:

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tilewise.devices.base import Limits
 from tilewise.errors import ConfigError
 from tilewise.kernels.attention import webgpu as attn_k
+from tilewise.kernels.base import KernelTemplate
 from tilewise.kernels.matmul import webgpu as mm
+from tilewise.kernels.space import Config
 from tilewise.tune.dispatch import DispatchTable, family_version
 from tilewise.tune.store import default_path
 
@@ -59,11 +63,90 @@ def current_versions() -> dict[str, str]:
     return {"matmul": family_version(mm.MatmulTemplate()), "attention": family_version(attn_k.AttentionTemplate())}
 
 
-def load_model_table(fingerprint: str, path: str | Path | None = None, quiet: bool = False) -> DispatchTable:
+def _key_sizes(key: str) -> tuple[int, ...]:
+    name, _, sizes = key.rpartition(":")
+    parts = sizes.split("x")
+    if not name or not all(p.isdigit() for p in parts):
+        raise ConfigError(f"key {key!r} is not PROBLEM:NxK (a matmul) or attention:HQxHKVxD", TUNE_FIX)
+    return tuple(int(p) for p in parts)
+
+
+def range_choice(key: str, kernel: str, values: Mapping[str, Any], rows: tuple[int, int],
+                 limits: Limits | None, features: Iterable[str] | None = (), eps: float = 1e-5,
+                 ) -> tuple[KernelTemplate, Config]:
+    """The kernel and config one range of entry `key` names, checked as the tuner checks a candidate: the kernel
+    computes the entry's problem, every value has its parameter's type, and no rule or shape assumption of the
+    template is broken at the range's first and last row counts. ConfigError names what is broken."""
+    sizes = _key_sizes(key)
+    tpl: KernelTemplate
+    if kernel == "attention":
+        tpl = attn_k.AttentionTemplate()
+        shapes = [(m, 0, *sizes) for m in rows]
+    else:
+        tpl = mm.MatmulTemplate.from_name(kernel, features, eps)  # ConfigError for an unknown name
+        shapes = [(m, *sizes) for m in rows]
+    if len(shapes[0]) != len(tpl.shape_names) or tpl.problem.dispatch_key(shapes[0]) != key:
+        raise ConfigError(f"kernel {kernel} does not compute {key} (it computes "
+                          f"{tpl.problem.name}:{'x'.join(tpl.shape_names[1:])})", TUNE_FIX)
+    params = tpl.space("full").params
+    for name, v in values.items():
+        like = params.get(name, [v])[0]
+        if type(v) is not type(like):
+            raise ConfigError(f"{name}={v!r} is a {type(v).__name__}; {kernel} takes {type(like).__name__} values "
+                              f"such as {like!r}", TUNE_FIX)
+    try:
+        cfg = tpl.config_of(dict(values))
+    except KeyError as exc:  # Config.replace names the unknown parameters
+        raise ConfigError(f"{exc.args[0]} for {kernel}", TUNE_FIX) from None
+    reasons = list(dict.fromkeys(r for shape in shapes for r in tpl.why_illegal(cfg, limits, shape)))
+    if reasons:
+        raise ConfigError(f"{kernel} [{cfg.key()}] breaks {'; '.join(reasons)}", TUNE_FIX)
+    return tpl, cfg
+
+
+def check_model_table(table: DispatchTable, limits: Limits | None, features: Iterable[str] | None = (),
+                      eps: float = 1e-5) -> tuple[DispatchTable, list[str]]:
+    """(the entries whose every range passes `range_choice`, one line per refused entry: key, range, why)."""
+    kept: dict[str, Any] = {}
+    problems = []
+    for key, entry in table.entries.items():
+        try:
+            for i, r in enumerate(entry.ranges):
+                hi = r["m_max"] if r["m_max"] is not None else r["m_min"]
+                try:
+                    range_choice(key, r["kernel"], r["config"], (r["m_min"], hi), limits, features, eps)
+                except ConfigError as exc:
+                    raise ConfigError(f"{key} range {i} (rows {r['m_min']}..{r['m_max'] or ''}): {exc.problem}",
+                                      exc.fix) from None
+            kept[key] = entry
+        except ConfigError as exc:
+            problems.append(exc.problem)
+    out = DispatchTable(table.device, kept, dict(table.versions), table.measured, table.source, table.partial)
+    return out, problems
+
+
+def checked_table(table: DispatchTable, limits: Limits | None, features: Iterable[str] | None = (),
+                  eps: float = 1e-5) -> DispatchTable:
+    """A table given by the caller, refused whole (one ConfigError) when an entry breaks a kernel rule."""
+    ok, problems = check_model_table(table, limits, features, eps)
+    if problems:
+        more = f" (and {len(problems) - 1} more entries)" if len(problems) > 1 else ""
+        where = "the given dispatch table" if table.source in ("defaults", "tuned") else table.source
+        raise ConfigError(f"{where}: {problems[0]}{more}",
+                          "fix or drop that entry, or measure this device again: " + TUNE_FIX)
+    return ok
+
+
+def load_model_table(fingerprint: str, path: str | Path | None = None, quiet: bool = False,
+                     limits: Limits | None = None, features: Iterable[str] | None = (),
+                     eps: float = 1e-5) -> DispatchTable:
     """The table for a device, or an empty one (the defaults) with a warning saying how to tune.
 
-    A table from another device, or one that is unreadable, gives the defaults with a warning; entries of a family
-    whose code changed since they were measured are dropped (the rest are kept), with a warning naming it.
+    A table from another device, or one that is unreadable or malformed, gives the defaults with a warning;
+    entries of a family whose code changed since they were measured are dropped (the rest are kept), with a
+    warning naming it; so are entries naming a kernel or config that breaks the kernel's rules (checked against
+    `limits` and `features`, the device's), with one warning naming each key, config and rule. Those ops run the
+    defaults, which are correct everywhere: a file in the cache never makes the model slower to start or wrong.
     """
     path = Path(path) if path is not None else dispatch_path(fingerprint)
     if not path.exists():
@@ -77,6 +160,9 @@ def load_model_table(fingerprint: str, path: str | Path | None = None, quiet: bo
         warnings.warn(f"ignoring dispatch table {path}: {exc.problem}; using defaults. {TUNE_FIX}", stacklevel=2)
         return DispatchTable(fingerprint)
     usable, notes = table.usable_on(fingerprint, current_versions())
+    usable, problems = check_model_table(usable, limits, features, eps)
+    if problems:
+        notes.append("entries breaking a kernel rule: " + "; ".join(problems))
     if notes:
         warnings.warn(f"dispatch table {path}: {'; '.join(notes)}; using defaults for those. {TUNE_FIX}",
                       stacklevel=2)

@@ -14,7 +14,11 @@ Split so that another device only has to add an executor:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,7 +27,7 @@ import numpy as np
 
 from tilewise.devices import Choice, resolve
 from tilewise.errors import ConfigError, TilewiseError
-from tilewise.model.checkpoint import HEAD, Checkpoint, random_checkpoint
+from tilewise.model.checkpoint import HEAD, Checkpoint, is_matrix, random_tensors
 from tilewise.model.config import PRESETS, ModelConfig
 from tilewise.quant.nf4 import FORMATS
 
@@ -172,19 +176,19 @@ class Model:
             raise ConfigError("this state belongs to another model", "continue a state on the model that made it")
 
 
-def _cpu_executor(ck: Checkpoint, device: Any) -> Any:
+def _cpu_executor(ck: Checkpoint, device: Any, quiet: bool = False) -> Any:
     from tilewise.model.cpu import CPUExecutor
 
     return CPUExecutor(ck)
 
 
-def _webgpu_executor(ck: Checkpoint, device: Any) -> Any:
+def _webgpu_executor(ck: Checkpoint, device: Any, quiet: bool = False) -> Any:
     from tilewise.model.webgpu import WebGPUExecutor  # no GPU library is imported until a WebGPU model is loaded
 
-    return WebGPUExecutor(ck, device=device)
+    return WebGPUExecutor(ck, device=device, quiet=quiet)
 
 
-#: backend -> executor factory(checkpoint, device); their keys are the backends `auto` may pick for the classifier
+#: backend -> executor factory(checkpoint, device, quiet=...); its keys are the backends `auto` may pick
 EXECUTORS: dict[str, Any] = {"webgpu": _webgpu_executor, "cpu": _cpu_executor}
 
 
@@ -192,11 +196,53 @@ EXECUTORS: dict[str, Any] = {"webgpu": _webgpu_executor, "cpu": _cpu_executor}
 # load
 
 
-def open_checkpoint(path_or_preset: str | Path, weights: str = "nf4", seed: int = 0) -> Checkpoint:
+#: a step of `load` is reported once it has taken this long (seconds): a fast load prints nothing
+PROGRESS_AFTER_S = 1.0
+
+
+class Progress:
+    """Short lines on stderr for the steps of `load` that take a while (`loading tiny: quantizing 20 tensors to NF4
+    ... 3.1 s`). A step is announced once it has run `PROGRESS_AFTER_S`, while it still runs, and finished with its
+    time; a step that ends sooner prints nothing, so a fast load (and `quiet=True`) stays silent."""
+
+    def __init__(self, name: str, quiet: bool = False) -> None:
+        self.name, self.quiet = name, quiet
+
+    @contextmanager
+    def step(self, what: str) -> Iterator[None]:
+        if self.quiet:
+            yield
+            return
+        t0 = time.perf_counter()
+        shown = threading.Event()
+
+        def announce() -> None:
+            shown.set()
+            print(f"loading {self.name}: {what} ...", end="", file=sys.stderr, flush=True)
+
+        timer = threading.Timer(PROGRESS_AFTER_S, announce)
+        timer.daemon = True
+        if PROGRESS_AFTER_S <= 0:
+            announce()
+        else:
+            timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+            if timer.is_alive():
+                timer.join()  # an announcement under way ends its line before the time is added
+            if shown.is_set():
+                print(f" {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+
+
+def open_checkpoint(path_or_preset: str | Path, weights: str = "nf4", seed: int = 0,
+                    progress: Progress | None = None) -> Checkpoint:
     """The checkpoint behind a preset name, `default`, or a path, with its matrices in `weights` format."""
     if weights not in FORMATS:
         raise ConfigError(f"unknown weights format {weights!r}", f"use one of {', '.join(FORMATS)}")
     name = str(path_or_preset)
+    progress = progress or Progress(name, quiet=True)
     if name == "default":
         if not ((DEFAULT_MODEL_DIR / "config.json").exists() or (DEFAULT_MODEL_DIR / "model.safetensors").exists()):
             raise TilewiseError(f"no bundled model is present (expected it in {DEFAULT_MODEL_DIR})",
@@ -204,13 +250,20 @@ def open_checkpoint(path_or_preset: str | Path, weights: str = "nf4", seed: int 
                                 "an HF LFM2 folder or a tilewise checkpoint")
         ck = Checkpoint.open(DEFAULT_MODEL_DIR)
     elif name in PRESETS and not Path(name).exists():
-        return random_checkpoint(PRESETS[name], seed=seed, weights=weights)
+        with progress.step(f"seeded random weights (seed {seed})"):
+            ck = Checkpoint.from_arrays(PRESETS[name], random_tensors(PRESETS[name], seed), "f32", f"preset:{name}")
     else:
         if not Path(name).exists():
             raise ConfigError(f"{name!r} is neither a model preset nor an existing path",
                               f"use one of {', '.join(PRESETS)}, 'default', or a model folder")
         ck = Checkpoint.open(name)
-    return ck if ck.weights == weights else ck.converted(weights)
+    if ck.weights == weights:
+        return ck
+    n_matrices = sum(is_matrix(n) for n in ck.names())
+    what = f"quantizing {n_matrices} tensors to NF4" if weights == "nf4" else f"converting {n_matrices} tensors " \
+        f"to {weights}"
+    with progress.step(what):  # converted now, so the step's time is its own (the executor then only uploads)
+        return ck.converted(weights).materialize()
 
 
 def resolve_device(device: Any = "auto") -> Choice:
@@ -221,7 +274,8 @@ def resolve_device(device: Any = "auto") -> Choice:
     return resolve(str(device), tuple(EXECUTORS), job="the classifier", noun="executor")
 
 
-def load(path_or_preset: str | Path = "default", device: Any = "auto", weights: str = "nf4", seed: int = 0) -> Model:
+def load(path_or_preset: str | Path = "default", device: Any = "auto", weights: str = "nf4", seed: int = 0,
+         quiet: bool = False) -> Model:
     """Load a classifier model onto a device.
 
     Args:
@@ -231,27 +285,37 @@ def load(path_or_preset: str | Path = "default", device: Any = "auto", weights: 
             adapter), `cpu`, `webgpu` or `webgpu:N`; `model.device_choice.line()` says which and why.
         weights: the storage format the matrices run from: `nf4`, `f16` or `f32`.
         seed: the seed of a preset's random weights.
+        quiet: print nothing; otherwise a step that takes over a second (random weights, NF4 quantization,
+            the weights' upload) says so on stderr, and a WebGPU device without a tuned table says how to tune.
 
     Returns:
         The Model (prefill / extend / hidden / scores).
     """
     choice = resolve_device(device)  # a bad device fails before any weights are read
-    ck = open_checkpoint(path_or_preset, weights=weights, seed=seed)
-    return from_checkpoint(ck, device=choice)
+    progress = Progress(Path(str(path_or_preset)).name or str(path_or_preset), quiet)
+    ck = open_checkpoint(path_or_preset, weights=weights, seed=seed, progress=progress)
+    return from_checkpoint(ck, device=choice, quiet=quiet, progress=progress)
 
 
-def from_checkpoint(ck: Checkpoint, device: Any = "auto") -> Model:
+def from_checkpoint(ck: Checkpoint, device: Any = "auto", quiet: bool = False,
+                    progress: Progress | None = None) -> Model:
     """Build a Model from an opened (or in-memory) checkpoint; its weights run in the checkpoint's format.
 
     Args:
         ck: the checkpoint (see `Checkpoint.open`, `Checkpoint.from_arrays`, `Checkpoint.converted`).
         device: as in `load` (a name or a resolved `Choice`).
+        quiet: as in `load`.
+        progress: where step lines go (default: one for this checkpoint's config name).
 
     Returns:
         The Model.
     """
     choice = resolve_device(device)
-    executor = EXECUTORS[choice.device.info.backend](ck, choice.device)
+    progress = progress or Progress(ck.config.name, quiet)
+    backend = choice.device.info.backend
+    with progress.step(f"{'preparing float32 weights for' if backend == 'cpu' else 'uploading weights to'} "
+                       f"{choice.device.info.name}"):
+        executor = EXECUTORS[backend](ck, choice.device, quiet=quiet)
     head = ck.float32(HEAD).astype(np.float32) if ck.has_head else None
     tokenizer = None
     if ck.tokenizer_path is not None:

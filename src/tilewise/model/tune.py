@@ -20,6 +20,7 @@ import argparse
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from tilewise.errors import ConfigError
@@ -166,25 +167,78 @@ def _tag(tpl: Any, config: Config) -> str:
     return f"kind={tpl.kind}," + config.key()
 
 
+class OutOfTime(Exception):
+    """The run's `budget_s` has passed: no new candidate is started."""
+
+
+@dataclass
+class Run:
+    """One tuning run's progress: candidates started against the total, the deadline and the callback."""
+
+    total: int = 0
+    progress: Callable[[str, int, int], None] | None = None
+    deadline: float | None = None  # time.perf_counter() after which no candidate starts
+    done: int = 0
+
+    def hook(self, what: str, n: int) -> Callable[[str, int, int | None], None]:
+        """The engine's progress callback for one evaluation of `n` candidates described by `what`."""
+        first: list[int] = []
+
+        def report(stage: str, done: int, _total: int | None) -> None:
+            if not first:
+                first.append(done)
+            i = done - first[0]
+            if stage.startswith("compile") and self.deadline is not None and time.perf_counter() > self.deadline:
+                raise OutOfTime(what)
+            if self.progress is not None:
+                text = f"{what}: timing {n} candidates" if stage.startswith("timing") else \
+                    f"{what}: candidate {min(i + 1, n)}/{n}"
+                self.progress(text, self.done + min(i, n), self.total)
+        return report
+
+    def evaluate(self, eng: Engine, items: list[Item], what: str) -> list[Any]:
+        eng.progress = self.hook(what, len(items))
+        try:
+            return eng.evaluate(items, batch=None)
+        finally:
+            self.done += len(items)
+            eng.progress = None
+
+
+def matmul_candidates(dev: Any, fmt: str, epilogue: str, rows: list[int], n_cand: int, seed: int,
+                      hand_picked: bool = True, f16_arith: bool = False, norm: bool = False, eps: float = 1e-5,
+                      seq: int | None = None, budget: int | None = None,
+                      configs: Callable[[Any], list[Any]] | None = None) -> list[tuple[Any, Config]]:
+    """(template, config) of every candidate of one matmul shape: at most `budget` per kernel, the default first."""
+    cands: list[tuple[Any, Config]] = []
+    for t in matmul_templates(dev, fmt, epilogue, rows, f16_arith, norm, eps):
+        todo = candidates(t, dev.info.limits, n_cand, seed, hand_picked, seq) if configs is None else configs(t)
+        cands += [(t, c) for c in todo[:budget]]
+    return cands
+
+
 def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[int], n_cand: int, seed: int,
                 log: Any, hand_picked: bool = True, f16_arith: bool = False, norm: bool = False,
                 eps: float = 1e-5, configs: Callable[[Any], list[Any]] | None = None,
                 keep_times: bool = False, seq: int | None = None, store: Store | None = None,
-                force: bool = False) -> tuple[Entry, dict[str, Any]]:
-    """Measure the matmul kernels across `rows` (one engine run); returns (the dispatch entry, the record).
+                force: bool = False, budget: int | None = None, run: Run | None = None,
+                what: str = "matmul") -> tuple[Entry, dict[str, Any]]:
+    """Measure the matmul kernels across `rows` (one engine, one evaluation per row count, largest first);
+    returns (the dispatch entry, the record).
 
     With `f16_arith` (and shader-f16) the tiled and split-K kernels' f16-staging + f16-FMA variants compete too,
     verified under the f16 tolerance. `seq` (the decision length) adds the seeds fitted to it. `configs(template)`,
-    when given, replaces `candidates` (a template it gives nothing is skipped); `keep_times` adds every
-    candidate's median per row count (`times_ms`). Results are stored in `store` (resumed from it unless `force`).
+    when given, replaces `candidates` (a template it gives nothing is skipped); `budget` caps the candidates per
+    kernel; `keep_times` adds every candidate's median per row count (`times_ms`). Results are stored in `store`
+    (resumed from it unless `force`); `run` reports progress and raises `OutOfTime` past its deadline.
     """
     eng = Engine(dev, store, force=force, seed=seed, measure_kw=TUNE_MEASURE)
-    cands: list[tuple[Any, Config]] = []
-    for t in matmul_templates(dev, fmt, epilogue, rows, f16_arith, norm, eps):
-        todo = candidates(t, dev.info.limits, n_cand, seed, hand_picked, seq) if configs is None else configs(t)
-        cands += [(t, c) for c in todo]
-    items = [Item(t, c, (m, n, k)) for m in rows for t, c in cands]
-    outcomes = eng.evaluate(items, batch=None)
+    cands = matmul_candidates(dev, fmt, epilogue, rows, n_cand, seed, hand_picked, f16_arith, norm, eps, seq,
+                              budget, configs)
+    run = run or Run()
+    outcomes = []
+    for m in sorted(rows, reverse=True):  # programs and checks are shared across row counts (M is a uniform)
+        outcomes += run.evaluate(eng, [Item(t, c, (m, n, k)) for t, c in cands], f"{what} M={m}")
     times: dict[tuple[str, Config], dict[int, float]] = {}
     failures: dict[str, str] = {}
     tags: dict[tuple[str, Config], str] = {}
@@ -211,12 +265,14 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
 
 
 def tune_attention(dev: Any, cfg: Any, seq: int, seed: int, store: Store | None = None,
-                   force: bool = False) -> tuple[dict[str, Any], float]:
-    """The fastest verified attention tile at the decision length: (config values, median ms)."""
+                   force: bool = False, budget: int | None = None, run: Run | None = None,
+                   what: str = "attention") -> tuple[dict[str, Any], float]:
+    """The fastest verified attention tile at the decision length (at most `budget` tiles, the default first):
+    (config values, median ms)."""
     t = attn_k.AttentionTemplate()
     shape = (seq, 0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
     eng = Engine(dev, store, force=force, seed=seed, measure_kw=ATTENTION_MEASURE)
-    outcomes = eng.evaluate([Item(t, c, shape) for c in t.space().legal(dev.info.limits)], batch=None)
+    outcomes = (run or Run()).evaluate(eng, [Item(t, c, shape) for c in attention_candidates(dev, budget)], what)
     ok = [oc for oc in outcomes if oc.status == "ok" and oc.stats is not None]
     if not ok:
         raise ConfigError(f"no attention tile ran correctly at {seq} rows: "
@@ -226,9 +282,34 @@ def tune_attention(dev: Any, cfg: Any, seq: int, seed: int, store: Store | None 
     return dict(best.config), best.stats.median_ms  # type: ignore[union-attr]
 
 
+def attention_candidates(dev: Any, budget: int | None = None) -> list[Config]:
+    t = attn_k.AttentionTemplate()
+    default = t.config_of(attn_k.DEFAULT_ATTN)
+    legal = t.space().legal(dev.info.limits)
+    return ([default] + [c for c in legal if c != default])[:budget]
+
+
+def model_config(name: str) -> Any:
+    """The config of `default` (the bundled model), a preset, or a model folder: all tuning needs are shapes."""
+    from pathlib import Path
+
+    from tilewise.errors import TilewiseError
+    from tilewise.model.config import ModelConfig, preset
+    from tilewise.model.runtime import DEFAULT_MODEL_DIR
+
+    if name == "default":
+        if not (DEFAULT_MODEL_DIR / "config.json").exists():
+            raise TilewiseError(f"no bundled model is present (expected it in {DEFAULT_MODEL_DIR})",
+                                "pass --preset with a preset name or a model folder")
+        return ModelConfig.from_file(DEFAULT_MODEL_DIR / "config.json")
+    return ModelConfig.from_file(Path(name) / "config.json") if Path(name).is_dir() else preset(name)
+
+
 def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: Any = None, n_cand: int = 12,
                seed: int = 0, force: bool = False, hand_picked: bool = True, f16_arith: bool = False,
-               path: Any = None, log: Any = print, store: Store | None = None) -> DispatchTable:
+               path: Any = None, log: Any = print, store: Store | None = None, budget: int | None = None,
+               budget_s: float | None = None, progress: Callable[[str, int, int], None] | None = None,
+               ) -> DispatchTable:
     """Tune every matmul shape and the attention tile of a model config on a device; returns the table.
 
     Args:
@@ -243,11 +324,16 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
         hand_picked: include `SEED_TILED` / `SEED_SPLITK` / `SEED_ROWS` and the seeds fitted to `seq`.
         f16_arith: let the f16-arithmetic tiled and split-K variants compete (f16 tolerance; a table of its own).
         path: where the table lives (default: `dispatch_path(fingerprint)`, with `-f16a` for f16_arith).
-        log: progress printer.
+        log: printer of one line per finished shape.
         store: the results store every candidate's outcome goes to (None: keep none).
+        budget: most candidates per kernel (None: the default, the hand-picked ones and `n_cand` random ones).
+        budget_s: seconds overall; once passed no new candidate starts (the shape under way is cut).
+        progress: callback(text, candidates started, candidates in all), before every candidate.
 
     Returns:
-        The table, saved at `path` after every shape.
+        The table, saved at `path` after every shape. Until every shape is in it, the file says `partial` (with
+        the shapes left and why): a shape cut by `budget_s` or an interrupt (KeyboardInterrupt, re-raised after
+        the save) is left out, so the defaults serve it, and a re-run resumes from the store.
     """
     from pathlib import Path
 
@@ -265,67 +351,134 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
             "wgpu-native implements only 8x8 f32 fragments")
     if f16_arith and "shader-f16" not in dev.enabled_features:
         log("f16 arithmetic skipped: this adapter has no shader-f16")
-    # shapes this device already has (from another preset of the same width) are kept unless force
-    table = load_model_table(fp, path, quiet=True) if path.exists() else DispatchTable(fp)
+    # shapes this device already has (from another preset of the same width, or a cut run) are kept unless force
+    table = (load_model_table(fp, path, True, dev.info.limits, dev.enabled_features, cfg.norm_eps)
+             if path.exists() else DispatchTable(fp))
     table.source = "tuned"
-    for label, (epilogue, n, k, norm) in model_matmuls(cfg).items():
-        key = matmul_key(fmt, epilogue, n, k, norm)
-        if key in table.entries and not force:
-            log(f"{label} ({epilogue}, N={n}, K={k}): already tuned on this device (force re-measures)")
-            continue
-        entry, record = tune_matmul(dev, fmt, epilogue, n, k, rows, n_cand, seed, log, hand_picked=hand_picked,
-                                    f16_arith=f16_arith, norm=norm, eps=cfg.norm_eps, seq=seq, store=store,
-                                    force=force)
-        table.put(key, entry, mm.MatmulTemplate())
-        table.measured[f"{label} {n}x{k}"] = record
-        table.save(path)  # each shape as soon as it is measured: an interrupted run keeps what it did
-        cut = next((r["m_min"] for r in entry.ranges if ".rows." not in r["kernel"]), None)
-        desc = ", ".join(f"{r['m_min']}-{r['m_max'] or '...'}: {r['kernel'].split('.')[1]} {r['config_key']}"
-                         for r in entry.ranges)
-        log(f"{label} ({epilogue}, N={n}, K={k}): tiled from {cut if cut else 'never'} rows; {desc}")
-        log(f"    best ms at rows {seq}: {record['best_ms'][seq]:.4f}; at 1: {record['best_ms'][1]:.4f}; "
-            f"{len(record['candidates'])} candidates ran, {len(record['failures'])} refused or failed; seconds: "
-            + ", ".join(f"{a} {b:.1f}" for a, b in record["seconds"].items()))
-    attn_cfg, attn_ms = tune_attention(dev, cfg, seq, seed, store=store, force=force)
     akey = attention_key(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
-    attn = attn_k.AttentionTemplate()
-    table.put(akey, Entry(make_ranges([Range(1, seq, attn.config_of(attn_cfg))], attn.name, open_end=True)), attn)
-    log(f"attention at {seq} rows: {attn_cfg} {attn_ms:.4f} ms")
-    table.save(path)
+    shapes: dict[str, tuple[str, tuple[str, int, int, bool]]] = {}  # key -> (label, shape): one per distinct key
+    for label, shape in model_matmuls(cfg).items():
+        key = matmul_key(fmt, shape[0], shape[1], shape[2], shape[3])
+        if key in table.entries and not force:
+            log(f"{label} ({shape[0]}, N={shape[1]}, K={shape[2]}): already tuned on this device (force re-measures)")
+        else:
+            shapes.setdefault(key, (label, shape))
+    tune_attn = force or akey not in table.entries
+    kw = {"n_cand": n_cand, "seed": seed, "hand_picked": hand_picked, "f16_arith": f16_arith, "eps": cfg.norm_eps,
+          "seq": seq, "budget": budget}
+    counts = {key: len(rows) * len(matmul_candidates(dev, fmt, e, rows, norm=nm, **kw))
+              for key, (_, (e, _, _, nm)) in shapes.items()}
+    run = Run(sum(counts.values()) + (len(attention_candidates(dev, budget)) if tune_attn else 0), progress,
+              None if budget_s is None else time.perf_counter() + budget_s)
+    left = [label for label, _ in shapes.values()] + (["attention"] if tune_attn else [])
+    stop: BaseException | None = None
+    try:
+        for i, (key, (label, (epilogue, n, k, norm))) in enumerate(shapes.items()):
+            _save_partial(table, path, left, "running")
+            what = f"matmul {i + 1}/{len(shapes)} ({fmt} {label} {n}x{k}, rows {rows[0]}..{rows[-1]})"
+            entry, record = tune_matmul(dev, fmt, epilogue, n, k, rows, n_cand, seed, log, hand_picked=hand_picked,
+                                        f16_arith=f16_arith, norm=norm, eps=cfg.norm_eps, seq=seq, store=store,
+                                        force=force, budget=budget, run=run, what=what)
+            table.put(key, entry, mm.MatmulTemplate())
+            table.measured[f"{label} {n}x{k}"] = record
+            left.remove(label)
+            _log_shape(log, label, epilogue, n, k, seq, entry, record)
+        if tune_attn:
+            _save_partial(table, path, left, "running")
+            attn_cfg, attn_ms = tune_attention(dev, cfg, seq, seed, store=store, force=force, budget=budget, run=run,
+                                               what=f"attention ({akey}, {seq} rows)")
+            attn = attn_k.AttentionTemplate()
+            table.put(akey, Entry(make_ranges([Range(1, seq, attn.config_of(attn_cfg))], attn.name, open_end=True)),
+                      attn)
+            left.remove("attention")
+            log(f"attention at {seq} rows: {attn_cfg} {attn_ms:.4f} ms")
+    except (OutOfTime, KeyboardInterrupt) as exc:
+        stop = exc
+    why = f"--budget-s {budget_s:g} s passed" if isinstance(stop, OutOfTime) else "interrupted"
+    _save_partial(table, path, left, why if stop is not None else None)
     table.source = str(path)
-    log(f"wrote dispatch table {path}")
+    if stop is not None:
+        log(f"{why}: cut {', '.join(left)} (the defaults serve them; a re-run resumes from the store)")
+    log(f"wrote {'partial ' if table.partial else ''}dispatch table {path}")
+    if isinstance(stop, KeyboardInterrupt):
+        raise stop
     return table
 
 
-def run(args: argparse.Namespace) -> int:
-    """`tilewise tune model --preset P --seq 346 --device webgpu [--weights nf4] [--budget N] [--force]`."""
-    from pathlib import Path
+def _save_partial(table: DispatchTable, path: Any, left: list[str], why: str | None) -> None:
+    """Save the table; while shapes are left it says so (`partial`), so a file from a cut run never looks whole."""
+    table.partial = {"left": list(left), "why": why} if left else None
+    table.save(path)
+
+
+def _log_shape(log: Any, label: str, epilogue: str, n: int, k: int, seq: int, entry: Entry,
+               record: dict[str, Any]) -> None:
+    cut = next((r["m_min"] for r in entry.ranges if ".rows." not in r["kernel"]), None)
+    desc = ", ".join(f"{r['m_min']}-{r['m_max'] or '...'}: {r['kernel'].split('.')[1]} {r['config_key']}"
+                     for r in entry.ranges)
+    log(f"{label} ({epilogue}, N={n}, K={k}): tiled from {cut if cut else 'never'} rows; {desc}")
+    log(f"    best ms at rows {seq}: {record['best_ms'][seq]:.4f}; at 1: {record['best_ms'][1]:.4f}; "
+        f"{len(record['candidates'])} candidates ran, {len(record['failures'])} refused or failed; seconds: "
+        + ", ".join(f"{a} {b:.1f}" for a, b in record["seconds"].items()))
+
+
+def run(args: argparse.Namespace, emit_json: Callable[..., None] | None = None) -> int:
+    """`tilewise tune model [--preset default] [--seq 346] [--device auto] [--budget N] [--budget-s S] ...`;
+    `emit_json(target, summary, note)` writes the `--json` summary (the CLI's convention)."""
+    from rich.console import Console
 
     from tilewise.devices import resolve
-    from tilewise.model.config import ModelConfig, preset
 
-    name = getattr(args, "preset", None) or "seed-250m"
+    name = getattr(args, "preset", None) or "default"
     seq = int(getattr(args, "seq", None) or 346)
     fmt = getattr(args, "weights", None) or "nf4"
-    device = getattr(args, "device", None) or "auto"
     if fmt not in ("nf4", "f16", "f32"):
         raise ConfigError(f"unknown weight format {fmt!r}", "use --weights nf4, f16 or f32")
-    if seq < 1:
-        raise ConfigError(f"--seq {seq} must be positive", "use e.g. --seq 346")
-    choice = resolve(str(device), ("webgpu",), job="tuning the classifier's kernels")
-    cfg = ModelConfig.from_file(Path(name) / "config.json") if Path(name).is_dir() else preset(name)
-    dev = choice.device
+    if seq < 2:
+        raise ConfigError(f"--seq {seq} is too short for a decision", "use e.g. --seq 346")
+    cfg = model_config(name)  # a bad preset fails before any device is opened
+    choice = resolve(str(getattr(args, "device", None) or "auto"), ("webgpu",), job="tuning the classifier's kernels")
+    console = Console(stderr=getattr(args, "json", None) == "-", soft_wrap=True)  # `--json -` owns stdout
     t0 = time.perf_counter()
 
     def log(msg: str) -> None:
-        print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)
+        console.print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", markup=False, highlight=False)
 
     log(choice.line())
-    table = tune_model(dev, cfg, seq, fmt, rows=getattr(args, "rows", None),
-                       n_cand=int(getattr(args, "budget", None) or 12), seed=int(getattr(args, "seed", 0) or 0),
-                       force=bool(getattr(args, "force", False)), hand_picked=getattr(args, "hand_picked", True),
-                       log=log, store=Store(getattr(args, "store", None)))
+    kw = {"rows": getattr(args, "rows", None), "seed": int(getattr(args, "seed", 0) or 0),
+          "force": bool(getattr(args, "force", False)), "hand_picked": getattr(args, "hand_picked", True),
+          "store": Store(getattr(args, "store", None)), "budget": getattr(args, "budget", None),
+          "budget_s": getattr(args, "budget_s", None)}
+    if console.is_terminal:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=True) as bar:
+            task = bar.add_task("tuning", total=None)
+
+            def show(text: str, done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total, description=text[:72])
+
+            table = tune_model(choice.device, cfg, seq, fmt, log=log, progress=show, **kw)
+    else:
+        last = {"t": -1e9, "what": ""}
+
+        def show(text: str, done: int, total: int) -> None:
+            # plain lines: the first candidate of every row count, then at most one line per 10 s
+            what = text.rsplit(":", 1)[0]
+            if what != last["what"] or time.perf_counter() - last["t"] >= 10:
+                log(f"{text} ({done}/{total} in all)")
+                last.update(t=time.perf_counter(), what=what)
+
+        table = tune_model(choice.device, cfg, seq, fmt, log=log, progress=show, **kw)
+    if table.partial:
+        log(f"partial: {', '.join(table.partial['left'])} not measured ({table.partial['why']}); run the same "
+            "command again to finish (what was measured is reused)")
     log("`tilewise.load(..., device='webgpu')` uses it on this device")
-    if getattr(args, "json", None):
-        log(f"and a copy in {table.save(args.json)}")
+    summary = {"model": name, "device": choice.device.info.fingerprint, "table": table.source, "seq": seq,
+               "weights": fmt, "partial": table.partial, "entries": sorted(table.entries),
+               "shapes": {k: {kk: v[kk] for kk in ("best_ms", "best", "failures") if kk in v}
+                          for k, v in table.measured.items()}, "seconds": round(time.perf_counter() - t0, 1)}
+    if emit_json is not None:
+        emit_json(getattr(args, "json", None), summary, log)
     return 0

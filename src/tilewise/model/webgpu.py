@@ -45,7 +45,14 @@ from tilewise.kernels.rowops import webgpu as rowops
 from tilewise.kernels.shortconv import webgpu as conv_k
 from tilewise.kernels.space import Config
 from tilewise.model.checkpoint import HEAD, Checkpoint
-from tilewise.model.dispatch import attention_key, default_matmul, load_model_table, matmul_key, matmul_name
+from tilewise.model.dispatch import (
+    attention_key,
+    checked_table,
+    default_matmul,
+    load_model_table,
+    matmul_key,
+    matmul_name,
+)
 from tilewise.quant.nf4 import weight_arrays
 from tilewise.tune.dispatch import DispatchTable
 
@@ -117,7 +124,10 @@ class WebGPUExecutor:
                 raise ConfigError(f"device {dev.info.name} is not a WebGPU device", "pass device='webgpu'")
         self.dev = dev
         self.generation += 1
-        self.dispatch = self._given_dispatch or load_model_table(dev.info.fingerprint, quiet=self.quiet)
+        # configs from a table pass their kernels' rules before any is compiled (see model/dispatch.py)
+        check = (dev.info.limits, dev.enabled_features, self.cfg.norm_eps)
+        self.dispatch = (checked_table(self._given_dispatch, *check) if self._given_dispatch is not None
+                         else load_model_table(dev.info.fingerprint, None, self.quiet, *check))
         self._programs: dict[Any, Program] = {}
         self._templates: dict[str, KernelTemplate] = {}
         self._dims_cache: dict[tuple[int, ...], Buffer] = {}
@@ -296,14 +306,9 @@ class WebGPUExecutor:
     def matmul_choice(self, epilogue: str, n: int, k: int, rows: int, norm: bool) -> tuple[KernelTemplate, Config]:
         """The matmul kernel and config for `rows` rows: the dispatch table's, else the defaults."""
         picked = self.dispatch.pick(matmul_key(self.fmt, epilogue, n, k, norm), rows)
-        if picked is not None:
-            try:
-                tpl = self._template(picked[0])
-                cfg = tpl.config_of(picked[1])
-                if not tpl.shape_problems(cfg, (rows, n, k)):
-                    return tpl, cfg
-            except (ConfigError, KeyError):  # a choice this build cannot run: the defaults are always safe
-                pass
+        if picked is not None:  # checked at load (model/dispatch.py `range_choice`) for exactly this N, K
+            tpl = self._template(picked[0])
+            return tpl, tpl.config_of(picked[1])
         kind, values = default_matmul(rows)
         tpl = self._template(matmul_name(kind, self.fmt, epilogue, norm))
         return tpl, tpl.config_of(values)

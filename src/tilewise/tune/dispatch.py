@@ -12,7 +12,8 @@ the fewest row ranges whose choice is within a tolerance of the per-row-count be
                        "ranges": [{"m_min": 1, "m_max": 95, "kernel": TEMPLATE, "config": {...},
                                    "config_key": "BM=...", "label": "..."}, ...],     # m_max null: no bound
                        "measured_m": [...], "per_m": {M: {"best": KEY, "median_ms": ...}}}},
-     "measured": {...}}                                        # free-form records of how the entries were measured
+     "measured": {...},                                        # free-form records of how the entries were measured
+     "partial": {"left": [...], "why": "..."}}                 # only while a run has not measured every shape
 
 A loader drops the entries whose family's code changed since (with a warning naming them), and a table from
 another device entirely, so a stale choice never runs.
@@ -139,9 +140,68 @@ class Entry:
         return out
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Entry:
-        return cls([dict(r) for r in d["ranges"]], d.get("family", ""), dict(d.get("fixed", {})),
-                   d.get("tolerance"), list(d.get("measured_m", [])), dict(d.get("per_m", {})))
+    def from_json(cls, d: Any, where: str = "the dispatch table", key: str = "?") -> Entry:
+        """An entry checked field by field: one ConfigError naming the entry, the range and what is wrong."""
+        return cls(*_checked_entry(d, f"{where}: entry {key!r}"))
+
+
+TABLE_FIX = "write the table again with `tilewise tune model` or `tilewise sweep ... --out FILE` (or delete it)"
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _checked_entry(d: Any, at: str) -> tuple[Any, ...]:
+    """The fields of an Entry from JSON, refusing missing keys, wrong types and ranges that overlap or leave gaps
+    (a row count no range covers, or two ranges claim, would run an unplanned kernel)."""
+    def bad(what: str) -> ConfigError:
+        return ConfigError(f"{at} {what}", TABLE_FIX)
+
+    if not isinstance(d, dict):
+        raise bad(f"is a {type(d).__name__}, not an object")
+    ranges = d.get("ranges")
+    if not isinstance(ranges, list) or not ranges:
+        raise bad("has no ranges (a non-empty list of {m_min, m_max, kernel, config})")
+    end = 0  # the last row count covered so far
+    for i, r in enumerate(ranges):
+        here = f"range {i}"
+        if not isinstance(r, dict):
+            raise bad(f"{here} is a {type(r).__name__}, not an object")
+        missing = [k for k in ("m_min", "m_max", "kernel", "config") if k not in r]
+        if missing:
+            raise bad(f"{here} lacks {', '.join(missing)}")
+        lo, hi, kernel, cfg = r["m_min"], r["m_max"], r["kernel"], r["config"]
+        if not _is_int(lo) or lo < 1:
+            raise bad(f"{here}: m_min {lo!r} is not a row count >= 1")
+        if hi is not None and not _is_int(hi):
+            raise bad(f"{here}: m_max {hi!r} is neither a row count nor null (no bound)")
+        if hi is not None and lo > hi:
+            raise bad(f"{here}: m_min {lo} > m_max {hi}")
+        if hi is None and i != len(ranges) - 1:
+            raise bad(f"{here} has no upper bound (m_max null) but range {i + 1} follows it")
+        if lo <= end:
+            raise bad(f"{here} (rows {lo}..{hi if hi is not None else ''}) overlaps the rows up to {end} before it")
+        if lo > end + 1:
+            raise bad(f"{here} starts at row {lo}: rows {end + 1}..{lo - 1} have no range (a gap)")
+        if not isinstance(kernel, str) or not kernel:
+            raise bad(f"{here}: kernel {kernel!r} is not a kernel name")
+        if not isinstance(cfg, dict) or not all(isinstance(k, str) and isinstance(v, (int, float, str))
+                                                for k, v in cfg.items()):
+            raise bad(f"{here}: config {cfg!r} is not an object of parameter values")
+        end = hi if hi is not None else lo
+    fixed, tol, measured_m, per_m = (d.get("fixed", {}), d.get("tolerance"), d.get("measured_m", []),
+                                     d.get("per_m", {}))
+    if not isinstance(fixed, dict) or not all(_is_int(v) for v in fixed.values()):
+        raise bad(f"has fixed sizes {fixed!r}, not an object of whole numbers")
+    if tol is not None and (not isinstance(tol, (int, float)) or isinstance(tol, bool)):
+        raise bad(f"has tolerance {tol!r}, not a number")
+    if not isinstance(measured_m, list) or not all(_is_int(m) for m in measured_m) or not isinstance(per_m, dict):
+        raise bad("has measured_m / per_m that are not a list of row counts / an object")
+    family = d.get("family", "")
+    if not isinstance(family, str):
+        raise bad(f"has family {family!r}, not a name")
+    return [dict(r) for r in ranges], family, dict(fixed), tol, list(measured_m), dict(per_m)
 
 
 def make_ranges(ranges: Sequence[Range], kernel_of: Any = None, open_end: bool = False) -> list[dict[str, Any]]:
@@ -165,6 +225,8 @@ class DispatchTable:
     measured: dict[str, Any] = field(default_factory=dict)
     #: "defaults", "tuned" or the file it came from
     source: str = "defaults"
+    #: set while a run has not measured every shape: {"left": [...], "why": "..."} (a cut or interrupted run)
+    partial: dict[str, Any] | None = None
 
     def pick(self, key: str, m: int) -> tuple[str, dict[str, Any]] | None:
         entry = self.entries.get(key)
@@ -177,8 +239,9 @@ class DispatchTable:
         self.versions[entry.family] = family_version(template)
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": FORMAT, "schema": SCHEMA, "device": self.device, "kernel_versions": self.versions,
-                "entries": {k: e.to_json() for k, e in self.entries.items()}, "measured": self.measured}
+        out = {"format": FORMAT, "schema": SCHEMA, "device": self.device, "kernel_versions": self.versions,
+               "entries": {k: e.to_json() for k, e in self.entries.items()}, "measured": self.measured}
+        return {**out, "partial": self.partial} if self.partial else out
 
     def save(self, path: str | Path) -> Path:
         """Write atomically (a crash mid-write leaves the old file)."""
@@ -194,12 +257,16 @@ class DispatchTable:
         if not isinstance(d, dict) or d.get("format") != FORMAT or not isinstance(d.get("entries"), dict):
             raise ConfigError(f"{where} is not a tilewise dispatch table (format {FORMAT!r}, schema {SCHEMA})",
                               "write one with `tilewise sweep ... --out FILE` or `tilewise tune model`")
-        try:
-            entries = {k: Entry.from_json(e) for k, e in d["entries"].items()}
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise ConfigError(f"{where} has a malformed entry ({exc})", "write it again with `tilewise sweep`") \
-                from exc
-        return cls(str(d.get("device", "")), entries, dict(d.get("kernel_versions", {})), dict(d.get("measured", {})))
+        versions, measured, device = d.get("kernel_versions", {}), d.get("measured", {}), d.get("device", "")
+        if not isinstance(versions, dict) or not all(isinstance(v, str) for v in versions.values()):
+            raise ConfigError(f"{where}: kernel_versions {versions!r} is not an object of version hashes", TABLE_FIX)
+        if not isinstance(measured, dict) or not isinstance(device, str):
+            raise ConfigError(f"{where}: measured is not an object or device is not a fingerprint", TABLE_FIX)
+        entries = {str(k): Entry.from_json(e, where, k) for k, e in d["entries"].items()}
+        partial = d.get("partial")
+        if partial is not None and not isinstance(partial, dict):
+            raise ConfigError(f"{where}: partial {partial!r} is not an object", TABLE_FIX)
+        return cls(device, entries, dict(versions), dict(measured), partial=partial)
 
     @classmethod
     def load(cls, path: str | Path) -> DispatchTable:
@@ -228,7 +295,7 @@ class DispatchTable:
         changes = ", ".join(f"{f} {self.versions.get(f)!r} -> {current.get(f)!r}" for f in stale)
         notes = [f"the {', '.join(stale)} kernels changed since it was measured (versions {changes})"] if stale else []
         versions = {f: v for f, v in self.versions.items() if f not in stale}
-        return DispatchTable(self.device, kept, versions, self.measured, self.source), notes
+        return DispatchTable(self.device, kept, versions, self.measured, self.source, self.partial), notes
 
 
 def dispatch_table(result: SweepResult, tolerance: float = 0.03) -> dict[str, Any]:
