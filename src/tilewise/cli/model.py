@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -68,32 +67,42 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    import os
     import warnings
 
     import tilewise
+    from tilewise.devices.cpu import set_threads
     from tilewise.errors import ConfigError
-    from tilewise.model.bench import bench_model, print_result
+    from tilewise.model.bench import PREFIX_TOKENS, bench_model, print_result
 
     if args.seq < 2:
         raise ConfigError(f"--seq {args.seq} is too short for a decision", "use --seq 2 or more (the game uses 346)")
-    if args.decisions < 1:
-        raise ConfigError("--decisions must be at least 1", "e.g. --decisions 50")
+    if args.prefix is not None and args.prefix >= args.seq:
+        raise ConfigError(f"--prefix {args.prefix} must be shorter than --seq {args.seq}",
+                          f"use --prefix 1..{args.seq - 1} (the game shares {PREFIX_TOKENS} tokens)")
+    prefix = args.prefix or (PREFIX_TOKENS if args.seq > PREFIX_TOKENS else max(1, args.seq // 7))
+    con = common.console(args)
+    setup = set_threads(args.threads)  # before the model loads: the CPU executor and reference use this pool
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = tilewise.load(args.preset, device=args.device, weights=args.weights, seed=args.seed)
-    print(model.device_choice.line(), flush=True)
+    say = lambda text: con.print(text, markup=False, highlight=False)  # noqa: E731
+    say(model.device_choice.line())
+    say(setup.line())
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load > setup.threads and setup.threads > 1:
+        say(f"note: load average {load:.1f} with {setup.threads} BLAS threads: other work competes for the cores; "
+            "--threads 1 may time faster and steadier")
     for w in caught:
-        print(f"note: {w.message}")
+        say(f"note: {w.message}")
     cpu = None
     if not args.no_reference and not str(args.device).startswith("cpu"):
         cpu = tilewise.load(args.preset, device="cpu", weights=args.weights, seed=args.seed)
-    res = bench_model(model, args.seq, args.decisions, prefix=args.prefix, cpu_model=cpu,
-                      log=lambda s: print(s, flush=True))
-    print_result(res)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=1))
-        print(f"wrote {args.json}")
+    res = bench_model(model, args.seq, args.decisions, prefix=prefix, cpu_model=cpu, log=say)
+    res["threads"] = setup.line()
+    res["blas_threads"] = setup.threads
+    print_result(res, con)
+    common.emit_json(args.json, res, say)
     return 0
 
 
@@ -102,15 +111,26 @@ def register_bench(sub: Any) -> None:
     from tilewise.model.bench import PREFIX_TOKENS
 
     p = sub.add_parser("bench", help="decision latency of the classifier on a device (per-op GPU time, p50/p99, "
-                                     "APM, score agreement with the CPU)")
+                                     "APM, score agreement with the CPU)",
+                       description="Time decisions of the classifier (one prompt of --seq tokens, batch 1) on a "
+                                   "device: latency percentiles, the prefix cache's and final-row slicing's savings "
+                                   "(a tie or 'too noisy to compare' when the samples cannot rank them), per-op GPU "
+                                   "time, and agreement with the CPU executor.",
+                       epilog="examples:\n  tilewise bench --preset tiny --seq 40 --decisions 5 --device webgpu\n"
+                              "  tilewise bench --device cpu --preset tiny --threads 1 --json bench.json")
     p.add_argument("--device", default="auto", help="auto (the fastest with a classifier executor), webgpu, webgpu:N "
                                                    "or cpu (default auto)")
     p.add_argument("--preset", default="seed-250m", help="model preset or path (default seed-250m)")
-    p.add_argument("--seq", type=int, default=346, help="prompt tokens per decision (default 346)")
-    p.add_argument("--decisions", type=int, default=50, help="timed decisions (default 50)")
+    p.add_argument("--seq", type=common.int_at_least(2), default=346, help="prompt tokens per decision (default 346)")
+    p.add_argument("--decisions", type=common.positive, default=50, help="timed decisions (default 50)")
     p.add_argument("--weights", default="nf4", choices=("nf4", "f16", "f32"), help="weight format (default nf4)")
-    p.add_argument("--prefix", type=int, default=PREFIX_TOKENS, help="shared prefix tokens for the cached run")
-    p.add_argument("--seed", type=int, default=0, help="seed of a preset's random weights")
+    p.add_argument("--prefix", type=common.positive, default=None, metavar="N",
+                   help=f"shared prefix tokens for the cached run (default: {PREFIX_TOKENS}, or --seq / 7 when "
+                        "--seq is that short)")
+    p.add_argument("--seed", type=common.seed, default=0, help="seed of a preset's random weights (default 0)")
+    p.add_argument("--threads", type=common.positive, default=None, metavar="N",
+                   help="BLAS threads of the CPU executor and reference (default: OPENBLAS_NUM_THREADS, "
+                        "MKL_NUM_THREADS or OMP_NUM_THREADS when set, else the physical cores available)")
     p.add_argument("--no-reference", action="store_true", help="skip the CPU score comparison")
-    p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
+    common.add_json(p, "the result")
     p.set_defaults(func=_cmd_bench)

@@ -8,6 +8,8 @@ the whole call (submit + wait + read-back), as a user sees it. Reported:
   extends it with its own tail) and without final-row slicing, so both savings are measured in one run;
 - per-op GPU time from per-pass timestamps (each launch in its own pass; sums are over a decision);
 - the largest |score difference| against the CPU executor on the same weights (all 8 scores).
+A saving is stated only where the samples support it (`tilewise.tune.measure.compare`): `tie (within noise)` when
+the 95% intervals overlap, `too noisy to compare (p20..p80 = ...)` when the samples scatter too much to rank.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from tilewise.tune.measure import Stats, compare, noise_note, summarize
 
 PREFIX_TOKENS = 47  # seed 001: tokens shared by every game prompt before the board starts
 
@@ -83,10 +87,13 @@ def bench_model(model: Any, seq: int, decisions: int, prefix: int = PREFIX_TOKEN
     def decide(i: int) -> None:
         model.scores(model.prefill(full[i]))
 
-    lat = percentiles(time_calls(decide, decisions, warmup, budget_s))
+    full_ms = time_calls(decide, decisions, warmup, budget_s)
+    lat = percentiles(full_ms)
+    full_st = summarize(full_ms)
     res.update(latency_ms_p50=lat["p50"], latency_ms_p90=lat["p90"], latency_ms_p99=lat["p99"],
-               latency_ms_mean=lat["mean"], decisions_timed=lat["n"], decisions_per_s=1e3 / lat["mean"],
-               apm=60e3 / lat["mean"])
+               latency_ms_mean=lat["mean"], latency_ms_p20=full_st.p20_ms, latency_ms_p80=full_st.p80_ms,
+               decisions_timed=lat["n"], decisions_per_s=1e3 / lat["mean"], apm=60e3 / lat["mean"],
+               noise=noise_note(full_st))
     log(f"  {model.config.name} {model.weights} full prefill {seq}: p50 {lat['p50']:.2f} ms "
         f"p90 {lat['p90']:.2f} p99 {lat['p99']:.2f} ({lat['n']} decisions)")
     base = model.prefill(head)
@@ -94,18 +101,21 @@ def bench_model(model: Any, seq: int, decisions: int, prefix: int = PREFIX_TOKEN
     def decide_cached(i: int) -> None:
         model.scores(model.extend(base, full[i][prefix:]))
 
-    cached = percentiles(time_calls(decide_cached, decisions, warmup, budget_s))
+    cached_ms = time_calls(decide_cached, decisions, warmup, budget_s)
+    cached, cached_st = percentiles(cached_ms), summarize(cached_ms)
+    cmp = compare(full_st, cached_st, ("full", "cached"))
     res["prefix_cached"] = {"prefix_tokens": prefix, "latency_ms_p50": cached["p50"],
-                            "latency_ms_p90": cached["p90"], "saving_pct": 100 * (1 - cached["p50"] / lat["p50"])}
+                            "latency_ms_p90": cached["p90"], **_saving(cmp, "saving_pct")}
     log(f"  prefix-cached ({prefix} shared): p50 {cached['p50']:.2f} ms")
     model.final_row_slicing = False
     try:
-        whole = percentiles(time_calls(decide, max(5, decisions // 2), 1, budget_s))
+        whole_ms = time_calls(decide, max(5, decisions // 2), 1, budget_s)
     finally:
         model.final_row_slicing = True
-    res["no_final_row_slicing"] = {"latency_ms_p50": whole["p50"],
-                                   "final_row_saving_pct": 100 * (1 - lat["p50"] / whole["p50"])}
-    log(f"  without final-row slicing: p50 {whole['p50']:.2f} ms")
+    whole_st = summarize(whole_ms)
+    cmp = compare(whole_st, full_st, ("without slicing", "with slicing"))
+    res["no_final_row_slicing"] = {"latency_ms_p50": whole_st.median_ms, **_saving(cmp, "final_row_saving_pct")}
+    log(f"  without final-row slicing: p50 {whole_st.median_ms:.2f} ms")
     if hasattr(ex, "last_op_times"):
         res["ops"] = op_table(ex, full[0], op_reps)
         res["gpu_ms_sum_of_ops"] = sum(r["ms"] for r in res["ops"])
@@ -120,16 +130,57 @@ def bench_model(model: Any, seq: int, decisions: int, prefix: int = PREFIX_TOKEN
             diffs.append(float(np.abs(g.astype(np.float64) - c).max()))
         res["max_abs_score_diff"] = max(diffs)
         res["reference"] = "cpu executor (float32, same weights)"
+        res["vs_cpu"] = time_against_cpu(model, cpu_model, full, max(5, min(decisions, 20)), budget_s)
+        log(f"  against the CPU executor: {res['vs_cpu']['text']}")
     else:
         res["max_abs_score_diff"] = None
     return res
 
 
-def print_result(res: dict[str, Any]) -> None:
+def _saving(cmp: Any, key: str) -> dict[str, Any]:
+    """JSON of a saving: the percentage only when the samples support one (None for a tie or noise), the verdict,
+    and the sentence to print."""
+    return {key: cmp.saving_pct if cmp.verdict in ("faster", "slower") else None, "verdict": cmp.verdict,
+            "saving": cmp.saving(), "ratio": cmp.ratio}
+
+
+def cpu_gpu_ratio(gpu: Stats, cpu: Stats) -> str:
+    """`GPU 3.20x faster than the CPU`, a tie or the noise sentence (for a run that timed both)."""
+    cmp = compare(cpu, gpu, ("CPU", "GPU"))
+    if cmp.verdict == "faster":
+        return f"GPU {cmp.ratio:.2f}x faster than the CPU"
+    if cmp.verdict == "slower":
+        return f"GPU {1 / cmp.ratio:.2f}x slower than the CPU"
+    return cmp.saving()
+
+
+def time_against_cpu(model: Any, cpu_model: Any, prompts_ids: list[np.ndarray], pairs: int,
+                     budget_s: float | None = None) -> dict[str, Any]:
+    """Decisions on the device and on the CPU executor, alternating (the first of a pair swaps each time, so
+    drift and the order effect hit both alike); medians, intervals and a ratio only the samples support."""
+    ms: dict[str, list[float]] = {"device": [], "cpu": []}
+    runs = {"device": model, "cpu": cpu_model}
+    t_end = None if budget_s is None else time.perf_counter() + budget_s
+    for i in range(pairs + 1):  # pair 0 is a warm-up
+        for who in (("device", "cpu") if i % 2 else ("cpu", "device")):
+            m = runs[who]
+            t0 = time.perf_counter()
+            m.scores(m.prefill(prompts_ids[i % len(prompts_ids)]))
+            if i:
+                ms[who].append((time.perf_counter() - t0) * 1e3)
+        if t_end is not None and time.perf_counter() > t_end and i >= 5:
+            break
+    dev_st, cpu_st = summarize(ms["device"]), summarize(ms["cpu"])
+    cmp = compare(cpu_st, dev_st, ("CPU", "device"))
+    return {"pairs": len(ms["device"]), "device_ms_p50": dev_st.median_ms, "cpu_ms_p50": cpu_st.median_ms,
+            "cpu_over_device": cmp.ratio, "verdict": cmp.verdict, "text": cpu_gpu_ratio(dev_st, cpu_st)}
+
+
+def print_result(res: dict[str, Any], console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    con = console or Console()
     where = res.get("adapter", res["device"])
     t = Table(title=f"tilewise bench: {res['preset']} {res['weights']} seq {res['seq']} on {where}")
     for col in ("op", "GPU ms / decision", "launches"):
@@ -140,11 +191,20 @@ def print_result(res: dict[str, Any]) -> None:
         t.add_row("sum", f"{res['gpu_ms_sum_of_ops']:.3f}", str(res["launches_per_decision"]))
         con.print(t)
     diff = res.get("max_abs_score_diff")
-    con.print(f"decision latency p50 {res['latency_ms_p50']:.2f} ms, p90 {res['latency_ms_p90']:.2f}, "
-              f"p99 {res['latency_ms_p99']:.2f} ({res['decisions_timed']} decisions); "
-              f"{res['decisions_per_s']:.1f} decisions/s = {res['apm']:.0f} APM")
-    pc = res["prefix_cached"]
-    con.print(f"prefix cache ({pc['prefix_tokens']} tokens): p50 {pc['latency_ms_p50']:.2f} ms "
-              f"({pc['saving_pct']:.1f}% saved); final-row slicing saves "
-              f"{res['no_final_row_slicing']['final_row_saving_pct']:.1f}%")
-    con.print("max |score - CPU score| over all 8 scores: " + ("not measured" if diff is None else f"{diff:.3g}"))
+    say = lambda text: con.print(text, markup=False, highlight=False)  # noqa: E731
+    say(f"decision latency p50 {res['latency_ms_p50']:.2f} ms, p90 {res['latency_ms_p90']:.2f}, "
+        f"p99 {res['latency_ms_p99']:.2f} ({res['decisions_timed']} decisions)")
+    say(f"  {res['decisions_per_s']:.1f} decisions/s = {res['apm']:.0f} APM")
+    if res.get("noise"):
+        say(f"  note: {res['noise']}; other work on the machine is the usual cause")
+    pc, nf = res["prefix_cached"], res["no_final_row_slicing"]
+    say(f"prefix cache ({pc['prefix_tokens']} of {res['seq']} tokens shared): p50 {pc['latency_ms_p50']:.2f} ms")
+    say(f"  {pc['saving']}")
+    say(f"final-row slicing (p50 {nf['latency_ms_p50']:.2f} ms without it)")
+    say(f"  {nf['saving']}")
+    if res.get("vs_cpu"):
+        v = res["vs_cpu"]
+        say(f"against the CPU executor ({v['pairs']} alternating pairs): p50 {v['device_ms_p50']:.2f} ms here, "
+            f"{v['cpu_ms_p50']:.2f} ms on the CPU")
+        say(f"  {v['text']}")
+    say("max |score - CPU score| over all 8 scores: " + ("not measured" if diff is None else f"{diff:.3g}"))

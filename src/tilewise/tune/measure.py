@@ -12,6 +12,8 @@ Rules it keeps (DESIGN.md, seed 001):
 - Many samples per candidate; report the median, 20th/80th percentiles and a bootstrap 95% interval of
   the median. Two candidates whose intervals overlap are a tie, and the ranking groups ties instead of
   inventing a winner (a candidate registered twice must come out tied with itself).
+- Samples too scattered to rank (`noise_note`) are said to be so: `compare` answers `noisy`, `tie`, `faster` or
+  `slower`, never a signed percentage of noise.
 
 Backends that want work done between samples (an L2 flush on CUDA) pass `between_launches` (timed in the
 same submission, discarded) or `between` (a host callable; then every sample is its own submission).
@@ -78,6 +80,78 @@ def summarize(samples_ms: Sequence[float] | np.ndarray, rng: np.random.Generator
 def ties(a: Stats, b: Stats) -> bool:
     """True when the two 95% intervals of the median overlap: the difference is inside the noise."""
     return a.ci95_ms[0] <= b.ci95_ms[1] and b.ci95_ms[0] <= a.ci95_ms[1]
+
+
+# A median is a poor summary when the samples scatter this much: under load (other processes, OpenMP threads
+# spinning) one run can take 20x another, and a ratio of two such medians is noise, not a result.
+NOISY_SPREAD = 2.0  # p80 / p20 above this: the middle 60% of samples spans more than 2x
+NOISY_INTERVAL = 0.5  # 95% interval of the median wider than half the median
+MIN_SAMPLES = 3  # fewer samples give no interval at all
+
+
+def noise_note(stats: Stats, what: str = "") -> str | None:
+    """`too noisy to compare (p20..p80 = 1.2..40 ms)` when `stats` cannot support a comparison, else None.
+
+    Noisy means fewer than `MIN_SAMPLES` samples, p80 / p20 above `NOISY_SPREAD`, or a 95% interval of the median
+    wider than `NOISY_INTERVAL` of the median. `what` names the candidate in the sentence.
+    """
+    label = f"{what} " if what else ""
+    if stats.n < MIN_SAMPLES:
+        return f"too few samples to compare ({label}n = {stats.n})"
+    lo, hi = stats.ci95_ms
+    spread = stats.p80_ms / stats.p20_ms if stats.p20_ms > 0 else float("inf")
+    width = (hi - lo) / stats.median_ms if stats.median_ms > 0 else float("inf")
+    if spread > NOISY_SPREAD or width > NOISY_INTERVAL:
+        return f"too noisy to compare ({label}p20..p80 = {stats.p20_ms:.3g}..{stats.p80_ms:.3g} ms)"
+    return None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """`new` against `base`: a verdict that refuses to rank noise.
+
+    verdict: `faster` / `slower` (intervals apart), `tie` (intervals overlap), `noisy` (see `noise_note`).
+    ratio: base median / new median (above 1: new is faster), whatever the verdict (JSON keeps it).
+    note: the noise sentence when noisy.
+    """
+
+    verdict: str
+    ratio: float
+    note: str | None = None
+
+    @property
+    def saving_pct(self) -> float:
+        """100 * (1 - new / base): the time `new` saves, negative when slower."""
+        return 100.0 * (1.0 - 1.0 / self.ratio) if self.ratio > 0 else float("-inf")
+
+    def times(self) -> str:
+        """A compact cell: `1.45x` (base / new), `tie` or `noisy`."""
+        return f"{self.ratio:.2f}x" if self.verdict in ("faster", "slower") else self.verdict
+
+    def saving(self) -> str:
+        """A phrase: `31.0% saved`, `12.0% slower`, `tie (within noise)` or the noise sentence."""
+        if self.verdict == "noisy":
+            return str(self.note)
+        if self.verdict == "tie":
+            return "tie (within noise)"
+        pct = self.saving_pct
+        return f"{pct:.1f}% saved" if pct >= 0 else f"{-pct:.1f}% slower"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "ratio": self.ratio, "saving_pct": self.saving_pct, "note": self.note}
+
+
+def compare(base: Stats, new: Stats, names: tuple[str, str] = ("", "")) -> Comparison:
+    """Compare `new` with `base`: noisy when either one is (`noise_note`), a tie when the 95% intervals of the
+    medians overlap, else faster or slower. `names` label (base, new) in the noise sentence."""
+    ratio = base.median_ms / new.median_ms if new.median_ms > 0 else float("inf")
+    for st, name in ((base, names[0]), (new, names[1])):
+        note = noise_note(st, name)
+        if note is not None:
+            return Comparison("noisy", ratio, note)
+    if ties(base, new):
+        return Comparison("tie", ratio)
+    return Comparison("faster" if new.median_ms < base.median_ms else "slower", ratio)
 
 
 def tie_groups(stats: Mapping[Hashable, Stats]) -> list[tuple[Hashable, Stats, int]]:
