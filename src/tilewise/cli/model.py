@@ -86,7 +86,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = tilewise.load(args.preset, device=args.device, weights=args.weights, seed=args.seed)
-    say = lambda text: con.print(text, markup=False, highlight=False)  # noqa: E731
+    say = lambda text: con.print(text, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
     say(model.device_choice.line())
     say(setup.line())
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0

@@ -47,7 +47,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from tilewise.devices import resolve
     from tilewise.kernels.registry import backends, get_template
     from tilewise.tune.dispatch import dispatch_table
-    from tilewise.tune.report import plot_sweep, sweep_table
+    from tilewise.tune.plot import plot_sweep
+    from tilewise.tune.report import sweep_table
     from tilewise.tune.store import Store
     from tilewise.tune.sweep import parse_m_values, sweep, sweep_candidates, sweep_json
 

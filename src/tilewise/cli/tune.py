@@ -222,7 +222,7 @@ def _run_tune(tpl: Any, device: Any, space: Any, shape: tuple[int, ...], budget:
     console.print(f"store: {store.path}", style="dim", markup=False)
     common.emit_json(args.json, result.as_json(), lambda line: console.print(line, markup=False))
     if args.plot:
-        from tilewise.tune.report import plot_tune
+        from tilewise.tune.plot import plot_tune
 
         plot_tune(result, args.plot)
         console.print(f"wrote {args.plot}", markup=False)

@@ -97,6 +97,7 @@ def default_threads() -> tuple[int, str]:
 
 
 _setup: ThreadSetup | None = None
+_omp_set = False  # this process set OMP_WAIT_POLICY itself
 _devices: weakref.WeakSet[CPUDevice] = weakref.WeakSet()
 
 
@@ -194,11 +195,15 @@ def quiet_torch_threads() -> str:
     """
     import sys
 
+    global _omp_set
     user = os.environ.get(OMP_WAIT_ENV)
-    if "torch" in sys.modules and user is None:
+    if _omp_set and user == "PASSIVE":
+        policy = f"{OMP_WAIT_ENV}=PASSIVE (set by tilewise)"
+    elif "torch" in sys.modules and user is None:
         policy = "torch was imported first: its OpenMP threads may spin (set OMP_WAIT_POLICY=PASSIVE before it)"
     elif user is None:
         os.environ[OMP_WAIT_ENV] = "PASSIVE"
+        _omp_set = True
         policy = f"{OMP_WAIT_ENV}=PASSIVE (set by tilewise)"
     else:
         policy = f"{OMP_WAIT_ENV}={user} (yours)"

@@ -6,6 +6,7 @@ answer come from the same rounds), and the host references timed with the same f
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,7 @@ from tilewise.ladder.specs import (
     torch_or_none,
     validate_shape,
 )
-from tilewise.tune.measure import Stats, measure, ties
+from tilewise.tune.measure import Stats, compare, measure, ties
 
 
 # ---- results ---------------------------------------------------------------------------------------------------
@@ -42,7 +43,7 @@ class Rung:
     rel_err: float | None = None
     speedup_vs_baseline: float | None = None
     speedup_vs_reference: float | None = None
-    verdict: str = ""  # baseline | win | tie | loss (against the previous measured rung) | "" when not measured
+    verdict: str = ""  # a key of VERDICTS (against the previous measured rung) | "" when not measured
     gflops: float | None = None
 
     def as_json(self) -> dict[str, Any]:
@@ -94,6 +95,7 @@ class LadderResult:
     staging: list[StagingAnswer] = field(default_factory=list)
     tuned: dict[str, Any] = field(default_factory=dict)
     rounds: int = 0
+    threads: str = ""  # the host references' thread setup (BLAS pool, torch threads, OpenMP wait policy)
 
     @property
     def reference_ms(self) -> float | None:
@@ -114,29 +116,42 @@ class LadderResult:
                 "references": [{"name": n, "median_ms": s.median_ms, "ci95_ms": list(s.ci95_ms)}
                                for n, s in self.references],
                 "rungs": [r.as_json() for r in self.rungs],
-                "staging": [s.as_json() for s in self.staging], "tuned": self.tuned, "rounds": self.rounds}
+                "staging": [s.as_json() for s in self.staging], "tuned": self.tuned, "rounds": self.rounds,
+                "threads": self.threads}
 
-    def table(self) -> str:
-        """The ladder as a plain-text table plus the staging answers."""
+    def table(self, wide: bool = False) -> str:
+        """The ladder as a plain-text table (80 columns; `wide` adds each rung's config), then the rungs' configs,
+        the verdicts used and the staging answers."""
         shape = " ".join(f"{n}={v}" for n, v in zip(self.shape_names, self.shape))
         lines = [f"{self.primitive}: {self.title}",
-                 f"device {self.device.get('name')} ({self.device.get('api')}, timer {self.timer}), shape {shape}, "
-                 f"{self.rounds} interleaved rounds"]
+                 f"device {self.device.get('name')} ({self.device.get('api')}, timer {self.timer})",
+                 f"shape {shape}, {self.rounds} interleaved rounds"]
+        if self.threads and self.references:
+            lines.append(f"references' threads: {self.threads}")
         for name, s in self.references:
-            lines.append(f"reference {name} (host CPU): {s.median_ms:.4g} ms [{s.ci95_ms[0]:.4g}, {s.ci95_ms[1]:.4g}]")
-        head = (f"  {'rung':<22} {'config':<40} {'median ms':>10} {'95% interval':>22} {'x base':>7} {'x ref':>7}"
-                "  vs prev")
-        lines += [head, "  " + "-" * (len(head) - 2)]
+            lines.append(f"reference {name} (host CPU): {_ms(s.median_ms)} ms [{_ms(s.ci95_ms[0])}, "
+                         f"{_ms(s.ci95_ms[1])}]")
+        head = f"  {'rung':<22} {'median ms':>9} {'95% interval':>21} {'x base':>6} {'x ref':>6}  vs prev"
+        if wide:
+            head += f"  {'config'}"
+        lines += [head, "  " + "-" * (min(len(head), 78) - 2)]
         for r in self.rungs:
             if r.stats is None:
-                lines.append(f"  {r.name:<22} {r.config!s:<40} {r.status}: {r.reason}")
+                lines.append(f"  {r.name[:22]:<22} {r.status}: {r.reason}")
                 continue
             s = r.stats
-            ci = f"[{s.ci95_ms[0]:.4g}, {s.ci95_ms[1]:.4g}]"
+            ci = f"[{_ms(s.ci95_ms[0])}, {_ms(s.ci95_ms[1])}]"
             xb = f"{r.speedup_vs_baseline:.2f}" if r.speedup_vs_baseline else "-"
             xr = f"{r.speedup_vs_reference:.2f}" if r.speedup_vs_reference else "-"
-            lines.append(f"  {r.name:<22} {r.config!s:<40} {s.median_ms:>10.4g} {ci:>22} {xb:>7} {xr:>7}  "
-                         f"{r.verdict}")
+            row = f"  {r.name[:22]:<22} {_ms(s.median_ms):>9} {ci:>21} {xb:>6} {xr:>6}  {r.verdict}"
+            lines.append(row + (f"  {r.config}" if wide else ""))
+        if not wide:
+            lines.append("configs:")
+            lines += [f"  {r.name}: {r.config}" for r in self.rungs]
+        used = [v for v in VERDICTS if v != "baseline" and any(r.verdict == v for r in self.rungs)]
+        if used:
+            lines.append("verdicts (against the previous rung):")
+            lines += [f"  {v}: {VERDICTS[v]}" for v in used]
         for a in self.staging:
             lines.append("staging " + a.sentence())
         if self.tuned.get("note"):
@@ -144,11 +159,38 @@ class LadderResult:
         return "\n".join(lines)
 
 
-def verdict(prev: Stats, cur: Stats) -> str:
-    """`tie` when the 95% intervals overlap, else `win` (cur faster) or `loss`."""
-    if ties(prev, cur):
-        return "tie"
-    return "win" if cur.median_ms < prev.median_ms else "loss"
+def _ms(x: float) -> str:
+    """Milliseconds in four significant digits."""
+    return f"{x:.4g}"
+
+
+VERDICTS = {
+    "baseline": "the rung every speed-up is measured against",
+    "win": "faster than the previous rung and than the baseline (95% intervals apart)",
+    "tie": "within noise of the previous rung (95% intervals overlap)",
+    "loss": "slower than the previous rung",
+    "regained": "faster than the previous rung, but not faster than the baseline",
+    "noisy": "samples too scattered to rank (p80/p20 or the interval too wide; see --json)",
+}
+
+
+def verdict(prev: Stats, cur: Stats, base: Stats | None = None) -> str:
+    """A rung against the previous rung (one of `VERDICTS`): `win` only when it is faster than the previous rung
+    AND than the baseline `base` (intervals apart from both), so a slower-than-baseline or tied rung is never a
+    win; `regained` when it beats the previous rung but not the baseline; `noisy` when either sample set is too
+    scattered to rank (`tilewise.tune.measure.noise_note`)."""
+    step = compare(prev, cur)
+    if step.verdict in ("noisy", "tie"):
+        return step.verdict
+    if step.verdict == "slower":
+        return "loss"
+    if base is not None and base is not prev:
+        vs_base = compare(base, cur)
+        if vs_base.verdict == "noisy":
+            return "noisy"
+        if vs_base.verdict != "faster":
+            return "regained"
+    return "win"
 
 
 def staging_answer(at: str, wg: Stats, pv: Stats) -> StagingAnswer:
@@ -163,44 +205,59 @@ def staging_answer(at: str, wg: Stats, pv: Stats) -> StagingAnswer:
 
 # ---- running -----------------------------------------------------------------------------------------------------
 def time_references(spec: LadderSpec, host: dict[str, np.ndarray], shape: Shape,
-                    measure_kw: dict[str, Any]) -> list[tuple[str, Stats]]:
-    """Time each host reference (numpy, torch) on the CPU device with the tuner's `measure`.
+                    measure_kw: dict[str, Any]) -> tuple[list[tuple[str, Stats]], str]:
+    """Time each host reference (numpy, torch) on the CPU device with the tuner's `measure`; returns the stats and
+    the thread setup in words.
 
-    torch references are timed twice: with torch's default intra-op threads and with one thread. On a loaded
-    machine the default threads can spin against other processes and run 1000x slower at small shapes; the
-    report shows both rather than picking the flattering one.
+    torch and numpy's BLAS run interleaved in one process, so neither may slow the other: torch's OpenMP threads
+    sleep instead of spinning after each call (OMP_WAIT_POLICY=PASSIVE, set before torch is imported where the
+    caller has not imported it yet) and torch gets as many threads as the BLAS pool. With a pool of more than one
+    thread the torch references are timed once more on one thread: on a loaded machine extra threads can make
+    small shapes far slower, and the report shows both rather than picking the flattering one.
     """
     from tilewise.devices import get_device
+    from tilewise.devices.cpu import match_torch_threads, quiet_torch_threads, thread_setup
 
+    omp = quiet_torch_threads()
     cpu = get_device("cpu")
     torch = torch_or_none()
+    blas = thread_setup()
+    pool = blas.threads
+    setup = f"BLAS {pool} ({blas.source.replace(' available', '')})"
     refs = spec.references(host, shape)
-    passes: list[tuple[int | None, list[tuple[str, Callable[[], Any]]]]] = [(None, refs)]
-    if torch is not None and torch.get_num_threads() > 1:
+    passes: list[tuple[int, list[tuple[str, Callable[[], Any]]]]] = [(pool, refs)]
+    if torch is not None and pool > 1:
         passes.append((1, [(n, f) for n, f in refs if n.startswith("torch")]))
     out: list[tuple[str, Stats]] = []
-    for threads, group in passes:
-        if not group:
-            continue
-        launches: dict[str, list[Launch]] = {}
-        for name, fn in group:
-            def kernel(buffers: Sequence[Any], grid: Any, _fn: Callable[[], Any] = fn) -> None:
-                _fn()
+    saved = torch.get_num_threads() if torch is not None else None
+    try:
+        for threads, group in passes:
+            if not group:
+                continue
+            launches: dict[str, list[Launch]] = {}
+            for name, fn in group:
+                def kernel(buffers: Sequence[Any], grid: Any, _fn: Callable[[], Any] = fn) -> None:
+                    _fn()
 
-            label = name
-            if name.startswith("torch") and torch is not None:
-                label = f"{name} ({threads or torch.get_num_threads()} thread{'s' if (threads or 2) > 1 else ''})"
-            launches[label] = [Launch(cpu.compile(kernel, name=label), (1, 1, 1), [])]
-        saved = torch.get_num_threads() if torch is not None else None
-        try:
-            if threads is not None and torch is not None:
-                torch.set_num_threads(threads)
+                label = name
+                if name.startswith("torch") and torch is not None:
+                    label = f"{name} ({threads} thread{'s' if threads > 1 else ''})"
+                launches[label] = [Launch(cpu.compile(kernel, name=label), (1, 1, 1), [])]
+            if torch is not None:
+                if threads == pool:
+                    match_torch_threads(torch)
+                else:
+                    torch.set_num_threads(threads)
             m = measure(cpu, launches, **measure_kw)
-        finally:
-            if threads is not None and torch is not None and saved is not None:
-                torch.set_num_threads(saved)
-        out += [(label, m.stats[label]) for label in launches]
-    return out
+            out += [(label, m.stats[label]) for label in launches]
+    finally:
+        if torch is not None and saved is not None:
+            torch.set_num_threads(saved)
+    if torch is not None:
+        wait = os.environ.get("OMP_WAIT_POLICY")
+        spins = "may spin" in omp or not wait  # torch was imported before the policy could be set
+        setup += f", torch {pool}, " + ("OpenMP may spin (torch came first)" if spins else f"OMP_WAIT_POLICY={wait}")
+    return out, setup
 
 
 def _search_points(spec: LadderSpec, tpl: KernelTemplate, space: Space, limits: Any, shape: Shape, count: int,
@@ -344,7 +401,7 @@ def run_ladder(primitive: str, device: Device | None = None, shape: Shape | None
     stats = {r.name: st for r, st in zip(measured, race.stats)}
     say("timing the host references")
     host = tpl.make_inputs(shape, np.random.default_rng(seed))
-    refs = time_references(spec, host, shape, final_kw)
+    refs, threads = time_references(spec, host, shape, final_kw)
     ref_ms = min((s.median_ms for _, s in refs), default=None)
     base = stats[rungs[0].name]
     prev: Stats | None = None
@@ -356,7 +413,7 @@ def run_ladder(primitive: str, device: Device | None = None, shape: Shape | None
         r.gflops = tpl.flops(shape) / (st.median_ms * 1e6)
         r.speedup_vs_baseline = base.median_ms / st.median_ms
         r.speedup_vs_reference = ref_ms / st.median_ms if ref_ms else None
-        r.verdict = "baseline" if prev is None else verdict(prev, st)
+        r.verdict = "baseline" if prev is None else verdict(prev, st, base)
         prev = st
 
     staging: list[StagingAnswer] = []
@@ -371,43 +428,72 @@ def run_ladder(primitive: str, device: Device | None = None, shape: Shape | None
         pair = {spec.stage_of(tuned.config): tuned.stats, spec.stage_of(extras[0].config): flipped_st}
         staging.append(staging_answer(f"the tuned best tile ({tuned.config})", pair["workgroup"], pair["private"]))
     return LadderResult(spec.primitive, spec.title, dev.info.as_dict(), dev.timer, shape, tuple(tpl.shape_names),
-                        rungs, refs, staging, tuned_info, race.rounds)
+                        rungs, refs, staging, tuned_info, race.rounds, threads)
 
 
 def write_json(result: LadderResult, path: str) -> None:
-    """Write the ladder's JSON ({primitive, device, shape, reference_ms, rungs: [...], staging: [...]})."""
-    with open(path, "w") as f:
-        json.dump(result.as_json(), f, indent=2)
-        f.write("\n")
+    """Write the ladder's JSON ({primitive, device, shape, reference_ms, rungs: [...], staging: [...]}) atomically."""
+    import tempfile
+
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".ladder.", suffix=".json.tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(result.as_json(), f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def draw(result: LadderResult) -> Any:
+    """The ladder figure: one bar per measured rung, then one per host reference (hatched), on a LINEAR time axis
+    (bars on a log axis misstate ratios), 95% interval whiskers, each bar labelled with its median, its speed-up
+    over the baseline and its verdict."""
+    from tilewise.tune.plot import PALETTE, device_short, pyplot
+
+    plt = pyplot()
+    measured = [r for r in result.rungs if r.stats is not None]
+    bars: list[tuple[str, Stats, str, str]] = []  # (name, stats, label, colour)
+    for r in measured:
+        assert r.stats is not None
+        speed = f", {r.speedup_vs_baseline:.2f}x base" if r.speedup_vs_baseline else ""
+        colour = PALETTE[2] if r.verdict == "win" else PALETTE[3] if r.verdict == "loss" else PALETTE[0]
+        bars.append((r.name, r.stats, f"{r.stats.median_ms:.3g} ms{speed}, {r.verdict}", colour))
+    for name, st in result.references:
+        bars.append((f"ref: {name}", st, f"{st.median_ms:.3g} ms (host reference)", PALETTE[1]))
+    med = np.array([b[1].median_ms for b in bars])
+    lo = med - np.array([b[1].ci95_ms[0] for b in bars])
+    hi = np.array([b[1].ci95_ms[1] for b in bars]) - med
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(bars) + 2.0))
+    y = np.arange(len(bars))[::-1]
+    patches = ax.barh(y, med, xerr=[lo, hi], color=[b[3] for b in bars], capsize=3)
+    for patch, (name, _, _, _) in zip(patches, bars):
+        if name.startswith("ref: "):
+            patch.set_hatch("//")
+    right = float((med + hi).max()) if len(bars) else 1.0
+    for yi, (_, st, label, _) in zip(y, bars):
+        ax.text(st.ci95_ms[1] + 0.01 * right, yi, label, va="center", fontsize=8)
+    ax.set_yticks(y, [b[0] for b in bars])
+    ax.set_xscale("linear")
+    ax.set_xlim(0, right * 1.6)  # room for the labels right of the longest bar
+    ax.set_xlabel("median time per run, ms (whiskers: 95% interval; green: win, red: loss, hatched: reference)")
+    shape = " ".join(f"{n}={v}" for n, v in zip(result.shape_names, result.shape))
+    fp = str(result.device.get("fingerprint") or "")
+    where = device_short(fp) if fp.count(":") >= 2 else str(result.device.get("name"))
+    ax.set_title(f"{result.primitive} ladder, {shape}, on {where}", fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def plot(result: LadderResult, path: str) -> None:
-    """A PNG: one bar per rung (median, 95% interval whiskers, log scale) and a line per reference."""
-    try:
-        import matplotlib
+    """Write the ladder plot (`draw`) to `path` (check it first with `tilewise.tune.plot.require_plot`)."""
+    from tilewise.tune.plot import pyplot, save_figure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise ConfigError(f"--plot needs matplotlib ({exc})", "pip install 'tilewise[plot]'") from exc
-    measured = [r for r in result.rungs if r.stats is not None]
-    names = [r.name for r in measured]
-    med = np.array([r.stats.median_ms for r in measured])  # type: ignore[union-attr]
-    lo = med - np.array([r.stats.ci95_ms[0] for r in measured])  # type: ignore[union-attr]
-    hi = np.array([r.stats.ci95_ms[1] for r in measured]) - med  # type: ignore[union-attr]
-    fig, ax = plt.subplots(figsize=(8, 0.5 * len(names) + 1.8))
-    y = np.arange(len(names))[::-1]
-    ax.barh(y, med, xerr=[lo, hi], color="#4c78a8", capsize=3)
-    for yi, r in zip(y, measured):
-        ax.text(r.stats.ci95_ms[1] * 1.08, yi, f"{r.stats.median_ms:.3g} ms  {r.verdict}", va="center", fontsize=8)
-    for name, s in result.references:
-        ax.axvline(s.median_ms, linestyle="--", color="#e45756")
-        ax.text(s.median_ms, len(names) - 0.4, name, rotation=90, fontsize=7, color="#e45756", va="top")
-    ax.set_yticks(y, names)
-    ax.set_xscale("log")
-    ax.set_xlabel("median time per run, ms (95% interval)")
-    shape = ",".join(str(s) for s in result.shape)
-    ax.set_title(f"{result.primitive} [{shape}] on {result.device.get('name')}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plt = pyplot()
+    fig = draw(result)
+    try:
+        save_figure(fig, path)
+    finally:
+        plt.close(fig)

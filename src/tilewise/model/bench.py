@@ -191,7 +191,7 @@ def print_result(res: dict[str, Any], console: Any = None) -> None:
         t.add_row("sum", f"{res['gpu_ms_sum_of_ops']:.3f}", str(res["launches_per_decision"]))
         con.print(t)
     diff = res.get("max_abs_score_diff")
-    say = lambda text: con.print(text, markup=False, highlight=False)  # noqa: E731
+    say = lambda text: con.print(text, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
     say(f"decision latency p50 {res['latency_ms_p50']:.2f} ms, p90 {res['latency_ms_p90']:.2f}, "
         f"p99 {res['latency_ms_p99']:.2f} ({res['decisions_timed']} decisions)")
     say(f"  {res['decisions_per_s']:.1f} decisions/s = {res['apm']:.0f} APM")

@@ -1,12 +1,10 @@
-"""Tables and plots for tuning runs, sweeps and the store (rich for text, matplotlib for PNGs)."""
+"""Tables for tuning runs, sweeps and the store (rich); the PNGs are `tilewise.tune.plot`."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from tilewise.errors import ConfigError
 from tilewise.tune.measure import ties
 from tilewise.tune.sweep import SweepResult
 from tilewise.tune.tuner import TuneResult
@@ -166,65 +164,6 @@ def sweep_table(result: SweepResult, ranges: Sequence[Mapping[str, Any]] | None 
             cells += ["-" if result.median(c, m) is None else _ms(result.median(c, m) or 0.0) for c in result.configs]
         t.add_row(*cells)
     return t, [f"c{i}: {lab}" for i, lab in enumerate(labels)]
-
-
-def _pyplot() -> Any:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise ConfigError("plots need matplotlib", "pip install 'tilewise[plot]' (or matplotlib)") from exc
-    return plt
-
-
-def plot_sweep(result: SweepResult, path: str | Path, ranges: Sequence[Mapping[str, Any]] | None = None) -> None:
-    """Time against M per config (the padding saw-tooth), tile waste below, dispatch cutoffs marked."""
-    plt = _pyplot()
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(11, 7), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
-    for c in result.configs:
-        pts = sorted((m, st.median_ms) for m, st in result.stats.get(c, {}).items())
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", ms=3, lw=1, label=str(c))
-            w = sorted(result.waste.get(c, {}).items())
-            ax2.plot([p[0] for p in w], [p[1] for p in w], lw=1)
-    for r in (ranges or [])[1:]:
-        for a in (ax, ax2):
-            a.axvline(r["m_min"] - 0.5, color="k", ls="--", lw=0.8)
-        ax.text(r["m_min"], ax.get_ylim()[0], f" M>={r['m_min']}", va="bottom", fontsize=7, rotation=90)
-    ax.set_ylabel("median time (ms)")
-    ax.set_title(f"{result.kernel} N={result.n} K={result.k}: time vs M ({result.fingerprint})", fontsize=9)
-    ax.legend(fontsize=6, loc="best", framealpha=0.8)
-    ax2.set_yscale("log")
-    ax2.set_ylabel("tile waste (log)")
-    ax2.set_xlabel("M")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def plot_tune(result: TuneResult, path: str | Path) -> None:
-    """Median with p20..p80 bars and the 95% interval per ranked config, tie groups coloured."""
-    plt = _pyplot()
-    ranked = result.ranked
-    if not ranked:
-        raise ConfigError("nothing to plot: no config ran correctly", "see the table for each config's status")
-    fig, ax = plt.subplots(figsize=(10, 0.35 * len(ranked) + 1.5))
-    for i, r in enumerate(ranked):
-        s = r.stats
-        assert s is not None
-        color = f"C{(r.tie_group or 1) - 1}"
-        ax.plot([s.p20_ms, s.p80_ms], [i, i], color=color, lw=6, alpha=0.35)
-        ax.plot(list(s.ci95_ms), [i, i], color=color, lw=2)
-        ax.plot([s.median_ms], [i], "o", color=color)
-    ax.set_yticks(range(len(ranked)), [str(r.config) for r in ranked], fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("ms (dot: median, thin: 95% interval, thick: p20..p80; colour: tie group)")
-    ax.set_title(f"{result.kernel} {'x'.join(map(str, result.shape))}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def dry_run(tpl: Any, space: Any, shape: tuple[int, ...], target: str, seed: int = 0) -> dict[str, Any]:
