@@ -19,9 +19,16 @@ random order per round (so drift hits every variant alike), after warm-up:
 
 It prints medians with 20th/80th percentiles and ratios, checks every variant's scores against HF's on the same
 weights (the NF4 variants against HF running the dequantized NF4 weights),
-and writes the table to bench/results/ with the date, device and command.
+and writes the table to bench/results/ with the date, device and command. A ratio or saving of medians is printed
+only where the samples support it (`tilewise.tune.measure.compare`): `tie` when the 95% intervals overlap, `noisy`
+when the samples scatter too much to rank.
 
-Usage: python bench/cpu_decision.py [--presets seed-250m lfm2-350m] [--repeats 7] [--threads 2]
+torch and tilewise's BLAS share the process, so neither may slow the other: both pools get `--threads` threads
+(OMP/OPENBLAS/MKL_NUM_THREADS and torch.set_num_threads) and torch's OpenMP threads sleep between calls
+(OMP_WAIT_POLICY=PASSIVE unless set already; run with OMP_WAIT_POLICY=ACTIVE to see the difference). The header
+states the setup.
+
+Usage: python bench/cpu_decision.py [--presets seed-250m lfm2-350m] [--repeats 7] [--threads N]
 """
 
 from __future__ import annotations
@@ -31,13 +38,15 @@ import os
 import sys
 import time
 
-# thread counts must be fixed before numpy / torch load their BLAS
-_threads = "2"
+# thread counts must be fixed before numpy / torch load their BLAS; without --threads the user's variables or
+# tilewise's choice (the physical cores available) stand
 for _i, _a in enumerate(sys.argv):
     if _a == "--threads" and _i + 1 < len(sys.argv):
-        _threads = sys.argv[_i + 1]
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_var] = _threads
+        for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[_var] = sys.argv[_i + 1]
+# torch's OpenMP threads spin after each call by default and slow the BLAS call timed next (30.3 vs 24.6 ms p50 on a
+# 2-core VM); PASSIVE makes them sleep at once. It must be set before torch loads its OpenMP runtime.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import datetime  # noqa: E402
 import platform  # noqa: E402
@@ -50,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import tilewise  # noqa: E402
 from tilewise.model import checkpoint as ckpt  # noqa: E402
 from tilewise.model.config import preset  # noqa: E402
-from tilewise.tune.measure import summarize  # noqa: E402
+from tilewise.tune.measure import compare, summarize  # noqa: E402
 
 PROMPT_TOKENS = 346
 PREFIX_TOKENS = 47
@@ -147,7 +156,7 @@ def bench_preset(name: str, repeats: int, warmup: int, seed: int = 0) -> tuple[l
              f"({len(cfg.attention_layers)} attention), vocab {cfg.vocab_size}; {PROMPT_TOKENS}-token prompt, "
              f"prefix {PREFIX_TOKENS}; {repeats} interleaved samples after {warmup} warm-up; setup {load_s:.0f} s; "
              f"load average after: {os.getloadavg()[0]:.1f}",
-             "", "| variant | median ms | p20 ms | p80 ms | min ms | HF / this (median) | HF / this (min) | "
+             "", "| variant | median ms | p20 ms | p80 ms | min ms | HF / this (medians) | HF / this (min) | "
              "max abs score diff vs HF, same weights |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     med = {k: s.median_ms for k, s in stats.items()}
     low = {k: float(np.min(v)) for k, v in samples.items()}
@@ -156,11 +165,23 @@ def bench_preset(name: str, repeats: int, warmup: int, seed: int = 0) -> tuple[l
             diff_text = "n/a (shorter prompt)"
         else:
             diff_text = f"{float(np.abs(scores[k] - ref['nf4' if 'nf4' in k else 'f32']).max()):.2e}"
+        vs_hf = compare(stats["hf f32"], s).times() if k != "hf f32" else "1.00x"
         lines.append(f"| {k} | {s.median_ms:.1f} | {s.p20_ms:.1f} | {s.p80_ms:.1f} | {low[k]:.1f} | "
-                     f"{med['hf f32'] / s.median_ms:.2f} | {low['hf f32'] / low[k]:.2f} | {diff_text} |")
+                     f"{vs_hf} | {low['hf f32'] / low[k]:.2f} | {diff_text} |")
     lines.append("")
     skipped = PREFIX_TOKENS / PROMPT_TOKENS
-    for label, t in (("median", med), ("min", low)):
+
+    def cmp(base: str, new: str) -> str:
+        return compare(stats[base], stats[new], (base, new)).saving()
+
+    lines.append(f"- medians, f32: final-row slicing: {cmp('tw f32 full', 'tw f32 slice')}; the prefix cache: "
+                 f"{cmp('tw f32 full', 'tw f32 cache')} without slicing, {cmp('tw f32 slice', 'tw f32 slice+cache')} "
+                 f"with it (it skips {skipped:.1%} of the tokens); vs HF: "
+                 f"{compare(stats['hf f32'], stats['tw f32 full']).times()} with neither, "
+                 f"{compare(stats['hf f32'], stats['tw f32 slice+cache']).times()} with both; nf4 vs HF: "
+                 f"{compare(stats['hf f32'], stats['tw nf4 full']).times()} / "
+                 f"{compare(stats['hf f32'], stats['tw nf4 slice+cache']).times()} (tie: 95% intervals overlap)")
+    for label, t in (("min", low),):  # minimums have no interval: plain ratios, labelled as such
         lines.append(f"- {label}, f32: final-row slicing saves {1 - t['tw f32 slice'] / t['tw f32 full']:.1%}; the "
                      f"prefix cache saves {1 - t['tw f32 cache'] / t['tw f32 full']:.1%} without slicing and "
                      f"{1 - t['tw f32 slice+cache'] / t['tw f32 slice']:.1%} with it (it skips {skipped:.1%} of the "
@@ -192,20 +213,26 @@ def main() -> int:
     p.add_argument("--presets", nargs="+", default=["seed-250m", "lfm2-350m"])
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=None,
+                   help="BLAS and torch threads (default: OMP/OPENBLAS/MKL_NUM_THREADS, else the physical cores)")
     p.add_argument("--out", default=None, help="results file (default bench/results/<date>-cpu-decision.md)")
     args = p.parse_args()
     import torch
     import transformers
 
-    torch.set_num_threads(args.threads)
+    from tilewise.devices.cpu import match_torch_threads, set_threads
+
+    blas = set_threads(args.threads)
+    torch_line = match_torch_threads(torch)
     dev = tilewise.get_device("cpu").info
     now = datetime.datetime.now(datetime.UTC)
     header = [
         f"# CPU decision latency: tilewise CPU executor vs HF transformers Lfm2Model ({now:%Y-%m-%d %H:%M} UTC)", "",
-        f"- device: {dev.name} ({platform.machine()}), {os.cpu_count()} logical CPUs, {args.threads} threads; "
+        f"- device: {dev.name} ({platform.machine()}), {os.cpu_count()} logical CPUs; "
         f"{dev.driver}; torch {torch.__version__}, transformers {transformers.__version__}, tilewise "
         f"{tilewise.__version__}",
+        f"- threads: {blas.line()}; {torch_line}; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')} (torch's "
+        "OpenMP threads sleep between calls instead of spinning on the cores BLAS needs next)",
         f"- command: `python bench/cpu_decision.py {' '.join(sys.argv[1:])}`".replace("`python bench/cpu_decision.py `",
                                                                                       "`python bench/cpu_decision.py`"),
         f"- load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())} (other work on the machine "

@@ -14,7 +14,11 @@ For each preset (lfm2-350m and seed-250m shapes, seeded random weights) and weig
 - HF transformers `Lfm2Model` + Linear(hidden, 8) head on the same GPU in bf16, eager and `torch.compile`,
   same weights (unquantized, bf16), same prompt length, `use_cache=False`, timed the same way (host clock around
   the forward + reading the 8 scores back).
-Prints a ratio table at the end and writes `results.json` and `summary.md` into `--out`.
+Prints a ratio table at the end and writes `results.json` and `summary.md` into `--out`. A ratio is printed only
+where the samples support it (`tilewise.tune.measure.compare`): `tie` when the 95% intervals of the two medians
+overlap, `noisy` when either sample set scatters too much to rank. torch shares the process with tilewise's CPU
+reference: its OpenMP threads sleep between calls (OMP_WAIT_POLICY=PASSIVE, set before torch loads) and get as many
+threads as the BLAS pool; the log's first lines state the setup.
 
 Usage (needs torch with CUDA, transformers, wgpu; nothing installed from this repo):
 
@@ -38,7 +42,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from tilewise.model.bench import PREFIX_TOKENS, bench_model, percentiles, prompts, time_calls
+from tilewise.devices.cpu import quiet_torch_threads
+
+OMP_LINE = quiet_torch_threads()  # before torch loads: its OpenMP threads must not spin on the CPU reference's cores
+
+from tilewise.model.bench import PREFIX_TOKENS, bench_model, percentiles, prompts, time_calls  # noqa: E402
+from tilewise.tune.measure import compare, summarize  # noqa: E402
 
 T0 = time.perf_counter()
 
@@ -99,6 +108,9 @@ def hf_decider(ck: Any, cfg: Any, args: argparse.Namespace, compiled: bool, full
     import torch
     import transformers
 
+    from tilewise.devices.cpu import match_torch_threads
+
+    match_torch_threads(torch)
     if not torch.cuda.is_available():
         raise RuntimeError("torch sees no CUDA device")
     hc = transformers.Lfm2Config(**cfg.to_hf_dict())
@@ -129,9 +141,11 @@ def hf_section(ck: Any, cfg: Any, args: argparse.Namespace, compiled: bool) -> d
     t = time.perf_counter()
     decide(0)
     first_s = time.perf_counter() - t
-    lat = percentiles(time_calls(decide, args.decisions, 3, budget_s=max(5.0, min(30.0, left(args.budget_s) / 8))))
+    samples = time_calls(decide, args.decisions, 3, budget_s=max(5.0, min(30.0, left(args.budget_s) / 8)))
+    lat = percentiles(samples)
     out = {"impl": f"HF transformers Lfm2Model bf16 {'torch.compile' if compiled else 'eager'}",
            "latency_ms_p50": lat["p50"], "latency_ms_p90": lat["p90"], "latency_ms_p99": lat["p99"],
+           "latency_samples_ms": samples,
            "decisions_timed": lat["n"], "first_call_s": first_s, "torch": torch.__version__,
            "transformers": transformers.__version__, "gpu": torch.cuda.get_device_name()}
     return out
@@ -165,11 +179,13 @@ def alternate_section(ck: Any, f32: Any, cfg: Any, args: argparse.Namespace, dis
             fn(i)
             ms[name].append((time.perf_counter() - t0) * 1e3)
     lat = {k: percentiles(v) for k, v in ms.items()}
+    vs_hf = compare(summarize(ms["hf"]), summarize(ms["tilewise"]), ("HF eager", "tilewise"))
     ratios = [h / t for h, t in zip(ms["hf"], ms["tilewise"])]
     log(f"  alternating: tilewise p50 {lat['tilewise']['p50']:.2f} ms, HF eager p50 {lat['hf']['p50']:.2f} ms, "
         f"median per-decision ratio {float(np.median(ratios)):.2f}x")
     return {"decisions": args.decisions, "tilewise_ms": lat["tilewise"], "hf_eager_ms": lat["hf"],
             "ratio_of_p50": lat["hf"]["p50"] / lat["tilewise"]["p50"], "median_pair_ratio": float(np.median(ratios)),
+            "verdict": vs_hf.verdict, "ratio_text": vs_hf.times(),
             "pairs_tilewise_faster": int(sum(r > 1 for r in ratios)), "variant": "nf4 f16-arith"}
 
 
@@ -235,12 +251,16 @@ def main() -> int:
     dev = tilewise.get_device("webgpu")
     info = dev.info
     log(f"WebGPU adapter: {info.name} ({info.api}, {info.adapter_type}), driver {info.driver}")
+    from tilewise.devices.cpu import thread_setup
+
+    threads = f"{thread_setup().line()}; {OMP_LINE}; torch threads matched to BLAS when HF runs"
+    log(threads)
     coop = "cooperative-matrix" in info.features
     argv = [out.name if a == str(out) else a for a in sys.argv[1:]]  # no machine paths in the record
     meta = {"adapter": info.as_dict(), "argv": argv, "seq": args.seq, "decisions": args.decisions,
             "cooperative_matrix": ("advertised, not used: wgpu-py 0.32 cannot enable experimental features and "
                                    "wgpu-native implements only 8x8 f32 fragments") if coop else "not advertised",
-            "shader_f16": "shader-f16" in info.features}
+            "shader_f16": "shader-f16" in info.features, "threads": threads}
     f16a = "shader-f16" in info.features and not args.no_f16_arith
     for name in args.presets.split(","):
         cfg = preset(name)
@@ -316,8 +336,8 @@ def summary(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
              "no final-row slicing p50 | GPU sum of ops ms | max abs score diff vs CPU |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in args.presets.split(","):
-        eager = by.get(f"hf-eager {name}", {}).get("latency_ms_p50")
-        comp = by.get(f"hf-compile {name}", {}).get("latency_ms_p50")
+        eager = by.get(f"hf-eager {name}", {}).get("latency_samples_ms")
+        comp = by.get(f"hf-compile {name}", {}).get("latency_samples_ms")
         keys = [f"tilewise {name} {w}{v}" for w in args.weights.split(",")
                 for v in ("", " f16-arith", *(f" f16-arith submit {f}" for f in submit_firsts(args)),
                           " f16-arith no-record-ahead")]
@@ -334,8 +354,11 @@ def summary(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
                 "tilewise") else r["impl"].replace(
                 "HF transformers Lfm2Model ", "HF ")
 
-            def ratio(ref: float | None, p50: float = p50) -> str:
-                return f"{ref / p50:.2f}x" if ref else "-"
+            mine = r.get("latency_samples_ms")
+
+            def ratio(ref: list[float] | None, mine: list[float] | None = mine) -> str:
+                """HF / this as `1.41x`, or `tie` / `noisy` where the samples cannot rank the two."""
+                return compare(summarize(ref), summarize(mine)).times() if ref and mine else "-"
 
             pc = r.get("prefix_cached", {}).get("latency_ms_p50")
             nf = r.get("no_final_row_slicing", {}).get("latency_ms_p50")
@@ -345,7 +368,8 @@ def summary(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
                          f"{ratio(eager)} | {ratio(comp)} | {'-' if pc is None else f'{pc:.2f}'} | "
                          f"{'-' if nf is None else f'{nf:.2f}'} | {'-' if gpu is None else f'{gpu:.2f}'} | "
                          f"{'-' if diff is None else f'{diff:.2g}'} |")
-    lines += ["", "Ratios are speed-ups of the row's implementation (>1x: faster than HF). HF runs bf16 of the "
+    lines += ["", "Ratios are speed-ups of the row's implementation (>1x: faster than HF); `tie`: the 95% intervals "
+              "of the two medians overlap; `noisy`: the samples scatter too much to rank. HF runs bf16 of the "
               "unquantized weights; tilewise runs the stated format.", ""]
     for r in results:
         if r.get("section", "").startswith("tune") and ("error" in r or "skipped" in r):
@@ -358,7 +382,7 @@ def summary(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
             tw, hf = r["tilewise_ms"], r["hf_eager_ms"]
             lines.append(f"- {r['section']} (tilewise {r['variant']} and HF bf16 eager deciding in turn, "
                          f"{r['decisions']} each): tilewise p50 {tw['p50']:.2f} / p90 {tw['p90']:.2f} ms, HF eager "
-                         f"p50 {hf['p50']:.2f} / p90 {hf['p90']:.2f} ms; HF/tilewise {r['ratio_of_p50']:.2f}x "
+                         f"p50 {hf['p50']:.2f} / p90 {hf['p90']:.2f} ms; HF/tilewise {r['ratio_text']} "
                          f"(p50s), {r['median_pair_ratio']:.2f}x (median of pairs), tilewise faster in "
                          f"{r['pairs_tilewise_faster']} of {r['decisions']} pairs")
     for r in results:

@@ -47,7 +47,7 @@ from tilewise.kernels.base import Shape, parse_shape
 from tilewise.kernels.gemm.cuda import KERNEL7, SEED_WINNER, CudaGemm
 from tilewise.kernels.space import Config
 from tilewise.tune.engine import Engine, Item, Outcome
-from tilewise.tune.measure import Stats, tie_groups
+from tilewise.tune.measure import Stats, compare, tie_groups
 from tilewise.tune.search import Budget
 from tilewise.tune.store import Store, shape_key
 from tilewise.tune.tuner import tune
@@ -84,6 +84,12 @@ class BenchGemm(CudaGemm):
     def verify_shape(self, config: Config, shape: Shape) -> Shape:
         return tuple(shape) if self.at_shape else super().verify_shape(config, shape)
 
+
+
+def _ratio(cublas: Stats, pick: Stats) -> str:
+    """cuBLAS time / the pick's as `0.953`, or `tie` / `noisy` where the race cannot rank the two."""
+    vs = compare(cublas, pick)
+    return f"{vs.ratio:.3f}" if vs.verdict in ("faster", "slower") else vs.verdict
 
 def tflops(flops: int, ms: float) -> float:
     return flops / (ms * 1e-3) / 1e12
@@ -309,6 +315,7 @@ class Bench:
             row = {"shape": list(shape), "pick": pick.key(), "describe": self.tpl.describe(pick), **pst.as_dict(),
                    "tflops": tflops(flops, pst.median_ms), "cublas": cub.as_dict(),
                    "cublas_tflops": tflops(flops, cub.median_ms), "ratio": cub.median_ms / pst.median_ms,
+                   "vs_cublas": compare(cub, pst).verdict,
                    "cublas_in_winning_tie_group": tie, **check,
                    "tile_waste": self.tpl.tile_waste(pick, shape),
                    "finalists": {c.key(): s.as_dict() for c, s in stats.items()}}
@@ -317,7 +324,7 @@ class Bench:
                 row["best4096"] = {"config": best4096.key(), **b.as_dict(), "ratio": cub.median_ms / b.median_ms}
             rows.append(row)
             self.log(f"{shape_key(shape):<16} {self.tpl.describe(pick):<40} {pst.median_ms:8.4f} "
-                     f"{row['tflops']:8.2f} {cub.median_ms:9.4f} {row['cublas_tflops']:8.2f} {row['ratio']:6.3f} "
+                     f"{row['tflops']:8.2f} {cub.median_ms:9.4f} {row['cublas_tflops']:8.2f} {_ratio(cub, pst):>6} "
                      f"{opt(check['rel_err'], '8.1e'):>8} {check['rel_vs_cublas']:9.1e} "
                      f"{check['cublas_rel_err']:12.1e}")
             if not check["ok"]:

@@ -78,7 +78,7 @@ def cublas_times(shape: tuple[int, int, int], samples: int, seed: int) -> dict[s
     rel = float(torch.linalg.norm(c.double() - ref) / torch.linalg.norm(ref))
     st = summarize(times)
     return {"median_ms": st.median_ms, "p20_ms": st.p20_ms, "p80_ms": st.p80_ms, "ci95_ms": list(st.ci95_ms),
-            "rel_err": rel, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+            "rel_err": rel, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "samples_ms": times}
 
 
 def ok_by_speed(rows: list[Any]) -> list[Any]:
@@ -119,11 +119,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="benchmark shapes M,N,K separated by ';' (default: 4096^3, 1024^3, 346x2560x1024)")
     args = ap.parse_args(argv)
 
+    from tilewise.devices.cpu import quiet_torch_threads
+
+    omp = quiet_torch_threads()  # before torch loads (cuBLAS through torch): no OpenMP threads spinning on the host
     import tilewise
     from tilewise.kernels.base import parse_shape
     from tilewise.kernels.gemm.webgpu import WgslGemm
     from tilewise.tune.engine import Engine
-    from tilewise.tune.measure import tie_groups
+    from tilewise.tune.measure import compare, summarize, tie_groups
     from tilewise.tune.search import Budget
     from tilewise.tune.store import Store
     from tilewise.tune.tuner import Row, tune
@@ -208,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
         if cub:
             row["cublas_tflops"] = flops / cub["median_ms"] / 1e9
             row["fraction_of_cublas"] = cub["median_ms"] / best_st.median_ms
+            vs = compare(summarize(cub["samples_ms"]), best_st)  # separate runs: their intervals still must part
+            row["vs_cublas"] = vs.verdict
+            row["fraction_text"] = f"{100 * vs.ratio:.0f}%" if vs.verdict in ("faster", "slower") else vs.verdict
         table.append(row)
 
     say("")
@@ -217,13 +223,15 @@ def main(argv: list[str] | None = None) -> int:
         cub = row["cublas"]
         cub_ms = f"{cub['median_ms']:.3f}" if cub else "n/a"
         cub_tf = f"{row['cublas_tflops']:.1f}" if cub else "n/a"
-        frac = f"{100 * row['fraction_of_cublas']:.0f}%" if cub else "n/a"
+        frac = row["fraction_text"] if cub else "n/a"
         say(f"{row['M']}x{row['K']}x{row['N']:<10} {row['wgsl_median_ms']:>9.3f} {row['wgsl_tflops']:>8.1f} "
             f"{cub_ms:>10} {cub_tf:>8} {frac:>12}  {row['wgsl_label']}")
     if not any(r["cublas"] for r in table):
         say("cuBLAS was not measured (no torch with CUDA on this machine)")
     else:
-        say("WGSL/cuBLAS = cuBLAS time / WGSL time (share of cuBLAS fp32 throughput, TF32 off)")
+        say("WGSL/cuBLAS = cuBLAS time / WGSL time (share of cuBLAS fp32 throughput, TF32 off); tie: the 95% "
+            "intervals overlap; noisy: the samples scatter too much to rank")
+    say(omp)
     record = {"date": time.strftime("%Y-%m-%d"), "device": dev.info.as_dict(), "python": platform.python_version(),
               "argv": [Path(a).name if a == args.out else a for a in sys.argv], "tune_shape": list(tune_shape),
               "tune_seconds": tuned_s, "status_counts": counts,

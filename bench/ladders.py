@@ -5,8 +5,9 @@
 For each GPU primitive (conv1d, GEMM, depthwise-separable conv2d) and each shape in SHAPES: every rung from the
 unoptimized baseline through each optimization is verified against the float64 reference and timed interleaved
 with the tuned best (the tuner, under a count/time budget) and the staging counterparts; the numpy/torch host
-references are timed with the same function. The CPU conv1d ladder (TVM) runs too when TVM is importable and is
-skipped with the install command otherwise.
+references are timed with the same function, torch's OpenMP threads sleeping between calls (OMP_WAIT_POLICY=PASSIVE)
+and matched to the BLAS pool (each table states the setup). The CPU conv1d ladder (TVM) runs too when TVM is
+importable and is skipped with the install command otherwise.
 
 Writes OUT/ladders.json (a list of ladder results: {primitive, device, shape, reference_ms, rungs, staging, ...})
 and OUT/ladders.txt (the tables, then one line per device/shape/schedule saying whether workgroup or private
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first-shape-only", action="store_true", help="only the seed-sized shape of each ladder")
     args = ap.parse_args(argv)
 
+    from tilewise.devices.cpu import quiet_torch_threads
+
+    quiet_torch_threads()  # before torch loads: its references are timed next to numpy's BLAS (see the tables)
     from tilewise.errors import TilewiseError
     from tilewise.ladder import LADDERS, get_ladder_device, run_ladder
 

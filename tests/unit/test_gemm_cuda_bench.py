@@ -142,7 +142,9 @@ def test_finals_race_the_picks_with_cublas_and_store_them(run):
             db = stored[key(f["shape"])][c]
             assert db.status == "ok" and db.median_ms == s["median_ms"]
         line = next(ln for ln in text.splitlines() if ln.startswith(key(f["shape"]) + " "))
-        assert f"{f['ratio']:6.3f}" in line and f["describe"] in line
+        # two rounds are too few to rank: the ratio cell says so instead of printing a number
+        assert f["vs_cublas"] == "noisy" and " noisy " in line and f"{f['ratio']:6.3f}" not in line
+        assert f["describe"] in line
     # at the other shape every verified config was raced briefly first, through the engine
     verified = {r["config"] for r in rep["seed"]["rows"] if r.get("status") == "ok"}
     verified |= {r["config"] for r in rep["sweep"]["ranked"]}

@@ -93,7 +93,7 @@ def bench_model(model: Any, seq: int, decisions: int, prefix: int = PREFIX_TOKEN
     res.update(latency_ms_p50=lat["p50"], latency_ms_p90=lat["p90"], latency_ms_p99=lat["p99"],
                latency_ms_mean=lat["mean"], latency_ms_p20=full_st.p20_ms, latency_ms_p80=full_st.p80_ms,
                decisions_timed=lat["n"], decisions_per_s=1e3 / lat["mean"], apm=60e3 / lat["mean"],
-               noise=noise_note(full_st))
+               noise=noise_note(full_st), latency_samples_ms=full_ms)
     log(f"  {model.config.name} {model.weights} full prefill {seq}: p50 {lat['p50']:.2f} ms "
         f"p90 {lat['p90']:.2f} p99 {lat['p99']:.2f} ({lat['n']} decisions)")
     base = model.prefill(head)
