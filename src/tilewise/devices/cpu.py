@@ -3,6 +3,9 @@
 A CPU "kernel" is a callable `fn(buffers, grid, **constants)` that receives the buffers' raw byte
 arrays (np.uint8, writable) and works on views of them. The CPU executor and the float64 references
 build on this device; it is also what `auto` falls back to when no GPU adapter is usable.
+
+The BLAS pool's size is chosen here (`set_threads`, `thread_setup`), as is the way torch shares the cores when it
+runs in the same process (`quiet_torch_threads`, `match_torch_threads`).
 """
 
 from __future__ import annotations
@@ -64,15 +67,15 @@ class ThreadSetup:
         return f"BLAS threads: {self.threads} ({self.source}; {self.library}{note})"
 
 
-def physical_cores() -> int:
-    """Physical cores this process may run on: its CPU affinity, hyperthread siblings counted once (Linux sysfs);
-    without sysfs, the CPUs of the affinity set (or `os.cpu_count()`)."""
+def physical_cores(sysfs: str | os.PathLike[str] = "/sys/devices/system/cpu") -> int:
+    """Physical cores this process may run on: its CPU affinity, hyperthread siblings counted once (Linux sysfs
+    topology under `sysfs`); without it, the CPUs of the affinity set (or `os.cpu_count()`)."""
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     cores: set[str] = set()
     for cpu in cpus:
         for name in ("core_cpus_list", "thread_siblings_list"):
             try:
-                cores.add(Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/{name}").read_text().strip())
+                cores.add(Path(sysfs, f"cpu{cpu}", "topology", name).read_text().strip())
                 break
             except OSError:
                 continue
