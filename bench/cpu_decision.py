@@ -46,7 +46,9 @@ for _i, _a in enumerate(sys.argv):
             os.environ[_var] = sys.argv[_i + 1]
 # torch's OpenMP threads spin after each call by default and slow the BLAS call timed next (30.3 vs 24.6 ms p50 on a
 # 2-core VM); PASSIVE makes them sleep at once. It must be set before torch loads its OpenMP runtime.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# --omp-default leaves OpenMP's default (to measure what PASSIVE prevents).
+if "--omp-default" not in sys.argv:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import datetime  # noqa: E402
 import platform  # noqa: E402
@@ -96,9 +98,16 @@ def bench_preset(name: str, repeats: int, warmup: int, seed: int = 0) -> tuple[l
 
     from tilewise.model.runtime import from_checkpoint
 
-    cfg = preset(name)
     t0 = time.perf_counter()
-    tensors = ckpt.random_tensors(cfg, seed=seed)
+    if name == "default":  # the bundled model's own weights (dequantized to float32, HF's equal-precision input)
+        from tilewise.model.runtime import DEFAULT_MODEL_DIR
+
+        bundled = ckpt.Checkpoint.open(DEFAULT_MODEL_DIR)
+        cfg = bundled.config
+        tensors = {n: bundled.float32(n) for n in bundled.names()}
+    else:
+        cfg = preset(name)
+        tensors = ckpt.random_tensors(cfg, seed=seed)
     head = tensors[ckpt.HEAD]
     hf = _hf_model(cfg, tensors)
     ck32 = ckpt.Checkpoint.from_arrays(cfg, tensors, "f32", f"preset:{name}")
@@ -210,7 +219,10 @@ def bench_preset(name: str, repeats: int, warmup: int, seed: int = 0) -> tuple[l
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--presets", nargs="+", default=["seed-250m", "lfm2-350m"])
+    p.add_argument("--presets", nargs="+", default=["seed-250m", "lfm2-350m"],
+                   help="presets (seeded random weights), or default for the bundled model's weights")
+    p.add_argument("--omp-default", action="store_true",
+                   help="leave torch's OpenMP wait policy at its default (spinning) instead of PASSIVE")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=None,
@@ -231,13 +243,15 @@ def main() -> int:
         f"- device: {dev.name} ({platform.machine()}), {os.cpu_count()} logical CPUs; "
         f"{dev.driver}; torch {torch.__version__}, transformers {transformers.__version__}, tilewise "
         f"{tilewise.__version__}",
-        f"- threads: {blas.line()}; {torch_line}; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')} (torch's "
-        "OpenMP threads sleep between calls instead of spinning on the cores BLAS needs next)",
+        f"- threads: {blas.line()}; {torch_line}; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')} "
+        "(PASSIVE: torch's OpenMP threads sleep between calls instead of spinning on the cores BLAS needs next)",
         f"- command: `python bench/cpu_decision.py {' '.join(sys.argv[1:])}`".replace("`python bench/cpu_decision.py `",
                                                                                       "`python bench/cpu_decision.py`"),
         f"- load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())} (other work on the machine "
         "shows up as spread between p20 and p80)",
-        "- weights: seeded random (seed 0), scaled so activations stay O(1); NF4 = blocksize 64, dequantized once "
+        "- weights: " + ("the bundled model's (its NF4 checkpoint in float32) for `default`, " if "default" in
+                         args.presets else "") +
+        "seeded random (seed 0) for presets, scaled so activations stay O(1); NF4 = blocksize 64, dequantized once "
         "at load, so `tw nf4` does the same float32 arithmetic as `tw f32`; HF runs float32 (its equal-precision "
         "peer for both)", ""]
     print("\n".join(header), flush=True)
