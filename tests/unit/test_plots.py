@@ -158,3 +158,20 @@ def test_ladder_cli_checks_the_plot_path_before_measuring(tmp_path, capsys):
     err = capsys.readouterr()
     assert "does not exist" in err.err and "device:" not in err.out + err.err  # refused before a device started
     assert list(tmp_path.iterdir()) == []
+
+
+def test_scripts_run_extras_checks_names_against_pyproject():
+    """`bash scripts/run extras plot` is the clone's fix; a wrong name is refused with the list, nothing installed."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".venv" / "bin" / "python").exists():
+        pytest.skip("no .venv in this checkout (scripts/run would create one)")
+    stamps = sorted(p.name for p in (root / ".venv").glob(".tilewise-*"))
+    bad = subprocess.run(["bash", "scripts/run", "extras", "plot,plotz"], cwd=root, capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown extra 'plotz'" in bad.stderr and "plot" in bad.stderr
+    usage = subprocess.run(["bash", "scripts/run", "extras"], cwd=root, capture_output=True, text=True)
+    assert usage.returncode == 2 and "usage: bash scripts/run extras NAME" in usage.stderr
+    assert "plot: --plot on tune, sweep and ladder" in usage.stderr
+    assert sorted(p.name for p in (root / ".venv").glob(".tilewise-*")) == stamps

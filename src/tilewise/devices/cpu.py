@@ -227,8 +227,8 @@ class CPUDevice(HostDevice):
 
     Args:
         threads: BLAS threads for the process (None: keep this process's setting, or choose one; see
-            `set_threads`). The count is part of the description and the fingerprint: timings at another count
-            are other timings.
+            `set_threads`). The count is part of the api (`numpy, 2 threads`) and so of the fingerprint: timings
+            at another count are other timings.
     """
 
     def __init__(self, threads: int | None = None) -> None:
@@ -242,8 +242,8 @@ class CPUDevice(HostDevice):
             backend="cpu",
             name=_cpu_name(),
             adapter_type="cpu",
-            api="numpy",
-            driver=f"{_blas_name()}, {setup.threads} BLAS thread{'' if setup.threads == 1 else 's'}",
+            api=f"numpy, {setup.threads} thread{'' if setup.threads == 1 else 's'}",  # shown by every device line
+            driver=_blas_name(),
             vendor=platform.machine(),
             limits=Limits(
                 max_workgroup_storage_bytes=big,
