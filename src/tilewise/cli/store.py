@@ -19,12 +19,12 @@ WIDTH = 80  # the report fits this many columns unless --wide
 _STORE_HELP = "the results store file (default: TILEWISE_STORE, else the user cache; `tilewise store path` shows it)"
 
 STORE_EPILOG = """examples:
-  tilewise store export results.json   copy every result into results.json
-  tilewise store import results.json   add its rows to this store (stored rows are kept)"""
+  tilewise store export results.json   write every result to results.json
+  tilewise store import results.json   add them here (stored rows are kept)"""
 
 REPORT_EPILOG = """examples:
-  tilewise report --kernel gemm --top 3   the 3 fastest configs of every gemm shape
-  tilewise report --json - --wide         JSON on stdout, the full report on stderr"""
+  tilewise report --kernel gemm --top 3   fastest 3 configs per gemm shape
+  tilewise report --json - --wide         JSON on stdout, the report on stderr"""
 
 
 def register(sub: Any) -> None:
@@ -144,7 +144,11 @@ def report_lines(data: dict[str, Any], wide: bool = False) -> list[str]:
     and shape: its status counts and the best configs as `median_ms  values` under their parameter names."""
     fit = (lambda s: s) if wide else (lambda s: _fit(s, WIDTH))
     n = data["results"]
-    lines = [f"results store {data['store']}: {n} result{'s' * (n != 1)}"]
+    counted = f": {n} result{'s' * (n != 1)}"
+    where = data["store"]
+    if not wide and len(where) + len(counted) + 14 > WIDTH:  # keep the file name, shorten the folders
+        where = "…" + where[len(where) + len(counted) + 15 - WIDTH:]
+    lines = [f"results store {where}{counted}"]
     if not data["groups"]:
         return [*lines, "it holds no results yet"]
     device = None

@@ -126,11 +126,11 @@ class Store:
         # with BEGIN IMMEDIATE and waits for it (busy timeout) instead of failing on a lock upgrade.
         db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         try:
+            self._check(db)  # before the WAL switch, which rewrites the header of a file that may not be ours
             self._wal(db)
             # NORMAL in WAL: a crashed process loses nothing committed; only a power cut can lose the last
             # transactions, never corrupt the file.
             db.execute("PRAGMA synchronous=NORMAL")
-            self._check(db)
             self._create(db)
         except BaseException:
             db.close()

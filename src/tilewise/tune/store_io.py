@@ -173,9 +173,9 @@ def check_row(row: Any, where: str) -> Result:
             if row[name] is not None:
                 raise bad(name, f"null: a {row['status']} row is not timed")
         return Result(**row)
-    if row["median_ms"] is None:
-        raise bad("median_ms", "a finite positive time: an ok row is timed")
-    for name in _TIMES:
+    if row["median_ms"] is None or not _finite(row["median_ms"]) or row["median_ms"] <= 0:
+        raise bad("median_ms", "a finite positive time in milliseconds: an ok row is timed")
+    for name in _TIMES[1:]:
         if row[name] is not None and (not _finite(row[name]) or row[name] <= 0):
             raise bad(name, "null or a finite positive time in milliseconds")
     median = row["median_ms"]
