@@ -290,8 +290,9 @@ def test_export_is_atomic_and_round_trips(capsys, tmp_path, rng, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")) == []
 
 
-def test_export_to_stdout_is_only_json(capsys, tmp_path, rng):
+def test_export_to_stdout_is_only_json(capsys, tmp_path, rng, monkeypatch):
     path = filled_store(tmp_path / "s.sqlite", rng)
+    monkeypatch.chdir(tmp_path)  # where a file named "-" would land
     code, out, err = run(capsys, "store", "export", "-", "--store", path)
     assert code == 0 and json.loads(out)["results"] and "exported 6 results" in err
     assert not (tmp_path / "-").exists()
