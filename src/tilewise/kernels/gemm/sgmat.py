@@ -92,8 +92,8 @@ def _rules() -> list[Rule]:
         r("subgroup_size", lambda c, L: L.subgroup_size_max is not None and L.subgroup_size_max == c.SG,
           lambda c, L: f"SG = {c.SG} != the device's max subgroup size {L.subgroup_size_max} (Dawn needs the "
                        "workgroup's x size to be a multiple of it; the kernel sizes it SM*SN*SG)", needs_limits=True),
-        r("fragment_subgroup_size",
-          lambda c, L: _offered(c, L).min_subgroup_size <= c.SG <= _offered(c, L).max_subgroup_size,
+        r("fragment_subgroup_size", lambda c, L: _offered(c, L) is None  # refused by fragment_offered already
+          or _offered(c, L).min_subgroup_size <= c.SG <= _offered(c, L).max_subgroup_size,
           lambda c, L: f"SG = {c.SG} is outside the subgroup sizes {_offered(c, L).min_subgroup_size}.."
                        f"{_offered(c, L).max_subgroup_size} of fragment {c.FRAG}", needs_limits=True),
         r("accumulators", lambda c, L: _acc_floats(c) <= MAX_ACCUMULATOR_FLOATS,
