@@ -34,7 +34,7 @@ def test_without_subgroup_matrices_every_config_is_illegal_with_the_fix(tpl):
         assert sample and not space.legal(limits, sample)
         for cfg in sample:
             assert any(w.startswith("fragment_offered: this device has no subgroup matrices") and
-                       w.endswith("use --device dawn (wgpudawn on a GPU with subgroup matrices)")
+                       w.endswith("so use --device dawn (wgpudawn on a GPU with subgroup matrices)")
                        for w in space.why_illegal(cfg, limits))
 
 

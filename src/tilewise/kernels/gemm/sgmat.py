@@ -71,7 +71,7 @@ def _offered(c: Config, L: Limits | None) -> Any:
 def _explain_offered(c: Config, L: Limits | None) -> str:
     if L is None or L.subgroup_matrix_configs is None:
         return (f"this device has no subgroup matrices (Dawn's chromium-experimental-subgroup-matrix with shader-f16 "
-                f"and subgroups); {FIX_DAWN}")
+                f"and subgroups), so {FIX_DAWN}")
     have = [s.label() for s in L.subgroup_matrix_configs if (s.component_type, s.result_component_type)
             == ("f16", "f32")]
     return f"fragment {c.FRAG} f16->f32 is not offered by this adapter (it offers: {', '.join(have) or 'none'})"
@@ -91,7 +91,8 @@ def _rules() -> list[Rule]:
           doc="the fragment shape is one the adapter multiplies (f16 inputs, f32 result)"),
         r("subgroup_size", lambda c, L: L.subgroup_size_max is not None and L.subgroup_size_max == c.SG,
           lambda c, L: f"SG = {c.SG} != the device's max subgroup size {L.subgroup_size_max} (Dawn needs the "
-                       "workgroup's x size to be a multiple of it; the kernel sizes it SM*SN*SG)", needs_limits=True),
+                       "workgroup's x size to be a multiple of it, and the kernel sizes it SM*SN*SG)",
+          needs_limits=True),
         r("fragment_subgroup_size", lambda c, L: _offered(c, L) is None  # refused by fragment_offered already
           or _offered(c, L).min_subgroup_size <= c.SG <= _offered(c, L).max_subgroup_size,
           lambda c, L: f"SG = {c.SG} is outside the subgroup sizes {_offered(c, L).min_subgroup_size}.."
