@@ -225,6 +225,7 @@ def list_devices() -> tuple[list[DeviceInfo], list[str]]:
             infos.extend(dawn.list_adapters())
         except DeviceUnavailable as exc:
             notes.append(f"dawn: {exc}")
+        notes.extend(f"dawn: {note}" for note in dawn.notes())
     else:
         notes.append(f"dawn: wgpudawn is not installed (WebGPU with subgroup matrices); fix: {dawn.DAWN_FIX}")
     try:

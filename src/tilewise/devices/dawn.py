@@ -17,8 +17,12 @@ Dawn's Null backend (no GPU, compiles shaders without running them) is listed on
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import sys
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 from tilewise.devices.base import DeviceInfo, SubgroupMatrixConfig
@@ -59,11 +63,41 @@ def _import_dawn() -> Any:
     return wgpudawn
 
 
+@contextlib.contextmanager
+def _native_stderr_to_notes() -> Iterator[None]:
+    """Dawn's C++ prints an adapter it refuses (e.g. Mesa 22's lavapipe) straight to the process's stderr while
+    enumerating; catch those lines at the file-descriptor level and keep them as notes for `tilewise devices`."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            text = caught.read().decode(errors="replace")
+    refused = [ln.strip() for ln in text.splitlines() if ln.startswith("Warning:")]
+    notes = _state.setdefault("notes", [])
+    for line in refused:
+        note = f"Dawn refused an adapter: {line.removeprefix('Warning:').strip()}"
+        if note not in notes:
+            notes.append(note)
+
+
+def notes() -> list[str]:
+    """What Dawn said while listing adapters (adapters it refused, and why)."""
+    return list(_state.get("notes", []))
+
+
 def _adapters(module: Any) -> list[Any]:
-    found = list(module.gpu.enumerate_adapters_sync())
+    with _native_stderr_to_notes():
+        found = list(module.gpu.enumerate_adapters_sync())
     if os.environ.get("WGPU_BACKEND_TYPE", "").strip().lower() == "null":
         try:
-            null = module.gpu.request_adapter_sync()
+            with _native_stderr_to_notes():
+                null = module.gpu.request_adapter_sync()
         except Exception:  # a build without the Null backend simply has no such adapter
             null = None
         if null is not None and null.info.get("backend_type") == "Null":

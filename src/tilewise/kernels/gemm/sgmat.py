@@ -164,6 +164,7 @@ class SgmatGemmF16(KernelTemplate):
 
     problem = GEMM_F16
     backend = "webgpu"
+    prefer_runtime = "dawn"  # subgroup matrices exist only through Dawn
 
     make_space = sgmat_space
     spaces = SPACES
