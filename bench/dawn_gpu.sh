@@ -4,6 +4,7 @@
 #   OUT_DIR/devices.json     tilewise devices --json (subgroup_matrix_configs of every Dawn adapter)
 #   OUT_DIR/pytest.txt       python3 -m pytest tests/dawn (device, compile and numerics tests on the real adapter)
 #   OUT_DIR/gemm_dawn.{json,txt}  bench/gemm_dawn.py (tuned gemm-f16 vs torch.matmul f16/f32 per shape)
+#   OUT_DIR/bench-{dawn,webgpu}.{txt,json}  with DECISION_PRESET=P: tilewise bench on both WebGPU runtimes
 #   OUT_DIR/status.txt       one line per step: name, exit status (124: timed out), seconds
 # Each step runs under `timeout`, so one failure or hang does not stop the others.
 # Usage: bench/dawn_gpu.sh OUT_DIR [gemm_dawn.py options]
@@ -34,4 +35,10 @@ step env 60 "$OUT/env.txt" bash -c "nvidia-smi --query-gpu=name,driver_version -
 step devices 60 "$OUT/devices.log" "$PY" -m tilewise devices --json "$OUT/devices.json"
 step pytest 180 "$OUT/pytest.txt" "$PY" -m pytest -q -p no:cacheprovider -rs tests/dawn tests/unit/test_space_gemm_f16.py
 step gemm_dawn "${GEMM_DAWN_S:-300}" "$OUT/gemm_dawn.txt" "$PY" bench/gemm_dawn.py --out "$OUT/gemm_dawn.json" --skip-numerics "$@"
+if [ -n "${DECISION_PRESET:-}" ]; then  # the classifier's decision on both WebGPU runtimes (FMA kernels, default tables)
+    for dev in dawn webgpu; do
+        step "bench-$dev" 90 "$OUT/bench-$dev.txt" "$PY" -m tilewise bench --device "$dev" --preset "$DECISION_PRESET" \
+            --decisions 40 --no-reference --json "$OUT/bench-$dev.json"
+    done
+fi
 cat "$OUT/status.txt"
