@@ -88,7 +88,9 @@ def numerics_section() -> dict[str, Any]:
 def candidates(tpl: Any, dev: Any, sample: int, seed: int) -> list[Any]:
     """The seed points at the device's subgroup size, then `sample` legal configs of the full space."""
     space, limits = tpl.space("full"), dev.info.limits
-    sg = limits.subgroup_size_max
+    from tilewise.kernels.gemm.sgmat import device_subgroup_size
+
+    sg = device_subgroup_size(limits)
     seeds = [space.config({**dict(c), "SG": sg}) for c in tpl.space("seed")]
     picked = list(dict.fromkeys(c for c in seeds if space.is_legal(c, limits)))
     picked += [c for c in space.sample(sample, seed=seed, limits=limits) if c not in picked]
@@ -227,7 +229,7 @@ def main() -> int:
     configs = candidates(tpl, dev, args.sample, args.seed)
     log(f"{len(configs)} candidates per shape (seed points + {args.sample} sampled)")
     if not configs:
-        why = tpl.space("full").why_illegal(tpl.default_config().replace(SG=dev.info.limits.subgroup_size_max or 32),
+        why = tpl.space("full").why_illegal(tpl.default_config(),
                                             dev.info.limits)
         log(f"  no legal config on this device; the default config is illegal because: {'; '.join(why)}")
         report["no_legal_config"] = why

@@ -7,6 +7,7 @@ import pytest
 from dawn_support import null_device, with_every_fragment
 
 from tilewise.devices.profiles import get_profile
+from tilewise.kernels.gemm.sgmat import device_subgroup_size
 from tilewise.kernels.registry import get_template
 
 pytestmark = pytest.mark.dawn
@@ -38,8 +39,9 @@ def test_every_shader_legal_on_the_h200_compiles(dev, tpl):
 def test_every_pipeline_the_null_device_admits_builds(dev, tpl):
     """Whole pipelines through the device (workgroup x size against Null's max subgroup size 128, limits)."""
     limits = with_every_fragment(dev.info.limits, tpl.space("full").params["FRAG"])
-    legal = tpl.space("full").legal(limits)
-    assert legal and all(c["SG"] == dev.info.limits.subgroup_size_max for c in legal)
+    sg = device_subgroup_size(limits)
+    legal = [c for c in tpl.space("full").legal(limits) if c["SG"] == sg]
+    assert legal and all(c["SM"] * c["SN"] * c["SG"] % dev.info.limits.subgroup_size_max == 0 for c in legal)
     failed = []
     for cfg in legal:
         try:
@@ -55,7 +57,8 @@ def test_a_workgroup_that_is_not_a_multiple_of_the_subgroup_size_is_illegal_and_
     cfg = tpl.space("full").config({"FRAG": "16x16x16", "SG": 32, "SM": 1, "SN": 2, "FM": 2, "FN": 2, "KF": 1,
                                     "SA": "workgroup", "SB": "direct"})
     why = tpl.space("full").why_illegal(cfg, limits)
-    assert any(w.startswith("subgroup_size: SG = 32 != the device's max subgroup size 128") for w in why)
+    assert any(w.startswith("workgroup_x: workgroup x = SM*SN*SG = 1*2*32 = 64 is not a multiple of the device's "
+                            "max subgroup size 128") for w in why)
     from tilewise.errors import ShaderCompileError
 
     with pytest.raises(ShaderCompileError, match="multiple of the device maxSubgroupSize"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from dawn_support import real_dawn_device
 
+from tilewise.kernels.gemm.sgmat import device_subgroup_size
 from tilewise.kernels.registry import get_template
 from tilewise.tune.verify import compare
 
@@ -28,7 +29,7 @@ def tpl():
 def configs(tpl, dev):
     """The seed configs at the device's subgroup size, plus a fixed sample of the full space."""
     space = tpl.space("full")
-    sg = dev.info.limits.subgroup_size_max
+    sg = device_subgroup_size(dev.info.limits)
     seed = [space.config({**dict(c), "SG": sg}) for c in tpl.space("seed")]
     picked = list(dict.fromkeys(c for c in seed if space.is_legal(c, dev.info.limits)))
     return picked + [c for c in space.sample(12, seed=5, limits=dev.info.limits) if c not in picked]

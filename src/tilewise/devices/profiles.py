@@ -29,7 +29,7 @@ PROFILES: dict[str, Limits] = {
     "h200-dawn": Limits(max_workgroup_storage_bytes=49152, max_invocations_per_workgroup=1024,
                         max_workgroup_size=(1024, 1024, 64), max_workgroups_per_dimension=65535,
                         max_buffer_bytes=4292870144, max_storage_binding_bytes=2147483644,
-                        subgroup_size_min=32, subgroup_size_max=32,
+                        subgroup_size_min=4, subgroup_size_max=128,  # as Dawn reports them on an H200
                         subgroup_matrix_configs=tuple(
                             SubgroupMatrixConfig(a, r, m, n, k, 32, 32)
                             for a, r in (("f16", "f16"), ("f16", "f32"))

@@ -5,8 +5,9 @@ Variants (the WGSL is generated per config by `tilewise.kernels.gemm.sgmat_wgsl`
 
     FRAG     fragment shape M x N x K of one subgroup-matrix multiply; must be one the adapter offers for
              f16 -> f32 (`Limits.subgroup_matrix_configs`; the H200 offers 16x16x16, 16x8x16 and 16x8x8)
-    SG       invocations per subgroup the workgroup is sized for: Dawn needs the workgroup's x size to be a multiple
-             of the device's maximum subgroup size, so SG is that maximum (32 on NVIDIA, 128 on Dawn's Null backend)
+    SG       invocations per subgroup the kernel assumes: one of the fragment's subgroup sizes (32 on NVIDIA). Dawn
+             also needs the workgroup's x size (SM * SN * SG) to be a multiple of the adapter's maximum subgroup
+             size, which WebGPU reports as 128 on an H200 (and Dawn's Null backend): rule workgroup_x
     SM, SN   subgroups per workgroup along M and N (the workgroup is SM * SN * SG invocations)
     FM, FN   result fragments per subgroup along M and N (block tile BM = SM*FM*m, BN = SN*FN*n)
     KF       fragments per K step (BK = KF * k)
@@ -82,6 +83,16 @@ def _acc_floats(c: Config) -> float:
     return c.FM * c.FN * m * n / c.SG
 
 
+def device_subgroup_size(limits: Limits) -> int | None:
+    """The SG a device runs: the one subgroup size its f16 -> f32 fragments share (32 on NVIDIA), else its maximum
+    subgroup size (Dawn's Null backend offers a range)."""
+    sizes = {(c.min_subgroup_size, c.max_subgroup_size) for c in limits.subgroup_matrix_configs or ()
+             if c.component_type == "f16" and c.result_component_type == "f32"}
+    if len(sizes) == 1 and len({*next(iter(sizes))}) == 1:
+        return next(iter(sizes))[0]
+    return limits.subgroup_size_max
+
+
 def _rules() -> list[Rule]:
     def r(name: str, check: Any, explain: Any, needs_limits: bool = False, doc: str = "") -> Rule:
         return Rule(name, check, explain, needs_limits, doc)
@@ -89,9 +100,9 @@ def _rules() -> list[Rule]:
     return [
         r("fragment_offered", lambda c, L: _offered(c, L) is not None, _explain_offered, needs_limits=True,
           doc="the fragment shape is one the adapter multiplies (f16 inputs, f32 result)"),
-        r("subgroup_size", lambda c, L: L.subgroup_size_max is not None and L.subgroup_size_max == c.SG,
-          lambda c, L: f"SG = {c.SG} != the device's max subgroup size {L.subgroup_size_max} (Dawn needs the "
-                       "workgroup's x size to be a multiple of it, and the kernel sizes it SM*SN*SG)",
+        r("workgroup_x", lambda c, L: L.subgroup_size_max is not None and invocations(c) % L.subgroup_size_max == 0,
+          lambda c, L: f"workgroup x = SM*SN*SG = {c.SM}*{c.SN}*{c.SG} = {invocations(c)} is not a multiple of the "
+                       f"device's max subgroup size {L.subgroup_size_max} (Dawn's rule for subgroup matrices)",
           needs_limits=True),
         r("fragment_subgroup_size", lambda c, L: _offered(c, L) is None  # refused by fragment_offered already
           or _offered(c, L).min_subgroup_size <= c.SG <= _offered(c, L).max_subgroup_size,
@@ -124,7 +135,7 @@ def _seed_configs() -> list[dict[str, Any]]:
         {"KF": 4},
         {"SM": 4, "FM": 2},
         {"SN": 4, "FN": 2},
-        {"SM": 1, "SN": 1},
+        {"SM": 4, "SN": 4, "FM": 2, "FN": 2},
         {"FM": 2, "FN": 2},
         {"FRAG": "16x8x16", "FN": 8},
         {"FRAG": "16x8x16", "FN": 8, "SA": "workgroup", "SB": "workgroup"},
