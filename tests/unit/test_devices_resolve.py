@@ -39,6 +39,7 @@ def machine(monkeypatch):
 
     monkeypatch.setattr(webgpu, "list_adapters", listed("webgpu"))
     monkeypatch.setattr(cuda, "list_cuda_devices", listed("cuda"))
+    monkeypatch.setattr(devices, "_dawn_adapters", listed("dawn"))
 
     def get(name):
         base, _, idx = name.partition(":")

@@ -90,7 +90,8 @@ def test_import_rejects_foreign_and_malformed_files(tmp_path):
     (tmp_path / "other.json").write_text(json.dumps({"results": []}))
     with pytest.raises(ConfigError, match="not a tilewise results export"):
         st.import_json(tmp_path / "other.json")
-    (tmp_path / "bad.json").write_text(json.dumps({"format": "tilewise-results", "results": [{"status": "meh"}]}))
-    with pytest.raises(ConfigError, match="malformed"):
+    (tmp_path / "bad.json").write_text(json.dumps({"format": "tilewise-results", "schema": 1,
+                                                   "results": [{"status": "meh"}]}))
+    with pytest.raises(ConfigError, match="result 0 lacks the fields fingerprint"):
         st.import_json(tmp_path / "bad.json")
     assert len(st) == 0

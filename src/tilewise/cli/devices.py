@@ -38,7 +38,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     for col in cols:
         table.add_column(col, overflow="fold")
     for info in infos:
-        dev_name = info.backend if info.backend == "cpu" else f"{info.backend}:{info.index}"
+        dev_name = info.device_name
         feats = ", ".join(short for f, short in FEATURES.items() if f in info.features)
         row = [dev_name, info.name, info.adapter_type, info.api, feats or "-"]
         if args.wide:
@@ -50,7 +50,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     console.print(table)
     console.print("fingerprints (keys of stored results and dispatch tables):", style="dim")
     for info in infos:
-        console.print(escape(f"  {info.backend}:{info.index}  {info.fingerprint}"), style="dim", soft_wrap=True)
+        console.print(escape(f"  {info.device_name}  {info.fingerprint}"), style="dim", soft_wrap=True)
     try:
         from tilewise.model.runtime import resolve_device
 

@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="default", help="model for --policy model: default (bundled), a preset or a path")
     p.add_argument("--device", default="auto",
                    help="device for --policy model: auto (the fastest with a classifier executor), cpu, webgpu, "
-                        "webgpu:N (default auto)")
+                        "webgpu:N, dawn, dawn:N (default auto)")
     p.add_argument("--steps", type=common.positive, default=500,
                    help="most decisions to make (stops earlier at game over)")
     p.add_argument("--seed", type=common.seed, default=0, help="game seed (piece sequence; also the random policy's)")
@@ -58,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--policy", choices=("expert", "random", "model"), default="expert", help="who plays")
     e.add_argument("--model", default="default", help="model for --policy model: default (bundled), a preset or a path")
     e.add_argument("--device", default="auto",
-                   help="device for --policy model: auto, cpu, webgpu, webgpu:N (default auto)")
+                   help="device for --policy model: auto, cpu, webgpu, webgpu:N, dawn, dawn:N (default auto)")
     e.add_argument("--games", type=common.int_at_least(1, 100_000), default=20, help="games to play")
     e.add_argument("--max-pieces", type=common.positive, default=1000, help="pieces per game at most")
     e.add_argument("--seed", type=common.seed, default=0, help="first game seed (game g uses seed + g)")

@@ -21,7 +21,7 @@ def register(sub: Any) -> None:
                               "  tilewise sweep gemm --m 1,64,96,346 --n 1024 --k 1024 --out dispatch.json --json -")
     p.add_argument("kernel", choices=kernels(), metavar="FAMILY",
                    help="kernel family with an M,N,K shape (gemm, nf4-matmul, ...)")
-    p.add_argument("--device", default="auto", help="auto, webgpu, webgpu:N, cuda, cuda:N (default auto)")
+    p.add_argument("--device", default="auto", help="auto, webgpu, webgpu:N, dawn, dawn:N, cuda, cuda:N (default auto)")
     p.add_argument("--m", required=True, help="M values: 1..512, 1..512:8, 1,64,96,346 (required)")
     p.add_argument("--n", type=common.int_at_least(1, MAX_DIM), required=True, help="N, the fixed output width")
     p.add_argument("--k", type=common.int_at_least(1, MAX_DIM), required=True, help="K, the fixed reduction length")
@@ -62,7 +62,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ConfigError(f"sweep needs an M,N,K kernel; {args.kernel} has {','.join(first.shape_names)}",
                           "sweep gemm, or tune this family at one shape with `tilewise tune`")
     first.problem.check_shape((ms[-1], args.n, args.k))
-    choice = resolve(args.device, have, job=f"sweeping {args.kernel}")
+    choice = resolve(args.device, have, job=f"sweeping {args.kernel}", prefer=first.prefer_runtime)
     tpl = get_template(args.kernel, choice.device.info.backend)
     device = choice.device
     configs = sweep_candidates(tpl, device.info.limits, args.configs, args.space)

@@ -38,8 +38,8 @@ def register(sub: Any) -> None:
     fam = p.add_subparsers(dest="kernel", metavar="FAMILY")
     fam.required = True
     shared = argparse.ArgumentParser(add_help=False)
-    shared.add_argument("--device", default="auto", help="auto, webgpu, webgpu:N, cuda, cuda:N (default auto: the "
-                                                         "fastest device the family has an implementation for)")
+    shared.add_argument("--device", default="auto", help="auto, webgpu, webgpu:N, dawn, dawn:N, cuda, cuda:N "
+                        "(default auto: the fastest device the family has an implementation for)")
     shared.add_argument("--budget", type=common.positive, default=None, help="most configs to measure")
     shared.add_argument("--force", action="store_true", help="re-measure what the store already holds")
     shared.add_argument("--store", metavar="PATH", help="results store (default: the user cache dir)")
@@ -82,7 +82,8 @@ def register(sub: Any) -> None:
                "  tilewise tune model --preset seed-250m --budget 20 --budget-s 600 --json -")
     m.add_argument("--preset", default="default", help="`default` (the bundled model, what play runs), a preset "
                    "(lfm2-350m, seed-250m, tiny) or a model folder: only its shapes matter")
-    m.add_argument("--device", default="auto", help="auto, webgpu or webgpu:N (the table is this adapter's)")
+    m.add_argument("--device", default="auto",
+                   help="auto, webgpu, webgpu:N, dawn or dawn:N (the table is this adapter's)")
     m.add_argument("--seq", type=common.int_at_least(2), default=346,
                    help="decision length in tokens: its rows (and 47 fewer) are measured besides --rows")
     m.add_argument("--weights", default="nf4", choices=("nf4", "f16", "f32"), help="weight format of the model")
@@ -133,12 +134,24 @@ def _offline_backend(kernel: str, device: str) -> str:
     from tilewise.kernels.registry import backends
 
     base, _ = parse_device_name(device)
+    base = "webgpu" if base == "dawn" else base  # Dawn runs the WebGPU templates
     have = backends(kernel)
     if base != "auto":
         if base not in have:
             raise ConfigError(f"{kernel} has no {base} implementation", f"use --device {' or '.join(have)}")
         return base
     return "webgpu" if "webgpu" in have else have[0]
+
+
+def _offline_target(tpl: Any, device: str) -> str:
+    """The limits profile a dry run uses without --target: Dawn's (the measured H200 one) for --device dawn or a
+    kernel that needs Dawn, otherwise the backend's default."""
+    from tilewise.devices import parse_device_name
+    from tilewise.devices.profiles import DEFAULT_FOR_BACKEND
+
+    if parse_device_name(device)[0] == "dawn" or tpl.prefer_runtime == "dawn":
+        return "h200-dawn"
+    return DEFAULT_FOR_BACKEND.get(tpl.backend, "webgpu-default")
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -158,11 +171,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     shape = parse_shape(args.shape, tpl.shape_names)
     tpl.problem.check_shape(shape)
     if args.dry_run:
-        from tilewise.devices.profiles import DEFAULT_FOR_BACKEND
         from tilewise.tune.report import dry_run, dry_run_lines
 
-        found = dry_run(tpl, space, shape, args.target or DEFAULT_FOR_BACKEND.get(tpl.backend, "webgpu-default"),
-                        args.seed)
+        found = dry_run(tpl, space, shape, args.target or _offline_target(tpl, args.device), args.seed)
         common.emit_json(args.json, found, console.print)
         if args.json != common.STDOUT:
             for line in dry_run_lines(found):
@@ -172,7 +183,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from tilewise.tune.search import Budget
 
     budget = Budget(args.budget, args.budget_s)
-    choice = resolve(args.device, backends(args.kernel), job=f"tuning {args.kernel}")
+    choice = resolve(args.device, backends(args.kernel), job=f"tuning {args.kernel}", prefer=tpl.prefer_runtime)
     console.print(choice.line(), markup=False, highlight=False)
     tpl = get_template(args.kernel, choice.device.info.backend)
     space = tpl.named_space(args.space)
@@ -181,11 +192,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def _show_source(tpl: Any, args: argparse.Namespace) -> int:
     """Print the source of one legal config; an illegal one is refused with its broken rules, never generated."""
-    from tilewise.devices.profiles import DEFAULT_FOR_BACKEND, get_profile
+    from tilewise.devices.profiles import get_profile
     from tilewise.kernels.base import parse_shape
 
     cfg = tpl.parse_config(args.show_source)
-    target = args.target or DEFAULT_FOR_BACKEND.get(tpl.backend, "webgpu-default")
+    target = args.target or _offline_target(tpl, args.device)
     shape = parse_shape(args.shape, tpl.shape_names) if args.shape else None
     why = tpl.space("full").why_illegal(cfg, get_profile(target)) + (tpl.shape_problems(cfg, shape) if shape else [])
     if why:

@@ -1,7 +1,12 @@
 """The one device resolver: names -> backends, imported lazily so `import tilewise` needs no GPU library.
 
 Names, the same in every command and in `tilewise.load`: `auto`, `cpu`, `webgpu` (the best adapter), `webgpu:N`
-(adapter N of `tilewise devices`), `cuda`, `cuda:N`, `tvm-llvm` (TVM-compiled CPU code, an optional extra).
+(adapter N of `tilewise devices`), `dawn`, `dawn:N` (WebGPU on Google's Dawn, an optional extra: the same WGSL, plus
+subgroup matrices), `cuda`, `cuda:N`, `tvm-llvm` (TVM-compiled CPU code, an optional extra).
+
+Dawn is a second runtime of the `webgpu` backend: a job that runs on `webgpu` runs on `dawn` too. `auto` considers
+Dawn's adapters where wgpudawn is installed (never its Null adapter); on a tie with wgpu-native (the same kind of
+GPU) it takes wgpu-native unless the caller says `prefer="dawn"`.
 
 `resolve(name, backends, job)` is what commands call: `backends` are the backends that can run the job (the
 model's executors, a kernel family's implementations), in the caller's order of preference. `auto` means the
@@ -23,6 +28,8 @@ __all__ = ["BACKENDS", "Buffer", "Choice", "Device", "DeviceInfo", "Launch", "Li
            "list_devices", "parse_device_name", "resolve"]
 
 BACKENDS = ("cpu", "webgpu", "cuda", "tvm-llvm")
+#: device-name prefixes that are a runtime of a backend rather than a backend of their own
+RUNTIMES = {"dawn": "webgpu"}
 #: what `auto` may pick when the caller names no job: every backend a model or kernel runs on, fastest first
 ALL_BACKENDS = ("cuda", "webgpu", "cpu")
 # rank of a device for `auto`: lower is faster
@@ -43,16 +50,17 @@ class Choice:
         info = self.device.info
         kind = {"discrete": "discrete GPU", "integrated": "integrated GPU", "cpu": "software adapter",
                 "virtual": "virtual adapter"}.get(info.adapter_type, info.adapter_type)
-        what = f"{info.name}, {info.api}" + (f", {kind}" if info.backend != "cpu" else "")
+        what = (f"{info.name}, {info.api}" + (f" on {info.runtime.capitalize()}" if info.runtime else "")
+                + (f", {kind}" if info.backend != "cpu" else ""))
         return f"device: {self.name} ({what}): {self.reason}"
 
 
 def parse_device_name(name: str) -> tuple[str, int | None]:
     """Split `webgpu:1` into ("webgpu", 1); refuse unknown names with the list of valid ones."""
     base, _, idx = str(name).strip().lower().partition(":")
-    if base not in (*BACKENDS, "auto"):
-        raise ConfigError(f"unknown device {name!r}",
-                          "use one of: auto, cpu, webgpu, webgpu:N, cuda, cuda:N, tvm-llvm (see `tilewise devices`)")
+    if base not in (*BACKENDS, *RUNTIMES, "auto"):
+        raise ConfigError(f"unknown device {name!r}", "use one of: auto, cpu, webgpu, webgpu:N, dawn, dawn:N, cuda, "
+                          "cuda:N, tvm-llvm (see `tilewise devices`)")
     if idx and not idx.isdigit():
         raise ConfigError(f"device index in {name!r} must be a number", "write e.g. webgpu:0 or cuda:1")
     if idx and base in ("cpu", "tvm-llvm", "auto"):
@@ -77,6 +85,10 @@ def get_device(name: str = "auto") -> Device:
         from tilewise.devices.webgpu import WebGPUDevice
 
         dev = WebGPUDevice(index)
+    elif base == "dawn":
+        from tilewise.devices.dawn import DawnDevice
+
+        dev = DawnDevice(index)
     elif base == "tvm-llvm":
         from tilewise.devices.tvm_llvm import TVMLLVMDevice
 
@@ -96,29 +108,48 @@ def _names(backends: Sequence[str]) -> str:
     return ", ".join(n for b in backends for n in ((b, f"{b}:N") if b in ("webgpu", "cuda") else (b,)))
 
 
-def _candidates(backends: Sequence[str]) -> list[tuple[int, int, str, DeviceInfo]]:
-    """(rank, preference, name, info) of every device of `backends` this machine has."""
+def _dawn_adapters() -> list[DeviceInfo]:
+    """Dawn's real adapters where wgpudawn is installed (its Null adapter never counts for `auto`)."""
+    from tilewise.devices import dawn
+
+    if not dawn.available():
+        return []
+    return [i for i in dawn.list_adapters() if i.api != "Null"]
+
+
+def _candidates(backends: Sequence[str], prefer: str | None = None) -> list[tuple[int, int, str, DeviceInfo]]:
+    """(rank, preference, name, info) of every device of `backends` this machine has, best first (a tie between
+    wgpu-native and Dawn goes to wgpu-native unless `prefer` is "dawn")."""
     out: list[tuple[int, int, str, DeviceInfo]] = []
     for pref, b in enumerate(backends):
+        if b == "webgpu":
+            for lister in (_wgpu_native_adapters, _dawn_adapters):
+                try:
+                    out += [(_RANK.get(i.adapter_type, 3), pref, i.device_name, i) for i in lister()]
+                except (ImportError, DeviceUnavailable, DeviceLost):
+                    continue  # that runtime is not usable here; the other may be
+            continue
         try:
             if b == "cuda":
                 from tilewise.devices.cuda import list_cuda_devices
 
                 out += [(_RANK["discrete"], pref, f"cuda:{i.index}", i) for i in list_cuda_devices()]
-            elif b == "webgpu":
-                from tilewise.devices.webgpu import list_adapters
-
-                out += [(_RANK.get(i.adapter_type, 3), pref, f"webgpu:{i.index}", i) for i in list_adapters()
-                        if i.api.lower() != "opengl"]
             elif b in ("cpu", "tvm-llvm"):
                 out.append((_RANK["host"], pref, b, get_device(b).info))
         except (ImportError, DeviceUnavailable, DeviceLost):
             continue  # that backend is not usable here; the others may be
-    return sorted(out, key=lambda c: (c[0], c[1]))
+    late = "webgpu" if prefer == "dawn" else "dawn"
+    return sorted(out, key=lambda c: (c[0], c[1], (c[3].runtime or c[3].backend) == late))
+
+
+def _wgpu_native_adapters() -> list[DeviceInfo]:
+    from tilewise.devices.webgpu import list_adapters
+
+    return [i for i in list_adapters() if i.api.lower() != "opengl"]
 
 
 def resolve(name: str = "auto", backends: Sequence[str] | None = None, job: str = "this job",
-            noun: str = "implementation") -> Choice:
+            noun: str = "implementation", prefer: str | None = None) -> Choice:
     """The device called `name` for a job that runs on `backends` (preference order; None: any).
 
     Args:
@@ -126,6 +157,7 @@ def resolve(name: str = "auto", backends: Sequence[str] | None = None, job: str 
         backends: the backends the job has an implementation for, fastest first.
         job: the job in words, for messages ("the classifier", "tuning gemm").
         noun: what the job has per backend, for messages ("executor", "implementation").
+        prefer: "dawn" makes `auto` take Dawn over wgpu-native on a tie (the default takes wgpu-native).
 
     Raises:
         ConfigError: an unknown name.
@@ -135,13 +167,13 @@ def resolve(name: str = "auto", backends: Sequence[str] | None = None, job: str 
     base, _ = parse_device_name(name)
     allowed = tuple(backends) if backends is not None else ALL_BACKENDS
     if base != "auto":
-        if backends is not None and base not in allowed:
+        if backends is not None and RUNTIMES.get(base, base) not in allowed:
             raise DeviceUnavailable(f"{job} has no {noun} for {base!r}, so it cannot run on device {name!r}",
                                     f"use --device {_names(allowed)} or auto")
         dev = get_device(name)
         canonical = base if base in ("cpu", "tvm-llvm") else f"{base}:{dev.info.index}"
         return Choice(dev, canonical, f"asked for {name}")
-    found = _candidates(allowed)
+    found = _candidates(allowed, prefer)
     if not found:
         raise DeviceUnavailable(f"no device for {job}: none of {', '.join(allowed)} is usable here",
                                 "see `tilewise devices` for each backend's state and fix")
@@ -156,7 +188,20 @@ def resolve(name: str = "auto", backends: Sequence[str] | None = None, job: str 
                                 if software else " found")
     else:
         why = f"auto: no GPU, and {job} has no CPU implementation; {picked} is a software adapter (slow)"
+    why += _runtime_note(found)
     return Choice(get_device(picked), picked, why)
+
+
+def _runtime_note(found: list[tuple[int, int, str, DeviceInfo]]) -> str:
+    """Why wgpu-native or Dawn was taken when the other had the same kind of adapter ("" when only one had)."""
+    rank, pref, _, info = found[0]
+    rivals = [n for r, p, n, i in found[1:] if (r, p) == (rank, pref) and i.backend == "webgpu"
+              and (i.runtime == "dawn") != (info.runtime == "dawn")]
+    if info.backend != "webgpu" or not rivals:
+        return ""
+    if info.runtime == "dawn":
+        return f"; Dawn preferred over wgpu-native ({rivals[0]}) as asked"
+    return f"; wgpu-native preferred over Dawn ({rivals[0]}) for the same kind of GPU (--device dawn takes Dawn)"
 
 
 def list_devices() -> tuple[list[DeviceInfo], list[str]]:
@@ -173,6 +218,16 @@ def list_devices() -> tuple[list[DeviceInfo], list[str]]:
             notes.append(f"webgpu: no Vulkan/Metal/D3D12 adapter ({len(adapters)} OpenGL-only); fix: {LAVAPIPE_FIX}")
     except DeviceUnavailable as exc:
         notes.append(f"webgpu: {exc}")
+    from tilewise.devices import dawn
+
+    if dawn.available():
+        try:
+            infos.extend(dawn.list_adapters())
+        except DeviceUnavailable as exc:
+            notes.append(f"dawn: {exc}")
+        notes.extend(f"dawn: {note}" for note in dawn.notes())
+    else:
+        notes.append(f"dawn: wgpudawn is not installed (WebGPU with subgroup matrices); fix: {dawn.DAWN_FIX}")
     try:
         from tilewise.devices.cuda import list_cuda_devices
 

@@ -23,6 +23,25 @@ ADAPTER_TYPES = ("discrete", "integrated", "virtual", "cpu", "unknown")
 
 
 @dataclass(frozen=True)
+class SubgroupMatrixConfig:
+    """One fragment shape an adapter multiplies in hardware (Dawn's chromium-experimental-subgroup-matrix):
+    left (m, k) of `component_type` times right (k, n) into a result (m, n) of `result_component_type`, for
+    subgroups of `min_subgroup_size`..`max_subgroup_size` invocations."""
+
+    component_type: str  # f16 | f32 | i8 | u8 | ...
+    result_component_type: str
+    m: int
+    n: int
+    k: int
+    min_subgroup_size: int
+    max_subgroup_size: int
+
+    def label(self) -> str:
+        """`16x8x16 f16->f32` (M x N x K)."""
+        return f"{self.m}x{self.n}x{self.k} {self.component_type}->{self.result_component_type}"
+
+
+@dataclass(frozen=True)
 class Limits:
     """Hard limits that legality rules check before anything compiles.
 
@@ -47,10 +66,14 @@ class Limits:
     max_threads_per_multiprocessor: int | None = None
     multiprocessors: int | None = None
     compute_capability: str | None = None
+    #: fragment shapes of subgroup-matrix multiplies (Dawn with the feature enabled); None where there are none
+    subgroup_matrix_configs: tuple[SubgroupMatrixConfig, ...] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["max_workgroup_size"] = list(self.max_workgroup_size)
+        if self.subgroup_matrix_configs is not None:
+            d["subgroup_matrix_configs"] = [dataclasses.asdict(c) for c in self.subgroup_matrix_configs]
         return {k: v for k, v in d.items() if v is not None}
 
 
@@ -68,17 +91,29 @@ class DeviceInfo:
     features: tuple[str, ...] = ()
     index: int = 0
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    #: the implementation of `backend` when it has several ("dawn" for WebGPU on Dawn; "" = the default one)
+    runtime: str = ""
+    #: that implementation's version (and any setting that changes timings), part of the fingerprint
+    runtime_version: str = ""
+
+    @property
+    def device_name(self) -> str:
+        """The name that opens this device again: `cpu`, `webgpu:0`, `dawn:1`, `cuda:0`."""
+        if self.backend in ("cpu", "tvm-llvm"):
+            return self.backend
+        return f"{self.runtime or self.backend}:{self.index}"
 
     @property
     def fingerprint(self) -> str:
-        """Stable, readable key: backend:api:name:driver:hash of everything that can change a timing."""
-        payload = json.dumps(
-            [self.backend, self.api, self.vendor, self.name, self.driver, self.limits.as_dict(),
-             sorted(self.features)],
-            sort_keys=True,
-        )
-        digest = hashlib.sha256(payload.encode()).hexdigest()[:10]
-        return f"{self.backend}:{_slug(self.api)}:{_slug(self.name)}:{_slug(self.driver)}:{digest}"
+        """Stable, readable key: backend:api:name:driver:hash of everything that can change a timing (a second
+        runtime of a backend writes `backend+runtime-version` first, so its results never mix with the default's)."""
+        fields: list[Any] = [self.backend, self.api, self.vendor, self.name, self.driver, self.limits.as_dict(),
+                             sorted(self.features)]
+        if self.runtime:
+            fields += [self.runtime, self.runtime_version]
+        digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
+        head = f"{self.backend}+{self.runtime}-{_slug(self.runtime_version)}" if self.runtime else self.backend
+        return f"{head}:{_slug(self.api)}:{_slug(self.name)}:{_slug(self.driver)}:{digest}"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -92,6 +127,9 @@ class DeviceInfo:
             "fingerprint": self.fingerprint,
             "limits": self.limits.as_dict(),
             "features": sorted(self.features),
+            **({"runtime": self.runtime, "runtime_version": self.runtime_version} if self.runtime else {}),
+            **({"subgroup_matrix_configs": self.limits.as_dict()["subgroup_matrix_configs"]}
+               if self.limits.subgroup_matrix_configs is not None else {}),
             **({"extra": self.extra} if self.extra else {}),
         }
 

@@ -6,7 +6,7 @@ the others are adapters measured here. Add a profile by adding one entry to `PRO
 
 from __future__ import annotations
 
-from tilewise.devices.base import Limits
+from tilewise.devices.base import Limits, SubgroupMatrixConfig
 from tilewise.errors import ConfigError
 
 PROFILES: dict[str, Limits] = {
@@ -24,6 +24,16 @@ PROFILES: dict[str, Limits] = {
                           max_workgroup_size=(1024, 1024, 64), max_workgroups_per_dimension=65535,
                           max_buffer_bytes=4292870144, max_storage_binding_bytes=2147483644,
                           subgroup_size_min=4, subgroup_size_max=128),
+    # NVIDIA H200 through Dawn/Vulkan (driver 580): its f16 subgroup-matrix fragments (M x N x K; the i8/u8 ones
+    # are left out), subgroups of 32; the workgroup and buffer limits are wgpu's for the same GPU
+    "h200-dawn": Limits(max_workgroup_storage_bytes=49152, max_invocations_per_workgroup=1024,
+                        max_workgroup_size=(1024, 1024, 64), max_workgroups_per_dimension=65535,
+                        max_buffer_bytes=4292870144, max_storage_binding_bytes=2147483644,
+                        subgroup_size_min=4, subgroup_size_max=128,  # as Dawn reports them on an H200
+                        subgroup_matrix_configs=tuple(
+                            SubgroupMatrixConfig(a, r, m, n, k, 32, 32)
+                            for a, r in (("f16", "f16"), ("f16", "f32"))
+                            for m, n, k in ((16, 16, 16), (16, 8, 16), (16, 8, 8)))),
     # CUDA sm_90 (H100/H200): 48 KiB static shared memory per block, 227 KiB with the opt-in
     "sm_90": Limits(max_workgroup_storage_bytes=49152, max_invocations_per_workgroup=1024,
                     max_workgroup_size=(1024, 1024, 64), max_workgroups_per_dimension=2147483647,

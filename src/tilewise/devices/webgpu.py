@@ -1,6 +1,10 @@
-"""The WebGPU device on wgpu-py: WGSL pipelines, storage buffers, GPU timestamp queries.
+"""The WebGPU device on the wgpu-py API: WGSL pipelines, storage buffers, GPU timestamp queries.
 
-Runs wherever wgpu-native finds Vulkan, Metal or D3D12 (and lavapipe, Mesa's CPU Vulkan, in CI).
+One device class serves every module with wgpu-py's API: wgpu-py itself (wgpu-native, the default) and wgpudawn
+(Google's Dawn, `tilewise.devices.dawn`). A `Runtime` names the module and the hooks that differ: how the module is
+imported, which adapters it lists, what an adapter reports, and how a device is requested (features, toggles).
+
+wgpu-native runs wherever it finds Vulkan, Metal or D3D12 (and lavapipe, Mesa's CPU Vulkan, in CI).
 An OpenGL-only adapter is refused with the fix, because wgpu falls back to it silently and its
 compute support and timings are not what a user tuning for a real GPU wants.
 
@@ -15,7 +19,8 @@ import re
 import tempfile
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -28,10 +33,14 @@ LAVAPIPE_FIX = "install a Vulkan driver; on Debian/Ubuntu: apt-get install -y me
 _RANK = {"discrete": 0, "integrated": 1, "virtual": 2, "cpu": 3, "unknown": 4}
 
 
-def _import_wgpu() -> Any:
-    # wgpu-native's Vulkan loader warns on every call without a runtime dir; give it a private one
+def private_runtime_dir() -> None:
+    """Vulkan loaders warn on every call without a runtime dir; give the process a private one."""
     if not os.environ.get("XDG_RUNTIME_DIR") or not os.path.isdir(os.environ["XDG_RUNTIME_DIR"]):
         os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="tilewise-xdg-")
+
+
+def _import_wgpu() -> Any:
+    private_runtime_dir()
     try:
         import wgpu
     except ImportError as exc:  # pragma: no cover - wgpu is a core dependency
@@ -39,7 +48,8 @@ def _import_wgpu() -> Any:
     return wgpu
 
 
-def _adapter_type(info: Any) -> str:
+def adapter_type(info: Any) -> str:
+    """discrete | integrated | virtual | cpu | unknown, from wgpu-py's adapter info."""
     t = str(info.get("adapter_type", "")).lower()
     for key in ("discrete", "integrated", "virtual", "cpu"):
         if key in t:
@@ -47,7 +57,8 @@ def _adapter_type(info: Any) -> str:
     return "unknown"
 
 
-def _limits_from(lim: Any, info: Any) -> Limits:
+def limits_from(lim: Any, info: Any, **more: Any) -> Limits:
+    """`Limits` from wgpu-py's adapter limits and info (`more`: fields only some runtimes report)."""
     sub_min = info.get("subgroup_min_size") or info.get("stackgroup_min_size")
     sub_max = info.get("subgroup_max_size") or info.get("stackgroup_max_size")
     return Limits(
@@ -60,45 +71,86 @@ def _limits_from(lim: Any, info: Any) -> Limits:
         max_storage_binding_bytes=int(lim["max-storage-buffer-binding-size"]),
         subgroup_size_min=int(sub_min) if sub_min else None,
         subgroup_size_max=int(sub_max) if sub_max else None,
+        **more,
     )
 
 
-def _info_from(adapter: Any, index: int) -> DeviceInfo:
+def info_from(adapter: Any, index: int, **fields: Any) -> DeviceInfo:
+    """The `DeviceInfo` of a wgpu-py adapter (`fields` override or add DeviceInfo fields)."""
     info = adapter.info
-    return DeviceInfo(
+    values: dict[str, Any] = dict(
         backend="webgpu",
         name=str(info.get("device", "unknown")),
-        adapter_type=_adapter_type(info),
+        adapter_type=adapter_type(info),
         api=str(info.get("backend_type", "unknown")),
         driver=str(info.get("description", "")),
         vendor=str(info.get("vendor", "")) or f"0x{int(info.get('vendor_id', 0)):04x}",
-        limits=_limits_from(adapter.limits, info),
+        limits=limits_from(adapter.limits, info),
         features=tuple(sorted(str(f) for f in adapter.features)),
         index=index,
         extra={"vendor_id": int(info.get("vendor_id", 0)), "device_id": int(info.get("device_id", 0))},
     )
+    values.update(fields)
+    return DeviceInfo(**values)
 
 
-def list_adapters() -> list[DeviceInfo]:
-    """Every adapter wgpu can see, OpenGL ones included (the caller decides what is usable)."""
-    wgpu = _import_wgpu()
-    return [_info_from(a, i) for i, a in enumerate(wgpu.gpu.enumerate_adapters_sync())]
+@dataclass(frozen=True)
+class Runtime:
+    """A module with wgpu-py's API and what differs per module.
+
+    Args:
+        name: the device name's prefix (`webgpu`, `dawn`).
+        import_module: imports the module (lazily, on first use) and prepares it (instance options).
+        adapters: the module -> its adapters, in index order.
+        describe: (adapter, index) -> its DeviceInfo.
+        request_device: (adapter, features) -> a device with those features and the adapter's maximum limits.
+        wanted_features: features requested where the adapter offers them.
+        no_adapter_fix: the fix when the module finds no adapter.
+    """
+
+    name: str
+    import_module: Callable[[], Any]
+    adapters: Callable[[Any], list[Any]]
+    describe: Callable[[Any, int], DeviceInfo]
+    request_device: Callable[[Any, list[str]], Any]
+    wanted_features: tuple[str, ...]
+    no_adapter_fix: str
 
 
-def _pick_adapter(index: int | None) -> tuple[Any, DeviceInfo]:
-    wgpu = _import_wgpu()
-    adapters = list(wgpu.gpu.enumerate_adapters_sync())
-    infos = [_info_from(a, i) for i, a in enumerate(adapters)]
+def _wgpu_request(adapter: Any, features: list[str]) -> Any:
+    return adapter.request_device_sync(required_features=features, required_limits=dict(adapter.limits))
+
+
+# wgpu-native; the import goes through the module-level name so that tests can stand in fake adapters
+WGPU_NATIVE = Runtime("webgpu", lambda: _import_wgpu(), lambda m: list(m.gpu.enumerate_adapters_sync()),
+                      info_from, _wgpu_request, WANTED_FEATURES, LAVAPIPE_FIX)
+
+
+def list_adapters(runtime: Runtime = WGPU_NATIVE) -> list[DeviceInfo]:
+    """Every adapter the runtime can see, OpenGL ones included (the caller decides what is usable)."""
+    module = runtime.import_module()
+    return [runtime.describe(a, i) for i, a in enumerate(runtime.adapters(module))]
+
+
+def _kind(runtime: Runtime) -> str:
+    return "WebGPU" if runtime.name == "webgpu" else f"{runtime.name.capitalize()} WebGPU"
+
+
+def _pick_adapter(index: int | None, runtime: Runtime = WGPU_NATIVE) -> tuple[Any, DeviceInfo]:
+    module = runtime.import_module()
+    adapters = runtime.adapters(module)
+    infos = [runtime.describe(a, i) for i, a in enumerate(adapters)]
     if index is not None:
         if not 0 <= index < len(adapters):
-            raise DeviceUnavailable(f"there is no WebGPU adapter {index} (found {len(adapters)})",
+            raise DeviceUnavailable(f"there is no {_kind(runtime)} adapter {index} (found {len(adapters)})",
                                     "run `tilewise devices` to list adapters")
         chosen = [index]
     else:
         chosen = sorted((i for i, inf in enumerate(infos) if inf.api.lower() != "opengl"),
                         key=lambda i: (_RANK[infos[i].adapter_type], i))
     if not adapters:
-        raise DeviceUnavailable("no WebGPU adapter found (no Vulkan, Metal or D3D12 driver)", LAVAPIPE_FIX)
+        raise DeviceUnavailable(f"no {_kind(runtime)} adapter found "
+                                "(no Vulkan, Metal or D3D12 driver)", runtime.no_adapter_fix)
     if not chosen or infos[chosen[0]].api.lower() == "opengl":
         names = ", ".join(f"{i.name} ({i.api})" for i in infos)
         raise DeviceUnavailable(f"only OpenGL WebGPU adapters were found: {names}; tilewise needs Vulkan, "
@@ -121,13 +173,13 @@ def _shader_error(exc: Exception, source: str, name: str) -> ShaderCompileError:
     """Turn a wgpu validation error into a message that quotes the offending WGSL line."""
     text = str(exc)
     lines = source.splitlines()
-    m = re.search(r"wgsl:(\d+):(\d+)", text)
+    m = re.search(r"(?:wgsl|^|\s):(\d+):(\d+)", text, re.MULTILINE)  # wgpu: `wgsl:L:C`, Dawn: `:L:C error`
     where = ""
     if m:
         ln, col = int(m.group(1)), int(m.group(2))
         code = lines[ln - 1] if 0 < ln <= len(lines) else ""
         where = f"\n  at line {ln}, column {col}: {code.strip()}"
-    skip = ("│", "┌", "Caused", "In wgpu", "Validation Error", "=")
+    skip = ("│", "┌", "Caused", "In wgpu", "Validation Error", "=", "- While")
     detail = [d.strip() for d in text.splitlines() if d.strip() and not d.strip().startswith(skip)]
     detail = [d for d in detail if not re.match(r"\d*\s*(│|$)", d)]
     summary = " / ".join(detail[:3]) if detail else text.strip()
@@ -160,15 +212,17 @@ class WebGPUDevice(Device):
     submit_first_launches: int = 16
     record_ahead: bool = True
 
-    def __init__(self, index: int | None = None) -> None:
-        self._wgpu = wgpu = _import_wgpu()
-        adapter, info = _pick_adapter(index)
-        feats = [f for f in WANTED_FEATURES if f in adapter.features]
+    def __init__(self, index: int | None = None, runtime: Runtime | None = None) -> None:
+        self.runtime = rt = runtime or WGPU_NATIVE
+        self._wgpu = wgpu = rt.import_module()
+        adapter, info = _pick_adapter(index, rt)
+        feats = [f for f in rt.wanted_features if f in adapter.features]
         try:
-            self._dev = adapter.request_device_sync(required_features=feats, required_limits=dict(adapter.limits))
+            self._dev = rt.request_device(adapter, feats)
         except Exception as exc:
-            raise DeviceUnavailable(f"WebGPU adapter {info.name} refused a device: {exc}",
-                                    "update the GPU driver or pick another adapter with --device webgpu:N") from exc
+            raise DeviceUnavailable(f"{rt.name} adapter {info.name} refused a device: {_first_line(exc)}",
+                                    f"update the GPU driver or pick another adapter with --device {rt.name}:N") from exc
+        self._adapter = adapter
         self.info = info
         self.enabled_features = frozenset(feats)
         self.timer = "gpu-timestamp" if "timestamp-query" in feats else "wall-clock"

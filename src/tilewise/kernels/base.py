@@ -135,6 +135,8 @@ class KernelTemplate(ABC):
     dtype: str = "f32"
     #: short name of the peer `peer_program` returns (the tuner prints "% of <peer_name>"); "" = no peer
     peer_name: str = ""
+    #: the WebGPU runtime `auto` should take on a tie ("dawn" for kernels that need Dawn-only features)
+    prefer_runtime: str | None = None
     #: the named spaces (`space_names`) and the function that makes one (`space`), for templates whose spaces are
     #: data; a template that builds its space itself overrides `space`
     spaces: tuple[str, ...] = ("full",)

@@ -13,6 +13,7 @@ from tilewise.kernels.base import KernelTemplate
 TEMPLATES: dict[tuple[str, str], str] = {
     ("gemm", "webgpu"): "tilewise.kernels.gemm.webgpu:WgslGemm",
     ("gemm", "cuda"): "tilewise.kernels.gemm.cuda:CudaGemm",
+    ("gemm-f16", "webgpu"): "tilewise.kernels.gemm.sgmat:SgmatGemmF16",
     ("conv1d", "webgpu"): "tilewise.kernels.conv1d.webgpu:WgslConv1d",
     ("conv1d", "tvm-llvm"): "tilewise.kernels.conv1d.tvm_llvm:TvmConv1d",
     ("conv1d", "cuda"): "tilewise.kernels.conv1d.tvm_cuda:TvmCudaConv1d",

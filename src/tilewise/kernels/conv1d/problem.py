@@ -39,7 +39,7 @@ class Conv1dProblem(Problem):
         return self.check_size((M, N))
 
     def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
-        M, N = map(int, shape)
+        M, N = self.check_shape(shape)
         return {"a": nonzero_uniform(rng, M).astype(np.float32),  # (M,)
                 "w": nonzero_uniform(rng, N).astype(np.float32)}  # (N,)
 
@@ -48,15 +48,15 @@ class Conv1dProblem(Problem):
 
     def output_shape(self, shape: Shape) -> tuple[int, ...]:
         """(M + N - 1,): what `reference` and every template's `read_output` return."""
-        M, N = map(int, shape)
+        M, N = self.check_shape(shape)
         return (M + N - 1,)
 
     def flops(self, shape: Shape) -> int:
-        M, N = map(int, shape)
+        M, N = self.check_shape(shape)
         return 2 * M * N
 
     def bytes_moved(self, shape: Shape) -> int:
-        M, N = map(int, shape)
+        M, N = map(int, shape)  # no check_shape: it calls this to size the problem
         return 4 * (M + N + (M + N - 1))
 
 

@@ -55,7 +55,7 @@ class GemmProblem(Problem):
         return 2 * M * N * K
 
     def bytes_moved(self, shape: Shape) -> int:
-        M, N, K = map(int, shape)
+        M, N, K = map(int, shape)  # no check_shape: it calls this to size the problem
         return 4 * (M * K + K * N + M * N * (2 if self.beta != 0.0 else 1))
 
     def initial_output(self, host: HostInputs, shape: Shape) -> np.ndarray | None:
@@ -64,3 +64,40 @@ class GemmProblem(Problem):
 
 #: the problem every GEMM template computes unless built with other alpha and beta (`CudaGemm(alpha, beta)`)
 GEMM = GemmProblem()
+
+
+class GemmF16Problem(Problem):
+    """C (M, N) f32 = A (M, K) f16 @ B (K, N) f16, row-major (`gemm-f16`, the subgroup-matrix GEMM's problem).
+
+    The inputs are drawn, then rounded to f16; the float64 reference multiplies those rounded values, so it checks
+    the kernel's arithmetic (products of f16 values are exact in f32, sums are f32) and not the rounding of the
+    inputs. That is why the tolerance is f32's.
+    """
+
+    name = "gemm-f16"
+    shape_names = ("M", "N", "K")
+    dtype = "f32"
+    example_shape = (4096, 4096, 4096)
+
+    def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
+        M, N, K = self.check_shape(shape)
+        return {"a": nonzero_uniform(rng, (M, K)).astype(np.float16),  # (M, K)
+                "b": nonzero_uniform(rng, (K, N)).astype(np.float16)}  # (K, N)
+
+    def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
+        return host["a"].astype(np.float64) @ host["b"].astype(np.float64)
+
+    def output_shape(self, shape: Shape) -> tuple[int, ...]:
+        M, N, _ = self.check_shape(shape)
+        return (M, N)
+
+    def flops(self, shape: Shape) -> int:
+        M, N, K = self.check_shape(shape)
+        return 2 * M * N * K
+
+    def bytes_moved(self, shape: Shape) -> int:
+        M, N, K = map(int, shape)  # no check_shape: it calls this to size the problem
+        return 2 * (M * K + K * N) + 4 * M * N
+
+
+GEMM_F16 = GemmF16Problem()

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Dawn on a GPU machine, in one call: the device, its tests, and gemm-f16 against cuBLAS.
+#   OUT_DIR/env.txt          GPU, driver, Python packages, `tilewise devices`
+#   OUT_DIR/devices.json     tilewise devices --json (subgroup_matrix_configs of every Dawn adapter)
+#   OUT_DIR/pytest.txt       python3 -m pytest tests/dawn (device, compile and numerics tests on the real adapter)
+#   OUT_DIR/gemm_dawn.{json,txt}  bench/gemm_dawn.py (tuned gemm-f16 vs torch.matmul f16/f32 per shape)
+#   OUT_DIR/bench-{dawn,webgpu}.{txt,json}  with DECISION_PRESET=P: tilewise bench on both WebGPU runtimes
+#   OUT_DIR/status.txt       one line per step: name, exit status (124: timed out), seconds
+# Each step runs under `timeout`, so one failure or hang does not stop the others.
+# Usage: bench/dawn_gpu.sh OUT_DIR [gemm_dawn.py options]
+set -uo pipefail
+if [ $# -lt 1 ]; then
+    echo "usage: bench/dawn_gpu.sh OUT_DIR [gemm_dawn.py options]" >&2
+    exit 2
+fi
+mkdir -p "$1"
+OUT="$(cd "$1" && pwd)"
+shift
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+PY="${PYTHON:-python3}"
+: > "$OUT/status.txt"
+
+step() {  # step NAME SECONDS LOGFILE CMD...
+    local name=$1 limit=$2 log=$3
+    shift 3
+    local t0=$SECONDS
+    timeout "$limit" "$@" > "$log" 2>&1
+    local rc=$?
+    echo "$name rc=$rc ${SECONDS}s-${t0}s=$((SECONDS - t0))s" | tee -a "$OUT/status.txt"
+}
+
+step env 60 "$OUT/env.txt" bash -c "nvidia-smi --query-gpu=name,driver_version --format=csv; $PY -c 'import torch, wgpudawn; print(torch.__version__, wgpudawn.__version__)'; $PY -m tilewise devices --wide"
+step devices 60 "$OUT/devices.log" "$PY" -m tilewise devices --json "$OUT/devices.json"
+step pytest 180 "$OUT/pytest.txt" "$PY" -m pytest -q -p no:cacheprovider -rs tests/dawn tests/unit/test_space_gemm_f16.py
+step gemm_dawn "${GEMM_DAWN_S:-300}" "$OUT/gemm_dawn.txt" "$PY" bench/gemm_dawn.py --out "$OUT/gemm_dawn.json" --skip-numerics "$@"
+if [ -n "${DECISION_PRESET:-}" ]; then  # the classifier's decision on both WebGPU runtimes (FMA kernels, default tables)
+    for dev in dawn webgpu; do
+        step "bench-$dev" 90 "$OUT/bench-$dev.txt" "$PY" -m tilewise bench --device "$dev" --preset "$DECISION_PRESET" \
+            --decisions 40 --no-reference --json "$OUT/bench-$dev.json"
+    done
+fi
+cat "$OUT/status.txt"

@@ -1,0 +1,275 @@
+"""gemm-f16 on Dawn's subgroup matrices against cuBLAS (torch.matmul f16 and f32) on the same GPU, in one call.
+
+    python bench/gemm_dawn.py --out results.json [--sample 48] [--rounds 30] [--seed 0]
+
+In order, each step logged and caught so that one failure never ends the run:
+
+1. the Dawn adapter(s): name, toggles, features, subgroup sizes and `subgroup_matrix_configs`;
+2. the numerics tests (`tests/dawn/test_sgmat_numerics.py`, a pytest subprocess): every output against float64;
+3. per shape (4096^3, 1024^3 and the lfm2-350m matmuls at M=346), tuning through the one engine
+   (`tilewise.tune.tuner.tune`): the seed space at the device's subgroup size, then a random sample of the full
+   space, every candidate verified before it is timed;
+4. a race of the best few against torch.matmul on f16 and f32 tensors (cuBLAS): interleaved rounds in a fresh
+   random order, Dawn timed with its GPU timestamps (quantization off), torch with CUDA events; medians, 95%
+   intervals and ratios;
+5. a table, and JSON to --out (written after every shape, atomically).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def write_json(path: str, obj: Any) -> None:
+    """Atomic: a temporary file in the same folder, then a rename."""
+    folder = os.path.dirname(os.path.abspath(path)) or "."
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+def shapes() -> list[tuple[str, tuple[int, int, int]]]:
+    """4096^3, 1024^3 and the lfm2-350m matmuls (M=346 rows, the classifier's prompt)."""
+    from tilewise.model.config import preset
+
+    cfg = preset("lfm2-350m")
+    h, f = cfg.hidden_size, cfg.ffn_dim
+    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+    return [("square 4096", (4096, 4096, 4096)), ("square 1024", (1024, 1024, 1024)),
+            ("lfm2 out/proj", (346, h, h)), ("lfm2 w1|w3", (346, f, h)), ("lfm2 w2", (346, h, f)),
+            ("lfm2 conv in", (346, 3 * h, h)), ("lfm2 qkv", (346, qkv, h))]
+
+
+def adapter_section(dev: Any) -> dict[str, Any]:
+    from tilewise.devices import dawn
+
+    info = dev.info.as_dict()
+    info["device_toggles"] = list(getattr(dev, "toggles", ()))
+    info["enabled_features"] = sorted(dev.enabled_features)
+    info["all_dawn_adapters"] = [i.as_dict() for i in dawn.list_adapters()]
+    log(f"dawn device: {dev.info.name} ({dev.info.api}, {dev.info.adapter_type}), fingerprint {dev.info.fingerprint}")
+    log(f"  toggles: {', '.join(info['device_toggles'])}")
+    log(f"  subgroups {dev.info.limits.subgroup_size_min}..{dev.info.limits.subgroup_size_max}; fragments: "
+        + ", ".join(c.label() for c in dev.info.limits.subgroup_matrix_configs or ()))
+    return info
+
+
+def numerics_section() -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+           str(ROOT / "tests" / "dawn" / "test_sgmat_numerics.py")]
+    log("numerics: " + " ".join(cmd))
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    tail = (proc.stdout + proc.stderr).strip().splitlines()[-30:]
+    for line in tail[-8:]:
+        log("  " + line)
+    return {"returncode": proc.returncode, "passed": proc.returncode == 0, "seconds": time.perf_counter() - t0,
+            "tail": tail}
+
+
+def candidates(tpl: Any, dev: Any, sample: int, seed: int) -> list[Any]:
+    """The seed points at the device's subgroup size, then `sample` legal configs of the full space."""
+    space, limits = tpl.space("full"), dev.info.limits
+    from tilewise.kernels.gemm.sgmat import device_subgroup_size
+
+    sg = device_subgroup_size(limits)
+    seeds = [space.config({**dict(c), "SG": sg}) for c in tpl.space("seed")]
+    picked = list(dict.fromkeys(c for c in seeds if space.is_legal(c, limits)))
+    picked += [c for c in space.sample(sample, seed=seed, limits=limits) if c not in picked]
+    return picked
+
+
+def tune_shape(tpl: Any, dev: Any, store: Any, shape: tuple[int, int, int], configs: list[Any],
+               rounds: int) -> tuple[list[Any], dict[str, Any]]:
+    """Evaluate `configs` at `shape` through the engine (compile, verify, time, store), then race the best 8 again
+    in one interleaved measurement; returns the ok outcomes best first and a JSON summary."""
+    from tilewise.tune.engine import Engine, Item
+
+    engine = Engine(dev, store, measure_kw={"min_rounds": min(10, rounds), "max_rounds": rounds})
+    outcomes = engine.evaluate([Item(tpl, c, shape) for c in configs])
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o.status] = counts.get(o.status, 0) + 1
+    failures = [{"config": o.config.key(), "status": o.status, "reason": o.reason} for o in outcomes
+                if o.status not in ("ok", "illegal")][:20]
+    log(f"  evaluated {len(outcomes)}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    for f in failures[:5]:
+        log(f"    {f['status']}: {f['config']}: {f['reason'][:200]}")
+    ok = sorted((o for o in outcomes if o.status == "ok" and o.stats is not None), key=lambda o: o.median_ms)
+    if len(ok) > 1:
+        engine.race([o.item for o in ok[:8]], outcomes=ok[:8])
+        ok = sorted(ok, key=lambda o: o.median_ms)
+    return ok, {"counts": counts, "failures": failures,
+                "outcomes": [o.as_json() for o in outcomes if o.status != "illegal"]}
+
+
+def race_torch(tpl: Any, dev: Any, shape: tuple[int, int, int], best: list[Any], rounds: int,
+               seed: int) -> dict[str, Any]:
+    """Interleaved rounds: each round times every Dawn candidate (GPU timestamps) and torch f16 / f32 matmul
+    (CUDA events), in a fresh random order; 5 runs per sample, the sample is their mean."""
+    import torch
+
+    from tilewise.tune.measure import summarize
+
+    M, N, K = shape
+    rng = np.random.default_rng(seed)
+    host = tpl.problem.make_inputs(shape, rng)
+    bufs = tpl.upload(dev, host, shape)
+    launches = {}
+    for o in best:
+        prog = tpl.compile(dev, o.config, shape)
+        launches[f"dawn {o.config}"] = tpl.launches(prog, bufs, o.config, shape)
+    a16 = torch.from_numpy(host["a"]).cuda()
+    b16 = torch.from_numpy(host["b"]).cuda()
+    a32, b32 = a16.float(), b16.float()
+    torch.backends.cuda.matmul.allow_tf32 = False  # cuBLAS fp32 as fp32, not tf32
+    reps = 5
+
+    def torch_ms(a: Any, b: Any) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            torch.matmul(a, b)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / reps
+
+    def dawn_ms(ls: list[Any]) -> float:
+        return float(np.mean(dev.time(list(ls) * reps)))
+
+    timers = {**{k: (lambda ls=ls: dawn_ms(ls)) for k, ls in launches.items()},
+              "cuBLAS f16 (torch)": lambda: torch_ms(a16, b16), "cuBLAS f32 (torch)": lambda: torch_ms(a32, b32)}
+    for fn in timers.values():  # warm-up: pipelines, cuBLAS heuristics, clocks
+        fn()
+        fn()
+    samples: dict[str, list[float]] = {k: [] for k in timers}
+    for _ in range(rounds):
+        for k in rng.permutation(list(timers)):
+            samples[str(k)].append(timers[str(k)]())
+    flops = 2 * M * N * K
+    out = {}
+    for k, xs in samples.items():
+        s = summarize(xs, rng)
+        out[k] = {**s.as_dict(), "tflops": flops / s.median_ms / 1e9}
+    return out
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = f"{'shape':<30} {'dawn best':>10} {'TFLOP/s':>8} {'/cuBLAS16':>9} {'/cuBLAS32':>9}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        race = r.get("race") or {}
+        dawn = [v for k, v in race.items() if k.startswith("dawn ")]
+        if not dawn:
+            lines.append(f"{r['name'] + ' ' + 'x'.join(map(str, r['shape'])):<30} {'-':>10}")
+            continue
+        best = min(dawn, key=lambda v: v["median_ms"])
+        f16 = race.get("cuBLAS f16 (torch)", {}).get("median_ms")
+        f32 = race.get("cuBLAS f32 (torch)", {}).get("median_ms")
+        ratio16 = f"{f16 / best['median_ms']:.2f}x" if f16 else "-"
+        ratio32 = f"{f32 / best['median_ms']:.2f}x" if f32 else "-"
+        lines.append(f"{r['name'] + ' ' + 'x'.join(map(str, r['shape'])):<30} {best['median_ms']:>8.3f}ms "
+                     f"{best['tflops']:>8.1f} {ratio16:>9} {ratio32:>9}")
+    lines.append("ratios: cuBLAS median / Dawn median (above 1 = Dawn faster)")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="JSON results file (written atomically after every step)")
+    ap.add_argument("--sample", type=int, default=48, help="random configs of the full space per shape")
+    ap.add_argument("--rounds", type=int, default=30, help="timed rounds per race")
+    ap.add_argument("--race-top", type=int, default=3, help="best Dawn configs raced against cuBLAS per shape")
+    ap.add_argument("--seed", type=int, default=0, help="sampling and input seed")
+    ap.add_argument("--skip-numerics", action="store_true", help="do not run the numerics tests first")
+    args = ap.parse_args()
+    os.environ.setdefault("TILEWISE_STORE", str(Path(tempfile.mkdtemp(prefix="gemm-dawn-")) / "results.sqlite"))
+    report: dict[str, Any] = {"format": "tilewise-bench-gemm-dawn", "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                              "args": vars(args), "shapes": []}
+    try:
+        from tilewise.devices import get_device
+        from tilewise.kernels.registry import get_template
+        from tilewise.tune.store import Store
+
+        dev = get_device("dawn")
+        report["adapter"] = adapter_section(dev)
+        tpl = get_template("gemm-f16", "webgpu")
+        store = Store()
+    except Exception as exc:
+        log(f"no Dawn device: {exc}")
+        report["error"] = traceback.format_exc()
+        write_json(args.out, report)
+        return 1
+    write_json(args.out, report)
+    if not args.skip_numerics:
+        try:
+            report["numerics"] = numerics_section()
+        except Exception:
+            report["numerics"] = {"error": traceback.format_exc()}
+            log("numerics failed to run:\n" + report["numerics"]["error"])
+        write_json(args.out, report)
+    configs = candidates(tpl, dev, args.sample, args.seed)
+    log(f"{len(configs)} candidates per shape (seed points + {args.sample} sampled)")
+    if not configs:
+        why = tpl.space("full").why_illegal(tpl.default_config(),
+                                            dev.info.limits)
+        log(f"  no legal config on this device; the default config is illegal because: {'; '.join(why)}")
+        report["no_legal_config"] = why
+    try:
+        import torch
+
+        report["torch"] = {"version": torch.__version__, "cuda": torch.cuda.is_available(),
+                           "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    except Exception as exc:
+        report["torch"] = {"error": str(exc)}
+    for name, shape in shapes():
+        row: dict[str, Any] = {"name": name, "shape": list(shape)}
+        report["shapes"].append(row)
+        log(f"{name} {shape}")
+        ranked: list[Any] = []
+        try:
+            ranked, row["tune"] = tune_shape(tpl, dev, store, shape, configs, args.rounds)
+            row["best"] = [{"config": o.config.key(), "label": str(o.config), "median_ms": o.median_ms,
+                            "gflops": o.gflops} for o in ranked[:10]]
+            for o in ranked[:3]:
+                log(f"    {o.config}: {o.median_ms:.4f} ms, {(o.gflops or 0) / 1e3:.1f} TFLOP/s")
+        except Exception:
+            row["tune_error"] = traceback.format_exc()
+            log("  tuning failed:\n" + row["tune_error"])
+        if ranked and report["torch"].get("cuda"):
+            try:
+                row["race"] = race_torch(tpl, dev, shape, ranked[:args.race_top], args.rounds, args.seed)
+                for k, v in row["race"].items():
+                    log(f"    race {k}: {v['median_ms']:.4f} ms [{v['ci95_ms'][0]:.4f}, {v['ci95_ms'][1]:.4f}], "
+                        f"{v['tflops']:.1f} TFLOP/s")
+            except Exception:
+                row["race_error"] = traceback.format_exc()
+                log("  race failed:\n" + row["race_error"])
+        write_json(args.out, report)
+    report["table"] = table(report["shapes"])
+    report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    write_json(args.out, report)
+    print(report["table"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

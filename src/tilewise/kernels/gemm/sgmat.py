@@ -1,0 +1,223 @@
+"""f16 GEMM on subgroup matrices (Dawn's tensor cores from WGSL): C (M, N) f32 = A (M, K) f16 @ B (K, N) f16, any
+M, N, K. Family `gemm-f16`, backend webgpu; it needs `--device dawn` (the feature exists only there).
+
+Variants (the WGSL is generated per config by `tilewise.kernels.gemm.sgmat_wgsl`):
+
+    FRAG     fragment shape M x N x K of one subgroup-matrix multiply; must be one the adapter offers for
+             f16 -> f32 (`Limits.subgroup_matrix_configs`; the H200 offers 16x16x16, 16x8x16 and 16x8x8)
+    SG       invocations per subgroup the kernel assumes: one of the fragment's subgroup sizes (32 on NVIDIA). Dawn
+             also needs the workgroup's x size (SM * SN * SG) to be a multiple of the adapter's maximum subgroup
+             size, which WebGPU reports as 128 on an H200 (and Dawn's Null backend): rule workgroup_x
+    SM, SN   subgroups per workgroup along M and N (the workgroup is SM * SN * SG invocations)
+    FM, FN   result fragments per subgroup along M and N (block tile BM = SM*FM*m, BN = SN*FN*n)
+    KF       fragments per K step (BK = KF * k)
+    SA, SB   where A and B fragments come from on interior tiles: "direct" (subgroupMatrixLoad from storage) or
+             "workgroup" (the tile is copied into workgroup memory first, then loaded from there)
+
+Edge handling, the design: one shader, two K loops, picked per workgroup by a uniform flag. Interior tiles (the
+block inside C, K a whole number of K steps, K and N multiples of 8 so fragment rows are 16-byte aligned) take the
+configured staging and store straight to C. Every other tile stages both operands through workgroup memory with
+zero padding and writes each result fragment through a per-subgroup scratch tile with guarded stores. So no
+access ever leaves a tensor, any M, N, K is correct, and large aligned shapes run the fast loop everywhere but on
+the last row and column of tiles. The cost is workgroup memory for the edge tiles in "direct" configs too (rule
+`workgroup_storage` counts it). The alternative, a rule that refuses shapes that are not multiples of the tile,
+would make the model's M=346 matmuls untunable.
+
+Robustness: Dawn bounds-checks buffer accesses unless the device disables it (`DawnDevice(disable_robustness=True)`,
+never by default); the kernel is correct either way since it never reads past a tensor.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Hashable
+from typing import Any
+
+import numpy as np
+
+from tilewise.devices.base import Device, Launch, Limits, Program
+from tilewise.errors import ConfigError
+from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
+from tilewise.kernels.gemm.problem import GEMM_F16
+from tilewise.kernels.gemm.sgmat_wgsl import fmt, frag, generate_wgsl, invocations, storage_bytes, tile
+from tilewise.kernels.space import Config, Rule, Space
+
+MAX_ACCUMULATOR_FLOATS = 128  # f32 result values per invocation above which the accumulators spill
+FIX_DAWN = "use --device dawn (wgpudawn on a GPU with subgroup matrices)"
+PARAMS: dict[str, list[Any]] = {
+    "FRAG": ["8x8x8", "8x16x16", "16x8x8", "16x8x16", "16x16x16"],
+    "SG": [8, 16, 32, 64, 128],
+    "SM": [1, 2, 4],
+    "SN": [1, 2, 4],
+    "FM": [1, 2, 4, 8],
+    "FN": [1, 2, 4, 8],
+    "KF": [1, 2, 4],
+    "SA": ["direct", "workgroup"],
+    "SB": ["direct", "workgroup"],
+}
+BASE = {"FRAG": "16x16x16", "SG": 32, "SM": 2, "SN": 2, "FM": 4, "FN": 4, "KF": 2, "SA": "direct", "SB": "direct"}
+# verified here instead of a large shape: interior tiles (fast loop) and edge tiles (guarded loop) for every tile
+VERIFY_M, VERIFY_N, VERIFY_K = 517, 1032, 384
+
+
+def _offered(c: Config, L: Limits | None) -> Any:
+    """The adapter's f16 -> f32 config with the config's fragment shape, or None."""
+    m, n, k = frag(c)
+    for s in (L.subgroup_matrix_configs or ()) if L is not None else ():
+        if (s.component_type, s.result_component_type, s.m, s.n, s.k) == ("f16", "f32", m, n, k):
+            return s
+    return None
+
+
+def _explain_offered(c: Config, L: Limits | None) -> str:
+    if L is None or L.subgroup_matrix_configs is None:
+        return (f"this device has no subgroup matrices (Dawn's chromium-experimental-subgroup-matrix with shader-f16 "
+                f"and subgroups), so {FIX_DAWN}")
+    have = [s.label() for s in L.subgroup_matrix_configs if (s.component_type, s.result_component_type)
+            == ("f16", "f32")]
+    return f"fragment {c.FRAG} f16->f32 is not offered by this adapter (it offers: {', '.join(have) or 'none'})"
+
+
+def _acc_floats(c: Config) -> float:
+    m, n, _ = frag(c)
+    return c.FM * c.FN * m * n / c.SG
+
+
+def device_subgroup_size(limits: Limits) -> int | None:
+    """The SG a device runs: the one subgroup size its f16 -> f32 fragments share (32 on NVIDIA), else its maximum
+    subgroup size (Dawn's Null backend offers a range)."""
+    sizes = {(c.min_subgroup_size, c.max_subgroup_size) for c in limits.subgroup_matrix_configs or ()
+             if c.component_type == "f16" and c.result_component_type == "f32"}
+    if len(sizes) == 1 and len({*next(iter(sizes))}) == 1:
+        return next(iter(sizes))[0]
+    return limits.subgroup_size_max
+
+
+def _rules() -> list[Rule]:
+    def r(name: str, check: Any, explain: Any, needs_limits: bool = False, doc: str = "") -> Rule:
+        return Rule(name, check, explain, needs_limits, doc)
+
+    return [
+        r("fragment_offered", lambda c, L: _offered(c, L) is not None, _explain_offered, needs_limits=True,
+          doc="the fragment shape is one the adapter multiplies (f16 inputs, f32 result)"),
+        r("workgroup_x", lambda c, L: L.subgroup_size_max is not None and invocations(c) % L.subgroup_size_max == 0,
+          lambda c, L: f"workgroup x = SM*SN*SG = {c.SM}*{c.SN}*{c.SG} = {invocations(c)} is not a multiple of the "
+                       f"device's max subgroup size {L.subgroup_size_max} (Dawn's rule for subgroup matrices)",
+          needs_limits=True),
+        r("fragment_subgroup_size", lambda c, L: _offered(c, L) is None  # refused by fragment_offered already
+          or _offered(c, L).min_subgroup_size <= c.SG <= _offered(c, L).max_subgroup_size,
+          lambda c, L: f"SG = {c.SG} is outside the subgroup sizes {_offered(c, L).min_subgroup_size}.."
+                       f"{_offered(c, L).max_subgroup_size} of fragment {c.FRAG}", needs_limits=True),
+        r("accumulators", lambda c, L: _acc_floats(c) <= MAX_ACCUMULATOR_FLOATS,
+          lambda c, L: f"accumulators = FM*FN*m*n/SG = {c.FM}*{c.FN}*{frag(c)[0]}*{frag(c)[1]}/{c.SG} = "
+                       f"{_acc_floats(c):g} floats per invocation > {MAX_ACCUMULATOR_FLOATS} (certain spill)"),
+        r("invocations", lambda c, L: invocations(c) <= min(L.max_invocations_per_workgroup, L.max_workgroup_size[0]),
+          lambda c, L: f"SM*SN*SG = {c.SM}*{c.SN}*{c.SG} = {invocations(c)} > max_invocations_per_workgroup "
+                       f"{min(L.max_invocations_per_workgroup, L.max_workgroup_size[0])}", needs_limits=True),
+        r("workgroup_storage", lambda c, L: storage_bytes(c) <= L.max_workgroup_storage_bytes,
+          lambda c, L: f"workgroup storage = 2*(BM*BK + BK*BN) + 4*SM*SN*m*n = {storage_bytes(c)} bytes > "
+                       f"max_workgroup_storage_bytes {L.max_workgroup_storage_bytes} (BMxBNxBK = "
+                       f"{'x'.join(map(str, tile(c)))})", needs_limits=True),
+    ]
+
+
+RULES = _rules()
+
+
+def _seed_configs() -> list[dict[str, Any]]:
+    """Hand-picked points around the 128x128 tile (2x2 subgroups of 4x4 16x16 fragments) measured on the H200."""
+    variants: list[dict[str, Any]] = [
+        {},
+        {"SA": "workgroup", "SB": "workgroup"},
+        {"SA": "workgroup"},
+        {"SB": "workgroup"},
+        {"KF": 1},
+        {"KF": 4},
+        {"SM": 4, "FM": 2},
+        {"SN": 4, "FN": 2},
+        {"SM": 4, "SN": 4, "FM": 2, "FN": 2},
+        {"FM": 2, "FN": 2},
+        {"FRAG": "16x8x16", "FN": 8},
+        {"FRAG": "16x8x16", "FN": 8, "SA": "workgroup", "SB": "workgroup"},
+        {"FRAG": "16x8x8", "FN": 8, "KF": 4},
+        {"FM": 8, "FN": 2, "SM": 1, "SN": 4},
+    ]
+    return [{**BASE, **v} for v in variants]
+
+
+SPACES = ("seed", "full")
+
+
+@functools.cache
+def sgmat_space(which: str = "full") -> Space:
+    """"seed" (the hand-picked points) or "full" (the grid); both under `RULES`."""
+    if which == "full":
+        return Space("full", {k: list(v) for k, v in PARAMS.items()}, list(RULES), fmt)
+    if which == "seed":
+        return Space("seed", {k: list(v) for k, v in PARAMS.items()}, list(RULES), fmt, points=_seed_configs())
+    raise ConfigError(f"unknown space {which!r} for gemm-f16", f"use --space with one of: {', '.join(SPACES)}")
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _upload_padded(device: Device, array: np.ndarray) -> Any:
+    """An f16 matrix in a buffer rounded up to 16 bytes, so that it also binds as `array<vec4<f16>>`."""
+    data = np.ascontiguousarray(array, dtype=np.float16)
+    buf = device.allocate(max(16, -(-data.nbytes // 16) * 16))
+    device.write(buf, data)
+    return buf
+
+
+class SgmatGemmF16(KernelTemplate):
+    """f16 GEMM on Dawn's subgroup matrices, generated per config (see the module docstring)."""
+
+    problem = GEMM_F16
+    backend = "webgpu"
+    prefer_runtime = "dawn"  # subgroup matrices exist only through Dawn
+
+    make_space = sgmat_space
+    spaces = SPACES
+
+    def default_config(self) -> Config:
+        """The 128x128 tile (2x2 subgroups of 4x4 16x16x16 fragments, loaded straight from storage)."""
+        return sgmat_space("full").config(BASE)
+
+    def verify_shape(self, config: Config, shape: Shape) -> Shape:
+        """A cheaper shape with both loops: interior and edge tiles in M and N for every legal tile (BM, BN <= 512),
+        K a multiple of every K step where the timed shape's is (else not, so the edge loop runs everywhere, as it
+        will at the timed shape)."""
+        _, N, K = (int(s) for s in shape)
+        _, _, bk = tile(config)
+        aligned_k = K % bk == 0 and K % 8 == 0
+        small = (VERIFY_M, VERIFY_N if N % 8 == 0 else VERIFY_N - 2, VERIFY_K if aligned_k else VERIFY_K + 5)
+        return shape if self.flops(shape) <= self.flops(small) else small
+
+    def source(self, config: Config, shape: Shape | None = None) -> str:
+        return generate_wgsl(config)
+
+    def program_key(self, config: Config, shape: Shape) -> Hashable:
+        return config  # M, N and K come in a uniform
+
+    def compile(self, device: Device, config: Config, shape: Shape) -> Program:
+        return device.compile(self.source(config), "main", name=f"gemm-f16 {fmt(config)}")
+
+    def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
+        M, N, K = shape
+        return {"a": _upload_padded(device, host["a"]), "b": _upload_padded(device, host["b"]),
+                "out": device.allocate(4 * M * N),
+                "dims": device.upload(np.array([M, N, K, 0], dtype=np.uint32), uniform=True)}
+
+    def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
+        M, N, _ = shape
+        bm, bn, _ = tile(config)
+        order = [bufs["a"], bufs["b"], bufs["out"], bufs["dims"]]
+        order += [bufs["a"]] if config["SA"] == "workgroup" else []  # A4: A as vec4<f16>
+        order += [bufs["b"]] if config["SB"] == "workgroup" else []
+        return [Launch(program, (_ceil(N, bn), _ceil(M, bm), 1), order)]
+
+    def tile_waste(self, config: Config, shape: Shape) -> float:
+        M, N, _ = shape
+        bm, bn, _ = tile(config)
+        return (_ceil(M, bm) * bm * _ceil(N, bn) * bn) / (M * N)

@@ -1,0 +1,63 @@
+"""Dawn devices for the tests: Dawn's Null backend (compiles, runs nothing) and a real adapter with subgroup
+matrices (numerics), each skipping cleanly where it is missing."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+from tilewise.devices import dawn
+from tilewise.devices.base import Limits, SubgroupMatrixConfig
+
+
+def need_dawn() -> None:
+    if not dawn.available():
+        pytest.skip("wgpudawn is not installed (pip install 'tilewise[dawn]')")
+
+
+def null_device(disable_robustness: bool = False) -> dawn.DawnDevice:
+    """A Dawn device on the Null backend (forced through WGPU_BACKEND_TYPE, which Dawn reads when it picks an
+    adapter; the variable is restored afterwards so that other devices are not affected)."""
+    need_dawn()
+    old = os.environ.get("WGPU_BACKEND_TYPE")
+    os.environ["WGPU_BACKEND_TYPE"] = "Null"
+    try:
+        infos = dawn.list_adapters()
+        nulls = [i.index for i in infos if i.api == "Null"]
+        if not nulls:
+            pytest.skip("this wgpudawn build has no Null backend")
+        return dawn.DawnDevice(nulls[0], disable_robustness=disable_robustness)
+    finally:
+        if old is None:
+            os.environ.pop("WGPU_BACKEND_TYPE", None)
+        else:
+            os.environ["WGPU_BACKEND_TYPE"] = old
+
+
+def with_every_fragment(limits: Limits, frags: list[str]) -> Limits:
+    """`limits` with every fragment shape of `frags` offered (f16 -> f32) for the device's subgroup sizes: what the
+    Null backend, which offers none, needs for pipelines of every fragment to be built."""
+    lo, hi = limits.subgroup_size_min or 1, limits.subgroup_size_max or 128
+    configs = tuple(SubgroupMatrixConfig("f16", "f32", *(int(x) for x in f.split("x")), lo, hi) for f in frags)
+    return dataclasses.replace(limits, subgroup_matrix_configs=configs)
+
+
+def real_dawn_device() -> dawn.DawnDevice:
+    """The best real Dawn adapter offering f16 -> f32 subgroup matrices, else skip."""
+    need_dawn()
+    from tilewise.devices import get_device
+    from tilewise.errors import DeviceUnavailable
+
+    real = [i for i in dawn.list_adapters() if i.api != "Null"]
+    if not real:
+        pytest.skip("no real Dawn adapter here (Dawn refuses this Vulkan driver or there is no GPU)")
+    try:
+        dev = get_device("dawn")
+    except DeviceUnavailable as exc:
+        pytest.skip(f"Dawn cannot open a device here: {exc}")
+    configs = dev.info.limits.subgroup_matrix_configs or ()
+    if not any((c.component_type, c.result_component_type) == ("f16", "f32") for c in configs):
+        pytest.skip(f"{dev.info.name} on Dawn offers no f16 -> f32 subgroup matrices")
+    return dev
