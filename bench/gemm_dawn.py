@@ -168,8 +168,17 @@ def race_torch(tpl: Any, dev: Any, shape: tuple[int, int, int], best: list[Any],
     out = {}
     for k, xs in samples.items():
         s = summarize(xs, rng)
-        out[k] = {**s.as_dict(), "tflops": flops / s.median_ms / 1e9}
+        out[k] = {**s.as_dict(), "tflops": flops / s.median_ms / 1e9, "samples_ms": [float(x) for x in xs]}
     return out
+
+
+def _ratio(peer: dict[str, Any], mine: dict[str, Any]) -> str:
+    """peer median / mine as `1.23x`, or `tie` / `noisy` where the race cannot rank the two."""
+    from tilewise.tune.measure import compare, summarize
+
+    if not peer.get("samples_ms") or not mine.get("samples_ms"):  # a record written before samples were kept
+        return f"{peer['median_ms'] / mine['median_ms']:.2f}x"
+    return compare(summarize(peer["samples_ms"]), summarize(mine["samples_ms"])).times()
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -184,11 +193,12 @@ def table(rows: list[dict[str, Any]]) -> str:
         best = min(dawn, key=lambda v: v["median_ms"])
         f16 = race.get("cuBLAS f16 (torch)", {}).get("median_ms")
         f32 = race.get("cuBLAS f32 (torch)", {}).get("median_ms")
-        ratio16 = f"{f16 / best['median_ms']:.2f}x" if f16 else "-"
-        ratio32 = f"{f32 / best['median_ms']:.2f}x" if f32 else "-"
+        ratio16 = _ratio(race.get("cuBLAS f16 (torch)"), best) if f16 else "-"
+        ratio32 = _ratio(race.get("cuBLAS f32 (torch)"), best) if f32 else "-"
         lines.append(f"{r['name'] + ' ' + 'x'.join(map(str, r['shape'])):<30} {best['median_ms']:>8.3f}ms "
                      f"{best['tflops']:>8.1f} {ratio16:>9} {ratio32:>9}")
-    lines.append("ratios: cuBLAS median / Dawn median (above 1 = Dawn faster)")
+    lines.append("ratios: cuBLAS median / Dawn median (above 1 = Dawn faster); tie: the 95% intervals overlap; "
+                 "noisy: the samples scatter too much to rank")
     return "\n".join(lines)
 
 
