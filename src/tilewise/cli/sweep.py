@@ -55,6 +55,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.out is not None and args.out == args.json:
         raise ConfigError(f"--out and --json both name {args.out}", "give the dispatch table and the JSON report "
                           "different files")
+    if args.plot:
+        from tilewise.tune.plot import require_plot
+
+        require_plot(args.plot)  # before any measuring
     ms = parse_m_values(args.m)
     have = backends(args.kernel)
     first = get_template(args.kernel, have[0])
@@ -86,6 +90,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     console.print(f"dispatch (within {100 * args.tolerance:g}% of the per-M best at every measured M):", markup=False)
     for r in ranges:
         console.print(f"  M {r['m_min']}..{r['m_max']}: {r['label']}", markup=False, highlight=False)
+    from tilewise.tune.measure import noise_note
+
+    noisy = [(m, r["label"]) for r in ranges for m in result.ms if r["m_min"] <= m <= r["m_max"]
+             for c in result.configs if str(c) == r["label"] and (st := result.stats.get(c, {}).get(m)) is not None
+             and noise_note(st)]
+    if noisy:
+        console.print(f"note: {len(noisy)} of the dispatch choices' timings are too noisy to compare (e.g. "
+                      f"M={noisy[0][0]}); a quieter machine or more rounds make the cutoffs trustworthy", markup=False)
     fails = sum(len(v) for v in result.failures.values())
     if fails:
         console.print(f"{fails} (config, M) pairs did not run correctly; see --json", markup=False)

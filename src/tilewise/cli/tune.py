@@ -159,6 +159,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from tilewise.kernels.registry import backends, get_template
 
     console = common.console(args, soft_wrap=True)
+    if args.plot and not (args.show_source or args.dry_run):
+        from tilewise.tune.plot import require_plot
+
+        require_plot(args.plot)  # before any measuring: a missing matplotlib must not cost the run
     offline = bool(args.show_source or args.dry_run)
     tpl = get_template(args.kernel, _offline_backend(args.kernel, args.device) if offline else backends(args.kernel)[0])
     if args.show_source:

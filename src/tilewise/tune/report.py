@@ -111,6 +111,12 @@ def tune_summary(result: TuneResult) -> list[str]:
                          + "; ".join(str(r.config) for r in winners))
         else:
             lines.append(f"fastest: {winners[0].config} (its interval is clear of the rest)")
+        from tilewise.tune.measure import noise_note
+
+        noisy = [r for r in winners if r.stats is not None and noise_note(r.stats)]
+        if noisy and noisy[0].stats is not None:
+            lines.append(f"note: {noise_note(noisy[0].stats, str(noisy[0].config))}; the ranking above it may not "
+                         "repeat (a quieter machine or --rounds help)")
         worst = ranked[-1].stats.median_ms if ranked[-1].stats else None
         if worst and ranked[0].stats:
             lines.append(f"spread best..worst legal: {worst / ranked[0].stats.median_ms:.2f}x")

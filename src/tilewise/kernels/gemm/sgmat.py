@@ -162,10 +162,16 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# Dawn sizes each storage binding's minimum from the fragments the shader loads or stores through it (512 bytes
+# for a 16x16 f16 fragment, 1 KiB for an f32 one), so small matrices get buffers of at least this many bytes
+MIN_BINDING_BYTES = 4096
+
+
 def _upload_padded(device: Device, array: np.ndarray) -> Any:
-    """An f16 matrix in a buffer rounded up to 16 bytes, so that it also binds as `array<vec4<f16>>`."""
+    """An f16 matrix in a buffer rounded up to 16 bytes (so that it also binds as `array<vec4<f16>>`) and to at
+    least `MIN_BINDING_BYTES`."""
     data = np.ascontiguousarray(array, dtype=np.float16)
-    buf = device.allocate(max(16, -(-data.nbytes // 16) * 16))
+    buf = device.allocate(max(MIN_BINDING_BYTES, -(-data.nbytes // 16) * 16))
     device.write(buf, data)
     return buf
 
@@ -206,7 +212,7 @@ class SgmatGemmF16(KernelTemplate):
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
         M, N, K = shape
         return {"a": _upload_padded(device, host["a"]), "b": _upload_padded(device, host["b"]),
-                "out": device.allocate(4 * M * N),
+                "out": device.allocate(max(MIN_BINDING_BYTES, 4 * M * N)),
                 "dims": device.upload(np.array([M, N, K, 0], dtype=np.uint32), uniform=True)}
 
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
