@@ -59,7 +59,7 @@ def register(sub: Any) -> None:
     p.add_argument("--time-budget-s", type=common.float_in(0.0), default=0.0,
                    help="stop training after this many seconds (anneals to it) and still write the model")
     p.add_argument("--batch", type=common.int_at_least(1, 1 << 20), default=64, help="decisions per step (default 64)")
-    p.add_argument("--lr", type=common.float_in(0.0, 10.0, low_open=True), default=1e-3,
+    p.add_argument("--lr", type=common.float_in(0.0, 10.0), default=1e-3,
                    help="peak learning rate (default 1e-3)")
     p.add_argument("--warmup", type=common.non_negative, default=100, help="warm-up steps (default 100)")
     p.add_argument("--weight-decay", type=common.float_in(0.0, 10.0), default=0.05,
@@ -70,7 +70,7 @@ def register(sub: Any) -> None:
     p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu or cuda[:N]")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (faster on a GPU after warm-up)")
     p.add_argument("--log-every", type=common.positive, default=50, help="steps between progress lines")
-    p.add_argument("--eval-every-s", type=common.float_in(0.0, low_open=True), default=30.0,
+    p.add_argument("--eval-every-s", type=common.float_in(0.0), default=30.0,
                    help="seconds between held-out evaluations")
     p.add_argument("--train-eval-examples", type=common.non_negative, default=20_000,
                    help="training decisions whose agreement is reported at the end (0: skip; slow on a CPU)")

@@ -24,7 +24,7 @@ from tilewise.kernels.space import Config
 from tilewise.tune.dispatch import DispatchTable, family_version
 from tilewise.tune.store import default_path
 
-TUNE_FIX = "run `tilewise tune model --preset P --seq 346 --device webgpu` to measure this device"
+TUNE_FIX = "run `tilewise tune model --device webgpu` (or `--device dawn` on Dawn) to measure this device"
 
 
 def dispatch_path(fingerprint: str) -> Path:
@@ -151,8 +151,10 @@ def load_model_table(fingerprint: str, path: str | Path | None = None, quiet: bo
     path = Path(path) if path is not None else dispatch_path(fingerprint)
     if not path.exists():
         if not quiet:
+            runtime = "dawn" if fingerprint.startswith("webgpu+dawn") else "webgpu"
             warnings.warn(f"no tuned dispatch table for {fingerprint}; using safe defaults (short-row kernel below "
-                          f"{mm.DEFAULT_CUTOFF_ROWS} rows, 64x64 tiles from there). To tune: {TUNE_FIX}", stacklevel=2)
+                          f"{mm.DEFAULT_CUTOFF_ROWS} rows, 64x64 tiles from there). To tune: run `tilewise tune model "
+                          f"--device {runtime}` to measure this device", stacklevel=2)
         return DispatchTable(fingerprint)
     try:
         table = DispatchTable.load(path)
