@@ -1,3 +1,3 @@
-from tilewise.cli import main
+from tilewise.cli import entry
 
-raise SystemExit(main())
+raise SystemExit(entry())

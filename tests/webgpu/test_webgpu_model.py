@@ -335,3 +335,17 @@ def test_play_takes_an_adapter_index(webgpu_device, capsys):
     assert main(["play", "--policy", "model", "--device", f"webgpu:{index}", "--steps", "2", "--json", "-"]) == 0
     out = capsys.readouterr()
     assert out.err.startswith(f"device: webgpu:{index} (") and json.loads(out.out)["device"] == "webgpu"
+
+
+def test_the_command_shows_warnings_as_notes(tmp_path):
+    """A user running `tilewise` sees a missing dispatch table as one `note:` line, not a Python warning with a path."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TILEWISE_DISPATCH_DIR": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-m", "tilewise", "play", "--device", "webgpu", "--steps", "2"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr
+    assert "note: no tuned dispatch table for webgpu:" in run.stderr
+    assert "UserWarning" not in run.stderr and ".py:" not in run.stderr

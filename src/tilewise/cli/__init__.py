@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import warnings
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from tilewise import __version__
 from tilewise.cli import devices, game, ladder, model, store, sweep, train, tune
@@ -62,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _note(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+          line: str | None = None) -> None:
+    """Warnings reach a user as one `note:` line (where the warning was raised only with --debug)."""
+    print(f"note: {message}", file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
@@ -84,5 +91,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
+def entry() -> int:
+    """The `tilewise` command: `main`, with warnings shown as `note:` lines (tests call `main` and see warnings as
+    Python raised them)."""
+    if "--debug" not in sys.argv:
+        warnings.showwarning = _note
+    return main()
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(entry())
