@@ -7,7 +7,8 @@ A ladder is data: named configs of one kernel template, in order. Running it
    never compiled) and verifies every output value of every rung against the float64 reference;
 2. tunes the template at the shape (`tune.tuner.tune`, random search under a count/time budget);
 3. times all rungs, the tuned best and, for GPU ladders, each staging counterpart in ONE interleaved measurement,
-   so neighbour verdicts (tie / win / loss from overlapping 95% intervals) come from the same rounds;
+   so neighbour verdicts (`win` only when faster than the previous rung and the baseline; `regained`, `tie`,
+   `loss`, `noisy`; from 95% intervals) come from the same rounds;
 4. times the host references (numpy, torch when installed) with the same function on the CPU device;
 5. answers seed 000's question per device and shape: for pairs of schedules that differ only in staging scope
    (`workgroup` vs `private`), which one won, by how much, with intervals.

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from tilewise.devices.base import Device, Launch
+from tilewise.errors import ConfigError
 
 BOOTSTRAP_RESAMPLES = 2000
 
@@ -264,3 +265,26 @@ def _one_round(device: Device, candidates: Mapping[Hashable, Sequence[Launch]], 
         spans.append((key, start, len(flat)))
     times = device.time(flat)
     return {key: float(np.sum(times[a:b])) for key, a, b in spans}
+
+
+DEFAULT_MEASURE = {"warmup": 2, "min_rounds": 10, "max_rounds": 40, "budget_s": 5.0}
+
+
+def check_measure_kw(kw: dict[str, Any]) -> dict[str, Any]:
+    """`kw` unchanged, or ConfigError before anything runs: a measurement that fails because of the caller's
+    arguments would otherwise be stored as a failure of every config it touched."""
+    unknown = set(kw) - set(DEFAULT_MEASURE) - {"between", "between_launches", "on_round"}
+    if unknown:
+        raise ConfigError(f"unknown timing arguments {sorted(unknown)}", f"use {', '.join(DEFAULT_MEASURE)}")
+    for name in ("warmup", "min_rounds", "max_rounds"):
+        value = kw[name]
+        if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "warmup" else 1):
+            raise ConfigError(f"{name}={value!r} is not a usable round count",
+                              f"give {name} as a whole number >= {0 if name == 'warmup' else 1} (e.g. --rounds 20)")
+    if kw["max_rounds"] < kw["min_rounds"]:
+        raise ConfigError(f"max_rounds {kw['max_rounds']} < min_rounds {kw['min_rounds']}",
+                          "give max_rounds >= min_rounds")
+    budget = kw["budget_s"]
+    if not isinstance(budget, (int, float)) or not budget > 0 or budget == float("inf"):
+        raise ConfigError(f"budget_s={budget!r} is not a usable time budget", "give a finite number of seconds > 0")
+    return kw
