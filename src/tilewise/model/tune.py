@@ -26,6 +26,7 @@ from typing import Any
 from tilewise.errors import ConfigError
 from tilewise.kernels.attention import webgpu as attn_k
 from tilewise.kernels.matmul import webgpu as mm
+from tilewise.kernels.matmul.sgmat import sgmat_templates
 from tilewise.kernels.space import Config
 from tilewise.model.dispatch import attention_key, dispatch_path, load_model_table, matmul_key
 from tilewise.tune.dispatch import DispatchTable, Entry, Range, fit_dispatch, make_ranges
@@ -127,6 +128,9 @@ def candidates(template: Any, limits: Any, n: int, seed: int, hand_picked: bool 
     out = [template.default_config()]
     if not hand_picked:
         seeds: list[dict[str, Any]] = []
+    elif template.kind == "sgmat":  # subgroup matrices: the seeds at the device's subgroup size
+        seeds = []
+        out += template.seed_configs(limits)
     elif template.kind in ("tiled", "splitk"):
         # the template's own f16 settings (one value each); prefetch and columns default to today's kernel
         fixed = {k: space.params[k][0] for k in ("F16S", "F16A") if k in space.params}
@@ -153,13 +157,14 @@ ATTENTION_MEASURE = {"warmup": 2, "min_rounds": 6, "max_rounds": 25, "budget_s":
 def matmul_templates(dev: Any, fmt: str, epilogue: str, rows: list[int], f16_arith: bool = False,
                      norm: bool = False, eps: float = 1e-5) -> list[Any]:
     """The matmul kernels that compete for one shape: short-row, tiled and (with 64+ rows) split-K, plus the
-    f16-arithmetic tiled and split-K variants when asked for and the adapter has shader-f16."""
+    f16-arithmetic tiled and split-K variants when asked for and the adapter has shader-f16, plus the
+    subgroup-matrix kernel (f16 tolerance) when the device has subgroup matrices (Dawn)."""
     kinds = [k for k in mm.KINDS if not (k == "splitk" and max(rows) < 64)]  # split-K only pays with many rows
     out = [mm.MatmulTemplate(kind, fmt, epilogue, dev.enabled_features, norm=norm, eps=eps) for kind in kinds]
     if f16_arith and "shader-f16" in dev.enabled_features:
         out += [mm.MatmulTemplate(kind, fmt, epilogue, dev.enabled_features, True, True, norm=norm, eps=eps)
                 for kind in kinds if kind != "rows"]
-    return out
+    return out + sgmat_templates(dev, fmt, epilogue, norm, eps)
 
 
 def _tag(tpl: Any, config: Config) -> str:

@@ -258,6 +258,10 @@ class MatmulTemplate(KernelTemplate):
         parts = name.split(".")
         fmt = parts[0].removesuffix("_matmul")
         flags = set(parts[3:])
+        if len(parts) >= 3 and parts[0].endswith("_matmul") and parts[1] == "sgmat":  # subgroup matrices (Dawn)
+            from tilewise.kernels.matmul.sgmat import from_parts
+
+            return from_parts(fmt, parts[2], flags, features, eps)
         if len(parts) < 3 or not parts[0].endswith("_matmul") or flags - {"norm", "f16s", "f16a"}:
             raise ConfigError(f"{name!r} is not a matmul kernel name", "expected e.g. nf4_matmul.tiled.none")
         try:

@@ -1,0 +1,215 @@
+"""The classifier's weight matmuls on subgroup matrices (Dawn's tensor cores from WGSL): kind `sgmat` of
+`MatmulProblem`, y = epilogue(norm(x) @ W^T), weights nf4 / f16 / f32, epilogues none / residual / swiglu, the
+fused RMSNorm; any M (partial tiles padded with zeros in workgroup memory). It needs `--device dawn`.
+
+Variants (the WGSL is generated per config by `tilewise.kernels.matmul.sgmat_wgsl`):
+
+    FRAG     fragment shape M x N x K, one the adapter offers for f16 -> f32 (gemm-f16's rule, reused)
+    SG       invocations per subgroup the kernel assumes (the fragment's subgroup size, 32 on NVIDIA); the
+             workgroup's x size SM * SN * SG must be a multiple of the adapter's max subgroup size (rule
+             workgroup_x, gemm-f16's)
+    SM, SN   subgroups per workgroup along M and N
+    FM, FN   result fragments per subgroup along M and N (block tile BM = SM*FM*m, BN = SN*FN*n); swiglu holds
+             two accumulators per fragment (gate and up)
+    BK       K step: 16, 32 or 64 (a multiple of the fragment's k; NF4 words of 8 weights are decoded one at a
+             time with their block's absmax, so BK need not be a whole NF4 block)
+    WL       the decoded W tile's layout: "nk" (W's own (N, K) rows; the right operand is loaded col_major) or
+             "kn" (stored transposed; loaded row_major): both are offered, measurement picks
+
+Precision: x (after the norm weight) and the weights are rounded to f16 once, products accumulate in f32, so
+the tolerance label is `f16` (`tune.verify.TOLERANCES`: relative Frobenius error 1e-2). The rounding error is
+relative and does not grow with K (about 4e-4 at K = 4608; `tests/unit/test_matmul_sgmat_space.py` checks it
+against a float64 emulation, and that one dropped NF4 block out of 72 fails the tolerance). Inputs must be
+within f16's range (|x * g| < 65504): the residual stream of a trained model is, far from it.
+
+Split-K: not offered. It would need a second launch and an M x N (x2 for swiglu) f32 scratch round trip; the
+FMA split-K kernel keeps competing for the narrow down projections, so the dispatch picks it where it wins.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from tilewise.devices.base import Device, Launch, Limits, Program
+from tilewise.errors import ConfigError, ShaderCompileError
+from tilewise.kernels.base import Shape
+from tilewise.kernels.gemm import sgmat as gemm_sg
+from tilewise.kernels.gemm.sgmat_wgsl import frag
+from tilewise.kernels.matmul.problem import EPILOGUES, MatmulProblem
+from tilewise.kernels.matmul.sgmat_wgsl import (
+    WEIGHT_LAYOUTS,
+    mm_fmt,
+    mm_storage_bytes,
+    mm_tile,
+    sgmat_matmul_source,
+    x_slots,
+)
+from tilewise.kernels.matmul.webgpu import MatmulTemplate
+from tilewise.kernels.space import Config, Rule, Space
+from tilewise.quant.nf4 import FORMATS, KERNEL_BLOCKSIZE
+
+SUBGROUP_MATRIX = "chromium-experimental-subgroup-matrix"
+KIND = "sgmat"
+MAX_NORM_SLOTS = 16  # the fused norm keeps one f32 sum of squares per staged x vec4 in a register
+PARAMS: dict[str, list[Any]] = {
+    "FRAG": list(gemm_sg.PARAMS["FRAG"]),
+    "SG": list(gemm_sg.PARAMS["SG"]),
+    "SM": list(gemm_sg.PARAMS["SM"]),
+    "SN": list(gemm_sg.PARAMS["SN"]),
+    "FM": [1, 2, 4, 8],
+    "FN": [1, 2, 4, 8],
+    "BK": [16, 32, 64],
+    "WL": list(WEIGHT_LAYOUTS),
+}
+# a 64x64 tile: 2x2 subgroups of 2x2 16x16x16 fragments, K step 32
+BASE: dict[str, Any] = {"FRAG": "16x16x16", "SG": 32, "SM": 2, "SN": 2, "FM": 2, "FN": 2, "BK": 32, "WL": "nk"}
+# hand-picked points, most likely first (`tilewise tune model --budget B` keeps the first B - 1 after the default)
+_SEED_VARIANTS: tuple[dict[str, Any], ...] = (
+    {"WL": "kn"},
+    {"SM": 2, "SN": 4},  # 64x128
+    {"FM": 4, "FN": 2},  # 128x64
+    {"BK": 64},
+    {"FM": 1},  # 32x64: more workgroups at few rows
+    {"FM": 4, "FN": 4},  # 128x128 (not with swiglu: 256 accumulator floats)
+    {"SM": 4, "SN": 2, "FM": 1, "FN": 4, "WL": "kn"},  # 64x128
+    {"FRAG": "16x8x16", "FN": 4},
+    {"SM": 1, "SN": 4, "FM": 1, "FN": 1},  # 16x64
+    {"BK": 16, "FM": 1, "FN": 1},  # 32x32
+    {"FRAG": "16x8x8", "FN": 4, "BK": 64},
+    {"SM": 4, "SN": 1, "FM": 1, "FN": 2},  # 64x32
+)
+SEEDS: tuple[dict[str, Any], ...] = tuple({**BASE, **v} for v in _SEED_VARIANTS)
+
+
+def _gemm_rule(name: str) -> Rule:
+    """gemm-f16's rule of that name (fragment offered, workgroup x, subgroup size, invocations): same meaning."""
+    return next(r for r in gemm_sg.RULES if r.name == name)
+
+
+def _acc_floats(c: Config, sets: int) -> float:
+    m, n, _ = frag(c)
+    return sets * c.FM * c.FN * m * n / c.SG
+
+
+def sgmat_rules(fmt: str, paired: bool, norm: bool) -> list[Rule]:
+    """The rules of one (format, epilogue, norm) variant, device limits included."""
+    sets = 2 if paired else 1
+    rules = [_gemm_rule("fragment_offered"), _gemm_rule("workgroup_x"), _gemm_rule("fragment_subgroup_size"),
+             Rule("k_step", lambda c, _: c.BK % frag(c)[2] == 0,
+                  lambda c, _: f"BK={c.BK} is not a multiple of the fragment's k={frag(c)[2]}"),
+             Rule("accumulators", lambda c, _: _acc_floats(c, sets) <= gemm_sg.MAX_ACCUMULATOR_FLOATS,
+                  lambda c, _: f"accumulators = {sets}*FM*FN*m*n/SG = {sets}*{c.FM}*{c.FN}*{frag(c)[0]}*"
+                               f"{frag(c)[1]}/{c.SG} = {_acc_floats(c, sets):g} floats per invocation > "
+                               f"{gemm_sg.MAX_ACCUMULATOR_FLOATS} (certain spill)")]
+    if norm:
+        rules.append(Rule("norm_slots", lambda c, _: x_slots(c) <= MAX_NORM_SLOTS,
+                          lambda c, _: f"x slots = ceil(BM*BK/4 / (SM*SN*SG)) = {x_slots(c)} > {MAX_NORM_SLOTS} "
+                                       "sum-of-squares registers of the fused norm"))
+    rules += [_gemm_rule("invocations"),
+              Rule("workgroup_storage", lambda c, L: mm_storage_bytes(c, fmt, paired, norm)
+                   <= L.max_workgroup_storage_bytes,
+                   lambda c, L: f"workgroup storage = 2*BM*BK + {2 * sets}*BN*BK + {4 * sets}*SM*SN*m*n"
+                                f"{' + 64' if fmt == 'nf4' else ''}{' + BM*BK' if norm else ''} = "
+                                f"{mm_storage_bytes(c, fmt, paired, norm)} bytes > max_workgroup_storage_bytes "
+                                f"{L.max_workgroup_storage_bytes} (BMxBNxBK = {'x'.join(map(str, mm_tile(c)))})",
+                   needs_limits=True)]
+    return rules
+
+
+@functools.cache
+def sgmat_matmul_space(fmt: str = "nf4", paired: bool = False, norm: bool = False) -> Space:
+    """The grid of `PARAMS` under `sgmat_rules`."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown weight format {fmt!r}")
+    return Space(f"{fmt}_matmul.sgmat" + (".paired" if paired else "") + (".norm" if norm else ""),
+                 {k: list(v) for k, v in PARAMS.items()}, sgmat_rules(fmt, paired, norm), mm_fmt)
+
+
+def has_subgroup_matrices(dev: Any) -> bool:
+    """The device runs subgroup-matrix shaders (Dawn with the feature enabled and f16 -> f32 fragments)."""
+    configs = getattr(dev.info.limits, "subgroup_matrix_configs", None) or ()
+    return SUBGROUP_MATRIX in getattr(dev, "enabled_features", ()) and any(
+        (c.component_type, c.result_component_type) == ("f16", "f32") for c in configs)
+
+
+class SgmatMatmul(MatmulTemplate):
+    """A `MatmulProblem` on subgroup matrices (see the module docstring); the executor launches it as it launches
+    the FMA kernels (same buffers and `dims`, one launch, M from the uniform)."""
+
+    prefer_runtime = "dawn"
+
+    def __init__(self, fmt: str = "nf4", epilogue: str = "none", features: Iterable[str] | None = (),
+                 norm: bool = False, eps: float = 1e-5) -> None:
+        if fmt not in FORMATS or epilogue not in EPILOGUES:
+            raise ValueError(f"unknown matmul variant kind={KIND} fmt={fmt} epilogue={epilogue}")
+        self.problem = MatmulProblem(fmt, epilogue, norm, eps)
+        self.norm, self.eps = norm, eps
+        self.kind, self.fmt, self.epilogue = KIND, fmt, epilogue
+        self.features = None if features is None else frozenset(features)
+        self.f16_staging = self.f16_arith = False
+        self.name = f"{fmt}_matmul.{KIND}.{epilogue}" + (".norm" if norm else "")
+        self.dtype = "f16"  # x and W are rounded to f16 once (see the module docstring)
+
+    def space(self, which: str = "full") -> Space:
+        return sgmat_matmul_space(self.fmt, self.epilogue == "swiglu", self.norm)
+
+    def default_config(self) -> Config:
+        return self.space().config(BASE)
+
+    def seed_configs(self, limits: Limits | None) -> list[Config]:
+        """The default and `SEEDS` at the device's subgroup size (`gemm.sgmat.device_subgroup_size`)."""
+        sg = gemm_sg.device_subgroup_size(limits) if limits is not None else None
+        vals = [BASE, *SEEDS]
+        return [self.space().config({**v, "SG": sg} if sg in PARAMS["SG"] else v) for v in vals]
+
+    def config_problems(self, config: Config, shape: Shape) -> list[str]:
+        k = shape[2]
+        out = []
+        if self.fmt == "nf4" and k % KERNEL_BLOCKSIZE:
+            out.append(f"K={k} is not a multiple of {KERNEL_BLOCKSIZE} (one NF4 absmax block per 64 inputs of a row)")
+        if k % config["BK"]:
+            out.append(f"K={k} is not a multiple of BK={config['BK']}: the K loop takes whole steps")
+        return out
+
+    def source(self, config: Config, shape: Shape | None = None) -> str:
+        _, n, k = shape or (1, 64, 64)
+        return sgmat_matmul_source(config, self.fmt, self.epilogue, n, k, self.eps if self.norm else None)
+
+    def compile(self, device: Device, config: Config, shape: Shape) -> Program:
+        if SUBGROUP_MATRIX not in getattr(device, "enabled_features", ()):
+            raise ShaderCompileError(f"{self.name} needs {SUBGROUP_MATRIX}, which {device.info.name} has not enabled",
+                                     gemm_sg.FIX_DAWN)
+        return device.compile(self.source(config, shape), "main", name=f"{self.name}[{config}]")
+
+    def scratch_bytes(self, config: Config, m: int, n: int) -> int:
+        return 0
+
+    def launches(self, program: Program, bufs: Any, config: Config, shape: Shape) -> list[Launch]:
+        m, n, _ = shape
+        bm, bn, _ = mm_tile(config)
+        return [Launch(program, (math.ceil(n / bn), math.ceil(m / bm), 1), [bufs[b] for b in self.binding_names()])]
+
+    def tile_waste(self, config: Config, shape: Shape) -> float:
+        m, n, _ = shape
+        bm, bn, _ = mm_tile(config)
+        return math.ceil(m / bm) * bm * math.ceil(n / bn) * bn / (m * n)
+
+
+def sgmat_templates(dev: Any, fmt: str, epilogue: str, norm: bool = False, eps: float = 1e-5) -> list[SgmatMatmul]:
+    """The subgroup-matrix matmul for one problem when `dev` has subgroup matrices, else none."""
+    return [SgmatMatmul(fmt, epilogue, dev.enabled_features, norm, eps)] if has_subgroup_matrices(dev) else []
+
+
+def from_parts(fmt: str, epilogue: str, flags: set[str], features: Iterable[str] | None, eps: float) -> SgmatMatmul:
+    """The template a dispatch table's name `<fmt>_matmul.sgmat.<epilogue>[.norm]` stands for."""
+    if flags - {"norm"}:
+        raise ConfigError(f"{fmt}_matmul.{KIND}.{epilogue} takes no flags but .norm (got {sorted(flags)})",
+                          f"expected e.g. nf4_matmul.{KIND}.swiglu.norm")
+    try:
+        return SgmatMatmul(fmt, epilogue, features, "norm" in flags, eps)
+    except ValueError as exc:
+        raise ConfigError(f"{fmt}_matmul.{KIND}.{epilogue} is not a matmul kernel name ({exc})",
+                          f"expected e.g. nf4_matmul.{KIND}.none") from exc

@@ -1,0 +1,171 @@
+"""The subgroup-matrix matmul (kind sgmat) without a device: its rules and their messages, its names in dispatch
+tables, its bindings against the executor's buffer order, its registration in `tilewise tune model`, and that the
+f16 tolerance it is verified under separates f16 rounding from a real bug at the model's K."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from tilewise.devices.profiles import get_profile
+from tilewise.errors import ConfigError
+from tilewise.kernels.matmul import sgmat as sg
+from tilewise.kernels.matmul.problem import MatmulProblem
+from tilewise.kernels.matmul.webgpu import MatmulTemplate
+from tilewise.model.dispatch import matmul_key, range_choice
+from tilewise.quant.nf4 import weight_values
+from tilewise.tune.verify import TOLERANCES, compare
+
+H200 = get_profile("h200-dawn")
+VARIANTS = [(f, e, nm) for f in ("nf4", "f16", "f32") for e in ("none", "residual", "swiglu") for nm in (False, True)]
+
+
+def tpl(fmt="nf4", epilogue="none", norm=False):
+    return sg.SgmatMatmul(fmt, epilogue, None, norm)
+
+
+@pytest.mark.parametrize(("fmt", "epilogue", "norm"), VARIANTS)
+def test_default_and_most_seeds_are_legal_on_the_h200(fmt, epilogue, norm):
+    t = tpl(fmt, epilogue, norm)
+    assert t.space().is_legal(t.default_config(), H200)
+    seeds = t.seed_configs(H200)
+    legal = [c for c in seeds if t.space().is_legal(c, H200)]
+    assert len(legal) >= len(seeds) - 1  # swiglu refuses the 128x128 seed (256 accumulator floats)
+    assert all(c["SG"] == 32 for c in seeds)  # the H200's fragments are 32-wide subgroups
+
+
+def test_rules_name_the_numbers():
+    t = tpl("nf4", "swiglu", True)
+    sp = t.space()
+    why = sp.why_illegal(sp.config({**sg.BASE, "SM": 1, "SN": 2}), H200)
+    assert any(w.startswith("workgroup_x: workgroup x = SM*SN*SG = 1*2*32 = 64 is not a multiple") for w in why)
+    why = sp.why_illegal(sp.config({**sg.BASE, "FM": 4, "FN": 4}), H200)
+    assert "accumulators: accumulators = 2*FM*FN*m*n/SG = 2*4*4*16*16/32 = 256 floats per invocation > 128 " \
+           "(certain spill)" in why
+    why = sp.why_illegal(sp.config({**sg.BASE, "SM": 4, "SN": 1, "FM": 8, "FN": 1, "BK": 64}), H200)
+    assert "norm_slots: x slots = ceil(BM*BK/4 / (SM*SN*SG)) = 64 > 16 sum-of-squares registers of the fused " \
+           "norm" in why
+    why = sp.why_illegal(sp.config({**sg.BASE, "BK": 8, "FRAG": "16x16x16"}), H200)
+    assert "k_step: BK=8 is not a multiple of the fragment's k=16" in why
+    # no fragment rule passes where there are no subgroup matrices, and the message says where to go
+    why = sp.why_illegal(t.default_config(), get_profile("webgpu-default"))
+    assert why and why[0].startswith("fragment_offered:") and "--device dawn" in why[0]
+
+
+def test_workgroup_storage_counts_both_weight_tiles():
+    small = dataclasses.replace(H200, max_workgroup_storage_bytes=16384)
+    sp = tpl("nf4", "swiglu").space()
+    cfg = sp.config({**sg.BASE, "BK": 64})  # 64x64x64: 8192 + 16384 + 8192 + 64 bytes
+    why = sp.why_illegal(cfg, small)
+    assert "workgroup_storage: workgroup storage = 2*BM*BK + 4*BN*BK + 8*SM*SN*m*n + 64 = 32832 bytes > " \
+           "max_workgroup_storage_bytes 16384 (BMxBNxBK = 64x64x64)" in why
+    assert sp.is_legal(cfg, H200)
+
+
+def test_shape_rules():
+    t = tpl("nf4")
+    cfg = t.default_config()
+    assert t.why_illegal(cfg, H200, (346, 1024, 1000)) == [
+        "K=1000 is not a multiple of 64 (one NF4 absmax block per 64 inputs of a row)",
+        "K=1000 is not a multiple of BK=32: the K loop takes whole steps"]
+    assert t.why_illegal(cfg, H200, (346, 1000, 1024)) == []  # any N and M: guarded stores
+    assert tpl("f16").why_illegal(cfg, H200, (5, 8, 96)) == []
+
+
+@pytest.mark.parametrize(("fmt", "epilogue", "norm"), VARIANTS)
+def test_names_round_trip_and_dispatch_entries_pass_the_executors_checks(fmt, epilogue, norm):
+    t = tpl(fmt, epilogue, norm)
+    back = MatmulTemplate.from_name(t.name)
+    assert isinstance(back, sg.SgmatMatmul) and back.name == t.name and back.dtype == "f16"
+    assert back.problem.name == MatmulProblem(fmt, epilogue, norm).name
+    key = matmul_key(fmt, epilogue, 4608, 1024, norm)
+    got, cfg = range_choice(key, t.name, dict(sg.SEEDS[0]), (1, 512), H200, (sg.SUBGROUP_MATRIX,))
+    assert got.name == t.name and cfg["WL"] == "kn"
+
+
+def test_dispatch_checks_refuse_a_broken_sgmat_entry():
+    key = matmul_key("nf4", "none", 1024, 1024)
+    with pytest.raises(ConfigError, match=r"breaks workgroup_x: workgroup x = SM\*SN\*SG = 1\*1\*32 = 32"):
+        range_choice(key, "nf4_matmul.sgmat.none", {**sg.BASE, "SM": 1, "SN": 1}, (1, 8), H200)
+    with pytest.raises(ConfigError, match=re.escape("BK='32' is a str; nf4_matmul.sgmat.none takes int values")):
+        range_choice(key, "nf4_matmul.sgmat.none", {**sg.BASE, "BK": "32"}, (1, 8), H200)
+    with pytest.raises(ConfigError, match=re.escape("takes no flags but .norm")):
+        MatmulTemplate.from_name("nf4_matmul.sgmat.none.f16s")
+    with pytest.raises(ConfigError, match="not a matmul kernel name"):
+        MatmulTemplate.from_name("nf4_matmul.sgmat.gelu")
+    with pytest.raises(ConfigError, match="does not compute"):
+        range_choice(key, "nf4_matmul.sgmat.residual", dict(sg.BASE), (1, 8), H200)
+
+
+@pytest.mark.parametrize(("fmt", "epilogue", "norm"), VARIANTS)
+def test_shader_bindings_are_the_executors_buffers_in_order(fmt, epilogue, norm):
+    """The executor binds buffers by `binding_names()`; the shader's declarations must be the same, in order."""
+    t = tpl(fmt, epilogue, norm)
+    src = t.source(t.default_config(), (346, 4608, 1024))
+    decl = re.findall(r"@binding\((\d+)\) var<[^>]*> (\w+):", src)
+    assert [int(i) for i, _ in decl] == list(range(len(decl)))
+    shader = {"dims": "dims", "x": "x", "norm_w": "norm_w", "w": "w0", "absmax": "am0", "w_up": "w1",
+              "absmax_up": "am1", "out": "out"}
+    assert [name for _, name in decl] == [shader[b] for b in t.binding_names()]
+    assert src.count("subgroupMatrixLoad<Left") == 4  # BK/k = 32/16 steps x FM = 2 fragments
+    assert "&x" not in src and "&out" not in src  # fragments only from/to workgroup memory
+
+
+def _device(features, limits):
+    return SimpleNamespace(enabled_features=frozenset(features), info=SimpleNamespace(limits=limits))
+
+
+def test_tune_model_offers_the_sgmat_kernel_only_with_subgroup_matrices():
+    from tilewise.model.tune import candidates, matmul_templates
+
+    dawn = _device({"shader-f16", "subgroups", sg.SUBGROUP_MATRIX}, H200)
+    kinds = [t.kind for t in matmul_templates(dawn, "nf4", "swiglu", [1, 8, 346], norm=True)]
+    assert kinds == ["tiled", "rows", "splitk", "sgmat"]
+    t = matmul_templates(dawn, "nf4", "swiglu", [1, 8, 346], norm=True)[-1]
+    cands = candidates(t, H200, 4, seed=0)
+    assert cands[0] == t.default_config() and len(cands) >= 10
+    assert all(t.space().is_legal(c, H200) for c in cands)
+    plain = _device({"shader-f16"}, get_profile("webgpu-default"))
+    assert "sgmat" not in [t.kind for t in matmul_templates(plain, "nf4", "swiglu", [1, 8])]
+    no_configs = _device({"shader-f16", "subgroups", sg.SUBGROUP_MATRIX},
+                         dataclasses.replace(H200, subgroup_matrix_configs=()))
+    assert "sgmat" not in [t.kind for t in matmul_templates(no_configs, "nf4", "none", [1])]
+
+
+def _emulated(host, shape, problem, drop_block=None):
+    """The kernel's arithmetic in float64: x * g and W rounded to f16 once, exact products and sums (f32
+    accumulation adds far less error than the f16 rounding), the norm's rsqrt from the unrounded x."""
+    _, n, k = shape
+    x = host["x"].astype(np.float64)
+    xs = x * host["norm_w"] if problem.norm else x
+    xh = xs.astype(np.float16).astype(np.float64)
+    sets = []
+    for suffix in ("", "_up")[: problem.sets]:
+        w = weight_values({"w": host["w" + suffix], "absmax": host.get("absmax" + suffix)}, problem.fmt, n, k)
+        wh = w.astype(np.float16).astype(np.float64)
+        if drop_block is not None:
+            wh[:, drop_block * 64:(drop_block + 1) * 64] = 0.0
+        y = xh @ wh.T
+        if problem.norm:
+            y = y / np.sqrt((x * x).mean(-1, keepdims=True) + problem.eps)
+        sets.append(y)
+    if problem.epilogue == "swiglu":
+        return sets[0] / (1 + np.exp(-sets[0])) * sets[1]
+    return sets[0] + host["residual"] if problem.epilogue == "residual" else sets[0]
+
+
+@pytest.mark.parametrize(("epilogue", "norm"), [("none", False), ("residual", False), ("swiglu", True)])
+def test_the_f16_tolerance_holds_f16_rounding_at_k_4608_and_catches_one_lost_block(epilogue, norm, rng):
+    problem = MatmulProblem("nf4", epilogue, norm)
+    shape = (64, 256, 4608)
+    host = problem.make_inputs(shape, rng)
+    ref = problem.reference(host, shape)
+    good = compare(_emulated(host, shape, problem).astype(np.float32), ref, "f16")
+    tol = TOLERANCES["f16"]
+    assert good.ok and good.rel_err < tol.rel_fro / 10, good.message  # an order of magnitude of headroom
+    lost = compare(_emulated(host, shape, problem, drop_block=17).astype(np.float32), ref, "f16")
+    assert not lost.ok, lost.message  # 64 of 4608 inputs dropped: ~12% error
