@@ -5,6 +5,10 @@
 #   OUT_DIR/pytest.txt       python3 -m pytest tests/dawn (device, compile and numerics tests on the real adapter)
 #   OUT_DIR/gemm_dawn.{json,txt}  bench/gemm_dawn.py (tuned gemm-f16 vs torch.matmul f16/f32 per shape)
 #   OUT_DIR/bench-{dawn,webgpu}.{txt,json}  with DECISION_PRESET=P: tilewise bench on both WebGPU runtimes
+#   OUT_DIR/sgmat-numerics.txt  tests/dawn/test_matmul_sgmat_*.py with -s (one line per case: config, shape, errors)
+#   OUT_DIR/tune-model.{txt,json}, bench-tuned.{txt,json}  with MODEL_TUNE=1: `tilewise tune model --device dawn
+#                            --preset lfm2-350m --seq 346 --budget 6` (FMA and subgroup-matrix matmuls compete; the
+#                            table lands in OUT_DIR/dispatch), then `tilewise bench --device dawn` on that table
 #   OUT_DIR/status.txt       one line per step: name, exit status (124: timed out), seconds
 # Each step runs under `timeout`, so one failure or hang does not stop the others.
 # Usage: bench/dawn_gpu.sh OUT_DIR [gemm_dawn.py options]
@@ -35,6 +39,16 @@ step env 60 "$OUT/env.txt" bash -c "nvidia-smi --query-gpu=name,driver_version -
 step devices 60 "$OUT/devices.log" "$PY" -m tilewise devices --json "$OUT/devices.json"
 step pytest 180 "$OUT/pytest.txt" "$PY" -m pytest -q -p no:cacheprovider -rs tests/dawn tests/unit/test_space_gemm_f16.py
 step gemm_dawn "${GEMM_DAWN_S:-300}" "$OUT/gemm_dawn.txt" "$PY" bench/gemm_dawn.py --out "$OUT/gemm_dawn.json" --skip-numerics "$@"
+step sgmat-numerics "${SGMAT_TEST_S:-420}" "$OUT/sgmat-numerics.txt" "$PY" -m pytest -q -s -p no:cacheprovider -rs \
+    tests/dawn/test_matmul_sgmat_compile.py tests/dawn/test_matmul_sgmat_numerics.py tests/unit/test_matmul_sgmat_space.py
+if [ "${MODEL_TUNE:-0}" = 1 ]; then  # the model's matmuls tuned on Dawn (subgroup matrices compete), then a decision
+    export TILEWISE_DISPATCH_DIR="$OUT/dispatch"  # the table this run writes is the one the bench loads
+    step tune-model "${MODEL_TUNE_S:-1500}" "$OUT/tune-model.txt" "$PY" -m tilewise --debug tune model --device dawn \
+        --preset lfm2-350m --seq 346 --budget 6 --json "$OUT/tune-model.json"
+    ls -l "$OUT/dispatch" >> "$OUT/tune-model.txt" 2>&1
+    step bench-tuned "${BENCH_TUNED_S:-300}" "$OUT/bench-tuned.txt" "$PY" -m tilewise --debug bench --device dawn \
+        --preset lfm2-350m --decisions 50 --json "$OUT/bench-tuned.json"
+fi
 if [ -n "${DECISION_PRESET:-}" ]; then  # the classifier's decision on both WebGPU runtimes (FMA kernels, default tables)
     for dev in dawn webgpu; do
         step "bench-$dev" 90 "$OUT/bench-$dev.txt" "$PY" -m tilewise bench --device "$dev" --preset "$DECISION_PRESET" \

@@ -1,0 +1,69 @@
+"""Every subgroup-matrix matmul shader compiles on Dawn (its Null backend compiles WGSL, subgroup matrices
+included): for each weight format x epilogue x norm, the seeds and a fixed sample of the configs legal on the
+H200 profile as shader modules, and a sample of those a Null device admits as whole pipelines."""
+
+from __future__ import annotations
+
+import pytest
+from dawn_support import null_device, with_every_fragment
+
+from tilewise.devices.profiles import get_profile
+from tilewise.kernels.gemm.sgmat import device_subgroup_size
+from tilewise.kernels.matmul.sgmat import PARAMS, SgmatMatmul
+
+pytestmark = pytest.mark.dawn
+
+VARIANTS = [(f, e, nm) for f in ("nf4", "f16", "f32") for e in ("none", "residual", "swiglu") for nm in (False, True)]
+SHAPE = (346, 4608, 1024)  # N and K are constants of the shader; M comes in a uniform
+
+
+@pytest.fixture(scope="module")
+def dev():
+    return null_device()
+
+
+@pytest.mark.parametrize(("fmt", "epilogue", "norm"), VARIANTS, ids=lambda v: str(v))
+def test_seeds_and_a_sample_legal_on_the_h200_compile(dev, fmt, epilogue, norm):
+    tpl = SgmatMatmul(fmt, epilogue, None, norm)
+    h200 = get_profile("h200-dawn")
+    space = tpl.space()
+    cfgs = [c for c in tpl.seed_configs(h200) if space.is_legal(c, h200)]
+    cfgs += [c for c in space.sample(60, seed=11, limits=h200) if c not in cfgs]
+    assert len(cfgs) >= 60
+    failed = []
+    for cfg in cfgs:
+        try:
+            dev._dev.create_shader_module(code=tpl.source(cfg, SHAPE))
+        except Exception as exc:
+            failed.append(f"{cfg.key()}: {str(exc).splitlines()[0] if str(exc) else exc!r}")
+    assert not failed, f"{len(failed)} of {len(cfgs)} failed, first: {failed[:3]}"
+
+
+@pytest.mark.parametrize(("fmt", "epilogue", "norm"), [("nf4", "swiglu", True), ("f16", "residual", False),
+                                                       ("nf4", "none", False)], ids=lambda v: str(v))
+def test_pipelines_the_null_device_admits_build(dev, fmt, epilogue, norm):
+    """Whole pipelines through the template (workgroup x size against Null's max subgroup size, its limits)."""
+    tpl = SgmatMatmul(fmt, epilogue, dev.enabled_features, norm)
+    limits = with_every_fragment(dev.info.limits, PARAMS["FRAG"])
+    sg = device_subgroup_size(limits)
+    legal = [c for c in tpl.space().sample(40, seed=3, limits=limits) if c["SG"] == sg]
+    assert legal
+    failed = []
+    for cfg in legal[:12]:
+        try:
+            tpl.compile(dev, cfg, SHAPE)
+        except Exception as exc:
+            failed.append(f"{cfg.key()}: {exc}")
+    assert not failed, f"{len(failed)} of {len(legal[:12])} failed, first: {failed[:3]}"
+
+
+def test_a_device_without_subgroup_matrices_is_refused_before_compiling():
+    from tilewise.errors import ShaderCompileError
+
+    class NoMatrices:
+        enabled_features = frozenset({"shader-f16"})
+        info = type("Info", (), {"name": "an adapter"})()
+
+    tpl = SgmatMatmul("nf4", "none")
+    with pytest.raises(ShaderCompileError, match="needs chromium-experimental-subgroup-matrix"):
+        tpl.compile(NoMatrices(), tpl.default_config(), SHAPE)

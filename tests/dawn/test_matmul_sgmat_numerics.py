@@ -1,0 +1,138 @@
+"""The subgroup-matrix matmul on a real Dawn adapter with subgroup matrices: every output of every weight format x
+epilogue x norm against the problem's float64 reference at M in {1, 7, 64, 346} and the model's (N, K), through the
+template's own upload and launches; the engine and `tilewise tune model` offering it; the whole classifier on it.
+Skips where no such adapter exists (Dawn's Null backend executes nothing). Each failure names the config, shape and
+error; `-s` prints one line per case."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from dawn_support import real_dawn_device
+
+from tilewise.kernels.matmul.sgmat import SgmatMatmul
+from tilewise.tune.verify import compare
+
+pytestmark = pytest.mark.dawn
+
+VARIANTS = [(f, e, nm) for f in ("nf4", "f16", "f32") for e in ("none", "residual", "swiglu") for nm in (False, True)]
+ROWS = (1, 7, 64, 346)
+NK = ((1024, 1024), (4608, 1024), (1024, 4608))
+
+
+@pytest.fixture(scope="module")
+def dev():
+    return real_dawn_device()
+
+
+def configs(tpl, dev):
+    """The default and three seeds (both W layouts, a 128-row tile, K step 64) legal on this adapter."""
+    seeds = tpl.seed_configs(dev.info.limits)
+    picked = [seeds[0], seeds[1], seeds[2], seeds[4]]
+    return list(dict.fromkeys(c for c in picked if tpl.space().is_legal(c, dev.info.limits)))
+
+
+def _rows(host, m, tpl):
+    """The first m rows of inputs made for more rows (weights shared: quantizing them is the slow part)."""
+    out = dict(host)
+    out["x"] = np.ascontiguousarray(host["x"][:m])
+    if tpl.epilogue == "residual":
+        out["residual"] = np.ascontiguousarray(host["residual"][:m])
+    return out
+
+
+@pytest.mark.parametrize(("fmt", "epilogue", "norm"), VARIANTS, ids=lambda v: str(v))
+def test_every_output_matches_float64(dev, fmt, epilogue, norm, rng):
+    tpl = SgmatMatmul(fmt, epilogue, dev.enabled_features, norm)
+    cfgs = configs(tpl, dev)
+    assert cfgs, f"no legal config on {dev.info.name}: {tpl.space().why_illegal(tpl.default_config(), dev.info.limits)}"
+    bad, worst = [], 0.0
+    for n, k in NK:
+        big = tpl.problem.make_inputs((max(ROWS), n, k), rng)
+        for m in ROWS:
+            shape = (m, n, k)
+            host = _rows(big, m, tpl)
+            ref = tpl.problem.reference(host, shape)
+            for cfg in cfgs:
+                try:
+                    prog = tpl.compile(dev, cfg, shape)
+                    bufs = tpl.upload(dev, host, shape)
+                    tpl.poison(dev, bufs, shape)
+                    dev.run(tpl.launches(prog, bufs, cfg, shape))
+                    check = compare(tpl.read_output(dev, bufs, shape), ref, tpl.dtype)
+                except Exception as exc:  # one broken config must not hide the others' results
+                    bad.append(f"{cfg.key()} at {shape}: {type(exc).__name__}: {exc}")
+                    continue
+                worst = max(worst, check.rel_err)
+                print(f"{tpl.name} {shape} [{cfg}] rel {check.rel_err:.2e} max_abs {check.max_abs_err:.2e} "
+                      f"{'ok' if check.ok else 'WRONG'}")
+                if not check.ok:
+                    bad.append(f"{cfg.key()} at {shape}: {check.message}")
+    print(f"{tpl.name}: worst relative error {worst:.2e} over {len(cfgs)} configs")
+    assert not bad, f"{len(bad)} wrong for {tpl.name}: {bad[:4]}"
+
+
+def test_the_engine_verifies_and_times_it(dev):
+    from tilewise.tune.engine import Engine, Item
+    from tilewise.tune.store import Store
+
+    tpl = SgmatMatmul("nf4", "swiglu", dev.enabled_features, True)
+    items = [Item(tpl, c, (346, 4608, 1024)) for c in configs(tpl, dev)]
+    outcomes = Engine(dev, Store()).evaluate(items)
+    assert [o.status for o in outcomes] == ["ok"] * len(items), [f"{o.status}: {o.reason}" for o in outcomes]
+    assert all(o.median_ms > 0 for o in outcomes)
+
+
+def test_tune_model_offers_and_verifies_the_sgmat_kernel(dev, tmp_path, capsys):
+    from tilewise.cli import main
+
+    out = tmp_path / "tune.json"
+    rc = main(["tune", "model", "--device", "dawn", "--preset", "tiny", "--rows", "1,8", "--budget", "3",
+               "--json", str(out)])
+    assert rc == 0
+    summary = json.loads(out.read_text())
+    table = json.loads(Path(summary["table"]).read_text())
+    print(json.dumps(summary["shapes"], indent=1)[:4000])
+    for shape, record in table["measured"].items():
+        assert any(c.startswith("kind=sgmat,") for c in record["candidates"]), (shape, record["failures"])
+        sgmat_fails = {c: why for c, why in record["failures"].items() if c.startswith("kind=sgmat,")}
+        assert not sgmat_fails, (shape, sgmat_fails)
+
+
+def test_the_classifier_runs_on_sgmat_matmuls(dev, rng):
+    """Every matmul of the tiny model through the sgmat kernel (a table naming it for all rows), against the
+    float64 reference: f16 inputs, so held to 1e-2 relative error of the hidden state, not float32's 2e-5."""
+    import warnings
+
+    import tilewise
+    from tilewise.model import reference
+    from tilewise.model.dispatch import matmul_key
+    from tilewise.model.tune import model_matmuls
+    from tilewise.model.webgpu import WebGPUExecutor
+    from tilewise.tune.dispatch import DispatchTable, Entry
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no tuned table for this device: expected
+        model = tilewise.load("tiny", device="dawn", weights="nf4", seed=3)
+    table = DispatchTable(dev.info.fingerprint)
+    for e, n, k, nm in model_matmuls(model.config).values():
+        tpl = SgmatMatmul("nf4", e, dev.enabled_features, nm)
+        cfg = configs(tpl, dev)[0]
+        table.put(matmul_key("nf4", e, n, k, nm),
+                  Entry([{"m_min": 1, "m_max": None, "kernel": tpl.name, "config": dict(cfg)}]), tpl)
+    ex = WebGPUExecutor(model.checkpoint, device=dev, dispatch=table)
+    ck = model.checkpoint
+    dequant = {name: ck.float32(name) for name in ck.names()}
+    for n in (1, 97):
+        ids = np.asarray(rng.integers(0, model.config.vocab_size, n))
+        plan, _ = ex.plan(ids, 0, None, True)
+        names = {ln.program.name.split("[")[0] for ln in plan.launches}
+        assert {"nf4_matmul.sgmat.swiglu.norm", "nf4_matmul.sgmat.residual"} <= names, names
+        hidden, _ = ex.forward(ids, 0, None, True)
+        ref, _ = reference.forward(model.config, dequant, ids)
+        rel = float(np.linalg.norm(hidden - ref[-1]) / np.linalg.norm(ref[-1]))
+        print(f"classifier on sgmat matmuls, {n} tokens: hidden state relative error {rel:.2e}")
+        assert rel < 1e-2
