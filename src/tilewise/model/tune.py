@@ -2,7 +2,8 @@
 write the dispatch table the WebGPU executor loads.
 
 For each (epilogue, N, K) of the model (conv in/out projections, q/k/v and out projections, paired gate/up with
-SwiGLU, down with the residual) the candidates of the three kernels (short-row, tiled, split-K) are items of the
+SwiGLU, down with the residual) the candidates of the three FMA kernels (short-row, tiled, split-K), and on Dawn
+with subgroup matrices the subgroup-matrix kernel (`kernels/matmul/sgmat.py`, f16 tolerance), are items of the
 evaluation engine at every row count (1..512 plus the decision's lengths): each is verified once against the
 float64 reference (every output value, NaN-poisoned outputs), every candidate of one row count is timed in the
 same interleaved rounds, and every outcome is stored (an interrupted run resumes from the store). The tuner's
