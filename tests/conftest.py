@@ -33,8 +33,10 @@ def webgpu_device():
     from tilewise.devices import get_device
     from tilewise.errors import DeviceUnavailable
 
+    # TILEWISE_TEST_WEBGPU_RUNTIME=dawn runs the WebGPU tests on Dawn (scripts/run test does, on a Mesa it accepts)
+    name = "dawn" if os.environ.get("TILEWISE_TEST_WEBGPU_RUNTIME") == "dawn" else "webgpu"
     try:
-        return get_device("webgpu")
+        return get_device(name)
     except DeviceUnavailable as exc:
         if os.environ.get("TILEWISE_REQUIRE_WEBGPU") == "1":
             pytest.fail(f"WebGPU adapter required but unavailable: {exc}")
