@@ -81,13 +81,13 @@ def _native_stderr_to_notes() -> Iterator[None]:
     refused = [ln.strip() for ln in text.splitlines() if ln.startswith("Warning:")]
     notes = _state.setdefault("notes", [])
     for line in refused:
-        note = f"Dawn refused an adapter: {line.removeprefix('Warning:').strip()}"
+        note = f"Dawn said while listing adapters: {line.removeprefix('Warning:').strip()}"
         if note not in notes:
             notes.append(note)
 
 
 def notes() -> list[str]:
-    """What Dawn said while listing adapters (adapters it refused, and why)."""
+    """What Dawn said while listing adapters (an adapter it refused and why, limits it lowered)."""
     return list(_state.get("notes", []))
 
 
