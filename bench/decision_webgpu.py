@@ -1,5 +1,8 @@
 """Decision latency of the NF4 LFM2 classifier on WebGPU (tilewise) vs HF transformers on the same GPU, one run.
 
+`--device dawn` runs tilewise on Dawn (its tuning then lets the subgroup-matrix matmuls compete); `--agreement N`
+adds N real game prompts scored by tilewise and by HF in float64 (all 8 scores, the chosen action).
+
 For each preset (lfm2-350m and seed-250m shapes, seeded random weights) and weight format (nf4, f16):
 - first `tilewise tune model` for the preset on this GPU (both matmul kernels across rows 1..512, attention
   tile), written to `--out`/dispatch, and a second table in which the f16-arithmetic tiled and split-K variants
@@ -66,7 +69,7 @@ def tune_section(cfg: Any, args: argparse.Namespace, f16_arith: bool) -> dict[st
 
     t = time.perf_counter()
     rows = [int(r) for r in args.tune_rows.split(",")] if args.tune_rows else None
-    table = tune_model(tilewise.get_device("webgpu"), cfg, args.seq, "nf4", rows=rows, n_cand=args.tune_candidates,
+    table = tune_model(tilewise.get_device(args.device), cfg, args.seq, "nf4", rows=rows, n_cand=args.tune_candidates,
                        f16_arith=f16_arith, log=lambda m: log("  " + m))
     TABLES[(cfg.name, f16_arith)] = table
     return {"tuned": Path(table.source).name, "seconds": time.perf_counter() - t, "f16_arith": f16_arith,
@@ -85,7 +88,7 @@ def tilewise_section(ck: Any, cpu_ck: Any, args: argparse.Namespace, dispatch: A
     t = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ex = WebGPUExecutor(ck, device="webgpu", dispatch=dispatch)
+        ex = WebGPUExecutor(ck, device=args.device, dispatch=dispatch)
     head = ck.float32("score.weight") if ck.has_head else None
     model = Model(ck, ex, head)
     load_s = time.perf_counter() - t
@@ -160,7 +163,7 @@ def alternate_section(ck: Any, f32: Any, cfg: Any, args: argparse.Namespace, dis
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ex = WebGPUExecutor(ck, device="webgpu", dispatch=dispatch)
+        ex = WebGPUExecutor(ck, device=args.device, dispatch=dispatch)
     model = Model(ck, ex, ck.float32("score.weight"))
     _, full = prompts(cfg.vocab_size, args.seq, args.decisions + 3, PREFIX_TOKENS)
     hf = hf_decider(f32, cfg, args, False, full)
@@ -187,6 +190,75 @@ def alternate_section(ck: Any, f32: Any, cfg: Any, args: argparse.Namespace, dis
             "ratio_of_p50": lat["hf"]["p50"] / lat["tilewise"]["p50"], "median_pair_ratio": float(np.median(ratios)),
             "verdict": vs_hf.verdict, "ratio_text": vs_hf.times(),
             "pairs_tilewise_faster": int(sum(r > 1 for r in ratios)), "variant": "nf4 f16-arith"}
+
+
+def game_prompts(count: int, vocab: int, seed: int = 0) -> list[np.ndarray]:
+    """Token ids of `count` distinct boards from seeded games (the expert plays, with a random move now and then so
+    that boards differ from the expert's own), in the shipped tokenizer."""
+    from tilewise.game.engine import Game
+    from tilewise.game.expert import Expert
+    from tilewise.game.prompt import render_prompt
+    from tilewise.game.tokenizer import encode_prompt, load_tokenizer
+
+    tok, expert, rng = load_tokenizer(), Expert(), np.random.default_rng(seed)
+    seen: set[bytes] = set()
+    out: list[np.ndarray] = []
+    game_seed = seed
+    while len(out) < count:
+        game = Game(game_seed)
+        game_seed += 1
+        for _ in range(400):
+            if game.game_over or len(out) >= count:
+                break
+            ids = np.asarray(encode_prompt(tok, render_prompt(game)), dtype=np.int64)
+            if ids.tobytes() not in seen and int(ids.max()) < vocab:
+                seen.add(ids.tobytes())
+                out.append(ids)
+            action = int(rng.integers(6)) if rng.random() < 0.1 else expert.act(game)
+            game.step(action)
+    return out
+
+
+def agreement_section(ck: Any, cfg: Any, args: argparse.Namespace, dispatch: Any) -> dict[str, Any]:
+    """tilewise's 8 scores against HF `Lfm2Model` in float64 on the GPU, same (dequantized) weights, over real game
+    prompts: the largest score difference and how often the chosen action (argmax of the 6 actions) agrees."""
+    import torch
+    import transformers
+
+    from tilewise.model.runtime import Model
+    from tilewise.model.webgpu import WebGPUExecutor
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ex = WebGPUExecutor(ck, device=args.device, dispatch=dispatch)
+    model = Model(ck, ex, ck.float32("score.weight"))
+    hc = transformers.Lfm2Config(**cfg.to_hf_dict())
+    where = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU only for small presets (a test)
+    with torch.device(where):
+        ref = transformers.Lfm2Model(hc).to(torch.float64).eval()
+    ref.load_state_dict({k: torch.from_numpy(ck.float32(k).astype(np.float64)) for k in ck.names()
+                         if k != "score.weight"}, strict=True)
+    head = torch.from_numpy(ck.float32("score.weight").astype(np.float64)).to(where)
+    ids = game_prompts(args.agreement, cfg.vocab_size)
+    diffs, agree, margins = [], 0, []
+    for i, x in enumerate(ids):
+        mine = np.asarray(model.scores(model.prefill(x)), dtype=np.float64)
+        with torch.inference_mode():
+            h = ref(input_ids=torch.from_numpy(x)[None].to(where), use_cache=False).last_hidden_state
+            want = (h[0, -1] @ head.T).cpu().numpy()
+        diffs.append(float(np.max(np.abs(mine - want))))
+        top = np.sort(want[:6])
+        margins.append(float(top[-1] - top[-2]))
+        agree += int(np.argmax(mine[:6]) == np.argmax(want[:6]))
+        if i % 50 == 0:
+            log(f"  prompt {i}: {len(x)} tokens, max |diff| {diffs[-1]:.2e}")
+    out = {"prompts": len(ids), "tokens_median": int(np.median([len(x) for x in ids])),
+           "max_abs_score_diff": float(np.max(diffs)), "median_abs_score_diff": float(np.median(diffs)),
+           "same_action": agree, "same_action_share": agree / len(ids),
+           "reference_top2_margin_median": float(np.median(margins)), "reference": f"HF Lfm2Model float64 ({where})",
+           "device": args.device}
+    log(f"  agreement: {agree}/{len(ids)} same action, max |score diff| {out['max_abs_score_diff']:.2e}")
+    return out
 
 
 def run_section(results: list[dict[str, Any]], name: str, fn: Any, *a: Any, need_s: float = 30.0,
@@ -235,6 +307,11 @@ def main() -> int:
     ap.add_argument("--alternate", action="store_true",
                     help="also time tilewise (nf4, f16-arith table) and HF eager deciding in turn")
     ap.add_argument("--tune-rows", default=None, help="row counts to tune at, e.g. 1,64,346 (default 1..512)")
+    ap.add_argument("--device", default="webgpu", help="webgpu (wgpu-native), dawn, or an indexed name")
+    ap.add_argument("--agreement", type=int, default=0, metavar="N",
+                    help="also score N real game prompts with tilewise (nf4, the last table) and with HF in float64 "
+                         "on the GPU (the same dequantized weights): max |score difference| over all 8 scores and "
+                         "the share of prompts whose chosen action agrees")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -248,7 +325,7 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     import tilewise
 
-    dev = tilewise.get_device("webgpu")
+    dev = tilewise.get_device(args.device)
     info = dev.info
     log(f"WebGPU adapter: {info.name} ({info.api}, {info.adapter_type}), driver {info.driver}")
     from tilewise.devices.cpu import thread_setup
@@ -312,6 +389,10 @@ def main() -> int:
                 run_section(results, f"hf-compile {name}", hf_section, f32, cfg, args, True, need_s=120,
                             budget_s=args.budget_s)
             table16 = TABLES.get((name, True))
+            if args.agreement > 0:
+                table = table16 if table16 is not None else TABLES.get((name, False))
+                run_section(results, f"agreement {name}", agreement_section, f32.converted("nf4"), cfg, args, table,
+                            need_s=60, budget_s=args.budget_s)
             if args.alternate and table16 is not None and "nf4" in args.weights.split(","):
                 run_section(results, f"alternate {name}", alternate_section, f32.converted("nf4"), f32, cfg, args,
                             table16, need_s=30, budget_s=args.budget_s)
@@ -350,7 +431,7 @@ def summary(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
                              + " |" * 9)
                 continue
             p50 = r["latency_ms_p50"]
-            impl = f"tilewise webgpu {r['weights']} {r.get('variant', '')}".strip() if key.startswith(
+            impl = f"tilewise {args.device} {r['weights']} {r.get('variant', '')}".strip() if key.startswith(
                 "tilewise") else r["impl"].replace(
                 "HF transformers Lfm2Model ", "HF ")
 
@@ -372,6 +453,12 @@ def summary(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
               "of the two medians overlap; `noisy`: the samples scatter too much to rank. HF runs bf16 of the "
               "unquantized weights; tilewise runs the stated format.", ""]
     for r in results:
+        if r.get("section", "").startswith("agreement") and "prompts" in r:
+            lines.append(f"- {r['section']} ({r['device']}, against {r['reference']}): the same action on "
+                         f"{r['same_action']} of {r['prompts']} game prompts ({100 * r['same_action_share']:.1f}%), "
+                         f"max |score difference| {r['max_abs_score_diff']:.2e} over all 8 scores (median "
+                         f"{r['median_abs_score_diff']:.2e}; the reference's median top-2 margin "
+                         f"{r['reference_top2_margin_median']:.2e})")
         if r.get("section", "").startswith("tune") and ("error" in r or "skipped" in r):
             lines.append(f"- {r['section']}: {r.get('error') or r.get('skipped')}")
         if "cutoffs" in r:
