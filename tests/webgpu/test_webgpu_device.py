@@ -89,7 +89,7 @@ def test_wgsl_syntax_error_names_the_line(webgpu_device):
 
 
 def test_missing_entry_point_is_a_clear_error(webgpu_device):
-    with pytest.raises(ShaderCompileError, match="(?i)entry point"):
+    with pytest.raises(ShaderCompileError, match=r"(?i)entry point"):
         webgpu_device.compile(VADD, entry="nope")
 
 
