@@ -9,6 +9,10 @@
 #   OUT_DIR/tune-model.{txt,json}, bench-tuned.{txt,json}  with MODEL_TUNE=1: `tilewise tune model --device dawn
 #                            --preset lfm2-350m --seq 346 --budget 6` (FMA and subgroup-matrix matmuls compete; the
 #                            table lands in OUT_DIR/dispatch), then `tilewise bench --device dawn` on that table
+#   OUT_DIR/decision/{results.json,summary.md}, decision.txt  with DECISION=1: bench/decision_webgpu.py --device dawn
+#                            (tune, decision p50/p90/p99, HF eager and torch.compile, deciding in turn, AGREEMENT=200
+#                            game prompts against HF float64)
+#   SKIP="pytest gemm_dawn"  leaves those steps out (a short call for one part)
 #   OUT_DIR/status.txt       one line per step: name, exit status (124: timed out), seconds
 # Each step runs under `timeout`, so one failure or hang does not stop the others.
 # Usage: bench/dawn_gpu.sh OUT_DIR [gemm_dawn.py options]
@@ -26,9 +30,10 @@ export PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
 : > "$OUT/status.txt"
 
-step() {  # step NAME SECONDS LOGFILE CMD...
+step() {  # step NAME SECONDS LOGFILE CMD...   (a NAME listed in $SKIP is skipped)
     local name=$1 limit=$2 log=$3
     shift 3
+    case " ${SKIP:-} " in *" $name "*) echo "$name skipped" | tee -a "$OUT/status.txt"; return 0;; esac
     local t0=$SECONDS
     timeout "$limit" "$@" > "$log" 2>&1
     local rc=$?
@@ -54,5 +59,10 @@ if [ -n "${DECISION_PRESET:-}" ]; then  # the classifier's decision on both WebG
         step "bench-$dev" 90 "$OUT/bench-$dev.txt" "$PY" -m tilewise bench --device "$dev" --preset "$DECISION_PRESET" \
             --decisions 40 --no-reference --json "$OUT/bench-$dev.json"
     done
+fi
+if [ "${DECISION:-0}" = 1 ]; then  # the decision on Dawn, tuned, against HF eager/torch.compile and float64 agreement
+    step decision "${DECISION_S:-590}" "$OUT/decision.txt" "$PY" bench/decision_webgpu.py --out "$OUT/decision" \
+        --device dawn --presets "${DECISION_PRESETS:-lfm2-350m}" --weights nf4 --agreement "${AGREEMENT:-200}" \
+        --alternate --submit-first "" --budget-s "${DECISION_BUDGET_S:-560}"
 fi
 cat "$OUT/status.txt"
