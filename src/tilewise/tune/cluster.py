@@ -20,6 +20,7 @@ live worker left the run stops with `DeviceLost`, storing nothing for the unfini
 
 from __future__ import annotations
 
+import contextlib
 import copyreg
 import dataclasses
 import hashlib
@@ -39,7 +40,7 @@ RAY_FIX = "pip install 'tilewise[ray]' (in a clone: bash scripts/run extras ray)
 
 
 def _reduce_config(c: Config) -> tuple[Any, ...]:
-    return Config, (c._items, c._fmt)  # noqa: SLF001  (a Config's state is its pairs and its display format)
+    return Config, (c._items, c._fmt)  # a Config's state: its pairs, its format
 
 
 copyreg.pickle(Config, _reduce_config)  # items travel to workers; the default reduction cannot rebuild a Config
@@ -179,10 +180,8 @@ class Cluster:
     def close(self) -> None:
         """Stop every worker; shut a local cluster down (what the driver stored stays stored)."""
         for w in self.workers:
-            try:
+            with contextlib.suppress(Exception):  # an actor already gone needs no stopping
                 self.ray.kill(w.actor)
-            except Exception:  # an actor already gone needs no stopping
-                pass
         self.workers = []
         if self.owned and self.ray.is_initialized():
             self.ray.shutdown()
@@ -261,10 +260,8 @@ class RayEngine(Engine):
                 self._say(f"measured {len(chunk)} on {w.name}", total, advance=False)
         except BaseException:
             for ref in running:  # Ctrl-C or an error: stop the work under way; what was stored stays stored
-                try:
+                with contextlib.suppress(Exception):
                     ray.cancel(ref)
-                except Exception:
-                    pass
             raise
         return [out[i] for i in range(len(items))]
 
@@ -301,10 +298,8 @@ class RayEngine(Engine):
 
     def _lose(self, w: Worker, exc: BaseException) -> None:
         w.alive = False
-        try:
+        with contextlib.suppress(Exception):  # already gone
             self.cluster.ray.kill(w.actor)
-        except Exception:  # already gone
-            pass
 
 
 class _Foreign(Exception):
