@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from tilewise.cli import common
-from tilewise.cli.ray_opts import add_ray, check_ray, group_line, start_cluster
+from tilewise.cli.ray_opts import add_ray
 from tilewise.errors import ConfigError
 
 
@@ -62,7 +62,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ConfigError(f"sweep needs an M,N,K kernel; {args.kernel} has {','.join(first.shape_names)}",
                           "sweep gemm, or tune this family at one shape with `tilewise tune`")
     first.problem.check_shape((ms[-1], args.n, args.k))
-    check_ray(args)
+    if args.ray or args.workers:
+        from tilewise.tune.cluster import check_ray
+
+        check_ray(args)
     if args.ray:
         return _sweep_ray(args, ms, have, first.prefer_runtime)
     choice = resolve(args.device, have, job=f"sweeping {args.kernel}", prefer=first.prefer_runtime)
@@ -73,6 +76,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def _sweep_ray(args: argparse.Namespace, ms: list[int], have: list[str], prefer: str | None) -> int:
     """One sweep per device fingerprint of the cluster (each its own table: `--out` takes one fingerprint)."""
     from tilewise.kernels.registry import get_template
+    from tilewise.tune.cluster import group_line, start_cluster
     from tilewise.tune.store import Store
     from tilewise.tune.sweep import SWEEP_MEASURE
 

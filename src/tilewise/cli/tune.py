@@ -17,7 +17,7 @@ import argparse
 from typing import Any
 
 from tilewise.cli import common
-from tilewise.cli.ray_opts import add_ray, check_ray, group_line, start_cluster
+from tilewise.cli.ray_opts import add_ray
 from tilewise.errors import ConfigError
 
 MAX_ROUNDS = 10_000
@@ -190,7 +190,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from tilewise.tune.search import Budget
 
     budget = Budget(args.budget, args.budget_s)
-    check_ray(args)
+    if args.ray or args.workers:
+        from tilewise.tune.cluster import check_ray
+
+        check_ray(args)
     if args.ray:
         return _run_tune_ray(args, shape, budget, console, tpl.prefer_runtime)
     choice = resolve(args.device, backends(args.kernel), job=f"tuning {args.kernel}", prefer=tpl.prefer_runtime)
@@ -220,6 +223,7 @@ def _run_tune_ray(args: argparse.Namespace, shape: tuple[int, ...], budget: Any,
                   prefer: str | None) -> int:
     """One tuning run per device fingerprint of the cluster, each on its own workers and into its own table."""
     from tilewise.kernels.registry import backends, get_template
+    from tilewise.tune.cluster import group_line, start_cluster
     from tilewise.tune.store import Store
 
     store = Store(args.store)

@@ -27,15 +27,16 @@ import hashlib
 import os
 import socket
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tilewise.devices.base import DeviceInfo
-from tilewise.errors import DeviceLost, DeviceUnavailable
+from tilewise.errors import ConfigError, DeviceLost, DeviceUnavailable
 from tilewise.kernels.space import Config
 from tilewise.tune.engine import Engine, Item, Outcome, Race
 
+LOCAL = "local"  # --ray with no address: start a cluster in this process (`ray.init()`)
 RAY_FIX = "pip install 'tilewise[ray]' (in a clone: bash scripts/run extras ray)"
 
 
@@ -306,4 +307,47 @@ class _Foreign(Exception):
     """A worker answered for another device than the table's."""
 
 
-__all__ = ["RAY_FIX", "Cluster", "DeviceWorker", "RayEngine", "RemoteDevice", "Worker", "import_ray"]
+def check_ray(args: Any) -> None:
+    """Refuse --workers without --ray, and a missing Ray, before any work."""
+    if getattr(args, "workers", None) and not getattr(args, "ray", None):
+        raise ConfigError("--workers applies only with --ray", "add --ray (a local cluster) or drop --workers")
+    if getattr(args, "ray", None):
+        import_ray()
+
+
+def start_cluster(args: Any, backends: Sequence[str], job: str, prefer: str | None = None) -> Any:
+    """A `Cluster` with its workers started on `args.device` (close it when done, also on Ctrl-C)."""
+    cluster = Cluster(None if args.ray == LOCAL else args.ray)
+    try:
+        cluster.start(args.device, backends, job, prefer, args.workers)
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster
+
+
+def group_line(fingerprint: str, workers: Sequence[Any]) -> str:
+    names = ", ".join(w.name for w in workers[:3]) + (f" and {len(workers) - 3} more" if len(workers) > 3 else "")
+    return f"ray: {len(workers)} worker{'s' * (len(workers) != 1)} on {workers[0].info.name} [{fingerprint}]: {names}"
+
+
+def each_device(args: Any, backends: Sequence[str], job: str, prefer: str | None,
+                run: Callable[[RemoteDevice, str, Callable[..., Engine]], Any]) -> list[Any]:
+    """Start the cluster of `args.ray`, call `run(device, line, make_engine)` once per device fingerprint (its
+    workers' device, a line naming them, and `make_engine(dev, store, **engine_kw)` building engines on them),
+    and close the cluster, also on Ctrl-C or an error."""
+    cluster = start_cluster(args, backends, job, prefer)
+    out = []
+    try:
+        for fp, workers in cluster.groups().items():
+            def make(_dev: Any, store: Any = None, fp: str = fp, **kw: Any) -> Engine:
+                return cluster.engine(fp, store, **kw)
+            out.append(run(RemoteDevice(workers[0].info, workers[0].enabled_features), group_line(fp, workers),
+                           make))
+    finally:
+        cluster.close()
+    return out
+
+
+__all__ = ["LOCAL", "RAY_FIX", "Cluster", "DeviceWorker", "RayEngine", "RemoteDevice", "Worker", "check_ray",
+           "each_device", "group_line", "import_ray", "start_cluster"]
