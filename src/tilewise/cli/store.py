@@ -24,7 +24,6 @@ STORE_EPILOG = """examples:
 
 REPORT_EPILOG = """examples:
   tilewise report --kernel gemm --top 3   fastest 3 configs per gemm shape
-  tilewise report --json - --wide         JSON on stdout, the report on stderr
   tilewise report --portable --out d.json one table good on every device"""
 
 
