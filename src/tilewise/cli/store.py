@@ -24,7 +24,7 @@ STORE_EPILOG = """examples:
 
 REPORT_EPILOG = """examples:
   tilewise report --kernel gemm --top 3   fastest 3 configs per gemm shape
-  tilewise report --json - --wide         JSON on stdout, the report on stderr"""
+  tilewise report --portable --out d.json one table good on every device"""
 
 
 def register(sub: Any) -> None:
@@ -51,7 +51,14 @@ def register(sub: Any) -> None:
     p.add_argument("--top", type=common.positive, default=5, metavar="N",
                    help="best configs shown per (device, kernel, shape)")
     p.add_argument("--wide", action="store_true",
-                   help="full fingerprints and config keys (lines may pass 80 columns)")
+                   help="full fingerprints, config keys and who measured each row (lines may pass 80 columns)")
+    p.add_argument("--portable", action="store_true",
+                   help="per shape and row range, the config with the best worst-case ratio to each device's "
+                        "own best, over every device the store holds")
+    p.add_argument("--tolerance", type=common.float_in(0.0, 1.0), default=0.03,
+                   help="with --portable: accepted worst-case slowdown over the best portable choice")
+    p.add_argument("--out", metavar="FILE", type=lambda t: common.output_file(t, "--out"),
+                   help="with --portable: write the dispatch table (marked portable)")
     common.add_json(p, "the report (every field of the configs shown)")
     p.set_defaults(func=cmd_report)
 
@@ -95,6 +102,10 @@ def cmd_store(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from tilewise.tune.store import Store
 
+    if (args.out or args.tolerance != 0.03) and not args.portable:
+        raise ConfigError("--out and --tolerance apply to `tilewise report --portable`", "add --portable")
+    if args.portable:
+        return _portable(args)
     shape = args.shape.replace(",", "x").replace(" ", "") if args.shape else None
     with Store(args.store, readonly=True) as store:
         data = report_data(store, args.device_fingerprint, args.kernel, shape, args.top)
@@ -103,6 +114,45 @@ def cmd_report(args: argparse.Namespace) -> int:
     for line in report_lines(data, args.wide):
         out.print(line, markup=False)
     return 0
+
+
+def _portable(args: argparse.Namespace) -> int:
+    import json
+
+    from tilewise.tune.portable import portable_choice, portable_table
+    from tilewise.tune.store import Store
+
+    if args.shape:
+        raise ConfigError("--portable takes every row count of a kernel's shapes, not one --shape", "drop --shape")
+    with Store(args.store, readonly=True) as store:
+        fps = [args.device_fingerprint] if args.device_fingerprint else None
+        choice = portable_choice(store.query(kernel=args.kernel, status="ok"), fps, args.tolerance)
+    common.emit_json(args.json, choice, note=lambda text: print(text, file=sys.stderr))
+    out = common.console(args, soft_wrap=True, highlight=False)
+    for line in portable_lines(choice, args.wide):
+        out.print(line, markup=False)
+    if args.out:
+        common.write_atomic(args.out, json.dumps(portable_table(choice), indent=1))
+        out.print(f"wrote {args.out} (a portable table)", markup=False)
+    return 0
+
+
+def portable_lines(choice: dict[str, Any], wide: bool = False) -> list[str]:
+    """Devices as d1, d2, ...; per kernel and sizes, each range's config and its ratio on every device."""
+    fit = (lambda s: s) if wide else (lambda s: _fit(s, WIDTH))
+    tags = {fp: f"d{i + 1}" for i, fp in enumerate(choice["devices"])}
+    lines = [f"portable choice over {len(tags)} device{'s' * (len(tags) != 1)} (ratio = time / that device's "
+             "own best):"]
+    lines += [fit(f"  {t}: {fp if wide else short_fingerprint(fp, WIDTH - 6)}") for fp, t in tags.items()]
+    for g in choice["groups"]:
+        lines += ["", fit(f"{g['kernel']} sizes {g['sizes'] or '-'} (rows {g['measured_m'][0]}.."
+                          f"{g['measured_m'][-1]})")]
+        for r in g["ranges"]:
+            ratios = " ".join(f"{tags[fp]} {x:.2f}" for fp, x in r["ratio"].items())
+            rows = f"{r['m_min']}..{r['m_max']}" if r["m_max"] else f"{r['m_min']}+"
+            lines.append(fit(f"  M {rows}: worst {r['worst_ratio']:.2f} ({ratios})"))
+            lines.append(fit(f"    {r['config_key']}"))
+    return lines
 
 
 def report_data(store: Any, fingerprint: str | None, kernel: str | None, shape: str | None,
@@ -162,17 +212,20 @@ def report_lines(data: dict[str, Any], wide: bool = False) -> list[str]:
             lines.append("    no timed ok results")
             continue
         lines += [fit(s) for s in config_lines([r["median_ms"] for r in g["best"]], [r["config"] for r in g["best"]],
-                                               wide)]
+                                               wide, [r.get("worker") for r in g["best"]])]
     return lines
 
 
-def config_lines(medians_ms: list[float], keys: list[str], wide: bool = False) -> list[str]:
-    """`median_ms` and the config: full keys when `wide` or the names differ between rows, else one header of
-    names over aligned values."""
+def config_lines(medians_ms: list[float], keys: list[str], wide: bool = False,
+                 workers: list[str | None] | None = None) -> list[str]:
+    """`median_ms` and the config: full keys when `wide` (with the cluster worker that measured each, where one
+    did) or the names differ between rows, else one header of names over aligned values."""
     pairs = [[tuple(p.split("=", 1)) if "=" in p else (p, "") for p in k.split(",") if p] for k in keys]
     names = [tuple(n for n, _ in p) for p in pairs]
     if wide or len(set(names)) != 1 or not names[0]:
-        return ["    median_ms  config", *(f"    {m:>9.4f}  {k}" for m, k in zip(medians_ms, keys))]
+        by = workers if wide and workers and any(workers) else [None] * len(keys)
+        return ["    median_ms  config", *(f"    {m:>9.4f}  {k}" + (f"  (by {w})" if w else "")
+                                          for m, k, w in zip(medians_ms, keys, by))]
     widths = [max(len(n), *(len(p[i][1]) for p in pairs)) for i, n in enumerate(names[0])]
     head = "    median_ms  " + " ".join(n.rjust(w) for n, w in zip(names[0], widths))
     return [head, *(f"    {m:>9.4f}  " + " ".join(v.rjust(w) for (_, v), w in zip(p, widths))

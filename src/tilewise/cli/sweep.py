@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from tilewise.cli import common
+from tilewise.cli.ray_opts import add_ray
 from tilewise.errors import ConfigError
 
 
@@ -38,19 +39,14 @@ def register(sub: Any) -> None:
     p.add_argument("--store", metavar="PATH", help="results store (default: the user cache dir)")
     p.add_argument("--force", action="store_true", help="re-measure what the store already holds")
     p.add_argument("--seed", type=common.seed, default=0, help="random seed (inputs, order, bootstrap)")
+    add_ray(p)
     p.set_defaults(func=cmd_sweep)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from tilewise.devices import resolve
     from tilewise.kernels.registry import backends, get_template
-    from tilewise.tune.dispatch import dispatch_table
-    from tilewise.tune.plot import plot_sweep
-    from tilewise.tune.report import sweep_table
-    from tilewise.tune.store import Store
-    from tilewise.tune.sweep import parse_m_values, sweep, sweep_candidates, sweep_json
+    from tilewise.tune.sweep import parse_m_values
 
     if args.out is not None and args.out == args.json:
         raise ConfigError(f"--out and --json both name {args.out}", "give the dispatch table and the JSON report "
@@ -66,21 +62,62 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ConfigError(f"sweep needs an M,N,K kernel; {args.kernel} has {','.join(first.shape_names)}",
                           "sweep gemm, or tune this family at one shape with `tilewise tune`")
     first.problem.check_shape((ms[-1], args.n, args.k))
+    if args.ray or args.workers:
+        from tilewise.tune.cluster import check_ray
+
+        check_ray(args)
+    if args.ray:
+        return _sweep_ray(args, ms, have, first.prefer_runtime)
     choice = resolve(args.device, have, job=f"sweeping {args.kernel}", prefer=first.prefer_runtime)
     tpl = get_template(args.kernel, choice.device.info.backend)
-    device = choice.device
+    return _sweep_on(args, ms, tpl, choice.device, choice.line())
+
+
+def _sweep_ray(args: argparse.Namespace, ms: list[int], have: list[str], prefer: str | None) -> int:
+    """One sweep per device fingerprint of the cluster (each its own table: `--out` takes one fingerprint)."""
+    from tilewise.kernels.registry import get_template
+    from tilewise.tune.cluster import group_line, start_cluster
+    from tilewise.tune.store import Store
+    from tilewise.tune.sweep import SWEEP_MEASURE
+
+    cluster = start_cluster(args, have, f"sweeping {args.kernel}", prefer)
+    try:
+        groups = cluster.groups()
+        if len(groups) > 1 and (args.out or args.json):
+            raise ConfigError(f"the cluster has {len(groups)} kinds of device; --out and --json take one",
+                              "run once per kind (--device picks it), or sweep without --out and use "
+                              "`tilewise report --portable --out FILE` for one table good on all")
+        for fp, workers in groups.items():
+            tpl = get_template(args.kernel, workers[0].info.backend)
+            eng = cluster.engine(fp, Store(args.store), force=args.force, seed=args.seed, measure_kw=SWEEP_MEASURE)
+            _sweep_on(args, ms, tpl, eng.device, group_line(fp, workers), eng)
+    finally:
+        cluster.close()
+    return 0
+
+
+def _sweep_on(args: argparse.Namespace, ms: list[int], tpl: Any, device: Any, line: str, engine: Any = None) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from tilewise.tune.dispatch import dispatch_table
+    from tilewise.tune.plot import plot_sweep
+    from tilewise.tune.report import sweep_table
+    from tilewise.tune.store import Store
+    from tilewise.tune.sweep import sweep, sweep_candidates, sweep_json
+
     configs = sweep_candidates(tpl, device.info.limits, args.configs, args.space)
     if not configs:
         raise ConfigError(f"no config of space {args.space or tpl.default_space()} is legal on {device.info.name}",
                           f"see `tilewise tune {args.kernel} --dry-run` for the reasons")
-    store = Store(args.store)
+    store = engine.store if engine is not None else Store(args.store)
     console = common.console(args, soft_wrap=True)
-    console.print(choice.line(), markup=False, highlight=False)
+    console.print(line, markup=False, highlight=False)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as bar:
         task = bar.add_task("sweep", total=len(ms))
         result = sweep(tpl, device, ms, args.n, args.k, configs, store=store, force=args.force, seed=args.seed,
-                       progress=lambda i, n, m: bar.update(task, completed=i, description=f"M={m}"))
+                       progress=lambda i, n, m: bar.update(task, completed=i, total=n, description=f"M={m}"),
+                       engine=engine)
     table = dispatch_table(result, args.tolerance)
     ranges = next(iter(table["entries"].values()))["ranges"]
     tbl, legend = sweep_table(result, ranges, wide=args.wide)

@@ -17,6 +17,7 @@ import argparse
 from typing import Any
 
 from tilewise.cli import common
+from tilewise.cli.ray_opts import add_ray
 from tilewise.errors import ConfigError
 
 MAX_ROUNDS = 10_000
@@ -45,6 +46,7 @@ def register(sub: Any) -> None:
     shared.add_argument("--store", metavar="PATH", help="results store (default: the user cache dir)")
     common.add_json(shared, "the result (--dry-run: the legal and illegal configs)")
     shared.add_argument("--seed", type=common.seed, default=0, help="random seed (inputs, search order, bootstrap)")
+    add_ray(shared)
     from tilewise.devices.profiles import PROFILES
 
     for name in kernels():
@@ -101,6 +103,7 @@ def register(sub: Any) -> None:
     m.add_argument("--store", metavar="PATH", help="results store (default: the user cache dir)")
     m.add_argument("--seed", type=common.seed, default=0, help="random seed (inputs, sampled configs)")
     common.add_json(m, "a summary (table path, partial or not, best times per shape)")
+    add_ray(m)
     m.set_defaults(func=cmd_tune_model)
 
 
@@ -187,6 +190,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from tilewise.tune.search import Budget
 
     budget = Budget(args.budget, args.budget_s)
+    if args.ray or args.workers:
+        from tilewise.tune.cluster import check_ray
+
+        check_ray(args)
+    if args.ray:
+        return _run_tune_ray(args, shape, budget, console, tpl.prefer_runtime)
     choice = resolve(args.device, backends(args.kernel), job=f"tuning {args.kernel}", prefer=tpl.prefer_runtime)
     console.print(choice.line(), markup=False, highlight=False)
     tpl = get_template(args.kernel, choice.device.info.backend)
@@ -210,15 +219,37 @@ def _show_source(tpl: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_tune_ray(args: argparse.Namespace, shape: tuple[int, ...], budget: Any, console: Any,
+                  prefer: str | None) -> int:
+    """One tuning run per device fingerprint of the cluster, each on its own workers and into its own table."""
+    from tilewise.kernels.registry import backends, get_template
+    from tilewise.tune.cluster import group_line, start_cluster
+    from tilewise.tune.store import Store
+
+    store = Store(args.store)
+    cluster = start_cluster(args, backends(args.kernel), f"tuning {args.kernel}", prefer)
+    try:
+        for fp, workers in cluster.groups().items():
+            console.print(group_line(fp, workers), markup=False, highlight=False)
+            tpl = get_template(args.kernel, workers[0].info.backend)
+            space = tpl.named_space(args.space)
+            mkw = {"min_rounds": args.rounds, "max_rounds": args.rounds} if args.rounds else None
+            eng = cluster.engine(fp, store, force=args.force, seed=args.seed, measure_kw=mkw)
+            _run_tune(tpl, eng.device, space, shape, budget, args, console, engine=eng)
+    finally:
+        cluster.close()
+    return 0
+
+
 def _run_tune(tpl: Any, device: Any, space: Any, shape: tuple[int, ...], budget: Any, args: argparse.Namespace,
-              console: Any) -> int:
+              console: Any, engine: Any = None) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from tilewise.tune.report import failure_lines, table_notes, tune_summary, tune_table
     from tilewise.tune.store import Store
     from tilewise.tune.tuner import tune
 
-    store = Store(args.store)
+    store = engine.store if engine is not None else Store(args.store)
     # a large grid's legal count is not worth enumerating just for a progress bar: leave the total open
     total = budget.count or (space.size if space.points is not None else None)
     mkw = {"min_rounds": args.rounds, "max_rounds": args.rounds} if args.rounds else None
@@ -229,8 +260,12 @@ def _run_tune(tpl: Any, device: Any, space: Any, shape: tuple[int, ...], budget:
         def progress(stage: str, done: int, _total: int | None) -> None:
             bar.update(task, completed=min(done, total) if total else done, description=stage[:40])
 
+        if engine is not None:
+            engine.progress = progress
+
         result = tune(tpl, device, shape, space=args.space, strategy=args.strategy, budget=budget, store=store,
-                      force=args.force, seed=args.seed, measure_kw=mkw, progress=progress, peer=not args.no_peer)
+                      force=args.force, seed=args.seed, measure_kw=mkw, progress=progress, peer=not args.no_peer,
+                      engine=engine)
     console.print(tune_table(result, args.top, args.wide))
     for line in table_notes(result, args.top) + failure_lines(result) + tune_summary(result):
         console.print(line, markup=False, highlight=False)

@@ -228,7 +228,7 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
                 eps: float = 1e-5, configs: Callable[[Any], list[Any]] | None = None,
                 keep_times: bool = False, seq: int | None = None, store: Store | None = None,
                 force: bool = False, budget: int | None = None, run: Run | None = None,
-                what: str = "matmul") -> tuple[Entry, dict[str, Any]]:
+                what: str = "matmul", make_engine: Callable[..., Engine] = Engine) -> tuple[Entry, dict[str, Any]]:
     """Measure the matmul kernels across `rows` (one engine, one evaluation per row count, largest first);
     returns (the dispatch entry, the record).
 
@@ -237,14 +237,19 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
     when given, replaces `candidates` (a template it gives nothing is skipped); `budget` caps the candidates per
     kernel; `keep_times` adds every candidate's median per row count (`times_ms`). Results are stored in `store`
     (resumed from it unless `force`); `run` reports progress and raises `OutOfTime` past its deadline.
+    `make_engine(dev, store, force=, seed=, measure_kw=)` builds the engine (a cluster's runs several row counts
+    at once).
     """
-    eng = Engine(dev, store, force=force, seed=seed, measure_kw=TUNE_MEASURE)
+    eng = make_engine(dev, store, force=force, seed=seed, measure_kw=TUNE_MEASURE)
     cands = matmul_candidates(dev, fmt, epilogue, rows, n_cand, seed, hand_picked, f16_arith, norm, eps, seq,
                               budget, configs)
     run = run or Run()
     outcomes = []
-    for m in sorted(rows, reverse=True):  # programs and checks are shared across row counts (M is a uniform)
-        outcomes += run.evaluate(eng, [Item(t, c, (m, n, k)) for t, c in cands], f"{what} M={m}")
+    order = sorted(rows, reverse=True)  # programs and checks are shared across row counts (M is a uniform)
+    steps = [order] if getattr(eng, "width", 1) > 1 else [[m] for m in order]
+    for step in steps:
+        outcomes += run.evaluate(eng, [Item(t, c, (m, n, k)) for m in step for t, c in cands],
+                                 f"{what} M={step[0]}" + (f"..{step[-1]}" if len(step) > 1 else ""))
     times: dict[tuple[str, Config], dict[int, float]] = {}
     failures: dict[str, str] = {}
     tags: dict[tuple[str, Config], str] = {}
@@ -272,12 +277,13 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
 
 def tune_attention(dev: Any, cfg: Any, seq: int, seed: int, store: Store | None = None,
                    force: bool = False, budget: int | None = None, run: Run | None = None,
-                   what: str = "attention") -> tuple[dict[str, Any], float]:
+                   what: str = "attention",
+                   make_engine: Callable[..., Engine] = Engine) -> tuple[dict[str, Any], float]:
     """The fastest verified attention tile at the decision length (at most `budget` tiles, the default first):
     (config values, median ms)."""
     t = attn_k.AttentionTemplate()
     shape = (seq, 0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
-    eng = Engine(dev, store, force=force, seed=seed, measure_kw=ATTENTION_MEASURE)
+    eng = make_engine(dev, store, force=force, seed=seed, measure_kw=ATTENTION_MEASURE)
     outcomes = (run or Run()).evaluate(eng, [Item(t, c, shape) for c in attention_candidates(dev, budget)], what)
     ok = [oc for oc in outcomes if oc.status == "ok" and oc.stats is not None]
     if not ok:
@@ -315,7 +321,7 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
                seed: int = 0, force: bool = False, hand_picked: bool = True, f16_arith: bool = False,
                path: Any = None, log: Any = print, store: Store | None = None, budget: int | None = None,
                budget_s: float | None = None, progress: Callable[[str, int, int], None] | None = None,
-               ) -> DispatchTable:
+               make_engine: Callable[..., Engine] = Engine) -> DispatchTable:
     """Tune every matmul shape and the attention tile of a model config on a device; returns the table.
 
     Args:
@@ -335,6 +341,7 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
         budget: most candidates per kernel (None: the default, the hand-picked ones and `n_cand` random ones).
         budget_s: seconds overall; once passed no new candidate starts (the shape under way is cut).
         progress: callback(text, candidates started, candidates in all), before every candidate.
+        make_engine: builds each engine (`Engine`; a cluster's for `--ray`, with `dev` its workers' device).
 
     Returns:
         The table, saved at `path` after every shape. Until every shape is in it, the file says `partial` (with
@@ -384,7 +391,7 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
             what = f"matmul {i + 1}/{len(shapes)} ({fmt} {label} {n}x{k}, rows {rows[0]}..{rows[-1]})"
             entry, record = tune_matmul(dev, fmt, epilogue, n, k, rows, n_cand, seed, log, hand_picked=hand_picked,
                                         f16_arith=f16_arith, norm=norm, eps=cfg.norm_eps, seq=seq, store=store,
-                                        force=force, budget=budget, run=run, what=what)
+                                        force=force, budget=budget, run=run, what=what, make_engine=make_engine)
             table.put(key, entry, mm.MatmulTemplate())
             table.measured[f"{label} {n}x{k}"] = record
             left.remove(label)
@@ -392,7 +399,7 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
         if tune_attn:
             _save_partial(table, path, left, "running")
             attn_cfg, attn_ms = tune_attention(dev, cfg, seq, seed, store=store, force=force, budget=budget, run=run,
-                                               what=f"attention ({akey}, {seq} rows)")
+                                               what=f"attention ({akey}, {seq} rows)", make_engine=make_engine)
             attn = attn_k.AttentionTemplate()
             table.put(akey, Entry(make_ranges([Range(1, seq, attn.config_of(attn_cfg))], attn.name, open_end=True)),
                       attn)
@@ -431,8 +438,6 @@ def _log_shape(log: Any, label: str, epilogue: str, n: int, k: int, seq: int, en
 def run(args: argparse.Namespace, emit_json: Callable[..., None] | None = None) -> int:
     """`tilewise tune model [--preset default] [--seq 346] [--device auto] [--budget N] [--budget-s S] ...`;
     `emit_json(target, summary, note)` writes the `--json` summary (the CLI's convention)."""
-    from rich.console import Console
-
     from tilewise.devices import resolve
 
     name = getattr(args, "preset", None) or "default"
@@ -443,14 +448,31 @@ def run(args: argparse.Namespace, emit_json: Callable[..., None] | None = None) 
     if seq < 2:
         raise ConfigError(f"--seq {seq} is too short for a decision", "use e.g. --seq 346")
     cfg = model_config(name)  # a bad preset fails before any device is opened
-    choice = resolve(str(getattr(args, "device", None) or "auto"), ("webgpu",), job="tuning the classifier's kernels")
+    job = "tuning the classifier's kernels"
+    if getattr(args, "ray", None):  # one table per device fingerprint of the cluster
+        from tilewise.tune.cluster import check_ray, each_device
+
+        check_ray(args)
+        args.device = str(getattr(args, "device", None) or "auto")
+        each_device(args, ("webgpu",), job, None,
+                    lambda dev, line, make: _run_one(args, cfg, name, seq, fmt, dev, line, make, emit_json))
+        return 0
+    choice = resolve(str(getattr(args, "device", None) or "auto"), ("webgpu",), job=job)
+    return _run_one(args, cfg, name, seq, fmt, choice.device, choice.line(), Engine, emit_json)
+
+
+def _run_one(args: argparse.Namespace, cfg: Any, name: str, seq: int, fmt: str, device: Any, line: str,
+             make_engine: Callable[..., Engine], emit_json: Callable[..., None] | None) -> int:
+    """Tune the model on one device (a cluster's: `make_engine` then builds engines on its workers)."""
+    from rich.console import Console
+
     console = Console(stderr=getattr(args, "json", None) == "-", soft_wrap=True)  # `--json -` owns stdout
     t0 = time.perf_counter()
 
     def log(msg: str) -> None:
         console.print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", markup=False, highlight=False)
 
-    log(choice.line())
+    log(line)
     kw = {"rows": getattr(args, "rows", None), "seed": int(getattr(args, "seed", 0) or 0),
           "force": bool(getattr(args, "force", False)), "hand_picked": getattr(args, "hand_picked", True),
           "store": Store(getattr(args, "store", None)), "budget": getattr(args, "budget", None),
@@ -465,7 +487,7 @@ def run(args: argparse.Namespace, emit_json: Callable[..., None] | None = None) 
             def show(text: str, done: int, total: int) -> None:
                 bar.update(task, completed=done, total=total, description=text[:72])
 
-            table = tune_model(choice.device, cfg, seq, fmt, log=log, progress=show, **kw)
+            table = tune_model(device, cfg, seq, fmt, log=log, progress=show, make_engine=make_engine, **kw)
     else:
         last = {"t": -1e9, "what": ""}
 
@@ -476,12 +498,12 @@ def run(args: argparse.Namespace, emit_json: Callable[..., None] | None = None) 
                 log(f"{text} ({done}/{total} in all)")
                 last.update(t=time.perf_counter(), what=what)
 
-        table = tune_model(choice.device, cfg, seq, fmt, log=log, progress=show, **kw)
+        table = tune_model(device, cfg, seq, fmt, log=log, progress=show, make_engine=make_engine, **kw)
     if table.partial:
         log(f"partial: {', '.join(table.partial['left'])} not measured ({table.partial['why']}); run the same "
             "command again to finish (what was measured is reused)")
     log("`tilewise.load(..., device='webgpu')` uses it on this device")
-    summary = {"model": name, "device": choice.device.info.fingerprint, "table": table.source, "seq": seq,
+    summary = {"model": name, "device": device.info.fingerprint, "table": table.source, "seq": seq,
                "weights": fmt, "partial": table.partial, "entries": sorted(table.entries),
                "shapes": {k: {kk: v[kk] for kk in ("best_ms", "best", "failures") if kk in v}
                           for k, v in table.measured.items()}, "seconds": round(time.perf_counter() - t0, 1)}

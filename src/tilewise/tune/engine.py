@@ -81,6 +81,8 @@ class Outcome:
     tie_group: int | None = None
     #: 100 * peer median / this median, when this outcome ran in the same race as the peer
     pct_of_peer: float | None = None
+    #: the cluster worker that measured it (None: this process)
+    worker: str | None = None
 
     @property
     def config(self) -> Config:
@@ -182,9 +184,17 @@ class Engine:
             timed: False verifies without timing (ok outcomes carry no stats; `race` times them later).
             total: the count progress reports against (default: len(items)).
         """
+        total = len(items) if total is None else total
+        out, todo = self._triage(items, total)
+        for chunk in self._chunks(todo, batch):
+            for i, oc in zip((i for i, _ in chunk), self._run_chunk([it for _, it in chunk], timed, total)):
+                out[i] = oc
+        return [out[i] for i in range(len(items))]
+
+    def _triage(self, items: Sequence[Item], total: int) -> tuple[dict[int, Outcome], list[tuple[int, Item]]]:
+        """(outcomes known without running: illegal ones, stored, by index; the (index, item)s left to run)."""
         out: dict[int, Outcome] = {}
         todo: list[tuple[int, Item]] = []
-        total = len(items) if total is None else total
         for i, it in enumerate(items):
             why = it.kernel.why_illegal(it.config, self.device.info.limits, it.shape)
             if why:
@@ -196,6 +206,11 @@ class Engine:
                 self._say("stored", total)
                 continue
             todo.append((i, it))
+        return out, todo
+
+    @staticmethod
+    def _chunks(todo: list[tuple[int, Item]], batch: int | None) -> list[list[tuple[int, Item]]]:
+        """Batches of `batch` in order, or (None) one per shape, largest shape first."""
         if batch is None:
             groups: dict[Shape, list[tuple[int, Item]]] = {}
             for pair in todo:
@@ -203,10 +218,7 @@ class Engine:
             chunks = [groups[s] for s in sorted(groups, key=lambda s: -int(np.prod(s, dtype=np.int64)))]
         else:
             chunks = [todo[j:j + batch] for j in range(0, len(todo), max(1, batch))]
-        for chunk in chunks:
-            for i, oc in zip((i for i, _ in chunk), self._run_chunk([it for _, it in chunk], timed, total)):
-                out[i] = oc
-        return [out[i] for i in range(len(items))]
+        return chunks
 
     def illegal(self, item: Item, reasons: Sequence[str]) -> Outcome:
         """Store an item a caller found illegal under its own space's rules (never compiled)."""
@@ -289,6 +301,13 @@ class Engine:
         when `peer` (then every item must have the same shape). An item listed twice is timed twice (it must tie
         with itself). The new stats replace the stored ones, and any of `outcomes` whose item raced gets them too
         (its `cached` flag cleared, `pct_of_peer` set)."""
+        result = self.race_stats(items, peer=peer, measure_kw=measure_kw)
+        self.apply_race(items, result, outcomes)
+        return result
+
+    def race_stats(self, items: Sequence[Item], *, peer: bool = False,
+                   measure_kw: dict[str, Any] | None = None) -> Race:
+        """The measurement of `race`, storing nothing."""
         mkw = check_measure_kw({**self.measure_kw, **(measure_kw or {})})
         launches: dict[Any, list[Launch]] = {i: self.launches(it) for i, it in enumerate(items)}
         result = Race([])
@@ -311,6 +330,11 @@ class Engine:
         result.rounds = m.rounds
         result.peer = m.stats.get(peer_key)
         result.stats = [m.stats[i] for i in range(len(items))]
+        return result
+
+    def apply_race(self, items: Sequence[Item], result: Race, outcomes: Sequence[Outcome] = (),
+                   worker: str | None = None) -> None:
+        """Give the raced `outcomes` their new stats and store them (measured by `worker`)."""
         first_stats = {}
         for it, st in zip(items, result.stats):
             first_stats.setdefault(it, st)
@@ -318,11 +342,10 @@ class Engine:
             st = first_stats.get(oc.item)
             if st is None:
                 continue
-            oc.stats, oc.gflops, oc.cached = st, self._gflops(oc.item, st), False
+            oc.stats, oc.gflops, oc.cached, oc.worker = st, self._gflops(oc.item, st), False, worker
             if result.peer is not None:
                 oc.pct_of_peer = 100.0 * result.peer.median_ms / st.median_ms
             self._record(oc)
-        return result
 
     def peer_program(self, kernel: KernelTemplate) -> Program | None:
         """The kernel's peer (asked once; a refusal such as cuBLAS with TF32 on raises here, before any work)."""
@@ -454,7 +477,7 @@ class Engine:
                 self.fingerprint, it.kernel.name, self.source_hash(it), shape_key(it.shape), it.config.key(),
                 oc.status, oc.reason, s.median_ms if s else None, s.p20_ms if s else None, s.p80_ms if s else None,
                 s.ci95_ms[0] if s else None, s.ci95_ms[1] if s else None, s.n if s else None, oc.rel_err,
-                oc.max_abs_err, oc.gflops, oc.tile_waste))
+                oc.max_abs_err, oc.gflops, oc.tile_waste, worker=oc.worker))
         return oc
 
     def _stored(self, item: Item) -> Outcome | None:
@@ -477,7 +500,7 @@ class Engine:
         where = _VERIFIED_AT.match(old.message or "")
         vshape = tuple(int(s) for s in where.group(1).split("x")) if where else None
         return Outcome(item, old.status, old.message, stats, old.gflops, old.rel_err, old.max_abs_err, old.tile_waste,
-                       cached=True, verified_shape=vshape)
+                       cached=True, verified_shape=vshape, worker=old.worker)
 
     def _say(self, stage: str, total: int | None, advance: bool = True) -> None:
         """Report a stage with the count of items started before it; `advance` counts this item as started."""

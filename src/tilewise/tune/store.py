@@ -68,6 +68,8 @@ class Result:
     tile_waste: float | None = None
     version: str = ""
     created: float = 0.0
+    #: who measured it when a cluster did (`host/device`); None for a local run and for stores older than the field
+    worker: str | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -79,7 +81,9 @@ class Result:
 
 
 COLUMNS = tuple(f.name for f in fields(Result))
-_SQL_TYPES = {"str": "TEXT", "float | None": "REAL", "int | None": "INTEGER", "float": "REAL"}
+_SQL_TYPES = {"str": "TEXT", "float | None": "REAL", "int | None": "INTEGER", "float": "REAL", "str | None": "TEXT"}
+#: columns added after the first schema: (name, SQL type); old stores gain them on their first writable open
+ADDED_COLUMNS = (("worker", "TEXT"),)
 _INSERT = f"INTO results ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 _TABLES = ("meta", "results")
 
@@ -213,6 +217,10 @@ class Store:
                        "PRIMARY KEY (fingerprint, kernel, source_hash, shape, config))")
             db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
             db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            have = {r[1] for r in db.execute("PRAGMA table_info(results)")}
+            for name, sql_type in ADDED_COLUMNS:  # nullable: every old row reads as None
+                if name not in have:
+                    db.execute(f"ALTER TABLE results ADD COLUMN {name} {sql_type}")
         except BaseException:
             db.execute("ROLLBACK")
             raise

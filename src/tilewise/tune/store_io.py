@@ -136,6 +136,7 @@ def check_row(row: Any, where: str) -> Result:
     """One export row as a `Result`, or a `ConfigError` naming `where`, the field, its value and the fix."""
     if not isinstance(row, dict):
         raise ConfigError(f"{where} is {_kind(row)}, not an object of fields", _FIX_ROW)
+    row = {"worker": None, **row}  # exports from before the worker field lack it
     missing = [c for c in COLUMNS if c not in row]
     if missing:
         raise ConfigError(f"{where} lacks the field{'s' * (len(missing) > 1)} {', '.join(missing)}", _FIX_ROW)
@@ -152,6 +153,8 @@ def check_row(row: Any, where: str) -> Result:
     for name in ("message", "version"):
         if not isinstance(row[name], str):
             raise bad(name, "a string")
+    if row["worker"] is not None and (not isinstance(row["worker"], str) or not row["worker"].strip()):
+        raise bad("worker", "null or a non-empty string (who measured the row)")
     if not isinstance(row["shape"], str) or not _SHAPE.fullmatch(row["shape"]):
         raise bad("shape", "sizes joined by x, e.g. \"64x64x64\"")
     config = row["config"]

@@ -83,7 +83,7 @@ class SweepResult:
 def sweep(template: KernelTemplate, device: Device, ms: Sequence[int], n: int, k: int, configs: Sequence[Config],
           *, store: Store | None = None, force: bool = False, seed: int = 0,
           measure_kw: Mapping[str, Any] | None = None,
-          progress: Callable[[int, int, int], None] | None = None) -> SweepResult:
+          progress: Callable[[int, int, int], None] | None = None, engine: Engine | None = None) -> SweepResult:
     """Verify and time every config at every M (interleaved per M), storing each result.
 
     Args:
@@ -97,6 +97,8 @@ def sweep(template: KernelTemplate, device: Device, ms: Sequence[int], n: int, k
         seed: inputs and bootstrap.
         measure_kw: extra arguments for `measure`.
         progress: callback(index of M, number of Ms, M).
+        engine: the engine to run on instead of a new one (a cluster's `RayEngine`: then every M is handed over
+            at once, so its workers time different Ms side by side; its store and settings apply).
 
     Returns:
         A `SweepResult`.
@@ -104,12 +106,14 @@ def sweep(template: KernelTemplate, device: Device, ms: Sequence[int], n: int, k
     if not configs:
         raise ConfigError("no candidate configs to sweep", "pick a space with legal configs for this device")
     ms = list(ms)
-    eng = Engine(device, store, force=force, seed=seed, measure_kw={**SWEEP_MEASURE, **(measure_kw or {})})
+    eng = engine or Engine(device, store, force=force, seed=seed, measure_kw={**SWEEP_MEASURE, **(measure_kw or {})})
     res = SweepResult(template.name, device.info.fingerprint, n, k, ms, list(configs), template=template)
-    for idx, m in enumerate(ms):
+    steps = [ms] if getattr(eng, "width", 1) > 1 else [[m] for m in ms]
+    for idx, step in enumerate(steps):
         if progress:
-            progress(idx, len(ms), m)
-        for oc in eng.evaluate([Item(template, c, (m, n, k)) for c in configs], batch=None):
+            progress(idx, len(steps), step[0])
+        for oc in eng.evaluate([Item(template, c, (m, n, k)) for m in step for c in configs], batch=None):
+            m = oc.shape[0]
             res.waste.setdefault(oc.config, {})[m] = template.tile_waste(oc.config, (m, n, k))
             if oc.status == "ok" and oc.stats is not None:
                 res.stats.setdefault(oc.config, {})[m] = oc.stats

@@ -152,7 +152,8 @@ def tune(template: KernelTemplate, device: Device, shape: Shape, *, space: str =
         peer: race the template's peer (`peer_program`, e.g. cuBLAS) with the final race's candidates and
             report each raced config's percentage of it; ignored for templates without a peer. A peer race
             runs even when nothing new was measured (a resume), since a percentage needs one measurement.
-        engine: an engine to share programs and inputs with (its store, force, seed and timeout then apply).
+        engine: an engine to share programs and inputs with (its store, force, seed and timeout then apply), e.g.
+            a cluster's `RayEngine`.
 
     Returns:
         A `TuneResult`.
@@ -186,10 +187,11 @@ def tune(template: KernelTemplate, device: Device, shape: Shape, *, space: str =
     result.rows += [eng.illegal(item(c), why) for c, why in illegal]
     pending: list[Item] = []
     taken = 0
+    step = batch * getattr(eng, "width", 1)  # a cluster's engine runs `width` batches at once
     for cfg in cand_iter:
         taken += 1
         pending.append(item(cfg))
-        if len(pending) >= batch:
+        if len(pending) >= step:
             result.rows += eng.evaluate(pending, batch=batch, total=budget.count)
             pending = []
     if pending:
