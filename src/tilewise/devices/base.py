@@ -139,15 +139,23 @@ def _slug(text: str) -> str:
 
 
 class Buffer:
-    """A device allocation of `nbytes` bytes. `handle` is the backend's object."""
+    """A device allocation of `nbytes` bytes. `handle` is the backend's object.
 
-    __slots__ = ("device", "handle", "nbytes", "uniform")
+    A buffer may also be a window into a larger allocation (`offset` bytes in, bound as `bind_nbytes` bytes): the
+    verifier's guarded outputs, with canary words before and after them (`tune/verify.py`). Reads and writes address
+    the window; only backends with `Device.supports_windows` make them.
+    """
 
-    def __init__(self, device: Device, handle: Any, nbytes: int, uniform: bool = False) -> None:
+    __slots__ = ("bind_nbytes", "device", "handle", "nbytes", "offset", "uniform")
+
+    def __init__(self, device: Device, handle: Any, nbytes: int, uniform: bool = False, offset: int = 0,
+                 bind_nbytes: int | None = None) -> None:
         self.device = device
         self.handle = handle
         self.nbytes = nbytes
         self.uniform = uniform
+        self.offset = offset
+        self.bind_nbytes = nbytes if bind_nbytes is None else bind_nbytes
 
     def __repr__(self) -> str:
         return f"Buffer({self.nbytes} bytes{' uniform' if self.uniform else ''} on {self.device.info.backend})"
@@ -196,6 +204,11 @@ class Device(ABC):
     #: how `time` measures: "gpu-timestamp" (device clock per launch) or "wall-clock" (host clock
     #: around a blocking completion of each launch)
     timer: str = "wall-clock"
+    #: buffers may be windows into larger allocations (`Buffer.offset`), which guarded verification needs
+    supports_windows: bool = False
+    #: memory accesses are not bounds-checked (Dawn with `disable_robustness`): every verification then runs with
+    #: canary words around each output, so a write out of bounds fails the config instead of corrupting others
+    unchecked: bool = False
 
     @abstractmethod
     def allocate(self, nbytes: int, *, uniform: bool = False) -> Buffer:

@@ -162,6 +162,7 @@ class DawnDevice(WebGPUDevice):
     def __init__(self, index: int | None = None, *, disable_robustness: bool = False) -> None:
         super().__init__(index, runtime(disable_robustness))
         self.disable_robustness = disable_robustness
+        self.unchecked = disable_robustness  # verification then guards every output with canaries
         self.toggles: tuple[str, ...] = tuple(_state["extras"].get_toggles(self._dev))
         # what was asked for and what Dawn did, for `tilewise devices --json` and bug reports
         self.info.extra["device_toggles"] = list(self.toggles)

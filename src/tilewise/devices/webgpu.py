@@ -209,6 +209,8 @@ class WebGPUDevice(Device):
     `record_ahead = False` turns it off (for comparisons).
     """
 
+    supports_windows = True
+
     submit_first_launches: int = 16
     record_ahead: bool = True
 
@@ -258,7 +260,7 @@ class WebGPUDevice(Device):
             raw = np.concatenate([raw, np.zeros(4 - raw.nbytes % 4, np.uint8)])
         if offset_bytes + raw.nbytes > buffer.nbytes:
             raise ValueError(f"write of {raw.nbytes} bytes at {offset_bytes} overflows a {buffer.nbytes}-byte buffer")
-        self._dev.queue.write_buffer(buffer.handle, offset_bytes, raw)
+        self._dev.queue.write_buffer(buffer.handle, buffer.offset + offset_bytes, raw)
 
     @staticmethod
     def _read_bytes(buffer: Buffer, dtype: Any, shape: Sequence[int] | None, offset_bytes: int = 0) -> int:
@@ -279,7 +281,7 @@ class WebGPUDevice(Device):
                  offset_bytes: int = 0) -> np.ndarray:
         nbytes = self._read_bytes(buffer, dtype, shape, offset_bytes)
         try:
-            mem = self._dev.queue.read_buffer(buffer.handle, offset_bytes, nbytes)
+            mem = self._dev.queue.read_buffer(buffer.handle, buffer.offset + offset_bytes, nbytes)
         except Exception as exc:
             raise self._wrap(exc, "reading a buffer back") from exc
         return self._as_array(mem, dtype, shape)
@@ -321,12 +323,12 @@ class WebGPUDevice(Device):
         return bg
 
     def _bind_group_by_key(self, launch: Launch) -> Any:
-        key = (id(launch.program.handle), tuple(id(b.handle) for b in launch.buffers))
+        key = (id(launch.program.handle), tuple((id(b.handle), b.offset, b.bind_nbytes) for b in launch.buffers))
         hit = self._bind_cache.get(key)
         # the entry holds the pipeline and buffers alive, so their ids cannot be reused by new objects while cached
         bg = hit[0] if hit is not None else None
         if bg is None:
-            entries = [{"binding": i, "resource": {"buffer": b.handle, "offset": 0, "size": b.nbytes}}
+            entries = [{"binding": i, "resource": {"buffer": b.handle, "offset": b.offset, "size": b.bind_nbytes}}
                        for i, b in enumerate(launch.buffers)]
             try:
                 bg = self._dev.create_bind_group(layout=launch.program.handle.get_bind_group_layout(0), entries=entries)
@@ -379,7 +381,7 @@ class WebGPUDevice(Device):
     def _encode_read_back(self, launches: Sequence[Launch], buffer: Buffer, staging: Any, nbytes: int) -> Any:
         """One finished command buffer: the launches' pass, then the copy of `buffer` into `staging`."""
         encoder = self._encode_pass(launches)
-        encoder.copy_buffer_to_buffer(buffer.handle, 0, staging, 0, nbytes)
+        encoder.copy_buffer_to_buffer(buffer.handle, buffer.offset, staging, 0, nbytes)
         return encoder.finish()
 
     def run_and_download(self, launches: Sequence[Launch], buffer: Buffer, dtype: Any = np.float32,

@@ -4,16 +4,22 @@
 - The output buffer is filled with NaN before the run, so an element no invocation writes fails the check.
 - Errors: relative Frobenius error ||out - ref|| / ||ref|| and max abs error, against tolerances per dtype.
   Every value counts; a correct argmax proves nothing (seed 001's sideways matrices).
+- Guard regions: on a device that does not bounds-check memory (`Device.unchecked`, Dawn without robustness), and
+  wherever `TILEWISE_GUARD_OUTPUTS=1` asks for it, each output (and each scratch buffer the template names in
+  `scratch_buffers`) is bound as a window of a larger buffer with random canary words before and after it. The
+  words after it sit inside the binding, so even a bounds-checked device catches a kernel that writes past the end
+  of its output; a changed canary makes the config `wrong` ("wrote out of bounds").
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from tilewise.devices.base import Device, Program
+from tilewise.devices.base import Buffer, Device, Program
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
 from tilewise.kernels.space import Config
 
@@ -88,6 +94,38 @@ def compare(out: np.ndarray, ref: np.ndarray, dtype: str = "f32") -> Check:
     return Check(ok, rel, max_abs, 0, msg)
 
 
+GUARD_BYTES = 256  # canary bytes on each side: WebGPU aligns storage-binding offsets to 256 bytes
+
+
+class Guard:
+    """A buffer of `nbytes` bound as a window of a larger allocation, with random canary words around it."""
+
+    def __init__(self, device: Device, nbytes: int, rng: np.random.Generator) -> None:
+        self.device, self.nbytes = device, (int(nbytes) + 3) // 4 * 4
+        self.base = device.allocate(2 * GUARD_BYTES + self.nbytes)
+        self.head = rng.integers(0, 2**32, GUARD_BYTES // 4, dtype=np.uint32)
+        self.tail = rng.integers(0, 2**32, GUARD_BYTES // 4, dtype=np.uint32)
+        self.window = Buffer(device, self.base.handle, self.nbytes, offset=GUARD_BYTES,
+                             bind_nbytes=self.nbytes + GUARD_BYTES)
+
+    def arm(self) -> None:
+        """Write the canaries (before each check: a failed check may have overwritten them)."""
+        self.device.write(self.base, self.head, 0)
+        self.device.write(self.base, self.tail, GUARD_BYTES + self.nbytes)
+
+    def changed(self) -> tuple[int, int]:
+        """Canary words changed (before, after) the window."""
+        head = self.device.download(self.base, np.uint32, (GUARD_BYTES // 4,))
+        tail = self.device.download(self.base, np.uint32, (GUARD_BYTES // 4,), GUARD_BYTES + self.nbytes)
+        return int(np.sum(head != self.head)), int(np.sum(tail != self.tail))
+
+
+def guarding(device: Device) -> bool:
+    """Whether verification on `device` runs with guard regions (see the module docstring)."""
+    asked = os.environ.get("TILEWISE_GUARD_OUTPUTS", "").strip() == "1"
+    return bool(device.supports_windows and (device.unchecked or asked))
+
+
 class Verifier:
     """Runs checks for one template and shape; makes fresh inputs for every check.
 
@@ -103,6 +141,8 @@ class Verifier:
         self.template, self.device, self.shape, self.rng = template, device, shape, rng
         self.reuse = 1 if reuse is None else max(1, int(reuse))
         self._uses = 0
+        self.guard = guarding(device)
+        self._guards: dict[str, Guard] = {}
         self._host: HostInputs | None = None
         self._ref: np.ndarray | None = None
         self._bufs: DeviceBuffers | None = None
@@ -115,6 +155,11 @@ class Verifier:
         self._host = t.make_inputs(self.shape, self.rng)
         self._ref = t.reference(self._host, self.shape)
         self._bufs = t.upload(self.device, self._host, self.shape)
+        if self.guard:
+            self._guards = {}
+            for key in ("out", *getattr(t, "scratch_buffers", ())):
+                self._guards[key] = Guard(self.device, self._bufs[key].nbytes, self.rng)
+                self._bufs[key] = self._guards[key].window
         self._keep.append(self._bufs)
         self._uses = 0
 
@@ -132,8 +177,15 @@ class Verifier:
         assert self._bufs is not None and self._ref is not None
         self._uses += 1
         t = self.template
+        for guard in self._guards.values():
+            guard.arm()
         t.poison(self.device, self._bufs, self.shape)
         self.device.run(t.launches(program, self._bufs, config, self.shape))
+        broken = {k: g.changed() for k, g in self._guards.items()}
+        broken = {k: c for k, c in broken.items() if sum(c)}
+        if broken:
+            where = "; ".join(f"{k}: {b} canary words before it, {a} after it changed" for k, (b, a) in broken.items())
+            return Check(False, float("inf"), float("inf"), 0, f"wrote out of bounds ({where})")
         out = t.read_output(self.device, self._bufs, self.shape)
         return compare(out, self._ref, t.dtype)
 
