@@ -152,8 +152,8 @@ def race_torch(tpl: Any, dev: Any, shape: tuple[int, int, int], best: list[Any],
         end.synchronize()
         return start.elapsed_time(end) / reps
 
-    def dawn_ms(ls: list[Any]) -> float:
-        return float(np.mean(dev.time(list(ls) * reps)))
+    def dawn_ms(ls: list[Any]) -> float:  # a run is all its launches (split-K: the slices, then the reduction)
+        return float(np.sum(dev.time(list(ls) * reps))) / reps
 
     timers = {**{k: (lambda ls=ls: dawn_ms(ls)) for k, ls in launches.items()},
               "cuBLAS f16 (torch)": lambda: torch_ms(a16, b16), "cuBLAS f32 (torch)": lambda: torch_ms(a32, b32)}

@@ -4,10 +4,12 @@ Skips where no such adapter exists (Dawn's Null backend executes nothing)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from dawn_support import real_dawn_device
 
 from tilewise.kernels.gemm.sgmat import device_subgroup_size
+from tilewise.kernels.gemm.sgmat_wgsl import tile
 from tilewise.kernels.registry import get_template
 from tilewise.tune.verify import compare
 
@@ -63,3 +65,92 @@ def test_the_engine_verifies_and_times_gemm_f16(dev, tpl):
     outcomes = Engine(dev, Store()).evaluate(items)
     assert [o.status for o in outcomes] == ["ok"] * len(items), [o.reason for o in outcomes]
     assert all(o.median_ms > 0 for o in outcomes)
+
+
+# PIPE, PAD, SPLITK and small tiles, each where its edges are: K shorter than one step and than the slices (empty
+# slices store zeros), K not a multiple of 8 (edge loop everywhere), exact tiles, interior plus edge tiles, M = 346
+VARIANTS = [
+    {"SA": "workgroup", "SB": "workgroup", "PIPE": 2, "PAD": 8},
+    {"SA": "workgroup", "SB": "workgroup", "PIPE": 2},
+    {"SA": "workgroup", "SB": "workgroup", "PAD": 8},
+    {"SA": "workgroup", "PIPE": 2, "PAD": 8},
+    {"SB": "workgroup", "PIPE": 2, "PAD": 8, "KF": 1},
+    {"FRAG": "16x8x8", "SM": 4, "SN": 4, "FM": 1, "FN": 1, "KF": 2, "SA": "workgroup", "SB": "workgroup",
+     "PIPE": 2, "PAD": 8},
+    {"FM": 2, "FN": 2, "SPLITK": 2},
+    {"FM": 2, "FN": 2, "SPLITK": 8},
+    {"SA": "workgroup", "SB": "workgroup", "PIPE": 2, "PAD": 8, "SPLITK": 4},
+    {"FRAG": "16x8x8", "SM": 4, "SN": 4, "FM": 1, "FN": 2, "KF": 2, "SA": "workgroup", "SB": "workgroup",
+     "PIPE": 2, "PAD": 8, "SPLITK": 4},
+    {"SM": 2, "SN": 2, "FM": 1, "FN": 4, "SA": "workgroup", "SB": "workgroup", "PIPE": 2, "PAD": 8, "SPLITK": 8},
+]
+VARIANT_SHAPES = [(1, 1, 1), (64, 64, 8), (128, 128, 1000), (130, 136, 72), (256, 256, 512), (346, 1024, 1024),
+                  (33, 520, 4608), (200, 264, 1003)]
+
+
+def variant_configs(tpl, dev):
+    base = tpl.default_config()
+    sg = device_subgroup_size(dev.info.limits)
+    cfgs = [base.replace(SG=sg, **v) for v in VARIANTS]
+    legal = [c for c in cfgs if tpl.space("full").is_legal(c, dev.info.limits)]
+    assert len(legal) == len(cfgs), [tpl.space("full").why_illegal(c, dev.info.limits) for c in cfgs
+                                     if c not in legal]
+    return legal
+
+
+@pytest.mark.parametrize("shape", VARIANT_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_pipelined_padded_and_split_k_variants_match_float64(dev, tpl, shape, rng):
+    """Every output value of each variant against float64, the partial buffer poisoned with NaN first (a slice
+    left unwritten fails), each config on fresh inputs."""
+    bad = []
+    for cfg in variant_configs(tpl, dev):
+        host = tpl.problem.make_inputs(shape, rng)
+        ref = tpl.problem.reference(host, shape)
+        prog = tpl.compile(dev, cfg, shape)
+        bufs = tpl.upload(dev, host, shape)
+        tpl.poison(dev, bufs, shape)
+        launches = tpl.launches(prog, bufs, cfg, shape)
+        assert len(launches) == (2 if cfg["SPLITK"] > 1 else 1)
+        dev.run(launches)
+        out = tpl.read_output(dev, bufs, shape)
+        check = compare(out, ref, tpl.dtype)
+        if not check.ok or not np.all(np.isfinite(out)):
+            bad.append(f"{cfg}: {check.message}")
+    assert not bad, f"{len(bad)} wrong at {shape}: {bad[:3]}"
+
+
+def test_split_k_partials_hold_each_slice(dev, tpl, rng):
+    """Slice z of the partial buffer is A[:, Kz] @ B[Kz, :] for its whole-step K range (the sum alone could hide
+    two slices that swap or double work)."""
+    shape = (130, 136, 72)  # K steps of 32, slices of 32: the fourth slice is empty and must hold zeros
+    cfg = tpl.default_config().replace(SG=device_subgroup_size(dev.info.limits), FM=2, FN=2, SPLITK=4)
+    host = tpl.problem.make_inputs(shape, rng)
+    prog = tpl.compile(dev, cfg, shape)
+    bufs = tpl.upload(dev, host, shape)
+    tpl.poison(dev, bufs, shape)
+    dev.run(tpl.launches(prog, bufs, cfg, shape)[:1])  # the slices only, no reduction
+    M, N, K = shape
+    part = dev.download(bufs["partial"], np.float32, (4, M, N))
+    bk = tile(cfg)[2]
+    kch = -(-K // (4 * bk)) * bk
+    a, b = host["a"].astype(np.float64), host["b"].astype(np.float64)
+    for z in range(4):
+        lo, hi = min(K, z * kch), min(K, (z + 1) * kch)
+        if hi == lo:
+            assert np.all(part[z] == 0), f"empty slice {z} holds {part[z][part[z] != 0][:4]}"
+            continue
+        check = compare(part[z], a[:, lo:hi] @ b[lo:hi, :], tpl.dtype)
+        assert check.ok, (z, check.message)
+    assert kch * 3 >= K  # the shape does leave the last slice empty
+
+
+def test_the_engine_verifies_split_k_with_guarded_partials(dev, tpl, monkeypatch):
+    """With guard regions on, the engine binds `partial` between canaries; the split-K seeds verify and time."""
+    from tilewise.tune.engine import Engine, Item
+    from tilewise.tune.store import Store
+
+    monkeypatch.setenv("TILEWISE_GUARD_OUTPUTS", "1")
+    shape = (346, 1024, 1024)
+    split = [c for c in variant_configs(tpl, dev) if c["SPLITK"] > 1]
+    outcomes = Engine(dev, Store()).evaluate([Item(tpl, c, shape) for c in split])
+    assert [o.status for o in outcomes] == ["ok"] * len(split), [o.reason for o in outcomes]

@@ -13,6 +13,18 @@ Variants (the WGSL is generated per config by `tilewise.kernels.gemm.sgmat_wgsl`
     KF       fragments per K step (BK = KF * k)
     SA, SB   where A and B fragments come from on interior tiles: "direct" (subgroupMatrixLoad from storage) or
              "workgroup" (the tile is copied into workgroup memory first, then loaded from there)
+    PIPE     interior tiles' staging: 1 = one tile per operand, two barriers per K step (copy, then multiply);
+             2 = double-buffered: the next step's tile is loaded into registers (8 halves a load) before this
+             step's multiplies and stored into the other half after them, one barrier per step
+    PAD      halves of padding per row of a staged interior tile (0 or 8: rows 16 bytes further apart, so that
+             consecutive fragment rows fall into other banks)
+    SPLITK   slices of K (grid z): each workgroup sums one slice (whole K steps) into a (SPLITK, M, N) f32
+             partial buffer (`scratch_buffers`), a second launch adds the slices into C. For small M, where
+             M/BM * N/BN tiles leave most of the GPU idle; refused where the partial buffer would pass
+             `MAX_PARTIAL_BYTES`
+
+PIPE = 1, PAD = 0, SPLITK = 1 generate the WGSL these parameters' absence generated (`LEGACY`); a config written
+without them (an older dispatch table) takes those values.
 
 Edge handling, the design: one shader, two K loops, picked per workgroup by a uniform flag. Interior tiles (the
 block inside C, K a whole number of K steps, K and N multiples of 8 so fragment rows are 16-byte aligned) take the
@@ -30,7 +42,7 @@ never by default); the kernel is correct either way since it never reads past a 
 from __future__ import annotations
 
 import functools
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 import numpy as np
@@ -39,7 +51,19 @@ from tilewise.devices.base import Device, Launch, Limits, Program
 from tilewise.errors import ConfigError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
 from tilewise.kernels.gemm.problem import GEMM_F16
-from tilewise.kernels.gemm.sgmat_wgsl import fmt, frag, generate_wgsl, invocations, storage_bytes, tile
+from tilewise.kernels.gemm.sgmat_wgsl import (
+    LEGACY,
+    REDUCE_WG,
+    fmt,
+    frag,
+    generate_wgsl,
+    invocations,
+    prefetch_loads,
+    reduce_wgsl,
+    storage_bytes,
+    tile,
+    tile_halves,
+)
 from tilewise.kernels.space import Config, Rule, Space
 
 MAX_ACCUMULATOR_FLOATS = 128  # f32 result values per invocation above which the accumulators spill
@@ -54,8 +78,16 @@ PARAMS: dict[str, list[Any]] = {
     "KF": [1, 2, 4],
     "SA": ["direct", "workgroup"],
     "SB": ["direct", "workgroup"],
+    "PIPE": [1, 2],
+    "PAD": [0, 8],
+    "SPLITK": [1, 2, 4, 8],
 }
-BASE = {"FRAG": "16x16x16", "SG": 32, "SM": 2, "SN": 2, "FM": 4, "FN": 4, "KF": 2, "SA": "direct", "SB": "direct"}
+BASE = {"FRAG": "16x16x16", "SG": 32, "SM": 2, "SN": 2, "FM": 4, "FN": 4, "KF": 2, "SA": "direct", "SB": "direct",
+        **LEGACY}
+MAX_PREFETCH_WORDS = 64  # 32-bit registers per invocation holding the next K step (PIPE = 2), beside accumulators
+# the partial buffer is sized for the largest SPLITK (candidates share one input set) and must bind whole: WebGPU's
+# default maxStorageBufferBindingSize
+MAX_PARTIAL_BYTES = 128 * 2**20
 # verified here instead of a large shape: interior tiles (fast loop) and edge tiles (guarded loop) for every tile
 VERIFY_M, VERIFY_N, VERIFY_K = 517, 1032, 384
 
@@ -114,10 +146,19 @@ def _rules() -> list[Rule]:
         r("invocations", lambda c, L: invocations(c) <= min(L.max_invocations_per_workgroup, L.max_workgroup_size[0]),
           lambda c, L: f"SM*SN*SG = {c.SM}*{c.SN}*{c.SG} = {invocations(c)} > max_invocations_per_workgroup "
                        f"{min(L.max_invocations_per_workgroup, L.max_workgroup_size[0])}", needs_limits=True),
+        r("pipe_staged", lambda c, L: (c.PIPE, c.PAD) == (1, 0) or "workgroup" in (c.SA, c.SB),
+          lambda c, L: f"PIPE={c.PIPE} PAD={c.PAD} shape workgroup-staged tiles, but SA and SB are both direct "
+                       "(use PIPE=1 PAD=0, or stage an operand)",
+          doc="double buffering and padding act on staged operands only (else duplicates of the plain kernel)"),
+        r("prefetch_registers", lambda c, L: 4 * sum(prefetch_loads(c)) <= MAX_PREFETCH_WORDS,
+          lambda c, L: f"PIPE=2 holds the next K step in 4*(ceil(BM*BK/8/WG) + ceil(BK*BN/8/WG)) = "
+                       f"{4 * sum(prefetch_loads(c))} registers per invocation > {MAX_PREFETCH_WORDS} (BMxBNxBK = "
+                       f"{'x'.join(map(str, tile(c)))}, WG = {invocations(c)})"),
         r("workgroup_storage", lambda c, L: storage_bytes(c) <= L.max_workgroup_storage_bytes,
-          lambda c, L: f"workgroup storage = 2*(BM*BK + BK*BN) + 4*SM*SN*m*n = {storage_bytes(c)} bytes > "
-                       f"max_workgroup_storage_bytes {L.max_workgroup_storage_bytes} (BMxBNxBK = "
-                       f"{'x'.join(map(str, tile(c)))})", needs_limits=True),
+          lambda c, L: f"workgroup storage = 2*(As + Bs) + 4*SM*SN*m*n = 2*({tile_halves(c)[0]} + "
+                       f"{tile_halves(c)[1]}) + {4 * invocations(c) // c.SG * frag(c)[0] * frag(c)[1]} = "
+                       f"{storage_bytes(c)} bytes > max_workgroup_storage_bytes {L.max_workgroup_storage_bytes} "
+                       f"(BMxBNxBK = {'x'.join(map(str, tile(c)))}, PIPE={c.PIPE}, PAD={c.PAD})", needs_limits=True),
     ]
 
 
@@ -141,6 +182,31 @@ def _seed_configs() -> list[dict[str, Any]]:
         {"FRAG": "16x8x16", "FN": 8, "SA": "workgroup", "SB": "workgroup"},
         {"FRAG": "16x8x8", "FN": 8, "KF": 4},
         {"FM": 8, "FN": 2, "SM": 1, "SN": 4},
+        # double-buffered staging (one barrier per step, 8-half loads), padded rows, and each alone
+        {"SA": "workgroup", "SB": "workgroup", "PIPE": 2, "PAD": 8},
+        {"SA": "workgroup", "SB": "workgroup", "PIPE": 2},
+        {"SA": "workgroup", "SB": "workgroup", "PAD": 8},
+        {"SA": "workgroup", "SB": "workgroup", "PIPE": 2, "PAD": 8, "KF": 1},
+        {"SB": "workgroup", "PIPE": 2, "PAD": 8},
+        {"SA": "workgroup", "PIPE": 2, "PAD": 8},
+        {"FRAG": "16x8x16", "FN": 8, "SA": "workgroup", "SB": "workgroup", "PIPE": 2, "PAD": 8},
+        {"SM": 4, "FM": 2, "SA": "workgroup", "SB": "workgroup", "PIPE": 2, "PAD": 8},
+        # small M: the measured M=346 winners (64x32 and 64x64 tiles of 16x8x8 fragments) with K split, and
+        # 64x64 / 128x128 tiles split
+        {"FRAG": "16x8x8", "SM": 4, "SN": 4, "FM": 1, "FN": 1, "KF": 2, "SA": "workgroup", "SB": "workgroup",
+         "SPLITK": 2},
+        {"FRAG": "16x8x8", "SM": 4, "SN": 4, "FM": 1, "FN": 1, "KF": 2, "SA": "workgroup", "SB": "workgroup",
+         "SPLITK": 4},
+        {"FRAG": "16x8x8", "SM": 4, "SN": 4, "FM": 1, "FN": 2, "KF": 2, "SA": "workgroup", "SB": "workgroup",
+         "PIPE": 2, "PAD": 8, "SPLITK": 4},
+        {"FM": 2, "FN": 2, "SPLITK": 4},
+        {"FM": 2, "FN": 2, "SPLITK": 8},
+        {"FM": 2, "FN": 2, "SA": "workgroup", "SB": "workgroup", "PIPE": 2, "PAD": 8, "SPLITK": 4},
+        {"SPLITK": 2},
+        {"SA": "workgroup", "SB": "workgroup", "PIPE": 2, "PAD": 8, "SPLITK": 4},
+        # 32-row tiles (2 rows of subgroups of one 16-row fragment), direct and split
+        {"SM": 2, "SN": 2, "FM": 1, "FN": 4, "SPLITK": 4},
+        {"SM": 2, "SN": 2, "FM": 1, "FN": 4, "SA": "workgroup", "SB": "workgroup", "PIPE": 2, "PAD": 8},
     ]
     return [{**BASE, **v} for v in variants]
 
@@ -160,6 +226,11 @@ def sgmat_space(which: str = "full") -> Space:
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def partial_bytes(M: int, N: int) -> int:
+    """Bytes of the split-K partial buffer at the largest SPLITK."""
+    return max(PARAMS["SPLITK"]) * M * N * 4
 
 
 # Dawn sizes each storage binding's minimum from the fragments the shader loads or stores through it (512 bytes
@@ -185,6 +256,8 @@ class SgmatGemmF16(KernelTemplate):
 
     make_space = sgmat_space
     spaces = SPACES
+    #: verification guards this beside "out" (split-K configs write their slices there)
+    scratch_buffers = ("partial",)
 
     def default_config(self) -> Config:
         """The 128x128 tile (2x2 subgroups of 4x4 16x16x16 fragments, loaded straight from storage)."""
@@ -200,28 +273,64 @@ class SgmatGemmF16(KernelTemplate):
         small = (VERIFY_M, VERIFY_N if N % 8 == 0 else VERIFY_N - 2, VERIFY_K if aligned_k else VERIFY_K + 5)
         return shape if self.flops(shape) <= self.flops(small) else small
 
+    def config_of(self, values: Mapping[str, Any]) -> Config:
+        """A config from plain values; PIPE, PAD and SPLITK left out (written before they existed) take the values
+        that generate the same WGSL."""
+        return super().config_of({**{k: v for k, v in LEGACY.items() if k not in values}, **values})
+
+    def config_problems(self, config: Config, shape: Shape) -> list[str]:
+        M, N, _ = shape
+        if config["SPLITK"] > 1 and partial_bytes(M, N) > MAX_PARTIAL_BYTES:
+            return [f"splitk_partial: the partial buffer {max(PARAMS['SPLITK'])}*M*N*4 = {partial_bytes(M, N)} "
+                    f"bytes at M={M}, N={N} > {MAX_PARTIAL_BYTES} (split K only for small M*N; use SPLITK=1)"]
+        return []
+
+    def sources(self, config: Config) -> list[str]:
+        """The WGSL modules of one config: the GEMM, then (SPLITK > 1) the reduction of its slices."""
+        return [generate_wgsl(config), *([reduce_wgsl(config)] if config["SPLITK"] > 1 else [])]
+
     def source(self, config: Config, shape: Shape | None = None) -> str:
-        return generate_wgsl(config)
+        """The GEMM's WGSL; split-K configs append the reduction module after a `// ----` line."""
+        return "\n// ---- second module: the split-K reduction ----\n".join(self.sources(config))
 
     def program_key(self, config: Config, shape: Shape) -> Hashable:
         return config  # M, N and K come in a uniform
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
-        return device.compile(self.source(config), "main", name=f"gemm-f16 {fmt(config)}")
+        main, *rest = self.sources(config)
+        prog = device.compile(main, "main", name=f"gemm-f16 {fmt(config)}")
+        if rest:
+            prog.meta["reduce"] = device.compile(rest[0], "main", name=f"gemm-f16 reduce splitk{config['SPLITK']}")
+        return prog
 
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
         M, N, K = shape
+        partial = partial_bytes(M, N)
         return {"a": _upload_padded(device, host["a"]), "b": _upload_padded(device, host["b"]),
                 "out": device.allocate(max(MIN_BINDING_BYTES, 4 * M * N)),
+                # for the largest SPLITK (one input set serves every candidate); unused where no split is legal
+                "partial": device.allocate(max(MIN_BINDING_BYTES, partial if partial <= MAX_PARTIAL_BYTES else 0)),
                 "dims": device.upload(np.array([M, N, K, 0], dtype=np.uint32), uniform=True)}
+
+    def poison(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> None:
+        """NaN into the output and the partial buffer: a slice a split-K config fails to write must not pass on
+        what an earlier candidate left there."""
+        super().poison(device, bufs, shape)
+        part = bufs["partial"]
+        device.write(part, np.full(part.nbytes // 4, np.nan, dtype=np.float32))
 
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
         M, N, _ = shape
         bm, bn, _ = tile(config)
-        order = [bufs["a"], bufs["b"], bufs["out"], bufs["dims"]]
-        order += [bufs["a"]] if config["SA"] == "workgroup" else []  # A4: A as vec4<f16>
+        split = config["SPLITK"] > 1
+        order = [bufs["a"], bufs["b"], bufs["partial" if split else "out"], bufs["dims"]]
+        order += [bufs["a"]] if config["SA"] == "workgroup" else []  # A4 / A8: A as vec4<f16> / vec4<u32>
         order += [bufs["b"]] if config["SB"] == "workgroup" else []
-        return [Launch(program, (_ceil(N, bn), _ceil(M, bm), 1), order)]
+        main = Launch(program, (_ceil(N, bn), _ceil(M, bm), config["SPLITK"]), order)
+        if not split:
+            return [main]
+        return [main, Launch(program.meta["reduce"], (_ceil(M * N, REDUCE_WG), 1, 1),
+                             [bufs["dims"], bufs["partial"], bufs["out"]])]
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
         M, N, _ = shape
