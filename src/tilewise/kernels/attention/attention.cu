@@ -6,7 +6,8 @@
 //       rotated into q (M, HQ D), k heads normed and rotated into k_cache row start + m, v heads copied to v_cache.
 //       RoPE pairs (d, d + D/2), cos/sin tables (positions, D/2) built in float64 on the host.
 //   attention<D, NW>(q, k_cache, v_cache, out, M, P, first, HQ, HKV)
-//       grid (M, HQ), NW warps: query row i (at position P + first + i) of head h over keys 0 .. P + first + i;
+//       grid (M, HQ), NW warps: query i (row first + i of q, at position P + first + i) of head h over keys
+//       0 .. P + first + i, written to row i of out;
 //       warp w takes keys w, w + NW, ...; each lane holds D / 32 of q and of the running output; the warps' partial
 //       (max, sum, output) are merged in shared memory. out (M, HQ D).
 // Rules mirrored from kernels/attention/cuda.py.
@@ -81,7 +82,7 @@ __global__ void __launch_bounds__(NW * WARPSIZE) attention(const float *__restri
   float qv[E], acc[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) {
-    qv[e] = q[((size_t)i * HQ + h) * D + e * WARPSIZE + lane] * scale;
+    qv[e] = q[((size_t)(first + i) * HQ + h) * D + e * WARPSIZE + lane] * scale;
     acc[e] = 0.0f;
   }
   float mx = -INFINITY, sum = 0.0f;
