@@ -41,7 +41,7 @@ WMMA_VALUES: dict[str, list[int]] = {"BM": [32, 64, 128], "BN": [32, 64, 128], "
                                      "WN": [16, 32, 64]}
 WMMA_SEED = [dict(zip(("BM", "BN", "BK", "WM", "WN"), v)) for v in (
     (64, 64, 32, 32, 32), (128, 64, 32, 64, 32), (64, 128, 32, 32, 64), (32, 64, 64, 16, 32), (128, 128, 32, 64, 64),
-    (32, 32, 32, 16, 16), (128, 128, 64, 64, 64),  # the last is illegal on purpose: smem_48k
+    (32, 32, 32, 16, 16), (128, 128, 64, 64, 64),  # the last two are illegal on purpose: smem_48k
 )]
 ROWS_VALUES: dict[str, list[int]] = {"NT": [64, 128, 256], "RM": [1, 2, 4, 8, 16]}
 

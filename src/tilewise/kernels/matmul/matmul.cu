@@ -14,6 +14,9 @@
 // nf4_mm_rows<FMT, EPI, NORM, NT, RM>: the short-row path (few rows): one warp per output column and RM rows, the
 // lanes split K in words of 8 weights, f32 arithmetic, a warp reduction; grid (ceil(N / (NT/32)), ceil(M / RM)).
 //
+// Both declare __launch_bounds__(threads, 1): with the default bound ptxas capped some variants at 64 registers
+// and spilled; one resident block's worth is the budget the rules assume.
+//
 // Shapes admitted (Python's `config_problems`): K % BK == 0 (wmma) or K % 8 == 0 (rows), K % 64 == 0 for nf4;
 // any M >= 1 and N >= 1 (partial tiles are guarded). The static_asserts mirror the Python rules, by name.
 
@@ -47,11 +50,9 @@ __device__ __forceinline__ void load8(const unsigned *w, const float *absmax, in
     const uint4 q = reinterpret_cast<const uint4 *>(w)[e / 8];
     const unsigned parts[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const __half2 h = *reinterpret_cast<const __half2 *>(&parts[b]);
-      const float2 f = __half22float2(h);
-      v[2 * b] = f.x;
-      v[2 * b + 1] = f.y;
+    for (int b = 0; b < 4; ++b) {  // the lower half of a word is the earlier weight (little-endian)
+      v[2 * b] = __half2float(__ushort_as_half((unsigned short)(parts[b] & 0xffffu)));
+      v[2 * b + 1] = __half2float(__ushort_as_half((unsigned short)(parts[b] >> 16)));
     }
   } else {
     const float4 *p = reinterpret_cast<const float4 *>(reinterpret_cast<const float *>(w) + e);
@@ -99,7 +100,7 @@ __host__ __device__ constexpr int rows_first_failure(int FMT, int EPI, int NORM,
 }
 
 template <int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM, int WN>
-__global__ void __launch_bounds__((BM / WM) * (BN / WN) * WARPSIZE)
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * WARPSIZE, 1)
 nf4_mm_wmma(const float *__restrict__ x, int x_row0, const unsigned *__restrict__ w, const float *__restrict__ absmax,
             const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, const float *__restrict__ norm_w,
             float eps, float *__restrict__ out, int M, int N, int K) {
@@ -206,7 +207,7 @@ nf4_mm_wmma(const float *__restrict__ x, int x_row0, const unsigned *__restrict_
 }
 
 template <int FMT, int EPI, int NORM, int NT, int RM>
-__global__ void __launch_bounds__(NT)
+__global__ void __launch_bounds__(NT, 1)
 nf4_mm_rows(const float *__restrict__ x, int x_row0, const unsigned *__restrict__ w, const float *__restrict__ absmax,
             const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, const float *__restrict__ norm_w,
             float eps, float *__restrict__ out, int M, int N, int K) {
@@ -267,11 +268,12 @@ nf4_mm_rows(const float *__restrict__ x, int x_row0, const unsigned *__restrict_
   if (lane != 0) return;
 #pragma unroll
   for (int r = 0; r < RM; ++r) {
-    if (r >= rows) break;
-    float *o = out + (size_t)(m0 + r) * N + n;
-    const float y = acc[0][r] * rs[r];
-    if (EPI == 0) *o = y;
-    else if (EPI == 1) *o += y;
-    else *o = silu(y) * acc[SETS - 1][r] * rs[r];
+    if (r < rows) {
+      float *o = out + (size_t)(m0 + r) * N + n;
+      const float y = acc[0][r] * rs[r];
+      if (EPI == 0) *o = y;
+      else if (EPI == 1) *o += y;
+      else *o = silu(y) * acc[SETS - 1][r] * rs[r];
+    }
   }
 }
