@@ -99,8 +99,8 @@ class CUDAExecutor:
             if dim % 64:
                 raise ConfigError(f"{what} {dim} is not a multiple of 64, which the CUDA matmuls need (NF4 blocks of "
                                   "64 along each row)", "use the CPU executor for this model")
-        if cfg.head_dim % 32 or not 32 <= cfg.head_dim <= 256:
-            raise ConfigError(f"head_dim {cfg.head_dim} must be a multiple of 32 in 32..256 (whole warps per head)",
+        if cfg.head_dim % 16 or not 16 <= cfg.head_dim <= 256:
+            raise ConfigError(f"head_dim {cfg.head_dim} must be a multiple of 16 in 16..256 (the attention kernels)",
                               "use the CPU executor for this model")
         if cfg.num_attention_heads % cfg.num_key_value_heads:
             raise ConfigError(f"{cfg.num_attention_heads} query heads do not share {cfg.num_key_value_heads} K/V "

@@ -4,11 +4,11 @@
 //   qknorm_rope<D>(qkv, q_norm, k_norm, cos, sin, q, k_cache, v_cache, M, start, HQ, HKV, eps)
 //       grid (HQ + 2 HKV, M), D threads: head h of row m of qkv (M, (HQ + 2 HKV) D); q heads are normed and
 //       rotated into q (M, HQ D), k heads normed and rotated into k_cache row start + m, v heads copied to v_cache.
-//       RoPE pairs (d, d + D/2), cos/sin tables (positions, D/2) built in float64 on the host.
+//       RoPE pairs (d, d + D/2); D a multiple of 16, cos/sin tables (positions, D/2) built in float64 on the host.
 //   attention<D, NW>(q, k_cache, v_cache, out, M, P, first, HQ, HKV)
 //       grid (M, HQ), NW warps: query i (row first + i of q, at position P + first + i) of head h over keys
 //       0 .. P + first + i, written to row i of out;
-//       warp w takes keys w, w + NW, ...; each lane holds D / 32 of q and of the running output; the warps' partial
+//       warp w takes keys w, w + NW, ...; each lane holds ceil(D / 32) of q and of the running output; the warps' partial
 //       (max, sum, output) are merged in shared memory. out (M, HQ D).
 // Rules mirrored from kernels/attention/cuda.py.
 
@@ -17,12 +17,12 @@
 #endif
 
 __host__ __device__ constexpr int rope_first_failure(int D) {
-  if (D < 32 || D > 1024 || D % WARPSIZE != 0) return 1;  // head_dim_warps
+  if (D < 16 || D > 1024 || D % 16 != 0) return 1;  // head_dim_16_1024
   return 0;
 }
 
 __host__ __device__ constexpr int attention_first_failure(int D, int NW) {
-  if (D < 32 || D > 256 || D % WARPSIZE != 0) return 1;  // head_dim_32_256
+  if (D < 16 || D > 256 || D % 16 != 0) return 1;  // head_dim_16_256
   if (NW < 1 || NW > 32) return 2;                       // warps_1_32
   return 0;
 }
@@ -33,9 +33,8 @@ __global__ void __launch_bounds__(D) qknorm_rope(const float *__restrict__ qkv, 
                                                  const float *__restrict__ sin_t, float *__restrict__ q,
                                                  float *__restrict__ k_cache, float *__restrict__ v_cache, int M,
                                                  int start, int HQ, int HKV, float eps) {
-  static_assert(rope_first_failure(D) != 1, "head_dim_warps: D must be a whole number of warps, 32..1024");
+  static_assert(rope_first_failure(D) != 1, "head_dim_16_1024: D must be a multiple of 16, 16..1024");
   __shared__ float vals[D];
-  __shared__ float red[D / WARPSIZE];
   const int h = blockIdx.x, m = blockIdx.y, d = threadIdx.x;
   const int heads = HQ + 2 * HKV;
   const float v = qkv[((size_t)m * heads + h) * D + d];
@@ -43,14 +42,11 @@ __global__ void __launch_bounds__(D) qknorm_rope(const float *__restrict__ qkv, 
     v_cache[((size_t)(start + m) * HKV + (h - HQ - HKV)) * D + d] = v;
     return;
   }
-  float ss = v * v;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if (d % WARPSIZE == 0) red[d / WARPSIZE] = ss;
+  vals[d] = v * v;  // every thread sums the D squares itself: D is small, and any D works (no partial warps)
   __syncthreads();
   float tot = 0.0f;
-#pragma unroll
-  for (int i = 0; i < D / WARPSIZE; ++i) tot += red[i];
+  for (int i = 0; i < D; ++i) tot += vals[i];
+  __syncthreads();
   const bool is_q = h < HQ;
   const float nv = v * rsqrtf(tot / (float)D + eps) * (is_q ? q_norm[d] : k_norm[d]);
   vals[d] = nv;
@@ -69,11 +65,11 @@ __global__ void __launch_bounds__(NW * WARPSIZE) attention(const float *__restri
                                                             const float *__restrict__ v_cache,
                                                             float *__restrict__ out, int M, int P, int first,
                                                             int HQ, int HKV) {
-  static_assert(attention_first_failure(D, NW) != 1, "head_dim_32_256: D must be a multiple of 32, 32..256");
+  static_assert(attention_first_failure(D, NW) != 1, "head_dim_16_256: D must be a multiple of 16, 16..256");
   static_assert(attention_first_failure(D, NW) != 2, "warps_1_32: NW (warps per block) must be 1..32");
-  constexpr int E = D / WARPSIZE;  // elements of a head per lane
+  constexpr int E = (D + WARPSIZE - 1) / WARPSIZE;  // elements of a head per lane (the last may be partial)
   __shared__ float s_max[NW], s_sum[NW];
-  __shared__ float s_out[NW][D];
+  __shared__ float s_out[NW][E * WARPSIZE];
   const int i = blockIdx.x, h = blockIdx.y;
   const int warp = threadIdx.x / WARPSIZE, lane = threadIdx.x % WARPSIZE;
   const int kvh = h / (HQ / HKV);
@@ -82,7 +78,8 @@ __global__ void __launch_bounds__(NW * WARPSIZE) attention(const float *__restri
   float qv[E], acc[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) {
-    qv[e] = q[((size_t)(first + i) * HQ + h) * D + e * WARPSIZE + lane] * scale;
+    const int c = e * WARPSIZE + lane;
+    qv[e] = c < D ? q[((size_t)(first + i) * HQ + h) * D + c] * scale : 0.0f;
     acc[e] = 0.0f;
   }
   float mx = -INFINITY, sum = 0.0f;
@@ -90,7 +87,7 @@ __global__ void __launch_bounds__(NW * WARPSIZE) attention(const float *__restri
     const float *kr = k_cache + ((size_t)t * HKV + kvh) * D;
     float dot = 0.0f;
 #pragma unroll
-    for (int e = 0; e < E; ++e) dot += qv[e] * kr[e * WARPSIZE + lane];
+    for (int e = 0; e < E; ++e) dot += e * WARPSIZE + lane < D ? qv[e] * kr[e * WARPSIZE + lane] : 0.0f;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
     const float nm = fmaxf(mx, dot);
@@ -98,7 +95,7 @@ __global__ void __launch_bounds__(NW * WARPSIZE) attention(const float *__restri
     const float *vr = v_cache + ((size_t)t * HKV + kvh) * D;
     sum = sum * corr + p;
 #pragma unroll
-    for (int e = 0; e < E; ++e) acc[e] = acc[e] * corr + p * vr[e * WARPSIZE + lane];
+    for (int e = 0; e < E; ++e) acc[e] = acc[e] * corr + (e * WARPSIZE + lane < D ? p * vr[e * WARPSIZE + lane] : 0.0f);
     mx = nm;
   }
   if (lane == 0) {
@@ -123,5 +120,6 @@ __global__ void __launch_bounds__(NW * WARPSIZE) attention(const float *__restri
     for (int e = 0; e < E; ++e) o[e] += s_out[w][e * WARPSIZE + lane] * f;
   }
 #pragma unroll
-  for (int e = 0; e < E; ++e) out[((size_t)i * HQ + h) * D + e * WARPSIZE + lane] = o[e] / tot;
+  for (int e = 0; e < E; ++e)
+    if (e * WARPSIZE + lane < D) out[((size_t)i * HQ + h) * D + e * WARPSIZE + lane] = o[e] / tot;
 }

@@ -24,8 +24,8 @@ MAX_GRID_YZ = 65535
 def _head_rules(shape: Shape, lo: int, hi: int) -> list[str]:
     _, _, hq, hkv, d = shape
     out = []
-    if d % 32 or not lo <= d <= hi:
-        out.append(f"head_dim: D = {d} is not a multiple of 32 in {lo}..{hi} (whole warps per head)")
+    if d % 16 or not lo <= d <= hi:
+        out.append(f"head_dim_{lo}_{hi}: D = {d} is not a multiple of 16 in {lo}..{hi}")
     if hq % hkv:
         out.append(f"gqa_groups: HQ = {hq} is not a multiple of HKV = {hkv}")
     return out
@@ -38,7 +38,7 @@ class CudaAttention(KernelTemplate):
     problem = AttentionProblem()
 
     def space(self, which: str = "full") -> Space:
-        """attention.cu's `warps_1_32` (its `head_dim_32_256` is a shape rule: D comes with the shape)."""
+        """attention.cu's `warps_1_32` (its `head_dim_16_256` is a shape rule: D comes with the shape)."""
         return Space("cuda-attention", {"NW": [1, 2, 4, 8, 16]}, [
             Rule("warps_1_32", lambda c, _: 1 <= c.NW <= 32, lambda c, _: f"NW = {c.NW} warps is not in 1..32"),
             Rule("threads_per_block", lambda c, lim: lim.max_invocations_per_workgroup >= 32 * c.NW,
@@ -46,7 +46,7 @@ class CudaAttention(KernelTemplate):
                  needs_limits=True)])
 
     def config_problems(self, config: Config, shape: Shape) -> list[str]:
-        out = _head_rules(shape, 32, 256)
+        out = _head_rules(shape, 16, 256)
         if shape[2] > MAX_GRID_YZ:
             out.append(f"grid_y: HQ = {shape[2]} > {MAX_GRID_YZ}")
         return out
@@ -94,7 +94,7 @@ class CudaQKNormRope(KernelTemplate):
         return Space("cuda-qknorm-rope", {"NT": [0]}, [])  # NT = D: nothing to tune
 
     def config_problems(self, config: Config, shape: Shape) -> list[str]:
-        out = _head_rules(shape, 32, 1024)
+        out = _head_rules(shape, 16, 1024)
         if shape[0] > MAX_GRID_YZ:
             out.append(f"grid_y: M = {shape[0]} rows > {MAX_GRID_YZ}")
         return out
