@@ -43,7 +43,7 @@ def check(out, ref, dtype):
     assert chk.ok, chk.message
 
 
-#: rows 1 (a decision's last block), 31/33 around the wmma default cutoff, 97 (partial 64-row tiles), 346 (the
+#: rows 1 (a decision's last block), 31/33 around the mma default cutoff, 97 (partial 64-row tiles), 346 (the
 #: benchmark's prompt); N = 64 * k + 32 and 3 * 1024 (partial and whole column tiles); K 64 (one NF4 block), 1024
 MM_SHAPES = [(1, 96, 64), (3, 160, 128), (31, 64, 192), (33, 96, 64), (97, 224, 256), (346, 1056, 1024)]
 
@@ -59,7 +59,7 @@ def test_matmul_default_config_matches_float64(dev, rng, tpl, shape):
 def test_every_legal_config_of_the_nf4_spaces_is_correct(dev, rng, epilogue):
     for kind in mm.KINDS:
         tpl = mm.CudaMatmul(kind, "nf4", epilogue, True)
-        legal, _ = tpl.space("seed" if kind == "wmma" else "full").split(dev.info.limits)
+        legal, _ = tpl.space("seed" if kind == "mma" else "full").split(dev.info.limits)
         for cfg in legal:
             out, ref = run(dev, tpl, cfg, (45, 160, 192), rng)
             check(out, ref, tpl.dtype)

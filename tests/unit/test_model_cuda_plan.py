@@ -95,7 +95,7 @@ def check_launch(launch: Launch, sigs) -> None:
 @pytest.mark.parametrize("n", [1, 3, 31, 32, 70])
 def test_every_launch_matches_its_kernels_signature(executor, rng, n):
     sigs = kernel_signatures()
-    assert {"nf4_mm_wmma", "nf4_mm_rows", "embed", "head", "copy_words", "shortconv", "qknorm_rope",
+    assert {"nf4_mm_mma", "nf4_mm_rows", "embed", "head", "copy_words", "shortconv", "qknorm_rope",
             "attention"} <= set(sigs)
     ids = rng.integers(0, 512, n)
     for slicing in (True, False):
@@ -135,7 +135,7 @@ def test_final_row_slicing_runs_the_last_blocks_ffn_on_one_row_with_the_short_ro
     grid_rows = [launch.grid[1] for launch, lab in zip(plan.launches, plan.labels) if lab.startswith("ffn.")]
     assert grid_rows[-2:] == [1, 1]
     first_ffn = next(e for e, lab in zip(entries, plan.labels) if lab == "ffn.gate_up")
-    assert first_ffn.startswith("nf4_mm_wmma<0, 2, 1,")  # nf4, swiglu, fused norm on the tensor cores
+    assert first_ffn.startswith("nf4_mm_mma<0, 2, 1,")  # nf4, swiglu, fused norm on the tensor cores
     full, _ = executor.plan(rng.integers(0, 512, 70), 0, None, False)
     assert len(plan.launches) == len(full.launches) + 1  # + the copy of the last residual row
 

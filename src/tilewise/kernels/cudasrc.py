@@ -1,7 +1,7 @@
 """Shared plumbing of the model kernels' CUDA C++ templates: the `.cu` text of a family and one compile step.
 
 Each family keeps its source beside its Python template (`matmul/matmul.cu`, `rowops/rowops.cu`, ...); a config is
-an NVRTC name expression (`nf4_mm_wmma<0, 2, 1, 64, 64, 32, 32, 32>`), and every source mirrors its template's
+an NVRTC name expression (`nf4_mm_mma<0, 2, 1, 64, 64, 32, 32, 32>`), and every source mirrors its template's
 rules with `static_assert`s, so an illegal config is refused in Python before compiling and cannot compile either.
 """
 

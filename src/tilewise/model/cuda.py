@@ -6,7 +6,7 @@
 - a decision is planned as a launch list of kernel-template launches (`plan`), reused per shape (length, start,
   cached base, pooled caches); per-op GPU times come from `forward(..., timed=True)` for `tilewise bench`;
 - each block's two RMSNorms are fused into the matmuls that read them (in_proj / qkv, gate/up);
-- matmuls: the short-row kernel below `WMMA_FROM_ROWS` rows, the tensor-core (WMMA) kernel from there
+- matmuls: the short-row kernel below `MMA_FROM_ROWS` rows, the tensor-core (mma.sync) kernel from there
   (`matmul_choice`, the one place a CUDA dispatch table will plug in);
 - final-row slicing and the prefix cache as in model/webgpu.py: the last block runs the mixer's output projection
   and the FFN on the last row only; `forward` never writes its input caches (a new state gets pooled buffers, the
@@ -237,7 +237,7 @@ class CUDAExecutor:
 
     def matmul_choice(self, epilogue: str, rows: int, norm: bool) -> tuple[mm.CudaMatmul, Config]:
         """The matmul kernel and config for `rows` rows (defaults; a tuned table plugs in here)."""
-        kind = "rows" if rows < mm.WMMA_FROM_ROWS else "wmma"
+        kind = "rows" if rows < mm.MMA_FROM_ROWS else "mma"
         tpl = self._template(f"{self.fmt}_matmul.{kind}.{epilogue}" + (".norm" if norm else ""))
         assert isinstance(tpl, mm.CudaMatmul)
         return tpl, tpl.default_config()

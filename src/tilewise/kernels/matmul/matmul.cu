@@ -7,21 +7,19 @@
 //   EPI  0 none (out = y), 1 residual (out += y), 2 swiglu (out = silu(x Wg^T) * (x Wu^T); w_up/absmax_up used)
 //   NORM 1: RMSNorm of each x row fused in front (x / rms(x) * norm_w), the row's 1/rms computed in the block
 //
-// nf4_mm_wmma<FMT, EPI, NORM, BM, BN, BK, WM, WN>: tensor cores through nvcuda::wmma 16x16x16 f16 -> f32. Per K
-// step the block stages x (BM x BK, normed and rounded to f16) and decodes W (BN x BK, each NF4 word once) into
-// shared memory; each warp multiplies its WM x WN tile; the f32 accumulators go through shared memory for a
-// bounds-guarded epilogue. Threads = (BM/WM) * (BN/WN) * 32.
+// nf4_mm_mma<FMT, EPI, NORM, BM, BN, BK, WM, WN>: tensor cores through inline PTX `mma.sync.m16n8k16` f16 x f16 ->
+// f32 (no headers: NVRTC needs no CUDA include path). Per K step the block stages x (BM x BK, normed and rounded
+// to f16) and decodes W (BN x BK, each NF4 word once) into shared memory; each warp multiplies its WM x WN tile in
+// m16n8 steps, its A and B fragments read from shared memory as 32-bit pairs in the PTX fragment layout; the f32
+// accumulators go through shared memory for a bounds-guarded epilogue. Threads = (BM/WM) * (BN/WN) * 32.
 // nf4_mm_rows<FMT, EPI, NORM, NT, RM>: the short-row path (few rows): one warp per output column and RM rows, the
 // lanes split K in words of 8 weights, f32 arithmetic, a warp reduction; grid (ceil(N / (NT/32)), ceil(M / RM)).
 //
 // Both declare __launch_bounds__(threads, 1): with the default bound ptxas capped some variants at 64 registers
 // and spilled; one resident block's worth is the budget the rules assume.
 //
-// Shapes admitted (Python's `config_problems`): K % BK == 0 (wmma) or K % 8 == 0 (rows), K % 64 == 0 for nf4;
+// Shapes admitted (Python's `config_problems`): K % BK == 0 (mma) or K % 8 == 0 (rows), K % 64 == 0 for nf4;
 // any M >= 1 and N >= 1 (partial tiles are guarded). The static_asserts mirror the Python rules, by name.
-
-#include <cuda_fp16.h>
-#include <mma.h>
 
 #ifndef WARPSIZE
 #define WARPSIZE 32
@@ -32,6 +30,13 @@ __device__ __constant__ float NF4_CODE[16] = {
     -0.18477343022823334f, -0.09105003625154495f, 0.0f, 0.07958029955625534f, 0.16093020141124725f,
     0.24611230194568634f, 0.33791524171829224f, 0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f,
     1.0f};
+
+// f16 bits -> f32 (PTX: no cuda_fp16.h needed)
+__device__ __forceinline__ float h2f(unsigned short h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
 
 // eight consecutive weights of row n starting at column k (k % 8 == 0), as f32
 template <int FMT>
@@ -51,8 +56,8 @@ __device__ __forceinline__ void load8(const unsigned *w, const float *absmax, in
     const unsigned parts[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
     for (int b = 0; b < 4; ++b) {  // the lower half of a word is the earlier weight (little-endian)
-      v[2 * b] = __half2float(__ushort_as_half((unsigned short)(parts[b] & 0xffffu)));
-      v[2 * b + 1] = __half2float(__ushort_as_half((unsigned short)(parts[b] >> 16)));
+      v[2 * b] = h2f((unsigned short)(parts[b] & 0xffffu));
+      v[2 * b + 1] = h2f((unsigned short)(parts[b] >> 16));
     }
   } else {
     const float4 *p = reinterpret_cast<const float4 *>(reinterpret_cast<const float *>(w) + e);
@@ -73,7 +78,7 @@ __device__ __forceinline__ float row_rsqrt_warp(const float *x, int K, float eps
 }
 
 // ---- legality: the Python rules of kernels/matmul/cuda.py, in order (0 = legal) -------------------------------
-__host__ __device__ constexpr int wmma_smem_bytes(int EPI, int BM, int BN, int BK) {
+__host__ __device__ constexpr int mma_smem_bytes(int EPI, int BM, int BN, int BK) {
   const int sets = EPI == 2 ? 2 : 1;
   const int ops = BM * (BK + 8) * 2 + sets * BN * (BK + 8) * 2;  // x tile + W tile(s), f16, rows padded by 8
   const int res = sets * BM * (BN + 4) * 4;                       // the f32 result tile(s), rows padded by 4
@@ -81,13 +86,13 @@ __host__ __device__ constexpr int wmma_smem_bytes(int EPI, int BM, int BN, int B
 }
 
 // ---- legality: the Python rules of kernels/matmul/cuda.py, in order (0 = legal) -------------------------------
-__host__ __device__ constexpr int wmma_first_failure(int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM,
+__host__ __device__ constexpr int mma_first_failure(int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM,
                                                      int WN) {
   if (FMT < 0 || FMT > 2 || EPI < 0 || EPI > 2 || NORM < 0 || NORM > 1) return 1;  // variant
   if (WM % 16 != 0 || WN % 16 != 0 || BK % 16 != 0 || WM < 16 || WN < 16 || BK < 16) return 2;  // fragments_16
   if (BM % WM != 0 || BN % WN != 0) return 3;                                      // warp_tiles_divide
   if ((BM / WM) * (BN / WN) * WARPSIZE > 1024) return 4;                           // threads_1024
-  if (wmma_smem_bytes(EPI, BM, BN, BK) > 48 * 1024) return 5;                      // smem_48k
+  if (mma_smem_bytes(EPI, BM, BN, BK) > 48 * 1024) return 5;                      // smem_48k
   if ((WM / 16) * (WN / 16) * (EPI == 2 ? 2 : 1) > 16) return 6;                    // fragments_per_warp_16
   return 0;
 }
@@ -99,29 +104,44 @@ __host__ __device__ constexpr int rows_first_failure(int FMT, int EPI, int NORM,
   return 0;
 }
 
+// f32 -> f16 bits (round to nearest even) and one m16n8k16 f16 x f16 -> f32 tensor-core step, in PTX: no header,
+// so NVRTC compiles this file without a CUDA include path
+__device__ __forceinline__ unsigned short f2h(float v) {
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+  return h;
+}
+
+__device__ __forceinline__ void mma_16816(float *d, const unsigned *a, const unsigned *b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
 template <int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM, int WN>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * WARPSIZE, 1)
-nf4_mm_wmma(const float *__restrict__ x, int x_row0, const unsigned *__restrict__ w, const float *__restrict__ absmax,
-            const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, const float *__restrict__ norm_w,
-            float eps, float *__restrict__ out, int M, int N, int K) {
-  constexpr int FAIL = wmma_first_failure(FMT, EPI, NORM, BM, BN, BK, WM, WN);
+nf4_mm_mma(const float *__restrict__ x, int x_row0, const unsigned *__restrict__ w, const float *__restrict__ absmax,
+           const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, const float *__restrict__ norm_w,
+           float eps, float *__restrict__ out, int M, int N, int K) {
+  constexpr int FAIL = mma_first_failure(FMT, EPI, NORM, BM, BN, BK, WM, WN);
   static_assert(FAIL != 1, "variant: FMT in 0..2 (nf4, f16, f32), EPI in 0..2 (none, residual, swiglu), NORM 0/1");
-  static_assert(FAIL != 2, "fragments_16: WM, WN and BK must be multiples of the 16x16x16 wmma fragment");
+  static_assert(FAIL != 2, "fragments_16: WM, WN and BK must be multiples of 16 (m16n8k16 tensor-core steps)");
   static_assert(FAIL != 3, "warp_tiles_divide: BM % WM and BN % WN must be 0");
   static_assert(FAIL != 4, "threads_1024: (BM/WM)*(BN/WN) warps must be at most 1024 threads");
   static_assert(FAIL != 5, "smem_48k: the operand tiles or the result tile exceed 48 KB of static shared memory");
-  static_assert(FAIL != 6, "fragments_per_warp_16: at most 16 accumulator fragments per warp (register spilling)");
-  using namespace nvcuda;
+  static_assert(FAIL != 6, "fragments_per_warp_16: at most 16 accumulator 16x16 tiles per warp (register spilling)");
   constexpr int NT = (BM / WM) * (BN / WN) * WARPSIZE;
   constexpr int SETS = EPI == 2 ? 2 : 1;
-  constexpr int LDA = BK + 8, LDC = BN + 4;
-  constexpr int FM = WM / 16, FN = WN / 16;
-  __shared__ __align__(32) unsigned char smem[wmma_smem_bytes(EPI, BM, BN, BK)];
-  __half *As = reinterpret_cast<__half *>(smem);                 // (BM, LDA)
-  __half *Bs = As + BM * LDA;                                     // SETS x (BN, LDA): W rows, i.e. B col-major
-  float *Cs = reinterpret_cast<float *>(smem);                    // SETS x (BM, LDC), after the K loop
-  float *rs = reinterpret_cast<float *>(smem + (wmma_smem_bytes(EPI, BM, BN, BK) - BM * 4));  // (BM,) 1/rms
+  constexpr int LDA = BK + 8, LDC = BN + 4;  // row pads (halves, floats) against shared-memory bank conflicts
+  constexpr int FM = WM / 16, FN = WN / 8;   // m16n8 tiles per warp
+  __shared__ __align__(16) unsigned char smem[mma_smem_bytes(EPI, BM, BN, BK)];
+  unsigned short *As = reinterpret_cast<unsigned short *>(smem);  // (BM, LDA) f16 bits
+  unsigned short *Bs = As + BM * LDA;                              // SETS x (BN, LDA): W rows = B column-major
+  float *Cs = reinterpret_cast<float *>(smem);                     // SETS x (BM, LDC), after the K loop
+  float *rs = reinterpret_cast<float *>(smem + (mma_smem_bytes(EPI, BM, BN, BK) - BM * 4));  // (BM,) 1/rms
   const int tid = threadIdx.x, warp = tid / WARPSIZE, lane = tid % WARPSIZE;
+  const int g = lane >> 2, t = lane & 3;  // the fragment layout's groupID and thread-in-group
   const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
   const int wm = (warp / (BN / WN)) * WM, wn = (warp % (BN / WN)) * WN;
   const float *xb = x + (size_t)x_row0 * K;
@@ -133,13 +153,15 @@ nf4_mm_wmma(const float *__restrict__ x, int x_row0, const unsigned *__restrict_
   }
   __syncthreads();
 
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[SETS][FM][FN];
+  float acc[SETS][FM][FN][4];
 #pragma unroll
   for (int s = 0; s < SETS; ++s)
 #pragma unroll
     for (int i = 0; i < FM; ++i)
 #pragma unroll
-      for (int j = 0; j < FN; ++j) wmma::fill_fragment(acc[s][i][j], 0.0f);
+      for (int j = 0; j < FN; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[s][i][j][q] = 0.0f;
 
   for (int k0 = 0; k0 < K; k0 += BK) {
     // x tile: BM x BK floats, normed, rounded to f16 (rows past M are zeros)
@@ -150,7 +172,7 @@ nf4_mm_wmma(const float *__restrict__ x, int x_row0, const unsigned *__restrict_
         v = xb[(size_t)(m0 + r) * K + k0 + c];
         if (NORM) v *= rs[r] * norm_w[k0 + c];
       }
-      As[r * LDA + c] = __float2half(v);
+      As[r * LDA + c] = f2h(v);
     }
     // W tiles: BN rows x BK, eight weights (one NF4 word) per thread step, decoded once
     for (int e = tid; e < SETS * BN * (BK / 8); e += NT) {
@@ -163,37 +185,49 @@ nf4_mm_wmma(const float *__restrict__ x, int x_row0, const unsigned *__restrict_
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = 0.0f;
       }
-      __half *dst = Bs + s * BN * LDA + r * LDA + c;
+      unsigned short *dst = Bs + s * BN * LDA + r * LDA + c;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) dst[i] = __float2half(v[i]);
+      for (int i = 0; i < 8; ++i) dst[i] = f2h(v[i]);
     }
     __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < BK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a[FM];
+      // A (16 x 16, row-major): {row g, k 2t..2t+1}, {row g+8, same k}, {row g, k +8}, {row g+8, k +8}
+      unsigned a[FM][4];
 #pragma unroll
-      for (int i = 0; i < FM; ++i) wmma::load_matrix_sync(a[i], As + (wm + 16 * i) * LDA + kk, LDA);
+      for (int i = 0; i < FM; ++i) {
+        const unsigned short *p = As + (wm + 16 * i + g) * LDA + kk + 2 * t;
+        a[i][0] = *reinterpret_cast<const unsigned *>(p);
+        a[i][1] = *reinterpret_cast<const unsigned *>(p + 8 * LDA);
+        a[i][2] = *reinterpret_cast<const unsigned *>(p + 8);
+        a[i][3] = *reinterpret_cast<const unsigned *>(p + 8 * LDA + 8);
+      }
 #pragma unroll
       for (int s = 0; s < SETS; ++s)
 #pragma unroll
         for (int j = 0; j < FN; ++j) {
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
-          wmma::load_matrix_sync(b, Bs + s * BN * LDA + (wn + 16 * j) * LDA + kk, LDA);
+          // B (16 x 8, column-major): column g, k 2t..2t+1 and k +8; a W row holds one column's k contiguously
+          const unsigned short *p = Bs + s * BN * LDA + (wn + 8 * j + g) * LDA + kk + 2 * t;
+          const unsigned b[2] = {*reinterpret_cast<const unsigned *>(p), *reinterpret_cast<const unsigned *>(p + 8)};
 #pragma unroll
-          for (int i = 0; i < FM; ++i) wmma::mma_sync(acc[s][i][j], a[i], b, acc[s][i][j]);
+          for (int i = 0; i < FM; ++i) mma_16816(acc[s][i][j], a[i], b);
         }
     }
     __syncthreads();
   }
-  // the result tile(s) through shared memory (the operands are dead), then the guarded epilogue
+  // the result tile(s) through shared memory (the operands are dead): D rows g and g+8, columns 2t and 2t+1
 #pragma unroll
   for (int s = 0; s < SETS; ++s)
 #pragma unroll
     for (int i = 0; i < FM; ++i)
 #pragma unroll
-      for (int j = 0; j < FN; ++j)
-        wmma::store_matrix_sync(Cs + s * BM * LDC + (wm + 16 * i) * LDC + wn + 16 * j, acc[s][i][j], LDC,
-                                wmma::mem_row_major);
+      for (int j = 0; j < FN; ++j) {
+        float *c = Cs + s * BM * LDC + (wm + 16 * i + g) * LDC + wn + 8 * j + 2 * t;
+        c[0] = acc[s][i][j][0];
+        c[1] = acc[s][i][j][1];
+        c[8 * LDC] = acc[s][i][j][2];
+        c[8 * LDC + 1] = acc[s][i][j][3];
+      }
   __syncthreads();
   for (int e = tid; e < BM * BN; e += NT) {
     const int r = e / BN, c = e % BN;

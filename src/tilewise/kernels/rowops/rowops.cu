@@ -9,8 +9,6 @@
 //   copy_words<NT>(src, src_word, dst, dst_word, n)   grid (ceil(n / NT))
 // NT is a power of two, 32..1024 (the static_asserts below mirror kernels/rowops/cuda.py's rules).
 
-#include <cuda_fp16.h>
-
 #ifndef WARPSIZE
 #define WARPSIZE 32
 #endif
@@ -70,7 +68,9 @@ __global__ void __launch_bounds__(NT) embed(const int *__restrict__ ids, const u
     const unsigned byte = reinterpret_cast<const unsigned char *>(w)[e / 2];
     v = ROW_NF4_CODE[(e & 1) ? (byte & 0xfu) : (byte >> 4)] * absmax[e / 64];
   } else if (FMT == 1) {
-    v = __half2float(reinterpret_cast<const __half *>(w)[e]);
+    float f;  // f16 bits -> f32 in PTX (no cuda_fp16.h: NVRTC needs no include path)
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(reinterpret_cast<const unsigned short *>(w)[e]));
+    v = f;
   } else {
     v = reinterpret_cast<const float *>(w)[e];
   }
