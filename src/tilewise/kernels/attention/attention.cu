@@ -16,6 +16,9 @@
 #define WARPSIZE 32
 #endif
 
+// -infinity without <math.h> (NVRTC compiles this file with no include path)
+#define ATTN_NEG_INF (-__int_as_float(0x7f800000))
+
 __host__ __device__ constexpr int rope_first_failure(int D) {
   if (D < 16 || D > 1024 || D % 16 != 0) return 1;  // head_dim_16_1024
   return 0;
@@ -82,7 +85,7 @@ __global__ void __launch_bounds__(NW * WARPSIZE) attention(const float *__restri
     qv[e] = c < D ? q[((size_t)(first + i) * HQ + h) * D + c] * scale : 0.0f;
     acc[e] = 0.0f;
   }
-  float mx = -INFINITY, sum = 0.0f;
+  float mx = ATTN_NEG_INF, sum = 0.0f;
   for (int t = warp; t < keys; t += NW) {
     const float *kr = k_cache + ((size_t)t * HKV + kvh) * D;
     float dot = 0.0f;
@@ -106,14 +109,14 @@ __global__ void __launch_bounds__(NW * WARPSIZE) attention(const float *__restri
   for (int e = 0; e < E; ++e) s_out[warp][e * WARPSIZE + lane] = acc[e];
   __syncthreads();
   if (warp != 0) return;
-  float gm = -INFINITY;
+  float gm = ATTN_NEG_INF;
 #pragma unroll
   for (int w = 0; w < NW; ++w) gm = fmaxf(gm, s_max[w]);
   float tot = 0.0f, o[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) o[e] = 0.0f;
   for (int w = 0; w < NW; ++w) {
-    if (s_max[w] == -INFINITY) continue;  // a warp that saw no key
+    if (s_max[w] == ATTN_NEG_INF) continue;  // a warp that saw no key
     const float f = __expf(s_max[w] - gm);
     tot += s_sum[w] * f;
 #pragma unroll
