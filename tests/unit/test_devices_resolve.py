@@ -69,7 +69,7 @@ def test_auto_breaks_ties_by_the_callers_preference(machine):
     machine["cuda"] = [info("cuda", "H200", "discrete")]
     assert backends("gemm")[:2] == ["cuda", "webgpu"]  # the family's preference: the faster implementation first
     assert devices.resolve("auto", backends("gemm")).name == "cuda:0"
-    assert devices.resolve("auto", ("webgpu", "cpu")).name == "webgpu:0"  # the classifier has no CUDA executor
+    assert devices.resolve("auto", ("webgpu", "cpu")).name == "webgpu:0"  # a job without a CUDA implementation
 
 
 def test_a_device_the_job_cannot_use_is_refused_with_the_ones_it_can(machine):

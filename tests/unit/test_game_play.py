@@ -261,9 +261,10 @@ def test_color_board_tracks_the_settled_cells():
 
 
 def test_play_refuses_a_device_without_a_classifier_executor(capsys):
-    assert main(["play", "--policy", "model", "--device", "cuda", "--steps", "1"]) == 2
+    assert main(["play", "--policy", "model", "--device", "tvm-llvm", "--steps", "1"]) == 2
     err = capsys.readouterr().err
-    assert "the classifier has no executor for 'cuda'" in err and "use --device webgpu, webgpu:N, cpu or auto" in err
+    assert "the classifier has no executor for 'tvm-llvm'" in err
+    assert "use --device cuda, cuda:N, webgpu, webgpu:N, cpu or auto" in err
 
 
 def test_play_says_which_device_it_plays_on(capsys):

@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="default", help="model for --policy model: default (bundled), a preset or a path")
     p.add_argument("--device", default="auto",
                    help="device for --policy model: auto (the fastest with a classifier executor), cpu, webgpu, "
-                        "webgpu:N, dawn, dawn:N (default auto)")
+                        "webgpu:N, dawn, dawn:N, cuda, cuda:N (default auto)")
     p.add_argument("--steps", type=common.positive, default=500,
                    help="most decisions to make (stops earlier at game over)")
     p.add_argument("--seed", type=common.seed, default=0, help="game seed (piece sequence; also the random policy's)")

@@ -118,8 +118,8 @@ def register_bench(sub: Any) -> None:
                                    "time, and agreement with the CPU executor.",
                        epilog="examples:\n  tilewise bench --preset tiny --seq 40 --decisions 5 --device webgpu\n"
                               "  tilewise bench --device cpu --preset tiny --threads 1 --json bench.json")
-    p.add_argument("--device", default="auto", help="auto (the fastest with a classifier executor), webgpu, webgpu:N "
-                                                   "or cpu (default auto)")
+    p.add_argument("--device", default="auto", help="auto (the fastest with a classifier executor), webgpu, webgpu:N, "
+                                                   "cuda, cuda:N or cpu (default auto)")
     p.add_argument("--preset", default="seed-250m", help="model preset or path (default seed-250m)")
     p.add_argument("--seq", type=common.int_at_least(2), default=346, help="prompt tokens per decision (default 346)")
     p.add_argument("--decisions", type=common.positive, default=50, help="timed decisions (default 50)")

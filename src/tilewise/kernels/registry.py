@@ -24,6 +24,9 @@ TEMPLATES: dict[tuple[str, str], str] = {
     ("nf4-matmul-rows", "webgpu"): "tilewise.kernels.matmul.webgpu:NF4MatmulRows",
     ("nf4-swiglu", "webgpu"): "tilewise.kernels.matmul.webgpu:NF4SwigluTiled",
     ("nf4-matmul-f16s", "webgpu"): "tilewise.kernels.matmul.webgpu:NF4MatmulTiledF16",
+    ("nf4-matmul", "cuda"): "tilewise.kernels.matmul.cuda:CudaNF4MatmulMma",
+    ("nf4-matmul-rows", "cuda"): "tilewise.kernels.matmul.cuda:CudaNF4MatmulRows",
+    ("nf4-swiglu", "cuda"): "tilewise.kernels.matmul.cuda:CudaNF4SwigluMma",
 }
 
 

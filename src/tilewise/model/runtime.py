@@ -8,8 +8,8 @@ Split so that another device only has to add an executor:
 - `Executor` (one per device): `forward(ids, state, final_row_slicing)` -> (last hidden, caches). The row
   plan of final-row slicing (`mixer_rows` below) is shared: in the last block only the last row's mixer output,
   FFN and final norm are computed, while the K/V rows and conv state every later token needs are kept.
-- `EXECUTORS`: backend -> executor (`model/cpu.py`, `model/webgpu.py`); `load` resolves its device with the one
-  device resolver against these backends, so `auto` is the fastest device that has an executor.
+- `EXECUTORS`: backend -> executor (`model/cpu.py`, `model/webgpu.py`, `model/cuda.py`); `load` resolves its
+  device with the one device resolver against these backends, so `auto` is the fastest device that has an executor.
 """
 
 from __future__ import annotations
@@ -188,8 +188,14 @@ def _webgpu_executor(ck: Checkpoint, device: Any, quiet: bool = False) -> Any:
     return WebGPUExecutor(ck, device=device, quiet=quiet)
 
 
+def _cuda_executor(ck: Checkpoint, device: Any, quiet: bool = False) -> Any:
+    from tilewise.model.cuda import CUDAExecutor  # CuPy is imported only when a CUDA model is loaded
+
+    return CUDAExecutor(ck, device=device, quiet=quiet)
+
+
 #: backend -> executor factory(checkpoint, device, quiet=...); its keys are the backends `auto` may pick
-EXECUTORS: dict[str, Any] = {"webgpu": _webgpu_executor, "cpu": _cpu_executor}
+EXECUTORS: dict[str, Any] = {"cuda": _cuda_executor, "webgpu": _webgpu_executor, "cpu": _cpu_executor}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -282,7 +288,8 @@ def load(path_or_preset: str | Path = "default", device: Any = "auto", weights: 
         path_or_preset: `default` (the bundled model), a preset (`lfm2-350m`, `seed-250m`, `tiny`: seeded random
             weights), or a path to an HF LFM2 folder / tilewise checkpoint.
         device: `auto` (the fastest device with an executor: a GPU over the CPU, the CPU over a software
-            adapter), `cpu`, `webgpu` or `webgpu:N`; `model.device_choice.line()` says which and why.
+            adapter), `cpu`, `webgpu`, `webgpu:N`, `cuda` or `cuda:N`; `model.device_choice.line()` says which and
+            why.
         weights: the storage format the matrices run from: `nf4`, `f16` or `f32`.
         seed: the seed of a preset's random weights.
         quiet: print nothing; otherwise a step that takes over a second (random weights, NF4 quantization,

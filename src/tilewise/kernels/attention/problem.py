@@ -100,3 +100,41 @@ class AttentionProblem(Problem):
     def bytes_moved(self, shape: Shape) -> int:
         m, p, hq, hkv, d = shape
         return 4 * (2 * m * hq * d + 2 * (p + m) * hkv * d)
+
+
+class QKNormRopeProblem(Problem):
+    """Per-head q/k RMSNorm + RoPE of M projected rows at positions P..P+M-1; shape (M, P, HQ, HKV, D).
+    Output (M, (HQ + 2 HKV) D): each row's rotated q heads, rotated k heads, then its v heads unchanged."""
+
+    name = "qknorm_rope"
+    shape_names = ("M", "P", "HQ", "HKV", "D")
+    example_shape = (346, 0, 16, 8, 64)
+
+    def __init__(self, theta: float = 1e6, eps: float = 1e-5) -> None:
+        self.theta, self.eps = theta, eps
+
+    def check_shape(self, shape: Shape) -> Shape:
+        return AttentionProblem.check_shape(self, shape)  # type: ignore[arg-type]
+
+    def output_shape(self, shape: Shape) -> tuple[int, ...]:
+        m, _, hq, hkv, d = shape
+        return (m, (hq + 2 * hkv) * d)
+
+    def make_inputs(self, shape: Shape, rng: np.random.Generator) -> HostInputs:
+        m, _, hq, hkv, d = self.check_shape(shape)
+        return {"qkv": rng.standard_normal((m, (hq + 2 * hkv) * d)).astype(np.float32),  # (M, (HQ + 2 HKV) D)
+                "q_norm": (1 + 0.3 * rng.standard_normal(d)).astype(np.float32),  # (D,)
+                "k_norm": (1 + 0.3 * rng.standard_normal(d)).astype(np.float32)}  # (D,)
+
+    def reference(self, host: HostInputs, shape: Shape) -> np.ndarray:
+        m, p, hq, hkv, d = shape
+        q, k, v = qknorm_rope_ref(host["qkv"], host["q_norm"], host["k_norm"], p, hq, hkv, d, self.theta, self.eps)
+        return np.concatenate([q.reshape(m, -1), k.reshape(m, -1), v.reshape(m, -1)], axis=1)
+
+    def flops(self, shape: Shape) -> int:
+        m, _, hq, hkv, d = shape
+        return 8 * m * (hq + hkv) * d
+
+    def bytes_moved(self, shape: Shape) -> int:
+        m, p, hq, hkv, d = shape
+        return 4 * (2 * m * (hq + 2 * hkv) * d + 2 * d + (p + m) * d)

@@ -1,0 +1,209 @@
+"""The classifier on CUDA in one run: the CUDA test group, `tilewise bench --device cuda`, then tilewise CUDA vs HF
+transformers bf16 eager vs `torch.compile` on the same GPU (decision latency p50/p90/p99).
+
+Sections, each recorded with its error if it fails (the run goes on):
+1. `pytest -m cuda` over the model's CUDA kernel and executor tests (rc, counts, the output's tail);
+2. `tilewise bench --device cuda --preset <first preset>` through the command line (its JSON);
+3. per preset (seeded random weights, lfm2-350m and seed-250m shapes): tilewise CUDA (nf4) decisions of `--seq`
+   tokens timed on the host clock around prefill + reading the 8 scores, per-op GPU time (CUDA events), then HF
+   `Lfm2Model` + Linear(hidden, 8) in bf16, eager and `torch.compile`, same weights and prompts, timed the same way
+   (bench/decision_webgpu.py's `hf_decider`); the largest |score difference| of tilewise against HF eager.
+Writes `results.json` (date, device, command, every section) into `--out`.
+
+Usage (on a machine with an NVIDIA GPU, CuPy, torch with CUDA and transformers):
+
+    PYTHONPATH=src python3 bench/model_cuda.py --out bench/results/model_cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from tilewise.devices.cpu import quiet_torch_threads  # noqa: E402
+
+OMP_LINE = quiet_torch_threads()  # before torch loads
+
+from tilewise.model.bench import PREFIX_TOKENS, op_table, percentiles, prompts, time_calls  # noqa: E402
+
+T0 = time.perf_counter()
+TESTS = ["tests/cuda/test_model_kernels_cuda.py", "tests/cuda/test_model_cuda.py", "tests/unit/test_model_cuda_plan.py",
+         "tests/unit/test_model_cuda_nvcc.py", "tests/unit/test_model_cuda_nvrtc.py"]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", flush=True)
+
+
+def section(results: dict[str, Any], name: str, fn: Any, *args: Any) -> Any:
+    log(f"{name} ...")
+    try:
+        out = fn(*args)
+    except Exception as exc:  # a failing section is recorded and the run goes on
+        results[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+        log(f"{name} failed: {exc}")
+        return None
+    results[name] = out
+    log(f"{name} done")
+    return out
+
+
+def tests_section(timeout_s: float) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", *TESTS]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=env)
+    tail = (res.stdout + res.stderr)[-6000:]
+    summary = next((ln for ln in reversed(tail.splitlines()) if " in " in ln and ("passed" in ln or "failed" in ln)),
+                   "")
+    return {"command": " ".join(cmd[1:]), "rc": res.returncode, "summary": summary, "tail": tail}
+
+
+def cli_bench_section(preset: str, out: Path, timeout_s: float) -> dict[str, Any]:
+    path = out / f"tilewise_bench_cuda_{preset}.json"
+    cmd = [sys.executable, "-m", "tilewise", "bench", "--device", "cuda", "--preset", preset, "--json", str(path)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=env)
+    body = json.loads(path.read_text()) if path.exists() else None
+    return {"command": "tilewise " + " ".join(cmd[3:]), "rc": res.returncode,
+            "output": (res.stdout + res.stderr)[-4000:], "result": body}
+
+
+def tilewise_cuda_section(ck: Any, args: argparse.Namespace) -> tuple[dict[str, Any], list[np.ndarray]]:
+    from tilewise.model.runtime import from_checkpoint
+
+    t = time.perf_counter()
+    model = from_checkpoint(ck, device=args.device, quiet=True)
+    load_s = time.perf_counter() - t
+    _, full = prompts(ck.config.vocab_size, args.seq, args.decisions + 3, PREFIX_TOKENS)
+    scores: dict[int, np.ndarray] = {}
+
+    def decide(i: int) -> None:
+        scores[i] = model.scores(model.prefill(full[i % len(full)]))
+
+    t = time.perf_counter()
+    decide(0)
+    first_s = time.perf_counter() - t
+    samples = time_calls(decide, args.decisions, 3, budget_s=args.section_s)
+    lat = percentiles(samples)
+    timed = hasattr(model.executor, "last_op_times")  # GPU executors time each launch
+    ops = op_table(model.executor, full[0]) if timed else []
+    out = {"impl": f"tilewise {model.device} nf4", "load_s": load_s, "first_call_s": first_s,
+           "latency_ms_p50": lat["p50"], "latency_ms_p90": lat["p90"], "latency_ms_p99": lat["p99"],
+           "latency_samples_ms": samples, "decisions_timed": lat["n"], "ops": ops,
+           "launches_per_decision": len(model.executor.last_op_times) if timed else None,
+           "device": model.device_choice.line() if model.device_choice else model.device}
+    return out, [scores[i] for i in range(min(5, args.decisions))]
+
+
+def hf_section(ck_f32: Any, args: argparse.Namespace, compiled: bool) -> tuple[dict[str, Any], list[np.ndarray]]:
+    import torch
+    import transformers
+
+    from decision_webgpu import hf_decider
+
+    _, full = prompts(ck_f32.config.vocab_size, args.seq, args.decisions + 3, PREFIX_TOKENS)
+    decide = hf_decider(ck_f32, ck_f32.config, args, compiled, full)
+    t = time.perf_counter()
+    first = decide(0)
+    first_s = time.perf_counter() - t
+    samples = time_calls(lambda i: decide(i % len(full)), args.decisions, 3, budget_s=args.section_s)
+    lat = percentiles(samples)
+    out = {"impl": f"HF transformers Lfm2Model bf16 {'torch.compile' if compiled else 'eager'}",
+           "latency_ms_p50": lat["p50"], "latency_ms_p90": lat["p90"], "latency_ms_p99": lat["p99"],
+           "latency_samples_ms": samples, "decisions_timed": lat["n"], "first_call_s": first_s,
+           "torch": torch.__version__, "transformers": transformers.__version__, "gpu": torch.cuda.get_device_name()}
+    return out, [first] + [decide(i) for i in range(1, min(5, args.decisions))]
+
+
+def preset_section(preset: str, args: argparse.Namespace) -> dict[str, Any]:
+    from tilewise.model.runtime import open_checkpoint
+
+    f32 = open_checkpoint(preset, weights="f32", seed=args.seed)
+    nf4 = f32.converted("nf4").materialize()
+    res: dict[str, Any] = {}
+    tw = section(res, "tilewise_cuda", tilewise_cuda_section, nf4, args)
+    if not args.no_hf:
+        # HF runs the NF4 weights dequantized, so a score difference is the kernels' error, not quantization's
+        deq = type(f32).from_arrays(f32.config, {k: nf4.float32(k) for k in nf4.names()}, "f32", f"{preset}:nf4-deq")
+        eager = section(res, "hf_eager", hf_section, deq, args, False)
+        if not args.no_compile:
+            section(res, "hf_compile", hf_section, deq, args, True)
+        if tw is not None and eager is not None:
+            diffs = [float(np.abs(a - b.astype(np.float32)).max()) for a, b in zip(tw[1], eager[1])]
+            res["max_abs_score_diff_vs_hf_eager"] = max(diffs)
+    flat = {k: (v[0] if isinstance(v, tuple) else v) for k, v in res.items()}
+    base = flat.get("tilewise_cuda", {}).get("latency_ms_p50")
+    for k in ("hf_eager", "hf_compile"):
+        p50 = flat.get(k, {}).get("latency_ms_p50") if isinstance(flat.get(k), dict) else None
+        if base and p50:
+            flat[f"{k}_over_tilewise_p50"] = p50 / base
+    return flat
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="bench/results/model_cuda", help="output folder")
+    ap.add_argument("--presets", default="lfm2-350m,seed-250m", help="model presets, comma-separated")
+    ap.add_argument("--seq", type=int, default=346, help="prompt tokens per decision")
+    ap.add_argument("--decisions", type=int, default=50, help="timed decisions per implementation")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the presets' random weights")
+    ap.add_argument("--device", default="cuda", help="tilewise's device (cuda, cuda:N; cpu only to try the script)")
+    ap.add_argument("--section-s", type=float, default=30.0, help="time budget of one timing section")
+    ap.add_argument("--tests-timeout-s", type=float, default=240.0, help="time limit of the test section")
+    ap.add_argument("--no-tests", action="store_true", help="skip the CUDA test group")
+    ap.add_argument("--no-cli", action="store_true", help="skip `tilewise bench --device cuda`")
+    ap.add_argument("--no-hf", action="store_true", help="skip HF transformers")
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                               "command": "python3 bench/model_cuda.py " + " ".join(sys.argv[1:]),
+                               "omp": OMP_LINE, "seq": args.seq}
+    try:
+        from tilewise.devices import get_device
+
+        results["device"] = get_device("cuda").info.as_dict()
+    except Exception as exc:  # recorded; the sections say what else fails
+        results["device"] = {"error": str(exc)}
+    presets = [p for p in args.presets.split(",") if p]
+    if not args.no_tests:
+        section(results, "tests", tests_section, args.tests_timeout_s)
+    if not args.no_cli and presets:
+        section(results, "cli_bench", cli_bench_section, presets[0], out, 300.0)
+    for preset in presets:
+        section(results, f"race_{preset}", preset_section, preset, args)
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(results, indent=1, default=str))
+    tmp.replace(out / "results.json")
+    for preset in presets:
+        r = results.get(f"race_{preset}") or {}
+        line = [preset]
+        for k in ("tilewise_cuda", "hf_eager", "hf_compile"):
+            v = r.get(k) or {}
+            if "latency_ms_p50" in v:
+                line.append(f"{k} p50 {v['latency_ms_p50']:.2f} p90 {v['latency_ms_p90']:.2f} "
+                            f"p99 {v['latency_ms_p99']:.2f} ms")
+            elif "error" in v:
+                line.append(f"{k} error")
+        log(" | ".join(line))
+    log(f"wrote {out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

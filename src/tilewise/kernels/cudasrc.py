@@ -1,0 +1,47 @@
+"""Shared plumbing of the model kernels' CUDA C++ templates: the `.cu` text of a family and one compile step.
+
+Each family keeps its source beside its Python template (`matmul/matmul.cu`, `rowops/rowops.cu`, ...); a config is
+an NVRTC name expression (`nf4_mm_mma<0, 2, 1, 64, 64, 32, 32, 32>`), and every source mirrors its template's
+rules with `static_assert`s, so an illegal config is refused in Python before compiling and cannot compile either.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+
+import numpy as np
+
+from tilewise.devices.base import Buffer, Device, Program
+from tilewise.kernels.base import DeviceBuffers, HostInputs
+
+#: weight format -> the `FMT` template argument of the sources
+FMT_CODE = {"nf4": 0, "f16": 1, "f32": 2}
+
+
+@cache
+def cu_source(family: str, filename: str) -> str:
+    """The text of `tilewise/kernels/<family>/<filename>`."""
+    return resources.files(f"tilewise.kernels.{family}").joinpath(filename).read_text()
+
+
+def name_expression(kernel: str, *args: int) -> str:
+    """`kernel<a, b, ...>`: the instantiation NVRTC compiles."""
+    return f"{kernel}<{', '.join(str(int(a)) for a in args)}>"
+
+
+def compile_cuda(device: Device, source: str, entry: str, block: int, label: str) -> Program:
+    """Compile one instantiation and record its block size (the CUDA device launches with `meta['block']`)."""
+    prog = device.compile(source, entry=entry, name=label)
+    prog.meta["block"] = (int(block), 1, 1)
+    return prog
+
+
+def upload_all(device: Device, host: HostInputs) -> DeviceBuffers:
+    """Every host input as a device buffer of the same name."""
+    return {k: device.upload(np.ascontiguousarray(v)) for k, v in host.items()}
+
+
+def arg_or(bufs: dict[str, Buffer], name: str, fallback: str) -> Buffer:
+    """A buffer argument the variant does not read (absmax of f16 weights): any valid pointer will do."""
+    return bufs[name] if name in bufs else bufs[fallback]

@@ -1,0 +1,231 @@
+"""The classifier's weight matmuls on CUDA (`matmul.cu`): tensor cores (mma.sync f16 -> f32) and a short-row path.
+
+Problem: `matmul.problem.MatmulProblem` (y = epilogue(norm(x) @ W^T), W (N, K) nf4 / f16 / f32). Two kinds:
+
+- `mma` (`nf4_mm_mma<FMT, EPI, NORM, BM, BN, BK, WM, WN>`): a BM x BN output tile per block, BK inputs per step
+  through shared memory (x normed and rounded to f16, W decoded once per step), WM x WN per warp in m16n8k16
+  `mma.sync` steps (inline PTX). f16 operands, so it is verified at the f16 tolerance;
+- `rows` (`nf4_mm_rows<FMT, EPI, NORM, NT, RM>`): one warp per output column over RM rows, f32 arithmetic, for few
+  rows (a decision's last block, short extends).
+
+Arguments: x, x_row0 (first row of x read), w, absmax, w_up, absmax_up, norm_w, eps, out, M, N, K; every size is an
+argument, so one program serves every shape (`program_key` is the config). Later steps with seams here: split-K
+(a `splitk` kind writing partials), cp.async multi-stage pipelining (a `STAGES` argument), swizzled shared layouts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from typing import Any
+
+import numpy as np
+
+from tilewise.devices.base import Device, Launch, Program
+from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
+from tilewise.kernels.cudasrc import FMT_CODE, arg_or, compile_cuda, cu_source, name_expression, upload_all
+from tilewise.kernels.matmul.problem import EPILOGUES, MatmulProblem
+from tilewise.kernels.space import Config, Rule, Space
+
+WARP = 32
+KINDS = ("mma", "rows")
+EPI_CODE = {e: i for i, e in enumerate(EPILOGUES)}  # none 0, residual 1, swiglu 2 (matmul.cu's EPI)
+STATIC_SMEM_BYTES = 48 * 1024
+MAX_FRAGMENTS = 16
+#: the row count from which the tensor-core kernel is the default (below it the short-row kernel)
+MMA_FROM_ROWS = 32
+DEFAULT_MMA = {"BM": 64, "BN": 64, "BK": 32, "WM": 32, "WN": 32}
+DEFAULT_ROWS = {"NT": 128, "RM": 4}
+
+MMA_VALUES: dict[str, list[int]] = {"BM": [32, 64, 128], "BN": [32, 64, 128], "BK": [32, 64], "WM": [16, 32, 64],
+                                     "WN": [16, 32, 64]}
+MMA_SEED = [dict(zip(("BM", "BN", "BK", "WM", "WN"), v)) for v in (
+    (64, 64, 32, 32, 32), (128, 64, 32, 64, 32), (64, 128, 32, 32, 64), (32, 64, 64, 16, 32), (128, 128, 32, 64, 64),
+    (32, 32, 32, 16, 16), (128, 128, 64, 64, 64),  # the last two are illegal on purpose: smem_48k
+)]
+ROWS_VALUES: dict[str, list[int]] = {"NT": [64, 128, 256], "RM": [1, 2, 4, 8, 16]}
+
+
+def mma_smem_bytes(c: Config, sets: int) -> int:
+    """Static shared memory of a block, as `mma_smem_bytes` in matmul.cu computes it."""
+    ops = c.BM * (c.BK + 8) * 2 + sets * c.BN * (c.BK + 8) * 2
+    res = sets * c.BM * (c.BN + 4) * 4
+    return (max(ops, res) + 31) // 32 * 32 + c.BM * 4
+
+
+def mma_threads(c: Config) -> int:
+    return (c.BM // c.WM) * (c.BN // c.WN) * WARP
+
+
+def mma_rules(sets: int) -> list[Rule]:
+    """matmul.cu's `mma_first_failure`, rule for rule (its `variant` check is the constructor's)."""
+    return [
+        Rule("fragments_16", lambda c, _: all(v % 16 == 0 and v >= 16 for v in (c.WM, c.WN, c.BK)),
+             lambda c, _: f"WM = {c.WM}, WN = {c.WN}, BK = {c.BK} must be multiples of 16 (m16n8k16 steps)",
+             doc="each warp tile and K step is whole m16n8k16 steps (WN in pairs of n8)"),
+        Rule("warp_tiles_divide", lambda c, _: c.BM % c.WM == 0 and c.BN % c.WN == 0,
+             lambda c, _: f"block tile {c.BM}x{c.BN} is not a whole number of {c.WM}x{c.WN} warp tiles"),
+        Rule("threads_1024", lambda c, _: mma_threads(c) <= 1024,
+             lambda c, _: f"(BM/WM)*(BN/WN)*32 = {mma_threads(c)} threads > 1024"),
+        Rule("smem_48k", lambda c, _: mma_smem_bytes(c, sets) <= STATIC_SMEM_BYTES,
+             lambda c, _: f"{mma_smem_bytes(c, sets)} bytes of static shared memory > {STATIC_SMEM_BYTES}",
+             doc="operand tiles (f16) or the f32 result tile(s), whichever is larger, plus the rows' 1/rms"),
+        Rule("fragments_per_warp_16", lambda c, _: (c.WM // 16) * (c.WN // 16) * sets <= MAX_FRAGMENTS,
+             lambda c, _: f"(WM/16)*(WN/16)*{sets} = {(c.WM // 16) * (c.WN // 16) * sets} accumulator fragments > "
+                          f"{MAX_FRAGMENTS} per warp (certain spilling)"),
+        Rule("threads_per_block", lambda c, lim: mma_threads(c) <= lim.max_invocations_per_workgroup,
+             lambda c, lim: f"{mma_threads(c)} threads > the device's {lim.max_invocations_per_workgroup}",
+             needs_limits=True),
+    ]
+
+
+def rows_rules() -> list[Rule]:
+    """matmul.cu's `rows_first_failure`, rule for rule."""
+    return [
+        Rule("whole_warps", lambda c, _: c.NT % WARP == 0 and WARP <= c.NT <= 1024,
+             lambda c, _: f"NT = {c.NT} is not a whole number of warps in 32..1024"),
+        Rule("rows_1_16", lambda c, _: 1 <= c.RM <= 16, lambda c, _: f"RM = {c.RM} rows per block is not in 1..16",
+             doc="RM accumulators per weight set per lane"),
+        Rule("threads_per_block", lambda c, lim: lim.max_invocations_per_workgroup >= c.NT,
+             lambda c, lim: f"NT = {c.NT} > the device's {lim.max_invocations_per_workgroup}", needs_limits=True),
+    ]
+
+
+class CudaMatmul(KernelTemplate):
+    """One matmul variant (kind, weight format, epilogue, fused norm) on CUDA; see the module docstring."""
+
+    backend = "cuda"
+    shape_names = MatmulProblem.shape_names
+
+    def __init__(self, kind: str = "mma", fmt: str = "nf4", epilogue: str = "none", norm: bool = False,
+                 eps: float = 1e-5) -> None:
+        if kind not in KINDS or fmt not in FMT_CODE or epilogue not in EPI_CODE:
+            raise ValueError(f"unknown CUDA matmul kind={kind} fmt={fmt} epilogue={epilogue}")
+        self.kind, self.fmt, self.epilogue, self.norm, self.eps = kind, fmt, epilogue, norm, eps
+        self.problem = MatmulProblem(fmt, epilogue, norm, eps)
+        self.sets = self.problem.sets
+        self.name = f"{fmt}_matmul.{kind}.{epilogue}" + (".norm" if norm else "")
+        self.dtype = "f16" if kind == "mma" else self.problem.dtype
+
+    @classmethod
+    def from_name(cls, name: str, eps: float = 1e-5) -> CudaMatmul:
+        """The template a name like `nf4_matmul.rows.swiglu.norm` stands for."""
+        parts = name.split(".")
+        fmt = parts[0].split("_")[0]
+        return cls(parts[1], fmt, parts[2], len(parts) > 3 and parts[3] == "norm", eps)
+
+    # ---- spaces -----------------------------------------------------------------------------------------------
+    spaces = ("seed", "full")
+
+    def space(self, which: str = "full") -> Space:
+        if self.kind == "rows":
+            return Space("cuda-matmul-rows", {k: list(v) for k, v in ROWS_VALUES.items()}, rows_rules())
+        values = {k: list(v) for k, v in MMA_VALUES.items()}
+        points = MMA_SEED if which == "seed" else None
+        return Space(f"cuda-matmul-mma-{which}", values, mma_rules(self.sets), points=points)
+
+    def default_config(self) -> Config:
+        return self.config_of(DEFAULT_ROWS if self.kind == "rows" else DEFAULT_MMA)
+
+    def config_problems(self, config: Config, shape: Shape) -> list[str]:
+        m, _, k = shape
+        out = []
+        step = config["BK"] if self.kind == "mma" else 8
+        if k % step:
+            out.append(f"k_steps: K = {k} is not a multiple of {'BK' if self.kind == 'mma' else 'a word of 8'} "
+                       f"= {step}")
+        if self.fmt == "nf4" and k % 64:
+            out.append(f"nf4_blocks: K = {k} is not a multiple of 64 (one absmax per 64 weights of a row)")
+        bm = config["BM"] if self.kind == "mma" else config["RM"]
+        if math.ceil(m / bm) > 65535:
+            out.append(f"grid_y: ceil(M / {bm}) = {math.ceil(m / bm)} blocks > 65535")
+        return out
+
+    # ---- source and compile -----------------------------------------------------------------------------------
+    def entry(self, config: Config) -> str:
+        head = (FMT_CODE[self.fmt], EPI_CODE[self.epilogue], int(self.norm))
+        if self.kind == "rows":
+            return name_expression("nf4_mm_rows", *head, config["NT"], config["RM"])
+        return name_expression("nf4_mm_mma", *head, *(config[p] for p in ("BM", "BN", "BK", "WM", "WN")))
+
+    def source(self, config: Config, shape: Shape | None = None) -> str:
+        return f"{cu_source('matmul', 'matmul.cu')}\n// instantiated as {self.entry(config)}\n"
+
+    def program_key(self, config: Config, shape: Shape) -> Hashable:
+        return config
+
+    def threads(self, config: Config) -> int:
+        return config["NT"] if self.kind == "rows" else mma_threads(config)
+
+    def compile(self, device: Device, config: Config, shape: Shape) -> Program:
+        return compile_cuda(device, cu_source("matmul", "matmul.cu"), self.entry(config), self.threads(config),
+                            f"{self.name}[{config}]")
+
+    # ---- data -------------------------------------------------------------------------------------------------
+    def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
+        m, n, _ = shape
+        bufs = upload_all(device, {k: v for k, v in host.items() if k != "residual"})
+        bufs["out"] = device.allocate(4 * m * n)
+        init = self.problem.initial_output(host, shape)
+        if init is not None:
+            device.write(bufs["out"], init)
+        return self.attach_initial(device, host, shape, bufs)
+
+    def grid(self, config: Config, shape: Shape) -> tuple[int, int, int]:
+        m, n, _ = shape
+        if self.kind == "rows":
+            return (math.ceil(n / (config["NT"] // WARP)), math.ceil(m / config["RM"]), 1)
+        return (math.ceil(n / config["BN"]), math.ceil(m / config["BM"]), 1)
+
+    def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
+        return self.launches_at(program, bufs, config, shape, 0)
+
+    def launches_at(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape,
+                    x_row0: int) -> list[Launch]:
+        """The launch reading x from row `x_row0` (the executor's last block reads a window of the rows)."""
+        m, n, k = shape
+        args: list[Any] = [bufs["x"], np.int32(x_row0), bufs["w"], arg_or(bufs, "absmax", "w"),
+                           arg_or(bufs, "w_up", "w"), arg_or(bufs, "absmax_up", "w"), arg_or(bufs, "norm_w", "x"),
+                           np.float32(self.eps), bufs["out"], np.int32(m), np.int32(n), np.int32(k)]
+        return [Launch(program, self.grid(config, shape), args)]
+
+    def describe(self, config: Config) -> str:
+        if self.kind == "rows":
+            return f"rows nt{config['NT']} rm{config['RM']}"
+        return f"mma {config['BM']}x{config['BN']}x{config['BK']} w{config['WM']}x{config['WN']}"
+
+    def tile_waste(self, config: Config, shape: Shape) -> float:
+        m, n, _ = shape
+        bm, bn = (config["RM"], config["NT"] // WARP) if self.kind == "rows" else (config["BM"], config["BN"])
+        return (math.ceil(m / bm) * bm * math.ceil(n / bn) * bn) / (m * n)
+
+    def meta(self) -> dict[str, Any]:
+        return {**super().meta(), "source": "matmul.cu", "kind": self.kind, "fmt": self.fmt,
+                "epilogue": self.epilogue, "norm": self.norm}
+
+
+def all_variants(eps: float = 1e-5) -> list[CudaMatmul]:
+    """Every (kind, format, epilogue, norm) the executor can launch (the compile checks instantiate these)."""
+    return [CudaMatmul(k, f, e, nm, eps) for k in KINDS for f in FMT_CODE for e in EPILOGUES for nm in (False, True)]
+
+
+# no-argument classes for `tilewise.kernels.registry` (`tilewise tune nf4-matmul --device cuda --shape M,N,K`)
+class CudaNF4MatmulMma(CudaMatmul):
+    """Tensor-core NF4 matmul, plain epilogue."""
+
+    def __init__(self) -> None:
+        super().__init__("mma", "nf4", "none", False)
+
+
+class CudaNF4MatmulRows(CudaMatmul):
+    """Short-row NF4 matmul, plain epilogue."""
+
+    def __init__(self) -> None:
+        super().__init__("rows", "nf4", "none", False)
+
+
+class CudaNF4SwigluMma(CudaMatmul):
+    """Tensor-core paired gate/up NF4 matmul with SwiGLU and the fused RMSNorm (the FFN's first half)."""
+
+    def __init__(self) -> None:
+        super().__init__("mma", "nf4", "swiglu", True)

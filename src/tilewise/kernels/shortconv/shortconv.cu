@@ -1,0 +1,39 @@
+// shortconv.cu - LFM2's gated depthwise causal conv on CUDA: Bx = B * x, conv over time with L taps, y = C * conv.
+//
+//   shortconv<NT, L>(bcx, state_in, weight, y, state_out, M, H)   grid (ceil(H / NT), M)
+// bcx (M, 3H) holds B, C and x side by side; state_in (L-1, H) is Bx of the previous L-1 positions, oldest first
+// (zeros at the start of a prompt); weight (H, L); y (M, H); state_out (L-1, H), another buffer than state_in, gets
+// the last L-1 Bx rows (so a cached prefix state is never written). Rules mirrored from kernels/shortconv/cuda.py.
+
+#ifndef WARPSIZE
+#define WARPSIZE 32
+#endif
+
+__host__ __device__ constexpr int shortconv_first_failure(int NT, int L) {
+  if (NT < WARPSIZE || NT > 1024 || NT % WARPSIZE != 0) return 1;  // whole_warps
+  if (L < 2 || L > 8) return 2;                                    // taps_2_8
+  return 0;
+}
+
+template <int NT, int L>
+__global__ void __launch_bounds__(NT) shortconv(const float *__restrict__ bcx, const float *__restrict__ state_in,
+                                                const float *__restrict__ weight, float *__restrict__ y,
+                                                float *__restrict__ state_out, int M, int H) {
+  static_assert(shortconv_first_failure(NT, L) != 1, "whole_warps: NT must be a whole number of warps, 32..1024");
+  static_assert(shortconv_first_failure(NT, L) != 2, "taps_2_8: L (conv_L_cache) must be 2..8");
+  const int c = blockIdx.x * NT + threadIdx.x, t = blockIdx.y;
+  if (c >= H) return;
+  auto bx = [&](int s) -> float {  // Bx at chunk row s (s < 0: from the state)
+    if (s < 0) return state_in[(size_t)(L - 1 + s) * H + c];
+    const size_t base = (size_t)s * 3 * H;
+    return bcx[base + c] * bcx[base + 2 * H + c];
+  };
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < L; ++j) acc += weight[(size_t)c * L + j] * bx(t - (L - 1) + j);
+  y[(size_t)t * H + c] = bcx[(size_t)t * 3 * H + H + c] * acc;
+  if (t == 0) {
+#pragma unroll
+    for (int i = 0; i < L - 1; ++i) state_out[(size_t)i * H + c] = bx(M - (L - 1) + i);
+  }
+}

@@ -1,0 +1,407 @@
+"""The CUDA executor of the LFM2 classifier: the same `forward` contract as the WebGPU executor, on CUDA C++ kernels.
+
+- weights are uploaded once in the checkpoint's format (NF4 packed as stored, f16, f32; norms, conv taps and head
+  in f32); q/k/v rows are stacked (one projection launch per attention block);
+- activation buffers have a row capacity (a power of two) and are reused; a decision writes only its token ids;
+- a decision is planned as a launch list of kernel-template launches (`plan`), reused per shape (length, start,
+  cached base, pooled caches); per-op GPU times come from `forward(..., timed=True)` for `tilewise bench`;
+- each block's two RMSNorms are fused into the matmuls that read them (in_proj / qkv, gate/up);
+- matmuls: the short-row kernel below `MMA_FROM_ROWS` rows, the tensor-core (mma.sync) kernel from there
+  (`matmul_choice`, the one place a CUDA dispatch table will plug in);
+- final-row slicing and the prefix cache as in model/webgpu.py: the last block runs the mixer's output projection
+  and the FFN on the last row only; `forward` never writes its input caches (a new state gets pooled buffers, the
+  K/V prefix rows are copied by a kernel in the same launch list, the conv reads the old state and writes another).
+
+Device loss (a kernel fault poisons the CUDA context) raises `DeviceLost`; the next `forward` tries to rebuild the
+device and weights, and states made before the loss are refused. Seams for later steps: `run_plan` is where a CUDA
+graph of the plan is captured and replayed; `matmul_choice` is where split-K and tuned configs enter.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tilewise.devices.base import Buffer, Device, Launch, Program
+from tilewise.errors import ConfigError, DeviceLost, LaunchError
+from tilewise.kernels.attention import cuda as attn_k
+from tilewise.kernels.attention.problem import rope_table
+from tilewise.kernels.base import KernelTemplate
+from tilewise.kernels.cudasrc import FMT_CODE
+from tilewise.kernels.matmul import cuda as mm
+from tilewise.kernels.rowops import cuda as rowops
+from tilewise.kernels.shortconv.cuda import CudaShortConv
+from tilewise.kernels.space import Config
+from tilewise.model.checkpoint import HEAD, Checkpoint
+from tilewise.quant.nf4 import weight_arrays
+
+ROW_NT = 128  # embed / conv threads per block
+HEAD_NT = 256
+MIN_ROW_CAPACITY = 64
+MIN_CACHE_POSITIONS = 512
+MAX_CACHED_PLANS = 64
+
+
+@dataclass(eq=False)
+class CUDACaches:
+    """The GPU side of a State: K/V rows per attention layer, the last conv_L_cache-1 Bx rows per conv layer."""
+
+    capacity: int  # positions the K/V buffers hold
+    kv: dict[int, tuple[Buffer, Buffer]]  # layer -> (k, v), each (capacity, Hkv * D) f32
+    conv: dict[int, Buffer]  # layer -> (L - 1, H) f32
+    generation: int
+    n_tokens: int = 0
+    scores: np.ndarray | None = None
+
+
+class Plan:
+    """Launches of one decision, with an op label per launch (for per-op timing)."""
+
+    def __init__(self) -> None:
+        self.launches: list[Launch] = []
+        self.labels: list[str] = []
+
+    def add(self, label: str, launches: Sequence[Launch]) -> None:
+        for launch in launches:
+            self.launches.append(launch)
+            self.labels.append(label)
+
+
+class CUDAExecutor:
+    """Runs the classifier's forward pass on an NVIDIA GPU (see the module docstring)."""
+
+    device_name = "cuda"
+
+    def __init__(self, checkpoint: Checkpoint, device: Device | str | None = None, quiet: bool = False) -> None:
+        self.checkpoint = checkpoint
+        self.cfg = checkpoint.config
+        self.fmt = checkpoint.weights
+        if self.fmt not in FMT_CODE:
+            raise ConfigError(f"the CUDA executor runs nf4, f16 or f32 weights, not {self.fmt!r}",
+                              "load with weights='nf4' (or f16 / f32)")
+        self._given_device = device if not isinstance(device, str) and device is not None else None
+        self._device_name = (device if isinstance(device, str) or device is None else f"cuda:{device.info.index}")
+        self.quiet = quiet
+        self.generation = 0
+        self._lost = False
+        self.last_op_times: list[tuple[str, float]] = []
+        self._check_model()
+        self._setup()
+
+    def _check_model(self) -> None:
+        cfg = self.cfg
+        for dim, what in ((cfg.hidden_size, "hidden_size"), (cfg.ffn_dim, "ffn size"),
+                          (cfg.num_attention_heads * cfg.head_dim, "heads * head_dim")):
+            if dim % 64:
+                raise ConfigError(f"{what} {dim} is not a multiple of 64, which the CUDA matmuls need (NF4 blocks of "
+                                  "64 along each row)", "use the CPU executor for this model")
+        if cfg.head_dim % 16 or not 16 <= cfg.head_dim <= 256:
+            raise ConfigError(f"head_dim {cfg.head_dim} must be a multiple of 16 in 16..256 (the attention kernels)",
+                              "use the CPU executor for this model")
+        if cfg.num_attention_heads % cfg.num_key_value_heads:
+            raise ConfigError(f"{cfg.num_attention_heads} query heads do not share {cfg.num_key_value_heads} K/V "
+                              "heads evenly", "use the CPU executor for this model")
+
+    # -- setup -----------------------------------------------------------------------------------------------------
+    def _setup(self) -> None:
+        from tilewise.devices import get_device
+
+        if self._given_device is not None and not getattr(self._given_device, "_lost", False):
+            dev = self._given_device
+        else:
+            dev = get_device(self._device_name or "cuda")
+            if dev.info.backend != "cuda":
+                raise ConfigError(f"device {dev.info.name} is not a CUDA device", "pass device='cuda'")
+        self.dev = dev
+        self.generation += 1
+        self._programs: dict[Any, Program] = {}
+        self._templates: dict[str, KernelTemplate] = {}
+        self._pool: dict[int, list[CUDACaches]] = {}
+        self._rows = 0
+        self._rope_positions = 0
+        self._plans: dict[tuple[Any, ...], Plan] = {}
+        self._upload_weights()
+        self._lost = False
+
+    def _upload(self, arr: np.ndarray) -> Buffer:
+        return self.dev.upload(np.ascontiguousarray(arr))
+
+    def _matrix(self, names: Sequence[str]) -> dict[str, Buffer]:
+        """One matrix (rows of several stored matrices stacked) as {"w": ..., "absmax": ...} (absmax for nf4)."""
+        packs = [weight_arrays(self.checkpoint.get(n), self.fmt) for n in names]
+        out = {"w": self._upload(np.concatenate([p["w"].reshape(-1) for p in packs]))}
+        if self.fmt == "nf4":
+            out["absmax"] = self._upload(np.concatenate([p["absmax"] for p in packs]))
+        return out
+
+    def _upload_weights(self) -> None:
+        cfg, ck = self.cfg, self.checkpoint
+        f32 = ck.float32
+        H, L = cfg.hidden_size, cfg.conv_L_cache
+        self.embed = self._matrix(["embed_tokens.weight"])
+        self.final_norm = self._upload(f32("embedding_norm.weight"))
+        self.has_head = ck.has_head
+        head = f32(HEAD) if ck.has_head else np.zeros((cfg.num_labels, H), np.float32)
+        self.head = self._upload(head.astype(np.float32))
+        self.layers: list[dict[str, Any]] = []
+        for i, kind in enumerate(cfg.layer_types):
+            p = f"layers.{i}."
+            up = self._matrix([p + "feed_forward.w3.weight"])
+            lay: dict[str, Any] = {
+                "kind": kind,
+                "operator_norm": self._upload(f32(p + "operator_norm.weight")),
+                "ffn_norm": self._upload(f32(p + "ffn_norm.weight")),
+                "w13": {**self._matrix([p + "feed_forward.w1.weight"]), "w_up": up["w"],
+                        **({"absmax_up": up["absmax"]} if "absmax" in up else {})},
+                "w2": self._matrix([p + "feed_forward.w2.weight"]),
+            }
+            if kind == "conv":
+                lay["in_proj"] = self._matrix([p + "conv.in_proj.weight"])
+                lay["out_proj"] = self._matrix([p + "conv.out_proj.weight"])
+                lay["taps"] = self._upload(f32(p + "conv.conv.weight").reshape(H, L))
+            else:
+                a = p + "self_attn."
+                lay["qkv"] = self._matrix([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"])
+                lay["out_proj"] = self._matrix([a + "out_proj.weight"])
+                lay["q_norm"] = self._upload(f32(a + "q_layernorm.weight"))
+                lay["k_norm"] = self._upload(f32(a + "k_layernorm.weight"))
+            self.layers.append(lay)
+        self.zero_conv_state = self._upload(np.zeros((L - 1, H), np.float32))
+
+    # -- buffers -----------------------------------------------------------------------------------------------------
+    def _ensure_rows(self, n: int) -> None:
+        if n <= self._rows:
+            return
+        cfg = self.cfg
+        H, F = cfg.hidden_size, cfg.ffn_dim
+        hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        rows = max(MIN_ROW_CAPACITY, 1 << (n - 1).bit_length())
+        wide = max(3 * H, (hq + 2 * hkv) * d, F)
+        alloc = self.dev.allocate
+        self.act = {"x": alloc(4 * rows * H), "big": alloc(4 * rows * wide), "y": alloc(4 * rows * max(H, hq * d)),
+                    "q": alloc(4 * rows * hq * d), "ids": alloc(4 * rows), "x1": alloc(4 * H), "g1": alloc(4 * F),
+                    "res": alloc(4 * (H + cfg.num_labels))}
+        self._rows = rows
+        self._plans.clear()  # plans bind the old buffers
+
+    def _ensure_rope(self, positions: int) -> None:
+        if positions <= self._rope_positions:
+            return
+        cap = min(max(MIN_CACHE_POSITIONS, 1 << (positions - 1).bit_length()), self.cfg.max_position_embeddings)
+        cos, sin = rope_table(cap, self.cfg.head_dim, self.cfg.rope_theta)
+        self.rope = (self._upload(cos), self._upload(sin))
+        self._rope_positions = cap
+        self._plans.clear()
+
+    def _take_caches(self, positions: int) -> CUDACaches:
+        cfg = self.cfg
+        cap = min(max(MIN_CACHE_POSITIONS, 1 << (positions - 1).bit_length()), cfg.max_position_embeddings)
+        free = self._pool.setdefault(cap, [])
+        if free:
+            c = free.pop()
+        else:
+            kv_bytes = 4 * cap * cfg.num_key_value_heads * cfg.head_dim
+            kv = {i: (self.dev.allocate(kv_bytes), self.dev.allocate(kv_bytes))
+                  for i, t in enumerate(cfg.layer_types) if t == "full_attention"}
+            conv = {i: self.dev.allocate(4 * (cfg.conv_L_cache - 1) * cfg.hidden_size)
+                    for i, t in enumerate(cfg.layer_types) if t == "conv"}
+            c = CUDACaches(cap, kv, conv, self.generation)
+        # back to the pool when the State holding it is collected
+        weakref.finalize(c, _return_to_pool, free, c.capacity, c.kv, c.conv, c.generation, weakref.ref(self))
+        return c
+
+    # -- kernels -------------------------------------------------------------------------------------------------------
+    def _template(self, name: str) -> KernelTemplate:
+        tpl = self._templates.get(name)
+        if tpl is None:
+            eps = self.cfg.norm_eps
+            makers: dict[str, Any] = {"attention": attn_k.CudaAttention, "shortconv": CudaShortConv,
+                                      "rope": lambda: attn_k.CudaQKNormRope(self.cfg.rope_theta, eps),
+                                      "head": lambda: rowops.CudaHead(eps), "embed": lambda: rowops.CudaEmbed(self.fmt)}
+            tpl = makers[name]() if name in makers else mm.CudaMatmul.from_name(name, eps)
+            self._templates[name] = tpl
+        return tpl
+
+    def program(self, tpl: KernelTemplate, config: Config, shape: tuple[int, ...]) -> Program:
+        """The compiled program of a template's config (once per program key)."""
+        key = ("tpl", tpl.name, tpl.program_key(config, shape))
+        prog = self._programs.get(key)
+        if prog is None:
+            prog = tpl.compile(self.dev, config, shape)
+            self._programs[key] = prog
+        return prog
+
+    def matmul_choice(self, epilogue: str, rows: int, norm: bool) -> tuple[mm.CudaMatmul, Config]:
+        """The matmul kernel and config for `rows` rows (defaults; a tuned table plugs in here)."""
+        kind = "rows" if rows < mm.MMA_FROM_ROWS else "mma"
+        tpl = self._template(f"{self.fmt}_matmul.{kind}.{epilogue}" + (".norm" if norm else ""))
+        assert isinstance(tpl, mm.CudaMatmul)
+        return tpl, tpl.default_config()
+
+    def _matmul(self, plan: Plan, label: str, epilogue: str, x: Buffer, x_row0: int, rows: int,
+                weights: dict[str, Buffer], out: Buffer, n: int, k: int, norm: Buffer | None = None) -> None:
+        tpl, cfg = self.matmul_choice(epilogue, rows, norm is not None)
+        bufs = {"x": x, "out": out, **weights, **({"norm_w": norm} if norm is not None else {})}
+        shape = (rows, n, k)
+        plan.add(label, tpl.launches_at(self.program(tpl, cfg, shape), bufs, cfg, shape, x_row0))
+
+    def _copy(self, plan: Plan, label: str, src: Buffer, src_word: int, dst: Buffer, dst_word: int,
+              words: int) -> None:
+        prog = self._programs.get(("copy",))
+        if prog is None:
+            prog = self._programs[("copy",)] = rowops.copy_program(self.dev)
+        plan.add(label, [rowops.copy_launch(prog, src, src_word, dst, dst_word, words)])
+
+    # -- forward -------------------------------------------------------------------------------------------------------
+    def plan(self, ids: np.ndarray, start: int, caches: CUDACaches | None,
+             final_row_slicing: bool) -> tuple[Plan, CUDACaches]:
+        """Write the token ids and build (or reuse) the launches of one decision (nothing runs yet)."""
+        cfg = self.cfg
+        n = int(ids.size)
+        if caches is not None and caches.generation != self.generation:
+            raise LaunchError("this state was made before the CUDA device was lost and rebuilt; its caches are gone",
+                              "prefill the prompt again")
+        if start + n > cfg.max_position_embeddings:
+            raise ConfigError(f"sequence of {start + n} tokens exceeds the model's {cfg.max_position_embeddings} "
+                              "positions", "shorten the prompt")
+        self._ensure_rows(n)
+        self._ensure_rope(start + n)
+        new = self._take_caches(start + n)
+        new.n_tokens = start + n
+        self.dev.write(self.act["ids"], ids.astype(np.int32))
+        key = (n, start, final_row_slicing, None if caches is None else (id(caches.kv), id(caches.conv)),
+               id(new.kv), id(new.conv))
+        cached = self._plans.get(key)
+        if cached is None:
+            cached = self._build_plan(n, start, caches, new, final_row_slicing)
+            if len(self._plans) >= MAX_CACHED_PLANS:
+                self._plans.clear()
+            self._plans[key] = cached
+        return cached, new
+
+    def _build_plan(self, n: int, start: int, caches: CUDACaches | None, new: CUDACaches,
+                    final_row_slicing: bool) -> Plan:
+        cfg = self.cfg
+        H, F, L = cfg.hidden_size, cfg.ffn_dim, cfg.conv_L_cache
+        hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        a = self.act
+        plan = Plan()
+        if caches is not None and start > 0:
+            for i, (k_old, v_old) in caches.kv.items():
+                k_new, v_new = new.kv[i]
+                self._copy(plan, "copy.kv_prefix", k_old, 0, k_new, 0, start * hkv * d)
+                self._copy(plan, "copy.kv_prefix", v_old, 0, v_new, 0, start * hkv * d)
+        embed = self._template("embed")
+        ecfg = embed.config_of({"NT": ROW_NT})
+        eshape = (n, H, cfg.vocab_size)
+        plan.add("embed", embed.launches(self.program(embed, ecfg, eshape), {"ids": a["ids"], **self.embed,
+                                                                              "out": a["x"]}, ecfg, eshape))
+        attn, rope, conv = self._template("attention"), self._template("rope"), self._template("shortconv")
+        assert isinstance(attn, attn_k.CudaAttention) and isinstance(rope, attn_k.CudaQKNormRope)
+        acfg, ccfg, rcfg = attn.config_of({"NW": attn_k.DEFAULT_NW}), conv.config_of({"NT": ROW_NT}), \
+            rope.config_of({"NT": 0})
+        n_layers = len(self.layers)
+        xr, xr_rows = a["x"], n
+        for i, lay in enumerate(self.layers):
+            last = final_row_slicing and i == n_layers - 1
+            if lay["kind"] == "conv":
+                r = min(n, L) if last else n  # the last block needs Bx of its last L rows only
+                self._matmul(plan, "conv.in_proj", "none", a["x"], n - r, r, lay["in_proj"], a["big"], 3 * H, H,
+                             norm=lay["operator_norm"])
+                state_in = caches.conv[i] if caches is not None else self.zero_conv_state
+                cshape = (r, H, L)
+                plan.add("conv", conv.launches(self.program(conv, ccfg, cshape), {
+                    "bcx": a["big"], "state_in": state_in, "weight": lay["taps"], "out": a["y"],
+                    "state_out": new.conv[i]}, ccfg, cshape))
+                mix_row0 = r - 1
+            else:
+                self._matmul(plan, "attn.qkv", "none", a["x"], 0, n, lay["qkv"], a["big"], (hq + 2 * hkv) * d, H,
+                             norm=lay["operator_norm"])
+                k_c, v_c = new.kv[i]
+                rshape = (n, start, hq, hkv, d)
+                plan.add("attn.qknorm_rope", rope.launches_into(self.program(rope, rcfg, rshape), {
+                    "qkv": a["big"], "q_norm": lay["q_norm"], "k_norm": lay["k_norm"], "cos": self.rope[0],
+                    "sin": self.rope[1], "q": a["q"]}, rshape, k_c, v_c))
+                nq, first = (1, n - 1) if last else (n, 0)
+                ashape = (nq, start, hq, hkv, d)
+                plan.add("attention", attn.launches_at(self.program(attn, acfg, ashape), {
+                    "q": a["q"], "k_cache": k_c, "v_cache": v_c, "out": a["y"]}, ashape, first))
+                mix_row0 = 0
+            proj = f"{'conv' if lay['kind'] == 'conv' else 'attn'}.out_proj"
+            k_in = H if lay["kind"] == "conv" else hq * d
+            if last:  # only the last row continues: its residual row moves to x1
+                self._copy(plan, "copy.last_row", a["x"], (n - 1) * H, a["x1"], 0, H)
+                self._matmul(plan, proj, "residual", a["y"], mix_row0, 1, lay["out_proj"], a["x1"], H, k_in)
+            else:
+                self._matmul(plan, proj, "residual", a["y"], 0, n, lay["out_proj"], a["x"], H, k_in)
+            xr, xr_rows = (a["x1"], 1) if last else (a["x"], n)
+            gbuf = a["g1"] if last else a["big"]
+            self._matmul(plan, "ffn.gate_up", "swiglu", xr, 0, xr_rows, lay["w13"], gbuf, F, H, norm=lay["ffn_norm"])
+            self._matmul(plan, "ffn.down", "residual", gbuf, 0, xr_rows, lay["w2"], xr, H, F)
+        head = self._template("head")
+        assert isinstance(head, rowops.CudaHead)
+        hcfg = head.config_of({"NT": HEAD_NT})
+        hshape = (xr_rows, H, cfg.num_labels)
+        plan.add("head", head.launches_row(self.program(head, hcfg, hshape), {
+            "x": xr, "norm_weight": self.final_norm, "head_weight": self.head, "out": a["res"]}, hshape, xr_rows - 1))
+        return plan
+
+    def run_plan(self, plan: Plan, timed: bool) -> np.ndarray:
+        """Run a decision's launches and read its result row (the normed last row, then the scores)."""
+        res_shape = (self.cfg.hidden_size + self.cfg.num_labels,)
+        if timed:
+            ms = self.dev.time(plan.launches, flush_l2=False)
+            self.last_op_times = list(zip(plan.labels, (float(t) for t in ms)))
+        else:
+            self.dev.run(plan.launches)
+        return self.dev.download(self.act["res"], np.float32, res_shape)
+
+    def forward(self, ids: np.ndarray, start: int, caches: CUDACaches | None, final_row_slicing: bool,
+                timed: bool = False) -> tuple[np.ndarray, CUDACaches]:
+        """Run new tokens after `caches` (None at the start); `caches` is not modified.
+
+        Args:
+            ids: (n,) token ids.
+            start: position of the first one.
+            caches: the previous state's caches.
+            final_row_slicing: compute only the last row in the last block.
+            timed: time every launch with CUDA events into `last_op_times`.
+
+        Returns:
+            ((hidden,) float32 final-normed last hidden state, new caches).
+        """
+        try:
+            if self._lost:
+                self._setup()
+            plan, new = self.plan(np.asarray(ids), start, caches, final_row_slicing)
+            res = self.run_plan(plan, timed)
+        except DeviceLost as exc:
+            self._lost = True
+            raise DeviceLost(f"{exc.problem} (during a decision)",
+                             "restart the process: a CUDA context is unusable after a kernel fault; states made "
+                             "before must be prefilled again") from exc
+        H = self.cfg.hidden_size
+        new.scores = res[H:].copy() if self.has_head else None
+        return res[:H].copy(), new
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights on the device."""
+        total = sum(b.nbytes for b in self.embed.values()) + self.final_norm.nbytes + self.head.nbytes
+        for lay in self.layers:
+            for v in lay.values():
+                if isinstance(v, Buffer):
+                    total += v.nbytes
+                elif isinstance(v, dict):
+                    total += sum(b.nbytes for b in v.values())
+        return total
+
+
+def _return_to_pool(free: list[CUDACaches], capacity: int, kv: dict[int, tuple[Buffer, Buffer]],
+                    conv: dict[int, Buffer], generation: int, owner: Any) -> None:
+    ex = owner()
+    if ex is not None and ex.generation == generation:
+        free.append(CUDACaches(capacity, kv, conv, generation))

@@ -1,0 +1,134 @@
+"""The model's CUDA kernels on a real NVIDIA GPU against their problems' float64 references, at edge shapes, every
+output checked (skips cleanly without CuPy or a GPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tilewise.errors import DeviceUnavailable
+from tilewise.kernels.attention.cuda import CudaAttention, CudaQKNormRope
+from tilewise.kernels.matmul import cuda as mm
+from tilewise.kernels.rowops.cuda import CudaEmbed, CudaHead, CudaRMSNorm, copy_launch, copy_program
+from tilewise.kernels.shortconv.cuda import CudaShortConv
+from tilewise.tune.verify import compare
+
+pytestmark = pytest.mark.cuda
+
+
+@pytest.fixture(scope="module")
+def dev():
+    pytest.importorskip("cupy")
+    from tilewise.devices import get_device
+
+    try:
+        return get_device("cuda")
+    except DeviceUnavailable as exc:
+        pytest.skip(f"no CUDA device: {exc}")
+
+
+def run(dev, tpl, cfg, shape, rng):
+    assert tpl.why_illegal(cfg, dev.info.limits, shape) == [], (tpl.name, cfg, shape)
+    host = tpl.make_inputs(shape, rng)
+    bufs = tpl.upload(dev, host, shape)
+    tpl.poison(dev, bufs, shape)
+    dev.run(tpl.launches(tpl.compile(dev, cfg, shape), bufs, cfg, shape))
+    dev.synchronize()
+    return tpl.read_output(dev, bufs, shape), tpl.reference(host, shape)
+
+
+def check(out, ref, dtype):
+    assert out.shape == ref.shape
+    chk = compare(out, ref, dtype)
+    assert chk.ok, chk.message
+
+
+#: rows 1 (a decision's last block), 31/33 around the mma default cutoff, 97 (partial 64-row tiles), 346 (the
+#: benchmark's prompt); N = 64 * k + 32 and 3 * 1024 (partial and whole column tiles); K 64 (one NF4 block), 1024
+MM_SHAPES = [(1, 96, 64), (3, 160, 128), (31, 64, 192), (33, 96, 64), (97, 224, 256), (346, 1056, 1024)]
+
+
+@pytest.mark.parametrize("shape", MM_SHAPES)
+@pytest.mark.parametrize("tpl", mm.all_variants(), ids=lambda t: t.name)
+def test_matmul_default_config_matches_float64(dev, rng, tpl, shape):
+    out, ref = run(dev, tpl, tpl.default_config(), shape, rng)
+    check(out, ref, tpl.dtype)
+
+
+@pytest.mark.parametrize("epilogue", mm.EPILOGUES)
+def test_every_legal_config_of_the_nf4_spaces_is_correct(dev, rng, epilogue):
+    for kind in mm.KINDS:
+        tpl = mm.CudaMatmul(kind, "nf4", epilogue, True)
+        legal, _ = tpl.space("seed" if kind == "mma" else "full").split(dev.info.limits)
+        for cfg in legal:
+            out, ref = run(dev, tpl, cfg, (45, 160, 192), rng)
+            check(out, ref, tpl.dtype)
+
+
+@pytest.mark.parametrize("kind", mm.KINDS)
+def test_matmul_reads_x_from_row_x_row0(dev, rng, kind):
+    tpl = mm.CudaMatmul(kind, "nf4", "residual", True)
+    shape = (5, 96, 128)
+    host = tpl.make_inputs(shape, rng)
+    pad = rng.standard_normal((7, 128)).astype(np.float32)
+    bufs = tpl.upload(dev, {**host, "x": np.concatenate([pad, host["x"]])}, shape)
+    cfg = tpl.default_config()
+    dev.run(tpl.launches_at(tpl.compile(dev, cfg, shape), bufs, cfg, shape, 7))
+    check(dev.download(bufs["out"], np.float32, (5, 96)), tpl.reference(host, shape), tpl.dtype)
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (7, 256), (346, 1024), (3, 1000)])
+def test_rmsnorm(dev, rng, shape):
+    tpl = CudaRMSNorm(1e-5)
+    for cfg in tpl.space().split(dev.info.limits)[0]:
+        check(*run(dev, tpl, cfg, shape, rng), "f32")
+
+
+@pytest.mark.parametrize("fmt", ["nf4", "f16", "f32"])
+@pytest.mark.parametrize("shape", [(1, 64, 390), (346, 1024, 4096), (5, 320, 17)])
+def test_embed(dev, rng, fmt, shape):
+    tpl = CudaEmbed(fmt)
+    out, ref = run(dev, tpl, tpl.config_of({"NT": 128}), shape, rng)
+    np.testing.assert_array_equal(out, ref.astype(np.float32))  # a gather of exact stored values
+
+
+@pytest.mark.parametrize("shape", [(1, 64, 8), (346, 1024, 8), (3, 256, 1)])
+def test_head(dev, rng, shape):
+    tpl = CudaHead(1e-5)
+    for cfg in tpl.space().split(dev.info.limits)[0]:
+        check(*run(dev, tpl, cfg, shape, rng), "f32")
+
+
+@pytest.mark.parametrize("shape", [(1, 64, 3), (2, 64, 3), (3, 256, 3), (346, 1024, 3), (5, 96, 4), (1, 32, 2)])
+def test_shortconv_output_and_new_state(dev, rng, shape):
+    tpl = CudaShortConv()
+    for cfg in tpl.space().split(dev.info.limits)[0]:
+        check(*run(dev, tpl, cfg, shape, rng), "f32")
+
+
+#: (M, P, HQ, HKV, D): a single query, a long prefix, GQA groups of 1, 2 and 4, head dims 16 (tiny), 48 (a partial
+#: lane group), 64 (the bundled model and lfm2-350m)
+ATTN_SHAPES = [(1, 0, 4, 2, 16), (1, 700, 16, 8, 64), (37, 5, 4, 4, 48), (346, 0, 16, 8, 64), (9, 130, 8, 2, 32)]
+
+
+@pytest.mark.parametrize("shape", ATTN_SHAPES)
+def test_attention(dev, rng, shape):
+    tpl = CudaAttention()
+    for cfg in tpl.space().split(dev.info.limits)[0]:
+        check(*run(dev, tpl, cfg, shape, rng), "f32")
+
+
+@pytest.mark.parametrize("shape", ATTN_SHAPES)
+def test_qknorm_rope_into_the_cache_rows(dev, rng, shape):
+    tpl = CudaQKNormRope(1e6, 1e-5)
+    check(*run(dev, tpl, tpl.config_of({"NT": 0}), shape, rng), "f32")
+
+
+def test_copy_words_moves_exactly_the_window(dev, rng):
+    src = rng.standard_normal(1000).astype(np.float32)
+    dst0 = rng.standard_normal(1200).astype(np.float32)
+    s, d = dev.upload(src), dev.upload(dst0)
+    dev.run([copy_launch(copy_program(dev), s, 13, d, 100, 777)])
+    want = dst0.copy()
+    want[100:877] = src[13:790]
+    np.testing.assert_array_equal(dev.download(d, np.float32, (1200,)), want)

@@ -1,0 +1,171 @@
+"""The model's CUDA C++ templates under nvcc (no GPU needed): every instantiation the executor and the seed spaces
+generate compiles for sm_90 without spilling, illegal configs fail the static_assert naming the Python rule, and the
+C++ legality walk of the tensor-core matmul agrees with the Python rules on random tuples."""
+
+from __future__ import annotations
+
+import random
+import re
+import shutil
+import subprocess
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from tilewise.devices.profiles import get_profile
+from tilewise.kernels.attention.cuda import CudaAttention
+from tilewise.kernels.matmul import cuda as mm
+from tilewise.kernels.rowops.cuda import nt_space
+from tilewise.kernels.shortconv.cuda import CudaShortConv
+
+NVCC = shutil.which("nvcc") or (shutil.which("/usr/local/cuda/bin/nvcc"))
+pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) not found")
+SM90 = get_profile("sm_90")
+
+MM_SIG = ("(const float *, int, const unsigned *, const float *, const unsigned *, const float *, const float *, "
+          "float, float *, int, int, int)")
+SIGS = {
+    "rmsnorm": "(const float *, const float *, float *, int, int, float)",
+    "embed": "(const int *, const unsigned *, const float *, float *, int, int)",
+    "head": "(const float *, int, const float *, const float *, float *, int, int, float)",
+    "copy_words": "(const unsigned *, int, unsigned *, int, int)",
+    "shortconv": "(const float *, const float *, const float *, float *, float *, int, int)",
+    "qknorm_rope": ("(const float *, const float *, const float *, const float *, const float *, float *, float *, "
+                    "float *, int, int, int, int, float)"),
+    "attention": "(const float *, const float *, const float *, float *, int, int, int, int, int)",
+    "nf4_mm_mma": MM_SIG,
+    "nf4_mm_rows": MM_SIG,
+}
+
+
+def cu(family: str, name: str) -> str:
+    return str(resources.files(f"tilewise.kernels.{family}").joinpath(name))
+
+
+def instantiate(entry: str) -> str:
+    return f"template __global__ void {entry}{SIGS[entry.split('<')[0]]};\n"
+
+
+def nvcc(tmp_path: Path, name: str, includes: list[str], body: str, *args: str) -> subprocess.CompletedProcess:
+    src = tmp_path / f"{name}.cu"
+    src.write_text("".join(f'#include "{p}"\n' for p in includes) + body)
+    return subprocess.run([NVCC, "-std=c++17", "-arch=sm_90", *args, str(src)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=900)
+
+
+def cubin(tmp_path: Path, name: str, includes: list[str], entries: list[str]) -> str:
+    res = nvcc(tmp_path, name, includes, "".join(instantiate(e) for e in entries), "-cubin", "-Xptxas", "-v",
+               "-o", f"{name}.cubin")
+    assert res.returncode == 0, res.stderr[-3000:]
+    names = re.findall(r"Compiling entry function '(\w+)'", res.stderr)
+    spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", res.stderr)]
+    assert len(names) == len(spills) == len(entries), res.stderr[-3000:]
+    bad = [(n, s) for n, s in zip(names, spills) if s]
+    assert not bad, bad
+    return res.stderr
+
+
+def legal(space):
+    ok, _ = space.split(SM90)
+    return ok
+
+
+def test_every_mma_seed_config_of_every_variant_compiles(tmp_path):
+    mma = [t for t in mm.all_variants() if t.kind == "mma"]
+    assert len(mma) == 18  # 3 formats x 3 epilogues x norm on/off
+    for t in mma:  # the default is legal everywhere; swiglu's two result tiles rule out the larger seed tiles
+        assert t.default_config() in legal(t.space("seed")), t.name
+        assert len(legal(t.space("seed"))) == (3 if t.epilogue == "swiglu" else 5), t.name
+    entries = sorted({t.entry(c) for t in mma for c in legal(t.space("seed"))})
+    cubin(tmp_path, "mma", [cu("matmul", "matmul.cu")], entries)
+
+
+def test_every_rows_config_and_the_executor_defaults_compile(tmp_path):
+    variants = mm.all_variants()
+    rows = [t for t in variants if t.kind == "rows"]
+    entries = {t.entry(t.default_config()) for t in variants}  # what the executor launches
+    entries |= {rows[0].entry(c) for c in legal(rows[0].space())}  # every rows config of one variant
+    entries |= {t.entry(t.config_of({"NT": 256, "RM": 16})) for t in rows}  # the most accumulators, every variant
+    cubin(tmp_path, "rows", [cu("matmul", "matmul.cu")], sorted(entries))
+
+
+def test_row_ops_conv_and_attention_compile_for_their_spaces(tmp_path):
+    nts = [c["NT"] for c in legal(nt_space("x"))]
+    entries = [f"rmsnorm<{nt}>" for nt in nts] + [f"head<{nt}>" for nt in nts] + ["copy_words<256>"]
+    entries += [f"embed<{f}, {nt}>" for f in (0, 1, 2) for nt in nts]
+    entries += [f"shortconv<{c['NT']}, {taps}>" for c in legal(CudaShortConv().space()) for taps in (2, 3, 4, 8)]
+    dims = (16, 32, 48, 64, 128, 256)  # tiny's 16, the bundled model's 64, a partial last warp (48)
+    entries += [f"qknorm_rope<{d}>" for d in dims]
+    entries += [f"attention<{d}, {c['NW']}>" for c in legal(CudaAttention().space()) for d in dims]
+    cubin(tmp_path, "rows", [cu("rowops", "rowops.cu"), cu("shortconv", "shortconv.cu"),
+                             cu("attention", "attention.cu")], entries)
+
+
+ILLEGAL = [
+    ("matmul", "matmul.cu", "nf4_mm_mma<0, 0, 0, 128, 128, 64, 64, 64>", "smem_48k"),
+    ("matmul", "matmul.cu", "nf4_mm_mma<0, 2, 1, 64, 64, 24, 32, 32>", "fragments_16"),
+    ("matmul", "matmul.cu", "nf4_mm_mma<1, 0, 0, 64, 96, 32, 32, 64>", "warp_tiles_divide"),
+    ("matmul", "matmul.cu", "nf4_mm_mma<2, 2, 0, 128, 128, 32, 64, 64>", "smem_48k"),
+    ("matmul", "matmul.cu", "nf4_mm_mma<0, 0, 0, 128, 128, 32, 16, 16>", "threads_1024"),
+    ("matmul", "matmul.cu", "nf4_mm_mma<0, 2, 0, 64, 64, 32, 64, 64>", "fragments_per_warp_16"),
+    ("matmul", "matmul.cu", "nf4_mm_mma<3, 0, 0, 64, 64, 32, 32, 32>", "variant"),
+    ("matmul", "matmul.cu", "nf4_mm_rows<0, 0, 0, 48, 4>", "whole_warps"),
+    ("matmul", "matmul.cu", "nf4_mm_rows<0, 2, 1, 128, 32>", "rows_1_16"),
+    ("rowops", "rowops.cu", "rmsnorm<96>", "pow2"),
+    ("rowops", "rowops.cu", "head<2048>", "threads_32_1024"),
+    ("shortconv", "shortconv.cu", "shortconv<128, 9>", "taps_2_8"),
+    ("shortconv", "shortconv.cu", "shortconv<100, 3>", "whole_warps"),
+    ("attention", "attention.cu", "attention<40, 4>", "head_dim_16_256"),
+    ("attention", "attention.cu", "attention<64, 33>", "warps_1_32"),
+    ("attention", "attention.cu", "qknorm_rope<24>", "head_dim_16_1024"),
+]
+
+
+@pytest.mark.parametrize(("family", "filename", "entry", "rule"), ILLEGAL)
+def test_illegal_instantiation_fails_the_static_assert_naming_the_rule(tmp_path, family, filename, entry, rule):
+    res = nvcc(tmp_path, "bad", [cu(family, filename)], instantiate(entry), "-cubin", "-o", "bad.cubin")
+    assert res.returncode != 0, entry
+    asserts = re.findall(r'static assertion failed with "(\w+):', res.stderr)
+    assert asserts == [rule], (entry, res.stderr[-2000:])
+
+
+def test_python_rules_refuse_what_the_static_asserts_refuse():
+    """The illegal matmul instantiations above are illegal in Python too, for the same first rule."""
+    for family, _, entry, rule in ILLEGAL:
+        if family != "matmul" or "<3," in entry:
+            continue
+        vals = [int(v) for v in entry.split("<")[1].rstrip(">").split(",")]
+        fmt = {v: k for k, v in mm.FMT_CODE.items()}[vals[0]]
+        epi = mm.EPILOGUES[vals[1]]
+        kind = "mma" if entry.startswith("nf4_mm_mma") else "rows"
+        tpl = mm.CudaMatmul(kind, fmt, epi, bool(vals[2]))
+        names = ("BM", "BN", "BK", "WM", "WN") if kind == "mma" else ("NT", "RM")
+        cfg = tpl.space().config(dict(zip(names, vals[3:])))
+        why = tpl.space().why_illegal(cfg)
+        assert why and why[0].split(":")[0] == rule, (entry, why)
+
+
+def test_cpp_mma_rules_agree_with_python_rules(tmp_path):
+    rng = random.Random(5)
+    pick = [16, 24, 32, 48, 64, 96, 128]
+    tuples = [(rng.choice([0, 1, 2]), rng.choice([0, 1, 2]), rng.choice([0, 1]),
+               *(rng.choice(pick) for _ in range(5))) for _ in range(1500)]
+    rows = ",\n".join("{" + ", ".join(map(str, t)) + "}" for t in tuples)
+    body = (f"#include <cstdio>\nstatic const int T[][8] = {{\n{rows}\n}};\n"
+            "int main() { for (const auto &t : T) printf(\"%d\\n\", mma_first_failure(t[0], t[1], t[2], t[3], t[4], "
+            "t[5], t[6], t[7])); }\n")
+    res = nvcc(tmp_path, "host", [cu("matmul", "matmul.cu")], body, "-o", "host")
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = subprocess.run([str(tmp_path / "host")], capture_output=True, text=True, check=True).stdout.split()
+    names = [r.name for r in mm.mma_rules(1) if not r.needs_limits]
+    seen_legal = 0
+    for t, fail in zip(tuples, map(int, out)):
+        tpl = mm.CudaMatmul("mma", ("nf4", "f16", "f32")[t[0]], mm.EPILOGUES[t[1]], bool(t[2]))
+        space = tpl.space()
+        why = [w for w in space.why_illegal(space.config(dict(zip(("BM", "BN", "BK", "WM", "WN"), t[3:]))))]
+        assert (fail == 0) == (not why), (t, fail, why)
+        if why:
+            assert names[fail - 2] == why[0].split(":")[0], (t, fail, why)  # C++ rule 1 is `variant`
+        seen_legal += not why
+    assert seen_legal > 50

@@ -1,0 +1,78 @@
+"""The model's CUDA sources under NVRTC itself (the compiler the CUDA device uses, with its options), no GPU needed:
+every instantiation the executor launches compiles with no include path. nvcc is not enough: it includes the CUDA
+runtime headers implicitly, so a kernel using a header-only name (INFINITY) compiles there and fails under NVRTC.
+Skips unless libnvrtc is found (TILEWISE_NVRTC names the library file; else the loader's path and the
+nvidia-cuda-nvrtc wheel's folder)."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tilewise.devices.cuda import nvrtc_options
+from tilewise.kernels.cudasrc import cu_source
+from tilewise.kernels.matmul import cuda as mm
+
+
+def _find_nvrtc() -> ctypes.CDLL | None:
+    names = [os.environ.get("TILEWISE_NVRTC", "")]
+    for base in map(Path, sys.path):
+        names += [str(p) for p in (base / "nvidia").glob("cu*/lib/libnvrtc.so.*") if ".alt." not in p.name]
+    names.append(ctypes.util.find_library("nvrtc") or "")
+    for name in filter(None, names):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
+NVRTC = _find_nvrtc()
+pytestmark = pytest.mark.skipif(NVRTC is None, reason="libnvrtc not found")
+
+
+def nvrtc_compile(source: str, entries: list[str]) -> tuple[int, str]:
+    assert NVRTC is not None
+    prog = ctypes.c_void_p()
+    assert NVRTC.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"model.cu", 0, None, None) == 0
+    try:
+        for e in entries:
+            assert NVRTC.nvrtcAddNameExpression(prog, e.encode()) == 0
+        opts = [o.encode() for o in nvrtc_options("9.0")]
+        rc = NVRTC.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+        size = ctypes.c_size_t()
+        NVRTC.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        NVRTC.nvrtcGetProgramLog(prog, log)
+        return rc, log.value.decode(errors="replace")
+    finally:
+        NVRTC.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def test_every_matmul_the_executor_launches_compiles_under_nvrtc():
+    entries = sorted({t.entry(t.default_config()) for t in mm.all_variants()})
+    assert len(entries) == 36  # 2 kinds x 3 formats x 3 epilogues x norm on/off
+    rc, log = nvrtc_compile(cu_source("matmul", "matmul.cu"), entries)
+    assert rc == 0, log[-3000:]
+
+
+@pytest.mark.parametrize(("family", "filename", "entries"), [
+    ("rowops", "rowops.cu", ["rmsnorm<128>", "embed<0, 128>", "embed<1, 128>", "embed<2, 128>", "head<256>",
+                             "copy_words<256>"]),
+    ("shortconv", "shortconv.cu", ["shortconv<128, 3>", "shortconv<32, 4>"]),
+    ("attention", "attention.cu", ["qknorm_rope<16>", "qknorm_rope<64>", "attention<16, 4>", "attention<64, 4>",
+                                   "attention<48, 2>"]),
+])
+def test_row_ops_conv_and_attention_compile_under_nvrtc(family, filename, entries):
+    rc, log = nvrtc_compile(cu_source(family, filename), entries)
+    assert rc == 0, log[-3000:]
+
+
+def test_an_illegal_config_fails_under_nvrtc_with_the_rule_name():
+    rc, log = nvrtc_compile(cu_source("matmul", "matmul.cu"), ["nf4_mm_rows<0, 2, 1, 128, 32>"])
+    assert rc != 0 and "rows_1_16" in log

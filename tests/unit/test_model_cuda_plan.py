@@ -1,0 +1,158 @@
+"""The CUDA executor's decision plans without a GPU: a recording device stands in for CuPy, and every launch is
+checked against the C++ signature of the kernel it instantiates (argument count and kinds parsed from the `.cu`
+sources), its block size and grid; the prefix cache's promise is checked on the plan itself (a base state's buffers
+are never bound where a kernel writes)."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+import numpy as np
+import pytest
+
+from tilewise.devices.base import Buffer, Device, DeviceInfo, Launch, Program
+from tilewise.devices.profiles import get_profile
+from tilewise.model.checkpoint import Checkpoint, random_tensors
+from tilewise.model.config import PRESETS
+from tilewise.model.cuda import CUDAExecutor
+
+SOURCES = [("matmul", "matmul.cu"), ("rowops", "rowops.cu"), ("shortconv", "shortconv.cu"),
+           ("attention", "attention.cu")]
+
+
+def kernel_signatures() -> dict[str, list[tuple[str, bool]]]:
+    """kernel name -> [(kind, written)] per parameter: kind `ptr`, `int` or `float`; written for non-const pointers."""
+    sigs: dict[str, list[tuple[str, bool]]] = {}
+    for family, name in SOURCES:
+        text = resources.files(f"tilewise.kernels.{family}").joinpath(name).read_text()
+        for part in text.split("__global__ void")[1:]:
+            head = re.sub(r"//[^\n]*", "", part.split("{", 1)[0]).strip()  # declaration up to the body
+            m = re.search(r"(\w+)\(([^()]*)\)$", head)
+            assert m, head
+            params = []
+            for p in (p.strip() for p in m.group(2).split(",")):
+                if "*" in p:
+                    params.append(("ptr", not p.startswith("const")))
+                else:
+                    params.append((p.split()[0], False))
+            sigs[m.group(1)] = params
+    return sigs
+
+
+class RecordingDevice(Device):
+    """A CUDA-shaped device that allocates nothing and runs nothing; it keeps what it was asked to compile."""
+
+    def __init__(self) -> None:
+        lim = get_profile("sm_90")
+        self.info = DeviceInfo(backend="cuda", name="recording", adapter_type="discrete", api="CUDA", driver="0",
+                               vendor="NVIDIA", limits=lim)
+        self.entries: list[str] = []
+
+    def allocate(self, nbytes: int, *, uniform: bool = False) -> Buffer:
+        return Buffer(self, None, max(4, int(nbytes)), uniform)
+
+    def write(self, buffer: Buffer, array: np.ndarray, offset_bytes: int = 0) -> None:
+        assert offset_bytes + np.asarray(array).nbytes <= buffer.nbytes
+
+    def download(self, buffer, dtype=np.float32, shape=None, offset_bytes=0):
+        return np.zeros(shape or (buffer.nbytes // np.dtype(dtype).itemsize,), dtype)
+
+    def compile(self, source, entry="main", constants=None, name=None) -> Program:
+        assert f"{entry.split('<')[0]}(" in source
+        self.entries.append(entry)
+        return Program(name or entry, None, entry, {}, {"entry": entry})
+
+    def run(self, launches) -> None:
+        pass
+
+    def time(self, launches) -> np.ndarray:
+        return np.zeros(len(launches))
+
+    def synchronize(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def executor():
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
+    return CUDAExecutor(ck, device=RecordingDevice())
+
+
+def check_launch(launch: Launch, sigs) -> None:
+    entry = launch.program.meta["entry"]
+    sig = sigs[entry.split("<")[0]]
+    assert len(launch.buffers) == len(sig), entry
+    for arg, (kind, _) in zip(launch.buffers, sig):
+        want = {"ptr": Buffer, "int": np.int32, "float": np.float32}[kind]
+        assert isinstance(arg, want), (entry, arg, kind)
+    block = launch.program.meta["block"]
+    assert 1 <= int(np.prod(block)) <= 1024, entry
+    assert all(g >= 1 for g in launch.grid) and launch.grid[1] <= 65535 and launch.grid[2] <= 65535, entry
+
+
+@pytest.mark.parametrize("n", [1, 3, 31, 32, 70])
+def test_every_launch_matches_its_kernels_signature(executor, rng, n):
+    sigs = kernel_signatures()
+    assert {"nf4_mm_mma", "nf4_mm_rows", "embed", "head", "copy_words", "shortconv", "qknorm_rope",
+            "attention"} <= set(sigs)
+    ids = rng.integers(0, 512, n)
+    for slicing in (True, False):
+        plan, _ = executor.plan(ids, 0, None, slicing)
+        for launch in plan.launches:
+            check_launch(launch, sigs)
+    labels = set(plan.labels)
+    assert {"embed", "conv", "attention", "attn.qknorm_rope", "ffn.gate_up", "ffn.down", "head"} <= labels
+
+
+def test_a_base_states_buffers_are_never_written_by_an_extend(executor, rng):
+    sigs = kernel_signatures()
+    _, base = executor.plan(rng.integers(0, 512, 40), 0, None, True)
+    base_bufs = {id(b) for kv in base.kv.values() for b in kv} | {id(b) for b in base.conv.values()}
+    for m in (1, 5, 33):
+        plan, new = executor.plan(rng.integers(0, 512, m), 40, base, True)
+        assert not base_bufs & ({id(b) for kv in new.kv.values() for b in kv} | {id(b) for b in new.conv.values()})
+        read = 0
+        for launch in plan.launches:
+            check_launch(launch, sigs)
+            sig = sigs[launch.program.meta["entry"].split("<")[0]]
+            for arg, (_, written) in zip(launch.buffers, sig):
+                if isinstance(arg, Buffer) and id(arg) in base_bufs:
+                    assert not written, launch.program.meta["entry"]
+                    read += 1
+        n_attn = sum(t == "full_attention" for t in executor.cfg.layer_types)
+        n_conv = len(executor.cfg.layer_types) - n_attn
+        assert plan.labels.count("copy.kv_prefix") == 2 * n_attn
+        assert read == 2 * n_attn + n_conv  # K and V prefix copies read the base, the conv reads its state
+
+
+def test_final_row_slicing_runs_the_last_blocks_ffn_on_one_row_with_the_short_row_kernel(executor, rng):
+    plan, _ = executor.plan(rng.integers(0, 512, 70), 0, None, True)
+    entries = [launch.program.meta["entry"] for launch in plan.launches]
+    last_ffn = [e for e, lab in zip(entries, plan.labels) if lab.startswith("ffn.")][-2:]
+    assert all(e.startswith("nf4_mm_rows") for e in last_ffn)
+    grid_rows = [launch.grid[1] for launch, lab in zip(plan.launches, plan.labels) if lab.startswith("ffn.")]
+    assert grid_rows[-2:] == [1, 1]
+    first_ffn = next(e for e, lab in zip(entries, plan.labels) if lab == "ffn.gate_up")
+    assert first_ffn.startswith("nf4_mm_mma<0, 2, 1,")  # nf4, swiglu, fused norm on the tensor cores
+    full, _ = executor.plan(rng.integers(0, 512, 70), 0, None, False)
+    assert len(plan.launches) == len(full.launches) + 1  # + the copy of the last residual row
+
+
+def test_a_repeated_decision_shape_reuses_its_plan(executor, rng):
+    a, sa = executor.plan(rng.integers(0, 512, 12), 0, None, True)
+    del sa  # its caches go back to the pool, and the next decision takes them
+    b, _ = executor.plan(rng.integers(0, 512, 12), 0, None, True)
+    assert a is b
+
+
+def test_head_dim_the_kernels_cannot_run_is_refused_with_one_error():
+    import dataclasses
+
+    from tilewise.errors import ConfigError
+
+    cfg = dataclasses.replace(PRESETS["tiny"], head_dim=8, num_attention_heads=8)
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:bad")
+    with pytest.raises(ConfigError, match="head_dim 8 must be a multiple of 16"):
+        CUDAExecutor(ck, device=RecordingDevice())
