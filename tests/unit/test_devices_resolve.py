@@ -89,3 +89,13 @@ def test_named_devices_get_canonical_names(machine):
     machine["webgpu"] = [info("webgpu", "a", "discrete", 0), info("webgpu", "b", "discrete", 1)]
     assert devices.resolve("webgpu:1", ("webgpu",)).name == "webgpu:1"
     assert devices.resolve("cpu").name == "cpu" and devices.resolve("cpu").reason == "asked for cpu"
+
+
+def test_the_classifier_on_auto_never_takes_the_unverified_cuda_executor(machine):
+    from tilewise.model.runtime import EXECUTORS, resolve_device
+
+    machine["cuda"] = [info("cuda", "H200", "discrete")]
+    assert "cuda" in EXECUTORS and resolve_device("auto").name == "cpu"  # a CUDA-only GPU host
+    machine["webgpu"] = [info("webgpu", "H200", "discrete")]
+    assert resolve_device("auto").name == "webgpu:0"
+    assert resolve_device("cuda").name == "cuda:0"  # by name it runs
