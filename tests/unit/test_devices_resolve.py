@@ -99,3 +99,50 @@ def test_the_classifier_on_auto_never_takes_the_unverified_cuda_executor(machine
     machine["webgpu"] = [info("webgpu", "H200", "discrete")]
     assert resolve_device("auto").name == "webgpu:0"
     assert resolve_device("cuda").name == "cuda:0"  # by name it runs
+
+
+def _twins(machine):
+    import dataclasses
+
+    native = info("webgpu", "H200", "discrete")
+    dawn = dataclasses.replace(native, runtime="dawn", runtime_version="1")
+    machine["webgpu"], machine["dawn"] = [native], [dawn]
+    return native, dawn
+
+
+def test_auto_takes_the_webgpu_runtime_bench_measured_faster(machine, rng):
+    from tilewise.model.measured import record_decision
+    from tilewise.model.runtime import resolve_device
+
+    native, dawn = _twins(machine)
+    assert resolve_device("auto").name == "webgpu:0"  # nothing measured: the rule's choice (wgpu-native on a tie)
+    record_decision(native.fingerprint, "lfm2-350m", "nf4", 346, 21.7 + rng.normal(0, 0.1, 40))
+    record_decision(dawn.fingerprint, "lfm2-350m", "nf4", 346, 14.6 + rng.normal(0, 0.1, 40))
+    pick = resolve_device("auto", "lfm2-350m")
+    assert pick.name == "dawn:0"
+    assert "auto: a discrete GPU; Dawn measured faster than wgpu-native on it (14." in pick.line()
+    assert " vs 21." in pick.line() and " ms p50 deciding lfm2-350m, `tilewise bench`)" in pick.line()
+    assert resolve_device("webgpu").name == "webgpu:0"  # a named device is never overridden
+
+
+@pytest.mark.parametrize("dawn_ms,native_ms,n", [(21.7, 21.7, 40), (14.6, 21.7, 5), (30.0, 21.7, 40)])
+def test_a_tie_too_few_samples_or_a_slower_dawn_keep_the_rule(machine, rng, dawn_ms, native_ms, n):
+    from tilewise.model.measured import record_decision
+    from tilewise.model.runtime import resolve_device
+
+    native, dawn = _twins(machine)
+    record_decision(native.fingerprint, "m", "nf4", 346, native_ms + rng.normal(0, 0.5, n))
+    record_decision(dawn.fingerprint, "m", "nf4", 346, dawn_ms + rng.normal(0, 0.5, n))
+    assert resolve_device("auto").name == "webgpu:0"
+
+
+def test_a_corrupt_record_is_ignored(machine):
+    from tilewise.model.measured import decisions_path
+    from tilewise.model.runtime import resolve_device
+
+    native, dawn = _twins(machine)
+    for fp in (native.fingerprint, dawn.fingerprint):
+        decisions_path(fp).parent.mkdir(parents=True, exist_ok=True)
+        decisions_path(fp).write_text('{"format": "tilewise-decisions", "entries": {"m:nf4:346": {"samples_ms": '
+                                      '["fast"]}}}')
+    assert resolve_device("auto").name == "webgpu:0"

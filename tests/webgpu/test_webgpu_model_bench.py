@@ -28,6 +28,10 @@ def test_bench_cli_writes_the_json_keys(webgpu_device, tmp_path):
     assert res["launches_per_decision"] == sum(o["launches"] for o in res["ops"])
     assert res["max_abs_score_diff"] < 1e-4
     assert res["prefix_cached"]["prefix_tokens"] == 47
+    from tilewise.model.measured import load_decisions  # kept for auto's choice between WebGPU runtimes
+
+    (kept,) = load_decisions(webgpu_device.info.fingerprint).values()
+    assert kept["samples_ms"] == res["latency_samples_ms"]
 
 
 def test_bench_refuses_bad_arguments(webgpu_device):

@@ -101,6 +101,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     res = bench_model(model, args.seq, args.decisions, prefix=prefix, cpu_model=cpu, log=say)
     res["threads"] = setup.line()
     res["blas_threads"] = setup.threads
+    info = model.device_choice.device.info
+    if info.backend == "webgpu" and res.get("latency_samples_ms"):
+        from tilewise.model.measured import record_decision
+
+        # kept per device, so that `auto` can take whichever WebGPU runtime decided faster on this GPU
+        record_decision(info.fingerprint, model.config.name, model.weights, args.seq, res["latency_samples_ms"])
     print_result(res, con)
     common.emit_json(args.json, res, say)
     return 0

@@ -17,7 +17,7 @@ the devices it can run on. The `Choice` says which device was picked and why, in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,7 +149,8 @@ def _wgpu_native_adapters() -> list[DeviceInfo]:
 
 
 def resolve(name: str = "auto", backends: Sequence[str] | None = None, job: str = "this job",
-            noun: str = "implementation", prefer: str | None = None) -> Choice:
+            noun: str = "implementation", prefer: str | None = None,
+            measured: Callable[[DeviceInfo, DeviceInfo], str | None] | None = None) -> Choice:
     """The device called `name` for a job that runs on `backends` (preference order; None: any).
 
     Args:
@@ -158,6 +159,8 @@ def resolve(name: str = "auto", backends: Sequence[str] | None = None, job: str 
         job: the job in words, for messages ("the classifier", "tuning gemm").
         noun: what the job has per backend, for messages ("executor", "implementation").
         prefer: "dawn" makes `auto` take Dawn over wgpu-native on a tie (the default takes wgpu-native).
+        measured: on such a tie, `measured(picked, rival)` may say why the rival (the other WebGPU runtime on the
+            same kind of GPU) measured faster for this job; `auto` then takes the rival and says so.
 
     Raises:
         ConfigError: an unknown name.
@@ -178,6 +181,11 @@ def resolve(name: str = "auto", backends: Sequence[str] | None = None, job: str 
         raise DeviceUnavailable(f"no device for {job}: none of {', '.join(allowed)} is usable here",
                                 "see `tilewise devices` for each backend's state and fix")
     rank, _, picked, _ = found[0]
+    if measured is not None:
+        for rival in _runtime_rivals(found):
+            faster = measured(found[0][3], rival[3])
+            if faster:
+                return Choice(get_device(rival[2]), rival[2], f"auto: {faster}")
     software = [n for r, _, n, i in found if r == _RANK["cpu"] and i.backend != "cpu"]
     if rank == _RANK["discrete"]:
         why = f"auto: a discrete GPU, the fastest kind of device {job} runs on"
@@ -190,6 +198,13 @@ def resolve(name: str = "auto", backends: Sequence[str] | None = None, job: str 
         why = f"auto: no GPU, and {job} has no CPU implementation; {picked} is a software adapter (slow)"
     why += _runtime_note(found)
     return Choice(get_device(picked), picked, why)
+
+
+def _runtime_rivals(found: list[tuple[int, int, str, DeviceInfo]]) -> list[tuple[int, int, str, DeviceInfo]]:
+    """The candidates tied with the first that run the other WebGPU runtime (Dawn vs wgpu-native) on the same GPU."""
+    rank, pref, _, info = found[0]
+    return [c for c in found[1:] if (c[0], c[1]) == (rank, pref) and info.backend == c[3].backend == "webgpu"
+            and (c[3].runtime == "dawn") != (info.runtime == "dawn") and c[3].name == info.name]
 
 
 def _runtime_note(found: list[tuple[int, int, str, DeviceInfo]]) -> str:

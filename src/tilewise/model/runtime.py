@@ -275,13 +275,16 @@ def open_checkpoint(path_or_preset: str | Path, weights: str = "nf4", seed: int 
         return ck.converted(weights).materialize()
 
 
-def resolve_device(device: Any = "auto") -> Choice:
+def resolve_device(device: Any = "auto", model: str | None = None) -> Choice:
     """The device a model runs on: a name (`auto`, `cpu`, `webgpu:1`, ...) or a Choice, checked against the
-    executors (a device without one is refused with the reason)."""
+    executors (a device without one is refused with the reason). On a GPU both WebGPU runtimes reach, `auto` takes
+    the one `tilewise bench` measured faster (deciding `model` where recorded, `model/measured.py`)."""
     if isinstance(device, Choice):
         return device
     if str(device).strip().lower() == "auto":
-        return resolve("auto", AUTO_EXECUTORS, job="the classifier", noun="executor")
+        from tilewise.model.measured import faster_runtime
+
+        return resolve("auto", AUTO_EXECUTORS, job="the classifier", noun="executor", measured=faster_runtime(model))
     return resolve(str(device), tuple(EXECUTORS), job="the classifier", noun="executor")
 
 
@@ -303,7 +306,7 @@ def load(path_or_preset: str | Path = "default", device: Any = "auto", weights: 
     Returns:
         The Model (prefill / extend / hidden / scores).
     """
-    choice = resolve_device(device)  # a bad device fails before any weights are read
+    choice = resolve_device(device, str(path_or_preset))  # a bad device fails before any weights are read
     progress = Progress(Path(str(path_or_preset)).name or str(path_or_preset), quiet)
     ck = open_checkpoint(path_or_preset, weights=weights, seed=seed, progress=progress)
     return from_checkpoint(ck, device=choice, quiet=quiet, progress=progress)
