@@ -37,7 +37,7 @@ import numpy as np
 
 from tilewise.devices.base import Buffer, Device, Launch, Limits, Program
 from tilewise.errors import ConfigError
-from tilewise.kernels.space import Config, Space
+from tilewise.kernels.space import Config, Space, split_pairs
 
 Shape = tuple[int, ...]
 HostInputs = dict[str, np.ndarray]
@@ -178,15 +178,7 @@ class KernelTemplate(ABC):
 
     def parse_config(self, text: str) -> Config:
         """A config from `NAME=V,...`; names left out take the template's default config (where it has one)."""
-        given: dict[str, str] = {}
-        for part in filter(None, (p.strip() for p in str(text).split(","))):
-            if "=" not in part:
-                raise ConfigError(f"cannot parse {part!r} in config {text!r}",
-                                  "write NAME=VALUE pairs, comma separated")
-            k, v = (x.strip() for x in part.split("=", 1))
-            if k in given:
-                raise ConfigError(f"parameter {k} is given twice in config {text!r}", "name each parameter once")
-            given[k] = v
+        given = split_pairs(text)
         base = getattr(self, "default_config", None)
         if base is not None:
             full = {k: str(v) for k, v in base().items()}

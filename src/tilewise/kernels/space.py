@@ -243,15 +243,9 @@ class Space:
         so a typo never turns silently into a different config.
         """
         values: dict[str, Any] = {}
-        for part in filter(None, (p.strip() for p in str(text).split(","))):
-            if "=" not in part:
-                raise ConfigError(f"cannot parse {part!r} in config {text!r}",
-                                  "write NAME=VALUE pairs, comma separated")
-            k, v = (x.strip() for x in part.split("=", 1))
+        for k, v in split_pairs(text).items():
             if k not in self.params:
                 raise ConfigError(f"unknown parameter {k!r} for {self.name}", f"parameters: {', '.join(self.params)}")
-            if k in values:
-                raise ConfigError(f"parameter {k} is given twice in config {text!r}", "name each parameter once")
             allowed = self.params[k]
             match = [a for a in allowed if str(a) == v or (isinstance(a, bool) and v.lower() == str(a).lower())]
             if not match:
@@ -259,6 +253,19 @@ class Space:
                                   f"use one of: {', '.join(map(str, allowed))}")
             values[k] = match[0]
         return self.config(values)
+
+
+def split_pairs(text: str) -> dict[str, str]:
+    """`NAME=V,NAME=V` as {name: value text}, refusing a part without `=` and a name given twice."""
+    pairs: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in str(text).split(","))):
+        if "=" not in part:
+            raise ConfigError(f"cannot parse {part!r} in config {text!r}", "write NAME=VALUE pairs, comma separated")
+        k, v = (x.strip() for x in part.split("=", 1))
+        if k in pairs:
+            raise ConfigError(f"parameter {k} is given twice in config {text!r}", "name each parameter once")
+        pairs[k] = v
+    return pairs
 
 
 def divides(a: int, b: int) -> bool:
