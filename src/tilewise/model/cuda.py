@@ -19,15 +19,13 @@ graph of the plan is captured and replayed; `matmul_choice` is where split-K and
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from tilewise.devices.base import Buffer, Device, Launch, Program
-from tilewise.errors import ConfigError, DeviceLost, LaunchError
+from tilewise.devices.base import Buffer, Device, Program
+from tilewise.errors import ConfigError, DeviceLost
 from tilewise.kernels.attention import cuda as attn_k
 from tilewise.kernels.attention.problem import rope_table
 from tilewise.kernels.base import KernelTemplate
@@ -37,38 +35,13 @@ from tilewise.kernels.rowops import cuda as rowops
 from tilewise.kernels.shortconv.cuda import CudaShortConv
 from tilewise.kernels.space import Config
 from tilewise.model.checkpoint import HEAD, Checkpoint
+from tilewise.model.gpu_state import GPUCaches, Plan, cache_capacity, check_decision, take_caches, weight_bytes
 from tilewise.quant.nf4 import weight_arrays
 
 ROW_NT = 128  # embed / conv threads per block
 HEAD_NT = 256
 MIN_ROW_CAPACITY = 64
-MIN_CACHE_POSITIONS = 512
 MAX_CACHED_PLANS = 64
-
-
-@dataclass(eq=False)
-class CUDACaches:
-    """The GPU side of a State: K/V rows per attention layer, the last conv_L_cache-1 Bx rows per conv layer."""
-
-    capacity: int  # positions the K/V buffers hold
-    kv: dict[int, tuple[Buffer, Buffer]]  # layer -> (k, v), each (capacity, Hkv * D) f32
-    conv: dict[int, Buffer]  # layer -> (L - 1, H) f32
-    generation: int
-    n_tokens: int = 0
-    scores: np.ndarray | None = None
-
-
-class Plan:
-    """Launches of one decision, with an op label per launch (for per-op timing)."""
-
-    def __init__(self) -> None:
-        self.launches: list[Launch] = []
-        self.labels: list[str] = []
-
-    def add(self, label: str, launches: Sequence[Launch]) -> None:
-        for launch in launches:
-            self.launches.append(launch)
-            self.labels.append(label)
 
 
 class CUDAExecutor:
@@ -120,7 +93,7 @@ class CUDAExecutor:
         self.generation += 1
         self._programs: dict[Any, Program] = {}
         self._templates: dict[str, KernelTemplate] = {}
-        self._pool: dict[int, list[CUDACaches]] = {}
+        self._pool: dict[int, list[GPUCaches]] = {}
         self._rows = 0
         self._rope_positions = 0
         self._plans: dict[tuple[Any, ...], Plan] = {}
@@ -191,28 +164,14 @@ class CUDAExecutor:
     def _ensure_rope(self, positions: int) -> None:
         if positions <= self._rope_positions:
             return
-        cap = min(max(MIN_CACHE_POSITIONS, 1 << (positions - 1).bit_length()), self.cfg.max_position_embeddings)
+        cap = cache_capacity(positions, self.cfg.max_position_embeddings)
         cos, sin = rope_table(cap, self.cfg.head_dim, self.cfg.rope_theta)
         self.rope = (self._upload(cos), self._upload(sin))
         self._rope_positions = cap
         self._plans.clear()
 
-    def _take_caches(self, positions: int) -> CUDACaches:
-        cfg = self.cfg
-        cap = min(max(MIN_CACHE_POSITIONS, 1 << (positions - 1).bit_length()), cfg.max_position_embeddings)
-        free = self._pool.setdefault(cap, [])
-        if free:
-            c = free.pop()
-        else:
-            kv_bytes = 4 * cap * cfg.num_key_value_heads * cfg.head_dim
-            kv = {i: (self.dev.allocate(kv_bytes), self.dev.allocate(kv_bytes))
-                  for i, t in enumerate(cfg.layer_types) if t == "full_attention"}
-            conv = {i: self.dev.allocate(4 * (cfg.conv_L_cache - 1) * cfg.hidden_size)
-                    for i, t in enumerate(cfg.layer_types) if t == "conv"}
-            c = CUDACaches(cap, kv, conv, self.generation)
-        # back to the pool when the State holding it is collected
-        weakref.finalize(c, _return_to_pool, free, c.capacity, c.kv, c.conv, c.generation, weakref.ref(self))
-        return c
+    def _take_caches(self, positions: int) -> GPUCaches:
+        return take_caches(self, positions)
 
     # -- kernels -------------------------------------------------------------------------------------------------------
     def _template(self, name: str) -> KernelTemplate:
@@ -257,17 +216,12 @@ class CUDAExecutor:
         plan.add(label, [rowops.copy_launch(prog, src, src_word, dst, dst_word, words)])
 
     # -- forward -------------------------------------------------------------------------------------------------------
-    def plan(self, ids: np.ndarray, start: int, caches: CUDACaches | None,
-             final_row_slicing: bool) -> tuple[Plan, CUDACaches]:
+    def plan(self, ids: np.ndarray, start: int, caches: GPUCaches | None,
+             final_row_slicing: bool) -> tuple[Plan, GPUCaches]:
         """Write the token ids and build (or reuse) the launches of one decision (nothing runs yet)."""
         cfg = self.cfg
         n = int(ids.size)
-        if caches is not None and caches.generation != self.generation:
-            raise LaunchError("this state was made before the CUDA device was lost and rebuilt; its caches are gone",
-                              "prefill the prompt again")
-        if start + n > cfg.max_position_embeddings:
-            raise ConfigError(f"sequence of {start + n} tokens exceeds the model's {cfg.max_position_embeddings} "
-                              "positions", "shorten the prompt")
+        check_decision(cfg, caches, self.generation, start, n, "CUDA")
         self._ensure_rows(n)
         self._ensure_rope(start + n)
         new = self._take_caches(start + n)
@@ -283,7 +237,7 @@ class CUDAExecutor:
             self._plans[key] = cached
         return cached, new
 
-    def _build_plan(self, n: int, start: int, caches: CUDACaches | None, new: CUDACaches,
+    def _build_plan(self, n: int, start: int, caches: GPUCaches | None, new: GPUCaches,
                     final_row_slicing: bool) -> Plan:
         cfg = self.cfg
         H, F, L = cfg.hidden_size, cfg.ffn_dim, cfg.conv_L_cache
@@ -360,8 +314,8 @@ class CUDAExecutor:
             self.dev.run(plan.launches)
         return self.dev.download(self.act["res"], np.float32, res_shape)
 
-    def forward(self, ids: np.ndarray, start: int, caches: CUDACaches | None, final_row_slicing: bool,
-                timed: bool = False) -> tuple[np.ndarray, CUDACaches]:
+    def forward(self, ids: np.ndarray, start: int, caches: GPUCaches | None, final_row_slicing: bool,
+                timed: bool = False) -> tuple[np.ndarray, GPUCaches]:
         """Run new tokens after `caches` (None at the start); `caches` is not modified.
 
         Args:
@@ -390,18 +344,4 @@ class CUDAExecutor:
 
     def weight_bytes(self) -> int:
         """Bytes of weights on the device."""
-        total = sum(b.nbytes for b in self.embed.values()) + self.final_norm.nbytes + self.head.nbytes
-        for lay in self.layers:
-            for v in lay.values():
-                if isinstance(v, Buffer):
-                    total += v.nbytes
-                elif isinstance(v, dict):
-                    total += sum(b.nbytes for b in v.values())
-        return total
-
-
-def _return_to_pool(free: list[CUDACaches], capacity: int, kv: dict[int, tuple[Buffer, Buffer]],
-                    conv: dict[int, Buffer], generation: int, owner: Any) -> None:
-    ex = owner()
-    if ex is not None and ex.generation == generation:
-        free.append(CUDACaches(capacity, kv, conv, generation))
+        return weight_bytes(self.embed, self.final_norm, self.head, self.layers)

@@ -28,15 +28,13 @@ Device loss mid-decision raises `DeviceLost`; the next `forward` rebuilds the de
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from tilewise.devices.base import Buffer, Device, Launch, Program
-from tilewise.errors import ConfigError, DeviceLost, LaunchError
+from tilewise.errors import ConfigError, DeviceLost
 from tilewise.kernels.attention import webgpu as attn_k
 from tilewise.kernels.attention.problem import rope_table
 from tilewise.kernels.base import KernelTemplate
@@ -53,39 +51,14 @@ from tilewise.model.dispatch import (
     matmul_key,
     matmul_name,
 )
+from tilewise.model.gpu_state import GPUCaches, Plan, cache_capacity, check_decision, take_caches, weight_bytes
 from tilewise.quant.nf4 import weight_arrays
 from tilewise.tune.dispatch import DispatchTable
 
 ROW_WG = 128  # rmsnorm / embed / conv threads per workgroup
 HEAD_WG = 64
 MIN_ROW_CAPACITY = 64
-MIN_CACHE_POSITIONS = 512
 MAX_CACHED_PLANS = 64  # decision plans kept per executor (a game uses a handful of prompt lengths)
-
-
-# ---------------------------------------------------------------------------------------------- state
-@dataclass(eq=False)
-class GPUCaches:
-    """The GPU side of a State: K/V rows per attention layer, last conv_L_cache-1 Bx rows per conv layer."""
-
-    capacity: int  # positions the K/V buffers hold
-    kv: dict[int, tuple[Buffer, Buffer]]  # layer -> (k, v), each (capacity, Hkv * D) f32
-    conv: dict[int, Buffer]  # layer -> (L - 1, H) f32
-    generation: int
-    n_tokens: int = 0
-    scores: np.ndarray | None = None  # (labels,) computed on the GPU (the Model recomputes from hidden)
-
-
-class _Plan:
-    """Launches of one decision, with an op label per launch (for per-op timing)."""
-
-    def __init__(self) -> None:
-        self.launches: list[Launch] = []
-        self.labels: list[str] = []
-
-    def add(self, label: str, launch: Launch) -> None:
-        self.launches.append(launch)
-        self.labels.append(label)
 
 
 class WebGPUExecutor:
@@ -139,7 +112,7 @@ class WebGPUExecutor:
         # decision plans by everything their launches depend on besides the token ids (which live in a buffer):
         # a repeated decision shape (same length, same cached base, same pooled caches) reuses its launch list,
         # and with it the device's per-launch bind groups, instead of rebuilding ~120 launches in Python
-        self._plans: dict[tuple[Any, ...], _Plan] = {}
+        self._plans: dict[tuple[Any, ...], Plan] = {}
         self._upload_weights()
         self._lost = False
 
@@ -241,7 +214,7 @@ class WebGPUExecutor:
     def _ensure_rope(self, positions: int) -> None:
         if positions <= self._rope_positions:
             return
-        cap = min(max(MIN_CACHE_POSITIONS, 1 << (positions - 1).bit_length()), self.cfg.max_position_embeddings)
+        cap = cache_capacity(positions, self.cfg.max_position_embeddings)
         cos, sin = rope_table(cap, self.cfg.head_dim, self.cfg.rope_theta)
         if self._rope_positions:
             self._keep.append(self.rope)
@@ -249,22 +222,7 @@ class WebGPUExecutor:
         self._rope_positions = cap
 
     def _take_caches(self, positions: int) -> GPUCaches:
-        cfg = self.cfg
-        cap = min(max(MIN_CACHE_POSITIONS, 1 << (positions - 1).bit_length()), cfg.max_position_embeddings)
-        free = self._pool.setdefault(cap, [])
-        if free:
-            c = free.pop()
-        else:
-            kv_bytes = 4 * cap * cfg.num_key_value_heads * cfg.head_dim
-            self._check_fits("KV cache of one attention layer", kv_bytes)
-            kv = {i: (self.dev.allocate(kv_bytes), self.dev.allocate(kv_bytes))
-                  for i, t in enumerate(cfg.layer_types) if t == "full_attention"}
-            conv = {i: self.dev.allocate(4 * (cfg.conv_L_cache - 1) * cfg.hidden_size)
-                    for i, t in enumerate(cfg.layer_types) if t == "conv"}
-            c = GPUCaches(cap, kv, conv, self.generation)
-        # back to the pool when the State holding it is collected; buffers are never freed (see _keep)
-        weakref.finalize(c, _return_to_pool, free, c.capacity, c.kv, c.conv, c.generation, weakref.ref(self))
-        return c
+        return take_caches(self, positions, self._check_fits)
 
     # -- programs ----------------------------------------------------------------------------------------------------
     def _program(self, key: tuple[Any, ...], make_source: Any, name: str) -> Program:
@@ -313,7 +271,7 @@ class WebGPUExecutor:
         tpl = self._template(matmul_name(kind, self.fmt, epilogue, norm))
         return tpl, tpl.config_of(values)
 
-    def _matmul(self, plan: _Plan, label: str, epilogue: str, x: Buffer, x_row0: int, rows: int,
+    def _matmul(self, plan: Plan, label: str, epilogue: str, x: Buffer, x_row0: int, rows: int,
                 weights: list[Buffer], out: Buffer, n: int, k: int, norm: Buffer | None = None) -> None:
         """One matmul (two launches for split-K); `norm` fuses the RMSNorm of x with these weights into it."""
         tpl, cfg = self.matmul_choice(epilogue, n, k, rows, norm is not None)
@@ -336,23 +294,18 @@ class WebGPUExecutor:
             self._scratch_buf = self.dev.allocate(max(nbytes, 1 << 20))
         return self._scratch_buf
 
-    def _copy(self, plan: _Plan, label: str, src: Buffer, src_word: int, dst: Buffer, dst_word: int,
+    def _copy(self, plan: Plan, label: str, src: Buffer, src_word: int, dst: Buffer, dst_word: int,
               words: int) -> None:
         prog = self._program(("copy",), rowops.copy_source, "copy")
         plan.add(label, Launch(prog, rowops.copy_grid(words), [self._dims(words, src_word, dst_word), src, dst]))
 
     # -- forward -------------------------------------------------------------------------------------------------------
     def plan(self, ids: np.ndarray, start: int, caches: GPUCaches | None,
-             final_row_slicing: bool) -> tuple[_Plan, GPUCaches]:
+             final_row_slicing: bool) -> tuple[Plan, GPUCaches]:
         """Write the token ids and build (or reuse) the launches of one decision (nothing runs yet)."""
         cfg = self.cfg
         n = int(ids.size)
-        if caches is not None and caches.generation != self.generation:
-            raise LaunchError("this state was made before the WebGPU device was lost and rebuilt; its caches are gone",
-                              "prefill the prompt again")
-        if start + n > cfg.max_position_embeddings:
-            raise ConfigError(f"sequence of {start + n} tokens exceeds the model's {cfg.max_position_embeddings} "
-                              "positions", "shorten the prompt")
+        check_decision(cfg, caches, self.generation, start, n, "WebGPU")
         self._ensure_rows(n)
         self._ensure_rope(start + n)
         new = self._take_caches(start + n)
@@ -372,13 +325,13 @@ class WebGPUExecutor:
         return plan, new
 
     def _build_plan(self, n: int, start: int, caches: GPUCaches | None, new: GPUCaches,
-                    final_row_slicing: bool) -> _Plan:
+                    final_row_slicing: bool) -> Plan:
         """The launches of one decision of `n` new tokens after `caches`, writing `new` (see `plan`)."""
         cfg = self.cfg
         H, F, L = cfg.hidden_size, cfg.ffn_dim, cfg.conv_L_cache
         hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         a = self.act
-        plan = _Plan()
+        plan = Plan()
         if caches is not None and start > 0:
             words = start * hkv * d
             prog = self._program(("copy2",), rowops.copy2_source, "copy2")
@@ -482,18 +435,4 @@ class WebGPUExecutor:
 
     def weight_bytes(self) -> int:
         """Bytes of weights on the device."""
-        total = sum(b.nbytes for b in self.embed) + self.final_norm.nbytes + self.head.nbytes
-        for lay in self.layers:
-            for v in lay.values():
-                if isinstance(v, Buffer):
-                    total += v.nbytes
-                elif isinstance(v, list):
-                    total += sum(b.nbytes for b in v)
-        return total
-
-
-def _return_to_pool(free: list[GPUCaches], capacity: int, kv: dict[int, tuple[Buffer, Buffer]],
-                    conv: dict[int, Buffer], generation: int, owner: Any) -> None:
-    ex = owner()
-    if ex is not None and ex.generation == generation:
-        free.append(GPUCaches(capacity, kv, conv, generation))
+        return weight_bytes(self.embed, self.final_norm, self.head, self.layers)

@@ -1,0 +1,99 @@
+"""What the GPU executors (`model/webgpu.py`, `model/cuda.py`) share: the GPU side of a State (K/V and conv caches,
+pooled per capacity and handed back when the State is collected), a decision's labelled launch list, and the checks
+every decision passes before it is planned."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tilewise.devices.base import Buffer, Launch
+from tilewise.errors import ConfigError, LaunchError
+
+MIN_CACHE_POSITIONS = 512
+
+
+@dataclass(eq=False)
+class GPUCaches:
+    """The GPU side of a State: K/V rows per attention layer, last conv_L_cache-1 Bx rows per conv layer."""
+
+    capacity: int  # positions the K/V buffers hold
+    kv: dict[int, tuple[Buffer, Buffer]]  # layer -> (k, v), each (capacity, Hkv * D) f32
+    conv: dict[int, Buffer]  # layer -> (L - 1, H) f32
+    generation: int
+    n_tokens: int = 0
+    scores: np.ndarray | None = None  # (labels,) computed on the GPU (the Model recomputes from hidden)
+
+
+class Plan:
+    """Launches of one decision, with an op label per launch (for per-op timing)."""
+
+    def __init__(self) -> None:
+        self.launches: list[Launch] = []
+        self.labels: list[str] = []
+
+    def add(self, label: str, launches: Launch | Sequence[Launch]) -> None:
+        for launch in [launches] if isinstance(launches, Launch) else launches:
+            self.launches.append(launch)
+            self.labels.append(label)
+
+
+def cache_capacity(positions: int, max_positions: int) -> int:
+    """Positions a cache (or RoPE table) is made for: a power of two of at least `MIN_CACHE_POSITIONS`, so a few
+    sizes serve every prompt length."""
+    return min(max(MIN_CACHE_POSITIONS, 1 << (positions - 1).bit_length()), max_positions)
+
+
+def check_decision(cfg: Any, caches: GPUCaches | None, generation: int, start: int, n: int, runtime: str) -> None:
+    """Refuse a decision on caches from before a device loss, or longer than the model's positions."""
+    if caches is not None and caches.generation != generation:
+        raise LaunchError(f"this state was made before the {runtime} device was lost and rebuilt; its caches are gone",
+                          "prefill the prompt again")
+    if start + n > cfg.max_position_embeddings:
+        raise ConfigError(f"sequence of {start + n} tokens exceeds the model's {cfg.max_position_embeddings} "
+                          "positions", "shorten the prompt")
+
+
+def take_caches(ex: Any, positions: int, check_fits: Callable[[str, int], None] | None = None) -> GPUCaches:
+    """Caches for `positions` from executor `ex`'s pool (`ex._pool`, `ex.dev`, `ex.cfg`, `ex.generation`), made when
+    the pool has none; they go back to the pool when the State holding them is collected (never freed)."""
+    cfg = ex.cfg
+    cap = cache_capacity(positions, cfg.max_position_embeddings)
+    free = ex._pool.setdefault(cap, [])
+    if free:
+        c = free.pop()
+    else:
+        kv_bytes = 4 * cap * cfg.num_key_value_heads * cfg.head_dim
+        if check_fits is not None:
+            check_fits("KV cache of one attention layer", kv_bytes)
+        kv = {i: (ex.dev.allocate(kv_bytes), ex.dev.allocate(kv_bytes))
+              for i, t in enumerate(cfg.layer_types) if t == "full_attention"}
+        conv = {i: ex.dev.allocate(4 * (cfg.conv_L_cache - 1) * cfg.hidden_size)
+                for i, t in enumerate(cfg.layer_types) if t == "conv"}
+        c = GPUCaches(cap, kv, conv, ex.generation)
+    weakref.finalize(c, _return_to_pool, free, c.capacity, c.kv, c.conv, c.generation, weakref.ref(ex))
+    return c
+
+
+def _return_to_pool(free: list[GPUCaches], capacity: int, kv: dict[int, tuple[Buffer, Buffer]],
+                    conv: dict[int, Buffer], generation: int, owner: Any) -> None:
+    ex = owner()
+    if ex is not None and ex.generation == generation:
+        free.append(GPUCaches(capacity, kv, conv, generation))
+
+
+def weight_bytes(embed: Any, final_norm: Buffer, head: Buffer, layers: Sequence[dict[str, Any]]) -> int:
+    """Bytes of weights on the device: buffers, and lists or dicts of buffers, of the embedding and every layer."""
+
+    def size(v: Any) -> int:
+        if isinstance(v, Buffer):
+            return v.nbytes
+        if isinstance(v, dict):
+            v = list(v.values())
+        return sum(size(b) for b in v) if isinstance(v, (list, tuple)) else 0
+
+    return size(embed) + final_norm.nbytes + head.nbytes + sum(size(v) for lay in layers for v in lay.values())
