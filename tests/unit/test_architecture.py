@@ -10,8 +10,8 @@ import tilewise
 
 ROOT = Path(tilewise.__file__).parent
 # a package may import only packages of a lower layer (or itself)
-LAYERS = {"errors": 0, "quant": 1, "devices": 1, "kernels": 2, "tune": 3, "model": 4, "ladder": 4, "game": 5,
-          "train": 6, "cli": 7}
+LAYERS = {"errors": 0, "files": 0, "quant": 1, "devices": 1, "kernels": 2, "tune": 3, "model": 4, "ladder": 4,
+          "game": 5, "train": 6, "cli": 7}
 
 
 def package_of(module: str) -> str:

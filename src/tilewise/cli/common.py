@@ -13,10 +13,10 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from tilewise import files
 from tilewise.errors import ConfigError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -87,14 +87,7 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> None:
     if is_sqlite(p):
         raise ConfigError(f"{p} is a SQLite database (a results store?); it is never overwritten",
                           "choose another output file")
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent or ".")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    files.write_atomic(p, text)
 
 
 def _plain(x: Any) -> Any:

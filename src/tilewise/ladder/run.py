@@ -15,6 +15,7 @@ import numpy as np
 
 from tilewise.devices.base import Device, Launch
 from tilewise.errors import ConfigError, DeviceUnavailable
+from tilewise.files import write_atomic
 from tilewise.kernels.base import KernelTemplate, Shape
 from tilewise.kernels.space import Config, Space
 from tilewise.ladder.specs import (
@@ -433,18 +434,7 @@ def run_ladder(primitive: str, device: Device | None = None, shape: Shape | None
 
 def write_json(result: LadderResult, path: str) -> None:
     """Write the ladder's JSON ({primitive, device, shape, reference_ms, rungs: [...], staging: [...]}) atomically."""
-    import tempfile
-
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".ladder.", suffix=".json.tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(result.as_json(), f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_atomic(path, json.dumps(result.as_json(), indent=2) + "\n")
 
 
 def draw(result: LadderResult) -> Any:

@@ -9,8 +9,6 @@ One JSON file per device fingerprint beside its dispatch table (`decisions-<fing
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from tilewise.devices.base import DeviceInfo
+from tilewise.files import write_atomic
 from tilewise.model.dispatch import dispatch_path
 from tilewise.tune.measure import compare, summarize
 
@@ -58,11 +57,7 @@ def record_decision(fingerprint: str, model: str, weights: str, seq: int, sample
     entries[f"{model}:{weights}:{seq}"] = {"samples_ms": [float(x) for x in samples_ms],
                                            "p50_ms": float(np.median(samples_ms)),
                                            "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    fd, tmp = tempfile.mkstemp(prefix=".decisions.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"format": FORMAT, "schema": 1, "entries": entries}, f, indent=1)
-    os.replace(tmp, path)
-    return path
+    return write_atomic(path, json.dumps({"format": FORMAT, "schema": 1, "entries": entries}, indent=1))
 
 
 def faster_runtime(model: str | None = None) -> Any:

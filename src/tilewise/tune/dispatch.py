@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tilewise.errors import ConfigError
+from tilewise.files import write_atomic
 from tilewise.kernels.base import KernelTemplate
 from tilewise.tune.sweep import SweepResult, parse_m_values, sweep, sweep_json
 
@@ -247,10 +248,7 @@ class DispatchTable:
         """Write atomically (a crash mid-write leaves the old file)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1))
-        tmp.replace(path)
-        return path
+        return write_atomic(path, json.dumps(self.to_json(), indent=1))
 
     @classmethod
     def from_json(cls, d: Any, where: str = "the dispatch table") -> DispatchTable:

@@ -13,12 +13,12 @@ import math
 import os
 import re
 import sys
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from tilewise.errors import ConfigError
+from tilewise.files import write_atomic
 from tilewise.tune.store import COLUMNS, EXPORT_FORMAT, SCHEMA_VERSION, STATUSES, Result, Store
 
 STDOUT = "-"
@@ -74,20 +74,8 @@ def write_export(store: Store, target: str | os.PathLike[str]) -> int:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
     else:
-        _write_atomic(Path(target), text)
+        write_atomic(Path(target), text)
     return len(data["results"])
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """A temporary file in the same folder, renamed over `path`: a crash never leaves half a file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # ---- import ------------------------------------------------------------------------------------------------------

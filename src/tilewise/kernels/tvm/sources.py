@@ -21,16 +21,15 @@ followed by the source exactly as TVM emitted it. `emitted_source` is the policy
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tilewise import files
 from tilewise.errors import ConfigError, DeviceUnavailable
 
 ENV = "TILEWISE_TVM_CUDA_SOURCES"
@@ -114,17 +113,9 @@ def render(key: SourceKey, source: str, tvm: str | None) -> str:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same directory and `os.replace`."""
+    """Write `text` to `path` atomically, making its folder first."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    files.write_atomic(path, text)
 
 
 def write(store: Path, key: SourceKey, source: str, tvm: str | None) -> tuple[Path, bool]:
