@@ -135,6 +135,9 @@ class KernelTemplate(ABC):
     dtype: str = "f32"
     #: short name of the peer `peer_program` returns (the tuner prints "% of <peer_name>"); "" = no peer
     peer_name: str = ""
+    #: buffers besides "out" the kernel writes (a second output, split-K partials): the default `poison` fills them
+    #: with NaN too, and guarded verification binds them between canary words like "out"
+    scratch_buffers: tuple[str, ...] = ()
     #: the WebGPU runtime `auto` should take on a tie ("dawn" for kernels that need Dawn-only features)
     prefer_runtime: str | None = None
     #: the named spaces (`space_names`) and the function that makes one (`space`), for templates whose spaces are
@@ -243,8 +246,10 @@ class KernelTemplate(ABC):
         init = bufs.get("_init")
         if init is not None:
             device.write(out, device.download(init, np.uint8))
-            return
-        device.write(out, np.full(out.nbytes // 4, np.nan, dtype=np.float32))
+        else:
+            device.write(out, np.full(out.nbytes // 4, np.nan, dtype=np.float32))
+        for key in self.scratch_buffers:
+            device.write(bufs[key], np.full(bufs[key].nbytes // 4, np.nan, dtype=np.float32))
 
     def rebind(self, device: Device, bufs: DeviceBuffers, have: Shape, shape: Shape) -> DeviceBuffers | None:
         """Buffers for `shape` made from `bufs` (uploaded for shape `have`), or None when they cannot serve it."""

@@ -157,7 +157,7 @@ class Verifier:
         self._bufs = t.upload(self.device, self._host, self.shape)
         if self.guard:
             self._guards = {}
-            for key in ("out", *getattr(t, "scratch_buffers", ())):
+            for key in ("out", *t.scratch_buffers):
                 self._guards[key] = Guard(self.device, self._bufs[key].nbytes, self.rng)
                 self._bufs[key] = self._guards[key].window
         self._keep.append(self._bufs)

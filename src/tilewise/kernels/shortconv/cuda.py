@@ -23,6 +23,7 @@ class CudaShortConv(KernelTemplate):
 
     backend = "cuda"
     problem = ShortConvProblem()
+    scratch_buffers = ("state_out",)  # the conv state it hands on: poisoned and guarded like "out"
 
     def space(self, which: str = "full") -> Space:
         """shortconv.cu's `whole_warps` (its `taps_2_8` is a shape rule: L comes with the shape)."""
@@ -56,10 +57,6 @@ class CudaShortConv(KernelTemplate):
         bufs["out"] = device.allocate(4 * m * h)
         bufs["state_out"] = device.allocate(4 * (taps - 1) * h)
         return bufs
-
-    def poison(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> None:
-        for k in ("out", "state_out"):
-            device.write(bufs[k], np.full(bufs[k].nbytes // 4, np.nan, np.float32))
 
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
         m, h, _ = shape
