@@ -479,11 +479,6 @@ def draw(result: LadderResult) -> Any:
 
 def plot(result: LadderResult, path: str) -> None:
     """Write the ladder plot (`draw`) to `path` (check it first with `tilewise.tune.plot.require_plot`)."""
-    from tilewise.tune.plot import pyplot, save_figure
+    from tilewise.tune.plot import save_figure
 
-    plt = pyplot()
-    fig = draw(result)
-    try:
-        save_figure(fig, path)
-    finally:
-        plt.close(fig)
+    save_figure(draw(result), path)

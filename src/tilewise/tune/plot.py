@@ -81,7 +81,8 @@ def device_short(fingerprint: str, width: int = 32) -> str:
 
 
 def save_figure(fig: Any, path: str | os.PathLike[str]) -> None:
-    """Write atomically (a temporary file in the same folder, then a rename), legend outside included."""
+    """Write atomically (a temporary file in the same folder, then a rename), legend outside included, and close the
+    figure."""
     p = Path(path)
     tmp = p.with_name(f".{p.name}.tmp{p.suffix}")
     try:
@@ -89,6 +90,7 @@ def save_figure(fig: Any, path: str | os.PathLike[str]) -> None:
         os.replace(tmp, p)
     finally:
         tmp.unlink(missing_ok=True)
+        pyplot().close(fig)
 
 
 def _range_of(r: Mapping[str, Any]) -> tuple[int, float]:
@@ -140,12 +142,7 @@ def draw_sweep(result: SweepResult, ranges: Sequence[Mapping[str, Any]] | None =
 
 def plot_sweep(result: SweepResult, path: str | Path, ranges: Sequence[Mapping[str, Any]] | None = None) -> None:
     """Write the sweep plot (`draw_sweep`) to `path`."""
-    plt = pyplot()
-    fig = draw_sweep(result, ranges)
-    try:
-        save_figure(fig, path)
-    finally:
-        plt.close(fig)
+    save_figure(draw_sweep(result, ranges), path)
 
 
 def draw_tune(result: TuneResult) -> Any:
@@ -178,9 +175,4 @@ def draw_tune(result: TuneResult) -> Any:
 
 def plot_tune(result: TuneResult, path: str | Path) -> None:
     """Write the tuning plot (`draw_tune`) to `path`."""
-    plt = pyplot()
-    fig = draw_tune(result)
-    try:
-        save_figure(fig, path)
-    finally:
-        plt.close(fig)
+    save_figure(draw_tune(result), path)
