@@ -65,6 +65,15 @@ def test_every_legal_config_of_the_nf4_spaces_is_correct(dev, rng, epilogue):
             check(out, ref, tpl.dtype)
 
 
+@pytest.mark.parametrize("fmt", ["f16", "f32"])
+def test_every_mma_seed_config_of_the_other_weight_formats_is_correct(dev, rng, fmt):
+    tpl = mm.CudaMatmul("mma", fmt, "none", False)
+    legal, _ = tpl.space("seed").split(dev.info.limits)
+    for cfg in legal:
+        out, ref = run(dev, tpl, cfg, (70, 96, 128), rng)
+        check(out, ref, tpl.dtype)
+
+
 @pytest.mark.parametrize("kind", mm.KINDS)
 def test_matmul_reads_x_from_row_x_row0(dev, rng, kind):
     tpl = mm.CudaMatmul(kind, "nf4", "residual", True)

@@ -156,3 +156,68 @@ def test_head_dim_the_kernels_cannot_run_is_refused_with_one_error():
     ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:bad")
     with pytest.raises(ConfigError, match="head_dim 8 must be a multiple of 16"):
         CUDAExecutor(ck, device=RecordingDevice())
+
+
+def _table_for(cfg, fp: str, ffn_mma: dict, ffn_rows: dict, attn_nw: int):
+    from tilewise.kernels.attention.cuda import CudaAttention
+    from tilewise.kernels.matmul.cuda import CudaMatmul
+    from tilewise.model.dispatch import attention_key, matmul_key
+    from tilewise.tune.dispatch import DispatchTable, Entry
+
+    H, F = cfg.hidden_size, cfg.ffn_dim
+    table = DispatchTable(fp)
+    mma, rows = CudaMatmul("mma", "nf4", "residual"), CudaMatmul("rows", "nf4", "residual")
+    table.put(matmul_key("nf4", "residual", H, F), Entry([
+        {"m_min": 1, "m_max": 7, "kernel": rows.name, "config": ffn_rows},
+        {"m_min": 8, "m_max": None, "kernel": mma.name, "config": ffn_mma}]), mma)
+    table.put(attention_key(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim), Entry([
+        {"m_min": 1, "m_max": None, "kernel": "attention", "config": {"NW": attn_nw}}]), CudaAttention())
+    return table
+
+
+def test_a_dispatch_tables_choices_are_what_the_plan_launches(rng):
+    """ffn.down takes the table's tensor-core tile from 8 rows and its short-row config below; attention its NW."""
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
+    dev = RecordingDevice()
+    mma = {"BM": 32, "BN": 64, "BK": 64, "WM": 16, "WN": 32, "PIPE": 1}
+    rows = {"NT": 64, "RM": 2}
+    ex = CUDAExecutor(ck, device=dev, dispatch=_table_for(cfg, dev.info.fingerprint, mma, rows, 2))
+    for n, want in ((40, "nf4_mm_mma<0, 1, 0, 32, 64, 64, 16, 32, 1>"), (5, "nf4_mm_rows<0, 1, 0, 64, 2>")):
+        plan, _ = ex.plan(rng.integers(0, 512, n), 0, None, False)
+        entries = [launch.program.meta["entry"] for launch in plan.launches]
+        downs = {e for e, lab in zip(entries, plan.labels) if lab == "ffn.down"}
+        assert downs == {want}, (n, downs)
+        attn = {e for e, lab in zip(entries, plan.labels) if lab == "attention"}
+        assert attn and all(e.endswith(", 2>") for e in attn), attn
+        others = {e for e, lab in zip(entries, plan.labels) if lab == "ffn.gate_up"}
+        assert all(", 64, 64, 32, 32, 32, 2>" in e for e in others if e.startswith("nf4_mm_mma"))  # the default
+
+
+def test_a_given_table_breaking_a_kernel_rule_is_refused_before_anything_compiles():
+    from tilewise.errors import ConfigError
+
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
+    dev = RecordingDevice()
+    bad = {"BM": 128, "BN": 256, "BK": 64, "WM": 64, "WN": 64, "PIPE": 2}  # smem_48k
+    with pytest.raises(ConfigError, match="smem_48k"):
+        CUDAExecutor(ck, device=dev, dispatch=_table_for(cfg, dev.info.fingerprint, bad, {"NT": 64, "RM": 2}, 4))
+    assert dev.entries == []
+
+
+def test_tune_model_on_cuda_offers_the_cuda_kernels_with_their_seeds():
+    from tilewise.kernels.matmul.cuda import MMA_SEED, CudaMatmul
+    from tilewise.model import tune as model_tune
+
+    dev = RecordingDevice()
+    cands = model_tune.matmul_candidates(dev, "nf4", "swiglu", [1, 346], 4, 0, norm=True)
+    kinds = {t.kind for t, _ in cands}
+    assert kinds == {"mma", "rows"} and all(isinstance(t, CudaMatmul) for t, _ in cands)
+    mma = next(t for t, _ in cands if t.kind == "mma")
+    got = [c for t, c in cands if t.kind == "mma"]
+    assert got[0] == mma.default_config()
+    legal_seeds = [mma.config_of(v) for v in MMA_SEED if mma.space().is_legal(mma.config_of(v), dev.info.limits)]
+    assert legal_seeds and all(c in got for c in legal_seeds)
+    assert all(mma.space().is_legal(c, dev.info.limits) for c in got)  # illegal seeds never reach the engine
+    assert model_tune.attention_template(dev).backend == "cuda"

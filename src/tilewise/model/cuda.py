@@ -6,15 +6,16 @@
 - a decision is planned as a launch list of kernel-template launches (`plan`), reused per shape (length, start,
   cached base, pooled caches); per-op GPU times come from `forward(..., timed=True)` for `tilewise bench`;
 - each block's two RMSNorms are fused into the matmuls that read them (in_proj / qkv, gate/up);
-- matmuls: the short-row kernel below `MMA_FROM_ROWS` rows, the tensor-core (mma.sync) kernel from there
-  (`matmul_choice`, the one place a CUDA dispatch table will plug in);
+- matmuls and attention take the kernel and config per shape and row count from the device's dispatch table
+  (`tilewise tune model --device cuda`); without one, the short-row kernel below `MMA_FROM_ROWS` rows and the
+  tensor-core (mma.sync) kernel's default tile from there (`matmul_choice`);
 - final-row slicing and the prefix cache as in model/webgpu.py: the last block runs the mixer's output projection
   and the FFN on the last row only; `forward` never writes its input caches (a new state gets pooled buffers, the
   K/V prefix rows are copied by a kernel in the same launch list, the conv reads the old state and writes another).
 
 Device loss (a kernel fault poisons the CUDA context) raises `DeviceLost`; the next `forward` tries to rebuild the
 device and weights, and states made before the loss are refused. Seams for later steps: `run_plan` is where a CUDA
-graph of the plan is captured and replayed; `matmul_choice` is where split-K and tuned configs enter.
+graph of the plan is captured and replayed; `matmul_choice` is where split-K enters.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from tilewise.kernels.rowops import cuda as rowops
 from tilewise.kernels.shortconv.cuda import CudaShortConv
 from tilewise.kernels.space import Config
 from tilewise.model.checkpoint import HEAD, Checkpoint
+from tilewise.model.dispatch import attention_key, checked_table, load_model_table, matmul_key
 from tilewise.model.gpu_state import GPUCaches, Plan, cache_capacity, check_decision, take_caches, weight_bytes
 from tilewise.quant.nf4 import weight_arrays
 
@@ -49,8 +51,10 @@ class CUDAExecutor:
 
     device_name = "cuda"
 
-    def __init__(self, checkpoint: Checkpoint, device: Device | str | None = None, quiet: bool = False) -> None:
+    def __init__(self, checkpoint: Checkpoint, device: Device | str | None = None, quiet: bool = False,
+                 dispatch: Any = None) -> None:
         self.checkpoint = checkpoint
+        self._given_dispatch = dispatch
         self.cfg = checkpoint.config
         self.fmt = checkpoint.weights
         if self.fmt not in FMT_CODE:
@@ -90,6 +94,10 @@ class CUDAExecutor:
             if dev.info.backend != "cuda":
                 raise ConfigError(f"device {dev.info.name} is not a CUDA device", "pass device='cuda'")
         self.dev = dev
+        # a table's configs pass their kernels' rules before any is compiled (model/dispatch.py)
+        check = (dev.info.limits, (), self.cfg.norm_eps, "cuda")
+        self.dispatch = (checked_table(self._given_dispatch, *check) if self._given_dispatch is not None
+                         else load_model_table(dev.info.fingerprint, None, self.quiet, *check))
         self.generation += 1
         self._programs: dict[Any, Program] = {}
         self._templates: dict[str, KernelTemplate] = {}
@@ -194,16 +202,29 @@ class CUDAExecutor:
             self._programs[key] = prog
         return prog
 
-    def matmul_choice(self, epilogue: str, rows: int, norm: bool) -> tuple[mm.CudaMatmul, Config]:
-        """The matmul kernel and config for `rows` rows (defaults; a tuned table plugs in here)."""
+    def matmul_choice(self, epilogue: str, n: int, k: int, rows: int, norm: bool) -> tuple[mm.CudaMatmul, Config]:
+        """The matmul kernel and config for `rows` rows of an N x K matmul: the dispatch table's, else the
+        defaults."""
+        picked = self.dispatch.pick(matmul_key(self.fmt, epilogue, n, k, norm), rows)
+        if picked is not None:  # checked at load for exactly this N, K
+            tpl = self._template(picked[0])
+            assert isinstance(tpl, mm.CudaMatmul)
+            return tpl, tpl.config_of(picked[1])
         kind = "rows" if rows < mm.MMA_FROM_ROWS else "mma"
         tpl = self._template(f"{self.fmt}_matmul.{kind}.{epilogue}" + (".norm" if norm else ""))
         assert isinstance(tpl, mm.CudaMatmul)
         return tpl, tpl.default_config()
 
+    def attention_choice(self, rows: int) -> Config:
+        """The attention config at `rows` query rows: the dispatch table's, else the default."""
+        cfg = self.cfg
+        picked = self.dispatch.pick(attention_key(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim),
+                                    rows)
+        return self._template("attention").config_of(picked[1] if picked is not None else {"NW": attn_k.DEFAULT_NW})
+
     def _matmul(self, plan: Plan, label: str, epilogue: str, x: Buffer, x_row0: int, rows: int,
                 weights: dict[str, Buffer], out: Buffer, n: int, k: int, norm: Buffer | None = None) -> None:
-        tpl, cfg = self.matmul_choice(epilogue, rows, norm is not None)
+        tpl, cfg = self.matmul_choice(epilogue, n, k, rows, norm is not None)
         bufs = {"x": x, "out": out, **weights, **({"norm_w": norm} if norm is not None else {})}
         shape = (rows, n, k)
         plan.add(label, tpl.launches_at(self.program(tpl, cfg, shape), bufs, cfg, shape, x_row0))
@@ -256,8 +277,7 @@ class CUDAExecutor:
                                                                               "out": a["x"]}, ecfg, eshape))
         attn, rope, conv = self._template("attention"), self._template("rope"), self._template("shortconv")
         assert isinstance(attn, attn_k.CudaAttention) and isinstance(rope, attn_k.CudaQKNormRope)
-        acfg, ccfg, rcfg = attn.config_of({"NW": attn_k.DEFAULT_NW}), conv.config_of({"NT": ROW_NT}), \
-            rope.config_of({"NT": 0})
+        acfg, ccfg, rcfg = self.attention_choice(n), conv.config_of({"NT": ROW_NT}), rope.config_of({"NT": 0})
         n_layers = len(self.layers)
         xr, xr_rows = a["x"], n
         for i, lay in enumerate(self.layers):

@@ -17,14 +17,24 @@ from typing import Any
 
 from tilewise.devices.base import Limits
 from tilewise.errors import ConfigError
+from tilewise.kernels.attention import cuda as attn_cuda
 from tilewise.kernels.attention import webgpu as attn_k
 from tilewise.kernels.base import KernelTemplate
+from tilewise.kernels.matmul import cuda as mm_cuda
 from tilewise.kernels.matmul import webgpu as mm
 from tilewise.kernels.space import Config
 from tilewise.tune.dispatch import DispatchTable, family_version
 from tilewise.tune.store import default_path
 
-TUNE_FIX = "run `tilewise tune model --device webgpu` (or `--device dawn` on Dawn) to measure this device"
+TUNE_FIX = ("run `tilewise tune model --device webgpu` (`--device dawn` on Dawn, `--device cuda` on CUDA) to measure "
+            "this device")
+
+
+def tune_command(fingerprint: str) -> str:
+    """The `tilewise tune model` line that measures the device of `fingerprint`."""
+    runtime = ("dawn" if fingerprint.startswith("webgpu+dawn") else
+               "cuda" if fingerprint.startswith("cuda") else "webgpu")
+    return f"tilewise tune model --device {runtime}"
 
 
 def dispatch_path(fingerprint: str) -> Path:
@@ -73,15 +83,22 @@ def _key_sizes(key: str) -> tuple[int, ...]:
 
 def range_choice(key: str, kernel: str, values: Mapping[str, Any], rows: tuple[int, int],
                  limits: Limits | None, features: Iterable[str] | None = (), eps: float = 1e-5,
-                 ) -> tuple[KernelTemplate, Config]:
+                 backend: str = "webgpu") -> tuple[KernelTemplate, Config]:
     """The kernel and config one range of entry `key` names, checked as the tuner checks a candidate: the kernel
     computes the entry's problem, every value has its parameter's type, and no rule or shape assumption of the
-    template is broken at the range's first and last row counts. ConfigError names what is broken."""
+    template is broken at the range's first and last row counts. ConfigError names what is broken. `backend`
+    ("webgpu" or "cuda") says whose kernels the names are (a table holds one device's)."""
     sizes = _key_sizes(key)
     tpl: KernelTemplate
     if kernel == "attention":
-        tpl = attn_k.AttentionTemplate()
+        tpl = attn_cuda.CudaAttention() if backend == "cuda" else attn_k.AttentionTemplate()
         shapes = [(m, 0, *sizes) for m in rows]
+    elif backend == "cuda":
+        try:
+            tpl = mm_cuda.CudaMatmul.from_name(kernel, eps)
+        except (ValueError, IndexError):
+            raise ConfigError(f"unknown CUDA matmul kernel {kernel!r}", TUNE_FIX) from None
+        shapes = [(m, *sizes) for m in rows]
     else:
         tpl = mm.MatmulTemplate.from_name(kernel, features, eps)  # ConfigError for an unknown name
         shapes = [(m, *sizes) for m in rows]
@@ -105,7 +122,7 @@ def range_choice(key: str, kernel: str, values: Mapping[str, Any], rows: tuple[i
 
 
 def check_model_table(table: DispatchTable, limits: Limits | None, features: Iterable[str] | None = (),
-                      eps: float = 1e-5) -> tuple[DispatchTable, list[str]]:
+                      eps: float = 1e-5, backend: str = "webgpu") -> tuple[DispatchTable, list[str]]:
     """(the entries whose every range passes `range_choice`, one line per refused entry: key, range, why)."""
     kept: dict[str, Any] = {}
     problems = []
@@ -114,7 +131,7 @@ def check_model_table(table: DispatchTable, limits: Limits | None, features: Ite
             for i, r in enumerate(entry.ranges):
                 hi = r["m_max"] if r["m_max"] is not None else r["m_min"]
                 try:
-                    range_choice(key, r["kernel"], r["config"], (r["m_min"], hi), limits, features, eps)
+                    range_choice(key, r["kernel"], r["config"], (r["m_min"], hi), limits, features, eps, backend)
                 except ConfigError as exc:
                     raise ConfigError(f"{key} range {i} (rows {r['m_min']}..{r['m_max'] or ''}): {exc.problem}",
                                       exc.fix) from None
@@ -126,9 +143,9 @@ def check_model_table(table: DispatchTable, limits: Limits | None, features: Ite
 
 
 def checked_table(table: DispatchTable, limits: Limits | None, features: Iterable[str] | None = (),
-                  eps: float = 1e-5) -> DispatchTable:
+                  eps: float = 1e-5, backend: str = "webgpu") -> DispatchTable:
     """A table given by the caller, refused whole (one ConfigError) when an entry breaks a kernel rule."""
-    ok, problems = check_model_table(table, limits, features, eps)
+    ok, problems = check_model_table(table, limits, features, eps, backend)
     if problems:
         more = f" (and {len(problems) - 1} more entries)" if len(problems) > 1 else ""
         where = "the given dispatch table" if table.source in ("defaults", "tuned") else table.source
@@ -139,7 +156,7 @@ def checked_table(table: DispatchTable, limits: Limits | None, features: Iterabl
 
 def load_model_table(fingerprint: str, path: str | Path | None = None, quiet: bool = False,
                      limits: Limits | None = None, features: Iterable[str] | None = (),
-                     eps: float = 1e-5) -> DispatchTable:
+                     eps: float = 1e-5, backend: str = "webgpu") -> DispatchTable:
     """The table for a device, or an empty one (the defaults) with a warning saying how to tune.
 
     A table from another device, or one that is unreadable or malformed, gives the defaults with a warning;
@@ -151,10 +168,10 @@ def load_model_table(fingerprint: str, path: str | Path | None = None, quiet: bo
     path = Path(path) if path is not None else dispatch_path(fingerprint)
     if not path.exists():
         if not quiet:
-            runtime = "dawn" if fingerprint.startswith("webgpu+dawn") else "webgpu"
+            cut = mm_cuda.MMA_FROM_ROWS if backend == "cuda" else mm.DEFAULT_CUTOFF_ROWS
             warnings.warn(f"no tuned dispatch table for {fingerprint}; using safe defaults (short-row kernel below "
-                          f"{mm.DEFAULT_CUTOFF_ROWS} rows, 64x64 tiles from there). To tune: run `tilewise tune model "
-                          f"--device {runtime}` to measure this device", stacklevel=2)
+                          f"{cut} rows, 64x64 tiles from there). To tune: run `{tune_command(fingerprint)}` to "
+                          "measure this device", stacklevel=2)
         return DispatchTable(fingerprint)
     try:
         table = DispatchTable.load(path)
@@ -162,7 +179,7 @@ def load_model_table(fingerprint: str, path: str | Path | None = None, quiet: bo
         warnings.warn(f"ignoring dispatch table {path}: {exc.problem}; using defaults. {TUNE_FIX}", stacklevel=2)
         return DispatchTable(fingerprint)
     usable, notes = table.usable_on(fingerprint, current_versions())
-    usable, problems = check_model_table(usable, limits, features, eps)
+    usable, problems = check_model_table(usable, limits, features, eps, backend)
     if problems:
         notes.append("entries breaking a kernel rule: " + "; ".join(problems))
     if notes:

@@ -1,9 +1,10 @@
 """`tilewise tune model`: measure every matmul the classifier runs, across row counts, and the attention tile, and
-write the dispatch table the WebGPU executor loads.
+write the dispatch table the WebGPU or CUDA executor loads.
 
 For each (epilogue, N, K) of the model (conv in/out projections, q/k/v and out projections, paired gate/up with
 SwiGLU, down with the residual) the candidates of the three FMA kernels (short-row, tiled, split-K), and on Dawn
-with subgroup matrices the subgroup-matrix kernel (`kernels/matmul/sgmat.py`, f16 tolerance), are items of the
+with subgroup matrices the subgroup-matrix kernel (`kernels/matmul/sgmat.py`, f16 tolerance), or on CUDA the
+short-row and tensor-core kernels (`kernels/matmul/cuda.py`, the latter at the f16 tolerance), are items of the
 evaluation engine at every row count (1..512 plus the decision's lengths): each is verified once against the
 float64 reference (every output value, NaN-poisoned outputs), every candidate of one row count is timed in the
 same interleaved rounds, and every outcome is stored (an interrupted run resumes from the store). The tuner's
@@ -25,7 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tilewise.errors import ConfigError
+from tilewise.kernels.attention import cuda as attn_cuda
 from tilewise.kernels.attention import webgpu as attn_k
+from tilewise.kernels.matmul import cuda as mm_cuda
 from tilewise.kernels.matmul import webgpu as mm
 from tilewise.kernels.matmul.sgmat import sgmat_templates
 from tilewise.kernels.space import Config
@@ -132,6 +135,8 @@ def candidates(template: Any, limits: Any, n: int, seed: int, hand_picked: bool 
     elif template.kind == "sgmat":  # subgroup matrices: the seeds at the device's subgroup size
         seeds = []
         out += template.seed_configs(limits)
+    elif template.backend == "cuda":  # the tensor-core kernel's seed points; the short-row space is small
+        seeds = [dict(c) for c in template.space("seed").points or []] if template.kind == "mma" else []
     elif template.kind in ("tiled", "splitk"):
         # the template's own f16 settings (one value each); prefetch and columns default to today's kernel
         fixed = {k: space.params[k][0] for k in ("F16S", "F16A") if k in space.params}
@@ -159,7 +164,10 @@ def matmul_templates(dev: Any, fmt: str, epilogue: str, rows: list[int], f16_ari
                      norm: bool = False, eps: float = 1e-5) -> list[Any]:
     """The matmul kernels that compete for one shape: short-row, tiled and (with 64+ rows) split-K, plus the
     f16-arithmetic tiled and split-K variants when asked for and the adapter has shader-f16, plus the
-    subgroup-matrix kernel (f16 tolerance) when the device has subgroup matrices (Dawn)."""
+    subgroup-matrix kernel (f16 tolerance) when the device has subgroup matrices (Dawn); on CUDA the short-row
+    and tensor-core kernels."""
+    if dev.info.backend == "cuda":
+        return [mm_cuda.CudaMatmul(kind, fmt, epilogue, norm, eps) for kind in mm_cuda.KINDS]
     kinds = [k for k in mm.KINDS if not (k == "splitk" and max(rows) < 64)]  # split-K only pays with many rows
     out = [mm.MatmulTemplate(kind, fmt, epilogue, dev.enabled_features, norm=norm, eps=eps) for kind in kinds]
     if f16_arith and "shader-f16" in dev.enabled_features:
@@ -281,7 +289,7 @@ def tune_attention(dev: Any, cfg: Any, seq: int, seed: int, store: Store | None 
                    make_engine: Callable[..., Engine] = Engine) -> tuple[dict[str, Any], float]:
     """The fastest verified attention tile at the decision length (at most `budget` tiles, the default first):
     (config values, median ms)."""
-    t = attn_k.AttentionTemplate()
+    t = attention_template(dev)
     shape = (seq, 0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
     eng = make_engine(dev, store, force=force, seed=seed, measure_kw=ATTENTION_MEASURE)
     outcomes = (run or Run()).evaluate(eng, [Item(t, c, shape) for c in attention_candidates(dev, budget)], what)
@@ -294,9 +302,14 @@ def tune_attention(dev: Any, cfg: Any, seq: int, seed: int, store: Store | None 
     return dict(best.config), best.stats.median_ms  # type: ignore[union-attr]
 
 
+def attention_template(dev: Any) -> Any:
+    """The attention kernel of the device's executor."""
+    return attn_cuda.CudaAttention() if dev.info.backend == "cuda" else attn_k.AttentionTemplate()
+
+
 def attention_candidates(dev: Any, budget: int | None = None) -> list[Config]:
-    t = attn_k.AttentionTemplate()
-    default = t.config_of(attn_k.DEFAULT_ATTN)
+    t = attention_template(dev)
+    default = t.config_of({"NW": attn_cuda.DEFAULT_NW} if dev.info.backend == "cuda" else attn_k.DEFAULT_ATTN)
     legal = t.space().legal(dev.info.limits)
     return ([default] + [c for c in legal if c != default])[:budget]
 
@@ -362,11 +375,12 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
     if "cooperative-matrix" in dev.info.features:
         log("cooperative-matrix is advertised but skipped: wgpu-py 0.32 cannot enable experimental features and "
             "wgpu-native implements only 8x8 f32 fragments")
-    if f16_arith and "shader-f16" not in dev.enabled_features:
+    if f16_arith and "shader-f16" not in getattr(dev, "enabled_features", ()):
         log("f16 arithmetic skipped: this adapter has no shader-f16")
     # shapes this device already has (from another preset of the same width, or a cut run) are kept unless force
-    table = (load_model_table(fp, path, True, dev.info.limits, dev.enabled_features, cfg.norm_eps)
-             if path.exists() else DispatchTable(fp))
+    backend = "cuda" if dev.info.backend == "cuda" else "webgpu"
+    table = (load_model_table(fp, path, True, dev.info.limits, getattr(dev, "enabled_features", ()), cfg.norm_eps,
+                              backend) if path.exists() else DispatchTable(fp))
     table.source = "tuned"
     akey = attention_key(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
     shapes: dict[str, tuple[str, tuple[str, int, int, bool]]] = {}  # key -> (label, shape): one per distinct key
@@ -392,7 +406,7 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
             entry, record = tune_matmul(dev, fmt, epilogue, n, k, rows, n_cand, seed, log, hand_picked=hand_picked,
                                         f16_arith=f16_arith, norm=norm, eps=cfg.norm_eps, seq=seq, store=store,
                                         force=force, budget=budget, run=run, what=what, make_engine=make_engine)
-            table.put(key, entry, mm.MatmulTemplate())
+            table.put(key, entry, matmul_templates(dev, fmt, epilogue, rows, norm=norm)[0])
             table.measured[f"{label} {n}x{k}"] = record
             left.remove(label)
             _log_shape(log, label, epilogue, n, k, seq, entry, record)
@@ -400,7 +414,7 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
             _save_partial(table, path, left, "running")
             attn_cfg, attn_ms = tune_attention(dev, cfg, seq, seed, store=store, force=force, budget=budget, run=run,
                                                what=f"attention ({akey}, {seq} rows)", make_engine=make_engine)
-            attn = attn_k.AttentionTemplate()
+            attn = attention_template(dev)
             table.put(akey, Entry(make_ranges([Range(1, seq, attn.config_of(attn_cfg))], attn.name, open_end=True)),
                       attn)
             left.remove("attention")
@@ -457,7 +471,7 @@ def run(args: argparse.Namespace, emit_json: Callable[..., None] | None = None) 
         each_device(args, ("webgpu",), job, None,
                     lambda dev, line, make: _run_one(args, cfg, name, seq, fmt, dev, line, make, emit_json))
         return 0
-    choice = resolve(str(getattr(args, "device", None) or "auto"), ("webgpu",), job=job)
+    choice = resolve(str(getattr(args, "device", None) or "auto"), ("webgpu", "cuda"), job=job)
     return _run_one(args, cfg, name, seq, fmt, choice.device, choice.line(), Engine, emit_json)
 
 
@@ -502,7 +516,8 @@ def _run_one(args: argparse.Namespace, cfg: Any, name: str, seq: int, fmt: str, 
     if table.partial:
         log(f"partial: {', '.join(table.partial['left'])} not measured ({table.partial['why']}); run the same "
             "command again to finish (what was measured is reused)")
-    log("`tilewise.load(..., device='webgpu')` uses it on this device")
+    runtime = "cuda" if device.info.backend == "cuda" else device.info.runtime or "webgpu"
+    log(f"`tilewise.load(..., device='{runtime}')` uses it on this device")
     summary = {"model": name, "device": device.info.fingerprint, "table": table.source, "seq": seq,
                "weights": fmt, "partial": table.partial, "entries": sorted(table.entries),
                "shapes": {k: {kk: v[kk] for kk in ("best_ms", "best", "failures") if kk in v}

@@ -2,15 +2,16 @@
 
 Problem: `matmul.problem.MatmulProblem` (y = epilogue(norm(x) @ W^T), W (N, K) nf4 / f16 / f32). Two kinds:
 
-- `mma` (`nf4_mm_mma<FMT, EPI, NORM, BM, BN, BK, WM, WN>`): a BM x BN output tile per block, BK inputs per step
-  through shared memory (x normed and rounded to f16, W decoded once per step), WM x WN per warp in m16n8k16
-  `mma.sync` steps (inline PTX). f16 operands, so it is verified at the f16 tolerance;
+- `mma` (`nf4_mm_mma<FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE>`): a BM x BN output tile per block, BK inputs per
+  step through PIPE shared-memory buffers (x normed and rounded to f16, W decoded once per step, the next step's
+  words loaded into registers during the math), WM x WN per warp in m16n8k16 `mma.sync` steps fed by `ldmatrix`
+  (inline PTX). f16 operands, so it is verified at the f16 tolerance;
 - `rows` (`nf4_mm_rows<FMT, EPI, NORM, NT, RM>`): one warp per output column over RM rows, f32 arithmetic, for few
   rows (a decision's last block, short extends).
 
 Arguments: x, x_row0 (first row of x read), w, absmax, w_up, absmax_up, norm_w, eps, out, M, N, K; every size is an
 argument, so one program serves every shape (`program_key` is the config). Later steps with seams here: split-K
-(a `splitk` kind writing partials), cp.async multi-stage pipelining (a `STAGES` argument), swizzled shared layouts.
+(a `splitk` kind writing partials), swizzled shared layouts instead of padded rows.
 """
 
 from __future__ import annotations
@@ -34,30 +35,38 @@ STATIC_SMEM_BYTES = 48 * 1024
 MAX_FRAGMENTS = 16
 #: the row count from which the tensor-core kernel is the default (below it the short-row kernel)
 MMA_FROM_ROWS = 32
-DEFAULT_MMA = {"BM": 64, "BN": 64, "BK": 32, "WM": 32, "WN": 32}
+DEFAULT_MMA = {"BM": 64, "BN": 64, "BK": 32, "WM": 32, "WN": 32, "PIPE": 2}
 DEFAULT_ROWS = {"NT": 128, "RM": 4}
+MMA_PARAMS = ("BM", "BN", "BK", "WM", "WN", "PIPE")
 
-MMA_VALUES: dict[str, list[int]] = {"BM": [32, 64, 128], "BN": [32, 64, 128], "BK": [32, 64], "WM": [16, 32, 64],
-                                     "WN": [16, 32, 64]}
-MMA_SEED = [dict(zip(("BM", "BN", "BK", "WM", "WN"), v)) for v in (
-    (64, 64, 32, 32, 32), (128, 64, 32, 64, 32), (64, 128, 32, 32, 64), (32, 64, 64, 16, 32), (128, 128, 32, 64, 64),
-    (32, 32, 32, 16, 16), (128, 128, 64, 64, 64),  # the last two are illegal on purpose: smem_48k
+MMA_VALUES: dict[str, list[int]] = {"BM": [32, 64, 128], "BN": [32, 64, 128, 256], "BK": [32, 64],
+                                     "WM": [16, 32, 64], "WN": [16, 32, 64], "PIPE": [1, 2]}
+MMA_SEED = [dict(zip(MMA_PARAMS, v)) for v in (
+    (64, 64, 32, 32, 32, 2), (128, 64, 32, 64, 32, 2), (64, 128, 32, 32, 64, 2), (32, 64, 64, 16, 32, 2),
+    (128, 128, 32, 64, 64, 2), (128, 128, 32, 64, 32, 2), (64, 128, 64, 32, 32, 1), (64, 64, 64, 32, 32, 2),
+    (32, 128, 64, 32, 32, 2), (64, 256, 32, 32, 64, 1), (128, 64, 64, 32, 32, 1), (32, 32, 32, 16, 16, 2),
+    (128, 256, 64, 64, 64, 2), (128, 128, 64, 64, 64, 2),  # the last two are illegal on purpose: smem_48k
 )]
 ROWS_VALUES: dict[str, list[int]] = {"NT": [64, 128, 256], "RM": [1, 2, 4, 8, 16]}
 
 
 def mma_smem_bytes(c: Config, sets: int) -> int:
     """Static shared memory of a block, as `mma_smem_bytes` in matmul.cu computes it."""
-    ops = c.BM * (c.BK + 8) * 2 + sets * c.BN * (c.BK + 8) * 2
-    res = sets * c.BM * (c.BN + 4) * 4
-    return (max(ops, res) + 31) // 32 * 32 + c.BM * 4
+    return c.PIPE * (c.BM + sets * c.BN) * (c.BK + 8) * 2 + c.BM * 4 + 16 * 4
+
+
+def mma_held_registers(c: Config, fmt: str, sets: int) -> int:
+    """Accumulators plus the next K step's words per thread, as `mma_held_registers` in matmul.cu."""
+    nt = max(mma_threads(c), 1)  # a tile smaller than its warp tile fails warp_tiles_divide first
+    xpt, wpt = -(-c.BM * c.BK // 4 // nt), -(-sets * c.BN * c.BK // 8 // nt)
+    return sets * (c.WM // 16) * (c.WN // 8) * 4 + xpt * 4 + wpt * {"nf4": 2, "f16": 4, "f32": 8}[fmt]
 
 
 def mma_threads(c: Config) -> int:
     return (c.BM // c.WM) * (c.BN // c.WN) * WARP
 
 
-def mma_rules(sets: int) -> list[Rule]:
+def mma_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
     """matmul.cu's `mma_first_failure`, rule for rule (its `variant` check is the constructor's)."""
     return [
         Rule("fragments_16", lambda c, _: all(v % 16 == 0 and v >= 16 for v in (c.WM, c.WN, c.BK)),
@@ -69,10 +78,15 @@ def mma_rules(sets: int) -> list[Rule]:
              lambda c, _: f"(BM/WM)*(BN/WN)*32 = {mma_threads(c)} threads > 1024"),
         Rule("smem_48k", lambda c, _: mma_smem_bytes(c, sets) <= STATIC_SMEM_BYTES,
              lambda c, _: f"{mma_smem_bytes(c, sets)} bytes of static shared memory > {STATIC_SMEM_BYTES}",
-             doc="operand tiles (f16) or the f32 result tile(s), whichever is larger, plus the rows' 1/rms"),
+             doc="PIPE buffers of the f16 operand tiles, the rows' 1/rms and the NF4 code"),
         Rule("fragments_per_warp_16", lambda c, _: (c.WM // 16) * (c.WN // 16) * sets <= MAX_FRAGMENTS,
              lambda c, _: f"(WM/16)*(WN/16)*{sets} = {(c.WM // 16) * (c.WN // 16) * sets} accumulator fragments > "
                           f"{MAX_FRAGMENTS} per warp (certain spilling)"),
+        Rule("pipe_1_2", lambda c, _: c.PIPE in (1, 2), lambda c, _: f"PIPE = {c.PIPE} is not 1 or 2",
+             doc="operand buffers in shared memory: 1 (two barriers a step) or 2 (one)"),
+        Rule("registers_160", lambda c, _: mma_held_registers(c, fmt, sets) <= 160,
+             lambda c, _: f"{mma_held_registers(c, fmt, sets)} accumulator and next-step registers per thread > 160 "
+                          "(ptxas spills)", doc="accumulators + the words loaded a step ahead; above 160 it spilled"),
         Rule("threads_per_block", lambda c, lim: mma_threads(c) <= lim.max_invocations_per_workgroup,
              lambda c, lim: f"{mma_threads(c)} threads > the device's {lim.max_invocations_per_workgroup}",
              needs_limits=True),
@@ -122,7 +136,7 @@ class CudaMatmul(KernelTemplate):
             return Space("cuda-matmul-rows", {k: list(v) for k, v in ROWS_VALUES.items()}, rows_rules())
         values = {k: list(v) for k, v in MMA_VALUES.items()}
         points = MMA_SEED if which == "seed" else None
-        return Space(f"cuda-matmul-mma-{which}", values, mma_rules(self.sets), points=points)
+        return Space(f"cuda-matmul-mma-{which}", values, mma_rules(self.sets, self.fmt), points=points)
 
     def default_config(self) -> Config:
         return self.config_of(DEFAULT_ROWS if self.kind == "rows" else DEFAULT_MMA)
@@ -146,7 +160,7 @@ class CudaMatmul(KernelTemplate):
         head = (FMT_CODE[self.fmt], EPI_CODE[self.epilogue], int(self.norm))
         if self.kind == "rows":
             return name_expression("nf4_mm_rows", *head, config["NT"], config["RM"])
-        return name_expression("nf4_mm_mma", *head, *(config[p] for p in ("BM", "BN", "BK", "WM", "WN")))
+        return name_expression("nf4_mm_mma", *head, *(config[p] for p in MMA_PARAMS))
 
     def source(self, config: Config, shape: Shape | None = None) -> str:
         return f"{cu_source('matmul', 'matmul.cu')}\n// instantiated as {self.entry(config)}\n"
@@ -192,7 +206,7 @@ class CudaMatmul(KernelTemplate):
     def describe(self, config: Config) -> str:
         if self.kind == "rows":
             return f"rows nt{config['NT']} rm{config['RM']}"
-        return f"mma {config['BM']}x{config['BN']}x{config['BK']} w{config['WM']}x{config['WN']}"
+        return f"mma {config['BM']}x{config['BN']}x{config['BK']} w{config['WM']}x{config['WN']} p{config['PIPE']}"
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
         m, n, _ = shape

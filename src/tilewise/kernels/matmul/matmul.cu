@@ -7,11 +7,13 @@
 //   EPI  0 none (out = y), 1 residual (out += y), 2 swiglu (out = silu(x Wg^T) * (x Wu^T); w_up/absmax_up used)
 //   NORM 1: RMSNorm of each x row fused in front (x / rms(x) * norm_w), the row's 1/rms computed in the block
 //
-// nf4_mm_mma<FMT, EPI, NORM, BM, BN, BK, WM, WN>: tensor cores through inline PTX `mma.sync.m16n8k16` f16 x f16 ->
-// f32 (no headers: NVRTC needs no CUDA include path). Per K step the block stages x (BM x BK, normed and rounded
-// to f16) and decodes W (BN x BK, each NF4 word once) into shared memory; each warp multiplies its WM x WN tile in
-// m16n8 steps, its A and B fragments read from shared memory as 32-bit pairs in the PTX fragment layout; the f32
-// accumulators go through shared memory for a bounds-guarded epilogue. Threads = (BM/WM) * (BN/WN) * 32.
+// nf4_mm_mma<FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE>: tensor cores through inline PTX `mma.sync.m16n8k16`
+// f16 x f16 -> f32 (no headers: NVRTC needs no CUDA include path). Per K step the block stages x (BM x BK, normed
+// and rounded to f16) and decodes W (BN x BK, each NF4 word once, the code read from shared memory) into one of PIPE
+// shared-memory buffers; the next step's global words are loaded into registers before the tensor cores run on the
+// current buffer, so their latency hides behind the math (PIPE 2: one barrier per step; PIPE 1: two, half the
+// shared memory). Each warp multiplies its WM x WN tile in m16n8 steps, its fragments loaded with `ldmatrix`; the
+// epilogue reads the accumulators directly, bounds-guarded. Threads = (BM/WM) * (BN/WN) * 32.
 // nf4_mm_rows<FMT, EPI, NORM, NT, RM>: the short-row path (few rows): one warp per output column and RM rows, the
 // lanes split K in words of 8 weights, f32 arithmetic, a warp reduction; grid (ceil(N / (NT/32)), ceil(M / RM)).
 //
@@ -40,7 +42,8 @@ __device__ __forceinline__ float h2f(unsigned short h) {
 
 // eight consecutive weights of row n starting at column k (k % 8 == 0), as f32
 template <int FMT>
-__device__ __forceinline__ void load8(const unsigned *w, const float *absmax, int n, int k, int K, float *v) {
+__device__ __forceinline__ void load8(const unsigned *w, const float *absmax, const float *lut, int n, int k, int K,
+                                      float *v) {
   const size_t e = (size_t)n * K + k;
   if (FMT == 0) {
     const unsigned word = w[e / 8];
@@ -48,8 +51,8 @@ __device__ __forceinline__ void load8(const unsigned *w, const float *absmax, in
 #pragma unroll
     for (int b = 0; b < 4; ++b) {  // byte b of the little-endian word: weights 2b (high nibble), 2b+1 (low)
       const unsigned byte = (word >> (8 * b)) & 0xffu;
-      v[2 * b] = NF4_CODE[byte >> 4] * s;
-      v[2 * b + 1] = NF4_CODE[byte & 0xfu] * s;
+      v[2 * b] = lut[byte >> 4] * s;
+      v[2 * b + 1] = lut[byte & 0xfu] * s;
     }
   } else if (FMT == 1) {
     const uint4 q = reinterpret_cast<const uint4 *>(w)[e / 8];
@@ -78,22 +81,30 @@ __device__ __forceinline__ float row_rsqrt_warp(const float *x, int K, float eps
 }
 
 // ---- legality: the Python rules of kernels/matmul/cuda.py, in order (0 = legal) -------------------------------
-__host__ __device__ constexpr int mma_smem_bytes(int EPI, int BM, int BN, int BK) {
+__host__ __device__ constexpr int mma_smem_bytes(int EPI, int BM, int BN, int BK, int PIPE) {
   const int sets = EPI == 2 ? 2 : 1;
-  const int ops = BM * (BK + 8) * 2 + sets * BN * (BK + 8) * 2;  // x tile + W tile(s), f16, rows padded by 8
-  const int res = sets * BM * (BN + 4) * 4;                       // the f32 result tile(s), rows padded by 4
-  return ((ops > res ? ops : res) + 31) / 32 * 32 + BM * 4;       // + the rows' 1/rms
+  // PIPE operand buffers of the x tile + W tile(s) in f16, rows padded by 8, then the rows' 1/rms, then the NF4 code
+  return PIPE * (BM + sets * BN) * (BK + 8) * 2 + BM * 4 + 16 * 4;
 }
 
-// ---- legality: the Python rules of kernels/matmul/cuda.py, in order (0 = legal) -------------------------------
+// accumulators plus the registers that hold the next K step's words: above 160 ptxas spilled (it also needs
+// registers for addresses and fragments)
+__host__ __device__ constexpr int mma_held_registers(int FMT, int EPI, int BM, int BN, int BK, int WM, int WN) {
+  const int sets = EPI == 2 ? 2 : 1, nt = (BM / WM) * (BN / WN) * WARPSIZE;
+  const int xpt = (BM * BK / 4 + nt - 1) / nt, wpt = (sets * BN * BK / 8 + nt - 1) / nt;
+  return sets * (WM / 16) * (WN / 8) * 4 + xpt * 4 + wpt * (FMT == 2 ? 8 : FMT == 1 ? 4 : 2);
+}
+
 __host__ __device__ constexpr int mma_first_failure(int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM,
-                                                     int WN) {
+                                                     int WN, int PIPE) {
   if (FMT < 0 || FMT > 2 || EPI < 0 || EPI > 2 || NORM < 0 || NORM > 1) return 1;  // variant
   if (WM % 16 != 0 || WN % 16 != 0 || BK % 16 != 0 || WM < 16 || WN < 16 || BK < 16) return 2;  // fragments_16
   if (BM % WM != 0 || BN % WN != 0) return 3;                                      // warp_tiles_divide
   if ((BM / WM) * (BN / WN) * WARPSIZE > 1024) return 4;                           // threads_1024
-  if (mma_smem_bytes(EPI, BM, BN, BK) > 48 * 1024) return 5;                      // smem_48k
+  if (mma_smem_bytes(EPI, BM, BN, BK, PIPE) > 48 * 1024) return 5;                // smem_48k
   if ((WM / 16) * (WN / 16) * (EPI == 2 ? 2 : 1) > 16) return 6;                    // fragments_per_warp_16
+  if (PIPE < 1 || PIPE > 2) return 7;                                              // pipe_1_2
+  if (mma_held_registers(FMT, EPI, BM, BN, BK, WM, WN) > 160) return 8;            // registers_160
   return 0;
 }
 
@@ -104,12 +115,16 @@ __host__ __device__ constexpr int rows_first_failure(int FMT, int EPI, int NORM,
   return 0;
 }
 
-// f32 -> f16 bits (round to nearest even) and one m16n8k16 f16 x f16 -> f32 tensor-core step, in PTX: no header,
+// f32 -> f16 bits (round to nearest even), tensor-core steps and shared-memory fragment loads, in PTX: no header,
 // so NVRTC compiles this file without a CUDA include path
 __device__ __forceinline__ unsigned short f2h(float v) {
   unsigned short h;
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
   return h;
+}
+
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+  return (unsigned)f2h(lo) | ((unsigned)f2h(hi) << 16);
 }
 
 __device__ __forceinline__ void mma_16816(float *d, const unsigned *a, const unsigned *b) {
@@ -119,39 +134,154 @@ __device__ __forceinline__ void mma_16816(float *d, const unsigned *a, const uns
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-template <int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM, int WN>
+__device__ __forceinline__ unsigned smem_addr(const void *p) {
+  unsigned a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+
+// four 8x8 f16 matrices; lane l gives the address of row l % 8 of matrix l / 8
+__device__ __forceinline__ void ldmatrix_x4(unsigned *r, const unsigned short *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+// vector values without vector_functions.h (NVRTC has the types, not the make_ functions)
+__device__ __forceinline__ uint4 u4(unsigned a, unsigned b, unsigned c, unsigned d) {
+  uint4 v;
+  v.x = a; v.y = b; v.z = c; v.w = d;
+  return v;
+}
+
+__device__ __forceinline__ float4 f4(float a, float b, float c, float d) {
+  float4 v;
+  v.x = a; v.y = b; v.z = c; v.w = d;
+  return v;
+}
+
+// the raw global words of one K step a thread stages (loaded a step ahead, decoded when stored)
+template <int FMT>
+struct WRaw {
+  uint4 q[FMT == 2 ? 2 : 1];  // nf4: q[0].x is one word of 8 weights; f16: 8 halves; f32: 8 floats
+  float s;                    // nf4: the absmax of the word's 64-weight block
+};
+
+template <int FMT>
+__device__ __forceinline__ void load_raw(const unsigned *w, const float *absmax, int n, int k, int K, WRaw<FMT> &r) {
+  const size_t e = (size_t)n * K + k;
+  if (FMT == 0) {
+    r.q[0].x = w[e / 8];
+    r.s = absmax[e / 64];
+  } else if (FMT == 1) {
+    r.q[0] = reinterpret_cast<const uint4 *>(w)[e / 8];
+  } else {
+    const uint4 *p = reinterpret_cast<const uint4 *>(reinterpret_cast<const float *>(w) + e);
+    r.q[0] = p[0];
+    r.q[FMT == 2 ? 1 : 0] = p[1];
+  }
+}
+
+// eight decoded weights as f16 pairs, in k order (the lower half of a pair is the earlier weight)
+template <int FMT>
+__device__ __forceinline__ uint4 decode8(const WRaw<FMT> &r, const float *lut) {
+  if (FMT == 1) return r.q[0];
+  unsigned h[4];
+  if (FMT == 0) {
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {  // byte b of the little-endian word: weights 2b (high nibble), 2b+1 (low)
+      const unsigned byte = (r.q[0].x >> (8 * b)) & 0xffu;
+      h[b] = pack2(lut[byte >> 4] * r.s, lut[byte & 0xfu] * r.s);
+    }
+  } else {
+    const float *f = reinterpret_cast<const float *>(r.q);
+#pragma unroll
+    for (int b = 0; b < 4; ++b) h[b] = pack2(f[2 * b], f[2 * b + 1]);
+  }
+  return u4(h[0], h[1], h[2], h[3]);
+}
+
+template <int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM, int WN, int PIPE>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * WARPSIZE, 1)
 nf4_mm_mma(const float *__restrict__ x, int x_row0, const unsigned *__restrict__ w, const float *__restrict__ absmax,
            const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, const float *__restrict__ norm_w,
            float eps, float *__restrict__ out, int M, int N, int K) {
-  constexpr int FAIL = mma_first_failure(FMT, EPI, NORM, BM, BN, BK, WM, WN);
+  constexpr int FAIL = mma_first_failure(FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE);
   static_assert(FAIL != 1, "variant: FMT in 0..2 (nf4, f16, f32), EPI in 0..2 (none, residual, swiglu), NORM 0/1");
   static_assert(FAIL != 2, "fragments_16: WM, WN and BK must be multiples of 16 (m16n8k16 tensor-core steps)");
   static_assert(FAIL != 3, "warp_tiles_divide: BM % WM and BN % WN must be 0");
   static_assert(FAIL != 4, "threads_1024: (BM/WM)*(BN/WN) warps must be at most 1024 threads");
-  static_assert(FAIL != 5, "smem_48k: the operand tiles or the result tile exceed 48 KB of static shared memory");
+  static_assert(FAIL != 5, "smem_48k: the PIPE operand buffers exceed 48 KB of static shared memory");
   static_assert(FAIL != 6, "fragments_per_warp_16: at most 16 accumulator 16x16 tiles per warp (register spilling)");
+  static_assert(FAIL != 7, "pipe_1_2: PIPE (operand buffers in shared memory) must be 1 or 2");
+  static_assert(FAIL != 8, "registers_160: accumulators + next-step words above 160 registers per thread spill");
   constexpr int NT = (BM / WM) * (BN / WN) * WARPSIZE;
   constexpr int SETS = EPI == 2 ? 2 : 1;
-  constexpr int LDA = BK + 8, LDC = BN + 4;  // row pads (halves, floats) against shared-memory bank conflicts
-  constexpr int FM = WM / 16, FN = WN / 8;   // m16n8 tiles per warp
-  __shared__ __align__(16) unsigned char smem[mma_smem_bytes(EPI, BM, BN, BK)];
-  unsigned short *As = reinterpret_cast<unsigned short *>(smem);  // (BM, LDA) f16 bits
-  unsigned short *Bs = As + BM * LDA;                              // SETS x (BN, LDA): W rows = B column-major
-  float *Cs = reinterpret_cast<float *>(smem);                     // SETS x (BM, LDC), after the K loop
-  float *rs = reinterpret_cast<float *>(smem + (mma_smem_bytes(EPI, BM, BN, BK) - BM * 4));  // (BM,) 1/rms
+  constexpr int LDA = BK + 8;               // row pad (halves): ldmatrix rows land in distinct banks
+  constexpr int FM = WM / 16, FN = WN / 8;  // m16n8 tiles per warp
+  constexpr int XQ = BM * BK / 4;           // float4s of the x tile
+  constexpr int WQ = SETS * BN * BK / 8;    // words of 8 weights of the W tile(s)
+  constexpr int XPT = (XQ + NT - 1) / NT, WPT = (WQ + NT - 1) / NT;
+  constexpr int STAGE = (BM + SETS * BN) * LDA;  // halves of one operand buffer
+  __shared__ __align__(16) unsigned char smem[mma_smem_bytes(EPI, BM, BN, BK, PIPE)];
+  unsigned short *ops = reinterpret_cast<unsigned short *>(smem);  // PIPE x [(BM, LDA) x, SETS x (BN, LDA) W]
+  float *rs = reinterpret_cast<float *>(smem + PIPE * STAGE * 2);   // (BM,) 1/rms
+  float *lut = rs + BM;                                              // (16,) the NF4 code
   const int tid = threadIdx.x, warp = tid / WARPSIZE, lane = tid % WARPSIZE;
-  const int g = lane >> 2, t = lane & 3;  // the fragment layout's groupID and thread-in-group
+  const int g = lane >> 2, t = lane & 3;  // the accumulator layout's groupID and thread-in-group
   const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
   const int wm = (warp / (BN / WN)) * WM, wn = (warp % (BN / WN)) * WN;
   const float *xb = x + (size_t)x_row0 * K;
 
+  // the code in shared memory: a constant-memory table serializes on the 16 different indices of a warp
+  if (tid < 16) lut[tid] = NF4_CODE[tid];
   for (int r = warp; r < BM; r += NT / WARPSIZE) {
     float v = 1.0f;
     if (NORM && m0 + r < M) v = row_rsqrt_warp(xb + (size_t)(m0 + r) * K, K, eps, lane);
     if (lane == 0) rs[r] = v;
   }
   __syncthreads();
+
+  float4 xr[XPT];
+  WRaw<FMT> wr[WPT];
+  auto load = [&](int k0) {  // one K step's global words into registers (rows past M / N read nothing)
+#pragma unroll
+    for (int i = 0; i < XPT; ++i) {
+      const int e = tid + i * NT, r = e / (BK / 4), c = (e % (BK / 4)) * 4;
+      xr[i] = f4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (e < XQ && m0 + r < M) xr[i] = *reinterpret_cast<const float4 *>(xb + (size_t)(m0 + r) * K + k0 + c);
+    }
+#pragma unroll
+    for (int i = 0; i < WPT; ++i) {
+      const int e = tid + i * NT, s = e / (BN * (BK / 8)), rem = e % (BN * (BK / 8));
+      const int r = rem / (BK / 8), c = (rem % (BK / 8)) * 8;
+      if (e < WQ && n0 + r < N) load_raw<FMT>(s ? w_up : w, s ? absmax_up : absmax, n0 + r, k0 + c, K, wr[i]);
+    }
+  };
+  auto store = [&](int k0, unsigned short *buf) {  // registers -> one operand buffer: x normed, W decoded, f16
+#pragma unroll
+    for (int i = 0; i < XPT; ++i) {
+      const int e = tid + i * NT, r = e / (BK / 4), c = (e % (BK / 4)) * 4;
+      if (e >= XQ) continue;
+      float4 v = xr[i];
+      if (NORM) {
+        const float4 nw = *reinterpret_cast<const float4 *>(norm_w + k0 + c);
+        const float q = rs[r];
+        v = f4(v.x * q * nw.x, v.y * q * nw.y, v.z * q * nw.z, v.w * q * nw.w);
+      }
+      uint2 hv;
+      hv.x = pack2(v.x, v.y);
+      hv.y = pack2(v.z, v.w);
+      *reinterpret_cast<uint2 *>(buf + r * LDA + c) = hv;
+    }
+#pragma unroll
+    for (int i = 0; i < WPT; ++i) {
+      const int e = tid + i * NT, s = e / (BN * (BK / 8)), rem = e % (BN * (BK / 8));
+      const int r = rem / (BK / 8), c = (rem % (BK / 8)) * 8;
+      if (e >= WQ) continue;
+      const uint4 v = n0 + r < N ? decode8<FMT>(wr[i], lut) : u4(0u, 0u, 0u, 0u);
+      *reinterpret_cast<uint4 *>(buf + (BM + s * BN + r) * LDA + c) = v;
+    }
+  };
 
   float acc[SETS][FM][FN][4];
 #pragma unroll
@@ -163,81 +293,60 @@ nf4_mm_mma(const float *__restrict__ x, int x_row0, const unsigned *__restrict__
 #pragma unroll
         for (int q = 0; q < 4; ++q) acc[s][i][j][q] = 0.0f;
 
-  for (int k0 = 0; k0 < K; k0 += BK) {
-    // x tile: BM x BK floats, normed, rounded to f16 (rows past M are zeros)
-    for (int e = tid; e < BM * BK; e += NT) {
-      const int r = e / BK, c = e % BK;
-      float v = 0.0f;
-      if (m0 + r < M) {
-        v = xb[(size_t)(m0 + r) * K + k0 + c];
-        if (NORM) v *= rs[r] * norm_w[k0 + c];
-      }
-      As[r * LDA + c] = f2h(v);
-    }
-    // W tiles: BN rows x BK, eight weights (one NF4 word) per thread step, decoded once
-    for (int e = tid; e < SETS * BN * (BK / 8); e += NT) {
-      const int s = e / (BN * (BK / 8)), rem = e % (BN * (BK / 8));
-      const int r = rem / (BK / 8), c = (rem % (BK / 8)) * 8;
-      float v[8];
-      if (n0 + r < N) {
-        load8<FMT>(s ? w_up : w, s ? absmax_up : absmax, n0 + r, k0 + c, K, v);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = 0.0f;
-      }
-      unsigned short *dst = Bs + s * BN * LDA + r * LDA + c;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) dst[i] = f2h(v[i]);
-    }
-    __syncthreads();
+  load(0);
+  store(0, ops);
+  __syncthreads();
+  const int steps = K / BK;
+  for (int kt = 0; kt < steps; ++kt) {
+    const unsigned short *cur = ops + (PIPE == 2 ? (kt & 1) * STAGE : 0);
+    if (kt + 1 < steps) load((kt + 1) * BK);  // the next step's global loads fly while the tensor cores work
 #pragma unroll
     for (int kk = 0; kk < BK; kk += 16) {
-      // A (16 x 16, row-major): {row g, k 2t..2t+1}, {row g+8, same k}, {row g, k +8}, {row g+8, k +8}
       unsigned a[FM][4];
 #pragma unroll
-      for (int i = 0; i < FM; ++i) {
-        const unsigned short *p = As + (wm + 16 * i + g) * LDA + kk + 2 * t;
-        a[i][0] = *reinterpret_cast<const unsigned *>(p);
-        a[i][1] = *reinterpret_cast<const unsigned *>(p + 8 * LDA);
-        a[i][2] = *reinterpret_cast<const unsigned *>(p + 8);
-        a[i][3] = *reinterpret_cast<const unsigned *>(p + 8 * LDA + 8);
-      }
+      for (int i = 0; i < FM; ++i)  // A 16x16: matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15)
+        ldmatrix_x4(a[i], cur + (wm + 16 * i + (lane & 15)) * LDA + kk + (lane >> 4) * 8);
 #pragma unroll
       for (int s = 0; s < SETS; ++s)
 #pragma unroll
-        for (int j = 0; j < FN; ++j) {
-          // B (16 x 8, column-major): column g, k 2t..2t+1 and k +8; a W row holds one column's k contiguously
-          const unsigned short *p = Bs + s * BN * LDA + (wn + 8 * j + g) * LDA + kk + 2 * t;
-          const unsigned b[2] = {*reinterpret_cast<const unsigned *>(p), *reinterpret_cast<const unsigned *>(p + 8)};
+        for (int j = 0; j < FN; j += 2) {
+          // B for n8 tiles j and j+1: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15)
+          unsigned b[4];
+          ldmatrix_x4(b, cur + (BM + s * BN + wn + 8 * j + (lane & 7) + (lane >> 4) * 8) * LDA + kk +
+                             ((lane >> 3) & 1) * 8);
 #pragma unroll
-          for (int i = 0; i < FM; ++i) mma_16816(acc[s][i][j], a[i], b);
+          for (int i = 0; i < FM; ++i) {
+            mma_16816(acc[s][i][j], a[i], b);
+            mma_16816(acc[s][i][j + 1], a[i], b + 2);
+          }
         }
+    }
+    if (kt + 1 < steps) {
+      if (PIPE == 1) __syncthreads();  // one buffer: every warp is done reading it before it is overwritten
+      store((kt + 1) * BK, ops + (PIPE == 2 ? ((kt + 1) & 1) * STAGE : 0));
     }
     __syncthreads();
   }
-  // the result tile(s) through shared memory (the operands are dead): D rows g and g+8, columns 2t and 2t+1
+  // the epilogue from the accumulators: D rows g and g+8 of each m16 tile, columns 2t and 2t+1 of each n8 tile
 #pragma unroll
-  for (int s = 0; s < SETS; ++s)
+  for (int i = 0; i < FM; ++i)
 #pragma unroll
-    for (int i = 0; i < FM; ++i)
+    for (int h = 0; h < 2; ++h) {
+      const int r = m0 + wm + 16 * i + g + 8 * h;
+      if (r >= M) continue;
 #pragma unroll
-      for (int j = 0; j < FN; ++j) {
-        float *c = Cs + s * BM * LDC + (wm + 16 * i + g) * LDC + wn + 8 * j + 2 * t;
-        c[0] = acc[s][i][j][0];
-        c[1] = acc[s][i][j][1];
-        c[8 * LDC] = acc[s][i][j][2];
-        c[8 * LDC + 1] = acc[s][i][j][3];
-      }
-  __syncthreads();
-  for (int e = tid; e < BM * BN; e += NT) {
-    const int r = e / BN, c = e % BN;
-    if (m0 + r >= M || n0 + c >= N) continue;
-    const float y = Cs[r * LDC + c];
-    float *o = out + (size_t)(m0 + r) * N + n0 + c;
-    if (EPI == 0) *o = y;
-    else if (EPI == 1) *o += y;
-    else *o = silu(y) * Cs[BM * LDC + r * LDC + c];
-  }
+      for (int j = 0; j < FN; ++j)
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const int c = n0 + wn + 8 * j + 2 * t + q;
+          if (c >= N) continue;
+          const float y = acc[0][i][j][2 * h + q];
+          float *o = out + (size_t)r * N + c;
+          if (EPI == 0) *o = y;
+          else if (EPI == 1) *o += y;
+          else *o = silu(y) * acc[SETS - 1][i][j][2 * h + q];
+        }
+    }
 }
 
 template <int FMT, int EPI, int NORM, int NT, int RM>
@@ -251,8 +360,10 @@ nf4_mm_rows(const float *__restrict__ x, int x_row0, const unsigned *__restrict_
   static_assert(FAIL != 3, "rows_1_16: RM (rows per block) must be 1..16");
   constexpr int SETS = EPI == 2 ? 2 : 1;
   __shared__ float rs[RM];
+  __shared__ float lut[16];  // the NF4 code: a constant-memory table serializes on a warp's different indices
   const int warp = threadIdx.x / WARPSIZE, lane = threadIdx.x % WARPSIZE;
   const int m0 = blockIdx.y * RM;
+  if (threadIdx.x < 16) lut[threadIdx.x] = NF4_CODE[threadIdx.x];
   const int rows = min(RM, M - m0);
   const float *xb = x + ((size_t)x_row0 + m0) * K;
   for (int r = warp; r < RM; r += NT / WARPSIZE) {
@@ -270,8 +381,8 @@ nf4_mm_rows(const float *__restrict__ x, int x_row0, const unsigned *__restrict_
     for (int r = 0; r < RM; ++r) acc[s][r] = 0.0f;
   for (int k = lane * 8; k < K; k += WARPSIZE * 8) {
     float wv[SETS][8];
-    load8<FMT>(w, absmax, n, k, K, wv[0]);
-    if (SETS == 2) load8<FMT>(w_up, absmax_up, n, k, K, wv[SETS - 1]);
+    load8<FMT>(w, absmax, lut, n, k, K, wv[0]);
+    if (SETS == 2) load8<FMT>(w_up, absmax_up, lut, n, k, K, wv[SETS - 1]);
     if (NORM) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {

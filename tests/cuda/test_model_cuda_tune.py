@@ -1,0 +1,52 @@
+"""`tilewise tune model --device cuda` on a real GPU (skips cleanly without CuPy or a GPU): the tuner measures the
+CUDA kernels, writes a table the CUDA executor loads, and the tuned executor still matches the float64 reference on
+all 8 scores."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilewise
+from tilewise.errors import DeviceUnavailable
+from tilewise.model import reference
+from tilewise.model.checkpoint import HEAD
+
+pytestmark = pytest.mark.cuda
+
+
+@pytest.fixture(scope="module")
+def dev():
+    pytest.importorskip("cupy")
+    from tilewise.devices import get_device
+
+    try:
+        return get_device("cuda")
+    except DeviceUnavailable as exc:
+        pytest.skip(f"no CUDA device: {exc}")
+
+
+def test_tuned_table_is_loaded_and_the_scores_still_match(dev, rng):
+    from tilewise.model import tune as model_tune
+    from tilewise.model.config import PRESETS
+    from tilewise.model.dispatch import dispatch_path
+    from tilewise.tune.dispatch import DispatchTable
+
+    cfg = PRESETS["tiny"]
+    path = dispatch_path(dev.info.fingerprint)  # the test's own folder (conftest), where the executor looks
+    table = model_tune.tune_model(dev, cfg, seq=40, rows=[1, 8, 40], budget=3, log=lambda _m: None)
+    assert path.exists() and not table.partial
+    saved = DispatchTable.load(path)
+    kernels = {r["kernel"] for e in saved.entries.values() for r in e.ranges}
+    assert kernels and all(k == "attention" or ".mma." in k or ".rows." in k for k in kernels), kernels
+    model = tilewise.load("tiny", device="cuda", weights="nf4", seed=3, quiet=True)
+    ex = model.executor
+    assert ex.dispatch.entries.keys() == saved.entries.keys()
+    ck = model.checkpoint
+    weights = {k: ck.float32(k) for k in ck.names()}
+    for n in (1, 8, 40):
+        ids = rng.integers(0, cfg.vocab_size, n)
+        ref, _ = reference.forward(cfg, weights, ids)
+        want = weights[HEAD].astype(np.float64) @ ref[-1]
+        got = model.scores(model.prefill(ids))
+        np.testing.assert_allclose(got, want, atol=2e-2 * max(1.0, float(np.abs(want).max())), rtol=0)
