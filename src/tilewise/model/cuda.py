@@ -343,7 +343,9 @@ class CUDAExecutor:
             graph.launch()  # returns once the GPU is done, so the staging arrays are free for the next decision
             self.graph_replays += 1
             return self._res_host[:n_res].copy()
-        self.dev.write(self.act["ids"], self._ids_host[:plan.tokens])
+        # a pageable copy: the write is consumed before it returns, while a copy from pinned memory would still be
+        # pending when the staging array is next written
+        self.dev.write(self.act["ids"], self._ids_host[:plan.tokens].copy())
         if timed:
             ms = self.dev.time(plan.launches, flush_l2=False)
             self.last_op_times = list(zip(plan.labels, (float(t) for t in ms)))
