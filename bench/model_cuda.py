@@ -8,6 +8,9 @@ Sections, each recorded with its error if it fails (the run goes on):
    tokens timed on the host clock around prefill + reading the 8 scores, per-op GPU time (CUDA events), then HF
    `Lfm2Model` + Linear(hidden, 8) in bf16, eager and `torch.compile`, same weights and prompts, timed the same way
    (bench/decision_webgpu.py's `hf_decider`); the largest |score difference| of tilewise against HF eager.
+   tilewise's decisions replay one CUDA graph each (`cuda_graphs` in the JSON, with the captures and replays
+   counted; `TILEWISE_CUDA_GRAPHS=0` turns graphs off), and the same decisions are timed again launch by launch
+   (`launch_by_launch`), so the graph's saving is measured in the same run.
 Writes `results.json` (date, device, command, every section) into `--out`.
 
 Usage (on a machine with an NVIDIA GPU, CuPy, torch with CUDA and transformers):
@@ -41,8 +44,10 @@ OMP_LINE = quiet_torch_threads()  # before torch loads
 from tilewise.model.bench import PREFIX_TOKENS, op_table, percentiles, prompts, time_calls  # noqa: E402
 
 T0 = time.perf_counter()
-TESTS = ["tests/cuda/test_model_kernels_cuda.py", "tests/cuda/test_model_cuda.py", "tests/unit/test_model_cuda_plan.py",
-         "tests/unit/test_model_cuda_nvcc.py", "tests/unit/test_model_cuda_nvrtc.py"]
+TESTS = ["tests/cuda/test_model_kernels_cuda.py", "tests/cuda/test_model_cuda.py",
+         "tests/cuda/test_model_cuda_graph.py", "tests/unit/test_model_cuda_plan.py",
+         "tests/unit/test_model_cuda_graph_cache.py", "tests/unit/test_model_cuda_nvcc.py",
+         "tests/unit/test_model_cuda_nvrtc.py"]
 
 
 def log(msg: str) -> None:
@@ -97,16 +102,30 @@ def tilewise_cuda_section(ck: Any, args: argparse.Namespace) -> tuple[dict[str, 
     t = time.perf_counter()
     decide(0)
     first_s = time.perf_counter() - t
+    ex = model.executor
+    graphs = bool(getattr(ex, "graphs", False))
     samples = time_calls(decide, args.decisions, 3, budget_s=args.section_s)
     lat = percentiles(samples)
+    graph_counts = {k: getattr(ex, k, 0) for k in ("graph_captures", "graph_replays")}
+    kept = [scores[i] for i in range(min(5, args.decisions))]  # compared with HF below
+    unrolled = None
+    if graphs:  # the same decisions launch by launch: what one graph replay per decision saves
+        ex.graphs = False
+        try:
+            unrolled = percentiles(time_calls(decide, args.decisions, 3, budget_s=args.section_s))
+        finally:
+            ex.graphs = True
     timed = hasattr(model.executor, "last_op_times")  # GPU executors time each launch
     ops = op_table(model.executor, full[0]) if timed else []
     out = {"impl": f"tilewise {model.device} nf4", "load_s": load_s, "first_call_s": first_s,
            "latency_ms_p50": lat["p50"], "latency_ms_p90": lat["p90"], "latency_ms_p99": lat["p99"],
            "latency_samples_ms": samples, "decisions_timed": lat["n"], "ops": ops,
            "launches_per_decision": len(model.executor.last_op_times) if timed else None,
+           "cuda_graphs": graphs, **graph_counts,
+           "launch_by_launch": None if unrolled is None else {f"latency_ms_{k}": unrolled[k] for k in
+                                                              ("p50", "p90", "p99")},
            "device": model.device_choice.line() if model.device_choice else model.device}
-    return out, [scores[i] for i in range(min(5, args.decisions))]
+    return out, kept
 
 
 def hf_section(ck_f32: Any, args: argparse.Namespace, compiled: bool) -> tuple[dict[str, Any], list[np.ndarray]]:

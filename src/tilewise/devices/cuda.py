@@ -14,14 +14,20 @@ pointer) or a NumPy scalar (`np.int32(M)`, `np.float32(alpha)`, passed by value)
 property of the compiled program: `Program.meta["block"]` (the kernel template sets it when it compiles).
 A Program with `meta["callable"]` wraps a library call (cuBLAS via CuPy): its handle is called with the
 arguments (Buffers as CuPy byte arrays) and timed by the same events as a kernel.
+
+Streams and graphs: a device's writes, launches, events and reads go to one stream it owns (blocking, so CuPy work
+on the default stream stays ordered with it). `capture(steps)` records launches and `HostCopy`s (pinned host <->
+buffer) into a `CudaGraph`, replayed as one submission by `launch()`; library calls are refused there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -145,6 +151,36 @@ def nvrtc_options(compute_capability: str, extra: Sequence[str] = ()) -> tuple[s
     return ("-std=c++17", f"-arch=sm_{major}{minor}", *extra)
 
 
+@dataclass(frozen=True, eq=False)
+class HostCopy:
+    """Pinned host array (`CUDADevice.pinned`) <-> buffer; in a graph it moves what the host holds at replay time."""
+
+    host: np.ndarray
+    buffer: Buffer
+    nbytes: int
+    to_device: bool = True
+
+
+class CudaGraph:
+    """A captured launch list (`CUDADevice.capture`); `launch()` replays it on the device's stream."""
+
+    def __init__(self, device: CUDADevice, graph: Any, steps: Sequence[Launch | HostCopy]) -> None:
+        # the steps keep the buffers and host arrays whose addresses the graph holds alive with it
+        self.device, self._graph, self._steps, self.replays = device, graph, list(steps), 0
+
+    def launch(self, wait: bool = True) -> None:
+        """Replay the graph; with `wait`, return when the GPU has finished it."""
+        dev = self.device
+        try:
+            with dev._dev:
+                self._graph.launch(stream=dev._stream)
+                if wait:
+                    dev._stream.synchronize()
+        except dev._cp.cuda.runtime.CUDARuntimeError as exc:
+            raise dev._wrap(exc, f"replaying a CUDA graph of {len(self._steps)} steps") from exc
+        self.replays += 1
+
+
 class CUDADevice(Device):
     """One NVIDIA GPU through CuPy. `time()` uses CUDA events; `flush_l2` evicts L2 between samples."""
 
@@ -168,6 +204,10 @@ class CUDADevice(Device):
         self._lock = threading.Lock()
         self._flush_buf: Any = None
         self._lost = False
+        with self._dev:
+            # not the legacy default stream, where capture is impossible; blocking, so default-stream work orders
+            self._stream = cupy.cuda.Stream(non_blocking=False)
+        self.captures = 0  # graphs captured on this device (tests count them)
 
     # ---- memory ------------------------------------------------------------------------------
     def allocate(self, nbytes: int, *, uniform: bool = False) -> Buffer:
@@ -184,7 +224,7 @@ class CUDADevice(Device):
         raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
         if offset_bytes + raw.nbytes > buffer.nbytes:
             raise ValueError(f"write of {raw.nbytes} bytes at {offset_bytes} overflows a {buffer.nbytes}-byte buffer")
-        with self._dev:
+        with self._dev, self._stream:
             buffer.handle[offset_bytes:offset_bytes + raw.nbytes].set(raw)
 
     def download(self, buffer: Buffer, dtype: Any = np.float32, shape: Sequence[int] | None = None,
@@ -193,8 +233,9 @@ class CUDADevice(Device):
         if shape is not None:
             nbytes = min(nbytes, int(np.prod(shape)) * np.dtype(dtype).itemsize)
         try:
-            with self._dev:
+            with self._dev, self._stream:
                 raw = self._cp.asnumpy(buffer.handle[offset_bytes:offset_bytes + nbytes])
+                self._stream.synchronize()
         except self._cp.cuda.runtime.CUDARuntimeError as exc:
             raise self._wrap(exc, "reading a buffer back") from exc
         out = raw.view(dtype)
@@ -298,10 +339,58 @@ class CUDADevice(Device):
         except self._cp.cuda.driver.CUDADriverError as exc:
             raise self._wrap(exc, f"launching {prog.name} with grid {grid} block {block}") from exc
 
-    def run(self, launches: Sequence[Launch]) -> None:
+    def run(self, launches: Sequence[Launch | HostCopy]) -> None:
+        with self._dev, self._stream:
+            for step in launches:
+                self._step(step)
+
+    def _step(self, step: Launch | HostCopy) -> None:
+        if isinstance(step, Launch):
+            return self._launch(step)
+        if step.nbytes > min(step.host.nbytes, step.buffer.nbytes):
+            raise LaunchError(f"a host copy of {step.nbytes} bytes overflows its host array or buffer",
+                              "copy at most the smaller of the two")
+        rt = self._cp.cuda.runtime
+        ends = (int(step.buffer.handle.data.ptr), int(step.host.ctypes.data))
+        (dst, src), kind = (ends, rt.memcpyHostToDevice) if step.to_device else (ends[::-1], rt.memcpyDeviceToHost)
+        try:
+            rt.memcpyAsync(dst, src, step.nbytes, kind, self._stream.ptr)
+        except rt.CUDARuntimeError as exc:
+            raise self._wrap(exc, f"copying {step.nbytes} bytes between host and GPU") from exc
+
+    def pinned(self, shape: int | Sequence[int], dtype: Any = np.float32) -> np.ndarray:
+        """A page-locked host array: what a `HostCopy` (and so a graph) reads or fills."""
+        import cupyx
+
         with self._dev:
-            for launch in launches:
-                self._launch(launch)
+            return cupyx.empty_pinned(shape, dtype)
+
+    def capture(self, steps: Sequence[Launch | HostCopy]) -> CudaGraph:
+        """Record `steps` on the device's stream into a graph (nothing runs yet). LaunchError: a step is a library
+        call (it may allocate or use its own stream), `run` would refuse a launch, or CUDA rejects the capture."""
+        for step in steps:
+            if isinstance(step, Launch) and step.program.meta.get("callable"):
+                raise LaunchError(f"{step.program.name} is a library call, which is not captured in a CUDA graph",
+                                  "run this launch list with run() (TILEWISE_CUDA_GRAPHS=0 for the classifier)")
+        s, err = self._stream, self._cp.cuda.runtime.CUDARuntimeError
+        with self._dev, s:
+            try:
+                s.begin_capture()  # relaxed mode: CuPy's first-use context calls stay legal while capturing
+            except err as exc:
+                raise self._wrap(exc, "starting a CUDA graph capture") from exc
+            try:
+                for step in steps:
+                    self._step(step)
+            except BaseException:
+                with contextlib.suppress(Exception):  # a stream left capturing fails every later call on it
+                    s.end_capture()
+                raise
+            try:
+                graph = s.end_capture()
+            except err as exc:
+                raise self._wrap(exc, f"capturing a CUDA graph of {len(steps)} steps") from exc
+        self.captures += 1
+        return CudaGraph(self, graph, steps)
 
     def time(self, launches: Sequence[Launch], *, flush_l2: bool | None = None) -> np.ndarray:
         """Each launch's GPU time in ms (CUDA events around it), launched back to back on one stream.
@@ -316,7 +405,7 @@ class CUDADevice(Device):
             return np.empty(0)
         cp = self._cp
         flush = self.flush_l2 if flush_l2 is None else flush_l2
-        with self._dev:
+        with self._dev, self._stream:
             events = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(n)]
             try:
                 for (start, end), launch in zip(events, launches):

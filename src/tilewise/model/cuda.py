@@ -11,21 +11,25 @@
   tensor-core (mma.sync) kernel's default tile from there (`matmul_choice`);
 - final-row slicing and the prefix cache as in model/webgpu.py: the last block runs the mixer's output projection
   and the FFN on the last row only; `forward` never writes its input caches (a new state gets pooled buffers, the
-  K/V prefix rows are copied by a kernel in the same launch list, the conv reads the old state and writes another).
+  K/V prefix rows are copied by a kernel in the same launch list, the conv reads the old state and writes another);
+- one decision is one CUDA graph replay: a plan's launches, with the copy of the token ids in from a pinned staging
+  array and of the result row out to another, are captured on the plan's first run and replayed by later decisions
+  of that plan (`run_plan`); timed decisions, and `TILEWISE_CUDA_GRAPHS=0`, run launch by launch.
 
 Device loss (a kernel fault poisons the CUDA context) raises `DeviceLost`; the next `forward` tries to rebuild the
-device and weights, and states made before the loss are refused. Seams for later steps: `run_plan` is where a CUDA
-graph of the plan is captured and replayed; `matmul_choice` is where split-K enters.
+device and weights, and states made before the loss are refused. `matmul_choice` is where split-K enters.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from tilewise.devices.base import Buffer, Device, Program
+from tilewise.devices.cuda import HostCopy
 from tilewise.errors import ConfigError, DeviceLost
 from tilewise.kernels.attention import cuda as attn_k
 from tilewise.kernels.attention.problem import rope_table
@@ -44,6 +48,19 @@ ROW_NT = 128  # embed / conv threads per block
 HEAD_NT = 256
 MIN_ROW_CAPACITY = 64
 MAX_CACHED_PLANS = 64
+GRAPHS_ENV = "TILEWISE_CUDA_GRAPHS"
+
+
+def graphs_from_env(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether decisions replay CUDA graphs: `TILEWISE_CUDA_GRAPHS` 1/on (the default) or 0/off."""
+    raw = (os.environ if environ is None else environ).get(GRAPHS_ENV, "1").strip().lower()
+    if raw in ("", "1", "on", "true", "yes"):
+        return True
+    if raw in ("0", "off", "false", "no"):
+        return False
+    raise ConfigError(f"{GRAPHS_ENV}={raw!r} is neither 0 nor 1",
+                      f"set {GRAPHS_ENV}=0 to run decisions launch by launch, or 1 (the default) to replay one CUDA "
+                      "graph per decision")
 
 
 class CUDAExecutor:
@@ -52,7 +69,7 @@ class CUDAExecutor:
     device_name = "cuda"
 
     def __init__(self, checkpoint: Checkpoint, device: Device | str | None = None, quiet: bool = False,
-                 dispatch: Any = None) -> None:
+                 dispatch: Any = None, graphs: bool | None = None) -> None:
         self.checkpoint = checkpoint
         self._given_dispatch = dispatch
         self.cfg = checkpoint.config
@@ -66,6 +83,9 @@ class CUDAExecutor:
         self.generation = 0
         self._lost = False
         self.last_op_times: list[tuple[str, float]] = []
+        self.graphs = graphs_from_env() if graphs is None else graphs  # may be switched between decisions
+        self.graph_captures = 0
+        self.graph_replays = 0
         self._check_model()
         self._setup()
 
@@ -166,8 +186,15 @@ class CUDAExecutor:
         self.act = {"x": alloc(4 * rows * H), "big": alloc(4 * rows * wide), "y": alloc(4 * rows * max(H, hq * d)),
                     "q": alloc(4 * rows * hq * d), "ids": alloc(4 * rows), "x1": alloc(4 * H), "g1": alloc(4 * F),
                     "res": alloc(4 * (H + cfg.num_labels))}
+        # the token ids in and the result row out pass through these; a graph copies from/to their addresses
+        self._ids_host = self._host_array(rows, np.int32)
+        self._res_host = self._host_array(H + cfg.num_labels, np.float32)
         self._rows = rows
         self._plans.clear()  # plans bind the old buffers
+
+    def _host_array(self, size: int, dtype: Any) -> np.ndarray:
+        pinned = getattr(self.dev, "pinned", None)
+        return pinned(size, dtype) if pinned is not None else np.empty(size, dtype)
 
     def _ensure_rope(self, positions: int) -> None:
         if positions <= self._rope_positions:
@@ -239,7 +266,7 @@ class CUDAExecutor:
     # -- forward -------------------------------------------------------------------------------------------------------
     def plan(self, ids: np.ndarray, start: int, caches: GPUCaches | None,
              final_row_slicing: bool) -> tuple[Plan, GPUCaches]:
-        """Write the token ids and build (or reuse) the launches of one decision (nothing runs yet)."""
+        """Stage the token ids (host side) and build (or reuse) the launches of one decision (nothing runs yet)."""
         cfg = self.cfg
         n = int(ids.size)
         check_decision(cfg, caches, self.generation, start, n, "CUDA")
@@ -247,12 +274,13 @@ class CUDAExecutor:
         self._ensure_rope(start + n)
         new = self._take_caches(start + n)
         new.n_tokens = start + n
-        self.dev.write(self.act["ids"], ids.astype(np.int32))
+        self._ids_host[:n] = ids
         key = (n, start, final_row_slicing, None if caches is None else (id(caches.kv), id(caches.conv)),
                id(new.kv), id(new.conv))
         cached = self._plans.get(key)
         if cached is None:
             cached = self._build_plan(n, start, caches, new, final_row_slicing)
+            cached.tokens = n
             if len(self._plans) >= MAX_CACHED_PLANS:
                 self._plans.clear()
             self._plans[key] = cached
@@ -325,14 +353,38 @@ class CUDAExecutor:
         return plan
 
     def run_plan(self, plan: Plan, timed: bool) -> np.ndarray:
-        """Run a decision's launches and read its result row (the normed last row, then the scores)."""
-        res_shape = (self.cfg.hidden_size + self.cfg.num_labels,)
+        """Run a decision and read its result row (the normed last row, then the scores): untimed, one replay of the
+        plan's CUDA graph (captured on its first run); timed or with graphs off, launch by launch."""
+        n_res = self.cfg.hidden_size + self.cfg.num_labels
+        graph = None if timed else self._graph(plan)
+        if graph is not None:
+            graph.launch()  # returns once the GPU is done, so the staging arrays are free for the next decision
+            self.graph_replays += 1
+            return self._res_host[:n_res].copy()
+        # a pageable copy: the write is consumed before it returns, while a copy from pinned memory would still be
+        # pending when the staging array is next written
+        self.dev.write(self.act["ids"], self._ids_host[:plan.tokens].copy())
         if timed:
             ms = self.dev.time(plan.launches, flush_l2=False)
             self.last_op_times = list(zip(plan.labels, (float(t) for t in ms)))
         else:
             self.dev.run(plan.launches)
-        return self.dev.download(self.act["res"], np.float32, res_shape)
+        return self.dev.download(self.act["res"], np.float32, (n_res,))
+
+    def _graph(self, plan: Plan) -> Any:
+        """The plan's graph, captured now if it has none; None where it runs launch by launch."""
+        if plan.graph is None and self.graphs and hasattr(self.dev, "capture"):
+            if any(launch.program.meta.get("callable") for launch in plan.launches):
+                plan.graph = False  # a library call is not captured (devices/cuda.py says why)
+            else:
+                # The ids are copied by the graph itself from the pinned staging array (not by an async copy before
+                # the replay): one submission per decision, and the copy reads whatever the array holds at replay
+                # time. Its size is fixed at capture, which fits: the token count is part of the plan's key.
+                a, n_res = self.act, self.cfg.hidden_size + self.cfg.num_labels
+                plan.graph = self.dev.capture([HostCopy(self._ids_host, a["ids"], 4 * plan.tokens), *plan.launches,
+                                               HostCopy(self._res_host, a["res"], 4 * n_res, to_device=False)])
+                self.graph_captures += 1
+        return plan.graph if self.graphs and plan.graph else None
 
     def forward(self, ids: np.ndarray, start: int, caches: GPUCaches | None, final_row_slicing: bool,
                 timed: bool = False) -> tuple[np.ndarray, GPUCaches]:
@@ -343,7 +395,7 @@ class CUDAExecutor:
             start: position of the first one.
             caches: the previous state's caches.
             final_row_slicing: compute only the last row in the last block.
-            timed: time every launch with CUDA events into `last_op_times`.
+            timed: time every launch with CUDA events into `last_op_times` (launch by launch, no graph).
 
         Returns:
             ((hidden,) float32 final-normed last hidden state, new caches).

@@ -30,11 +30,15 @@ class GPUCaches:
 
 
 class Plan:
-    """Launches of one decision, with an op label per launch (for per-op timing)."""
+    """Launches of one decision, with an op label per launch (for per-op timing); the CUDA executor keeps the plan's
+    captured graph on it (`graph`: None until the first run, False where it runs launch by launch), so the graph
+    is dropped with the plan."""
 
-    def __init__(self) -> None:
+    def __init__(self, tokens: int = 0) -> None:
         self.launches: list[Launch] = []
         self.labels: list[str] = []
+        self.tokens = tokens  # token ids the decision writes before its launches
+        self.graph: Any = None
 
     def add(self, label: str, launches: Launch | Sequence[Launch]) -> None:
         for launch in [launches] if isinstance(launches, Launch) else launches:

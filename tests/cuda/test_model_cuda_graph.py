@@ -1,0 +1,147 @@
+"""CUDA graph replay on a GPU (skips cleanly without CuPy or a GPU): the device's capture reads pinned host memory at
+replay time and leaves its stream usable after a refused launch; a replayed decision gives bit-identical scores and
+hidden state to the same decision launch by launch, over prompts, prefixes and extend branches, and a plan's graph
+is captured once and replayed after."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilewise
+from tilewise.devices.base import Launch
+from tilewise.errors import DeviceUnavailable, LaunchError
+
+pytestmark = pytest.mark.cuda
+
+
+@pytest.fixture(scope="module")
+def cuda_dev():
+    pytest.importorskip("cupy")
+    from tilewise.devices import get_device
+
+    try:
+        return get_device("cuda")
+    except DeviceUnavailable as exc:
+        pytest.skip(f"no CUDA device: {exc}")
+
+
+@pytest.fixture(scope="module")
+def model(cuda_dev):
+    return tilewise.load("tiny", device="cuda", weights="nf4", seed=11, quiet=True)
+
+
+def test_a_graph_copies_what_the_pinned_array_holds_at_replay_time(cuda_dev, rng):
+    from tilewise.devices.cuda import HostCopy
+    from tilewise.kernels.rowops import cuda as rowops
+
+    words = 1000
+    src, dst = cuda_dev.allocate(4 * words), cuda_dev.allocate(4 * words)
+    host_in, host_out = cuda_dev.pinned(words, np.float32), cuda_dev.pinned(words, np.float32)
+    prog = rowops.copy_program(cuda_dev)
+    before = cuda_dev.captures
+    graph = cuda_dev.capture([HostCopy(host_in, src, 4 * words), rowops.copy_launch(prog, src, 0, dst, 0, words),
+                              HostCopy(host_out, dst, 4 * words, to_device=False)])
+    assert cuda_dev.captures == before + 1
+    for _ in range(3):
+        want = rng.standard_normal(words).astype(np.float32)
+        host_in[:] = want
+        graph.launch()
+        np.testing.assert_array_equal(host_out, want)
+        np.testing.assert_array_equal(cuda_dev.download(dst), want)
+    assert graph.replays == 3
+
+
+def test_a_launch_refused_during_capture_leaves_the_stream_usable(cuda_dev, rng):
+    from tilewise.kernels.rowops import cuda as rowops
+
+    prog = rowops.copy_program(cuda_dev)
+    src, dst = cuda_dev.allocate(4 * 64), cuda_dev.allocate(4 * 64)
+    bad = Launch(prog, (1, 70000, 1), [src, np.int32(0), dst, np.int32(0), np.int32(64)])
+    with pytest.raises(LaunchError, match="exceeds CUDA's limits"):
+        cuda_dev.capture([rowops.copy_launch(prog, src, 0, dst, 0, 64), bad])
+    want = rng.standard_normal(64).astype(np.float32)
+    cuda_dev.write(src, want)
+    cuda_dev.run([rowops.copy_launch(prog, src, 0, dst, 0, 64)])
+    np.testing.assert_array_equal(cuda_dev.download(dst), want)
+
+
+def decide(model, ids, base=None):
+    """(GPU head's 8 scores, hidden) of one decision; the state is dropped, so its caches go back to the pool."""
+    state = model.prefill(ids) if base is None else model.extend(base, ids)
+    return state.caches.scores.copy(), model.hidden(state)
+
+
+def launch_by_launch(model, ids, base=None):
+    ex = model.executor
+    ex.graphs = False
+    try:
+        return decide(model, ids, base)
+    finally:
+        ex.graphs = True
+
+
+def assert_same(got, want):
+    np.testing.assert_array_equal(got[0], want[0])  # bit-identical: the same kernels on the same inputs
+    np.testing.assert_array_equal(got[1], want[1])
+    assert got[0].shape == (8,) and np.abs(got[0]).max() > 0
+
+
+@pytest.mark.parametrize("n", [1, 31, 97])
+def test_replayed_decisions_are_bit_identical_to_launch_by_launch(model, rng, n):
+    ex = model.executor
+    assert ex.graphs
+    prompts = [rng.integers(0, model.config.vocab_size, n) for _ in range(4)]
+    for p, last in zip(prompts, rng.permutation(model.config.vocab_size)):
+        p[-1] = last  # no two prompts alike, so the replays' answers differ
+    want = [launch_by_launch(model, p) for p in prompts]
+    captures = ex.graph_captures
+    replays = ex.graph_replays
+    got = [decide(model, p) for p in prompts]
+    for g, w in zip(got, want):
+        assert_same(g, w)
+    assert ex.graph_captures - captures <= 1  # captured on the first decision of this shape, replayed after
+    assert ex.graph_replays - replays == len(prompts)
+    assert not np.array_equal(got[0][0], got[1][0])  # each replay ran its own ids
+
+
+def test_prefix_and_extend_branches_replay_bit_identically(model, rng):
+    ex = model.executor
+    vocab = model.config.vocab_size
+    for split in (1, 32, 47):
+        base = model.prefill(rng.integers(0, vocab, split))
+        tails = [rng.integers(0, vocab, int(m)) for m in (5, 5, 5, 60, 60)]
+        want = [launch_by_launch(model, t, base) for t in tails]
+        captures = ex.graph_captures
+        got = [decide(model, t, base) for t in tails]
+        for g, w in zip(got, want):
+            assert_same(g, w)
+        assert ex.graph_captures - captures <= 2  # one plan per tail length
+        again = [decide(model, t, base) for t in tails]
+        assert ex.graph_captures - captures <= 2
+        for g, w in zip(again, want):
+            assert_same(g, w)
+
+
+def test_a_plans_graph_is_captured_once(model, rng):
+    ex = model.executor
+    ids = rng.integers(0, model.config.vocab_size, 23)
+    decide(model, ids)
+    plan, new = ex.plan(ids, 0, None, model.final_row_slicing)
+    del new
+    graph = plan.graph
+    device_captures = ex.dev.captures
+    for _ in range(5):
+        decide(model, rng.integers(0, model.config.vocab_size, 23))
+    assert ex.dev.captures == device_captures
+    assert plan.graph is graph and graph.replays >= 6
+
+
+def test_timed_decisions_match_the_replay(model, rng):
+    ex = model.executor
+    ids = rng.integers(0, model.config.vocab_size, 40)
+    replayed = decide(model, ids)
+    hidden, caches = ex.forward(ids, 0, None, model.final_row_slicing, timed=True)
+    assert [label for label, _ in ex.last_op_times]
+    np.testing.assert_array_equal(caches.scores, replayed[0])
+    np.testing.assert_array_equal(hidden, replayed[1])

@@ -1,0 +1,183 @@
+"""The CUDA executor's graph replay without a GPU: a recording device with the CUDA device's graph API (`pinned`,
+`capture`, a graph whose `launch` reads the pinned host arrays at replay time) checks that a plan is captured once
+and replayed by later decisions of its shape, that every replay moves that decision's ids, that timed and
+switched-off decisions run launch by launch, that a replaced plan's graph goes with it, and the env switch."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+from tests.unit.test_model_cuda_plan import RecordingDevice
+
+from tilewise.devices.base import Launch, Program
+from tilewise.devices.cuda import CUDADevice, HostCopy
+from tilewise.errors import ConfigError, LaunchError
+from tilewise.model.checkpoint import Checkpoint, random_tensors
+from tilewise.model.config import PRESETS
+from tilewise.model.cuda import GRAPHS_ENV, CUDAExecutor, graphs_from_env
+
+
+class FakeGraph:
+    """Replays like a CUDA graph: reads the ids staging array when launched, fills the result array from them."""
+
+    def __init__(self, dev: GraphDevice, steps: list) -> None:
+        self.dev, self.steps = dev, steps
+
+    def launch(self, wait: bool = True) -> None:
+        first, last = self.steps[0], self.steps[-1]
+        ids = first.host[: first.nbytes // 4].copy()
+        self.dev.replayed.append(ids)
+        out = last.host[: last.nbytes // 4]
+        out[:] = np.arange(out.size, dtype=np.float32) + float(ids.sum()) + 1000.0 * ids.size
+
+
+class GraphDevice(RecordingDevice):
+    def __init__(self) -> None:
+        super().__init__()
+        self.graphs: list[FakeGraph] = []
+        self.replayed: list[np.ndarray] = []
+        self.runs: list[int] = []
+        self.timed: list[int] = []
+        self.writes: list[tuple[int, np.ndarray]] = []
+
+    def pinned(self, size, dtype=np.float32) -> np.ndarray:
+        return np.full(size, -7, dtype)
+
+    def capture(self, steps) -> FakeGraph:
+        graph = FakeGraph(self, list(steps))
+        self.graphs.append(graph)
+        return graph
+
+    def write(self, buffer, array, offset_bytes=0) -> None:
+        super().write(buffer, array, offset_bytes)
+        self.writes.append((id(buffer), np.array(array)))
+
+    def run(self, launches) -> None:
+        self.runs.append(len(launches))
+
+    def time(self, launches, flush_l2=None) -> np.ndarray:
+        self.timed.append(len(launches))
+        return np.ones(len(launches))
+
+
+@pytest.fixture
+def executor():
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
+    return CUDAExecutor(ck, device=GraphDevice(), graphs=True)
+
+
+def expected_result(ex: CUDAExecutor, ids: np.ndarray) -> np.ndarray:
+    n_res = ex.cfg.hidden_size + ex.cfg.num_labels
+    return np.arange(n_res, dtype=np.float32) + float(ids.sum()) + 1000.0 * ids.size
+
+
+def test_a_plan_is_captured_once_and_every_replay_moves_its_own_ids(executor, rng):
+    dev, H = executor.dev, executor.cfg.hidden_size
+    prompts = [rng.integers(1, 512, 12) for _ in range(4)]
+    for ids in prompts:
+        hidden, new = executor.forward(ids, 0, None, True)
+        np.testing.assert_array_equal(hidden, expected_result(executor, ids)[:H])
+        np.testing.assert_array_equal(new.scores, expected_result(executor, ids)[H:])
+        del new  # its caches go back to the pool, so the next decision has the same plan key
+    assert len(dev.graphs) == executor.graph_captures == 1
+    assert executor.graph_replays == 4
+    assert [r.tolist() for r in dev.replayed] == [p.tolist() for p in prompts]
+    assert dev.runs == [] and dev.timed == []
+
+
+def test_prefix_and_extend_branches_get_their_own_graphs_and_reuse_them(executor, rng):
+    dev = executor.dev
+    _, base = executor.forward(rng.integers(1, 512, 20), 0, None, True)
+    tails = [rng.integers(1, 512, 5) for _ in range(3)]
+    for tail in tails:
+        _, new = executor.forward(tail, 20, base, True)
+        del new
+    assert executor.graph_captures == 2  # the prefill and the extend of 5 after 20
+    assert [r.tolist() for r in dev.replayed[1:]] == [t.tolist() for t in tails]
+    executor.forward(rng.integers(1, 512, 6), 20, base, True)
+    assert executor.graph_captures == 3
+
+
+def test_the_graph_is_the_ids_copy_the_plans_launches_and_the_result_copy(executor, rng):
+    ids = rng.integers(1, 512, 9)
+    executor.forward(ids, 0, None, True)
+    plan, _ = executor.plan(ids, 0, None, True)
+    steps = executor.dev.graphs[-1].steps
+    assert plan.graph is executor.dev.graphs[-1]
+    first, last = steps[0], steps[-1]
+    assert isinstance(first, HostCopy) and first.to_device and first.buffer is executor.act["ids"]
+    assert first.nbytes == 4 * ids.size
+    assert isinstance(last, HostCopy) and not last.to_device and last.buffer is executor.act["res"]
+    assert last.nbytes == 4 * (executor.cfg.hidden_size + executor.cfg.num_labels)
+    assert len(steps) == len(plan.launches) + 2 and all(a is b for a, b in zip(steps[1:-1], plan.launches))
+
+
+def test_timed_and_switched_off_decisions_run_launch_by_launch(executor, rng):
+    dev = executor.dev
+    ids = rng.integers(1, 512, 15)
+    executor.forward(ids, 0, None, True, timed=True)
+    assert executor.graph_captures == 0 and len(dev.timed) == 1
+    assert [label for label, _ in executor.last_op_times] == executor.plan(ids, 0, None, True)[0].labels
+    executor.graphs = False
+    other = rng.integers(1, 512, 15)
+    executor.forward(other, 0, None, True)
+    assert executor.graph_captures == 0 and executor.graph_replays == 0 and len(dev.runs) == 1
+    ids_writes = [a for buf, a in dev.writes if buf == id(executor.act["ids"])]
+    assert [w.tolist() for w in ids_writes] == [ids.tolist(), other.tolist()]
+    executor.graphs = True
+    executor.forward(other, 0, None, True)
+    assert executor.graph_captures == 1 and dev.replayed[-1].tolist() == other.tolist()
+
+
+def test_a_replaced_plans_graph_is_dropped_with_it(executor, rng):
+    executor.forward(rng.integers(1, 512, 10), 0, None, True)
+    graph = weakref.ref(executor.dev.graphs.pop())
+    assert graph() is not None
+    executor.forward(rng.integers(1, 512, 300), 0, None, True)  # more rows than the buffers hold: plans rebuilt
+    gc.collect()
+    assert graph() is None
+
+
+def test_a_plan_with_a_library_call_runs_launch_by_launch(executor, rng):
+    ids = rng.integers(1, 512, 7)
+    plan, new = executor.plan(ids, 0, None, True)
+    del new  # back to the pool: the decision below has this plan's key
+    plan.launches.append(Launch(Program("cublas_sgemm", None, "cublas", meta={"callable": True}), (1, 1, 1), []))
+    plan.labels.append("peer")
+    executor.forward(ids, 0, None, True)
+    assert plan.graph is False and executor.graph_captures == 0 and len(executor.dev.runs) == 1
+
+
+def test_the_cuda_device_refuses_to_capture_a_library_call():
+    dev = object.__new__(CUDADevice)  # the refusal comes before any CUDA call
+    call = Launch(Program("cublas_sgemm", None, "cublas", meta={"callable": True}), (1, 1, 1), [])
+    with pytest.raises(LaunchError, match="cublas_sgemm is a library call, which is not captured") as err:
+        dev.capture([call])
+    assert GRAPHS_ENV in err.value.fix
+
+
+@pytest.mark.parametrize(("value", "on"), [(None, True), ("1", True), ("on", True), ("0", False), ("off", False),
+                                           (" False ", False)])
+def test_the_env_switch_turns_graphs_on_and_off(monkeypatch, value, on):
+    env = {} if value is None else {GRAPHS_ENV: value}
+    assert graphs_from_env(env) is on
+    if value is None:
+        monkeypatch.delenv(GRAPHS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(GRAPHS_ENV, value)
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny")
+    assert CUDAExecutor(ck, device=GraphDevice()).graphs is on
+
+
+def test_a_bad_env_value_is_one_clear_error(monkeypatch):
+    monkeypatch.setenv(GRAPHS_ENV, "maybe")
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny")
+    with pytest.raises(ConfigError, match=r"TILEWISE_CUDA_GRAPHS='maybe' is neither 0 nor 1") as err:
+        CUDAExecutor(ck, device=GraphDevice())
+    assert "TILEWISE_CUDA_GRAPHS=0" in err.value.fix
