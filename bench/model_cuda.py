@@ -45,8 +45,9 @@ from tilewise.model.bench import PREFIX_TOKENS, op_table, percentiles, prompts, 
 
 T0 = time.perf_counter()
 TESTS = ["tests/cuda/test_model_kernels_cuda.py", "tests/cuda/test_model_cuda.py",
-         "tests/cuda/test_model_cuda_graph.py", "tests/cuda/test_model_cuda_tune.py", "tests/unit/test_model_cuda_plan.py",
-         "tests/unit/test_model_cuda_graph_cache.py", "tests/unit/test_model_cuda_nvcc.py",
+         "tests/cuda/test_model_cuda_graph.py", "tests/cuda/test_model_cuda_tune.py",
+         "tests/unit/test_model_cuda_plan.py", "tests/unit/test_model_cuda_graph_cache.py",
+         "tests/unit/test_model_cuda_nvcc.py",
          "tests/unit/test_model_cuda_nvrtc.py"]
 
 
