@@ -353,8 +353,8 @@ class RayEngine(Engine):
     def _live(self) -> list[Worker]:
         return [w for w in self.workers if w.alive]
 
-    def _idle(self, running: dict[Any, tuple[Worker, Any, Any]]) -> list[Worker]:
-        busy = {id(w) for w, _, _ in running.values()}
+    def _idle(self, running: dict[Any, tuple[Worker, Any]]) -> list[Worker]:
+        busy = {id(w) for w, _ in running.values()}
         return [w for w in self._live() if id(w) not in busy]
 
     def _lose(self, w: Worker, exc: BaseException) -> None:
