@@ -1,6 +1,6 @@
 """Cubins compiled without the GPU, on a real NVIDIA GPU: `load_compiled` gives the program `compile` gives (same key,
-same resource meta, the same right answer), and a Ray tune whose compiles ran on CPU tasks stores the statuses a
-local run stores, with nothing compiled in the GPU worker. Skips without CuPy, a GPU, libnvrtc or Ray."""
+same resource meta, the same right answer), and a Ray tune whose compiles ran on CPU tasks stores the statuses (and
+refusal reasons) a local run stores, with nothing compiled in the GPU worker. Skips without CuPy, a GPU, libnvrtc or Ray."""
 
 from __future__ import annotations
 
@@ -79,6 +79,10 @@ def test_a_ray_tune_with_cpu_compiles_stores_what_a_local_run_stores(dev, tmp_pa
         cluster.close()
     finally:
         ray.shutdown()
-    rows = {r.config: (r.status, r.message) for r in remote.query()}
-    assert rows == {r.config: (r.status, r.message) for r in local.query()}
+    def statuses(store: Store) -> dict[str, tuple[str, str | None]]:  # errors' reasons too; ok rows' numbers vary
+        return {r.config: (r.status, r.message if r.status in ("illegal", "compile_error") else None)
+                for r in store.query()}
+
+    rows = statuses(remote)
+    assert rows == statuses(local)
     assert got.best is not None and counts["compiled"] == 0 and counts["loaded"] >= len(rows) // 2
