@@ -1,6 +1,7 @@
 """Cubins compiled without the GPU, on a real NVIDIA GPU: `load_compiled` gives the program `compile` gives (same key,
 same resource meta, the same right answer), and a Ray tune whose compiles ran on CPU tasks stores the statuses (and
-refusal reasons) a local run stores, with nothing compiled in the GPU worker. Skips without CuPy, a GPU, libnvrtc or Ray."""
+refusal reasons) a local run stores, with nothing compiled in the GPU worker. Skips without CuPy, a GPU, libnvrtc
+or Ray."""
 
 from __future__ import annotations
 
