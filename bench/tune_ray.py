@@ -1,18 +1,23 @@
 """Wall clock of one full-space tune run locally and through a local Ray cluster, on one host, in one session.
 
-CUDA SGEMM (space `full`) where CUDA exists, else the WebGPU gemm; both runs start from empty stores, tune the
-same shape with the same seed and budget, and their best configs are compared (the same, or tied in the Ray run's
-final race). Writes `tune_ray.json` into `--out`: seconds of each run, the workers, the stage seconds the engines
-report, both best configs and whether they agree.
+CUDA SGEMM (space `full`, 1434 legal configs on sm_90) where CUDA exists, else the WebGPU gemm; both runs start
+from empty stores, tune the same shape with the same seed, and their best configs are compared (the same, or tied
+in the Ray run's final race). On CUDA the Ray run compiles on CPU tasks and ships cubins to the GPU worker
+(`--compile-on worker` measures the old path). `--limit-s S` stops the local run after S seconds and gives the
+Ray run exactly the configs the local run measured (the JSON's `cut` says so); `--budget N` cuts both to N.
+Writes `tune_ray.json` into `--out`: date, device, command, seconds of each run, the workers, the stage seconds
+the engines report, where the Ray run's kernels were compiled, both best configs and whether they agree.
 
-Run: PYTHONPATH=src python bench/tune_ray.py --out bench/results/tune_ray_h200 [--workers N] [--budget N]
+Run: PYTHONPATH=src python bench/tune_ray.py --out bench/results/tune_ray_h200 [--limit-s 150] [--workers N]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,13 +38,19 @@ def main() -> int:
     p.add_argument("--budget", type=int, default=None, help="most configs per run (default: every legal one)")
     p.add_argument("--workers", type=int, default=None, help="Ray device workers (default: one per GPU, else 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of both runs")
+    p.add_argument("--limit-s", type=float, default=None,
+                   help="stop the local run after this many seconds; the Ray run then measures the same configs")
+    p.add_argument("--compile-on", choices=("cpu", "worker"), default="cpu",
+                   help="where the Ray run compiles CUDA kernels: CPU tasks (cubins shipped) or the GPU worker")
     args = p.parse_args()
 
     import ray
     from tilewise.devices import resolve
     from tilewise.errors import DeviceUnavailable
+    from tilewise.files import write_atomic
     from tilewise.kernels.registry import get_template
     from tilewise.tune.cluster import Cluster
+    from tilewise.tune.engine import Engine
     from tilewise.tune.search import Budget
     from tilewise.tune.store import Store
     from tilewise.tune.tuner import tune
@@ -53,18 +64,30 @@ def main() -> int:
     shape = tuple(int(s) for s in (args.shape or ("4096,4096,4096" if backend == "cuda" else "256,256,256"))
                   .split(","))
     tpl = get_template("gemm", backend)
-    budget = Budget(args.budget)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    record: dict[str, Any] = {"host": platform.node(), "device": dev.info.fingerprint, "backend": backend,
-                              "shape": list(shape), "space": args.space, "budget": args.budget, "seed": args.seed}
+    legal_configs = set(tpl.space(args.space).legal(dev.info.limits))
+    legal = len(legal_configs)
+    record: dict[str, Any] = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                              "command": " ".join(["python", *sys.argv]), "host": platform.node(),
+                              "device": dev.info.fingerprint, "backend": backend, "shape": list(shape),
+                              "space": args.space, "legal_configs": legal, "budget": args.budget,
+                              "limit_s": args.limit_s, "seed": args.seed, "compile_on": args.compile_on}
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        local = tune(tpl, dev, shape, space=args.space, store=Store(Path(tmp) / "local.sqlite"), budget=budget,
-                     seed=args.seed)
+        local_store = Store(Path(tmp) / "local.sqlite")
+        local_eng = Engine(dev, local_store, seed=args.seed)
+        local = tune(tpl, dev, shape, space=args.space, store=local_store, budget=Budget(args.budget, args.limit_s),
+                     seed=args.seed, engine=local_eng)
         record["local"] = {"seconds": time.perf_counter() - t0, "best": _best(local),
-                           "rows": len(local.rows)}
-        del dev, choice  # the Ray workers open the device themselves
+                           "rows": len(local.rows), "stage_seconds": dict(local_eng.seconds)}
+        taken = list(dict.fromkeys(r.config for r in local.rows))  # what the local run measured, in its order
+        done = len(legal_configs.intersection(taken))
+        cut = done < legal
+        record["cut"] = ({"configs": done, "of": legal,
+                          "by": "budget" if args.budget is not None and done >= args.budget else "limit_s"}
+                         if cut else None)
+        del dev, choice, local_eng  # the Ray workers open the device themselves
         t0 = time.perf_counter()
         cluster = Cluster()
         try:
@@ -73,10 +96,15 @@ def main() -> int:
             fp = workers[0].info.fingerprint
             store = Store(Path(tmp) / "ray.sqlite")
             eng = cluster.engine(fp, store, seed=args.seed)
-            got = tune(tpl, eng.device, shape, space=args.space, store=store, budget=budget, engine=eng)
+            eng.cpu_compiles = eng.cpu_compiles and args.compile_on == "cpu"
+            got = tune(tpl, eng.device, shape, space=args.space, store=store, engine=eng,
+                       configs=taken if cut else None)
+            counts = [ray.get(w.actor.compile_counts.remote()) for w in workers]
             record["ray"] = {"seconds": time.perf_counter() - t0, "startup_seconds": started,
                              "workers": [w.name for w in workers], "best": _best(got), "rows": len(got.rows),
-                             "stage_seconds": eng.seconds}
+                             "stage_seconds": eng.seconds, "cpu_compile_slots": eng.compile_slots,
+                             "kernels_loaded_from_cpu": sum(c["loaded"] for c in counts),
+                             "kernels_compiled_on_worker": sum(c["compiled"] for c in counts)}
         finally:
             cluster.close()
         if ray.is_initialized():
@@ -85,9 +113,14 @@ def main() -> int:
     ray_ranked = {r.config.key(): r.tie_group for r in got.ranked}
     record["same_best"] = bool(lb and rb and (lb["config"] == rb["config"] or ray_ranked.get(lb["config"]) == 1))
     record["speedup"] = record["local"]["seconds"] / record["ray"]["seconds"]
-    (out / "tune_ray.json").write_text(json.dumps(record, indent=1))
-    print(f"local {record['local']['seconds']:.1f} s, ray {record['ray']['seconds']:.1f} s "
-          f"(x{record['speedup']:.2f}), same best: {record['same_best']}; wrote {out / 'tune_ray.json'}")
+    write_atomic(out / "tune_ray.json", json.dumps(record, indent=1))
+    cut_by = record["cut"] and "--" + record["cut"]["by"].replace("_", "-")
+    space_note = (f"SPACE CUT to {record['cut']['configs']} of {legal} configs by {cut_by}" if record["cut"]
+                  else f"full space ({legal} configs)")
+    where = (f"; {record['ray']['kernels_loaded_from_cpu']} kernels compiled on CPU tasks, "
+             f"{record['ray']['kernels_compiled_on_worker']} on the worker" if backend == "cuda" else "")
+    print(f"{space_note}; local {record['local']['seconds']:.1f} s, ray {record['ray']['seconds']:.1f} s "
+          f"(x{record['speedup']:.2f}{where}), same best: {record['same_best']}; wrote {out / 'tune_ray.json'}")
     return 0
 
 

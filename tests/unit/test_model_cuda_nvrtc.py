@@ -7,32 +7,14 @@ nvidia-cuda-nvrtc wheel's folder)."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import os
-import sys
-from pathlib import Path
 
 import pytest
 
-from tilewise.devices.cuda import nvrtc_options
+from tilewise.devices.cuda_nvrtc import find_nvrtc, nvrtc_options
 from tilewise.kernels.cudasrc import cu_source
 from tilewise.kernels.matmul import cuda as mm
 
-
-def _find_nvrtc() -> ctypes.CDLL | None:
-    names = [os.environ.get("TILEWISE_NVRTC", "")]
-    for base in map(Path, sys.path):
-        names += [str(p) for p in (base / "nvidia").glob("cu*/lib/libnvrtc.so.*") if ".alt." not in p.name]
-    names.append(ctypes.util.find_library("nvrtc") or "")
-    for name in filter(None, names):
-        try:
-            return ctypes.CDLL(name)
-        except OSError:
-            continue
-    return None
-
-
-NVRTC = _find_nvrtc()
+NVRTC = find_nvrtc()
 pytestmark = pytest.mark.skipif(NVRTC is None, reason="libnvrtc not found")
 
 

@@ -6,7 +6,8 @@ so `import tilewise` works on machines without it. Install with `pip install 'ti
 Kernels are C++ templates instantiated by NVRTC name expressions (`sgemm_warptile<128, 64, ...>`), compiled
 with `-std=c++17 -arch=sm_XX` for the device's compute capability. Compiled modules are cached on disk
 (CuPy's kernel cache, pointed at tilewise's user cache directory unless `CUPY_CACHE_DIR` is set) and in
-memory per device.
+memory per device. `load_compiled` takes a kernel compiled elsewhere as a cubin (`cuda_nvrtc.compile_cubin`, which
+needs no GPU: a Ray run compiles on CPU workers and ships the cubins here).
 
 Launch arguments: a CUDA kernel takes scalars as well as pointers, so on this backend `Launch.buffers`
 is the kernel's argument list in order, where an element is either a `Buffer` (passed as its device
@@ -23,17 +24,22 @@ buffer) into a `CudaGraph`, replayed as one submission by `launch()`; library ca
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
-import re
+import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tilewise.devices.base import Buffer, Device, DeviceInfo, Launch, Limits, Program, grid3, source_hash
-from tilewise.errors import DeviceUnavailable, LaunchError, ShaderCompileError
+from tilewise.devices.cuda_nvrtc import CompiledCuda, compile_error, device_options
+from tilewise.devices.cuda_nvrtc import first_error_line as first_error_line  # re-exported: callers import them here
+from tilewise.devices.cuda_nvrtc import nvrtc_options as nvrtc_options
+from tilewise.errors import DeviceUnavailable, LaunchError
 
 INSTALL_FIX = "pip install 'tilewise[cuda]' (CuPy for CUDA 13) on a machine with an NVIDIA GPU and driver"
 
@@ -145,12 +151,6 @@ def cache_dir() -> str:
     return os.path.join(base, "cuda")
 
 
-def nvrtc_options(compute_capability: str, extra: Sequence[str] = ()) -> tuple[str, ...]:
-    """NVRTC options for a device of `compute_capability` ("9.0" -> `-arch=sm_90`)."""
-    major, minor = compute_capability.split(".")
-    return ("-std=c++17", f"-arch=sm_{major}{minor}", *extra)
-
-
 @dataclass(frozen=True, eq=False)
 class HostCopy:
     """Pinned host array (`CUDADevice.pinned`) <-> buffer; in a graph it moves what the host holds at replay time."""
@@ -198,9 +198,10 @@ class CUDADevice(Device):
         self._dev = cupy.cuda.Device(index)
         self.info = _info_from(cupy, index)
         self.flush_l2 = flush_l2
-        self.options = nvrtc_options(self.info.limits.compute_capability or "9.0")
+        self.options = device_options(self.info)
         os.environ.setdefault("CUPY_CACHE_DIR", cache_dir())
         self._modules: dict[tuple[str, str, tuple[str, ...]], Any] = {}
+        self._cubins: dict[tuple[str, str, tuple[str, ...]], Any] = {}  # modules loaded from shipped cubins
         self._lock = threading.Lock()
         self._flush_buf: Any = None
         self._lost = False
@@ -278,13 +279,33 @@ class CUDADevice(Device):
                                           backend="nvrtc")
                     func = module.get_function(entry)
             except cp.cuda.compiler.CompileException as exc:
-                raise ShaderCompileError(f"NVRTC failed on {label}: {first_error_line(str(exc))}",
-                                         "this config's instantiation is rejected by the compiler; check the "
-                                         "template's rules (an illegal config must fail a static_assert)") from exc
+                raise compile_error(label, str(exc)) from exc
             with self._lock:
                 self._modules[key] = module
         with self._dev:
             func = module.get_function(entry)
+        return self._program(label, func, source, entry, constants)
+
+    def load_compiled(self, compiled: CompiledCuda, name: str | None = None,
+                      constants: dict[str, Any] | None = None) -> Program:
+        """The Program of a kernel compiled elsewhere (`cuda_nvrtc.compile_cubin` with this device's options):
+        the same handle type, meta and key as `compile` gives, the module cached per cubin."""
+        if tuple(compiled.options) != self.options:
+            raise ValueError(f"{compiled.entry} was compiled with {list(compiled.options)}, this device compiles "
+                             f"with {list(self.options)}")
+        key = (source_hash(compiled.source), compiled.entry, self.options)
+        with self._lock:
+            module = self._cubins.get(key)
+        if module is None:
+            with self._dev:
+                module = self._cp.RawModule(path=str(_cubin_file(compiled.cubin)))
+            with self._lock:
+                self._cubins[key] = module
+        with self._dev:
+            func = module.get_function(compiled.lowered_name)
+        return self._program(name or compiled.entry, func, compiled.source, compiled.entry, constants)
+
+    def _program(self, label: str, func: Any, source: str, entry: str, constants: dict[str, Any] | None) -> Program:
         meta = {
             "source": source,
             "entry": entry,
@@ -446,19 +467,20 @@ class CUDADevice(Device):
 
     def close(self) -> None:
         self._modules.clear()
+        self._cubins.clear()
         self._flush_buf = None
 
 
-_ERROR_RE = re.compile(r"error\s*:", re.IGNORECASE)
-
-
-def first_error_line(log: str) -> str:
-    """The first `error:` line of an NVRTC log (with its file:line), or the first non-empty line."""
-    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
-    for ln in lines:
-        if _ERROR_RE.search(ln):
-            return ln
-    return lines[0] if lines else "(empty compiler log)"
+def _cubin_file(cubin: bytes) -> Path:
+    """`cubin` in a file named by its hash (CuPy loads a module from a path and caches it by that path)."""
+    path = Path(cache_dir()) / "cubin" / f"{hashlib.sha256(cubin).hexdigest()}.cubin"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(cubin)
+        os.replace(tmp, path)
+    return path
 
 
 def _first_line(exc: Exception) -> str:

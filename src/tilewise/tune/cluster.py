@@ -8,10 +8,12 @@ What runs where:
 - workers are grouped by fingerprint; a `RayEngine` spreads one group's batches over its workers, and a final race
   runs on one worker of the group, so times from different devices are never compared.
 
-Compiles happen in the worker that owns the device: WebGPU pipelines must be created there, and the CUDA backend
-compiles and loads a module in one CuPy call (`RawModule(code=...)`), so there is no compiled artifact to ship
-from a CPU worker yet. The seam for that is `DeviceWorker.evaluate`: a batch could arrive with its programs'
-bytes, produced by CPU tasks, once the CUDA device can load a module from bytes.
+Compiles: on a CUDA group the driver asks each item's template which kernels it compiles (its `compile` run on a
+`CompileProbe`, which records and builds nothing), compiles them to cubins in Ray CPU tasks (`num_cpus=1`, as
+many at once as the cluster has CPUs beyond the workers'), and sends each batch with its cubins; the worker's
+device (`Prebuilt`) loads them instead of compiling, and raises a shipped compile error as a local compile would.
+A template whose compile the probe cannot run, or a CPU task that fails, leaves that kernel to the worker's own
+compile. WebGPU pipelines are created where the device is, so other backends compile in the worker.
 
 Faults: a worker that dies (or whose device is lost) loses only the batch it was running; that batch goes to
 another live worker once, and fails as `launch_error` "worker died: ..." only when it dies there too. With no
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tilewise.devices.base import DeviceInfo
+from tilewise.devices.cuda_nvrtc import CompiledCuda, CompileFailure, CompileProbe, CompileRequest, Prebuilt
 from tilewise.errors import ConfigError, DeviceLost, DeviceUnavailable
 from tilewise.kernels.space import Config
 from tilewise.tune.engine import Engine, Item, Outcome, Race
@@ -67,6 +70,11 @@ class DeviceWorker:
             device = f"{base}:{_ray_gpu_ids()[0]}"  # assumes adapter order follows the GPU ids Ray hands out
         self.device = resolve(device, list(backends), job=job, prefer=prefer).device
         self.name = f"{socket.gethostname()}/{self.device.info.device_name}/{os.getpid()}"
+        self._setup()
+
+    def _setup(self) -> None:
+        # a CUDA device loads the cubins a batch brings (compiled on CPU workers) instead of compiling them
+        self.prebuilt = Prebuilt(self.device) if self.device.info.backend == "cuda" else None
         self._engines: dict[str, Engine] = {}
         self._kernels: dict[str, Any] = {}
 
@@ -74,12 +82,24 @@ class DeviceWorker:
         """(worker name, device info, enabled features)."""
         return self.name, self.device.info, tuple(sorted(getattr(self.device, "enabled_features", ()) or ()))
 
-    def evaluate(self, items: Sequence[Item], batch: int | None, timed: bool,
-                 engine_kw: dict[str, Any]) -> tuple[str, list[Outcome], dict[str, float]]:
-        """(fingerprint, the items' outcomes without their items, the engine's seconds so far)."""
+    def evaluate(self, items: Sequence[Item], batch: int | None, timed: bool, engine_kw: dict[str, Any],
+                 compiled: Shipped | None = None) -> tuple[str, list[Outcome], dict[str, float]]:
+        """(fingerprint, the items' outcomes without their items, the engine's seconds so far). `compiled`: the
+        batch's kernels compiled elsewhere, by `compile_key` (CUDA)."""
         eng = self._engine(engine_kw)
-        got = eng.evaluate(self._canon(items), batch=batch, timed=timed)
+        if self.prebuilt is not None:
+            self.prebuilt.shipped = compiled or {}
+        try:
+            got = eng.evaluate(self._canon(items), batch=batch, timed=timed)
+        finally:
+            if self.prebuilt is not None:
+                self.prebuilt.shipped = {}  # the engine keeps the programs it loaded
         return eng.fingerprint, [dataclasses.replace(oc, item=None) for oc in got], dict(eng.seconds)  # type: ignore[arg-type]
+
+    def compile_counts(self) -> dict[str, int]:
+        """Kernels loaded from shipped cubins and kernels this worker compiled itself (CUDA; else zeros)."""
+        pb = self.prebuilt
+        return {"loaded": pb.loaded if pb else 0, "compiled": pb.compiled if pb else 0}
 
     def race(self, items: Sequence[Item], peer: bool, measure_kw: dict[str, Any] | None,
              engine_kw: dict[str, Any]) -> tuple[str, Race]:
@@ -92,7 +112,7 @@ class DeviceWorker:
     def _engine(self, kw: dict[str, Any]) -> Engine:
         key = repr(sorted(kw.items()))
         if key not in self._engines:
-            self._engines[key] = Engine(self.device, None, **kw)
+            self._engines[key] = Engine(self.prebuilt or self.device, None, **kw)  # type: ignore[arg-type]
         return self._engines[key]
 
     def _canon(self, items: Sequence[Item]) -> list[Item]:
@@ -104,6 +124,16 @@ class DeviceWorker:
         from ray import cloudpickle
 
         return self._kernels.setdefault(hashlib.sha256(cloudpickle.dumps(kernel)).hexdigest(), kernel)
+
+
+Shipped = dict[tuple[str, str, tuple[str, ...]], "CompiledCuda | CompileFailure"]
+
+
+def compile_on_cpu(request: CompileRequest) -> CompiledCuda | CompileFailure:
+    """The body of one CPU compile task: NVRTC without a GPU (a refusal is a value, raised where it is loaded)."""
+    from tilewise.devices.cuda_nvrtc import try_compile
+
+    return try_compile(request.source, request.entry, request.options)
 
 
 def _ray_gpu_ids() -> list[int]:
@@ -200,6 +230,7 @@ class RayEngine(Engine):
         self.cluster, self.workers = cluster, list(workers)
         self._kw = {"seed": kw.get("seed", 0), "timeout_s": self.timeout_s, "measure_kw": self.measure_kw}
         self._has_peer: dict[int, bool] = {}
+        self.cpu_compiles = workers[0].info.backend == "cuda"  # compile in CPU tasks, load on the worker
 
     @property
     def width(self) -> int:
@@ -221,50 +252,79 @@ class RayEngine(Engine):
                  total: int | None = None) -> list[Outcome]:
         total = len(items) if total is None else total
         out, todo = self._triage(items, total)
-        queue: deque[tuple[list[tuple[int, Item]], list[str]]] = deque((c, []) for c in self._chunks(todo, batch))
-        running: dict[Any, tuple[Worker, list[tuple[int, Item]], list[str]]] = {}
+        queue: deque[_Batch] = deque(_Batch(c, self._compile_requests(c)) for c in self._chunks(todo, batch))
+        compiles = _Compiles(self, queue)
+        running: dict[Any, tuple[Worker, _Batch]] = {}
         ray = self.cluster.ray
         try:
             while queue or running:
+                compiles.submit()
                 for w in self._idle(running):
-                    if not queue:
+                    job = next((j for j in queue if compiles.ready(j)), None)
+                    if job is None:
                         break
-                    chunk, died = queue.popleft()
-                    self._say(f"compiling {len(chunk)} on {w.name}", total, advance=False)
-                    ref = w.actor.evaluate.remote([it for _, it in chunk], batch, timed, self._kw)
-                    running[ref] = (w, chunk, died)
-                if not running:
-                    raise DeviceLost(f"every worker of {self.fingerprint} died; {sum(len(c) for c, _ in queue)} "
-                                     "items were not measured (nothing was stored for them)",
+                    queue.remove(job)
+                    if job.shipped is None:
+                        job.shipped = compiles.take(job)
+                    self._say(f"{'loading' if job.shipped else 'compiling'} {len(job.chunk)} on {w.name}", total,
+                              advance=False)
+                    ref = w.actor.evaluate.remote([it for _, it in job.chunk], batch, timed, self._kw, job.shipped)
+                    running[ref] = (w, job)
+                if not self._live():
+                    raise DeviceLost(f"every worker of {self.fingerprint} died; "
+                                     f"{sum(len(j.chunk) for j in queue)} items were not measured (nothing was "
+                                     "stored for them)",
                                      "check the workers' logs (`ray logs`), then run the same command again: it "
                                      "resumes from the store")
-                ready, _ = ray.wait(list(running), num_returns=1)
-                w, chunk, died = running.pop(ready[0])
+                ready, _ = ray.wait([*running, *compiles.running], num_returns=1)
+                if ready[0] in compiles.running:
+                    compiles.done(ready[0])
+                    continue
+                w, job = running.pop(ready[0])
                 try:
                     fp, got, secs = self.cluster.get(ready[0])
                     if fp != self.fingerprint:
                         raise _Foreign(f"its device fingerprint is now {fp}, not {self.fingerprint}")
                 except (ray.exceptions.RayActorError, DeviceLost, _Foreign) as exc:
                     self._lose(w, exc)
-                    died = [*died, f"{w.name} ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"]
-                    if len(died) < 2:
-                        queue.appendleft((chunk, died))  # once more, on another worker
+                    job.died.append(f"{w.name} ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+                    if len(job.died) < 2:
+                        queue.appendleft(job)  # once more, on another worker
                         continue
-                    for i, it in chunk:
-                        out[i] = self._record(Outcome(it, "launch_error", "worker died: " + "; then ".join(died)))
+                    for i, it in job.chunk:
+                        out[i] = self._record(Outcome(it, "launch_error",
+                                                      "worker died: " + "; then ".join(job.died)))
                     continue
                 w.seconds = secs
-                for (i, it), oc in zip(chunk, got):
+                for (i, it), oc in zip(job.chunk, got):
                     oc.item, oc.worker = it, w.name
                     out[i] = self._record(oc)
-                self._done += len(chunk)
-                self._say(f"measured {len(chunk)} on {w.name}", total, advance=False)
+                self._done += len(job.chunk)
+                self._say(f"measured {len(job.chunk)} on {w.name}", total, advance=False)
         except BaseException:
-            for ref in running:  # Ctrl-C or an error: stop the work under way; what was stored stays stored
+            for ref in [*running, *compiles.running]:  # Ctrl-C or an error: stop the work under way
                 with contextlib.suppress(Exception):
                     ray.cancel(ref)
             raise
         return [out[i] for i in range(len(items))]
+
+    def _compile_requests(self, chunk: Sequence[tuple[int, Item]]) -> list[CompileRequest]:
+        """The kernels a chunk's items compile, as their templates name them to a `CompileProbe` (CUDA only)."""
+        if not self.cpu_compiles:
+            return []
+        found: dict[Any, CompileRequest] = {}
+        for _, it in chunk:
+            probe = CompileProbe(self.device.info, set(self.device.enabled_features))
+            with contextlib.suppress(Exception):  # the worker's own compile gives such an item its outcome
+                it.kernel.compile(probe, it.config, it.shape)
+            found.update((r.key, r) for r in probe.requests)
+        return list(found.values())
+
+    @property
+    def compile_slots(self) -> int:
+        """CPU compile tasks in flight: the cluster's CPUs beyond those the device workers hold."""
+        cpus = int(self.cluster.ray.cluster_resources().get("CPU", 1))
+        return max(1, cpus - sum(w.alive for w in self.cluster.workers))
 
     def race(self, items: Sequence[Item], *, peer: bool = False, measure_kw: dict[str, Any] | None = None,
              outcomes: Sequence[Outcome] = ()) -> Race:
@@ -293,14 +353,70 @@ class RayEngine(Engine):
     def _live(self) -> list[Worker]:
         return [w for w in self.workers if w.alive]
 
-    def _idle(self, running: dict[Any, tuple[Worker, Any, Any]]) -> list[Worker]:
-        busy = {id(w) for w, _, _ in running.values()}
+    def _idle(self, running: dict[Any, tuple[Worker, Any]]) -> list[Worker]:
+        busy = {id(w) for w, _ in running.values()}
         return [w for w in self._live() if id(w) not in busy]
 
     def _lose(self, w: Worker, exc: BaseException) -> None:
         w.alive = False
         with contextlib.suppress(Exception):  # already gone
             self.cluster.ray.kill(w.actor)
+
+
+@dataclass
+class _Batch:
+    """One chunk of items on its way to a worker: the kernels it needs, then the cubins it carries."""
+
+    chunk: list[tuple[int, Item]]
+    requests: list[CompileRequest]
+    shipped: Shipped | None = None
+    died: list[str] = field(default_factory=list)
+
+
+class _Compiles:
+    """The CPU compile tasks of one `evaluate`: submitted in batch order, each kernel once, at most
+    `compile_slots` at a time; a result is kept until the last batch needing it has taken it."""
+
+    def __init__(self, engine: RayEngine, queue: Sequence[_Batch]) -> None:
+        self.ray = engine.cluster.ray
+        self.slots = engine.compile_slots if any(j.requests for j in queue) else 0
+        self.pending: deque[CompileRequest] = deque()
+        self.needed: dict[Any, int] = {}
+        for job in queue:
+            for r in job.requests:
+                self.needed[r.key] = self.needed.get(r.key, 0) + 1
+                if self.needed[r.key] == 1:
+                    self.pending.append(r)
+        self.results: dict[Any, CompiledCuda | CompileFailure | None] = {}
+        self.running: dict[Any, CompileRequest] = {}
+        self._task = self.ray.remote(num_cpus=1, max_retries=0)(compile_on_cpu) if self.pending else None
+
+    def submit(self) -> None:
+        while self.pending and len(self.running) < self.slots:
+            r = self.pending.popleft()
+            self.running[self._task.remote(r)] = r  # type: ignore[union-attr]
+
+    def done(self, ref: Any) -> None:
+        r = self.running.pop(ref)
+        try:
+            self.results[r.key] = self.ray.get(ref)
+        except Exception:  # a CPU node without NVRTC, say: the worker compiles this kernel itself
+            self.results[r.key] = None
+
+    def ready(self, job: _Batch) -> bool:
+        return job.shipped is not None or all(r.key in self.results for r in job.requests)
+
+    def take(self, job: _Batch) -> Shipped:
+        """The batch's compiled kernels (what failed on the CPU is left out: the worker compiles it)."""
+        shipped: Shipped = {}
+        for r in job.requests:
+            got = self.results[r.key]
+            self.needed[r.key] -= 1
+            if self.needed[r.key] == 0:
+                del self.results[r.key]
+            if got is not None:
+                shipped[r.key] = got
+        return shipped
 
 
 class _Foreign(Exception):
