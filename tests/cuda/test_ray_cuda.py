@@ -38,7 +38,7 @@ def test_a_loaded_cubin_is_the_program_compile_gives(dev):
     shipped = compile_cubin(_source(), entry, dev.options)
     loaded = dev.load_compiled(shipped, "shipped", dict(cfg))
     local = dev.compile(_source(), entry=entry, constants=dict(cfg), name="local")
-    assert loaded.key == local.key
+    assert loaded.source_hash == local.source_hash
     assert {k: loaded.meta[k] for k in META} == {k: local.meta[k] for k in META}
     assert dev.load_compiled(shipped).handle is not None and len(dev._cubins) >= 1  # cached per cubin
     rng = np.random.default_rng(3)

@@ -47,3 +47,22 @@ def test_strategies_are_plugins_with_one_signature():
     assert set(STRATEGIES) >= {"exhaustive", "random"}
     with pytest.raises(ConfigError, match="unknown strategy"):
         get_strategy("annealing")
+
+
+def test_a_config_survives_pickling_into_another_process():
+    """Configs travel to compile and device workers: equal, same hash there, attribute access intact."""
+    import pickle
+    import subprocess
+    import sys
+
+    from tilewise.kernels.space import Config
+
+    cfg = Config([("BM", 64), ("BN", 128), ("SA", "workgroup")])
+    again = pickle.loads(pickle.dumps(cfg))
+    assert again == cfg and hash(again) == hash(cfg) and again.BN == 128 and dict(again) == dict(cfg)
+    code = ("import pickle, sys; c = pickle.loads(sys.stdin.buffer.read()); "
+            "print(c.BM, c['SA'], hash(c) == hash(tuple(c.items())))")
+    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(cfg), capture_output=True, check=True,
+                         env={"PYTHONHASHSEED": "123", **{k: v for k, v in __import__("os").environ.items()
+                                                          if k != "PYTHONHASHSEED"}}).stdout.decode().split()
+    assert out == ["64", "workgroup", "True"]

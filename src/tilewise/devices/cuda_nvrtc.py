@@ -103,7 +103,7 @@ class CompiledCuda:
 
     @property
     def key(self) -> str:
-        """The Program.key `CUDADevice.compile` gives this kernel."""
+        """The Program.source_hash `CUDADevice.compile` gives this kernel."""
         return source_hash(self.source, self.entry, *self.options)
 
 

@@ -51,10 +51,16 @@ class Config(Mapping[str, Any]):
         return self._d[key]
 
     def __getattr__(self, key: str) -> Any:
+        if key.startswith("_"):  # a slot not set yet (e.g. while unpickling): no lookup through _d
+            raise AttributeError(key)
         try:
             return self._d[key]
         except KeyError:
             raise AttributeError(key) from None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # rebuilt from its items, so the hash is this process's (string hashes differ between processes)
+        return (Config, (self._items, self._fmt))
 
     def __setattr__(self, key: str, value: Any) -> None:
         raise AttributeError("Config is immutable; use .replace(**changes)")
