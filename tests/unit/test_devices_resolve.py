@@ -91,14 +91,35 @@ def test_named_devices_get_canonical_names(machine):
     assert devices.resolve("cpu").name == "cpu" and devices.resolve("cpu").reason == "asked for cpu"
 
 
-def test_the_classifier_on_auto_never_takes_the_unverified_cuda_executor(machine):
-    from tilewise.model.runtime import EXECUTORS, resolve_device
+def _cuda(name: str, cc: str) -> DeviceInfo:
+    import dataclasses
 
-    machine["cuda"] = [info("cuda", "H200", "discrete")]
-    assert "cuda" in EXECUTORS and resolve_device("auto").name == "cpu"  # a CUDA-only GPU host
+    return dataclasses.replace(info("cuda", name, "discrete"), limits=dataclasses.replace(LIM, compute_capability=cc))
+
+
+def test_the_classifier_on_auto_takes_the_cuda_executor_on_an_ampere_or_newer_gpu(machine):
+    from tilewise.model.runtime import resolve_device
+
+    machine["cuda"] = [_cuda("H200", "9.0")]
+    pick = resolve_device("auto")  # a CUDA-only GPU host
+    assert pick.name == "cuda:0" and "the CUDA executor (tensor cores) over WebGPU" in pick.reason
     machine["webgpu"] = [info("webgpu", "H200", "discrete")]
-    assert resolve_device("auto").name == "webgpu:0"
-    assert resolve_device("cuda").name == "cuda:0"  # by name it runs
+    assert resolve_device("auto").name == "cuda:0"
+    assert resolve_device("webgpu").name == "webgpu:0"  # by name the other runs
+
+
+def test_an_older_nvidia_gpu_runs_the_webgpu_executor_and_says_why(machine):
+    from tilewise.model.cuda import cuda_executor_problem
+    from tilewise.model.runtime import resolve_device
+
+    machine["cuda"] = [_cuda("T4", "7.5")]
+    machine["webgpu"] = [info("webgpu", "T4", "discrete")]
+    pick = resolve_device("auto")
+    assert pick.name == "webgpu:0"
+    assert "not CUDA: T4 has compute capability 7.5; the CUDA executor's tensor-core matmuls need 8.0" in pick.reason
+    assert cuda_executor_problem(_cuda("A100", "8.0")) is None
+    machine.pop("webgpu")
+    assert resolve_device("auto").name == "cpu"  # and without WebGPU, the CPU
 
 
 def _twins(machine):

@@ -221,3 +221,18 @@ def test_tune_model_on_cuda_offers_the_cuda_kernels_with_their_seeds():
     assert legal_seeds and all(c in got for c in legal_seeds)
     assert all(mma.space().is_legal(c, dev.info.limits) for c in got)  # illegal seeds never reach the engine
     assert model_tune.attention_template(dev).backend == "cuda"
+
+
+def test_a_gpu_older_than_ampere_is_refused_by_name_with_the_fix():
+    import dataclasses
+
+    from tilewise.errors import DeviceUnavailable
+
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
+    dev = RecordingDevice()
+    dev.info = dataclasses.replace(dev.info, name="T4", limits=dataclasses.replace(dev.info.limits,
+                                                                                   compute_capability="7.5"))
+    with pytest.raises(DeviceUnavailable, match=r"T4 has compute capability 7\.5") as err:
+        CUDAExecutor(ck, device=dev)
+    assert "--device webgpu" in err.value.fix and dev.entries == []

@@ -30,7 +30,7 @@ import numpy as np
 
 from tilewise.devices.base import Buffer, Device, Program
 from tilewise.devices.cuda import HostCopy
-from tilewise.errors import ConfigError, DeviceLost
+from tilewise.errors import ConfigError, DeviceLost, DeviceUnavailable
 from tilewise.kernels.attention import cuda as attn_k
 from tilewise.kernels.attention.problem import rope_table
 from tilewise.kernels.base import KernelTemplate
@@ -61,6 +61,21 @@ def graphs_from_env(environ: Mapping[str, str] | None = None) -> bool:
     raise ConfigError(f"{GRAPHS_ENV}={raw!r} is neither 0 nor 1",
                       f"set {GRAPHS_ENV}=0 to run decisions launch by launch, or 1 (the default) to replay one CUDA "
                       "graph per decision")
+
+
+#: the matmuls use `mma.sync.m16n8k16` f16 with f32 accumulation and `ldmatrix`: Ampere (8.0) or newer
+MIN_COMPUTE_CAPABILITY = (8, 0)
+
+
+def cuda_executor_problem(info: Any) -> str | None:
+    """Why the CUDA executor cannot run on the device `info` describes (None: it can)."""
+    cc = info.limits.compute_capability
+    if cc is None:
+        return None
+    if tuple(int(v) for v in str(cc).split(".")[:2]) < MIN_COMPUTE_CAPABILITY:
+        return (f"{info.name} has compute capability {cc}; the CUDA executor's tensor-core matmuls need "
+                f"{'.'.join(map(str, MIN_COMPUTE_CAPABILITY))} (Ampere) or newer")
+    return None
 
 
 class CUDAExecutor:
@@ -113,6 +128,9 @@ class CUDAExecutor:
             dev = get_device(self._device_name or "cuda")
             if dev.info.backend != "cuda":
                 raise ConfigError(f"device {dev.info.name} is not a CUDA device", "pass device='cuda'")
+        why = cuda_executor_problem(dev.info)
+        if why is not None:
+            raise DeviceUnavailable(why, "use --device webgpu (or device='webgpu') on this GPU")
         self.dev = dev
         # a table's configs pass their kernels' rules before any is compiled (model/dispatch.py)
         check = (dev.info.limits, (), self.cfg.norm_eps, "cuda")

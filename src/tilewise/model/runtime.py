@@ -196,9 +196,9 @@ def _cuda_executor(ck: Checkpoint, device: Any, quiet: bool = False) -> Any:
 
 #: backend -> executor factory(checkpoint, device, quiet=...); its keys are the backends `auto` may pick
 EXECUTORS: dict[str, Any] = {"cuda": _cuda_executor, "webgpu": _webgpu_executor, "cpu": _cpu_executor}
-#: what `auto` may pick for the classifier: the CUDA executor's kernels are compile-checked but have not yet passed
-#: their GPU tests, so it runs only when asked for by name (`--device cuda`) until they do
-AUTO_EXECUTORS = ("webgpu", "cpu")
+#: what `auto` may pick for the classifier, fastest first: on an NVIDIA GPU the CUDA executor (tensor cores, one
+#: graph replay per decision) decided faster than either WebGPU runtime on the same GPU (docs/journal/model.md)
+AUTO_EXECUTORS = ("cuda", "webgpu", "cpu")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -284,7 +284,18 @@ def resolve_device(device: Any = "auto", model: str | None = None) -> Choice:
     if str(device).strip().lower() == "auto":
         from tilewise.model.measured import faster_runtime
 
-        return resolve("auto", AUTO_EXECUTORS, job="the classifier", noun="executor", measured=faster_runtime(model))
+        choice = resolve("auto", AUTO_EXECUTORS, job="the classifier", noun="executor", measured=faster_runtime(model))
+        if choice.device.info.backend == "cuda":
+            from tilewise.model.cuda import cuda_executor_problem  # no CuPy import: it reads the device's info
+
+            why = cuda_executor_problem(choice.device.info)
+            if why is not None:  # an older NVIDIA GPU: the WebGPU executor runs there
+                rest = tuple(b for b in AUTO_EXECUTORS if b != "cuda")
+                other = resolve("auto", rest, job="the classifier", noun="executor", measured=faster_runtime(model))
+                return Choice(other.device, other.name, f"{other.reason}; not CUDA: {why}")
+            return Choice(choice.device, choice.name, f"{choice.reason}; the CUDA executor (tensor cores) over "
+                                                      "WebGPU on NVIDIA GPUs (--device webgpu takes WebGPU)")
+        return choice
     return resolve(str(device), tuple(EXECUTORS), job="the classifier", noun="executor")
 
 
