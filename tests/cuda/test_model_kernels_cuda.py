@@ -141,3 +141,17 @@ def test_copy_words_moves_exactly_the_window(dev, rng):
     want = dst0.copy()
     want[100:877] = src[13:790]
     np.testing.assert_array_equal(dev.download(d, np.float32, (1200,)), want)
+
+
+def test_the_cublas_f16_peer_races_with_the_kernel(dev):
+    """bench/matmul_cuda.py's peer: one interleaved race gives the kernel's and cuBLAS's stats."""
+    from tilewise.tune.engine import Engine, Item
+
+    eng = Engine(dev, None, seed=1, measure_kw={"warmup": 2, "min_rounds": 6, "max_rounds": 6, "budget_s": 5.0})
+    tpl = mm.CudaMatmul("mma", "nf4", "swiglu", True)
+    item = Item(tpl, tpl.default_config(), (64, 128, 128))
+    outs = eng.evaluate([item], batch=None)
+    assert outs[0].status == "ok", outs[0].reason
+    got = eng.race([item], peer=True, outcomes=outs)
+    assert got.peer is not None and got.peer_name == "cuBLAS f16", got.peer_error
+    assert got.peer.median_ms > 0 and got.stats[0].median_ms > 0

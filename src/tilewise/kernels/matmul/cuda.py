@@ -203,6 +203,32 @@ class CudaMatmul(KernelTemplate):
                            np.float32(self.eps), bufs["out"], np.int32(m), np.int32(n), np.int32(k)]
         return [Launch(program, self.grid(config, shape), args)]
 
+    # ---- the cuBLAS peer ---------------------------------------------------------------------------------------
+    peer_name = "cuBLAS f16"
+
+    def peer_program(self, device: Device) -> Program:
+        """cuBLAS f16 GEMM (CuPy matmul: f16 x f16, f32 accumulation) of the same shape on its own f16 copies of x
+        and the dequantized W, timed by the device like any kernel: the dense tensor-core bound this kernel is
+        measured against. It reads and writes its own buffers (made at its first, untimed warm-up call)."""
+        cp = device._cp  # type: ignore[attr-defined]
+        held: dict[tuple[int, int, int], tuple[Any, Any, Any]] = {}
+
+        def cublas_hgemm(M: Any, N: Any, K: Any) -> None:
+            m, n, k = int(M), int(N), int(K)
+            if (m, n, k) not in held:
+                rng = cp.random.default_rng(0)
+                held[(m, n, k)] = (rng.standard_normal((m, k), dtype=cp.float32).astype(cp.float16),
+                                   rng.standard_normal((n, k), dtype=cp.float32).astype(cp.float16),
+                                   cp.empty((m, n), dtype=cp.float16))
+            x, w, out = held[(m, n, k)]
+            cp.matmul(x, w.T, out=out)
+
+        return Program("cublas_hgemm", cublas_hgemm, "cublas-f16", meta={"callable": True})
+
+    def peer_launches(self, program: Program, bufs: DeviceBuffers, shape: Shape) -> list[Launch]:
+        m, n, k = shape
+        return [Launch(program, (1, 1, 1), [np.int32(m), np.int32(n * self.sets), np.int32(k)])]  # swiglu: both
+
     def describe(self, config: Config) -> str:
         if self.kind == "rows":
             return f"rows nt{config['NT']} rm{config['RM']}"

@@ -1,0 +1,107 @@
+"""The classifier's NF4 matmuls alone on CUDA against cuBLAS f16 on the same GPU, at a decision's row count.
+
+For each matmul shape of a model preset (conv in/out projections, q/k/v and out projections, paired gate/up with
+SwiGLU, down with the residual) at `--rows` rows: the tensor-core kernel's default, its seed configs and `--sample`
+random legal configs go through the one engine (each verified against float64, every output, before it is timed);
+the best `--race-top` are raced against cuBLAS (CuPy matmul, f16 x f16 with f32 accumulation, on its own copies of
+x and the dequantized W; for SwiGLU one GEMM of both weight sets) in one interleaved measurement, and the table
+prints each median, TFLOP/s and the ratio (`tilewise.tune.measure.compare`: `tie` when the 95% intervals overlap,
+`noisy` when a sample scatters). Writes `matmul_cuda.json` (date, device, command, every row) into `--out`.
+
+    PYTHONPATH=src python3 bench/matmul_cuda.py --out OUT_DIR [--preset lfm2-350m] [--rows 346] [--sample 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from tilewise.devices import get_device  # noqa: E402
+from tilewise.kernels.matmul.cuda import CudaMatmul  # noqa: E402
+from tilewise.model.tune import candidates, model_config, model_matmuls  # noqa: E402
+from tilewise.tune.engine import Engine, Item  # noqa: E402
+from tilewise.tune.measure import compare  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="folder for matmul_cuda.json")
+    ap.add_argument("--preset", default="lfm2-350m", help="model preset whose matmul shapes are measured")
+    ap.add_argument("--rows", type=int, default=346, help="rows of x (a decision's prompt length)")
+    ap.add_argument("--fmt", default="nf4", choices=("nf4", "f16", "f32"), help="weight format")
+    ap.add_argument("--sample", type=int, default=16, help="random legal configs per shape besides the seeds")
+    ap.add_argument("--race-top", type=int, default=3, help="best configs raced against cuBLAS per shape")
+    ap.add_argument("--rounds", type=int, default=40, help="rounds of the race")
+    ap.add_argument("--seed", type=int, default=0, help="inputs and sampling")
+    ap.add_argument("--device", default="cuda", help="cuda or cuda:N")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    dev = get_device(args.device)
+    cfg = model_config(args.preset)
+    eng = Engine(dev, None, seed=args.seed, measure_kw={"warmup": 3, "min_rounds": 8, "max_rounds": 20,
+                                                        "budget_s": 0.5})
+    argv = [("OUT_DIR" if a == str(out) else a) for a in sys.argv[1:]]
+    doc: dict[str, Any] = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                           "command": "python3 bench/matmul_cuda.py " + " ".join(argv),
+                           "device": dev.info.as_dict(), "rows": args.rows, "preset": args.preset, "shapes": []}
+    print(f"{dev.info.name} [{dev.info.fingerprint}]: {args.preset} matmuls at {args.rows} rows, {args.fmt}",
+          flush=True)
+    header = f"{'matmul':<14}{'N x K':>12}{'tilewise ms':>12}{'TFLOP/s':>9}{'cuBLAS ms':>10}{'TFLOP/s':>9}{'ratio':>8}"
+    lines = []
+    for label, (epilogue, n, k, norm) in model_matmuls(cfg).items():
+        tpl = CudaMatmul("mma", args.fmt, epilogue, norm, cfg.norm_eps)
+        shape = (args.rows, n, k)
+        cands = candidates(tpl, dev.info.limits, args.sample, args.seed)
+        outs = eng.evaluate([Item(tpl, c, shape) for c in cands], batch=None)
+        ok = sorted((oc for oc in outs if oc.status == "ok" and oc.stats is not None),
+                    key=lambda oc: oc.stats.median_ms)
+        row: dict[str, Any] = {"label": label, "epilogue": epilogue, "n": n, "k": k, "norm": norm,
+                               "candidates": len(cands), "ok": len(ok),
+                               "failed": {str(oc.config): f"{oc.status}: {oc.reason}" for oc in outs
+                                          if oc.status != "ok"}}
+        if not ok:
+            print(f"{label}: no config ran: {row['failed']}", flush=True)
+            doc["shapes"].append(row)
+            continue
+        top = ok[: args.race_top]
+        got = eng.race([oc.item for oc in top], peer=True,
+                       measure_kw={"warmup": 3, "min_rounds": args.rounds, "max_rounds": args.rounds,
+                                   "budget_s": 30.0}, outcomes=top)
+        best_i = min(range(len(top)), key=lambda i: got.stats[i].median_ms)
+        best, cub = got.stats[best_i], got.peer
+        flops = 2 * args.rows * n * k * tpl.sets
+        verdict = compare(cub, best) if cub is not None else None
+        row.update(best=str(top[best_i].config), best_ms=best.median_ms, best_stats=best.as_dict(),
+                   tflops=flops / best.median_ms / 1e9,
+                   cublas_ms=cub.median_ms if cub else None, cublas_stats=cub.as_dict() if cub else None,
+                   cublas_tflops=flops / cub.median_ms / 1e9 if cub else None,
+                   vs_cublas=verdict.as_dict() if verdict else None, peer_error=got.peer_error)
+        doc["shapes"].append(row)
+        line = (f"{label:<14}{f'{n}x{k}':>12}{best.median_ms:12.4f}{row['tflops']:9.1f}"
+                + (f"{cub.median_ms:10.4f}{row['cublas_tflops']:9.1f}{verdict.times():>8}" if cub and verdict
+                   else f"  cuBLAS not raced: {got.peer_error}"))
+        lines.append(line)
+        print(f"{line}   [{top[best_i].config}]", flush=True)
+        (out / "matmul_cuda.json").write_text(json.dumps(doc, indent=1, default=str))
+    print()
+    print(header)
+    print("-" * len(header))
+    print("\n".join(lines))
+    print("ratio: cuBLAS median / tilewise median (above 1: tilewise faster); tie: 95% intervals overlap; "
+          f"{time.perf_counter() - t0:.0f} s")
+    (out / "matmul_cuda.json").write_text(json.dumps(doc, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
