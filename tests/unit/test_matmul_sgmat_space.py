@@ -116,7 +116,7 @@ def test_shader_bindings_are_the_executors_buffers_in_order(fmt, epilogue, norm)
 
 
 def _device(features, limits):
-    return SimpleNamespace(enabled_features=frozenset(features), info=SimpleNamespace(limits=limits))
+    return SimpleNamespace(enabled_features=frozenset(features), info=SimpleNamespace(limits=limits, backend="webgpu"))
 
 
 def test_tune_model_offers_the_sgmat_kernel_only_with_subgroup_matrices():
