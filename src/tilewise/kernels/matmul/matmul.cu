@@ -23,12 +23,12 @@
 // nf4_mm_rows<FMT, EPI, NORM, NT, RM>: the short-row path (few rows): one warp per output column and RM rows, the
 // lanes split K in words of 8 weights, f32 arithmetic, a warp reduction; grid (ceil(N / (NT/32)), ceil(M / RM)).
 //
-// Both declare __launch_bounds__(threads, 1): with the default bound ptxas capped some variants at 64 registers
+// The matrix kernels declare __launch_bounds__(threads, 1): with the default bound ptxas capped some variants at 64 registers
 // and spilled; one resident block's worth is the budget the rules assume.
 //
 // Shapes admitted (Python's `config_problems`): K % BK == 0 (mma), K % (KS * BK) == 0 (splitk) or K % 8 == 0
-// (rows), K % 64 == 0 for nf4;
-// any M >= 1 and N >= 1 (partial tiles are guarded). The static_asserts mirror the Python rules, by name.
+// (rows), K % 64 == 0 for nf4; any M >= 1 and N >= 1 (partial tiles are guarded). The static_asserts mirror the
+// Python rules, by name.
 
 #ifndef WARPSIZE
 #define WARPSIZE 32
