@@ -54,7 +54,7 @@ def test_tuned_table_is_loaded_and_the_scores_still_match(dev, rng):
 
 
 def test_an_executor_with_split_k_tables_matches_the_float64_reference(dev, rng):
-    """Every matmul of the model on split-K from 8 rows (KS 2, whole 32-wide steps of tiny's K = 64 and 192): the
+    """Every matmul of the model on split-K from 8 rows (KS 2, whole 32-wide steps of tiny's K = 64 and 128): the
     scores still match the float64 forward."""
     from tilewise.kernels.matmul.cuda import CudaMatmul
     from tilewise.model.checkpoint import Checkpoint, random_tensors

@@ -238,6 +238,19 @@ def test_a_given_table_breaking_a_kernel_rule_is_refused_before_anything_compile
     assert dev.entries == []
 
 
+def test_a_split_k_table_whose_slices_do_not_divide_k_is_refused_before_anything_compiles():
+    from tilewise.errors import ConfigError
+
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
+    dev = RecordingDevice()
+    bad = {"BM": 32, "BN": 64, "BK": 32, "WM": 16, "WN": 32, "PIPE": 2, "KS": 8}  # ffn.down's K = 128 = 8 x 16
+    with pytest.raises(ConfigError, match="k_slices: K = 128 is not KS = 8 slices of whole BK = 32 steps"):
+        CUDAExecutor(ck, device=dev, dispatch=_table_for(cfg, dev.info.fingerprint, bad, {"NT": 64, "RM": 2}, 4,
+                                                         kind="splitk"))
+    assert dev.entries == []
+
+
 def test_tune_model_on_cuda_offers_the_cuda_kernels_with_their_seeds():
     from tilewise.kernels.matmul.cuda import MMA_SEED, CudaMatmul
     from tilewise.model import tune as model_tune
