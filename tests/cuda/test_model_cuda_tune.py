@@ -38,7 +38,8 @@ def test_tuned_table_is_loaded_and_the_scores_still_match(dev, rng):
     assert path.exists() and not table.partial
     saved = DispatchTable.load(path)
     kernels = {r["kernel"] for e in saved.entries.values() for r in e.ranges}
-    assert kernels and all(k == "attention" or ".mma." in k or ".rows." in k for k in kernels), kernels
+    assert kernels and all(k == "attention" or any(f".{kind}." in k for kind in ("mma", "rows", "splitk"))
+                           for k in kernels), kernels
     model = tilewise.load("tiny", device="cuda", weights="nf4", seed=3, quiet=True)
     ex = model.executor
     assert ex.dispatch.entries.keys() == saved.entries.keys()
@@ -50,3 +51,37 @@ def test_tuned_table_is_loaded_and_the_scores_still_match(dev, rng):
         want = weights[HEAD].astype(np.float64) @ ref[-1]
         got = model.scores(model.prefill(ids))
         np.testing.assert_allclose(got, want, atol=2e-2 * max(1.0, float(np.abs(want).max())), rtol=0)
+
+
+def test_an_executor_with_split_k_tables_matches_the_float64_reference(dev, rng):
+    """Every matmul of the model on split-K from 8 rows (KS 2, whole 32-wide steps of tiny's K = 64 and 128): the
+    scores still match the float64 forward."""
+    from tilewise.kernels.matmul.cuda import CudaMatmul
+    from tilewise.model.checkpoint import Checkpoint, random_tensors
+    from tilewise.model.config import PRESETS
+    from tilewise.model.cuda import CUDAExecutor
+    from tilewise.model.dispatch import matmul_key
+    from tilewise.tune.dispatch import DispatchTable, Entry
+
+    cfg = PRESETS["tiny"]
+    H, F = cfg.hidden_size, cfg.ffn_dim
+    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+    split = {"BM": 32, "BN": 64, "BK": 32, "WM": 16, "WN": 32, "PIPE": 2, "KS": 2}
+    table = DispatchTable(dev.info.fingerprint)
+    for epi, n, k, norm in (("none", 3 * H, H, True), ("none", qkv, H, True), ("residual", H, H, False),
+                            ("residual", H, cfg.num_attention_heads * cfg.head_dim, False),
+                            ("swiglu", F, H, True), ("residual", H, F, False)):
+        tpl = CudaMatmul("splitk", "nf4", epi, norm)
+        table.put(matmul_key("nf4", epi, n, k, norm), Entry([
+            {"m_min": 8, "m_max": None, "kernel": tpl.name, "config": split}]), tpl)
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
+    ex = CUDAExecutor(ck, device=dev, dispatch=table)
+    weights = {k: ck.float32(k) for k in ck.names()}
+    for n in (8, 40, 70):
+        ids = rng.integers(0, cfg.vocab_size, n)
+        ref, _ = reference.forward(cfg, weights, ids)
+        want = weights[HEAD].astype(np.float64) @ ref[-1]
+        for _ in range(2):  # the captured graph's replay too
+            _, state = ex.forward(ids, 0, None, True)
+            np.testing.assert_allclose(state.scores, want, atol=2e-2 * max(1.0, float(np.abs(want).max())), rtol=0)
+    assert ex._partial is not None

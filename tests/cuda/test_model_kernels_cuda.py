@@ -57,12 +57,40 @@ def test_matmul_default_config_matches_float64(dev, rng, tpl, shape):
 
 @pytest.mark.parametrize("epilogue", mm.EPILOGUES)
 def test_every_legal_config_of_the_nf4_spaces_is_correct(dev, rng, epilogue):
-    for kind in mm.KINDS:
+    for kind in ("mma", "rows"):  # split-K: its own test below (its K slices need a longer K)
         tpl = mm.CudaMatmul(kind, "nf4", epilogue, True)
         legal, _ = tpl.space("seed" if kind == "mma" else "full").split(dev.info.limits)
         for cfg in legal:
             out, ref = run(dev, tpl, cfg, (45, 160, 192), rng)
             check(out, ref, tpl.dtype)
+
+
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("epilogue", mm.EPILOGUES)
+def test_every_legal_splitk_seed_config_of_the_nf4_variants_is_correct(dev, rng, epilogue, norm):
+    """K = 512: every seed's KS slices are whole BK steps; 45 rows and 160 columns leave partial tiles."""
+    tpl = mm.CudaMatmul("splitk", "nf4", epilogue, norm)
+    legal, _ = tpl.space("seed").split(dev.info.limits)
+    assert {c["KS"] for c in legal} == {2, 4, 8}
+    for cfg in legal:
+        out, ref = run(dev, tpl, cfg, (45, 160, 512), rng)
+        check(out, ref, tpl.dtype)
+
+
+def test_splitk_replays_are_bit_identical(dev, rng):
+    """The reduction adds the slices in a fixed order: two runs of one input give the same bits."""
+    tpl = mm.CudaMatmul("splitk", "nf4", "none", True)
+    cfg, shape = tpl.config_of({**mm.DEFAULT_SPLITK, "KS": 8}), (97, 224, 1024)
+    host = tpl.make_inputs(shape, rng)
+    bufs = tpl.upload(dev, host, shape)
+    prog = tpl.compile(dev, cfg, shape)
+    outs = []
+    for _ in range(2):
+        tpl.poison(dev, bufs, shape)
+        dev.run(tpl.launches(prog, bufs, cfg, shape))
+        outs.append(tpl.read_output(dev, bufs, shape))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    check(outs[0], tpl.reference(host, shape), tpl.dtype)
 
 
 @pytest.mark.parametrize("fmt", ["f16", "f32"])

@@ -36,6 +36,8 @@ SIGS = {
     "attention": "(const float *, const float *, const float *, float *, int, int, int, int, int)",
     "nf4_mm_mma": MM_SIG,
     "nf4_mm_rows": MM_SIG,
+    "nf4_mm_splitk": MM_SIG,
+    "nf4_mm_splitk_reduce": "(const float *, int, float *, int, int)",
 }
 
 
@@ -81,6 +83,17 @@ def test_every_mma_seed_config_of_every_variant_compiles(tmp_path):
     cubin(tmp_path, "mma", [cu("matmul", "matmul.cu")], entries)
 
 
+def test_every_splitk_seed_config_of_every_variant_and_the_reductions_compile(tmp_path):
+    split = [t for t in mm.all_variants() if t.kind == "splitk"]
+    assert len(split) == 18
+    for t in split:
+        assert t.default_config() in legal(t.space("seed")), t.name
+        assert len(legal(t.space("seed"))) >= (5 if t.epilogue == "swiglu" else 9), t.name
+    entries = sorted({t.entry(c) for t in split for c in legal(t.space("seed"))} | {t.reduce_entry() for t in split})
+    assert sum(e.startswith("nf4_mm_splitk_reduce") for e in entries) == 3  # one per epilogue
+    cubin(tmp_path, "splitk", [cu("matmul", "matmul.cu")], entries)
+
+
 def test_every_rows_config_and_the_executor_defaults_compile(tmp_path):
     variants = mm.all_variants()
     rows = [t for t in variants if t.kind == "rows"]
@@ -111,6 +124,9 @@ ILLEGAL = [
     ("matmul", "matmul.cu", "nf4_mm_mma<0, 2, 0, 64, 64, 32, 64, 64, 2>", "fragments_per_warp_16"),
     ("matmul", "matmul.cu", "nf4_mm_mma<3, 0, 0, 64, 64, 32, 32, 32, 2>", "variant"),
     ("matmul", "matmul.cu", "nf4_mm_mma<0, 1, 0, 64, 64, 32, 32, 32, 3>", "pipe_1_2"),
+    ("matmul", "matmul.cu", "nf4_mm_splitk<0, 1, 0, 64, 64, 32, 32, 32, 2, 3>", "ks_2_4_8"),
+    ("matmul", "matmul.cu", "nf4_mm_splitk<0, 2, 1, 128, 128, 64, 64, 64, 2, 4>", "smem_48k"),
+    ("matmul", "matmul.cu", "nf4_mm_splitk_reduce<1, 48>", "whole_warps"),
     ("matmul", "matmul.cu", "nf4_mm_rows<0, 0, 0, 48, 4>", "whole_warps"),
     ("matmul", "matmul.cu", "nf4_mm_rows<0, 2, 1, 128, 32>", "rows_1_16"),
     ("rowops", "rowops.cu", "rmsnorm<96>", "pow2"),
@@ -134,37 +150,42 @@ def test_illegal_instantiation_fails_the_static_assert_naming_the_rule(tmp_path,
 def test_python_rules_refuse_what_the_static_asserts_refuse():
     """The illegal matmul instantiations above are illegal in Python too, for the same first rule."""
     for family, _, entry, rule in ILLEGAL:
-        if family != "matmul" or "<3," in entry:
+        if family != "matmul" or "<3," in entry or "reduce" in entry:  # the reduction has no Python config
             continue
         vals = [int(v) for v in entry.split("<")[1].rstrip(">").split(",")]
         fmt = {v: k for k, v in mm.FMT_CODE.items()}[vals[0]]
         epi = mm.EPILOGUES[vals[1]]
-        kind = "mma" if entry.startswith("nf4_mm_mma") else "rows"
+        kind = entry.split("<")[0].removeprefix("nf4_mm_")
         tpl = mm.CudaMatmul(kind, fmt, epi, bool(vals[2]))
-        names = mm.MMA_PARAMS if kind == "mma" else ("NT", "RM")
+        names = {"mma": mm.MMA_PARAMS, "splitk": mm.SPLITK_PARAMS, "rows": ("NT", "RM")}[kind]
         cfg = tpl.space().config(dict(zip(names, vals[3:])))
         why = tpl.space().why_illegal(cfg)
         assert why and why[0].split(":")[0] == rule, (entry, why)
 
 
-def test_cpp_mma_rules_agree_with_python_rules(tmp_path):
+@pytest.mark.parametrize("kind", ["mma", "splitk"])
+def test_cpp_mma_rules_agree_with_python_rules(tmp_path, kind):
     rng = random.Random(5)
     pick = [16, 24, 32, 48, 64, 96, 128]
     tuples = [(rng.choice([0, 1, 2]), rng.choice([0, 1, 2]), rng.choice([0, 1]),
-               *(rng.choice(pick) for _ in range(5)), rng.choice([1, 2, 2, 3])) for _ in range(2500)]
+               *(rng.choice(pick) for _ in range(5)), rng.choice([1, 2, 2, 3]),
+               *((rng.choice([1, 2, 3, 4, 4, 8, 8, 16]),) if kind == "splitk" else ())) for _ in range(2500)]
+    width = len(tuples[0])
     rows = ",\n".join("{" + ", ".join(map(str, t)) + "}" for t in tuples)
-    body = (f"#include <cstdio>\nstatic const int T[][9] = {{\n{rows}\n}};\n"
-            "int main() { for (const auto &t : T) printf(\"%d\\n\", mma_first_failure(t[0], t[1], t[2], t[3], t[4], "
-            "t[5], t[6], t[7], t[8])); }\n")
+    call = ", ".join(f"t[{i}]" for i in range(width))
+    body = (f"#include <cstdio>\nstatic const int T[][{width}] = {{\n{rows}\n}};\n"
+            f"int main() {{ for (const auto &t : T) printf(\"%d\\n\", {kind}_first_failure({call})); }}\n")
     res = nvcc(tmp_path, "host", [cu("matmul", "matmul.cu")], body, "-o", "host")
     assert res.returncode == 0, res.stderr[-3000:]
     out = subprocess.run([str(tmp_path / "host")], capture_output=True, text=True, check=True).stdout.split()
-    names = [r.name for r in mm.mma_rules(1) if not r.needs_limits]
+    rules = mm.mma_rules(1) if kind == "mma" else mm.splitk_rules(1)
+    names = [r.name for r in rules if not r.needs_limits]
+    params = mm.MMA_PARAMS if kind == "mma" else mm.SPLITK_PARAMS
     seen_legal = 0
     for t, fail in zip(tuples, map(int, out)):
-        tpl = mm.CudaMatmul("mma", ("nf4", "f16", "f32")[t[0]], mm.EPILOGUES[t[1]], bool(t[2]))
+        tpl = mm.CudaMatmul(kind, ("nf4", "f16", "f32")[t[0]], mm.EPILOGUES[t[1]], bool(t[2]))
         space = tpl.space()
-        why = [w for w in space.why_illegal(space.config(dict(zip(mm.MMA_PARAMS, t[3:]))))]
+        why = [w for w in space.why_illegal(space.config(dict(zip(params, t[3:]))))]
         assert (fail == 0) == (not why), (t, fail, why)
         if why:
             assert names[fail - 2] == why[0].split(":")[0], (t, fail, why)  # C++ rule 1 is `variant`

@@ -37,8 +37,10 @@ def nvrtc_compile(source: str, entries: list[str]) -> tuple[int, str]:
 
 
 def test_every_matmul_the_executor_launches_compiles_under_nvrtc():
-    entries = sorted({t.entry(t.default_config()) for t in mm.all_variants()})
-    assert len(entries) == 36  # 2 kinds x 3 formats x 3 epilogues x norm on/off
+    variants = mm.all_variants()
+    entries = sorted({t.entry(t.default_config()) for t in variants} |
+                     {t.reduce_entry() for t in variants if t.kind == "splitk"})
+    assert len(entries) == 54 + 3  # 3 kinds x 3 formats x 3 epilogues x norm on/off, split-K's 3 reductions
     rc, log = nvrtc_compile(cu_source("matmul", "matmul.cu"), entries)
     assert rc == 0, log[-3000:]
 

@@ -95,8 +95,8 @@ def check_launch(launch: Launch, sigs) -> None:
 @pytest.mark.parametrize("n", [1, 3, 31, 32, 70])
 def test_every_launch_matches_its_kernels_signature(executor, rng, n):
     sigs = kernel_signatures()
-    assert {"nf4_mm_mma", "nf4_mm_rows", "embed", "head", "copy_words", "shortconv", "qknorm_rope",
-            "attention"} <= set(sigs)
+    assert {"nf4_mm_mma", "nf4_mm_rows", "nf4_mm_splitk", "nf4_mm_splitk_reduce", "embed", "head", "copy_words",
+            "shortconv", "qknorm_rope", "attention"} <= set(sigs)
     ids = rng.integers(0, 512, n)
     for slicing in (True, False):
         plan, _ = executor.plan(ids, 0, None, slicing)
@@ -158,7 +158,7 @@ def test_head_dim_the_kernels_cannot_run_is_refused_with_one_error():
         CUDAExecutor(ck, device=RecordingDevice())
 
 
-def _table_for(cfg, fp: str, ffn_mma: dict, ffn_rows: dict, attn_nw: int):
+def _table_for(cfg, fp: str, ffn_mma: dict, ffn_rows: dict, attn_nw: int, kind: str = "mma"):
     from tilewise.kernels.attention.cuda import CudaAttention
     from tilewise.kernels.matmul.cuda import CudaMatmul
     from tilewise.model.dispatch import attention_key, matmul_key
@@ -166,7 +166,7 @@ def _table_for(cfg, fp: str, ffn_mma: dict, ffn_rows: dict, attn_nw: int):
 
     H, F = cfg.hidden_size, cfg.ffn_dim
     table = DispatchTable(fp)
-    mma, rows = CudaMatmul("mma", "nf4", "residual"), CudaMatmul("rows", "nf4", "residual")
+    mma, rows = CudaMatmul(kind, "nf4", "residual"), CudaMatmul("rows", "nf4", "residual")
     table.put(matmul_key("nf4", "residual", H, F), Entry([
         {"m_min": 1, "m_max": 7, "kernel": rows.name, "config": ffn_rows},
         {"m_min": 8, "m_max": None, "kernel": mma.name, "config": ffn_mma}]), mma)
@@ -194,6 +194,38 @@ def test_a_dispatch_tables_choices_are_what_the_plan_launches(rng):
         assert all(", 64, 64, 32, 32, 32, 2>" in e for e in others if e.startswith("nf4_mm_mma"))  # the default
 
 
+def test_a_split_k_choice_launches_the_slices_into_the_partial_buffer_then_the_reduction(rng):
+    """ffn.down on split-K: two launches per layer, grid z = KS, the executor's partial buffer written by the first
+    and read by the second, sized for KS slices at the row capacity; the other matmuls stay one launch."""
+    from tilewise.model.cuda import MIN_ROW_CAPACITY
+
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
+    dev = RecordingDevice()
+    split = {"BM": 32, "BN": 64, "BK": 32, "WM": 16, "WN": 32, "PIPE": 2, "KS": 2}
+    ex = CUDAExecutor(ck, device=dev, dispatch=_table_for(cfg, dev.info.fingerprint, split, {"NT": 64, "RM": 2}, 4,
+                                                          kind="splitk"))
+    sigs = kernel_signatures()
+    n = 40
+    plan, _ = ex.plan(rng.integers(0, 512, n), 0, None, False)
+    downs = [launch for launch, lab in zip(plan.launches, plan.labels) if lab == "ffn.down"]
+    assert len(downs) == 2 * len(cfg.layer_types)
+    H = cfg.hidden_size
+    for main, red in zip(downs[::2], downs[1::2]):
+        check_launch(main, sigs)
+        check_launch(red, sigs)
+        assert main.program.meta["entry"] == "nf4_mm_splitk<0, 1, 0, 32, 64, 32, 16, 32, 2, 2>"
+        assert red.program.meta["entry"] == "nf4_mm_splitk_reduce<1, 256>"
+        assert main.grid == (1, 2, 2)  # ceil(64 / 64) column tiles, ceil(40 / 32) row tiles, KS = 2 slices
+        partial = main.buffers[8]
+        assert partial is ex._partial and red.buffers[0] is partial and red.buffers[1] == 2
+        assert red.buffers[2] is ex.act["x"] and int(red.buffers[3]) == n and int(red.buffers[4]) == H
+        assert partial.nbytes >= 4 * 2 * MIN_ROW_CAPACITY * H  # KS slices at the row capacity
+        assert red.grid == (-(-n * H // 256), 1, 1)
+    others = [lab for lab in plan.labels if lab.startswith("ffn.gate_up")]
+    assert len(others) == len(cfg.layer_types)  # one launch each
+
+
 def test_a_given_table_breaking_a_kernel_rule_is_refused_before_anything_compiles():
     from tilewise.errors import ConfigError
 
@@ -206,6 +238,19 @@ def test_a_given_table_breaking_a_kernel_rule_is_refused_before_anything_compile
     assert dev.entries == []
 
 
+def test_a_split_k_table_whose_slices_do_not_divide_k_is_refused_before_anything_compiles():
+    from tilewise.errors import ConfigError
+
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
+    dev = RecordingDevice()
+    bad = {"BM": 32, "BN": 64, "BK": 32, "WM": 16, "WN": 32, "PIPE": 2, "KS": 8}  # ffn.down's K = 128 = 8 x 16
+    with pytest.raises(ConfigError, match="k_slices: K = 128 is not KS = 8 slices of whole BK = 32 steps"):
+        CUDAExecutor(ck, device=dev, dispatch=_table_for(cfg, dev.info.fingerprint, bad, {"NT": 64, "RM": 2}, 4,
+                                                         kind="splitk"))
+    assert dev.entries == []
+
+
 def test_tune_model_on_cuda_offers_the_cuda_kernels_with_their_seeds():
     from tilewise.kernels.matmul.cuda import MMA_SEED, CudaMatmul
     from tilewise.model import tune as model_tune
@@ -213,7 +258,9 @@ def test_tune_model_on_cuda_offers_the_cuda_kernels_with_their_seeds():
     dev = RecordingDevice()
     cands = model_tune.matmul_candidates(dev, "nf4", "swiglu", [1, 346], 4, 0, norm=True)
     kinds = {t.kind for t, _ in cands}
-    assert kinds == {"mma", "rows"} and all(isinstance(t, CudaMatmul) for t, _ in cands)
+    assert kinds == {"mma", "rows", "splitk"} and all(isinstance(t, CudaMatmul) for t, _ in cands)
+    few = model_tune.matmul_candidates(dev, "nf4", "swiglu", [1, 8], 4, 0, norm=True)
+    assert {t.kind for t, _ in few} == {"mma", "rows"}  # split-K only from 32 rows
     mma = next(t for t, _ in cands if t.kind == "mma")
     got = [c for t, c in cands if t.kind == "mma"]
     assert got[0] == mma.default_config()

@@ -136,7 +136,7 @@ def candidates(template: Any, limits: Any, n: int, seed: int, hand_picked: bool 
         seeds = []
         out += template.seed_configs(limits)
     elif template.backend == "cuda":  # the tensor-core kernel's seed points; the short-row space is small
-        seeds = [dict(c) for c in template.space("seed").points or []] if template.kind == "mma" else []
+        seeds = [dict(c) for c in template.space("seed").points or []] if template.kind != "rows" else []
     elif template.kind in ("tiled", "splitk"):
         # the template's own f16 settings (one value each); prefetch and columns default to today's kernel
         fixed = {k: space.params[k][0] for k in ("F16S", "F16A") if k in space.params}
@@ -165,9 +165,10 @@ def matmul_templates(dev: Any, fmt: str, epilogue: str, rows: list[int], f16_ari
     """The matmul kernels that compete for one shape: short-row, tiled and (with 64+ rows) split-K, plus the
     f16-arithmetic tiled and split-K variants when asked for and the adapter has shader-f16, plus the
     subgroup-matrix kernel (f16 tolerance) when the device has subgroup matrices (Dawn); on CUDA the short-row
-    and tensor-core kernels."""
+    and tensor-core kernels, and (from 32 rows) split-K."""
     if dev.info.backend == "cuda":
-        return [mm_cuda.CudaMatmul(kind, fmt, epilogue, norm, eps) for kind in mm_cuda.KINDS]
+        return [mm_cuda.CudaMatmul(kind, fmt, epilogue, norm, eps) for kind in mm_cuda.KINDS
+                if not (kind == "splitk" and max(rows) < mm_cuda.MMA_FROM_ROWS)]  # split-K needs many rows
     kinds = [k for k in mm.KINDS if not (k == "splitk" and max(rows) < 64)]  # split-K only pays with many rows
     out = [mm.MatmulTemplate(kind, fmt, epilogue, dev.enabled_features, norm=norm, eps=eps) for kind in kinds]
     if f16_arith and "shader-f16" in dev.enabled_features:

@@ -1,17 +1,22 @@
-"""The classifier's weight matmuls on CUDA (`matmul.cu`): tensor cores (mma.sync f16 -> f32) and a short-row path.
+"""The classifier's weight matmuls on CUDA (`matmul.cu`): tensor cores (mma.sync f16 -> f32), split-K and a
+short-row path.
 
-Problem: `matmul.problem.MatmulProblem` (y = epilogue(norm(x) @ W^T), W (N, K) nf4 / f16 / f32). Two kinds:
+Problem: `matmul.problem.MatmulProblem` (y = epilogue(norm(x) @ W^T), W (N, K) nf4 / f16 / f32). Three kinds:
 
 - `mma` (`nf4_mm_mma<FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE>`): a BM x BN output tile per block, BK inputs per
   step through PIPE shared-memory buffers (x normed and rounded to f16, W decoded once per step, the next step's
   words loaded into registers during the math), WM x WN per warp in m16n8k16 `mma.sync` steps fed by `ldmatrix`
   (inline PTX). f16 operands, so it is verified at the f16 tolerance;
+- `splitk` (`nf4_mm_splitk<..., PIPE, KS>` + `nf4_mm_splitk_reduce<EPI, NT>`): the same main loop over KS slices
+  of K (grid z), raw f32 partial sums into the `partial` scratch (KS, SETS, M, N), then a second launch adds the
+  slices in a fixed order and applies the epilogue: it fills the GPU where N / BN * M / BM tiles would not (the
+  N = 1024 projections);
 - `rows` (`nf4_mm_rows<FMT, EPI, NORM, NT, RM>`): one warp per output column over RM rows, f32 arithmetic, for few
   rows (a decision's last block, short extends).
 
 Arguments: x, x_row0 (first row of x read), w, absmax, w_up, absmax_up, norm_w, eps, out, M, N, K; every size is an
-argument, so one program serves every shape (`program_key` is the config). Later steps with seams here: split-K
-(a `splitk` kind writing partials), swizzled shared layouts instead of padded rows.
+argument, so one program serves every shape (`program_key` is the config); split-K's main launch takes `partial`
+in place of out. A later step with a seam here: swizzled shared layouts instead of padded rows.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from tilewise.kernels.matmul.problem import EPILOGUES, MatmulProblem
 from tilewise.kernels.space import Config, Rule, Space
 
 WARP = 32
-KINDS = ("mma", "rows")
+KINDS = ("mma", "rows", "splitk")
 EPI_CODE = {e: i for i, e in enumerate(EPILOGUES)}  # none 0, residual 1, swiglu 2 (matmul.cu's EPI)
 STATIC_SMEM_BYTES = 48 * 1024
 MAX_FRAGMENTS = 16
@@ -38,6 +43,12 @@ MMA_FROM_ROWS = 32
 DEFAULT_MMA = {"BM": 64, "BN": 64, "BK": 32, "WM": 32, "WN": 32, "PIPE": 2}
 DEFAULT_ROWS = {"NT": 128, "RM": 4}
 MMA_PARAMS = ("BM", "BN", "BK", "WM", "WN", "PIPE")
+SPLITK_PARAMS = (*MMA_PARAMS, "KS")
+KS_VALUES = [2, 4, 8]
+#: KS 2 divides every K the mma default admits in two whole 32-wide steps from K = 64
+DEFAULT_SPLITK = {**DEFAULT_MMA, "KS": 2}
+#: threads per block of the split-K reduction (one output value per thread)
+REDUCE_NT = 256
 
 MMA_VALUES: dict[str, list[int]] = {"BM": [32, 64, 128], "BN": [32, 64, 128, 256], "BK": [32, 64],
                                      "WM": [16, 32, 64], "WN": [16, 32, 64], "PIPE": [1, 2]}
@@ -46,6 +57,11 @@ MMA_SEED = [dict(zip(MMA_PARAMS, v)) for v in (
     (128, 128, 32, 64, 64, 2), (128, 128, 32, 64, 32, 2), (64, 128, 64, 32, 32, 1), (64, 64, 64, 32, 32, 2),
     (32, 128, 64, 32, 32, 2), (64, 256, 32, 32, 64, 1), (128, 64, 64, 32, 32, 1), (32, 32, 32, 16, 16, 2),
     (128, 256, 64, 64, 64, 2), (128, 128, 64, 64, 64, 2),  # the last two are illegal on purpose: smem_48k
+)]
+SPLITK_SEED = [dict(zip(SPLITK_PARAMS, v)) for v in (
+    (32, 64, 64, 16, 32, 2, 2), (32, 64, 64, 16, 32, 2, 4), (64, 64, 32, 32, 32, 2, 4), (64, 64, 32, 32, 32, 2, 2),
+    (32, 64, 32, 16, 32, 2, 8), (64, 128, 32, 32, 64, 2, 4), (32, 128, 64, 32, 32, 2, 2), (64, 64, 64, 32, 32, 2, 8),
+    (128, 64, 32, 64, 32, 2, 2),
 )]
 ROWS_VALUES: dict[str, list[int]] = {"NT": [64, 128, 256], "RM": [1, 2, 4, 8, 16]}
 
@@ -93,6 +109,14 @@ def mma_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
     ]
 
 
+def splitk_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
+    """matmul.cu's `splitk_first_failure`: the mma rules, then the slice count (limit-dependent rules last)."""
+    rules = mma_rules(sets, fmt)
+    ks = Rule("ks_2_4_8", lambda c, _: c.KS in KS_VALUES, lambda c, _: f"KS = {c.KS} is not 2, 4 or 8",
+              doc="slices of K; the partial-sum scratch holds at most 8 slices of SETS x M x N")
+    return [*(r for r in rules if not r.needs_limits), ks, *(r for r in rules if r.needs_limits)]
+
+
 def rows_rules() -> list[Rule]:
     """matmul.cu's `rows_first_failure`, rule for rule."""
     return [
@@ -119,7 +143,9 @@ class CudaMatmul(KernelTemplate):
         self.problem = MatmulProblem(fmt, epilogue, norm, eps)
         self.sets = self.problem.sets
         self.name = f"{fmt}_matmul.{kind}.{epilogue}" + (".norm" if norm else "")
-        self.dtype = "f16" if kind == "mma" else self.problem.dtype
+        self.dtype = "f16" if kind != "rows" else self.problem.dtype
+        #: split-K's partial sums are poisoned and guarded like "out" (`KernelTemplate.scratch_buffers`)
+        self.scratch_buffers = ("partial",) if kind == "splitk" else ()
 
     @classmethod
     def from_name(cls, name: str, eps: float = 1e-5) -> CudaMatmul:
@@ -135,22 +161,29 @@ class CudaMatmul(KernelTemplate):
         if self.kind == "rows":
             return Space("cuda-matmul-rows", {k: list(v) for k, v in ROWS_VALUES.items()}, rows_rules())
         values = {k: list(v) for k, v in MMA_VALUES.items()}
+        if self.kind == "splitk":
+            values["KS"] = list(KS_VALUES)
+            return Space(f"cuda-matmul-splitk-{which}", values, splitk_rules(self.sets, self.fmt),
+                         points=SPLITK_SEED if which == "seed" else None)
         points = MMA_SEED if which == "seed" else None
         return Space(f"cuda-matmul-mma-{which}", values, mma_rules(self.sets, self.fmt), points=points)
 
     def default_config(self) -> Config:
-        return self.config_of(DEFAULT_ROWS if self.kind == "rows" else DEFAULT_MMA)
+        return self.config_of({"rows": DEFAULT_ROWS, "mma": DEFAULT_MMA, "splitk": DEFAULT_SPLITK}[self.kind])
 
     def config_problems(self, config: Config, shape: Shape) -> list[str]:
         m, _, k = shape
         out = []
-        step = config["BK"] if self.kind == "mma" else 8
-        if k % step:
+        if self.kind == "splitk":
+            if k % (config["KS"] * config["BK"]):
+                out.append(f"k_slices: K = {k} is not KS = {config['KS']} slices of whole BK = {config['BK']} steps "
+                           f"(a multiple of {config['KS'] * config['BK']})")
+        elif k % (step := config["BK"] if self.kind == "mma" else 8):
             out.append(f"k_steps: K = {k} is not a multiple of {'BK' if self.kind == 'mma' else 'a word of 8'} "
                        f"= {step}")
         if self.fmt == "nf4" and k % 64:
             out.append(f"nf4_blocks: K = {k} is not a multiple of 64 (one absmax per 64 weights of a row)")
-        bm = config["BM"] if self.kind == "mma" else config["RM"]
+        bm = config["RM"] if self.kind == "rows" else config["BM"]
         if math.ceil(m / bm) > 65535:
             out.append(f"grid_y: ceil(M / {bm}) = {math.ceil(m / bm)} blocks > 65535")
         return out
@@ -160,7 +193,13 @@ class CudaMatmul(KernelTemplate):
         head = (FMT_CODE[self.fmt], EPI_CODE[self.epilogue], int(self.norm))
         if self.kind == "rows":
             return name_expression("nf4_mm_rows", *head, config["NT"], config["RM"])
+        if self.kind == "splitk":
+            return name_expression("nf4_mm_splitk", *head, *(config[p] for p in SPLITK_PARAMS))
         return name_expression("nf4_mm_mma", *head, *(config[p] for p in MMA_PARAMS))
+
+    def reduce_entry(self) -> str:
+        """split-K's second kernel: the slices' sum with the epilogue."""
+        return name_expression("nf4_mm_splitk_reduce", EPI_CODE[self.epilogue], REDUCE_NT)
 
     def source(self, config: Config, shape: Shape | None = None) -> str:
         return f"{cu_source('matmul', 'matmul.cu')}\n// instantiated as {self.entry(config)}\n"
@@ -172,36 +211,52 @@ class CudaMatmul(KernelTemplate):
         return config["NT"] if self.kind == "rows" else mma_threads(config)
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
-        return compile_cuda(device, cu_source("matmul", "matmul.cu"), self.entry(config), self.threads(config),
-                            f"{self.name}[{config}]")
+        src = cu_source("matmul", "matmul.cu")
+        prog = compile_cuda(device, src, self.entry(config), self.threads(config), f"{self.name}[{config}]")
+        if self.kind == "splitk":
+            prog.meta["reduce"] = compile_cuda(device, src, self.reduce_entry(), REDUCE_NT, f"{self.name}.reduce")
+        return prog
 
     # ---- data -------------------------------------------------------------------------------------------------
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
         m, n, _ = shape
         bufs = upload_all(device, {k: v for k, v in host.items() if k != "residual"})
         bufs["out"] = device.allocate(4 * m * n)
+        if self.kind == "splitk":  # for the largest KS, so every candidate shares one input set
+            bufs["partial"] = device.allocate(self.partial_bytes(max(KS_VALUES), m, n))
         init = self.problem.initial_output(host, shape)
         if init is not None:
             device.write(bufs["out"], init)
         return self.attach_initial(device, host, shape, bufs)
 
+    def partial_bytes(self, ks: int, m: int, n: int) -> int:
+        """Bytes of split-K's partial sums: KS slices of SETS x M x N f32."""
+        return 4 * ks * self.sets * m * n
+
     def grid(self, config: Config, shape: Shape) -> tuple[int, int, int]:
         m, n, _ = shape
         if self.kind == "rows":
             return (math.ceil(n / (config["NT"] // WARP)), math.ceil(m / config["RM"]), 1)
-        return (math.ceil(n / config["BN"]), math.ceil(m / config["BM"]), 1)
+        return (math.ceil(n / config["BN"]), math.ceil(m / config["BM"]), config["KS"] if self.kind == "splitk" else 1)
 
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
         return self.launches_at(program, bufs, config, shape, 0)
 
     def launches_at(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape,
                     x_row0: int) -> list[Launch]:
-        """The launch reading x from row `x_row0` (the executor's last block reads a window of the rows)."""
+        """The launch reading x from row `x_row0` (the executor's last block reads a window of the rows); split-K:
+        the slices into `partial`, then the reduction into out."""
         m, n, k = shape
+        split = self.kind == "splitk"
         args: list[Any] = [bufs["x"], np.int32(x_row0), bufs["w"], arg_or(bufs, "absmax", "w"),
                            arg_or(bufs, "w_up", "w"), arg_or(bufs, "absmax_up", "w"), arg_or(bufs, "norm_w", "x"),
-                           np.float32(self.eps), bufs["out"], np.int32(m), np.int32(n), np.int32(k)]
-        return [Launch(program, self.grid(config, shape), args)]
+                           np.float32(self.eps), bufs["partial" if split else "out"], np.int32(m), np.int32(n),
+                           np.int32(k)]
+        main = Launch(program, self.grid(config, shape), args)
+        if not split:
+            return [main]
+        return [main, Launch(program.meta["reduce"], (math.ceil(m * n / REDUCE_NT), 1, 1),
+                             [bufs["partial"], np.int32(config["KS"]), bufs["out"], np.int32(m), np.int32(n)])]
 
     # ---- the cuBLAS peer ---------------------------------------------------------------------------------------
     peer_name = "cuBLAS f16"
@@ -232,7 +287,8 @@ class CudaMatmul(KernelTemplate):
     def describe(self, config: Config) -> str:
         if self.kind == "rows":
             return f"rows nt{config['NT']} rm{config['RM']}"
-        return f"mma {config['BM']}x{config['BN']}x{config['BK']} w{config['WM']}x{config['WN']} p{config['PIPE']}"
+        tile = f"{config['BM']}x{config['BN']}x{config['BK']} w{config['WM']}x{config['WN']} p{config['PIPE']}"
+        return f"splitk {tile} ks{config['KS']}" if self.kind == "splitk" else f"mma {tile}"
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
         m, n, _ = shape

@@ -13,15 +13,22 @@
 // shared-memory buffers; the next step's global words are loaded into registers before the tensor cores run on the
 // current buffer, so their latency hides behind the math (PIPE 2: one barrier per step; PIPE 1: two, half the
 // shared memory). Each warp multiplies its WM x WN tile in m16n8 steps, its fragments loaded with `ldmatrix`; the
-// epilogue reads the accumulators directly, bounds-guarded. Threads = (BM/WM) * (BN/WN) * 32.
+// epilogue reads the accumulators directly, bounds-guarded. Threads = (BM/WM) * (BN/WN) * 32. The main loop is
+// `mma_main`, written once and shared with split-K.
+// nf4_mm_splitk<FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE, KS>: the same main loop over slice blockIdx.z of KS
+// (K / KS columns), grid (ceil(N / BN), ceil(M / BM), KS), for shapes with few output tiles (N = 1024 at a few
+// hundred rows); it writes raw f32 accumulators (both weight sets for swiglu) to partial (KS, SETS, M, N). With
+// NORM each slice still computes its rows' 1/rms over the whole row. nf4_mm_splitk_reduce<EPI, NT> then sums the
+// KS slices in a fixed order (deterministic: graph replays stay bit-identical) and applies the epilogue.
 // nf4_mm_rows<FMT, EPI, NORM, NT, RM>: the short-row path (few rows): one warp per output column and RM rows, the
 // lanes split K in words of 8 weights, f32 arithmetic, a warp reduction; grid (ceil(N / (NT/32)), ceil(M / RM)).
 //
-// Both declare __launch_bounds__(threads, 1): with the default bound ptxas capped some variants at 64 registers
+// The matrix kernels declare __launch_bounds__(threads, 1): with the default bound ptxas capped some variants at 64 registers
 // and spilled; one resident block's worth is the budget the rules assume.
 //
-// Shapes admitted (Python's `config_problems`): K % BK == 0 (mma) or K % 8 == 0 (rows), K % 64 == 0 for nf4;
-// any M >= 1 and N >= 1 (partial tiles are guarded). The static_asserts mirror the Python rules, by name.
+// Shapes admitted (Python's `config_problems`): K % BK == 0 (mma), K % (KS * BK) == 0 (splitk) or K % 8 == 0
+// (rows), K % 64 == 0 for nf4; any M >= 1 and N >= 1 (partial tiles are guarded). The static_asserts mirror the
+// Python rules, by name.
 
 #ifndef WARPSIZE
 #define WARPSIZE 32
@@ -105,6 +112,20 @@ __host__ __device__ constexpr int mma_first_failure(int FMT, int EPI, int NORM, 
   if ((WM / 16) * (WN / 16) * (EPI == 2 ? 2 : 1) > 16) return 6;                    // fragments_per_warp_16
   if (PIPE < 1 || PIPE > 2) return 7;                                              // pipe_1_2
   if (mma_held_registers(FMT, EPI, BM, BN, BK, WM, WN) > 160) return 8;            // registers_160
+  return 0;
+}
+
+__host__ __device__ constexpr int splitk_first_failure(int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM,
+                                                        int WN, int PIPE, int KS) {
+  const int mma = mma_first_failure(FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE);
+  if (mma) return mma;
+  if (KS != 2 && KS != 4 && KS != 8) return 9;  // ks_2_4_8
+  return 0;
+}
+
+__host__ __device__ constexpr int reduce_first_failure(int EPI, int NT) {
+  if (EPI < 0 || EPI > 2) return 1;                                              // variant
+  if (NT % WARPSIZE != 0 || NT < WARPSIZE || NT > 1024) return 2;                // whole_warps
   return 0;
 }
 
@@ -200,11 +221,15 @@ __device__ __forceinline__ uint4 decode8(const WRaw<FMT> &r, const float *lut) {
   return u4(h[0], h[1], h[2], h[3]);
 }
 
+// The tensor-core main loop of one BM x BN output tile (blockIdx.x, blockIdx.y) over `steps` K steps from column
+// k_begin, into the accumulators; the rows' 1/rms (NORM) always covers the whole row of K values. Shared by the mma
+// kernel (all of K) and the split-K kernel (one slice of K per blockIdx.z).
 template <int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM, int WN, int PIPE>
-__global__ void __launch_bounds__((BM / WM) * (BN / WN) * WARPSIZE, 1)
-nf4_mm_mma(const float *__restrict__ x, int x_row0, const unsigned *__restrict__ w, const float *__restrict__ absmax,
-           const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, const float *__restrict__ norm_w,
-           float eps, float *__restrict__ out, int M, int N, int K) {
+__device__ __forceinline__ void mma_main(const float *__restrict__ x, int x_row0, const unsigned *__restrict__ w,
+                                         const float *__restrict__ absmax, const unsigned *__restrict__ w_up,
+                                         const float *__restrict__ absmax_up, const float *__restrict__ norm_w,
+                                         float eps, int M, int N, int K, int k_begin, int steps,
+                                         float (&acc)[EPI == 2 ? 2 : 1][WM / 16][WN / 8][4]) {
   constexpr int FAIL = mma_first_failure(FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE);
   static_assert(FAIL != 1, "variant: FMT in 0..2 (nf4, f16, f32), EPI in 0..2 (none, residual, swiglu), NORM 0/1");
   static_assert(FAIL != 2, "fragments_16: WM, WN and BK must be multiples of 16 (m16n8k16 tensor-core steps)");
@@ -227,7 +252,6 @@ nf4_mm_mma(const float *__restrict__ x, int x_row0, const unsigned *__restrict__
   float *rs = reinterpret_cast<float *>(smem + PIPE * STAGE * 2);   // (BM,) 1/rms
   float *lut = rs + BM;                                              // (16,) the NF4 code
   const int tid = threadIdx.x, warp = tid / WARPSIZE, lane = tid % WARPSIZE;
-  const int g = lane >> 2, t = lane & 3;  // the accumulator layout's groupID and thread-in-group
   const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
   const int wm = (warp / (BN / WN)) * WM, wn = (warp % (BN / WN)) * WN;
   const float *xb = x + (size_t)x_row0 * K;
@@ -283,7 +307,6 @@ nf4_mm_mma(const float *__restrict__ x, int x_row0, const unsigned *__restrict__
     }
   };
 
-  float acc[SETS][FM][FN][4];
 #pragma unroll
   for (int s = 0; s < SETS; ++s)
 #pragma unroll
@@ -293,13 +316,12 @@ nf4_mm_mma(const float *__restrict__ x, int x_row0, const unsigned *__restrict__
 #pragma unroll
         for (int q = 0; q < 4; ++q) acc[s][i][j][q] = 0.0f;
 
-  load(0);
-  store(0, ops);
+  load(k_begin);
+  store(k_begin, ops);
   __syncthreads();
-  const int steps = K / BK;
   for (int kt = 0; kt < steps; ++kt) {
     const unsigned short *cur = ops + (PIPE == 2 ? (kt & 1) * STAGE : 0);
-    if (kt + 1 < steps) load((kt + 1) * BK);  // the next step's global loads fly while the tensor cores work
+    if (kt + 1 < steps) load(k_begin + (kt + 1) * BK);  // the next step's global loads fly while the tensor cores work
 #pragma unroll
     for (int kk = 0; kk < BK; kk += 16) {
       unsigned a[FM][4];
@@ -323,30 +345,95 @@ nf4_mm_mma(const float *__restrict__ x, int x_row0, const unsigned *__restrict__
     }
     if (kt + 1 < steps) {
       if (PIPE == 1) __syncthreads();  // one buffer: every warp is done reading it before it is overwritten
-      store((kt + 1) * BK, ops + (PIPE == 2 ? ((kt + 1) & 1) * STAGE : 0));
+      store(k_begin + (kt + 1) * BK, ops + (PIPE == 2 ? ((kt + 1) & 1) * STAGE : 0));
     }
     __syncthreads();
   }
-  // the epilogue from the accumulators: D rows g and g+8 of each m16 tile, columns 2t and 2t+1 of each n8 tile
+}
+
+// f(i, j, e, r, c) for each accumulator value acc[.][i][j][e] a thread holds inside the M x N output: D rows g and
+// g+8 of each m16 tile, columns 2t and 2t+1 of each n8 tile (the mma.sync accumulator layout)
+template <int BM, int BN, int WM, int WN, typename F>
+__device__ __forceinline__ void each_output(int M, int N, F f) {
+  const int warp = threadIdx.x / WARPSIZE, lane = threadIdx.x % WARPSIZE, g = lane >> 2, t = lane & 3;
+  const int m0 = blockIdx.y * BM + (warp / (BN / WN)) * WM, n0 = blockIdx.x * BN + (warp % (BN / WN)) * WN;
 #pragma unroll
-  for (int i = 0; i < FM; ++i)
+  for (int i = 0; i < WM / 16; ++i)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = m0 + wm + 16 * i + g + 8 * h;
+      const int r = m0 + 16 * i + g + 8 * h;
       if (r >= M) continue;
 #pragma unroll
-      for (int j = 0; j < FN; ++j)
+      for (int j = 0; j < WN / 8; ++j)
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
-          const int c = n0 + wn + 8 * j + 2 * t + q;
-          if (c >= N) continue;
-          const float y = acc[0][i][j][2 * h + q];
-          float *o = out + (size_t)r * N + c;
-          if (EPI == 0) *o = y;
-          else if (EPI == 1) *o += y;
-          else *o = silu(y) * acc[SETS - 1][i][j][2 * h + q];
+          const int c = n0 + 8 * j + 2 * t + q;
+          if (c < N) f(i, j, 2 * h + q, r, c);
         }
     }
+}
+
+template <int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM, int WN, int PIPE>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * WARPSIZE, 1)
+nf4_mm_mma(const float *__restrict__ x, int x_row0, const unsigned *__restrict__ w, const float *__restrict__ absmax,
+           const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, const float *__restrict__ norm_w,
+           float eps, float *__restrict__ out, int M, int N, int K) {
+  constexpr int SETS = EPI == 2 ? 2 : 1;
+  float acc[SETS][WM / 16][WN / 8][4];
+  mma_main<FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE>(x, x_row0, w, absmax, w_up, absmax_up, norm_w, eps, M, N, K, 0,
+                                                     K / BK, acc);
+  each_output<BM, BN, WM, WN>(M, N, [&](int i, int j, int e, int r, int c) {
+    const float y = acc[0][i][j][e];
+    float *o = out + (size_t)r * N + c;
+    if (EPI == 0) *o = y;
+    else if (EPI == 1) *o += y;
+    else *o = silu(y) * acc[SETS - 1][i][j][e];
+  });
+}
+
+// split-K: slice blockIdx.z of KS covers K / KS columns; its raw accumulators (both weight sets for swiglu) go to
+// partial (KS, SETS, M, N), and nf4_mm_splitk_reduce applies the epilogue to their sum
+template <int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM, int WN, int PIPE, int KS>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * WARPSIZE, 1)
+nf4_mm_splitk(const float *__restrict__ x, int x_row0, const unsigned *__restrict__ w,
+              const float *__restrict__ absmax, const unsigned *__restrict__ w_up,
+              const float *__restrict__ absmax_up, const float *__restrict__ norm_w, float eps,
+              float *__restrict__ partial, int M, int N, int K) {
+  static_assert(splitk_first_failure(FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE, KS) != 9,
+                "ks_2_4_8: KS (slices of K) must be 2, 4 or 8");
+  constexpr int SETS = EPI == 2 ? 2 : 1;
+  const int slice = K / KS;
+  float acc[SETS][WM / 16][WN / 8][4];
+  mma_main<FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE>(x, x_row0, w, absmax, w_up, absmax_up, norm_w, eps, M, N, K,
+                                                     blockIdx.z * slice, slice / BK, acc);
+  const size_t mn = (size_t)M * N;
+  float *p = partial + blockIdx.z * SETS * mn;
+  each_output<BM, BN, WM, WN>(M, N, [&](int i, int j, int e, int r, int c) {
+#pragma unroll
+    for (int s = 0; s < SETS; ++s) p[s * mn + (size_t)r * N + c] = acc[s][i][j][e];
+  });
+}
+
+// out = epilogue(sum of the ks slices of partial), one thread per output value; the slices are added in order
+// 0..ks-1, so a graph replay gives bit-identical results
+template <int EPI, int NT>
+__global__ void __launch_bounds__(NT)
+nf4_mm_splitk_reduce(const float *__restrict__ partial, int ks, float *__restrict__ out, int M, int N) {
+  constexpr int FAIL = reduce_first_failure(EPI, NT);
+  static_assert(FAIL != 1, "variant: EPI in 0..2 (none, residual, swiglu)");
+  static_assert(FAIL != 2, "whole_warps: NT must be a whole number of warps, 32..1024");
+  constexpr int SETS = EPI == 2 ? 2 : 1;
+  const size_t mn = (size_t)M * N, e = (size_t)blockIdx.x * NT + threadIdx.x;
+  if (e >= mn) return;
+  float y[SETS];
+#pragma unroll
+  for (int s = 0; s < SETS; ++s) y[s] = 0.0f;
+  for (int z = 0; z < ks; ++z)
+#pragma unroll
+    for (int s = 0; s < SETS; ++s) y[s] += partial[((size_t)z * SETS + s) * mn + e];
+  if (EPI == 0) out[e] = y[0];
+  else if (EPI == 1) out[e] += y[0];
+  else out[e] = silu(y[0]) * y[SETS - 1];
 }
 
 template <int FMT, int EPI, int NORM, int NT, int RM>
