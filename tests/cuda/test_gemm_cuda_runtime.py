@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tilewise.errors import DeviceUnavailable, LaunchError, ShaderCompileError
+from tilewise.errors import LaunchError, ShaderCompileError
 from tilewise.kernels.gemm.cuda import KERNEL7, PARAMS, SEED_WINNER, CudaGemm, name_expression
 from tilewise.tune.verify import compare
 
@@ -13,17 +13,6 @@ pytestmark = pytest.mark.cuda
 
 #: admitted but awkward: M odd or tiny, N and K multiples of 4 that no tile divides, K < BK
 SHAPES = [(1, 4, 4), (37, 68, 20), (130, 132, 36), (517, 1036, 388), (346, 2560, 1024)]
-
-
-@pytest.fixture(scope="module")
-def dev():
-    pytest.importorskip("cupy")
-    from tilewise.devices import get_device
-
-    try:
-        return get_device("cuda")
-    except DeviceUnavailable as exc:
-        pytest.skip(f"no CUDA device: {exc}")
 
 
 @pytest.fixture(scope="module")

@@ -10,60 +10,49 @@ import pytest
 
 import tilewise
 from tilewise.devices.base import Launch
-from tilewise.errors import DeviceUnavailable, LaunchError
+from tilewise.errors import LaunchError
 
 pytestmark = pytest.mark.cuda
 
 
 @pytest.fixture(scope="module")
-def cuda_dev():
-    pytest.importorskip("cupy")
-    from tilewise.devices import get_device
-
-    try:
-        return get_device("cuda")
-    except DeviceUnavailable as exc:
-        pytest.skip(f"no CUDA device: {exc}")
-
-
-@pytest.fixture(scope="module")
-def model(cuda_dev):
+def model(dev):
     return tilewise.load("tiny", device="cuda", weights="nf4", seed=11, quiet=True)
 
 
-def test_a_graph_copies_what_the_pinned_array_holds_at_replay_time(cuda_dev, rng):
+def test_a_graph_copies_what_the_pinned_array_holds_at_replay_time(dev, rng):
     from tilewise.devices.cuda import HostCopy
     from tilewise.kernels.rowops import cuda as rowops
 
     words = 1000
-    src, dst = cuda_dev.allocate(4 * words), cuda_dev.allocate(4 * words)
-    host_in, host_out = cuda_dev.pinned(words, np.float32), cuda_dev.pinned(words, np.float32)
-    prog = rowops.copy_program(cuda_dev)
-    before = cuda_dev.captures
-    graph = cuda_dev.capture([HostCopy(host_in, src, 4 * words), rowops.copy_launch(prog, src, 0, dst, 0, words),
-                              HostCopy(host_out, dst, 4 * words, to_device=False)])
-    assert cuda_dev.captures == before + 1
+    src, dst = dev.allocate(4 * words), dev.allocate(4 * words)
+    host_in, host_out = dev.pinned(words, np.float32), dev.pinned(words, np.float32)
+    prog = rowops.copy_program(dev)
+    before = dev.captures
+    graph = dev.capture([HostCopy(host_in, src, 4 * words), rowops.copy_launch(prog, src, 0, dst, 0, words),
+                         HostCopy(host_out, dst, 4 * words, to_device=False)])
+    assert dev.captures == before + 1
     for _ in range(3):
         want = rng.standard_normal(words).astype(np.float32)
         host_in[:] = want
         graph.launch()
         np.testing.assert_array_equal(host_out, want)
-        np.testing.assert_array_equal(cuda_dev.download(dst), want)
+        np.testing.assert_array_equal(dev.download(dst), want)
     assert graph.replays == 3
 
 
-def test_a_launch_refused_during_capture_leaves_the_stream_usable(cuda_dev, rng):
+def test_a_launch_refused_during_capture_leaves_the_stream_usable(dev, rng):
     from tilewise.kernels.rowops import cuda as rowops
 
-    prog = rowops.copy_program(cuda_dev)
-    src, dst = cuda_dev.allocate(4 * 64), cuda_dev.allocate(4 * 64)
+    prog = rowops.copy_program(dev)
+    src, dst = dev.allocate(4 * 64), dev.allocate(4 * 64)
     bad = Launch(prog, (1, 70000, 1), [src, np.int32(0), dst, np.int32(0), np.int32(64)])
     with pytest.raises(LaunchError, match="exceeds CUDA's limits"):
-        cuda_dev.capture([rowops.copy_launch(prog, src, 0, dst, 0, 64), bad])
+        dev.capture([rowops.copy_launch(prog, src, 0, dst, 0, 64), bad])
     want = rng.standard_normal(64).astype(np.float32)
-    cuda_dev.write(src, want)
-    cuda_dev.run([rowops.copy_launch(prog, src, 0, dst, 0, 64)])
-    np.testing.assert_array_equal(cuda_dev.download(dst), want)
+    dev.write(src, want)
+    dev.run([rowops.copy_launch(prog, src, 0, dst, 0, 64)])
+    np.testing.assert_array_equal(dev.download(dst), want)
 
 
 def decide(model, ids, base=None):

@@ -8,22 +8,10 @@ import numpy as np
 import pytest
 
 import tilewise
-from tilewise.errors import DeviceUnavailable
 from tilewise.model import reference
 from tilewise.model.checkpoint import HEAD
 
 pytestmark = pytest.mark.cuda
-
-
-@pytest.fixture(scope="module")
-def dev():
-    pytest.importorskip("cupy")
-    from tilewise.devices import get_device
-
-    try:
-        return get_device("cuda")
-    except DeviceUnavailable as exc:
-        pytest.skip(f"no CUDA device: {exc}")
 
 
 def test_tuned_table_is_loaded_and_the_scores_still_match(dev, rng):

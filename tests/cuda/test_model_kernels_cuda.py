@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tilewise.errors import DeviceUnavailable
 from tilewise.kernels.attention.cuda import CudaAttention, CudaQKNormRope
 from tilewise.kernels.matmul import cuda as mm
 from tilewise.kernels.rowops.cuda import CudaEmbed, CudaHead, CudaRMSNorm, copy_launch, copy_program
@@ -14,17 +13,6 @@ from tilewise.kernels.shortconv.cuda import CudaShortConv
 from tilewise.tune.verify import compare
 
 pytestmark = pytest.mark.cuda
-
-
-@pytest.fixture(scope="module")
-def dev():
-    pytest.importorskip("cupy")
-    from tilewise.devices import get_device
-
-    try:
-        return get_device("cuda")
-    except DeviceUnavailable as exc:
-        pytest.skip(f"no CUDA device: {exc}")
 
 
 def run(dev, tpl, cfg, shape, rng):

@@ -11,24 +11,12 @@ import numpy as np
 import pytest
 
 from tilewise.devices.cuda_nvrtc import compile_cubin, find_nvrtc
-from tilewise.errors import DeviceUnavailable
 from tilewise.kernels.gemm.cuda import CudaGemm, _source, name_expression
 from tilewise.tune.verify import compare
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(find_nvrtc() is None, reason="libnvrtc not found")]
 MEASURE = {"warmup": 1, "min_rounds": 3, "max_rounds": 3, "budget_s": 1.0}
 META = ("registers", "local_bytes", "static_shared_bytes", "max_threads_per_block", "entry", "options")
-
-
-@pytest.fixture(scope="module")
-def dev():
-    pytest.importorskip("cupy")
-    from tilewise.devices import get_device
-
-    try:
-        return get_device("cuda")
-    except DeviceUnavailable as exc:
-        pytest.skip(f"no CUDA device: {exc}")
 
 
 def test_a_loaded_cubin_is_the_program_compile_gives(dev):
