@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from tilewise.devices import get_device  # noqa: E402
-from tilewise.kernels.matmul.cuda import CudaMatmul  # noqa: E402
+from tilewise.kernels.matmul.cuda import KINDS, CudaMatmul  # noqa: E402
 from tilewise.model.tune import candidates, model_config, model_matmuls  # noqa: E402
 from tilewise.tune.engine import Engine, Item  # noqa: E402
 from tilewise.tune.measure import compare  # noqa: E402
@@ -42,7 +42,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=40, help="rounds of the race")
     ap.add_argument("--seed", type=int, default=0, help="inputs and sampling")
     ap.add_argument("--device", default="cuda", help="cuda or cuda:N")
+    ap.add_argument("--kinds", default="mma,splitk",
+                    help="tensor-core kernel kinds that compete, comma-separated (mma, splitk)")
     args = ap.parse_args()
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    if not kinds or any(k not in KINDS or k == "rows" for k in kinds):
+        ap.error(f"--kinds takes tensor-core kinds from {[k for k in KINDS if k != 'rows']}, got {args.kinds!r}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -59,16 +64,20 @@ def main() -> int:
     header = f"{'matmul':<14}{'N x K':>12}{'tilewise ms':>12}{'TFLOP/s':>9}{'cuBLAS ms':>10}{'TFLOP/s':>9}{'ratio':>8}"
     lines = []
     for label, (epilogue, n, k, norm) in model_matmuls(cfg).items():
-        tpl = CudaMatmul("mma", args.fmt, epilogue, norm, cfg.norm_eps)
         shape = (args.rows, n, k)
-        cands = candidates(tpl, dev.info.limits, args.sample, args.seed)
-        outs = eng.evaluate([Item(tpl, c, shape) for c in cands], batch=None)
+        items = []
+        for kind in kinds:
+            tpl = CudaMatmul(kind, args.fmt, epilogue, norm, cfg.norm_eps)
+            items += [Item(tpl, c, shape) for c in candidates(tpl, dev.info.limits, args.sample, args.seed)
+                      if not tpl.config_problems(c, shape)]
+        cands = items
+        outs = eng.evaluate(items, batch=None)
         ok = sorted((oc for oc in outs if oc.status == "ok" and oc.stats is not None),
                     key=lambda oc: oc.stats.median_ms)
         row: dict[str, Any] = {"label": label, "epilogue": epilogue, "n": n, "k": k, "norm": norm,
                                "candidates": len(cands), "ok": len(ok),
-                               "failed": {str(oc.config): f"{oc.status}: {oc.reason}" for oc in outs
-                                          if oc.status != "ok"}}
+                               "failed": {f"kind={oc.item.kernel.kind},{oc.config}": f"{oc.status}: {oc.reason}"
+                                          for oc in outs if oc.status != "ok"}}
         if not ok:
             print(f"{label}: no config ran: {row['failed']}", flush=True)
             doc["shapes"].append(row)
@@ -79,9 +88,10 @@ def main() -> int:
                                    "budget_s": 30.0}, outcomes=top)
         best_i = min(range(len(top)), key=lambda i: got.stats[i].median_ms)
         best, cub = got.stats[best_i], got.peer
-        flops = 2 * args.rows * n * k * tpl.sets
+        flops = 2 * args.rows * n * k * top[best_i].item.kernel.sets
         verdict = compare(cub, best) if cub is not None else None
-        row.update(best=str(top[best_i].config), best_ms=best.median_ms, best_stats=best.as_dict(),
+        row.update(best=f"kind={top[best_i].item.kernel.kind},{top[best_i].config}", best_ms=best.median_ms,
+                   best_stats=best.as_dict(),
                    tflops=flops / best.median_ms / 1e9,
                    cublas_ms=cub.median_ms if cub else None, cublas_stats=cub.as_dict() if cub else None,
                    cublas_tflops=flops / cub.median_ms / 1e9 if cub else None,
@@ -91,7 +101,7 @@ def main() -> int:
                 + (f"{cub.median_ms:10.4f}{row['cublas_tflops']:9.1f}{verdict.times():>8}" if cub and verdict
                    else f"  cuBLAS not raced: {got.peer_error}"))
         lines.append(line)
-        print(f"{line}   [{top[best_i].config}]", flush=True)
+        print(f"{line}   [{row['best']}]", flush=True)
         (out / "matmul_cuda.json").write_text(json.dumps(doc, indent=1, default=str))
     print()
     print(header)

@@ -10,7 +10,8 @@ Sections, each recorded with its error if it fails (the run goes on):
    (bench/decision_webgpu.py's `hf_decider`); the largest |score difference| of tilewise against HF eager.
    tilewise's decisions replay one CUDA graph each (`cuda_graphs` in the JSON, with the captures and replays
    counted; `TILEWISE_CUDA_GRAPHS=0` turns graphs off), and the same decisions are timed again launch by launch
-   (`launch_by_launch`), so the graph's saving is measured in the same run.
+   (`launch_by_launch`), so the graph's saving is measured in the same run; then the same decisions through tilewise's
+   WebGPU executor on the same GPU (`--webgpu`, e.g. `webgpu` or `dawn`), with its largest |score difference| to CUDA.
 Writes `results.json` (date, device, command, every section) into `--out`.
 
 Usage (on a machine with an NVIDIA GPU, CuPy, torch with CUDA and transformers):
@@ -88,11 +89,13 @@ def cli_bench_section(preset: str, out: Path, timeout_s: float) -> dict[str, Any
             "output": (res.stdout + res.stderr)[-4000:], "result": body}
 
 
-def tilewise_cuda_section(ck: Any, args: argparse.Namespace) -> tuple[dict[str, Any], list[np.ndarray]]:
+def tilewise_cuda_section(ck: Any, args: argparse.Namespace,
+                          device: str | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """tilewise decisions on `device` (default `--device`); the WebGPU section calls it with `--webgpu`."""
     from tilewise.model.runtime import from_checkpoint
 
     t = time.perf_counter()
-    model = from_checkpoint(ck, device=args.device, quiet=True)
+    model = from_checkpoint(ck, device=device or args.device, quiet=True)
     load_s = time.perf_counter() - t
     _, full = prompts(ck.config.vocab_size, args.seq, args.decisions + 3, PREFIX_TOKENS)
     scores: dict[int, np.ndarray] = {}
@@ -125,7 +128,8 @@ def tilewise_cuda_section(ck: Any, args: argparse.Namespace) -> tuple[dict[str, 
            "cuda_graphs": graphs, **graph_counts,
            "launch_by_launch": None if unrolled is None else {f"latency_ms_{k}": unrolled[k] for k in
                                                               ("p50", "p90", "p99")},
-           "device": model.device_choice.line() if model.device_choice else model.device}
+           "device": model.device_choice.line() if model.device_choice else model.device,
+           "dispatch_table": getattr(getattr(model.executor, "dispatch", None), "source", None)}
     return out, kept
 
 
@@ -156,6 +160,11 @@ def preset_section(preset: str, args: argparse.Namespace) -> dict[str, Any]:
     nf4 = f32.converted("nf4").materialize()
     res: dict[str, Any] = {}
     tw = section(res, "tilewise_cuda", tilewise_cuda_section, nf4, args)
+    if args.webgpu:  # the same decisions through WGSL on the same GPU (its own dispatch table, if tuned here)
+        webgpu = section(res, "tilewise_webgpu", tilewise_cuda_section, nf4, args, args.webgpu)
+        if tw is not None and webgpu is not None:
+            res["max_abs_score_diff_webgpu_vs_cuda"] = max(float(np.abs(a - b).max()) for a, b in zip(tw[1],
+                                                                                                      webgpu[1]))
     if not args.no_hf:
         # HF runs the NF4 weights dequantized, so a score difference is the kernels' error, not quantization's
         deq = type(f32).from_arrays(f32.config, {k: nf4.float32(k) for k in nf4.names()}, "f32", f"{preset}:nf4-deq")
@@ -167,7 +176,7 @@ def preset_section(preset: str, args: argparse.Namespace) -> dict[str, Any]:
             res["max_abs_score_diff_vs_hf_eager"] = max(diffs)
     flat = {k: (v[0] if isinstance(v, tuple) else v) for k, v in res.items()}
     base = flat.get("tilewise_cuda", {}).get("latency_ms_p50")
-    for k in ("hf_eager", "hf_compile"):
+    for k in ("hf_eager", "hf_compile", "tilewise_webgpu"):
         p50 = flat.get(k, {}).get("latency_ms_p50") if isinstance(flat.get(k), dict) else None
         if base and p50:
             flat[f"{k}_over_tilewise_p50"] = p50 / base
@@ -188,6 +197,8 @@ def main() -> int:
     ap.add_argument("--no-cli", action="store_true", help="skip `tilewise bench --device cuda`")
     ap.add_argument("--no-hf", action="store_true", help="skip HF transformers")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--webgpu", default="webgpu",
+                    help="tilewise's WebGPU device raced in the same run (webgpu, dawn, ...; '' skips it)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -213,11 +224,13 @@ def main() -> int:
     for preset in presets:
         r = results.get(f"race_{preset}") or {}
         line = [preset]
-        for k in ("tilewise_cuda", "hf_eager", "hf_compile"):
+        for k in ("tilewise_cuda", "tilewise_webgpu", "hf_eager", "hf_compile"):
             v = r.get(k) or {}
             if "latency_ms_p50" in v:
                 line.append(f"{k} p50 {v['latency_ms_p50']:.2f} p90 {v['latency_ms_p90']:.2f} "
-                            f"p99 {v['latency_ms_p99']:.2f} ms")
+                            f"p99 {v['latency_ms_p99']:.2f} ms"
+                            + (f" ({r[k + '_over_tilewise_p50']:.2f}x tilewise cuda)" if k + "_over_tilewise_p50"
+                               in r else ""))
             elif "error" in v:
                 line.append(f"{k} error")
         log(" | ".join(line))

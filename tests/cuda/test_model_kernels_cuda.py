@@ -65,6 +65,37 @@ def test_every_legal_splitk_seed_config_of_the_nf4_variants_is_correct(dev, rng,
         check(out, ref, tpl.dtype)
 
 
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("epilogue", mm.EPILOGUES)
+def test_every_legal_pipe_seed_config_of_the_nf4_variants_is_correct(dev, rng, epilogue, norm):
+    """The cp.async pipeline, K = 512 (16 steps of 32: more than any ST in flight, every KS whole), 45 rows and 160
+    columns leaving partial tiles that cp.async zero-fills."""
+    tpl = mm.CudaMatmul("pipe", "nf4", epilogue, norm)
+    legal, _ = tpl.space("seed").split(dev.info.limits)
+    assert {c["KS"] for c in legal} >= {1, 2, 4} and {c["ST"] for c in legal} == {3, 4, 6}
+    for cfg in legal:
+        out, ref = run(dev, tpl, cfg, (45, 160, 512), rng)
+        check(out, ref, tpl.dtype)
+
+
+@pytest.mark.parametrize("fmt", ["f16", "f32"])
+def test_every_pipe_seed_config_of_the_other_weight_formats_is_correct(dev, rng, fmt):
+    tpl = mm.CudaMatmul("pipe", fmt, "swiglu", True)
+    legal, _ = tpl.space("seed").split(dev.info.limits)
+    assert legal
+    for cfg in legal:
+        out, ref = run(dev, tpl, cfg, (70, 96, 256), rng)
+        check(out, ref, tpl.dtype)
+
+
+def test_pipe_with_fewer_steps_than_stages_is_correct(dev, rng):
+    """K = 64 is two 32-wide steps under six raw stages: the prologue's surplus copies are empty groups."""
+    tpl = mm.CudaMatmul("pipe", "nf4", "residual", False)
+    cfg = tpl.config_of({**mm.DEFAULT_PIPE, "ST": 6})
+    out, ref = run(dev, tpl, cfg, (97, 224, 64), rng)
+    check(out, ref, tpl.dtype)
+
+
 def test_splitk_replays_are_bit_identical(dev, rng):
     """The reduction adds the slices in a fixed order: two runs of one input give the same bits."""
     tpl = mm.CudaMatmul("splitk", "nf4", "none", True)

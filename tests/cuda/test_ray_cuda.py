@@ -49,6 +49,8 @@ def test_a_cubin_of_other_options_is_refused(dev):
 
 def test_a_ray_tune_with_cpu_compiles_stores_what_a_local_run_stores(dev, tmp_path):
     ray = pytest.importorskip("ray", reason="tilewise[ray] is not installed")
+    if not hasattr(ray, "init"):
+        pytest.skip(f"`ray` here is an empty namespace package ({list(ray.__path__)}), not Ray")
     from tilewise.tune.cluster import Cluster
     from tilewise.tune.store import Store
     from tilewise.tune.tuner import tune

@@ -37,6 +37,7 @@ SIGS = {
     "nf4_mm_mma": MM_SIG,
     "nf4_mm_rows": MM_SIG,
     "nf4_mm_splitk": MM_SIG,
+    "nf4_mm_pipe": MM_SIG,
     "nf4_mm_splitk_reduce": "(const float *, int, float *, int, int)",
 }
 
@@ -94,6 +95,37 @@ def test_every_splitk_seed_config_of_every_variant_and_the_reductions_compile(tm
     cubin(tmp_path, "splitk", [cu("matmul", "matmul.cu")], entries)
 
 
+def test_every_pipe_seed_config_of_every_variant_compiles_without_spilling(tmp_path):
+    pipe = [t for t in mm.all_variants() if t.kind == "pipe"]
+    assert len(pipe) == 18
+    for t in pipe:  # f32 raw stages are 8x nf4's: its larger seed tiles break smem_227k / mb_fit_smem
+        assert t.default_config() in legal(t.space("seed")), t.name
+        least = {"nf4": 10, "f16": 6, "f32": 3}[t.fmt] if t.epilogue == "swiglu" else {"nf4": 12, "f16": 11,
+                                                                                          "f32": 7}[t.fmt]
+        assert len(legal(t.space("seed"))) >= least, t.name
+    entries = sorted({t.entry(c) for t in pipe for c in legal(t.space("seed"))})
+    cubin(tmp_path, "pipe", [cu("matmul", "matmul.cu")], entries)
+
+
+def test_pipe_smem_bytes_agree_in_cpp_and_python(tmp_path):
+    """`pipe_smem_bytes` in C++ and Python agree (the launch asks for the Python number, the kernel lays out the
+    C++ one), for every format and epilogue on the seed points."""
+    cases = [(f, e, c) for f in (0, 1, 2) for e in (0, 2) for c in mm.CudaMatmul("pipe").space("seed").points]
+    rows = ",\n".join("{" + ", ".join(map(str, (f, e, c["BM"], c["BN"], c["BK"], c["ST"]))) + "}"
+                       for f, e, c in cases)
+    body = (f"#include <cstdio>\nstatic const int T[][6] = {{\n{rows}\n}};\n"
+            "int main() { for (const auto &t : T) printf(\"%d\\n\", pipe_smem_bytes(t[0], t[1], t[2], t[3], t[4], "
+            "t[5])); }\n")
+    res = nvcc(tmp_path, "host", [cu("matmul", "matmul.cu")], body, "-o", "host")
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = [int(v) for v in subprocess.run([str(tmp_path / "host")], capture_output=True, text=True,
+                                          check=True).stdout.split()]
+    fmts = {v: k for k, v in mm.FMT_CODE.items()}
+    want = [mm.pipe_smem_bytes(mm.CudaMatmul("pipe").space().config(c), fmts[f], 2 if e == 2 else 1)
+            for f, e, c in cases]
+    assert out == want
+
+
 def test_every_rows_config_and_the_executor_defaults_compile(tmp_path):
     variants = mm.all_variants()
     rows = [t for t in variants if t.kind == "rows"]
@@ -127,6 +159,13 @@ ILLEGAL = [
     ("matmul", "matmul.cu", "nf4_mm_splitk<0, 1, 0, 64, 64, 32, 32, 32, 2, 3>", "ks_2_4_8"),
     ("matmul", "matmul.cu", "nf4_mm_splitk<0, 2, 1, 128, 128, 64, 64, 64, 2, 4>", "smem_48k"),
     ("matmul", "matmul.cu", "nf4_mm_splitk_reduce<1, 48>", "whole_warps"),
+    ("matmul", "matmul.cu", "nf4_mm_pipe<0, 0, 0, 64, 64, 32, 32, 32, 2, 1, 2>", "stages_3_8"),
+    ("matmul", "matmul.cu", "nf4_mm_pipe<0, 0, 0, 64, 64, 48, 32, 32, 4, 1, 2>", "raw_rows_16b"),
+    ("matmul", "matmul.cu", "nf4_mm_pipe<0, 1, 0, 64, 64, 32, 32, 32, 4, 3, 2>", "ks_1_2_4_8"),
+    ("matmul", "matmul.cu", "nf4_mm_pipe<0, 1, 0, 64, 64, 32, 32, 32, 4, 1, 3>", "mb_1_2"),
+    ("matmul", "matmul.cu", "nf4_mm_pipe<2, 2, 1, 128, 128, 64, 64, 32, 6, 1, 1>", "smem_227k"),
+    ("matmul", "matmul.cu", "nf4_mm_pipe<0, 2, 0, 64, 64, 32, 64, 64, 4, 1, 1>", "fragments_per_warp_16"),
+    ("matmul", "matmul.cu", "nf4_mm_pipe<0, 0, 0, 128, 128, 32, 64, 64, 3, 1, 1>", "warp_tile_2048"),
     ("matmul", "matmul.cu", "nf4_mm_rows<0, 0, 0, 48, 4>", "whole_warps"),
     ("matmul", "matmul.cu", "nf4_mm_rows<0, 2, 1, 128, 32>", "rows_1_16"),
     ("rowops", "rowops.cu", "rmsnorm<96>", "pow2"),
@@ -157,19 +196,25 @@ def test_python_rules_refuse_what_the_static_asserts_refuse():
         epi = mm.EPILOGUES[vals[1]]
         kind = entry.split("<")[0].removeprefix("nf4_mm_")
         tpl = mm.CudaMatmul(kind, fmt, epi, bool(vals[2]))
-        names = {"mma": mm.MMA_PARAMS, "splitk": mm.SPLITK_PARAMS, "rows": ("NT", "RM")}[kind]
+        names = {"mma": mm.MMA_PARAMS, "splitk": mm.SPLITK_PARAMS, "pipe": mm.PIPE_PARAMS, "rows": ("NT", "RM")}[kind]
         cfg = tpl.space().config(dict(zip(names, vals[3:])))
         why = tpl.space().why_illegal(cfg)
         assert why and why[0].split(":")[0] == rule, (entry, why)
 
 
-@pytest.mark.parametrize("kind", ["mma", "splitk"])
+@pytest.mark.parametrize("kind", ["mma", "splitk", "pipe"])
 def test_cpp_mma_rules_agree_with_python_rules(tmp_path, kind):
     rng = random.Random(5)
-    pick = [16, 24, 32, 48, 64, 96, 128]
+    pick = [16, 24, 32, 48, 64, 96, 128] if kind != "pipe" else [16, 32, 32, 48, 64, 64, 128]
+
+    def tail() -> tuple[int, ...]:  # pipe: ST, KS, MB; mma: PIPE; splitk: PIPE, KS
+        if kind == "pipe":
+            return rng.choice([2, 3, 4, 4, 6, 8, 9]), rng.choice([1, 1, 2, 3, 4, 8]), rng.choice([1, 2, 2, 3])
+        ks = (rng.choice([1, 2, 3, 4, 4, 8, 8, 16]),) if kind == "splitk" else ()
+        return rng.choice([1, 2, 2, 3]), *ks
+
     tuples = [(rng.choice([0, 1, 2]), rng.choice([0, 1, 2]), rng.choice([0, 1]),
-               *(rng.choice(pick) for _ in range(5)), rng.choice([1, 2, 2, 3]),
-               *((rng.choice([1, 2, 3, 4, 4, 8, 8, 16]),) if kind == "splitk" else ())) for _ in range(2500)]
+               *(rng.choice(pick) for _ in range(5)), *tail()) for _ in range(2500)]
     width = len(tuples[0])
     rows = ",\n".join("{" + ", ".join(map(str, t)) + "}" for t in tuples)
     call = ", ".join(f"t[{i}]" for i in range(width))
@@ -178,14 +223,14 @@ def test_cpp_mma_rules_agree_with_python_rules(tmp_path, kind):
     res = nvcc(tmp_path, "host", [cu("matmul", "matmul.cu")], body, "-o", "host")
     assert res.returncode == 0, res.stderr[-3000:]
     out = subprocess.run([str(tmp_path / "host")], capture_output=True, text=True, check=True).stdout.split()
-    rules = mm.mma_rules(1) if kind == "mma" else mm.splitk_rules(1)
-    names = [r.name for r in rules if not r.needs_limits]
-    params = mm.MMA_PARAMS if kind == "mma" else mm.SPLITK_PARAMS
+    names = None  # the rule order of the format and epilogue at hand (pipe's smem rule depends on both)
+    params = {"mma": mm.MMA_PARAMS, "splitk": mm.SPLITK_PARAMS, "pipe": mm.PIPE_PARAMS}[kind]
     seen_legal = 0
     for t, fail in zip(tuples, map(int, out)):
         tpl = mm.CudaMatmul(kind, ("nf4", "f16", "f32")[t[0]], mm.EPILOGUES[t[1]], bool(t[2]))
         space = tpl.space()
         why = [w for w in space.why_illegal(space.config(dict(zip(params, t[3:]))))]
+        names = [r.name for r in space.rules if not r.needs_limits]
         assert (fail == 0) == (not why), (t, fail, why)
         if why:
             assert names[fail - 2] == why[0].split(":")[0], (t, fail, why)  # C++ rule 1 is `variant`

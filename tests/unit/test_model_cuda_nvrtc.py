@@ -40,7 +40,7 @@ def test_every_matmul_the_executor_launches_compiles_under_nvrtc():
     variants = mm.all_variants()
     entries = sorted({t.entry(t.default_config()) for t in variants} |
                      {t.reduce_entry() for t in variants if t.kind == "splitk"})
-    assert len(entries) == 54 + 3  # 3 kinds x 3 formats x 3 epilogues x norm on/off, split-K's 3 reductions
+    assert len(entries) == 72 + 3  # 4 kinds x 3 formats x 3 epilogues x norm on/off, split-K's 3 reductions
     rc, log = nvrtc_compile(cu_source("matmul", "matmul.cu"), entries)
     assert rc == 0, log[-3000:]
 

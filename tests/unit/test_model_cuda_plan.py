@@ -258,9 +258,9 @@ def test_tune_model_on_cuda_offers_the_cuda_kernels_with_their_seeds():
     dev = RecordingDevice()
     cands = model_tune.matmul_candidates(dev, "nf4", "swiglu", [1, 346], 4, 0, norm=True)
     kinds = {t.kind for t, _ in cands}
-    assert kinds == {"mma", "rows", "splitk"} and all(isinstance(t, CudaMatmul) for t, _ in cands)
+    assert kinds == {"mma", "rows", "splitk", "pipe"} and all(isinstance(t, CudaMatmul) for t, _ in cands)
     few = model_tune.matmul_candidates(dev, "nf4", "swiglu", [1, 8], 4, 0, norm=True)
-    assert {t.kind for t, _ in few} == {"mma", "rows"}  # split-K only from 32 rows
+    assert {t.kind for t, _ in few} == {"mma", "rows"}  # split-K and the cp.async pipeline only from 32 rows
     mma = next(t for t, _ in cands if t.kind == "mma")
     got = [c for t, c in cands if t.kind == "mma"]
     assert got[0] == mma.default_config()

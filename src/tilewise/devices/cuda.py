@@ -305,6 +305,26 @@ class CUDADevice(Device):
             func = module.get_function(compiled.lowered_name)
         return self._program(name or compiled.entry, func, compiled.source, compiled.entry, constants)
 
+    def allow_dynamic_shared(self, program: Program, nbytes: int) -> None:
+        """Launch `program` with `nbytes` of dynamic shared memory; above the 48 KB every kernel may use, the
+        kernel is opted in first (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES).
+
+        Raises:
+            LaunchError: the GPU offers less shared memory per block than asked for.
+        """
+        optin = self.info.limits.shared_bytes_per_block_optin or self.info.limits.max_workgroup_storage_bytes
+        static = int(program.meta.get("static_shared_bytes", 0))
+        if nbytes + static > optin:
+            raise LaunchError(f"{program.name} needs {nbytes + static} bytes of shared memory per block, this GPU "
+                              f"offers {optin}", "pick a config with fewer stages or smaller tiles")
+        if nbytes > 48 * 1024:
+            try:
+                with self._dev:
+                    program.handle.max_dynamic_shared_size_bytes = int(nbytes)
+            except self._cp.cuda.driver.CUDADriverError as exc:
+                raise self._wrap(exc, f"opting {program.name} into {nbytes} bytes of shared memory") from exc
+        program.meta["dynamic_shared_bytes"] = int(nbytes)
+
     def _program(self, label: str, func: Any, source: str, entry: str, constants: dict[str, Any] | None) -> Program:
         meta = {
             "source": source,

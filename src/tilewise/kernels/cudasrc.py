@@ -30,10 +30,14 @@ def name_expression(kernel: str, *args: int) -> str:
     return f"{kernel}<{', '.join(str(int(a)) for a in args)}>"
 
 
-def compile_cuda(device: Device, source: str, entry: str, block: int, label: str) -> Program:
-    """Compile one instantiation and record its block size (the CUDA device launches with `meta['block']`)."""
+def compile_cuda(device: Device, source: str, entry: str, block: int, label: str,
+                 dynamic_shared_bytes: int = 0) -> Program:
+    """Compile one instantiation and record its block size (the CUDA device launches with `meta['block']`) and
+    the dynamic shared memory each launch asks for (above 48 KB the device opts the kernel in first)."""
     prog = device.compile(source, entry=entry, name=label)
     prog.meta["block"] = (int(block), 1, 1)
+    if dynamic_shared_bytes:
+        device.allow_dynamic_shared(prog, int(dynamic_shared_bytes))  # type: ignore[attr-defined]
     return prog
 
 

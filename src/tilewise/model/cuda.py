@@ -274,7 +274,7 @@ class CUDAExecutor:
                 weights: dict[str, Buffer], out: Buffer, n: int, k: int, norm: Buffer | None = None) -> None:
         tpl, cfg = self.matmul_choice(epilogue, n, k, rows, norm is not None)
         bufs = {"x": x, "out": out, **weights, **({"norm_w": norm} if norm is not None else {})}
-        if tpl.kind == "splitk":  # partial sums, then a second launch adds them with the epilogue
+        if tpl.splits(cfg):  # partial sums, then a second launch adds them with the epilogue
             bufs["partial"] = self._partial_sums(tpl.partial_bytes(cfg["KS"], self._rows, n))
         shape = (rows, n, k)
         plan.add(label, tpl.launches_at(self.program(tpl, cfg, shape), bufs, cfg, shape, x_row0))

@@ -56,6 +56,9 @@ def import_ray() -> Any:
         import ray
     except ImportError as exc:
         raise DeviceUnavailable(f"--ray needs Ray, which is not installed here ({exc})", RAY_FIX) from exc
+    if not hasattr(ray, "init"):  # a folder named ray on the path imports as an empty namespace package
+        raise DeviceUnavailable(f"--ray needs Ray, but `ray` here is not the Ray package (found at "
+                                f"{list(getattr(ray, '__path__', [])) or ray}); a folder named ray shadows it", RAY_FIX)
     return ray
 
 

@@ -34,7 +34,7 @@ from tilewise.kernels.matmul.problem import EPILOGUES, MatmulProblem
 from tilewise.kernels.space import Config, Rule, Space
 
 WARP = 32
-KINDS = ("mma", "rows", "splitk")
+KINDS = ("mma", "rows", "splitk", "pipe")
 EPI_CODE = {e: i for i, e in enumerate(EPILOGUES)}  # none 0, residual 1, swiglu 2 (matmul.cu's EPI)
 STATIC_SMEM_BYTES = 48 * 1024
 MAX_FRAGMENTS = 16
@@ -64,6 +64,23 @@ SPLITK_SEED = [dict(zip(SPLITK_PARAMS, v)) for v in (
     (128, 64, 32, 64, 32, 2, 2),
 )]
 ROWS_VALUES: dict[str, list[int]] = {"NT": [64, 128, 256], "RM": [1, 2, 4, 8, 16]}
+PIPE_PARAMS = ("BM", "BN", "BK", "WM", "WN", "ST", "KS", "MB")
+PIPE_VALUES: dict[str, list[int]] = {"BM": [32, 64, 128], "BN": [32, 64, 128, 256], "BK": [32, 64],
+                                      "WM": [16, 32, 64], "WN": [16, 32, 64], "ST": [3, 4, 6], "KS": [1, 2, 4, 8],
+                                      "MB": [1, 2]}
+DEFAULT_PIPE = {"BM": 64, "BN": 64, "BK": 32, "WM": 32, "WN": 32, "ST": 4, "KS": 1, "MB": 1}
+PIPE_SEED = [dict(zip(PIPE_PARAMS, v)) for v in (
+    (64, 64, 32, 32, 32, 4, 1, 1), (64, 128, 32, 32, 64, 4, 1, 1), (128, 128, 32, 64, 32, 3, 1, 1),
+    (64, 64, 32, 32, 32, 4, 1, 2),
+    (64, 64, 64, 32, 32, 4, 1, 2), (32, 64, 64, 16, 32, 4, 1, 2), (64, 64, 32, 32, 32, 4, 4, 2),
+    (64, 64, 32, 32, 32, 6, 2, 2), (128, 64, 32, 64, 32, 4, 2, 1), (64, 128, 64, 32, 64, 3, 1, 1),
+    (32, 64, 32, 16, 32, 6, 4, 2), (128, 128, 64, 64, 64, 3, 1, 1), (64, 128, 32, 32, 32, 4, 2, 2),
+    (64, 64, 32, 32, 32, 2, 1, 2),  # illegal on purpose: stages_3_8
+)]
+#: the most dynamic shared memory a block may opt into on sm_80..sm_90, as PIPE_SMEM_MAX in matmul.cu
+PIPE_SMEM_MAX = 227 * 1024
+#: shared memory the driver reserves per block (sm_80+), for the blocks-per-SM rule
+SMEM_RESERVED_PER_BLOCK = 1024
 
 
 def mma_smem_bytes(c: Config, sets: int) -> int:
@@ -76,6 +93,15 @@ def mma_held_registers(c: Config, fmt: str, sets: int) -> int:
     nt = max(mma_threads(c), 1)  # a tile smaller than its warp tile fails warp_tiles_divide first
     xpt, wpt = -(-c.BM * c.BK // 4 // nt), -(-sets * c.BN * c.BK // 8 // nt)
     return sets * (c.WM // 16) * (c.WN // 8) * 4 + xpt * 4 + wpt * {"nf4": 2, "f16": 4, "f32": 8}[fmt]
+
+
+def pipe_smem_bytes(c: Config, fmt: str, sets: int) -> int:
+    """Dynamic shared memory of a pipe block, as `pipe_smem_bytes` in matmul.cu: ST raw stages (x f32, W as stored,
+    nf4's absmax per row), two f16 operand buffers, the rows' 1/rms and the NF4 code."""
+    row = {"nf4": c.BK // 2, "f16": c.BK * 2, "f32": c.BK * 4}[fmt]
+    absmax = max(1, c.BK // 64) if fmt == "nf4" else 0
+    raw = c.BM * c.BK * 4 + sets * c.BN * row + sets * c.BN * absmax * 4
+    return c.ST * raw + 2 * (c.BM + sets * c.BN) * (c.BK + 8) * 2 + c.BM * 4 + 16 * 4
 
 
 def mma_threads(c: Config) -> int:
@@ -117,6 +143,37 @@ def splitk_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
     return [*(r for r in rules if not r.needs_limits), ks, *(r for r in rules if r.needs_limits)]
 
 
+def pipe_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
+    """matmul.cu's `pipe_first_failure`, rule for rule, then the device's shared-memory limits."""
+    mma = {r.name: r for r in mma_rules(sets, fmt)}
+    smem = lambda c: pipe_smem_bytes(c, fmt, sets)  # noqa: E731
+    return [
+        mma["fragments_16"], mma["warp_tiles_divide"], mma["threads_1024"], mma["fragments_per_warp_16"],
+        Rule("warp_tile_2048", lambda c, _: c.WM * c.WN <= 2048,
+             lambda c, _: f"warp tile {c.WM}x{c.WN} > 2048 outputs (ptxas spilled the 64x64 tile in every format)",
+             doc="128 accumulators plus 8 B fragments per thread spilled; the mma kernel's registers_160 refuses it"),
+        Rule("raw_rows_16b", lambda c, _: c.BK % 32 == 0,
+             lambda c, _: f"BK = {c.BK} is not a multiple of 32 (a raw nf4 row of a step is whole 16-byte copies)"),
+        Rule("stages_3_8", lambda c, _: 3 <= c.ST <= 8, lambda c, _: f"ST = {c.ST} raw stages is not in 3..8",
+             doc="raw stages in flight: step kt + 1 is converted while kt multiplies, so ST - 2 steps hide latency"),
+        Rule("ks_1_2_4_8", lambda c, _: c.KS in (1, 2, 4, 8), lambda c, _: f"KS = {c.KS} is not 1, 2, 4 or 8",
+             doc="slices of K (1: no split, the epilogue in the kernel)"),
+        Rule("mb_1_2", lambda c, _: c.MB in (1, 2), lambda c, _: f"MB = {c.MB} blocks per SM is not 1 or 2",
+             doc="the launch bound's blocks per SM (2 caps the registers so that two blocks fit)"),
+        Rule("smem_227k", lambda c, _: smem(c) <= PIPE_SMEM_MAX,
+             lambda c, _: f"{smem(c)} bytes of shared memory > {PIPE_SMEM_MAX} (the sm_80..sm_90 opt-in maximum)"),
+        mma["threads_per_block"],
+        Rule("smem_per_block", lambda c, lim: lim.shared_bytes_per_block_optin is None
+             or smem(c) <= lim.shared_bytes_per_block_optin,
+             lambda c, lim: f"{smem(c)} bytes of shared memory > the device's {lim.shared_bytes_per_block_optin} "
+                            "per block", needs_limits=True),
+        Rule("mb_fit_smem", lambda c, lim: lim.shared_bytes_per_multiprocessor is None
+             or c.MB * (smem(c) + SMEM_RESERVED_PER_BLOCK) <= lim.shared_bytes_per_multiprocessor,
+             lambda c, lim: f"MB = {c.MB} blocks of {smem(c)} bytes do not fit the device's "
+                            f"{lim.shared_bytes_per_multiprocessor} bytes of shared memory per SM", needs_limits=True),
+    ]
+
+
 def rows_rules() -> list[Rule]:
     """matmul.cu's `rows_first_failure`, rule for rule."""
     return [
@@ -145,7 +202,7 @@ class CudaMatmul(KernelTemplate):
         self.name = f"{fmt}_matmul.{kind}.{epilogue}" + (".norm" if norm else "")
         self.dtype = "f16" if kind != "rows" else self.problem.dtype
         #: split-K's partial sums are poisoned and guarded like "out" (`KernelTemplate.scratch_buffers`)
-        self.scratch_buffers = ("partial",) if kind == "splitk" else ()
+        self.scratch_buffers = ("partial",) if kind in ("splitk", "pipe") else ()
 
     @classmethod
     def from_name(cls, name: str, eps: float = 1e-5) -> CudaMatmul:
@@ -160,6 +217,9 @@ class CudaMatmul(KernelTemplate):
     def space(self, which: str = "full") -> Space:
         if self.kind == "rows":
             return Space("cuda-matmul-rows", {k: list(v) for k, v in ROWS_VALUES.items()}, rows_rules())
+        if self.kind == "pipe":
+            return Space(f"cuda-matmul-pipe-{which}", {k: list(v) for k, v in PIPE_VALUES.items()},
+                         pipe_rules(self.sets, self.fmt), points=PIPE_SEED if which == "seed" else None)
         values = {k: list(v) for k, v in MMA_VALUES.items()}
         if self.kind == "splitk":
             values["KS"] = list(KS_VALUES)
@@ -169,12 +229,17 @@ class CudaMatmul(KernelTemplate):
         return Space(f"cuda-matmul-mma-{which}", values, mma_rules(self.sets, self.fmt), points=points)
 
     def default_config(self) -> Config:
-        return self.config_of({"rows": DEFAULT_ROWS, "mma": DEFAULT_MMA, "splitk": DEFAULT_SPLITK}[self.kind])
+        return self.config_of({"rows": DEFAULT_ROWS, "mma": DEFAULT_MMA, "splitk": DEFAULT_SPLITK,
+                               "pipe": DEFAULT_PIPE}[self.kind])
+
+    def splits(self, config: Config) -> bool:
+        """The config sums slices of K through `partial` and a second launch (split-K, or pipe with KS > 1)."""
+        return self.kind == "splitk" or (self.kind == "pipe" and config["KS"] > 1)
 
     def config_problems(self, config: Config, shape: Shape) -> list[str]:
         m, _, k = shape
         out = []
-        if self.kind == "splitk":
+        if self.kind in ("splitk", "pipe"):
             if k % (config["KS"] * config["BK"]):
                 out.append(f"k_slices: K = {k} is not KS = {config['KS']} slices of whole BK = {config['BK']} steps "
                            f"(a multiple of {config['KS'] * config['BK']})")
@@ -195,6 +260,8 @@ class CudaMatmul(KernelTemplate):
             return name_expression("nf4_mm_rows", *head, config["NT"], config["RM"])
         if self.kind == "splitk":
             return name_expression("nf4_mm_splitk", *head, *(config[p] for p in SPLITK_PARAMS))
+        if self.kind == "pipe":
+            return name_expression("nf4_mm_pipe", *head, *(config[p] for p in PIPE_PARAMS))
         return name_expression("nf4_mm_mma", *head, *(config[p] for p in MMA_PARAMS))
 
     def reduce_entry(self) -> str:
@@ -212,8 +279,10 @@ class CudaMatmul(KernelTemplate):
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
         src = cu_source("matmul", "matmul.cu")
-        prog = compile_cuda(device, src, self.entry(config), self.threads(config), f"{self.name}[{config}]")
-        if self.kind == "splitk":
+        dyn = pipe_smem_bytes(config, self.fmt, self.sets) if self.kind == "pipe" else 0
+        prog = compile_cuda(device, src, self.entry(config), self.threads(config), f"{self.name}[{config}]",
+                            dynamic_shared_bytes=dyn)
+        if self.splits(config):
             prog.meta["reduce"] = compile_cuda(device, src, self.reduce_entry(), REDUCE_NT, f"{self.name}.reduce")
         return prog
 
@@ -222,7 +291,7 @@ class CudaMatmul(KernelTemplate):
         m, n, _ = shape
         bufs = upload_all(device, {k: v for k, v in host.items() if k != "residual"})
         bufs["out"] = device.allocate(4 * m * n)
-        if self.kind == "splitk":  # for the largest KS, so every candidate shares one input set
+        if self.kind in ("splitk", "pipe"):  # for the largest KS, so every candidate shares one input set
             bufs["partial"] = device.allocate(self.partial_bytes(max(KS_VALUES), m, n))
         init = self.problem.initial_output(host, shape)
         if init is not None:
@@ -237,7 +306,7 @@ class CudaMatmul(KernelTemplate):
         m, n, _ = shape
         if self.kind == "rows":
             return (math.ceil(n / (config["NT"] // WARP)), math.ceil(m / config["RM"]), 1)
-        return (math.ceil(n / config["BN"]), math.ceil(m / config["BM"]), config["KS"] if self.kind == "splitk" else 1)
+        return (math.ceil(n / config["BN"]), math.ceil(m / config["BM"]), config.get("KS", 1))
 
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
         return self.launches_at(program, bufs, config, shape, 0)
@@ -247,7 +316,7 @@ class CudaMatmul(KernelTemplate):
         """The launch reading x from row `x_row0` (the executor's last block reads a window of the rows); split-K:
         the slices into `partial`, then the reduction into out."""
         m, n, k = shape
-        split = self.kind == "splitk"
+        split = self.splits(config)
         args: list[Any] = [bufs["x"], np.int32(x_row0), bufs["w"], arg_or(bufs, "absmax", "w"),
                            arg_or(bufs, "w_up", "w"), arg_or(bufs, "absmax_up", "w"), arg_or(bufs, "norm_w", "x"),
                            np.float32(self.eps), bufs["partial" if split else "out"], np.int32(m), np.int32(n),
@@ -287,7 +356,10 @@ class CudaMatmul(KernelTemplate):
     def describe(self, config: Config) -> str:
         if self.kind == "rows":
             return f"rows nt{config['NT']} rm{config['RM']}"
-        tile = f"{config['BM']}x{config['BN']}x{config['BK']} w{config['WM']}x{config['WN']} p{config['PIPE']}"
+        tile = f"{config['BM']}x{config['BN']}x{config['BK']} w{config['WM']}x{config['WN']}"
+        if self.kind == "pipe":
+            return f"pipe {tile} st{config['ST']} ks{config['KS']} mb{config['MB']}"
+        tile += f" p{config['PIPE']}"
         return f"splitk {tile} ks{config['KS']}" if self.kind == "splitk" else f"mma {tile}"
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
