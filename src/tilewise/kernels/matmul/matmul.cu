@@ -175,16 +175,13 @@ __host__ __device__ constexpr int rows_first_failure(int FMT, int EPI, int NORM,
   return 0;
 }
 
-// f32 -> f16 bits (round to nearest even), tensor-core steps and shared-memory fragment loads, in PTX: no header,
-// so NVRTC compiles this file without a CUDA include path
-__device__ __forceinline__ unsigned short f2h(float v) {
-  unsigned short h;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-  return h;
-}
-
+// f32 pairs -> f16x2 (round to nearest even), tensor-core steps and shared-memory fragment loads, in PTX: no
+// header, so NVRTC compiles this file without a CUDA include path
 __device__ __forceinline__ unsigned pack2(float lo, float hi) {
-  return (unsigned)f2h(lo) | ((unsigned)f2h(hi) << 16);
+  // one cvt.rn.f16x2.f32 (sm_80+) rounds both halves: the first operand lands in the upper half
+  unsigned h;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(hi), "f"(lo));
+  return h;
 }
 
 __device__ __forceinline__ void mma_16816(float *d, const unsigned *a, const unsigned *b) {
