@@ -88,6 +88,21 @@ def test_every_pipe_seed_config_of_the_other_weight_formats_is_correct(dev, rng,
         check(out, ref, tpl.dtype)
 
 
+@pytest.mark.parametrize("kind", ["mma", "pipe", "splitk"])
+def test_the_fused_norm_scales_each_row_by_its_own_rms(dev, rng, kind):
+    """Rows of x a thousand times apart in scale: a 1/rms applied to the wrong row (the late norm's accumulator rows,
+    the prologue's rows) shows as an error far above the f16 tolerance."""
+    tpl = mm.CudaMatmul(kind, "nf4", "swiglu", True)
+    cfg, shape = tpl.default_config(), (97, 224, 256)
+    host = tpl.make_inputs(shape, rng)
+    scale = 10.0 ** rng.uniform(-1.5, 1.5, (shape[0], 1))  # (M, 1)
+    host = {**host, "x": (host["x"] * scale).astype(np.float32)}
+    bufs = tpl.upload(dev, host, shape)
+    tpl.poison(dev, bufs, shape)
+    dev.run(tpl.launches(tpl.compile(dev, cfg, shape), bufs, cfg, shape))
+    check(tpl.read_output(dev, bufs, shape), tpl.reference(host, shape), tpl.dtype)
+
+
 def test_pipe_with_fewer_steps_than_stages_is_correct(dev, rng):
     """K = 64 is two 32-wide steps under six raw stages: the prologue's surplus copies are empty groups."""
     tpl = mm.CudaMatmul("pipe", "nf4", "residual", False)

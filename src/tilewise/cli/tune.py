@@ -77,15 +77,15 @@ def register(sub: Any) -> None:
         "model", help="every matmul shape and the attention tile of the classifier, across row counts; writes its "
                       "dispatch table",
         description="Measure every matmul the classifier runs (each kernel's candidates at every row\n"
-                    "count) and its attention tile on one WebGPU device, and write the dispatch table\n"
-                    "that `tilewise.load` and `tilewise play` use there. Every outcome is stored, so\n"
-                    "a cut or interrupted run resumes where it stopped.",
-        epilog="examples:\n  tilewise tune model\n"
+                    "count) and its attention tile on one device (WebGPU, Dawn or CUDA), and write the\n"
+                    "dispatch table that `tilewise.load` and `tilewise play` use there. Every outcome\n"
+                    "is stored, so a cut or interrupted run resumes where it stopped.",
+        epilog="examples:\n  tilewise tune model\n  tilewise tune model --device cuda --preset lfm2-350m\n"
                "  tilewise tune model --preset seed-250m --budget 20 --budget-s 600 --json -")
     m.add_argument("--preset", default="default", help="`default` (the bundled model, what play runs), a preset "
                    "(lfm2-350m, seed-250m, tiny) or a model folder: only its shapes matter")
     m.add_argument("--device", default="auto",
-                   help="auto, webgpu, webgpu:N, dawn or dawn:N (the table is this adapter's)")
+                   help="auto, webgpu, webgpu:N, dawn, dawn:N, cuda or cuda:N (the table is this device's)")
     m.add_argument("--seq", type=common.int_at_least(2), default=346,
                    help="decision length in tokens: its rows (and 47 fewer) are measured besides --rows")
     m.add_argument("--weights", default="nf4", choices=("nf4", "f16", "f32"), help="weight format of the model")

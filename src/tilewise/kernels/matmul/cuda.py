@@ -1,7 +1,7 @@
-"""The classifier's weight matmuls on CUDA (`matmul.cu`): tensor cores (mma.sync f16 -> f32), split-K and a
-short-row path.
+"""The classifier's weight matmuls on CUDA (`matmul.cu`): tensor cores (mma.sync f16 -> f32) fed by register
+prefetch or a cp.async pipeline, split-K and a short-row path.
 
-Problem: `matmul.problem.MatmulProblem` (y = epilogue(norm(x) @ W^T), W (N, K) nf4 / f16 / f32). Three kinds:
+Problem: `matmul.problem.MatmulProblem` (y = epilogue(norm(x) @ W^T), W (N, K) nf4 / f16 / f32). Four kinds:
 
 - `mma` (`nf4_mm_mma<FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE>`): a BM x BN output tile per block, BK inputs per
   step through PIPE shared-memory buffers (x normed and rounded to f16, W decoded once per step, the next step's
@@ -11,6 +11,9 @@ Problem: `matmul.problem.MatmulProblem` (y = epilogue(norm(x) @ W^T), W (N, K) n
   of K (grid z), raw f32 partial sums into the `partial` scratch (KS, SETS, M, N), then a second launch adds the
   slices in a fixed order and applies the epilogue: it fills the GPU where N / BN * M / BM tiles would not (the
   N = 1024 projections);
+- `pipe` (`nf4_mm_pipe<..., ST, KS, MB>`): the same tiles fed by a cp.async ring of ST raw stages in dynamic shared
+  memory (opted in above 48 KB), converted into two operand buffers with one barrier a step; KS 1 applies the
+  epilogue, KS > 1 sums slices like split-K; MB is the launch bound's blocks per SM;
 - `rows` (`nf4_mm_rows<FMT, EPI, NORM, NT, RM>`): one warp per output column over RM rows, f32 arithmetic, for few
   rows (a decision's last block, short extends).
 

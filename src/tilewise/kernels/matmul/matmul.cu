@@ -20,11 +20,18 @@
 // hundred rows); it writes raw f32 accumulators (both weight sets for swiglu) to partial (KS, SETS, M, N). With
 // NORM each slice still computes its rows' 1/rms over the whole row. nf4_mm_splitk_reduce<EPI, NT> then sums the
 // KS slices in a fixed order (deterministic: graph replays stay bit-identical) and applies the epilogue.
+// nf4_mm_pipe<FMT, EPI, NORM, BM, BN, BK, WM, WN, ST, KS, MB>: the same tiles and tensor-core steps fed by a cp.async
+// ring of ST raw stages (x f32, W as stored, nf4's absmax) filled up to ST - 1 steps ahead, converted into two f16
+// operand buffers with one barrier a step (`pipe_main`); KS 1 writes the epilogue, KS > 1 split-K partials.
+// The fused RMSNorm: where a block covers all of K (mma, pipe KS 1) it gathers each row's sum of squares while it
+// stages x, rounds x * norm_w to f16 and scales the accumulators by 1/rms at the end (exact in real arithmetic:
+// the 1/rms is per row); split-K slices read their rows once more in a prologue instead. x * norm_w must stay in
+// f16's range (|.| < 65504), as the normed value always did.
 // nf4_mm_rows<FMT, EPI, NORM, NT, RM>: the short-row path (few rows): one warp per output column and RM rows, the
 // lanes split K in words of 8 weights, f32 arithmetic, a warp reduction; grid (ceil(N / (NT/32)), ceil(M / RM)).
 //
-// The matrix kernels declare __launch_bounds__(threads, 1): with the default bound ptxas capped some variants at 64 registers
-// and spilled; one resident block's worth is the budget the rules assume.
+// The matrix kernels declare __launch_bounds__(threads, 1): with the default bound ptxas capped some variants at 64
+// registers and spilled; one resident block's worth is the budget the rules assume.
 //
 // Shapes admitted (Python's `config_problems`): K % BK == 0 (mma), K % (KS * BK) == 0 (splitk) or K % 8 == 0
 // (rows), K % 64 == 0 for nf4; any M >= 1 and N >= 1 (partial tiles are guarded). The static_asserts mirror the
@@ -133,8 +140,12 @@ __host__ __device__ constexpr int splitk_first_failure(int FMT, int EPI, int NOR
 
 // the pipe kernel's shared memory: ST raw stages (x f32, W as stored, nf4's absmax per row), two f16 operand
 // buffers, the rows' 1/rms and the NF4 code
-__host__ __device__ constexpr int pipe_row_bytes(int FMT, int BK) { return FMT == 0 ? BK / 2 : FMT == 1 ? BK * 2 : BK * 4; }
-__host__ __device__ constexpr int pipe_absmax_per_row(int FMT, int BK) { return FMT == 0 ? (BK >= 64 ? BK / 64 : 1) : 0; }
+__host__ __device__ constexpr int pipe_row_bytes(int FMT, int BK) {
+  return FMT == 0 ? BK / 2 : FMT == 1 ? BK * 2 : BK * 4;
+}
+__host__ __device__ constexpr int pipe_absmax_per_row(int FMT, int BK) {
+  return FMT == 0 ? (BK >= 64 ? BK / 64 : 1) : 0;
+}
 __host__ __device__ constexpr int pipe_raw_stage_bytes(int FMT, int EPI, int BM, int BN, int BK) {
   const int sets = EPI == 2 ? 2 : 1;
   return BM * BK * 4 + sets * BN * pipe_row_bytes(FMT, BK) + sets * BN * pipe_absmax_per_row(FMT, BK) * 4;
@@ -278,32 +289,71 @@ __device__ __forceinline__ void stage_rows(const float *xb, int m0, int M, int K
   }
 }
 
-// x tile element (r, c..c+3) normed and rounded to f16 into the operand buffer
-template <int NORM, int BK>
-__device__ __forceinline__ void store_x4(float4 v, int r, int c, int k0, unsigned short *buf, const float *rs,
-                                         const float *norm_w) {
+// x tile element (r, c..c+3) normed and rounded to f16 into the operand buffer; returns its sum of squares.
+// LATE: the row's 1/rms is not known yet (it is applied to the accumulators after the K loop, `late_rms`), so only
+// the norm weights scale the element here; otherwise rs[r] from the prologue does too.
+template <int NORM, int LATE, int BK>
+__device__ __forceinline__ float store_x4(float4 v, int r, int c, int k0, unsigned short *buf, const float *rs,
+                                          const float *norm_w) {
+  const float ss = v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
   if (NORM) {
     const float4 nw = *reinterpret_cast<const float4 *>(norm_w + k0 + c);
-    const float q = rs[r];
+    const float q = LATE ? 1.0f : rs[r];
     v = f4(v.x * q * nw.x, v.y * q * nw.y, v.z * q * nw.z, v.w * q * nw.w);
   }
   uint2 hv;
   hv.x = pack2(v.x, v.y);
   hv.y = pack2(v.z, v.w);
   *reinterpret_cast<uint2 *>(buf + r * Lda<BK>::value + c) = hv;
+  return ss;
+}
+
+// The late norm, after the last K step: each row's 1/rms from the sums of squares the threads gathered while staging
+// x (ss[i]: x tile element tid + i * NT's row; BK/4 neighbouring lanes share a row and all its K), into rs, then
+// every accumulator scaled by its row's: norm(x) W^T = diag(1/rms) (x * norm_w) W^T. Saves the prologue's second
+// pass over the block's rows of x.
+template <int BM, int BN, int BK, int WM, int WN, int NT, int SETS>
+__device__ __forceinline__ void late_rms(const float *ss, float *rs, int K, float eps,
+                                         float (&acc)[SETS][WM / 16][WN / 8][4]) {
+  constexpr int XQ = BM * BK / 4;
+  const int tid = threadIdx.x, warp = tid / WARPSIZE, lane = tid % WARPSIZE;
+#pragma unroll
+  for (int i = 0; i < (XQ + NT - 1) / NT; ++i) {
+    float v = ss[i];
+#pragma unroll
+    for (int o = BK / 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);  // within the row's BK/4 lanes
+    const int e = tid + i * NT;
+    if (e < XQ && e % (BK / 4) == 0) rs[e / (BK / 4)] = rsqrtf(v / (float)K + eps);
+  }
+  __syncthreads();
+  const int wm = (warp / (BN / WN)) * WM, g = lane >> 2;
+#pragma unroll
+  for (int i = 0; i < WM / 16; ++i) {
+    const float lo = rs[wm + 16 * i + g], hi = rs[wm + 16 * i + g + 8];  // accumulator rows g and g + 8
+#pragma unroll
+    for (int s = 0; s < SETS; ++s)
+#pragma unroll
+      for (int j = 0; j < WN / 8; ++j) {
+        acc[s][i][j][0] *= lo;
+        acc[s][i][j][1] *= lo;
+        acc[s][i][j][2] *= hi;
+        acc[s][i][j][3] *= hi;
+      }
+  }
 }
 
 // One K step's words in registers -> the operand buffer: x normed and rounded to f16, W decoded to f16 (rows past N
 // as zeros). xr[i] holds the float4 of x tile element e = tid + i * NT, wr[i] the raw W word(s) of word e.
-template <int FMT, int NORM, int BM, int BN, int BK, int NT, int SETS>
+template <int FMT, int NORM, int LATE, int BM, int BN, int BK, int NT, int SETS>
 __device__ __forceinline__ void store_ops(const float4 *xr, const WRaw<FMT> *wr, int k0, unsigned short *buf,
-                                          const float *rs, const float *lut, const float *norm_w, int n0, int N) {
+                                          const float *rs, const float *lut, const float *norm_w, int n0, int N,
+                                          float *ss) {
   constexpr int XQ = BM * BK / 4, WQ = SETS * BN * BK / 8;
   const int tid = threadIdx.x;
 #pragma unroll
   for (int i = 0; i < (XQ + NT - 1) / NT; ++i) {
     const int e = tid + i * NT;
-    if (e < XQ) store_x4<NORM, BK>(xr[i], e / (BK / 4), (e % (BK / 4)) * 4, k0, buf, rs, norm_w);
+    if (e < XQ) ss[i] += store_x4<NORM, LATE, BK>(xr[i], e / (BK / 4), (e % (BK / 4)) * 4, k0, buf, rs, norm_w);
   }
 #pragma unroll
   for (int i = 0; i < (WQ + NT - 1) / NT; ++i) {
@@ -357,9 +407,11 @@ __device__ __forceinline__ void zero_acc(float (&acc)[SETS][FM][FN][4]) {
 }
 
 // The register-prefetch main loop of one BM x BN output tile (blockIdx.x, blockIdx.y) over `steps` K steps from
-// column k_begin, into the accumulators; the rows' 1/rms (NORM) always covers the whole row of K values. Shared by
-// the mma kernel (all of K) and the split-K kernel (one slice of K per blockIdx.z).
-template <int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM, int WN, int PIPE>
+// column k_begin, into the accumulators; the rows' 1/rms (NORM) always covers the whole row of K values: LATE 1
+// (the whole of K in this block) gathers it while staging x and scales the accumulators at the end (`late_rms`),
+// LATE 0 (a slice of K) reads each row once more in a prologue. Shared by the mma kernel (LATE = NORM) and the
+// split-K kernel (one slice of K per blockIdx.z, LATE 0).
+template <int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM, int WN, int PIPE, int LATE>
 __device__ __forceinline__ void mma_main(const float *__restrict__ x, int x_row0, const unsigned *__restrict__ w,
                                          const float *__restrict__ absmax, const unsigned *__restrict__ w_up,
                                          const float *__restrict__ absmax_up, const float *__restrict__ norm_w,
@@ -386,9 +438,12 @@ __device__ __forceinline__ void mma_main(const float *__restrict__ x, int x_row0
   float *lut = rs + BM;                                              // (16,) the NF4 code
   const int tid = threadIdx.x, m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
   const float *xb = x + (size_t)x_row0 * K;
-  stage_rows<NORM, BM, NT>(xb, m0, M, K, eps, rs, lut);
+  stage_rows<NORM && !LATE, BM, NT>(xb, m0, M, K, eps, rs, lut);
   __syncthreads();
 
+  float ss[XPT];  // LATE: sums of squares of this thread's x rows
+#pragma unroll
+  for (int i = 0; i < XPT; ++i) ss[i] = 0.0f;
   float4 xr[XPT];
   WRaw<FMT> wr[WPT];
   auto load = [&](int k0) {  // one K step's global words into registers (rows past M / N read nothing)
@@ -406,7 +461,7 @@ __device__ __forceinline__ void mma_main(const float *__restrict__ x, int x_row0
     }
   };
   auto store = [&](int k0, unsigned short *buf) {
-    store_ops<FMT, NORM, BM, BN, BK, NT, SETS>(xr, wr, k0, buf, rs, lut, norm_w, n0, N);
+    store_ops<FMT, NORM, LATE, BM, BN, BK, NT, SETS>(xr, wr, k0, buf, rs, lut, norm_w, n0, N, ss);
   };
 
   zero_acc(acc);
@@ -423,6 +478,7 @@ __device__ __forceinline__ void mma_main(const float *__restrict__ x, int x_row0
     }
     __syncthreads();
   }
+  if (NORM && LATE) late_rms<BM, BN, BK, WM, WN, NT, SETS>(ss, rs, K, eps, acc);
 }
 
 // ---- the cp.async pipeline (sm_80+) ------------------------------------------------------------------------------
@@ -447,7 +503,7 @@ __device__ __forceinline__ void cp_async_wait() {
 // by cp.async up to ST - 1 steps ahead, and two operand buffers: in step kt the block converts raw stage kt + 1 into
 // one operand buffer while the tensor cores run on the other, with one barrier a step. Nothing is held in registers
 // across a step but the accumulators. Shared memory is dynamic (`pipe_smem_bytes`, above 48 KB by opt-in).
-template <int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM, int WN, int ST>
+template <int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM, int WN, int ST, int LATE>
 __device__ __forceinline__ void pipe_main(const float *__restrict__ x, int x_row0, const unsigned *__restrict__ w,
                                           const float *__restrict__ absmax, const unsigned *__restrict__ w_up,
                                           const float *__restrict__ absmax_up, const float *__restrict__ norm_w,
@@ -500,6 +556,9 @@ __device__ __forceinline__ void pipe_main(const float *__restrict__ x, int x_row
       }
     }
   };
+  float ss[(XQ + NT - 1) / NT];  // LATE: sums of squares of this thread's x rows
+#pragma unroll
+  for (int i = 0; i < (XQ + NT - 1) / NT; ++i) ss[i] = 0.0f;
   auto convert = [&](int kt, unsigned short *buf) {  // raw stage kt % ST -> an operand buffer, a word at a time
     const unsigned char *st = raw + (kt % ST) * RAW;
     const float *am = reinterpret_cast<const float *>(st + BM * BK * 4 + SETS * BN * RB);  // (SETS, BN, AB)
@@ -507,8 +566,8 @@ __device__ __forceinline__ void pipe_main(const float *__restrict__ x, int x_row
     for (int i = 0; i < (XQ + NT - 1) / NT; ++i) {
       const int e = tid + i * NT;  // raw x is (BM, BK) f32: element e is row e / (BK/4), columns 4 (e % (BK/4))..
       if (e < XQ)
-        store_x4<NORM, BK>(reinterpret_cast<const float4 *>(st)[e], e / (BK / 4), (e % (BK / 4)) * 4,
-                           k_begin + kt * BK, buf, rs, norm_w);
+        ss[i] += store_x4<NORM, LATE, BK>(reinterpret_cast<const float4 *>(st)[e], e / (BK / 4), (e % (BK / 4)) * 4,
+                                          k_begin + kt * BK, buf, rs, norm_w);
     }
 #pragma unroll
     for (int i = 0; i < (WQ + NT - 1) / NT; ++i) {
@@ -535,7 +594,7 @@ __device__ __forceinline__ void pipe_main(const float *__restrict__ x, int x_row
     issue(s);
     cp_async_commit();
   }
-  stage_rows<NORM, BM, NT>(xb, m0, M, K, eps, rs, lut);
+  stage_rows<NORM && !LATE, BM, NT>(xb, m0, M, K, eps, rs, lut);
   zero_acc(acc);
   cp_async_wait<ST - 2>();  // this thread's copies of step 0 have landed
   __syncthreads();          // ... everyone's, and rs / lut are written
@@ -548,6 +607,7 @@ __device__ __forceinline__ void pipe_main(const float *__restrict__ x, int x_row
     if (kt + 1 < steps) convert(kt + 1, ops + ((kt + 1) & 1) * OPS);
     mma_ops<BM, BN, BK, WM, WN, SETS>(ops + (kt & 1) * OPS, acc);
   }
+  if (NORM && LATE) late_rms<BM, BN, BK, WM, WN, NT, SETS>(ss, rs, K, eps, acc);
 }
 
 // f(i, j, e, r, c) for each accumulator value acc[.][i][j][e] a thread holds inside the M x N output: D rows g and
@@ -579,8 +639,8 @@ nf4_mm_mma(const float *__restrict__ x, int x_row0, const unsigned *__restrict__
            float eps, float *__restrict__ out, int M, int N, int K) {
   constexpr int SETS = EPI == 2 ? 2 : 1;
   float acc[SETS][WM / 16][WN / 8][4];
-  mma_main<FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE>(x, x_row0, w, absmax, w_up, absmax_up, norm_w, eps, M, N, K, 0,
-                                                     K / BK, acc);
+  mma_main<FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE, NORM>(x, x_row0, w, absmax, w_up, absmax_up, norm_w, eps, M, N,
+                                                           K, 0, K / BK, acc);
   each_output<BM, BN, WM, WN>(M, N, [&](int i, int j, int e, int r, int c) {
     const float y = acc[0][i][j][e];
     float *o = out + (size_t)r * N + c;
@@ -603,7 +663,7 @@ nf4_mm_splitk(const float *__restrict__ x, int x_row0, const unsigned *__restric
   constexpr int SETS = EPI == 2 ? 2 : 1;
   const int slice = K / KS;
   float acc[SETS][WM / 16][WN / 8][4];
-  mma_main<FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE>(x, x_row0, w, absmax, w_up, absmax_up, norm_w, eps, M, N, K,
+  mma_main<FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE, 0>(x, x_row0, w, absmax, w_up, absmax_up, norm_w, eps, M, N, K,
                                                      blockIdx.z * slice, slice / BK, acc);
   const size_t mn = (size_t)M * N;
   float *p = partial + blockIdx.z * SETS * mn;
@@ -637,7 +697,8 @@ nf4_mm_pipe(const float *__restrict__ x, int x_row0, const unsigned *__restrict_
   constexpr int SETS = EPI == 2 ? 2 : 1;
   const int slice = K / KS;
   float acc[SETS][WM / 16][WN / 8][4];
-  pipe_main<FMT, EPI, NORM, BM, BN, BK, WM, WN, ST>(x, x_row0, w, absmax, w_up, absmax_up, norm_w, eps, M, N, K,
+  pipe_main<FMT, EPI, NORM, BM, BN, BK, WM, WN, ST, KS == 1>(x, x_row0, w, absmax, w_up, absmax_up, norm_w, eps, M, N,
+                                                             K,
                                                     blockIdx.z * slice, slice / BK, acc);
   if (KS == 1) {
     each_output<BM, BN, WM, WN>(M, N, [&](int i, int j, int e, int r, int c) {
