@@ -185,3 +185,38 @@ def test_run_and_download_returns_each_runs_result(webgpu_device, rng):
         prog = dev.compile(VADD, constants={"N": n})
         out = dev.run_and_download([Launch(prog, ((n + 63) // 64, 1, 1), [ba, bb, bc])], bc, np.float32, (n - 1,))
         np.testing.assert_array_equal(out, (a + b)[: n - 1])
+
+
+def test_spin_map_wait_reads_back_what_the_blocking_wait_reads(webgpu_device, rng, monkeypatch):
+    """`map_wait = "spin"` (Dawn: map_async, then event processing until it resolves) returns each run's result; on
+    a runtime without event processing (wgpu-native) the device keeps the blocking wait."""
+    from tilewise.devices.webgpu import map_wait_mode
+
+    dev = webgpu_device
+    monkeypatch.setattr(dev, "map_wait", "spin")
+    spins = []
+    events = dev.runtime.process_events
+    if events is not None:
+        monkeypatch.setattr(dev, "runtime", type(dev.runtime)(**{**dev.runtime.__dict__,
+                                                                  "process_events": lambda m: (spins.append(1),
+                                                                                               events(m))}))
+    monkeypatch.setenv("TILEWISE_MAP_WAIT", "spin")
+    assert map_wait_mode(dev.runtime) == ("spin" if events is not None else "block")
+    n = 4099
+    for _ in range(3):
+        a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+        ba, bb, bc = dev.upload(a), dev.upload(b), dev.allocate(4 * n)
+        dev.write(bc, np.full(n, np.nan, np.float32))
+        prog = dev.compile(VADD, constants={"N": n})
+        out = dev.run_and_download([Launch(prog, ((n + 63) // 64, 1, 1), [ba, bb, bc])], bc, np.float32, (n,))
+        np.testing.assert_array_equal(out, a + b)
+    assert (len(spins) > 0) == (events is not None)  # Dawn: the wait went through event processing
+
+
+def test_an_unknown_map_wait_mode_is_refused_with_the_choices(monkeypatch):
+    from tilewise.devices.webgpu import WGPU_NATIVE, map_wait_mode
+    from tilewise.errors import ConfigError
+
+    monkeypatch.setenv("TILEWISE_MAP_WAIT", "busy")
+    with pytest.raises(ConfigError, match="block, spin"):
+        map_wait_mode(WGPU_NATIVE)

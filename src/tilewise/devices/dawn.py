@@ -146,7 +146,15 @@ def runtime(disable_robustness: bool = False) -> Runtime:
                                                     disable_toggles=list(DEVICE_DISABLED_TOGGLES))
 
     return Runtime("dawn", _import_dawn, _adapters, lambda a, i: _describe(a, i, disable_robustness), request,
-                   WANTED_FEATURES, "Dawn needs a Vulkan, Metal or D3D12 driver (it refuses Mesa 22 lavapipe)")
+                   WANTED_FEATURES, "Dawn needs a Vulkan, Metal or D3D12 driver (it refuses Mesa 22 lavapipe)",
+                   _process_events)
+
+
+def _process_events(module: Any) -> None:
+    """One round of Dawn's event processing (`wgpuInstanceProcessEvents`, non-blocking), for the spin map wait."""
+    from wgpudawn.backends.dawn import process_events
+
+    process_events()
 
 
 def list_adapters() -> list[DeviceInfo]:

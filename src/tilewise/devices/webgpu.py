@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tilewise.devices.base import Buffer, Device, DeviceInfo, Launch, Limits, Program, source_hash
-from tilewise.errors import DeviceLost, DeviceUnavailable, LaunchError, ShaderCompileError
+from tilewise.errors import ConfigError, DeviceLost, DeviceUnavailable, LaunchError, ShaderCompileError
 
 WANTED_FEATURES = ("timestamp-query", "timestamp-query-inside-passes", "shader-f16", "subgroup")
 LAVAPIPE_FIX = "install a Vulkan driver; on Debian/Ubuntu: apt-get install -y mesa-vulkan-drivers libvulkan1"
@@ -94,6 +94,22 @@ def info_from(adapter: Any, index: int, **fields: Any) -> DeviceInfo:
     return DeviceInfo(**values)
 
 
+MAP_WAITS = ("block", "spin")
+
+
+def map_wait_mode(runtime: Runtime) -> str:
+    """`TILEWISE_MAP_WAIT` (block or spin; spin only where the runtime can process events), else block.
+
+    Raises:
+        ConfigError: the variable names another mode.
+    """
+    asked = os.environ.get("TILEWISE_MAP_WAIT", "").strip() or "block"
+    if asked not in MAP_WAITS:
+        raise ConfigError(f"TILEWISE_MAP_WAIT={asked!r} is not a map wait mode",
+                          f"set it to one of {', '.join(MAP_WAITS)} (or unset it)")
+    return asked if runtime.process_events is not None else "block"
+
+
 @dataclass(frozen=True)
 class Runtime:
     """A module with wgpu-py's API and what differs per module.
@@ -106,6 +122,8 @@ class Runtime:
         request_device: (adapter, features) -> a device with those features and the adapter's maximum limits.
         wanted_features: features requested where the adapter offers them.
         no_adapter_fix: the fix when the module finds no adapter.
+        process_events: module -> None, one non-blocking round of the module's event processing (Dawn's
+            `wgpuInstanceProcessEvents`), for the `spin` map wait; None where the module has none.
     """
 
     name: str
@@ -115,6 +133,7 @@ class Runtime:
     request_device: Callable[[Any, list[str]], Any]
     wanted_features: tuple[str, ...]
     no_adapter_fix: str
+    process_events: Callable[[Any], None] | None = None
 
 
 def _wgpu_request(adapter: Any, features: list[str]) -> Any:
@@ -213,6 +232,10 @@ class WebGPUDevice(Device):
 
     submit_first_launches: int = 16
     record_ahead: bool = True
+    #: how `run_and_download` waits for its read-back: `block` (the module's map_sync) or, where the runtime can
+    #: process events without blocking (Dawn), `spin` (map_async, then process events until it resolves: one busy
+    #: CPU core while the GPU works). `TILEWISE_MAP_WAIT` sets the default.
+    map_wait: str = "block"
 
     def __init__(self, index: int | None = None, runtime: Runtime | None = None) -> None:
         self.runtime = rt = runtime or WGPU_NATIVE
@@ -240,6 +263,7 @@ class WebGPUDevice(Device):
         self._recorded: weakref.WeakKeyDictionary[Any, _Recorded] = weakref.WeakKeyDictionary()
         self._reuse_runs: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.recorded_runs = 0
+        self.map_wait = map_wait_mode(rt)
 
     # ---- memory ------------------------------------------------------------------------------
     def allocate(self, nbytes: int, *, uniform: bool = False) -> Buffer:
@@ -384,6 +408,17 @@ class WebGPUDevice(Device):
         encoder.copy_buffer_to_buffer(buffer.handle, buffer.offset, staging, 0, nbytes)
         return encoder.finish()
 
+    def _map_read(self, staging: Any) -> None:
+        """Map `staging` for reading, waiting as `map_wait` says."""
+        events = self.runtime.process_events
+        if self.map_wait != "spin" or events is None:
+            staging.map_sync(self._wgpu.MapMode.READ)
+            return
+        promise = staging.map_async(self._wgpu.MapMode.READ)
+        while getattr(promise, "_state", "fulfilled") == "pending":  # wgpu-py's promise state (no public poll)
+            events(self._wgpu)
+        promise.sync_wait()  # resolved: returns, or raises the mapping's error
+
     def run_and_download(self, launches: Sequence[Launch], buffer: Buffer, dtype: Any = np.float32,
                          shape: Sequence[int] | None = None, reuse: Any = None) -> np.ndarray:
         """The launches and the copy of `buffer` into a kept mappable buffer (in the last submission), one map.
@@ -419,7 +454,7 @@ class WebGPUDevice(Device):
                 if runs >= 2:  # seen twice: likely to run again; encode while the GPU is busy with this run
                     commands = [self._encode_read_back(launches, buffer, staging, nbytes)]
                     self._recorded[reuse] = _Recorded(launches, buffer, nbytes, commands)
-            staging.map_sync(self._wgpu.MapMode.READ)
+            self._map_read(staging)
             try:
                 mem = staging.read_mapped(0, nbytes, copy=True)
             finally:
