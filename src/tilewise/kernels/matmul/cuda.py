@@ -91,19 +91,21 @@ def mma_smem_bytes(c: Config, sets: int) -> int:
     return c.PIPE * (c.BM + sets * c.BN) * (c.BK + 8) * 2 + c.BM * 4 + 16 * 4
 
 
-def mma_held_registers(c: Config, fmt: str, sets: int) -> int:
-    """Accumulators plus the next K step's words per thread, as `mma_held_registers` in matmul.cu."""
+def mma_held_registers(c: Config, fmt: str, sets: int, norm: bool = False) -> int:
+    """Accumulators plus the next K step's words per thread (with a norm, their norm weights and the late norm's
+    sums), as `mma_held_registers` in matmul.cu."""
     nt = max(mma_threads(c), 1)  # a tile smaller than its warp tile fails warp_tiles_divide first
     xpt, wpt = -(-c.BM * c.BK // 4 // nt), -(-sets * c.BN * c.BK // 8 // nt)
-    return sets * (c.WM // 16) * (c.WN // 8) * 4 + xpt * 4 + wpt * {"nf4": 2, "f16": 4, "f32": 8}[fmt]
+    return (sets * (c.WM // 16) * (c.WN // 8) * 4 + xpt * 4 + wpt * {"nf4": 2, "f16": 4, "f32": 8}[fmt]
+            + (8 + xpt if norm else 0))  # the norm weights ahead (a float4, and its products), the late norm's sums
 
 
 def pipe_smem_bytes(c: Config, fmt: str, sets: int) -> int:
     """Dynamic shared memory of a pipe block, as `pipe_smem_bytes` in matmul.cu: ST raw stages (x f32, W as stored,
-    nf4's absmax per row), two f16 operand buffers, the rows' 1/rms and the NF4 code."""
+    nf4's absmax per row, the step's norm weights), two f16 operand buffers, the rows' 1/rms and the NF4 code."""
     row = {"nf4": c.BK // 2, "f16": c.BK * 2, "f32": c.BK * 4}[fmt]
     absmax = max(1, c.BK // 64) if fmt == "nf4" else 0
-    raw = c.BM * c.BK * 4 + sets * c.BN * row + sets * c.BN * absmax * 4
+    raw = c.BM * c.BK * 4 + sets * c.BN * row + sets * c.BN * absmax * 4 + c.BK * 4  # + the step's norm weights
     return c.ST * raw + 2 * (c.BM + sets * c.BN) * (c.BK + 8) * 2 + c.BM * 4 + 16 * 4
 
 
@@ -111,7 +113,7 @@ def mma_threads(c: Config) -> int:
     return (c.BM // c.WM) * (c.BN // c.WN) * WARP
 
 
-def mma_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
+def mma_rules(sets: int, fmt: str = "nf4", norm: bool = False) -> list[Rule]:
     """matmul.cu's `mma_first_failure`, rule for rule (its `variant` check is the constructor's)."""
     return [
         Rule("fragments_16", lambda c, _: all(v % 16 == 0 and v >= 16 for v in (c.WM, c.WN, c.BK)),
@@ -129,18 +131,19 @@ def mma_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
                           f"{MAX_FRAGMENTS} per warp (certain spilling)"),
         Rule("pipe_1_2", lambda c, _: c.PIPE in (1, 2), lambda c, _: f"PIPE = {c.PIPE} is not 1 or 2",
              doc="operand buffers in shared memory: 1 (two barriers a step) or 2 (one)"),
-        Rule("registers_160", lambda c, _: mma_held_registers(c, fmt, sets) <= 160,
-             lambda c, _: f"{mma_held_registers(c, fmt, sets)} accumulator and next-step registers per thread > 160 "
-                          "(ptxas spills)", doc="accumulators + the words loaded a step ahead; above 160 it spilled"),
+        Rule("registers_160", lambda c, _: mma_held_registers(c, fmt, sets, norm) <= 160,
+             lambda c, _: f"{mma_held_registers(c, fmt, sets, norm)} accumulator and next-step registers per thread "
+                          "> 160 (ptxas spills)",
+             doc="accumulators + the words (and norm weights) loaded a step ahead; above 160 it spilled"),
         Rule("threads_per_block", lambda c, lim: mma_threads(c) <= lim.max_invocations_per_workgroup,
              lambda c, lim: f"{mma_threads(c)} threads > the device's {lim.max_invocations_per_workgroup}",
              needs_limits=True),
     ]
 
 
-def splitk_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
+def splitk_rules(sets: int, fmt: str = "nf4", norm: bool = False) -> list[Rule]:
     """matmul.cu's `splitk_first_failure`: the mma rules, then the slice count (limit-dependent rules last)."""
-    rules = mma_rules(sets, fmt)
+    rules = mma_rules(sets, fmt, norm)
     ks = Rule("ks_2_4_8", lambda c, _: c.KS in KS_VALUES, lambda c, _: f"KS = {c.KS} is not 2, 4 or 8",
               doc="slices of K; the partial-sum scratch holds at most 8 slices of SETS x M x N")
     return [*(r for r in rules if not r.needs_limits), ks, *(r for r in rules if r.needs_limits)]
@@ -229,10 +232,10 @@ class CudaMatmul(KernelTemplate):
         values = {k: list(v) for k, v in MMA_VALUES.items()}
         if self.kind == "splitk":
             values["KS"] = list(KS_VALUES)
-            return Space(f"cuda-matmul-splitk-{which}", values, splitk_rules(self.sets, self.fmt),
+            return Space(f"cuda-matmul-splitk-{which}", values, splitk_rules(self.sets, self.fmt, self.norm),
                          points=SPLITK_SEED if which == "seed" else None)
         points = MMA_SEED if which == "seed" else None
-        return Space(f"cuda-matmul-mma-{which}", values, mma_rules(self.sets, self.fmt), points=points)
+        return Space(f"cuda-matmul-mma-{which}", values, mma_rules(self.sets, self.fmt, self.norm), points=points)
 
     def default_config(self) -> Config:
         return self.config_of({"rows": DEFAULT_ROWS, "mma": DEFAULT_MMA, "splitk": DEFAULT_SPLITK,

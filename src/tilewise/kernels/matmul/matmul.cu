@@ -109,12 +109,14 @@ __host__ __device__ constexpr int mma_smem_bytes(int EPI, int BM, int BN, int BK
   return PIPE * (BM + sets * BN) * (BK + 8) * 2 + BM * 4 + 16 * 4;
 }
 
-// accumulators plus the registers that hold the next K step's words: above 160 ptxas spilled (it also needs
-// registers for addresses and fragments)
-__host__ __device__ constexpr int mma_held_registers(int FMT, int EPI, int BM, int BN, int BK, int WM, int WN) {
+// accumulators plus the registers that hold the next K step's words (and with NORM their norm weights and the late
+// norm's sums): above 160 ptxas spilled (it also needs registers for addresses and fragments)
+__host__ __device__ constexpr int mma_held_registers(int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM,
+                                                      int WN) {
   const int sets = EPI == 2 ? 2 : 1, nt = (BM / WM) * (BN / WN) * WARPSIZE;
   const int xpt = (BM * BK / 4 + nt - 1) / nt, wpt = (sets * BN * BK / 8 + nt - 1) / nt;
-  return sets * (WM / 16) * (WN / 8) * 4 + xpt * 4 + wpt * (FMT == 2 ? 8 : FMT == 1 ? 4 : 2);
+  return sets * (WM / 16) * (WN / 8) * 4 + xpt * 4 + wpt * (FMT == 2 ? 8 : FMT == 1 ? 4 : 2) +
+         (NORM ? 8 + xpt : 0);  // the norm weights ahead (a float4, and its products), the late norm's sums
 }
 
 __host__ __device__ constexpr int mma_first_failure(int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM,
@@ -126,7 +128,7 @@ __host__ __device__ constexpr int mma_first_failure(int FMT, int EPI, int NORM, 
   if (mma_smem_bytes(EPI, BM, BN, BK, PIPE) > 48 * 1024) return 5;                // smem_48k
   if ((WM / 16) * (WN / 16) * (EPI == 2 ? 2 : 1) > 16) return 6;                    // fragments_per_warp_16
   if (PIPE < 1 || PIPE > 2) return 7;                                              // pipe_1_2
-  if (mma_held_registers(FMT, EPI, BM, BN, BK, WM, WN) > 160) return 8;            // registers_160
+  if (mma_held_registers(FMT, EPI, NORM, BM, BN, BK, WM, WN) > 160) return 8;      // registers_160
   return 0;
 }
 
@@ -138,8 +140,8 @@ __host__ __device__ constexpr int splitk_first_failure(int FMT, int EPI, int NOR
   return 0;
 }
 
-// the pipe kernel's shared memory: ST raw stages (x f32, W as stored, nf4's absmax per row), two f16 operand
-// buffers, the rows' 1/rms and the NF4 code
+// the pipe kernel's shared memory: ST raw stages (x f32, W as stored, nf4's absmax per row, the step's norm
+// weights), two f16 operand buffers, the rows' 1/rms and the NF4 code
 __host__ __device__ constexpr int pipe_row_bytes(int FMT, int BK) {
   return FMT == 0 ? BK / 2 : FMT == 1 ? BK * 2 : BK * 4;
 }
@@ -148,7 +150,7 @@ __host__ __device__ constexpr int pipe_absmax_per_row(int FMT, int BK) {
 }
 __host__ __device__ constexpr int pipe_raw_stage_bytes(int FMT, int EPI, int BM, int BN, int BK) {
   const int sets = EPI == 2 ? 2 : 1;
-  return BM * BK * 4 + sets * BN * pipe_row_bytes(FMT, BK) + sets * BN * pipe_absmax_per_row(FMT, BK) * 4;
+  return BM * BK * 4 + sets * BN * pipe_row_bytes(FMT, BK) + sets * BN * pipe_absmax_per_row(FMT, BK) * 4 + BK * 4;
 }
 __host__ __device__ constexpr int pipe_smem_bytes(int FMT, int EPI, int BM, int BN, int BK, int ST) {
   const int sets = EPI == 2 ? 2 : 1;
@@ -292,12 +294,11 @@ __device__ __forceinline__ void stage_rows(const float *xb, int m0, int M, int K
 // x tile element (r, c..c+3) normed and rounded to f16 into the operand buffer; returns its sum of squares.
 // LATE: the row's 1/rms is not known yet (it is applied to the accumulators after the K loop, `late_rms`), so only
 // the norm weights scale the element here; otherwise rs[r] from the prologue does too.
+// nw: the norm weights of columns c..c+3, loaded with the x words (a load here would stall the staging).
 template <int NORM, int LATE, int BK>
-__device__ __forceinline__ float store_x4(float4 v, int r, int c, int k0, unsigned short *buf, const float *rs,
-                                          const float *norm_w) {
+__device__ __forceinline__ float store_x4(float4 v, float4 nw, int r, int c, unsigned short *buf, const float *rs) {
   const float ss = v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
   if (NORM) {
-    const float4 nw = *reinterpret_cast<const float4 *>(norm_w + k0 + c);
     const float q = LATE ? 1.0f : rs[r];
     v = f4(v.x * q * nw.x, v.y * q * nw.y, v.z * q * nw.z, v.w * q * nw.w);
   }
@@ -344,16 +345,17 @@ __device__ __forceinline__ void late_rms(const float *ss, float *rs, int K, floa
 
 // One K step's words in registers -> the operand buffer: x normed and rounded to f16, W decoded to f16 (rows past N
 // as zeros). xr[i] holds the float4 of x tile element e = tid + i * NT, wr[i] the raw W word(s) of word e.
+// nw: the norm weights of this thread's x columns (the same for every element it stages), loaded with x.
 template <int FMT, int NORM, int LATE, int BM, int BN, int BK, int NT, int SETS>
-__device__ __forceinline__ void store_ops(const float4 *xr, const WRaw<FMT> *wr, int k0, unsigned short *buf,
-                                          const float *rs, const float *lut, const float *norm_w, int n0, int N,
-                                          float *ss) {
+__device__ __forceinline__ void store_ops(const float4 *xr, float4 nw, const WRaw<FMT> *wr, unsigned short *buf,
+                                          const float *rs, const float *lut, int n0, int N, float *ss) {
+  static_assert(NT % (BK / 4) == 0, "a thread's x columns must not change with the element");
   constexpr int XQ = BM * BK / 4, WQ = SETS * BN * BK / 8;
   const int tid = threadIdx.x;
 #pragma unroll
   for (int i = 0; i < (XQ + NT - 1) / NT; ++i) {
     const int e = tid + i * NT;
-    if (e < XQ) ss[i] += store_x4<NORM, LATE, BK>(xr[i], e / (BK / 4), (e % (BK / 4)) * 4, k0, buf, rs, norm_w);
+    if (e < XQ) ss[i] += store_x4<NORM, LATE, BK>(xr[i], nw, e / (BK / 4), (e % (BK / 4)) * 4, buf, rs);
   }
 #pragma unroll
   for (int i = 0; i < (WQ + NT - 1) / NT; ++i) {
@@ -444,7 +446,9 @@ __device__ __forceinline__ void mma_main(const float *__restrict__ x, int x_row0
   float ss[XPT];  // LATE: sums of squares of this thread's x rows
 #pragma unroll
   for (int i = 0; i < XPT; ++i) ss[i] = 0.0f;
-  float4 xr[XPT];
+  // the norm weights ride with the x words a step ahead: one float4, since NT is a multiple of BK / 4, so every x
+  // element a thread stages has the same columns (tid % (BK / 4)) * 4..
+  float4 xr[XPT], nwr = f4(0.0f, 0.0f, 0.0f, 0.0f);
   WRaw<FMT> wr[WPT];
   auto load = [&](int k0) {  // one K step's global words into registers (rows past M / N read nothing)
 #pragma unroll
@@ -453,6 +457,7 @@ __device__ __forceinline__ void mma_main(const float *__restrict__ x, int x_row0
       xr[i] = f4(0.0f, 0.0f, 0.0f, 0.0f);
       if (e < XQ && m0 + r < M) xr[i] = *reinterpret_cast<const float4 *>(xb + (size_t)(m0 + r) * K + k0 + c);
     }
+    if (NORM) nwr = *reinterpret_cast<const float4 *>(norm_w + k0 + (tid % (BK / 4)) * 4);
 #pragma unroll
     for (int i = 0; i < WPT; ++i) {
       const int e = tid + i * NT, s = e / (BN * (BK / 8)), rem = e % (BN * (BK / 8));
@@ -461,7 +466,7 @@ __device__ __forceinline__ void mma_main(const float *__restrict__ x, int x_row0
     }
   };
   auto store = [&](int k0, unsigned short *buf) {
-    store_ops<FMT, NORM, LATE, BM, BN, BK, NT, SETS>(xr, wr, k0, buf, rs, lut, norm_w, n0, N, ss);
+    store_ops<FMT, NORM, LATE, BM, BN, BK, NT, SETS>(xr, nwr, wr, buf, rs, lut, n0, N, ss);
   };
 
   zero_acc(acc);
@@ -515,6 +520,7 @@ __device__ __forceinline__ void pipe_main(const float *__restrict__ x, int x_row
   constexpr int XQ = BM * BK / 4, WQ = SETS * BN * BK / 8;  // float4s of x, words of 8 weights of W
   constexpr int XC = XQ, WC = SETS * BN * RB / 16, AC = SETS * BN * AB;  // cp.async copies per raw stage
   constexpr int RAW = pipe_raw_stage_bytes(FMT, EPI, BM, BN, BK);
+  constexpr int NWOFF = BM * BK * 4 + SETS * BN * RB + SETS * BN * AB * 4;  // the step's BK norm weights
   constexpr int OPS = (BM + SETS * BN) * Lda<BK>::value;  // halves of one operand buffer
   extern __shared__ __align__(16) unsigned char dsmem[];
   unsigned char *raw = dsmem;                                                   // ST x [x f32, W words, absmax]
@@ -555,6 +561,7 @@ __device__ __forceinline__ void pipe_main(const float *__restrict__ x, int x_row
                     ok ? src + ((size_t)(n0 + r) * K + k0) / 64 + j : src, ok);
       }
     }
+    if (NORM && tid < BK / 4) cp_async16(st + NWOFF + tid * 16, norm_w + k0 + tid * 4, true);
   };
   float ss[(XQ + NT - 1) / NT];  // LATE: sums of squares of this thread's x rows
 #pragma unroll
@@ -566,8 +573,9 @@ __device__ __forceinline__ void pipe_main(const float *__restrict__ x, int x_row
     for (int i = 0; i < (XQ + NT - 1) / NT; ++i) {
       const int e = tid + i * NT;  // raw x is (BM, BK) f32: element e is row e / (BK/4), columns 4 (e % (BK/4))..
       if (e < XQ)
-        ss[i] += store_x4<NORM, LATE, BK>(reinterpret_cast<const float4 *>(st)[e], e / (BK / 4), (e % (BK / 4)) * 4,
-                                          k_begin + kt * BK, buf, rs, norm_w);
+        ss[i] += store_x4<NORM, LATE, BK>(reinterpret_cast<const float4 *>(st)[e],
+                                          reinterpret_cast<const float4 *>(st + NWOFF)[e % (BK / 4)],
+                                          e / (BK / 4), (e % (BK / 4)) * 4, buf, rs);
     }
 #pragma unroll
     for (int i = 0; i < (WQ + NT - 1) / NT; ++i) {
