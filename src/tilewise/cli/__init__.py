@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import sys
 import warnings
 from collections.abc import Sequence
@@ -69,7 +70,8 @@ def _note(message: Warning | str, category: type[Warning], filename: str, lineno
     print(f"note: {message}", file=sys.stderr, flush=True)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
+    """Run one command; `exiting`: the process ends after it (the `tilewise` command)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     try:
@@ -85,6 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        if exiting:  # a Ctrl-C pressed again while the process exits would turn exit 130 into a traceback
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
@@ -96,7 +100,7 @@ def entry() -> int:
     Python raised them)."""
     if "--debug" not in sys.argv:
         warnings.showwarning = _note
-    return main()
+    return main(exiting=True)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ compile. WebGPU pipelines are created where the device is, so other backends com
 Faults: a worker that dies (or whose device is lost) loses only the batch it was running; that batch goes to
 another live worker once, and fails as `launch_error` "worker died: ..." only when it dies there too. With no
 live worker left the run stops with `DeviceLost`, storing nothing for the unfinished batches (a re-run resumes).
+Ctrl-C cancels the batches under way, stops the workers and shuts a local cluster down (pressed again meanwhile, it
+waits for that); every outcome stored before stays stored.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ import copyreg
 import dataclasses
 import hashlib
 import os
+import signal
 import socket
+import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,16 +216,37 @@ class Cluster:
             raise (cause if isinstance(cause, BaseException) else exc) from None
 
     def close(self) -> None:
-        """Stop every worker; shut a local cluster down (what the driver stored stays stored)."""
-        for w in self.workers:
-            with contextlib.suppress(Exception):  # an actor already gone needs no stopping
-                self.ray.kill(w.actor)
-        self.workers = []
-        if self.owned and self.ray.is_initialized():
-            self.ray.shutdown()
+        """Stop every worker; shut a local cluster down (what the driver stored stays stored). A Ctrl-C pressed
+        meanwhile waits until this is done, then raises `KeyboardInterrupt`."""
+        with _ctrl_c_deferred():
+            for w in self.workers:
+                with contextlib.suppress(Exception):  # an actor already gone needs no stopping
+                    self.ray.kill(w.actor)
+            self.workers = []
+            if self.owned and self.ray.is_initialized():
+                self.ray.shutdown()
 
     def engine(self, fingerprint: str, store: Any = None, **kw: Any) -> RayEngine:
         return RayEngine(self, self.groups()[fingerprint], store, **kw)
+
+
+@contextlib.contextmanager
+def _ctrl_c_deferred() -> Iterator[None]:
+    """Hold SIGINT back for the block, then raise `KeyboardInterrupt` once if it came. Users press Ctrl-C again
+    while the cluster stops: cut short, `ray.shutdown` is left to Ray's exit hook, which the next Ctrl-C turns
+    into a traceback and a killed process instead of exit 130. The shutdown is bounded (Ray kills what does not
+    stop in time), so holding Ctrl-C for it costs seconds."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
+        yield
+        return
+    came: list[int] = []
+    before = signal.signal(signal.SIGINT, lambda signum, _frame: came.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if before is None else before)
+    if came and before is signal.default_int_handler:
+        raise KeyboardInterrupt
 
 
 class RayEngine(Engine):
