@@ -153,15 +153,27 @@ def hf_section(ck_f32: Any, args: argparse.Namespace, compiled: bool) -> tuple[d
     return out, [first] + [decide(i) for i in range(1, min(5, args.decisions))]
 
 
-def preset_section(preset: str, args: argparse.Namespace) -> dict[str, Any]:
+def plain(v: Any) -> Any:
+    """A results tree for JSON: a section's (record, kept scores) pair becomes its record."""
+    if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], dict):
+        return v[0]
+    return {k: plain(x) for k, x in v.items()} if isinstance(v, dict) else v
+
+
+def preset_section(preset: str, args: argparse.Namespace, res: dict[str, Any] | None = None,
+                   save: Any = None) -> dict[str, Any]:
+    """One preset's race; `res` (filled as sections finish) and `save` (called after each) keep a cut run's part."""
     from tilewise.model.runtime import open_checkpoint
 
     f32 = open_checkpoint(preset, weights="f32", seed=args.seed)
     nf4 = f32.converted("nf4").materialize()
-    res: dict[str, Any] = {}
+    res = {} if res is None else res
+    step = save or (lambda: None)
     tw = section(res, "tilewise_cuda", tilewise_cuda_section, nf4, args)
+    step()
     if args.webgpu:  # the same decisions through WGSL on the same GPU (its own dispatch table, if tuned here)
         webgpu = section(res, "tilewise_webgpu", tilewise_cuda_section, nf4, args, args.webgpu)
+        step()
         if tw is not None and webgpu is not None:
             res["max_abs_score_diff_webgpu_vs_cuda"] = max(float(np.abs(a - b).max()) for a, b in zip(tw[1],
                                                                                                       webgpu[1]))
@@ -169,6 +181,7 @@ def preset_section(preset: str, args: argparse.Namespace) -> dict[str, Any]:
         # HF runs the NF4 weights dequantized, so a score difference is the kernels' error, not quantization's
         deq = type(f32).from_arrays(f32.config, {k: nf4.float32(k) for k in nf4.names()}, "f32", f"{preset}:nf4-deq")
         eager = section(res, "hf_eager", hf_section, deq, args, False)
+        step()
         if not args.no_compile:
             section(res, "hf_compile", hf_section, deq, args, True)
         if tw is not None and eager is not None:
@@ -212,15 +225,24 @@ def main() -> int:
     except Exception as exc:  # recorded; the sections say what else fails
         results["device"] = {"error": str(exc)}
     presets = [p for p in args.presets.split(",") if p]
+
+    def save() -> None:  # after every section, atomically: a run cut short keeps what it finished
+        tmp = out / "results.json.tmp"
+        tmp.write_text(json.dumps(plain(results), indent=1, default=str))
+        tmp.replace(out / "results.json")
+
     if not args.no_tests:
         section(results, "tests", tests_section, args.tests_timeout_s)
+        save()
     if not args.no_cli and presets:
         section(results, "cli_bench", cli_bench_section, presets[0], out, 300.0)
+        save()
     for preset in presets:
-        section(results, f"race_{preset}", preset_section, preset, args)
-    tmp = out / "results.json.tmp"
-    tmp.write_text(json.dumps(results, indent=1, default=str))
-    tmp.replace(out / "results.json")
+        results[f"race_{preset}"] = partial = {}
+        section(partial, f"race_{preset}", preset_section, preset, args, partial, save)
+        race = partial.pop(f"race_{preset}", None)  # the finished race, or its error beside the sections that ran
+        results[f"race_{preset}"] = race if race and "error" not in race else {**plain(partial), **(race or {})}
+        save()
     for preset in presets:
         r = results.get(f"race_{preset}") or {}
         line = [preset]
