@@ -46,6 +46,9 @@ def cu(family: str, name: str) -> str:
     return str(resources.files(f"tilewise.kernels.{family}").joinpath(name))
 
 
+MATMUL = [cu("matmul", f) for f in mm.SOURCE_FILES]  # included in order: the later files use matmul.cu's helpers
+
+
 def instantiate(entry: str) -> str:
     return f"template __global__ void {entry}{SIGS[entry.split('<')[0]]};\n"
 
@@ -83,7 +86,7 @@ def test_every_mma_seed_config_of_every_variant_compiles(tmp_path):
         least = (3 if t.fmt == "f32" and t.norm else 5) if t.epilogue == "swiglu" else 11
         assert len(legal(t.space("seed"))) >= least, t.name
     entries = sorted({t.entry(c) for t in mma for c in legal(t.space("seed"))})
-    cubin(tmp_path, "mma", [cu("matmul", "matmul.cu")], entries)
+    cubin(tmp_path, "mma", MATMUL, entries)
 
 
 def test_every_splitk_seed_config_of_every_variant_and_the_reductions_compile(tmp_path):
@@ -94,7 +97,7 @@ def test_every_splitk_seed_config_of_every_variant_and_the_reductions_compile(tm
         assert len(legal(t.space("seed"))) >= (5 if t.epilogue == "swiglu" else 9), t.name
     entries = sorted({t.entry(c) for t in split for c in legal(t.space("seed"))} | {t.reduce_entry() for t in split})
     assert sum(e.startswith("nf4_mm_splitk_reduce") for e in entries) == 3  # one per epilogue
-    cubin(tmp_path, "splitk", [cu("matmul", "matmul.cu")], entries)
+    cubin(tmp_path, "splitk", MATMUL, entries)
 
 
 def test_every_pipe_seed_config_of_every_variant_compiles_without_spilling(tmp_path):
@@ -106,7 +109,7 @@ def test_every_pipe_seed_config_of_every_variant_compiles_without_spilling(tmp_p
                                                                                           "f32": 7}[t.fmt]
         assert len(legal(t.space("seed"))) >= least, t.name
     entries = sorted({t.entry(c) for t in pipe for c in legal(t.space("seed"))})
-    cubin(tmp_path, "pipe", [cu("matmul", "matmul.cu")], entries)
+    cubin(tmp_path, "pipe", MATMUL, entries)
 
 
 def test_pipe_smem_bytes_agree_in_cpp_and_python(tmp_path):
@@ -118,7 +121,7 @@ def test_pipe_smem_bytes_agree_in_cpp_and_python(tmp_path):
     body = (f"#include <cstdio>\nstatic const int T[][6] = {{\n{rows}\n}};\n"
             "int main() { for (const auto &t : T) printf(\"%d\\n\", pipe_smem_bytes(t[0], t[1], t[2], t[3], t[4], "
             "t[5])); }\n")
-    res = nvcc(tmp_path, "host", [cu("matmul", "matmul.cu")], body, "-o", "host")
+    res = nvcc(tmp_path, "host", MATMUL, body, "-o", "host")
     assert res.returncode == 0, res.stderr[-3000:]
     out = [int(v) for v in subprocess.run([str(tmp_path / "host")], capture_output=True, text=True,
                                           check=True).stdout.split()]
@@ -134,7 +137,7 @@ def test_every_rows_config_and_the_executor_defaults_compile(tmp_path):
     entries = {t.entry(t.default_config()) for t in variants}  # what the executor launches
     entries |= {rows[0].entry(c) for c in legal(rows[0].space())}  # every rows config of one variant
     entries |= {t.entry(t.config_of({"NT": 256, "RM": 16})) for t in rows}  # the most accumulators, every variant
-    cubin(tmp_path, "rows", [cu("matmul", "matmul.cu")], sorted(entries))
+    cubin(tmp_path, "rows", MATMUL, sorted(entries))
 
 
 def test_row_ops_conv_and_attention_compile_for_their_spaces(tmp_path):
@@ -182,7 +185,8 @@ ILLEGAL = [
 
 @pytest.mark.parametrize(("family", "filename", "entry", "rule"), ILLEGAL)
 def test_illegal_instantiation_fails_the_static_assert_naming_the_rule(tmp_path, family, filename, entry, rule):
-    res = nvcc(tmp_path, "bad", [cu(family, filename)], instantiate(entry), "-cubin", "-o", "bad.cubin")
+    includes = MATMUL if family == "matmul" else [cu(family, filename)]
+    res = nvcc(tmp_path, "bad", includes, instantiate(entry), "-cubin", "-o", "bad.cubin")
     assert res.returncode != 0, entry
     asserts = re.findall(r'static assertion failed with "(\w+):', res.stderr)
     assert asserts == [rule], (entry, res.stderr[-2000:])
@@ -222,7 +226,7 @@ def test_cpp_mma_rules_agree_with_python_rules(tmp_path, kind):
     call = ", ".join(f"t[{i}]" for i in range(width))
     body = (f"#include <cstdio>\nstatic const int T[][{width}] = {{\n{rows}\n}};\n"
             f"int main() {{ for (const auto &t : T) printf(\"%d\\n\", {kind}_first_failure({call})); }}\n")
-    res = nvcc(tmp_path, "host", [cu("matmul", "matmul.cu")], body, "-o", "host")
+    res = nvcc(tmp_path, "host", MATMUL, body, "-o", "host")
     assert res.returncode == 0, res.stderr[-3000:]
     out = subprocess.run([str(tmp_path / "host")], capture_output=True, text=True, check=True).stdout.split()
     names = None  # the rule order of the format and epilogue at hand (pipe's smem rule depends on both)

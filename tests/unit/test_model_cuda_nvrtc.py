@@ -41,7 +41,7 @@ def test_every_matmul_the_executor_launches_compiles_under_nvrtc():
     entries = sorted({t.entry(t.default_config()) for t in variants} |
                      {t.reduce_entry() for t in variants if t.kind == "splitk"})
     assert len(entries) == 72 + 3  # 4 kinds x 3 formats x 3 epilogues x norm on/off, split-K's 3 reductions
-    rc, log = nvrtc_compile(cu_source("matmul", "matmul.cu"), entries)
+    rc, log = nvrtc_compile(mm.matmul_source(), entries)
     assert rc == 0, log[-3000:]
 
 
@@ -58,5 +58,5 @@ def test_row_ops_conv_and_attention_compile_under_nvrtc(family, filename, entrie
 
 
 def test_an_illegal_config_fails_under_nvrtc_with_the_rule_name():
-    rc, log = nvrtc_compile(cu_source("matmul", "matmul.cu"), ["nf4_mm_rows<0, 2, 1, 128, 32>"])
+    rc, log = nvrtc_compile(mm.matmul_source(), ["nf4_mm_rows<0, 2, 1, 128, 32>"])
     assert rc != 0 and "rows_1_16" in log

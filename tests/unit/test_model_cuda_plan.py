@@ -17,8 +17,8 @@ from tilewise.model.checkpoint import Checkpoint, random_tensors
 from tilewise.model.config import PRESETS
 from tilewise.model.cuda import CUDAExecutor
 
-SOURCES = [("matmul", "matmul.cu"), ("rowops", "rowops.cu"), ("shortconv", "shortconv.cu"),
-           ("attention", "attention.cu")]
+SOURCES = [("matmul", "matmul.cu"), ("matmul", "matmul_pipe.cu"), ("matmul", "matmul_rows.cu"), ("rowops", "rowops.cu"),
+           ("shortconv", "shortconv.cu"), ("attention", "attention.cu")]
 
 
 def kernel_signatures() -> dict[str, list[tuple[str, bool]]]:

@@ -80,7 +80,7 @@ PIPE_SEED = [dict(zip(PIPE_PARAMS, v)) for v in (
     (32, 64, 32, 16, 32, 6, 4, 2), (128, 128, 64, 64, 64, 3, 1, 1), (64, 128, 32, 32, 32, 4, 2, 2),
     (64, 64, 32, 32, 32, 2, 1, 2),  # illegal on purpose: stages_3_8
 )]
-#: the most dynamic shared memory a block may opt into on sm_80..sm_90, as PIPE_SMEM_MAX in matmul.cu
+#: the most dynamic shared memory a block may opt into on sm_80..sm_90, as PIPE_SMEM_MAX in matmul_pipe.cu
 PIPE_SMEM_MAX = 227 * 1024
 #: shared memory the driver reserves per block (sm_80+), for the blocks-per-SM rule
 SMEM_RESERVED_PER_BLOCK = 1024
@@ -100,8 +100,17 @@ def mma_held_registers(c: Config, fmt: str, sets: int, norm: bool = False) -> in
             + (8 + xpt if norm else 0))  # the norm weights ahead (a float4, and its products), the late norm's sums
 
 
+#: the family's CUDA source files, compiled as one text in this order (the later ones use matmul.cu's helpers)
+SOURCE_FILES = ("matmul.cu", "matmul_pipe.cu", "matmul_rows.cu")
+
+
+def matmul_source() -> str:
+    """The family's CUDA C++ text: `SOURCE_FILES` joined."""
+    return "\n".join(cu_source("matmul", f) for f in SOURCE_FILES)
+
+
 def pipe_smem_bytes(c: Config, fmt: str, sets: int) -> int:
-    """Dynamic shared memory of a pipe block, as `pipe_smem_bytes` in matmul.cu: ST raw stages (x f32, W as stored,
+    """Dynamic shared memory of a pipe block, as `pipe_smem_bytes` in matmul_pipe.cu: ST raw stages (x f32, W as stored,
     nf4's absmax per row, the step's norm weights), two f16 operand buffers, the rows' 1/rms and the NF4 code."""
     row = {"nf4": c.BK // 2, "f16": c.BK * 2, "f32": c.BK * 4}[fmt]
     absmax = max(1, c.BK // 64) if fmt == "nf4" else 0
@@ -150,7 +159,7 @@ def splitk_rules(sets: int, fmt: str = "nf4", norm: bool = False) -> list[Rule]:
 
 
 def pipe_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
-    """matmul.cu's `pipe_first_failure`, rule for rule, then the device's shared-memory limits."""
+    """matmul_pipe.cu's `pipe_first_failure`, rule for rule, then the device's shared-memory limits."""
     mma = {r.name: r for r in mma_rules(sets, fmt)}
     smem = lambda c: pipe_smem_bytes(c, fmt, sets)  # noqa: E731
     return [
@@ -181,7 +190,7 @@ def pipe_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
 
 
 def rows_rules() -> list[Rule]:
-    """matmul.cu's `rows_first_failure`, rule for rule."""
+    """matmul_rows.cu's `rows_first_failure`, rule for rule."""
     return [
         Rule("whole_warps", lambda c, _: c.NT % WARP == 0 and WARP <= c.NT <= 1024,
              lambda c, _: f"NT = {c.NT} is not a whole number of warps in 32..1024"),
@@ -278,7 +287,7 @@ class CudaMatmul(KernelTemplate):
         return name_expression("nf4_mm_splitk_reduce", EPI_CODE[self.epilogue], REDUCE_NT)
 
     def source(self, config: Config, shape: Shape | None = None) -> str:
-        return f"{cu_source('matmul', 'matmul.cu')}\n// instantiated as {self.entry(config)}\n"
+        return f"{matmul_source()}\n// instantiated as {self.entry(config)}\n"
 
     def program_key(self, config: Config, shape: Shape) -> Hashable:
         return config
@@ -287,7 +296,7 @@ class CudaMatmul(KernelTemplate):
         return config["NT"] if self.kind == "rows" else mma_threads(config)
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
-        src = cu_source("matmul", "matmul.cu")
+        src = matmul_source()
         dyn = pipe_smem_bytes(config, self.fmt, self.sets) if self.kind == "pipe" else 0
         prog = compile_cuda(device, src, self.entry(config), self.threads(config), f"{self.name}[{config}]",
                             dynamic_shared_bytes=dyn)
@@ -377,7 +386,7 @@ class CudaMatmul(KernelTemplate):
         return (math.ceil(m / bm) * bm * math.ceil(n / bn) * bn) / (m * n)
 
     def meta(self) -> dict[str, Any]:
-        return {**super().meta(), "source": "matmul.cu", "kind": self.kind, "fmt": self.fmt,
+        return {**super().meta(), "source": "+".join(SOURCE_FILES), "kind": self.kind, "fmt": self.fmt,
                 "epilogue": self.epilogue, "norm": self.norm}
 
 
