@@ -434,6 +434,31 @@ __device__ __forceinline__ void each_output(int M, int N, F f) {
     }
 }
 
+// The two ways a tile's accumulators leave a block: the epilogue into out (M, N), or (split-K) the raw values of
+// slice blockIdx.z into partial (KS, SETS, M, N) for nf4_mm_splitk_reduce. Shared by every tensor-core kernel.
+template <int EPI, int BM, int BN, int WM, int WN, int SETS>
+__device__ __forceinline__ void store_epilogue(const float (&acc)[SETS][WM / 16][WN / 8][4], float *out, int M,
+                                               int N) {
+  each_output<BM, BN, WM, WN>(M, N, [&](int i, int j, int e, int r, int c) {
+    const float y = acc[0][i][j][e];
+    float *o = out + (size_t)r * N + c;
+    if (EPI == 0) *o = y;
+    else if (EPI == 1) *o += y;
+    else *o = silu(y) * acc[SETS - 1][i][j][e];
+  });
+}
+
+template <int BM, int BN, int WM, int WN, int SETS>
+__device__ __forceinline__ void store_partial(const float (&acc)[SETS][WM / 16][WN / 8][4], float *partial, int M,
+                                              int N) {
+  const size_t mn = (size_t)M * N;
+  float *p = partial + blockIdx.z * SETS * mn;
+  each_output<BM, BN, WM, WN>(M, N, [&](int i, int j, int e, int r, int c) {
+#pragma unroll
+    for (int s = 0; s < SETS; ++s) p[s * mn + (size_t)r * N + c] = acc[s][i][j][e];
+  });
+}
+
 template <int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM, int WN, int PIPE>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * WARPSIZE, 1)
 nf4_mm_mma(const float *__restrict__ x, int x_row0, const unsigned *__restrict__ w, const float *__restrict__ absmax,
@@ -443,13 +468,7 @@ nf4_mm_mma(const float *__restrict__ x, int x_row0, const unsigned *__restrict__
   float acc[SETS][WM / 16][WN / 8][4];
   mma_main<FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE, NORM>(x, x_row0, w, absmax, w_up, absmax_up, norm_w, eps, M, N,
                                                            K, 0, K / BK, acc);
-  each_output<BM, BN, WM, WN>(M, N, [&](int i, int j, int e, int r, int c) {
-    const float y = acc[0][i][j][e];
-    float *o = out + (size_t)r * N + c;
-    if (EPI == 0) *o = y;
-    else if (EPI == 1) *o += y;
-    else *o = silu(y) * acc[SETS - 1][i][j][e];
-  });
+  store_epilogue<EPI, BM, BN, WM, WN, SETS>(acc, out, M, N);
 }
 
 // split-K: slice blockIdx.z of KS covers K / KS columns; its raw accumulators (both weight sets for swiglu) go to
@@ -467,12 +486,7 @@ nf4_mm_splitk(const float *__restrict__ x, int x_row0, const unsigned *__restric
   float acc[SETS][WM / 16][WN / 8][4];
   mma_main<FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE, 0>(x, x_row0, w, absmax, w_up, absmax_up, norm_w, eps, M, N, K,
                                                      blockIdx.z * slice, slice / BK, acc);
-  const size_t mn = (size_t)M * N;
-  float *p = partial + blockIdx.z * SETS * mn;
-  each_output<BM, BN, WM, WN>(M, N, [&](int i, int j, int e, int r, int c) {
-#pragma unroll
-    for (int s = 0; s < SETS; ++s) p[s * mn + (size_t)r * N + c] = acc[s][i][j][e];
-  });
+  store_partial<BM, BN, WM, WN, SETS>(acc, partial, M, N);
 }
 
 // out = epilogue(sum of the ks slices of partial), one thread per output value; the slices are added in order

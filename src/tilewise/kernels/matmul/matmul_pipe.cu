@@ -197,22 +197,7 @@ nf4_mm_pipe(const float *__restrict__ x, int x_row0, const unsigned *__restrict_
   const int slice = K / KS;
   float acc[SETS][WM / 16][WN / 8][4];
   pipe_main<FMT, EPI, NORM, BM, BN, BK, WM, WN, ST, KS == 1>(x, x_row0, w, absmax, w_up, absmax_up, norm_w, eps, M, N,
-                                                             K,
-                                                    blockIdx.z * slice, slice / BK, acc);
-  if (KS == 1) {
-    each_output<BM, BN, WM, WN>(M, N, [&](int i, int j, int e, int r, int c) {
-      const float y = acc[0][i][j][e];
-      float *o = out + (size_t)r * N + c;
-      if (EPI == 0) *o = y;
-      else if (EPI == 1) *o += y;
-      else *o = silu(y) * acc[SETS - 1][i][j][e];
-    });
-  } else {
-    const size_t mn = (size_t)M * N;
-    float *p = out + blockIdx.z * SETS * mn;
-    each_output<BM, BN, WM, WN>(M, N, [&](int i, int j, int e, int r, int c) {
-#pragma unroll
-      for (int s = 0; s < SETS; ++s) p[s * mn + (size_t)r * N + c] = acc[s][i][j][e];
-    });
-  }
+                                                             K, blockIdx.z * slice, slice / BK, acc);
+  if (KS == 1) store_epilogue<EPI, BM, BN, WM, WN, SETS>(acc, out, M, N);
+  else store_partial<BM, BN, WM, WN, SETS>(acc, out, M, N);
 }
