@@ -245,8 +245,8 @@ def _ctrl_c_deferred() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, signal.SIG_DFL if before is None else before)
-    if came and before is signal.default_int_handler:
-        raise KeyboardInterrupt
+    if came and callable(before):  # the handler that was there gets the held signal (Python's raises KeyboardInterrupt)
+        before(signal.SIGINT, None)
 
 
 class RayEngine(Engine):
