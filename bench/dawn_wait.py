@@ -25,10 +25,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from tilewise.devices.webgpu import MAP_WAITS  # noqa: E402
 from tilewise.model.bench import PREFIX_TOKENS, percentiles, prompts  # noqa: E402
 from tilewise.model.runtime import from_checkpoint, open_checkpoint  # noqa: E402
-
-MODES = ("block", "spin")
 
 
 def main() -> int:
@@ -46,7 +45,7 @@ def main() -> int:
     model = from_checkpoint(ck, device=args.device, quiet=True)
     dev = model.executor.dev
     _, full = prompts(ck.config.vocab_size, args.seq, 32, PREFIX_TOKENS)
-    modes = [m for m in MODES if m == "block" or dev.runtime.process_events is not None]
+    modes = [m for m in MAP_WAITS if m == "block" or dev.runtime.process_events is not None]
     samples: dict[str, list[float]] = {m: [] for m in modes}
     scores: dict[str, np.ndarray] = {}
     for m in modes:  # warm-up, and the scores of prompt 0 per mode
