@@ -72,4 +72,4 @@ def test_an_executor_with_split_k_tables_matches_the_float64_reference(dev, rng)
         for _ in range(2):  # the captured graph's replay too
             _, state = ex.forward(ids, 0, None, True)
             np.testing.assert_allclose(state.scores, want, atol=2e-2 * max(1.0, float(np.abs(want).max())), rtol=0)
-    assert ex._partial is not None
+    assert ex._scratch.get("partial") is not None

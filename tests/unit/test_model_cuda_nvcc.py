@@ -34,10 +34,14 @@ SIGS = {
     "qknorm_rope": ("(const float *, const float *, const float *, const float *, const float *, float *, float *, "
                     "float *, int, int, int, int, float)"),
     "attention": "(const float *, const float *, const float *, float *, int, int, int, int, int)",
+    "attention_tiled": "(const float *, const float *, const float *, float *, int, int, int, int, int)",
     "nf4_mm_mma": MM_SIG,
     "nf4_mm_rows": MM_SIG,
     "nf4_mm_splitk": MM_SIG,
     "nf4_mm_pipe": MM_SIG,
+    "nf4_mm_ring": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, "
+                    "float *, int, int, int)"),
+    "nf4_mm_prep": "(const float *, int, const float *, float, unsigned short *, int)",
     "nf4_mm_splitk_reduce": "(const float *, int, float *, int, int)",
 }
 
@@ -112,23 +116,36 @@ def test_every_pipe_seed_config_of_every_variant_compiles_without_spilling(tmp_p
     cubin(tmp_path, "pipe", MATMUL, entries)
 
 
-def test_pipe_smem_bytes_agree_in_cpp_and_python(tmp_path):
-    """`pipe_smem_bytes` in C++ and Python agree (the launch asks for the Python number, the kernel lays out the
-    C++ one), for every format and epilogue on the seed points."""
-    cases = [(f, e, c) for f in (0, 1, 2) for e in (0, 2) for c in mm.CudaMatmul("pipe").space("seed").points]
+def test_every_ring_seed_config_of_every_variant_and_the_preps_compile_without_spilling(tmp_path):
+    ring = [t for t in mm.all_variants() if t.kind == "ring"]
+    assert len(ring) == 18
+    for t in ring:  # swiglu's two accumulator sets rule out the 64x64 warp tiles; f32's stages the largest rings
+        assert t.default_config() in legal(t.space("seed")), t.name
+        least = {"nf4": (17, 13), "f16": (20, 16), "f32": (16, 8)}[t.fmt]
+        assert len(legal(t.space("seed"))) >= least[t.epilogue == "swiglu"], t.name
+    entries = sorted({t.entry(c) for t in ring for c in legal(t.space("seed"))} | {t.prep_entry() for t in ring})
+    assert sum(e.startswith("nf4_mm_prep") for e in entries) == 2  # with and without the norm
+    cubin(tmp_path, "ring", MATMUL, entries)
+
+
+@pytest.mark.parametrize("kind", ["pipe", "ring"])
+def test_smem_bytes_agree_in_cpp_and_python(tmp_path, kind):
+    """`pipe_smem_bytes` / `ring_smem_bytes` in C++ and Python agree (the launch asks for the Python number, the
+    kernel lays out the C++ one), for every format and epilogue on the seed points."""
+    cases = [(f, e, c) for f in (0, 1, 2) for e in (0, 2) for c in mm.CudaMatmul(kind).space("seed").points]
     rows = ",\n".join("{" + ", ".join(map(str, (f, e, c["BM"], c["BN"], c["BK"], c["ST"]))) + "}"
                        for f, e, c in cases)
     body = (f"#include <cstdio>\nstatic const int T[][6] = {{\n{rows}\n}};\n"
-            "int main() { for (const auto &t : T) printf(\"%d\\n\", pipe_smem_bytes(t[0], t[1], t[2], t[3], t[4], "
-            "t[5])); }\n")
+            f"int main() {{ for (const auto &t : T) printf(\"%d\\n\", {kind}_smem_bytes(t[0], t[1], t[2], t[3], "
+            "t[4], t[5])); }\n")
     res = nvcc(tmp_path, "host", MATMUL, body, "-o", "host")
     assert res.returncode == 0, res.stderr[-3000:]
     out = [int(v) for v in subprocess.run([str(tmp_path / "host")], capture_output=True, text=True,
                                           check=True).stdout.split()]
     fmts = {v: k for k, v in mm.FMT_CODE.items()}
-    want = [mm.pipe_smem_bytes(mm.CudaMatmul("pipe").space().config(c), fmts[f], 2 if e == 2 else 1)
-            for f, e, c in cases]
-    assert out == want
+    py = {"pipe": mm.pipe_smem_bytes, "ring": mm.ring_smem_bytes}[kind]
+    want = [py(mm.CudaMatmul(kind).space().config(c), fmts[f], 2 if e == 2 else 1) for f, e, c in cases]
+    assert out == want and len(set(out)) > 10
 
 
 def test_every_rows_config_and_the_executor_defaults_compile(tmp_path):
@@ -147,7 +164,10 @@ def test_row_ops_conv_and_attention_compile_for_their_spaces(tmp_path):
     entries += [f"shortconv<{c['NT']}, {taps}>" for c in legal(CudaShortConv().space()) for taps in (2, 3, 4, 8)]
     dims = (16, 32, 48, 64, 128, 256)  # tiny's 16, the bundled model's 64, a partial last warp (48)
     entries += [f"qknorm_rope<{d}>" for d in dims]
-    entries += [f"attention<{d}, {c['NW']}>" for c in legal(CudaAttention().space()) for d in dims]
+    attn = CudaAttention()  # both kernels (QT 1 and tiled), every config whose shared memory fits the head size
+    entries += [attn.entry(c, d) for c in legal(attn.space()) for d in dims
+                if not attn.config_problems(c, (1, 0, 16, 8, d))]
+    assert sum(e.startswith("attention_tiled") for e in entries) > 40
     cubin(tmp_path, "rows", [cu("rowops", "rowops.cu"), cu("shortconv", "shortconv.cu"),
                              cu("attention", "attention.cu")], entries)
 
@@ -171,6 +191,15 @@ ILLEGAL = [
     ("matmul", "matmul.cu", "nf4_mm_pipe<2, 2, 1, 128, 128, 64, 64, 32, 6, 1, 1>", "smem_227k"),
     ("matmul", "matmul.cu", "nf4_mm_pipe<0, 2, 0, 64, 64, 32, 64, 64, 4, 1, 1>", "fragments_per_warp_16"),
     ("matmul", "matmul.cu", "nf4_mm_pipe<0, 0, 0, 128, 128, 32, 64, 64, 3, 1, 1>", "warp_tile_2048"),
+    ("matmul", "matmul.cu", "nf4_mm_ring<0, 0, 64, 64, 48, 32, 32, 3, 1, 2>", "bk_32_64"),
+    ("matmul", "matmul.cu", "nf4_mm_ring<0, 2, 64, 64, 64, 64, 64, 3, 1, 1>", "fragments_per_warp_16"),
+    ("matmul", "matmul.cu", "nf4_mm_ring<1, 0, 128, 128, 64, 32, 32, 3, 1, 2>", "registers_spare"),
+    ("matmul", "matmul.cu", "nf4_mm_ring<0, 0, 64, 128, 64, 64, 64, 3, 1, 1>", "registers_spare"),  # nf4 at BK 64
+    ("matmul", "matmul.cu", "nf4_mm_ring<0, 1, 64, 64, 32, 32, 32, 8, 1, 2>", "stages_2_6"),
+    ("matmul", "matmul.cu", "nf4_mm_ring<0, 1, 64, 64, 32, 32, 32, 4, 3, 2>", "ks_1_2_4_8"),
+    ("matmul", "matmul.cu", "nf4_mm_ring<0, 1, 64, 64, 32, 32, 32, 4, 1, 3>", "mb_1_2"),
+    ("matmul", "matmul.cu", "nf4_mm_ring<2, 2, 128, 128, 64, 64, 32, 6, 1, 1>", "smem_227k"),
+    ("matmul", "matmul.cu", "nf4_mm_prep<1, 48>", "whole_warps"),
     ("matmul", "matmul.cu", "nf4_mm_rows<0, 0, 0, 48, 4>", "whole_warps"),
     ("matmul", "matmul.cu", "nf4_mm_rows<0, 2, 1, 128, 32>", "rows_1_16"),
     ("rowops", "rowops.cu", "rmsnorm<96>", "pow2"),
@@ -179,6 +208,9 @@ ILLEGAL = [
     ("shortconv", "shortconv.cu", "shortconv<100, 3>", "whole_warps"),
     ("attention", "attention.cu", "attention<40, 4>", "head_dim_16_256"),
     ("attention", "attention.cu", "attention<64, 33>", "warps_1_32"),
+    ("attention", "attention.cu", "attention_tiled<64, 24, 16>", "queries_per_warp_whole"),
+    ("attention", "attention.cu", "attention_tiled<64, 64, 4>", "queries_per_warp_8"),
+    ("attention", "attention.cu", "attention_tiled<256, 64, 8>", "smem_48k"),
     ("attention", "attention.cu", "qknorm_rope<24>", "head_dim_16_1024"),
 ]
 
@@ -195,31 +227,35 @@ def test_illegal_instantiation_fails_the_static_assert_naming_the_rule(tmp_path,
 def test_python_rules_refuse_what_the_static_asserts_refuse():
     """The illegal matmul instantiations above are illegal in Python too, for the same first rule."""
     for family, _, entry, rule in ILLEGAL:
-        if family != "matmul" or "<3," in entry or "reduce" in entry:  # the reduction has no Python config
+        if family != "matmul" or "<3," in entry or "reduce" in entry or "prep" in entry:  # no Python config
             continue
         vals = [int(v) for v in entry.split("<")[1].rstrip(">").split(",")]
+        kind = entry.split("<")[0].removeprefix("nf4_mm_")
+        if kind == "ring":  # the norm is the prologue's: no NORM argument
+            vals.insert(2, 0)
         fmt = {v: k for k, v in mm.FMT_CODE.items()}[vals[0]]
         epi = mm.EPILOGUES[vals[1]]
-        kind = entry.split("<")[0].removeprefix("nf4_mm_")
         tpl = mm.CudaMatmul(kind, fmt, epi, bool(vals[2]))
-        names = {"mma": mm.MMA_PARAMS, "splitk": mm.SPLITK_PARAMS, "pipe": mm.PIPE_PARAMS, "rows": ("NT", "RM")}[kind]
+        names = {"mma": mm.MMA_PARAMS, "splitk": mm.SPLITK_PARAMS, "pipe": mm.PIPE_PARAMS, "ring": mm.RING_PARAMS,
+                 "rows": ("NT", "RM")}[kind]
         cfg = tpl.space().config(dict(zip(names, vals[3:])))
         why = tpl.space().why_illegal(cfg)
         assert why and why[0].split(":")[0] == rule, (entry, why)
 
 
-@pytest.mark.parametrize("kind", ["mma", "splitk", "pipe"])
+@pytest.mark.parametrize("kind", ["mma", "splitk", "pipe", "ring"])
 def test_cpp_mma_rules_agree_with_python_rules(tmp_path, kind):
     rng = random.Random(5)
-    pick = [16, 24, 32, 48, 64, 96, 128] if kind != "pipe" else [16, 32, 32, 48, 64, 64, 128]
+    pick = [16, 24, 32, 48, 64, 96, 128] if kind not in ("pipe", "ring") else [16, 32, 32, 48, 64, 64, 128]
 
-    def tail() -> tuple[int, ...]:  # pipe: ST, KS, MB; mma: PIPE; splitk: PIPE, KS
-        if kind == "pipe":
-            return rng.choice([2, 3, 4, 4, 6, 8, 9]), rng.choice([1, 1, 2, 3, 4, 8]), rng.choice([1, 2, 2, 3])
+    def tail() -> tuple[int, ...]:  # pipe / ring: ST, KS, MB; mma: PIPE; splitk: PIPE, KS
+        if kind in ("pipe", "ring"):
+            return rng.choice([1, 2, 3, 4, 4, 6, 8, 9]), rng.choice([1, 1, 2, 3, 4, 8]), rng.choice([1, 2, 2, 3])
         ks = (rng.choice([1, 2, 3, 4, 4, 8, 8, 16]),) if kind == "splitk" else ()
         return rng.choice([1, 2, 2, 3]), *ks
 
-    tuples = [(rng.choice([0, 1, 2]), rng.choice([0, 1, 2]), rng.choice([0, 1]),
+    norms = [0] if kind == "ring" else [0, 1]  # the ring kind's norm is its prologue's: no NORM argument
+    tuples = [(rng.choice([0, 1, 2]), rng.choice([0, 1, 2]), *([rng.choice(norms)] if kind != "ring" else []),
                *(rng.choice(pick) for _ in range(5)), *tail()) for _ in range(2500)]
     width = len(tuples[0])
     rows = ",\n".join("{" + ", ".join(map(str, t)) + "}" for t in tuples)
@@ -230,9 +266,11 @@ def test_cpp_mma_rules_agree_with_python_rules(tmp_path, kind):
     assert res.returncode == 0, res.stderr[-3000:]
     out = subprocess.run([str(tmp_path / "host")], capture_output=True, text=True, check=True).stdout.split()
     names = None  # the rule order of the format and epilogue at hand (pipe's smem rule depends on both)
-    params = {"mma": mm.MMA_PARAMS, "splitk": mm.SPLITK_PARAMS, "pipe": mm.PIPE_PARAMS}[kind]
+    params = {"mma": mm.MMA_PARAMS, "splitk": mm.SPLITK_PARAMS, "pipe": mm.PIPE_PARAMS, "ring": mm.RING_PARAMS}[kind]
     seen_legal = 0
     for t, fail in zip(tuples, map(int, out)):
+        if kind == "ring":
+            t = (*t[:2], 0, *t[2:])
         tpl = mm.CudaMatmul(kind, ("nf4", "f16", "f32")[t[0]], mm.EPILOGUES[t[1]], bool(t[2]))
         space = tpl.space()
         why = [w for w in space.why_illegal(space.config(dict(zip(params, t[3:]))))]

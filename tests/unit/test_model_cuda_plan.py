@@ -13,12 +13,13 @@ import pytest
 
 from tilewise.devices.base import Buffer, Device, DeviceInfo, Launch, Program
 from tilewise.devices.profiles import get_profile
+from tilewise.kernels.matmul.cuda import SOURCE_FILES
 from tilewise.model.checkpoint import Checkpoint, random_tensors
 from tilewise.model.config import PRESETS
 from tilewise.model.cuda import CUDAExecutor
 
-SOURCES = [("matmul", "matmul.cu"), ("matmul", "matmul_pipe.cu"), ("matmul", "matmul_rows.cu"), ("rowops", "rowops.cu"),
-           ("shortconv", "shortconv.cu"), ("attention", "attention.cu")]
+SOURCES = [*(("matmul", f) for f in SOURCE_FILES), ("rowops", "rowops.cu"), ("shortconv", "shortconv.cu"),
+           ("attention", "attention.cu")]
 
 
 def kernel_signatures() -> dict[str, list[tuple[str, bool]]]:
@@ -62,6 +63,9 @@ class RecordingDevice(Device):
         assert f"{entry.split('<')[0]}(" in source
         self.entries.append(entry)
         return Program(name or entry, None, entry, {}, {"entry": entry})
+
+    def allow_dynamic_shared(self, program: Program, nbytes: int) -> None:
+        program.meta["dynamic_shared_bytes"] = int(nbytes)
 
     def run(self, launches) -> None:
         pass
@@ -171,7 +175,7 @@ def _table_for(cfg, fp: str, ffn_mma: dict, ffn_rows: dict, attn_nw: int, kind: 
         {"m_min": 1, "m_max": 7, "kernel": rows.name, "config": ffn_rows},
         {"m_min": 8, "m_max": None, "kernel": mma.name, "config": ffn_mma}]), mma)
     table.put(attention_key(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim), Entry([
-        {"m_min": 1, "m_max": None, "kernel": "attention", "config": {"NW": attn_nw}}]), CudaAttention())
+        {"m_min": 1, "m_max": None, "kernel": "attention", "config": {"QT": 1, "NW": attn_nw}}]), CudaAttention())
     return table
 
 
@@ -218,12 +222,49 @@ def test_a_split_k_choice_launches_the_slices_into_the_partial_buffer_then_the_r
         assert red.program.meta["entry"] == "nf4_mm_splitk_reduce<1, 256>"
         assert main.grid == (1, 2, 2)  # ceil(64 / 64) column tiles, ceil(40 / 32) row tiles, KS = 2 slices
         partial = main.buffers[8]
-        assert partial is ex._partial and red.buffers[0] is partial and red.buffers[1] == 2
+        assert partial is ex._scratch["partial"] and red.buffers[0] is partial and red.buffers[1] == 2
         assert red.buffers[2] is ex.act["x"] and int(red.buffers[3]) == n and int(red.buffers[4]) == H
         assert partial.nbytes >= 4 * 2 * MIN_ROW_CAPACITY * H  # KS slices at the row capacity
         assert red.grid == (-(-n * H // 256), 1, 1)
     others = [lab for lab in plan.labels if lab.startswith("ffn.gate_up")]
     assert len(others) == len(cfg.layer_types)  # one launch each
+
+
+@pytest.mark.parametrize("ks", [1, 2])
+def test_a_ring_choice_rounds_x_to_f16_once_then_runs_the_ring_on_it(rng, ks):
+    """ffn.down on the ring kind: the prologue writes the executor's `xh` scratch (one block per row, from the row the
+    matmul reads), the ring reads it and writes out (KS 1) or the partial sums the reduction then adds (KS 2)."""
+    from tilewise.kernels.matmul.cuda import PREP_NT
+    from tilewise.model.cuda import MIN_ROW_CAPACITY
+
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
+    dev = RecordingDevice()
+    ring = {"BM": 32, "BN": 64, "BK": 32, "WM": 16, "WN": 32, "ST": 3, "KS": ks, "MB": 2}
+    ex = CUDAExecutor(ck, device=dev, dispatch=_table_for(cfg, dev.info.fingerprint, ring, {"NT": 64, "RM": 2}, 4,
+                                                          kind="ring"))
+    sigs = kernel_signatures()
+    n, H, F = 40, cfg.hidden_size, cfg.ffn_dim
+    plan, _ = ex.plan(rng.integers(0, 512, n), 0, None, False)
+    downs = [launch for launch, lab in zip(plan.launches, plan.labels) if lab == "ffn.down"]
+    per = 2 + (ks > 1)
+    assert len(downs) == per * len(cfg.layer_types)
+    xh = ex._scratch["xh"]
+    assert xh.nbytes >= 2 * MIN_ROW_CAPACITY * F  # f16 rows of the widest K the ring reads
+    for i in range(0, len(downs), per):
+        prep, main = downs[i], downs[i + 1]
+        for launch in downs[i:i + per]:
+            check_launch(launch, sigs)
+        assert prep.program.meta["entry"] == "nf4_mm_prep<0, 128>" and prep.program.meta["block"] == (PREP_NT, 1, 1)
+        assert prep.grid == (n, 1, 1) and prep.buffers[4] is xh and int(prep.buffers[5]) == F
+        assert main.program.meta["entry"] == f"nf4_mm_ring<0, 1, 32, 64, 32, 16, 32, 3, {ks}, 2>"
+        assert main.buffers[0] is xh and main.grid == (1, 2, ks)
+        if ks == 1:
+            assert main.buffers[5] is ex.act["x"]  # the residual epilogue in place
+        else:
+            red = downs[i + 2]
+            assert main.buffers[5] is ex._scratch["partial"] is red.buffers[0] and red.buffers[2] is ex.act["x"]
+        assert (int(main.buffers[6]), int(main.buffers[7]), int(main.buffers[8])) == (n, H, F)
 
 
 def test_a_given_table_breaking_a_kernel_rule_is_refused_before_anything_compiles():
@@ -258,9 +299,9 @@ def test_tune_model_on_cuda_offers_the_cuda_kernels_with_their_seeds():
     dev = RecordingDevice()
     cands = model_tune.matmul_candidates(dev, "nf4", "swiglu", [1, 346], 4, 0, norm=True)
     kinds = {t.kind for t, _ in cands}
-    assert kinds == {"mma", "rows", "splitk", "pipe"} and all(isinstance(t, CudaMatmul) for t, _ in cands)
+    assert kinds == {"mma", "rows", "splitk", "pipe", "ring"} and all(isinstance(t, CudaMatmul) for t, _ in cands)
     few = model_tune.matmul_candidates(dev, "nf4", "swiglu", [1, 8], 4, 0, norm=True)
-    assert {t.kind for t, _ in few} == {"mma", "rows"}  # split-K and the cp.async pipeline only from 32 rows
+    assert {t.kind for t, _ in few} == {"mma", "rows"}  # split-K and the cp.async kinds only from 32 rows
     mma = next(t for t, _ in cands if t.kind == "mma")
     got = [c for t, c in cands if t.kind == "mma"]
     assert got[0] == mma.default_config()

@@ -17,8 +17,8 @@
   of that plan (`run_plan`); timed decisions, and `TILEWISE_CUDA_GRAPHS=0`, run launch by launch.
 
 Device loss (a kernel fault poisons the CUDA context) raises `DeviceLost`; the next `forward` tries to rebuild the
-device and weights, and states made before the loss are refused. A table may choose split-K for a matmul: its
-partial sums go to one executor-owned scratch buffer sized for the row capacity.
+device and weights, and states made before the loss are refused. A matmul's scratch (split-K's partial sums, the ring
+kind's f16 copy of x) goes to executor-owned buffers, one per name, sized for the row capacity.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ class CUDAExecutor:
         self._templates: dict[str, KernelTemplate] = {}
         self._pool: dict[int, list[GPUCaches]] = {}
         self._rows = 0
-        self._partial: Buffer | None = None
+        self._scratch: dict[str, Buffer] = {}
         self._rope_positions = 0
         self._plans: dict[tuple[Any, ...], Plan] = {}
         self._upload_weights()
@@ -210,7 +210,7 @@ class CUDAExecutor:
         self._ids_host = self._host_array(rows, np.int32)
         self._res_host = self._host_array(H + cfg.num_labels, np.float32)
         self._rows = rows
-        self._partial = None  # split-K's partial sums, sized for this row capacity at their first use
+        self._scratch = {}  # split-K's partial sums, ring's f16 x: sized for this row capacity at their first use
         self._plans.clear()  # plans bind the old buffers
 
     def _host_array(self, size: int, dtype: Any) -> np.ndarray:
@@ -268,23 +268,24 @@ class CUDAExecutor:
         cfg = self.cfg
         picked = self.dispatch.pick(attention_key(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim),
                                     rows)
-        return self._template("attention").config_of(picked[1] if picked is not None else {"NW": attn_k.DEFAULT_NW})
+        return self._template("attention").config_of(picked[1] if picked is not None else attn_k.DEFAULT_ATTENTION)
 
     def _matmul(self, plan: Plan, label: str, epilogue: str, x: Buffer, x_row0: int, rows: int,
                 weights: dict[str, Buffer], out: Buffer, n: int, k: int, norm: Buffer | None = None) -> None:
         tpl, cfg = self.matmul_choice(epilogue, n, k, rows, norm is not None)
         bufs = {"x": x, "out": out, **weights, **({"norm_w": norm} if norm is not None else {})}
-        if tpl.splits(cfg):  # partial sums, then a second launch adds them with the epilogue
-            bufs["partial"] = self._partial_sums(tpl.partial_bytes(cfg["KS"], self._rows, n))
+        for name, nbytes in tpl.scratch_bytes(cfg, self._rows, n, k).items():  # split-K's sums, ring's f16 x
+            bufs[name] = self._scratch_buffer(name, nbytes)
         shape = (rows, n, k)
         plan.add(label, tpl.launches_at(self.program(tpl, cfg, shape), bufs, cfg, shape, x_row0))
 
-    def _partial_sums(self, nbytes: int) -> Buffer:
-        """One f32 buffer shared by every split-K matmul (they run one after another), grown to the largest use at
-        the row capacity (a plan bound to a smaller one keeps it)."""
-        if self._partial is None or self._partial.nbytes < nbytes:
-            self._partial = self.dev.allocate(nbytes)
-        return self._partial
+    def _scratch_buffer(self, name: str, nbytes: int) -> Buffer:
+        """One buffer per scratch name shared by every matmul (they run one after another), grown to the largest use
+        at the row capacity (a plan bound to a smaller one keeps it)."""
+        buf = self._scratch.get(name)
+        if buf is None or buf.nbytes < nbytes:
+            buf = self._scratch[name] = self.dev.allocate(nbytes)
+        return buf
 
     def _copy(self, plan: Plan, label: str, src: Buffer, src_word: int, dst: Buffer, dst_word: int,
               words: int) -> None:

@@ -168,7 +168,7 @@ def matmul_templates(dev: Any, fmt: str, epilogue: str, rows: list[int], f16_ari
     and tensor-core kernels, and (from 32 rows) split-K."""
     if dev.info.backend == "cuda":
         return [mm_cuda.CudaMatmul(kind, fmt, epilogue, norm, eps) for kind in mm_cuda.KINDS
-                if not (kind in ("splitk", "pipe") and max(rows) < mm_cuda.MMA_FROM_ROWS)]  # tiles need rows
+                if not (kind in ("splitk", "pipe", "ring") and max(rows) < mm_cuda.MMA_FROM_ROWS)]  # tiles need rows
     kinds = [k for k in mm.KINDS if not (k == "splitk" and max(rows) < 64)]  # split-K only pays with many rows
     out = [mm.MatmulTemplate(kind, fmt, epilogue, dev.enabled_features, norm=norm, eps=eps) for kind in kinds]
     if f16_arith and "shader-f16" in dev.enabled_features:
@@ -310,7 +310,7 @@ def attention_template(dev: Any) -> Any:
 
 def attention_candidates(dev: Any, budget: int | None = None) -> list[Config]:
     t = attention_template(dev)
-    default = t.config_of({"NW": attn_cuda.DEFAULT_NW} if dev.info.backend == "cuda" else attn_k.DEFAULT_ATTN)
+    default = t.config_of(attn_cuda.DEFAULT_ATTENTION if dev.info.backend == "cuda" else attn_k.DEFAULT_ATTN)
     legal = t.space().legal(dev.info.limits)
     return ([default] + [c for c in legal if c != default])[:budget]
 

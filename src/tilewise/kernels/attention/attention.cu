@@ -10,6 +10,11 @@
 //       0 .. P + first + i, written to row i of out;
 //       warp w takes keys w, w + NW, ...; each lane holds ceil(D / 32) of q and of the running output; the warps' partial
 //       (max, sum, output) are merged in shared memory. out (M, HQ D).
+//   attention_tiled<D, QT, NW>(same arguments)
+//       grid (ceil(M / QT), HQ), NW warps: QT queries of head h share each 32-key tile of K and V staged in shared
+//       memory (the per-query kernel reads every key from L2 once per query); warp w owns queries w, w + NW, ..; for
+//       each, lane l scores key t0 + l, the warp keeps the online softmax (max, sum) and each lane ceil(D / 32) output
+//       dims, adding the tile's 32 weighted values with the weights broadcast by shuffles.
 // Rules mirrored from kernels/attention/cuda.py.
 
 #ifndef WARPSIZE
@@ -27,6 +32,19 @@ __host__ __device__ constexpr int rope_first_failure(int D) {
 __host__ __device__ constexpr int attention_first_failure(int D, int NW) {
   if (D < 16 || D > 256 || D % 16 != 0) return 1;  // head_dim_16_256
   if (NW < 1 || NW > 32) return 2;                       // warps_1_32
+  return 0;
+}
+
+// the tiled kernel's rules after attention_first_failure's: QT whole queries per warp, at most 8 held per warp,
+// its shared memory (the queries, a padded K tile and a V tile of 32 keys) in the 48 KB of static shared memory
+__host__ __device__ constexpr int tiled_smem_bytes(int D, int QT) {
+  return 4 * (QT * D + 32 * (D + 1) + 32 * ((D + WARPSIZE - 1) / WARPSIZE) * WARPSIZE);
+}
+__host__ __device__ constexpr int tiled_first_failure(int D, int QT, int NW) {
+  if (attention_first_failure(D, NW)) return attention_first_failure(D, NW);
+  if (QT < NW || QT % NW != 0) return 3;              // queries_per_warp_whole
+  if (QT / NW > 8) return 4;                          // queries_per_warp_8
+  if (tiled_smem_bytes(D, QT) > 48 * 1024) return 5;  // smem_48k
   return 0;
 }
 
@@ -125,4 +143,86 @@ __global__ void __launch_bounds__(NW * WARPSIZE) attention(const float *__restri
 #pragma unroll
   for (int e = 0; e < E; ++e)
     if (e * WARPSIZE + lane < D) out[((size_t)i * HQ + h) * D + e * WARPSIZE + lane] = o[e] / tot;
+}
+
+// the launch bound's one block per SM: with the default bound ptxas capped it at 64 registers and spilled
+template <int D, int QT, int NW>
+__global__ void __launch_bounds__(NW * WARPSIZE, 1) attention_tiled(const float *__restrict__ q,
+                                                                  const float *__restrict__ k_cache,
+                                                                  const float *__restrict__ v_cache,
+                                                                  float *__restrict__ out, int M, int P, int first,
+                                                                  int HQ, int HKV) {
+  constexpr int FAIL = tiled_first_failure(D, QT, NW);
+  static_assert(FAIL != 1, "head_dim_16_256: D must be a multiple of 16, 16..256");
+  static_assert(FAIL != 2, "warps_1_32: NW (warps per block) must be 1..32");
+  static_assert(FAIL != 3, "queries_per_warp_whole: QT must be a whole number (>= 1) of queries per warp");
+  static_assert(FAIL != 4, "queries_per_warp_8: QT / NW above 8 queries held per warp");
+  static_assert(FAIL != 5, "smem_48k: the queries and a K and V tile exceed 48 KB of static shared memory");
+  constexpr int E = (D + WARPSIZE - 1) / WARPSIZE, QPW = QT / NW, TK = WARPSIZE;  // keys per tile
+  __shared__ float s_q[QT][D];        // the block's queries, scaled by 1/sqrt(D)
+  __shared__ float s_k[TK][D + 1];    // a key per row, padded: lane l reads row l without bank conflicts
+  __shared__ float s_v[TK][E * WARPSIZE];
+  const int i0 = blockIdx.x * QT, h = blockIdx.y, kvh = h / (HQ / HKV);
+  const int warp = threadIdx.x / WARPSIZE, lane = threadIdx.x % WARPSIZE;
+  const float scale = rsqrtf((float)D);
+  for (int e = threadIdx.x; e < QT * D; e += NW * WARPSIZE) {
+    const int r = e / D, c = e % D;
+    s_q[r][c] = i0 + r < M ? q[((size_t)(first + i0 + r) * HQ + h) * D + c] * scale : 0.0f;
+  }
+  float mx[QPW], sum[QPW], acc[QPW][E];
+#pragma unroll
+  for (int j = 0; j < QPW; ++j) {
+    mx[j] = ATTN_NEG_INF;
+    sum[j] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[j][e] = 0.0f;
+  }
+  const int last = (i0 + QT < M ? i0 + QT : M) - 1;  // the block's last query: keys 0 .. P + first + last
+  const int keys = P + first + last + 1;
+  for (int t0 = 0; t0 < keys; t0 += TK) {
+    __syncthreads();  // the previous tile is read by every warp (and s_q written before the first)
+    for (int e = threadIdx.x; e < TK * D; e += NW * WARPSIZE) {
+      const int r = e / D, c = e % D, t = t0 + r;
+      const size_t off = ((size_t)t * HKV + kvh) * D + c;
+      s_k[r][c] = t < keys ? k_cache[off] : 0.0f;
+      s_v[r][c] = t < keys ? v_cache[off] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < QPW; ++j) {
+      const int qi = warp + j * NW, i = i0 + qi;  // warp-uniform: the whole warp skips a query past M
+      if (i >= M) continue;
+      const int t = t0 + lane, limit = P + first + i;  // this query sees keys 0 .. limit
+      float s = 0.0f;
+#pragma unroll 16
+      for (int c = 0; c < D; ++c) s += s_q[qi][c] * s_k[lane][c];
+      s = t <= limit ? s : ATTN_NEG_INF;
+      float tmax = s;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
+      if (tmax == ATTN_NEG_INF) continue;  // no key of this tile is visible to the query (warp-uniform)
+      const float nm = fmaxf(mx[j], tmax), corr = __expf(mx[j] - nm), p = t <= limit ? __expf(s - nm) : 0.0f;
+      float psum = p;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) psum += __shfl_xor_sync(0xffffffffu, psum, o);
+      sum[j] = sum[j] * corr + psum;
+      mx[j] = nm;
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[j][e] *= corr;
+#pragma unroll 8
+      for (int r = 0; r < TK; ++r) {
+        const float pr = __shfl_sync(0xffffffffu, p, r);
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[j][e] += pr * s_v[r][e * WARPSIZE + lane];
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < QPW; ++j) {
+    const int i = i0 + warp + j * NW;
+    if (i >= M) continue;
+#pragma unroll
+    for (int e = 0; e < E; ++e)
+      if (e * WARPSIZE + lane < D) out[((size_t)i * HQ + h) * D + e * WARPSIZE + lane] = acc[j][e] / sum[j];
+  }
 }

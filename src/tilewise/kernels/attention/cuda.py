@@ -1,8 +1,10 @@
 """Attention on CUDA (`attention.cu`): q/k RMSNorm + RoPE into the KV cache, and flash-style causal GQA attention.
 
-Problems: `attention.problem.AttentionProblem` (shape M, P, HQ, HKV, D; parameter NW, warps per (query, head)
-block, each warp taking every NW-th key with an online softmax) and `QKNormRopeProblem` (one block of D threads per
-(head, row); D is a template argument). Sizes other than D are kernel arguments.
+Problems: `attention.problem.AttentionProblem` (shape M, P, HQ, HKV, D; parameters QT, queries per block, and NW,
+warps per block: QT 1, each warp taking every NW-th key of the block's query with an online softmax; QT > 1, the
+block's QT queries sharing each 32-key tile staged in shared memory, a warp per query at a time) and
+`QKNormRopeProblem` (one block of D threads per (head, row); D is a template argument). Sizes other than D are
+kernel arguments.
 """
 
 from __future__ import annotations
@@ -18,7 +20,16 @@ from tilewise.kernels.cudasrc import compile_cuda, cu_source, name_expression, u
 from tilewise.kernels.space import Config, Rule, Space
 
 DEFAULT_NW = 4
+#: QT 1: the per-query kernel (`attention`); QT > 1: `attention_tiled`, QT queries sharing each staged key tile
+DEFAULT_ATTENTION = {"QT": 1, "NW": DEFAULT_NW}
 MAX_GRID_YZ = 65535
+STATIC_SMEM_BYTES = 48 * 1024
+
+
+def tiled_smem_bytes(d: int, qt: int) -> int:
+    """Static shared memory of `attention_tiled` (`tiled_smem_bytes` in attention.cu): the block's queries, a padded
+    K tile and a V tile of 32 keys."""
+    return 4 * (qt * d + 32 * (d + 1) + 32 * (-(-d // 32)) * 32)
 
 
 def _head_rules(shape: Shape, lo: int, hi: int) -> list[str]:
@@ -32,15 +43,22 @@ def _head_rules(shape: Shape, lo: int, hi: int) -> list[str]:
 
 
 class CudaAttention(KernelTemplate):
-    """Causal GQA attention of M queries after P cached positions; grid (M, HQ), NW warps per block."""
+    """Causal GQA attention of M queries after P cached positions, NW warps per block: QT 1, grid (M, HQ), one query
+    a block; QT > 1, grid (ceil(M / QT), HQ), QT queries a block sharing staged key tiles."""
 
     backend = "cuda"
     problem = AttentionProblem()
 
     def space(self, which: str = "full") -> Space:
-        """attention.cu's `warps_1_32` (its `head_dim_16_256` is a shape rule: D comes with the shape)."""
-        return Space("cuda-attention", {"NW": [1, 2, 4, 8, 16]}, [
+        """attention.cu's `warps_1_32` and the tiled kernel's `tiled_first_failure` rules (`head_dim_16_256` and
+        `smem_48k` are shape rules: D comes with the shape)."""
+        tiled = lambda c: c.QT > 1  # noqa: E731
+        return Space("cuda-attention", {"QT": [1, 8, 16, 32, 64], "NW": [1, 2, 4, 8, 16]}, [
             Rule("warps_1_32", lambda c, _: 1 <= c.NW <= 32, lambda c, _: f"NW = {c.NW} warps is not in 1..32"),
+            Rule("queries_per_warp_whole", lambda c, _: not tiled(c) or (c.QT >= c.NW and c.QT % c.NW == 0),
+                 lambda c, _: f"QT = {c.QT} queries are not a whole number of queries for each of NW = {c.NW} warps"),
+            Rule("queries_per_warp_8", lambda c, _: not tiled(c) or c.QT // c.NW <= 8,
+                 lambda c, _: f"QT / NW = {c.QT // c.NW} queries per warp > 8 (each holds its output in registers)"),
             Rule("threads_per_block", lambda c, lim: lim.max_invocations_per_workgroup >= 32 * c.NW,
                  lambda c, lim: f"32*NW = {32 * c.NW} > the device's {lim.max_invocations_per_workgroup}",
                  needs_limits=True)])
@@ -49,9 +67,14 @@ class CudaAttention(KernelTemplate):
         out = _head_rules(shape, 16, 256)
         if shape[2] > MAX_GRID_YZ:
             out.append(f"grid_y: HQ = {shape[2]} > {MAX_GRID_YZ}")
+        if config["QT"] > 1 and (smem := tiled_smem_bytes(shape[4], config["QT"])) > STATIC_SMEM_BYTES:
+            out.append(f"smem_48k: QT = {config['QT']} queries of D = {shape[4]} and a key tile take {smem} bytes of "
+                       f"shared memory > {STATIC_SMEM_BYTES}")
         return out
 
     def entry(self, config: Config, d: int) -> str:
+        if config["QT"] > 1:
+            return name_expression("attention_tiled", d, config["QT"], config["NW"])
         return name_expression("attention", d, config["NW"])
 
     def source(self, config: Config, shape: Shape | None = None) -> str:
@@ -62,8 +85,10 @@ class CudaAttention(KernelTemplate):
         return (config, shape[4])
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
-        return compile_cuda(device, cu_source("attention", "attention.cu"), self.entry(config, shape[4]),
+        prog = compile_cuda(device, cu_source("attention", "attention.cu"), self.entry(config, shape[4]),
                             32 * config["NW"], f"attention[{config}]")
+        prog.meta["QT"] = int(config["QT"])  # the launch's grid covers the queries in blocks of QT
+        return prog
 
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
         bufs = upload_all(device, host)
@@ -76,8 +101,10 @@ class CudaAttention(KernelTemplate):
     def launches_at(self, program: Program, bufs: DeviceBuffers, shape: Shape, first: int) -> list[Launch]:
         """Queries are rows first.. of the chunk (the last block of a decision asks for its last row only)."""
         m, p, hq, hkv, _ = shape
-        return [Launch(program, (m, hq, 1), [bufs["q"], bufs["k_cache"], bufs["v_cache"], bufs["out"], np.int32(m),
-                                             np.int32(p), np.int32(first), np.int32(hq), np.int32(hkv)])]
+        qt = program.meta.get("QT", 1)
+        return [Launch(program, (-(-m // qt), hq, 1), [bufs["q"], bufs["k_cache"], bufs["v_cache"], bufs["out"],
+                                                        np.int32(m), np.int32(p), np.int32(first), np.int32(hq),
+                                                        np.int32(hkv)])]
 
 
 class CudaQKNormRope(KernelTemplate):

@@ -1,7 +1,7 @@
 """The classifier's weight matmuls on CUDA (`matmul.cu`): tensor cores (mma.sync f16 -> f32) fed by register
 prefetch or a cp.async pipeline, split-K and a short-row path.
 
-Problem: `matmul.problem.MatmulProblem` (y = epilogue(norm(x) @ W^T), W (N, K) nf4 / f16 / f32). Four kinds:
+Problem: `matmul.problem.MatmulProblem` (y = epilogue(norm(x) @ W^T), W (N, K) nf4 / f16 / f32). Five kinds:
 
 - `mma` (`nf4_mm_mma<FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE>`): a BM x BN output tile per block, BK inputs per
   step through PIPE shared-memory buffers (x normed and rounded to f16, W decoded once per step, the next step's
@@ -14,6 +14,9 @@ Problem: `matmul.problem.MatmulProblem` (y = epilogue(norm(x) @ W^T), W (N, K) n
 - `pipe` (`nf4_mm_pipe<..., ST, KS, MB>`): the same tiles fed by a cp.async ring of ST raw stages in dynamic shared
   memory (opted in above 48 KB), converted into two operand buffers with one barrier a step; KS 1 applies the
   epilogue, KS > 1 sums slices like split-K; MB is the launch bound's blocks per SM;
+- `ring` (`nf4_mm_prep<NORM, NT>` + `nf4_mm_ring<FMT, EPI, ..., ST, KS, MB>`): x rounded to f16 once (normed first
+  with the fused norm) into the `xh` scratch, then a cp.async ring of ST stages holding f16 x and W as stored, with
+  nothing converted in shared memory: W's fragments are decoded in registers. KS > 1 sums slices like split-K;
 - `rows` (`nf4_mm_rows<FMT, EPI, NORM, NT, RM>`): one warp per output column over RM rows, f32 arithmetic, for few
   rows (a decision's last block, short extends).
 
@@ -37,7 +40,7 @@ from tilewise.kernels.matmul.problem import EPILOGUES, MatmulProblem
 from tilewise.kernels.space import Config, Rule, Space
 
 WARP = 32
-KINDS = ("mma", "rows", "splitk", "pipe")
+KINDS = ("mma", "rows", "splitk", "pipe", "ring")
 EPI_CODE = {e: i for i, e in enumerate(EPILOGUES)}  # none 0, residual 1, swiglu 2 (matmul.cu's EPI)
 STATIC_SMEM_BYTES = 48 * 1024
 MAX_FRAGMENTS = 16
@@ -84,6 +87,24 @@ PIPE_SEED = [dict(zip(PIPE_PARAMS, v)) for v in (
 PIPE_SMEM_MAX = 227 * 1024
 #: shared memory the driver reserves per block (sm_80+), for the blocks-per-SM rule
 SMEM_RESERVED_PER_BLOCK = 1024
+RING_PARAMS = PIPE_PARAMS
+RING_VALUES: dict[str, list[int]] = {**PIPE_VALUES, "BK": [32, 64], "ST": [2, 3, 4, 6]}
+DEFAULT_RING = {"BM": 64, "BN": 64, "BK": 32, "WM": 32, "WN": 32, "ST": 4, "KS": 1, "MB": 2}  # legal in every variant
+# ordered by what won first (`tune model --budget N` takes the default and the first legal seeds): the small tiles
+# for N <= 3072, the 64x128 / 128x128 halves of a SwiGLU pair, split-K for the N = 1024 projections
+RING_SEED = [dict(zip(RING_PARAMS, v)) for v in (
+    (64, 64, 64, 32, 32, 3, 1, 1), (64, 128, 32, 64, 32, 4, 1, 1), (128, 128, 32, 64, 32, 3, 1, 1),
+    (64, 128, 64, 64, 32, 3, 1, 2), (64, 64, 64, 32, 32, 3, 2, 2), (64, 64, 64, 32, 32, 3, 4, 2),
+    (128, 64, 32, 64, 32, 3, 1, 1), (64, 64, 32, 32, 32, 4, 4, 2), (64, 64, 64, 32, 32, 3, 1, 2),
+    (64, 256, 64, 64, 64, 3, 1, 1), (128, 128, 64, 64, 64, 3, 1, 2), (64, 128, 64, 64, 32, 3, 1, 1),
+    (64, 64, 64, 32, 32, 4, 1, 2), (128, 128, 64, 64, 32, 3, 1, 1), (64, 64, 32, 32, 32, 4, 1, 2),
+    (128, 64, 64, 64, 32, 3, 1, 1), (32, 64, 64, 16, 32, 4, 1, 2), (64, 64, 32, 32, 32, 2, 1, 2),
+    (64, 128, 32, 32, 64, 6, 2, 1),
+    (128, 128, 64, 64, 64, 6, 1, 1),  # f32: over smem_227k; with swiglu fragments_per_warp_16 refuses the 64x64s
+    (128, 128, 64, 32, 32, 3, 1, 2),  # illegal on purpose: registers_spare (512 threads, 2 blocks: 64 each)
+)]
+#: threads per block of the ring kind's x prologue (one block per row)
+PREP_NT = 128
 
 
 def mma_smem_bytes(c: Config, sets: int) -> int:
@@ -101,7 +122,7 @@ def mma_held_registers(c: Config, fmt: str, sets: int, norm: bool = False) -> in
 
 
 #: the family's CUDA source files, compiled as one text in this order (the later ones use matmul.cu's helpers)
-SOURCE_FILES = ("matmul.cu", "matmul_pipe.cu", "matmul_rows.cu")
+SOURCE_FILES = ("matmul.cu", "matmul_pipe.cu", "matmul_ring.cu", "matmul_rows.cu")
 
 
 def matmul_source() -> str:
@@ -116,6 +137,25 @@ def pipe_smem_bytes(c: Config, fmt: str, sets: int) -> int:
     absmax = max(1, c.BK // 64) if fmt == "nf4" else 0
     raw = c.BM * c.BK * 4 + sets * c.BN * row + sets * c.BN * absmax * 4 + c.BK * 4  # + the step's norm weights
     return c.ST * raw + 2 * (c.BM + sets * c.BN) * (c.BK + 8) * 2 + c.BM * 4 + 16 * 4
+
+
+def ring_smem_bytes(c: Config, fmt: str, sets: int) -> int:
+    """Dynamic shared memory of a ring block, as `ring_smem_bytes` in matmul_ring.cu: ST stages of the x tile (f16)
+    and SETS W tiles as stored (nf4 with the rows' absmax; f16 and f32 rows padded), then the NF4 code."""
+    w_tile = {"nf4": c.BN * (c.BK // 2) + c.BN * 4, "f16": c.BN * (c.BK + 8) * 2, "f32": c.BN * (c.BK + 4) * 4}[fmt]
+    return c.ST * (c.BM * (c.BK + 8) * 2 + sets * w_tile) + 16 * 4
+
+
+def ring_spare_registers(c: Config, sets: int) -> int:
+    """Registers per thread the launch bound leaves beside the accumulators (`ring_register_cap` in matmul_ring.cu)."""
+    cap = min(255, 65536 // max(mma_threads(c) * c.MB, 1))
+    return cap - sets * (c.WM // 16) * (c.WN // 8) * 4
+
+
+def ring_spare_needed(fmt: str, bk: int) -> int:
+    """Registers the ring kind needs beside the accumulators (`ring_spare_needed`): nf4's decode at BK 64 holds a
+    step's raw words, and spilled with 127."""
+    return 128 if fmt == "nf4" and bk == 64 else 64
 
 
 def mma_threads(c: Config) -> int:
@@ -189,6 +229,39 @@ def pipe_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
     ]
 
 
+def ring_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
+    """matmul_ring.cu's `ring_first_failure`, rule for rule, then the device's limits."""
+    pipe = {r.name: r for r in pipe_rules(sets, fmt)}
+    mma = {r.name: r for r in mma_rules(sets, fmt)}
+    smem = lambda c: ring_smem_bytes(c, fmt, sets)  # noqa: E731
+    return [
+        Rule("fragments_16", lambda c, _: all(v % 16 == 0 and v >= 16 for v in (c.WM, c.WN)),
+             lambda c, _: f"WM = {c.WM}, WN = {c.WN} must be multiples of 16 (m16n8k16 steps)"),
+        Rule("bk_32_64", lambda c, _: c.BK in (32, 64),
+             lambda c, _: f"BK = {c.BK} is not 32 or 64 (whole 16-byte nf4 copies, one absmax per row a step)"),
+        mma["warp_tiles_divide"], mma["threads_1024"], mma["fragments_per_warp_16"], pipe["mb_1_2"],
+        Rule("registers_spare", lambda c, _: ring_spare_registers(c, sets) >= ring_spare_needed(fmt, c.BK),
+             lambda c, _: f"the launch bound ({mma_threads(c)} threads x {c.MB} blocks) leaves "
+                          f"{ring_spare_registers(c, sets)} registers beside the accumulators, < "
+                          f"{ring_spare_needed(fmt, c.BK)} (ptxas spills)",
+             doc="fragments and addresses need 64 registers beside the accumulators; nf4's decode at BK 64, 128"),
+        Rule("stages_2_6", lambda c, _: 2 <= c.ST <= 6, lambda c, _: f"ST = {c.ST} ring stages is not in 2..6",
+             doc="K steps in shared memory; the copies run ST - 1 steps ahead"),
+        pipe["ks_1_2_4_8"],
+        Rule("smem_227k", lambda c, _: smem(c) <= PIPE_SMEM_MAX,
+             lambda c, _: f"{smem(c)} bytes of shared memory > {PIPE_SMEM_MAX} (the sm_80..sm_90 opt-in maximum)"),
+        mma["threads_per_block"],
+        Rule("smem_per_block", lambda c, lim: lim.shared_bytes_per_block_optin is None
+             or smem(c) <= lim.shared_bytes_per_block_optin,
+             lambda c, lim: f"{smem(c)} bytes of shared memory > the device's {lim.shared_bytes_per_block_optin} "
+                            "per block", needs_limits=True),
+        Rule("mb_fit_smem", lambda c, lim: lim.shared_bytes_per_multiprocessor is None
+             or c.MB * (smem(c) + SMEM_RESERVED_PER_BLOCK) <= lim.shared_bytes_per_multiprocessor,
+             lambda c, lim: f"MB = {c.MB} blocks of {smem(c)} bytes do not fit the device's "
+                            f"{lim.shared_bytes_per_multiprocessor} bytes of shared memory per SM", needs_limits=True),
+    ]
+
+
 def rows_rules() -> list[Rule]:
     """matmul_rows.cu's `rows_first_failure`, rule for rule."""
     return [
@@ -220,7 +293,7 @@ class CudaMatmul(KernelTemplate):
         self.name = f"{fmt}_matmul.{kind}.{epilogue}" + (".norm" if norm else "")
         self.dtype = "f16" if kind != "rows" else self.problem.dtype
         #: split-K's partial sums are poisoned and guarded like "out" (`KernelTemplate.scratch_buffers`)
-        self.scratch_buffers = ("partial",) if kind in ("splitk", "pipe") else ()
+        self.scratch_buffers = {"splitk": ("partial",), "pipe": ("partial",), "ring": ("partial", "xh")}.get(kind, ())
 
     @classmethod
     def from_name(cls, name: str, eps: float = 1e-5) -> CudaMatmul:
@@ -235,6 +308,9 @@ class CudaMatmul(KernelTemplate):
     def space(self, which: str = "full") -> Space:
         if self.kind == "rows":
             return Space("cuda-matmul-rows", {k: list(v) for k, v in ROWS_VALUES.items()}, rows_rules())
+        if self.kind == "ring":
+            return Space(f"cuda-matmul-ring-{which}", {k: list(v) for k, v in RING_VALUES.items()},
+                         ring_rules(self.sets, self.fmt), points=RING_SEED if which == "seed" else None)
         if self.kind == "pipe":
             return Space(f"cuda-matmul-pipe-{which}", {k: list(v) for k, v in PIPE_VALUES.items()},
                          pipe_rules(self.sets, self.fmt), points=PIPE_SEED if which == "seed" else None)
@@ -248,16 +324,24 @@ class CudaMatmul(KernelTemplate):
 
     def default_config(self) -> Config:
         return self.config_of({"rows": DEFAULT_ROWS, "mma": DEFAULT_MMA, "splitk": DEFAULT_SPLITK,
-                               "pipe": DEFAULT_PIPE}[self.kind])
+                               "pipe": DEFAULT_PIPE, "ring": DEFAULT_RING}[self.kind])
 
     def splits(self, config: Config) -> bool:
-        """The config sums slices of K through `partial` and a second launch (split-K, or pipe with KS > 1)."""
-        return self.kind == "splitk" or (self.kind == "pipe" and config["KS"] > 1)
+        """The config sums slices of K through `partial` and a further launch (split-K, or pipe / ring with KS > 1)."""
+        return self.kind == "splitk" or (self.kind in ("pipe", "ring") and config["KS"] > 1)
+
+    def scratch_bytes(self, config: Config, rows: int, n: int, k: int) -> dict[str, int]:
+        """The scratch buffers a config's launches need at `rows` rows, by name: split-K's partial sums, the ring
+        kind's f16 copy of x (`xh`, rows x K)."""
+        out = {"partial": self.partial_bytes(config["KS"], rows, n)} if self.splits(config) else {}
+        if self.kind == "ring":
+            out["xh"] = 2 * rows * k
+        return out
 
     def config_problems(self, config: Config, shape: Shape) -> list[str]:
         m, _, k = shape
         out = []
-        if self.kind in ("splitk", "pipe"):
+        if self.kind in ("splitk", "pipe", "ring"):
             if k % (config["KS"] * config["BK"]):
                 out.append(f"k_slices: K = {k} is not KS = {config['KS']} slices of whole BK = {config['BK']} steps "
                            f"(a multiple of {config['KS'] * config['BK']})")
@@ -280,7 +364,13 @@ class CudaMatmul(KernelTemplate):
             return name_expression("nf4_mm_splitk", *head, *(config[p] for p in SPLITK_PARAMS))
         if self.kind == "pipe":
             return name_expression("nf4_mm_pipe", *head, *(config[p] for p in PIPE_PARAMS))
+        if self.kind == "ring":  # the norm is the prologue's (`prep_entry`)
+            return name_expression("nf4_mm_ring", *head[:2], *(config[p] for p in RING_PARAMS))
         return name_expression("nf4_mm_mma", *head, *(config[p] for p in MMA_PARAMS))
+
+    def prep_entry(self) -> str:
+        """The ring kind's first kernel: x rows to f16 (normed first with the fused norm)."""
+        return name_expression("nf4_mm_prep", int(self.norm), PREP_NT)
 
     def reduce_entry(self) -> str:
         """split-K's second kernel: the slices' sum with the epilogue."""
@@ -297,9 +387,11 @@ class CudaMatmul(KernelTemplate):
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
         src = matmul_source()
-        dyn = pipe_smem_bytes(config, self.fmt, self.sets) if self.kind == "pipe" else 0
+        dyn = {"pipe": pipe_smem_bytes, "ring": ring_smem_bytes}.get(self.kind)
         prog = compile_cuda(device, src, self.entry(config), self.threads(config), f"{self.name}[{config}]",
-                            dynamic_shared_bytes=dyn)
+                            dynamic_shared_bytes=dyn(config, self.fmt, self.sets) if dyn else 0)
+        if self.kind == "ring":
+            prog.meta["prep"] = compile_cuda(device, src, self.prep_entry(), PREP_NT, f"{self.name}.prep")
         if self.splits(config):
             prog.meta["reduce"] = compile_cuda(device, src, self.reduce_entry(), REDUCE_NT, f"{self.name}.reduce")
         return prog
@@ -309,8 +401,10 @@ class CudaMatmul(KernelTemplate):
         m, n, _ = shape
         bufs = upload_all(device, {k: v for k, v in host.items() if k != "residual"})
         bufs["out"] = device.allocate(4 * m * n)
-        if self.kind in ("splitk", "pipe"):  # for the largest KS, so every candidate shares one input set
+        if self.kind in ("splitk", "pipe", "ring"):  # for the largest KS, so every candidate shares one input set
             bufs["partial"] = device.allocate(self.partial_bytes(max(KS_VALUES), m, n))
+        if self.kind == "ring":
+            bufs["xh"] = device.allocate(2 * m * shape[2])
         init = self.problem.initial_output(host, shape)
         if init is not None:
             device.write(bufs["out"], init)
@@ -332,18 +426,29 @@ class CudaMatmul(KernelTemplate):
     def launches_at(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape,
                     x_row0: int) -> list[Launch]:
         """The launch reading x from row `x_row0` (the executor's last block reads a window of the rows); split-K:
-        the slices into `partial`, then the reduction into out."""
+        the slices into `partial`, then the reduction into out; ring: x to f16 into `xh` first."""
         m, n, k = shape
         split = self.splits(config)
+        if self.kind == "ring":
+            prep = Launch(program.meta["prep"], (m, 1, 1), [bufs["x"], np.int32(x_row0), arg_or(bufs, "norm_w", "x"),
+                                                            np.float32(self.eps), bufs["xh"], np.int32(k)])
+            main = Launch(program, self.grid(config, shape),
+                          [bufs["xh"], bufs["w"], arg_or(bufs, "absmax", "w"), arg_or(bufs, "w_up", "w"),
+                           arg_or(bufs, "absmax_up", "w"), bufs["partial" if split else "out"], np.int32(m),
+                           np.int32(n), np.int32(k)])
+            return [prep, main, *self._reduce(program, bufs, config, m, n)]
         args: list[Any] = [bufs["x"], np.int32(x_row0), bufs["w"], arg_or(bufs, "absmax", "w"),
                            arg_or(bufs, "w_up", "w"), arg_or(bufs, "absmax_up", "w"), arg_or(bufs, "norm_w", "x"),
                            np.float32(self.eps), bufs["partial" if split else "out"], np.int32(m), np.int32(n),
                            np.int32(k)]
-        main = Launch(program, self.grid(config, shape), args)
-        if not split:
-            return [main]
-        return [main, Launch(program.meta["reduce"], (math.ceil(m * n / REDUCE_NT), 1, 1),
-                             [bufs["partial"], np.int32(config["KS"]), bufs["out"], np.int32(m), np.int32(n)])]
+        return [Launch(program, self.grid(config, shape), args), *self._reduce(program, bufs, config, m, n)]
+
+    def _reduce(self, program: Program, bufs: DeviceBuffers, config: Config, m: int, n: int) -> list[Launch]:
+        """split-K's sum of the slices with the epilogue (none without slices)."""
+        if not self.splits(config):
+            return []
+        return [Launch(program.meta["reduce"], (math.ceil(m * n / REDUCE_NT), 1, 1),
+                       [bufs["partial"], np.int32(config["KS"]), bufs["out"], np.int32(m), np.int32(n)])]
 
     # ---- the cuBLAS peer ---------------------------------------------------------------------------------------
     peer_name = "cuBLAS f16"
@@ -375,8 +480,8 @@ class CudaMatmul(KernelTemplate):
         if self.kind == "rows":
             return f"rows nt{config['NT']} rm{config['RM']}"
         tile = f"{config['BM']}x{config['BN']}x{config['BK']} w{config['WM']}x{config['WN']}"
-        if self.kind == "pipe":
-            return f"pipe {tile} st{config['ST']} ks{config['KS']} mb{config['MB']}"
+        if self.kind in ("pipe", "ring"):
+            return f"{self.kind} {tile} st{config['ST']} ks{config['KS']} mb{config['MB']}"
         tile += f" p{config['PIPE']}"
         return f"splitk {tile} ks{config['KS']}" if self.kind == "splitk" else f"mma {tile}"
 

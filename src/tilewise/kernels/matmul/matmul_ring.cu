@@ -1,0 +1,230 @@
+// matmul_ring.cu - the tensor-core matmul on x rounded to f16 once; compiled after matmul.cu and matmul_pipe.cu
+// (their helpers: pack2, mma_16816, ldmatrix_x4, the cp.async wrappers, store_epilogue, store_partial).
+//
+// Two launches (three with split-K):
+// nf4_mm_prep<NORM, NT>: xh (M, K) f16 = x rows x_row0.. rounded to f16 (NORM: x / rms(x) * norm_w first), one
+//   block of NT threads per row. Every column tile of the matmul then reads f16 x as it is: the other kinds
+//   convert (and norm) the f32 x once per column tile.
+// nf4_mm_ring<FMT, EPI, BM, BN, BK, WM, WN, ST, KS, MB>: a ring of ST stages in dynamic shared memory, each one
+//   K step's x tile (f16) and W tile(s) as stored, filled by cp.async ST - 1 steps ahead with one barrier a step;
+//   nothing is converted in shared memory. x fragments come by ldmatrix; W's: f16 by ldmatrix, nf4 decoded in
+//   registers from the raw bytes (the NF4 code in shared memory, times the row's absmax, rounded once to f16), f32
+//   rounded to f16 in registers. KS 1 applies the epilogue; KS > 1 writes slice blockIdx.z's raw sums to partial
+//   for nf4_mm_splitk_reduce. MB is the launch bound's blocks per SM.
+// Shapes: K % BK == 0 (K % (KS * BK) with KS > 1), K % 64 == 0 for nf4 (one absmax per row per step: BK 32 or 64);
+// any M and N (rows past them are zero-filled by cp.async and never stored).
+
+// one ring stage: x (BM, BK + 8) f16, then SETS W tiles: f16 (BN, BK + 8), nf4 raw (BN, BK / 2) bytes and the rows'
+// absmax (BN,), f32 (BN, BK + 4); the padding puts ldmatrix's and the fragment loads' rows in distinct banks
+__host__ __device__ constexpr int ring_w_tile_bytes(int FMT, int BN, int BK) {
+  return FMT == 1 ? BN * (BK + 8) * 2 : FMT == 0 ? BN * (BK / 2) + BN * 4 : BN * (BK + 4) * 4;
+}
+__host__ __device__ constexpr int ring_stage_bytes(int FMT, int EPI, int BM, int BN, int BK) {
+  return BM * (BK + 8) * 2 + (EPI == 2 ? 2 : 1) * ring_w_tile_bytes(FMT, BN, BK);
+}
+__host__ __device__ constexpr int ring_smem_bytes(int FMT, int EPI, int BM, int BN, int BK, int ST) {
+  return ST * ring_stage_bytes(FMT, EPI, BM, BN, BK) + 16 * 4;  // + the NF4 code
+}
+// registers a thread may use under the launch bound
+__host__ __device__ constexpr int ring_register_cap(int BM, int BN, int WM, int WN, int MB) {
+  return 65536 / ((BM / WM) * (BN / WN) * WARPSIZE * MB) < 255 ? 65536 / ((BM / WM) * (BN / WN) * WARPSIZE * MB)
+                                                                : 255;
+}
+
+// beside the accumulators: fragments, addresses, and for nf4 the decode, whose raw words at BK 64 spilled with 127
+__host__ __device__ constexpr int ring_spare_needed(int FMT, int BK) { return FMT == 0 && BK == 64 ? 128 : 64; }
+
+__host__ __device__ constexpr int ring_first_failure(int FMT, int EPI, int BM, int BN, int BK, int WM, int WN, int ST,
+                                                      int KS, int MB) {
+  const int sets = EPI == 2 ? 2 : 1;
+  if (FMT < 0 || FMT > 2 || EPI < 0 || EPI > 2) return 1;                           // variant
+  if (WM % 16 != 0 || WN % 16 != 0 || WM < 16 || WN < 16) return 2;                // fragments_16
+  if (BK != 32 && BK != 64) return 3;                                              // bk_32_64
+  if (BM % WM != 0 || BN % WN != 0) return 4;                                      // warp_tiles_divide
+  if ((BM / WM) * (BN / WN) * WARPSIZE > 1024) return 5;                           // threads_1024
+  if ((WM / 16) * (WN / 16) * sets > 16) return 6;                                 // fragments_per_warp_16
+  if (MB < 1 || MB > 2) return 7;                                                  // mb_1_2
+  if (ring_register_cap(BM, BN, WM, WN, MB) - sets * (WM / 16) * (WN / 8) * 4 < ring_spare_needed(FMT, BK))
+    return 8;                                                                      // registers_spare
+  if (ST < 2 || ST > 6) return 9;                                                  // stages_2_6
+  if (KS != 1 && KS != 2 && KS != 4 && KS != 8) return 10;                         // ks_1_2_4_8
+  if (ring_smem_bytes(FMT, EPI, BM, BN, BK, ST) > PIPE_SMEM_MAX) return 11;        // smem_227k
+  return 0;
+}
+
+template <int NORM, int NT>
+__global__ void __launch_bounds__(NT)
+nf4_mm_prep(const float *__restrict__ x, int x_row0, const float *__restrict__ norm_w, float eps,
+            unsigned short *__restrict__ xh, int K) {
+  static_assert(NT % WARPSIZE == 0 && NT >= WARPSIZE && NT <= 1024,
+                "whole_warps: NT must be a whole number of warps, 32..1024");
+  const float4 *xr = reinterpret_cast<const float4 *>(x + (size_t)(x_row0 + blockIdx.x) * K);
+  uint2 *o = reinterpret_cast<uint2 *>(xh + (size_t)blockIdx.x * K);
+  float q = 1.0f;
+  if (NORM) {
+    __shared__ float part[NT / WARPSIZE];  // one sum of squares per warp
+    float ss = 0.0f;
+    for (int k = threadIdx.x; k < K / 4; k += NT) {
+      const float4 v = xr[k];
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, s);
+    if (threadIdx.x % WARPSIZE == 0) part[threadIdx.x / WARPSIZE] = ss;
+    __syncthreads();
+    ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NT / WARPSIZE; ++i) ss += part[i];  // the same order in every thread: one 1/rms per row
+    q = rsqrtf(ss / (float)K + eps);
+  }
+  for (int k = threadIdx.x; k < K / 4; k += NT) {
+    float4 v = xr[k];
+    if (NORM) {
+      const float4 g = reinterpret_cast<const float4 *>(norm_w)[k];
+      v = f4(v.x * q * g.x, v.y * q * g.y, v.z * q * g.z, v.w * q * g.w);
+    }
+    uint2 h;
+    h.x = pack2(v.x, v.y);
+    h.y = pack2(v.z, v.w);
+    o[k] = h;
+  }
+}
+
+// One K step of W (rows n0.., columns k0..) into a stage's W tile by cp.async (rows past N zero-filled)
+template <int FMT, int BN, int BK, int NT>
+__device__ __forceinline__ void ring_load_w(unsigned char *ws, const unsigned *w, const float *absmax, int n0, int N,
+                                            int K, int k0) {
+  const int tid = threadIdx.x;
+  if (FMT == 0) {
+    const unsigned char *wb = reinterpret_cast<const unsigned char *>(w);
+    for (int c = tid; c < BN * BK / 32; c += NT) {  // 16 bytes = 32 weights a copy
+      const int r = c / (BK / 32), col = (c % (BK / 32)) * 16;
+      const bool ok = n0 + r < N;
+      cp_async16(ws + r * (BK / 2) + col, ok ? wb + ((size_t)(n0 + r) * K + k0) / 2 + col : wb, ok);
+    }
+    float *sa = reinterpret_cast<float *>(ws + BN * (BK / 2));
+    for (int r = tid; r < BN; r += NT) {
+      const bool ok = n0 + r < N;
+      cp_async4(sa + r, ok ? absmax + ((size_t)(n0 + r) * K + k0) / 64 : absmax, ok);
+    }
+  } else {
+    constexpr int E = FMT == 1 ? 8 : 4, LD = FMT == 1 ? BK + 8 : BK + 4, SZ = FMT == 1 ? 2 : 4;  // per copy, row
+    const unsigned char *wb = reinterpret_cast<const unsigned char *>(w);
+    for (int c = tid; c < BN * BK / E; c += NT) {
+      const int r = c / (BK / E), col = (c % (BK / E)) * E;
+      const bool ok = n0 + r < N;
+      cp_async16(ws + (r * LD + col) * SZ, ok ? wb + ((size_t)(n0 + r) * K + k0 + col) * SZ : wb, ok);
+    }
+  }
+}
+
+// The B fragment of n8 tile row `row` (of the W tile), k kk..kk+15, for nf4 / f32 weights (f16 uses ldmatrix)
+template <int FMT, int BN, int BK>
+__device__ __forceinline__ void ring_b_frag(const unsigned char *ws, int row, int kk, int t, const float *lut,
+                                            unsigned *b) {
+  if (FMT == 0) {
+    // lane (g, t) needs k = kk + 2t, 2t + 1 (byte kk/2 + t) and kk + 8 + 2t, +1 (byte kk/2 + 4 + t); the high nibble
+    // is the earlier weight, which goes in the lower half
+    const uint2 q = *reinterpret_cast<const uint2 *>(ws + row * (BK / 2) + kk / 2);
+    const float s = reinterpret_cast<const float *>(ws + BN * (BK / 2))[row];
+    const unsigned b0 = (q.x >> (8 * t)) & 0xffu, b1 = (q.y >> (8 * t)) & 0xffu;
+    b[0] = pack2(lut[b0 >> 4] * s, lut[b0 & 0xfu] * s);
+    b[1] = pack2(lut[b1 >> 4] * s, lut[b1 & 0xfu] * s);
+  } else {
+    const float *r = reinterpret_cast<const float *>(ws) + row * (BK + 4) + kk + 2 * t;
+    const float2 lo = *reinterpret_cast<const float2 *>(r), hi = *reinterpret_cast<const float2 *>(r + 8);
+    b[0] = pack2(lo.x, lo.y);
+    b[1] = pack2(hi.x, hi.y);
+  }
+}
+
+template <int FMT, int EPI, int BM, int BN, int BK, int WM, int WN, int ST, int KS, int MB>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * WARPSIZE, MB)
+nf4_mm_ring(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w, const float *__restrict__ absmax,
+            const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, float *__restrict__ out, int M,
+            int N, int K) {
+  constexpr int FAIL = ring_first_failure(FMT, EPI, BM, BN, BK, WM, WN, ST, KS, MB);
+  static_assert(FAIL != 1, "variant: FMT in 0..2 (nf4, f16, f32), EPI in 0..2 (none, residual, swiglu)");
+  static_assert(FAIL != 2, "fragments_16: WM and WN must be multiples of 16 (m16n8k16 tensor-core steps)");
+  static_assert(FAIL != 3, "bk_32_64: BK must be 32 or 64 (whole 16-byte nf4 copies, one absmax per row a step)");
+  static_assert(FAIL != 4, "warp_tiles_divide: BM % WM and BN % WN must be 0");
+  static_assert(FAIL != 5, "threads_1024: (BM/WM)*(BN/WN) warps must be at most 1024 threads");
+  static_assert(FAIL != 6, "fragments_per_warp_16: at most 16 accumulator 16x16 tiles per warp");
+  static_assert(FAIL != 7, "mb_1_2: MB (blocks per SM in the launch bound) must be 1 or 2");
+  static_assert(FAIL != 8, "registers_spare: the launch bound leaves too few registers beside the accumulators");
+  static_assert(FAIL != 9, "stages_2_6: ST (ring stages) must be in 2..6");
+  static_assert(FAIL != 10, "ks_1_2_4_8: KS (slices of K) must be 1, 2, 4 or 8");
+  static_assert(FAIL != 11, "smem_227k: the ring exceeds 227 KB of shared memory");
+  constexpr int NT = (BM / WM) * (BN / WN) * WARPSIZE, SETS = EPI == 2 ? 2 : 1, LDA = BK + 8;
+  constexpr int FM = WM / 16, FN = WN / 8, STAGE = ring_stage_bytes(FMT, EPI, BM, BN, BK);
+  constexpr int WT = ring_w_tile_bytes(FMT, BN, BK);
+  extern __shared__ __align__(16) unsigned char dsmem[];
+  float *lut = reinterpret_cast<float *>(dsmem + ST * STAGE);
+  const int tid = threadIdx.x, warp = tid / WARPSIZE, lane = tid % WARPSIZE, g = lane >> 2, t = lane & 3;
+  const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+  const int wm = (warp / (BN / WN)) * WM, wn = (warp % (BN / WN)) * WN;
+  const int steps = K / KS / BK, k_begin = blockIdx.z * (K / KS);
+  if (FMT == 0 && tid < 16) lut[tid] = NF4_CODE[tid];  // read after the first barrier below
+
+  auto load = [&](int slot, int k0) {
+    unsigned char *st = dsmem + slot * STAGE;
+    unsigned short *as = reinterpret_cast<unsigned short *>(st);
+    for (int c = tid; c < BM * BK / 8; c += NT) {
+      const int r = c / (BK / 8), col = (c % (BK / 8)) * 8;
+      const bool ok = m0 + r < M;
+      cp_async16(as + r * LDA + col, ok ? xh + (size_t)(m0 + r) * K + k0 + col : xh, ok);
+    }
+    ring_load_w<FMT, BN, BK, NT>(st + BM * LDA * 2, w, absmax, n0, N, K, k0);
+    if (SETS == 2) ring_load_w<FMT, BN, BK, NT>(st + BM * LDA * 2 + WT, w_up, absmax_up, n0, N, K, k0);
+  };
+
+  float acc[SETS][FM][FN][4];
+  zero_acc(acc);
+#pragma unroll
+  for (int s = 0; s < ST - 1; ++s) {  // always ST - 1 groups, empty past the last step, so the waits line up
+    if (s < steps) load(s, k_begin + s * BK);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < steps; ++kt) {
+    cp_async_wait<ST - 2>();
+    __syncthreads();  // step kt landed for every thread, and every warp is done with step kt - 1's slot
+    if (kt + ST - 1 < steps) load((kt + ST - 1) % ST, k_begin + (kt + ST - 1) * BK);
+    cp_async_commit();
+    const unsigned char *st = dsmem + (kt % ST) * STAGE;
+    const unsigned short *as = reinterpret_cast<const unsigned short *>(st);
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      unsigned a[FM][4];
+#pragma unroll
+      for (int i = 0; i < FM; ++i) ldmatrix_x4(a[i], as + (wm + 16 * i + (lane & 15)) * LDA + kk + (lane >> 4) * 8);
+#pragma unroll
+      for (int s = 0; s < SETS; ++s) {
+        const unsigned char *ws = st + BM * LDA * 2 + s * WT;
+        if (FMT == 1) {
+          const unsigned short *b16 = reinterpret_cast<const unsigned short *>(ws);
+#pragma unroll
+          for (int j = 0; j < FN; j += 2) {  // n8 tiles j, j + 1 as in mma_ops
+            unsigned b[4];
+            ldmatrix_x4(b, b16 + (wn + 8 * j + (lane & 7) + (lane >> 4) * 8) * LDA + kk + ((lane >> 3) & 1) * 8);
+#pragma unroll
+            for (int i = 0; i < FM; ++i) {
+              mma_16816(acc[s][i][j], a[i], b);
+              mma_16816(acc[s][i][j + 1], a[i], b + 2);
+            }
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < FN; ++j) {
+            unsigned b[2];
+            ring_b_frag<FMT, BN, BK>(ws, wn + 8 * j + g, kk, t, lut, b);
+#pragma unroll
+            for (int i = 0; i < FM; ++i) mma_16816(acc[s][i][j], a[i], b);
+          }
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+  if (KS == 1) store_epilogue<EPI, BM, BN, WM, WN, SETS>(acc, out, M, N);
+  else store_partial<BM, BN, WM, WN, SETS>(acc, out, M, N);
+}
