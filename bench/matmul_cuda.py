@@ -3,10 +3,11 @@
 For each matmul shape of a model preset (conv in/out projections, q/k/v and out projections, paired gate/up with
 SwiGLU, down with the residual) at `--rows` rows: the tensor-core kernel's default, its seed configs and `--sample`
 random legal configs go through the one engine (each verified against float64, every output, before it is timed);
-the best `--race-top` are raced against cuBLAS (CuPy matmul, f16 x f16 with f32 accumulation, on its own copies of
-x and the dequantized W; for SwiGLU one GEMM of both weight sets) in one interleaved measurement, and the table
-prints each median, TFLOP/s and the ratio (`tilewise.tune.measure.compare`: `tie` when the 95% intervals overlap,
-`noisy` when a sample scatters). Writes `matmul_cuda.json` (date, device, command, every row) into `--out`.
+the best `--race-top` and each kind's best are raced against cuBLAS (CuPy matmul, f16 x f16 with f32 accumulation,
+on its own copies of x and the dequantized W; for SwiGLU one GEMM of both weight sets) in one interleaved
+measurement, and the table prints each median, TFLOP/s and the ratio (`tilewise.tune.measure.compare`: `tie`
+when the 95% intervals overlap, `noisy` when a sample scatters). Writes `matmul_cuda.json` (date, device, command,
+every row) into `--out`.
 
     PYTHONPATH=src python3 bench/matmul_cuda.py --out OUT_DIR [--preset lfm2-350m] [--rows 346] [--sample 16]
 """
@@ -43,7 +44,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="inputs and sampling")
     ap.add_argument("--device", default="cuda", help="cuda or cuda:N")
     ap.add_argument("--kinds", default="mma,splitk",
-                    help="tensor-core kernel kinds that compete, comma-separated (mma, splitk)")
+                    help="tensor-core kernel kinds that compete, comma-separated (mma, splitk, pipe, ring)")
     args = ap.parse_args()
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     if not kinds or any(k not in KINDS or k == "rows" for k in kinds):
@@ -83,10 +84,19 @@ def main() -> int:
             doc["shapes"].append(row)
             continue
         top = ok[: args.race_top]
+        for kind in kinds:  # each kind's best races too, so the row says what every kind reaches
+            best_of = next((oc for oc in ok if oc.item.kernel.kind == kind), None)
+            if best_of is not None and best_of not in top:
+                top.append(best_of)
         got = eng.race([oc.item for oc in top], peer=True,
                        measure_kw={"warmup": 3, "min_rounds": args.rounds, "max_rounds": args.rounds,
                                    "budget_s": 30.0}, outcomes=top)
         best_i = min(range(len(top)), key=lambda i: got.stats[i].median_ms)
+        per_kind: dict[str, float] = {}
+        for oc, st in zip(top, got.stats):
+            kind = oc.item.kernel.kind
+            per_kind[kind] = min(per_kind.get(kind, float("inf")), st.median_ms)
+        row["per_kind_ms"] = per_kind
         best, cub = got.stats[best_i], got.peer
         flops = 2 * args.rows * n * k * top[best_i].item.kernel.sets
         verdict = compare(cub, best) if cub is not None else None
@@ -101,7 +111,8 @@ def main() -> int:
                 + (f"{cub.median_ms:10.4f}{row['cublas_tflops']:9.1f}{verdict.times():>8}" if cub and verdict
                    else f"  cuBLAS not raced: {got.peer_error}"))
         lines.append(line)
-        print(f"{line}   [{row['best']}]", flush=True)
+        kinds_txt = ", ".join(f"{k} {v:.4f}" for k, v in sorted(per_kind.items(), key=lambda kv: kv[1]))
+        print(f"{line}   [{row['best']}] per kind: {kinds_txt}", flush=True)
         (out / "matmul_cuda.json").write_text(json.dumps(doc, indent=1, default=str))
     print()
     print(header)

@@ -309,6 +309,8 @@ def test_tune_model_on_cuda_offers_the_cuda_kernels_with_their_seeds():
     assert legal_seeds and all(c in got for c in legal_seeds)
     assert all(mma.space().is_legal(c, dev.info.limits) for c in got)  # illegal seeds never reach the engine
     assert model_tune.attention_template(dev).backend == "cuda"
+    attn = model_tune.attention_candidates(dev, 6)  # the default (one query a block), then the tiled seeds
+    assert attn[0]["QT"] == 1 and len(attn) == 6 and all(c["QT"] > 1 for c in attn[1:])
 
 
 def test_a_gpu_older_than_ampere_is_refused_by_name_with_the_fix():

@@ -310,9 +310,11 @@ def attention_template(dev: Any) -> Any:
 
 def attention_candidates(dev: Any, budget: int | None = None) -> list[Config]:
     t = attention_template(dev)
-    default = t.config_of(attn_cuda.DEFAULT_ATTENTION if dev.info.backend == "cuda" else attn_k.DEFAULT_ATTN)
+    cuda = dev.info.backend == "cuda"
+    default = t.config_of(attn_cuda.DEFAULT_ATTENTION if cuda else attn_k.DEFAULT_ATTN)
+    seeds = t.space("seed").legal(dev.info.limits) if cuda else []  # CUDA: the hand-picked tiles before the rest
     legal = t.space().legal(dev.info.limits)
-    return ([default] + [c for c in legal if c != default])[:budget]
+    return list(dict.fromkeys([default, *seeds, *legal]))[:budget]
 
 
 def model_config(name: str) -> Any:

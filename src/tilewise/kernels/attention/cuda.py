@@ -22,6 +22,8 @@ from tilewise.kernels.space import Config, Rule, Space
 DEFAULT_NW = 4
 #: QT 1: the per-query kernel (`attention`); QT > 1: `attention_tiled`, QT queries sharing each staged key tile
 DEFAULT_ATTENTION = {"QT": 1, "NW": DEFAULT_NW}
+#: (QT, NW) tried first by `tune model --budget N`: the tiled kernel's middle tiles, then the per-query kernel's
+SEED = ((32, 4), (32, 8), (64, 8), (16, 4), (64, 16), (16, 2), (32, 16), (8, 2), (1, 4), (1, 8), (1, 2))
 MAX_GRID_YZ = 65535
 STATIC_SMEM_BYTES = 48 * 1024
 
@@ -53,7 +55,8 @@ class CudaAttention(KernelTemplate):
         """attention.cu's `warps_1_32` and the tiled kernel's `tiled_first_failure` rules (`head_dim_16_256` and
         `smem_48k` are shape rules: D comes with the shape)."""
         tiled = lambda c: c.QT > 1  # noqa: E731
-        return Space("cuda-attention", {"QT": [1, 8, 16, 32, 64], "NW": [1, 2, 4, 8, 16]}, [
+        points = [dict(zip(("QT", "NW"), v)) for v in SEED] if which == "seed" else None
+        return Space(f"cuda-attention-{which}", {"QT": [1, 8, 16, 32, 64], "NW": [1, 2, 4, 8, 16]}, [
             Rule("warps_1_32", lambda c, _: 1 <= c.NW <= 32, lambda c, _: f"NW = {c.NW} warps is not in 1..32"),
             Rule("queries_per_warp_whole", lambda c, _: not tiled(c) or (c.QT >= c.NW and c.QT % c.NW == 0),
                  lambda c, _: f"QT = {c.QT} queries are not a whole number of queries for each of NW = {c.NW} warps"),
@@ -61,7 +64,7 @@ class CudaAttention(KernelTemplate):
                  lambda c, _: f"QT / NW = {c.QT // c.NW} queries per warp > 8 (each holds its output in registers)"),
             Rule("threads_per_block", lambda c, lim: lim.max_invocations_per_workgroup >= 32 * c.NW,
                  lambda c, lim: f"32*NW = {32 * c.NW} > the device's {lim.max_invocations_per_workgroup}",
-                 needs_limits=True)])
+                 needs_limits=True)], points=points)
 
     def config_problems(self, config: Config, shape: Shape) -> list[str]:
         out = _head_rules(shape, 16, 256)
