@@ -12,9 +12,10 @@
 //       (max, sum, output) are merged in shared memory. out (M, HQ D).
 //   attention_tiled<D, QT, NW>(same arguments)
 //       grid (ceil(M / QT), HQ), NW warps: QT queries of head h share each 32-key tile of K and V staged in shared
-//       memory (the per-query kernel reads every key from L2 once per query); warp w owns queries w, w + NW, ..; for
-//       each, lane l scores key t0 + l, the warp keeps the online softmax (max, sum) and each lane ceil(D / 32) output
-//       dims, adding the tile's 32 weighted values with the weights broadcast by shuffles.
+//       memory (the per-query kernel reads every key from L2 once per query); warp w owns queries w, w + NW, ..: lane l
+//       scores key t0 + l against all of them (each float4 of K read once), the warp keeps each query's online softmax
+//       (max, sum) and each lane ceil(D / 32) of its output dims, adding the tile's 32 weighted values (each V row read
+//       once for all the warp's queries, the weights broadcast by shuffles).
 // Rules mirrored from kernels/attention/cuda.py.
 
 #ifndef WARPSIZE
@@ -36,9 +37,10 @@ __host__ __device__ constexpr int attention_first_failure(int D, int NW) {
 }
 
 // the tiled kernel's rules after attention_first_failure's: QT whole queries per warp, at most 8 held per warp,
-// its shared memory (the queries, a padded K tile and a V tile of 32 keys) in the 48 KB of static shared memory
+// its shared memory (the queries, a K tile padded by a float4 a row and a V tile of 32 keys) in the 48 KB of static
+// shared memory
 __host__ __device__ constexpr int tiled_smem_bytes(int D, int QT) {
-  return 4 * (QT * D + 32 * (D + 1) + 32 * ((D + WARPSIZE - 1) / WARPSIZE) * WARPSIZE);
+  return 4 * (QT * D + 32 * (D + 4) + 32 * ((D + WARPSIZE - 1) / WARPSIZE) * WARPSIZE);
 }
 __host__ __device__ constexpr int tiled_first_failure(int D, int QT, int NW) {
   if (attention_first_failure(D, NW)) return attention_first_failure(D, NW);
@@ -148,10 +150,10 @@ __global__ void __launch_bounds__(NW * WARPSIZE) attention(const float *__restri
 // the launch bound's one block per SM: with the default bound ptxas capped it at 64 registers and spilled
 template <int D, int QT, int NW>
 __global__ void __launch_bounds__(NW * WARPSIZE, 1) attention_tiled(const float *__restrict__ q,
-                                                                  const float *__restrict__ k_cache,
-                                                                  const float *__restrict__ v_cache,
-                                                                  float *__restrict__ out, int M, int P, int first,
-                                                                  int HQ, int HKV) {
+                                                                     const float *__restrict__ k_cache,
+                                                                     const float *__restrict__ v_cache,
+                                                                     float *__restrict__ out, int M, int P, int first,
+                                                                     int HQ, int HKV) {
   constexpr int FAIL = tiled_first_failure(D, QT, NW);
   static_assert(FAIL != 1, "head_dim_16_256: D must be a multiple of 16, 16..256");
   static_assert(FAIL != 2, "warps_1_32: NW (warps per block) must be 1..32");
@@ -159,9 +161,10 @@ __global__ void __launch_bounds__(NW * WARPSIZE, 1) attention_tiled(const float 
   static_assert(FAIL != 4, "queries_per_warp_8: QT / NW above 8 queries held per warp");
   static_assert(FAIL != 5, "smem_48k: the queries and a K and V tile exceed 48 KB of static shared memory");
   constexpr int E = (D + WARPSIZE - 1) / WARPSIZE, QPW = QT / NW, TK = WARPSIZE;  // keys per tile
-  __shared__ float s_q[QT][D];        // the block's queries, scaled by 1/sqrt(D)
-  __shared__ float s_k[TK][D + 1];    // a key per row, padded: lane l reads row l without bank conflicts
-  __shared__ float s_v[TK][E * WARPSIZE];
+  constexpr int LK = D + 4;  // K rows padded by a float4: lane l's float4 loads of row l hit distinct banks
+  __shared__ __align__(16) float s_q[QT][D];  // the block's queries, scaled by 1/sqrt(D)
+  __shared__ __align__(16) float s_k[TK][LK];
+  __shared__ float s_v[TK][E * WARPSIZE];      // columns past D stay zero
   const int i0 = blockIdx.x * QT, h = blockIdx.y, kvh = h / (HQ / HKV);
   const int warp = threadIdx.x / WARPSIZE, lane = threadIdx.x % WARPSIZE;
   const float scale = rsqrtf((float)D);
@@ -169,6 +172,8 @@ __global__ void __launch_bounds__(NW * WARPSIZE, 1) attention_tiled(const float 
     const int r = e / D, c = e % D;
     s_q[r][c] = i0 + r < M ? q[((size_t)(first + i0 + r) * HQ + h) * D + c] * scale : 0.0f;
   }
+  for (int e = threadIdx.x; e < TK * E * WARPSIZE; e += NW * WARPSIZE)
+    s_v[e / (E * WARPSIZE)][e % (E * WARPSIZE)] = 0.0f;
   float mx[QPW], sum[QPW], acc[QPW][E];
 #pragma unroll
   for (int j = 0; j < QPW; ++j) {
@@ -180,7 +185,7 @@ __global__ void __launch_bounds__(NW * WARPSIZE, 1) attention_tiled(const float 
   const int last = (i0 + QT < M ? i0 + QT : M) - 1;  // the block's last query: keys 0 .. P + first + last
   const int keys = P + first + last + 1;
   for (int t0 = 0; t0 < keys; t0 += TK) {
-    __syncthreads();  // the previous tile is read by every warp (and s_q written before the first)
+    __syncthreads();  // every warp is done with the previous tile (and s_q, s_v's zeros are written)
     for (int e = threadIdx.x; e < TK * D; e += NW * WARPSIZE) {
       const int r = e / D, c = e % D, t = t0 + r;
       const size_t off = ((size_t)t * HKV + kvh) * D + c;
@@ -188,32 +193,51 @@ __global__ void __launch_bounds__(NW * WARPSIZE, 1) attention_tiled(const float 
       s_v[r][c] = t < keys ? v_cache[off] : 0.0f;
     }
     __syncthreads();
+    // lane l scores key t0 + l against each of the warp's queries: a float4 of K is read once for all of them
+    float sc[QPW];
 #pragma unroll
-    for (int j = 0; j < QPW; ++j) {
-      const int qi = warp + j * NW, i = i0 + qi;  // warp-uniform: the whole warp skips a query past M
-      if (i >= M) continue;
-      const int t = t0 + lane, limit = P + first + i;  // this query sees keys 0 .. limit
-      float s = 0.0f;
-#pragma unroll 16
-      for (int c = 0; c < D; ++c) s += s_q[qi][c] * s_k[lane][c];
-      s = t <= limit ? s : ATTN_NEG_INF;
-      float tmax = s;
+    for (int j = 0; j < QPW; ++j) sc[j] = 0.0f;
+#pragma unroll 4
+    for (int c = 0; c < D; c += 4) {
+      const float4 kv = *reinterpret_cast<const float4 *>(&s_k[lane][c]);
+#pragma unroll
+      for (int j = 0; j < QPW; ++j) {
+        const float4 qv = *reinterpret_cast<const float4 *>(&s_q[warp + j * NW][c]);  // a broadcast
+        sc[j] += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
+      }
+    }
+    float pj[QPW];
+#pragma unroll
+    for (int j = 0; j < QPW; ++j) {  // the online softmax; a query past M, or seeing no key here, keeps its state
+      const int i = i0 + warp + j * NW, t = t0 + lane;
+      const bool seen = i < M && t <= P + first + i;
+      const float sj = seen ? sc[j] : ATTN_NEG_INF;
+      float tmax = sj;
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
-      if (tmax == ATTN_NEG_INF) continue;  // no key of this tile is visible to the query (warp-uniform)
-      const float nm = fmaxf(mx[j], tmax), corr = __expf(mx[j] - nm), p = t <= limit ? __expf(s - nm) : 0.0f;
-      float psum = p;
+      const bool any = tmax != ATTN_NEG_INF;  // warp-uniform
+      const float nm = any ? fmaxf(mx[j], tmax) : mx[j];
+      const float corr = any ? __expf(mx[j] - nm) : 1.0f;  // exp(-inf) = 0 on the first visible tile
+      pj[j] = seen ? __expf(sj - nm) : 0.0f;
+      float psum = pj[j];
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) psum += __shfl_xor_sync(0xffffffffu, psum, o);
       sum[j] = sum[j] * corr + psum;
       mx[j] = nm;
 #pragma unroll
       for (int e = 0; e < E; ++e) acc[j][e] *= corr;
-#pragma unroll 8
-      for (int r = 0; r < TK; ++r) {
-        const float pr = __shfl_sync(0xffffffffu, p, r);
+    }
+    // the tile's values weighted: a row of V is read once for all the warp's queries, the weights by shuffles
+#pragma unroll 4
+    for (int r = 0; r < TK; ++r) {
+      float v[E];
 #pragma unroll
-        for (int e = 0; e < E; ++e) acc[j][e] += pr * s_v[r][e * WARPSIZE + lane];
+      for (int e = 0; e < E; ++e) v[e] = s_v[r][e * WARPSIZE + lane];
+#pragma unroll
+      for (int j = 0; j < QPW; ++j) {
+        const float pr = __shfl_sync(0xffffffffu, pj[j], r);
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[j][e] += pr * v[e];
       }
     }
   }

@@ -31,7 +31,7 @@ STATIC_SMEM_BYTES = 48 * 1024
 def tiled_smem_bytes(d: int, qt: int) -> int:
     """Static shared memory of `attention_tiled` (`tiled_smem_bytes` in attention.cu): the block's queries, a padded
     K tile and a V tile of 32 keys."""
-    return 4 * (qt * d + 32 * (d + 1) + 32 * (-(-d // 32)) * 32)
+    return 4 * (qt * d + 32 * (d + 4) + 32 * (-(-d // 32)) * 32)
 
 
 def _head_rules(shape: Shape, lo: int, hi: int) -> list[str]:
