@@ -1,6 +1,6 @@
-// cuda_tc.cu - an experiment apart from the kernel family: how close an mma.sync matmul fed by a cp.async ring
-// comes to cuBLAS f16 when x arrives in f16 (converted once, in a prologue kernel) instead of f32 converted by
-// every column tile. Driven by experiments/cuda_tc.py.
+// cuda_tc.cu - an experiment apart from the kernel family: what an mma.sync matmul fed by a cp.async ring reaches
+// when x arrives in f16 (converted once, in a prologue kernel) instead of f32 converted by every column tile.
+// Driven by experiments/cuda_tc.py. (The family's `ring` kind, kernels/matmul/matmul_ring.cu, grew out of it.)
 //
 // Variants (template arguments):
 //   WFMT 1  W f16 (N, K): both operands straight from the ring by ldmatrix, no conversion pass at all;

@@ -39,8 +39,10 @@ def nvrtc_compile(source: str, entries: list[str]) -> tuple[int, str]:
 def test_every_matmul_the_executor_launches_compiles_under_nvrtc():
     variants = mm.all_variants()
     entries = sorted({t.entry(t.default_config()) for t in variants} |
-                     {t.reduce_entry() for t in variants if t.kind == "splitk"})
-    assert len(entries) == 72 + 3  # 4 kinds x 3 formats x 3 epilogues x norm on/off, split-K's 3 reductions
+                     {t.reduce_entry() for t in variants if t.kind == "splitk"} |
+                     {t.prep_entry() for t in variants if t.kind == "ring"})
+    # 4 kinds x 3 formats x 3 epilogues x norm on/off; ring's 9 (its norm is the prologue's); 3 reductions, 2 preps
+    assert len(entries) == 72 + 9 + 3 + 2
     rc, log = nvrtc_compile(mm.matmul_source(), entries)
     assert rc == 0, log[-3000:]
 
@@ -50,7 +52,7 @@ def test_every_matmul_the_executor_launches_compiles_under_nvrtc():
                              "copy_words<256>"]),
     ("shortconv", "shortconv.cu", ["shortconv<128, 3>", "shortconv<32, 4>"]),
     ("attention", "attention.cu", ["qknorm_rope<16>", "qknorm_rope<64>", "attention<16, 4>", "attention<64, 4>",
-                                   "attention<48, 2>"]),
+                                   "attention<48, 2>", "attention_tiled<64, 32, 16>", "attention_tiled<48, 16, 8>"]),
 ])
 def test_row_ops_conv_and_attention_compile_under_nvrtc(family, filename, entries):
     rc, log = nvrtc_compile(cu_source(family, filename), entries)
