@@ -36,90 +36,101 @@ import numpy as np
 from tilewise.devices.base import Device, Launch, Program
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
 from tilewise.kernels.cudasrc import FMT_CODE, arg_or, compile_cuda, cu_source, name_expression, upload_all
+from tilewise.kernels.matmul.cuda_space import (
+    DEFAULT_MMA,
+    DEFAULT_PIPE,
+    DEFAULT_RING,
+    DEFAULT_ROWS,
+    DEFAULT_SPLITK,
+    EPI_CODE,
+    KINDS,
+    KS_VALUES,
+    MAX_FRAGMENTS,
+    MMA_FROM_ROWS,
+    MMA_PARAMS,
+    MMA_SEED,
+    MMA_VALUES,
+    PIPE_PARAMS,
+    PIPE_SEED,
+    PIPE_SMEM_MAX,
+    PIPE_VALUES,
+    PREP_NT,
+    REDUCE_NT,
+    RING_PARAMS,
+    RING_SEED,
+    RING_VALUES,
+    ROWS_VALUES,
+    SMEM_RESERVED_PER_BLOCK,
+    SPLITK_PARAMS,
+    SPLITK_SEED,
+    STATIC_SMEM_BYTES,
+    WARP,
+    mma_held_registers,
+    mma_rules,
+    mma_smem_bytes,
+    mma_threads,
+    pipe_rules,
+    pipe_smem_bytes,
+    ring_rules,
+    ring_smem_bytes,
+    ring_spare_needed,
+    ring_spare_registers,
+    rows_rules,
+    splitk_rules,
+)
 from tilewise.kernels.matmul.problem import EPILOGUES, MatmulProblem
-from tilewise.kernels.space import Config, Rule, Space
+from tilewise.kernels.space import Config, Space
 
-WARP = 32
-KINDS = ("mma", "rows", "splitk", "pipe", "ring")
-EPI_CODE = {e: i for i, e in enumerate(EPILOGUES)}  # none 0, residual 1, swiglu 2 (matmul.cu's EPI)
-STATIC_SMEM_BYTES = 48 * 1024
-MAX_FRAGMENTS = 16
-#: the row count from which the tensor-core kernel is the default (below it the short-row kernel)
-MMA_FROM_ROWS = 32
-DEFAULT_MMA = {"BM": 64, "BN": 64, "BK": 32, "WM": 32, "WN": 32, "PIPE": 2}
-DEFAULT_ROWS = {"NT": 128, "RM": 4}
-MMA_PARAMS = ("BM", "BN", "BK", "WM", "WN", "PIPE")
-SPLITK_PARAMS = (*MMA_PARAMS, "KS")
-KS_VALUES = [2, 4, 8]
-#: KS 2 divides every K the mma default admits in two whole 32-wide steps from K = 64
-DEFAULT_SPLITK = {**DEFAULT_MMA, "KS": 2}
-#: threads per block of the split-K reduction (one output value per thread)
-REDUCE_NT = 256
-
-MMA_VALUES: dict[str, list[int]] = {"BM": [32, 64, 128], "BN": [32, 64, 128, 256], "BK": [32, 64],
-                                     "WM": [16, 32, 64], "WN": [16, 32, 64], "PIPE": [1, 2]}
-MMA_SEED = [dict(zip(MMA_PARAMS, v)) for v in (
-    (64, 64, 32, 32, 32, 2), (128, 64, 32, 64, 32, 2), (64, 128, 32, 32, 64, 2), (32, 64, 64, 16, 32, 2),
-    (128, 128, 32, 64, 64, 2), (128, 128, 32, 64, 32, 2), (64, 128, 64, 32, 32, 1), (64, 64, 64, 32, 32, 2),
-    (32, 128, 64, 32, 32, 2), (64, 256, 32, 32, 64, 1), (128, 64, 64, 32, 32, 1), (32, 32, 32, 16, 16, 2),
-    (128, 256, 64, 64, 64, 2), (128, 128, 64, 64, 64, 2),  # the last two are illegal on purpose: smem_48k
-)]
-SPLITK_SEED = [dict(zip(SPLITK_PARAMS, v)) for v in (
-    (32, 64, 64, 16, 32, 2, 2), (32, 64, 64, 16, 32, 2, 4), (64, 64, 32, 32, 32, 2, 4), (64, 64, 32, 32, 32, 2, 2),
-    (32, 64, 32, 16, 32, 2, 8), (64, 128, 32, 32, 64, 2, 4), (32, 128, 64, 32, 32, 2, 2), (64, 64, 64, 32, 32, 2, 8),
-    (128, 64, 32, 64, 32, 2, 2),
-)]
-ROWS_VALUES: dict[str, list[int]] = {"NT": [64, 128, 256], "RM": [1, 2, 4, 8, 16]}
-PIPE_PARAMS = ("BM", "BN", "BK", "WM", "WN", "ST", "KS", "MB")
-PIPE_VALUES: dict[str, list[int]] = {"BM": [32, 64, 128], "BN": [32, 64, 128, 256], "BK": [32, 64],
-                                      "WM": [16, 32, 64], "WN": [16, 32, 64], "ST": [3, 4, 6], "KS": [1, 2, 4, 8],
-                                      "MB": [1, 2]}
-DEFAULT_PIPE = {"BM": 64, "BN": 64, "BK": 32, "WM": 32, "WN": 32, "ST": 4, "KS": 1, "MB": 1}
-PIPE_SEED = [dict(zip(PIPE_PARAMS, v)) for v in (
-    (64, 64, 32, 32, 32, 4, 1, 1), (64, 128, 32, 32, 64, 4, 1, 1), (128, 128, 32, 64, 32, 3, 1, 1),
-    (64, 64, 32, 32, 32, 4, 1, 2),
-    (64, 64, 64, 32, 32, 4, 1, 2), (32, 64, 64, 16, 32, 4, 1, 2), (64, 64, 32, 32, 32, 4, 4, 2),
-    (64, 64, 32, 32, 32, 6, 2, 2), (128, 64, 32, 64, 32, 4, 2, 1), (64, 128, 64, 32, 64, 3, 1, 1),
-    (32, 64, 32, 16, 32, 6, 4, 2), (128, 128, 64, 64, 64, 3, 1, 1), (64, 128, 32, 32, 32, 4, 2, 2),
-    (64, 64, 32, 32, 32, 2, 1, 2),  # illegal on purpose: stages_3_8
-)]
-#: the most dynamic shared memory a block may opt into on sm_80..sm_90, as PIPE_SMEM_MAX in matmul_pipe.cu
-PIPE_SMEM_MAX = 227 * 1024
-#: shared memory the driver reserves per block (sm_80+), for the blocks-per-SM rule
-SMEM_RESERVED_PER_BLOCK = 1024
-RING_PARAMS = PIPE_PARAMS
-RING_VALUES: dict[str, list[int]] = {**PIPE_VALUES, "BK": [32, 64], "ST": [2, 3, 4, 6]}
-DEFAULT_RING = {"BM": 64, "BN": 64, "BK": 32, "WM": 32, "WN": 32, "ST": 4, "KS": 1, "MB": 2}  # legal in every variant
-# ordered by what won first (`tune model --budget N` takes the default and the first legal seeds): the small tiles
-# for N <= 3072, the 64x128 / 128x128 halves of a SwiGLU pair, split-K for the N = 1024 projections
-RING_SEED = [dict(zip(RING_PARAMS, v)) for v in (
-    (64, 64, 64, 32, 32, 3, 1, 1), (64, 128, 32, 64, 32, 4, 1, 1), (128, 128, 32, 64, 32, 3, 1, 1),
-    (64, 128, 64, 64, 32, 3, 1, 2), (64, 64, 64, 32, 32, 3, 2, 2), (64, 64, 64, 32, 32, 3, 4, 2),
-    (128, 64, 32, 64, 32, 3, 1, 1), (64, 64, 32, 32, 32, 4, 4, 2), (64, 64, 64, 32, 32, 3, 1, 2),
-    (64, 256, 64, 64, 64, 3, 1, 1), (128, 128, 64, 64, 64, 3, 1, 2), (64, 128, 64, 64, 32, 3, 1, 1),
-    (64, 64, 64, 32, 32, 4, 1, 2), (128, 128, 64, 64, 32, 3, 1, 1), (64, 64, 32, 32, 32, 4, 1, 2),
-    (128, 64, 64, 64, 32, 3, 1, 1), (32, 64, 64, 16, 32, 4, 1, 2), (64, 64, 32, 32, 32, 2, 1, 2),
-    (64, 128, 32, 32, 64, 6, 2, 1),
-    (128, 128, 64, 64, 64, 6, 1, 1),  # f32: over smem_227k; with swiglu fragments_per_warp_16 refuses the 64x64s
-    (128, 128, 64, 32, 32, 3, 1, 2),  # illegal on purpose: registers_spare (512 threads, 2 blocks: 64 each)
-)]
-#: threads per block of the ring kind's x prologue (one block per row)
-PREP_NT = 128
-
-
-def mma_smem_bytes(c: Config, sets: int) -> int:
-    """Static shared memory of a block, as `mma_smem_bytes` in matmul.cu computes it."""
-    return c.PIPE * (c.BM + sets * c.BN) * (c.BK + 8) * 2 + c.BM * 4 + 16 * 4
-
-
-def mma_held_registers(c: Config, fmt: str, sets: int, norm: bool = False) -> int:
-    """Accumulators plus the next K step's words per thread (with a norm, their norm weights and the late norm's
-    sums), as `mma_held_registers` in matmul.cu."""
-    nt = max(mma_threads(c), 1)  # a tile smaller than its warp tile fails warp_tiles_divide first
-    xpt, wpt = -(-c.BM * c.BK // 4 // nt), -(-sets * c.BN * c.BK // 8 // nt)
-    return (sets * (c.WM // 16) * (c.WN // 8) * 4 + xpt * 4 + wpt * {"nf4": 2, "f16": 4, "f32": 8}[fmt]
-            + (8 + xpt if norm else 0))  # the norm weights ahead (a float4, and its products), the late norm's sums
-
+# the spaces (cuda_space.py) are part of this module's interface: callers write `cuda.DEFAULT_RING`
+__all__ = [
+    "DEFAULT_MMA",
+    "DEFAULT_PIPE",
+    "DEFAULT_RING",
+    "DEFAULT_ROWS",
+    "DEFAULT_SPLITK",
+    "EPI_CODE",
+    "KINDS",
+    "KS_VALUES",
+    "MAX_FRAGMENTS",
+    "MMA_FROM_ROWS",
+    "MMA_PARAMS",
+    "MMA_SEED",
+    "MMA_VALUES",
+    "PIPE_PARAMS",
+    "PIPE_SEED",
+    "PIPE_SMEM_MAX",
+    "PIPE_VALUES",
+    "PREP_NT",
+    "REDUCE_NT",
+    "RING_PARAMS",
+    "RING_SEED",
+    "RING_VALUES",
+    "ROWS_VALUES",
+    "SMEM_RESERVED_PER_BLOCK",
+    "SOURCE_FILES",
+    "SPLITK_PARAMS",
+    "SPLITK_SEED",
+    "STATIC_SMEM_BYTES",
+    "WARP",
+    "CudaMatmul",
+    "CudaNF4MatmulMma",
+    "CudaNF4MatmulRows",
+    "CudaNF4SwigluMma",
+    "all_variants",
+    "matmul_source",
+    "mma_held_registers",
+    "mma_rules",
+    "mma_smem_bytes",
+    "mma_threads",
+    "pipe_rules",
+    "pipe_smem_bytes",
+    "ring_rules",
+    "ring_smem_bytes",
+    "ring_spare_needed",
+    "ring_spare_registers",
+    "rows_rules",
+    "splitk_rules",
+]
 
 #: the family's CUDA source files, compiled as one text in this order (the later ones use matmul.cu's helpers)
 SOURCE_FILES = ("matmul.cu", "matmul_pipe.cu", "matmul_ring.cu", "matmul_rows.cu")
@@ -128,150 +139,6 @@ SOURCE_FILES = ("matmul.cu", "matmul_pipe.cu", "matmul_ring.cu", "matmul_rows.cu
 def matmul_source() -> str:
     """The family's CUDA C++ text: `SOURCE_FILES` joined."""
     return "\n".join(cu_source("matmul", f) for f in SOURCE_FILES)
-
-
-def pipe_smem_bytes(c: Config, fmt: str, sets: int) -> int:
-    """Dynamic shared memory of a pipe block, as `pipe_smem_bytes` in matmul_pipe.cu: ST raw stages (x f32, W as stored,
-    nf4's absmax per row, the step's norm weights), two f16 operand buffers, the rows' 1/rms and the NF4 code."""
-    row = {"nf4": c.BK // 2, "f16": c.BK * 2, "f32": c.BK * 4}[fmt]
-    absmax = max(1, c.BK // 64) if fmt == "nf4" else 0
-    raw = c.BM * c.BK * 4 + sets * c.BN * row + sets * c.BN * absmax * 4 + c.BK * 4  # + the step's norm weights
-    return c.ST * raw + 2 * (c.BM + sets * c.BN) * (c.BK + 8) * 2 + c.BM * 4 + 16 * 4
-
-
-def ring_smem_bytes(c: Config, fmt: str, sets: int) -> int:
-    """Dynamic shared memory of a ring block, as `ring_smem_bytes` in matmul_ring.cu: ST stages of the x tile (f16)
-    and SETS W tiles as stored (nf4 with the rows' absmax; f16 and f32 rows padded), then the NF4 code."""
-    w_tile = {"nf4": c.BN * (c.BK // 2) + c.BN * 4, "f16": c.BN * (c.BK + 8) * 2, "f32": c.BN * (c.BK + 4) * 4}[fmt]
-    return c.ST * (c.BM * (c.BK + 8) * 2 + sets * w_tile) + 16 * 4
-
-
-def ring_spare_registers(c: Config, sets: int) -> int:
-    """Registers per thread the launch bound leaves beside the accumulators (`ring_register_cap` in matmul_ring.cu)."""
-    cap = min(255, 65536 // max(mma_threads(c) * c.MB, 1))
-    return cap - sets * (c.WM // 16) * (c.WN // 8) * 4
-
-
-def ring_spare_needed(fmt: str, bk: int) -> int:
-    """Registers the ring kind needs beside the accumulators (`ring_spare_needed`): nf4's decode at BK 64 holds a
-    step's raw words, and spilled with 127."""
-    return 128 if fmt == "nf4" and bk == 64 else 64
-
-
-def mma_threads(c: Config) -> int:
-    return (c.BM // c.WM) * (c.BN // c.WN) * WARP
-
-
-def mma_rules(sets: int, fmt: str = "nf4", norm: bool = False) -> list[Rule]:
-    """matmul.cu's `mma_first_failure`, rule for rule (its `variant` check is the constructor's)."""
-    return [
-        Rule("fragments_16", lambda c, _: all(v % 16 == 0 and v >= 16 for v in (c.WM, c.WN, c.BK)),
-             lambda c, _: f"WM = {c.WM}, WN = {c.WN}, BK = {c.BK} must be multiples of 16 (m16n8k16 steps)",
-             doc="each warp tile and K step is whole m16n8k16 steps (WN in pairs of n8)"),
-        Rule("warp_tiles_divide", lambda c, _: c.BM % c.WM == 0 and c.BN % c.WN == 0,
-             lambda c, _: f"block tile {c.BM}x{c.BN} is not a whole number of {c.WM}x{c.WN} warp tiles"),
-        Rule("threads_1024", lambda c, _: mma_threads(c) <= 1024,
-             lambda c, _: f"(BM/WM)*(BN/WN)*32 = {mma_threads(c)} threads > 1024"),
-        Rule("smem_48k", lambda c, _: mma_smem_bytes(c, sets) <= STATIC_SMEM_BYTES,
-             lambda c, _: f"{mma_smem_bytes(c, sets)} bytes of static shared memory > {STATIC_SMEM_BYTES}",
-             doc="PIPE buffers of the f16 operand tiles, the rows' 1/rms and the NF4 code"),
-        Rule("fragments_per_warp_16", lambda c, _: (c.WM // 16) * (c.WN // 16) * sets <= MAX_FRAGMENTS,
-             lambda c, _: f"(WM/16)*(WN/16)*{sets} = {(c.WM // 16) * (c.WN // 16) * sets} accumulator fragments > "
-                          f"{MAX_FRAGMENTS} per warp (certain spilling)"),
-        Rule("pipe_1_2", lambda c, _: c.PIPE in (1, 2), lambda c, _: f"PIPE = {c.PIPE} is not 1 or 2",
-             doc="operand buffers in shared memory: 1 (two barriers a step) or 2 (one)"),
-        Rule("registers_160", lambda c, _: mma_held_registers(c, fmt, sets, norm) <= 160,
-             lambda c, _: f"{mma_held_registers(c, fmt, sets, norm)} accumulator and next-step registers per thread "
-                          "> 160 (ptxas spills)",
-             doc="accumulators + the words (and norm weights) loaded a step ahead; above 160 it spilled"),
-        Rule("threads_per_block", lambda c, lim: mma_threads(c) <= lim.max_invocations_per_workgroup,
-             lambda c, lim: f"{mma_threads(c)} threads > the device's {lim.max_invocations_per_workgroup}",
-             needs_limits=True),
-    ]
-
-
-def splitk_rules(sets: int, fmt: str = "nf4", norm: bool = False) -> list[Rule]:
-    """matmul.cu's `splitk_first_failure`: the mma rules, then the slice count (limit-dependent rules last)."""
-    rules = mma_rules(sets, fmt, norm)
-    ks = Rule("ks_2_4_8", lambda c, _: c.KS in KS_VALUES, lambda c, _: f"KS = {c.KS} is not 2, 4 or 8",
-              doc="slices of K; the partial-sum scratch holds at most 8 slices of SETS x M x N")
-    return [*(r for r in rules if not r.needs_limits), ks, *(r for r in rules if r.needs_limits)]
-
-
-def pipe_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
-    """matmul_pipe.cu's `pipe_first_failure`, rule for rule, then the device's shared-memory limits."""
-    mma = {r.name: r for r in mma_rules(sets, fmt)}
-    smem = lambda c: pipe_smem_bytes(c, fmt, sets)  # noqa: E731
-    return [
-        mma["fragments_16"], mma["warp_tiles_divide"], mma["threads_1024"], mma["fragments_per_warp_16"],
-        Rule("warp_tile_2048", lambda c, _: c.WM * c.WN <= 2048,
-             lambda c, _: f"warp tile {c.WM}x{c.WN} > 2048 outputs (ptxas spilled the 64x64 tile in every format)",
-             doc="128 accumulators plus 8 B fragments per thread spilled; the mma kernel's registers_160 refuses it"),
-        Rule("raw_rows_16b", lambda c, _: c.BK % 32 == 0,
-             lambda c, _: f"BK = {c.BK} is not a multiple of 32 (a raw nf4 row of a step is whole 16-byte copies)"),
-        Rule("stages_3_8", lambda c, _: 3 <= c.ST <= 8, lambda c, _: f"ST = {c.ST} raw stages is not in 3..8",
-             doc="raw stages in flight: step kt + 1 is converted while kt multiplies, so ST - 2 steps hide latency"),
-        Rule("ks_1_2_4_8", lambda c, _: c.KS in (1, 2, 4, 8), lambda c, _: f"KS = {c.KS} is not 1, 2, 4 or 8",
-             doc="slices of K (1: no split, the epilogue in the kernel)"),
-        Rule("mb_1_2", lambda c, _: c.MB in (1, 2), lambda c, _: f"MB = {c.MB} blocks per SM is not 1 or 2",
-             doc="the launch bound's blocks per SM (2 caps the registers so that two blocks fit)"),
-        Rule("smem_227k", lambda c, _: smem(c) <= PIPE_SMEM_MAX,
-             lambda c, _: f"{smem(c)} bytes of shared memory > {PIPE_SMEM_MAX} (the sm_80..sm_90 opt-in maximum)"),
-        mma["threads_per_block"],
-        Rule("smem_per_block", lambda c, lim: lim.shared_bytes_per_block_optin is None
-             or smem(c) <= lim.shared_bytes_per_block_optin,
-             lambda c, lim: f"{smem(c)} bytes of shared memory > the device's {lim.shared_bytes_per_block_optin} "
-                            "per block", needs_limits=True),
-        Rule("mb_fit_smem", lambda c, lim: lim.shared_bytes_per_multiprocessor is None
-             or c.MB * (smem(c) + SMEM_RESERVED_PER_BLOCK) <= lim.shared_bytes_per_multiprocessor,
-             lambda c, lim: f"MB = {c.MB} blocks of {smem(c)} bytes do not fit the device's "
-                            f"{lim.shared_bytes_per_multiprocessor} bytes of shared memory per SM", needs_limits=True),
-    ]
-
-
-def ring_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
-    """matmul_ring.cu's `ring_first_failure`, rule for rule, then the device's limits."""
-    pipe = {r.name: r for r in pipe_rules(sets, fmt)}
-    mma = {r.name: r for r in mma_rules(sets, fmt)}
-    smem = lambda c: ring_smem_bytes(c, fmt, sets)  # noqa: E731
-    return [
-        Rule("fragments_16", lambda c, _: all(v % 16 == 0 and v >= 16 for v in (c.WM, c.WN)),
-             lambda c, _: f"WM = {c.WM}, WN = {c.WN} must be multiples of 16 (m16n8k16 steps)"),
-        Rule("bk_32_64", lambda c, _: c.BK in (32, 64),
-             lambda c, _: f"BK = {c.BK} is not 32 or 64 (whole 16-byte nf4 copies, one absmax per row a step)"),
-        mma["warp_tiles_divide"], mma["threads_1024"], mma["fragments_per_warp_16"], pipe["mb_1_2"],
-        Rule("registers_spare", lambda c, _: ring_spare_registers(c, sets) >= ring_spare_needed(fmt, c.BK),
-             lambda c, _: f"the launch bound ({mma_threads(c)} threads x {c.MB} blocks) leaves "
-                          f"{ring_spare_registers(c, sets)} registers beside the accumulators, < "
-                          f"{ring_spare_needed(fmt, c.BK)} (ptxas spills)",
-             doc="fragments and addresses need 64 registers beside the accumulators; nf4's decode at BK 64, 128"),
-        Rule("stages_2_6", lambda c, _: 2 <= c.ST <= 6, lambda c, _: f"ST = {c.ST} ring stages is not in 2..6",
-             doc="K steps in shared memory; the copies run ST - 1 steps ahead"),
-        pipe["ks_1_2_4_8"],
-        Rule("smem_227k", lambda c, _: smem(c) <= PIPE_SMEM_MAX,
-             lambda c, _: f"{smem(c)} bytes of shared memory > {PIPE_SMEM_MAX} (the sm_80..sm_90 opt-in maximum)"),
-        mma["threads_per_block"],
-        Rule("smem_per_block", lambda c, lim: lim.shared_bytes_per_block_optin is None
-             or smem(c) <= lim.shared_bytes_per_block_optin,
-             lambda c, lim: f"{smem(c)} bytes of shared memory > the device's {lim.shared_bytes_per_block_optin} "
-                            "per block", needs_limits=True),
-        Rule("mb_fit_smem", lambda c, lim: lim.shared_bytes_per_multiprocessor is None
-             or c.MB * (smem(c) + SMEM_RESERVED_PER_BLOCK) <= lim.shared_bytes_per_multiprocessor,
-             lambda c, lim: f"MB = {c.MB} blocks of {smem(c)} bytes do not fit the device's "
-                            f"{lim.shared_bytes_per_multiprocessor} bytes of shared memory per SM", needs_limits=True),
-    ]
-
-
-def rows_rules() -> list[Rule]:
-    """matmul_rows.cu's `rows_first_failure`, rule for rule."""
-    return [
-        Rule("whole_warps", lambda c, _: c.NT % WARP == 0 and WARP <= c.NT <= 1024,
-             lambda c, _: f"NT = {c.NT} is not a whole number of warps in 32..1024"),
-        Rule("rows_1_16", lambda c, _: 1 <= c.RM <= 16, lambda c, _: f"RM = {c.RM} rows per block is not in 1..16",
-             doc="RM accumulators per weight set per lane"),
-        Rule("threads_per_block", lambda c, lim: lim.max_invocations_per_workgroup >= c.NT,
-             lambda c, lim: f"NT = {c.NT} > the device's {lim.max_invocations_per_workgroup}", needs_limits=True),
-    ]
 
 
 class CudaMatmul(KernelTemplate):
