@@ -1,7 +1,7 @@
 """The CUDA matmul family's search spaces as data: parameters, values, hand-picked seeds, defaults, and the named
 rules that mirror `mma_first_failure`, `splitk_first_failure`, `pipe_first_failure`, `ring_first_failure` and
-`rows_first_failure` in the `.cu` sources, with the shared-memory and register arithmetic they use. `cuda.py` (the template)
-re-exports every name."""
+`rows_first_failure` in the `.cu` sources, with the shared-memory and register arithmetic they use. `cuda.py` (the
+template) re-exports every name."""
 
 from __future__ import annotations
 
