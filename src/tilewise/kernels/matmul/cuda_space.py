@@ -115,9 +115,10 @@ def ring_spare_registers(c: Config, sets: int) -> int:
 
 
 def ring_spare_needed(fmt: str, bk: int) -> int:
-    """Registers the ring kind needs beside the accumulators (`ring_spare_needed`): nf4's decode at BK 64 holds a
-    step's raw words, and spilled with 127."""
-    return 128 if fmt == "nf4" and bk == 64 else 64
+    """Registers the ring kind needs beside the accumulators (`ring_spare_needed` in matmul_ring.cu). nf4 at BK 64
+    with fewer than 128 to spare unrolls its K step two m16n8k16 steps at a time (`ring_kk_unroll`), which keeps it
+    from spilling."""
+    return 64
 
 
 def mma_threads(c: Config) -> int:
@@ -206,7 +207,7 @@ def ring_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
              lambda c, _: f"the launch bound ({mma_threads(c)} threads x {c.MB} blocks) leaves "
                           f"{ring_spare_registers(c, sets)} registers beside the accumulators, < "
                           f"{ring_spare_needed(fmt, c.BK)} (ptxas spills)",
-             doc="fragments and addresses need 64 registers beside the accumulators; nf4's decode at BK 64, 128"),
+             doc="fragments, addresses and the decode need 64 registers beside the accumulators"),
         Rule("stages_2_6", lambda c, _: 2 <= c.ST <= 6, lambda c, _: f"ST = {c.ST} ring stages is not in 2..6",
              doc="K steps in shared memory; the copies run ST - 1 steps ahead"),
         pipe["ks_1_2_4_8"],

@@ -31,8 +31,16 @@ __host__ __device__ constexpr int ring_register_cap(int BM, int BN, int WM, int 
                                                                 : 255;
 }
 
-// beside the accumulators: fragments, addresses, and for nf4 the decode, whose raw words at BK 64 spilled with 127
-__host__ __device__ constexpr int ring_spare_needed(int FMT, int BK) { return FMT == 0 && BK == 64 ? 128 : 64; }
+// registers needed beside the accumulators: fragments, addresses and the decode
+__host__ __device__ constexpr int ring_spare_needed(int FMT, int BK) { return 64; }
+// nf4 at BK 64 with under 128 registers to spare spilled with the K step's four m16n8k16 steps unrolled (the decode
+// holds them all live); two at a time compile clean
+__host__ __device__ constexpr int ring_kk_unroll(int FMT, int EPI, int BM, int BN, int BK, int WM, int WN, int MB) {
+  return FMT == 0 && BK == 64 &&
+                 ring_register_cap(BM, BN, WM, WN, MB) - (EPI == 2 ? 2 : 1) * (WM / 16) * (WN / 8) * 4 < 128
+             ? 2
+             : BK / 16;
+}
 
 __host__ __device__ constexpr int ring_first_failure(int FMT, int EPI, int BM, int BN, int BK, int WM, int WN, int ST,
                                                       int KS, int MB) {
@@ -192,7 +200,7 @@ nf4_mm_ring(const unsigned short *__restrict__ xh, const unsigned *__restrict__ 
     cp_async_commit();
     const unsigned char *st = dsmem + (kt % ST) * STAGE;
     const unsigned short *as = reinterpret_cast<const unsigned short *>(st);
-#pragma unroll
+#pragma unroll(ring_kk_unroll(FMT, EPI, BM, BN, BK, WM, WN, MB))
     for (int kk = 0; kk < BK; kk += 16) {
       unsigned a[FM][4];
 #pragma unroll
