@@ -111,6 +111,10 @@ def range_choice(key: str, kernel: str, values: Mapping[str, Any], rows: tuple[i
         if type(v) is not type(like):
             raise ConfigError(f"{name}={v!r} is a {type(v).__name__}; {kernel} takes {type(like).__name__} values "
                               f"such as {like!r}", TUNE_FIX)
+    missing = [p for p in params if p not in values]
+    if missing and set(values) <= set(params):  # a table written before the kernel's space grew a parameter
+        raise ConfigError(f"{kernel} takes the parameters {', '.join(params)}; the entry lacks {', '.join(missing)} "
+                          "(written by an older tilewise)", TUNE_FIX)
     try:
         cfg = tpl.config_of(dict(values))
     except KeyError as exc:  # Config.replace names the unknown parameters
