@@ -111,14 +111,16 @@ def range_choice(key: str, kernel: str, values: Mapping[str, Any], rows: tuple[i
         if type(v) is not type(like):
             raise ConfigError(f"{name}={v!r} is a {type(v).__name__}; {kernel} takes {type(like).__name__} values "
                               f"such as {like!r}", TUNE_FIX)
-    missing = [p for p in params if p not in values]
-    if missing and set(values) <= set(params):  # a table written before the kernel's space grew a parameter
-        raise ConfigError(f"{kernel} takes the parameters {', '.join(params)}; the entry lacks {', '.join(missing)} "
-                          "(written by an older tilewise)", TUNE_FIX)
     try:
         cfg = tpl.config_of(dict(values))
     except KeyError as exc:  # Config.replace names the unknown parameters
         raise ConfigError(f"{exc.args[0]} for {kernel}", TUNE_FIX) from None
+    except ConfigError:
+        missing = [p for p in params if p not in values]
+        if missing and set(values) <= set(params):  # written before the kernel's space grew a parameter
+            raise ConfigError(f"{kernel} takes the parameters {', '.join(params)}; the entry lacks "
+                              f"{', '.join(missing)} (written by an older tilewise)", TUNE_FIX) from None
+        raise
     reasons = list(dict.fromkeys(r for shape in shapes for r in tpl.why_illegal(cfg, limits, shape)))
     if reasons:
         raise ConfigError(f"{kernel} [{cfg.key()}] breaks {'; '.join(reasons)}", TUNE_FIX)
