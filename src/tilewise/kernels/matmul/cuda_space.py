@@ -5,6 +5,8 @@ template) re-exports every name."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from tilewise.kernels.matmul.problem import EPILOGUES
 from tilewise.kernels.space import Config, Rule
 
@@ -161,10 +163,27 @@ def splitk_rules(sets: int, fmt: str = "nf4", norm: bool = False) -> list[Rule]:
     return [*(r for r in rules if not r.needs_limits), ks, *(r for r in rules if r.needs_limits)]
 
 
+def dynamic_smem_rules(smem: Callable[[Config], int]) -> list[Rule]:
+    """The rules of a kernel whose dynamic shared memory is `smem(config)` bytes: the sm_80..sm_90 opt-in maximum
+    (`smem_227k`, mirrored in the C++), then the device's per-block and per-SM limits (MB blocks per SM)."""
+    return [
+        Rule("smem_227k", lambda c, _: smem(c) <= PIPE_SMEM_MAX,
+             lambda c, _: f"{smem(c)} bytes of shared memory > {PIPE_SMEM_MAX} (the sm_80..sm_90 opt-in maximum)"),
+        Rule("smem_per_block", lambda c, lim: lim.shared_bytes_per_block_optin is None
+             or smem(c) <= lim.shared_bytes_per_block_optin,
+             lambda c, lim: f"{smem(c)} bytes of shared memory > the device's {lim.shared_bytes_per_block_optin} "
+                            "per block", needs_limits=True),
+        Rule("mb_fit_smem", lambda c, lim: lim.shared_bytes_per_multiprocessor is None
+             or c.MB * (smem(c) + SMEM_RESERVED_PER_BLOCK) <= lim.shared_bytes_per_multiprocessor,
+             lambda c, lim: f"MB = {c.MB} blocks of {smem(c)} bytes do not fit the device's "
+                            f"{lim.shared_bytes_per_multiprocessor} bytes of shared memory per SM", needs_limits=True),
+    ]
+
+
 def pipe_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
     """matmul_pipe.cu's `pipe_first_failure`, rule for rule, then the device's shared-memory limits."""
     mma = {r.name: r for r in mma_rules(sets, fmt)}
-    smem = lambda c: pipe_smem_bytes(c, fmt, sets)  # noqa: E731
+    smem_rules = dynamic_smem_rules(lambda c: pipe_smem_bytes(c, fmt, sets))
     return [
         mma["fragments_16"], mma["warp_tiles_divide"], mma["threads_1024"], mma["fragments_per_warp_16"],
         Rule("warp_tile_2048", lambda c, _: c.WM * c.WN <= 2048,
@@ -178,17 +197,7 @@ def pipe_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
              doc="slices of K (1: no split, the epilogue in the kernel)"),
         Rule("mb_1_2", lambda c, _: c.MB in (1, 2), lambda c, _: f"MB = {c.MB} blocks per SM is not 1 or 2",
              doc="the launch bound's blocks per SM (2 caps the registers so that two blocks fit)"),
-        Rule("smem_227k", lambda c, _: smem(c) <= PIPE_SMEM_MAX,
-             lambda c, _: f"{smem(c)} bytes of shared memory > {PIPE_SMEM_MAX} (the sm_80..sm_90 opt-in maximum)"),
-        mma["threads_per_block"],
-        Rule("smem_per_block", lambda c, lim: lim.shared_bytes_per_block_optin is None
-             or smem(c) <= lim.shared_bytes_per_block_optin,
-             lambda c, lim: f"{smem(c)} bytes of shared memory > the device's {lim.shared_bytes_per_block_optin} "
-                            "per block", needs_limits=True),
-        Rule("mb_fit_smem", lambda c, lim: lim.shared_bytes_per_multiprocessor is None
-             or c.MB * (smem(c) + SMEM_RESERVED_PER_BLOCK) <= lim.shared_bytes_per_multiprocessor,
-             lambda c, lim: f"MB = {c.MB} blocks of {smem(c)} bytes do not fit the device's "
-                            f"{lim.shared_bytes_per_multiprocessor} bytes of shared memory per SM", needs_limits=True),
+        smem_rules[0], mma["threads_per_block"], *smem_rules[1:],
     ]
 
 
@@ -196,7 +205,7 @@ def ring_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
     """matmul_ring.cu's `ring_first_failure`, rule for rule, then the device's limits."""
     pipe = {r.name: r for r in pipe_rules(sets, fmt)}
     mma = {r.name: r for r in mma_rules(sets, fmt)}
-    smem = lambda c: ring_smem_bytes(c, fmt, sets)  # noqa: E731
+    smem_rules = dynamic_smem_rules(lambda c: ring_smem_bytes(c, fmt, sets))
     return [
         Rule("fragments_16", lambda c, _: all(v % 16 == 0 and v >= 16 for v in (c.WM, c.WN)),
              lambda c, _: f"WM = {c.WM}, WN = {c.WN} must be multiples of 16 (m16n8k16 steps)"),
@@ -211,17 +220,7 @@ def ring_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
         Rule("stages_2_6", lambda c, _: 2 <= c.ST <= 6, lambda c, _: f"ST = {c.ST} ring stages is not in 2..6",
              doc="K steps in shared memory; the copies run ST - 1 steps ahead"),
         pipe["ks_1_2_4_8"],
-        Rule("smem_227k", lambda c, _: smem(c) <= PIPE_SMEM_MAX,
-             lambda c, _: f"{smem(c)} bytes of shared memory > {PIPE_SMEM_MAX} (the sm_80..sm_90 opt-in maximum)"),
-        mma["threads_per_block"],
-        Rule("smem_per_block", lambda c, lim: lim.shared_bytes_per_block_optin is None
-             or smem(c) <= lim.shared_bytes_per_block_optin,
-             lambda c, lim: f"{smem(c)} bytes of shared memory > the device's {lim.shared_bytes_per_block_optin} "
-                            "per block", needs_limits=True),
-        Rule("mb_fit_smem", lambda c, lim: lim.shared_bytes_per_multiprocessor is None
-             or c.MB * (smem(c) + SMEM_RESERVED_PER_BLOCK) <= lim.shared_bytes_per_multiprocessor,
-             lambda c, lim: f"MB = {c.MB} blocks of {smem(c)} bytes do not fit the device's "
-                            f"{lim.shared_bytes_per_multiprocessor} bytes of shared memory per SM", needs_limits=True),
+        smem_rules[0], mma["threads_per_block"], *smem_rules[1:],
     ]
 
 
