@@ -295,20 +295,17 @@ class CudaMatmul(KernelTemplate):
         """The launch reading x from row `x_row0` (the executor's last block reads a window of the rows); split-K:
         the slices into `partial`, then the reduction into out; ring: x to f16 into `xh` first."""
         m, n, k = shape
-        split = self.splits(config)
+        weights = [bufs["w"], arg_or(bufs, "absmax", "w"), arg_or(bufs, "w_up", "w"), arg_or(bufs, "absmax_up", "w")]
+        out = bufs["partial" if self.splits(config) else "out"]
+        dims = [np.int32(m), np.int32(n), np.int32(k)]
+        reduce = self._reduce(program, bufs, config, m, n)
         if self.kind == "ring":
             prep = Launch(program.meta["prep"], (m, 1, 1), [bufs["x"], np.int32(x_row0), arg_or(bufs, "norm_w", "x"),
                                                             np.float32(self.eps), bufs["xh"], np.int32(k)])
-            main = Launch(program, self.grid(config, shape),
-                          [bufs["xh"], bufs["w"], arg_or(bufs, "absmax", "w"), arg_or(bufs, "w_up", "w"),
-                           arg_or(bufs, "absmax_up", "w"), bufs["partial" if split else "out"], np.int32(m),
-                           np.int32(n), np.int32(k)])
-            return [prep, main, *self._reduce(program, bufs, config, m, n)]
-        args: list[Any] = [bufs["x"], np.int32(x_row0), bufs["w"], arg_or(bufs, "absmax", "w"),
-                           arg_or(bufs, "w_up", "w"), arg_or(bufs, "absmax_up", "w"), arg_or(bufs, "norm_w", "x"),
-                           np.float32(self.eps), bufs["partial" if split else "out"], np.int32(m), np.int32(n),
-                           np.int32(k)]
-        return [Launch(program, self.grid(config, shape), args), *self._reduce(program, bufs, config, m, n)]
+            return [prep, Launch(program, self.grid(config, shape), [bufs["xh"], *weights, out, *dims]), *reduce]
+        args: list[Any] = [bufs["x"], np.int32(x_row0), *weights, arg_or(bufs, "norm_w", "x"), np.float32(self.eps),
+                           out, *dims]
+        return [Launch(program, self.grid(config, shape), args), *reduce]
 
     def _reduce(self, program: Program, bufs: DeviceBuffers, config: Config, m: int, n: int) -> list[Launch]:
         """split-K's sum of the slices with the epilogue (none without slices)."""
