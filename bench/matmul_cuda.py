@@ -44,7 +44,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="inputs and sampling")
     ap.add_argument("--device", default="cuda", help="cuda or cuda:N")
     ap.add_argument("--kinds", default="mma,splitk",
-                    help="tensor-core kernel kinds that compete, comma-separated (mma, splitk, pipe, ring)")
+                    help="tensor-core kernel kinds that compete, comma-separated (mma, splitk, pipe, ring, wg)")
     args = ap.parse_args()
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     if not kinds or any(k not in KINDS or k == "rows" for k in kinds):

@@ -226,5 +226,6 @@ def test_first_error_line_picks_the_error():
     log = ("gemm.cu(112): warning: something\ngemm.cu(110): error: static assertion failed with \"warps_count: x\"\n"
            "  detected during instantiation\n1 error detected")
     assert first_error_line(log) == 'gemm.cu(110): error: static assertion failed with "warps_count: x"'
-    assert nvrtc_options("9.0") == ("-std=c++17", "-arch=sm_90")
+    assert nvrtc_options("9.0") == ("-std=c++17", "-arch=sm_90a")  # Hopper's own target: wgmma
+    assert nvrtc_options("8.9")[1] == "-arch=sm_89"
     assert nvrtc_options("12.0")[1] == "-arch=sm_120"

@@ -41,6 +41,8 @@ SIGS = {
     "nf4_mm_pipe": MM_SIG,
     "nf4_mm_ring": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, "
                     "float *, int, int, int)"),
+    "nf4_mm_wg": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, "
+                  "float *, int, int, int)"),
     "nf4_mm_prep": "(const float *, int, const float *, float, unsigned short *, int)",
     "nf4_mm_splitk_reduce": "(const float *, int, float *, int, int)",
 }
@@ -57,16 +59,22 @@ def instantiate(entry: str) -> str:
     return f"template __global__ void {entry}{SIGS[entry.split('<')[0]]};\n"
 
 
-def nvcc(tmp_path: Path, name: str, includes: list[str], body: str, *args: str) -> subprocess.CompletedProcess:
+#: the architecture-specific Hopper target (wgmma); nvcc 13.0's `-arch=sm_90a` shorthand also runs a plain sm_90
+#: pass, which refuses wgmma
+SM90A = "-gencode=arch=compute_90a,code=sm_90a"
+
+
+def nvcc(tmp_path: Path, name: str, includes: list[str], body: str, *args: str,
+         arch: str = "-arch=sm_90") -> subprocess.CompletedProcess:
     src = tmp_path / f"{name}.cu"
     src.write_text("".join(f'#include "{p}"\n' for p in includes) + body)
-    return subprocess.run([NVCC, "-std=c++17", "-arch=sm_90", *args, str(src)], cwd=tmp_path, capture_output=True,
+    return subprocess.run([NVCC, "-std=c++17", arch, *args, str(src)], cwd=tmp_path, capture_output=True,
                           text=True, timeout=900)
 
 
-def cubin(tmp_path: Path, name: str, includes: list[str], entries: list[str]) -> str:
+def cubin(tmp_path: Path, name: str, includes: list[str], entries: list[str], arch: str = "-arch=sm_90") -> str:
     res = nvcc(tmp_path, name, includes, "".join(instantiate(e) for e in entries), "-cubin", "-Xptxas", "-v",
-               "-o", f"{name}.cubin")
+               "-o", f"{name}.cubin", arch=arch)
     assert res.returncode == 0, res.stderr[-3000:]
     names = re.findall(r"Compiling entry function '(\w+)'", res.stderr)
     spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", res.stderr)]
@@ -126,6 +134,31 @@ def test_every_ring_seed_config_of_every_variant_and_the_preps_compile_without_s
     entries = sorted({t.entry(c) for t in ring for c in legal(t.space("seed"))} | {t.prep_entry() for t in ring})
     assert sum(e.startswith("nf4_mm_prep") for e in entries) == 2  # with and without the norm
     cubin(tmp_path, "ring", MATMUL, entries)
+
+
+def test_every_wg_seed_config_of_every_variant_compiles_for_sm_90a_without_spilling_or_serializing(tmp_path):
+    """The wgmma kind on Hopper's own target: no spills, and no ptxas warning that it serialized the wgmma ops (it
+    does when the accumulators are touched between a wgmma and its wait)."""
+    wg = [t for t in mm.all_variants() if t.kind == "wg"]
+    assert len(wg) == 18
+    for t in wg:  # swiglu's two accumulator sets rule out BN 256 and the largest rings; f32's words the most
+        assert t.why_illegal(t.default_config(), SM90, (346, 1024, 1024)) == [], t.name
+        least = {"nf4": (13, 10), "f16": (12, 8), "f32": (12, 8)}[t.fmt]
+        assert len(legal(t.space("seed"))) >= least[t.epilogue == "swiglu"], t.name
+    entries = sorted({t.entry(c) for t in wg for c in [*legal(t.space("seed")), t.default_config()]})
+    log = cubin(tmp_path, "wg", MATMUL, entries, arch=SM90A)
+    assert "serialized" not in log and "arning" not in log, log[-3000:]
+
+
+def test_wg_needs_hopper():
+    """wgmma exists on compute capability 9.0 only: on any other device every wg config is refused by name."""
+    import dataclasses
+
+    tpl = mm.CudaMatmul("wg", "nf4", "none", False)
+    ada = dataclasses.replace(SM90, compute_capability="8.9")
+    why = tpl.why_illegal(tpl.default_config(), ada, (346, 1024, 1024))
+    assert [w.split(":")[0] for w in why] == ["wgmma_sm90"] and "8.9" in why[0]
+    assert tpl.why_illegal(tpl.default_config(), SM90, (346, 1024, 1024)) == []
 
 
 @pytest.mark.parametrize("kind", ["pipe", "ring"])
@@ -199,6 +232,14 @@ ILLEGAL = [
     ("matmul", "matmul.cu", "nf4_mm_ring<0, 1, 64, 64, 32, 32, 32, 4, 3, 2>", "ks_1_2_4_8"),
     ("matmul", "matmul.cu", "nf4_mm_ring<0, 1, 64, 64, 32, 32, 32, 4, 1, 3>", "mb_1_2"),
     ("matmul", "matmul.cu", "nf4_mm_ring<2, 2, 128, 128, 64, 64, 32, 6, 1, 1>", "smem_227k"),
+    ("matmul", "matmul.cu", "nf4_mm_wg<0, 0, 96, 64, 4, 1, 1>", "bm_64_128"),
+    ("matmul", "matmul.cu", "nf4_mm_wg<0, 0, 64, 96, 4, 1, 1>", "bn_32_256"),
+    ("matmul", "matmul.cu", "nf4_mm_wg<0, 2, 64, 256, 4, 1, 1>", "accumulators_128"),
+    ("matmul", "matmul.cu", "nf4_mm_wg<0, 0, 64, 64, 4, 1, 3>", "mb_1_2"),
+    ("matmul", "matmul.cu", "nf4_mm_wg<0, 0, 128, 256, 4, 1, 2>", "registers_spare"),
+    ("matmul", "matmul.cu", "nf4_mm_wg<0, 0, 64, 64, 2, 1, 1>", "stages_3_6"),
+    ("matmul", "matmul.cu", "nf4_mm_wg<0, 0, 64, 64, 4, 3, 1>", "ks_1_2_4_8"),
+    ("matmul", "matmul.cu", "nf4_mm_wg<2, 2, 128, 128, 6, 1, 1>", "smem_227k"),
     ("matmul", "matmul.cu", "nf4_mm_prep<1, 48>", "whole_warps"),
     ("matmul", "matmul.cu", "nf4_mm_rows<0, 0, 0, 48, 4>", "whole_warps"),
     ("matmul", "matmul.cu", "nf4_mm_rows<0, 2, 1, 128, 32>", "rows_1_16"),
@@ -231,13 +272,13 @@ def test_python_rules_refuse_what_the_static_asserts_refuse():
             continue
         vals = [int(v) for v in entry.split("<")[1].rstrip(">").split(",")]
         kind = entry.split("<")[0].removeprefix("nf4_mm_")
-        if kind == "ring":  # the norm is the prologue's: no NORM argument
+        if kind in ("ring", "wg"):  # the norm is the prologue's: no NORM argument
             vals.insert(2, 0)
         fmt = {v: k for k, v in mm.FMT_CODE.items()}[vals[0]]
         epi = mm.EPILOGUES[vals[1]]
         tpl = mm.CudaMatmul(kind, fmt, epi, bool(vals[2]))
         names = {"mma": mm.MMA_PARAMS, "splitk": mm.SPLITK_PARAMS, "pipe": mm.PIPE_PARAMS, "ring": mm.RING_PARAMS,
-                 "rows": ("NT", "RM")}[kind]
+                 "wg": mm.WG_PARAMS, "rows": ("NT", "RM")}[kind]
         cfg = tpl.space().config(dict(zip(names, vals[3:])))
         why = tpl.space().why_illegal(cfg)
         assert why and why[0].split(":")[0] == rule, (entry, why)
@@ -280,3 +321,33 @@ def test_cpp_mma_rules_agree_with_python_rules(tmp_path, kind):
             assert names[fail - 2] == why[0].split(":")[0], (t, fail, why)  # C++ rule 1 is `variant`
         seen_legal += not why
     assert seen_legal > 50
+
+
+def test_cpp_wg_rules_and_smem_agree_with_python(tmp_path):
+    """`wg_first_failure` and `wg_smem_bytes` in C++ against the Python rules and arithmetic, on random tuples of
+    (FMT, EPI, BM, BN, ST, KS, MB) around the legal values."""
+    rng = random.Random(7)
+    tuples = [(rng.choice([0, 1, 2]), rng.choice([0, 1, 2]), rng.choice([32, 64, 64, 96, 128, 128]),
+               rng.choice([16, 32, 64, 96, 128, 256, 256]), rng.choice([2, 3, 4, 5, 6, 7]),
+               rng.choice([1, 1, 2, 3, 4, 8, 16]), rng.choice([1, 2, 2, 3])) for _ in range(2500)]
+    rows = ",\n".join("{" + ", ".join(map(str, t)) + "}" for t in tuples)
+    body = (f"#include <cstdio>\nstatic const int T[][7] = {{\n{rows}\n}};\n"
+            "int main() { for (const auto &t : T) printf(\"%d %d\\n\", wg_first_failure(t[0], t[1], t[2], t[3], "
+            "t[4], t[5], t[6]), wg_smem_bytes(t[1], t[2], t[3], t[4])); }\n")
+    res = nvcc(tmp_path, "host", MATMUL, body, "-o", "host")
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = subprocess.run([str(tmp_path / "host")], capture_output=True, text=True, check=True).stdout.splitlines()
+    seen_legal = 0
+    for t, line in zip(tuples, out, strict=True):
+        fail, smem = map(int, line.split())
+        tpl = mm.CudaMatmul("wg", ("nf4", "f16", "f32")[t[0]], mm.EPILOGUES[t[1]], False)
+        space = tpl.space()
+        cfg = space.config(dict(zip(mm.WG_PARAMS, t[2:])))
+        why = space.why_illegal(cfg)
+        names = [r.name for r in space.rules if not r.needs_limits]
+        assert (fail == 0) == (not why), (t, fail, why)
+        if why:
+            assert names[fail - 2] == why[0].split(":")[0], (t, fail, why)  # C++ rule 1 is `variant`
+        assert smem == mm.wg_smem_bytes(cfg, tpl.sets), t
+        seen_legal += not why
+    assert seen_legal > 100

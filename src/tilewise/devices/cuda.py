@@ -4,10 +4,10 @@ CuPy is imported when a `CUDADevice` is created (or `list_cuda_devices()` runs),
 so `import tilewise` works on machines without it. Install with `pip install 'tilewise[cuda]'`.
 
 Kernels are C++ templates instantiated by NVRTC name expressions (`sgemm_warptile<128, 64, ...>`), compiled
-with `-std=c++17 -arch=sm_XX` for the device's compute capability. Compiled modules are cached on disk
-(CuPy's kernel cache, pointed at tilewise's user cache directory unless `CUPY_CACHE_DIR` is set) and in
-memory per device. `load_compiled` takes a kernel compiled elsewhere as a cubin (`cuda_nvrtc.compile_cubin`, which
-needs no GPU: a Ray run compiles on CPU workers and ships the cubins here).
+with `-std=c++17 -arch=sm_XX` for the device's compute capability (`sm_90a` on Hopper, for wgmma). Compiled
+modules are cached on disk (CuPy's kernel cache, pointed at tilewise's user cache directory unless
+`CUPY_CACHE_DIR` is set) and in memory per device. `load_compiled` takes a kernel compiled elsewhere as a cubin
+(`cuda_nvrtc.compile_cubin`, which needs no GPU: a Ray run compiles on CPU workers and ships the cubins here).
 
 Launch arguments: a CUDA kernel takes scalars as well as pointers, so on this backend `Launch.buffers`
 is the kernel's argument list in order, where an element is either a `Buffer` (passed as its device

@@ -35,9 +35,11 @@ COMPILE_FIX = ("this config's instantiation is rejected by the compiler; check t
 
 
 def nvrtc_options(compute_capability: str, extra: Sequence[str] = ()) -> tuple[str, ...]:
-    """NVRTC options for a device of `compute_capability` ("9.0" -> `-arch=sm_90`)."""
+    """NVRTC options for a device of `compute_capability` ("8.9" -> `-arch=sm_89`). Hopper (9.0) compiles for
+    `sm_90a`, the architecture-specific target where wgmma and setmaxnreg exist; its code runs on compute
+    capability 9.0 only, which is the device's own."""
     major, minor = compute_capability.split(".")
-    return ("-std=c++17", f"-arch=sm_{major}{minor}", *extra)
+    return ("-std=c++17", f"-arch=sm_{major}{minor}{'a' if (major, minor) == ('9', '0') else ''}", *extra)
 
 
 def device_options(info: DeviceInfo) -> tuple[str, ...]:

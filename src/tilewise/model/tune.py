@@ -167,8 +167,10 @@ def matmul_templates(dev: Any, fmt: str, epilogue: str, rows: list[int], f16_ari
     subgroup-matrix kernel (f16 tolerance) when the device has subgroup matrices (Dawn); on CUDA the short-row
     and tensor-core kernels, and (from 32 rows) split-K."""
     if dev.info.backend == "cuda":
+        hopper = dev.info.limits.compute_capability == mm_cuda.WG_COMPUTE_CAPABILITY
         return [mm_cuda.CudaMatmul(kind, fmt, epilogue, norm, eps) for kind in mm_cuda.KINDS
-                if not (kind in ("splitk", "pipe", "ring") and max(rows) < mm_cuda.MMA_FROM_ROWS)]  # tiles need rows
+                if not (kind in ("splitk", "pipe", "ring", "wg") and max(rows) < mm_cuda.MMA_FROM_ROWS)  # tiles
+                and (kind != "wg" or hopper)]  # need rows; wgmma needs Hopper
     kinds = [k for k in mm.KINDS if not (k == "splitk" and max(rows) < 64)]  # split-K only pays with many rows
     out = [mm.MatmulTemplate(kind, fmt, epilogue, dev.enabled_features, norm=norm, eps=eps) for kind in kinds]
     if f16_arith and "shader-f16" in dev.enabled_features:

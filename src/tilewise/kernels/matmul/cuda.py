@@ -17,6 +17,9 @@ Problem: `matmul.problem.MatmulProblem` (y = epilogue(norm(x) @ W^T), W (N, K) n
 - `ring` (`nf4_mm_prep<NORM, NT>` + `nf4_mm_ring<FMT, EPI, ..., ST, KS, MB>`): x rounded to f16 once (normed first
   with the fused norm) into the `xh` scratch, then a cp.async ring of ST stages holding f16 x and W as stored, with
   nothing converted in shared memory: W's fragments are decoded in registers. KS > 1 sums slices like split-K;
+- `wg` (`nf4_mm_prep<NORM, NT>` + `nf4_mm_wg<FMT, EPI, BM, BN, ST, KS, MB>`, Hopper only): the same f16 x, then
+  BM / 64 warpgroups on `wgmma` (both operands from shared memory in the 128-byte swizzle), K steps of 64 through a
+  ring of ST stages: x by cp.async, W decoded once per step from words loaded a step ahead. KS > 1 sums slices;
 - `rows` (`nf4_mm_rows<FMT, EPI, NORM, NT, RM>`): one warp per output column over RM rows, f32 arithmetic, for few
   rows (a decision's last block, short extends).
 
@@ -42,6 +45,7 @@ from tilewise.kernels.matmul.cuda_space import (
     DEFAULT_RING,
     DEFAULT_ROWS,
     DEFAULT_SPLITK,
+    DEFAULT_WG,
     EPI_CODE,
     KINDS,
     KS_VALUES,
@@ -65,6 +69,12 @@ from tilewise.kernels.matmul.cuda_space import (
     SPLITK_SEED,
     STATIC_SMEM_BYTES,
     WARP,
+    WG_BK,
+    WG_COMPUTE_CAPABILITY,
+    WG_PARAMS,
+    WG_SEED,
+    WG_SPARE,
+    WG_VALUES,
     mma_held_registers,
     mma_rules,
     mma_smem_bytes,
@@ -77,6 +87,10 @@ from tilewise.kernels.matmul.cuda_space import (
     ring_spare_registers,
     rows_rules,
     splitk_rules,
+    wg_rules,
+    wg_smem_bytes,
+    wg_spare_registers,
+    wg_threads,
 )
 from tilewise.kernels.matmul.problem import EPILOGUES, MatmulProblem
 from tilewise.kernels.space import Config, Space
@@ -88,6 +102,7 @@ __all__ = [
     "DEFAULT_RING",
     "DEFAULT_ROWS",
     "DEFAULT_SPLITK",
+    "DEFAULT_WG",
     "EPI_CODE",
     "KINDS",
     "KS_VALUES",
@@ -112,6 +127,12 @@ __all__ = [
     "SPLITK_SEED",
     "STATIC_SMEM_BYTES",
     "WARP",
+    "WG_BK",
+    "WG_COMPUTE_CAPABILITY",
+    "WG_PARAMS",
+    "WG_SEED",
+    "WG_SPARE",
+    "WG_VALUES",
     "CudaMatmul",
     "CudaNF4MatmulMma",
     "CudaNF4MatmulRows",
@@ -130,10 +151,14 @@ __all__ = [
     "ring_spare_registers",
     "rows_rules",
     "splitk_rules",
+    "wg_rules",
+    "wg_smem_bytes",
+    "wg_spare_registers",
+    "wg_threads",
 ]
 
 #: the family's CUDA source files, compiled as one text in this order (the later ones use matmul.cu's helpers)
-SOURCE_FILES = ("matmul.cu", "matmul_pipe.cu", "matmul_ring.cu", "matmul_rows.cu")
+SOURCE_FILES = ("matmul.cu", "matmul_pipe.cu", "matmul_ring.cu", "matmul_wg.cu", "matmul_rows.cu")
 
 
 def matmul_source() -> str:
@@ -160,7 +185,8 @@ class CudaMatmul(KernelTemplate):
         self.name = f"{fmt}_matmul.{kind}.{epilogue}" + (".norm" if norm else "")
         self.dtype = "f16" if kind != "rows" else self.problem.dtype
         #: split-K's partial sums are poisoned and guarded like "out" (`KernelTemplate.scratch_buffers`)
-        self.scratch_buffers = {"splitk": ("partial",), "pipe": ("partial",), "ring": ("partial", "xh")}.get(kind, ())
+        self.scratch_buffers = {"splitk": ("partial",), "pipe": ("partial",), "ring": ("partial", "xh"),
+                                "wg": ("partial", "xh")}.get(kind, ())
 
     @classmethod
     def from_name(cls, name: str, eps: float = 1e-5) -> CudaMatmul:
@@ -175,6 +201,9 @@ class CudaMatmul(KernelTemplate):
     def space(self, which: str = "full") -> Space:
         if self.kind == "rows":
             return Space("cuda-matmul-rows", {k: list(v) for k, v in ROWS_VALUES.items()}, rows_rules())
+        if self.kind == "wg":
+            return Space(f"cuda-matmul-wg-{which}", {k: list(v) for k, v in WG_VALUES.items()},
+                         wg_rules(self.sets, self.fmt), points=WG_SEED if which == "seed" else None)
         if self.kind == "ring":
             return Space(f"cuda-matmul-ring-{which}", {k: list(v) for k, v in RING_VALUES.items()},
                          ring_rules(self.sets, self.fmt), points=RING_SEED if which == "seed" else None)
@@ -191,27 +220,33 @@ class CudaMatmul(KernelTemplate):
 
     def default_config(self) -> Config:
         return self.config_of({"rows": DEFAULT_ROWS, "mma": DEFAULT_MMA, "splitk": DEFAULT_SPLITK,
-                               "pipe": DEFAULT_PIPE, "ring": DEFAULT_RING}[self.kind])
+                               "pipe": DEFAULT_PIPE, "ring": DEFAULT_RING, "wg": DEFAULT_WG}[self.kind])
 
     def splits(self, config: Config) -> bool:
-        """The config sums slices of K through `partial` and a further launch (split-K, or pipe / ring with KS > 1)."""
-        return self.kind == "splitk" or (self.kind in ("pipe", "ring") and config["KS"] > 1)
+        """The config sums slices of K through `partial` and a further launch (split-K, or pipe / ring / wg with
+        KS > 1)."""
+        return self.kind == "splitk" or (self.kind in ("pipe", "ring", "wg") and config["KS"] > 1)
+
+    def preps(self) -> bool:
+        """The kind reads x as f16 rows made by the `nf4_mm_prep` launch (ring, wg)."""
+        return self.kind in ("ring", "wg")
 
     def scratch_bytes(self, config: Config, rows: int, n: int, k: int) -> dict[str, int]:
         """The scratch buffers a config's launches need at `rows` rows, by name: split-K's partial sums, the ring
-        kind's f16 copy of x (`xh`, rows x K)."""
+        and wg kinds' f16 copy of x (`xh`, rows x K)."""
         out = {"partial": self.partial_bytes(config["KS"], rows, n)} if self.splits(config) else {}
-        if self.kind == "ring":
+        if self.preps():
             out["xh"] = 2 * rows * k
         return out
 
     def config_problems(self, config: Config, shape: Shape) -> list[str]:
         m, _, k = shape
         out = []
-        if self.kind in ("splitk", "pipe", "ring"):
-            if k % (config["KS"] * config["BK"]):
-                out.append(f"k_slices: K = {k} is not KS = {config['KS']} slices of whole BK = {config['BK']} steps "
-                           f"(a multiple of {config['KS'] * config['BK']})")
+        if self.kind in ("splitk", "pipe", "ring", "wg"):
+            bk = WG_BK if self.kind == "wg" else config["BK"]
+            if k % (config["KS"] * bk):
+                out.append(f"k_slices: K = {k} is not KS = {config['KS']} slices of whole BK = {bk} steps "
+                           f"(a multiple of {config['KS'] * bk})")
         elif k % (step := config["BK"] if self.kind == "mma" else 8):
             out.append(f"k_steps: K = {k} is not a multiple of {'BK' if self.kind == 'mma' else 'a word of 8'} "
                        f"= {step}")
@@ -233,10 +268,12 @@ class CudaMatmul(KernelTemplate):
             return name_expression("nf4_mm_pipe", *head, *(config[p] for p in PIPE_PARAMS))
         if self.kind == "ring":  # the norm is the prologue's (`prep_entry`)
             return name_expression("nf4_mm_ring", *head[:2], *(config[p] for p in RING_PARAMS))
+        if self.kind == "wg":
+            return name_expression("nf4_mm_wg", *head[:2], *(config[p] for p in WG_PARAMS))
         return name_expression("nf4_mm_mma", *head, *(config[p] for p in MMA_PARAMS))
 
     def prep_entry(self) -> str:
-        """The ring kind's first kernel: x rows to f16 (normed first with the fused norm)."""
+        """The ring and wg kinds' first kernel: x rows to f16 (normed first with the fused norm)."""
         return name_expression("nf4_mm_prep", int(self.norm), PREP_NT)
 
     def reduce_entry(self) -> str:
@@ -250,14 +287,17 @@ class CudaMatmul(KernelTemplate):
         return config
 
     def threads(self, config: Config) -> int:
+        if self.kind == "wg":
+            return wg_threads(config)
         return config["NT"] if self.kind == "rows" else mma_threads(config)
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
         src = matmul_source()
         dyn = {"pipe": pipe_smem_bytes, "ring": ring_smem_bytes}.get(self.kind)
+        smem = wg_smem_bytes(config, self.sets) if self.kind == "wg" else dyn(config, self.fmt, self.sets) if dyn else 0
         prog = compile_cuda(device, src, self.entry(config), self.threads(config), f"{self.name}[{config}]",
-                            dynamic_shared_bytes=dyn(config, self.fmt, self.sets) if dyn else 0)
-        if self.kind == "ring":
+                            dynamic_shared_bytes=smem)
+        if self.preps():
             prog.meta["prep"] = compile_cuda(device, src, self.prep_entry(), PREP_NT, f"{self.name}.prep")
         if self.splits(config):
             prog.meta["reduce"] = compile_cuda(device, src, self.reduce_entry(), REDUCE_NT, f"{self.name}.reduce")
@@ -268,9 +308,9 @@ class CudaMatmul(KernelTemplate):
         m, n, _ = shape
         bufs = upload_all(device, {k: v for k, v in host.items() if k != "residual"})
         bufs["out"] = device.allocate(4 * m * n)
-        if self.kind in ("splitk", "pipe", "ring"):  # for the largest KS, so every candidate shares one input set
+        if self.kind in ("splitk", "pipe", "ring", "wg"):  # for the largest KS: every candidate shares one input set
             bufs["partial"] = device.allocate(self.partial_bytes(max(KS_VALUES), m, n))
-        if self.kind == "ring":
+        if self.preps():
             bufs["xh"] = device.allocate(2 * m * shape[2])
         init = self.problem.initial_output(host, shape)
         if init is not None:
@@ -293,13 +333,13 @@ class CudaMatmul(KernelTemplate):
     def launches_at(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape,
                     x_row0: int) -> list[Launch]:
         """The launch reading x from row `x_row0` (the executor's last block reads a window of the rows); split-K:
-        the slices into `partial`, then the reduction into out; ring: x to f16 into `xh` first."""
+        the slices into `partial`, then the reduction into out; ring and wg: x to f16 into `xh` first."""
         m, n, k = shape
         weights = [bufs["w"], arg_or(bufs, "absmax", "w"), arg_or(bufs, "w_up", "w"), arg_or(bufs, "absmax_up", "w")]
         out = bufs["partial" if self.splits(config) else "out"]
         dims = [np.int32(m), np.int32(n), np.int32(k)]
         reduce = self._reduce(program, bufs, config, m, n)
-        if self.kind == "ring":
+        if self.preps():
             prep = Launch(program.meta["prep"], (m, 1, 1), [bufs["x"], np.int32(x_row0), arg_or(bufs, "norm_w", "x"),
                                                             np.float32(self.eps), bufs["xh"], np.int32(k)])
             return [prep, Launch(program, self.grid(config, shape), [bufs["xh"], *weights, out, *dims]), *reduce]
@@ -343,6 +383,8 @@ class CudaMatmul(KernelTemplate):
     def describe(self, config: Config) -> str:
         if self.kind == "rows":
             return f"rows nt{config['NT']} rm{config['RM']}"
+        if self.kind == "wg":
+            return f"wg {config['BM']}x{config['BN']}x{WG_BK} st{config['ST']} ks{config['KS']} mb{config['MB']}"
         tile = f"{config['BM']}x{config['BN']}x{config['BK']} w{config['WM']}x{config['WN']}"
         if self.kind in ("pipe", "ring"):
             return f"{self.kind} {tile} st{config['ST']} ks{config['KS']} mb{config['MB']}"

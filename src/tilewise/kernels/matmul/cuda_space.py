@@ -1,7 +1,7 @@
 """The CUDA matmul family's search spaces as data: parameters, values, hand-picked seeds, defaults, and the named
-rules that mirror `mma_first_failure`, `splitk_first_failure`, `pipe_first_failure`, `ring_first_failure` and
-`rows_first_failure` in the `.cu` sources, with the shared-memory and register arithmetic they use. `cuda.py` (the
-template) re-exports every name."""
+rules that mirror `mma_first_failure`, `splitk_first_failure`, `pipe_first_failure`, `ring_first_failure`,
+`wg_first_failure` and `rows_first_failure` in the `.cu` sources, with the shared-memory and register arithmetic
+they use. `cuda.py` (the template) re-exports every name."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tilewise.kernels.matmul.problem import EPILOGUES
 from tilewise.kernels.space import Config, Rule
 
 WARP = 32
-KINDS = ("mma", "rows", "splitk", "pipe", "ring")
+KINDS = ("mma", "rows", "splitk", "pipe", "ring", "wg")
 EPI_CODE = {e: i for i, e in enumerate(EPILOGUES)}  # none 0, residual 1, swiglu 2 (matmul.cu's EPI)
 STATIC_SMEM_BYTES = 48 * 1024
 MAX_FRAGMENTS = 16
@@ -76,6 +76,23 @@ RING_SEED = [dict(zip(RING_PARAMS, v)) for v in (
 )]
 #: threads per block of the ring kind's x prologue (one block per row)
 PREP_NT = 128
+#: the wgmma kind (`nf4_mm_wg`): BM / 64 warpgroups, K steps of 64 (fixed: one 128-byte swizzled row of f16)
+WG_PARAMS = ("BM", "BN", "ST", "KS", "MB")
+WG_VALUES: dict[str, list[int]] = {"BM": [64, 128], "BN": [32, 64, 128, 256], "ST": [3, 4, 5, 6],
+                                    "KS": [1, 2, 4, 8], "MB": [1, 2]}
+WG_BK = 64
+#: wgmma exists on compute capability 9.0 only (sm_90a code runs on no other architecture)
+WG_COMPUTE_CAPABILITY = "9.0"
+#: registers beside the accumulators and the held words (`WG_SPARE` in matmul_wg.cu)
+WG_SPARE = 48
+DEFAULT_WG = {"BM": 64, "BN": 64, "ST": 4, "KS": 1, "MB": 1}  # legal in every variant
+# the 346-row shapes: 64-row tiles fill 132 SMs where 128-row ones leave them idle; split-K for the N = 1024 ones
+WG_SEED = [dict(zip(WG_PARAMS, v)) for v in (
+    (64, 128, 4, 1, 2), (128, 128, 4, 1, 1), (64, 64, 4, 1, 2), (64, 64, 4, 2, 2), (128, 64, 4, 1, 1),
+    (64, 128, 4, 1, 1), (64, 256, 3, 1, 1), (128, 128, 4, 2, 1), (64, 64, 4, 4, 2), (128, 256, 3, 1, 1),
+    (64, 32, 6, 1, 2), (128, 64, 6, 2, 1), (64, 128, 3, 2, 1),
+    (128, 256, 4, 1, 2),  # illegal on purpose: registers_spare (256 threads, 2 blocks: 128 registers each)
+)]
 
 
 def mma_smem_bytes(c: Config, sets: int) -> int:
@@ -121,6 +138,25 @@ def ring_spare_needed(fmt: str, bk: int) -> int:
     with fewer than 128 to spare unrolls its K step two m16n8k16 steps at a time (`ring_kk_unroll`), which keeps it
     from spilling."""
     return 64
+
+
+def wg_smem_bytes(c: Config, sets: int) -> int:
+    """Dynamic shared memory of a wg block, as `wg_smem_bytes` in matmul_wg.cu: ST stages of the x tile and SETS W
+    tiles, 128 bytes a row, and 1024 bytes to start them on the swizzle's 1024-byte boundary."""
+    return c.ST * (c.BM + sets * c.BN) * 128 + 1024
+
+
+def wg_threads(c: Config) -> int:
+    return c.BM // 64 * 128
+
+
+def wg_spare_registers(c: Config, fmt: str, sets: int) -> int:
+    """Registers per thread the launch bound leaves beside the accumulators and the next step's raw W words with
+    their shared-memory addresses (`wg_register_cap`, `wg_held_registers` in matmul_wg.cu)."""
+    nt = max(wg_threads(c), 1)
+    cap = min(255, 65536 // (nt * max(c.MB, 1)))
+    held = -(-sets * c.BN * 8 // nt) * {"nf4": 3, "f16": 5, "f32": 9}[fmt]  # a chunk's words and its address
+    return cap - sets * c.BN // 2 - held
 
 
 def mma_threads(c: Config) -> int:
@@ -221,6 +257,39 @@ def ring_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
              doc="K steps in shared memory; the copies run ST - 1 steps ahead"),
         pipe["ks_1_2_4_8"],
         smem_rules[0], mma["threads_per_block"], *smem_rules[1:],
+    ]
+
+
+def wg_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
+    """matmul_wg.cu's `wg_first_failure`, rule for rule, then the device's limits (wgmma needs compute capability
+    9.0)."""
+    pipe = {r.name: r for r in pipe_rules(sets, fmt)}
+    smem_rules = dynamic_smem_rules(lambda c: wg_smem_bytes(c, sets))
+    return [
+        Rule("bm_64_128", lambda c, _: c.BM in (64, 128),
+             lambda c, _: f"BM = {c.BM} is not 64 or 128 (one m64 warpgroup per 64 rows)"),
+        Rule("bn_32_256", lambda c, _: c.BN in (32, 64, 128, 256),
+             lambda c, _: f"BN = {c.BN} is not 32, 64, 128 or 256 (a wgmma n size)"),
+        Rule("accumulators_128", lambda c, _: sets * c.BN <= 256,
+             lambda c, _: f"{sets} x BN / 2 = {sets * c.BN // 2} accumulators per thread > 128",
+             doc="a warpgroup thread holds BN / 2 f32 accumulators per weight set"),
+        pipe["mb_1_2"],
+        Rule("registers_spare", lambda c, _: wg_spare_registers(c, fmt, sets) >= WG_SPARE,
+             lambda c, _: f"the launch bound ({wg_threads(c)} threads x {c.MB} blocks) leaves "
+                          f"{wg_spare_registers(c, fmt, sets)} registers beside the accumulators and the next "
+                          f"step's words, < {WG_SPARE} (ptxas spills)",
+             doc="addresses, descriptors and the decode need 48 registers beside what a step holds"),
+        Rule("stages_3_6", lambda c, _: 3 <= c.ST <= 6, lambda c, _: f"ST = {c.ST} ring stages is not in 3..6",
+             doc="stage kt + ST - 2 fills while step kt multiplies, so ST - 2 steps of copies are in flight"),
+        pipe["ks_1_2_4_8"],
+        smem_rules[0],
+        Rule("wgmma_sm90", lambda c, lim: lim.compute_capability == WG_COMPUTE_CAPABILITY,
+             lambda c, lim: f"wgmma needs compute capability {WG_COMPUTE_CAPABILITY} (Hopper); this device has "
+                            f"{lim.compute_capability}", needs_limits=True),
+        Rule("threads_per_block", lambda c, lim: wg_threads(c) <= lim.max_invocations_per_workgroup,
+             lambda c, lim: f"{wg_threads(c)} threads > the device's {lim.max_invocations_per_workgroup}",
+             needs_limits=True),
+        *smem_rules[1:],
     ]
 
 
