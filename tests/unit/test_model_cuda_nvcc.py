@@ -141,9 +141,9 @@ def test_every_wg_seed_config_of_every_variant_compiles_for_sm_90a_without_spill
     does when the accumulators are touched between a wgmma and its wait)."""
     wg = [t for t in mm.all_variants() if t.kind == "wg"]
     assert len(wg) == 18
-    for t in wg:  # swiglu's two accumulator sets rule out BN 256 and the largest rings; f32's words the most
+    for t in wg:  # swiglu's two accumulator sets rule out the widest tiles; f32's stored tiles the largest rings
         assert t.why_illegal(t.default_config(), SM90, (346, 1024, 1024)) == [], t.name
-        least = {"nf4": (13, 10), "f16": (12, 8), "f32": (12, 8)}[t.fmt]
+        least = {"nf4": (16, 11), "f16": (16, 11), "f32": (6, 1)}[t.fmt]
         assert len(legal(t.space("seed"))) >= least[t.epilogue == "swiglu"], t.name
     entries = sorted({t.entry(c) for t in wg for c in [*legal(t.space("seed")), t.default_config()]})
     log = cubin(tmp_path, "wg", MATMUL, entries, arch=SM90A)
@@ -232,14 +232,16 @@ ILLEGAL = [
     ("matmul", "matmul.cu", "nf4_mm_ring<0, 1, 64, 64, 32, 32, 32, 4, 3, 2>", "ks_1_2_4_8"),
     ("matmul", "matmul.cu", "nf4_mm_ring<0, 1, 64, 64, 32, 32, 32, 4, 1, 3>", "mb_1_2"),
     ("matmul", "matmul.cu", "nf4_mm_ring<2, 2, 128, 128, 64, 64, 32, 6, 1, 1>", "smem_227k"),
-    ("matmul", "matmul.cu", "nf4_mm_wg<0, 0, 96, 64, 4, 1, 1>", "bm_64_128"),
-    ("matmul", "matmul.cu", "nf4_mm_wg<0, 0, 64, 96, 4, 1, 1>", "bn_32_256"),
-    ("matmul", "matmul.cu", "nf4_mm_wg<0, 2, 64, 256, 4, 1, 1>", "accumulators_128"),
-    ("matmul", "matmul.cu", "nf4_mm_wg<0, 0, 64, 64, 4, 1, 3>", "mb_1_2"),
-    ("matmul", "matmul.cu", "nf4_mm_wg<0, 0, 128, 256, 4, 1, 2>", "registers_spare"),
-    ("matmul", "matmul.cu", "nf4_mm_wg<0, 0, 64, 64, 2, 1, 1>", "stages_3_6"),
-    ("matmul", "matmul.cu", "nf4_mm_wg<0, 0, 64, 64, 4, 3, 1>", "ks_1_2_4_8"),
-    ("matmul", "matmul.cu", "nf4_mm_wg<2, 2, 128, 128, 6, 1, 1>", "smem_227k"),
+    ("matmul", "matmul.cu", "nf4_mm_wg<0, 0, 128, 64, 3, 4, 1, 1>", "mt_1_2"),
+    ("matmul", "matmul.cu", "nf4_mm_wg<0, 0, 96, 64, 1, 4, 1, 1>", "warpgroups_1_4"),
+    ("matmul", "matmul.cu", "nf4_mm_wg<0, 0, 640, 32, 2, 4, 1, 1>", "warpgroups_1_4"),
+    ("matmul", "matmul.cu", "nf4_mm_wg<0, 0, 64, 96, 1, 4, 1, 1>", "bn_32_256"),
+    ("matmul", "matmul.cu", "nf4_mm_wg<0, 2, 128, 128, 2, 4, 1, 1>", "accumulators_128"),
+    ("matmul", "matmul.cu", "nf4_mm_wg<0, 0, 64, 64, 1, 4, 1, 3>", "mb_1_2"),
+    ("matmul", "matmul.cu", "nf4_mm_wg<0, 0, 256, 256, 1, 4, 1, 2>", "registers_spare"),
+    ("matmul", "matmul.cu", "nf4_mm_wg<0, 0, 64, 64, 1, 3, 1, 1>", "stages_4_6"),
+    ("matmul", "matmul.cu", "nf4_mm_wg<0, 0, 64, 64, 1, 4, 3, 1>", "ks_1_2_4_8"),
+    ("matmul", "matmul.cu", "nf4_mm_wg<2, 0, 384, 64, 2, 4, 1, 1>", "smem_227k"),
     ("matmul", "matmul.cu", "nf4_mm_prep<1, 48>", "whole_warps"),
     ("matmul", "matmul.cu", "nf4_mm_rows<0, 0, 0, 48, 4>", "whole_warps"),
     ("matmul", "matmul.cu", "nf4_mm_rows<0, 2, 1, 128, 32>", "rows_1_16"),
@@ -325,15 +327,15 @@ def test_cpp_mma_rules_agree_with_python_rules(tmp_path, kind):
 
 def test_cpp_wg_rules_and_smem_agree_with_python(tmp_path):
     """`wg_first_failure` and `wg_smem_bytes` in C++ against the Python rules and arithmetic, on random tuples of
-    (FMT, EPI, BM, BN, ST, KS, MB) around the legal values."""
+    (FMT, EPI, BM, BN, MT, ST, KS, MB) around the legal values."""
     rng = random.Random(7)
-    tuples = [(rng.choice([0, 1, 2]), rng.choice([0, 1, 2]), rng.choice([32, 64, 64, 96, 128, 128]),
-               rng.choice([16, 32, 64, 96, 128, 256, 256]), rng.choice([2, 3, 4, 5, 6, 7]),
-               rng.choice([1, 1, 2, 3, 4, 8, 16]), rng.choice([1, 2, 2, 3])) for _ in range(2500)]
+    tuples = [(rng.choice([0, 1, 2]), rng.choice([0, 0, 1, 2]), rng.choice([64, 64, 96, 128, 128, 192, 256, 384, 640]),
+               rng.choice([16, 32, 32, 64, 64, 96, 128, 256]), rng.choice([1, 1, 2, 3]), rng.choice([3, 4, 4, 5, 6, 7]),
+               rng.choice([1, 1, 2, 3, 4, 8]), rng.choice([1, 1, 2, 3])) for _ in range(3000)]
     rows = ",\n".join("{" + ", ".join(map(str, t)) + "}" for t in tuples)
-    body = (f"#include <cstdio>\nstatic const int T[][7] = {{\n{rows}\n}};\n"
+    body = (f"#include <cstdio>\nstatic const int T[][8] = {{\n{rows}\n}};\n"
             "int main() { for (const auto &t : T) printf(\"%d %d\\n\", wg_first_failure(t[0], t[1], t[2], t[3], "
-            "t[4], t[5], t[6]), wg_smem_bytes(t[1], t[2], t[3], t[4])); }\n")
+            "t[4], t[5], t[6], t[7]), wg_smem_bytes(t[0], t[1], t[2], t[3], t[5])); }\n")
     res = nvcc(tmp_path, "host", MATMUL, body, "-o", "host")
     assert res.returncode == 0, res.stderr[-3000:]
     out = subprocess.run([str(tmp_path / "host")], capture_output=True, text=True, check=True).stdout.splitlines()
@@ -348,6 +350,6 @@ def test_cpp_wg_rules_and_smem_agree_with_python(tmp_path):
         assert (fail == 0) == (not why), (t, fail, why)
         if why:
             assert names[fail - 2] == why[0].split(":")[0], (t, fail, why)  # C++ rule 1 is `variant`
-        assert smem == mm.wg_smem_bytes(cfg, tpl.sets), t
+        assert smem == mm.wg_smem_bytes(cfg, tpl.fmt, tpl.sets), t
         seen_legal += not why
     assert seen_legal > 100

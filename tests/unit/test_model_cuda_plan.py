@@ -243,7 +243,7 @@ def test_a_ring_or_wg_choice_rounds_x_to_f16_once_then_runs_on_it(rng, ks, kind)
     ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
     dev = RecordingDevice()
     choice = ({"BM": 32, "BN": 64, "BK": 32, "WM": 16, "WN": 32, "ST": 3, "KS": ks, "MB": 2} if kind == "ring" else
-              {"BM": 64, "BN": 64, "ST": 3, "KS": ks, "MB": 1})
+              {"BM": 64, "BN": 64, "MT": 1, "ST": 4, "KS": ks, "MB": 1})
     ex = CUDAExecutor(ck, device=dev, dispatch=_table_for(cfg, dev.info.fingerprint, choice, {"NT": 64, "RM": 2}, 4,
                                                           kind=kind))
     sigs = kernel_signatures()
@@ -255,7 +255,7 @@ def test_a_ring_or_wg_choice_rounds_x_to_f16_once_then_runs_on_it(rng, ks, kind)
     xh = ex._scratch["xh"]
     assert xh.nbytes >= 2 * MIN_ROW_CAPACITY * F  # f16 rows of the widest K the main kernel reads
     entry, grid = ((f"nf4_mm_ring<0, 1, 32, 64, 32, 16, 32, 3, {ks}, 2>", (1, 2, ks)) if kind == "ring" else
-                   (f"nf4_mm_wg<0, 1, 64, 64, 3, {ks}, 1>", (1, 1, ks)))
+                   (f"nf4_mm_wg<0, 1, 64, 64, 1, 4, {ks}, 1>", (1, 1, ks)))
     for i in range(0, len(downs), per):
         prep, main = downs[i], downs[i + 1]
         for launch in downs[i:i + per]:

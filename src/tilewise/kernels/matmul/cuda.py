@@ -17,9 +17,10 @@ Problem: `matmul.problem.MatmulProblem` (y = epilogue(norm(x) @ W^T), W (N, K) n
 - `ring` (`nf4_mm_prep<NORM, NT>` + `nf4_mm_ring<FMT, EPI, ..., ST, KS, MB>`): x rounded to f16 once (normed first
   with the fused norm) into the `xh` scratch, then a cp.async ring of ST stages holding f16 x and W as stored, with
   nothing converted in shared memory: W's fragments are decoded in registers. KS > 1 sums slices like split-K;
-- `wg` (`nf4_mm_prep<NORM, NT>` + `nf4_mm_wg<FMT, EPI, BM, BN, ST, KS, MB>`, Hopper only): the same f16 x, then
-  BM / 64 warpgroups on `wgmma` (both operands from shared memory in the 128-byte swizzle), K steps of 64 through a
-  ring of ST stages: x by cp.async, W decoded once per step from words loaded a step ahead. KS > 1 sums slices;
+- `wg` (`nf4_mm_prep<NORM, NT>` + `nf4_mm_wg<FMT, EPI, BM, BN, MT, ST, KS, MB>`, Hopper only): the same f16 x,
+  then BM / (64 MT) warpgroups of MT m64 slices on `wgmma` (both operands from shared memory in the 128-byte
+  swizzle), K steps of 64 through a cp.async ring of ST stages of x and W as stored; nf4 and f32 W decoded once per
+  step and block, one step ahead. KS > 1 sums slices;
 - `rows` (`nf4_mm_rows<FMT, EPI, NORM, NT, RM>`): one warp per output column over RM rows, f32 arithmetic, for few
   rows (a decision's last block, short extends).
 
@@ -293,8 +294,8 @@ class CudaMatmul(KernelTemplate):
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
         src = matmul_source()
-        dyn = {"pipe": pipe_smem_bytes, "ring": ring_smem_bytes}.get(self.kind)
-        smem = wg_smem_bytes(config, self.sets) if self.kind == "wg" else dyn(config, self.fmt, self.sets) if dyn else 0
+        dyn = {"pipe": pipe_smem_bytes, "ring": ring_smem_bytes, "wg": wg_smem_bytes}.get(self.kind)
+        smem = dyn(config, self.fmt, self.sets) if dyn else 0
         prog = compile_cuda(device, src, self.entry(config), self.threads(config), f"{self.name}[{config}]",
                             dynamic_shared_bytes=smem)
         if self.preps():
@@ -384,7 +385,8 @@ class CudaMatmul(KernelTemplate):
         if self.kind == "rows":
             return f"rows nt{config['NT']} rm{config['RM']}"
         if self.kind == "wg":
-            return f"wg {config['BM']}x{config['BN']}x{WG_BK} st{config['ST']} ks{config['KS']} mb{config['MB']}"
+            return (f"wg {config['BM']}x{config['BN']}x{WG_BK} mt{config['MT']} st{config['ST']} ks{config['KS']} "
+                    f"mb{config['MB']}")
         tile = f"{config['BM']}x{config['BN']}x{config['BK']} w{config['WM']}x{config['WN']}"
         if self.kind in ("pipe", "ring"):
             return f"{self.kind} {tile} st{config['ST']} ks{config['KS']} mb{config['MB']}"

@@ -76,25 +76,26 @@ RING_SEED = [dict(zip(RING_PARAMS, v)) for v in (
 )]
 #: threads per block of the ring kind's x prologue (one block per row)
 PREP_NT = 128
-#: the wgmma kind (`nf4_mm_wg`): BM / 64 warpgroups, K steps of 64 (fixed: one 128-byte swizzled row of f16)
-WG_PARAMS = ("BM", "BN", "ST", "KS", "MB")
-WG_VALUES: dict[str, list[int]] = {"BM": [64, 128], "BN": [32, 64, 128, 256], "ST": [3, 4, 5, 6],
-                                    "KS": [1, 2, 4, 8], "MB": [1, 2]}
+#: the wgmma kind (`nf4_mm_wg`): BM / (64 MT) warpgroups of MT m64 slices, K steps of 64 (fixed: one 128-byte
+#: swizzled row of f16)
+WG_PARAMS = ("BM", "BN", "MT", "ST", "KS", "MB")
+WG_VALUES: dict[str, list[int]] = {"BM": [64, 128, 192, 256, 384], "BN": [32, 64, 128, 256], "MT": [1, 2],
+                                    "ST": [4, 5, 6], "KS": [1, 2, 4, 8], "MB": [1, 2]}
 WG_BK = 64
 #: wgmma exists on compute capability 9.0 only (sm_90a code runs on no other architecture)
 WG_COMPUTE_CAPABILITY = "9.0"
-#: registers beside the accumulators and the held words (`WG_SPARE` in matmul_wg.cu)
-WG_SPARE = 48
-DEFAULT_WG = {"BM": 64, "BN": 64, "ST": 4, "KS": 1, "MB": 1}  # legal in every variant
-# the 346-row shapes: 64-row tiles fill 132 SMs where 128-row ones leave them idle; split-K for the N = 1024 ones
+#: registers beside the accumulators (`WG_SPARE` in matmul_wg.cu)
+WG_SPARE = 72
+DEFAULT_WG = {"BM": 64, "BN": 64, "MT": 1, "ST": 4, "KS": 1, "MB": 1}  # legal in every variant
+# the 346-row shapes: one block over all 346 rows (384 = 3 warpgroups x 2 slices) decodes each weight once; 64- and
+# 128-row tiles fill more SMs; split-K for the N = 1024 ones
 WG_SEED = [dict(zip(WG_PARAMS, v)) for v in (
-    (64, 128, 4, 1, 2), (128, 128, 4, 1, 1), (64, 64, 4, 1, 2), (64, 64, 4, 2, 2), (128, 64, 4, 1, 1),
-    (64, 128, 4, 1, 1), (64, 256, 3, 1, 1), (128, 128, 4, 2, 1), (64, 64, 4, 4, 2), (128, 256, 3, 1, 1),
-    (64, 32, 6, 1, 2), (128, 64, 6, 2, 1), (64, 128, 3, 2, 1),
-    (128, 256, 4, 1, 2),  # illegal on purpose: registers_spare (256 threads, 2 blocks: 128 registers each)
+    (384, 64, 2, 4, 1, 1), (192, 64, 1, 4, 1, 1), (384, 32, 2, 4, 1, 1), (256, 64, 2, 4, 1, 1),
+    (128, 128, 1, 4, 1, 1), (384, 32, 2, 4, 4, 1), (192, 64, 1, 4, 4, 1), (128, 64, 1, 4, 1, 2),
+    (64, 128, 1, 4, 1, 2), (384, 64, 2, 4, 2, 1), (128, 64, 2, 5, 2, 1), (64, 64, 1, 4, 4, 2),
+    (128, 128, 1, 4, 2, 1), (64, 256, 1, 4, 1, 1), (64, 32, 1, 6, 1, 2), (64, 32, 1, 4, 2, 1),
+    (384, 128, 2, 4, 1, 1),  # illegal on purpose: accumulators_128 (2 slices x 128 columns)
 )]
-
-
 def mma_smem_bytes(c: Config, sets: int) -> int:
     """Static shared memory of a block, as `mma_smem_bytes` in matmul.cu computes it."""
     return c.PIPE * (c.BM + sets * c.BN) * (c.BK + 8) * 2 + c.BM * 4 + 16 * 4
@@ -140,23 +141,21 @@ def ring_spare_needed(fmt: str, bk: int) -> int:
     return 64
 
 
-def wg_smem_bytes(c: Config, sets: int) -> int:
-    """Dynamic shared memory of a wg block, as `wg_smem_bytes` in matmul_wg.cu: ST stages of the x tile and SETS W
-    tiles, 128 bytes a row, and 1024 bytes to start them on the swizzle's 1024-byte boundary."""
-    return c.ST * (c.BM + sets * c.BN) * 128 + 1024
+def wg_smem_bytes(c: Config, fmt: str, sets: int) -> int:
+    """Dynamic shared memory of a wg block, as `wg_smem_bytes` in matmul_wg.cu: three decoded W tiles for nf4 and
+    f32, ST x tiles and ST W tiles as stored, and 1024 bytes to start on the swizzle's 1024-byte boundary."""
+    raw = sets * c.BN * {"nf4": 32 + 4, "f16": 128, "f32": 256}[fmt]
+    return (0 if fmt == "f16" else 3 * sets * c.BN * 128) + c.ST * (c.BM * 128 + raw) + 1024
 
 
 def wg_threads(c: Config) -> int:
-    return c.BM // 64 * 128
+    return c.BM // (64 * c.MT) * 128 if c.MT in (1, 2) else 0
 
 
-def wg_spare_registers(c: Config, fmt: str, sets: int) -> int:
-    """Registers per thread the launch bound leaves beside the accumulators and the next step's raw W words with
-    their shared-memory addresses (`wg_register_cap`, `wg_held_registers` in matmul_wg.cu)."""
-    nt = max(wg_threads(c), 1)
-    cap = min(255, 65536 // (nt * max(c.MB, 1)))
-    held = -(-sets * c.BN * 8 // nt) * {"nf4": 3, "f16": 5, "f32": 9}[fmt]  # a chunk's words and its address
-    return cap - sets * c.BN // 2 - held
+def wg_spare_registers(c: Config, sets: int) -> int:
+    """Registers per thread the launch bound leaves beside the accumulators (`wg_register_cap` in matmul_wg.cu)."""
+    cap = min(255, 65536 // max(wg_threads(c) * c.MB, 1))
+    return cap - c.MT * sets * c.BN // 2
 
 
 def mma_threads(c: Config) -> int:
@@ -264,23 +263,24 @@ def wg_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
     """matmul_wg.cu's `wg_first_failure`, rule for rule, then the device's limits (wgmma needs compute capability
     9.0)."""
     pipe = {r.name: r for r in pipe_rules(sets, fmt)}
-    smem_rules = dynamic_smem_rules(lambda c: wg_smem_bytes(c, sets))
+    smem_rules = dynamic_smem_rules(lambda c: wg_smem_bytes(c, fmt, sets))
     return [
-        Rule("bm_64_128", lambda c, _: c.BM in (64, 128),
-             lambda c, _: f"BM = {c.BM} is not 64 or 128 (one m64 warpgroup per 64 rows)"),
+        Rule("mt_1_2", lambda c, _: c.MT in (1, 2), lambda c, _: f"MT = {c.MT} m64 slices per warpgroup is not 1 or 2"),
+        Rule("warpgroups_1_4", lambda c, _: c.BM % (64 * c.MT) == 0 and 64 * c.MT <= c.BM <= 4 * 64 * c.MT,
+             lambda c, _: f"BM = {c.BM} is not 1..4 warpgroups of MT x 64 = {64 * c.MT} rows"),
         Rule("bn_32_256", lambda c, _: c.BN in (32, 64, 128, 256),
              lambda c, _: f"BN = {c.BN} is not 32, 64, 128 or 256 (a wgmma n size)"),
-        Rule("accumulators_128", lambda c, _: sets * c.BN <= 256,
-             lambda c, _: f"{sets} x BN / 2 = {sets * c.BN // 2} accumulators per thread > 128",
-             doc="a warpgroup thread holds BN / 2 f32 accumulators per weight set"),
+        Rule("accumulators_128", lambda c, _: c.MT * sets * c.BN <= 256,
+             lambda c, _: f"MT x {sets} x BN / 2 = {c.MT * sets * c.BN // 2} accumulators per thread > 128",
+             doc="a warpgroup thread holds BN / 2 f32 accumulators per slice and weight set"),
         pipe["mb_1_2"],
-        Rule("registers_spare", lambda c, _: wg_spare_registers(c, fmt, sets) >= WG_SPARE,
+        Rule("registers_spare", lambda c, _: wg_spare_registers(c, sets) >= WG_SPARE,
              lambda c, _: f"the launch bound ({wg_threads(c)} threads x {c.MB} blocks) leaves "
-                          f"{wg_spare_registers(c, fmt, sets)} registers beside the accumulators and the next "
-                          f"step's words, < {WG_SPARE} (ptxas spills)",
-             doc="addresses, descriptors and the decode need 48 registers beside what a step holds"),
-        Rule("stages_3_6", lambda c, _: 3 <= c.ST <= 6, lambda c, _: f"ST = {c.ST} ring stages is not in 3..6",
-             doc="stage kt + ST - 2 fills while step kt multiplies, so ST - 2 steps of copies are in flight"),
+                          f"{wg_spare_registers(c, sets)} registers beside the accumulators, < {WG_SPARE} (ptxas "
+                          "spilled with 64)",
+             doc="over the whole space ptxas spilled with 64 registers to spare and never with 69 or more"),
+        Rule("stages_4_6", lambda c, _: 4 <= c.ST <= 6, lambda c, _: f"ST = {c.ST} ring stages is not in 4..6",
+             doc="copies run ST - 2 steps ahead and a step is decoded one ahead: W lands ST - 3 steps early"),
         pipe["ks_1_2_4_8"],
         smem_rules[0],
         Rule("wgmma_sm90", lambda c, lim: lim.compute_capability == WG_COMPUTE_CAPABILITY,

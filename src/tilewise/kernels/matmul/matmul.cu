@@ -412,12 +412,12 @@ __device__ __forceinline__ void mma_main(const float *__restrict__ x, int x_row0
   if (NORM && LATE) late_rms<BM, BN, BK, WM, WN, NT, SETS>(ss, rs, K, eps, acc);
 }
 
-// f(i, j, e, r, c) for each accumulator value acc[.][i][j][e] a thread holds inside the M x N output: D rows g and
-// g+8 of each m16 tile, columns 2t and 2t+1 of each n8 tile (the mma.sync accumulator layout)
-template <int BM, int BN, int WM, int WN, typename F>
-__device__ __forceinline__ void each_output(int M, int N, F f) {
-  const int warp = threadIdx.x / WARPSIZE, lane = threadIdx.x % WARPSIZE, g = lane >> 2, t = lane & 3;
-  const int m0 = blockIdx.y * BM + (warp / (BN / WN)) * WM, n0 = blockIdx.x * BN + (warp % (BN / WN)) * WN;
+// f(i, j, e, r, c) for each accumulator value acc[.][i][j][e] a thread holds inside the M x N output, for the warp
+// tile at rows m0.., columns n0..: D rows g and g+8 of each m16 tile, columns 2t and 2t+1 of each n8 tile (the
+// mma.sync accumulator layout, which a wgmma warpgroup's warps hold too)
+template <int WM, int WN, typename F>
+__device__ __forceinline__ void each_output_at(int m0, int n0, int M, int N, F f) {
+  const int lane = threadIdx.x % WARPSIZE, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int i = 0; i < WM / 16; ++i)
 #pragma unroll
@@ -434,12 +434,12 @@ __device__ __forceinline__ void each_output(int M, int N, F f) {
     }
 }
 
-// The two ways a tile's accumulators leave a block: the epilogue into out (M, N), or (split-K) the raw values of
-// slice blockIdx.z into partial (KS, SETS, M, N) for nf4_mm_splitk_reduce. Shared by every tensor-core kernel.
-template <int EPI, int BM, int BN, int WM, int WN, int SETS>
-__device__ __forceinline__ void store_epilogue(const float (&acc)[SETS][WM / 16][WN / 8][4], float *out, int M,
-                                               int N) {
-  each_output<BM, BN, WM, WN>(M, N, [&](int i, int j, int e, int r, int c) {
+// The two ways a warp tile's accumulators (origin m0, n0) leave a block: the epilogue into out (M, N), or (split-K)
+// the raw values of slice blockIdx.z into partial (KS, SETS, M, N) for nf4_mm_splitk_reduce
+template <int EPI, int WM, int WN, int SETS>
+__device__ __forceinline__ void store_epilogue_at(const float (&acc)[SETS][WM / 16][WN / 8][4], float *out, int M,
+                                                  int N, int m0, int n0) {
+  each_output_at<WM, WN>(m0, n0, M, N, [&](int i, int j, int e, int r, int c) {
     const float y = acc[0][i][j][e];
     float *o = out + (size_t)r * N + c;
     if (EPI == 0) *o = y;
@@ -448,15 +448,40 @@ __device__ __forceinline__ void store_epilogue(const float (&acc)[SETS][WM / 16]
   });
 }
 
-template <int BM, int BN, int WM, int WN, int SETS>
-__device__ __forceinline__ void store_partial(const float (&acc)[SETS][WM / 16][WN / 8][4], float *partial, int M,
-                                              int N) {
+template <int WM, int WN, int SETS>
+__device__ __forceinline__ void store_partial_at(const float (&acc)[SETS][WM / 16][WN / 8][4], float *partial, int M,
+                                                 int N, int m0, int n0) {
   const size_t mn = (size_t)M * N;
   float *p = partial + blockIdx.z * SETS * mn;
-  each_output<BM, BN, WM, WN>(M, N, [&](int i, int j, int e, int r, int c) {
+  each_output_at<WM, WN>(m0, n0, M, N, [&](int i, int j, int e, int r, int c) {
 #pragma unroll
     for (int s = 0; s < SETS; ++s) p[s * mn + (size_t)r * N + c] = acc[s][i][j][e];
   });
+}
+
+// the origin of this warp's WM x WN tile in a BM x BN block tile of (BM/WM) x (BN/WN) warps
+template <int BM, int BN, int WM, int WN>
+__device__ __forceinline__ int2 warp_origin() {
+  const int warp = threadIdx.x / WARPSIZE;
+  int2 o;
+  o.x = blockIdx.y * BM + (warp / (BN / WN)) * WM;
+  o.y = blockIdx.x * BN + (warp % (BN / WN)) * WN;
+  return o;
+}
+
+// Shared by every mma.sync kernel: the block's warp tiles through the two ways out
+template <int EPI, int BM, int BN, int WM, int WN, int SETS>
+__device__ __forceinline__ void store_epilogue(const float (&acc)[SETS][WM / 16][WN / 8][4], float *out, int M,
+                                               int N) {
+  const int2 o = warp_origin<BM, BN, WM, WN>();
+  store_epilogue_at<EPI, WM, WN, SETS>(acc, out, M, N, o.x, o.y);
+}
+
+template <int BM, int BN, int WM, int WN, int SETS>
+__device__ __forceinline__ void store_partial(const float (&acc)[SETS][WM / 16][WN / 8][4], float *partial, int M,
+                                              int N) {
+  const int2 o = warp_origin<BM, BN, WM, WN>();
+  store_partial_at<WM, WN, SETS>(acc, partial, M, N, o.x, o.y);
 }
 
 template <int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM, int WN, int PIPE>

@@ -1,57 +1,57 @@
 // matmul_wg.cu - the matmul on Hopper's warpgroup tensor cores (wgmma, sm_90a only); compiled after matmul.cu,
-// matmul_pipe.cu and matmul_ring.cu (their helpers: load_raw, decode8, the cp.async wrappers, store_epilogue,
-// store_partial, and the ring's x prologue nf4_mm_prep, whose f16 rows this kind reads).
+// matmul_pipe.cu and matmul_ring.cu (their helpers: WRaw and decode8, the cp.async wrappers, store_epilogue_at,
+// store_partial_at, and the ring's x prologue nf4_mm_prep, whose f16 rows this kind reads).
 //
-// nf4_mm_wg<FMT, EPI, BM, BN, ST, KS, MB>: BM / 64 warpgroups, each multiplying a 64-row slice of the BM x BN tile
-// with `wgmma.mma_async m64nBNk16` (f16 x f16 -> f32, both operands read by the tensor cores from shared memory).
-// K steps of 64 (one 128-byte row of f16 per tile row, the 128-byte swizzle's row) pass through a ring of ST
-// stages; stage kt + ST - 2 is filled while step kt multiplies:
-//   x:  f16 rows of xh by cp.async, zero-filled past M;
-//   W:  each thread's words of the step, loaded from global memory one step earlier into registers, decoded to f16
-//       (nf4: the NF4 code times the row's absmax, rounded once) and stored into the stage: W is decoded once per K
-//       step, not once per warp; rows past N are zeros.
-// Both tiles are stored K-major in the 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)), which is
-// what the wgmma descriptors below describe: 8-row groups 1024 bytes apart, K advanced by 32 bytes per k16 step.
-// Writes by ordinary stores and cp.async are made visible to the tensor cores (the async proxy) by
+// nf4_mm_wg<FMT, EPI, BM, BN, MT, ST, KS, MB>: BM / (64 MT) warpgroups, each multiplying MT 64-row slices of the
+// BM x BN tile with `wgmma.mma_async m64nBNk16` (f16 x f16 -> f32, both operands read by the tensor cores from
+// shared memory). A larger BM decodes each weight for more rows: the decode is the W tile's, once per block.
+// K steps of 64 (one 128-byte row of f16 per tile row, the 128-byte swizzle's row) pass through a ring of ST stages,
+// each filled by cp.async ST - 2 steps ahead with the step's x tile (f16 rows of xh, zero-filled past M) and W tile
+// as stored (rows past N zero-filled). f16 weights are the operand as they land; nf4 and f32 weights are decoded
+// (nf4: the NF4 code times the row's absmax, rounded once to f16) one step ahead into one of three decoded tiles,
+// while the tensor cores run on the previous step (issued, not yet waited for). The copy and decode loops have
+// compile-time trip counts: with `e += NT` loops ptxas serialized the wgmma ops of some nf4 tiles (C7515).
+// Operand tiles are K-major in the 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)), which is what
+// the wgmma descriptors below describe: 8-row groups 1024 bytes apart, K advanced by 32 bytes per k16 step.
+// Ordering: ordinary stores and cp.async writes are made visible to the tensor cores (the async proxy) by
 // fence.proxy.async before each step's barrier. A warpgroup waits for its previous step's wgmma (wait_group 1)
-// before the next barrier, so after the barrier of step kt every warpgroup is done with step kt - 2's stage, the one
-// refilled. KS 1 applies the epilogue; KS > 1 writes slice blockIdx.z's raw sums to partial for
-// nf4_mm_splitk_reduce. MB is the launch bound's blocks per SM. The accumulators of warp w are rows 16w.. of the
-// tile in the mma.sync layout, so the family's store_epilogue serves them as a 16 x BN warp tile.
+// before the next barrier, so after the barrier of step kt every warpgroup is done with step kt - 2: its ring stage
+// is refilled and its decoded tile (of three) rewritten in step kt.
+// KS 1 applies the epilogue; KS > 1 writes slice blockIdx.z's raw sums to partial for nf4_mm_splitk_reduce. MB is
+// the launch bound's blocks per SM. Warp w of a warpgroup holds rows 16 (w % 4).. of each of its m64 slices in the
+// mma.sync accumulator layout, so the family's store_epilogue_at serves each slice as a 16 x BN warp tile.
 // Shapes: K % (KS * 64) == 0; any M and N.
 
-// one ring stage: the x tile (BM, 64) f16 then SETS W tiles (BN, 64) f16, each 128 bytes a row, swizzled
-__host__ __device__ constexpr int wg_stage_bytes(int EPI, int BM, int BN) {
-  return (BM + (EPI == 2 ? 2 : 1) * BN) * 128;
+__host__ __device__ constexpr int wg_threads(int BM, int MT) { return BM / (64 * MT) * 128; }
+// bytes of one step's W tile as stored: nf4 32 a row and the rows' absmax; f16 128 a row (the operand); f32 256
+__host__ __device__ constexpr int wg_raw_bytes(int FMT, int EPI, int BN) {
+  return (EPI == 2 ? 2 : 1) * BN * (FMT == 0 ? 32 + 4 : FMT == 1 ? 128 : 256);
 }
-// + 1024: the stages start at the first 1024-byte boundary of dynamic shared memory (the swizzle's atom)
-__host__ __device__ constexpr int wg_smem_bytes(int EPI, int BM, int BN, int ST) {
-  return ST * wg_stage_bytes(EPI, BM, BN) + 1024;
+// shared memory, from a 1024-byte boundary (the swizzle's atom): three decoded W tiles (nf4, f32), then ST x tiles
+// (BM, 64) f16, 128 bytes a row, then ST W tiles as stored; + 1024 bytes to find that boundary
+__host__ __device__ constexpr int wg_smem_bytes(int FMT, int EPI, int BM, int BN, int ST) {
+  return (FMT == 1 ? 0 : 3 * (EPI == 2 ? 2 : 1) * BN * 128) + ST * (BM * 128 + wg_raw_bytes(FMT, EPI, BN)) + 1024;
 }
-__host__ __device__ constexpr int wg_threads(int BM) { return BM / 64 * 128; }
-// registers a thread holds across a step beside the accumulators: per 16-byte chunk of the next step's W, its raw
-// words (nf4: a word and its absmax; f16: four; f32: eight) and its shared-memory address. Counted without the
-// address, f16 at 128 accumulators and 16 chunks a thread passed the rule and spilled 16 bytes.
-__host__ __device__ constexpr int wg_held_registers(int FMT, int EPI, int BM, int BN) {
-  return ((EPI == 2 ? 2 : 1) * BN * 8 + wg_threads(BM) - 1) / wg_threads(BM) * (FMT == 0 ? 3 : FMT == 1 ? 5 : 9);
+__host__ __device__ constexpr int wg_register_cap(int BM, int MT, int MB) {
+  return 65536 / (wg_threads(BM, MT) * MB) < 255 ? 65536 / (wg_threads(BM, MT) * MB) : 255;
 }
-// registers the addresses, descriptors and the decode need beside those
-#define WG_SPARE 48
-__host__ __device__ constexpr int wg_register_cap(int BM, int MB) {
-  return 65536 / (wg_threads(BM) * MB) < 255 ? 65536 / (wg_threads(BM) * MB) : 255;
-}
+// registers addresses, descriptors and the decode need beside the accumulators: over the whole space, ptxas spilled
+// 20-52 bytes with 64 to spare (512 threads, 64 accumulators) and never with 69 or more
+#define WG_SPARE 72
 
-__host__ __device__ constexpr int wg_first_failure(int FMT, int EPI, int BM, int BN, int ST, int KS, int MB) {
+__host__ __device__ constexpr int wg_first_failure(int FMT, int EPI, int BM, int BN, int MT, int ST, int KS,
+                                                    int MB) {
   const int sets = EPI == 2 ? 2 : 1;
-  if (FMT < 0 || FMT > 2 || EPI < 0 || EPI > 2) return 1;                              // variant
-  if (BM != 64 && BM != 128) return 2;                                                // bm_64_128
-  if (BN != 32 && BN != 64 && BN != 128 && BN != 256) return 3;                       // bn_32_256
-  if (sets * BN > 256) return 4;                                                      // accumulators_128
-  if (MB < 1 || MB > 2) return 5;                                                     // mb_1_2
-  if (wg_register_cap(BM, MB) - sets * BN / 2 - wg_held_registers(FMT, EPI, BM, BN) < WG_SPARE) return 6;  // registers_spare
-  if (ST < 3 || ST > 6) return 7;                                                     // stages_3_6
-  if (KS != 1 && KS != 2 && KS != 4 && KS != 8) return 8;                             // ks_1_2_4_8
-  if (wg_smem_bytes(EPI, BM, BN, ST) > PIPE_SMEM_MAX) return 9;                       // smem_227k
+  if (FMT < 0 || FMT > 2 || EPI < 0 || EPI > 2) return 1;                                // variant
+  if (MT != 1 && MT != 2) return 2;                                                     // mt_1_2
+  if (BM % (64 * MT) != 0 || BM < 64 * MT || BM > 4 * 64 * MT) return 3;                // warpgroups_1_4
+  if (BN != 32 && BN != 64 && BN != 128 && BN != 256) return 4;                         // bn_32_256
+  if (MT * sets * BN > 256) return 5;                                                   // accumulators_128
+  if (MB < 1 || MB > 2) return 6;                                                       // mb_1_2
+  if (wg_register_cap(BM, MT, MB) - MT * sets * BN / 2 < WG_SPARE) return 7;           // registers_spare
+  if (ST < 4 || ST > 6) return 8;                                                       // stages_4_6
+  if (KS != 1 && KS != 2 && KS != 4 && KS != 8) return 9;                               // ks_1_2_4_8
+  if (wg_smem_bytes(FMT, EPI, BM, BN, ST) > PIPE_SMEM_MAX) return 10;                   // smem_227k
   return 0;
 }
 
@@ -191,107 +191,150 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 8][4], unsigned long 
   else wgmma_n256(d, da, db);
 }
 
-template <int FMT, int EPI, int BM, int BN, int ST, int KS, int MB>
-__global__ void __launch_bounds__(BM / 64 * 128, MB)
+template <int FMT, int EPI, int BM, int BN, int MT, int ST, int KS, int MB>
+__global__ void __launch_bounds__(BM / (64 * MT) * 128, MB)
 nf4_mm_wg(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w, const float *__restrict__ absmax,
           const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, float *__restrict__ out, int M,
           int N, int K) {
-  constexpr int FAIL = wg_first_failure(FMT, EPI, BM, BN, ST, KS, MB);
+  constexpr int FAIL = wg_first_failure(FMT, EPI, BM, BN, MT, ST, KS, MB);
   static_assert(FAIL != 1, "variant: FMT in 0..2 (nf4, f16, f32), EPI in 0..2 (none, residual, swiglu)");
-  static_assert(FAIL != 2, "bm_64_128: BM must be 64 or 128 (one m64 warpgroup per 64 rows)");
-  static_assert(FAIL != 3, "bn_32_256: BN must be 32, 64, 128 or 256 (a wgmma n size)");
-  static_assert(FAIL != 4, "accumulators_128: SETS * BN / 2 accumulators per thread must be at most 128");
-  static_assert(FAIL != 5, "mb_1_2: MB (blocks per SM in the launch bound) must be 1 or 2");
-  static_assert(FAIL != 6, "registers_spare: the launch bound leaves too few registers beside the accumulators");
-  static_assert(FAIL != 7, "stages_3_6: ST (ring stages) must be in 3..6");
-  static_assert(FAIL != 8, "ks_1_2_4_8: KS (slices of K) must be 1, 2, 4 or 8");
-  static_assert(FAIL != 9, "smem_227k: the ring exceeds 227 KB of shared memory");
-  constexpr int NT = wg_threads(BM), SETS = EPI == 2 ? 2 : 1, BK = 64;
-  constexpr int XBYTES = BM * 128, WBYTES = BN * 128, STAGE = wg_stage_bytes(EPI, BM, BN);
-  constexpr int XQ = BM * 8, WQ = SETS * BN * 8;  // 16-byte chunks of a step's x and W tiles
-  constexpr int XPT = (XQ + NT - 1) / NT, WPT = (WQ + NT - 1) / NT;
+  static_assert(FAIL != 2, "mt_1_2: MT (m64 slices per warpgroup) must be 1 or 2");
+  static_assert(FAIL != 3, "warpgroups_1_4: BM must be 1..4 warpgroups of MT x 64 rows");
+  static_assert(FAIL != 4, "bn_32_256: BN must be 32, 64, 128 or 256 (a wgmma n size)");
+  static_assert(FAIL != 5, "accumulators_128: MT * SETS * BN / 2 accumulators per thread must be at most 128");
+  static_assert(FAIL != 6, "mb_1_2: MB (blocks per SM in the launch bound) must be 1 or 2");
+  static_assert(FAIL != 7, "registers_spare: the launch bound leaves too few registers beside the accumulators");
+  static_assert(FAIL != 8, "stages_4_6: ST (ring stages) must be in 4..6");
+  static_assert(FAIL != 9, "ks_1_2_4_8: KS (slices of K) must be 1, 2, 4 or 8");
+  static_assert(FAIL != 10, "smem_227k: the ring exceeds 227 KB of shared memory");
+  constexpr int NT = wg_threads(BM, MT), SETS = EPI == 2 ? 2 : 1, BK = 64, DEC = FMT != 1;
+  constexpr int XBYTES = BM * 128, RAW = wg_raw_bytes(FMT, EPI, BN), WTILE = BN * 128;
+  constexpr int RROW = FMT == 0 ? 32 : FMT == 1 ? 128 : 256;  // raw bytes of a W row per step
+  constexpr int XQ = BM * 8, WQ = SETS * BN * RROW / 16;      // 16-byte copies per step
+  constexpr int DQ = SETS * BN * 8;                             // 16-byte decoded chunks per step
   extern __shared__ __align__(16) unsigned char dsmem[];
   __shared__ float lut[16];
   const unsigned raw_addr = smem_addr(dsmem), base_addr = (raw_addr + 1023u) & ~1023u;
   unsigned char *base = dsmem + (base_addr - raw_addr);
-  const int tid = threadIdx.x, wg = tid / 128;
+  constexpr int XOFF = DEC ? 3 * SETS * WTILE : 0, WOFF = XOFF + ST * XBYTES;  // the x ring, the W ring
+  unsigned char *dec = base;  // three decoded W tiles (SETS x (BN, 64) f16 each)
+  const int tid = threadIdx.x, wg = tid / 128, warp = tid / WARPSIZE;
   const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
   const int steps = K / KS / BK, k_begin = blockIdx.z * (K / KS);
-  if (tid < 16) lut[tid] = NF4_CODE[tid];
-  __syncthreads();  // the code, before the prologue decodes
+  if (tid < 16) lut[tid] = NF4_CODE[tid];  // read after the first barrier below
 
-  auto load_x = [&](int slot, int k0) {
-    unsigned char *xs = base + slot * STAGE;
+  auto issue = [&](int j) {  // step j's tiles into stage j % ST by cp.async
+    if (j >= steps) return;
+    const int k0 = k_begin + j * BK;
+    unsigned char *st = base + XOFF + (j % ST) * XBYTES;
 #pragma unroll
-    for (int i = 0; i < XPT; ++i) {
+    for (int i = 0; i < (XQ + NT - 1) / NT; ++i) {
       const int e = tid + i * NT, r = e / 8, c = e % 8;
+      if (e >= XQ) break;
       const bool ok = m0 + r < M;
-      if (e < XQ)
-        cp_async16(xs + r * 128 + ((c ^ (r & 7)) << 4), ok ? xh + (size_t)(m0 + r) * K + k0 + 8 * c : xh, ok);
+      cp_async16(st + r * 128 + ((c ^ (r & 7)) << 4), ok ? xh + (size_t)(m0 + r) * K + k0 + 8 * c : xh, ok);
+    }
+    unsigned char *ws = base + WOFF + (j % ST) * RAW;
+#pragma unroll
+    for (int i = 0; i < (WQ + NT - 1) / NT; ++i) {
+      const int e = tid + i * NT;
+      if (e >= WQ) break;
+      const int s = e / (BN * RROW / 16), r = (e / (RROW / 16)) % BN, c = e % (RROW / 16);
+      const bool ok = n0 + r < N;
+      const unsigned char *src = reinterpret_cast<const unsigned char *>(s ? w_up : w);
+      // f16: the swizzled operand; nf4, f32: rows as stored, decoded later
+      unsigned char *dst =
+          FMT == 1 ? ws + s * WTILE + r * 128 + ((c ^ (r & 7)) << 4) : ws + (s * BN + r) * RROW + c * 16;
+      cp_async16(dst, ok ? src + ((size_t)(n0 + r) * K + k0) * RROW / BK + c * 16 : src, ok);
+    }
+    if (FMT == 0) {
+      float *sa = reinterpret_cast<float *>(ws + SETS * BN * RROW);
+#pragma unroll
+      for (int i = 0; i < (SETS * BN + NT - 1) / NT; ++i) {
+        const int e = tid + i * NT;
+        if (e >= SETS * BN) break;
+        const int s = e / BN, r = e % BN;
+        const bool ok = n0 + r < N;
+        const float *src = s ? absmax_up : absmax;
+        cp_async4(sa + e, ok ? src + ((size_t)(n0 + r) * K + k0) / 64 : src, ok);
+      }
     }
   };
-  WRaw<FMT> wr[WPT];
-  auto fetch_w = [&](int k0) {
+  auto decode = [&](int j) {  // step j's stored W (landed) -> decoded tile j % 3, swizzled
+    if (!DEC || j >= steps) return;
+    const unsigned char *ws = base + WOFF + (j % ST) * RAW;
+    unsigned char *d = dec + (j % 3) * SETS * WTILE;
 #pragma unroll
-    for (int i = 0; i < WPT; ++i) {
-      const int e = tid + i * NT, s = e / (BN * 8), r = (e % (BN * 8)) / 8, c = e % 8;
-      if (e < WQ && n0 + r < N) load_raw<FMT>(s ? w_up : w, s ? absmax_up : absmax, n0 + r, k0 + 8 * c, K, wr[i]);
-    }
-  };
-  auto store_w = [&](int slot) {
-    unsigned char *ws = base + slot * STAGE + XBYTES;
-#pragma unroll
-    for (int i = 0; i < WPT; ++i) {
-      const int e = tid + i * NT, s = e / (BN * 8), r = (e % (BN * 8)) / 8, c = e % 8;
-      if (e < WQ)
-        *reinterpret_cast<uint4 *>(ws + s * WBYTES + r * 128 + ((c ^ (r & 7)) << 4)) =
-            n0 + r < N ? decode8<FMT>(wr[i], lut) : u4(0u, 0u, 0u, 0u);
+    for (int i = 0; i < (DQ + NT - 1) / NT; ++i) {
+      const int e = tid + i * NT;
+      if (e >= DQ) break;
+      const int s = e / (BN * 8), r = (e / 8) % BN, c = e % 8;
+      WRaw<FMT> raw;
+      if (FMT == 0) {
+        raw.q[0].x = reinterpret_cast<const unsigned *>(ws)[(s * BN + r) * 8 + c];
+        raw.s = reinterpret_cast<const float *>(ws + SETS * BN * RROW)[s * BN + r];
+      } else {
+        const uint4 *f = reinterpret_cast<const uint4 *>(ws + (s * BN + r) * RROW + c * 32);
+        raw.q[0] = f[0];
+        raw.q[FMT == 2 ? 1 : 0] = f[1];
+      }
+      *reinterpret_cast<uint4 *>(d + s * WTILE + r * 128 + ((c ^ (r & 7)) << 4)) = decode8<FMT>(raw, lut);
     }
   };
 
-  // the prologue: steps 0..ST-3 in their stages (x in flight), the raw words of step ST - 2 in registers
+  // the prologue: steps 0..ST-3 in flight (always ST - 2 groups, empty past the last step, so the waits line up),
+  // step 0 decoded
 #pragma unroll
-  for (int s = 0; s < ST - 2; ++s) {  // always ST - 2 groups, empty past the last step, so the waits line up
-    if (s < steps) {
-      load_x(s, k_begin + s * BK);
-      fetch_w(k_begin + s * BK);
-      store_w(s);
-    }
+  for (int j = 0; j < ST - 2; ++j) {
+    issue(j);
     cp_async_commit();
   }
-  if (ST - 2 < steps) fetch_w(k_begin + (ST - 2) * BK);
+  cp_async_wait<ST - 3>();
+  __syncthreads();  // step 0 landed for every thread; the code is in place
+  decode(0);
 
-  float acc[SETS][1][BN / 8][4];
-  zero_acc(acc);
-  for (int kt = 0; kt < steps; ++kt) {
-    cp_async_wait<ST - 3>();
-    fence_proxy_async();
-    __syncthreads();  // step kt's tiles are in place for every warpgroup, and step kt - 2's stage is free
-    const unsigned st = base_addr + (kt % ST) * STAGE;
+  float acc[MT][SETS][1][BN / 8][4];
 #pragma unroll
-    for (int s = 0; s < SETS; ++s) wg_pin(acc[s][0]);
+  for (int mt = 0; mt < MT; ++mt) zero_acc(acc[mt]);
+  for (int kt = 0; kt < steps; ++kt) {
+    cp_async_wait<ST - 4>();  // step kt + 1 landed (this thread's copies)
+    fence_proxy_async();
+    __syncthreads();  // ... for every thread; step kt decoded; every warpgroup is done with step kt - 2
+    issue(kt + ST - 2);  // into stage (kt - 2) % ST
+    cp_async_commit();
+    decode(kt + 1);  // into decoded tile (kt + 1) % 3 = (kt - 2) % 3, while step kt - 1's wgmma runs
+    const unsigned st = base_addr + XOFF + (kt % ST) * XBYTES;
+    const unsigned wt = base_addr + (DEC ? (kt % 3) * SETS * WTILE : WOFF + (kt % ST) * RAW);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int s = 0; s < SETS; ++s) wg_pin(acc[mt][s][0]);
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk)
 #pragma unroll
-      for (int s = 0; s < SETS; ++s)
-        wgmma_tile<BN>(acc[s][0], wg_desc(st + wg * 64 * 128 + kk * 32), wg_desc(st + XBYTES + s * WBYTES + kk * 32));
-    wg_commit();
-    wg_wait<1>();  // this warpgroup's step kt - 1 is done
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int s = 0; s < SETS; ++s) wg_pin(acc[s][0]);
-    const int nxt = kt + ST - 2;  // into stage (kt - 2) % ST
-    if (nxt < steps) {
-      load_x(nxt % ST, k_begin + nxt * BK);
-      store_w(nxt % ST);
-    }
-    cp_async_commit();
-    if (nxt + 1 < steps) fetch_w(k_begin + (nxt + 1) * BK);
+        for (int s = 0; s < SETS; ++s)
+          wgmma_tile<BN>(acc[mt][s][0], wg_desc(st + (wg * MT + mt) * 64 * 128 + kk * 32),
+                         wg_desc(wt + s * WTILE + kk * 32));
+    wg_commit();
+    wg_wait<1>();  // this warpgroup's step kt - 1 is done; step kt runs on through the next step's copies and decode
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int s = 0; s < SETS; ++s) wg_pin(acc[mt][s][0]);
   }
   wg_wait<0>();
 #pragma unroll
-  for (int s = 0; s < SETS; ++s) wg_pin(acc[s][0]);
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int s = 0; s < SETS; ++s) wg_pin(acc[mt][s][0]);
   cp_async_wait<0>();
-  if (KS == 1) store_epilogue<EPI, BM, BN, 16, BN, SETS>(acc, out, M, N);
-  else store_partial<BM, BN, 16, BN, SETS>(acc, out, M, N);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const int row0 = m0 + (wg * MT + mt) * 64 + 16 * (warp % 4);
+    if (KS == 1) store_epilogue_at<EPI, 16, BN, SETS>(acc[mt], out, M, N, row0, n0);
+    else store_partial_at<16, BN, SETS>(acc[mt], out, M, N, row0, n0);
+  }
 }
