@@ -80,20 +80,21 @@ PREP_NT = 128
 #: swizzled row of f16)
 WG_PARAMS = ("BM", "BN", "MT", "ST", "KS", "MB")
 WG_VALUES: dict[str, list[int]] = {"BM": [64, 128, 192, 256, 384], "BN": [32, 64, 128, 256], "MT": [1, 2],
-                                    "ST": [4, 5, 6], "KS": [1, 2, 4, 8], "MB": [1, 2]}
+                                    "ST": [3, 4, 5, 6], "KS": [1, 2, 4, 8], "MB": [1, 2]}
 WG_BK = 64
 #: wgmma exists on compute capability 9.0 only (sm_90a code runs on no other architecture)
 WG_COMPUTE_CAPABILITY = "9.0"
 #: registers beside the accumulators (`WG_SPARE` in matmul_wg.cu)
 WG_SPARE = 72
 DEFAULT_WG = {"BM": 64, "BN": 64, "MT": 1, "ST": 4, "KS": 1, "MB": 1}  # legal in every variant
-# the 346-row shapes: one block over all 346 rows (384 = 3 warpgroups x 2 slices) decodes each weight once; 64- and
-# 128-row tiles fill more SMs; split-K for the N = 1024 ones
+# ordered by what won at 346 rows (`tune model --budget N` takes the first N): 128- and 192-row tiles with deep
+# rings, split-K for the N = 1024 ones; then 384 rows (3 warpgroups x 2 slices: each weight decoded once) and more
 WG_SEED = [dict(zip(WG_PARAMS, v)) for v in (
-    (384, 64, 2, 4, 1, 1), (192, 64, 1, 4, 1, 1), (384, 32, 2, 4, 1, 1), (256, 64, 2, 4, 1, 1),
-    (128, 128, 1, 4, 1, 1), (384, 32, 2, 4, 4, 1), (192, 64, 1, 4, 4, 1), (128, 64, 1, 4, 1, 2),
-    (64, 128, 1, 4, 1, 2), (384, 64, 2, 4, 2, 1), (128, 64, 2, 5, 2, 1), (64, 64, 1, 4, 4, 2),
+    (128, 128, 1, 5, 1, 1), (192, 64, 1, 6, 1, 1), (128, 64, 1, 4, 1, 2), (192, 64, 1, 6, 4, 1),
+    (128, 128, 1, 4, 1, 1), (192, 64, 1, 4, 1, 1), (192, 64, 1, 4, 4, 1), (384, 64, 2, 4, 1, 1),
+    (256, 64, 2, 5, 1, 1), (64, 128, 1, 3, 1, 2), (64, 64, 1, 6, 4, 2), (128, 64, 2, 5, 2, 1),
     (128, 128, 1, 4, 2, 1), (64, 256, 1, 4, 1, 1), (64, 32, 1, 6, 1, 2), (64, 32, 1, 4, 2, 1),
+    (384, 32, 2, 4, 4, 1), (64, 64, 1, 3, 1, 1),
     (384, 128, 2, 4, 1, 1),  # illegal on purpose: accumulators_128 (2 slices x 128 columns)
 )]
 def mma_smem_bytes(c: Config, sets: int) -> int:
@@ -142,10 +143,12 @@ def ring_spare_needed(fmt: str, bk: int) -> int:
 
 
 def wg_smem_bytes(c: Config, fmt: str, sets: int) -> int:
-    """Dynamic shared memory of a wg block, as `wg_smem_bytes` in matmul_wg.cu: three decoded W tiles for nf4 and
-    f32, ST x tiles and ST W tiles as stored, and 1024 bytes to start on the swizzle's 1024-byte boundary."""
+    """Dynamic shared memory of a wg block, as `wg_smem_bytes` in matmul_wg.cu: nf4 and f32, three decoded W tiles
+    and ST - 1 W tiles as stored; f16, ST W tiles; ST x tiles; and 1024 bytes to start on the swizzle's 1024-byte
+    boundary."""
     raw = sets * c.BN * {"nf4": 32 + 4, "f16": 128, "f32": 256}[fmt]
-    return (0 if fmt == "f16" else 3 * sets * c.BN * 128) + c.ST * (c.BM * 128 + raw) + 1024
+    w = c.ST * raw if fmt == "f16" else 3 * sets * c.BN * 128 + (c.ST - 1) * raw
+    return w + c.ST * c.BM * 128 + 1024
 
 
 def wg_threads(c: Config) -> int:
@@ -279,8 +282,8 @@ def wg_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
                           f"{wg_spare_registers(c, sets)} registers beside the accumulators, < {WG_SPARE} (ptxas "
                           "spilled with 64)",
              doc="over the whole space ptxas spilled with 64 registers to spare and never with 69 or more"),
-        Rule("stages_4_6", lambda c, _: 4 <= c.ST <= 6, lambda c, _: f"ST = {c.ST} ring stages is not in 4..6",
-             doc="copies run ST - 2 steps ahead and a step is decoded one ahead: W lands ST - 3 steps early"),
+        Rule("stages_3_6", lambda c, _: 3 <= c.ST <= 6, lambda c, _: f"ST = {c.ST} ring stages is not in 3..6",
+             doc="x lands ST - 2 steps ahead of its wgmma; a decoded W ST - 2 steps ahead of its decode"),
         pipe["ks_1_2_4_8"],
         smem_rules[0],
         Rule("wgmma_sm90", lambda c, lim: lim.compute_capability == WG_COMPUTE_CAPABILITY,

@@ -5,10 +5,11 @@
 // nf4_mm_wg<FMT, EPI, BM, BN, MT, ST, KS, MB>: BM / (64 MT) warpgroups, each multiplying MT 64-row slices of the
 // BM x BN tile with `wgmma.mma_async m64nBNk16` (f16 x f16 -> f32, both operands read by the tensor cores from
 // shared memory). A larger BM decodes each weight for more rows: the decode is the W tile's, once per block.
-// K steps of 64 (one 128-byte row of f16 per tile row, the 128-byte swizzle's row) pass through a ring of ST stages,
-// each filled by cp.async ST - 2 steps ahead with the step's x tile (f16 rows of xh, zero-filled past M) and W tile
-// as stored (rows past N zero-filled). f16 weights are the operand as they land; nf4 and f32 weights are decoded
-// (nf4: the NF4 code times the row's absmax, rounded once to f16) one step ahead into one of three decoded tiles,
+// K steps of 64 (one 128-byte row of f16 per tile row, the 128-byte swizzle's row) pass through rings filled by
+// cp.async: ST x tiles (f16 rows of xh, zero-filled past M), ST - 2 steps ahead, and W tiles as stored (rows past N
+// zero-filled). f16 weights are the operand as they land; nf4 and f32 weights land ST - 1 steps ahead (ST - 1
+// slots) and are decoded (nf4: the NF4 code times the row's absmax, rounded once to f16) one step ahead into one of
+// three decoded tiles,
 // while the tensor cores run on the previous step (issued, not yet waited for). The copy and decode loops have
 // compile-time trip counts: with `e += NT` loops ptxas serialized the wgmma ops of some nf4 tiles (C7515).
 // Operand tiles are K-major in the 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)), which is what
@@ -27,10 +28,13 @@ __host__ __device__ constexpr int wg_threads(int BM, int MT) { return BM / (64 *
 __host__ __device__ constexpr int wg_raw_bytes(int FMT, int EPI, int BN) {
   return (EPI == 2 ? 2 : 1) * BN * (FMT == 0 ? 32 + 4 : FMT == 1 ? 128 : 256);
 }
-// shared memory, from a 1024-byte boundary (the swizzle's atom): three decoded W tiles (nf4, f32), then ST x tiles
-// (BM, 64) f16, 128 bytes a row, then ST W tiles as stored; + 1024 bytes to find that boundary
+// shared memory, from a 1024-byte boundary (the swizzle's atom): nf4 and f32: three decoded W tiles, ST x tiles
+// (BM, 64) f16, 128 bytes a row, and ST - 1 W tiles as stored; f16: ST x tiles and ST W tiles (the operand as it
+// lands); + 1024 bytes to find that boundary
 __host__ __device__ constexpr int wg_smem_bytes(int FMT, int EPI, int BM, int BN, int ST) {
-  return (FMT == 1 ? 0 : 3 * (EPI == 2 ? 2 : 1) * BN * 128) + ST * (BM * 128 + wg_raw_bytes(FMT, EPI, BN)) + 1024;
+  return (FMT == 1 ? ST * wg_raw_bytes(FMT, EPI, BN)
+                   : 3 * (EPI == 2 ? 2 : 1) * BN * 128 + (ST - 1) * wg_raw_bytes(FMT, EPI, BN)) +
+         ST * BM * 128 + 1024;
 }
 __host__ __device__ constexpr int wg_register_cap(int BM, int MT, int MB) {
   return 65536 / (wg_threads(BM, MT) * MB) < 255 ? 65536 / (wg_threads(BM, MT) * MB) : 255;
@@ -49,7 +53,7 @@ __host__ __device__ constexpr int wg_first_failure(int FMT, int EPI, int BM, int
   if (MT * sets * BN > 256) return 5;                                                   // accumulators_128
   if (MB < 1 || MB > 2) return 6;                                                       // mb_1_2
   if (wg_register_cap(BM, MT, MB) - MT * sets * BN / 2 < WG_SPARE) return 7;           // registers_spare
-  if (ST < 4 || ST > 6) return 8;                                                       // stages_4_6
+  if (ST < 3 || ST > 6) return 8;                                                       // stages_3_6
   if (KS != 1 && KS != 2 && KS != 4 && KS != 8) return 9;                               // ks_1_2_4_8
   if (wg_smem_bytes(FMT, EPI, BM, BN, ST) > PIPE_SMEM_MAX) return 10;                   // smem_227k
   return 0;
@@ -204,7 +208,7 @@ nf4_mm_wg(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
   static_assert(FAIL != 5, "accumulators_128: MT * SETS * BN / 2 accumulators per thread must be at most 128");
   static_assert(FAIL != 6, "mb_1_2: MB (blocks per SM in the launch bound) must be 1 or 2");
   static_assert(FAIL != 7, "registers_spare: the launch bound leaves too few registers beside the accumulators");
-  static_assert(FAIL != 8, "stages_4_6: ST (ring stages) must be in 4..6");
+  static_assert(FAIL != 8, "stages_3_6: ST (ring stages) must be in 3..6");
   static_assert(FAIL != 9, "ks_1_2_4_8: KS (slices of K) must be 1, 2, 4 or 8");
   static_assert(FAIL != 10, "smem_227k: the ring exceeds 227 KB of shared memory");
   constexpr int NT = wg_threads(BM, MT), SETS = EPI == 2 ? 2 : 1, BK = 64, DEC = FMT != 1;
@@ -217,13 +221,14 @@ nf4_mm_wg(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
   const unsigned raw_addr = smem_addr(dsmem), base_addr = (raw_addr + 1023u) & ~1023u;
   unsigned char *base = dsmem + (base_addr - raw_addr);
   constexpr int XOFF = DEC ? 3 * SETS * WTILE : 0, WOFF = XOFF + ST * XBYTES;  // the x ring, the W ring
+  constexpr int WSLOTS = DEC ? ST - 1 : ST;  // stored W tiles: decoded ones land a step earlier, see the loop
   unsigned char *dec = base;  // three decoded W tiles (SETS x (BN, 64) f16 each)
   const int tid = threadIdx.x, wg = tid / 128, warp = tid / WARPSIZE;
   const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
   const int steps = K / KS / BK, k_begin = blockIdx.z * (K / KS);
   if (tid < 16) lut[tid] = NF4_CODE[tid];  // read after the first barrier below
 
-  auto issue = [&](int j) {  // step j's tiles into stage j % ST by cp.async
+  auto issue_x = [&](int j) {  // step j's x tile into x stage j % ST by cp.async
     if (j >= steps) return;
     const int k0 = k_begin + j * BK;
     unsigned char *st = base + XOFF + (j % ST) * XBYTES;
@@ -234,7 +239,11 @@ nf4_mm_wg(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
       const bool ok = m0 + r < M;
       cp_async16(st + r * 128 + ((c ^ (r & 7)) << 4), ok ? xh + (size_t)(m0 + r) * K + k0 + 8 * c : xh, ok);
     }
-    unsigned char *ws = base + WOFF + (j % ST) * RAW;
+  };
+  auto issue_w = [&](int j) {  // step j's W tile(s) as stored into W slot j % WSLOTS by cp.async
+    if (j >= steps) return;
+    const int k0 = k_begin + j * BK;
+    unsigned char *ws = base + WOFF + (j % WSLOTS) * RAW;
 #pragma unroll
     for (int i = 0; i < (WQ + NT - 1) / NT; ++i) {
       const int e = tid + i * NT;
@@ -262,7 +271,7 @@ nf4_mm_wg(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
   };
   auto decode = [&](int j) {  // step j's stored W (landed) -> decoded tile j % 3, swizzled
     if (!DEC || j >= steps) return;
-    const unsigned char *ws = base + WOFF + (j % ST) * RAW;
+    const unsigned char *ws = base + WOFF + (j % WSLOTS) * RAW;
     unsigned char *d = dec + (j % 3) * SETS * WTILE;
 #pragma unroll
     for (int i = 0; i < (DQ + NT - 1) / NT; ++i) {
@@ -282,29 +291,33 @@ nf4_mm_wg(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
     }
   };
 
-  // the prologue: steps 0..ST-3 in flight (always ST - 2 groups, empty past the last step, so the waits line up),
-  // step 0 decoded
+  // Copy groups: group g holds x of step g and W of step g (f16) or g + 1 (decoded: W is decoded a step before its
+  // wgmma, so it lands a step earlier). The prologue commits groups 0..ST-3 (always ST - 2, empty past the last
+  // step, so the waits line up; group 0 also holds the decoded kinds' W of step 0) and decodes step 0.
 #pragma unroll
-  for (int j = 0; j < ST - 2; ++j) {
-    issue(j);
+  for (int g = 0; g < ST - 2; ++g) {
+    if (DEC && g == 0) issue_w(0);
+    issue_x(g);
+    issue_w(g + DEC);
     cp_async_commit();
   }
   cp_async_wait<ST - 3>();
-  __syncthreads();  // step 0 landed for every thread; the code is in place
+  __syncthreads();  // group 0 landed for every thread; the code is in place
   decode(0);
 
   float acc[MT][SETS][1][BN / 8][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) zero_acc(acc[mt]);
   for (int kt = 0; kt < steps; ++kt) {
-    cp_async_wait<ST - 4>();  // step kt + 1 landed (this thread's copies)
+    cp_async_wait<ST - 3>();  // group kt landed (this thread's copies): x of step kt, W of step kt (+ 1 decoded)
     fence_proxy_async();
     __syncthreads();  // ... for every thread; step kt decoded; every warpgroup is done with step kt - 2
-    issue(kt + ST - 2);  // into stage (kt - 2) % ST
+    issue_x(kt + ST - 2);  // into x stage (kt - 2) % ST
+    issue_w(kt + ST - 2 + DEC);  // f16: W stage (kt - 2) % ST; decoded: slot kt % (ST - 1), decoded last step
     cp_async_commit();
     decode(kt + 1);  // into decoded tile (kt + 1) % 3 = (kt - 2) % 3, while step kt - 1's wgmma runs
     const unsigned st = base_addr + XOFF + (kt % ST) * XBYTES;
-    const unsigned wt = base_addr + (DEC ? (kt % 3) * SETS * WTILE : WOFF + (kt % ST) * RAW);
+    const unsigned wt = base_addr + (DEC ? (kt % 3) * SETS * WTILE : WOFF + (kt % WSLOTS) * RAW);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
