@@ -144,11 +144,11 @@ def ring_spare_needed(fmt: str, bk: int) -> int:
 
 def wg_smem_bytes(c: Config, fmt: str, sets: int) -> int:
     """Dynamic shared memory of a wg block, as `wg_smem_bytes` in matmul_wg.cu: nf4 and f32, three decoded W tiles
-    and ST - 1 W tiles as stored; f16, ST W tiles; ST x tiles; and 1024 bytes to start on the swizzle's 1024-byte
-    boundary."""
+    and ST - 1 W tiles as stored; f16, ST W tiles; ST x tiles; the NF4 code; and 1024 bytes to start on the
+    swizzle's 1024-byte boundary. The kernel has no static shared memory, so this is all a launch asks for."""
     raw = sets * c.BN * {"nf4": 32 + 4, "f16": 128, "f32": 256}[fmt]
     w = c.ST * raw if fmt == "f16" else 3 * sets * c.BN * 128 + (c.ST - 1) * raw
-    return w + c.ST * c.BM * 128 + 1024
+    return w + c.ST * c.BM * 128 + 16 * 4 + 1024  # + the NF4 code
 
 
 def wg_threads(c: Config) -> int:

@@ -30,11 +30,11 @@ __host__ __device__ constexpr int wg_raw_bytes(int FMT, int EPI, int BN) {
 }
 // shared memory, from a 1024-byte boundary (the swizzle's atom): nf4 and f32: three decoded W tiles, ST x tiles
 // (BM, 64) f16, 128 bytes a row, and ST - 1 W tiles as stored; f16: ST x tiles and ST W tiles (the operand as it
-// lands); + 1024 bytes to find that boundary
+// lands); then the NF4 code; + 1024 bytes to find that boundary. All of it is dynamic: the rules count every byte.
 __host__ __device__ constexpr int wg_smem_bytes(int FMT, int EPI, int BM, int BN, int ST) {
   return (FMT == 1 ? ST * wg_raw_bytes(FMT, EPI, BN)
                    : 3 * (EPI == 2 ? 2 : 1) * BN * 128 + (ST - 1) * wg_raw_bytes(FMT, EPI, BN)) +
-         ST * BM * 128 + 1024;
+         ST * BM * 128 + 16 * 4 + 1024;  // + the NF4 code
 }
 __host__ __device__ constexpr int wg_register_cap(int BM, int MT, int MB) {
   return 65536 / (wg_threads(BM, MT) * MB) < 255 ? 65536 / (wg_threads(BM, MT) * MB) : 255;
@@ -217,11 +217,11 @@ nf4_mm_wg(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
   constexpr int XQ = BM * 8, WQ = SETS * BN * RROW / 16;      // 16-byte copies per step
   constexpr int DQ = SETS * BN * 8;                             // 16-byte decoded chunks per step
   extern __shared__ __align__(16) unsigned char dsmem[];
-  __shared__ float lut[16];
   const unsigned raw_addr = smem_addr(dsmem), base_addr = (raw_addr + 1023u) & ~1023u;
   unsigned char *base = dsmem + (base_addr - raw_addr);
   constexpr int XOFF = DEC ? 3 * SETS * WTILE : 0, WOFF = XOFF + ST * XBYTES;  // the x ring, the W ring
   constexpr int WSLOTS = DEC ? ST - 1 : ST;  // stored W tiles: decoded ones land a step earlier, see the loop
+  float *lut = reinterpret_cast<float *>(base + WOFF + WSLOTS * RAW);  // (16,) the NF4 code
   unsigned char *dec = base;  // three decoded W tiles (SETS x (BN, 64) f16 each)
   const int tid = threadIdx.x, wg = tid / 128, warp = tid / WARPSIZE;
   const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
