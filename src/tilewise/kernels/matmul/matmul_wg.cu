@@ -228,44 +228,49 @@ nf4_mm_wg(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
   const int steps = K / KS / BK, k_begin = blockIdx.z * (K / KS);
   if (tid < 16) lut[tid] = NF4_CODE[tid];  // read after the first barrier below
 
+  // Thread e of a step's copies or decodes handles 16-byte chunk e: chunk c = e % CPR of row e / CPR (rows of all
+  // weight sets in a row, s * BN + r). Unsigned powers of two throughout: the index math is shifts and masks, and
+  // a swizzled 128-byte row's chunk lands at byte (e * 16) ^ ((row % 8) * 16). Every count is a compile-time
+  // constant, so the loops unroll with no branches (x: exactly 4 MT chunks a thread).
+  auto swz = [](unsigned e) { return (e << 4) ^ (((e >> 3) & 7u) << 4); };
   auto issue_x = [&](int j) {  // step j's x tile into x stage j % ST by cp.async
     if (j >= steps) return;
-    const int k0 = k_begin + j * BK;
     unsigned char *st = base + XOFF + (j % ST) * XBYTES;
+    const unsigned short *src = xh + k_begin + j * BK;
+    static_assert(XQ % NT == 0, "x tile: whole chunks per thread");
 #pragma unroll
-    for (int i = 0; i < (XQ + NT - 1) / NT; ++i) {
-      const int e = tid + i * NT, r = e / 8, c = e % 8;
-      if (e >= XQ) break;
-      const bool ok = m0 + r < M;
-      cp_async16(st + r * 128 + ((c ^ (r & 7)) << 4), ok ? xh + (size_t)(m0 + r) * K + k0 + 8 * c : xh, ok);
+    for (int i = 0; i < XQ / NT; ++i) {
+      const unsigned e = tid + i * NT, r = e >> 3;
+      const bool ok = m0 + (int)r < M;
+      cp_async16(st + swz(e), ok ? src + (size_t)(m0 + r) * K + (e & 7u) * 8 : xh, ok);
     }
   };
   auto issue_w = [&](int j) {  // step j's W tile(s) as stored into W slot j % WSLOTS by cp.async
     if (j >= steps) return;
     const int k0 = k_begin + j * BK;
     unsigned char *ws = base + WOFF + (j % WSLOTS) * RAW;
+    constexpr unsigned CPR = RROW / 16;  // 16-byte chunks of a stored row
 #pragma unroll
     for (int i = 0; i < (WQ + NT - 1) / NT; ++i) {
-      const int e = tid + i * NT;
-      if (e >= WQ) break;
-      const int s = e / (BN * RROW / 16), r = (e / (RROW / 16)) % BN, c = e % (RROW / 16);
-      const bool ok = n0 + r < N;
-      const unsigned char *src = reinterpret_cast<const unsigned char *>(s ? w_up : w);
-      // f16: the swizzled operand; nf4, f32: rows as stored, decoded later
-      unsigned char *dst =
-          FMT == 1 ? ws + s * WTILE + r * 128 + ((c ^ (r & 7)) << 4) : ws + (s * BN + r) * RROW + c * 16;
-      cp_async16(dst, ok ? src + ((size_t)(n0 + r) * K + k0) * RROW / BK + c * 16 : src, ok);
+      const unsigned e = tid + i * NT, row = e / CPR, r = row % BN;
+      if (WQ % NT == 0 || e < (unsigned)WQ) {
+        const bool ok = n0 + (int)r < N;
+        const unsigned char *src = reinterpret_cast<const unsigned char *>(row >= BN ? w_up : w);
+        // f16: the swizzled operand; nf4, f32: rows as stored, decoded later
+        cp_async16(ws + (FMT == 1 ? swz(e) : e * 16),
+                   ok ? src + ((size_t)(n0 + r) * K + k0) * RROW / BK + (e % CPR) * 16 : src, ok);
+      }
     }
     if (FMT == 0) {
       float *sa = reinterpret_cast<float *>(ws + SETS * BN * RROW);
 #pragma unroll
       for (int i = 0; i < (SETS * BN + NT - 1) / NT; ++i) {
-        const int e = tid + i * NT;
-        if (e >= SETS * BN) break;
-        const int s = e / BN, r = e % BN;
-        const bool ok = n0 + r < N;
-        const float *src = s ? absmax_up : absmax;
-        cp_async4(sa + e, ok ? src + ((size_t)(n0 + r) * K + k0) / 64 : src, ok);
+        const unsigned e = tid + i * NT, r = e % BN;
+        if ((SETS * BN) % NT == 0 || e < (unsigned)(SETS * BN)) {
+          const bool ok = n0 + (int)r < N;
+          const float *src = e >= BN ? absmax_up : absmax;
+          cp_async4(sa + e, ok ? src + ((size_t)(n0 + r) * K + k0) / 64 : src, ok);
+        }
       }
     }
   };
@@ -275,19 +280,19 @@ nf4_mm_wg(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
     unsigned char *d = dec + (j % 3) * SETS * WTILE;
 #pragma unroll
     for (int i = 0; i < (DQ + NT - 1) / NT; ++i) {
-      const int e = tid + i * NT;
-      if (e >= DQ) break;
-      const int s = e / (BN * 8), r = (e / 8) % BN, c = e % 8;
-      WRaw<FMT> raw;
-      if (FMT == 0) {
-        raw.q[0].x = reinterpret_cast<const unsigned *>(ws)[(s * BN + r) * 8 + c];
-        raw.s = reinterpret_cast<const float *>(ws + SETS * BN * RROW)[s * BN + r];
-      } else {
-        const uint4 *f = reinterpret_cast<const uint4 *>(ws + (s * BN + r) * RROW + c * 32);
-        raw.q[0] = f[0];
-        raw.q[FMT == 2 ? 1 : 0] = f[1];
+      const unsigned e = tid + i * NT;  // chunk e % 8 of row e / 8: 8 weights, one nf4 word or 32 bytes of f32
+      if (DQ % NT == 0 || e < (unsigned)DQ) {
+        WRaw<FMT> raw;
+        if (FMT == 0) {
+          raw.q[0].x = reinterpret_cast<const unsigned *>(ws)[e];
+          raw.s = reinterpret_cast<const float *>(ws + SETS * BN * RROW)[e >> 3];
+        } else {
+          const uint4 *f = reinterpret_cast<const uint4 *>(ws + e * 32);
+          raw.q[0] = f[0];
+          raw.q[FMT == 2 ? 1 : 0] = f[1];
+        }
+        *reinterpret_cast<uint4 *>(d + swz(e)) = decode8<FMT>(raw, lut);
       }
-      *reinterpret_cast<uint4 *>(d + s * WTILE + r * 128 + ((c ^ (r & 7)) << 4)) = decode8<FMT>(raw, lut);
     }
   };
 

@@ -1,0 +1,125 @@
+"""Where the wgmma matmul kind's time goes (experiment): its machine code and a hardware profile of one launch,
+beside cuBLAS f16 on the same shape.
+
+    python3 experiments/cuda_wg_profile.py sass --out OUT      # nvcc + cuobjdump: the SASS of the configs below
+    python3 experiments/cuda_wg_profile.py launch --which wg:conv.in_proj [--repeat 5]   # the launches to profile
+    ncu --kernel-name regex:nf4_mm_wg --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+        --section WarpStateStats --section SchedulerStats --section Occupancy \
+        python3 experiments/cuda_wg_profile.py launch --which wg:conv.in_proj
+
+`sass` writes each config's SASS and a count of its key instructions (HGMMA, the warpgroup waits, barriers,
+cp.async, shared loads and stores) per config into OUT/sass-summary.json. `launch` runs one matmul of the
+lfm2-350m shapes at 346 rows on the winning `wg` configs of the last record (or cuBLAS f16 through CuPy with
+`--which cublas:SHAPE`) a few times, checking the wg output against float64 once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from tilewise.kernels.matmul import cuda as mm
+
+# shape (M, N, K), epilogue, norm and the config that won it (bench/results/2026-12-01-h200-cuda-wgmma, call P)
+CASES = {
+    "ffn.gate_up": ((346, 4608, 1024), "swiglu", True, {"BM": 128, "BN": 128, "MT": 1, "ST": 4, "KS": 1, "MB": 1}),
+    "conv.in_proj": ((346, 3072, 1024), "none", True, {"BM": 192, "BN": 64, "MT": 1, "ST": 4, "KS": 1, "MB": 1}),
+    "ffn.down": ((346, 1024, 4608), "residual", False, {"BM": 192, "BN": 64, "MT": 1, "ST": 4, "KS": 4, "MB": 1}),
+    "attn.qkv": ((346, 2048, 1024), "none", True, {"BM": 128, "BN": 64, "MT": 1, "ST": 4, "KS": 1, "MB": 2}),
+}
+SIG = ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, float *, int, "
+       "int, int)")
+COUNT = ("HGMMA", "WARPGROUP.ARRIVE", "WARPGROUP.DEPBAR", "BAR.SYNC", "LDGSTS", "LDGDEPBAR", "DEPBAR", "LDS",
+         "STS", "LDG", "FMUL", "F2FP")
+
+
+def sass(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    src = Path(mm.__file__).parent
+    entries = {name: mm.CudaMatmul("wg", "nf4", epi, norm).entry(mm.CudaMatmul("wg", "nf4", epi, norm).config_of(c))
+               for name, (_, epi, norm, c) in CASES.items()}
+    body = "".join(f'#include "{src / f}"\n' for f in mm.SOURCE_FILES)
+    body += "".join(f"template __global__ void {e}{SIG};\n" for e in entries.values())
+    (out / "wg.cu").write_text(body)
+    arch = "-gencode=arch=compute_90a,code=sm_90a"
+    r = subprocess.run(["nvcc", "-std=c++17", arch, "-cubin", "-Xptxas", "-v", "-o", str(out / "wg.cubin"),
+                        str(out / "wg.cu")], capture_output=True, text=True)
+    (out / "ptxas.txt").write_text(r.stderr)
+    if r.returncode:
+        sys.exit(r.stderr[-3000:])
+    tool = shutil.which("cuobjdump")
+    if tool is None:
+        sys.exit("cuobjdump (CUDA toolkit) not found: the cubin and ptxas log are in " + str(out))
+    dump = subprocess.run([tool, "-sass", str(out / "wg.cubin")], capture_output=True, text=True).stdout
+    (out / "wg.sass").write_text(dump)
+    summary = {}
+    for block in dump.split("Function : ")[1:]:
+        name = block.split("\n", 1)[0].strip()
+        ops = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", block)
+        summary[name] = {k: sum(1 for o in ops if o == k or o.startswith(k + ".")) for k in COUNT}
+        summary[name]["instructions"] = len(ops)
+    (out / "sass-summary.json").write_text(json.dumps({"entries": entries, "summary": summary}, indent=1))
+    for name, s in summary.items():
+        print(name[:60], s)
+
+
+def launch(which: str, repeat: int) -> None:
+    import numpy as np
+
+    from tilewise.devices import get_device
+    from tilewise.tune.verify import compare
+
+    kind, name = which.split(":")
+    shape, epi, norm, cfg = CASES[name]
+    dev = get_device("cuda")
+    if kind == "cublas":
+        import cupy as cp
+
+        m, n, k = shape
+        sets = 2 if epi == "swiglu" else 1
+        x = cp.random.standard_normal((m, k), dtype=cp.float32).astype(cp.float16)
+        w = cp.random.standard_normal((n * sets, k), dtype=cp.float32).astype(cp.float16)
+        for _ in range(repeat):
+            y = x @ w.T
+        cp.cuda.Device().synchronize()
+        print("cublas", name, y.shape)
+        return
+    tpl = mm.CudaMatmul("wg", "nf4", epi, norm)
+    config = tpl.config_of(cfg)
+    host = tpl.make_inputs(shape, np.random.default_rng(0))
+    bufs = tpl.upload(dev, host, shape)
+    prog = tpl.compile(dev, config, shape)
+    launches = tpl.launches(prog, bufs, config, shape)
+    for i in range(repeat):
+        tpl.poison(dev, bufs, shape)
+        dev.run(launches)
+        dev.synchronize()
+        if i == 0:
+            chk = compare(tpl.read_output(dev, bufs, shape), tpl.reference(host, shape), tpl.dtype)
+            print(name, tpl.describe(config), "ok" if chk.ok else "WRONG", chk.message)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("sass")
+    s.add_argument("--out", type=Path, required=True)
+    la = sub.add_parser("launch")
+    la.add_argument("--which", default="wg:conv.in_proj", help="wg:SHAPE or cublas:SHAPE, SHAPE one of CASES")
+    la.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    if args.cmd == "sass":
+        sass(args.out)
+    else:
+        launch(args.which, args.repeat)
+
+
+if __name__ == "__main__":
+    main()
