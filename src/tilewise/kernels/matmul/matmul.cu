@@ -24,8 +24,9 @@
 // stages x, rounds x * norm_w to f16 and scales the accumulators by 1/rms at the end (exact in real arithmetic:
 // the 1/rms is per row); split-K slices read their rows once more in a prologue instead. x * norm_w must stay in
 // f16's range (|.| < 65504), as the normed value always did.
-// matmul_pipe.cu (the cp.async-fed kind) and matmul_rows.cu (the short-row kind) follow this file in one source
-// (`matmul_source` in cuda.py): they use its helpers, and NVRTC compiles the three as one text.
+// matmul_mma.cu (the two kernels above and the reduction), matmul_pipe.cu (the cp.async-fed kind), matmul_ring.cu,
+// matmul_wg.cu and matmul_rows.cu (the short-row kind) follow this file in one source (`SOURCE_FILES`,
+// `matmul_source` in cuda.py): they use its helpers, and NVRTC compiles them as one text.
 //
 // The matrix kernels declare __launch_bounds__(threads, 1): with the default bound ptxas capped some variants at 64
 // registers and spilled; one resident block's worth is the budget the rules assume.
@@ -482,56 +483,4 @@ __device__ __forceinline__ void store_partial(const float (&acc)[SETS][WM / 16][
                                               int N) {
   const int2 o = warp_origin<BM, BN, WM, WN>();
   store_partial_at<WM, WN, SETS>(acc, partial, M, N, o.x, o.y);
-}
-
-template <int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM, int WN, int PIPE>
-__global__ void __launch_bounds__((BM / WM) * (BN / WN) * WARPSIZE, 1)
-nf4_mm_mma(const float *__restrict__ x, int x_row0, const unsigned *__restrict__ w, const float *__restrict__ absmax,
-           const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, const float *__restrict__ norm_w,
-           float eps, float *__restrict__ out, int M, int N, int K) {
-  constexpr int SETS = EPI == 2 ? 2 : 1;
-  float acc[SETS][WM / 16][WN / 8][4];
-  mma_main<FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE, NORM>(x, x_row0, w, absmax, w_up, absmax_up, norm_w, eps, M, N,
-                                                           K, 0, K / BK, acc);
-  store_epilogue<EPI, BM, BN, WM, WN, SETS>(acc, out, M, N);
-}
-
-// split-K: slice blockIdx.z of KS covers K / KS columns; its raw accumulators (both weight sets for swiglu) go to
-// partial (KS, SETS, M, N), and nf4_mm_splitk_reduce applies the epilogue to their sum
-template <int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM, int WN, int PIPE, int KS>
-__global__ void __launch_bounds__((BM / WM) * (BN / WN) * WARPSIZE, 1)
-nf4_mm_splitk(const float *__restrict__ x, int x_row0, const unsigned *__restrict__ w,
-              const float *__restrict__ absmax, const unsigned *__restrict__ w_up,
-              const float *__restrict__ absmax_up, const float *__restrict__ norm_w, float eps,
-              float *__restrict__ partial, int M, int N, int K) {
-  static_assert(splitk_first_failure(FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE, KS) != 9,
-                "ks_2_4_8: KS (slices of K) must be 2, 4 or 8");
-  constexpr int SETS = EPI == 2 ? 2 : 1;
-  const int slice = K / KS;
-  float acc[SETS][WM / 16][WN / 8][4];
-  mma_main<FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE, 0>(x, x_row0, w, absmax, w_up, absmax_up, norm_w, eps, M, N, K,
-                                                     blockIdx.z * slice, slice / BK, acc);
-  store_partial<BM, BN, WM, WN, SETS>(acc, partial, M, N);
-}
-
-// out = epilogue(sum of the ks slices of partial), one thread per output value; the slices are added in order
-// 0..ks-1, so a graph replay gives bit-identical results
-template <int EPI, int NT>
-__global__ void __launch_bounds__(NT)
-nf4_mm_splitk_reduce(const float *__restrict__ partial, int ks, float *__restrict__ out, int M, int N) {
-  constexpr int FAIL = reduce_first_failure(EPI, NT);
-  static_assert(FAIL != 1, "variant: EPI in 0..2 (none, residual, swiglu)");
-  static_assert(FAIL != 2, "whole_warps: NT must be a whole number of warps, 32..1024");
-  constexpr int SETS = EPI == 2 ? 2 : 1;
-  const size_t mn = (size_t)M * N, e = (size_t)blockIdx.x * NT + threadIdx.x;
-  if (e >= mn) return;
-  float y[SETS];
-#pragma unroll
-  for (int s = 0; s < SETS; ++s) y[s] = 0.0f;
-  for (int z = 0; z < ks; ++z)
-#pragma unroll
-    for (int s = 0; s < SETS; ++s) y[s] += partial[((size_t)z * SETS + s) * mn + e];
-  if (EPI == 0) out[e] = y[0];
-  else if (EPI == 1) out[e] += y[0];
-  else out[e] = silu(y[0]) * y[SETS - 1];
 }
