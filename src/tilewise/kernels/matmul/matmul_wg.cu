@@ -9,9 +9,9 @@
 // cp.async: ST x tiles (f16 rows of xh, zero-filled past M), ST - 2 steps ahead, and W tiles as stored (rows past N
 // zero-filled). f16 weights are the operand as they land; nf4 and f32 weights land ST - 1 steps ahead (ST - 1
 // slots) and are decoded (nf4: the NF4 code times the row's absmax, rounded once to f16) one step ahead into one of
-// three decoded tiles,
-// while the tensor cores run on the previous step (issued, not yet waited for). The copy and decode loops have
-// compile-time trip counts: with `e += NT` loops ptxas serialized the wgmma ops of some nf4 tiles (C7515).
+// three decoded tiles, while the tensor cores run on the previous step (issued, not yet waited for). The copy and
+// decode loops have compile-time trip counts: with `e += NT` loops ptxas serialized the wgmma ops of some nf4
+// tiles (C7515).
 // Operand tiles are K-major in the 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)), which is what
 // the wgmma descriptors below describe: 8-row groups 1024 bytes apart, K advanced by 32 bytes per k16 step.
 // Ordering: ordinary stores and cp.async writes are made visible to the tensor cores (the async proxy) by
@@ -24,9 +24,11 @@
 // Shapes: K % (KS * 64) == 0; any M and N.
 
 __host__ __device__ constexpr int wg_threads(int BM, int MT) { return BM / (64 * MT) * 128; }
-// bytes of one step's W tile as stored: nf4 32 a row and the rows' absmax; f16 128 a row (the operand); f32 256
+// bytes of one W row of a step as stored: nf4 32, f16 128 (the operand), f32 256
+__host__ __device__ constexpr int wg_row_bytes(int FMT) { return FMT == 0 ? 32 : FMT == 1 ? 128 : 256; }
+// bytes of one step's W tile as stored: its rows, and nf4's absmax per row
 __host__ __device__ constexpr int wg_raw_bytes(int FMT, int EPI, int BN) {
-  return (EPI == 2 ? 2 : 1) * BN * (FMT == 0 ? 32 + 4 : FMT == 1 ? 128 : 256);
+  return (EPI == 2 ? 2 : 1) * BN * (wg_row_bytes(FMT) + (FMT == 0 ? 4 : 0));
 }
 // shared memory, from a 1024-byte boundary (the swizzle's atom): nf4 and f32: three decoded W tiles, ST x tiles
 // (BM, 64) f16, 128 bytes a row, and ST - 1 W tiles as stored; f16: ST x tiles and ST W tiles (the operand as it
@@ -75,12 +77,16 @@ __device__ __forceinline__ void wg_wait() {
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // the accumulators may not be moved while a wgmma writes them: pin each one in place around the waits
-template <int J>
-__device__ __forceinline__ void wg_pin(float (&d)[J][4]) {
+template <int MT, int SETS, int J>
+__device__ __forceinline__ void wg_pin(float (&acc)[MT][SETS][1][J][4]) {
 #pragma unroll
-  for (int j = 0; j < J; ++j)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int q = 0; q < 4; ++q) asm volatile("" : "+f"(d[j][q])::"memory");
+    for (int s = 0; s < SETS; ++s)
+#pragma unroll
+      for (int j = 0; j < J; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) asm volatile("" : "+f"(acc[mt][s][0][j][q])::"memory");
 }
 
 // m64nNk16, f32 += f16 x f16, A and B K-major in shared memory; d[j][q] is the mma.sync accumulator q of n8 tile j
@@ -213,7 +219,7 @@ nf4_mm_wg(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
   static_assert(FAIL != 10, "smem_227k: the ring exceeds 227 KB of shared memory");
   constexpr int NT = wg_threads(BM, MT), SETS = EPI == 2 ? 2 : 1, BK = 64, DEC = FMT != 1;
   constexpr int XBYTES = BM * 128, RAW = wg_raw_bytes(FMT, EPI, BN), WTILE = BN * 128;
-  constexpr int RROW = FMT == 0 ? 32 : FMT == 1 ? 128 : 256;  // raw bytes of a W row per step
+  constexpr int RROW = wg_row_bytes(FMT);
   constexpr int XQ = BM * 8, WQ = SETS * BN * RROW / 16;      // 16-byte copies per step
   constexpr int DQ = SETS * BN * 8;                             // 16-byte decoded chunks per step
   extern __shared__ __align__(16) unsigned char dsmem[];
@@ -323,10 +329,7 @@ nf4_mm_wg(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
     decode(kt + 1);  // into decoded tile (kt + 1) % 3 = (kt - 2) % 3, while step kt - 1's wgmma runs
     const unsigned st = base_addr + XOFF + (kt % ST) * XBYTES;
     const unsigned wt = base_addr + (DEC ? (kt % 3) * SETS * WTILE : WOFF + (kt % WSLOTS) * RAW);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int s = 0; s < SETS; ++s) wg_pin(acc[mt][s][0]);
+    wg_pin(acc);
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk)
@@ -338,16 +341,10 @@ nf4_mm_wg(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
                          wg_desc(wt + s * WTILE + kk * 32));
     wg_commit();
     wg_wait<1>();  // this warpgroup's step kt - 1 is done; step kt runs on through the next step's copies and decode
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int s = 0; s < SETS; ++s) wg_pin(acc[mt][s][0]);
+    wg_pin(acc);
   }
   wg_wait<0>();
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int s = 0; s < SETS; ++s) wg_pin(acc[mt][s][0]);
+  wg_pin(acc);
   cp_async_wait<0>();
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
