@@ -333,3 +333,16 @@ def test_a_gpu_older_than_ampere_is_refused_by_name_with_the_fix():
     with pytest.raises(DeviceUnavailable, match=r"T4 has compute capability 7\.5") as err:
         CUDAExecutor(ck, device=dev)
     assert "--device webgpu" in err.value.fix and dev.entries == []
+
+
+def test_tune_model_offers_no_wgmma_candidate_off_hopper():
+    """The wg kind's `wgmma_sm90` rule refuses every config on another compute capability, so `tune model` measures
+    nothing of it there; the other kinds keep their candidates."""
+    import dataclasses
+
+    from tilewise.model import tune as model_tune
+
+    dev = RecordingDevice()
+    dev.info = dataclasses.replace(dev.info, limits=dataclasses.replace(dev.info.limits, compute_capability="8.9"))
+    kinds = {t.kind for t, _ in model_tune.matmul_candidates(dev, "nf4", "swiglu", [1, 346], 4, 0, norm=True)}
+    assert kinds == {"mma", "rows", "splitk", "pipe", "ring"}

@@ -49,6 +49,7 @@ from tilewise.kernels.matmul.cuda_space import (
     DEFAULT_WG,
     EPI_CODE,
     KINDS,
+    KS_KINDS,
     KS_VALUES,
     MAX_FRAGMENTS,
     MMA_FROM_ROWS,
@@ -106,6 +107,7 @@ __all__ = [
     "DEFAULT_WG",
     "EPI_CODE",
     "KINDS",
+    "KS_KINDS",
     "KS_VALUES",
     "MAX_FRAGMENTS",
     "MMA_FROM_ROWS",
@@ -226,7 +228,7 @@ class CudaMatmul(KernelTemplate):
     def splits(self, config: Config) -> bool:
         """The config sums slices of K through `partial` and a further launch (split-K, or pipe / ring / wg with
         KS > 1)."""
-        return self.kind == "splitk" or (self.kind in ("pipe", "ring", "wg") and config["KS"] > 1)
+        return self.kind in KS_KINDS and config["KS"] > 1
 
     def preps(self) -> bool:
         """The kind reads x as f16 rows made by the `nf4_mm_prep` launch (ring, wg)."""
@@ -243,7 +245,7 @@ class CudaMatmul(KernelTemplate):
     def config_problems(self, config: Config, shape: Shape) -> list[str]:
         m, _, k = shape
         out = []
-        if self.kind in ("splitk", "pipe", "ring", "wg"):
+        if self.kind in KS_KINDS:
             bk = WG_BK if self.kind == "wg" else config["BK"]
             if k % (config["KS"] * bk):
                 out.append(f"k_slices: K = {k} is not KS = {config['KS']} slices of whole BK = {bk} steps "
@@ -309,7 +311,7 @@ class CudaMatmul(KernelTemplate):
         m, n, _ = shape
         bufs = upload_all(device, {k: v for k, v in host.items() if k != "residual"})
         bufs["out"] = device.allocate(4 * m * n)
-        if self.kind in ("splitk", "pipe", "ring", "wg"):  # for the largest KS: every candidate shares one input set
+        if self.kind in KS_KINDS:  # for the largest KS: every candidate shares one input set
             bufs["partial"] = device.allocate(self.partial_bytes(max(KS_VALUES), m, n))
         if self.preps():
             bufs["xh"] = device.allocate(2 * m * shape[2])

@@ -12,6 +12,8 @@ from tilewise.kernels.space import Config, Rule
 
 WARP = 32
 KINDS = ("mma", "rows", "splitk", "pipe", "ring", "wg")
+#: the kinds with a KS parameter (slices of K summed through `partial`; split-K's KS is always 2 or more)
+KS_KINDS = ("splitk", "pipe", "ring", "wg")
 EPI_CODE = {e: i for i, e in enumerate(EPILOGUES)}  # none 0, residual 1, swiglu 2 (matmul.cu's EPI)
 STATIC_SMEM_BYTES = 48 * 1024
 MAX_FRAGMENTS = 16
