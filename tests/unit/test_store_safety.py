@@ -314,7 +314,8 @@ BAD_FIELDS = [  # (status of row 2, field, value or DROP, the message part)
     ("ok", "p20_ms", "DROP", "result 2 lacks the field p20_ms"),
     ("ok", "status", "great", 'result 2: status is "great"; expected one of ok, illegal, compile_error'),
     ("ok", "shape", [64, 64, 64], "result 2: shape is [64, 64, 64]; expected sizes joined by x"),
-    ("ok", "shape", "64x0x64", 'result 2: shape is "64x0x64"; expected sizes joined by x'),
+    ("ok", "shape", "0x64x64", 'result 2: shape is "0x64x64"; expected sizes joined by x'),
+    ("ok", "shape", "64x064", 'result 2: shape is "64x064"; expected sizes joined by x'),
     ("ok", "config", {"BM": 64}, 'result 2: config is {"BM": 64}; expected NAME=VALUE pairs'),
     ("ok", "config", "BM64", 'result 2: config is "BM64"; expected NAME=VALUE pairs'),
     ("ok", "p20_ms", 1e9, "result 2: p20_ms is 1000000000.0; expected at most median_ms"),
@@ -411,6 +412,9 @@ def test_every_row_the_engine_writes_passes_the_import_check(rng):
     for i in range(30):
         row = make_row(rng, i, STATUSES[i % len(STATUSES)])
         assert check_row(asdict(row), f"result {i}") == row
+    # attention's shape is (M, P, HQ, HKV, D): a decision without a cached prefix has P = 0
+    row = make_row(rng, 30, shape="346x0x16x8x64", kernel="attention", names=("BQ", "BKV"))
+    assert check_row(asdict(row), "result 30") == row
 
 
 # ---- contention and crashes --------------------------------------------------------------------------------------

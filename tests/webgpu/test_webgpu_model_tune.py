@@ -77,6 +77,46 @@ def test_run_writes_a_table_the_executor_uses(webgpu_device, tmp_path, monkeypat
     np.testing.assert_allclose(model.scores(model.prefill(ids)), cpu.scores(cpu.prefill(ids)), atol=2e-5)
 
 
+def test_a_portable_table_of_real_tunes_serves_a_device_without_its_own(webgpu_device, tmp_path, monkeypatch, rng,
+                                                                        capsys):
+    """A real tune here, the same results under a second fingerprint with other times (another GPU of the backend),
+    the portable choice over both installed, and this device's own table removed: the executor runs the portable
+    table's choices (nothing left out as changed code) and its scores match the CPU's."""
+    from tilewise.cli import main
+    from tilewise.model.dispatch import portable_path
+    from tilewise.tune.store import Store
+
+    monkeypatch.setenv("TILEWISE_DISPATCH_DIR", str(tmp_path))
+    monkeypatch.setenv("TILEWISE_STORE", str(tmp_path / "s.sqlite"))
+    args = argparse.Namespace(preset="tiny", seq=8, weights="nf4", device="webgpu", budget=1, seed=0, json=None,
+                              rows=[1], force=False, hand_picked=False)
+    assert model_tune.run(args) == 0
+    fp = webgpu_device.info.fingerprint
+    with Store(tmp_path / "s.sqlite") as store:
+        rows = store.query(fingerprint=fp)
+        other = "webgpu:Vulkan:another-gpu:1:0123456789"
+        for r in rows:
+            f = float(rng.uniform(0.5, 2.0))
+            store.put(type(r)(**{**r.__dict__, "fingerprint": other, "median_ms": r.median_ms and r.median_ms * f,
+                                 "p20_ms": r.p20_ms and r.p20_ms * f, "p80_ms": r.p80_ms and r.p80_ms * f,
+                                 "ci_lo_ms": r.ci_lo_ms and r.ci_lo_ms * f, "ci_hi_ms": r.ci_hi_ms and r.ci_hi_ms * f}))
+    capsys.readouterr()
+    assert main(["report", "--portable", "--install", "--json", str(tmp_path / "choice.json")]) == 0
+    choice = json.loads((tmp_path / "choice.json").read_text())
+    assert choice["stale"] == 0 and choice["devices"] == sorted([fp, other])
+    own = dispatch_path(fp)
+    own_keys = set(load_model_table(fp, own).entries)
+    own.unlink()
+    portable = DispatchTable.load(portable_path("webgpu"))
+    assert set(portable.entries) == own_keys  # every op the tune measured has a portable choice
+    with pytest.warns(UserWarning, match="using the portable table .* chosen over 2 devices"):
+        model = tilewise.load("tiny", device="webgpu", weights="nf4", seed=1)
+    assert set(model.executor.dispatch.entries) == own_keys
+    cpu = tilewise.load("tiny", device="cpu", weights="nf4", seed=1)
+    ids = rng.integers(0, 512, 8)
+    np.testing.assert_allclose(model.scores(model.prefill(ids)), cpu.scores(cpu.prefill(ids)), atol=2e-5)
+
+
 def test_f16_arithmetic_competes_when_asked(webgpu_device):
     if "shader-f16" not in webgpu_device.enabled_features:
         pytest.skip("adapter has no shader-f16")

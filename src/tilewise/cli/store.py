@@ -24,7 +24,7 @@ STORE_EPILOG = """examples:
 
 REPORT_EPILOG = """examples:
   tilewise report --kernel gemm --top 3   fastest 3 configs per gemm shape
-  tilewise report --portable --out d.json one table good on every device"""
+  tilewise report --portable --install   one table for GPUs never tuned"""
 
 
 def register(sub: Any) -> None:
@@ -47,7 +47,9 @@ def register(sub: Any) -> None:
     p.add_argument("--store", metavar="PATH", help=_STORE_HELP)
     p.add_argument("--kernel", metavar="NAME", help="only this kernel (e.g. gemm)")
     p.add_argument("--shape", metavar="SHAPE", help="only this shape, e.g. 64x64x64 (or 64,64,64)")
-    p.add_argument("--device-fingerprint", metavar="FP", help="only this device (its full fingerprint, see --wide)")
+    p.add_argument("--device-fingerprint", metavar="FP",
+                   help="only this device (its full fingerprint, see --wide); with --portable, FP1,FP2,... the devices "
+                        "to choose over")
     p.add_argument("--top", type=common.positive, default=5, metavar="N",
                    help="best configs shown per (device, kernel, shape)")
     p.add_argument("--wide", action="store_true",
@@ -59,6 +61,9 @@ def register(sub: Any) -> None:
                    help="with --portable: accepted worst-case slowdown over the best portable choice")
     p.add_argument("--out", metavar="FILE", type=lambda t: common.output_file(t, "--out"),
                    help="with --portable: write the dispatch table (marked portable)")
+    p.add_argument("--install", action="store_true",
+                   help="with --portable: write one table per backend where the model runtime loads it on a device "
+                        "that has no table of its own")
     common.add_json(p, "the report (every field of the configs shown)")
     p.set_defaults(func=cmd_report)
 
@@ -102,8 +107,8 @@ def cmd_store(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from tilewise.tune.store import Store
 
-    if (args.out or args.tolerance != 0.03) and not args.portable:
-        raise ConfigError("--out and --tolerance apply to `tilewise report --portable`", "add --portable")
+    if (args.out or args.install or args.tolerance != 0.03) and not args.portable:
+        raise ConfigError("--out, --install and --tolerance apply to `tilewise report --portable`", "add --portable")
     if args.portable:
         return _portable(args)
     shape = args.shape.replace(",", "x").replace(" ", "") if args.shape else None
@@ -124,34 +129,51 @@ def _portable(args: argparse.Namespace) -> int:
 
     if args.shape:
         raise ConfigError("--portable takes every row count of a kernel's shapes, not one --shape", "drop --shape")
+    fps = [f for f in args.device_fingerprint.split(",") if f] if args.device_fingerprint else None
     with Store(args.store, readonly=True) as store:
-        fps = [args.device_fingerprint] if args.device_fingerprint else None
+        stored = set(store.distinct("fingerprint"))
+        unknown = [f for f in fps or () if f not in stored]
+        if unknown:
+            raise ConfigError(f"the store {store.path} holds no results of {', '.join(unknown)}",
+                              "`tilewise report --wide` lists the stored fingerprints")
         choice = portable_choice(store.query(kernel=args.kernel, status="ok"), fps, args.tolerance)
+    # every table is made before any file is written: a refused one leaves nothing half-written
+    tables = {b: portable_table(choice, b) for b in choice["backends"]} if args.install else {}
+    table = portable_table(choice) if args.out else None
     common.emit_json(args.json, choice, note=lambda text: print(text, file=sys.stderr))
     out = common.console(args, soft_wrap=True, highlight=False)
     for line in portable_lines(choice, args.wide):
         out.print(line, markup=False)
-    if args.out:
-        common.write_atomic(args.out, json.dumps(portable_table(choice), indent=1))
+    if table is not None:
+        common.write_atomic(args.out, json.dumps(table, indent=1))
         out.print(f"wrote {args.out} (a portable table)", markup=False)
+    if tables:
+        from tilewise.model.dispatch import portable_path
+
+        for backend, t in tables.items():
+            path = portable_path(backend)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            common.write_atomic(path, json.dumps(t, indent=1))
+            out.print(f"wrote {path}: {backend} devices without a table of their own run it", markup=False)
     return 0
 
 
 def portable_lines(choice: dict[str, Any], wide: bool = False) -> list[str]:
-    """Devices as d1, d2, ...; per kernel and sizes, each range's config and its ratio on every device."""
+    """Devices as d1, d2, ...; per problem, each range's kernel and config and its ratio on every device."""
     fit = (lambda s: s) if wide else (lambda s: _fit(s, WIDTH))
     tags = {fp: f"d{i + 1}" for i, fp in enumerate(choice["devices"])}
     lines = [f"portable choice over {len(tags)} device{'s' * (len(tags) != 1)} (ratio = time / that device's "
              "own best):"]
     lines += [fit(f"  {t}: {fp if wide else short_fingerprint(fp, WIDTH - 6)}") for fp, t in tags.items()]
+    if choice.get("stale"):
+        lines.append(fit(f"  left out: {choice['stale']} results measured on kernels that have changed since"))
     for g in choice["groups"]:
-        lines += ["", fit(f"{g['kernel']} sizes {g['sizes'] or '-'} (rows {g['measured_m'][0]}.."
-                          f"{g['measured_m'][-1]})")]
+        lines += ["", fit(f"{g['key']} on {g['backend']} (rows {g['measured_m'][0]}..{g['measured_m'][-1]})")]
         for r in g["ranges"]:
             ratios = " ".join(f"{tags[fp]} {x:.2f}" for fp, x in r["ratio"].items())
             rows = f"{r['m_min']}..{r['m_max']}" if r["m_max"] else f"{r['m_min']}+"
             lines.append(fit(f"  M {rows}: worst {r['worst_ratio']:.2f} ({ratios})"))
-            lines.append(fit(f"    {r['config_key']}"))
+            lines.append(fit(f"    {r['kernel']} {r['config_key']}"))
     return lines
 
 

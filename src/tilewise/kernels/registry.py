@@ -72,3 +72,40 @@ def get_template(kernel: str, backend: str) -> KernelTemplate:
         raise DeviceUnavailable(f"{module_name} has no class {cls_name}",
                                 "fix tilewise.kernels.registry.TEMPLATES") from None
     return cls()
+
+
+def template_named(kernel: str, backend: str) -> KernelTemplate | None:
+    """The template a stored result's kernel name stands for on `backend` (`nf4_matmul.ring.swiglu.norm` on
+    cuda, `attention`, `gemm`), or None when the name is none this build can make there. The classifier's matmuls
+    and attention are named per variant, not per family, so they are parsed; every other name is a family."""
+    try:
+        if kernel.split(".")[0].endswith("_matmul"):
+            if backend == "cuda":
+                from tilewise.kernels.matmul.cuda import CudaMatmul
+
+                return CudaMatmul.from_name(kernel)
+            if backend == "webgpu":
+                from tilewise.kernels.matmul.webgpu import MatmulTemplate
+
+                return MatmulTemplate.from_name(kernel, None)
+            return None
+        if kernel == "attention" and backend in ("cuda", "webgpu"):
+            if backend == "cuda":
+                from tilewise.kernels.attention.cuda import CudaAttention
+
+                return CudaAttention()
+            from tilewise.kernels.attention.webgpu import AttentionTemplate
+
+            return AttentionTemplate()
+        if (kernel, backend) in TEMPLATES:
+            tpl = get_template(kernel, backend)
+            return tpl if tpl.name == kernel else None
+    except (ConfigError, DeviceUnavailable, ValueError, IndexError):
+        return None
+    return None
+
+
+def backend_of(fingerprint: str) -> str:
+    """The backend whose kernels a device fingerprint's results ran (`webgpu` for wgpu-native and Dawn alike: the
+    same WGSL)."""
+    return fingerprint.split(":", 1)[0].split("+", 1)[0]

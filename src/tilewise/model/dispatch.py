@@ -37,12 +37,21 @@ def tune_command(fingerprint: str) -> str:
     return f"tilewise tune model --device {runtime}"
 
 
+def _dispatch_dir() -> Path:
+    env = os.environ.get("TILEWISE_DISPATCH_DIR")
+    return Path(env) if env else default_path().parent / "dispatch"
+
+
 def dispatch_path(fingerprint: str) -> Path:
     """Where `tilewise tune model` writes the dispatch table of a device (override: TILEWISE_DISPATCH_DIR)."""
-    env = os.environ.get("TILEWISE_DISPATCH_DIR")
-    base = Path(env) if env else default_path().parent / "dispatch"
     slug = "".join(ch if ch.isalnum() or ch in ".-" else "-" for ch in fingerprint)
-    return base / f"model-{slug}.json"
+    return _dispatch_dir() / f"model-{slug}.json"
+
+
+def portable_path(backend: str) -> Path:
+    """Where `tilewise report --portable --install` writes the table a device of `backend` (webgpu, cuda) falls
+    back to when it has no table of its own."""
+    return _dispatch_dir() / f"model-portable-{backend}.json"
 
 
 def matmul_key(fmt: str, epilogue: str, n: int, k: int, norm: bool = False) -> str:
@@ -144,7 +153,8 @@ def check_model_table(table: DispatchTable, limits: Limits | None, features: Ite
             kept[key] = entry
         except ConfigError as exc:
             problems.append(exc.problem)
-    out = DispatchTable(table.device, kept, dict(table.versions), table.measured, table.source, table.partial)
+    out = DispatchTable(table.device, kept, dict(table.versions), table.measured, table.source, table.partial,
+                        table.portable)
     return out, problems
 
 
@@ -163,32 +173,58 @@ def checked_table(table: DispatchTable, limits: Limits | None, features: Iterabl
 def load_model_table(fingerprint: str, path: str | Path | None = None, quiet: bool = False,
                      limits: Limits | None = None, features: Iterable[str] | None = (),
                      eps: float = 1e-5, backend: str = "webgpu") -> DispatchTable:
-    """The table for a device, or an empty one (the defaults) with a warning saying how to tune.
+    """The table for a device; without one, the portable table of its backend where one is installed; else an
+    empty one (the defaults) with a warning saying how to tune.
 
     A table from another device, or one that is unreadable or malformed, gives the defaults with a warning;
     entries of a family whose code changed since they were measured are dropped (the rest are kept), with a
     warning naming it; so are entries naming a kernel or config that breaks the kernel's rules (checked against
     `limits` and `features`, the device's), with one warning naming each key, config and rule. Those ops run the
     defaults, which are correct everywhere: a file in the cache never makes the model slower to start or wrong.
+    A portable table (`tilewise report --portable --install`) is checked the same way, and the line that says it is
+    used names the devices it was chosen over.
     """
     path = Path(path) if path is not None else dispatch_path(fingerprint)
+    check = (limits, features, eps, backend)
     if not path.exists():
+        fallback = portable_path(backend)
+        if fallback.exists():
+            return _load_checked(fallback, fingerprint, quiet, check, portable=True)
         if not quiet:
             cut = mm_cuda.MMA_FROM_ROWS if backend == "cuda" else mm.DEFAULT_CUTOFF_ROWS
             warnings.warn(f"no tuned dispatch table for {fingerprint}; using safe defaults (short-row kernel below "
                           f"{cut} rows, 64x64 tiles from there). To tune: run `{tune_command(fingerprint)}` to "
                           "measure this device", stacklevel=2)
         return DispatchTable(fingerprint)
+    return _load_checked(path, fingerprint, quiet, check)
+
+
+def _load_checked(path: Path, fingerprint: str, quiet: bool, check: tuple[Any, ...],
+                  portable: bool = False) -> DispatchTable:
+    """A table file as it may run on this device (see `load_model_table`), with one warning for what it loses."""
     try:
         table = DispatchTable.load(path)
     except ConfigError as exc:
-        warnings.warn(f"ignoring dispatch table {path}: {exc.problem}; using defaults. {TUNE_FIX}", stacklevel=2)
+        warnings.warn(f"ignoring dispatch table {path}: {exc.problem}; using defaults. {TUNE_FIX}", stacklevel=3)
+        return DispatchTable(fingerprint)
+    if portable and table.portable is None:
+        warnings.warn(f"ignoring {path}: it is not a portable table (it was measured on {table.device!r}); using "
+                      f"defaults. {TUNE_FIX}", stacklevel=3)
         return DispatchTable(fingerprint)
     usable, notes = table.usable_on(fingerprint, current_versions())
-    usable, problems = check_model_table(usable, limits, features, eps, backend)
+    usable, problems = check_model_table(usable, *check)
     if problems:
         notes.append("entries breaking a kernel rule: " + "; ".join(problems))
+    if portable and not quiet:
+        n = len((table.portable or {}).get("devices", []))
+        ratios = [r.get("worst_ratio") for e in usable.entries.values() for r in e.ranges]
+        worst = max((x for x in ratios if isinstance(x, (int, float))), default=None)
+        how = f", each choice at most {worst:.2f}x of that device's own best" if worst is not None else ""
+        warnings.warn(f"no tuned dispatch table for {fingerprint}; using the portable table {path} "
+                      f"({len(usable.entries)} entries chosen over {n} device{'s' * (n != 1)}{how}). To tune this "
+                      "device: run "
+                      f"`{tune_command(fingerprint)}`", stacklevel=3)
     if notes:
         warnings.warn(f"dispatch table {path}: {'; '.join(notes)}; using defaults for those. {TUNE_FIX}",
-                      stacklevel=2)
+                      stacklevel=3)
     return usable

@@ -13,10 +13,12 @@ the fewest row ranges whose choice is within a tolerance of the per-row-count be
                                    "config_key": "BM=...", "label": "..."}, ...],     # m_max null: no bound
                        "measured_m": [...], "per_m": {M: {"best": KEY, "median_ms": ...}}}},
      "measured": {...},                                        # free-form records of how the entries were measured
-     "partial": {"left": [...], "why": "..."}}                 # only while a run has not measured every shape
+     "partial": {"left": [...], "why": "..."},                 # only while a run has not measured every shape
+     "portable": {"backend": "cuda", "devices": [FP, ...]}}    # only in a portable table (device "portable")
 
 A loader drops the entries whose family's code changed since (with a warning naming them), and a table from
-another device entirely, so a stale choice never runs.
+another device entirely, so a stale choice never runs. A portable table (`tilewise report --portable`) serves any
+device of its backend, each entry checked against that device's rules as every table is.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from tilewise.tune.sweep import SweepResult, parse_m_values, sweep, sweep_json
 
 FORMAT = "tilewise-dispatch"
 SCHEMA = 2
+#: the `device` of a table chosen for several devices at once (`tilewise report --portable`)
+PORTABLE_DEVICE = "portable"
 
 
 @dataclass
@@ -228,6 +232,8 @@ class DispatchTable:
     source: str = "defaults"
     #: set while a run has not measured every shape: {"left": [...], "why": "..."} (a cut or interrupted run)
     partial: dict[str, Any] | None = None
+    #: set in a portable table: {"backend": ..., "devices": [fingerprints it was chosen over]}
+    portable: dict[str, Any] | None = None
 
     def pick(self, key: str, m: int) -> tuple[str, dict[str, Any]] | None:
         entry = self.entries.get(key)
@@ -242,7 +248,11 @@ class DispatchTable:
     def to_json(self) -> dict[str, Any]:
         out = {"format": FORMAT, "schema": SCHEMA, "device": self.device, "kernel_versions": self.versions,
                "entries": {k: e.to_json() for k, e in self.entries.items()}, "measured": self.measured}
-        return {**out, "partial": self.partial} if self.partial else out
+        if self.partial:
+            out["partial"] = self.partial
+        if self.portable is not None:
+            out["portable"] = self.portable
+        return out
 
     def save(self, path: str | Path) -> Path:
         """Write atomically (a crash mid-write leaves the old file)."""
@@ -261,10 +271,15 @@ class DispatchTable:
         if not isinstance(measured, dict) or not isinstance(device, str):
             raise ConfigError(f"{where}: measured is not an object or device is not a fingerprint", TABLE_FIX)
         entries = {str(k): Entry.from_json(e, where, k) for k, e in d["entries"].items()}
-        partial = d.get("partial")
+        partial, portable = d.get("partial"), d.get("portable")
         if partial is not None and not isinstance(partial, dict):
             raise ConfigError(f"{where}: partial {partial!r} is not an object", TABLE_FIX)
-        return cls(device, entries, dict(versions), dict(measured), partial=partial)
+        if (device == PORTABLE_DEVICE) != isinstance(portable, dict) or (
+                portable is not None and not isinstance(portable.get("backend"), str)):
+            raise ConfigError(f"{where}: a table of device {PORTABLE_DEVICE!r} needs a \"portable\" object naming its "
+                              "backend, and only such a table has one", "write it again with `tilewise report "
+                              "--portable --out FILE`")
+        return cls(device, entries, dict(versions), dict(measured), partial=partial, portable=portable)
 
     @classmethod
     def load(cls, path: str | Path) -> DispatchTable:
@@ -283,8 +298,13 @@ class DispatchTable:
 
     def usable_on(self, fingerprint: str, current: Mapping[str, str]) -> tuple[DispatchTable, list[str]]:
         """This table as it may run on a device with `fingerprint` and family code versions `current`: (the
-        usable part, warnings). Another device's table gives nothing; a changed family loses its entries."""
-        if self.device != fingerprint:
+        usable part, warnings). Another device's table gives nothing (a portable table: another backend's); a
+        changed family loses its entries."""
+        backend = fingerprint.split(":", 1)[0].split("+", 1)[0]
+        if self.portable is not None and self.portable["backend"] != backend:
+            return DispatchTable(fingerprint), [f"it is a portable table for {self.portable['backend']} devices, not "
+                                                f"for this {backend} device"]
+        if self.portable is None and self.device != fingerprint:
             return DispatchTable(fingerprint), [f"it was measured on {self.device!r}, not on this device "
                                                 f"{fingerprint!r}"]
         stale = sorted({e.family for e in self.entries.values()
@@ -293,7 +313,8 @@ class DispatchTable:
         changes = ", ".join(f"{f} {self.versions.get(f)!r} -> {current.get(f)!r}" for f in stale)
         notes = [f"the {', '.join(stale)} kernels changed since it was measured (versions {changes})"] if stale else []
         versions = {f: v for f, v in self.versions.items() if f not in stale}
-        return DispatchTable(self.device, kept, versions, self.measured, self.source, self.partial), notes
+        return DispatchTable(self.device, kept, versions, self.measured, self.source, self.partial,
+                             self.portable), notes
 
 
 def dispatch_table(result: SweepResult, tolerance: float = 0.03) -> dict[str, Any]:
@@ -334,5 +355,6 @@ def load_table(path: str | Path) -> DispatchTable:
     return DispatchTable.load(path)
 
 
-__all__ = ["FORMAT", "SCHEMA", "DispatchTable", "Entry", "Range", "dispatch_table", "family_of", "family_version",
-           "fit_dispatch", "load_table", "lookup", "make_ranges", "parse_m_values", "sweep", "sweep_json"]
+__all__ = ["FORMAT", "PORTABLE_DEVICE", "SCHEMA", "DispatchTable", "Entry", "Range", "dispatch_table", "family_of",
+           "family_version", "fit_dispatch", "load_table", "lookup", "make_ranges", "parse_m_values", "sweep",
+           "sweep_json"]

@@ -24,7 +24,7 @@ from tilewise.tune.store import COLUMNS, EXPORT_FORMAT, SCHEMA_VERSION, STATUSES
 STDOUT = "-"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 WAL_MAGIC = (b"\x37\x7f\x06\x82", b"\x37\x7f\x06\x83")
-_SHAPE = re.compile(r"[1-9][0-9]*(x[1-9][0-9]*)*")
+_SHAPE = re.compile(r"[1-9][0-9]*(x(0|[1-9][0-9]*))*")  # rows >= 1; a later size may be 0 (attention's cached P)
 _TIMES = ("median_ms", "p20_ms", "p80_ms", "ci_lo_ms", "ci_hi_ms")
 _FIX_ROW = "correct or remove that row, or export it again with `tilewise store export`; nothing was imported"
 
