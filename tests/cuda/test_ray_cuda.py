@@ -77,3 +77,36 @@ def test_a_ray_tune_with_cpu_compiles_stores_what_a_local_run_stores(dev, tmp_pa
     rows = statuses(remote)
     assert rows == statuses(local)
     assert got.best is not None and counts["compiled"] == 0 and counts["loaded"] >= len(rows) // 2
+
+
+def test_tune_model_on_cuda_through_ray_writes_the_table_the_executor_runs(dev, tmp_path, monkeypatch):
+    """`tilewise tune model --device cuda --ray` on a local cluster: its kernels compiled in CPU tasks, verified and
+    timed by the GPU worker; the table it writes is this GPU's and the executor's scores match the CPU's."""
+    ray = pytest.importorskip("ray", reason="tilewise[ray] is not installed")
+    if not hasattr(ray, "init"):
+        pytest.skip(f"`ray` here is an empty namespace package ({list(ray.__path__)}), not Ray")
+    import argparse
+
+    import tilewise
+    from tilewise.model import tune as model_tune
+    from tilewise.model.dispatch import dispatch_path, load_model_table
+    from tilewise.tune.cluster import LOCAL
+    from tilewise.tune.store import Store
+
+    monkeypatch.setenv("TILEWISE_DISPATCH_DIR", str(tmp_path))
+    store = tmp_path / "s.sqlite"
+    args = argparse.Namespace(preset="tiny", seq=40, weights="nf4", device="cuda", budget=2, seed=0, json=None,
+                              rows=[1, 40], force=False, hand_picked=False, ray=LOCAL, workers=1, store=str(store))
+    assert model_tune.run(args) == 0
+    fp = dev.info.fingerprint
+    table = load_model_table(fp, dispatch_path(fp), limits=dev.info.limits, backend="cuda")
+    assert "attention:4x2x16" in table.entries and len(table.entries) == 6
+    with Store(store, readonly=True) as st:
+        rows = st.query(fingerprint=fp)
+    assert rows and all(r.worker for r in rows)  # measured by the cluster's worker, not in this process
+    model = tilewise.load("tiny", device="cuda", weights="nf4", seed=1)
+    cpu = tilewise.load("tiny", device="cpu", weights="nf4", seed=1)
+    ids = np.random.default_rng(5).integers(0, 512, 40)
+    want = cpu.scores(cpu.prefill(ids))
+    np.testing.assert_allclose(model.scores(model.prefill(ids)), want, atol=2e-2 * max(1.0, float(np.abs(want).max())),
+                               rtol=0)

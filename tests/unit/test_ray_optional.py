@@ -100,3 +100,30 @@ def test_exports_without_worker_import_and_bad_workers_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="worker is 7"):
         store.import_json(bad)
     assert [r.config for r in store.query()] == ["BM=8"]
+
+
+def test_tune_model_ray_starts_workers_on_cuda_and_webgpu_devices(monkeypatch):
+    """`tilewise tune model --device cuda --ray` must reach the cluster with the CUDA executor's backend allowed
+    (it used to be refused as a job with no CUDA implementation before any worker started)."""
+    import argparse
+
+    from tilewise.model import tune as model_tune
+    from tilewise.tune import cluster
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_start(args, backends, job, prefer=None):
+        seen.append((args.device, tuple(backends)))
+        raise Stop
+
+    monkeypatch.setattr(cluster, "import_ray", lambda: None)
+    monkeypatch.setattr(cluster, "start_cluster", fake_start)
+    for device in ("cuda", "webgpu", "dawn"):
+        args = argparse.Namespace(preset="tiny", seq=8, weights="nf4", device=device, ray=cluster.LOCAL, workers=2)
+        with pytest.raises(Stop):
+            model_tune.run(args)
+    assert [d for d, _ in seen] == ["cuda", "webgpu", "dawn"]
+    assert all({"cuda", "webgpu"} <= set(b) for _, b in seen)

@@ -472,7 +472,7 @@ def run(args: argparse.Namespace, emit_json: Callable[..., None] | None = None) 
 
         check_ray(args)
         args.device = str(getattr(args, "device", None) or "auto")
-        each_device(args, ("webgpu",), job, None,
+        each_device(args, ("webgpu", "cuda"), job, None,
                     lambda dev, line, make: _run_one(args, cfg, name, seq, fmt, dev, line, make, emit_json))
         return 0
     choice = resolve(str(getattr(args, "device", None) or "auto"), ("webgpu", "cuda"), job=job)
