@@ -97,3 +97,18 @@ def test_the_probe_names_what_a_template_compiles_and_prebuilt_loads_it():
         dev.compile(req.source, bad, name="lbl")
     dev.compile("other source", "k<1>")  # nothing shipped for it: the device compiles
     assert rec.compiled == ["k<1>"] and (dev.loaded, dev.compiled) == (2, 1)
+
+
+@pytest.mark.parametrize("kind", ["rows", "mma", "splitk", "pipe", "ring", "wg"])
+def test_every_model_matmul_kind_names_its_kernels_to_the_probe(kind):
+    """`tune model --device cuda --ray` compiles the classifier's kernels in CPU tasks only where the probe can run
+    their templates' compile: the dynamic-shared-memory kinds (pipe, ring, wg) used to fail on the probe and were
+    compiled on the GPU worker instead. Each one's default config becomes a cubin here."""
+    from tilewise.kernels.matmul.cuda import CudaMatmul
+
+    probe = CompileProbe(_Recorder.info)
+    tpl = CudaMatmul(kind, "nf4", "swiglu", True)
+    tpl.compile(probe, tpl.default_config(), (40, 128, 64))
+    assert probe.requests and all(r.options == OPTIONS for r in probe.requests)
+    got = compile_cubin(probe.requests[-1].source, probe.requests[-1].entry, OPTIONS)
+    assert got.cubin[:4] == b"\x7fELF" and got.lowered_name.startswith("_Z")

@@ -199,6 +199,9 @@ class CompileProbe:
         self.requests.append(CompileRequest(source, entry, self.options))
         return Program(name or entry, None, source_hash(source, entry, *self.options), dict(constants or {}), {})
 
+    def allow_dynamic_shared(self, program: Program, nbytes: int) -> None:
+        """Nothing to do: the worker's device opts the loaded kernel in (and refuses what its GPU cannot hold)."""
+
 
 class Prebuilt:
     """A CUDA device whose `compile` loads the cubin shipped for that (source, entry, options) when there is one,
