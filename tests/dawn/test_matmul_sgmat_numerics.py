@@ -29,9 +29,11 @@ def dev():
 
 
 def configs(tpl, dev):
-    """The default and three seeds (both W layouts, a 128-row tile, K step 64) legal on this adapter."""
+    """The default and four seeds (both W layouts, a 128-row tile, K step 64, split-K in 4 slices) legal on this
+    adapter."""
     seeds = tpl.seed_configs(dev.info.limits)
-    picked = [seeds[0], seeds[1], seeds[2], seeds[4]]
+    picked = [seeds[0], seeds[1], seeds[2], next(c for c in seeds if c["BK"] == 64 and c["KS"] == 1),
+              next(c for c in seeds if c["KS"] == 4)]
     return list(dict.fromkeys(c for c in picked if tpl.space().is_legal(c, dev.info.limits)))
 
 

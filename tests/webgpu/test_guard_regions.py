@@ -110,3 +110,17 @@ def test_the_engine_stores_it_as_wrong(webgpu_device, guarded, tmp_path):
     assert [o.status for o in out] == ["ok", "wrong"]
     assert "wrote out of bounds" in out[1].reason
     assert {r.config: r.status for r in store.query(kernel="double")} == {"STRAY=0": "ok", "STRAY=1": "wrong"}
+
+
+def test_the_split_k_scratch_is_guarded_like_the_output(webgpu_device, rng, guarded):
+    """The FMA split-K matmul writes its partial sums to `part` before the reduction writes `out`: both are bound
+    between canary words, and a correct config passes with both guards intact."""
+    from tilewise.kernels.matmul.webgpu import MatmulTemplate
+
+    tpl = MatmulTemplate("splitk", "nf4", "residual")
+    cfg, shape = tpl.default_config(), (20, 64, 256)
+    ver = Verifier(tpl, webgpu_device, shape, rng)
+    check = ver.check(tpl.compile(webgpu_device, cfg, shape), cfg)
+    assert check.ok, check.message
+    part = ver.buffers()["part"]
+    assert set(ver._guards) == {"out", "part"} and part.offset == GUARD_BYTES

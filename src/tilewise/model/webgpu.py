@@ -280,8 +280,9 @@ class WebGPUExecutor:
         bufs = {"dims": self._dims(rows, x_row0), "x": x, "out": out, **dict(zip(names, weights))}
         if norm is not None:
             bufs["norm_w"] = norm
-        if tpl.kind == "splitk":  # partial sums into a scratch buffer, then one launch adds them with the epilogue
-            bufs["part"] = self._scratch(tpl.scratch_bytes(cfg, rows, n))
+        scratch = tpl.scratch_bytes(cfg, rows, n)
+        if scratch:  # split-K: partial sums into a scratch buffer, then one launch adds them with the epilogue
+            bufs["part"] = self._scratch(scratch)
         for launch in self.launches(tpl, cfg, (rows, n, k), bufs):
             plan.add(label, launch)
 

@@ -15,6 +15,10 @@ Variants (the WGSL is generated per config by `tilewise.kernels.matmul.sgmat_wgs
              time with their block's absmax, so BK need not be a whole NF4 block)
     WL       the decoded W tile's layout: "nk" (W's own (N, K) rows; the right operand is loaded col_major) or
              "kn" (stored transposed; loaded row_major): both are offered, measurement picks
+    KS       split-K: 1, or 2 / 4 / 8 slices of K (grid z), their raw sums into the FMA split-K kernel's f32
+             scratch and one more launch (`wgsl_rows.splitk_reduce_source`, the FMA kind's) adding them with the
+             norm and the epilogue; more workgroups for the narrow, long-K down and out projections at 346 rows
+             (swiglu takes at most 4: its scratch holds two sums per output)
 
 Precision: x (after the norm weight) and the weights are rounded to f16 once, products accumulate in f32, so
 the tolerance label is `f16` (`tune.verify.TOLERANCES`: relative Frobenius error 1e-2). The rounding error is
@@ -22,8 +26,8 @@ relative and does not grow with K (about 4e-4 at K = 4608; `tests/unit/test_matm
 against a float64 emulation, and that one dropped NF4 block out of 72 fails the tolerance). Inputs must be
 within f16's range (|x * g| < 65504): the residual stream of a trained model is, far from it.
 
-Split-K: not offered. It would need a second launch and an M x N (x2 for swiglu) f32 scratch round trip; the
-FMA split-K kernel keeps competing for the narrow down projections, so the dispatch picks it where it wins.
+Split-K costs a second launch and an M x N (x2 for swiglu) f32 scratch round trip; measurement decides where it
+pays, against the FMA split-K kernel too.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ from tilewise.kernels.matmul.sgmat_wgsl import (
     x_slots,
 )
 from tilewise.kernels.matmul.webgpu import MatmulTemplate
+from tilewise.kernels.matmul.wgsl import SPLITK_WG, splitk_scratch_bytes
+from tilewise.kernels.matmul.wgsl_rows import splitk_reduce_source
 from tilewise.kernels.space import Config, Rule, Space
 from tilewise.quant.nf4 import FORMATS, KERNEL_BLOCKSIZE
 
@@ -63,14 +69,18 @@ PARAMS: dict[str, list[Any]] = {
     "FN": [1, 2, 4, 8],
     "BK": [16, 32, 64],
     "WL": list(WEIGHT_LAYOUTS),
+    "KS": [1, 2, 4, 8],
 }
+PAIRED_KS = [1, 2, 4]  # swiglu's scratch holds two sums per output: KS 8 at 512 rows of 4608 would be 151 MB
 # a 64x64 tile: 2x2 subgroups of 2x2 16x16x16 fragments, K step 32
-BASE: dict[str, Any] = {"FRAG": "16x16x16", "SG": 32, "SM": 2, "SN": 2, "FM": 2, "FN": 2, "BK": 32, "WL": "nk"}
+BASE: dict[str, Any] = {"FRAG": "16x16x16", "SG": 32, "SM": 2, "SN": 2, "FM": 2, "FN": 2, "BK": 32, "WL": "nk",
+                        "KS": 1}
 # hand-picked points, most likely first (`tilewise tune model --budget B` keeps the first B - 1 after the default)
 _SEED_VARIANTS: tuple[dict[str, Any], ...] = (
     {"WL": "kn"},
     {"SM": 2, "SN": 4},  # 64x128
     {"FM": 4, "FN": 2},  # 128x64
+    {"KS": 4},  # split-K for the narrow long-K projections (N = 1024 at 346 rows: 6 x 16 tiles of 64x64)
     {"BK": 64},
     {"FM": 1},  # 32x64: more workgroups at few rows
     {"FM": 4, "FN": 4},  # 128x128 (not with swiglu: 256 accumulator floats)
@@ -80,6 +90,10 @@ _SEED_VARIANTS: tuple[dict[str, Any], ...] = (
     {"BK": 16, "FM": 1, "FN": 1},  # 32x32
     {"FRAG": "16x8x8", "FN": 4, "BK": 64},
     {"SM": 4, "SN": 1, "FM": 1, "FN": 2},  # 64x32
+    {"KS": 2, "WL": "kn"},
+    {"FM": 1, "KS": 4},  # 32x64, 4 slices
+    {"FM": 4, "FN": 2, "KS": 4},  # 128x64, 4 slices
+    {"BK": 64, "KS": 8},
 )
 SEEDS: tuple[dict[str, Any], ...] = tuple({**BASE, **v} for v in _SEED_VARIANTS)
 
@@ -104,6 +118,10 @@ def sgmat_rules(fmt: str, paired: bool, norm: bool) -> list[Rule]:
                   lambda c, _: f"accumulators = {sets}*FM*FN*m*n/SG = {sets}*{c.FM}*{c.FN}*{frag(c)[0]}*"
                                f"{frag(c)[1]}/{c.SG} = {_acc_floats(c, sets):g} floats per invocation > "
                                f"{gemm_sg.MAX_ACCUMULATOR_FLOATS} (certain spill)")]
+    ks_values = PAIRED_KS if paired else PARAMS["KS"]
+    rules.append(Rule("scratch_ks", lambda c, _: c.KS in ks_values,
+                      lambda c, _: f"KS={c.KS} is not one of {ks_values}: the split-K scratch holds at most "
+                                   f"KS={max(ks_values)} slices of {'2 (paired) ' if paired else ''}M x N"))
     if norm:
         rules.append(Rule("norm_slots", lambda c, _: x_slots(c) <= MAX_NORM_SLOTS,
                           lambda c, _: f"x slots = ceil(BM*BK/4 / (SM*SN*SG)) = {x_slots(c)} > {MAX_NORM_SLOTS} "
@@ -151,6 +169,7 @@ class SgmatMatmul(MatmulTemplate):
         self.features = None if features is None else frozenset(features)
         self.f16_staging = self.f16_arith = False
         self.name = f"{fmt}_matmul.{KIND}.{epilogue}" + (".norm" if norm else "")
+        self.scratch_buffers = ("part",)  # split-K's partial sums: poisoned and guarded like "out"
         self.dtype = "f16"  # x and W are rounded to f16 once (see the module docstring)
 
     def space(self, which: str = "full") -> Space:
@@ -170,8 +189,11 @@ class SgmatMatmul(MatmulTemplate):
         out = []
         if self.fmt == "nf4" and k % KERNEL_BLOCKSIZE:
             out.append(f"K={k} is not a multiple of {KERNEL_BLOCKSIZE} (one NF4 absmax block per 64 inputs of a row)")
-        if k % config["BK"]:
+        if config["KS"] == 1 and k % config["BK"]:
             out.append(f"K={k} is not a multiple of BK={config['BK']}: the K loop takes whole steps")
+        elif k % (config["KS"] * config["BK"]):
+            out.append(f"K={k} is not a multiple of KS*BK = {config['KS']}*{config['BK']}: the K slices take whole "
+                       "steps")
         return out
 
     def source(self, config: Config, shape: Shape | None = None) -> str:
@@ -182,15 +204,38 @@ class SgmatMatmul(MatmulTemplate):
         if SUBGROUP_MATRIX not in getattr(device, "enabled_features", ()):
             raise ShaderCompileError(f"{self.name} needs {SUBGROUP_MATRIX}, which {device.info.name} has not enabled",
                                      gemm_sg.FIX_DAWN)
-        return device.compile(self.source(config, shape), "main", name=f"{self.name}[{config}]")
+        prog = device.compile(self.source(config, shape), "main", name=f"{self.name}[{config}]")
+        if config["KS"] > 1:
+            eps = self.eps if self.norm else None
+            prog.meta["reduce"] = device.compile(splitk_reduce_source(self.epilogue, shape[1], config["KS"], eps,
+                                                                      shape[2]),
+                                                 "main", name=f"{self.name}.reduce[KS={config['KS']}]")
+        return prog
 
     def scratch_bytes(self, config: Config, m: int, n: int) -> int:
-        return 0
+        """Bytes of the split-K scratch at m rows (0 without split-K)."""
+        return splitk_scratch_bytes(config, self.epilogue, m, n, self.norm) if config["KS"] > 1 else 0
+
+    def upload(self, device: Device, host: Any, shape: Shape) -> Any:
+        """The FMA kernels' buffers plus the split-K scratch for the largest KS of the space (candidates of any KS
+        share one input set; `scratch_buffers` poisons and guards it)."""
+        bufs = super().upload(device, host, shape)
+        m, n, _ = shape
+        ks = max(self.space().params["KS"])
+        bufs["part"] = device.allocate(splitk_scratch_bytes({"KS": ks}, self.epilogue, m, n, self.norm))
+        return bufs
 
     def launches(self, program: Program, bufs: Any, config: Config, shape: Shape) -> list[Launch]:
+        """One launch; with split-K the KS slices into `part` (bound where `out` is), then the reduction."""
         m, n, _ = shape
         bm, bn, _ = mm_tile(config)
-        return [Launch(program, (math.ceil(n / bn), math.ceil(m / bm), 1), [bufs[b] for b in self.binding_names()])]
+        ks = int(config["KS"])
+        order = [bufs["part" if b == "out" and ks > 1 else b] for b in self.binding_names()]
+        main = Launch(program, (math.ceil(n / bn), math.ceil(m / bm), ks), order)
+        if ks == 1:
+            return [main]
+        return [main, Launch(program.meta["reduce"], (math.ceil(m * n / SPLITK_WG), 1, 1),
+                             [bufs["dims"], bufs["part"], bufs["out"]])]
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
         m, n, _ = shape

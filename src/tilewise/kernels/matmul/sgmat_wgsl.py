@@ -14,6 +14,9 @@ activation buffers and a one-row output):
     epilogue     fragment by fragment, every subgroup stores its result fragment (and the up fragment) into `Cs`,
                  and the whole workgroup writes them to `out`, guarded by M and N, applying rsqrt(mean(x^2) + eps)
                  (norm) and the epilogue (none, residual: out += y, swiglu: silu(g) * u) per element
+    split-K      with KS > 1, grid z = KS slices of K/KS each; `out` is then the FMA split-K kernel's scratch:
+                 the raw sums (KS, sets, M, N), then (norm) each slice's per-row sums of squares (KS, M), and
+                 `wgsl_rows.splitk_reduce_source` adds the slices and applies the norm and the epilogue
 
 Fragment offsets derive from the workgroup id, the subgroup id and constants only (the builtins need
 subgroup-uniform arguments); subgroups beyond SM * SN (smaller subgroups than SG) stage tiles but own no fragment.
@@ -52,8 +55,11 @@ def mm_storage_bytes(c: Config, fmt: str, paired: bool, norm: bool) -> int:
 
 
 def mm_fmt(c: Config) -> str:
-    """`f16x16x16 2x2sg 2x2fr k32 W:nk sg32` (fragment, subgroups, fragments per subgroup, K step, W layout)."""
-    return f"f{c['FRAG']} {c['SM']}x{c['SN']}sg {c['FM']}x{c['FN']}fr k{c['BK']} W:{c['WL']} sg{c['SG']}"
+    """`f16x16x16 2x2sg 2x2fr k32 W:nk sg32 splitk4` (fragment, subgroups, fragments per subgroup, K step, W layout,
+    subgroup size, K slices when more than one)."""
+    ks = int(c.get("KS", 1))
+    return (f"f{c['FRAG']} {c['SM']}x{c['SN']}sg {c['FM']}x{c['FN']}fr k{c['BK']} W:{c['WL']} sg{c['SG']}"
+            + (f" splitk{ks}" if ks > 1 else ""))
 
 
 def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: int,
@@ -69,6 +75,9 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
     norm = norm_eps is not None
     sets = 2 if epilogue == "swiglu" else 1
     mn, XV, WC = m * n, BM * BK // 4, BN * BK // 8
+    KS = int(c.get("KS", 1))
+    if k_in % (KS * BK):
+        raise ValueError(f"K={k_in} is not a multiple of KS*BK = {KS}*{BK}")
     L: list[str] = []
     w = L.append
     w("enable f16;\nenable subgroups;\nenable chromium_experimental_subgroup_matrix;")
@@ -84,7 +93,9 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
     for s in range(sets):
         decl, nb = weight_decls(fmt, s, nb)
         w(decl.rstrip("\n"))
-    w(f"@group(0) @binding({nb}) var<storage, read_write> out: array<f32>;  // (M, N)")
+    w(f"@group(0) @binding({nb}) var<storage, read_write> out: array<f32>;  // " +
+      ("(M, N)" if KS == 1 else f"the split-K scratch: ({KS}, {sets}, M, N) sums" + (f", ({KS}, M) sums of squares"
+                                                                                  if norm else "")))
     if fmt == "nf4":
         w(codes_decl().rstrip("\n"))
     for s in range(sets):
@@ -117,7 +128,11 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
         for sl in range(nxs):
             w(f"    let xi{sl} = li + {sl * WG}u; let xr{sl} = xi{sl} / {BK // 4}u; let xq{sl} = xi{sl} % {BK // 4}u;"
               f" var ss{sl} = 0.0;")
-    w(f"    for (var k0 = 0u; k0 < K; k0 = k0 + {BK}u) {{")
+    if KS == 1:
+        w(f"    for (var k0 = 0u; k0 < K; k0 = k0 + {BK}u) {{")
+    else:
+        w(f"    let kz = wid.z * {k_in // KS}u;  // this launch's slice of K")
+        w(f"    for (var k0 = kz; k0 < kz + {k_in // KS}u; k0 = k0 + {BK}u) {{")
 
     def x_store(ind: str, r: str, q: str, v: str) -> None:
         w(f"{ind}let h = vec4<f16>({v});")
@@ -186,6 +201,8 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
         w(f"    for (var r = li; r < {BM}u; r = r + {WG}u) {{")
         w(f"        var q = 0.0;\n        for (var cq = 0u; cq < {BK // 4}u; cq = cq + 1u) {{ q = q + rss[r * "
           f"{BK // 4}u + cq]; }}\n        rss[r * {BK // 4}u] = q;")
+        if KS > 1:  # this slice's sums of squares, after the (KS, sets, M, N) sums
+            w(f"        if (m0 + r < M) {{ out[{KS * sets}u * M * N + wid.z * M + m0 + r] = q; }}")
         w("    }")
         w("    workgroupBarrier();")
     for i in range(FM):
@@ -200,6 +217,13 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
             w(f"        let lr = (t / {SN}u) * {FM * m}u + {i * m}u + fe / {n}u;")
             w(f"        let gr = m0 + lr; let gc = n0 + (t % {SN}u) * {FN * n}u + {j * n}u + fe % {n}u;")
             w("        if (gr < M && gc < N) {")
+            if KS > 1:  # raw sums of this slice; the reduce scales and applies the epilogue
+                for s in range(sets):
+                    w(f"            out[(wid.z * {sets}u + {s}u) * M * N + gr * N + gc] = Cs[{s * NSG * mn}u + e];")
+                w("        }")
+                w("    }")
+                w("    workgroupBarrier();")
+                continue
             w("            var y = Cs[e];")
             if sets == 2:
                 w(f"            var u = Cs[{NSG * mn}u + e];")

@@ -247,6 +247,7 @@ class MatmulTemplate(KernelTemplate):
         self.features = None if features is None else frozenset(features)
         self.f16_staging = f16_staging
         self.f16_arith = f16_arith
+        self.scratch_buffers = ("part",) if kind == "splitk" else ()  # poisoned and guarded like "out"
         self.name = f"{fmt}_matmul.{kind}.{epilogue}" + (".norm" if norm else "") + (
             ".f16s" if f16_staging else "") + (".f16a" if f16_arith else "")
         # the reference multiplies the exact stored weights, so only f16 staging loosens the tolerance
