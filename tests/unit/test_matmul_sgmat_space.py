@@ -231,3 +231,21 @@ def test_split_k_writes_the_fma_reduces_scratch_layout_and_launches_it(epilogue,
     assert list(reduce.buffers) == ["dims", "part", "out"]
     assert len(t.launches(prog, bufs, t.default_config(), (m, n, k))) == 1
     assert t.scratch_buffers == ("part",) and "splitk4" in str(cfg)
+
+
+@pytest.mark.parametrize(("fmt", "epilogue", "norm"), VARIANTS)
+def test_seeds_fit_an_adapter_of_8x8x8_fragments_and_8_wide_subgroups(fmt, epilogue, norm):
+    """An adapter offering only 8x8x8 fragments in subgroups of 8, with a max subgroup size of 128 (lavapipe on
+    Dawn; Apple GPUs offer 8x8x8 too), gets seeds it can run: the fragment replaced by the one offered and 16
+    subgroups so that the workgroup is a multiple of 128; on the H200 the seeds stay as written."""
+    t = tpl(fmt, epilogue, norm)
+    lvp = get_profile("lavapipe-dawn-coopmat")
+    seeds = t.seed_configs(lvp)
+    legal = [c for c in seeds if t.space().is_legal(c, lvp)]
+    # swiglu refuses a few: 16 subgroups' gate and up result fragments outgrow 32 KiB of workgroup memory
+    assert len(legal) >= len(seeds) - (4 if epilogue == "swiglu" else 1) and len(legal) >= 10, \
+        [t.space().why_illegal(c, lvp) for c in seeds]
+    assert all(c["FRAG"] == "8x8x8" and c["SG"] == 8 and c["SM"] * c["SN"] == 16 for c in seeds)
+    assert any(c["KS"] > 1 for c in legal)
+    h200 = t.seed_configs(H200)
+    assert [dict(c) for c in h200] == [dict(t.space().config({**v, "SG": 32})) for v in (sg.BASE, *sg.SEEDS)]

@@ -34,6 +34,14 @@ PROFILES: dict[str, Limits] = {
                             SubgroupMatrixConfig(a, r, m, n, k, 32, 32)
                             for a, r in (("f16", "f16"), ("f16", "f32"))
                             for m, n, k in ((16, 16, 16), (16, 8, 16), (16, 8, 8)))),
+    # Mesa 26 lavapipe through Dawn (cooperative matrices: 8x8x8 f16 fragments in subgroups of 8; Dawn reports
+    # subgroup sizes 4..128): what `bash scripts/run test-sgmat` runs the subgroup-matrix numerics on
+    "lavapipe-dawn-coopmat": Limits(max_workgroup_storage_bytes=32768, max_invocations_per_workgroup=1024,
+                                    max_workgroup_size=(1024, 1024, 1024), max_workgroups_per_dimension=65535,
+                                    max_buffer_bytes=4294967295, max_storage_binding_bytes=134217728,
+                                    subgroup_size_min=4, subgroup_size_max=128,
+                                    subgroup_matrix_configs=tuple(SubgroupMatrixConfig("f16", r, 8, 8, 8, 8, 8)
+                                                                  for r in ("f16", "f32"))),
     # CUDA sm_90 (H100/H200): 48 KiB static shared memory per block, 227 KiB with the opt-in
     "sm_90": Limits(max_workgroup_storage_bytes=49152, max_invocations_per_workgroup=1024,
                     max_workgroup_size=(1024, 1024, 64), max_workgroups_per_dimension=2147483647,

@@ -179,10 +179,19 @@ class SgmatMatmul(MatmulTemplate):
         return self.space().config(BASE)
 
     def seed_configs(self, limits: Limits | None) -> list[Config]:
-        """The default and `SEEDS` at the device's subgroup size (`gemm.sgmat.device_subgroup_size`)."""
+        """The default and `SEEDS` at the device's subgroup size (`gemm.sgmat.device_subgroup_size`), each fitted
+        to what the device offers where it would be refused as written: its largest f16 -> f32 fragment for one it
+        does not offer, and the nearest subgroup grid whose workgroup is a multiple of its max subgroup size (an
+        adapter with 8-wide subgroups and a max of 128 needs 16 subgroups)."""
         sg = gemm_sg.device_subgroup_size(limits) if limits is not None else None
-        vals = [BASE, *SEEDS]
-        return [self.space().config({**v, "SG": sg} if sg in PARAMS["SG"] else v) for v in vals]
+        out: list[Config] = []
+        for v in (BASE, *SEEDS):
+            c = self.space().config({**v, "SG": sg} if sg in PARAMS["SG"] else v)
+            if limits is not None:
+                c = _fitted(c, limits)
+            if c not in out:
+                out.append(c)
+        return out
 
     def config_problems(self, config: Config, shape: Shape) -> list[str]:
         k = shape[2]
@@ -241,6 +250,22 @@ class SgmatMatmul(MatmulTemplate):
         m, n, _ = shape
         bm, bn, _ = mm_tile(config)
         return math.ceil(m / bm) * bm * math.ceil(n / bn) * bn / (m * n)
+
+
+def _fitted(c: Config, limits: Limits) -> Config:
+    """`c` with an offered fragment and a workgroup x size the device takes, where it had neither (else as is)."""
+    offered = [f for f in PARAMS["FRAG"] if any((o.component_type, o.result_component_type, o.m, o.n, o.k)
+                                                  == ("f16", "f32", *map(int, f.split("x")))
+                                                  for o in limits.subgroup_matrix_configs or ())]
+    if offered and c["FRAG"] not in offered:
+        c = c.replace(FRAG=max(offered, key=lambda f: math.prod(map(int, f.split("x")))))
+    top = limits.subgroup_size_max
+    if top and (c["SM"] * c["SN"] * c["SG"]) % top:
+        grids = [(a, b) for a in PARAMS["SM"] for b in PARAMS["SN"] if (a * b * c["SG"]) % top == 0]
+        if grids:  # the fewest subgroups that fit, keeping the seed's SM : SN shape where it can
+            a, b = min(grids, key=lambda g: (g[0] * g[1], abs(math.log2(g[0] / g[1]) - math.log2(c["SM"] / c["SN"]))))
+            c = c.replace(SM=a, SN=b)
+    return c
 
 
 def sgmat_templates(dev: Any, fmt: str, epilogue: str, norm: bool = False, eps: float = 1e-5) -> list[SgmatMatmul]:
