@@ -36,11 +36,13 @@ def dev():
 
 
 def configs(tpl, dev):
-    """The default and four seeds (both W layouts, a 128-row tile, K step 64, split-K in 4 slices) legal on this
-    adapter."""
+    """The default and five seeds (both W layouts, a 128-row tile, K step 64, split-K in 4 slices, padded rows in
+    both layouts, once with split-K) legal on this adapter."""
     seeds = tpl.seed_configs(dev.info.limits)
     picked = [seeds[0], seeds[1], seeds[2], next(c for c in seeds if c["BK"] == 64 and c["KS"] == 1),
-              next(c for c in seeds if c["KS"] == 4)]
+              next(c for c in seeds if c["KS"] == 4 and c["PAD"] == 0),
+              next(c for c in seeds if c["PAD"] == 8 and c["KS"] == 4),
+              next(c for c in seeds if c["PAD"] == 8 and c["WL"] == "kn")]
     return list(dict.fromkeys(c for c in picked if tpl.space().is_legal(c, dev.info.limits)))
 
 

@@ -178,8 +178,8 @@ def test_the_f16_tolerance_holds_f16_rounding_at_k_4608_and_catches_one_lost_blo
     assert not lost.ok, lost.message  # 64 of 4608 inputs dropped: ~12% error
 
 
-# sha256 over the WGSL of BASE and the first twelve seeds of every variant at two shapes, as generated before KS
-# existed: KS=1 must generate those shaders byte for byte (stored results and tables of them stay valid)
+# sha256 over the WGSL of BASE and the first twelve seeds of every variant at two shapes, as generated before KS and
+# PAD existed: KS=1, PAD=0 must generate those shaders byte for byte (stored results of them stay valid)
 BEFORE_SPLIT_K = "1afa06a661406725888a10937cc75919c07dbfb3c889debb22e9e8d08cef735a"
 
 
@@ -189,9 +189,9 @@ def test_without_split_k_the_shaders_are_those_of_before():
     h = hashlib.sha256()
     for fmt, epilogue, norm in VARIANTS:
         t = tpl(fmt, epilogue, norm)
-        for v in (sg.BASE, *[v for v in sg.SEEDS if v["KS"] == 1][:12]):
+        for v in (sg.BASE, *[v for v in sg.SEEDS if v["KS"] == 1 and v["PAD"] == 0][:12]):
             cfg = t.space().config(v)
-            assert cfg["KS"] == 1
+            assert cfg["KS"] == 1 and cfg["PAD"] == 0
             for shape in ((346, 1024, 4608), (7, 4608, 1024)):
                 h.update(t.source(cfg, shape).encode())
     assert h.hexdigest() == BEFORE_SPLIT_K
@@ -243,7 +243,7 @@ def test_seeds_fit_an_adapter_of_8x8x8_fragments_and_8_wide_subgroups(fmt, epilo
     seeds = t.seed_configs(lvp)
     legal = [c for c in seeds if t.space().is_legal(c, lvp)]
     # swiglu refuses a few: 16 subgroups' gate and up result fragments outgrow 32 KiB of workgroup memory
-    assert len(legal) >= len(seeds) - (4 if epilogue == "swiglu" else 1) and len(legal) >= 10, \
+    assert len(legal) >= len(seeds) - (5 if epilogue == "swiglu" else 1) and len(legal) >= 10, \
         [t.space().why_illegal(c, lvp) for c in seeds]
     assert all(c["FRAG"] == "8x8x8" and c["SG"] == 8 and c["SM"] * c["SN"] == 16 for c in seeds)
     assert any(c["KS"] > 1 for c in legal)

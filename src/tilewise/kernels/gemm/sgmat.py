@@ -42,6 +42,7 @@ never by default); the kernel is correct either way since it never reads past a 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Hashable, Mapping
 from typing import Any
 
@@ -123,6 +124,25 @@ def device_subgroup_size(limits: Limits) -> int | None:
     if len(sizes) == 1 and len({*next(iter(sizes))}) == 1:
         return next(iter(sizes))[0]
     return limits.subgroup_size_max
+
+
+def fit_to_device(c: Config, limits: Limits) -> Config:
+    """`c` with the device's largest f16 -> f32 fragment where it names one the device does not offer, and the
+    fewest subgroups (keeping SM : SN where it can) that make a workgroup a multiple of the device's max subgroup
+    size where it is not; else `c` as it is. Seeds written for one GPU (16x16x16 in 2x2 subgroups of 32) then
+    fit an adapter of 8x8x8 fragments in subgroups of 8 (16 subgroups a workgroup)."""
+    offered = [f for f in PARAMS["FRAG"] if any((o.component_type, o.result_component_type, o.m, o.n, o.k)
+                                                  == ("f16", "f32", *map(int, f.split("x")))
+                                                  for o in limits.subgroup_matrix_configs or ())]
+    if offered and c["FRAG"] not in offered:
+        c = c.replace(FRAG=max(offered, key=lambda f: math.prod(map(int, f.split("x")))))
+    top = limits.subgroup_size_max
+    if top and (c["SM"] * c["SN"] * c["SG"]) % top:
+        grids = [(a, b) for a in PARAMS["SM"] for b in PARAMS["SN"] if (a * b * c["SG"]) % top == 0]
+        if grids:  # the fewest subgroups that fit, keeping the seed's SM : SN shape where it can
+            a, b = min(grids, key=lambda g: (g[0] * g[1], abs(math.log2(g[0] / g[1]) - math.log2(c["SM"] / c["SN"]))))
+            c = c.replace(SM=a, SN=b)
+    return c
 
 
 def _rules() -> list[Rule]:

@@ -15,6 +15,8 @@ Variants (the WGSL is generated per config by `tilewise.kernels.matmul.sgmat_wgs
              time with their block's absmax, so BK need not be a whole NF4 block)
     WL       the decoded W tile's layout: "nk" (W's own (N, K) rows; the right operand is loaded col_major) or
              "kn" (stored transposed; loaded row_major): both are offered, measurement picks
+    PAD      halves of padding per staged row (0 or 8): x rows BK + PAD apart, W rows BK + PAD (nk) or BN + PAD
+             (kn) apart, so that a fragment load's rows fall into different banks; 0 generates the unpadded WGSL
     KS       split-K: 1, or 2 / 4 / 8 slices of K (grid z), their raw sums into the FMA split-K kernel's f32
              scratch and one more launch (`wgsl_rows.splitk_reduce_source`, the FMA kind's) adding them with the
              norm and the epilogue; more workgroups for the narrow, long-K down and out projections at 346 rows
@@ -70,17 +72,19 @@ PARAMS: dict[str, list[Any]] = {
     "BK": [16, 32, 64],
     "WL": list(WEIGHT_LAYOUTS),
     "KS": [1, 2, 4, 8],
+    "PAD": [0, 8],
 }
 PAIRED_KS = [1, 2, 4]  # swiglu's scratch holds two sums per output: KS 8 at 512 rows of 4608 would be 151 MB
 # a 64x64 tile: 2x2 subgroups of 2x2 16x16x16 fragments, K step 32
 BASE: dict[str, Any] = {"FRAG": "16x16x16", "SG": 32, "SM": 2, "SN": 2, "FM": 2, "FN": 2, "BK": 32, "WL": "nk",
-                        "KS": 1}
+                        "KS": 1, "PAD": 0}
 # hand-picked points, most likely first (`tilewise tune model --budget B` keeps the first B - 1 after the default)
 _SEED_VARIANTS: tuple[dict[str, Any], ...] = (
     {"WL": "kn"},
     {"SM": 2, "SN": 4},  # 64x128
     {"FM": 4, "FN": 2},  # 128x64
     {"KS": 4},  # split-K for the narrow long-K projections (N = 1024 at 346 rows: 6 x 16 tiles of 64x64)
+    {"PAD": 8},  # rows 16 bytes apart: the fragment loads' rows across banks (gemm-f16's best tiles pad)
     {"BK": 64},
     {"FM": 1},  # 32x64: more workgroups at few rows
     {"FM": 4, "FN": 4},  # 128x128 (not with swiglu: 256 accumulator floats)
@@ -94,6 +98,10 @@ _SEED_VARIANTS: tuple[dict[str, Any], ...] = (
     {"FM": 1, "KS": 4},  # 32x64, 4 slices
     {"FM": 4, "FN": 2, "KS": 4},  # 128x64, 4 slices
     {"BK": 64, "KS": 8},
+    {"PAD": 8, "KS": 4},
+    {"PAD": 8, "WL": "kn"},
+    {"SM": 2, "SN": 4, "PAD": 8},
+    {"FM": 4, "FN": 2, "PAD": 8},
 )
 SEEDS: tuple[dict[str, Any], ...] = tuple({**BASE, **v} for v in _SEED_VARIANTS)
 
@@ -129,7 +137,10 @@ def sgmat_rules(fmt: str, paired: bool, norm: bool) -> list[Rule]:
     rules += [_gemm_rule("invocations"),
               Rule("workgroup_storage", lambda c, L: mm_storage_bytes(c, fmt, paired, norm)
                    <= L.max_workgroup_storage_bytes,
-                   lambda c, L: f"workgroup storage = 2*BM*BK + {2 * sets}*BN*BK + {4 * sets}*SM*SN*m*n"
+                   lambda c, L: (f"workgroup storage = 2*BM*BK + {2 * sets}*BN*BK" if not c.PAD else
+                                 f"workgroup storage = 2*BM*(BK+PAD) + {2 * sets}*"
+                                 + ("BN*(BK+PAD)" if c.WL == "nk" else "BK*(BN+PAD)"))
+                                + f" + {4 * sets}*SM*SN*m*n"
                                 f"{' + 64' if fmt == 'nf4' else ''}{' + BM*BK' if norm else ''} = "
                                 f"{mm_storage_bytes(c, fmt, paired, norm)} bytes > max_workgroup_storage_bytes "
                                 f"{L.max_workgroup_storage_bytes} (BMxBNxBK = {'x'.join(map(str, mm_tile(c)))})",
@@ -188,7 +199,7 @@ class SgmatMatmul(MatmulTemplate):
         for v in (BASE, *SEEDS):
             c = self.space().config({**v, "SG": sg} if sg in PARAMS["SG"] else v)
             if limits is not None:
-                c = _fitted(c, limits)
+                c = gemm_sg.fit_to_device(c, limits)
             if c not in out:
                 out.append(c)
         return out
@@ -250,22 +261,6 @@ class SgmatMatmul(MatmulTemplate):
         m, n, _ = shape
         bm, bn, _ = mm_tile(config)
         return math.ceil(m / bm) * bm * math.ceil(n / bn) * bn / (m * n)
-
-
-def _fitted(c: Config, limits: Limits) -> Config:
-    """`c` with an offered fragment and a workgroup x size the device takes, where it had neither (else as is)."""
-    offered = [f for f in PARAMS["FRAG"] if any((o.component_type, o.result_component_type, o.m, o.n, o.k)
-                                                  == ("f16", "f32", *map(int, f.split("x")))
-                                                  for o in limits.subgroup_matrix_configs or ())]
-    if offered and c["FRAG"] not in offered:
-        c = c.replace(FRAG=max(offered, key=lambda f: math.prod(map(int, f.split("x")))))
-    top = limits.subgroup_size_max
-    if top and (c["SM"] * c["SN"] * c["SG"]) % top:
-        grids = [(a, b) for a in PARAMS["SM"] for b in PARAMS["SN"] if (a * b * c["SG"]) % top == 0]
-        if grids:  # the fewest subgroups that fit, keeping the seed's SM : SN shape where it can
-            a, b = min(grids, key=lambda g: (g[0] * g[1], abs(math.log2(g[0] / g[1]) - math.log2(c["SM"] / c["SN"]))))
-            c = c.replace(SM=a, SN=b)
-    return c
 
 
 def sgmat_templates(dev: Any, fmt: str, epilogue: str, norm: bool = False, eps: float = 1e-5) -> list[SgmatMatmul]:

@@ -50,16 +50,18 @@ def mm_storage_bytes(c: Config, fmt: str, paired: bool, norm: bool) -> int:
     m, n, _ = frag(c)
     bm, bn, bk = mm_tile(c)
     sets = 2 if paired else 1
-    return (2 * bm * bk + 2 * sets * bn * bk + 4 * sets * subgroups(c) * m * n + (64 if fmt == "nf4" else 0)
+    pad = int(c.get("PAD", 0))
+    w_tile = bn * (bk + pad) if c["WL"] == "nk" else bk * (bn + pad)
+    return (2 * bm * (bk + pad) + 2 * sets * w_tile + 4 * sets * subgroups(c) * m * n + (64 if fmt == "nf4" else 0)
             + (bm * bk if norm else 0))
 
 
 def mm_fmt(c: Config) -> str:
-    """`f16x16x16 2x2sg 2x2fr k32 W:nk sg32 splitk4` (fragment, subgroups, fragments per subgroup, K step, W layout,
-    subgroup size, K slices when more than one)."""
-    ks = int(c.get("KS", 1))
+    """`f16x16x16 2x2sg 2x2fr k32 W:nk sg32 pad8 splitk4` (fragment, subgroups, fragments per subgroup, K step, W
+    layout, subgroup size, row padding and K slices where set)."""
+    ks, pad = int(c.get("KS", 1)), int(c.get("PAD", 0))
     return (f"f{c['FRAG']} {c['SM']}x{c['SN']}sg {c['FM']}x{c['FN']}fr k{c['BK']} W:{c['WL']} sg{c['SG']}"
-            + (f" splitk{ks}" if ks > 1 else ""))
+            + (f" pad{pad}" if pad else "") + (f" splitk{ks}" if ks > 1 else ""))
 
 
 def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: int,
@@ -76,6 +78,9 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
     sets = 2 if epilogue == "swiglu" else 1
     mn, XV, WC = m * n, BM * BK // 4, BN * BK // 8
     KS = int(c.get("KS", 1))
+    PAD = int(c.get("PAD", 0))
+    LX = BK + PAD  # halves between staged x rows (and W rows of layout nk); PAD moves rows across banks
+    LW = (BK if wl == "nk" else BN) + PAD
     if k_in % (KS * BK):
         raise ValueError(f"K={k_in} is not a multiple of KS*BK = {KS}*{BK}")
     L: list[str] = []
@@ -100,10 +105,11 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
         w(codes_decl().rstrip("\n"))
     for s in range(sets):
         w(load8_fn(fmt, s).strip("\n"))
-    w(f"var<workgroup> Xs: array<f16, {BM * BK}>;  // (BM, BK) x tile")
+    w(f"var<workgroup> Xs: array<f16, {BM * LX}>;  // (BM, BK) x tile" + (f", rows {LX} apart" if PAD else ""))
     for s in range(sets):
         what = "(BN, BK), as W" if wl == "nk" else "(BK, BN), W transposed"
-        w(f"var<workgroup> Ws{s}: array<f16, {BN * BK}>;  // {what}")
+        w(f"var<workgroup> Ws{s}: array<f16, {(BN if wl == 'nk' else BK) * LW}>;  // {what}"
+          + (f", rows {LW} apart" if PAD else ""))
     w(f"var<workgroup> Cs: array<f32, {sets * NSG * mn}>;  // one ({m}, {n}) fragment per subgroup (per set)")
     if norm:
         w(f"var<workgroup> rss: array<f32, {XV}>;  // per-slot sums of squares, then row totals at r * {BK // 4}")
@@ -136,7 +142,7 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
 
     def x_store(ind: str, r: str, q: str, v: str) -> None:
         w(f"{ind}let h = vec4<f16>({v});")
-        w(f"{ind}let o = {r} * {BK}u + {q} * 4u;")
+        w(f"{ind}let o = {r} * {LX}u + {q} * 4u;")
         w(f"{ind}Xs[o] = h.x; Xs[o + 1u] = h.y; Xs[o + 2u] = h.z; Xs[o + 3u] = h.w;")
 
     if norm:
@@ -169,21 +175,21 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
         w(f"            let v{s} = load8_{s}(row, k0 / 8u + cl);")
         for e in range(8):
             comp = ("a", "b")[e // 4] + "." + "xyzw"[e % 4]
-            idx = f"nl * {BK}u + cl * 8u + {e}u" if wl == "nk" else f"(cl * 8u + {e}u) * {BN}u + nl"
+            idx = f"nl * {LW}u + cl * 8u + {e}u" if wl == "nk" else f"(cl * 8u + {e}u) * {LW}u + nl"
             w(f"            Ws{s}[{idx}] = f16(v{s}.{comp});")
     w("        }")
     w("        workgroupBarrier();")
     w("        if (owner) {")
     for kf in range(BK // k):
         for i in range(FM):
-            w(f"            let a{kf}_{i} = subgroupMatrixLoad<Left, row_major>(&Xs, (r0 + {i * m}u) * {BK}u + "
-              f"{kf * k}u, {BK}u);")
+            w(f"            let a{kf}_{i} = subgroupMatrixLoad<Left, row_major>(&Xs, (r0 + {i * m}u) * {LX}u + "
+              f"{kf * k}u, {LX}u);")
         for s in range(sets):
             for j in range(FN):
                 if wl == "nk":
-                    load = f"subgroupMatrixLoad<Right, col_major>(&Ws{s}, (c0 + {j * n}u) * {BK}u + {kf * k}u, {BK}u)"
+                    load = f"subgroupMatrixLoad<Right, col_major>(&Ws{s}, (c0 + {j * n}u) * {LW}u + {kf * k}u, {LW}u)"
                 else:
-                    load = f"subgroupMatrixLoad<Right, row_major>(&Ws{s}, {kf * k * BN}u + c0 + {j * n}u, {BN}u)"
+                    load = f"subgroupMatrixLoad<Right, row_major>(&Ws{s}, {kf * k * LW}u + c0 + {j * n}u, {LW}u)"
                 w(f"            let b{s}_{kf}_{j} = {load};")
         for s in range(sets):
             for i in range(FM):
