@@ -36,13 +36,17 @@ def dev():
 
 
 def configs(tpl, dev):
-    """The default and five seeds (both W layouts, a 128-row tile, K step 64, split-K in 4 slices, padded rows in
-    both layouts, once with split-K) legal on this adapter."""
+    """The default and seeds legal on this adapter: both W layouts, a 128-row tile, K step 64, split-K in 4 slices,
+    padded rows in both layouts (once with split-K), and the pipelined staging (PIPE=2) alone, in the kn layout and
+    with split-K."""
     seeds = tpl.seed_configs(dev.info.limits)
-    picked = [seeds[0], seeds[1], seeds[2], next(c for c in seeds if c["BK"] == 64 and c["KS"] == 1),
-              next(c for c in seeds if c["KS"] == 4 and c["PAD"] == 0),
-              next(c for c in seeds if c["PAD"] == 8 and c["KS"] == 4),
-              next(c for c in seeds if c["PAD"] == 8 and c["WL"] == "kn")]
+
+    def first(**want):
+        return next((c for c in seeds if all(c[k] == v for k, v in want.items())), seeds[0])
+
+    picked = [seeds[0], seeds[1], seeds[2], first(BK=64, KS=1, PAD=0, PIPE=1), first(KS=4, PAD=0, PIPE=1),
+              first(PAD=8, KS=4, PIPE=1), first(PAD=8, WL="kn", PIPE=1), first(PIPE=2, PAD=0),
+              first(PIPE=2, PAD=8, WL="kn"), first(PIPE=2, KS=4)]
     return list(dict.fromkeys(c for c in picked if tpl.space().is_legal(c, dev.info.limits)))
 
 

@@ -34,8 +34,9 @@ def test_default_and_most_seeds_are_legal_on_the_h200(fmt, epilogue, norm):
     assert t.space().is_legal(t.default_config(), H200)
     seeds = t.seed_configs(H200)
     legal = [c for c in seeds if t.space().is_legal(c, H200)]
-    # swiglu refuses the 128x128 seed (256 accumulator floats) and split-K in 8 slices (scratch_ks)
-    assert len(legal) >= len(seeds) - (2 if epilogue == "swiglu" else 0)
+    # swiglu refuses the 128x128 seed (256 accumulator floats), split-K in 8 slices (scratch_ks) and the two
+    # buffers of a 64x128 gate and up tile (workgroup storage)
+    assert len(legal) >= len(seeds) - (3 if epilogue == "swiglu" else 0)
     assert all(c["SG"] == 32 for c in seeds)  # the H200's fragments are 32-wide subgroups
 
 
@@ -189,9 +190,9 @@ def test_without_split_k_the_shaders_are_those_of_before():
     h = hashlib.sha256()
     for fmt, epilogue, norm in VARIANTS:
         t = tpl(fmt, epilogue, norm)
-        for v in (sg.BASE, *[v for v in sg.SEEDS if v["KS"] == 1 and v["PAD"] == 0][:12]):
+        for v in (sg.BASE, *[v for v in sg.SEEDS if (v["KS"], v["PAD"], v["PIPE"]) == (1, 0, 1)][:12]):
             cfg = t.space().config(v)
-            assert cfg["KS"] == 1 and cfg["PAD"] == 0
+            assert (cfg["KS"], cfg["PAD"], cfg["PIPE"]) == (1, 0, 1)
             for shape in ((346, 1024, 4608), (7, 4608, 1024)):
                 h.update(t.source(cfg, shape).encode())
     assert h.hexdigest() == BEFORE_SPLIT_K
@@ -243,7 +244,7 @@ def test_seeds_fit_an_adapter_of_8x8x8_fragments_and_8_wide_subgroups(fmt, epilo
     seeds = t.seed_configs(lvp)
     legal = [c for c in seeds if t.space().is_legal(c, lvp)]
     # swiglu refuses a few: 16 subgroups' gate and up result fragments outgrow 32 KiB of workgroup memory
-    assert len(legal) >= len(seeds) - (5 if epilogue == "swiglu" else 1) and len(legal) >= 10, \
+    assert len(legal) >= len(seeds) - (10 if epilogue == "swiglu" else 1) and len(legal) >= 10, \
         [t.space().why_illegal(c, lvp) for c in seeds]
     assert all(c["FRAG"] == "8x8x8" and c["SG"] == 8 and c["SM"] * c["SN"] == 16 for c in seeds)
     assert any(c["KS"] > 1 for c in legal)

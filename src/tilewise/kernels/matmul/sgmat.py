@@ -15,6 +15,10 @@ Variants (the WGSL is generated per config by `tilewise.kernels.matmul.sgmat_wgs
              time with their block's absmax, so BK need not be a whole NF4 block)
     WL       the decoded W tile's layout: "nk" (W's own (N, K) rows; the right operand is loaded col_major) or
              "kn" (stored transposed; loaded row_major): both are offered, measurement picks
+    PIPE     1: stage a K step, barrier, multiply, barrier; 2: two buffers of each tile, and each invocation loads
+             (and decodes) its share of the next step into registers before this step's multiplies and stores it
+             into the other buffer after them, one barrier per step (rule pipe_registers bounds what waits in
+             registers)
     PAD      halves of padding per staged row (0 or 8): x rows BK + PAD apart, W rows BK + PAD (nk) or BN + PAD
              (kn) apart, so that a fragment load's rows fall into different banks; 0 generates the unpadded WGSL
     KS       split-K: 1, or 2 / 4 / 8 slices of K (grid z), their raw sums into the FMA split-K kernel's f32
@@ -50,6 +54,8 @@ from tilewise.kernels.matmul.sgmat_wgsl import (
     mm_fmt,
     mm_storage_bytes,
     mm_tile,
+    pipe_registers,
+    pipe_slots,
     sgmat_matmul_source,
     x_slots,
 )
@@ -73,11 +79,12 @@ PARAMS: dict[str, list[Any]] = {
     "WL": list(WEIGHT_LAYOUTS),
     "KS": [1, 2, 4, 8],
     "PAD": [0, 8],
+    "PIPE": [1, 2],
 }
 PAIRED_KS = [1, 2, 4]  # swiglu's scratch holds two sums per output: KS 8 at 512 rows of 4608 would be 151 MB
 # a 64x64 tile: 2x2 subgroups of 2x2 16x16x16 fragments, K step 32
 BASE: dict[str, Any] = {"FRAG": "16x16x16", "SG": 32, "SM": 2, "SN": 2, "FM": 2, "FN": 2, "BK": 32, "WL": "nk",
-                        "KS": 1, "PAD": 0}
+                        "KS": 1, "PAD": 0, "PIPE": 1}
 # hand-picked points, most likely first (`tilewise tune model --budget B` keeps the first B - 1 after the default)
 _SEED_VARIANTS: tuple[dict[str, Any], ...] = (
     {"WL": "kn"},
@@ -85,6 +92,7 @@ _SEED_VARIANTS: tuple[dict[str, Any], ...] = (
     {"FM": 4, "FN": 2},  # 128x64
     {"KS": 4},  # split-K for the narrow long-K projections (N = 1024 at 346 rows: 6 x 16 tiles of 64x64)
     {"PAD": 8},  # rows 16 bytes apart: the fragment loads' rows across banks (gemm-f16's best tiles pad)
+    {"PIPE": 2, "PAD": 8},  # the next step's loads in flight during this step's multiplies, one barrier a step
     {"BK": 64},
     {"FM": 1},  # 32x64: more workgroups at few rows
     {"FM": 4, "FN": 4},  # 128x128 (not with swiglu: 256 accumulator floats)
@@ -102,6 +110,10 @@ _SEED_VARIANTS: tuple[dict[str, Any], ...] = (
     {"PAD": 8, "WL": "kn"},
     {"SM": 2, "SN": 4, "PAD": 8},
     {"FM": 4, "FN": 2, "PAD": 8},
+    {"PIPE": 2},
+    {"PIPE": 2, "PAD": 8, "KS": 4},
+    {"PIPE": 2, "PAD": 8, "WL": "kn"},
+    {"SM": 2, "SN": 4, "PIPE": 2, "PAD": 8},
 )
 SEEDS: tuple[dict[str, Any], ...] = tuple({**BASE, **v} for v in _SEED_VARIANTS)
 
@@ -126,6 +138,11 @@ def sgmat_rules(fmt: str, paired: bool, norm: bool) -> list[Rule]:
                   lambda c, _: f"accumulators = {sets}*FM*FN*m*n/SG = {sets}*{c.FM}*{c.FN}*{frag(c)[0]}*"
                                f"{frag(c)[1]}/{c.SG} = {_acc_floats(c, sets):g} floats per invocation > "
                                f"{gemm_sg.MAX_ACCUMULATOR_FLOATS} (certain spill)")]
+    rules.append(Rule("pipe_registers",
+                      lambda c, _: c.PIPE == 1 or pipe_registers(c, sets) <= gemm_sg.MAX_PREFETCH_WORDS,
+                      lambda c, _: f"PIPE=2 holds 4*{pipe_slots(c)[0]} x + 8*{sets}*{pipe_slots(c)[1]} W = "
+                                   f"{pipe_registers(c, sets)} floats per invocation for the next step > "
+                                   f"{gemm_sg.MAX_PREFETCH_WORDS}"))
     ks_values = PAIRED_KS if paired else PARAMS["KS"]
     rules.append(Rule("scratch_ks", lambda c, _: c.KS in ks_values,
                       lambda c, _: f"KS={c.KS} is not one of {ks_values}: the split-K scratch holds at most "
@@ -137,9 +154,10 @@ def sgmat_rules(fmt: str, paired: bool, norm: bool) -> list[Rule]:
     rules += [_gemm_rule("invocations"),
               Rule("workgroup_storage", lambda c, L: mm_storage_bytes(c, fmt, paired, norm)
                    <= L.max_workgroup_storage_bytes,
-                   lambda c, L: (f"workgroup storage = 2*BM*BK + {2 * sets}*BN*BK" if not c.PAD else
-                                 f"workgroup storage = 2*BM*(BK+PAD) + {2 * sets}*"
-                                 + ("BN*(BK+PAD)" if c.WL == "nk" else "BK*(BN+PAD)"))
+                   lambda c, L: "workgroup storage = " + ("2*(" if c.PIPE == 2 else "")
+                                + (f"2*BM*BK + {2 * sets}*BN*BK" if not c.PAD else
+                                   f"2*BM*(BK+PAD) + {2 * sets}*" + ("BN*(BK+PAD)" if c.WL == "nk" else "BK*(BN+PAD)"))
+                                + (") [two buffers, PIPE=2]" if c.PIPE == 2 else "")
                                 + f" + {4 * sets}*SM*SN*m*n"
                                 f"{' + 64' if fmt == 'nf4' else ''}{' + BM*BK' if norm else ''} = "
                                 f"{mm_storage_bytes(c, fmt, paired, norm)} bytes > max_workgroup_storage_bytes "

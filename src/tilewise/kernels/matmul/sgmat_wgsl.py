@@ -52,16 +52,17 @@ def mm_storage_bytes(c: Config, fmt: str, paired: bool, norm: bool) -> int:
     sets = 2 if paired else 1
     pad = int(c.get("PAD", 0))
     w_tile = bn * (bk + pad) if c["WL"] == "nk" else bk * (bn + pad)
-    return (2 * bm * (bk + pad) + 2 * sets * w_tile + 4 * sets * subgroups(c) * m * n + (64 if fmt == "nf4" else 0)
-            + (bm * bk if norm else 0))
+    pipe = int(c.get("PIPE", 1))
+    return (pipe * (2 * bm * (bk + pad) + 2 * sets * w_tile) + 4 * sets * subgroups(c) * m * n
+            + (64 if fmt == "nf4" else 0) + (bm * bk if norm else 0))
 
 
 def mm_fmt(c: Config) -> str:
-    """`f16x16x16 2x2sg 2x2fr k32 W:nk sg32 pad8 splitk4` (fragment, subgroups, fragments per subgroup, K step, W
-    layout, subgroup size, row padding and K slices where set)."""
-    ks, pad = int(c.get("KS", 1)), int(c.get("PAD", 0))
+    """`f16x16x16 2x2sg 2x2fr k32 W:nk sg32 pipe2 pad8 splitk4` (fragment, subgroups, fragments per subgroup, K step,
+    W layout, subgroup size, pipelining, row padding and K slices where set)."""
+    ks, pad, pipe = int(c.get("KS", 1)), int(c.get("PAD", 0)), int(c.get("PIPE", 1))
     return (f"f{c['FRAG']} {c['SM']}x{c['SN']}sg {c['FM']}x{c['FN']}fr k{c['BK']} W:{c['WL']} sg{c['SG']}"
-            + (f" pad{pad}" if pad else "") + (f" splitk{ks}" if ks > 1 else ""))
+            + (" pipe2" if pipe == 2 else "") + (f" pad{pad}" if pad else "") + (f" splitk{ks}" if ks > 1 else ""))
 
 
 def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: int,
@@ -79,6 +80,7 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
     mn, XV, WC = m * n, BM * BK // 4, BN * BK // 8
     KS = int(c.get("KS", 1))
     PAD = int(c.get("PAD", 0))
+    PIPE = int(c.get("PIPE", 1))
     LX = BK + PAD  # halves between staged x rows (and W rows of layout nk); PAD moves rows across banks
     LW = (BK if wl == "nk" else BN) + PAD
     if k_in % (KS * BK):
@@ -105,11 +107,12 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
         w(codes_decl().rstrip("\n"))
     for s in range(sets):
         w(load8_fn(fmt, s).strip("\n"))
-    w(f"var<workgroup> Xs: array<f16, {BM * LX}>;  // (BM, BK) x tile" + (f", rows {LX} apart" if PAD else ""))
+    XB, WB = BM * LX, (BN if wl == "nk" else BK) * LW  # halves of one staged x / W tile
+    two = ", two of them (PIPE=2: the next step is stored into one while the other is multiplied)" if PIPE == 2 else ""
+    w(f"var<workgroup> Xs: array<f16, {PIPE * XB}>;  // (BM, BK) x tile" + (f", rows {LX} apart" if PAD else "") + two)
     for s in range(sets):
         what = "(BN, BK), as W" if wl == "nk" else "(BK, BN), W transposed"
-        w(f"var<workgroup> Ws{s}: array<f16, {(BN if wl == 'nk' else BK) * LW}>;  // {what}"
-          + (f", rows {LW} apart" if PAD else ""))
+        w(f"var<workgroup> Ws{s}: array<f16, {PIPE * WB}>;  // {what}" + (f", rows {LW} apart" if PAD else "") + two)
     w(f"var<workgroup> Cs: array<f32, {sets * NSG * mn}>;  // one ({m}, {n}) fragment per subgroup (per set)")
     if norm:
         w(f"var<workgroup> rss: array<f32, {XV}>;  // per-slot sums of squares, then row totals at r * {BK // 4}")
@@ -134,71 +137,82 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
         for sl in range(nxs):
             w(f"    let xi{sl} = li + {sl * WG}u; let xr{sl} = xi{sl} / {BK // 4}u; let xq{sl} = xi{sl} % {BK // 4}u;"
               f" var ss{sl} = 0.0;")
-    if KS == 1:
-        w(f"    for (var k0 = 0u; k0 < K; k0 = k0 + {BK}u) {{")
-    else:
-        w(f"    let kz = wid.z * {k_in // KS}u;  // this launch's slice of K")
-        w(f"    for (var k0 = kz; k0 < kz + {k_in // KS}u; k0 = k0 + {BK}u) {{")
 
-    def x_store(ind: str, r: str, q: str, v: str) -> None:
-        w(f"{ind}let h = vec4<f16>({v});")
-        w(f"{ind}let o = {r} * {LX}u + {q} * 4u;")
-        w(f"{ind}Xs[o] = h.x; Xs[o + 1u] = h.y; Xs[o + 2u] = h.z; Xs[o + 3u] = h.w;")
-
-    if norm:
-        for sl in range(nxs):
-            guarded = (sl + 1) * WG > XV
-            ind = "            " if guarded else "        "
-            if guarded:
-                w(f"        if (xi{sl} < {XV}u) {{")
-            w(f"{ind}var v{sl} = vec4<f32>(0.0);")
-            w(f"{ind}if (m0 + xr{sl} < M) {{ v{sl} = x[(dims.r0 + m0 + xr{sl}) * {k_in // 4}u + k0 / 4u + xq{sl}]; }}")
-            w(f"{ind}ss{sl} = ss{sl} + dot(v{sl}, v{sl});")
-            w(f"{ind}{{")
-            x_store(ind + "    ", f"xr{sl}", f"xq{sl}", f"v{sl} * norm_w[k0 / 4u + xq{sl}]")
-            w(f"{ind}}}")
-            if guarded:
-                w("        }")
-    else:
-        w(f"        for (var i = li; i < {XV}u; i = i + {WG}u) {{")
-        w(f"            let r = i / {BK // 4}u; let q = i % {BK // 4}u;")
-        w("            var v = vec4<f32>(0.0);")
-        w(f"            if (m0 + r < M) {{ v = x[(dims.r0 + m0 + r) * {k_in // 4}u + k0 / 4u + q]; }}")
-        x_store("            ", "r", "q", "v")
-        w("        }")
-    # weights: one chunk of 8 along K per step of an invocation, decoded once for the whole workgroup; columns
-    # past N read row N-1 (finite values in output columns that are never stored)
-    w(f"        for (var i = li; i < {WC}u; i = i + {WG}u) {{")
-    w(f"            let nl = i / {BK // 8}u; let cl = i % {BK // 8}u;")
-    w("            let row = min(n0 + nl, N - 1u);")
-    for s in range(sets):
-        w(f"            let v{s} = load8_{s}(row, k0 / 8u + cl);")
-        for e in range(8):
-            comp = ("a", "b")[e // 4] + "." + "xyzw"[e % 4]
-            idx = f"nl * {LW}u + cl * 8u + {e}u" if wl == "nk" else f"(cl * 8u + {e}u) * {LW}u + nl"
-            w(f"            Ws{s}[{idx}] = f16(v{s}.{comp});")
-    w("        }")
-    w("        workgroupBarrier();")
-    w("        if (owner) {")
-    for kf in range(BK // k):
-        for i in range(FM):
-            w(f"            let a{kf}_{i} = subgroupMatrixLoad<Left, row_major>(&Xs, (r0 + {i * m}u) * {LX}u + "
-              f"{kf * k}u, {LX}u);")
-        for s in range(sets):
-            for j in range(FN):
-                if wl == "nk":
-                    load = f"subgroupMatrixLoad<Right, col_major>(&Ws{s}, (c0 + {j * n}u) * {LW}u + {kf * k}u, {LW}u)"
-                else:
-                    load = f"subgroupMatrixLoad<Right, row_major>(&Ws{s}, {kf * k * LW}u + c0 + {j * n}u, {LW}u)"
-                w(f"            let b{s}_{kf}_{j} = {load};")
-        for s in range(sets):
+    def mma(ind: str, xo: str, wo: str) -> None:
+        """The step's multiply-accumulates from the staged tiles (`xo`, `wo`: a buffer's offset term, or "")."""
+        w(f"{ind}if (owner) {{")
+        for kf in range(BK // k):
             for i in range(FM):
+                w(f"{ind}    let a{kf}_{i} = subgroupMatrixLoad<Left, row_major>(&Xs, {xo}(r0 + {i * m}u) * {LX}u + "
+                  f"{kf * k}u, {LX}u);")
+            for s in range(sets):
                 for j in range(FN):
-                    w(f"            acc{s}_{i}_{j} = subgroupMatrixMultiplyAccumulate(a{kf}_{i}, b{s}_{kf}_{j}, "
-                      f"acc{s}_{i}_{j});")
-    w("        }")
-    w("        workgroupBarrier();  // the tiles are overwritten by the next step")
-    w("    }")
+                    if wl == "nk":
+                        load = (f"subgroupMatrixLoad<Right, col_major>(&Ws{s}, {wo}(c0 + {j * n}u) * {LW}u + "
+                                f"{kf * k}u, {LW}u)")
+                    else:
+                        load = (f"subgroupMatrixLoad<Right, row_major>(&Ws{s}, {wo}{kf * k * LW}u + c0 + {j * n}u, "
+                                f"{LW}u)")
+                    w(f"{ind}    let b{s}_{kf}_{j} = {load};")
+            for s in range(sets):
+                for i in range(FM):
+                    for j in range(FN):
+                        w(f"{ind}    acc{s}_{i}_{j} = subgroupMatrixMultiplyAccumulate(a{kf}_{i}, b{s}_{kf}_{j}, "
+                          f"acc{s}_{i}_{j});")
+        w(f"{ind}}}")
+
+    if PIPE == 2:
+        _pipe2_loop(w, mma, c, norm, sets, k_in, XB, WB, LX, LW)
+    else:
+        if KS == 1:
+            w(f"    for (var k0 = 0u; k0 < K; k0 = k0 + {BK}u) {{")
+        else:
+            w(f"    let kz = wid.z * {k_in // KS}u;  // this launch's slice of K")
+            w(f"    for (var k0 = kz; k0 < kz + {k_in // KS}u; k0 = k0 + {BK}u) {{")
+
+        def x_store(ind: str, r: str, q: str, v: str) -> None:
+            w(f"{ind}let h = vec4<f16>({v});")
+            w(f"{ind}let o = {r} * {LX}u + {q} * 4u;")
+            w(f"{ind}Xs[o] = h.x; Xs[o + 1u] = h.y; Xs[o + 2u] = h.z; Xs[o + 3u] = h.w;")
+
+        if norm:
+            for sl in range(nxs):
+                guarded = (sl + 1) * WG > XV
+                ind = "            " if guarded else "        "
+                if guarded:
+                    w(f"        if (xi{sl} < {XV}u) {{")
+                w(f"{ind}var v{sl} = vec4<f32>(0.0);")
+                w(f"{ind}if (m0 + xr{sl} < M) {{ v{sl} = x[(dims.r0 + m0 + xr{sl}) * {k_in // 4}u + k0 / 4u + "
+                  f"xq{sl}]; }}")
+                w(f"{ind}ss{sl} = ss{sl} + dot(v{sl}, v{sl});")
+                w(f"{ind}{{")
+                x_store(ind + "    ", f"xr{sl}", f"xq{sl}", f"v{sl} * norm_w[k0 / 4u + xq{sl}]")
+                w(f"{ind}}}")
+                if guarded:
+                    w("        }")
+        else:
+            w(f"        for (var i = li; i < {XV}u; i = i + {WG}u) {{")
+            w(f"            let r = i / {BK // 4}u; let q = i % {BK // 4}u;")
+            w("            var v = vec4<f32>(0.0);")
+            w(f"            if (m0 + r < M) {{ v = x[(dims.r0 + m0 + r) * {k_in // 4}u + k0 / 4u + q]; }}")
+            x_store("            ", "r", "q", "v")
+            w("        }")
+        # weights: one chunk of 8 along K per step of an invocation, decoded once for the whole workgroup; columns
+        # past N read row N-1 (finite values in output columns that are never stored)
+        w(f"        for (var i = li; i < {WC}u; i = i + {WG}u) {{")
+        w(f"            let nl = i / {BK // 8}u; let cl = i % {BK // 8}u;")
+        w("            let row = min(n0 + nl, N - 1u);")
+        for s in range(sets):
+            w(f"            let v{s} = load8_{s}(row, k0 / 8u + cl);")
+            for e in range(8):
+                comp = ("a", "b")[e // 4] + "." + "xyzw"[e % 4]
+                idx = f"nl * {LW}u + cl * 8u + {e}u" if wl == "nk" else f"(cl * 8u + {e}u) * {LW}u + nl"
+                w(f"            Ws{s}[{idx}] = f16(v{s}.{comp});")
+        w("        }")
+        w("        workgroupBarrier();")
+        mma("        ", "", "")
+        w("        workgroupBarrier();  // the tiles are overwritten by the next step")
+        w("    }")
     if norm:  # each row's BK/4 slot sums are added once (one invocation per row), total at rss[r * BK/4]
         for sl in range(nxs):
             st = f"rss[xi{sl}] = ss{sl};"
@@ -242,3 +256,92 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
             w("    workgroupBarrier();")
     w("}")
     return "\n".join(L) + "\n"
+
+
+def pipe_slots(c: Config) -> tuple[int, int]:
+    """(x vec4 slots, W chunk slots of 8) one invocation stages per K step: with PIPE=2 they wait in registers."""
+    bm, bn, bk = mm_tile(c)
+    wg = invocations(c)
+    return -(-(bm * bk // 4) // wg), -(-(bn * bk // 8) // wg)
+
+
+def pipe_registers(c: Config, sets: int) -> int:
+    """f32 registers PIPE=2 holds per invocation between a step's loads and its stores: x vec4s, decoded W chunks."""
+    xs, wcs = pipe_slots(c)
+    return 4 * xs + 8 * sets * wcs
+
+
+def _pipe2_loop(w, mma, c: Config, norm: bool, sets: int, k_in: int, XB: int, WB: int, LX: int,
+                LW: int) -> None:
+    """PIPE=2's K loop: step 0 staged first; then each step loads the next one's x and W into registers (decoded),
+    multiplies from one buffer and stores the registers into the other, with one barrier per step."""
+    BM, BN, BK = mm_tile(c)
+    WG, wl, KS = invocations(c), str(c["WL"]), int(c.get("KS", 1))
+    XV, WC = BM * BK // 4, BN * BK // 8
+    nxs, nwc = pipe_slots(c)
+    if not norm:  # the norm declares the slots (it keeps their sums of squares)
+        for sl in range(nxs):
+            w(f"    let xi{sl} = li + {sl * WG}u; let xr{sl} = xi{sl} / {BK // 4}u; let xq{sl} = xi{sl} % {BK // 4}u;")
+    for i in range(nwc):
+        w(f"    let wi{i} = li + {i * WG}u; let nl{i} = wi{i} / {BK // 8}u; let cl{i} = wi{i} % {BK // 8}u;"
+          f" let row{i} = min(n0 + nl{i}, N - 1u);")
+    w("    " + " ".join(f"var px{sl} = vec4<f32>(0.0);" for sl in range(nxs)))
+    w("    " + " ".join(f"var pw{s}_{i} = C8(vec4<f32>(0.0), vec4<f32>(0.0));" for s in range(sets)
+                      for i in range(nwc)))
+    kbeg, kend = ("0u", "K") if KS == 1 else ("kz", f"kz + {k_in // KS}u")
+    if KS > 1:
+        w(f"    let kz = wid.z * {k_in // KS}u;  // this launch's slice of K")
+
+    def opening(ind: str, var: str, i: int, total: int) -> None:  # slot i's block, guarded where it can be past the end
+        w(f"{ind}if ({var}{i} < {total}u) {{" if (i + 1) * WG > total else f"{ind}{{")
+
+    def load(ind: str, kk: str) -> None:  # step `kk` of x (normed) and W (decoded) into the registers
+        for sl in range(nxs):
+            opening(ind, "xi", sl, XV)
+            w(f"{ind}    var v = vec4<f32>(0.0);")
+            w(f"{ind}    if (m0 + xr{sl} < M) {{ v = x[(dims.r0 + m0 + xr{sl}) * {k_in // 4}u + {kk} / 4u + "
+              f"xq{sl}]; }}")
+            if norm:
+                w(f"{ind}    ss{sl} = ss{sl} + dot(v, v);")
+                w(f"{ind}    px{sl} = v * norm_w[{kk} / 4u + xq{sl}];")
+            else:
+                w(f"{ind}    px{sl} = v;")
+            w(f"{ind}}}")
+        for i in range(nwc):
+            opening(ind, "wi", i, WC)
+            for s in range(sets):
+                w(f"{ind}    pw{s}_{i} = load8_{s}(row{i}, {kk} / 8u + cl{i});")
+            w(f"{ind}}}")
+
+    def store(ind: str, buf: str) -> None:  # the registers into buffer `buf` of the staged tiles
+        for sl in range(nxs):
+            opening(ind, "xi", sl, XV)
+            w(f"{ind}    let h = vec4<f16>(px{sl});")
+            w(f"{ind}    let o = {buf} * {XB}u + xr{sl} * {LX}u + xq{sl} * 4u;")
+            w(f"{ind}    Xs[o] = h.x; Xs[o + 1u] = h.y; Xs[o + 2u] = h.z; Xs[o + 3u] = h.w;")
+            w(f"{ind}}}")
+        for i in range(nwc):
+            opening(ind, "wi", i, WC)
+            for s in range(sets):
+                for e in range(8):
+                    comp = ("a", "b")[e // 4] + "." + "xyzw"[e % 4]
+                    idx = (f"nl{i} * {LW}u + cl{i} * 8u + {e}u" if wl == "nk" else
+                           f"(cl{i} * 8u + {e}u) * {LW}u + nl{i}")
+                    w(f"{ind}    Ws{s}[{buf} * {WB}u + {idx}] = f16(pw{s}_{i}.{comp});")
+            w(f"{ind}}}")
+
+    load("    ", kbeg)
+    store("    ", "0u")
+    w("    workgroupBarrier();")
+    w(f"    for (var k0 = {kbeg}; k0 < {kend}; k0 = k0 + {BK}u) {{")
+    w(f"        let cur = ((k0 - {kbeg}) / {BK}u) & 1u;  // the buffer this step multiplies from")
+    w(f"        let more = k0 + {BK}u < {kend};")
+    w("        if (more) {")
+    load("            ", f"(k0 + {BK}u)")
+    w("        }")
+    mma("        ", f"cur * {XB}u + ", f"cur * {WB}u + ")
+    w("        if (more) {")
+    store("            ", "(1u - cur)")
+    w("        }")
+    w("        workgroupBarrier();  // the stored step is complete, the multiplied buffer free again")
+    w("    }")
