@@ -23,8 +23,11 @@ import datetime
 import json
 import os
 import platform
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -43,10 +46,19 @@ def _run(cmd: list[str], env: dict[str, str], log: Path) -> tuple[int, float]:
     """Run one leg's command with its output in `log`: (exit code, wall seconds)."""
     t0 = time.perf_counter()
     with log.open("w") as fh:
-        fh.write("$ " + " ".join(cmd) + "\n")
+        fh.write("$ " + " ".join(["python", *cmd[1:]]) + "\n")  # the interpreter's path says nothing of the run
         fh.flush()
         rc = subprocess.call(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT)
-    return rc, time.perf_counter() - t0
+    secs = time.perf_counter() - t0
+    # the log names no machine: the checkout, temporary folders and the host's name are replaced
+    text = log.read_text(errors="replace").replace(str(Path.cwd()), ".").replace(platform.node(), "HOST")
+    log.write_text(re.sub(r"/tmp/[^\s'\"]*", "TMP", text))
+    return rc, secs
+
+
+def _host_free(worker: str) -> str:
+    """A worker's name (`host/device/pid`) with the host's name replaced by HOST: records name no machine."""
+    return worker.replace(platform.node(), "HOST", 1)
 
 
 def _store_summary(store_path: Path, kernel: str | None) -> dict[str, Any]:
@@ -61,7 +73,7 @@ def _store_summary(store_path: Path, kernel: str | None) -> dict[str, Any]:
     ok = [r for r in rows if r.status == "ok" and r.median_ms is not None]
     per_worker: dict[str, Any] = {}
     for r in ok:
-        w = r.worker or "local"
+        w = _host_free(r.worker or "local")
         if kernel is not None and (w not in per_worker or r.median_ms < per_worker[w]["median_ms"]):
             per_worker[w] = {"config": r.config, "median_ms": r.median_ms, "shape": r.shape}
     best = min(ok, key=lambda r: r.median_ms) if ok and kernel is not None else None
@@ -75,8 +87,9 @@ def _store_summary(store_path: Path, kernel: str | None) -> dict[str, Any]:
         portable = {"error": exc.problem}
     return {"results": len(rows), "measured": sum(r.status != "illegal" for r in rows), "ok": len(ok),
             "fingerprints": sorted({r.fingerprint for r in rows}),
-            "workers": sorted({r.worker or "local" for r in rows}),
-            "best": best and {"config": best.config, "median_ms": best.median_ms, "worker": best.worker},
+            "workers": sorted({_host_free(r.worker or "local") for r in rows}),
+            "best": best and {"config": best.config, "median_ms": best.median_ms,
+                              "worker": _host_free(best.worker or "local")},
             "best_per_worker": per_worker, "portable": portable}
 
 
@@ -111,34 +124,36 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     exe = [sys.executable, "-m", "tilewise"]
     record: dict[str, Any] = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                              "command": " ".join(["python", *sys.argv]), "host": platform.node(),
+                              "command": " ".join(["python", *sys.argv]),
                               "cpus": os.cpu_count(), "host_gpus": host_gpus, "device": device, "shape": shape,
                               "space": args.space, "budget": args.budget, "preset": preset, "legs": []}
+    scratch = Path(tempfile.mkdtemp(prefix="ray-scaling-"))  # the legs' stores and tables: not part of the record
     for g in counts:
-        leg_dir = out / f"workers{g}"
+        leg_dir, state = out / f"workers{g}", scratch / f"workers{g}"
         leg_dir.mkdir(exist_ok=True)
-        env = {**os.environ, "TILEWISE_STORE": str(leg_dir / "results.sqlite"),
-               "TILEWISE_DISPATCH_DIR": str(leg_dir / "dispatch")}
+        state.mkdir()
+        env = {**os.environ, "TILEWISE_STORE": str(state / "results.sqlite"),
+               "TILEWISE_DISPATCH_DIR": str(state / "dispatch")}
         leg: dict[str, Any] = {"workers": g}
         gemm = [*exe, "tune", "gemm", "--device", device, "--shape", shape, "--space", args.space, "--ray",
-                "--workers", str(g), "--json", str(leg_dir / "gemm.json"), "--no-peer"]
+                "--workers", str(g), "--json", str(state / "gemm.json"), "--no-peer"]
         if args.budget is not None:
             gemm += ["--budget", str(args.budget)]
         rc, secs = _run(gemm, env, leg_dir / "gemm.log")
-        leg["gemm"] = {"rc": rc, "seconds": secs, **_store_summary(leg_dir / "results.sqlite", "gemm")}
+        leg["gemm"] = {"rc": rc, "seconds": secs, **_store_summary(state / "results.sqlite", "gemm")}
         n = leg["gemm"]["measured"]  # compiled (or refused by the compiler), verified, timed: illegal ones cost nothing
         leg["gemm"]["configs_per_min"] = n / (secs / 60) if secs > 0 else None
         print(f"[workers {g}] gemm: rc {rc}, {secs:.1f} s, {n} configs", flush=True)
         if not args.no_model:
             model = [*exe, "tune", "model", "--device", device, "--preset", preset, "--ray", "--workers", str(g),
-                     "--json", str(leg_dir / "model.json")]
+                     "--json", str(state / "model.json")]
             if model_budget is not None:
                 model += ["--budget", str(model_budget)]
             if model_rows:
                 model += ["--rows", model_rows]
             before = leg["gemm"]["results"]
             rc, secs = _run(model, env, leg_dir / "model.log")
-            summary = _store_summary(leg_dir / "results.sqlite", None)
+            summary = _store_summary(state / "results.sqlite", None)
             measured = summary["results"] - before
             leg["model"] = {"rc": rc, "seconds": secs, "results": measured,
                             "configs_per_min": measured / (secs / 60) if secs > 0 else None,
@@ -157,6 +172,7 @@ def main() -> int:
         m_s = f"{md['seconds']:9.1f}" if md else f"{'-':>9}"
         best = gm["best"]["config"] if gm["best"] else "-"
         print(f"{leg['workers']:>7} {gm['seconds']:9.1f} {gm['configs_per_min']:8.1f} {x_g:8.2f} {m_s} {x_m}  {best}")
+    shutil.rmtree(scratch, ignore_errors=True)
     print(f"wrote {out / 'ray_scaling.json'}")
     failed = [leg["workers"] for leg in record["legs"] if leg["gemm"]["rc"] or leg.get("model", {}).get("rc")]
     return 1 if failed else 0
