@@ -51,14 +51,15 @@ def _run(cmd: list[str], env: dict[str, str], log: Path) -> tuple[int, float]:
         rc = subprocess.call(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT)
     secs = time.perf_counter() - t0
     # the log names no machine: the checkout, temporary folders and the host's name are replaced
-    text = log.read_text(errors="replace").replace(str(Path.cwd()), ".").replace(platform.node(), "HOST")
+    text = log.read_text(errors="replace").replace(str(Path.cwd()), ".")
+    text = re.sub(rf"\b{re.escape(platform.node())}\b", "HOST", text)
     log.write_text(re.sub(r"/tmp/[^\s'\"]*", "TMP", text))
     return rc, secs
 
 
 def _host_free(worker: str) -> str:
     """A worker's name (`host/device/pid`) with the host's name replaced by HOST: records name no machine."""
-    return worker.replace(platform.node(), "HOST", 1)
+    return re.sub(rf"^{re.escape(platform.node())}/", "HOST/", worker)
 
 
 def _store_summary(store_path: Path, kernel: str | None) -> dict[str, Any]:
