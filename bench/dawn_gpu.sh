@@ -7,7 +7,8 @@
 #   OUT_DIR/bench-{dawn,webgpu}.{txt,json}  with DECISION_PRESET=P: tilewise bench on both WebGPU runtimes
 #   OUT_DIR/sgmat-numerics.txt  tests/dawn/test_matmul_sgmat_*.py with -s (one line per case: config, shape, errors)
 #   OUT_DIR/tune-model.{txt,json}, bench-tuned.{txt,json}  with MODEL_TUNE=1: `tilewise tune model --device dawn
-#                            --preset lfm2-350m --seq 346 --budget 6` (FMA and subgroup-matrix matmuls compete; the
+#                            --preset lfm2-350m --seq 346 --budget 8` (MODEL_TUNE_BUDGET; 8 reaches the split-K,
+#                            padded and pipelined sgmat seeds; FMA and subgroup-matrix matmuls compete; the
 #                            table lands in OUT_DIR/dispatch), then `tilewise bench --device dawn` on that table
 #   OUT_DIR/decision/{results.json,summary.md}, decision.txt  with DECISION=1: bench/decision_webgpu.py --device dawn
 #                            (tune, decision p50/p90/p99, HF eager and torch.compile, deciding in turn, AGREEMENT=200
@@ -49,7 +50,7 @@ step sgmat-numerics "${SGMAT_TEST_S:-420}" "$OUT/sgmat-numerics.txt" "$PY" -m py
 if [ "${MODEL_TUNE:-0}" = 1 ]; then  # the model's matmuls tuned on Dawn (subgroup matrices compete), then a decision
     export TILEWISE_DISPATCH_DIR="$OUT/dispatch"  # the table this run writes is the one the bench loads
     step tune-model "${MODEL_TUNE_S:-1500}" "$OUT/tune-model.txt" "$PY" -m tilewise --debug tune model --device dawn \
-        --preset lfm2-350m --seq 346 --budget 6 --json "$OUT/tune-model.json"
+        --preset lfm2-350m --seq 346 --budget "${MODEL_TUNE_BUDGET:-8}" --json "$OUT/tune-model.json"
     ls -l "$OUT/dispatch" >> "$OUT/tune-model.txt" 2>&1
     step bench-tuned "${BENCH_TUNED_S:-300}" "$OUT/bench-tuned.txt" "$PY" -m tilewise --debug bench --device dawn \
         --preset lfm2-350m --decisions 50 --json "$OUT/bench-tuned.json"
