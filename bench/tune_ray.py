@@ -30,6 +30,17 @@ def _best(result: Any) -> dict[str, Any] | None:
                                    "tie_group": b.tie_group}
 
 
+def _cupy_nvrtc() -> str | None:
+    """`major.minor` of the NVRTC CuPy compiles with (the local run's compiler)."""
+    try:
+        from cupy.cuda import nvrtc
+
+        major, minor = nvrtc.getVersion()
+        return f"{major}.{minor}"
+    except Exception:  # no CuPy, or a CuPy without NVRTC
+        return None
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="folder for tune_ray.json")
@@ -46,6 +57,7 @@ def main() -> int:
 
     import ray
     from tilewise.devices import resolve
+    from tilewise.devices.cuda_nvrtc import nvrtc_version
     from tilewise.errors import DeviceUnavailable
     from tilewise.files import write_atomic
     from tilewise.kernels.registry import get_template
@@ -72,7 +84,8 @@ def main() -> int:
                               "command": " ".join(["python", *sys.argv]), "host": platform.node(),
                               "device": dev.info.fingerprint, "backend": backend, "shape": list(shape),
                               "space": args.space, "legal_configs": legal, "budget": args.budget,
-                              "limit_s": args.limit_s, "seed": args.seed, "compile_on": args.compile_on}
+                              "limit_s": args.limit_s, "seed": args.seed, "compile_on": args.compile_on,
+                              "nvrtc_local": _cupy_nvrtc() if backend == "cuda" else None}
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         local_store = Store(Path(tmp) / "local.sqlite")
@@ -104,7 +117,9 @@ def main() -> int:
                              "workers": [w.name for w in workers], "best": _best(got), "rows": len(got.rows),
                              "stage_seconds": eng.seconds, "cpu_compile_slots": eng.compile_slots,
                              "kernels_loaded_from_cpu": sum(c["loaded"] for c in counts),
-                             "kernels_compiled_on_worker": sum(c["compiled"] for c in counts)}
+                             "kernels_compiled_on_worker": sum(c["compiled"] for c in counts),
+                             # which compiler the CPU tasks found (the local run compiles with CuPy's)
+                             "nvrtc_in_cpu_tasks": ray.get(ray.remote(num_cpus=1)(nvrtc_version).remote())}
         finally:
             cluster.close()
         if ray.is_initialized():

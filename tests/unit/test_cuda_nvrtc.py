@@ -19,6 +19,7 @@ from tilewise.devices.cuda_nvrtc import (
     find_nvrtc,
     first_error_line,
     nvrtc_options,
+    nvrtc_version,
     try_compile,
 )
 from tilewise.devices.profiles import PROFILES
@@ -112,3 +113,8 @@ def test_every_model_matmul_kind_names_its_kernels_to_the_probe(kind):
     assert probe.requests and all(r.options == OPTIONS for r in probe.requests)
     got = compile_cubin(probe.requests[-1].source, probe.requests[-1].entry, OPTIONS)
     assert got.cubin[:4] == b"\x7fELF" and got.lowered_name.startswith("_Z")
+
+
+def test_the_loaded_nvrtc_names_its_version():
+    major, minor = nvrtc_version().split(".")
+    assert int(major) >= 12 and int(minor) >= 0

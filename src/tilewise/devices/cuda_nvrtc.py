@@ -85,6 +85,16 @@ def find_nvrtc() -> ctypes.CDLL | None:
     return None
 
 
+def nvrtc_version() -> str | None:
+    """`major.minor` of the libnvrtc `find_nvrtc` loads, or None without one (two compilers of other versions
+    compile at other speeds, and a driver and its Ray tasks may find different ones)."""
+    lib = find_nvrtc()
+    if lib is None:
+        return None
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    return f"{major.value}.{minor.value}" if lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) == 0 else None
+
+
 def nvrtc() -> ctypes.CDLL:
     lib = find_nvrtc()
     if lib is None:
