@@ -34,6 +34,7 @@ from typing import Any
 from tilewise.errors import ConfigError
 from tilewise.files import write_atomic
 from tilewise.kernels.base import KernelTemplate
+from tilewise.kernels.registry import backend_of
 from tilewise.tune.sweep import SweepResult, parse_m_values, sweep, sweep_json
 
 FORMAT = "tilewise-dispatch"
@@ -300,7 +301,7 @@ class DispatchTable:
         """This table as it may run on a device with `fingerprint` and family code versions `current`: (the
         usable part, warnings). Another device's table gives nothing (a portable table: another backend's); a
         changed family loses its entries."""
-        backend = fingerprint.split(":", 1)[0].split("+", 1)[0]
+        backend = backend_of(fingerprint)
         if self.portable is not None and self.portable["backend"] != backend:
             return DispatchTable(fingerprint), [f"it is a portable table for {self.portable['backend']} devices, not "
                                                 f"for this {backend} device"]

@@ -42,7 +42,8 @@ class _Resolver:
 
     def __init__(self) -> None:
         self.templates: dict[tuple[str, str], Any] = {}
-        self.hashes: dict[tuple[str, str, str, str], str | None] = {}
+        # (backend, kernel, config, shape) -> (source hash, typed values), None where this build cannot generate it
+        self.made: dict[tuple[str, str, str, str], tuple[str, dict[str, Any]] | None] = {}
         self.versions: dict[str, str] = {}  # family -> this build's code version, for the families resolved
         self.stale = 0
         self.unchecked = 0
@@ -58,13 +59,14 @@ class _Resolver:
             rest = r.shape.partition("x")[2]
             return backend, f"{r.kernel}:{rest}", r.kernel.split(".")[0], _config_dict(r.config), ()
         at = (backend, r.kernel, r.config, r.shape)
-        if at not in self.hashes:
+        if at not in self.made:
             try:
                 cfg = tpl.space("full").parse(r.config)
-                self.hashes[at] = source_hash(tpl.source(cfg, shape))
+                self.made[at] = (source_hash(tpl.source(cfg, shape)), dict(cfg))
             except Exception:  # a config the space no longer takes, or one it cannot generate: not this code
-                self.hashes[at] = None
-        if self.hashes[at] != r.source_hash:
+                self.made[at] = None
+        made = self.made[at]
+        if made is None or made[0] != r.source_hash:
             self.stale += 1
             return None
         family = family_of(tpl)
@@ -72,7 +74,7 @@ class _Resolver:
         key = tpl.problem.dispatch_key(shape)
         sizes = key.rpartition(":")[2].count("x") + 1 if ":" in key else 0
         names = tuple(tpl.shape_names[len(tpl.shape_names) - sizes:]) if sizes else ()
-        return backend, key, family, dict(tpl.space("full").parse(r.config)), names
+        return backend, key, family, made[1], names
 
 
 def portable_choice(rows: Sequence[Any], fingerprints: Sequence[str] | None = None,

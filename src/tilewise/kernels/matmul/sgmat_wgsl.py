@@ -161,14 +161,13 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
                           f"acc{s}_{i}_{j});")
         w(f"{ind}}}")
 
+    kbeg, kend = ("0u", "K") if KS == 1 else ("kz", f"kz + {k_in // KS}u")  # this launch's K range
+    if KS > 1:
+        w(f"    let kz = wid.z * {k_in // KS}u;  // this launch's slice of K")
     if PIPE == 2:
-        _pipe2_loop(w, mma, c, norm, sets, k_in, XB, WB, LX, LW)
+        _pipe2_loop(w, mma, c, norm, sets, k_in, kbeg, kend, XB, WB, LX, LW)
     else:
-        if KS == 1:
-            w(f"    for (var k0 = 0u; k0 < K; k0 = k0 + {BK}u) {{")
-        else:
-            w(f"    let kz = wid.z * {k_in // KS}u;  // this launch's slice of K")
-            w(f"    for (var k0 = kz; k0 < kz + {k_in // KS}u; k0 = k0 + {BK}u) {{")
+        w(f"    for (var k0 = {kbeg}; k0 < {kend}; k0 = k0 + {BK}u) {{")
 
         def x_store(ind: str, r: str, q: str, v: str) -> None:
             w(f"{ind}let h = vec4<f16>({v});")
@@ -260,9 +259,8 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
 
 def pipe_slots(c: Config) -> tuple[int, int]:
     """(x vec4 slots, W chunk slots of 8) one invocation stages per K step: with PIPE=2 they wait in registers."""
-    bm, bn, bk = mm_tile(c)
-    wg = invocations(c)
-    return -(-(bm * bk // 4) // wg), -(-(bn * bk // 8) // wg)
+    _, bn, bk = mm_tile(c)
+    return x_slots(c), -(-(bn * bk // 8) // invocations(c))
 
 
 def pipe_registers(c: Config, sets: int) -> int:
@@ -271,12 +269,12 @@ def pipe_registers(c: Config, sets: int) -> int:
     return 4 * xs + 8 * sets * wcs
 
 
-def _pipe2_loop(w, mma, c: Config, norm: bool, sets: int, k_in: int, XB: int, WB: int, LX: int,
-                LW: int) -> None:
+def _pipe2_loop(w, mma, c: Config, norm: bool, sets: int, k_in: int, kbeg: str, kend: str, XB: int, WB: int,
+                LX: int, LW: int) -> None:
     """PIPE=2's K loop: step 0 staged first; then each step loads the next one's x and W into registers (decoded),
     multiplies from one buffer and stores the registers into the other, with one barrier per step."""
     BM, BN, BK = mm_tile(c)
-    WG, wl, KS = invocations(c), str(c["WL"]), int(c.get("KS", 1))
+    WG, wl = invocations(c), str(c["WL"])
     XV, WC = BM * BK // 4, BN * BK // 8
     nxs, nwc = pipe_slots(c)
     if not norm:  # the norm declares the slots (it keeps their sums of squares)
@@ -288,9 +286,6 @@ def _pipe2_loop(w, mma, c: Config, norm: bool, sets: int, k_in: int, XB: int, WB
     w("    " + " ".join(f"var px{sl} = vec4<f32>(0.0);" for sl in range(nxs)))
     w("    " + " ".join(f"var pw{s}_{i} = C8(vec4<f32>(0.0), vec4<f32>(0.0));" for s in range(sets)
                       for i in range(nwc)))
-    kbeg, kend = ("0u", "K") if KS == 1 else ("kz", f"kz + {k_in // KS}u")
-    if KS > 1:
-        w(f"    let kz = wid.z * {k_in // KS}u;  // this launch's slice of K")
 
     def opening(ind: str, var: str, i: int, total: int) -> None:  # slot i's block, guarded where it can be past the end
         w(f"{ind}if ({var}{i} < {total}u) {{" if (i + 1) * WG > total else f"{ind}{{")
