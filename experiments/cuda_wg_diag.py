@@ -1,7 +1,7 @@
-"""The wgmma matmul kind outside the test suite: f16 and nf4 weights, tiles of 64 to 384 rows, each output against
-float64, and for f16 weights at one tile a one-hot x that shows which W element each output took (for a layout bug).
+"""The wgmma matmul kinds (wg, or ws with its producer warpgroup) outside the test suite: f16 and nf4 weights,
+tiles of 64 to 384 rows, each output against float64, and for f16 weights at one tile a one-hot x that shows which W element each output took (for a layout bug).
 
-    PYTHONPATH=src python3 experiments/cuda_wg_diag.py
+    PYTHONPATH=src python3 experiments/cuda_wg_diag.py [wg|ws]
 """
 import sys
 
@@ -11,6 +11,7 @@ from tilewise.devices import get_device
 from tilewise.kernels.matmul import cuda as mm
 from tilewise.tune.verify import compare
 
+KIND = sys.argv[1] if len(sys.argv) > 1 else "wg"
 dev = get_device("cuda")
 rng = np.random.default_rng(0)
 
@@ -32,7 +33,7 @@ for fmt, cfgd, shape in [("f16", {"BM": 64, "BN": 64, "MT": 1, "ST": 4, "KS": 1,
                          ("nf4", {"BM": 64, "BN": 64, "MT": 1, "ST": 4, "KS": 1, "MB": 1}, (64, 64, 128)),
                          ("nf4", {"BM": 384, "BN": 64, "MT": 2, "ST": 4, "KS": 1, "MB": 1}, (346, 1056, 1024)),
                          ("nf4", {"BM": 192, "BN": 64, "MT": 1, "ST": 4, "KS": 2, "MB": 1}, (346, 1056, 1024))]:
-    tpl = mm.CudaMatmul("wg", fmt, "none", False)
+    tpl = mm.CudaMatmul(KIND, fmt, "none", False)
     cfg = tpl.config_of(cfgd)
     print(fmt, cfgd, shape, flush=True)
     try:

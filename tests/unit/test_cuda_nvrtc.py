@@ -100,10 +100,10 @@ def test_the_probe_names_what_a_template_compiles_and_prebuilt_loads_it():
     assert rec.compiled == ["k<1>"] and (dev.loaded, dev.compiled) == (2, 1)
 
 
-@pytest.mark.parametrize("kind", ["rows", "mma", "splitk", "pipe", "ring", "wg"])
+@pytest.mark.parametrize("kind", ["rows", "mma", "splitk", "pipe", "ring", "wg", "ws"])
 def test_every_model_matmul_kind_names_its_kernels_to_the_probe(kind):
     """`tune model --device cuda --ray` compiles the classifier's kernels in CPU tasks only where the probe can run
-    their templates' compile: the dynamic-shared-memory kinds (pipe, ring, wg) used to fail on the probe and were
+    their templates' compile: the dynamic-shared-memory kinds (pipe, ring, wg, ws) used to fail on the probe and were
     compiled on the GPU worker instead. Each one's default config becomes a cubin here."""
     from tilewise.kernels.matmul.cuda import CudaMatmul
 

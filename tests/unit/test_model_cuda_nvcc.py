@@ -44,6 +44,8 @@ SIGS = {
                     "float *, int, int, int)"),
     "nf4_mm_wg": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, "
                   "float *, int, int, int)"),
+    "nf4_mm_ws": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, "
+                  "float *, int, int, int)"),
     "nf4_mm_prep": "(const float *, int, const float *, float, unsigned short *, int)",
     "nf4_mm_splitk_reduce": "(const float *, int, float *, int, int)",
 }
@@ -165,6 +167,23 @@ def test_every_wg_seed_config_of_every_variant_compiles_for_sm_90a_without_spill
     assert not re.findall(r"used \d+ barriers, \d+ bytes smem", log), log[-3000:]
 
 
+def test_every_ws_seed_config_of_every_variant_compiles_for_sm_90a_without_spilling(tmp_path):
+    """The warp-specialized kind: every seed of every variant, no spills in either the producer's region (40
+    registers after setmaxnreg) or the consumers', no static shared memory, every named barrier declared, and no
+    serialized wgmma (C7515)."""
+    ws = [t for t in mm.all_variants() if t.kind == "ws"]
+    assert len(ws) == 18
+    for t in ws:  # f32's raw slots are the largest: its SwiGLU pairs fit one seed
+        assert t.why_illegal(t.default_config(), SM90, (346, 1024, 1024)) == [], t.name
+        least = {"nf4": (13, 8), "f16": (13, 8), "f32": (9, 1)}[t.fmt]
+        assert len(legal(t.space("seed"))) >= least[t.epilogue == "swiglu"], t.name
+    entries = sorted({t.entry(c) for t in ws for c in [*legal(t.space("seed")), t.default_config()]})
+    log = cubin(tmp_path, "ws", MATMUL, entries, arch=SM90A)
+    assert not re.findall(r"used \d+ barriers, \d+ bytes smem", log), log[-3000:]
+    assert len(re.findall(r"used 16 barriers", log)) == len(entries), log[-3000:]
+    assert "C7515" not in log, log[-3000:]
+
+
 #: the tiles that won the lfm2-350m shapes at 346 rows (bench/results/2026-12-01-h200-cuda-wgmma), as (epilogue,
 #: BM, BN, MT, ST, KS, MB)
 WG_WINNERS = [("swiglu", 128, 128, 1, 4, 1, 1), ("swiglu", 128, 128, 1, 5, 1, 1), ("none", 192, 64, 1, 4, 1, 1),
@@ -215,8 +234,8 @@ def test_smem_bytes_agree_in_cpp_and_python(tmp_path, kind):
 def test_every_rows_config_and_the_executor_defaults_compile(tmp_path):
     variants = mm.all_variants()
     rows = [t for t in variants if t.kind == "rows"]
-    # what the executor launches (the wg defaults need sm_90a: the wg seed test compiles them)
-    entries = {t.entry(t.default_config()) for t in variants if t.kind != "wg"}
+    # what the executor launches (the wg and ws defaults need sm_90a: their seed tests compile them)
+    entries = {t.entry(t.default_config()) for t in variants if t.kind not in ("wg", "ws")}
     entries |= {rows[0].entry(c) for c in legal(rows[0].space())}  # every rows config of one variant
     entries |= {t.entry(t.config_of({"NT": 256, "RM": 16})) for t in rows}  # the most accumulators, every variant
     cubin(tmp_path, "rows", MATMUL, sorted(entries))
@@ -274,6 +293,15 @@ ILLEGAL = [
     ("matmul", "matmul.cu", "nf4_mm_wg<0, 0, 64, 64, 1, 2, 1, 1>", "stages_3_6"),
     ("matmul", "matmul.cu", "nf4_mm_wg<0, 0, 64, 64, 1, 4, 3, 1>", "ks_1_2_4_8"),
     ("matmul", "matmul.cu", "nf4_mm_wg<2, 0, 384, 64, 2, 4, 1, 1>", "smem_227k"),
+    ("matmul", "matmul.cu", "nf4_mm_ws<0, 0, 128, 64, 3, 4, 1, 1>", "mt_1_2"),
+    ("matmul", "matmul.cu", "nf4_mm_ws<0, 0, 256, 64, 1, 4, 1, 1>", "consumers_1_3"),
+    ("matmul", "matmul.cu", "nf4_mm_ws<0, 0, 64, 48, 1, 4, 1, 1>", "bn_32_256"),
+    ("matmul", "matmul.cu", "nf4_mm_ws<0, 2, 128, 256, 1, 4, 1, 1>", "accumulators_128"),
+    ("matmul", "matmul.cu", "nf4_mm_ws<0, 0, 64, 64, 1, 4, 1, 3>", "mb_1_2"),
+    ("matmul", "matmul.cu", "nf4_mm_ws<0, 2, 192, 128, 1, 3, 1, 1>", "registers_spare"),
+    ("matmul", "matmul.cu", "nf4_mm_ws<0, 0, 64, 64, 1, 7, 1, 1>", "stages_3_6"),
+    ("matmul", "matmul.cu", "nf4_mm_ws<0, 0, 64, 64, 1, 4, 16, 1>", "ks_1_2_4_8"),
+    ("matmul", "matmul.cu", "nf4_mm_ws<2, 2, 128, 128, 1, 4, 1, 1>", "smem_227k"),
     ("matmul", "matmul.cu", "nf4_mm_prep<1, 48>", "whole_warps"),
     ("matmul", "matmul.cu", "nf4_mm_rows<0, 0, 0, 48, 4>", "whole_warps"),
     ("matmul", "matmul.cu", "nf4_mm_rows<0, 2, 1, 128, 32>", "rows_1_16"),
@@ -306,13 +334,13 @@ def test_python_rules_refuse_what_the_static_asserts_refuse():
             continue
         vals = [int(v) for v in entry.split("<")[1].rstrip(">").split(",")]
         kind = entry.split("<")[0].removeprefix("nf4_mm_")
-        if kind in ("ring", "wg"):  # the norm is the prologue's: no NORM argument
+        if kind in ("ring", "wg", "ws"):  # the norm is the prologue's: no NORM argument
             vals.insert(2, 0)
         fmt = {v: k for k, v in mm.FMT_CODE.items()}[vals[0]]
         epi = mm.EPILOGUES[vals[1]]
         tpl = mm.CudaMatmul(kind, fmt, epi, bool(vals[2]))
         names = {"mma": mm.MMA_PARAMS, "splitk": mm.SPLITK_PARAMS, "pipe": mm.PIPE_PARAMS, "ring": mm.RING_PARAMS,
-                 "wg": mm.WG_PARAMS, "rows": ("NT", "RM")}[kind]
+                 "wg": mm.WG_PARAMS, "ws": mm.WS_PARAMS, "rows": ("NT", "RM")}[kind]
         cfg = tpl.space().config(dict(zip(names, vals[3:])))
         why = tpl.space().why_illegal(cfg)
         assert why and why[0].split(":")[0] == rule, (entry, why)
@@ -357,31 +385,32 @@ def test_cpp_mma_rules_agree_with_python_rules(tmp_path, kind):
     assert seen_legal > 50
 
 
-def test_cpp_wg_rules_and_smem_agree_with_python(tmp_path):
-    """`wg_first_failure` and `wg_smem_bytes` in C++ against the Python rules and arithmetic, on random tuples of
-    (FMT, EPI, BM, BN, MT, ST, KS, MB) around the legal values."""
+@pytest.mark.parametrize("kind", ["wg", "ws"])
+def test_cpp_wg_rules_and_smem_agree_with_python(tmp_path, kind):
+    """`wg_first_failure` / `ws_first_failure` and their smem bytes in C++ against the Python rules and arithmetic,
+    on random tuples of (FMT, EPI, BM, BN, MT, ST, KS, MB) around the legal values."""
     rng = random.Random(7)
     tuples = [(rng.choice([0, 1, 2]), rng.choice([0, 0, 1, 2]), rng.choice([64, 64, 96, 128, 128, 192, 256, 384, 640]),
                rng.choice([16, 32, 32, 64, 64, 96, 128, 256]), rng.choice([1, 1, 2, 3]), rng.choice([3, 4, 4, 5, 6, 7]),
                rng.choice([1, 1, 2, 3, 4, 8]), rng.choice([1, 1, 2, 3])) for _ in range(3000)]
     rows = ",\n".join("{" + ", ".join(map(str, t)) + "}" for t in tuples)
     body = (f"#include <cstdio>\nstatic const int T[][8] = {{\n{rows}\n}};\n"
-            "int main() { for (const auto &t : T) printf(\"%d %d\\n\", wg_first_failure(t[0], t[1], t[2], t[3], "
-            "t[4], t[5], t[6], t[7]), wg_smem_bytes(t[0], t[1], t[2], t[3], t[5])); }\n")
+            "int main() { for (const auto &t : T) printf(\"%d %d\\n\", " + kind + "_first_failure(t[0], t[1], t[2], "
+            "t[3], t[4], t[5], t[6], t[7]), " + kind + "_smem_bytes(t[0], t[1], t[2], t[3], t[5])); }\n")
     res = nvcc(tmp_path, "host", MATMUL, body, "-o", "host")
     assert res.returncode == 0, res.stderr[-3000:]
     out = subprocess.run([str(tmp_path / "host")], capture_output=True, text=True, check=True).stdout.splitlines()
     seen_legal = 0
     for t, line in zip(tuples, out, strict=True):
         fail, smem = map(int, line.split())
-        tpl = mm.CudaMatmul("wg", ("nf4", "f16", "f32")[t[0]], mm.EPILOGUES[t[1]], False)
+        tpl = mm.CudaMatmul(kind, ("nf4", "f16", "f32")[t[0]], mm.EPILOGUES[t[1]], False)
         space = tpl.space()
-        cfg = space.config(dict(zip(mm.WG_PARAMS, t[2:])))
+        cfg = space.config(dict(zip(mm.WG_PARAMS, t[2:])))  # ws has the same parameters
         why = space.why_illegal(cfg)
         names = [r.name for r in space.rules if not r.needs_limits]
         assert (fail == 0) == (not why), (t, fail, why)
         if why:
             assert names[fail - 2] == why[0].split(":")[0], (t, fail, why)  # C++ rule 1 is `variant`
-        assert smem == mm.wg_smem_bytes(cfg, tpl.fmt, tpl.sets), t
+        assert smem == {"wg": mm.wg_smem_bytes, "ws": mm.ws_smem_bytes}[kind](cfg, tpl.fmt, tpl.sets), t
         seen_legal += not why
     assert seen_legal > 100

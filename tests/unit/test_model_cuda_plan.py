@@ -230,10 +230,10 @@ def test_a_split_k_choice_launches_the_slices_into_the_partial_buffer_then_the_r
     assert len(others) == len(cfg.layer_types)  # one launch each
 
 
-@pytest.mark.parametrize("kind", ["ring", "wg"])
+@pytest.mark.parametrize("kind", ["ring", "wg", "ws"])
 @pytest.mark.parametrize("ks", [1, 2])
 def test_a_ring_or_wg_choice_rounds_x_to_f16_once_then_runs_on_it(rng, ks, kind):
-    """ffn.down on the ring or wg kind: the prologue writes the executor's `xh` scratch (one block per row, from the
+    """ffn.down on the ring, wg or ws kind: the prologue writes the executor's `xh` scratch (one block per row, from the
     row the matmul reads), the main kernel reads it and writes out (KS 1) or the partial sums the reduction then adds
     (KS 2)."""
     from tilewise.kernels.matmul.cuda import PREP_NT
@@ -254,8 +254,9 @@ def test_a_ring_or_wg_choice_rounds_x_to_f16_once_then_runs_on_it(rng, ks, kind)
     assert len(downs) == per * len(cfg.layer_types)
     xh = ex._scratch["xh"]
     assert xh.nbytes >= 2 * MIN_ROW_CAPACITY * F  # f16 rows of the widest K the main kernel reads
-    entry, grid = ((f"nf4_mm_ring<0, 1, 32, 64, 32, 16, 32, 3, {ks}, 2>", (1, 2, ks)) if kind == "ring" else
-                   (f"nf4_mm_wg<0, 1, 64, 64, 1, 4, {ks}, 1>", (1, 1, ks)))
+    entry, grid = {"ring": (f"nf4_mm_ring<0, 1, 32, 64, 32, 16, 32, 3, {ks}, 2>", (1, 2, ks)),
+                   "wg": (f"nf4_mm_wg<0, 1, 64, 64, 1, 4, {ks}, 1>", (1, 1, ks)),
+                   "ws": (f"nf4_mm_ws<0, 1, 64, 64, 1, 4, {ks}, 1>", (1, 1, ks))}[kind]
     for i in range(0, len(downs), per):
         prep, main = downs[i], downs[i + 1]
         for launch in downs[i:i + per]:
@@ -264,8 +265,8 @@ def test_a_ring_or_wg_choice_rounds_x_to_f16_once_then_runs_on_it(rng, ks, kind)
         assert prep.grid == (n, 1, 1) and prep.buffers[4] is xh and int(prep.buffers[5]) == F
         assert main.program.meta["entry"] == entry
         assert main.buffers[0] is xh and main.grid == grid
-        if kind == "wg":
-            assert main.program.meta["block"] == (128, 1, 1)
+        if kind in ("wg", "ws"):  # ws: one consumer warpgroup and the producer
+            assert main.program.meta["block"] == ({"wg": 128, "ws": 256}[kind], 1, 1)
         if ks == 1:
             assert main.buffers[5] is ex.act["x"]  # the residual epilogue in place
         else:
@@ -306,7 +307,8 @@ def test_tune_model_on_cuda_offers_the_cuda_kernels_with_their_seeds():
     dev = RecordingDevice()
     cands = model_tune.matmul_candidates(dev, "nf4", "swiglu", [1, 346], 4, 0, norm=True)
     kinds = {t.kind for t, _ in cands}
-    assert kinds == {"mma", "rows", "splitk", "pipe", "ring", "wg"} and all(isinstance(t, CudaMatmul) for t, _ in cands)
+    assert kinds == {"mma", "rows", "splitk", "pipe", "ring", "wg", "ws"}
+    assert all(isinstance(t, CudaMatmul) for t, _ in cands)
     few = model_tune.matmul_candidates(dev, "nf4", "swiglu", [1, 8], 4, 0, norm=True)
     assert {t.kind for t, _ in few} == {"mma", "rows"}  # split-K and the cp.async kinds only from 32 rows
     mma = next(t for t, _ in cands if t.kind == "mma")

@@ -165,11 +165,11 @@ def matmul_templates(dev: Any, fmt: str, epilogue: str, rows: list[int], f16_ari
     """The matmul kernels that compete for one shape: short-row, tiled and (with 64+ rows) split-K, plus the
     f16-arithmetic tiled and split-K variants when asked for and the adapter has shader-f16, plus the
     subgroup-matrix kernel (f16 tolerance) when the device has subgroup matrices (Dawn); on CUDA the short-row
-    and tensor-core kernels, and (from 32 rows) split-K and the cp.async and wgmma kinds (the wgmma kind's rules
-    leave it no legal config off Hopper, so it gets no candidate there)."""
+    and tensor-core kernels, and (from 32 rows) split-K and the cp.async and wgmma kinds (the wgmma kinds' rules
+    leave them no legal config off Hopper, so they get no candidate there)."""
     if dev.info.backend == "cuda":  # the tiled kinds other than mma need rows
         return [mm_cuda.CudaMatmul(kind, fmt, epilogue, norm, eps) for kind in mm_cuda.KINDS
-                if not (kind in ("splitk", "pipe", "ring", "wg") and max(rows) < mm_cuda.MMA_FROM_ROWS)]
+                if not (kind in mm_cuda.KS_KINDS and max(rows) < mm_cuda.MMA_FROM_ROWS)]
     kinds = [k for k in mm.KINDS if not (k == "splitk" and max(rows) < 64)]  # split-K only pays with many rows
     out = [mm.MatmulTemplate(kind, fmt, epilogue, dev.enabled_features, norm=norm, eps=eps) for kind in kinds]
     if f16_arith and "shader-f16" in dev.enabled_features:

@@ -21,6 +21,10 @@ Problem: `matmul.problem.MatmulProblem` (y = epilogue(norm(x) @ W^T), W (N, K) n
   then BM / (64 MT) warpgroups of MT m64 slices on `wgmma` (both operands from shared memory in the 128-byte
   swizzle), K steps of 64 through a cp.async ring of ST stages of x and W as stored; nf4 and f32 W decoded once per
   step and block, one step ahead. KS > 1 sums slices;
+- `ws` (`nf4_mm_prep<NORM, NT>` + `nf4_mm_ws<FMT, EPI, BM, BN, MT, ST, KS, MB>`, Hopper only): the wg kind's tiles
+  with warp specialization: BM / (64 MT) consumer warpgroups only issue wgmma and store, one producer warpgroup
+  copies and decodes, handing stages over through named barriers; `setmaxnreg` gives the consumers the producer's
+  registers. KS > 1 sums slices;
 - `rows` (`nf4_mm_rows<FMT, EPI, NORM, NT, RM>`): one warp per output column over RM rows, f32 arithmetic, for few
   rows (a decision's last block, short extends).
 
@@ -47,6 +51,7 @@ from tilewise.kernels.matmul.cuda_space import (
     DEFAULT_ROWS,
     DEFAULT_SPLITK,
     DEFAULT_WG,
+    DEFAULT_WS,
     EPI_CODE,
     KINDS,
     KS_KINDS,
@@ -77,6 +82,10 @@ from tilewise.kernels.matmul.cuda_space import (
     WG_SEED,
     WG_SPARE,
     WG_VALUES,
+    WS_PARAMS,
+    WS_PRODUCER_REGS,
+    WS_SEED,
+    WS_VALUES,
     mma_held_registers,
     mma_rules,
     mma_smem_bytes,
@@ -93,6 +102,10 @@ from tilewise.kernels.matmul.cuda_space import (
     wg_smem_bytes,
     wg_spare_registers,
     wg_threads,
+    ws_consumer_regs,
+    ws_rules,
+    ws_smem_bytes,
+    ws_threads,
 )
 from tilewise.kernels.matmul.problem import EPILOGUES, MatmulProblem
 from tilewise.kernels.space import Config, Space
@@ -105,6 +118,7 @@ __all__ = [
     "DEFAULT_ROWS",
     "DEFAULT_SPLITK",
     "DEFAULT_WG",
+    "DEFAULT_WS",
     "EPI_CODE",
     "KINDS",
     "KS_KINDS",
@@ -136,6 +150,10 @@ __all__ = [
     "WG_SEED",
     "WG_SPARE",
     "WG_VALUES",
+    "WS_PARAMS",
+    "WS_PRODUCER_REGS",
+    "WS_SEED",
+    "WS_VALUES",
     "CudaMatmul",
     "CudaNF4MatmulMma",
     "CudaNF4MatmulRows",
@@ -158,10 +176,15 @@ __all__ = [
     "wg_smem_bytes",
     "wg_spare_registers",
     "wg_threads",
+    "ws_consumer_regs",
+    "ws_rules",
+    "ws_smem_bytes",
+    "ws_threads",
 ]
 
 #: the family's CUDA source files, compiled as one text in this order (the later ones use matmul.cu's helpers)
-SOURCE_FILES = ("matmul.cu", "matmul_mma.cu", "matmul_pipe.cu", "matmul_ring.cu", "matmul_wg.cu", "matmul_rows.cu")
+SOURCE_FILES = ("matmul.cu", "matmul_mma.cu", "matmul_pipe.cu", "matmul_ring.cu", "matmul_wg.cu", "matmul_ws.cu",
+                "matmul_rows.cu")
 
 
 def matmul_source() -> str:
@@ -189,7 +212,7 @@ class CudaMatmul(KernelTemplate):
         self.dtype = "f16" if kind != "rows" else self.problem.dtype
         #: split-K's partial sums are poisoned and guarded like "out" (`KernelTemplate.scratch_buffers`)
         self.scratch_buffers = {"splitk": ("partial",), "pipe": ("partial",), "ring": ("partial", "xh"),
-                                "wg": ("partial", "xh")}.get(kind, ())
+                                "wg": ("partial", "xh"), "ws": ("partial", "xh")}.get(kind, ())
 
     @classmethod
     def from_name(cls, name: str, eps: float = 1e-5) -> CudaMatmul:
@@ -207,6 +230,9 @@ class CudaMatmul(KernelTemplate):
         if self.kind == "wg":
             return Space(f"cuda-matmul-wg-{which}", {k: list(v) for k, v in WG_VALUES.items()},
                          wg_rules(self.sets, self.fmt), points=WG_SEED if which == "seed" else None)
+        if self.kind == "ws":
+            return Space(f"cuda-matmul-ws-{which}", {k: list(v) for k, v in WS_VALUES.items()},
+                         ws_rules(self.sets, self.fmt), points=WS_SEED if which == "seed" else None)
         if self.kind == "ring":
             return Space(f"cuda-matmul-ring-{which}", {k: list(v) for k, v in RING_VALUES.items()},
                          ring_rules(self.sets, self.fmt), points=RING_SEED if which == "seed" else None)
@@ -223,7 +249,8 @@ class CudaMatmul(KernelTemplate):
 
     def default_config(self) -> Config:
         return self.config_of({"rows": DEFAULT_ROWS, "mma": DEFAULT_MMA, "splitk": DEFAULT_SPLITK,
-                               "pipe": DEFAULT_PIPE, "ring": DEFAULT_RING, "wg": DEFAULT_WG}[self.kind])
+                               "pipe": DEFAULT_PIPE, "ring": DEFAULT_RING, "wg": DEFAULT_WG,
+                               "ws": DEFAULT_WS}[self.kind])
 
     def splits(self, config: Config) -> bool:
         """The config sums slices of K through `partial` and a further launch (split-K, or pipe / ring / wg with
@@ -231,8 +258,8 @@ class CudaMatmul(KernelTemplate):
         return self.kind in KS_KINDS and config["KS"] > 1
 
     def preps(self) -> bool:
-        """The kind reads x as f16 rows made by the `nf4_mm_prep` launch (ring, wg)."""
-        return self.kind in ("ring", "wg")
+        """The kind reads x as f16 rows made by the `nf4_mm_prep` launch (ring, wg, ws)."""
+        return self.kind in ("ring", "wg", "ws")
 
     def scratch_bytes(self, config: Config, rows: int, n: int, k: int) -> dict[str, int]:
         """The scratch buffers a config's launches need at `rows` rows, by name: split-K's partial sums, the ring
@@ -246,7 +273,7 @@ class CudaMatmul(KernelTemplate):
         m, _, k = shape
         out = []
         if self.kind in KS_KINDS:
-            bk = WG_BK if self.kind == "wg" else config["BK"]
+            bk = WG_BK if self.kind in ("wg", "ws") else config["BK"]
             if k % (config["KS"] * bk):
                 out.append(f"k_slices: K = {k} is not KS = {config['KS']} slices of whole BK = {bk} steps "
                            f"(a multiple of {config['KS'] * bk})")
@@ -273,6 +300,8 @@ class CudaMatmul(KernelTemplate):
             return name_expression("nf4_mm_ring", *head[:2], *(config[p] for p in RING_PARAMS))
         if self.kind == "wg":
             return name_expression("nf4_mm_wg", *head[:2], *(config[p] for p in WG_PARAMS))
+        if self.kind == "ws":
+            return name_expression("nf4_mm_ws", *head[:2], *(config[p] for p in WS_PARAMS))
         return name_expression("nf4_mm_mma", *head, *(config[p] for p in MMA_PARAMS))
 
     def prep_entry(self) -> str:
@@ -292,11 +321,14 @@ class CudaMatmul(KernelTemplate):
     def threads(self, config: Config) -> int:
         if self.kind == "wg":
             return wg_threads(config)
+        if self.kind == "ws":
+            return ws_threads(config)
         return config["NT"] if self.kind == "rows" else mma_threads(config)
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
         src = matmul_source()
-        dyn = {"pipe": pipe_smem_bytes, "ring": ring_smem_bytes, "wg": wg_smem_bytes}.get(self.kind)
+        dyn = {"pipe": pipe_smem_bytes, "ring": ring_smem_bytes, "wg": wg_smem_bytes,
+               "ws": ws_smem_bytes}.get(self.kind)
         smem = dyn(config, self.fmt, self.sets) if dyn else 0
         prog = compile_cuda(device, src, self.entry(config), self.threads(config), f"{self.name}[{config}]",
                             dynamic_shared_bytes=smem)
@@ -336,7 +368,7 @@ class CudaMatmul(KernelTemplate):
     def launches_at(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape,
                     x_row0: int) -> list[Launch]:
         """The launch reading x from row `x_row0` (the executor's last block reads a window of the rows); split-K:
-        the slices into `partial`, then the reduction into out; ring and wg: x to f16 into `xh` first."""
+        the slices into `partial`, then the reduction into out; ring, wg and ws: x to f16 into `xh` first."""
         m, n, k = shape
         weights = [bufs["w"], arg_or(bufs, "absmax", "w"), arg_or(bufs, "w_up", "w"), arg_or(bufs, "absmax_up", "w")]
         out = bufs["partial" if self.splits(config) else "out"]
@@ -386,9 +418,9 @@ class CudaMatmul(KernelTemplate):
     def describe(self, config: Config) -> str:
         if self.kind == "rows":
             return f"rows nt{config['NT']} rm{config['RM']}"
-        if self.kind == "wg":
-            return (f"wg {config['BM']}x{config['BN']}x{WG_BK} mt{config['MT']} st{config['ST']} ks{config['KS']} "
-                    f"mb{config['MB']}")
+        if self.kind in ("wg", "ws"):
+            return (f"{self.kind} {config['BM']}x{config['BN']}x{WG_BK} mt{config['MT']} st{config['ST']} "
+                    f"ks{config['KS']} mb{config['MB']}")
         tile = f"{config['BM']}x{config['BN']}x{config['BK']} w{config['WM']}x{config['WN']}"
         if self.kind in ("pipe", "ring"):
             return f"{self.kind} {tile} st{config['ST']} ks{config['KS']} mb{config['MB']}"

@@ -1,7 +1,7 @@
 """The CUDA matmul family's search spaces as data: parameters, values, hand-picked seeds, defaults, and the named
 rules that mirror `mma_first_failure`, `splitk_first_failure`, `pipe_first_failure`, `ring_first_failure`,
-`wg_first_failure` and `rows_first_failure` in the `.cu` sources, with the shared-memory and register arithmetic
-they use. `cuda.py` (the template) re-exports every name."""
+`wg_first_failure`, `ws_first_failure` and `rows_first_failure` in the `.cu` sources, with the shared-memory and
+register arithmetic they use. `cuda.py` (the template) re-exports every name."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from tilewise.kernels.matmul.problem import EPILOGUES
 from tilewise.kernels.space import Config, Rule
 
 WARP = 32
-KINDS = ("mma", "rows", "splitk", "pipe", "ring", "wg")
+KINDS = ("mma", "rows", "splitk", "pipe", "ring", "wg", "ws")
 #: the kinds with a KS parameter (slices of K summed through `partial`; split-K's KS is always 2 or more)
-KS_KINDS = ("splitk", "pipe", "ring", "wg")
+KS_KINDS = ("splitk", "pipe", "ring", "wg", "ws")
 EPI_CODE = {e: i for i, e in enumerate(EPILOGUES)}  # none 0, residual 1, swiglu 2 (matmul.cu's EPI)
 STATIC_SMEM_BYTES = 48 * 1024
 MAX_FRAGMENTS = 16
@@ -99,6 +99,24 @@ WG_SEED = [dict(zip(WG_PARAMS, v)) for v in (
     (384, 32, 2, 4, 4, 1), (64, 64, 1, 3, 1, 1),
     (384, 128, 2, 4, 1, 1),  # illegal on purpose: accumulators_128 (2 slices x 128 columns)
 )]
+#: the warp-specialized wgmma kind (`nf4_mm_ws`): the wg kind's parameters, with BM / (64 MT) consumer warpgroups
+#: (1..3) beside one producer warpgroup that copies and decodes
+WS_PARAMS = WG_PARAMS
+WS_VALUES = WG_VALUES
+#: registers a producer thread keeps after `setmaxnreg` (`WS_PRODUCER_REGS` in matmul_ws.cu)
+WS_PRODUCER_REGS = 40
+DEFAULT_WS = {"BM": 128, "BN": 64, "MT": 1, "ST": 4, "KS": 1, "MB": 1}  # legal in every variant
+# first the tiles the wg kind could not hold (two consumers of 128 x 128 SwiGLU pairs, 256-wide tiles), then the wg
+# kind's winners at 346 rows with the producer beside them, split-K for the N = 1024 projections
+WS_SEED = [dict(zip(WS_PARAMS, v)) for v in (
+    (128, 128, 1, 4, 1, 1), (128, 64, 1, 6, 1, 1), (192, 64, 1, 5, 1, 1), (128, 64, 1, 5, 4, 1),
+    (128, 256, 1, 3, 1, 1), (64, 128, 1, 6, 1, 1), (192, 64, 1, 5, 4, 1), (128, 128, 1, 4, 2, 1),
+    (64, 256, 1, 4, 1, 1), (256, 64, 2, 4, 1, 1), (64, 64, 1, 6, 2, 2), (128, 64, 1, 4, 1, 2),
+    (192, 128, 1, 3, 1, 1), (64, 128, 1, 3, 2, 1), (64, 64, 1, 4, 1, 1),
+    (256, 64, 1, 4, 1, 1),  # illegal on purpose: consumers_1_3 (four consumer warpgroups)
+)]
+
+
 def mma_smem_bytes(c: Config, sets: int) -> int:
     """Static shared memory of a block, as `mma_smem_bytes` in matmul.cu computes it."""
     return c.PIPE * (c.BM + sets * c.BN) * (c.BK + 8) * 2 + c.BM * 4 + 16 * 4
@@ -161,6 +179,31 @@ def wg_spare_registers(c: Config, sets: int) -> int:
     """Registers per thread the launch bound leaves beside the accumulators (`wg_register_cap` in matmul_wg.cu)."""
     cap = min(255, 65536 // max(wg_threads(c) * c.MB, 1))
     return cap - c.MT * sets * c.BN // 2
+
+
+def ws_consumers(c: Config) -> int:
+    return c.BM // (64 * c.MT) if c.MT in (1, 2) else 0
+
+
+def ws_threads(c: Config) -> int:
+    """The consumer warpgroups and the producer's (`ws_threads` in matmul_ws.cu)."""
+    return (ws_consumers(c) + 1) * 128
+
+
+def ws_consumer_regs(c: Config) -> int:
+    """A consumer thread's registers after `setmaxnreg` (`ws_consumer_regs` in matmul_ws.cu): the launch bound's
+    share of the register file for the block, less the producer's, in steps of 8, at most 240."""
+    nt = ws_threads(c) * max(c.MB, 1)
+    launch = min(255, 65536 // nt) // 8 * 8
+    return min(240, (launch * ws_threads(c) - 128 * WS_PRODUCER_REGS) // (max(ws_consumers(c), 1) * 128) // 8 * 8)
+
+
+def ws_smem_bytes(c: Config, fmt: str, sets: int) -> int:
+    """Dynamic shared memory of a ws block, as `ws_smem_bytes` in matmul_ws.cu: ST stages of the x tile and the W
+    operand tiles (f16, 128 bytes a row), ST - 1 raw W slots (nf4: 32 bytes a row and an absmax per 16-byte chunk;
+    f32: 256 bytes a row; f16: none), the NF4 code and 1024 bytes to reach the swizzle's boundary."""
+    raw = sets * c.BN * {"nf4": 32 + 8, "f16": 0, "f32": 256}[fmt]
+    return c.ST * (c.BM + sets * c.BN) * 128 + (c.ST - 1) * raw + 16 * 4 + 1024
 
 
 def mma_threads(c: Config) -> int:
@@ -293,6 +336,31 @@ def wg_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
                             f"{lim.compute_capability}", needs_limits=True),
         Rule("threads_per_block", lambda c, lim: wg_threads(c) <= lim.max_invocations_per_workgroup,
              lambda c, lim: f"{wg_threads(c)} threads > the device's {lim.max_invocations_per_workgroup}",
+             needs_limits=True),
+        *smem_rules[1:],
+    ]
+
+
+def ws_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
+    """matmul_ws.cu's `ws_first_failure`, rule for rule, then the device's limits (wgmma needs compute capability
+    9.0)."""
+    wg = {r.name: r for r in wg_rules(sets, fmt)}
+    smem_rules = dynamic_smem_rules(lambda c: ws_smem_bytes(c, fmt, sets))
+    return [
+        wg["mt_1_2"],
+        Rule("consumers_1_3", lambda c, _: c.BM % (64 * c.MT) == 0 and 64 * c.MT <= c.BM <= 3 * 64 * c.MT,
+             lambda c, _: f"BM = {c.BM} is not 1..3 consumer warpgroups of MT x 64 = {64 * c.MT} rows",
+             doc="with the producer at most 512 threads; a fourth consumer would leave under 120 registers each"),
+        wg["bn_32_256"], wg["accumulators_128"], wg["mb_1_2"],
+        Rule("registers_spare", lambda c, _: ws_consumer_regs(c) - c.MT * sets * c.BN // 2 >= WG_SPARE,
+             lambda c, _: f"a consumer's {ws_consumer_regs(c)} registers after setmaxnreg ({ws_threads(c)} threads "
+                          f"x {c.MB} blocks) leave {ws_consumer_regs(c) - c.MT * sets * c.BN // 2} beside the "
+                          f"accumulators, < {WG_SPARE}",
+             doc="the producer keeps WS_PRODUCER_REGS; the consumers share the rest of the block's registers"),
+        wg["stages_3_6"], wg["ks_1_2_4_8"],
+        smem_rules[0], wg["wgmma_sm90"],
+        Rule("threads_per_block", lambda c, lim: ws_threads(c) <= lim.max_invocations_per_workgroup,
+             lambda c, lim: f"{ws_threads(c)} threads > the device's {lim.max_invocations_per_workgroup}",
              needs_limits=True),
         *smem_rules[1:],
     ]
