@@ -1,5 +1,6 @@
 """The wgmma matmul kinds (wg, or ws with its producer warpgroup) outside the test suite: f16 and nf4 weights,
-tiles of 64 to 384 rows, each output against float64, and for f16 weights at one tile a one-hot x that shows which W element each output took (for a layout bug).
+tiles of 64 to 384 rows, each output against float64, and for f16 weights at one tile a one-hot x that shows which
+W element each output took (for a layout bug).
 
     PYTHONPATH=src python3 experiments/cuda_wg_diag.py [wg|ws]
 """
