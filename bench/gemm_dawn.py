@@ -1,6 +1,6 @@
 """gemm-f16 on Dawn's subgroup matrices against cuBLAS (torch.matmul f16 and f32) on the same GPU, in one call.
 
-    python bench/gemm_dawn.py --out results.json [--sample 48] [--rounds 30] [--seed 0]
+    python bench/gemm_dawn.py --out results.json [--sample 48] [--rounds 30] [--seed 0] [--unchecked]
 
 In order, each step logged and caught so that one failure never ends the run:
 
@@ -13,6 +13,10 @@ In order, each step logged and caught so that one failure never ends the run:
    random order, Dawn timed with its GPU timestamps (quantization off), torch with CUDA events; medians, 95%
    intervals and ratios;
 5. a table, and JSON to --out (written after every shape, atomically).
+
+With `--unchecked` every shape is tuned twice, on the Dawn device as it is (robustness on) and on a second one
+without robustness (`disable_robustness`; its verification guards the output with canary words), and the race has
+both devices' best configs beside cuBLAS, so the table shows what the bounds checks cost.
 """
 
 from __future__ import annotations
@@ -121,10 +125,11 @@ def tune_shape(tpl: Any, dev: Any, store: Any, shape: tuple[int, int, int], conf
                 "outcomes": [o.as_json() for o in outcomes if o.status != "illegal"]}
 
 
-def race_torch(tpl: Any, dev: Any, shape: tuple[int, int, int], best: list[Any], rounds: int,
+def race_torch(tpl: Any, runs: list[tuple[str, Any, list[Any]]], shape: tuple[int, int, int], rounds: int,
                seed: int) -> dict[str, Any]:
-    """Interleaved rounds: each round times every Dawn candidate (GPU timestamps) and torch f16 / f32 matmul
-    (CUDA events), in a fresh random order; 5 runs per sample, the sample is their mean."""
+    """Interleaved rounds: each round times every Dawn candidate (GPU timestamps; `runs` holds (label prefix,
+    device, best outcomes) per Dawn device) and torch f16 / f32 matmul (CUDA events), in a fresh random order; 5 runs
+    per sample, the sample is their mean."""
     import torch
 
     from tilewise.tune.measure import summarize
@@ -132,11 +137,12 @@ def race_torch(tpl: Any, dev: Any, shape: tuple[int, int, int], best: list[Any],
     M, N, K = shape
     rng = np.random.default_rng(seed)
     host = tpl.problem.make_inputs(shape, rng)
-    bufs = tpl.upload(dev, host, shape)
     launches = {}
-    for o in best:
-        prog = tpl.compile(dev, o.config, shape)
-        launches[f"dawn {o.config}"] = tpl.launches(prog, bufs, o.config, shape)
+    for prefix, dev, best in runs:
+        bufs = tpl.upload(dev, host, shape)
+        for o in best:
+            prog = tpl.compile(dev, o.config, shape)
+            launches[f"{prefix} {o.config}"] = (dev, tpl.launches(prog, bufs, o.config, shape))
     a16 = torch.from_numpy(host["a"]).cuda()
     b16 = torch.from_numpy(host["b"]).cuda()
     a32, b32 = a16.float(), b16.float()
@@ -152,10 +158,10 @@ def race_torch(tpl: Any, dev: Any, shape: tuple[int, int, int], best: list[Any],
         end.synchronize()
         return start.elapsed_time(end) / reps
 
-    def dawn_ms(ls: list[Any]) -> float:  # a run is all its launches (split-K: the slices, then the reduction)
+    def dawn_ms(dev: Any, ls: list[Any]) -> float:  # a run is all its launches (split-K: slices, then the sum)
         return float(np.sum(dev.time(list(ls) * reps))) / reps
 
-    timers = {**{k: (lambda ls=ls: dawn_ms(ls)) for k, ls in launches.items()},
+    timers = {**{k: (lambda d=d, ls=ls: dawn_ms(d, ls)) for k, (d, ls) in launches.items()},
               "cuBLAS f16 (torch)": lambda: torch_ms(a16, b16), "cuBLAS f32 (torch)": lambda: torch_ms(a32, b32)}
     for fn in timers.values():  # warm-up: pipelines, cuBLAS heuristics, clocks
         fn()
@@ -182,23 +188,30 @@ def _ratio(peer: dict[str, Any], mine: dict[str, Any]) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = f"{'shape':<30} {'dawn best':>10} {'TFLOP/s':>8} {'/cuBLAS16':>9} {'/cuBLAS32':>9}"
+    head = (f"{'shape':<30} {'robustness':<10} {'dawn best':>10} {'TFLOP/s':>8} {'/cuBLAS16':>9} {'/cuBLAS32':>9} "
+            f"{'/checked':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
         race = r.get("race") or {}
-        dawn = [v for k, v in race.items() if k.startswith("dawn ")]
-        if not dawn:
-            lines.append(f"{r['name'] + ' ' + 'x'.join(map(str, r['shape'])):<30} {'-':>10}")
-            continue
-        best = min(dawn, key=lambda v: v["median_ms"])
-        f16 = race.get("cuBLAS f16 (torch)", {}).get("median_ms")
-        f32 = race.get("cuBLAS f32 (torch)", {}).get("median_ms")
-        ratio16 = _ratio(race.get("cuBLAS f16 (torch)"), best) if f16 else "-"
-        ratio32 = _ratio(race.get("cuBLAS f32 (torch)"), best) if f32 else "-"
-        lines.append(f"{r['name'] + ' ' + 'x'.join(map(str, r['shape'])):<30} {best['median_ms']:>8.3f}ms "
-                     f"{best['tflops']:>8.1f} {ratio16:>9} {ratio32:>9}")
-    lines.append("ratios: cuBLAS median / Dawn median (above 1 = Dawn faster); tie: the 95% intervals overlap; "
-                 "noisy: the samples scatter too much to rank")
+        label = f"{r['name'] + ' ' + 'x'.join(map(str, r['shape'])):<30}"
+        checked = None
+        for prefix, mode in (("dawn ", "on"), ("unchecked ", "off")):
+            dawn = [v for k, v in race.items() if k.startswith(prefix)]
+            if not dawn:
+                if mode == "on":
+                    lines.append(f"{label} {mode:<10} {'-':>10}")
+                continue
+            best = min(dawn, key=lambda v: v["median_ms"])
+            f16 = race.get("cuBLAS f16 (torch)", {}).get("median_ms")
+            f32 = race.get("cuBLAS f32 (torch)", {}).get("median_ms")
+            ratio16 = _ratio(race.get("cuBLAS f16 (torch)"), best) if f16 else "-"
+            ratio32 = _ratio(race.get("cuBLAS f32 (torch)"), best) if f32 else "-"
+            vs = _ratio(checked, best) if checked is not None else "-"
+            checked = best if mode == "on" else checked
+            lines.append(f"{label} {mode:<10} {best['median_ms']:>8.3f}ms {best['tflops']:>8.1f} {ratio16:>9} "
+                         f"{ratio32:>9} {vs:>9}")
+    lines.append("ratios: the peer's median / Dawn's (above 1 = Dawn faster; /checked: unchecked against robustness "
+                 "on); tie: the 95% intervals overlap; noisy: the samples scatter too much to rank")
     return "\n".join(lines)
 
 
@@ -210,6 +223,8 @@ def main() -> int:
     ap.add_argument("--race-top", type=int, default=3, help="best Dawn configs raced against cuBLAS per shape")
     ap.add_argument("--seed", type=int, default=0, help="sampling and input seed")
     ap.add_argument("--skip-numerics", action="store_true", help="do not run the numerics tests first")
+    ap.add_argument("--unchecked", action="store_true",
+                    help="also tune and race on Dawn without robustness (outputs guarded by canaries when verified)")
     args = ap.parse_args()
     os.environ.setdefault("TILEWISE_STORE", str(Path(tempfile.mkdtemp(prefix="gemm-dawn-")) / "results.sqlite"))
     report: dict[str, Any] = {"format": "tilewise-bench-gemm-dawn", "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -220,7 +235,15 @@ def main() -> int:
         from tilewise.tune.store import Store
 
         dev = get_device("dawn")
+        if dev.unchecked:
+            raise RuntimeError("TILEWISE_DAWN_UNCHECKED=1 makes both devices unchecked: unset it, use --unchecked")
         report["adapter"] = adapter_section(dev)
+        devs = [("dawn", dev)]
+        if args.unchecked:
+            from tilewise.devices.dawn import DawnDevice
+
+            devs.append(("unchecked", DawnDevice(dev.info.index, disable_robustness=True)))
+            log(f"unchecked device: fingerprint {devs[1][1].info.fingerprint}")
         tpl = get_template("gemm-f16", "webgpu")
         store = Store()
     except Exception as exc:
@@ -254,19 +277,23 @@ def main() -> int:
         row: dict[str, Any] = {"name": name, "shape": list(shape)}
         report["shapes"].append(row)
         log(f"{name} {shape}")
-        ranked: list[Any] = []
-        try:
-            ranked, row["tune"] = tune_shape(tpl, dev, store, shape, configs, args.rounds)
-            row["best"] = [{"config": o.config.key(), "label": str(o.config), "median_ms": o.median_ms,
-                            "gflops": o.gflops} for o in ranked[:10]]
-            for o in ranked[:3]:
-                log(f"    {o.config}: {o.median_ms:.4f} ms, {(o.gflops or 0) / 1e3:.1f} TFLOP/s")
-        except Exception:
-            row["tune_error"] = traceback.format_exc()
-            log("  tuning failed:\n" + row["tune_error"])
-        if ranked and report["torch"].get("cuda"):
+        runs: list[tuple[str, Any, list[Any]]] = []
+        for prefix, d in devs:
+            suffix = "" if prefix == "dawn" else f"_{prefix}"
             try:
-                row["race"] = race_torch(tpl, dev, shape, ranked[:args.race_top], args.rounds, args.seed)
+                ranked, row["tune" + suffix] = tune_shape(tpl, d, store, shape, configs, args.rounds)
+                row["best" + suffix] = [{"config": o.config.key(), "label": str(o.config), "median_ms": o.median_ms,
+                                         "gflops": o.gflops} for o in ranked[:10]]
+                for o in ranked[:3]:
+                    log(f"    {prefix} {o.config}: {o.median_ms:.4f} ms, {(o.gflops or 0) / 1e3:.1f} TFLOP/s")
+                if ranked:
+                    runs.append((prefix, d, ranked[:args.race_top]))
+            except Exception:
+                row["tune_error" + suffix] = traceback.format_exc()
+                log(f"  tuning ({prefix}) failed:\n" + row["tune_error" + suffix])
+        if runs and report["torch"].get("cuda"):
+            try:
+                row["race"] = race_torch(tpl, runs, shape, args.rounds, args.seed)
                 for k, v in row["race"].items():
                     log(f"    race {k}: {v['median_ms']:.4f} ms [{v['ci95_ms'][0]:.4f}, {v['ci95_ms'][1]:.4f}], "
                         f"{v['tflops']:.1f} TFLOP/s")

@@ -58,6 +58,25 @@ def test_disable_robustness_is_an_explicit_flag_and_changes_the_fingerprint(dev)
     assert unsafe.info.fingerprint != dev.info.fingerprint
 
 
+def test_tilewise_dawn_unchecked_gives_the_unchecked_device_by_name(dev, monkeypatch):
+    """`TILEWISE_DAWN_UNCHECKED=1` is how a command asks for Dawn without robustness: `get_device("dawn:N")` then
+    disables it, the device is `unchecked` (verification guards outputs with canaries), its fingerprint is its
+    own and the device line says so; a value other than 0 or 1 is refused with the fix."""
+    from tilewise.devices import Choice, get_device
+    from tilewise.errors import ConfigError
+
+    monkeypatch.setenv("WGPU_BACKEND_TYPE", "Null")
+    monkeypatch.setenv("TILEWISE_DAWN_UNCHECKED", "1")
+    got = get_device(f"dawn:{dev.info.index}")
+    assert got.unchecked and "disable_robustness" in got.toggles
+    assert got.info.fingerprint != dev.info.fingerprint and got.info.extra["robustness"] is False
+    assert "unchecked: no robustness" in Choice(got, f"dawn:{dev.info.index}", "asked for").line()
+    assert "unchecked" not in Choice(dev, f"dawn:{dev.info.index}", "asked for").line()
+    monkeypatch.setenv("TILEWISE_DAWN_UNCHECKED", "yes")
+    with pytest.raises(ConfigError, match="TILEWISE_DAWN_UNCHECKED='yes' is not 0 or 1"):
+        dawn.unchecked_asked()
+
+
 def test_dawn_device_has_the_webgpu_device_interface(dev, rng):
     """The Null backend executes nothing, so this checks the calls and shapes, not values."""
     assert isinstance(dev, WebGPUDevice)

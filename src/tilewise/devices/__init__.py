@@ -51,7 +51,8 @@ class Choice:
         kind = {"discrete": "discrete GPU", "integrated": "integrated GPU", "cpu": "software adapter",
                 "virtual": "virtual adapter"}.get(info.adapter_type, info.adapter_type)
         what = (f"{info.name}, {info.api}" + (f" on {info.runtime.capitalize()}" if info.runtime else "")
-                + (f", {kind}" if info.backend != "cpu" else ""))
+                + (f", {kind}" if info.backend != "cpu" else "")
+                + (", unchecked: no robustness" if getattr(self.device, "unchecked", False) else ""))
         return f"device: {self.name} ({what}): {self.reason}"
 
 
@@ -74,6 +75,12 @@ def get_device(name: str = "auto") -> Device:
     if base == "auto":
         return resolve("auto").device
     key = f"{base}:{index}" if index is not None else base
+    unchecked = False
+    if base == "dawn":
+        from tilewise.devices.dawn import unchecked_asked
+
+        unchecked = unchecked_asked()
+        key += "+unchecked" * unchecked  # never the checked device when the unchecked one is asked for
     dev = _cache.get(key)
     if dev is not None and not getattr(dev, "_lost", False):
         return dev
@@ -88,7 +95,7 @@ def get_device(name: str = "auto") -> Device:
     elif base == "dawn":
         from tilewise.devices.dawn import DawnDevice
 
-        dev = DawnDevice(index)
+        dev = DawnDevice(index, disable_robustness=unchecked)
     elif base == "tvm-llvm":
         from tilewise.devices.tvm_llvm import TVMLLVMDevice
 

@@ -9,7 +9,8 @@ Setup: the instance toggle `allow_unsafe_apis` (Dawn offers experimental feature
 toggles `vulkan_enable_f16_on_nvidia` and `use_vulkan_memory_model` (`set_instance_extras` gives each toggle to its
 stage); the device disables `timestamp_quantization` (Dawn rounds timestamps to 65.5 us otherwise) and requests
 timestamps, shader-f16, subgroups and subgroup matrices where offered. Robustness (bounds-checked buffer access)
-stays on unless `disable_robustness=True` is asked for; the fingerprint then says so.
+stays on unless `disable_robustness=True` is asked for (from the command line: `TILEWISE_DAWN_UNCHECKED=1`); the
+fingerprint then says so, so an unchecked device's results and tables never mix with the checked one's.
 
 Dawn's Null backend (no GPU, compiles shaders without running them) is listed only when the environment forces it
 (`WGPU_BACKEND_TYPE=Null`); it counts as a virtual adapter, which `auto` never picks.
@@ -155,6 +156,25 @@ def _process_events(module: Any) -> None:
     from wgpudawn.backends.dawn import process_events
 
     process_events()
+
+
+UNCHECKED_ENV = "TILEWISE_DAWN_UNCHECKED"
+
+
+def unchecked_asked() -> bool:
+    """`TILEWISE_DAWN_UNCHECKED`: 1 runs `dawn` devices without robustness (every verification then guards each
+    output and scratch buffer with canary words), 0 or unset keeps it.
+
+    Raises:
+        ConfigError: another value.
+    """
+    from tilewise.errors import ConfigError
+
+    asked = os.environ.get(UNCHECKED_ENV, "").strip()
+    if asked not in ("", "0", "1"):
+        raise ConfigError(f"{UNCHECKED_ENV}={asked!r} is not 0 or 1",
+                          f"set {UNCHECKED_ENV}=1 for Dawn without robustness, 0 or unset for the default")
+    return asked == "1"
 
 
 def list_adapters() -> list[DeviceInfo]:
