@@ -223,6 +223,8 @@ def main() -> int:
     ap.add_argument("--race-top", type=int, default=3, help="best Dawn configs raced against cuBLAS per shape")
     ap.add_argument("--seed", type=int, default=0, help="sampling and input seed")
     ap.add_argument("--skip-numerics", action="store_true", help="do not run the numerics tests first")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated shape names to run (e.g. 'square 4096,lfm2 w1|w3'; default: all)")
     ap.add_argument("--unchecked", action="store_true",
                     help="also tune and race on Dawn without robustness (outputs guarded by canaries when verified)")
     args = ap.parse_args()
@@ -273,7 +275,14 @@ def main() -> int:
                            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
     except Exception as exc:
         report["torch"] = {"error": str(exc)}
+    wanted = [s.strip() for s in args.only.split(",")] if args.only else None
+    unknown = sorted(set(wanted or ()) - {n for n, _ in shapes()})
+    if unknown:
+        log(f"unknown shape names {unknown}: use some of {[n for n, _ in shapes()]}")
+        return 2
     for name, shape in shapes():
+        if wanted is not None and name not in wanted:
+            continue
         row: dict[str, Any] = {"name": name, "shape": list(shape)}
         report["shapes"].append(row)
         log(f"{name} {shape}")
