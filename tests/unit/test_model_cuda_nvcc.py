@@ -293,15 +293,16 @@ ILLEGAL = [
     ("matmul", "matmul.cu", "nf4_mm_wg<0, 0, 64, 64, 1, 2, 1, 1>", "stages_3_6"),
     ("matmul", "matmul.cu", "nf4_mm_wg<0, 0, 64, 64, 1, 4, 3, 1>", "ks_1_2_4_8"),
     ("matmul", "matmul.cu", "nf4_mm_wg<2, 0, 384, 64, 2, 4, 1, 1>", "smem_227k"),
-    ("matmul", "matmul.cu", "nf4_mm_ws<0, 0, 128, 64, 3, 4, 1, 1>", "mt_1_2"),
-    ("matmul", "matmul.cu", "nf4_mm_ws<0, 0, 256, 64, 1, 4, 1, 1>", "consumers_1_3"),
-    ("matmul", "matmul.cu", "nf4_mm_ws<0, 0, 64, 48, 1, 4, 1, 1>", "bn_32_256"),
-    ("matmul", "matmul.cu", "nf4_mm_ws<0, 2, 128, 256, 1, 4, 1, 1>", "accumulators_128"),
-    ("matmul", "matmul.cu", "nf4_mm_ws<0, 0, 64, 64, 1, 4, 1, 3>", "mb_1_2"),
-    ("matmul", "matmul.cu", "nf4_mm_ws<0, 2, 192, 128, 1, 3, 1, 1>", "registers_spare"),
-    ("matmul", "matmul.cu", "nf4_mm_ws<0, 0, 64, 64, 1, 7, 1, 1>", "stages_3_6"),
-    ("matmul", "matmul.cu", "nf4_mm_ws<0, 0, 64, 64, 1, 4, 16, 1>", "ks_1_2_4_8"),
-    ("matmul", "matmul.cu", "nf4_mm_ws<2, 2, 128, 128, 1, 4, 1, 1>", "smem_227k"),
+    ("matmul", "matmul.cu", "nf4_mm_ws<0, 0, 128, 64, 3, 4, 1, 1, 1>", "mt_1_2"),
+    ("matmul", "matmul.cu", "nf4_mm_ws<0, 0, 256, 64, 1, 4, 1, 1, 1>", "consumers_1_3"),
+    ("matmul", "matmul.cu", "nf4_mm_ws<0, 0, 64, 48, 1, 4, 1, 1, 1>", "bn_32_256"),
+    ("matmul", "matmul.cu", "nf4_mm_ws<0, 2, 128, 256, 1, 4, 1, 1, 1>", "accumulators_128"),
+    ("matmul", "matmul.cu", "nf4_mm_ws<0, 0, 64, 64, 1, 4, 1, 3, 1>", "mb_1_2"),
+    ("matmul", "matmul.cu", "nf4_mm_ws<0, 0, 64, 64, 1, 4, 1, 1, 3>", "pw_1_2"),
+    ("matmul", "matmul.cu", "nf4_mm_ws<0, 2, 192, 128, 1, 3, 1, 1, 1>", "registers_spare"),
+    ("matmul", "matmul.cu", "nf4_mm_ws<0, 0, 64, 64, 1, 7, 1, 1, 1>", "stages_3_6"),
+    ("matmul", "matmul.cu", "nf4_mm_ws<0, 0, 64, 64, 1, 4, 16, 1, 1>", "ks_1_2_4_8"),
+    ("matmul", "matmul.cu", "nf4_mm_ws<2, 2, 128, 128, 1, 4, 1, 1, 1>", "smem_227k"),
     ("matmul", "matmul.cu", "nf4_mm_prep<1, 48>", "whole_warps"),
     ("matmul", "matmul.cu", "nf4_mm_rows<0, 0, 0, 48, 4>", "whole_warps"),
     ("matmul", "matmul.cu", "nf4_mm_rows<0, 2, 1, 128, 32>", "rows_1_16"),
@@ -388,15 +389,19 @@ def test_cpp_mma_rules_agree_with_python_rules(tmp_path, kind):
 @pytest.mark.parametrize("kind", ["wg", "ws"])
 def test_cpp_wg_rules_and_smem_agree_with_python(tmp_path, kind):
     """`wg_first_failure` / `ws_first_failure` and their smem bytes in C++ against the Python rules and arithmetic,
-    on random tuples of (FMT, EPI, BM, BN, MT, ST, KS, MB) around the legal values."""
+    on random tuples of (FMT, EPI, BM, BN, MT, ST, KS, MB[, PW]) around the legal values."""
     rng = random.Random(7)
+    pw = kind == "ws"
     tuples = [(rng.choice([0, 1, 2]), rng.choice([0, 0, 1, 2]), rng.choice([64, 64, 96, 128, 128, 192, 256, 384, 640]),
                rng.choice([16, 32, 32, 64, 64, 96, 128, 256]), rng.choice([1, 1, 2, 3]), rng.choice([3, 4, 4, 5, 6, 7]),
-               rng.choice([1, 1, 2, 3, 4, 8]), rng.choice([1, 1, 2, 3])) for _ in range(3000)]
+               rng.choice([1, 1, 2, 3, 4, 8]), rng.choice([1, 1, 2, 3]), *([rng.choice([1, 1, 2, 3])] if pw else []))
+              for _ in range(3000)]
+    width = len(tuples[0])
     rows = ",\n".join("{" + ", ".join(map(str, t)) + "}" for t in tuples)
-    body = (f"#include <cstdio>\nstatic const int T[][8] = {{\n{rows}\n}};\n"
-            "int main() { for (const auto &t : T) printf(\"%d %d\\n\", " + kind + "_first_failure(t[0], t[1], t[2], "
-            "t[3], t[4], t[5], t[6], t[7]), " + kind + "_smem_bytes(t[0], t[1], t[2], t[3], t[5])); }\n")
+    call = ", ".join(f"t[{i}]" for i in range(width))
+    body = (f"#include <cstdio>\nstatic const int T[][{width}] = {{\n{rows}\n}};\n"
+            "int main() { for (const auto &t : T) printf(\"%d %d\\n\", " + kind + "_first_failure(" + call + "), "
+            + kind + "_smem_bytes(t[0], t[1], t[2], t[3], t[5])); }\n")
     res = nvcc(tmp_path, "host", MATMUL, body, "-o", "host")
     assert res.returncode == 0, res.stderr[-3000:]
     out = subprocess.run([str(tmp_path / "host")], capture_output=True, text=True, check=True).stdout.splitlines()
@@ -405,7 +410,7 @@ def test_cpp_wg_rules_and_smem_agree_with_python(tmp_path, kind):
         fail, smem = map(int, line.split())
         tpl = mm.CudaMatmul(kind, ("nf4", "f16", "f32")[t[0]], mm.EPILOGUES[t[1]], False)
         space = tpl.space()
-        cfg = space.config(dict(zip(mm.WG_PARAMS, t[2:])))  # ws has the same parameters
+        cfg = space.config(dict(zip(mm.WS_PARAMS if pw else mm.WG_PARAMS, t[2:])))
         why = space.why_illegal(cfg)
         names = [r.name for r in space.rules if not r.needs_limits]
         assert (fail == 0) == (not why), (t, fail, why)

@@ -243,7 +243,7 @@ def test_a_ring_or_wg_choice_rounds_x_to_f16_once_then_runs_on_it(rng, ks, kind)
     ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
     dev = RecordingDevice()
     choice = ({"BM": 32, "BN": 64, "BK": 32, "WM": 16, "WN": 32, "ST": 3, "KS": ks, "MB": 2} if kind == "ring" else
-              {"BM": 64, "BN": 64, "MT": 1, "ST": 4, "KS": ks, "MB": 1})
+              {"BM": 64, "BN": 64, "MT": 1, "ST": 4, "KS": ks, "MB": 1, **({"PW": 1} if kind == "ws" else {})})
     ex = CUDAExecutor(ck, device=dev, dispatch=_table_for(cfg, dev.info.fingerprint, choice, {"NT": 64, "RM": 2}, 4,
                                                           kind=kind))
     sigs = kernel_signatures()
@@ -256,7 +256,7 @@ def test_a_ring_or_wg_choice_rounds_x_to_f16_once_then_runs_on_it(rng, ks, kind)
     assert xh.nbytes >= 2 * MIN_ROW_CAPACITY * F  # f16 rows of the widest K the main kernel reads
     entry, grid = {"ring": (f"nf4_mm_ring<0, 1, 32, 64, 32, 16, 32, 3, {ks}, 2>", (1, 2, ks)),
                    "wg": (f"nf4_mm_wg<0, 1, 64, 64, 1, 4, {ks}, 1>", (1, 1, ks)),
-                   "ws": (f"nf4_mm_ws<0, 1, 64, 64, 1, 4, {ks}, 1>", (1, 1, ks))}[kind]
+                   "ws": (f"nf4_mm_ws<0, 1, 64, 64, 1, 4, {ks}, 1, 1>", (1, 1, ks))}[kind]
     for i in range(0, len(downs), per):
         prep, main = downs[i], downs[i + 1]
         for launch in downs[i:i + per]:

@@ -420,7 +420,7 @@ class CudaMatmul(KernelTemplate):
             return f"rows nt{config['NT']} rm{config['RM']}"
         if self.kind in ("wg", "ws"):
             return (f"{self.kind} {config['BM']}x{config['BN']}x{WG_BK} mt{config['MT']} st{config['ST']} "
-                    f"ks{config['KS']} mb{config['MB']}")
+                    f"ks{config['KS']} mb{config['MB']}" + (f" pw{config['PW']}" if self.kind == "ws" else ""))
         tile = f"{config['BM']}x{config['BN']}x{config['BK']} w{config['WM']}x{config['WN']}"
         if self.kind in ("pipe", "ring"):
             return f"{self.kind} {tile} st{config['ST']} ks{config['KS']} mb{config['MB']}"

@@ -100,20 +100,21 @@ WG_SEED = [dict(zip(WG_PARAMS, v)) for v in (
     (384, 128, 2, 4, 1, 1),  # illegal on purpose: accumulators_128 (2 slices x 128 columns)
 )]
 #: the warp-specialized wgmma kind (`nf4_mm_ws`): the wg kind's parameters, with BM / (64 MT) consumer warpgroups
-#: (1..3) beside one producer warpgroup that copies and decodes
-WS_PARAMS = WG_PARAMS
-WS_VALUES = WG_VALUES
+#: (1..3) beside PW producer warpgroups (1 or 2) that copy and decode
+WS_PARAMS = (*WG_PARAMS, "PW")
+WS_VALUES: dict[str, list[int]] = {**WG_VALUES, "PW": [1, 2]}
 #: registers a producer thread keeps after `setmaxnreg` (`WS_PRODUCER_REGS` in matmul_ws.cu)
 WS_PRODUCER_REGS = 40
-DEFAULT_WS = {"BM": 128, "BN": 64, "MT": 1, "ST": 4, "KS": 1, "MB": 1}  # legal in every variant
+DEFAULT_WS = {"BM": 128, "BN": 64, "MT": 1, "ST": 4, "KS": 1, "MB": 1, "PW": 1}  # legal in every variant
 # first the tiles the wg kind could not hold (two consumers of 128 x 128 SwiGLU pairs, 256-wide tiles), then the wg
-# kind's winners at 346 rows with the producer beside them, split-K for the N = 1024 projections
+# kind's winners at 346 rows with one or two producer warpgroups beside them, split-K for the N = 1024 projections
 WS_SEED = [dict(zip(WS_PARAMS, v)) for v in (
-    (128, 128, 1, 4, 1, 1), (128, 64, 1, 6, 1, 1), (192, 64, 1, 5, 1, 1), (128, 64, 1, 5, 4, 1),
-    (128, 256, 1, 3, 1, 1), (64, 128, 1, 6, 1, 1), (192, 64, 1, 5, 4, 1), (128, 128, 1, 4, 2, 1),
-    (64, 256, 1, 4, 1, 1), (256, 64, 2, 4, 1, 1), (64, 64, 1, 6, 2, 2), (128, 64, 1, 4, 1, 2),
-    (192, 128, 1, 3, 1, 1), (64, 128, 1, 3, 2, 1), (64, 64, 1, 4, 1, 1),
-    (256, 64, 1, 4, 1, 1),  # illegal on purpose: consumers_1_3 (four consumer warpgroups)
+    (128, 128, 1, 4, 1, 1, 2), (128, 128, 1, 4, 1, 1, 1), (192, 64, 1, 5, 1, 1, 2), (128, 64, 1, 5, 4, 1, 2),
+    (128, 64, 1, 6, 1, 1, 1), (192, 64, 1, 5, 1, 1, 1), (128, 64, 1, 5, 4, 1, 1), (128, 64, 1, 6, 1, 1, 2),
+    (128, 256, 1, 3, 1, 1, 1), (64, 128, 1, 6, 1, 1, 1), (192, 64, 1, 5, 4, 1, 1), (128, 128, 1, 4, 2, 1, 2),
+    (64, 256, 1, 4, 1, 1, 2), (256, 64, 2, 4, 1, 1, 1), (64, 64, 1, 6, 2, 2, 1), (128, 64, 1, 4, 1, 2, 1),
+    (192, 128, 1, 3, 1, 1, 1), (64, 128, 1, 3, 2, 1, 2), (64, 64, 1, 4, 1, 1, 1),
+    (256, 64, 1, 4, 1, 1, 1),  # illegal on purpose: consumers_1_3 (four consumer warpgroups)
 )]
 
 
@@ -186,16 +187,17 @@ def ws_consumers(c: Config) -> int:
 
 
 def ws_threads(c: Config) -> int:
-    """The consumer warpgroups and the producer's (`ws_threads` in matmul_ws.cu)."""
-    return (ws_consumers(c) + 1) * 128
+    """The consumer warpgroups and the PW producer ones (`ws_threads` in matmul_ws.cu)."""
+    return (ws_consumers(c) + c.PW) * 128
 
 
 def ws_consumer_regs(c: Config) -> int:
     """A consumer thread's registers after `setmaxnreg` (`ws_consumer_regs` in matmul_ws.cu): the launch bound's
-    share of the register file for the block, less the producer's, in steps of 8, at most 240."""
+    share of the register file for the block, less the producers', in steps of 8, at most 240."""
     nt = ws_threads(c) * max(c.MB, 1)
-    launch = min(255, 65536 // nt) // 8 * 8
-    return min(240, (launch * ws_threads(c) - 128 * WS_PRODUCER_REGS) // (max(ws_consumers(c), 1) * 128) // 8 * 8)
+    launch = min(255, 65536 // max(nt, 1)) // 8 * 8
+    return min(240, (launch * ws_threads(c) - c.PW * 128 * WS_PRODUCER_REGS) // (max(ws_consumers(c), 1) * 128)
+               // 8 * 8)
 
 
 def ws_smem_bytes(c: Config, fmt: str, sets: int) -> int:
@@ -352,6 +354,8 @@ def ws_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
              lambda c, _: f"BM = {c.BM} is not 1..3 consumer warpgroups of MT x 64 = {64 * c.MT} rows",
              doc="with the producer at most 512 threads; a fourth consumer would leave under 120 registers each"),
         wg["bn_32_256"], wg["accumulators_128"], wg["mb_1_2"],
+        Rule("pw_1_2", lambda c, _: c.PW in (1, 2), lambda c, _: f"PW = {c.PW} producer warpgroups is not 1 or 2",
+             doc="warpgroups that copy and decode (2: x and W chunks spread over twice the threads)"),
         Rule("registers_spare", lambda c, _: ws_consumer_regs(c) - c.MT * sets * c.BN // 2 >= WG_SPARE,
              lambda c, _: f"a consumer's {ws_consumer_regs(c)} registers after setmaxnreg ({ws_threads(c)} threads "
                           f"x {c.MB} blocks) leave {ws_consumer_regs(c) - c.MT * sets * c.BN // 2} beside the "

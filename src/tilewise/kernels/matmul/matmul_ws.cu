@@ -2,9 +2,9 @@
 // wrappers, descriptors, fences and wg_pin) and the ring's helpers (cp.async, decode8, the epilogue stores, and the
 // x prologue nf4_mm_prep, whose f16 rows this kind reads).
 //
-// nf4_mm_ws<FMT, EPI, BM, BN, MT, ST, KS, MB>: the wg kind's tile and math, with the copies and the decode taken
-// off the tensor-core warps. BM / (64 MT) consumer warpgroups only wait, issue wgmma and store; one producer
-// warpgroup (the block's last) issues every cp.async, decodes nf4 / f32 W into the stage's swizzled f16 tile, and
+// nf4_mm_ws<FMT, EPI, BM, BN, MT, ST, KS, MB, PW>: the wg kind's tile and math, with the copies and the decode
+// taken off the tensor-core warps. BM / (64 MT) consumer warpgroups only wait, issue wgmma and store; PW producer
+// warpgroups (the block's last) issue every cp.async, decodes nf4 / f32 W into the stage's swizzled f16 tile, and
 // hands stage s over through named barriers: FULL s (the producer arrives, the consumers wait) and EMPTY s (the
 // consumers arrive, the producer waits). setmaxnreg moves registers from the producer to the consumers, so tiles
 // whose accumulators the wg kind could not hold beside its copy and decode registers become legal.
@@ -25,17 +25,17 @@
 #define WS_PRODUCERS 13
 
 __host__ __device__ constexpr int ws_consumers(int BM, int MT) { return BM / (64 * MT); }
-__host__ __device__ constexpr int ws_threads(int BM, int MT) { return (ws_consumers(BM, MT) + 1) * 128; }
+__host__ __device__ constexpr int ws_threads(int BM, int MT, int PW) { return (ws_consumers(BM, MT) + PW) * 128; }
 // what a thread starts with: the launch bound's share of the register file, in steps of 8, at most 248
-__host__ __device__ constexpr int ws_launch_regs(int BM, int MT, int MB) {
-  return (65536 / (ws_threads(BM, MT) * MB) < 255 ? 65536 / (ws_threads(BM, MT) * MB) : 255) / 8 * 8;
+__host__ __device__ constexpr int ws_launch_regs(int BM, int MT, int MB, int PW) {
+  return (65536 / (ws_threads(BM, MT, PW) * MB) < 255 ? 65536 / (ws_threads(BM, MT, PW) * MB) : 255) / 8 * 8;
 }
-// a consumer thread's registers after setmaxnreg: the block's registers less the producer's, shared by the
+// a consumer thread's registers after setmaxnreg: the block's registers less the producers', shared by the
 // consumers, in steps of 8, at most 240
-__host__ __device__ constexpr int ws_consumer_regs(int BM, int MT, int MB) {
-  return ((ws_launch_regs(BM, MT, MB) * ws_threads(BM, MT) - 128 * WS_PRODUCER_REGS) /
+__host__ __device__ constexpr int ws_consumer_regs(int BM, int MT, int MB, int PW) {
+  return ((ws_launch_regs(BM, MT, MB, PW) * ws_threads(BM, MT, PW) - PW * 128 * WS_PRODUCER_REGS) /
               (ws_consumers(BM, MT) * 128) / 8 * 8 < 240
-              ? (ws_launch_regs(BM, MT, MB) * ws_threads(BM, MT) - 128 * WS_PRODUCER_REGS) /
+              ? (ws_launch_regs(BM, MT, MB, PW) * ws_threads(BM, MT, PW) - PW * 128 * WS_PRODUCER_REGS) /
                     (ws_consumers(BM, MT) * 128) / 8 * 8
               : 240);
 }
@@ -51,7 +51,7 @@ __host__ __device__ constexpr int ws_smem_bytes(int FMT, int EPI, int BM, int BN
 }
 
 __host__ __device__ constexpr int ws_first_failure(int FMT, int EPI, int BM, int BN, int MT, int ST, int KS,
-                                                    int MB) {
+                                                    int MB, int PW) {
   const int sets = EPI == 2 ? 2 : 1;
   if (FMT < 0 || FMT > 2 || EPI < 0 || EPI > 2) return 1;                               // variant
   if (MT != 1 && MT != 2) return 2;                                                    // mt_1_2
@@ -59,10 +59,11 @@ __host__ __device__ constexpr int ws_first_failure(int FMT, int EPI, int BM, int
   if (BN != 32 && BN != 64 && BN != 128 && BN != 256) return 4;                        // bn_32_256
   if (MT * sets * BN > 256) return 5;                                                  // accumulators_128
   if (MB < 1 || MB > 2) return 6;                                                      // mb_1_2
-  if (ws_consumer_regs(BM, MT, MB) - MT * sets * BN / 2 < WG_SPARE) return 7;         // registers_spare
-  if (ST < 3 || ST > 6) return 8;                                                      // stages_3_6
-  if (KS != 1 && KS != 2 && KS != 4 && KS != 8) return 9;                              // ks_1_2_4_8
-  if (ws_smem_bytes(FMT, EPI, BM, BN, ST) > PIPE_SMEM_MAX) return 10;                  // smem_227k
+  if (PW != 1 && PW != 2) return 7;                                                    // pw_1_2
+  if (ws_consumer_regs(BM, MT, MB, PW) - MT * sets * BN / 2 < WG_SPARE) return 8;     // registers_spare
+  if (ST < 3 || ST > 6) return 9;                                                      // stages_3_6
+  if (KS != 1 && KS != 2 && KS != 4 && KS != 8) return 10;                             // ks_1_2_4_8
+  if (ws_smem_bytes(FMT, EPI, BM, BN, ST) > PIPE_SMEM_MAX) return 11;                  // smem_227k
   return 0;
 }
 
@@ -75,23 +76,25 @@ __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 
-template <int FMT, int EPI, int BM, int BN, int MT, int ST, int KS, int MB>
-__global__ void __launch_bounds__((BM / (64 * MT) + 1) * 128, MB)
+template <int FMT, int EPI, int BM, int BN, int MT, int ST, int KS, int MB, int PW>
+__global__ void __launch_bounds__((BM / (64 * MT) + PW) * 128, MB)
 nf4_mm_ws(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w, const float *__restrict__ absmax,
           const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, float *__restrict__ out, int M,
           int N, int K) {
-  constexpr int FAIL = ws_first_failure(FMT, EPI, BM, BN, MT, ST, KS, MB);
+  constexpr int FAIL = ws_first_failure(FMT, EPI, BM, BN, MT, ST, KS, MB, PW);
   static_assert(FAIL != 1, "variant: FMT in 0..2 (nf4, f16, f32), EPI in 0..2 (none, residual, swiglu)");
   static_assert(FAIL != 2, "mt_1_2: MT (m64 slices per consumer warpgroup) must be 1 or 2");
   static_assert(FAIL != 3, "consumers_1_3: BM must be 1..3 consumer warpgroups of MT x 64 rows");
   static_assert(FAIL != 4, "bn_32_256: BN must be 32, 64, 128 or 256 (a wgmma n size)");
   static_assert(FAIL != 5, "accumulators_128: MT * SETS * BN / 2 accumulators per thread must be at most 128");
   static_assert(FAIL != 6, "mb_1_2: MB (blocks per SM in the launch bound) must be 1 or 2");
-  static_assert(FAIL != 7, "registers_spare: the consumers' registers leave too few beside the accumulators");
-  static_assert(FAIL != 8, "stages_3_6: ST (stages) must be in 3..6");
-  static_assert(FAIL != 9, "ks_1_2_4_8: KS (slices of K) must be 1, 2, 4 or 8");
-  static_assert(FAIL != 10, "smem_227k: the stages exceed 227 KB of shared memory");
-  constexpr int NC = ws_consumers(BM, MT), NT = ws_threads(BM, MT), SETS = EPI == 2 ? 2 : 1, BK = 64;
+  static_assert(FAIL != 7, "pw_1_2: PW (producer warpgroups) must be 1 or 2");
+  static_assert(FAIL != 8, "registers_spare: the consumers' registers leave too few beside the accumulators");
+  static_assert(FAIL != 9, "stages_3_6: ST (stages) must be in 3..6");
+  static_assert(FAIL != 10, "ks_1_2_4_8: KS (slices of K) must be 1, 2, 4 or 8");
+  static_assert(FAIL != 11, "smem_227k: the stages exceed 227 KB of shared memory");
+  constexpr int NC = ws_consumers(BM, MT), NT = ws_threads(BM, MT, PW), SETS = EPI == 2 ? 2 : 1, BK = 64;
+  constexpr int NP = PW * 128;  // producer threads
   constexpr int XBYTES = BM * 128, WTILE = BN * 128, STAGE = XBYTES + SETS * WTILE;
   constexpr int RAW = ws_raw_bytes(FMT, EPI, BN), LEAD = ST - 2, SLOTS = ST - 1;
   static_assert(STAGE % 1024 == 0, "stages start on the swizzle's 1024-byte atom");
@@ -105,12 +108,12 @@ nf4_mm_ws(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
   const int steps = K / KS / BK, k_begin = blockIdx.z * (K / KS);
   auto swz = [](unsigned e) { return (e << 4) ^ (((e >> 3) & 7u) << 4); };  // 16-byte chunk e of 128-byte rows
 
-  if (wg == NC) {  // ---- the producer warpgroup ----------------------------------------------------------------
+  if (wg >= NC) {  // ---- the producer warpgroups ---------------------------------------------------------------
     setmaxnreg_dec<WS_PRODUCER_REGS>();
     const unsigned p = tid - NC * 128;
     if (FMT == 0) {
       if (p < 16) lut[p] = NF4_CODE[p];
-      bar_sync_n(WS_PRODUCERS, 128);
+      bar_sync_n(WS_PRODUCERS, NP);
     }
     // nf4: chunk e of a step's W = 16 bytes (32 weights, half a row) of row e / 2; f32: 32 bytes (8 weights) of row
     // e / 8; f16: 16 bytes (8 weights) of row e / 8, straight into the stage. Rows run over both weight sets.
@@ -119,18 +122,18 @@ nf4_mm_ws(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
       if (j >= steps) return;
       unsigned char *st = base + (j % ST) * STAGE;
       const int k0 = k_begin + j * BK;
-      static_assert(XQ % 128 == 0, "x tile: whole chunks per producer thread");
+      static_assert(XQ % NP == 0, "x tile: whole chunks per producer thread");
 #pragma unroll 1
-      for (int i = 0; i < XQ / 128; ++i) {
-        const unsigned e = p + i * 128, r = e >> 3;
+      for (int i = 0; i < XQ / NP; ++i) {
+        const unsigned e = p + i * NP, r = e >> 3;
         const bool ok = m0 + (int)r < M;
         cp_async16(st + swz(e), ok ? xh + (size_t)(m0 + r) * K + k0 + (e & 7u) * 8 : xh, ok);
       }
       unsigned char *ws = raw + (j % SLOTS) * RAW;
 #pragma unroll 1
-      for (int i = 0; i < (WQ + 127) / 128; ++i) {
-        const unsigned e = p + i * 128;
-        if (WQ % 128 == 0 || e < (unsigned)WQ) {
+      for (int i = 0; i < (WQ + NP - 1) / NP; ++i) {
+        const unsigned e = p + i * NP;
+        if (WQ % NP == 0 || e < (unsigned)WQ) {
           const unsigned row = FMT == 0 ? e >> 1 : e >> 3, r = row % BN, c = FMT == 0 ? e & 1u : e & 7u;
           const bool ok = n0 + (int)r < N;
           const unsigned char *src = reinterpret_cast<const unsigned char *>(row >= BN ? w_up : w);
@@ -153,9 +156,9 @@ nf4_mm_ws(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
       const unsigned char *ws = raw + (j % SLOTS) * RAW;
       unsigned char *d = base + (j % ST) * STAGE + XBYTES;
 #pragma unroll 1
-      for (int i = 0; i < (WQ + 127) / 128; ++i) {
-        const unsigned e = p + i * 128;
-        if (WQ % 128 == 0 || e < (unsigned)WQ) {
+      for (int i = 0; i < (WQ + NP - 1) / NP; ++i) {
+        const unsigned e = p + i * NP;
+        if (WQ % NP == 0 || e < (unsigned)WQ) {
           if (FMT == 0) {
             const uint4 q = *reinterpret_cast<const uint4 *>(ws + e * 16);
             WRaw<0> r;
@@ -198,7 +201,7 @@ nf4_mm_ws(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
   }
 
   // ---- the consumer warpgroups --------------------------------------------------------------------------------
-  setmaxnreg_inc<ws_consumer_regs(BM, MT, MB)>();
+  setmaxnreg_inc<ws_consumer_regs(BM, MT, MB, PW)>();
   const int warp = tid / WARPSIZE;
   float acc[MT][SETS][1][BN / 8][4];
 #pragma unroll
