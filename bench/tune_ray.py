@@ -8,6 +8,10 @@ Ray run exactly the configs the local run measured (the JSON's `cut` says so); `
 Writes `tune_ray.json` into `--out`: date, device, command, seconds of each run, the workers, the stage seconds
 the engines report, where the Ray run's kernels were compiled, both best configs and whether they agree.
 
+`--compile-probe N` (CUDA) first times N compiles of the space's configs through Ray CPU tasks alone, every task
+submitted at once on the cluster's CPU slots, and records the tasks per second with the seconds each compile took
+inside its task: whether a slow fan-out is the compiles or the tasks around them.
+
 Run: PYTHONPATH=src python bench/tune_ray.py --out bench/results/tune_ray_h200 [--limit-s 150] [--workers N]
 """
 
@@ -28,6 +32,39 @@ def _best(result: Any) -> dict[str, Any] | None:
     b = result.best
     return None if b is None else {"config": b.config.key(), "median_ms": b.median_ms, "worker": b.worker,
                                    "tie_group": b.tie_group}
+
+
+def _timed_compile(request: Any) -> tuple[float, bool]:
+    """One compile task of the probe: (seconds inside the task, compiled)."""
+    from tilewise.tune.cluster import compile_on_cpu
+
+    t = time.perf_counter()
+    got = compile_on_cpu(request)
+    return time.perf_counter() - t, type(got).__name__ == "CompiledCuda"
+
+
+def compile_probe(ray: Any, tpl: Any, info: Any, shape: tuple[int, ...], configs: list[Any],
+                  slots: int) -> dict[str, Any]:
+    """Compile `configs` in Ray CPU tasks, all submitted at once (`slots` run at a time, as the tuner's fan-out):
+    wall seconds, tasks per second, the seconds inside each task, and the first task's start-up."""
+    from tilewise.devices.cuda_nvrtc import CompileProbe
+
+    requests = []
+    for c in configs:
+        probe = CompileProbe(info)
+        tpl.compile(probe, c, shape)
+        requests.append(probe.requests[-1])
+    task = ray.remote(num_cpus=1, max_retries=0)(_timed_compile)
+    t0 = time.perf_counter()
+    first = ray.get(task.remote(requests[0]))  # a warm worker, its imports and libnvrtc loaded
+    warm_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    got = ray.get([task.remote(r) for r in requests])
+    wall = time.perf_counter() - t0
+    inside = [s for s, _ in got]
+    return {"kernels": len(requests), "slots": slots, "wall_s": wall, "per_s": len(requests) / wall,
+            "inside_s_median": float(sorted(inside)[len(inside) // 2]), "inside_s_sum": float(sum(inside)),
+            "first_task_s": warm_s, "first_inside_s": first[0], "compiled": sum(ok for _, ok in got)}
 
 
 def _cupy_nvrtc() -> str | None:
@@ -53,6 +90,8 @@ def main() -> int:
                    help="stop the local run after this many seconds; the Ray run then measures the same configs")
     p.add_argument("--compile-on", choices=("cpu", "worker"), default="cpu",
                    help="where the Ray run compiles CUDA kernels: CPU tasks (cubins shipped) or the GPU worker")
+    p.add_argument("--compile-probe", type=int, default=0,
+                   help="CUDA: first time this many compiles through Ray CPU tasks alone (0: no probe)")
     args = p.parse_args()
 
     import ray
@@ -109,6 +148,18 @@ def main() -> int:
             fp = workers[0].info.fingerprint
             store = Store(Path(tmp) / "ray.sqlite")
             eng = cluster.engine(fp, store, seed=args.seed)
+            if args.compile_probe and backend == "cuda":
+                import random
+
+                picked = random.Random(args.seed + 1).sample(sorted(legal_configs, key=str),
+                                                            min(args.compile_probe, legal))
+                tp = time.perf_counter()
+                record["compile_probe"] = compile_probe(ray, tpl, workers[0].info, shape, picked,
+                                                        eng.compile_slots)
+                pr = record["compile_probe"]
+                print(f"compile probe: {pr['kernels']} kernels in {pr['wall_s']:.1f} s on {pr['slots']} slots "
+                      f"({pr['per_s']:.2f}/s), {pr['inside_s_median']:.2f} s each inside its task", flush=True)
+                t0 += time.perf_counter() - tp  # the probe is not part of the Ray run's time
             eng.cpu_compiles = eng.cpu_compiles and args.compile_on == "cpu"
             got = tune(tpl, eng.device, shape, space=args.space, store=store, engine=eng,
                        configs=taken if cut else None)
