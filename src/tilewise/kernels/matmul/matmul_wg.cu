@@ -201,6 +201,37 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 8][4], unsigned long 
   else wgmma_n256(d, da, db);
 }
 
+// one K step of 64 for warpgroup wg: its MT m64 slices of the x tile at shared address st times the SETS W tiles
+// (BN, 64) at wt, issued asynchronously; then waiting for the previous step's wgmma (this one runs on)
+template <int BN, int MT, int SETS>
+__device__ __forceinline__ void wg_step(float (&acc)[MT][SETS][1][BN / 8][4], unsigned st, unsigned wt, int wg) {
+  wg_pin(acc);
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < 64 / 16; ++kk)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int s = 0; s < SETS; ++s)
+        wgmma_tile<BN>(acc[mt][s][0], wg_desc(st + (wg * MT + mt) * 64 * 128 + kk * 32),
+                       wg_desc(wt + s * BN * 128 + kk * 32));
+  wg_commit();
+  wg_wait<1>();
+  wg_pin(acc);
+}
+
+// warpgroup wg's MT slices stored: the epilogue (KS 1) or slice blockIdx.z's raw sums into partial
+template <int EPI, int BN, int MT, int SETS, int KS>
+__device__ __forceinline__ void wg_store(const float (&acc)[MT][SETS][1][BN / 8][4], float *out, int M, int N,
+                                         int m0, int n0, int wg, int warp) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const int row0 = m0 + (wg * MT + mt) * 64 + 16 * (warp % 4);
+    if (KS == 1) store_epilogue_at<EPI, 16, BN, SETS>(acc[mt], out, M, N, row0, n0);
+    else store_partial_at<16, BN, SETS>(acc[mt], out, M, N, row0, n0);
+  }
+}
+
 template <int FMT, int EPI, int BM, int BN, int MT, int ST, int KS, int MB>
 __global__ void __launch_bounds__(BM / (64 * MT) * 128, MB)
 nf4_mm_wg(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w, const float *__restrict__ absmax,
@@ -329,27 +360,10 @@ nf4_mm_wg(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
     decode(kt + 1);  // into decoded tile (kt + 1) % 3 = (kt - 2) % 3, while step kt - 1's wgmma runs
     const unsigned st = base_addr + XOFF + (kt % ST) * XBYTES;
     const unsigned wt = base_addr + (DEC ? (kt % 3) * SETS * WTILE : WOFF + (kt % WSLOTS) * RAW);
-    wg_pin(acc);
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk)
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int s = 0; s < SETS; ++s)
-          wgmma_tile<BN>(acc[mt][s][0], wg_desc(st + (wg * MT + mt) * 64 * 128 + kk * 32),
-                         wg_desc(wt + s * WTILE + kk * 32));
-    wg_commit();
-    wg_wait<1>();  // this warpgroup's step kt - 1 is done; step kt runs on through the next step's copies and decode
-    wg_pin(acc);
+    wg_step<BN, MT, SETS>(acc, st, wt, wg);  // this warpgroup's step kt - 1 is done; kt runs on through the copies
   }
   wg_wait<0>();
   wg_pin(acc);
   cp_async_wait<0>();
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    const int row0 = m0 + (wg * MT + mt) * 64 + 16 * (warp % 4);
-    if (KS == 1) store_epilogue_at<EPI, 16, BN, SETS>(acc[mt], out, M, N, row0, n0);
-    else store_partial_at<16, BN, SETS>(acc[mt], out, M, N, row0, n0);
-  }
+  wg_store<EPI, BN, MT, SETS, KS>(acc, out, M, N, m0, n0, wg, warp);
 }

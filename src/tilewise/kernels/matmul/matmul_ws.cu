@@ -67,7 +67,9 @@ __host__ __device__ constexpr int ws_first_failure(int FMT, int EPI, int BM, int
   return 0;
 }
 
-__device__ __forceinline__ void bar_sync_n(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_sync_n(int id, int n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
 __device__ __forceinline__ void bar_arrive_n(int id, int n) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
@@ -208,28 +210,11 @@ nf4_mm_ws(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
   for (int mt = 0; mt < MT; ++mt) zero_acc(acc[mt]);
   for (int kt = 0; kt < steps; ++kt) {
     bar_sync_n(WS_FULL0 + kt % ST, NT);
-    const unsigned st = base_addr + (kt % ST) * STAGE, wt = st + XBYTES;
-    wg_pin(acc);
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk)
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int s = 0; s < SETS; ++s)
-          wgmma_tile<BN>(acc[mt][s][0], wg_desc(st + (wg * MT + mt) * 64 * 128 + kk * 32),
-                         wg_desc(wt + s * WTILE + kk * 32));
-    wg_commit();
-    wg_wait<1>();  // step kt - 1 has retired: its stage may be refilled
-    wg_pin(acc);
+    const unsigned st = base_addr + (kt % ST) * STAGE;
+    wg_step<BN, MT, SETS>(acc, st, st + XBYTES, wg);  // step kt - 1 has retired: its stage may be refilled
     if (kt >= 1 && kt - 1 + ST < steps) bar_arrive_n(WS_EMPTY0 + (kt - 1) % ST, NT);
   }
   wg_wait<0>();
   wg_pin(acc);
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    const int row0 = m0 + (wg * MT + mt) * 64 + 16 * (warp % 4);
-    if (KS == 1) store_epilogue_at<EPI, 16, BN, SETS>(acc[mt], out, M, N, row0, n0);
-    else store_partial_at<16, BN, SETS>(acc[mt], out, M, N, row0, n0);
-  }
+  wg_store<EPI, BN, MT, SETS, KS>(acc, out, M, N, m0, n0, wg, warp);
 }
