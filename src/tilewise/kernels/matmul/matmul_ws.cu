@@ -1,6 +1,6 @@
 // matmul_ws.cu - the wgmma matmul with warp specialization (sm_90a only); compiled after matmul_wg.cu (its wgmma
-// wrappers, descriptors, fences and wg_pin) and the ring's helpers (cp.async, decode8, the epilogue stores, and the
-// x prologue nf4_mm_prep, whose f16 rows this kind reads).
+// wrappers, descriptors, fences, wg_pin, its K step wg_step and its store wg_store) and the ring's helpers
+// (cp.async, decode8, and the x prologue nf4_mm_prep, whose f16 rows this kind reads).
 //
 // nf4_mm_ws<FMT, EPI, BM, BN, MT, ST, KS, MB, PW>: the wg kind's tile and math, with the copies and the decode
 // taken off the tensor-core warps. BM / (64 MT) consumer warpgroups only wait, issue wgmma and store; PW producer
