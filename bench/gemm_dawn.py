@@ -228,6 +228,11 @@ def main() -> int:
     ap.add_argument("--unchecked", action="store_true",
                     help="also tune and race on Dawn without robustness (outputs guarded by canaries when verified)")
     args = ap.parse_args()
+    wanted = [s.strip() for s in args.only.split(",")] if args.only else None
+    unknown = sorted(set(wanted or ()) - {n for n, _ in shapes()})
+    if unknown:  # refused before any device is opened
+        log(f"unknown shape names {unknown}: use some of {[n for n, _ in shapes()]}")
+        return 2
     os.environ.setdefault("TILEWISE_STORE", str(Path(tempfile.mkdtemp(prefix="gemm-dawn-")) / "results.sqlite"))
     report: dict[str, Any] = {"format": "tilewise-bench-gemm-dawn", "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
                               "args": vars(args), "shapes": []}
@@ -275,11 +280,6 @@ def main() -> int:
                            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
     except Exception as exc:
         report["torch"] = {"error": str(exc)}
-    wanted = [s.strip() for s in args.only.split(",")] if args.only else None
-    unknown = sorted(set(wanted or ()) - {n for n, _ in shapes()})
-    if unknown:
-        log(f"unknown shape names {unknown}: use some of {[n for n, _ in shapes()]}")
-        return 2
     for name, shape in shapes():
         if wanted is not None and name not in wanted:
             continue
