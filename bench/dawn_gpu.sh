@@ -13,6 +13,11 @@
 #   OUT_DIR/decision/{results.json,summary.md}, decision.txt  with DECISION=1: bench/decision_webgpu.py --device dawn
 #                            (tune, decision p50/p90/p99, HF eager and torch.compile, deciding in turn, AGREEMENT=200
 #                            game prompts against HF float64)
+#   OUT_DIR/gemm_unchecked.{json,txt}  with UNCHECKED_GEMM=1: bench/gemm_dawn.py --unchecked (both robustness modes
+#                            in one race) on UNCHECKED_ONLY (default "square 4096,lfm2 w1|w3")
+#   OUT_DIR/dawn_wait.{json,txt}  with WAIT=1: bench/dawn_wait.py (the blocking against the spinning map wait) on the
+#                            table TILEWISE_DISPATCH_DIR holds; with TILEWISE_DAWN_UNCHECKED=1 set, on the unchecked
+#                            device and its table
 #   SKIP="pytest gemm_dawn"  leaves those steps out (a short call for one part)
 #   OUT_DIR/status.txt       one line per step: name, exit status (124: timed out), seconds
 # Each step runs under `timeout`, so one failure or hang does not stop the others.
@@ -47,6 +52,15 @@ step pytest 180 "$OUT/pytest.txt" "$PY" -m pytest -q -p no:cacheprovider -rs tes
 step gemm_dawn "${GEMM_DAWN_S:-300}" "$OUT/gemm_dawn.txt" "$PY" bench/gemm_dawn.py --out "$OUT/gemm_dawn.json" --skip-numerics "$@"
 step sgmat-numerics "${SGMAT_TEST_S:-420}" "$OUT/sgmat-numerics.txt" "$PY" -m pytest -q -s -p no:cacheprovider -rs \
     tests/dawn/test_matmul_sgmat_compile.py tests/dawn/test_matmul_sgmat_numerics.py tests/unit/test_matmul_sgmat_space.py
+if [ "${UNCHECKED_GEMM:-0}" = 1 ]; then  # the cost of Dawn's bounds checks on gemm-f16, in one race
+    step gemm-unchecked "${UNCHECKED_S:-200}" "$OUT/gemm_unchecked.txt" env TILEWISE_DAWN_UNCHECKED=0 "$PY" \
+        bench/gemm_dawn.py --out "$OUT/gemm_unchecked.json" --skip-numerics --unchecked \
+        --sample "${UNCHECKED_SAMPLE:-8}" --rounds 20 --only "${UNCHECKED_ONLY:-square 4096,lfm2 w1|w3}"
+fi
+if [ "${WAIT:-0}" = 1 ]; then  # how the host waits for a decision: block against spin, alternating rounds
+    step dawn-wait "${WAIT_S:-120}" "$OUT/dawn_wait.txt" "$PY" bench/dawn_wait.py --out "$OUT" --preset lfm2-350m \
+        --device dawn --rounds 8 --per-round 20
+fi
 if [ "${MODEL_TUNE:-0}" = 1 ]; then  # the model's matmuls tuned on Dawn (subgroup matrices compete), then a decision
     export TILEWISE_DISPATCH_DIR="$OUT/dispatch"  # the table this run writes is the one the bench loads
     step tune-model "${MODEL_TUNE_S:-1500}" "$OUT/tune-model.txt" "$PY" -m tilewise --debug tune model --device dawn \
