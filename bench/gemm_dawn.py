@@ -195,6 +195,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         race = r.get("race") or {}
         label = f"{r['name'] + ' ' + 'x'.join(map(str, r['shape'])):<30}"
         checked = None
+        f16, f32 = race.get("cuBLAS f16 (torch)"), race.get("cuBLAS f32 (torch)")
         for prefix, mode in (("dawn ", "on"), ("unchecked ", "off")):
             dawn = [v for k, v in race.items() if k.startswith(prefix)]
             if not dawn:
@@ -202,10 +203,8 @@ def table(rows: list[dict[str, Any]]) -> str:
                     lines.append(f"{label} {mode:<10} {'-':>10}")
                 continue
             best = min(dawn, key=lambda v: v["median_ms"])
-            f16 = race.get("cuBLAS f16 (torch)", {}).get("median_ms")
-            f32 = race.get("cuBLAS f32 (torch)", {}).get("median_ms")
-            ratio16 = _ratio(race.get("cuBLAS f16 (torch)"), best) if f16 else "-"
-            ratio32 = _ratio(race.get("cuBLAS f32 (torch)"), best) if f32 else "-"
+            ratio16 = _ratio(f16, best) if f16 and f16.get("median_ms") else "-"
+            ratio32 = _ratio(f32, best) if f32 and f32.get("median_ms") else "-"
             vs = _ratio(checked, best) if checked is not None else "-"
             checked = best if mode == "on" else checked
             lines.append(f"{label} {mode:<10} {best['median_ms']:>8.3f}ms {best['tflops']:>8.1f} {ratio16:>9} "

@@ -98,10 +98,8 @@ def main() -> int:
 
     configs = random.Random(args.seed).sample(legal, min(len(legal), args.configs + args.serial))
     for c in configs:
-        probe = CompileProbe(info)
-        tpl.compile(probe, c, shape)
-        r = probe.requests[-1]
-        REQUESTS.append((r.source, r.entry, tuple(r.options)))
+        r = CompileProbe.requests_of(tpl, c, shape, info)[-1]
+        REQUESTS.append((r.source, r.entry, r.options))
     n, w = args.configs, args.workers
     par = list(range(n))
     rows: list[dict[str, Any]] = []

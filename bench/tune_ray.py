@@ -36,11 +36,12 @@ def _best(result: Any) -> dict[str, Any] | None:
 
 def _timed_compile(request: Any) -> tuple[float, bool]:
     """One compile task of the probe: (seconds inside the task, compiled)."""
+    from tilewise.devices.cuda_nvrtc import CompiledCuda
     from tilewise.tune.cluster import compile_on_cpu
 
     t = time.perf_counter()
     got = compile_on_cpu(request)
-    return time.perf_counter() - t, type(got).__name__ == "CompiledCuda"
+    return time.perf_counter() - t, isinstance(got, CompiledCuda)
 
 
 def compile_probe(ray: Any, tpl: Any, info: Any, shape: tuple[int, ...], configs: list[Any],
@@ -49,11 +50,7 @@ def compile_probe(ray: Any, tpl: Any, info: Any, shape: tuple[int, ...], configs
     wall seconds, tasks per second, the seconds inside each task, and the first task's start-up."""
     from tilewise.devices.cuda_nvrtc import CompileProbe
 
-    requests = []
-    for c in configs:
-        probe = CompileProbe(info)
-        tpl.compile(probe, c, shape)
-        requests.append(probe.requests[-1])
+    requests = [CompileProbe.requests_of(tpl, c, shape, info)[-1] for c in configs]
     task = ray.remote(num_cpus=1, max_retries=0)(_timed_compile)
     t0 = time.perf_counter()
     first = ray.get(task.remote(requests[0]))  # a warm worker, its imports and libnvrtc loaded

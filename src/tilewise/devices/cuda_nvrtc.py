@@ -212,6 +212,15 @@ class CompileProbe:
     def allow_dynamic_shared(self, program: Program, nbytes: int) -> None:
         """Nothing to do: the worker's device opts the loaded kernel in (and refuses what its GPU cannot hold)."""
 
+    @classmethod
+    def requests_of(cls, kernel: Any, config: Any, shape: Any, info: DeviceInfo,
+                    features: set[str] | None = None) -> list[CompileRequest]:
+        """The compiles `kernel.compile(device, config, shape)` asks of a device described by `info`, in order (a
+        template's own errors propagate)."""
+        probe = cls(info, set(features or ()))
+        kernel.compile(probe, config, shape)
+        return probe.requests
+
 
 class Prebuilt:
     """A CUDA device whose `compile` loads the cubin shipped for that (source, entry, options) when there is one,

@@ -82,6 +82,7 @@ from tilewise.kernels.matmul.cuda_space import (
     WG_SEED,
     WG_SPARE,
     WG_VALUES,
+    WGMMA_KINDS,
     WS_PARAMS,
     WS_PRODUCER_REGS,
     WS_SEED,
@@ -144,6 +145,7 @@ __all__ = [
     "SPLITK_SEED",
     "STATIC_SMEM_BYTES",
     "WARP",
+    "WGMMA_KINDS",
     "WG_BK",
     "WG_COMPUTE_CAPABILITY",
     "WG_PARAMS",
@@ -273,7 +275,7 @@ class CudaMatmul(KernelTemplate):
         m, _, k = shape
         out = []
         if self.kind in KS_KINDS:
-            bk = WG_BK if self.kind in ("wg", "ws") else config["BK"]
+            bk = WG_BK if self.kind in WGMMA_KINDS else config["BK"]
             if k % (config["KS"] * bk):
                 out.append(f"k_slices: K = {k} is not KS = {config['KS']} slices of whole BK = {bk} steps "
                            f"(a multiple of {config['KS'] * bk})")
@@ -418,7 +420,7 @@ class CudaMatmul(KernelTemplate):
     def describe(self, config: Config) -> str:
         if self.kind == "rows":
             return f"rows nt{config['NT']} rm{config['RM']}"
-        if self.kind in ("wg", "ws"):
+        if self.kind in WGMMA_KINDS:
             return (f"{self.kind} {config['BM']}x{config['BN']}x{WG_BK} mt{config['MT']} st{config['ST']} "
                     f"ks{config['KS']} mb{config['MB']}" + (f" pw{config['PW']}" if self.kind == "ws" else ""))
         tile = f"{config['BM']}x{config['BN']}x{config['BK']} w{config['WM']}x{config['WN']}"

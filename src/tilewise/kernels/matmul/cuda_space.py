@@ -12,6 +12,8 @@ from tilewise.kernels.space import Config, Rule
 
 WARP = 32
 KINDS = ("mma", "rows", "splitk", "pipe", "ring", "wg", "ws")
+#: the kinds on Hopper's warpgroup tensor cores: K steps of WG_BK, the wg kind's tile parameters
+WGMMA_KINDS = ("wg", "ws")
 #: the kinds with a KS parameter (slices of K summed through `partial`; split-K's KS is always 2 or more)
 KS_KINDS = ("splitk", "pipe", "ring", "wg", "ws")
 EPI_CODE = {e: i for i, e in enumerate(EPILOGUES)}  # none 0, residual 1, swiglu 2 (matmul.cu's EPI)
@@ -352,7 +354,7 @@ def ws_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
         wg["mt_1_2"],
         Rule("consumers_1_3", lambda c, _: c.BM % (64 * c.MT) == 0 and 64 * c.MT <= c.BM <= 3 * 64 * c.MT,
              lambda c, _: f"BM = {c.BM} is not 1..3 consumer warpgroups of MT x 64 = {64 * c.MT} rows",
-             doc="with the producer at most 512 threads; a fourth consumer would leave under 120 registers each"),
+             doc="a fourth consumer warpgroup would leave each consumer thread under 120 registers"),
         wg["bn_32_256"], wg["accumulators_128"], wg["mb_1_2"],
         Rule("pw_1_2", lambda c, _: c.PW in (1, 2), lambda c, _: f"PW = {c.PW} producer warpgroups is not 1 or 2",
              doc="warpgroups that copy and decode (2: x and W chunks spread over twice the threads)"),

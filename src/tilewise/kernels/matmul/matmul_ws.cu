@@ -4,9 +4,9 @@
 //
 // nf4_mm_ws<FMT, EPI, BM, BN, MT, ST, KS, MB, PW>: the wg kind's tile and math, with the copies and the decode
 // taken off the tensor-core warps. BM / (64 MT) consumer warpgroups only wait, issue wgmma and store; PW producer
-// warpgroups (the block's last) issue every cp.async, decodes nf4 / f32 W into the stage's swizzled f16 tile, and
-// hands stage s over through named barriers: FULL s (the producer arrives, the consumers wait) and EMPTY s (the
-// consumers arrive, the producer waits). setmaxnreg moves registers from the producer to the consumers, so tiles
+// warpgroups (the block's last) issue every cp.async, decode nf4 / f32 W into the stage's swizzled f16 tile, and
+// hand stage s over through named barriers: FULL s (the producers arrive, the consumers wait) and EMPTY s (the
+// consumers arrive, the producers wait). setmaxnreg moves registers from the producers to the consumers, so tiles
 // whose accumulators the wg kind could not hold beside its copy and decode registers become legal.
 // Stage s holds one K step (64): the x tile (BM, 64) and SETS W operand tiles (BN, 64), f16, K-major in the 128-byte
 // swizzle (the wg kind's descriptors). nf4 and f32 W land as stored in a ring of ST - 1 raw slots first; each
@@ -26,18 +26,18 @@
 
 __host__ __device__ constexpr int ws_consumers(int BM, int MT) { return BM / (64 * MT); }
 __host__ __device__ constexpr int ws_threads(int BM, int MT, int PW) { return (ws_consumers(BM, MT) + PW) * 128; }
-// what a thread starts with: the launch bound's share of the register file, in steps of 8, at most 248
+__host__ __device__ constexpr int ws_min(int a, int b) { return a < b ? a : b; }
+// what a thread starts with: the launch bound's share of the register file, in steps of 8 (at 256 threads ptxas
+// gives 240 of the 248, as much as any region asks for after setmaxnreg)
 __host__ __device__ constexpr int ws_launch_regs(int BM, int MT, int MB, int PW) {
-  return (65536 / (ws_threads(BM, MT, PW) * MB) < 255 ? 65536 / (ws_threads(BM, MT, PW) * MB) : 255) / 8 * 8;
+  return ws_min(65536 / (ws_threads(BM, MT, PW) * MB), 255) / 8 * 8;
 }
 // a consumer thread's registers after setmaxnreg: the block's registers less the producers', shared by the
 // consumers, in steps of 8, at most 240
 __host__ __device__ constexpr int ws_consumer_regs(int BM, int MT, int MB, int PW) {
-  return ((ws_launch_regs(BM, MT, MB, PW) * ws_threads(BM, MT, PW) - PW * 128 * WS_PRODUCER_REGS) /
-              (ws_consumers(BM, MT) * 128) / 8 * 8 < 240
-              ? (ws_launch_regs(BM, MT, MB, PW) * ws_threads(BM, MT, PW) - PW * 128 * WS_PRODUCER_REGS) /
-                    (ws_consumers(BM, MT) * 128) / 8 * 8
-              : 240);
+  return ws_min((ws_launch_regs(BM, MT, MB, PW) * ws_threads(BM, MT, PW) - PW * 128 * WS_PRODUCER_REGS) /
+                    (ws_consumers(BM, MT) * 128) / 8 * 8,
+                240);
 }
 // bytes of one step's W as stored, in a raw slot: nf4 32 a row and one absmax per 16-byte chunk; f32 256 a row;
 // f16 none (it lands in the stage)
