@@ -115,3 +115,51 @@ def test_old_formats_are_refused_with_the_fix(tmp_path):
     (tmp_path / "junk.json").write_text("[1, 2]")
     with pytest.raises(ConfigError, match="not a tilewise dispatch table"):
         DispatchTable.load(tmp_path / "junk.json")
+
+
+def test_family_version_is_per_backend(tmp_path, monkeypatch):
+    """Editing one backend's kernels leaves the other backends' versions (and so their tables) as they were; a
+    shared file or another family's module a backend imports changes that backend's version."""
+    from tilewise.tune import dispatch
+
+    kernels = tmp_path / "kernels"
+    fam, other = kernels / "fam", kernels / "other"
+    fam.mkdir(parents=True)
+    other.mkdir()
+    files = {"problem.py": "P = 1\n", "webgpu.py": "from tilewise.kernels.other.helper import H\n",
+             "wgsl_tiled.py": "W = 1\n", "cuda.py": "C = 1\n", "k.cu": "// kernel\n", "shader.wgsl": "// wgsl\n"}
+    for name, text in files.items():
+        (fam / name).write_text(text)
+    (other / "helper.py").write_text("H = 1\n")
+    monkeypatch.setattr(dispatch, "_KERNELS", kernels)
+
+    def versions():
+        return {b: dispatch.package_version(fam, b) for b in ("webgpu", "cuda")}
+
+    rng = random.Random(5)
+    for name, changes in [("k.cu", {"cuda"}), ("cuda.py", {"cuda"}), ("wgsl_tiled.py", {"webgpu"}),
+                          ("shader.wgsl", {"webgpu"}), ("problem.py", {"webgpu", "cuda"})]:
+        before = versions()
+        mark = "#" if name.endswith(".py") else "//"
+        (fam / name).write_text((fam / name).read_text() + f"{mark} edit {rng.random()}\n")
+        after = versions()
+        assert {b for b in before if before[b] != after[b]} == changes, name
+    before = versions()
+    (other / "helper.py").write_text("H = 2\n")
+    after = versions()
+    assert before["cuda"] == after["cuda"] and before["webgpu"] != after["webgpu"]
+
+
+def test_family_version_of_the_real_matmul_family():
+    """The WebGPU and CUDA matmul templates hash different code, and the WebGPU one includes the gemm family's
+    subgroup-matrix modules its sgmat kernels import."""
+    from pathlib import Path
+
+    from tilewise.kernels.matmul import cuda as mm_cuda
+    from tilewise.kernels.matmul import sgmat, webgpu
+    from tilewise.tune.dispatch import _imported_kernel_files, family_version
+
+    assert family_version(webgpu.MatmulTemplate()) != family_version(mm_cuda.CudaMatmul())
+    imported = {p.relative_to(Path(sgmat.__file__).parents[1]).as_posix()
+                for p in _imported_kernel_files(Path(sgmat.__file__))}
+    assert {"gemm/sgmat.py", "gemm/sgmat_wgsl.py"} <= imported

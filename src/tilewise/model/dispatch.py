@@ -22,6 +22,7 @@ from tilewise.kernels.attention import webgpu as attn_k
 from tilewise.kernels.base import KernelTemplate
 from tilewise.kernels.matmul import cuda as mm_cuda
 from tilewise.kernels.matmul import webgpu as mm
+from tilewise.kernels.registry import backend_of
 from tilewise.kernels.space import Config
 from tilewise.tune.dispatch import DispatchTable, family_version
 from tilewise.tune.store import default_path
@@ -77,8 +78,10 @@ def default_matmul(rows: int) -> tuple[str, dict[str, Any]]:
     return "tiled", dict(mm.DEFAULT_TILED)
 
 
-def current_versions() -> dict[str, str]:
-    """The code versions of the families the model tunes (a table measured on other code is stale)."""
+def current_versions(backend: str = "webgpu") -> dict[str, str]:
+    """The code versions of the families the model tunes on `backend` (a table measured on other code is stale)."""
+    if backend == "cuda":
+        return {"matmul": family_version(mm_cuda.CudaMatmul()), "attention": family_version(attn_cuda.CudaAttention())}
     return {"matmul": family_version(mm.MatmulTemplate()), "attention": family_version(attn_k.AttentionTemplate())}
 
 
@@ -211,7 +214,7 @@ def _load_checked(path: Path, fingerprint: str, quiet: bool, check: tuple[Any, .
         warnings.warn(f"ignoring {path}: it is not a portable table (it was measured on {table.device!r}); using "
                       f"defaults. {TUNE_FIX}", stacklevel=3)
         return DispatchTable(fingerprint)
-    usable, notes = table.usable_on(fingerprint, current_versions())
+    usable, notes = table.usable_on(fingerprint, current_versions(backend_of(fingerprint)))
     usable, problems = check_model_table(usable, *check)
     if problems:
         notes.append("entries breaking a kernel rule: " + "; ".join(problems))

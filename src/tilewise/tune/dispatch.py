@@ -103,17 +103,61 @@ def family_of(template: KernelTemplate) -> str:
     return parts[2] if len(parts) > 3 and parts[:2] == ["tilewise", "kernels"] else parts[-1]
 
 
-def family_version(template: KernelTemplate) -> str:
-    """Hash of a family's code (every source file of its package): a table measured on other code is stale."""
-    name = type(template).__module__
-    path = Path(sys.modules[name].__file__ or "")
-    in_package = len(name.split(".")) > 3  # tilewise.kernels.<family>.<backend>
-    files = sorted(p for p in path.parent.iterdir() if p.suffix in (".py", ".cu", ".wgsl")) if in_package else [path]
+#: which backend a family's source file belongs to, by its name; files no backend owns (problem.py, tiling.py,
+#: __init__.py) belong to all. A table is stale only when the code of its own backend (or a shared file) changed.
+_OWNERS = (("cuda", (".cu",), ("cuda", "tvm_cuda")), ("tvm-llvm", (), ("tvm_llvm",)),
+           ("webgpu", (".wgsl",), ("webgpu", "wgsl", "sgmat")))
+_KERNELS = Path(__file__).resolve().parents[1] / "kernels"
+
+
+def file_backend(path: Path) -> str | None:
+    """The backend a family source file is written for, or None for a file all its backends share."""
+    for backend, suffixes, stems in _OWNERS:
+        if path.suffix in suffixes or path.stem.startswith(stems):
+            return backend
+    return None
+
+
+def _imported_kernel_files(path: Path) -> set[Path]:
+    """The family modules `path` imports (`from tilewise.kernels.F.M import ...`, `from tilewise.kernels.F import
+    M`): code it runs."""
+    import ast
+
+    found: set[Path] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tilewise.kernels."):
+            parts = node.module.split(".")[2:]  # F.M, or F with the modules among the names
+            names = [parts[1]] if len(parts) == 2 else [a.name for a in node.names] if len(parts) == 1 else []
+            found.update(_KERNELS / parts[0] / f"{n}.py" for n in names if (_KERNELS / parts[0] / f"{n}.py").is_file())
+    return found
+
+
+def package_version(family_dir: Path, backend: str | None) -> str:
+    """Hash of the code `backend` runs for the family in `family_dir`: its files and the shared ones (every file for
+    backend None), then the other families' modules those import."""
+    files = {p for p in family_dir.iterdir() if p.suffix in (".py", ".cu", ".wgsl")
+             and (backend is None or file_backend(p) in (None, backend))}
+    todo = [p for p in files if p.suffix == ".py"]
+    while todo:
+        for dep in _imported_kernel_files(todo.pop()):
+            if dep not in files and dep.parent != family_dir:
+                files.add(dep)
+                todo.append(dep)
     h = hashlib.sha256()
-    for p in files:
+    for p in sorted(files, key=lambda p: (p.parent != family_dir, p.parent.name, p.name)):
         h.update(p.name.encode())
         h.update(p.read_bytes())
     return h.hexdigest()[:12]
+
+
+def family_version(template: KernelTemplate) -> str:
+    """Hash of the code a template's family runs on its backend (`package_version`): a table measured on other
+    code is stale, and editing one backend's kernels leaves the other backends' tables valid."""
+    name = type(template).__module__
+    path = Path(sys.modules[name].__file__ or "")
+    if len(name.split(".")) <= 3:  # a module outside a family package: itself alone
+        return hashlib.sha256(path.name.encode() + path.read_bytes()).hexdigest()[:12]
+    return package_version(path.parent, file_backend(path))
 
 
 @dataclass
@@ -357,5 +401,5 @@ def load_table(path: str | Path) -> DispatchTable:
 
 
 __all__ = ["FORMAT", "PORTABLE_DEVICE", "SCHEMA", "DispatchTable", "Entry", "Range", "dispatch_table", "family_of",
-           "family_version", "fit_dispatch", "load_table", "lookup", "make_ranges", "parse_m_values", "sweep",
-           "sweep_json"]
+           "family_version", "file_backend", "fit_dispatch", "load_table", "lookup", "make_ranges", "package_version",
+           "parse_m_values", "sweep", "sweep_json"]
