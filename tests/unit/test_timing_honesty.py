@@ -247,3 +247,27 @@ def test_torch_threads_are_matched_to_the_blas_pool():
     t = FakeTorch()
     line = cpudev.match_torch_threads(t)
     assert t.threads == cpudev.thread_setup().threads and line == f"torch threads: {t.threads} (matched to BLAS)"
+
+
+def test_time_calls_warms_up_for_its_seconds_and_never_times_a_warmup_call():
+    """A call that is slow for its first 0.2 s (a GPU fresh from other work) is not in the timed samples: the
+    warm-up lasts `warmup_s`, cycles over the warm-up indices only, and the timed calls get 0..n-1."""
+    import time as _time
+
+    from tilewise.model.bench import time_calls
+
+    start = _time.perf_counter()
+    seen: list[int] = []
+
+    def fn(i: int) -> None:
+        seen.append(i)
+        _time.sleep(0.02 if _time.perf_counter() - start < 0.2 else 0.001)
+
+    samples = time_calls(fn, 8, 2, warmup_s=0.3)
+    warm = seen[:-8]
+    assert len(warm) > 2 and set(warm) == {-1, -2}
+    assert seen[-8:] == list(range(8))
+    assert max(samples) < 15.0  # ms: no slow (20 ms) call was timed
+    seen.clear()
+    time_calls(fn, 3, 0, warmup_s=5.0)
+    assert seen == [0, 1, 2]  # warmup 0: none at all

@@ -32,10 +32,20 @@ def percentiles(samples_ms: list[float]) -> dict[str, float]:
             "p99": float(np.percentile(a, 99)), "mean": float(a.mean()), "min": float(a.min()), "n": int(a.size)}
 
 
-def time_calls(fn: Callable[[int], Any], n: int, warmup: int, budget_s: float | None = None) -> list[float]:
-    """Wall-clock ms of `fn(i)` for n calls after `warmup` untimed ones (stops early past `budget_s`)."""
-    for i in range(warmup):
-        fn(-1 - i)
+#: the least warm-up of a timed series, in seconds: a GPU fresh from other work (a tune, a load) runs a
+#: decision 2-4x slower for a few hundred milliseconds, far longer than three warm-up calls take
+WARMUP_S = 1.0
+
+
+def time_calls(fn: Callable[[int], Any], n: int, warmup: int, budget_s: float | None = None,
+               warmup_s: float = WARMUP_S) -> list[float]:
+    """Wall-clock ms of `fn(i)` for n calls after untimed ones: `warmup` calls (cycling over indices -1..-warmup)
+    and then more until `warmup_s` seconds have passed (none at all with warmup 0). Stops early past `budget_s`."""
+    t_warm = time.perf_counter() + warmup_s
+    i = 0
+    while warmup and (i < warmup or time.perf_counter() < t_warm):
+        fn(-1 - i % warmup)
+        i += 1
     out: list[float] = []
     t_end = None if budget_s is None else time.perf_counter() + budget_s
     for i in range(n):
