@@ -127,3 +127,18 @@ def test_tune_model_ray_starts_workers_on_cuda_and_webgpu_devices(monkeypatch):
             model_tune.run(args)
     assert [d for d, _ in seen] == ["cuda", "webgpu", "dawn"]
     assert all({"cuda", "webgpu"} <= set(b) for _, b in seen)
+
+
+def test_a_cuda_ray_engine_queues_batches_ahead_of_its_workers():
+    """With kernels compiled in CPU tasks, each live worker is handed COMPILE_AHEAD batches per call, so the next
+    batches compile while it measures; without CPU compiles (WebGPU), one batch per live worker."""
+    from types import SimpleNamespace
+
+    from tilewise.tune.cluster import COMPILE_AHEAD, RayEngine
+
+    assert COMPILE_AHEAD >= 2
+    workers = [SimpleNamespace(alive=True), SimpleNamespace(alive=False), SimpleNamespace(alive=True)]
+    width = RayEngine.width.fget  # type: ignore[attr-defined]
+    assert width(SimpleNamespace(workers=workers, cpu_compiles=True)) == 2 * COMPILE_AHEAD
+    assert width(SimpleNamespace(workers=workers, cpu_compiles=False)) == 2
+    assert width(SimpleNamespace(workers=[SimpleNamespace(alive=False)], cpu_compiles=True)) == COMPILE_AHEAD
