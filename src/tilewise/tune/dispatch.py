@@ -23,6 +23,7 @@ device of its backend, each entry checked against that device's rules as every t
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import sys
@@ -121,6 +122,14 @@ def file_backend(path: Path) -> str | None:
 def _imported_kernel_files(path: Path) -> set[Path]:
     """The family modules `path` imports (`from tilewise.kernels.F.M import ...`, `from tilewise.kernels.F import
     M`): code it runs."""
+    st = path.stat()
+    return set(_imports_of(path, st.st_mtime_ns, st.st_size))
+
+
+@functools.lru_cache(maxsize=256)
+def _imports_of(path: Path, mtime_ns: int, size: int) -> frozenset[Path]:
+    """`_imported_kernel_files` of one version of a file (keyed by its time and size: every table load and store
+    asks for the same files, and parsing them is most of a version's cost)."""
     import ast
 
     found: set[Path] = set()
@@ -129,7 +138,7 @@ def _imported_kernel_files(path: Path) -> set[Path]:
             parts = node.module.split(".")[2:]  # F.M, or F with the modules among the names
             names = [parts[1]] if len(parts) == 2 else [a.name for a in node.names] if len(parts) == 1 else []
             found.update(_KERNELS / parts[0] / f"{n}.py" for n in names if (_KERNELS / parts[0] / f"{n}.py").is_file())
-    return found
+    return frozenset(found)
 
 
 def package_version(family_dir: Path, backend: str | None) -> str:
