@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -89,6 +90,8 @@ def main() -> int:
                    help="where the Ray run compiles CUDA kernels: CPU tasks (cubins shipped) or the GPU worker")
     p.add_argument("--compile-probe", type=int, default=0,
                    help="CUDA: first time this many compiles through Ray CPU tasks alone (0: no probe)")
+    p.add_argument("--warm-cache", action="store_true",
+                   help="let the local run use CuPy's kernel cache from earlier runs (default: an empty one)")
     args = p.parse_args()
 
     import ray
@@ -123,6 +126,11 @@ def main() -> int:
                               "limit_s": args.limit_s, "seed": args.seed, "compile_on": args.compile_on,
                               "nvrtc_local": _cupy_nvrtc() if backend == "cuda" else None}
     with tempfile.TemporaryDirectory() as tmp:
+        # CuPy keeps compiled modules on disk; an earlier run's cache would spare the local run its compiles (the
+        # Ray run's CPU tasks compile with NVRTC and never read it), so the local run starts from an empty one
+        if not args.warm_cache:
+            os.environ["CUPY_CACHE_DIR"] = str(Path(tmp) / "cupy-cache")
+        record["cupy_cache"] = "warm (--warm-cache)" if args.warm_cache else "empty"
         t0 = time.perf_counter()
         local_store = Store(Path(tmp) / "local.sqlite")
         local_eng = Engine(dev, local_store, seed=args.seed)
@@ -136,6 +144,7 @@ def main() -> int:
         record["cut"] = ({"configs": done, "of": legal,
                           "by": "budget" if args.budget is not None and done >= args.budget else "limit_s"}
                          if cut else None)
+        write_atomic(out / "tune_ray.json", json.dumps(record, indent=1))  # the local half, should Ray not finish
         del dev, choice, local_eng  # the Ray workers open the device themselves
         t0 = time.perf_counter()
         cluster = Cluster()

@@ -271,3 +271,30 @@ def test_time_calls_warms_up_for_its_seconds_and_never_times_a_warmup_call():
     seen.clear()
     time_calls(fn, 3, 0, warmup_s=5.0)
     assert seen == [0, 1, 2]  # warmup 0: none at all
+
+
+def test_time_calls_trace_holds_every_call_in_order_with_its_start_and_time():
+    """The trace has one entry per call, warm-up first and marked untimed, starts increasing, and the timed
+    entries' ms are exactly the returned samples (so a slow stretch can be set beside a clock log)."""
+    import random
+    import time as _time
+
+    from tilewise.model.bench import time_calls
+
+    rng = random.Random(7)
+    sleeps = [rng.uniform(0.001, 0.006) for _ in range(40)]
+    calls: list[int] = []
+
+    def fn(i: int) -> None:
+        _time.sleep(sleeps[len(calls) % len(sleeps)])
+        calls.append(i)
+
+    trace: list[tuple[float, float, bool]] = []
+    before = _time.time()
+    samples = time_calls(fn, 6, 3, warmup_s=0.05, trace=trace)
+    assert len(trace) == len(calls)
+    assert [t for _, _, t in trace] == [False] * (len(calls) - 6) + [True] * 6
+    starts = [u for u, _, _ in trace]
+    assert starts == sorted(starts) and starts[0] >= before - 1e-3
+    assert [ms for _, ms, t in trace if t] == samples
+    assert all(ms >= 1.0 for _, ms, _ in trace)  # every call slept at least 1 ms

@@ -38,20 +38,26 @@ WARMUP_S = 1.0
 
 
 def time_calls(fn: Callable[[int], Any], n: int, warmup: int, budget_s: float | None = None,
-               warmup_s: float = WARMUP_S) -> list[float]:
+               warmup_s: float = WARMUP_S, trace: list[tuple[float, float, bool]] | None = None) -> list[float]:
     """Wall-clock ms of `fn(i)` for n calls after untimed ones: `warmup` calls (cycling over indices -1..-warmup)
-    and then more until `warmup_s` seconds have passed (none at all with warmup 0). Stops early past `budget_s`."""
+    and then more until `warmup_s` seconds have passed (none at all with warmup 0). Stops early past `budget_s`.
+    `trace` gets (Unix start time, ms, timed) for every call, warm-up included, to set beside a clock log."""
     t_warm = time.perf_counter() + warmup_s
     i = 0
     while warmup and (i < warmup or time.perf_counter() < t_warm):
+        t0, unix0 = time.perf_counter(), time.time()
         fn(-1 - i % warmup)
+        if trace is not None:
+            trace.append((unix0, (time.perf_counter() - t0) * 1e3, False))
         i += 1
     out: list[float] = []
     t_end = None if budget_s is None else time.perf_counter() + budget_s
     for i in range(n):
-        t0 = time.perf_counter()
+        t0, unix0 = time.perf_counter(), time.time()
         fn(i)
         out.append((time.perf_counter() - t0) * 1e3)
+        if trace is not None:
+            trace.append((unix0, out[-1], True))
         if t_end is not None and time.perf_counter() > t_end and len(out) >= 5:
             break
     return out
@@ -97,13 +103,15 @@ def bench_model(model: Any, seq: int, decisions: int, prefix: int = PREFIX_TOKEN
     def decide(i: int) -> None:
         model.scores(model.prefill(full[i]))
 
-    full_ms = time_calls(decide, decisions, warmup, budget_s)
+    trace: list[tuple[float, float, bool]] = []
+    full_ms = time_calls(decide, decisions, warmup, budget_s, trace=trace)
     lat = percentiles(full_ms)
     full_st = summarize(full_ms)
     res.update(latency_ms_p50=lat["p50"], latency_ms_p90=lat["p90"], latency_ms_p99=lat["p99"],
                latency_ms_mean=lat["mean"], latency_ms_p20=full_st.p20_ms, latency_ms_p80=full_st.p80_ms,
                decisions_timed=lat["n"], decisions_per_s=1e3 / lat["mean"], apm=60e3 / lat["mean"],
-               noise=noise_note(full_st), latency_samples_ms=full_ms)
+               noise=noise_note(full_st), latency_samples_ms=full_ms,
+               latency_trace=[{"unix_s": round(u, 4), "ms": round(ms, 4), "timed": t} for u, ms, t in trace])
     log(f"  {model.config.name} {model.weights} full prefill {seq}: p50 {lat['p50']:.2f} ms "
         f"p90 {lat['p90']:.2f} p99 {lat['p99']:.2f} ({lat['n']} decisions)")
     base = model.prefill(head)

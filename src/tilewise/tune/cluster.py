@@ -250,7 +250,7 @@ def _ctrl_c_deferred() -> Iterator[None]:
 
 
 #: batches a worker is handed at once while CPU tasks compile its kernels (see `RayEngine.width`)
-COMPILE_AHEAD = 8
+COMPILE_AHEAD = 32
 
 
 class RayEngine(Engine):
