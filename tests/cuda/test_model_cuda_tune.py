@@ -41,9 +41,11 @@ def test_tuned_table_is_loaded_and_the_scores_still_match(dev, rng):
         np.testing.assert_allclose(got, want, atol=2e-2 * max(1.0, float(np.abs(want).max())), rtol=0)
 
 
-def test_an_executor_with_split_k_tables_matches_the_float64_reference(dev, rng):
-    """Every matmul of the model on split-K from 8 rows (KS 2, whole 32-wide steps of tiny's K = 64 and 128): the
-    scores still match the float64 forward."""
+@pytest.mark.parametrize("kind", ["splitk", "wg", "wgt"])
+def test_an_executor_with_split_k_tables_matches_the_float64_reference(dev, rng, kind):
+    """Every matmul of the model on split-K from 8 rows (KS 2, whole 32-wide steps of tiny's K = 64 and 128), or on
+    a wgmma kind (wgt: x by TMA, its tensor map made for the executor's own f16 scratch): the scores still match the
+    float64 forward, launch by launch and in the captured graph's replays."""
     from tilewise.kernels.matmul.cuda import CudaMatmul
     from tilewise.model.checkpoint import Checkpoint, random_tensors
     from tilewise.model.config import PRESETS
@@ -55,11 +57,17 @@ def test_an_executor_with_split_k_tables_matches_the_float64_reference(dev, rng)
     H, F = cfg.hidden_size, cfg.ffn_dim
     qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
     split = {"BM": 32, "BN": 64, "BK": 32, "WM": 16, "WN": 32, "PIPE": 2, "KS": 2}
+    if kind != "splitk":
+        from tilewise.kernels.matmul.cuda import DEFAULT_WG
+
+        if dev.info.limits.compute_capability != "9.0":
+            pytest.skip("wgmma needs a Hopper GPU")
+        split = DEFAULT_WG
     table = DispatchTable(dev.info.fingerprint)
     for epi, n, k, norm in (("none", 3 * H, H, True), ("none", qkv, H, True), ("residual", H, H, False),
                             ("residual", H, cfg.num_attention_heads * cfg.head_dim, False),
                             ("swiglu", F, H, True), ("residual", H, F, False)):
-        tpl = CudaMatmul("splitk", "nf4", epi, norm)
+        tpl = CudaMatmul(kind, "nf4", epi, norm)
         table.put(matmul_key("nf4", epi, n, k, norm), Entry([
             {"m_min": 8, "m_max": None, "kernel": tpl.name, "config": split}]), tpl)
     ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
@@ -69,7 +77,8 @@ def test_an_executor_with_split_k_tables_matches_the_float64_reference(dev, rng)
         ids = rng.integers(0, cfg.vocab_size, n)
         ref, _ = reference.forward(cfg, weights, ids)
         want = weights[HEAD].astype(np.float64) @ ref[-1]
-        for _ in range(2):  # the captured graph's replay too
+        for graphs in (False, True, True):  # launch by launch, then the capture and its replay
+            ex.graphs = graphs
             _, state = ex.forward(ids, 0, None, True)
             np.testing.assert_allclose(state.scores, want, atol=2e-2 * max(1.0, float(np.abs(want).max())), rtol=0)
-    assert ex._scratch.get("partial") is not None
+    assert ex._scratch.get("partial" if kind == "splitk" else "xh") is not None

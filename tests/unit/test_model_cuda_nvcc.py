@@ -44,6 +44,8 @@ SIGS = {
                     "float *, int, int, int)"),
     "nf4_mm_wg": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, "
                   "float *, int, int, int)"),
+    "nf4_mm_wgt": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, "
+                   "float *, int, int, int, const __grid_constant__ TmaMap)"),
     "nf4_mm_ws": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, "
                   "float *, int, int, int)"),
     "nf4_mm_prep": "(const float *, int, const float *, float, unsigned short *, int)",
@@ -167,6 +169,25 @@ def test_every_wg_seed_config_of_every_variant_compiles_for_sm_90a_without_spill
     assert not re.findall(r"used \d+ barriers, \d+ bytes smem", log), log[-3000:]
 
 
+def test_every_wgt_seed_config_of_every_variant_compiles_for_sm_90a_without_spilling(tmp_path):
+    """The wg kind with x by TMA: every seed of every variant compiles for sm_90a with no spills and no static shared
+    memory (the mbarriers are in the dynamic memory `wg_smem_bytes(..., tma=True)` counts), and the winning tiles
+    keep their wgmma ops asynchronous (no C7515)."""
+    wgt = [t for t in mm.all_variants() if t.kind == "wgt"]
+    assert len(wgt) == 18
+    for t in wgt:
+        assert t.why_illegal(t.default_config(), SM90, (346, 1024, 1024)) == [], t.name
+        assert len(legal(t.space("seed"))) == len(legal(mm.CudaMatmul("wg", t.fmt, t.epilogue).space("seed")))
+    entries = sorted({t.entry(c) for t in wgt for c in [*legal(t.space("seed")), t.default_config()]})
+    assert all(e.startswith("nf4_mm_wgt<") for e in entries)
+    log = cubin(tmp_path, "wgt", MATMUL, entries, arch=SM90A)
+    assert not re.findall(r"used \d+ barriers, \d+ bytes smem", log), log[-3000:]
+    winners = [mm.CudaMatmul("wgt", "nf4", e, True).entry(mm.CudaMatmul("wgt", "nf4", e, True).config_of(
+        dict(zip(mm.WG_PARAMS, v)))) for e, *v in WG_WINNERS]
+    log = cubin(tmp_path, "wgtwin", MATMUL, winners, arch=SM90A)
+    assert "C7515" not in log and "serialized" not in log, log[-3000:]
+
+
 def test_every_ws_seed_config_of_every_variant_compiles_for_sm_90a_without_spilling(tmp_path):
     """The warp-specialized kind: every seed of every variant, no spills in either the producer's region (40
     registers after setmaxnreg) or the consumers', no static shared memory, every named barrier declared, and no
@@ -234,8 +255,8 @@ def test_smem_bytes_agree_in_cpp_and_python(tmp_path, kind):
 def test_every_rows_config_and_the_executor_defaults_compile(tmp_path):
     variants = mm.all_variants()
     rows = [t for t in variants if t.kind == "rows"]
-    # what the executor launches (the wg and ws defaults need sm_90a: their seed tests compile them)
-    entries = {t.entry(t.default_config()) for t in variants if t.kind not in ("wg", "ws")}
+    # what the executor launches (the wg, wgt and ws defaults need sm_90a: their seed tests compile them)
+    entries = {t.entry(t.default_config()) for t in variants if t.kind not in mm.WGMMA_KINDS}
     entries |= {rows[0].entry(c) for c in legal(rows[0].space())}  # every rows config of one variant
     entries |= {t.entry(t.config_of({"NT": 256, "RM": 16})) for t in rows}  # the most accumulators, every variant
     cubin(tmp_path, "rows", MATMUL, sorted(entries))
@@ -386,10 +407,10 @@ def test_cpp_mma_rules_agree_with_python_rules(tmp_path, kind):
     assert seen_legal > 50
 
 
-@pytest.mark.parametrize("kind", ["wg", "ws"])
+@pytest.mark.parametrize("kind", ["wg", "wgt", "ws"])
 def test_cpp_wg_rules_and_smem_agree_with_python(tmp_path, kind):
-    """`wg_first_failure` / `ws_first_failure` and their smem bytes in C++ against the Python rules and arithmetic,
-    on random tuples of (FMT, EPI, BM, BN, MT, ST, KS, MB[, PW]) around the legal values."""
+    """`wg_first_failure` (TX 0 and 1) / `ws_first_failure` and their smem bytes in C++ against the Python rules and
+    arithmetic, on random tuples of (FMT, EPI, BM, BN, MT, ST, KS, MB[, PW]) around the legal values."""
     rng = random.Random(7)
     pw = kind == "ws"
     tuples = [(rng.choice([0, 1, 2]), rng.choice([0, 0, 1, 2]), rng.choice([64, 64, 96, 128, 128, 192, 256, 384, 640]),
@@ -399,9 +420,10 @@ def test_cpp_wg_rules_and_smem_agree_with_python(tmp_path, kind):
     width = len(tuples[0])
     rows = ",\n".join("{" + ", ".join(map(str, t)) + "}" for t in tuples)
     call = ", ".join(f"t[{i}]" for i in range(width))
+    fn, tx = ("wg", ", 1") if kind == "wgt" else (kind, "")
     body = (f"#include <cstdio>\nstatic const int T[][{width}] = {{\n{rows}\n}};\n"
-            "int main() { for (const auto &t : T) printf(\"%d %d\\n\", " + kind + "_first_failure(" + call + "), "
-            + kind + "_smem_bytes(t[0], t[1], t[2], t[3], t[5])); }\n")
+            "int main() { for (const auto &t : T) printf(\"%d %d\\n\", " + fn + "_first_failure(" + call + tx + "), "
+            + fn + "_smem_bytes(t[0], t[1], t[2], t[3], t[5]" + tx + ")); }\n")
     res = nvcc(tmp_path, "host", MATMUL, body, "-o", "host")
     assert res.returncode == 0, res.stderr[-3000:]
     out = subprocess.run([str(tmp_path / "host")], capture_output=True, text=True, check=True).stdout.splitlines()
@@ -416,6 +438,8 @@ def test_cpp_wg_rules_and_smem_agree_with_python(tmp_path, kind):
         assert (fail == 0) == (not why), (t, fail, why)
         if why:
             assert names[fail - 2] == why[0].split(":")[0], (t, fail, why)  # C++ rule 1 is `variant`
-        assert smem == {"wg": mm.wg_smem_bytes, "ws": mm.ws_smem_bytes}[kind](cfg, tpl.fmt, tpl.sets), t
+        want = (mm.wg_smem_bytes(cfg, tpl.fmt, tpl.sets, tma=True) if kind == "wgt"
+                else {"wg": mm.wg_smem_bytes, "ws": mm.ws_smem_bytes}[kind](cfg, tpl.fmt, tpl.sets))
+        assert smem == want, t
         seen_legal += not why
     assert seen_legal > 100

@@ -11,7 +11,8 @@ modules are cached on disk (CuPy's kernel cache, pointed at tilewise's user cach
 
 Launch arguments: a CUDA kernel takes scalars as well as pointers, so on this backend `Launch.buffers`
 is the kernel's argument list in order, where an element is either a `Buffer` (passed as its device
-pointer) or a NumPy scalar (`np.int32(M)`, `np.float32(alpha)`, passed by value). The block size is a
+pointer), a NumPy scalar (`np.int32(M)`, `np.float32(alpha)`, passed by value) or a `cuda_tma.TensorMap` (128
+bytes by value, for a `const __grid_constant__` parameter). The block size is a
 property of the compiled program: `Program.meta["block"]` (the kernel template sets it when it compiles).
 A Program with `meta["callable"]` wraps a library call (cuBLAS via CuPy): its handle is called with the
 arguments (Buffers as CuPy byte arrays) and timed by the same events as a kernel.
@@ -39,6 +40,7 @@ from tilewise.devices.base import Buffer, Device, DeviceInfo, Launch, Limits, Pr
 from tilewise.devices.cuda_nvrtc import CompiledCuda, compile_error, device_options
 from tilewise.devices.cuda_nvrtc import first_error_line as first_error_line  # re-exported: callers import them here
 from tilewise.devices.cuda_nvrtc import nvrtc_options as nvrtc_options
+from tilewise.devices.cuda_tma import TensorMap
 from tilewise.errors import DeviceUnavailable, LaunchError
 
 INSTALL_FIX = "pip install 'tilewise[cuda]' (CuPy for CUDA 13) on a machine with an NVIDIA GPU and driver"
@@ -348,6 +350,8 @@ class CUDADevice(Device):
                 args.append(a.handle)
             elif isinstance(a, np.generic):
                 args.append(a)
+            elif isinstance(a, TensorMap):  # 128 bytes by value (a size-one NumPy array)
+                args.append(a.array)
             else:
                 raise LaunchError(f"{launch.program.name}: kernel argument {a!r} is neither a Buffer nor a NumPy "
                                   "scalar", "pass scalars as np.int32(...) / np.float32(...)")

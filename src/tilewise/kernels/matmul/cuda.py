@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from tilewise.devices.base import Device, Launch, Program
+from tilewise.devices.cuda_tma import f16_rows_map
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
 from tilewise.kernels.cudasrc import FMT_CODE, arg_or, compile_cuda, cu_source, name_expression, upload_all
 from tilewise.kernels.matmul.cuda_space import (
@@ -214,7 +215,8 @@ class CudaMatmul(KernelTemplate):
         self.dtype = "f16" if kind != "rows" else self.problem.dtype
         #: split-K's partial sums are poisoned and guarded like "out" (`KernelTemplate.scratch_buffers`)
         self.scratch_buffers = {"splitk": ("partial",), "pipe": ("partial",), "ring": ("partial", "xh"),
-                                "wg": ("partial", "xh"), "ws": ("partial", "xh")}.get(kind, ())
+                                "wg": ("partial", "xh"), "wgt": ("partial", "xh"),
+                                "ws": ("partial", "xh")}.get(kind, ())
 
     @classmethod
     def from_name(cls, name: str, eps: float = 1e-5) -> CudaMatmul:
@@ -229,9 +231,9 @@ class CudaMatmul(KernelTemplate):
     def space(self, which: str = "full") -> Space:
         if self.kind == "rows":
             return Space("cuda-matmul-rows", {k: list(v) for k, v in ROWS_VALUES.items()}, rows_rules())
-        if self.kind == "wg":
-            return Space(f"cuda-matmul-wg-{which}", {k: list(v) for k, v in WG_VALUES.items()},
-                         wg_rules(self.sets, self.fmt), points=WG_SEED if which == "seed" else None)
+        if self.kind in ("wg", "wgt"):
+            return Space(f"cuda-matmul-{self.kind}-{which}", {k: list(v) for k, v in WG_VALUES.items()},
+                         wg_rules(self.sets, self.fmt, self.kind == "wgt"), points=WG_SEED if which == "seed" else None)
         if self.kind == "ws":
             return Space(f"cuda-matmul-ws-{which}", {k: list(v) for k, v in WS_VALUES.items()},
                          ws_rules(self.sets, self.fmt), points=WS_SEED if which == "seed" else None)
@@ -251,7 +253,7 @@ class CudaMatmul(KernelTemplate):
 
     def default_config(self) -> Config:
         return self.config_of({"rows": DEFAULT_ROWS, "mma": DEFAULT_MMA, "splitk": DEFAULT_SPLITK,
-                               "pipe": DEFAULT_PIPE, "ring": DEFAULT_RING, "wg": DEFAULT_WG,
+                               "pipe": DEFAULT_PIPE, "ring": DEFAULT_RING, "wg": DEFAULT_WG, "wgt": DEFAULT_WG,
                                "ws": DEFAULT_WS}[self.kind])
 
     def splits(self, config: Config) -> bool:
@@ -260,8 +262,8 @@ class CudaMatmul(KernelTemplate):
         return self.kind in KS_KINDS and config["KS"] > 1
 
     def preps(self) -> bool:
-        """The kind reads x as f16 rows made by the `nf4_mm_prep` launch (ring, wg, ws)."""
-        return self.kind in ("ring", "wg", "ws")
+        """The kind reads x as f16 rows made by the `nf4_mm_prep` launch (ring, wg, wgt, ws)."""
+        return self.kind in ("ring", "wg", "wgt", "ws")
 
     def scratch_bytes(self, config: Config, rows: int, n: int, k: int) -> dict[str, int]:
         """The scratch buffers a config's launches need at `rows` rows, by name: split-K's partial sums, the ring
@@ -300,8 +302,8 @@ class CudaMatmul(KernelTemplate):
             return name_expression("nf4_mm_pipe", *head, *(config[p] for p in PIPE_PARAMS))
         if self.kind == "ring":  # the norm is the prologue's (`prep_entry`)
             return name_expression("nf4_mm_ring", *head[:2], *(config[p] for p in RING_PARAMS))
-        if self.kind == "wg":
-            return name_expression("nf4_mm_wg", *head[:2], *(config[p] for p in WG_PARAMS))
+        if self.kind in ("wg", "wgt"):
+            return name_expression(f"nf4_mm_{self.kind}", *head[:2], *(config[p] for p in WG_PARAMS))
         if self.kind == "ws":
             return name_expression("nf4_mm_ws", *head[:2], *(config[p] for p in WS_PARAMS))
         return name_expression("nf4_mm_mma", *head, *(config[p] for p in MMA_PARAMS))
@@ -321,7 +323,7 @@ class CudaMatmul(KernelTemplate):
         return config
 
     def threads(self, config: Config) -> int:
-        if self.kind == "wg":
+        if self.kind in ("wg", "wgt"):
             return wg_threads(config)
         if self.kind == "ws":
             return ws_threads(config)
@@ -331,7 +333,8 @@ class CudaMatmul(KernelTemplate):
         src = matmul_source()
         dyn = {"pipe": pipe_smem_bytes, "ring": ring_smem_bytes, "wg": wg_smem_bytes,
                "ws": ws_smem_bytes}.get(self.kind)
-        smem = dyn(config, self.fmt, self.sets) if dyn else 0
+        smem = (wg_smem_bytes(config, self.fmt, self.sets, tma=True) if self.kind == "wgt"
+                else dyn(config, self.fmt, self.sets) if dyn else 0)
         prog = compile_cuda(device, src, self.entry(config), self.threads(config), f"{self.name}[{config}]",
                             dynamic_shared_bytes=smem)
         if self.preps():
@@ -379,7 +382,10 @@ class CudaMatmul(KernelTemplate):
         if self.preps():
             prep = Launch(program.meta["prep"], (m, 1, 1), [bufs["x"], np.int32(x_row0), arg_or(bufs, "norm_w", "x"),
                                                             np.float32(self.eps), bufs["xh"], np.int32(k)])
-            return [prep, Launch(program, self.grid(config, shape), [bufs["xh"], *weights, out, *dims]), *reduce]
+            main = [bufs["xh"], *weights, out, *dims]
+            if self.kind == "wgt":  # x by TMA: xh as (m, k) f16 rows in boxes of 64 x 64
+                main.append(f16_rows_map(bufs["xh"], m, k, 64))
+            return [prep, Launch(program, self.grid(config, shape), main), *reduce]
         args: list[Any] = [bufs["x"], np.int32(x_row0), *weights, arg_or(bufs, "norm_w", "x"), np.float32(self.eps),
                            out, *dims]
         return [Launch(program, self.grid(config, shape), args), *reduce]

@@ -11,11 +11,12 @@ from tilewise.kernels.matmul.problem import EPILOGUES
 from tilewise.kernels.space import Config, Rule
 
 WARP = 32
-KINDS = ("mma", "rows", "splitk", "pipe", "ring", "wg", "ws")
-#: the kinds on Hopper's warpgroup tensor cores: K steps of WG_BK, the wg kind's tile parameters
-WGMMA_KINDS = ("wg", "ws")
+KINDS = ("mma", "rows", "splitk", "pipe", "ring", "wg", "wgt", "ws")
+#: the kinds on Hopper's warpgroup tensor cores: K steps of WG_BK, the wg kind's tile parameters (wgt: the wg kind
+#: with its x tiles copied by the TMA)
+WGMMA_KINDS = ("wg", "wgt", "ws")
 #: the kinds with a KS parameter (slices of K summed through `partial`; split-K's KS is always 2 or more)
-KS_KINDS = ("splitk", "pipe", "ring", "wg", "ws")
+KS_KINDS = ("splitk", "pipe", "ring", "wg", "wgt", "ws")
 EPI_CODE = {e: i for i, e in enumerate(EPILOGUES)}  # none 0, residual 1, swiglu 2 (matmul.cu's EPI)
 STATIC_SMEM_BYTES = 48 * 1024
 MAX_FRAGMENTS = 16
@@ -165,13 +166,14 @@ def ring_spare_needed(fmt: str, bk: int) -> int:
     return 64
 
 
-def wg_smem_bytes(c: Config, fmt: str, sets: int) -> int:
+def wg_smem_bytes(c: Config, fmt: str, sets: int, tma: bool = False) -> int:
     """Dynamic shared memory of a wg block, as `wg_smem_bytes` in matmul_wg.cu: nf4 and f32, three decoded W tiles
-    and ST - 1 W tiles as stored; f16, ST W tiles; ST x tiles; the NF4 code; and 1024 bytes to start on the
-    swizzle's 1024-byte boundary. The kernel has no static shared memory, so this is all a launch asks for."""
+    and ST - 1 W tiles as stored; f16, ST W tiles; ST x tiles; the NF4 code; with `tma` (the wgt kind) 64 bytes for
+    the x stages' mbarriers; and 1024 bytes to start on the swizzle's 1024-byte boundary. The kernel has no static
+    shared memory, so this is all a launch asks for."""
     raw = sets * c.BN * {"nf4": 32 + 4, "f16": 128, "f32": 256}[fmt]
     w = c.ST * raw if fmt == "f16" else 3 * sets * c.BN * 128 + (c.ST - 1) * raw
-    return w + c.ST * c.BM * 128 + 16 * 4 + 1024  # + the NF4 code
+    return w + c.ST * c.BM * 128 + 16 * 4 + (64 if tma else 0) + 1024  # + the NF4 code
 
 
 def wg_threads(c: Config) -> int:
@@ -311,11 +313,11 @@ def ring_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
     ]
 
 
-def wg_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
+def wg_rules(sets: int, fmt: str = "nf4", tma: bool = False) -> list[Rule]:
     """matmul_wg.cu's `wg_first_failure`, rule for rule, then the device's limits (wgmma needs compute capability
-    9.0)."""
+    9.0). `tma`: the wgt kind's (the same rules; its mbarriers count in the shared memory)."""
     pipe = {r.name: r for r in pipe_rules(sets, fmt)}
-    smem_rules = dynamic_smem_rules(lambda c: wg_smem_bytes(c, fmt, sets))
+    smem_rules = dynamic_smem_rules(lambda c: wg_smem_bytes(c, fmt, sets, tma))
     return [
         Rule("mt_1_2", lambda c, _: c.MT in (1, 2), lambda c, _: f"MT = {c.MT} m64 slices per warpgroup is not 1 or 2"),
         Rule("warpgroups_1_4", lambda c, _: c.BM % (64 * c.MT) == 0 and 64 * c.MT <= c.BM <= 4 * 64 * c.MT,

@@ -33,10 +33,11 @@ __host__ __device__ constexpr int wg_raw_bytes(int FMT, int EPI, int BN) {
 // shared memory, from a 1024-byte boundary (the swizzle's atom): nf4 and f32: three decoded W tiles, ST x tiles
 // (BM, 64) f16, 128 bytes a row, and ST - 1 W tiles as stored; f16: ST x tiles and ST W tiles (the operand as it
 // lands); then the NF4 code; + 1024 bytes to find that boundary. All of it is dynamic: the rules count every byte.
-__host__ __device__ constexpr int wg_smem_bytes(int FMT, int EPI, int BM, int BN, int ST) {
+// (TX 1: + ST mbarriers of the x ring, 64 bytes)
+__host__ __device__ constexpr int wg_smem_bytes(int FMT, int EPI, int BM, int BN, int ST, int TX = 0) {
   return (FMT == 1 ? ST * wg_raw_bytes(FMT, EPI, BN)
                    : 3 * (EPI == 2 ? 2 : 1) * BN * 128 + (ST - 1) * wg_raw_bytes(FMT, EPI, BN)) +
-         ST * BM * 128 + 16 * 4 + 1024;  // + the NF4 code
+         ST * BM * 128 + 16 * 4 + (TX ? 64 : 0) + 1024;  // + the NF4 code
 }
 __host__ __device__ constexpr int wg_register_cap(int BM, int MT, int MB) {
   return 65536 / (wg_threads(BM, MT) * MB) < 255 ? 65536 / (wg_threads(BM, MT) * MB) : 255;
@@ -46,7 +47,7 @@ __host__ __device__ constexpr int wg_register_cap(int BM, int MT, int MB) {
 #define WG_SPARE 72
 
 __host__ __device__ constexpr int wg_first_failure(int FMT, int EPI, int BM, int BN, int MT, int ST, int KS,
-                                                    int MB) {
+                                                    int MB, int TX = 0) {
   const int sets = EPI == 2 ? 2 : 1;
   if (FMT < 0 || FMT > 2 || EPI < 0 || EPI > 2) return 1;                                // variant
   if (MT != 1 && MT != 2) return 2;                                                     // mt_1_2
@@ -57,7 +58,7 @@ __host__ __device__ constexpr int wg_first_failure(int FMT, int EPI, int BM, int
   if (wg_register_cap(BM, MT, MB) - MT * sets * BN / 2 < WG_SPARE) return 7;           // registers_spare
   if (ST < 3 || ST > 6) return 8;                                                       // stages_3_6
   if (KS != 1 && KS != 2 && KS != 4 && KS != 8) return 9;                               // ks_1_2_4_8
-  if (wg_smem_bytes(FMT, EPI, BM, BN, ST) > PIPE_SMEM_MAX) return 10;                   // smem_227k
+  if (wg_smem_bytes(FMT, EPI, BM, BN, ST, TX) > PIPE_SMEM_MAX) return 10;               // smem_227k
   return 0;
 }
 
@@ -75,6 +76,33 @@ __device__ __forceinline__ void wg_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
 }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// TMA (TX 1): a CUtensorMap passed by value, an mbarrier per x stage that the copy's bytes complete
+struct __align__(64) TmaMap {
+  unsigned long long v[16];
+};
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred P1;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      "@!P1 bra WAIT;\n"
+      "}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+// box (64 columns, 64 rows) of the map at column c0, row c1 into shared dst (1024-byte aligned: the 128-byte swizzle)
+__device__ __forceinline__ void tma_box(unsigned dst, const TmaMap *map, int c0, int c1, unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
 
 // the accumulators may not be moved while a wgmma writes them: pin each one in place around the waits
 template <int MT, int SETS, int J>
@@ -232,12 +260,12 @@ __device__ __forceinline__ void wg_store(const float (&acc)[MT][SETS][1][BN / 8]
   }
 }
 
-template <int FMT, int EPI, int BM, int BN, int MT, int ST, int KS, int MB>
-__global__ void __launch_bounds__(BM / (64 * MT) * 128, MB)
-nf4_mm_wg(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w, const float *__restrict__ absmax,
-          const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, float *__restrict__ out, int M,
-          int N, int K) {
-  constexpr int FAIL = wg_first_failure(FMT, EPI, BM, BN, MT, ST, KS, MB);
+template <int FMT, int EPI, int BM, int BN, int MT, int ST, int KS, int MB, int TX>
+__device__ __forceinline__ void wg_body(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
+                                        const float *__restrict__ absmax, const unsigned *__restrict__ w_up,
+                                        const float *__restrict__ absmax_up, float *__restrict__ out, int M, int N,
+                                        int K, const TmaMap *xmap) {
+  constexpr int FAIL = wg_first_failure(FMT, EPI, BM, BN, MT, ST, KS, MB, TX);
   static_assert(FAIL != 1, "variant: FMT in 0..2 (nf4, f16, f32), EPI in 0..2 (none, residual, swiglu)");
   static_assert(FAIL != 2, "mt_1_2: MT (m64 slices per warpgroup) must be 1 or 2");
   static_assert(FAIL != 3, "warpgroups_1_4: BM must be 1..4 warpgroups of MT x 64 rows");
@@ -259,19 +287,34 @@ nf4_mm_wg(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
   constexpr int XOFF = DEC ? 3 * SETS * WTILE : 0, WOFF = XOFF + ST * XBYTES;  // the x ring, the W ring
   constexpr int WSLOTS = DEC ? ST - 1 : ST;  // stored W tiles: decoded ones land a step earlier, see the loop
   float *lut = reinterpret_cast<float *>(base + WOFF + WSLOTS * RAW);  // (16,) the NF4 code
+  const unsigned bars = base_addr + WOFF + WSLOTS * RAW + 64;          // TX: (ST,) mbarriers, one per x stage
   unsigned char *dec = base;  // three decoded W tiles (SETS x (BN, 64) f16 each)
   const int tid = threadIdx.x, wg = tid / 128, warp = tid / WARPSIZE;
   const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
   const int steps = K / KS / BK, k_begin = blockIdx.z * (K / KS);
   if (tid < 16) lut[tid] = NF4_CODE[tid];  // read after the first barrier below
+  if (TX && tid == 0) {  // the copies are issued by this thread only, after their barrier's init in program order
+#pragma unroll
+    for (int s = 0; s < ST; ++s) mbar_init(bars + 8 * s, 1);
+    mbar_init_fence();
+  }
 
   // Thread e of a step's copies or decodes handles 16-byte chunk e: chunk c = e % CPR of row e / CPR (rows of all
   // weight sets in a row, s * BN + r). Unsigned powers of two throughout: the index math is shifts and masks, and
   // a swizzled 128-byte row's chunk lands at byte (e * 16) ^ ((row % 8) * 16). Every count is a compile-time
   // constant, so the loops unroll with no branches (x: exactly 4 MT chunks a thread).
   auto swz = [](unsigned e) { return (e << 4) ^ (((e >> 3) & 7u) << 4); };
-  auto issue_x = [&](int j) {  // step j's x tile into x stage j % ST by cp.async
+  auto issue_x = [&](int j) {  // step j's x tile into x stage j % ST by cp.async (TX: BM / 64 TMA boxes)
     if (j >= steps) return;
+    if constexpr (TX) {  // rows past M are zero-filled by the TMA, and their bytes count toward the barrier's
+      if (tid == 0) {
+        const unsigned bar = bars + 8 * (j % ST), dst = base_addr + XOFF + (j % ST) * XBYTES;
+        mbar_expect_tx(bar, XBYTES);
+#pragma unroll
+        for (int i = 0; i < BM / 64; ++i) tma_box(dst + i * 64 * 128, xmap, k_begin + j * BK, m0 + 64 * i, bar);
+      }
+      return;
+    }
     unsigned char *st = base + XOFF + (j % ST) * XBYTES;
     const unsigned short *src = xh + k_begin + j * BK;
     static_assert(XQ % NT == 0, "x tile: whole chunks per thread");
@@ -352,6 +395,7 @@ nf4_mm_wg(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
   for (int mt = 0; mt < MT; ++mt) zero_acc(acc[mt]);
   for (int kt = 0; kt < steps; ++kt) {
     cp_async_wait<ST - 3>();  // group kt landed (this thread's copies): x of step kt, W of step kt (+ 1 decoded)
+    if (TX) mbar_wait(bars + 8 * (kt % ST), (kt / ST) & 1);  // x of step kt landed (phase kt / ST of its stage)
     fence_proxy_async();
     __syncthreads();  // ... for every thread; step kt decoded; every warpgroup is done with step kt - 2
     issue_x(kt + ST - 2);  // into x stage (kt - 2) % ST
@@ -366,4 +410,21 @@ nf4_mm_wg(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
   wg_pin(acc);
   cp_async_wait<0>();
   wg_store<EPI, BN, MT, SETS, KS>(acc, out, M, N, m0, n0, wg, warp);
+}
+
+template <int FMT, int EPI, int BM, int BN, int MT, int ST, int KS, int MB>
+__global__ void __launch_bounds__(BM / (64 * MT) * 128, MB)
+nf4_mm_wg(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w, const float *__restrict__ absmax,
+          const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, float *__restrict__ out, int M,
+          int N, int K) {
+  wg_body<FMT, EPI, BM, BN, MT, ST, KS, MB, 0>(xh, w, absmax, w_up, absmax_up, out, M, N, K, nullptr);
+}
+
+// the wgt kind: x tiles by TMA through xmap (f16 xh as (M, K) rows, boxes of 64 x 64, the 128-byte swizzle)
+template <int FMT, int EPI, int BM, int BN, int MT, int ST, int KS, int MB>
+__global__ void __launch_bounds__(BM / (64 * MT) * 128, MB)
+nf4_mm_wgt(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w, const float *__restrict__ absmax,
+           const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, float *__restrict__ out, int M,
+           int N, int K, const __grid_constant__ TmaMap xmap) {
+  wg_body<FMT, EPI, BM, BN, MT, ST, KS, MB, 1>(xh, w, absmax, w_up, absmax_up, out, M, N, K, &xmap);
 }
