@@ -21,6 +21,9 @@ Problem: `matmul.problem.MatmulProblem` (y = epilogue(norm(x) @ W^T), W (N, K) n
   then BM / (64 MT) warpgroups of MT m64 slices on `wgmma` (both operands from shared memory in the 128-byte
   swizzle), K steps of 64 through a cp.async ring of ST stages of x and W as stored; nf4 and f32 W decoded once per
   step and block, one step ahead. KS > 1 sums slices;
+- `wgt` (`nf4_mm_prep` + `nf4_mm_wgt<...the wg parameters>`, Hopper only): `wg` with each step's x tile copied by
+  the TMA (one thread issues BM / 64 boxes of 64 x 64 f16, 128-byte swizzle, completing an mbarrier per stage),
+  through a tensor map of `xh` passed by value (`devices/cuda_tma.py`) as the last argument;
 - `ws` (`nf4_mm_prep<NORM, NT>` + `nf4_mm_ws<FMT, EPI, BM, BN, MT, ST, KS, MB>`, Hopper only): the wg kind's tiles
   with warp specialization: BM / (64 MT) consumer warpgroups only issue wgmma and store, one producer warpgroup
   copies and decodes, handing stages over through named barriers; `setmaxnreg` gives the consumers the producer's

@@ -21,6 +21,10 @@
 // KS 1 applies the epilogue; KS > 1 writes slice blockIdx.z's raw sums to partial for nf4_mm_splitk_reduce. MB is
 // the launch bound's blocks per SM. Warp w of a warpgroup holds rows 16 (w % 4).. of each of its m64 slices in the
 // mma.sync accumulator layout, so the family's store_epilogue_at serves each slice as a 16 x BN warp tile.
+// nf4_mm_wgt<...> (the wgt kind, TX 1 in wg_body): the same kernel with each step's x tile copied by the TMA: one
+// thread arms the stage's mbarrier with the tile's bytes and issues BM / 64 boxes of 64 x 64 f16 from the tensor map
+// (rows past M zero-filled, in the same 128-byte swizzle); every thread waits on that mbarrier's phase before the
+// step's barrier. The copies' address arithmetic leaves the warps that issue the wgmma.
 // Shapes: K % (KS * 64) == 0; any M and N.
 
 __host__ __device__ constexpr int wg_threads(int BM, int MT) { return BM / (64 * MT) * 128; }
