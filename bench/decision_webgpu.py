@@ -33,6 +33,7 @@ Every section has a time budget; a failing section is recorded with its error an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -312,9 +313,36 @@ def main() -> int:
                     help="also score N real game prompts with tilewise (nf4, the last table) and with HF in float64 "
                          "on the GPU (the same dequantized weights): max |score difference| over all 8 scores and "
                          "the share of prompts whose chosen action agrees")
+    ap.add_argument("--clock-log", action="store_true",
+                    help="sample the NVIDIA GPU's SM clock every 50 ms (nvidia-smi) into clocks.csv and set every "
+                         "traced decision beside the nearest sample (results.json: trace_with_clock)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    from clock_log import ClockLog, joined
+
+    with ClockLog(out / "clocks.csv") if args.clock_log else contextlib.nullcontext() as clocks:
+        meta, results = run_all(args, out)
+    if clocks is not None:
+        samples = clocks.samples()
+        for r in results:
+            if r.get("latency_trace"):
+                r["trace_with_clock"] = joined(r["latency_trace"], samples)
+                slow = sorted((e for e in r["trace_with_clock"] if e["timed"]), key=lambda e: -e["ms"])[:3]
+                log(f"  {r.get('section', '?')}: slowest timed decisions " + ", ".join(
+                    f"{e['ms']:.2f} ms at {e['sm_mhz']} MHz" for e in slow)
+                    + ("" if samples else " (no clock samples: nvidia-smi missing)"))
+    doc = {"meta": meta, "results": results}
+    (out / "results.json").write_text(json.dumps(doc, indent=1, default=str))
+    md = summary(results, args)
+    (out / "summary.md").write_text(md)
+    print(md)
+    log(f"wrote results.json and summary.md into {out}")
+    return 0
+
+
+def run_all(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(the run's device and options, every section the arguments ask for, in order)."""
     if not args.no_tune:
         import os
 
@@ -397,13 +425,7 @@ def main() -> int:
                 run_section(results, f"alternate {name}", alternate_section, f32.converted("nf4"), f32, cfg, args,
                             table16, need_s=30, budget_s=args.budget_s)
         del f32
-    doc = {"meta": meta, "results": results}
-    (out / "results.json").write_text(json.dumps(doc, indent=1, default=str))
-    md = summary(results, args)
-    (out / "summary.md").write_text(md)
-    print(md)
-    log(f"wrote results.json and summary.md into {out}")
-    return 0
+    return meta, results
 
 
 def submit_firsts(args: argparse.Namespace) -> list[int]:
