@@ -12,6 +12,9 @@ the engines report, where the Ray run's kernels were compiled, both best configs
 submitted at once on the cluster's CPU slots, and records the tasks per second with the seconds each compile took
 inside its task: whether a slow fan-out is the compiles or the tasks around them.
 
+Where one call cannot hold both runs of the full space, `--local-only` writes the local half and a later
+`--local-from JSON` (same device, space, shape and seed) runs Ray against it.
+
 Run: PYTHONPATH=src python bench/tune_ray.py --out bench/results/tune_ray_h200 [--limit-s 150] [--workers N]
 """
 
@@ -65,6 +68,26 @@ def compile_probe(ray: Any, tpl: Any, info: Any, shape: tuple[int, ...], configs
             "first_task_s": warm_s, "first_inside_s": first[0], "compiled": sum(ok for _, ok in got)}
 
 
+#: what a --local-from half must share with this run for the two to be compared
+SAME_RUN = ("device", "backend", "shape", "space", "legal_configs", "budget", "limit_s", "seed")
+
+
+def local_half(path: str, record: dict[str, Any], space: Any) -> tuple[list[Any], bool]:
+    """The local run of an earlier `--local-only` call, copied into `record`: (the configs it measured, whether
+    they were a cut). SystemExit with the differing keys when it was another device, space, shape or seed."""
+    old = json.loads(Path(path).read_text())
+    differ = [k for k in SAME_RUN if old.get(k) != record[k]]
+    if "local" not in old or differ:
+        raise SystemExit(f"{path} cannot be this run's local half: "
+                         + (f"it differs in {', '.join(differ)}" if differ else "it holds no local run")
+                         + "; run --local-only again with this run's options")
+    record.update(local=old["local"], cut=old["cut"], cupy_cache=old.get("cupy_cache"),
+                  local_from={"file": Path(path).name, "date": old.get("date")})
+    keys = old["local"].get("configs") or []
+    configs = [space.parse(key) for key in keys]
+    return configs, old["cut"] is not None
+
+
 def _cupy_nvrtc() -> str | None:
     """`major.minor` of the NVRTC CuPy compiles with (the local run's compiler)."""
     try:
@@ -90,6 +113,12 @@ def main() -> int:
                    help="where the Ray run compiles CUDA kernels: CPU tasks (cubins shipped) or the GPU worker")
     p.add_argument("--compile-probe", type=int, default=0,
                    help="CUDA: first time this many compiles through Ray CPU tasks alone (0: no probe)")
+    p.add_argument("--local-only", action="store_true",
+                   help="stop after the local run (its half of tune_ray.json), for a host whose calls are too short "
+                        "for both runs of the full space")
+    p.add_argument("--local-from", default=None, metavar="JSON",
+                   help="skip the local run and compare with the local half a --local-only run wrote on the same "
+                        "device (refused for another device, space, shape or seed)")
     p.add_argument("--warm-cache", action="store_true",
                    help="let the local run use CuPy's kernel cache from earlier runs (default: an empty one)")
     args = p.parse_args()
@@ -131,21 +160,30 @@ def main() -> int:
         if not args.warm_cache:
             os.environ["CUPY_CACHE_DIR"] = str(Path(tmp) / "cupy-cache")
         record["cupy_cache"] = "warm (--warm-cache)" if args.warm_cache else "empty"
-        t0 = time.perf_counter()
-        local_store = Store(Path(tmp) / "local.sqlite")
-        local_eng = Engine(dev, local_store, seed=args.seed)
-        local = tune(tpl, dev, shape, space=args.space, store=local_store, budget=Budget(args.budget, args.limit_s),
-                     seed=args.seed, engine=local_eng)
-        record["local"] = {"seconds": time.perf_counter() - t0, "best": _best(local),
-                           "rows": len(local.rows), "stage_seconds": dict(local_eng.seconds)}
-        taken = list(dict.fromkeys(r.config for r in local.rows))  # what the local run measured, in its order
-        done = len(legal_configs.intersection(taken))
-        cut = done < legal
-        record["cut"] = ({"configs": done, "of": legal,
-                          "by": "budget" if args.budget is not None and done >= args.budget else "limit_s"}
-                         if cut else None)
-        write_atomic(out / "tune_ray.json", json.dumps(record, indent=1))  # the local half, should Ray not finish
-        del dev, choice, local_eng  # the Ray workers open the device themselves
+        if args.local_from:
+            taken, cut = local_half(args.local_from, record, tpl.space(args.space))
+        else:
+            t0 = time.perf_counter()
+            local_store = Store(Path(tmp) / "local.sqlite")
+            local_eng = Engine(dev, local_store, seed=args.seed)
+            local = tune(tpl, dev, shape, space=args.space, store=local_store,
+                         budget=Budget(args.budget, args.limit_s), seed=args.seed, engine=local_eng)
+            taken = list(dict.fromkeys(r.config for r in local.rows))  # what the local run measured, in its order
+            done = len(legal_configs.intersection(taken))
+            cut = done < legal
+            record["local"] = {"seconds": time.perf_counter() - t0, "best": _best(local),
+                               "rows": len(local.rows), "stage_seconds": dict(local_eng.seconds),
+                               "configs": [c.key() for c in taken] if cut else None}
+            record["cut"] = ({"configs": done, "of": legal,
+                              "by": "budget" if args.budget is not None and done >= args.budget else "limit_s"}
+                             if cut else None)
+            write_atomic(out / "tune_ray.json", json.dumps(record, indent=1))  # the local half, should Ray not finish
+            if args.local_only:
+                print(f"local {record['local']['seconds']:.1f} s ({done} of {legal} configs); wrote "
+                      f"{out / 'tune_ray.json'}")
+                return 0
+            del local_eng
+        del dev, choice  # the Ray workers open the device themselves
         t0 = time.perf_counter()
         cluster = Cluster()
         try:
