@@ -354,7 +354,7 @@ class CUDADevice(Device):
                 args.append(a.array)
             else:
                 raise LaunchError(f"{launch.program.name}: kernel argument {a!r} is neither a Buffer nor a NumPy "
-                                  "scalar", "pass scalars as np.int32(...) / np.float32(...)")
+                                  "scalar (nor a TMA TensorMap)", "pass scalars as np.int32(...) / np.float32(...)")
         return tuple(args)
 
     def _launch(self, launch: Launch) -> None:

@@ -38,6 +38,7 @@ in place of out. A later step with a seam here: swizzled shared layouts instead 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Hashable
 from typing import Any
@@ -335,9 +336,8 @@ class CudaMatmul(KernelTemplate):
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
         src = matmul_source()
         dyn = {"pipe": pipe_smem_bytes, "ring": ring_smem_bytes, "wg": wg_smem_bytes,
-               "ws": ws_smem_bytes}.get(self.kind)
-        smem = (wg_smem_bytes(config, self.fmt, self.sets, tma=True) if self.kind == "wgt"
-                else dyn(config, self.fmt, self.sets) if dyn else 0)
+               "wgt": functools.partial(wg_smem_bytes, tma=True), "ws": ws_smem_bytes}.get(self.kind)
+        smem = dyn(config, self.fmt, self.sets) if dyn else 0
         prog = compile_cuda(device, src, self.entry(config), self.threads(config), f"{self.name}[{config}]",
                             dynamic_shared_bytes=smem)
         if self.preps():
