@@ -41,11 +41,11 @@ def test_tuned_table_is_loaded_and_the_scores_still_match(dev, rng):
         np.testing.assert_allclose(got, want, atol=2e-2 * max(1.0, float(np.abs(want).max())), rtol=0)
 
 
-@pytest.mark.parametrize("kind", ["splitk", "wg", "wgt"])
+@pytest.mark.parametrize("kind", ["splitk", "wg", "wgt", "wgr"])
 def test_an_executor_with_split_k_tables_matches_the_float64_reference(dev, rng, kind):
     """Every matmul of the model on split-K from 8 rows (KS 2, whole 32-wide steps of tiny's K = 64 and 128), or on
-    a wgmma kind (wgt: x by TMA, its tensor map made for the executor's own f16 scratch): the scores still match the
-    float64 forward, launch by launch and in the captured graph's replays."""
+    a wgmma kind (wgt, wgr: x by TMA, its tensor map made for the executor's own f16 scratch): the scores still match
+    the float64 forward, launch by launch and in the captured graph's replays."""
     from tilewise.kernels.matmul.cuda import CudaMatmul
     from tilewise.model.checkpoint import Checkpoint, random_tensors
     from tilewise.model.config import PRESETS
@@ -58,11 +58,11 @@ def test_an_executor_with_split_k_tables_matches_the_float64_reference(dev, rng,
     qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
     split = {"BM": 32, "BN": 64, "BK": 32, "WM": 16, "WN": 32, "PIPE": 2, "KS": 2}
     if kind != "splitk":
-        from tilewise.kernels.matmul.cuda import DEFAULT_WG
+        from tilewise.kernels.matmul.cuda import DEFAULT_WG, DEFAULT_WGR
 
         if dev.info.limits.compute_capability != "9.0":
             pytest.skip("wgmma needs a Hopper GPU")
-        split = DEFAULT_WG
+        split = DEFAULT_WGR if kind == "wgr" else DEFAULT_WG
     table = DispatchTable(dev.info.fingerprint)
     for epi, n, k, norm in (("none", 3 * H, H, True), ("none", qkv, H, True), ("residual", H, H, False),
                             ("residual", H, cfg.num_attention_heads * cfg.head_dim, False),

@@ -65,7 +65,7 @@ def test_every_legal_splitk_seed_config_of_the_nf4_variants_is_correct(dev, rng,
         check(out, ref, tpl.dtype)
 
 
-@pytest.mark.parametrize("kind", ["pipe", "ring", "wg", "wgt", "ws"])
+@pytest.mark.parametrize("kind", ["pipe", "ring", "wg", "wgt", "ws", "wgr"])
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("epilogue", mm.EPILOGUES)
 def test_every_legal_cp_async_seed_config_of_the_nf4_variants_is_correct(dev, rng, epilogue, norm, kind):
@@ -79,7 +79,7 @@ def test_every_legal_cp_async_seed_config_of_the_nf4_variants_is_correct(dev, rn
         check(out, ref, tpl.dtype)
 
 
-@pytest.mark.parametrize("kind", ["pipe", "ring", "wg", "wgt", "ws"])
+@pytest.mark.parametrize("kind", ["pipe", "ring", "wg", "wgt", "ws", "wgr"])
 @pytest.mark.parametrize("fmt", ["f16", "f32"])
 def test_every_cp_async_seed_config_of_the_other_weight_formats_is_correct(dev, rng, fmt, kind):
     tpl = mm.CudaMatmul(kind, fmt, "swiglu", True)
@@ -90,7 +90,7 @@ def test_every_cp_async_seed_config_of_the_other_weight_formats_is_correct(dev, 
         check(out, ref, tpl.dtype)
 
 
-@pytest.mark.parametrize("kind", ["mma", "pipe", "splitk", "ring", "wg", "wgt", "ws"])
+@pytest.mark.parametrize("kind", ["mma", "pipe", "splitk", "ring", "wg", "wgt", "ws", "wgr"])
 def test_the_fused_norm_scales_each_row_by_its_own_rms(dev, rng, kind):
     """Rows of x a thousand times apart in scale: a 1/rms applied to the wrong row (the late norm's accumulator rows,
     the prologue's rows) shows as an error far above the f16 tolerance."""
@@ -105,18 +105,19 @@ def test_the_fused_norm_scales_each_row_by_its_own_rms(dev, rng, kind):
     check(tpl.read_output(dev, bufs, shape), tpl.reference(host, shape), tpl.dtype)
 
 
-@pytest.mark.parametrize("kind", ["pipe", "ring", "wg", "wgt", "ws"])
+@pytest.mark.parametrize("kind", ["pipe", "ring", "wg", "wgt", "ws", "wgr"])
 def test_cp_async_with_fewer_steps_than_stages_is_correct(dev, rng, kind):
     """K = 64 is two 32-wide steps (one 64-wide step for wg) under six stages: the prologue's surplus copies are
     empty groups."""
     tpl = mm.CudaMatmul(kind, "nf4", "residual", False)
     cfg = tpl.config_of({**{"pipe": mm.DEFAULT_PIPE, "ring": mm.DEFAULT_RING, "wg": mm.DEFAULT_WG,
-                                 "wgt": mm.DEFAULT_WG, "ws": mm.DEFAULT_WS}[kind], "ST": 6})
+                                 "wgt": mm.DEFAULT_WG, "ws": mm.DEFAULT_WS, "wgr": mm.DEFAULT_WGR}[kind],
+                             "ST": 6})
     out, ref = run(dev, tpl, cfg, (97, 224, 64), rng)
     check(out, ref, tpl.dtype)
 
 
-@pytest.mark.parametrize("kind", ["wg", "wgt", "ws"])
+@pytest.mark.parametrize("kind", ["wg", "wgt", "ws", "wgr"])
 @pytest.mark.parametrize("epilogue", mm.EPILOGUES)
 def test_every_wg_seed_at_the_decision_shape_is_correct(dev, rng, epilogue, kind):
     """The wgmma kinds at 346 rows (partial row tiles for every BM, 384 covering all of them), N = 1056 (a partial

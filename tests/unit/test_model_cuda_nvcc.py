@@ -46,6 +46,8 @@ SIGS = {
                   "float *, int, int, int)"),
     "nf4_mm_wgt": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, "
                    "float *, int, int, int, const __grid_constant__ TmaMap)"),
+    "nf4_mm_wgr": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, "
+                   "float *, int, int, int, const __grid_constant__ TmaMap)"),
     "nf4_mm_ws": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, "
                   "float *, int, int, int)"),
     "nf4_mm_prep": "(const float *, int, const float *, float, unsigned short *, int)",
@@ -205,6 +207,23 @@ def test_every_ws_seed_config_of_every_variant_compiles_for_sm_90a_without_spill
     assert "C7515" not in log, log[-3000:]
 
 
+def test_every_wgr_seed_config_of_every_variant_compiles_for_sm_90a_without_spilling(tmp_path):
+    """The swapped kind (W decoded into wgmma's register operand, x by TMA): every seed of every variant and the
+    default compile for sm_90a with no spills, no static shared memory, and no serialized wgmma (C7515): the fragment
+    set being decoded is never one an in-flight wgmma reads."""
+    wgr = [t for t in mm.all_variants() if t.kind == "wgr"]
+    assert len(wgr) == 18
+    for t in wgr:  # swiglu's two accumulator sets and f32's stored rows rule out the widest tiles
+        assert t.why_illegal(t.default_config(), SM90, (346, 1024, 1024)) == [], t.name
+        least = {"nf4": (16, 10), "f16": (15, 8), "f32": (11, 3)}[t.fmt]
+        assert len(legal(t.space("seed"))) >= least[t.epilogue == "swiglu"], t.name
+    entries = sorted({t.entry(c) for t in wgr for c in [*legal(t.space("seed")), t.default_config()]})
+    assert all(e.startswith("nf4_mm_wgr<") for e in entries)
+    log = cubin(tmp_path, "wgr", MATMUL, entries, arch=SM90A)
+    assert not re.findall(r"used \d+ barriers, \d+ bytes smem", log), log[-3000:]
+    assert "C7515" not in log and "serialized" not in log, log[-3000:]
+
+
 #: the tiles that won the lfm2-350m shapes at 346 rows (bench/results/2026-12-01-h200-cuda-wgmma), as (epilogue,
 #: BM, BN, MT, ST, KS, MB)
 WG_WINNERS = [("swiglu", 128, 128, 1, 4, 1, 1), ("swiglu", 128, 128, 1, 5, 1, 1), ("none", 192, 64, 1, 4, 1, 1),
@@ -324,6 +343,17 @@ ILLEGAL = [
     ("matmul", "matmul.cu", "nf4_mm_ws<0, 0, 64, 64, 1, 7, 1, 1, 1>", "stages_3_6"),
     ("matmul", "matmul.cu", "nf4_mm_ws<0, 0, 64, 64, 1, 4, 16, 1, 1>", "ks_1_2_4_8"),
     ("matmul", "matmul.cu", "nf4_mm_ws<2, 2, 128, 128, 1, 4, 1, 1, 1>", "smem_227k"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 96, 88, 4, 1, 1>", "warpgroups_1_4"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 320, 88, 4, 1, 1>", "warpgroups_1_4"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 128, 84, 4, 1, 1>", "bt_8_256"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 264, 4, 1, 1>", "bt_8_256"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 2, 64, 136, 4, 1, 1>", "accumulators_128"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 64, 4, 1, 3>", "mb_1_2"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 256, 104, 4, 1, 1>", "registers_spare"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 2, 128, 24, 4, 1, 2>", "registers_spare"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 64, 2, 1, 1>", "stages_3_6"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 64, 4, 16, 1>", "ks_1_2_4_8"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<2, 2, 128, 64, 6, 1, 1>", "smem_227k"),
     ("matmul", "matmul.cu", "nf4_mm_prep<1, 48>", "whole_warps"),
     ("matmul", "matmul.cu", "nf4_mm_rows<0, 0, 0, 48, 4>", "whole_warps"),
     ("matmul", "matmul.cu", "nf4_mm_rows<0, 2, 1, 128, 32>", "rows_1_16"),
@@ -356,13 +386,13 @@ def test_python_rules_refuse_what_the_static_asserts_refuse():
             continue
         vals = [int(v) for v in entry.split("<")[1].rstrip(">").split(",")]
         kind = entry.split("<")[0].removeprefix("nf4_mm_")
-        if kind in ("ring", "wg", "ws"):  # the norm is the prologue's: no NORM argument
+        if kind in ("ring", "wg", "ws", "wgr"):  # the norm is the prologue's: no NORM argument
             vals.insert(2, 0)
         fmt = {v: k for k, v in mm.FMT_CODE.items()}[vals[0]]
         epi = mm.EPILOGUES[vals[1]]
         tpl = mm.CudaMatmul(kind, fmt, epi, bool(vals[2]))
         names = {"mma": mm.MMA_PARAMS, "splitk": mm.SPLITK_PARAMS, "pipe": mm.PIPE_PARAMS, "ring": mm.RING_PARAMS,
-                 "wg": mm.WG_PARAMS, "ws": mm.WS_PARAMS, "rows": ("NT", "RM")}[kind]
+                 "wg": mm.WG_PARAMS, "ws": mm.WS_PARAMS, "wgr": mm.WGR_PARAMS, "rows": ("NT", "RM")}[kind]
         cfg = tpl.space().config(dict(zip(names, vals[3:])))
         why = tpl.space().why_illegal(cfg)
         assert why and why[0].split(":")[0] == rule, (entry, why)
@@ -441,5 +471,36 @@ def test_cpp_wg_rules_and_smem_agree_with_python(tmp_path, kind):
         want = (mm.wg_smem_bytes(cfg, tpl.fmt, tpl.sets, tma=True) if kind == "wgt"
                 else {"wg": mm.wg_smem_bytes, "ws": mm.ws_smem_bytes}[kind](cfg, tpl.fmt, tpl.sets))
         assert smem == want, t
+        seen_legal += not why
+    assert seen_legal > 100
+
+
+def test_cpp_wgr_rules_and_smem_agree_with_python(tmp_path):
+    """`wgr_first_failure` and `wgr_smem_bytes` in C++ against the Python rules and arithmetic, on random tuples of
+    (FMT, EPI, BF, BT, ST, KS, MB) around the legal values."""
+    rng = random.Random(11)
+    tuples = [(rng.choice([0, 1, 2]), rng.choice([0, 0, 1, 2]), rng.choice([32, 64, 96, 128, 128, 192, 256, 320]),
+               rng.choice([4, 16, 60, 64, 88, 88, 120, 128, 136, 176, 256, 264]), rng.choice([2, 3, 4, 4, 5, 6, 7]),
+               rng.choice([1, 1, 2, 3, 4, 8]), rng.choice([1, 1, 2, 3])) for _ in range(3000)]
+    rows = ",\n".join("{" + ", ".join(map(str, t)) + "}" for t in tuples)
+    call = ", ".join(f"t[{i}]" for i in range(7))
+    body = (f"#include <cstdio>\nstatic const int T[][7] = {{\n{rows}\n}};\n"
+            "int main() { for (const auto &t : T) printf(\"%d %d\\n\", wgr_first_failure(" + call + "), "
+            "wgr_smem_bytes(t[0], t[1], t[2], t[3], t[4])); }\n")
+    res = nvcc(tmp_path, "host", MATMUL, body, "-o", "host")
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = subprocess.run([str(tmp_path / "host")], capture_output=True, text=True, check=True).stdout.splitlines()
+    seen_legal = 0
+    for t, line in zip(tuples, out, strict=True):
+        fail, smem = map(int, line.split())
+        tpl = mm.CudaMatmul("wgr", ("nf4", "f16", "f32")[t[0]], mm.EPILOGUES[t[1]], False)
+        space = tpl.space()
+        cfg = space.config(dict(zip(mm.WGR_PARAMS, t[2:])))
+        why = space.why_illegal(cfg)
+        names = [r.name for r in space.rules if not r.needs_limits]
+        assert (fail == 0) == (not why), (t, fail, why)
+        if why:
+            assert names[fail - 2] == why[0].split(":")[0], (t, fail, why)  # C++ rule 1 is `variant`
+        assert smem == mm.wgr_smem_bytes(cfg, tpl.fmt, tpl.sets), t
         seen_legal += not why
     assert seen_legal > 100

@@ -41,9 +41,9 @@ def test_every_matmul_the_executor_launches_compiles_under_nvrtc():
     entries = sorted({t.entry(t.default_config()) for t in variants} |
                      {t.reduce_entry() for t in variants if t.kind == "splitk"} |
                      {t.prep_entry() for t in variants if t.preps()})
-    # 4 kinds x 3 formats x 3 epilogues x norm on/off; ring's, wg's, wgt's and ws's 9 each (their norm is the
-    # prologue's); 3 reductions, 2 preps
-    assert len(entries) == 72 + 9 + 9 + 9 + 9 + 3 + 2
+    # 4 kinds x 3 formats x 3 epilogues x norm on/off; ring's, wg's, wgt's, ws's and wgr's 9 each (their norm is
+    # the prologue's); 3 reductions, 2 preps
+    assert len(entries) == 72 + 9 + 9 + 9 + 9 + 9 + 3 + 2
     rc, log = nvrtc_compile(mm.matmul_source(), entries)
     assert rc == 0, log[-3000:]
 

@@ -307,7 +307,7 @@ def test_tune_model_on_cuda_offers_the_cuda_kernels_with_their_seeds():
     dev = RecordingDevice()
     cands = model_tune.matmul_candidates(dev, "nf4", "swiglu", [1, 346], 4, 0, norm=True)
     kinds = {t.kind for t, _ in cands}
-    assert kinds == {"mma", "rows", "splitk", "pipe", "ring", "wg", "wgt", "ws"}
+    assert kinds == {"mma", "rows", "splitk", "pipe", "ring", "wg", "wgt", "ws", "wgr"}
     assert all(isinstance(t, CudaMatmul) for t, _ in cands)
     few = model_tune.matmul_candidates(dev, "nf4", "swiglu", [1, 8], 4, 0, norm=True)
     assert {t.kind for t, _ in few} == {"mma", "rows"}  # split-K and the cp.async kinds only from 32 rows

@@ -28,6 +28,10 @@ Problem: `matmul.problem.MatmulProblem` (y = epilogue(norm(x) @ W^T), W (N, K) n
   with warp specialization: BM / (64 MT) consumer warpgroups only issue wgmma and store, one producer warpgroup
   copies and decodes, handing stages over through named barriers; `setmaxnreg` gives the consumers the producer's
   registers. KS > 1 sums slices;
+- `wgr` (`nf4_mm_prep` + `nf4_mm_wgr<FMT, EPI, BF, BT, ST, KS, MB>`, Hopper only): the operands swapped: W is
+  wgmma's A operand, each thread decoding its own fragments from the stored rows straight into registers, and x
+  (BT tokens, the wgmma n, in steps of 8) its B operand, one TMA box per step; BF / 64 warpgroups of 64 features.
+  KS > 1 sums slices;
 - `rows` (`nf4_mm_rows<FMT, EPI, NORM, NT, RM>`): one warp per output column over RM rows, f32 arithmetic, for few
   rows (a decision's last block, short extends).
 
@@ -56,6 +60,7 @@ from tilewise.kernels.matmul.cuda_space import (
     DEFAULT_ROWS,
     DEFAULT_SPLITK,
     DEFAULT_WG,
+    DEFAULT_WGR,
     DEFAULT_WS,
     EPI_CODE,
     KINDS,
@@ -88,6 +93,10 @@ from tilewise.kernels.matmul.cuda_space import (
     WG_SPARE,
     WG_VALUES,
     WGMMA_KINDS,
+    WGR_PARAMS,
+    WGR_SEED,
+    WGR_SPARE,
+    WGR_VALUES,
     WS_PARAMS,
     WS_PRODUCER_REGS,
     WS_SEED,
@@ -108,6 +117,10 @@ from tilewise.kernels.matmul.cuda_space import (
     wg_smem_bytes,
     wg_spare_registers,
     wg_threads,
+    wgr_rules,
+    wgr_smem_bytes,
+    wgr_spare_registers,
+    wgr_threads,
     ws_consumer_regs,
     ws_rules,
     ws_smem_bytes,
@@ -124,6 +137,7 @@ __all__ = [
     "DEFAULT_ROWS",
     "DEFAULT_SPLITK",
     "DEFAULT_WG",
+    "DEFAULT_WGR",
     "DEFAULT_WS",
     "EPI_CODE",
     "KINDS",
@@ -151,6 +165,10 @@ __all__ = [
     "STATIC_SMEM_BYTES",
     "WARP",
     "WGMMA_KINDS",
+    "WGR_PARAMS",
+    "WGR_SEED",
+    "WGR_SPARE",
+    "WGR_VALUES",
     "WG_BK",
     "WG_COMPUTE_CAPABILITY",
     "WG_PARAMS",
@@ -183,6 +201,10 @@ __all__ = [
     "wg_smem_bytes",
     "wg_spare_registers",
     "wg_threads",
+    "wgr_rules",
+    "wgr_smem_bytes",
+    "wgr_spare_registers",
+    "wgr_threads",
     "ws_consumer_regs",
     "ws_rules",
     "ws_smem_bytes",
@@ -191,7 +213,7 @@ __all__ = [
 
 #: the family's CUDA source files, compiled as one text in this order (the later ones use matmul.cu's helpers)
 SOURCE_FILES = ("matmul.cu", "matmul_mma.cu", "matmul_pipe.cu", "matmul_ring.cu", "matmul_wg.cu", "matmul_ws.cu",
-                "matmul_rows.cu")
+                "matmul_wgr_ops.cu", "matmul_wgr.cu", "matmul_rows.cu")
 
 
 def matmul_source() -> str:
@@ -220,7 +242,7 @@ class CudaMatmul(KernelTemplate):
         #: split-K's partial sums are poisoned and guarded like "out" (`KernelTemplate.scratch_buffers`)
         self.scratch_buffers = {"splitk": ("partial",), "pipe": ("partial",), "ring": ("partial", "xh"),
                                 "wg": ("partial", "xh"), "wgt": ("partial", "xh"),
-                                "ws": ("partial", "xh")}.get(kind, ())
+                                "ws": ("partial", "xh"), "wgr": ("partial", "xh")}.get(kind, ())
 
     @classmethod
     def from_name(cls, name: str, eps: float = 1e-5) -> CudaMatmul:
@@ -238,6 +260,9 @@ class CudaMatmul(KernelTemplate):
         if self.kind in ("wg", "wgt"):
             return Space(f"cuda-matmul-{self.kind}-{which}", {k: list(v) for k, v in WG_VALUES.items()},
                          wg_rules(self.sets, self.fmt, self.kind == "wgt"), points=WG_SEED if which == "seed" else None)
+        if self.kind == "wgr":
+            return Space(f"cuda-matmul-wgr-{which}", {k: list(v) for k, v in WGR_VALUES.items()},
+                         wgr_rules(self.sets, self.fmt), points=WGR_SEED if which == "seed" else None)
         if self.kind == "ws":
             return Space(f"cuda-matmul-ws-{which}", {k: list(v) for k, v in WS_VALUES.items()},
                          ws_rules(self.sets, self.fmt), points=WS_SEED if which == "seed" else None)
@@ -258,7 +283,7 @@ class CudaMatmul(KernelTemplate):
     def default_config(self) -> Config:
         return self.config_of({"rows": DEFAULT_ROWS, "mma": DEFAULT_MMA, "splitk": DEFAULT_SPLITK,
                                "pipe": DEFAULT_PIPE, "ring": DEFAULT_RING, "wg": DEFAULT_WG, "wgt": DEFAULT_WG,
-                               "ws": DEFAULT_WS}[self.kind])
+                               "ws": DEFAULT_WS, "wgr": DEFAULT_WGR}[self.kind])
 
     def splits(self, config: Config) -> bool:
         """The config sums slices of K through `partial` and a further launch (split-K, or pipe / ring / wg with
@@ -266,8 +291,8 @@ class CudaMatmul(KernelTemplate):
         return self.kind in KS_KINDS and config["KS"] > 1
 
     def preps(self) -> bool:
-        """The kind reads x as f16 rows made by the `nf4_mm_prep` launch (ring, wg, wgt, ws)."""
-        return self.kind in ("ring", "wg", "wgt", "ws")
+        """The kind reads x as f16 rows made by the `nf4_mm_prep` launch (ring, wg, wgt, ws, wgr)."""
+        return self.kind in ("ring", "wg", "wgt", "ws", "wgr")
 
     def scratch_bytes(self, config: Config, rows: int, n: int, k: int) -> dict[str, int]:
         """The scratch buffers a config's launches need at `rows` rows, by name: split-K's partial sums, the ring
@@ -281,7 +306,7 @@ class CudaMatmul(KernelTemplate):
         m, _, k = shape
         out = []
         if self.kind in KS_KINDS:
-            bk = WG_BK if self.kind in WGMMA_KINDS else config["BK"]
+            bk = WG_BK if self.kind in (*WGMMA_KINDS, "wgr") else config["BK"]
             if k % (config["KS"] * bk):
                 out.append(f"k_slices: K = {k} is not KS = {config['KS']} slices of whole BK = {bk} steps "
                            f"(a multiple of {config['KS'] * bk})")
@@ -290,7 +315,7 @@ class CudaMatmul(KernelTemplate):
                        f"= {step}")
         if self.fmt == "nf4" and k % 64:
             out.append(f"nf4_blocks: K = {k} is not a multiple of 64 (one absmax per 64 weights of a row)")
-        bm = config["RM"] if self.kind == "rows" else config["BM"]
+        bm = config[{"rows": "RM", "wgr": "BT"}.get(self.kind, "BM")]
         if math.ceil(m / bm) > 65535:
             out.append(f"grid_y: ceil(M / {bm}) = {math.ceil(m / bm)} blocks > 65535")
         return out
@@ -310,6 +335,8 @@ class CudaMatmul(KernelTemplate):
             return name_expression(f"nf4_mm_{self.kind}", *head[:2], *(config[p] for p in WG_PARAMS))
         if self.kind == "ws":
             return name_expression("nf4_mm_ws", *head[:2], *(config[p] for p in WS_PARAMS))
+        if self.kind == "wgr":
+            return name_expression("nf4_mm_wgr", *head[:2], *(config[p] for p in WGR_PARAMS))
         return name_expression("nf4_mm_mma", *head, *(config[p] for p in MMA_PARAMS))
 
     def prep_entry(self) -> str:
@@ -331,12 +358,15 @@ class CudaMatmul(KernelTemplate):
             return wg_threads(config)
         if self.kind == "ws":
             return ws_threads(config)
+        if self.kind == "wgr":
+            return wgr_threads(config)
         return config["NT"] if self.kind == "rows" else mma_threads(config)
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
         src = matmul_source()
         dyn = {"pipe": pipe_smem_bytes, "ring": ring_smem_bytes, "wg": wg_smem_bytes,
-               "wgt": functools.partial(wg_smem_bytes, tma=True), "ws": ws_smem_bytes}.get(self.kind)
+               "wgt": functools.partial(wg_smem_bytes, tma=True), "ws": ws_smem_bytes,
+               "wgr": wgr_smem_bytes}.get(self.kind)
         smem = dyn(config, self.fmt, self.sets) if dyn else 0
         prog = compile_cuda(device, src, self.entry(config), self.threads(config), f"{self.name}[{config}]",
                             dynamic_shared_bytes=smem)
@@ -368,6 +398,8 @@ class CudaMatmul(KernelTemplate):
         m, n, _ = shape
         if self.kind == "rows":
             return (math.ceil(n / (config["NT"] // WARP)), math.ceil(m / config["RM"]), 1)
+        if self.kind == "wgr":
+            return (math.ceil(n / config["BF"]), math.ceil(m / config["BT"]), config["KS"])
         return (math.ceil(n / config["BN"]), math.ceil(m / config["BM"]), config.get("KS", 1))
 
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
@@ -388,6 +420,8 @@ class CudaMatmul(KernelTemplate):
             main = [bufs["xh"], *weights, out, *dims]
             if self.kind == "wgt":  # x by TMA: xh as (m, k) f16 rows in boxes of 64 x 64
                 main.append(f16_rows_map(bufs["xh"], m, k, 64))
+            elif self.kind == "wgr":  # one box of BT tokens x 64 a step
+                main.append(f16_rows_map(bufs["xh"], m, k, config["BT"]))
             return [prep, Launch(program, self.grid(config, shape), main), *reduce]
         args: list[Any] = [bufs["x"], np.int32(x_row0), *weights, arg_or(bufs, "norm_w", "x"), np.float32(self.eps),
                            out, *dims]
@@ -429,6 +463,9 @@ class CudaMatmul(KernelTemplate):
     def describe(self, config: Config) -> str:
         if self.kind == "rows":
             return f"rows nt{config['NT']} rm{config['RM']}"
+        if self.kind == "wgr":
+            return (f"wgr {config['BF']}x{config['BT']}x{WG_BK} st{config['ST']} ks{config['KS']} "
+                    f"mb{config['MB']}")
         if self.kind in WGMMA_KINDS:
             return (f"{self.kind} {config['BM']}x{config['BN']}x{WG_BK} mt{config['MT']} st{config['ST']} "
                     f"ks{config['KS']} mb{config['MB']}" + (f" pw{config['PW']}" if self.kind == "ws" else ""))
@@ -440,7 +477,12 @@ class CudaMatmul(KernelTemplate):
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
         m, n, _ = shape
-        bm, bn = (config["RM"], config["NT"] // WARP) if self.kind == "rows" else (config["BM"], config["BN"])
+        if self.kind == "rows":
+            bm, bn = config["RM"], config["NT"] // WARP
+        elif self.kind == "wgr":
+            bm, bn = config["BT"], config["BF"]
+        else:
+            bm, bn = config["BM"], config["BN"]
         return (math.ceil(m / bm) * bm * math.ceil(n / bn) * bn) / (m * n)
 
     def meta(self) -> dict[str, Any]:

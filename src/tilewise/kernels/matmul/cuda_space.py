@@ -1,7 +1,7 @@
 """The CUDA matmul family's search spaces as data: parameters, values, hand-picked seeds, defaults, and the named
 rules that mirror `mma_first_failure`, `splitk_first_failure`, `pipe_first_failure`, `ring_first_failure`,
-`wg_first_failure`, `ws_first_failure` and `rows_first_failure` in the `.cu` sources, with the shared-memory and
-register arithmetic they use. `cuda.py` (the template) re-exports every name."""
+`wg_first_failure`, `ws_first_failure`, `wgr_first_failure` and `rows_first_failure` in the `.cu` sources, with
+the shared-memory and register arithmetic they use. `cuda.py` (the template) re-exports every name."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from tilewise.kernels.matmul.problem import EPILOGUES
 from tilewise.kernels.space import Config, Rule
 
 WARP = 32
-KINDS = ("mma", "rows", "splitk", "pipe", "ring", "wg", "wgt", "ws")
-#: the kinds on Hopper's warpgroup tensor cores: K steps of WG_BK, the wg kind's tile parameters (wgt: the wg kind
-#: with its x tiles copied by the TMA)
+KINDS = ("mma", "rows", "splitk", "pipe", "ring", "wg", "wgt", "ws", "wgr")
+#: the kinds on Hopper's warpgroup tensor cores with the wg kind's tile parameters, K steps of WG_BK (wgt: the wg
+#: kind with its x tiles copied by the TMA); the wgr kind has its own parameters
 WGMMA_KINDS = ("wg", "wgt", "ws")
 #: the kinds with a KS parameter (slices of K summed through `partial`; split-K's KS is always 2 or more)
-KS_KINDS = ("splitk", "pipe", "ring", "wg", "wgt", "ws")
+KS_KINDS = ("splitk", "pipe", "ring", "wg", "wgt", "ws", "wgr")
 EPI_CODE = {e: i for i, e in enumerate(EPILOGUES)}  # none 0, residual 1, swiglu 2 (matmul.cu's EPI)
 STATIC_SMEM_BYTES = 48 * 1024
 MAX_FRAGMENTS = 16
@@ -119,6 +119,23 @@ WS_SEED = [dict(zip(WS_PARAMS, v)) for v in (
     (192, 128, 1, 3, 1, 1, 1), (64, 128, 1, 3, 2, 1, 2), (64, 64, 1, 4, 1, 1, 1),
     (256, 64, 1, 4, 1, 1, 1),  # illegal on purpose: consumers_1_3 (four consumer warpgroups)
 )]
+#: the swapped wgmma kind (`nf4_mm_wgr`): W is the A operand, decoded into registers; BF / 64 warpgroups of 64
+#: output features each, BT tokens (the wgmma n, a multiple of 8) per block, x copied by the TMA
+WGR_PARAMS = ("BF", "BT", "ST", "KS", "MB")
+WGR_VALUES: dict[str, list[int]] = {"BF": [64, 128, 192, 256], "BT": list(range(16, 257, 8)), "ST": [3, 4, 5, 6],
+                                     "KS": [1, 2, 4, 8], "MB": [1, 2]}
+#: registers beside the accumulators and the two fragment sets (`WGR_SPARE` in matmul_wgr.cu)
+WGR_SPARE = 48
+DEFAULT_WGR = {"BF": 64, "BT": 64, "ST": 3, "KS": 1, "MB": 1}  # legal in every variant
+# token tiles that pad the model's row counts least (346 rows: 4 x 88, 3 x 120, 2 x 176, 5 x 72; a 299-row extend:
+# 4 x 80, 3 x 104, 2 x 152), 128 features a block for the wide matrices, 64 and split-K for the N = 1024 ones
+WGR_SEED = [dict(zip(WGR_PARAMS, v)) for v in (
+    (128, 88, 4, 1, 1), (128, 120, 4, 1, 1), (64, 88, 4, 2, 1), (128, 88, 4, 2, 1), (64, 176, 4, 1, 1),
+    (128, 72, 5, 1, 1), (64, 120, 4, 4, 1), (128, 80, 4, 1, 1), (128, 104, 4, 1, 1), (64, 152, 4, 2, 1),
+    (128, 64, 6, 1, 1), (64, 88, 6, 4, 2), (192, 88, 4, 1, 1), (256, 56, 4, 1, 1), (128, 48, 4, 1, 2),
+    (64, 64, 3, 1, 1),
+    (128, 176, 4, 1, 1),  # swiglu: illegal on purpose (accumulators_128: 2 x 176 / 2)
+)]
 
 
 def mma_smem_bytes(c: Config, sets: int) -> int:
@@ -210,6 +227,25 @@ def ws_smem_bytes(c: Config, fmt: str, sets: int) -> int:
     f32: 256 bytes a row; f16: none), the NF4 code and 1024 bytes to reach the swizzle's boundary."""
     raw = sets * c.BN * {"nf4": 32 + 8, "f16": 0, "f32": 256}[fmt]
     return c.ST * (c.BM + sets * c.BN) * 128 + (c.ST - 1) * raw + 16 * 4 + 1024
+
+
+def wgr_threads(c: Config) -> int:
+    return c.BF // 64 * 128
+
+
+def wgr_smem_bytes(c: Config, fmt: str, sets: int) -> int:
+    """Dynamic shared memory of a wgr block, as `wgr_smem_bytes` in matmul_wgr.cu: ST stages of the x tile (BT rows
+    of 128 bytes) and SETS x BF W rows as stored, each 16 bytes longer (nf4 with the rows' absmax), the NF4 code,
+    the stages' mbarriers (64 bytes) and 1024 bytes to start on the swizzle's boundary."""
+    w = sets * c.BF * ({"nf4": 32, "f16": 128, "f32": 256}[fmt] + 16 + (4 if fmt == "nf4" else 0))
+    return c.ST * (c.BT * 128 + w) + 16 * 4 + 64 + 1024
+
+
+def wgr_spare_registers(c: Config, sets: int) -> int:
+    """Registers per thread the launch bound leaves beside the accumulators and the two A fragment sets
+    (`wgr_register_cap` in matmul_wgr.cu)."""
+    cap = min(255, 65536 // max(wgr_threads(c) * c.MB, 1))
+    return cap - sets * c.BT // 2 - 32 * sets
 
 
 def mma_threads(c: Config) -> int:
@@ -369,6 +405,34 @@ def ws_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
         smem_rules[0], wg["wgmma_sm90"],
         Rule("threads_per_block", lambda c, lim: ws_threads(c) <= lim.max_invocations_per_workgroup,
              lambda c, lim: f"{ws_threads(c)} threads > the device's {lim.max_invocations_per_workgroup}",
+             needs_limits=True),
+        *smem_rules[1:],
+    ]
+
+
+def wgr_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
+    """matmul_wgr.cu's `wgr_first_failure`, rule for rule, then the device's limits (wgmma needs compute capability
+    9.0)."""
+    wg = {r.name: r for r in wg_rules(sets, fmt)}
+    smem_rules = dynamic_smem_rules(lambda c: wgr_smem_bytes(c, fmt, sets))
+    return [
+        Rule("warpgroups_1_4", lambda c, _: c.BF % 64 == 0 and 64 <= c.BF <= 256,
+             lambda c, _: f"BF = {c.BF} is not 1..4 warpgroups of 64 features"),
+        Rule("bt_8_256", lambda c, _: c.BT % 8 == 0 and 8 <= c.BT <= 256,
+             lambda c, _: f"BT = {c.BT} tokens is not a multiple of 8 in 8..256 (a wgmma n size)"),
+        Rule("accumulators_128", lambda c, _: sets * c.BT <= 256,
+             lambda c, _: f"{sets} x BT / 2 = {sets * c.BT // 2} accumulators per thread > 128",
+             doc="a warpgroup thread holds BT / 2 f32 accumulators per weight set"),
+        wg["mb_1_2"],
+        Rule("registers_spare", lambda c, _: wgr_spare_registers(c, sets) >= WGR_SPARE,
+             lambda c, _: f"the launch bound ({wgr_threads(c)} threads x {c.MB} blocks) leaves "
+                          f"{wgr_spare_registers(c, sets)} registers beside the accumulators and the two fragment "
+                          f"sets, < {WGR_SPARE}",
+             doc="addresses, the words being decoded and the code need about 48 registers"),
+        wg["stages_3_6"], wg["ks_1_2_4_8"],
+        smem_rules[0], wg["wgmma_sm90"],
+        Rule("threads_per_block", lambda c, lim: wgr_threads(c) <= lim.max_invocations_per_workgroup,
+             lambda c, lim: f"{wgr_threads(c)} threads > the device's {lim.max_invocations_per_workgroup}",
              needs_limits=True),
         *smem_rules[1:],
     ]

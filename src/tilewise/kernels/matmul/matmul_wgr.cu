@@ -1,0 +1,255 @@
+// matmul_wgr.cu - the matmul with its operands swapped on Hopper's warpgroup tensor cores (sm_90a only): W is
+// wgmma's A operand, decoded straight into registers, and x is its B operand, copied by the TMA. Compiled after
+// matmul_wg.cu (its wgmma, TMA and mbarrier helpers) and matmul_wgr_ops.cu (the register-A wgmma per n size).
+//
+// nf4_mm_wgr<FMT, EPI, BF, BT, ST, KS, MB>: a block computes out^T's BF x BT tile: BF / 64 warpgroups, each owning
+// 64 output features (of every weight set) times the block's BT tokens, with `wgmma.mma_async m64nBTk16`. Because
+// the tokens are the wgmma n, the token tile moves in steps of 8: 346 rows fit four tiles of 88 (6 rows padded)
+// where the wg kind's 64-row slices pad 346 to 384.
+// Per K step of 64: thread 0 copies the x tile (BT rows of f16, one TMA box, 128-byte swizzle: the K-major B
+// layout the descriptor describes) and completes the stage's mbarrier; every thread copies its share of the W
+// rows as stored by cp.async (rows 16 bytes longer than stored, so that a warp's eight rows fall in different
+// banks). One step ahead of its wgmma each thread decodes, from shared memory, exactly the A fragment it holds
+// (rows g and g + 8 of its warp's 16, columns 2t, 2t + 1, 2t + 8, 2t + 9 of each k16 step, the mma.sync m16n8k16
+// layout): nf4 is byte t of each of its rows' eight words, times the row's absmax, rounded once to f16 as the other
+// kinds round it. Decoded weights never pass through shared memory, so nothing is fenced for the async proxy.
+// Two fragment sets alternate: one is being decoded while the wgmma of the other runs.
+// Ordering: the barrier of step kt comes after every warpgroup's wait for step kt - 1's wgmma, so stage
+// (kt - 1) % ST (its x tile read by the tensor cores, its W rows by the decode) is free to be refilled with step
+// kt + ST - 1.
+// KS 1 applies the epilogue; KS > 1 writes slice blockIdx.z's raw sums to partial for nf4_mm_splitk_reduce. MB is
+// the launch bound's blocks per SM. Shapes: K % (KS * 64) == 0; any M and N.
+
+__host__ __device__ constexpr int wgr_threads(int BF) { return BF / 64 * 128; }
+// bytes between two W rows of a stage: a stored row of one step (nf4 32, f16 128, f32 256) + 16
+__host__ __device__ constexpr int wgr_row_stride(int FMT) { return wg_row_bytes(FMT) + 16; }
+// one stage: the x tile (BT, 64) f16, then SETS x BF W rows as stored (padded) and nf4's absmax per row
+__host__ __device__ constexpr int wgr_stage_w_bytes(int FMT, int EPI, int BF) {
+  return (EPI == 2 ? 2 : 1) * BF * (wgr_row_stride(FMT) + (FMT == 0 ? 4 : 0));
+}
+// shared memory from a 1024-byte boundary (the swizzle's atom): ST x tiles, ST W stages, the NF4 code, ST
+// mbarriers (64 bytes), + 1024 bytes to find that boundary
+__host__ __device__ constexpr int wgr_smem_bytes(int FMT, int EPI, int BF, int BT, int ST) {
+  return ST * (BT * 128 + wgr_stage_w_bytes(FMT, EPI, BF)) + 16 * 4 + 64 + 1024;
+}
+__host__ __device__ constexpr int wgr_register_cap(int BF, int MB) {
+  return 65536 / (wgr_threads(BF) * MB) < 255 ? 65536 / (wgr_threads(BF) * MB) : 255;
+}
+// registers beside the accumulators and the two fragment sets (16 a set and weight set)
+#define WGR_SPARE 48
+
+__host__ __device__ constexpr int wgr_first_failure(int FMT, int EPI, int BF, int BT, int ST, int KS, int MB) {
+  const int sets = EPI == 2 ? 2 : 1;
+  if (FMT < 0 || FMT > 2 || EPI < 0 || EPI > 2) return 1;                                 // variant
+  if (BF % 64 != 0 || BF < 64 || BF > 256) return 2;                                     // warpgroups_1_4
+  if (BT % 8 != 0 || BT < 8 || BT > 256) return 3;                                       // bt_8_256
+  if (sets * BT > 256) return 4;                                                         // accumulators_128
+  if (MB < 1 || MB > 2) return 5;                                                        // mb_1_2
+  if (wgr_register_cap(BF, MB) - sets * BT / 2 - 32 * sets < WGR_SPARE) return 6;        // registers_spare
+  if (ST < 3 || ST > 6) return 7;                                                        // stages_3_6
+  if (KS != 1 && KS != 2 && KS != 4 && KS != 8) return 8;                                // ks_1_2_4_8
+  if (wgr_smem_bytes(FMT, EPI, BF, BT, ST) > PIPE_SMEM_MAX) return 9;                    // smem_227k
+  return 0;
+}
+
+template <int SETS, int J>
+__device__ __forceinline__ void wgr_pin(float (&acc)[SETS][J][4], unsigned (&a)[SETS][4][4]) {
+#pragma unroll
+  for (int s = 0; s < SETS; ++s) {
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) asm volatile("" : "+f"(acc[s][j][q])::"memory");
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) asm volatile("" : "+r"(a[s][kk][q])::"memory");
+  }
+}
+
+// this thread's A fragments of one K step from its W stage: rows r and r + 8 of each weight set (r = the warp's
+// 16-row slice + lane / 4), the k16 steps' columns 2t, 2t + 1 (registers 0, 1) and 2t + 8, 2t + 9 (2, 3)
+template <int FMT, int SETS, int BF>
+__device__ __forceinline__ void wgr_fragments(unsigned (&a)[SETS][4][4], const unsigned char *ws, const float *lut,
+                                              int r, int t) {
+  constexpr int RS = wgr_row_stride(FMT);
+#pragma unroll
+  for (int s = 0; s < SETS; ++s)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = s * BF + r + 8 * h;
+      const unsigned char *p = ws + row * RS;
+      if constexpr (FMT == 0) {  // word i holds k 8i..8i+7; its byte t is k 8i + 2t (high nibble) and 8i + 2t + 1
+        const uint4 lo = reinterpret_cast<const uint4 *>(p)[0], hi = reinterpret_cast<const uint4 *>(p)[1];
+        const unsigned w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        const float sc = reinterpret_cast<const float *>(ws + SETS * BF * RS)[row];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const unsigned byte = (w[2 * kk + half] >> (8 * t)) & 0xffu;
+            a[s][kk][2 * half + h] = pack2(lut[byte >> 4] * sc, lut[byte & 0xfu] * sc);
+          }
+      } else if constexpr (FMT == 1) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+            a[s][kk][2 * half + h] = reinterpret_cast<const unsigned *>(p)[8 * kk + 4 * half + t];
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const float2 f = reinterpret_cast<const float2 *>(p)[8 * kk + 4 * half + t];
+            a[s][kk][2 * half + h] = pack2(f.x, f.y);
+          }
+      }
+    }
+}
+
+// one K step: the warpgroup's SETS x 4 register-A wgmma on the x tile at shared address xs, issued asynchronously,
+// then the wait for the previous step's (this one runs on)
+template <int BT, int SETS>
+__device__ __forceinline__ void wgr_step(float (&acc)[SETS][BT / 8][4], unsigned (&a)[SETS][4][4], unsigned xs) {
+  wgr_pin(acc, a);
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int s = 0; s < SETS; ++s) wgmma_rs<BT>(acc[s], a[s][kk], wg_desc(xs + kk * 32));
+  wg_commit();
+  wg_wait<1>();
+  wgr_pin(acc, a);
+}
+
+template <int FMT, int EPI, int BF, int BT, int ST, int KS, int MB>
+__global__ void __launch_bounds__(BF / 64 * 128, MB)
+nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w, const float *__restrict__ absmax,
+           const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, float *__restrict__ out, int M,
+           int N, int K, const __grid_constant__ TmaMap xmap) {
+  constexpr int FAIL = wgr_first_failure(FMT, EPI, BF, BT, ST, KS, MB);
+  static_assert(FAIL != 1, "variant: FMT in 0..2 (nf4, f16, f32), EPI in 0..2 (none, residual, swiglu)");
+  static_assert(FAIL != 2, "warpgroups_1_4: BF must be 1..4 warpgroups of 64 features");
+  static_assert(FAIL != 3, "bt_8_256: BT (tokens, the wgmma n) must be a multiple of 8 in 8..256");
+  static_assert(FAIL != 4, "accumulators_128: SETS * BT / 2 accumulators per thread must be at most 128");
+  static_assert(FAIL != 5, "mb_1_2: MB (blocks per SM in the launch bound) must be 1 or 2");
+  static_assert(FAIL != 6, "registers_spare: the launch bound leaves too few registers beside the accumulators");
+  static_assert(FAIL != 7, "stages_3_6: ST (ring stages) must be in 3..6");
+  static_assert(FAIL != 8, "ks_1_2_4_8: KS (slices of K) must be 1, 2, 4 or 8");
+  static_assert(FAIL != 9, "smem_227k: the ring exceeds 227 KB of shared memory");
+  constexpr int NT = wgr_threads(BF), SETS = EPI == 2 ? 2 : 1, BK = 64;
+  constexpr int XBYTES = BT * 128, WBYTES = wgr_stage_w_bytes(FMT, EPI, BF), RROW = wg_row_bytes(FMT);
+  constexpr int RS = wgr_row_stride(FMT), CPR = RROW / 16, WQ = SETS * BF * CPR;  // 16-byte copies of W a step
+  extern __shared__ __align__(16) unsigned char dsmem[];
+  const unsigned raw_addr = smem_addr(dsmem), base_addr = (raw_addr + 1023u) & ~1023u;
+  unsigned char *base = dsmem + (base_addr - raw_addr);
+  constexpr int WOFF = ST * XBYTES, LOFF = WOFF + ST * WBYTES;  // x tiles, then W stages, the code, mbarriers
+  float *lut = reinterpret_cast<float *>(base + LOFF);
+  const unsigned bars = base_addr + LOFF + 64;
+  const int tid = threadIdx.x, wg = tid / 128, warp = tid / WARPSIZE, lane = tid % WARPSIZE;
+  const int f0 = blockIdx.x * BF, t0 = blockIdx.y * BT;
+  const int steps = K / KS / BK, k_begin = blockIdx.z * (K / KS);
+  if (tid < 16) lut[tid] = NF4_CODE[tid];  // read after the first barrier below
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < ST; ++s) mbar_init(bars + 8 * s, 1);
+    mbar_init_fence();
+  }
+
+  auto issue = [&](int j) {  // step j into stage j % ST: x by the TMA (thread 0), W rows by cp.async (all)
+    if (j >= steps) return;
+    const int k0 = k_begin + j * BK;
+    if (tid == 0) {  // tokens past M are zero-filled by the TMA; their bytes count toward the barrier's
+      const unsigned bar = bars + 8 * (j % ST);
+      mbar_expect_tx(bar, XBYTES);
+      tma_box(base_addr + (j % ST) * XBYTES, &xmap, k0, t0, bar);
+    }
+    unsigned char *ws = base + WOFF + (j % ST) * WBYTES;
+#pragma unroll
+    for (int i = 0; i < (WQ + NT - 1) / NT; ++i) {
+      const unsigned e = tid + i * NT, row = e / CPR, r = row % BF;
+      if (WQ % NT == 0 || e < (unsigned)WQ) {
+        const bool ok = f0 + (int)r < N;  // rows past N are zero-filled (and so is their absmax)
+        const unsigned char *src = reinterpret_cast<const unsigned char *>(row >= BF ? w_up : w);
+        cp_async16(ws + row * RS + (e % CPR) * 16,
+                   ok ? src + ((size_t)(f0 + r) * K + k0) * RROW / BK + (e % CPR) * 16 : src, ok);
+      }
+    }
+    if (FMT == 0) {
+      float *sa = reinterpret_cast<float *>(ws + SETS * BF * RS);
+#pragma unroll
+      for (int i = 0; i < (SETS * BF + NT - 1) / NT; ++i) {
+        const unsigned e = tid + i * NT, r = e % BF;
+        if ((SETS * BF) % NT == 0 || e < (unsigned)(SETS * BF)) {
+          const bool ok = f0 + (int)r < N;
+          const float *src = e >= BF ? absmax_up : absmax;
+          cp_async4(sa + e, ok ? src + ((size_t)(f0 + r) * K + k0) / 64 : src, ok);
+        }
+      }
+    }
+  };
+
+  // Copy groups: group g holds step g's W rows (always one group per step, empty past the last, so the waits line
+  // up). The prologue commits steps 0..ST-2; step kt + 1 has landed when at most ST - 3 groups are pending.
+#pragma unroll
+  for (int g = 0; g < ST - 1; ++g) {
+    issue(g);
+    cp_async_commit();
+  }
+  const int r = 64 * wg + 16 * (warp % 4) + lane / 4, t = lane % 4;
+  unsigned a0[SETS][4][4], a1[SETS][4][4];
+  float acc[SETS][BT / 8][4];
+#pragma unroll
+  for (int s = 0; s < SETS; ++s)
+#pragma unroll
+    for (int j = 0; j < BT / 8; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[s][j][q] = 0.0f;
+  cp_async_wait<ST - 2>();
+  mbar_wait(bars, 0);
+  __syncthreads();  // step 0 landed for every thread; the code is in place
+  wgr_fragments<FMT, SETS, BF>(a0, base + WOFF, lut, r, t);
+
+  // step kt multiplies with fragment set `cur` while set `nxt` receives step kt + 1
+  auto step = [&](int kt, unsigned (&cur)[SETS][4][4], unsigned (&nxt)[SETS][4][4]) {
+    wgr_step<BT, SETS>(acc, cur, base_addr + (kt % ST) * XBYTES);  // step kt - 1's wgmma is done (this warpgroup)
+    if (kt + 1 < steps) {
+      cp_async_wait<ST - 3>();                                    // step kt + 1's W rows (this thread's)
+      mbar_wait(bars + 8 * ((kt + 1) % ST), ((kt + 1) / ST) & 1);  // step kt + 1's x tile
+    }
+    __syncthreads();  // ... for every thread; every warpgroup is done with step kt - 1
+    issue(kt + ST - 1);  // into stage (kt - 1) % ST
+    cp_async_commit();
+    if (kt + 1 < steps) wgr_fragments<FMT, SETS, BF>(nxt, base + WOFF + ((kt + 1) % ST) * WBYTES, lut, r, t);
+  };
+  for (int kt = 0; kt < steps; kt += 2) {
+    step(kt, a0, a1);
+    if (kt + 1 < steps) step(kt + 1, a1, a0);
+  }
+  wg_wait<0>();
+  wgr_pin(acc, a0);
+  wgr_pin(acc, a1);
+  cp_async_wait<0>();
+
+  // out^T's fragment: accumulator q of n8 tile j is feature r + 8 (q / 2), token 8 j + 2 t + q % 2
+  const size_t mn = (size_t)M * N;
+#pragma unroll
+  for (int j = 0; j < BT / 8; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int feat = f0 + r + 8 * (q / 2), tok = t0 + 8 * j + 2 * t + q % 2;
+      if (feat >= N || tok >= M) continue;
+      const size_t o = (size_t)tok * N + feat;
+      if (KS > 1) {
+#pragma unroll
+        for (int s = 0; s < SETS; ++s) out[blockIdx.z * SETS * mn + s * mn + o] = acc[s][j][q];
+      } else if (EPI == 0) {
+        out[o] = acc[0][j][q];
+      } else if (EPI == 1) {
+        out[o] += acc[0][j][q];
+      } else {
+        out[o] = silu(acc[0][j][q]) * acc[SETS - 1][j][q];
+      }
+    }
+}
