@@ -1,4 +1,4 @@
-"""The wgr kind's generated register-A wgmma functions: the checked-in `matmul_wgr_ops.cu` is what `wgr_ops.py`
+"""The wgr kind's generated register-A wgmma functions: the checked-in `matmul_wgr_ops.cu` is what `cuda_wgr_ops.py`
 generates, with one function per token tile the space offers, each with its n / 2 accumulators."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import re
 
 from tilewise.kernels.matmul import cuda as mm
-from tilewise.kernels.matmul import wgr_ops
+from tilewise.kernels.matmul import cuda_wgr_ops as wgr_ops
 
 
 def test_the_checked_in_file_is_the_generated_one():
-    assert wgr_ops.PATH.read_text() == wgr_ops.source(), "regenerate: python -m tilewise.kernels.matmul.wgr_ops"
+    assert wgr_ops.PATH.read_text() == wgr_ops.source(), "regenerate: python -m tilewise.kernels.matmul.cuda_wgr_ops"
 
 
 def test_every_token_tile_of_the_space_has_its_wgmma_with_n_over_2_accumulators():
