@@ -273,6 +273,30 @@ def test_time_calls_warms_up_for_its_seconds_and_never_times_a_warmup_call():
     assert seen == [0, 1, 2]  # warmup 0: none at all
 
 
+def test_time_calls_warm_up_seconds_start_after_a_slow_first_call():
+    """A first call that takes longer than `warmup_s` on the host (pipeline creation: the GPU sits idle at its
+    lowest clock) still leaves `warmup_s` of warm-up calls after it: the calls slow in the 0.15 s after the first
+    one returned are never timed."""
+    import time as _time
+
+    from tilewise.model.bench import time_calls
+
+    first_done: list[float] = []
+
+    def fn(i: int) -> None:
+        if not first_done:
+            _time.sleep(0.4)  # the first call: longer than warmup_s
+            first_done.append(_time.perf_counter())
+            return
+        _time.sleep(0.015 if _time.perf_counter() - first_done[0] < 0.15 else 0.001)
+
+    trace: list[tuple[float, float, bool]] = []
+    samples = time_calls(fn, 10, 2, warmup_s=0.25, trace=trace)
+    assert max(samples) < 10.0, samples  # ms: no slow (15 ms) call was timed
+    warm = [ms for _, ms, timed in trace if not timed]
+    assert warm[0] >= 400.0 and sum(warm[1:]) >= 250.0 - 20.0  # the warm-up after the first call: ~0.25 s
+
+
 def test_time_calls_trace_holds_every_call_in_order_with_its_start_and_time():
     """The trace has one entry per call, warm-up first and marked untimed, starts increasing, and the timed
     entries' ms are exactly the returned samples (so a slow stretch can be set beside a clock log)."""

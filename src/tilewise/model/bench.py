@@ -14,6 +14,7 @@ the 95% intervals overlap, `too noisy to compare (p20..p80 = ...)` when the samp
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,24 +33,29 @@ def percentiles(samples_ms: list[float]) -> dict[str, float]:
             "p99": float(np.percentile(a, 99)), "mean": float(a.mean()), "min": float(a.min()), "n": int(a.size)}
 
 
-#: the least warm-up of a timed series, in seconds: a GPU fresh from other work (a tune, a load) runs a
-#: decision 2-4x slower for a few hundred milliseconds, far longer than three warm-up calls take
+#: the least warm-up of a timed series, in seconds, counted from the end of the first call: an idle GPU runs at
+#: its lowest clock and needs a few hundred milliseconds of work to reach full speed, and a first call that spends
+#: its time on the host (pipelines, a graph capture) leaves the GPU idle
 WARMUP_S = 1.0
 
 
 def time_calls(fn: Callable[[int], Any], n: int, warmup: int, budget_s: float | None = None,
                warmup_s: float = WARMUP_S, trace: list[tuple[float, float, bool]] | None = None) -> list[float]:
     """Wall-clock ms of `fn(i)` for n calls after untimed ones: `warmup` calls (cycling over indices -1..-warmup)
-    and then more until `warmup_s` seconds have passed (none at all with warmup 0). Stops early past `budget_s`.
-    `trace` gets (Unix start time, ms, timed) for every call, warm-up included, to set beside a clock log."""
-    t_warm = time.perf_counter() + warmup_s
+    and then more until `warmup_s` seconds have passed since the first one returned (none at all with warmup 0).
+    Stops early past `budget_s`. `trace` gets (Unix start time, ms, timed) for every call, warm-up included, to set
+    beside a clock log."""
+    t_warm = math.inf
     i = 0
     while warmup and (i < warmup or time.perf_counter() < t_warm):
         unix0 = time.time()  # before the timed interval, which then holds the call alone
         t0 = time.perf_counter()
         fn(-1 - i % warmup)
+        t1 = time.perf_counter()
         if trace is not None:
-            trace.append((unix0, (time.perf_counter() - t0) * 1e3, False))
+            trace.append((unix0, (t1 - t0) * 1e3, False))
+        if i == 0:
+            t_warm = t1 + warmup_s
         i += 1
     out: list[float] = []
     t_end = None if budget_s is None else time.perf_counter() + budget_s
