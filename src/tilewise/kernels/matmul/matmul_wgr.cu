@@ -156,6 +156,7 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
     for (int s = 0; s < ST; ++s) mbar_init(bars + 8 * s, 1);
     mbar_init_fence();
   }
+  __syncthreads();  // the mbarriers exist before any thread waits on one (the first wait precedes the next barrier)
 
   auto issue = [&](int j) {  // step j into stage j % ST: x by the TMA (thread 0), W rows by cp.async (all)
     if (j >= steps) return;
