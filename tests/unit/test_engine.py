@@ -109,6 +109,37 @@ def test_every_status_is_stored_once_per_item(tmp_path):
     assert ("too_big", (16, 8, 4)) not in tpl.compiled  # an illegal config never compiles
 
 
+def test_a_config_that_loses_the_device_is_stored_and_a_rerun_skips_it(tmp_path):
+    """A kernel fault (CUDA: the context is unusable until the process restarts) ends the run, but the config that
+    caused it is stored as a launch error first: the same command run again skips it and finishes, instead of
+    dying on it every time. The items still in flight beside it are not stored."""
+    from tilewise.errors import DeviceLost
+
+    def losing_kernel(bufs, grid, MODE):
+        if MODE == "crash":
+            raise DeviceLost("CUDA error while reading a buffer back: unspecified launch failure", "restart")
+        fake_kernel(bufs, grid, MODE)
+
+    class Losing(Fake):
+        def compile(self, device, config, shape):
+            self.compiled.append((config.MODE, tuple(shape)))
+            return device.compile(losing_kernel, constants=dict(config), name=f"losing[{config.MODE}]")
+
+    store = Store(tmp_path / "s.sqlite")
+    modes = ["ok", "crash", "slow_ok"]
+    with pytest.raises(DeviceLost):
+        Engine(CPUDevice(), store, measure_kw=FAST).evaluate(items(Losing(), (16, 8, 4), modes))
+    stored = {r.config: r for r in store.query(kernel="fake-gemm")}
+    assert list(stored) == ["MODE=crash"] and stored["MODE=crash"].status == "launch_error"
+    assert "device was lost" in stored["MODE=crash"].message and "unspecified launch failure" in \
+        stored["MODE=crash"].message
+    tpl = Losing()
+    again = {oc.config.MODE: oc for oc in Engine(CPUDevice(), store, measure_kw=FAST).evaluate(
+        items(tpl, (16, 8, 4), modes))}
+    assert {m: oc.status for m, oc in again.items()} == {"ok": "ok", "crash": "launch_error", "slow_ok": "ok"}
+    assert again["crash"].cached and ("crash", (16, 8, 4)) not in tpl.compiled
+
+
 def test_a_second_run_resumes_from_the_store(tmp_path):
     store = Store(tmp_path / "s.sqlite")
     Engine(CPUDevice(), store, timeout_s=0.02, measure_kw=FAST).evaluate(items(Fake(), (16, 8, 4)))

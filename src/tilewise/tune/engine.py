@@ -155,7 +155,13 @@ class Engine:
                 results[it] = self._record(Outcome(it, "compile_error", msg, tile_waste=waste))
                 continue
             vshape = self._verify_shape(it)
-            ver = self._verify(it, prog, vshape)
+            try:
+                ver = self._verify(it, prog, vshape)
+            except DeviceLost as exc:  # every earlier item's check synchronized: this config lost the device
+                self._record(Outcome(it, "launch_error", f"the device was lost running this config: "
+                                     f"{first_line(str(exc))} (a re-run skips it; --force runs it again)",
+                                     tile_waste=waste))
+                raise
             at = f" (at {shape_key(vshape)})" if vshape != it.shape else ""
             if ver.error:
                 results[it] = self._record(Outcome(it, "launch_error", ver.error, tile_waste=waste))
