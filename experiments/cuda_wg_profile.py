@@ -1,7 +1,7 @@
-"""Where the wgmma matmul kind's time goes (experiment): its machine code and a hardware profile of one launch,
+"""Where the wgmma matmul kinds' time goes (experiment): their machine code and a hardware profile of one launch,
 beside cuBLAS f16 on the same shape.
 
-    python3 experiments/cuda_wg_profile.py sass --out OUT      # nvcc + cuobjdump: the SASS of the configs below
+    python3 experiments/cuda_wg_profile.py sass --out OUT [--kind wgr]  # nvcc + cuobjdump: the configs' SASS
     python3 experiments/cuda_wg_profile.py launch --which wg:conv.in_proj [--repeat 5]   # the launches to profile
     ncu --kernel-name regex:nf4_mm_wg --launch-skip 2 --launch-count 1 --section SpeedOfLight \
         --section WarpStateStats --section SchedulerStats --section Occupancy \
@@ -9,8 +9,8 @@ beside cuBLAS f16 on the same shape.
 
 `sass` writes each config's SASS and a count of its key instructions (HGMMA, the warpgroup waits, barriers,
 cp.async, shared loads and stores) per config into OUT/sass-summary.json. `launch` runs one matmul of the
-lfm2-350m shapes at 346 rows on the winning `wg` configs of the last record (or cuBLAS f16 through CuPy with
-`--which cublas:SHAPE`) a few times, checking the wg output against float64 once.
+lfm2-350m shapes at 346 rows on the winning `wg` or `wgr` configs of their records (or cuBLAS f16 through CuPy
+with `--which cublas:SHAPE`) a few times, checking the output against float64 once.
 """
 
 from __future__ import annotations
@@ -34,19 +34,31 @@ CASES = {
     "ffn.down": ((346, 1024, 4608), "residual", False, {"BM": 192, "BN": 64, "MT": 1, "ST": 4, "KS": 4, "MB": 1}),
     "attn.qkv": ((346, 2048, 1024), "none", True, {"BM": 128, "BN": 64, "MT": 1, "ST": 4, "KS": 1, "MB": 2}),
 }
+# the wgr kind's winners (bench/results/2026-12-03-h200-wgr, call 3)
+WGR = {"ffn.gate_up": {"BF": 128, "BT": 120, "ST": 4, "KS": 1, "MB": 1},
+       "conv.in_proj": {"BF": 64, "BT": 176, "ST": 4, "KS": 1, "MB": 1},
+       "ffn.down": {"BF": 64, "BT": 88, "ST": 6, "KS": 4, "MB": 2},
+       "attn.qkv": {"BF": 64, "BT": 176, "ST": 4, "KS": 1, "MB": 1}}
 SIG = ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, float *, int, "
        "int, int)")
 COUNT = ("HGMMA", "WARPGROUP.ARRIVE", "WARPGROUP.DEPBAR", "BAR.SYNC", "LDGSTS", "LDGDEPBAR", "DEPBAR", "LDS",
          "STS", "LDG", "FMUL", "F2FP")
 
 
-def sass(out: Path) -> None:
+def case(kind: str, name: str) -> tuple[mm.CudaMatmul, object]:
+    """The template and winning config of one shape for the wg or wgr kind."""
+    _, epi, norm, cfg = CASES[name]
+    tpl = mm.CudaMatmul(kind, "nf4", epi, norm)
+    return tpl, tpl.config_of(WGR[name] if kind == "wgr" else cfg)
+
+
+def sass(out: Path, kind: str = "wg") -> None:
     out.mkdir(parents=True, exist_ok=True)
     src = Path(mm.__file__).parent
-    entries = {name: mm.CudaMatmul("wg", "nf4", epi, norm).entry(mm.CudaMatmul("wg", "nf4", epi, norm).config_of(c))
-               for name, (_, epi, norm, c) in CASES.items()}
+    entries = {name: case(kind, name)[0].entry(case(kind, name)[1]) for name in CASES}
     body = "".join(f'#include "{src / f}"\n' for f in mm.SOURCE_FILES)
-    body += "".join(f"template __global__ void {e}{SIG};\n" for e in entries.values())
+    sig = SIG[:-1] + ", const __grid_constant__ TmaMap)" if kind == "wgr" else SIG
+    body += "".join(f"template __global__ void {e}{sig};\n" for e in sorted(set(entries.values())))
     (out / "wg.cu").write_text(body)
     arch = "-gencode=arch=compute_90a,code=sm_90a"
     r = subprocess.run(["nvcc", "-std=c++17", arch, "-cubin", "-Xptxas", "-v", "-o", str(out / "wg.cubin"),
@@ -77,7 +89,7 @@ def launch(which: str, repeat: int) -> None:
     from tilewise.tune.verify import compare
 
     kind, name = which.split(":")
-    shape, epi, norm, cfg = CASES[name]
+    shape, epi, _, _ = CASES[name]
     dev = get_device("cuda")
     if kind == "cublas":
         import cupy as cp
@@ -91,8 +103,7 @@ def launch(which: str, repeat: int) -> None:
         cp.cuda.Device().synchronize()
         print("cublas", name, y.shape)
         return
-    tpl = mm.CudaMatmul("wg", "nf4", epi, norm)
-    config = tpl.config_of(cfg)
+    tpl, config = case(kind, name)
     host = tpl.make_inputs(shape, np.random.default_rng(0))
     bufs = tpl.upload(dev, host, shape)
     prog = tpl.compile(dev, config, shape)
@@ -111,12 +122,14 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sass")
     s.add_argument("--out", type=Path, required=True)
+    s.add_argument("--kind", default="wg", choices=["wg", "wgr"])
     la = sub.add_parser("launch")
-    la.add_argument("--which", default="wg:conv.in_proj", help="wg:SHAPE or cublas:SHAPE, SHAPE one of CASES")
+    la.add_argument("--which", default="wg:conv.in_proj",
+                    help="wg:SHAPE, wgr:SHAPE or cublas:SHAPE, SHAPE one of CASES")
     la.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     if args.cmd == "sass":
-        sass(args.out)
+        sass(args.out, args.kind)
     else:
         launch(args.which, args.repeat)
 
