@@ -274,8 +274,8 @@ def test_smem_bytes_agree_in_cpp_and_python(tmp_path, kind):
 def test_every_rows_config_and_the_executor_defaults_compile(tmp_path):
     variants = mm.all_variants()
     rows = [t for t in variants if t.kind == "rows"]
-    # what the executor launches (the wg, wgt and ws defaults need sm_90a: their seed tests compile them)
-    entries = {t.entry(t.default_config()) for t in variants if t.kind not in mm.WGMMA_KINDS}
+    # what the executor launches (the wg, wgt, ws and wgr defaults need sm_90a: their seed tests compile them)
+    entries = {t.entry(t.default_config()) for t in variants if t.kind not in (*mm.WGMMA_KINDS, "wgr")}
     entries |= {rows[0].entry(c) for c in legal(rows[0].space())}  # every rows config of one variant
     entries |= {t.entry(t.config_of({"NT": 256, "RM": 16})) for t in rows}  # the most accumulators, every variant
     cubin(tmp_path, "rows", MATMUL, sorted(entries))
