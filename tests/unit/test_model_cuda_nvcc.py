@@ -437,6 +437,37 @@ def test_cpp_mma_rules_agree_with_python_rules(tmp_path, kind):
     assert seen_legal > 50
 
 
+def cpp_rules_and_smem(tmp_path, tuples, first_failure: str, smem: str) -> list[tuple[int, int]]:
+    """(first failing rule, smem bytes) per tuple from the C++ functions, calls written over `t[i]`."""
+    width = len(tuples[0])
+    rows = ",\n".join("{" + ", ".join(map(str, t)) + "}" for t in tuples)
+    body = (f"#include <cstdio>\nstatic const int T[][{width}] = {{\n{rows}\n}};\n"
+            "int main() { for (const auto &t : T) printf(\"%d %d\\n\", " + first_failure + ", " + smem + "); }\n")
+    res = nvcc(tmp_path, "host", MATMUL, body, "-o", "host")
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = subprocess.run([str(tmp_path / "host")], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert len(out) == len(tuples)
+    return [tuple(map(int, line.split())) for line in out]
+
+
+def assert_rules_agree(kind, params, tuples, cpp, smem_bytes) -> None:
+    """The C++ verdicts `cpp` against the Python space of `kind` on each (FMT, EPI, *params) tuple: legal alike,
+    the same first rule (C++ rule 1 is `variant`), the same shared memory; enough legal tuples to mean something."""
+    seen_legal = 0
+    for t, (fail, smem) in zip(tuples, cpp, strict=True):
+        tpl = mm.CudaMatmul(kind, ("nf4", "f16", "f32")[t[0]], mm.EPILOGUES[t[1]], False)
+        space = tpl.space()
+        cfg = space.config(dict(zip(params, t[2:])))
+        why = space.why_illegal(cfg)
+        names = [r.name for r in space.rules if not r.needs_limits]
+        assert (fail == 0) == (not why), (t, fail, why)
+        if why:
+            assert names[fail - 2] == why[0].split(":")[0], (t, fail, why)
+        assert smem == smem_bytes(cfg, tpl.fmt, tpl.sets), t
+        seen_legal += not why
+    assert seen_legal > 100
+
+
 @pytest.mark.parametrize("kind", ["wg", "wgt", "ws"])
 def test_cpp_wg_rules_and_smem_agree_with_python(tmp_path, kind):
     """`wg_first_failure` (TX 0 and 1) / `ws_first_failure` and their smem bytes in C++ against the Python rules and
@@ -447,32 +478,13 @@ def test_cpp_wg_rules_and_smem_agree_with_python(tmp_path, kind):
                rng.choice([16, 32, 32, 64, 64, 96, 128, 256]), rng.choice([1, 1, 2, 3]), rng.choice([3, 4, 4, 5, 6, 7]),
                rng.choice([1, 1, 2, 3, 4, 8]), rng.choice([1, 1, 2, 3]), *([rng.choice([1, 1, 2, 3])] if pw else []))
               for _ in range(3000)]
-    width = len(tuples[0])
-    rows = ",\n".join("{" + ", ".join(map(str, t)) + "}" for t in tuples)
-    call = ", ".join(f"t[{i}]" for i in range(width))
+    call = ", ".join(f"t[{i}]" for i in range(len(tuples[0])))
     fn, tx = ("wg", ", 1") if kind == "wgt" else (kind, "")
-    body = (f"#include <cstdio>\nstatic const int T[][{width}] = {{\n{rows}\n}};\n"
-            "int main() { for (const auto &t : T) printf(\"%d %d\\n\", " + fn + "_first_failure(" + call + tx + "), "
-            + fn + "_smem_bytes(t[0], t[1], t[2], t[3], t[5]" + tx + ")); }\n")
-    res = nvcc(tmp_path, "host", MATMUL, body, "-o", "host")
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = subprocess.run([str(tmp_path / "host")], capture_output=True, text=True, check=True).stdout.splitlines()
-    seen_legal = 0
-    for t, line in zip(tuples, out, strict=True):
-        fail, smem = map(int, line.split())
-        tpl = mm.CudaMatmul(kind, ("nf4", "f16", "f32")[t[0]], mm.EPILOGUES[t[1]], False)
-        space = tpl.space()
-        cfg = space.config(dict(zip(mm.WS_PARAMS if pw else mm.WG_PARAMS, t[2:])))
-        why = space.why_illegal(cfg)
-        names = [r.name for r in space.rules if not r.needs_limits]
-        assert (fail == 0) == (not why), (t, fail, why)
-        if why:
-            assert names[fail - 2] == why[0].split(":")[0], (t, fail, why)  # C++ rule 1 is `variant`
-        want = (mm.wg_smem_bytes(cfg, tpl.fmt, tpl.sets, tma=True) if kind == "wgt"
-                else {"wg": mm.wg_smem_bytes, "ws": mm.ws_smem_bytes}[kind](cfg, tpl.fmt, tpl.sets))
-        assert smem == want, t
-        seen_legal += not why
-    assert seen_legal > 100
+    cpp = cpp_rules_and_smem(tmp_path, tuples, f"{fn}_first_failure({call}{tx})",
+                             f"{fn}_smem_bytes(t[0], t[1], t[2], t[3], t[5]{tx})")
+    smem = ((lambda c, f, s: mm.wg_smem_bytes(c, f, s, tma=True)) if kind == "wgt"
+            else {"wg": mm.wg_smem_bytes, "ws": mm.ws_smem_bytes}[kind])
+    assert_rules_agree(kind, mm.WS_PARAMS if pw else mm.WG_PARAMS, tuples, cpp, smem)
 
 
 def test_cpp_wgr_rules_and_smem_agree_with_python(tmp_path):
@@ -482,25 +494,7 @@ def test_cpp_wgr_rules_and_smem_agree_with_python(tmp_path):
     tuples = [(rng.choice([0, 1, 2]), rng.choice([0, 0, 1, 2]), rng.choice([32, 64, 96, 128, 128, 192, 256, 320]),
                rng.choice([4, 16, 60, 64, 88, 88, 120, 128, 136, 176, 256, 264]), rng.choice([2, 3, 4, 4, 5, 6, 7]),
                rng.choice([1, 1, 2, 3, 4, 8]), rng.choice([1, 1, 2, 3])) for _ in range(3000)]
-    rows = ",\n".join("{" + ", ".join(map(str, t)) + "}" for t in tuples)
     call = ", ".join(f"t[{i}]" for i in range(7))
-    body = (f"#include <cstdio>\nstatic const int T[][7] = {{\n{rows}\n}};\n"
-            "int main() { for (const auto &t : T) printf(\"%d %d\\n\", wgr_first_failure(" + call + "), "
-            "wgr_smem_bytes(t[0], t[1], t[2], t[3], t[4])); }\n")
-    res = nvcc(tmp_path, "host", MATMUL, body, "-o", "host")
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = subprocess.run([str(tmp_path / "host")], capture_output=True, text=True, check=True).stdout.splitlines()
-    seen_legal = 0
-    for t, line in zip(tuples, out, strict=True):
-        fail, smem = map(int, line.split())
-        tpl = mm.CudaMatmul("wgr", ("nf4", "f16", "f32")[t[0]], mm.EPILOGUES[t[1]], False)
-        space = tpl.space()
-        cfg = space.config(dict(zip(mm.WGR_PARAMS, t[2:])))
-        why = space.why_illegal(cfg)
-        names = [r.name for r in space.rules if not r.needs_limits]
-        assert (fail == 0) == (not why), (t, fail, why)
-        if why:
-            assert names[fail - 2] == why[0].split(":")[0], (t, fail, why)  # C++ rule 1 is `variant`
-        assert smem == mm.wgr_smem_bytes(cfg, tpl.fmt, tpl.sets), t
-        seen_legal += not why
-    assert seen_legal > 100
+    cpp = cpp_rules_and_smem(tmp_path, tuples, f"wgr_first_failure({call})",
+                             "wgr_smem_bytes(t[0], t[1], t[2], t[3], t[4])")
+    assert_rules_agree("wgr", mm.WGR_PARAMS, tuples, cpp, mm.wgr_smem_bytes)

@@ -306,6 +306,13 @@ def dynamic_smem_rules(smem: Callable[[Config], int]) -> list[Rule]:
     ]
 
 
+def threads_rule(threads: Callable[[Config], int]) -> Rule:
+    """`threads_per_block` for a kernel whose block is `threads(config)` threads."""
+    return Rule("threads_per_block", lambda c, lim: threads(c) <= lim.max_invocations_per_workgroup,
+                lambda c, lim: f"{threads(c)} threads > the device's {lim.max_invocations_per_workgroup}",
+                needs_limits=True)
+
+
 def pipe_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
     """matmul_pipe.cu's `pipe_first_failure`, rule for rule, then the device's shared-memory limits."""
     mma = {r.name: r for r in mma_rules(sets, fmt)}
@@ -377,9 +384,7 @@ def wg_rules(sets: int, fmt: str = "nf4", tma: bool = False) -> list[Rule]:
         Rule("wgmma_sm90", lambda c, lim: lim.compute_capability == WG_COMPUTE_CAPABILITY,
              lambda c, lim: f"wgmma needs compute capability {WG_COMPUTE_CAPABILITY} (Hopper); this device has "
                             f"{lim.compute_capability}", needs_limits=True),
-        Rule("threads_per_block", lambda c, lim: wg_threads(c) <= lim.max_invocations_per_workgroup,
-             lambda c, lim: f"{wg_threads(c)} threads > the device's {lim.max_invocations_per_workgroup}",
-             needs_limits=True),
+        threads_rule(wg_threads),
         *smem_rules[1:],
     ]
 
@@ -404,9 +409,7 @@ def ws_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
              doc="the producer keeps WS_PRODUCER_REGS; the consumers share the rest of the block's registers"),
         wg["stages_3_6"], wg["ks_1_2_4_8"],
         smem_rules[0], wg["wgmma_sm90"],
-        Rule("threads_per_block", lambda c, lim: ws_threads(c) <= lim.max_invocations_per_workgroup,
-             lambda c, lim: f"{ws_threads(c)} threads > the device's {lim.max_invocations_per_workgroup}",
-             needs_limits=True),
+        threads_rule(ws_threads),
         *smem_rules[1:],
     ]
 
@@ -432,9 +435,7 @@ def wgr_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
              doc="addresses, the words being decoded and the code need about 48 registers"),
         wg["stages_3_6"], wg["ks_1_2_4_8"],
         smem_rules[0], wg["wgmma_sm90"],
-        Rule("threads_per_block", lambda c, lim: wgr_threads(c) <= lim.max_invocations_per_workgroup,
-             lambda c, lim: f"{wgr_threads(c)} threads > the device's {lim.max_invocations_per_workgroup}",
-             needs_limits=True),
+        threads_rule(wgr_threads),
         *smem_rules[1:],
     ]
 
