@@ -128,10 +128,12 @@ WGR_VALUES: dict[str, list[int]] = {"BF": [64, 128, 192, 256], "BT": list(range(
 WGR_SPARE = 48
 DEFAULT_WGR = {"BF": 64, "BT": 64, "ST": 3, "KS": 1, "MB": 1}  # legal in every variant
 # ordered by what won at 346 rows (`tune model --budget N` takes the first N): the winners of gate/up, down,
-# in_proj and qkv, out_proj, attn.out_proj; then token tiles that pad the model's row counts little (346 rows:
-# 4 x 88, 3 x 120, 2 x 176, 5 x 72; a 299-row extend: 4 x 80, 3 x 104, 2 x 152)
+# in_proj and qkv, out_proj, attn.out_proj; two of them with two blocks an SM (one 4-warp block left each scheduler
+# one warp); then token tiles that pad the model's row counts little (346 rows: 4 x 88, 3 x 120, 2 x 176, 5 x 72; a
+# 299-row extend: 4 x 80, 3 x 104, 2 x 152)
 WGR_SEED = [dict(zip(WGR_PARAMS, v)) for v in (
     (128, 120, 4, 1, 1), (64, 88, 6, 4, 2), (64, 176, 4, 1, 1), (64, 120, 4, 4, 1), (64, 152, 4, 2, 1),
+    (64, 176, 4, 1, 2), (64, 120, 4, 2, 2),
     (128, 88, 4, 1, 1), (64, 88, 4, 2, 1), (128, 88, 4, 2, 1), (128, 72, 5, 1, 1), (128, 80, 4, 1, 1),
     (128, 104, 4, 1, 1), (128, 64, 6, 1, 1), (192, 88, 4, 1, 1), (256, 56, 4, 1, 1), (128, 48, 4, 1, 2),
     (64, 64, 3, 1, 1),
