@@ -1,6 +1,6 @@
 // matmul_wgr.cu - the matmul with its operands swapped on Hopper's warpgroup tensor cores (sm_90a only): W is
 // wgmma's A operand, decoded straight into registers, and x is its B operand, copied by the TMA. Compiled after
-// matmul_wg.cu (its wgmma, TMA and mbarrier helpers) and matmul_wgr_ops.cu (the register-A wgmma per n size).
+// matmul_wg.cu (its wgmma, TMA and mbarrier helpers) and matmul_wgmma_ops.cu (wgmma_rs<BT>, A from registers).
 //
 // nf4_mm_wgr<FMT, EPI, BF, BT, ST, KS, MB>: a block computes out^T's BF x BT tile: BF / 64 warpgroups, each owning
 // 64 output features (of every weight set) times the block's BT tokens, with `wgmma.mma_async m64nBTk16`. Because
