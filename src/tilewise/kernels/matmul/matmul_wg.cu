@@ -153,6 +153,39 @@ __device__ __forceinline__ void wg_store(const float (&acc)[MT][SETS][1][BN / 8]
   }
 }
 
+// One K step's W rows as stored (SETS x BN rows of wg_row_bytes, w_up's after w's; rows past N zero-filled) and
+// nf4's absmax per row at ws + SA, by cp.async from all NT threads: 16-byte chunk e (of row e / chunks-per-row)
+// lands at ws + dst(e, row), so each kind lays the rows out its own way (the wg kinds' swizzle, the wgr kind's
+// padding).
+template <int FMT, int SETS, int BN, int NT, int SA, typename Dst>
+__device__ __forceinline__ void cp_w_rows(unsigned char *ws, Dst dst, const unsigned *w,
+                                          const float *absmax, const unsigned *w_up, const float *absmax_up, int n0,
+                                          int N, int K, int k0, int tid) {
+  constexpr int RROW = wg_row_bytes(FMT), WQ = SETS * BN * RROW / 16;
+  constexpr unsigned CPR = RROW / 16;  // 16-byte chunks of a stored row
+#pragma unroll
+  for (int i = 0; i < (WQ + NT - 1) / NT; ++i) {
+    const unsigned e = tid + i * NT, row = e / CPR, r = row % BN;
+    if (WQ % NT == 0 || e < (unsigned)WQ) {
+      const bool ok = n0 + (int)r < N;
+      const unsigned char *src = reinterpret_cast<const unsigned char *>(row >= BN ? w_up : w);
+      cp_async16(ws + dst(e, row), ok ? src + ((size_t)(n0 + r) * K + k0) * RROW / 64 + (e % CPR) * 16 : src, ok);
+    }
+  }
+  if (FMT == 0) {
+    float *sa = reinterpret_cast<float *>(ws + SA);
+#pragma unroll
+    for (int i = 0; i < (SETS * BN + NT - 1) / NT; ++i) {
+      const unsigned e = tid + i * NT, r = e % BN;
+      if ((SETS * BN) % NT == 0 || e < (unsigned)(SETS * BN)) {
+        const bool ok = n0 + (int)r < N;
+        const float *src = e >= BN ? absmax_up : absmax;
+        cp_async4(sa + e, ok ? src + ((size_t)(n0 + r) * K + k0) / 64 : src, ok);
+      }
+    }
+  }
+}
+
 template <int FMT, int EPI, int BM, int BN, int MT, int ST, int KS, int MB, int TX>
 __device__ __forceinline__ void wg_body(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
                                         const float *__restrict__ absmax, const unsigned *__restrict__ w_up,
@@ -172,7 +205,7 @@ __device__ __forceinline__ void wg_body(const unsigned short *__restrict__ xh, c
   constexpr int NT = wg_threads(BM, MT), SETS = EPI == 2 ? 2 : 1, BK = 64, DEC = FMT != 1;
   constexpr int XBYTES = BM * 128, RAW = wg_raw_bytes(FMT, EPI, BN), WTILE = BN * 128;
   constexpr int RROW = wg_row_bytes(FMT);
-  constexpr int XQ = BM * 8, WQ = SETS * BN * RROW / 16;      // 16-byte copies per step
+  constexpr int XQ = BM * 8;  // 16-byte x copies per step
   constexpr int DQ = SETS * BN * 8;                             // 16-byte decoded chunks per step
   extern __shared__ __align__(16) unsigned char dsmem[];
   const unsigned raw_addr = smem_addr(dsmem), base_addr = (raw_addr + 1023u) & ~1023u;
@@ -220,32 +253,10 @@ __device__ __forceinline__ void wg_body(const unsigned short *__restrict__ xh, c
   };
   auto issue_w = [&](int j) {  // step j's W tile(s) as stored into W slot j % WSLOTS by cp.async
     if (j >= steps) return;
-    const int k0 = k_begin + j * BK;
     unsigned char *ws = base + WOFF + (j % WSLOTS) * RAW;
-    constexpr unsigned CPR = RROW / 16;  // 16-byte chunks of a stored row
-#pragma unroll
-    for (int i = 0; i < (WQ + NT - 1) / NT; ++i) {
-      const unsigned e = tid + i * NT, row = e / CPR, r = row % BN;
-      if (WQ % NT == 0 || e < (unsigned)WQ) {
-        const bool ok = n0 + (int)r < N;
-        const unsigned char *src = reinterpret_cast<const unsigned char *>(row >= BN ? w_up : w);
-        // f16: the swizzled operand; nf4, f32: rows as stored, decoded later
-        cp_async16(ws + (FMT == 1 ? swz(e) : e * 16),
-                   ok ? src + ((size_t)(n0 + r) * K + k0) * RROW / BK + (e % CPR) * 16 : src, ok);
-      }
-    }
-    if (FMT == 0) {
-      float *sa = reinterpret_cast<float *>(ws + SETS * BN * RROW);
-#pragma unroll
-      for (int i = 0; i < (SETS * BN + NT - 1) / NT; ++i) {
-        const unsigned e = tid + i * NT, r = e % BN;
-        if ((SETS * BN) % NT == 0 || e < (unsigned)(SETS * BN)) {
-          const bool ok = n0 + (int)r < N;
-          const float *src = e >= BN ? absmax_up : absmax;
-          cp_async4(sa + e, ok ? src + ((size_t)(n0 + r) * K + k0) / 64 : src, ok);
-        }
-      }
-    }
+    // f16: the swizzled operand; nf4, f32: rows as stored, decoded later
+    cp_w_rows<FMT, SETS, BN, NT, SETS * BN * RROW>(ws, [&](unsigned e, unsigned) { return FMT == 1 ? swz(e) : e * 16; },
+                                                   w, absmax, w_up, absmax_up, n0, N, K, k_begin + j * BK, tid);
   };
   auto decode = [&](int j) {  // step j's stored W (landed) -> decoded tile j % 3, swizzled
     if (!DEC || j >= steps) return;

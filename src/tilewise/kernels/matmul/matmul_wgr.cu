@@ -140,7 +140,7 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
   static_assert(FAIL != 9, "smem_227k: the ring exceeds 227 KB of shared memory");
   constexpr int NT = wgr_threads(BF), SETS = EPI == 2 ? 2 : 1, BK = 64;
   constexpr int XBYTES = BT * 128, WBYTES = wgr_stage_w_bytes(FMT, EPI, BF), RROW = wg_row_bytes(FMT);
-  constexpr int RS = wgr_row_stride(FMT), CPR = RROW / 16, WQ = SETS * BF * CPR;  // 16-byte copies of W a step
+  constexpr int RS = wgr_row_stride(FMT), CPR = RROW / 16;  // a W row's stride, its 16-byte chunks
   extern __shared__ __align__(16) unsigned char dsmem[];
   const unsigned raw_addr = smem_addr(dsmem), base_addr = (raw_addr + 1023u) & ~1023u;
   unsigned char *base = dsmem + (base_addr - raw_addr);
@@ -167,28 +167,8 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
       tma_box(base_addr + (j % ST) * XBYTES, &xmap, k0, t0, bar);
     }
     unsigned char *ws = base + WOFF + (j % ST) * WBYTES;
-#pragma unroll
-    for (int i = 0; i < (WQ + NT - 1) / NT; ++i) {
-      const unsigned e = tid + i * NT, row = e / CPR, r = row % BF;
-      if (WQ % NT == 0 || e < (unsigned)WQ) {
-        const bool ok = f0 + (int)r < N;  // rows past N are zero-filled (and so is their absmax)
-        const unsigned char *src = reinterpret_cast<const unsigned char *>(row >= BF ? w_up : w);
-        cp_async16(ws + row * RS + (e % CPR) * 16,
-                   ok ? src + ((size_t)(f0 + r) * K + k0) * RROW / BK + (e % CPR) * 16 : src, ok);
-      }
-    }
-    if (FMT == 0) {
-      float *sa = reinterpret_cast<float *>(ws + SETS * BF * RS);
-#pragma unroll
-      for (int i = 0; i < (SETS * BF + NT - 1) / NT; ++i) {
-        const unsigned e = tid + i * NT, r = e % BF;
-        if ((SETS * BF) % NT == 0 || e < (unsigned)(SETS * BF)) {
-          const bool ok = f0 + (int)r < N;
-          const float *src = e >= BF ? absmax_up : absmax;
-          cp_async4(sa + e, ok ? src + ((size_t)(f0 + r) * K + k0) / 64 : src, ok);
-        }
-      }
-    }
+    cp_w_rows<FMT, SETS, BF, NT, SETS * BF * RS>(ws, [](unsigned e, unsigned row) { return row * RS + (e % CPR) * 16; },
+                                                 w, absmax, w_up, absmax_up, f0, N, K, k0, tid);
   };
 
   // Copy groups: group g holds step g's W rows (always one group per step, empty past the last, so the waits line
