@@ -75,6 +75,7 @@ from tilewise.kernels.matmul.cuda_space import (
     PIPE_SEED,
     PIPE_SMEM_MAX,
     PIPE_VALUES,
+    PREP_KINDS,
     PREP_NT,
     REDUCE_NT,
     RING_PARAMS,
@@ -133,8 +134,8 @@ from tilewise.kernels.space import Config, Space
 __all__ = [
     "DEFAULT_MMA", "DEFAULT_PIPE", "DEFAULT_RING", "DEFAULT_ROWS", "DEFAULT_SPLITK", "DEFAULT_WG", "DEFAULT_WGR",
     "DEFAULT_WS", "EPI_CODE", "KINDS", "KS_KINDS", "KS_VALUES", "MAX_FRAGMENTS", "MMA_FROM_ROWS", "MMA_PARAMS",
-    "MMA_SEED", "MMA_VALUES", "PIPE_PARAMS", "PIPE_SEED", "PIPE_SMEM_MAX", "PIPE_VALUES", "PREP_NT", "REDUCE_NT",
-    "RING_PARAMS", "RING_SEED", "RING_VALUES", "ROWS_VALUES", "SMEM_RESERVED_PER_BLOCK", "SOURCE_FILES",
+    "MMA_SEED", "MMA_VALUES", "PIPE_PARAMS", "PIPE_SEED", "PIPE_SMEM_MAX", "PIPE_VALUES", "PREP_KINDS", "PREP_NT",
+    "REDUCE_NT", "RING_PARAMS", "RING_SEED", "RING_VALUES", "ROWS_VALUES", "SMEM_RESERVED_PER_BLOCK", "SOURCE_FILES",
     "SPLITK_PARAMS", "SPLITK_SEED", "STATIC_SMEM_BYTES", "WARP", "WGMMA_KINDS", "WGR_PARAMS", "WGR_SEED", "WGR_SPARE",
     "WGR_VALUES", "WG_BK", "WG_COMPUTE_CAPABILITY", "WG_PARAMS", "WG_SEED", "WG_SPARE", "WG_VALUES", "WS_PARAMS",
     "WS_PRODUCER_REGS", "WS_SEED", "WS_VALUES", "CudaMatmul", "CudaNF4MatmulMma", "CudaNF4MatmulRows",
@@ -174,9 +175,7 @@ class CudaMatmul(KernelTemplate):
         self.name = f"{fmt}_matmul.{kind}.{epilogue}" + (".norm" if norm else "")
         self.dtype = "f16" if kind != "rows" else self.problem.dtype
         #: split-K's partial sums are poisoned and guarded like "out" (`KernelTemplate.scratch_buffers`)
-        self.scratch_buffers = {"splitk": ("partial",), "pipe": ("partial",), "ring": ("partial", "xh"),
-                                "wg": ("partial", "xh"), "wgt": ("partial", "xh"),
-                                "ws": ("partial", "xh"), "wgr": ("partial", "xh")}.get(kind, ())
+        self.scratch_buffers = (("partial",) if kind in KS_KINDS else ()) + (("xh",) if kind in PREP_KINDS else ())
 
     @classmethod
     def from_name(cls, name: str, eps: float = 1e-5) -> CudaMatmul:
@@ -226,7 +225,7 @@ class CudaMatmul(KernelTemplate):
 
     def preps(self) -> bool:
         """The kind reads x as f16 rows made by the `nf4_mm_prep` launch (ring, wg, wgt, ws, wgr)."""
-        return self.kind in ("ring", "wg", "wgt", "ws", "wgr")
+        return self.kind in PREP_KINDS
 
     def scratch_bytes(self, config: Config, rows: int, n: int, k: int) -> dict[str, int]:
         """The scratch buffers a config's launches need at `rows` rows, by name: split-K's partial sums, the ring

@@ -17,6 +17,8 @@ KINDS = ("mma", "rows", "splitk", "pipe", "ring", "wg", "wgt", "ws", "wgr")
 WGMMA_KINDS = ("wg", "wgt", "ws")
 #: the kinds with a KS parameter (slices of K summed through `partial`; split-K's KS is always 2 or more)
 KS_KINDS = ("splitk", "pipe", "ring", "wg", "wgt", "ws", "wgr")
+#: the kinds that read x as f16 rows made by the `nf4_mm_prep` launch (into the `xh` scratch)
+PREP_KINDS = ("ring", "wg", "wgt", "ws", "wgr")
 EPI_CODE = {e: i for i, e in enumerate(EPILOGUES)}  # none 0, residual 1, swiglu 2 (matmul.cu's EPI)
 STATIC_SMEM_BYTES = 48 * 1024
 MAX_FRAGMENTS = 16
