@@ -32,6 +32,12 @@ from tilewise.tune.engine import Engine, Item  # noqa: E402
 from tilewise.tune.measure import compare  # noqa: E402
 
 
+def group_of(oc: Any, split: list[str]) -> str:
+    """An outcome's row in the per-kind report: its kind, with the values of the `--split-by` parameters it has."""
+    cfg = oc.config
+    return oc.item.kernel.kind + "".join(f"/{p}={cfg[p]}" for p in split if p in cfg)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for matmul_cuda.json")
@@ -45,7 +51,11 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", help="cuda or cuda:N")
     ap.add_argument("--kinds", default="mma,splitk",
                     help="tensor-core kernel kinds that compete, comma-separated (mma, splitk, pipe, ring, wg)")
+    ap.add_argument("--split-by", default="", metavar="PARAM[,PARAM]",
+                    help="race each kind's best per value of these parameters too (e.g. DEC: wgr's two decodes), "
+                         "and report them as KIND/PARAM=V")
     args = ap.parse_args()
+    split = [s.strip() for s in args.split_by.split(",") if s.strip()]
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     if not kinds or any(k not in KINDS or k == "rows" for k in kinds):
         ap.error(f"--kinds takes tensor-core kinds from {[k for k in KINDS if k != 'rows']}, got {args.kinds!r}")
@@ -84,9 +94,9 @@ def main() -> int:
             doc["shapes"].append(row)
             continue
         top = ok[: args.race_top]
-        for kind in kinds:  # each kind's best races too, so the row says what every kind reaches
-            best_of = next((oc for oc in ok if oc.item.kernel.kind == kind), None)
-            if best_of is not None and best_of not in top:
+        for group in dict.fromkeys(group_of(oc, split) for oc in ok):  # each kind's best races too, so the row
+            best_of = next(oc for oc in ok if group_of(oc, split) == group)  # says what every kind reaches
+            if best_of not in top:
                 top.append(best_of)
         got = eng.race([oc.item for oc in top], peer=True,
                        measure_kw={"warmup": 3, "min_rounds": args.rounds, "max_rounds": args.rounds,
@@ -94,8 +104,8 @@ def main() -> int:
         best_i = min(range(len(top)), key=lambda i: got.stats[i].median_ms)
         per_kind: dict[str, float] = {}
         for oc, st in zip(top, got.stats):
-            kind = oc.item.kernel.kind
-            per_kind[kind] = min(per_kind.get(kind, float("inf")), st.median_ms)
+            group = group_of(oc, split)
+            per_kind[group] = min(per_kind.get(group, float("inf")), st.median_ms)
         row["per_kind_ms"] = per_kind
         best, cub = got.stats[best_i], got.peer
         flops = 2 * args.rows * n * k * top[best_i].item.kernel.sets

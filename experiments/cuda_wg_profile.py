@@ -42,14 +42,15 @@ WGR = {"ffn.gate_up": {"BF": 128, "BT": 120, "ST": 4, "KS": 1, "MB": 1},
 SIG = ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, float *, int, "
        "int, int)")
 COUNT = ("HGMMA", "WARPGROUP.ARRIVE", "WARPGROUP.DEPBAR", "BAR.SYNC", "LDGSTS", "LDGDEPBAR", "DEPBAR", "LDS",
-         "STS", "LDG", "FMUL", "F2FP")
+         "STS", "LDG", "FMUL", "F2FP", "PRMT", "LOP3", "HMUL2")
 
 
 def case(kind: str, name: str) -> tuple[mm.CudaMatmul, object]:
-    """The template and winning config of one shape for the wg or wgr kind."""
+    """The template and winning config of one shape for the wg or wgr kind (`wgr1`: wgr with DEC 1, the register
+    code table)."""
     _, epi, norm, cfg = CASES[name]
-    tpl = mm.CudaMatmul(kind, "nf4", epi, norm)
-    return tpl, tpl.config_of(WGR[name] if kind == "wgr" else cfg)
+    tpl = mm.CudaMatmul("wgr" if kind.startswith("wgr") else kind, "nf4", epi, norm)
+    return tpl, tpl.config_of({**WGR[name], "DEC": int(kind == "wgr1")} if kind.startswith("wgr") else cfg)
 
 
 def sass(out: Path, kind: str = "wg") -> None:
@@ -57,7 +58,7 @@ def sass(out: Path, kind: str = "wg") -> None:
     src = Path(mm.__file__).parent
     entries = {name: case(kind, name)[0].entry(case(kind, name)[1]) for name in CASES}
     body = "".join(f'#include "{src / f}"\n' for f in mm.SOURCE_FILES)
-    sig = SIG[:-1] + ", const __grid_constant__ TmaMap)" if kind == "wgr" else SIG
+    sig = SIG[:-1] + ", const __grid_constant__ TmaMap)" if kind.startswith("wgr") else SIG
     body += "".join(f"template __global__ void {e}{sig};\n" for e in sorted(set(entries.values())))
     (out / "wg.cu").write_text(body)
     arch = "-gencode=arch=compute_90a,code=sm_90a"
@@ -122,10 +123,10 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sass")
     s.add_argument("--out", type=Path, required=True)
-    s.add_argument("--kind", default="wg", choices=["wg", "wgr"])
+    s.add_argument("--kind", default="wg", choices=["wg", "wgr", "wgr1"])
     la = sub.add_parser("launch")
     la.add_argument("--which", default="wg:conv.in_proj",
-                    help="wg:SHAPE, wgr:SHAPE or cublas:SHAPE, SHAPE one of CASES")
+                    help="wg:SHAPE, wgr:SHAPE, wgr1:SHAPE (DEC 1) or cublas:SHAPE, SHAPE one of CASES")
     la.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     if args.cmd == "sass":

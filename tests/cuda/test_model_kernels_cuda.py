@@ -130,6 +130,27 @@ def test_every_wg_seed_at_the_decision_shape_is_correct(dev, rng, epilogue, kind
         check(out, ref, tpl.dtype)
 
 
+@pytest.mark.parametrize("dec", [0, 1])
+def test_both_wgr_decodes_hold_every_output_column_within_the_f16_tolerance(dev, rng, dec):
+    """DEC 1 rounds the code, the absmax and their product to f16 (DEC 0 rounds once, from f32): rows of W whose
+    scale spans 1e-3..1e2 keep each output column, not only the whole output, within the f16 tolerance of float64."""
+    from tilewise.quant.nf4 import weight_arrays
+
+    tpl = mm.CudaMatmul("wgr", "nf4", "none", False)
+    cfg, shape = tpl.config_of({**mm.DEFAULT_WGR, "DEC": dec}), (97, 224, 512)
+    assert tpl.why_illegal(cfg, dev.info.limits, shape) == []
+    host = tpl.make_inputs(shape, rng)
+    w = rng.standard_normal(shape[1:]) * 10.0 ** rng.uniform(-3, 2, (shape[1], 1))  # (N, K)
+    host = {**host, **weight_arrays(w.astype(np.float32), "nf4")}
+    bufs = tpl.upload(dev, host, shape)
+    tpl.poison(dev, bufs, shape)
+    dev.run(tpl.launches(tpl.compile(dev, cfg, shape), bufs, cfg, shape))
+    dev.synchronize()
+    out, ref = tpl.read_output(dev, bufs, shape), tpl.reference(host, shape)  # (M, N)
+    bad = [j for j in range(shape[1]) if not compare(out[:, j], ref[:, j], tpl.dtype).ok]
+    assert not bad, (bad[:8], compare(out[:, bad[0]], ref[:, bad[0]], tpl.dtype).message)
+
+
 def test_splitk_replays_are_bit_identical(dev, rng):
     """The reduction adds the slices in a fixed order: two runs of one input give the same bits."""
     tpl = mm.CudaMatmul("splitk", "nf4", "none", True)

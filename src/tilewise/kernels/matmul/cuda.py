@@ -28,10 +28,10 @@ Problem: `matmul.problem.MatmulProblem` (y = epilogue(norm(x) @ W^T), W (N, K) n
   with warp specialization: BM / (64 MT) consumer warpgroups only issue wgmma and store, one producer warpgroup
   copies and decodes, handing stages over through named barriers; `setmaxnreg` gives the consumers the producer's
   registers. KS > 1 sums slices;
-- `wgr` (`nf4_mm_prep` + `nf4_mm_wgr<FMT, EPI, BF, BT, ST, KS, MB>`, Hopper only): the operands swapped: W is
-  wgmma's A operand, each thread decoding its own fragments from the stored rows straight into registers, and x
+- `wgr` (`nf4_mm_prep` + `nf4_mm_wgr<FMT, EPI, BF, BT, ST, KS, MB, DEC>`, Hopper only): the operands swapped: W
+  is wgmma's A operand, each thread decoding its own fragments from the stored rows straight into registers, and x
   (BT tokens, the wgmma n, in steps of 8) its B operand, one TMA box per step; BF / 64 warpgroups of 64 features.
-  KS > 1 sums slices;
+  KS > 1 sums slices; DEC 1 decodes nf4 through an f16 code table in registers (byte permutes, f16 scaling);
 - `rows` (`nf4_mm_rows<FMT, EPI, NORM, NT, RM>`): one warp per output column over RM rows, f32 arithmetic, for few
   rows (a decision's last block, short extends).
 

@@ -2,7 +2,7 @@
 // wgmma's A operand, decoded straight into registers, and x is its B operand, copied by the TMA. Compiled after
 // matmul_wg.cu (its wgmma, TMA and mbarrier helpers) and matmul_wgmma_ops.cu (wgmma_rs<BT>, A from registers).
 //
-// nf4_mm_wgr<FMT, EPI, BF, BT, ST, KS, MB>: a block computes out^T's BF x BT tile: BF / 64 warpgroups, each owning
+// nf4_mm_wgr<FMT, EPI, BF, BT, ST, KS, MB, DEC>: a block computes out^T's BF x BT tile: BF / 64 warpgroups, each owning
 // 64 output features (of every weight set) times the block's BT tokens, with `wgmma.mma_async m64nBTk16`. Because
 // the tokens are the wgmma n, the token tile moves in steps of 8: 346 rows fit four tiles of 88 (6 rows padded)
 // where the wg kind's 64-row slices pad 346 to 384.
@@ -18,7 +18,11 @@
 // (kt - 1) % ST (its x tile read by the tensor cores, its W rows by the decode) is free to be refilled with step
 // kt + ST - 1.
 // KS 1 applies the epilogue; KS > 1 writes slice blockIdx.z's raw sums to partial for nf4_mm_splitk_reduce. MB is
-// the launch bound's blocks per SM. Shapes: K % (KS * 64) == 0; any M and N.
+// the launch bound's blocks per SM. DEC picks nf4's decode: 0 looks each nibble up in an f32 code table in shared
+// memory and scales in f32 (one rounding to f16, as the other kinds); 1 looks four nibbles up at once in an f16 code
+// table held in eight registers (byte permutes, no shared-memory load) and scales pairs in f16 (the code, the absmax
+// and the product each rounded to f16: within the f16 tolerance, and fewer instructions on the decode's path).
+// Shapes: K % (KS * 64) == 0; any M and N.
 
 __host__ __device__ constexpr int wgr_threads(int BF) { return BF / 64 * 128; }
 // bytes between two W rows of a stage: a stored row of one step (nf4 32, f16 128, f32 256) + 16
@@ -35,20 +39,23 @@ __host__ __device__ constexpr int wgr_smem_bytes(int FMT, int EPI, int BF, int B
 __host__ __device__ constexpr int wgr_register_cap(int BF, int MB) {
   return 65536 / (wgr_threads(BF) * MB) < 255 ? 65536 / (wgr_threads(BF) * MB) : 255;
 }
-// registers beside the accumulators and the two fragment sets (16 a set and weight set)
+// registers beside the accumulators and the two fragment sets (16 a set and weight set); DEC 1's code table takes
+// 8 more
 #define WGR_SPARE 48
 
-__host__ __device__ constexpr int wgr_first_failure(int FMT, int EPI, int BF, int BT, int ST, int KS, int MB) {
+__host__ __device__ constexpr int wgr_first_failure(int FMT, int EPI, int BF, int BT, int ST, int KS, int MB,
+                                                    int DEC) {
   const int sets = EPI == 2 ? 2 : 1;
   if (FMT < 0 || FMT > 2 || EPI < 0 || EPI > 2) return 1;                                 // variant
   if (BF % 64 != 0 || BF < 64 || BF > 256) return 2;                                     // warpgroups_1_4
   if (BT % 8 != 0 || BT < 8 || BT > 256) return 3;                                       // bt_8_256
   if (sets * BT > 256) return 4;                                                         // accumulators_128
   if (MB < 1 || MB > 2) return 5;                                                        // mb_1_2
-  if (wgr_register_cap(BF, MB) - sets * BT / 2 - 32 * sets < WGR_SPARE) return 6;        // registers_spare
-  if (ST < 3 || ST > 6) return 7;                                                        // stages_3_6
-  if (KS != 1 && KS != 2 && KS != 4 && KS != 8) return 8;                                // ks_1_2_4_8
-  if (wgr_smem_bytes(FMT, EPI, BF, BT, ST) > PIPE_SMEM_MAX) return 9;                    // smem_227k
+  if (DEC < 0 || DEC > 1 || (DEC == 1 && FMT != 0)) return 6;                            // dec_nf4
+  if (wgr_register_cap(BF, MB) - sets * BT / 2 - 32 * sets < WGR_SPARE + 8 * DEC) return 7;  // registers_spare
+  if (ST < 3 || ST > 6) return 8;                                                        // stages_3_6
+  if (KS != 1 && KS != 2 && KS != 4 && KS != 8) return 9;                                // ks_1_2_4_8
+  if (wgr_smem_bytes(FMT, EPI, BF, BT, ST) > PIPE_SMEM_MAX) return 10;                   // smem_227k
   return 0;
 }
 
@@ -67,11 +74,67 @@ __device__ __forceinline__ void wgr_pin(float (&acc)[SETS][J][4], unsigned (&a)[
   }
 }
 
+__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
+  unsigned d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+__device__ __forceinline__ unsigned mul_f16x2(unsigned a, unsigned b) {
+  unsigned d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// DEC 1's code table: byte j of lo[i] / hi[i] is the low / high byte of entry 4 i + j of the nf4 code in f16
+struct Nf4Table {
+  unsigned lo[4], hi[4];
+};
+
+__device__ __forceinline__ Nf4Table nf4_table() {
+  Nf4Table tb;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    tb.lo[i] = tb.hi[i] = 0u;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      unsigned short h;
+      asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(NF4_CODE[4 * i + j]));
+      tb.lo[i] |= (unsigned)(h & 0xffu) << (8 * j);
+      tb.hi[i] |= (unsigned)(h >> 8) << (8 * j);
+    }
+  }
+  return tb;
+}
+
+// the f16 codes of the four nibbles in sel's low 16 bits (nibble j: selector nibble j), as a low-byte and a
+// high-byte word; m's byte j is 0xff where nibble j is 8 or more (then the entry comes from the table's upper half)
+__device__ __forceinline__ void nf4_lookup4(const Nf4Table &tb, unsigned sel, unsigned m, unsigned &lo,
+                                            unsigned &hi) {
+  lo = (prmt(tb.lo[0], tb.lo[1], sel) & ~m) | (prmt(tb.lo[2], tb.lo[3], sel) & m);
+  hi = (prmt(tb.hi[0], tb.hi[1], sel) & ~m) | (prmt(tb.hi[2], tb.hi[3], sel) & m);
+}
+
+// four stored nf4 bytes q (byte i: k 2i in the high nibble, 2i + 1 in the low) -> o[i] = f16x2 (code(high) in the
+// low half, code(low) in the high half) times the absmax pair sc2
+__device__ __forceinline__ void nf4_decode4(const Nf4Table &tb, unsigned q, unsigned sc2, unsigned (&o)[4]) {
+  const unsigned s = q & 0x77777777u, a = q << 4;  // prmt reads a selector nibble's bit 3 as "replicate the sign"
+  // bit 3 of nibble j is bit 7 of byte j / 2 of a (j even) or of q (j odd); the sign mode copies it over a byte
+  const unsigned m0 = prmt(a, q, 0xD9C8u), m1 = prmt(a, q, 0xFBEAu);
+  unsigned lo0, hi0, lo1, hi1;
+  nf4_lookup4(tb, s, m0, lo0, hi0);        // nibbles 0..3: stored bytes 0 and 1
+  nf4_lookup4(tb, s >> 16, m1, lo1, hi1);  // nibbles 4..7: stored bytes 2 and 3
+  o[0] = mul_f16x2(prmt(lo0, hi0, 0x4051u), sc2);
+  o[1] = mul_f16x2(prmt(lo0, hi0, 0x6273u), sc2);
+  o[2] = mul_f16x2(prmt(lo1, hi1, 0x4051u), sc2);
+  o[3] = mul_f16x2(prmt(lo1, hi1, 0x6273u), sc2);
+}
+
 // this thread's A fragments of one K step from its W stage: rows r and r + 8 of each weight set (r = the warp's
 // 16-row slice + lane / 4), the k16 steps' columns 2t, 2t + 1 (registers 0, 1) and 2t + 8, 2t + 9 (2, 3)
-template <int FMT, int SETS, int BF>
+template <int FMT, int SETS, int BF, int DEC>
 __device__ __forceinline__ void wgr_fragments(unsigned (&a)[SETS][4][4], const unsigned char *ws, const float *lut,
-                                              int r, int t) {
+                                              const Nf4Table &tb, int r, int t) {
   constexpr int RS = wgr_row_stride(FMT);
 #pragma unroll
   for (int s = 0; s < SETS; ++s)
@@ -83,13 +146,26 @@ __device__ __forceinline__ void wgr_fragments(unsigned (&a)[SETS][4][4], const u
         const uint4 lo = reinterpret_cast<const uint4 *>(p)[0], hi = reinterpret_cast<const uint4 *>(p)[1];
         const unsigned w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
         const float sc = reinterpret_cast<const float *>(ws + SETS * BF * RS)[row];
+        if constexpr (DEC == 1) {  // byte t of words 4c..4c+3 gathered into one word, decoded four bytes at once
+          const unsigned pick = t | (t + 4) << 4, sc2 = pack2(sc, sc);
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
+          for (int c = 0; c < 2; ++c) {
+            const unsigned q = prmt(prmt(w[4 * c], w[4 * c + 1], pick), prmt(w[4 * c + 2], w[4 * c + 3], pick),
+                                    0x5410u);
+            unsigned o[4];
+            nf4_decode4(tb, q, sc2, o);
 #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const unsigned byte = (w[2 * kk + half] >> (8 * t)) & 0xffu;
-            a[s][kk][2 * half + h] = pack2(lut[byte >> 4] * sc, lut[byte & 0xfu] * sc);
+            for (int i = 0; i < 4; ++i) a[s][(4 * c + i) / 2][2 * (i % 2) + h] = o[i];  // word 4c + i
           }
+        } else {
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const unsigned byte = (w[2 * kk + half] >> (8 * t)) & 0xffu;
+              a[s][kk][2 * half + h] = pack2(lut[byte >> 4] * sc, lut[byte & 0xfu] * sc);
+            }
+        }
       } else if constexpr (FMT == 1) {
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
@@ -123,21 +199,22 @@ __device__ __forceinline__ void wgr_step(float (&acc)[SETS][BT / 8][4], unsigned
   wgr_pin(acc, a);
 }
 
-template <int FMT, int EPI, int BF, int BT, int ST, int KS, int MB>
+template <int FMT, int EPI, int BF, int BT, int ST, int KS, int MB, int DEC>
 __global__ void __launch_bounds__(BF / 64 * 128, MB)
 nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w, const float *__restrict__ absmax,
            const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, float *__restrict__ out, int M,
            int N, int K, const __grid_constant__ TmaMap xmap) {
-  constexpr int FAIL = wgr_first_failure(FMT, EPI, BF, BT, ST, KS, MB);
+  constexpr int FAIL = wgr_first_failure(FMT, EPI, BF, BT, ST, KS, MB, DEC);
   static_assert(FAIL != 1, "variant: FMT in 0..2 (nf4, f16, f32), EPI in 0..2 (none, residual, swiglu)");
   static_assert(FAIL != 2, "warpgroups_1_4: BF must be 1..4 warpgroups of 64 features");
   static_assert(FAIL != 3, "bt_8_256: BT (tokens, the wgmma n) must be a multiple of 8 in 8..256");
   static_assert(FAIL != 4, "accumulators_128: SETS * BT / 2 accumulators per thread must be at most 128");
   static_assert(FAIL != 5, "mb_1_2: MB (blocks per SM in the launch bound) must be 1 or 2");
-  static_assert(FAIL != 6, "registers_spare: the launch bound leaves too few registers beside the accumulators");
-  static_assert(FAIL != 7, "stages_3_6: ST (ring stages) must be in 3..6");
-  static_assert(FAIL != 8, "ks_1_2_4_8: KS (slices of K) must be 1, 2, 4 or 8");
-  static_assert(FAIL != 9, "smem_227k: the ring exceeds 227 KB of shared memory");
+  static_assert(FAIL != 6, "dec_nf4: DEC (the decode) must be 0, or 1 with nf4 weights");
+  static_assert(FAIL != 7, "registers_spare: the launch bound leaves too few registers beside the accumulators");
+  static_assert(FAIL != 8, "stages_3_6: ST (ring stages) must be in 3..6");
+  static_assert(FAIL != 9, "ks_1_2_4_8: KS (slices of K) must be 1, 2, 4 or 8");
+  static_assert(FAIL != 10, "smem_227k: the ring exceeds 227 KB of shared memory");
   constexpr int NT = wgr_threads(BF), SETS = EPI == 2 ? 2 : 1, BK = 64;
   constexpr int XBYTES = BT * 128, WBYTES = wgr_stage_w_bytes(FMT, EPI, BF), RROW = wg_row_bytes(FMT);
   constexpr int RS = wgr_row_stride(FMT), CPR = RROW / 16;  // a W row's stride, its 16-byte chunks
@@ -190,7 +267,8 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
   cp_async_wait<ST - 2>();
   mbar_wait(bars, 0);
   __syncthreads();  // step 0 landed for every thread; the code is in place
-  wgr_fragments<FMT, SETS, BF>(a0, base + WOFF, lut, r, t);
+  const Nf4Table tb = DEC == 1 ? nf4_table() : Nf4Table{};
+  wgr_fragments<FMT, SETS, BF, DEC>(a0, base + WOFF, lut, tb, r, t);
 
   // step kt multiplies with fragment set `cur` while set `nxt` receives step kt + 1
   auto step = [&](int kt, unsigned (&cur)[SETS][4][4], unsigned (&nxt)[SETS][4][4]) {
@@ -202,7 +280,7 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
     __syncthreads();  // ... for every thread; every warpgroup is done with step kt - 1
     issue(kt + ST - 1);  // into stage (kt - 1) % ST
     cp_async_commit();
-    if (kt + 1 < steps) wgr_fragments<FMT, SETS, BF>(nxt, base + WOFF + ((kt + 1) % ST) * WBYTES, lut, r, t);
+    if (kt + 1 < steps) wgr_fragments<FMT, SETS, BF, DEC>(nxt, base + WOFF + ((kt + 1) % ST) * WBYTES, lut, tb, r, t);
   };
   for (int kt = 0; kt < steps; kt += 2) {
     step(kt, a0, a1);
