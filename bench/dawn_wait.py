@@ -3,9 +3,10 @@
 A decision on the WebGPU executor ends in one buffer map. `map_wait = "block"` maps through wgpu-py's `map_sync`
 (wgpudawn blocks in `wgpuInstanceWaitAny`); `"spin"` calls `map_async` and then Dawn's non-blocking
 `wgpuInstanceProcessEvents` until the map resolves. The same model and prompts run in rounds that alternate the two
-modes (`--per-round` decisions each), so both see the same GPU state; per mode it prints p50 / p90 / p99, the share
-of decisions slower than 1.5x that mode's p50, and the GPU time of one decision's launches (timestamps), and checks
-that both modes return the same scores. Writes `dawn_wait.json` (date, device, command, every sample) into `--out`.
+modes (`--per-round` decisions each, `model.bench.race_modes`), so both see the same GPU state; per mode it prints
+p50 / p90 / p99, the share of decisions slower than 1.5x that mode's p50, and the GPU time of one decision's
+launches (timestamps), and checks that both modes return the same scores. Writes `dawn_wait.json` (date, device,
+command, every sample) into `--out`.
 
     PYTHONPATH=src python3 bench/dawn_wait.py --out OUT_DIR [--preset lfm2-350m] [--device dawn]
 """
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from tilewise.devices.webgpu import MAP_WAITS  # noqa: E402
-from tilewise.model.bench import PREFIX_TOKENS, percentiles, prompts  # noqa: E402
+from tilewise.model.bench import PREFIX_TOKENS, percentiles, prompts, race_modes  # noqa: E402
 from tilewise.model.runtime import from_checkpoint, open_checkpoint  # noqa: E402
 
 
@@ -46,20 +47,19 @@ def main() -> int:
     dev = model.executor.dev
     _, full = prompts(ck.config.vocab_size, args.seq, 32, PREFIX_TOKENS)
     modes = [m for m in MAP_WAITS if m == "block" or dev.runtime.process_events is not None]
-    samples: dict[str, list[float]] = {m: [] for m in modes}
-    scores: dict[str, np.ndarray] = {}
-    for m in modes:  # warm-up, and the scores of prompt 0 per mode
+
+    def set_mode(m: str) -> None:
         dev.map_wait = m
-        for _ in range(3):
-            scores[m] = model.scores(model.prefill(full[0]))
+
+    def decide(i: int) -> np.ndarray:
+        return model.scores(model.prefill(full[i % len(full)]))
+
+    scores: dict[str, np.ndarray] = {}
+    for m in modes:  # the scores of prompt 0 per mode
+        set_mode(m)
+        scores[m] = decide(0)
     t_start = time.perf_counter()
-    for r in range(args.rounds):
-        for m in (modes if r % 2 == 0 else modes[::-1]):
-            dev.map_wait = m
-            for i in range(args.per_round):
-                t = time.perf_counter()
-                model.scores(model.prefill(full[(r * args.per_round + i) % len(full)]))
-                samples[m].append((time.perf_counter() - t) * 1e3)
+    samples = race_modes(decide, set_mode, modes, args.rounds, args.per_round)
     gpu_ms = None
     if hasattr(model.executor, "last_op_times"):
         from tilewise.model.bench import op_table

@@ -1,7 +1,8 @@
 """CUDA graph replay on a GPU (skips cleanly without CuPy or a GPU): the device's capture reads pinned host memory at
 replay time and leaves its stream usable after a refused launch; a replayed decision gives bit-identical scores and
 hidden state to the same decision launch by launch, over prompts, prefixes and extend branches, and a plan's graph
-is captured once and replayed after."""
+is captured once and replayed after; with programmatic dependent launch (each kernel starting while the one before
+it finishes) decisions stay bit-identical to serial launches."""
 
 from __future__ import annotations
 
@@ -134,3 +135,47 @@ def test_timed_decisions_match_the_replay(model, rng):
     assert [label for label, _ in ex.last_op_times]
     np.testing.assert_array_equal(caches.scores, replayed[0])
     np.testing.assert_array_equal(hidden, replayed[1])
+
+
+@pytest.mark.parametrize("kind", ["default", "splitk", "wgr"])
+def test_pdl_decisions_are_bit_identical_to_serial_launches(dev, rng, kind):
+    """Every kernel waits for its predecessor before it touches what that one writes (kernels/pdl.cuh; wgr copies
+    its first weight stages before the wait), so programmatic dependent launch changes no bit: graph replays and
+    launch-by-launch runs with PDL equal serial launches, over prompt lengths, a prefix and its extend branches, on
+    the default kernels, split-K (a reduction launch after each matmul) and wgr."""
+    from tilewise.model.checkpoint import Checkpoint, random_tensors
+    from tilewise.model.config import PRESETS
+    from tilewise.model.cuda import CUDAExecutor
+
+    if not dev.pdl:
+        pytest.skip("programmatic dependent launch needs compute capability 9.0")
+    cfg = PRESETS["tiny"]
+    table = None
+    if kind != "default":
+        from tests.cuda.test_model_cuda_tune import kind_table
+
+        table = kind_table(dev, cfg, kind)
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 5), "f32", "preset:tiny").converted("nf4").materialize()
+    ex = CUDAExecutor(ck, device=dev, dispatch=table, quiet=True)
+
+    def run(ids, start, base, pdl, graphs):
+        ex.pdl, ex.graphs = pdl, graphs
+        hidden, state = ex.forward(ids, start, base, True)
+        return hidden, state.scores.copy(), state
+
+    before = dev.pdl_launches
+    for n in (9, 40, 121):
+        ids = rng.integers(0, cfg.vocab_size, n)
+        serial = run(ids, 0, None, False, False)
+        for graphs in (True, True, False):  # the capture, a replay, then launch by launch
+            got = run(ids, 0, None, True, graphs)
+            np.testing.assert_array_equal(got[0], serial[0])
+            np.testing.assert_array_equal(got[1], serial[1])
+    base = run(rng.integers(0, cfg.vocab_size, 30), 0, None, True, True)[2]
+    for _ in range(3):
+        tail = rng.integers(0, cfg.vocab_size, 12)
+        want = run(tail, 30, base, False, False)
+        got = run(tail, 30, base, True, True)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+    assert dev.pdl_launches > before  # the launches above did use PDL

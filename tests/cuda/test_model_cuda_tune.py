@@ -41,19 +41,13 @@ def test_tuned_table_is_loaded_and_the_scores_still_match(dev, rng):
         np.testing.assert_allclose(got, want, atol=2e-2 * max(1.0, float(np.abs(want).max())), rtol=0)
 
 
-@pytest.mark.parametrize("kind", ["splitk", "wg", "wgt", "wgr"])
-def test_an_executor_with_split_k_tables_matches_the_float64_reference(dev, rng, kind):
-    """Every matmul of the model on split-K from 8 rows (KS 2, whole 32-wide steps of tiny's K = 64 and 128), or on
-    a wgmma kind (wgt, wgr: x by TMA, its tensor map made for the executor's own f16 scratch): the scores still match
-    the float64 forward, launch by launch and in the captured graph's replays."""
+def kind_table(dev, cfg, kind: str):
+    """A dispatch table that runs every matmul of `cfg` from 8 rows on `kind`: split-K (KS 2, whole 32-wide steps
+    of tiny's K = 64 and 128) or a wgmma kind's default (skips off Hopper)."""
     from tilewise.kernels.matmul.cuda import CudaMatmul
-    from tilewise.model.checkpoint import Checkpoint, random_tensors
-    from tilewise.model.config import PRESETS
-    from tilewise.model.cuda import CUDAExecutor
     from tilewise.model.dispatch import matmul_key
     from tilewise.tune.dispatch import DispatchTable, Entry
 
-    cfg = PRESETS["tiny"]
     H, F = cfg.hidden_size, cfg.ffn_dim
     qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
     split = {"BM": 32, "BN": 64, "BK": 32, "WM": 16, "WN": 32, "PIPE": 2, "KS": 2}
@@ -70,6 +64,20 @@ def test_an_executor_with_split_k_tables_matches_the_float64_reference(dev, rng,
         tpl = CudaMatmul(kind, "nf4", epi, norm)
         table.put(matmul_key("nf4", epi, n, k, norm), Entry([
             {"m_min": 8, "m_max": None, "kernel": tpl.name, "config": split}]), tpl)
+    return table
+
+
+@pytest.mark.parametrize("kind", ["splitk", "wg", "wgt", "wgr"])
+def test_an_executor_with_split_k_tables_matches_the_float64_reference(dev, rng, kind):
+    """Every matmul of the model on split-K from 8 rows (KS 2, whole 32-wide steps of tiny's K = 64 and 128), or on
+    a wgmma kind (wgt, wgr: x by TMA, its tensor map made for the executor's own f16 scratch): the scores still match
+    the float64 forward, launch by launch and in the captured graph's replays."""
+    from tilewise.model.checkpoint import Checkpoint, random_tensors
+    from tilewise.model.config import PRESETS
+    from tilewise.model.cuda import CUDAExecutor
+
+    cfg = PRESETS["tiny"]
+    table = kind_table(dev, cfg, kind)
     ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
     ex = CUDAExecutor(ck, device=dev, dispatch=table)
     weights = {k: ck.float32(k) for k in ck.names()}

@@ -1,7 +1,8 @@
 """The CUDA executor's graph replay without a GPU: a recording device with the CUDA device's graph API (`pinned`,
 `capture`, a graph whose `launch` reads the pinned host arrays at replay time) checks that a plan is captured once
 and replayed by later decisions of its shape, that every replay moves that decision's ids, that timed and
-switched-off decisions run launch by launch, that a replaced plan's graph goes with it, and the env switch."""
+switched-off decisions run launch by launch, that a replaced plan's graph goes with it, the env switch, and that a
+graph is captured with the executor's PDL setting (and again when it changes)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tests.unit.test_model_cuda_plan import RecordingDevice
 
 from tilewise.devices.base import Launch, Program
 from tilewise.devices.cuda import CUDADevice, HostCopy
+from tilewise.devices.cuda_pdl import PDL_ENV
 from tilewise.errors import ConfigError, LaunchError
 from tilewise.model.checkpoint import Checkpoint, random_tensors
 from tilewise.model.config import PRESETS
@@ -40,13 +42,15 @@ class GraphDevice(RecordingDevice):
         self.graphs: list[FakeGraph] = []
         self.replayed: list[np.ndarray] = []
         self.runs: list[int] = []
+        self.pdl_flags: list[tuple[str, bool]] = []  # ("capture" | "run", pdl) per call
         self.timed: list[int] = []
         self.writes: list[tuple[int, np.ndarray]] = []
 
     def pinned(self, size, dtype=np.float32) -> np.ndarray:
         return np.full(size, -7, dtype)
 
-    def capture(self, steps) -> FakeGraph:
+    def capture(self, steps, pdl=False) -> FakeGraph:
+        self.pdl_flags.append(("capture", pdl))
         graph = FakeGraph(self, list(steps))
         self.graphs.append(graph)
         return graph
@@ -55,7 +59,8 @@ class GraphDevice(RecordingDevice):
         super().write(buffer, array, offset_bytes)
         self.writes.append((id(buffer), np.array(array)))
 
-    def run(self, launches) -> None:
+    def run(self, launches, pdl=False) -> None:
+        self.pdl_flags.append(("run", pdl))
         self.runs.append(len(launches))
 
     def time(self, launches, flush_l2=None) -> np.ndarray:
@@ -181,3 +186,40 @@ def test_a_bad_env_value_is_one_clear_error(monkeypatch):
     with pytest.raises(ConfigError, match=r"TILEWISE_CUDA_GRAPHS='maybe' is neither 0 nor 1") as err:
         CUDAExecutor(ck, device=GraphDevice())
     assert "TILEWISE_CUDA_GRAPHS=0" in err.value.fix
+
+
+def test_graphs_are_captured_with_the_pdl_setting_and_again_after_a_switch(executor, rng):
+    dev = executor.dev
+    assert executor.pdl is True  # the default
+    prompts = [rng.integers(1, 512, 11) for _ in range(6)]
+    for ids in prompts[:2]:
+        executor.forward(ids, 0, None, True)
+    executor.pdl = False
+    for ids in prompts[2:4]:
+        executor.forward(ids, 0, None, True)
+    executor.pdl = True
+    executor.forward(prompts[4], 0, None, True)
+    assert dev.pdl_flags == [("capture", True), ("capture", False), ("capture", True)]
+    assert executor.graph_captures == 3 and executor.graph_replays == 5
+    assert [r.tolist() for r in dev.replayed] == [p.tolist() for p in prompts[:5]]
+    executor.forward(prompts[5], 0, None, True, timed=True)  # each launch alone between events
+    executor.graphs = False
+    executor.forward(prompts[5], 0, None, True)
+    executor.pdl = False
+    executor.forward(prompts[5], 0, None, True)
+    assert dev.pdl_flags[3:] == [("run", True), ("run", False)] and len(dev.timed) == 1
+
+
+@pytest.mark.parametrize(("value", "on"), [(None, True), ("1", True), ("0", False), ("off", False)])
+def test_the_pdl_env_switch(monkeypatch, value, on):
+    if value is None:
+        monkeypatch.delenv(PDL_ENV, raising=False)
+    else:
+        monkeypatch.setenv(PDL_ENV, value)
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny")
+    assert CUDAExecutor(ck, device=GraphDevice()).pdl is on
+    monkeypatch.setenv(PDL_ENV, "sometimes")
+    with pytest.raises(ConfigError, match=r"TILEWISE_CUDA_PDL='sometimes' is neither 0 nor 1") as err:
+        CUDAExecutor(ck, device=GraphDevice())
+    assert "TILEWISE_CUDA_PDL=0" in err.value.fix

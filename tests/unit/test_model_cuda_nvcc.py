@@ -59,7 +59,9 @@ def cu(family: str, name: str) -> str:
     return str(resources.files(f"tilewise.kernels.{family}").joinpath(name))
 
 
-MATMUL = [cu("matmul", f) for f in mm.SOURCE_FILES]  # included in order: the later files use matmul.cu's helpers
+#: every model source starts with the PDL macros (`cudasrc.model_source`)
+PDL = str(resources.files("tilewise.kernels").joinpath("pdl.cuh"))
+MATMUL = [PDL, *(cu("matmul", f) for f in mm.SOURCE_FILES)]  # in order: the later files use matmul.cu's helpers
 
 
 def instantiate(entry: str) -> str:
@@ -292,7 +294,7 @@ def test_row_ops_conv_and_attention_compile_for_their_spaces(tmp_path):
     entries += [attn.entry(c, d) for c in legal(attn.space()) for d in dims
                 if not attn.config_problems(c, (1, 0, 16, 8, d))]
     assert sum(e.startswith("attention_tiled") for e in entries) > 40
-    cubin(tmp_path, "rows", [cu("rowops", "rowops.cu"), cu("shortconv", "shortconv.cu"),
+    cubin(tmp_path, "rows", [PDL, cu("rowops", "rowops.cu"), cu("shortconv", "shortconv.cu"),
                              cu("attention", "attention.cu")], entries)
 
 
@@ -375,7 +377,7 @@ ILLEGAL = [
 
 @pytest.mark.parametrize(("family", "filename", "entry", "rule"), ILLEGAL)
 def test_illegal_instantiation_fails_the_static_assert_naming_the_rule(tmp_path, family, filename, entry, rule):
-    includes = MATMUL if family == "matmul" else [cu(family, filename)]
+    includes = MATMUL if family == "matmul" else [PDL, cu(family, filename)]
     res = nvcc(tmp_path, "bad", includes, instantiate(entry), "-cubin", "-o", "bad.cubin")
     assert res.returncode != 0, entry
     asserts = re.findall(r'static assertion failed with "(\w+):', res.stderr)

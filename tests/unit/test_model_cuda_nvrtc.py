@@ -11,7 +11,7 @@ import ctypes
 import pytest
 
 from tilewise.devices.cuda_nvrtc import find_nvrtc, nvrtc_options
-from tilewise.kernels.cudasrc import cu_source
+from tilewise.kernels.cudasrc import model_source
 from tilewise.kernels.matmul import cuda as mm
 
 NVRTC = find_nvrtc()
@@ -56,7 +56,7 @@ def test_every_matmul_the_executor_launches_compiles_under_nvrtc():
                                    "attention<48, 2>", "attention_tiled<64, 32, 16>", "attention_tiled<48, 16, 8>"]),
 ])
 def test_row_ops_conv_and_attention_compile_under_nvrtc(family, filename, entries):
-    rc, log = nvrtc_compile(cu_source(family, filename), entries)
+    rc, log = nvrtc_compile(model_source(family, filename), entries)
     assert rc == 0, log[-3000:]
 
 

@@ -67,7 +67,7 @@ class RecordingDevice(Device):
     def allow_dynamic_shared(self, program: Program, nbytes: int) -> None:
         program.meta["dynamic_shared_bytes"] = int(nbytes)
 
-    def run(self, launches) -> None:
+    def run(self, launches, pdl=False) -> None:
         pass
 
     def time(self, launches) -> np.ndarray:

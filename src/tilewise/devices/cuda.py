@@ -19,12 +19,16 @@ arguments (Buffers as CuPy byte arrays) and timed by the same events as a kernel
 
 Streams and graphs: a device's writes, launches, events and reads go to one stream it owns (blocking, so CuPy work
 on the default stream stays ordered with it). `capture(steps)` records launches and `HostCopy`s (pinned host <->
-buffer) into a `CudaGraph`, replayed as one submission by `launch()`; library calls are refused there.
+buffer) into a `CudaGraph`, replayed as one submission by `launch()`; library calls are refused there. With
+`pdl=True`, `run` and `capture` launch a kernel that follows another with programmatic dependent launch
+(`cuda_pdl.py`) when it waits for its predecessor (`meta["pdl"]`: the model's kernels, `kernels/pdl.cuh`); `time`
+never does, so every timed kernel runs alone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import os
 import tempfile
@@ -40,6 +44,7 @@ from tilewise.devices.base import Buffer, Device, DeviceInfo, Launch, Limits, Pr
 from tilewise.devices.cuda_nvrtc import CompiledCuda, compile_error, device_options
 from tilewise.devices.cuda_nvrtc import first_error_line as first_error_line  # re-exported: callers import them here
 from tilewise.devices.cuda_nvrtc import nvrtc_options as nvrtc_options
+from tilewise.devices.cuda_pdl import launch_pdl, supports_pdl
 from tilewise.devices.cuda_tma import TensorMap
 from tilewise.errors import DeviceUnavailable, LaunchError
 
@@ -211,6 +216,8 @@ class CUDADevice(Device):
             # not the legacy default stream, where capture is impossible; blocking, so default-stream work orders
             self._stream = cupy.cuda.Stream(non_blocking=False)
         self.captures = 0  # graphs captured on this device (tests count them)
+        self.pdl = supports_pdl(self.info.limits.compute_capability)  # griddepcontrol exists (sm_90+)
+        self.pdl_launches = 0  # kernels launched (or captured) with programmatic dependent launch
 
     # ---- memory ------------------------------------------------------------------------------
     def allocate(self, nbytes: int, *, uniform: bool = False) -> Buffer:
@@ -357,13 +364,15 @@ class CUDADevice(Device):
                                   "scalar (nor a TMA TensorMap)", "pass scalars as np.int32(...) / np.float32(...)")
         return tuple(args)
 
-    def _launch(self, launch: Launch) -> None:
+    def _launch(self, launch: Launch, pdl: bool = False) -> bool:
+        """Launch on the current stream (with programmatic dependent launch if `pdl`); False if nothing was
+        launched (an empty grid)."""
         prog = launch.program
         if prog.meta.get("callable"):
             # a library call (cuBLAS through CuPy) timed like a kernel: handle(*args) on the current stream
             args = [a.handle if isinstance(a, Buffer) else a for a in launch.buffers]
             prog.handle(*args)
-            return
+            return True
         block = prog.meta.get("block")
         if block is None:
             raise LaunchError(f"{prog.name} has no block size", "set Program.meta['block'] = (x, y, z) after compile")
@@ -372,26 +381,44 @@ class CUDADevice(Device):
             raise LaunchError(f"{prog.name}: grid {grid} exceeds CUDA's limits {MAX_GRID}",
                               "use a larger tile or split the launch")
         if not all(g > 0 for g in grid):
-            return
+            return False
         threads = int(np.prod(grid3(block)))
         if threads > prog.meta.get("max_threads_per_block", threads):
             raise LaunchError(f"{prog.name}: {threads} threads per block, but the compiled kernel can run at most "
                               f"{prog.meta['max_threads_per_block']} ({prog.meta.get('registers')} registers per "
                               "thread)", "pick a config with fewer threads or fewer registers")
+        shared = int(prog.meta.get("dynamic_shared_bytes", 0))
+        if pdl:
+            args = [ctypes.c_void_p(int(a.data.ptr)) if isinstance(a, self._cp.ndarray) else a
+                    for a in self._args(launch)]
+            launch_pdl(prog.handle.ptr, grid, grid3(block), shared, self._stream.ptr, args)
+            self.pdl_launches += 1
+            return True
         try:
-            prog.handle(grid, grid3(block), self._args(launch),
-                        shared_mem=int(prog.meta.get("dynamic_shared_bytes", 0)))
+            prog.handle(grid, grid3(block), self._args(launch), shared_mem=shared)
         except self._cp.cuda.driver.CUDADriverError as exc:
             raise self._wrap(exc, f"launching {prog.name} with grid {grid} block {block}") from exc
+        return True
 
-    def run(self, launches: Sequence[Launch | HostCopy]) -> None:
+    def run(self, launches: Sequence[Launch | HostCopy], pdl: bool = False) -> None:
+        """Run `launches` on the device's stream. pdl: launch each kernel that waits for its predecessor
+        (`meta['pdl']`, `kernels/pdl.cuh`) and follows another kernel with programmatic dependent launch (on GPUs
+        that have it: `self.pdl`)."""
         with self._dev, self._stream:
-            for step in launches:
-                self._step(step)
+            self._steps(launches, pdl)
 
-    def _step(self, step: Launch | HostCopy) -> None:
+    def _steps(self, steps: Sequence[Launch | HostCopy], pdl: bool) -> None:
+        after_kernel = False  # the stream's last operation was a kernel (not a copy, nor a library call)
+        for step in steps:
+            kernel = isinstance(step, Launch) and not step.program.meta.get("callable")
+            use = pdl and self.pdl and after_kernel and kernel and bool(step.program.meta.get("pdl"))
+            launched = self._step(step, use)
+            if launched or not kernel:
+                after_kernel = kernel
+
+    def _step(self, step: Launch | HostCopy, pdl: bool = False) -> bool:
         if isinstance(step, Launch):
-            return self._launch(step)
+            return self._launch(step, pdl)
         if step.nbytes > min(step.host.nbytes, step.buffer.nbytes):
             raise LaunchError(f"a host copy of {step.nbytes} bytes overflows its host array or buffer",
                               "copy at most the smaller of the two")
@@ -402,6 +429,7 @@ class CUDADevice(Device):
             rt.memcpyAsync(dst, src, step.nbytes, kind, self._stream.ptr)
         except rt.CUDARuntimeError as exc:
             raise self._wrap(exc, f"copying {step.nbytes} bytes between host and GPU") from exc
+        return True
 
     def pinned(self, shape: int | Sequence[int], dtype: Any = np.float32) -> np.ndarray:
         """A page-locked host array: what a `HostCopy` (and so a graph) reads or fills."""
@@ -410,9 +438,10 @@ class CUDADevice(Device):
         with self._dev:
             return cupyx.empty_pinned(shape, dtype)
 
-    def capture(self, steps: Sequence[Launch | HostCopy]) -> CudaGraph:
-        """Record `steps` on the device's stream into a graph (nothing runs yet). LaunchError: a step is a library
-        call (it may allocate or use its own stream), `run` would refuse a launch, or CUDA rejects the capture."""
+    def capture(self, steps: Sequence[Launch | HostCopy], pdl: bool = False) -> CudaGraph:
+        """Record `steps` on the device's stream into a graph (nothing runs yet); with `pdl` as `run` launches them,
+        so consecutive kernels are joined by programmatic edges. LaunchError: a step is a library call (it may
+        allocate or use its own stream), `run` would refuse a launch, or CUDA rejects the capture."""
         for step in steps:
             if isinstance(step, Launch) and step.program.meta.get("callable"):
                 raise LaunchError(f"{step.program.name} is a library call, which is not captured in a CUDA graph",
@@ -424,8 +453,7 @@ class CUDADevice(Device):
             except err as exc:
                 raise self._wrap(exc, "starting a CUDA graph capture") from exc
             try:
-                for step in steps:
-                    self._step(step)
+                self._steps(steps, pdl)
             except BaseException:
                 with contextlib.suppress(Exception):  # a stream left capturing fails every later call on it
                     s.end_capture()

@@ -25,6 +25,14 @@ def cu_source(family: str, filename: str) -> str:
     return resources.files(f"tilewise.kernels.{family}").joinpath(filename).read_text()
 
 
+@cache
+def model_source(family: str, *filenames: str) -> str:
+    """A model family's CUDA text: `pdl.cuh` (the PDL_WAIT / PDL_LAUNCH_DEPENDENTS macros every kernel of it calls),
+    then its files in order, compiled as one text."""
+    head = resources.files("tilewise.kernels").joinpath("pdl.cuh").read_text()
+    return "\n".join([head, *(cu_source(family, f) for f in filenames)])
+
+
 def name_expression(kernel: str, *args: int) -> str:
     """`kernel<a, b, ...>`: the instantiation NVRTC compiles."""
     return f"{kernel}<{', '.join(str(int(a)) for a in args)}>"
@@ -32,10 +40,13 @@ def name_expression(kernel: str, *args: int) -> str:
 
 def compile_cuda(device: Device, source: str, entry: str, block: int, label: str,
                  dynamic_shared_bytes: int = 0) -> Program:
-    """Compile one instantiation and record its block size (the CUDA device launches with `meta['block']`) and
-    the dynamic shared memory each launch asks for (above 48 KB the device opts the kernel in first)."""
+    """Compile one instantiation of a model kernel (`model_source`) and record its block size (the CUDA device
+    launches with `meta['block']`), the dynamic shared memory each launch asks for (above 48 KB the device opts the
+    kernel in first) and `meta['pdl']`: the kernel waits for its predecessor (PDL_WAIT), so the device may launch it
+    with programmatic dependent launch."""
     prog = device.compile(source, entry=entry, name=label)
     prog.meta["block"] = (int(block), 1, 1)
+    prog.meta["pdl"] = True
     if dynamic_shared_bytes:
         device.allow_dynamic_shared(prog, int(dynamic_shared_bytes))  # type: ignore[attr-defined]
     return prog

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,29 @@ def time_calls(fn: Callable[[int], Any], n: int, warmup: int, budget_s: float | 
         if t_end is not None and time.perf_counter() > t_end and len(out) >= 5:
             break
     return out
+
+
+def race_modes(decide: Callable[[int], Any], set_mode: Callable[[str], None], modes: Sequence[str], rounds: int,
+               per_round: int, warmup_s: float = WARMUP_S) -> dict[str, list[float]]:
+    """Wall-clock ms of `decide(i)` per mode (`set_mode(m)` switches), timed in `rounds` rounds of `per_round`
+    calls per mode, the modes in turn (reversed every other round), so drift and the GPU's clock hit every mode
+    alike. Every mode warms up first (`time_calls`' warm-up, which also absorbs a first call that captures or
+    compiles), and each switch is followed by one untimed call."""
+    samples: dict[str, list[float]] = {m: [] for m in modes}
+    for m in modes:
+        set_mode(m)
+        time_calls(decide, 0, 3, warmup_s=warmup_s)
+    i = 0
+    for r in range(rounds):
+        for m in (modes if r % 2 == 0 else list(modes)[::-1]):
+            set_mode(m)
+            decide(-1)
+            for _ in range(per_round):
+                t0 = time.perf_counter()
+                decide(i)
+                samples[m].append((time.perf_counter() - t0) * 1e3)
+                i += 1
+    return samples
 
 
 def prompts(vocab: int, seq: int, count: int, prefix: int, seed: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:

@@ -31,6 +31,7 @@ import numpy as np
 
 from tilewise.devices.base import Buffer, Device, Program
 from tilewise.devices.cuda import HostCopy
+from tilewise.devices.cuda_pdl import pdl_from_env
 from tilewise.errors import ConfigError, DeviceLost, DeviceUnavailable
 from tilewise.kernels.attention import cuda as attn_k
 from tilewise.kernels.attention.problem import rope_table
@@ -85,7 +86,7 @@ class CUDAExecutor:
     device_name = "cuda"
 
     def __init__(self, checkpoint: Checkpoint, device: Device | str | None = None, quiet: bool = False,
-                 dispatch: Any = None, graphs: bool | None = None) -> None:
+                 dispatch: Any = None, graphs: bool | None = None, pdl: bool | None = None) -> None:
         self.checkpoint = checkpoint
         self._given_dispatch = dispatch
         self.cfg = checkpoint.config
@@ -100,6 +101,7 @@ class CUDAExecutor:
         self._lost = False
         self.last_op_times: list[tuple[str, float]] = []
         self.graphs = graphs_from_env() if graphs is None else graphs  # may be switched between decisions
+        self.pdl = pdl_from_env() if pdl is None else pdl  # likewise; a plan's graph is captured per setting
         self.graph_captures = 0
         self.graph_replays = 0
         self._check_model()
@@ -395,15 +397,18 @@ class CUDAExecutor:
         # a pageable copy: the write is consumed before it returns, while a copy from pinned memory would still be
         # pending when the staging array is next written
         self.dev.write(self.act["ids"], self._ids_host[:plan.tokens].copy())
-        if timed:
+        if timed:  # each launch alone between its events: no PDL
             ms = self.dev.time(plan.launches, flush_l2=False)
             self.last_op_times = list(zip(plan.labels, (float(t) for t in ms)))
         else:
-            self.dev.run(plan.launches)
+            self.dev.run(plan.launches, pdl=self.pdl)  # type: ignore[call-arg]
         return self.dev.download(self.act["res"], np.float32, (n_res,))
 
     def _graph(self, plan: Plan) -> Any:
-        """The plan's graph, captured now if it has none; None where it runs launch by launch."""
+        """The plan's graph, captured now if it has none for the current PDL setting; None where it runs launch by
+        launch."""
+        if plan.graph and plan.graph_pdl != self.pdl:
+            plan.graph = None  # captured with the other setting
         if plan.graph is None and self.graphs and hasattr(self.dev, "capture"):
             if any(launch.program.meta.get("callable") for launch in plan.launches):
                 plan.graph = False  # a library call is not captured (devices/cuda.py says why)
@@ -413,7 +418,9 @@ class CUDAExecutor:
                 # time. Its size is fixed at capture, which fits: the token count is part of the plan's key.
                 a, n_res = self.act, self.cfg.hidden_size + self.cfg.num_labels
                 plan.graph = self.dev.capture([HostCopy(self._ids_host, a["ids"], 4 * plan.tokens), *plan.launches,
-                                               HostCopy(self._res_host, a["res"], 4 * n_res, to_device=False)])
+                                               HostCopy(self._res_host, a["res"], 4 * n_res, to_device=False)],
+                                              pdl=self.pdl)  # type: ignore[call-arg]
+                plan.graph_pdl = self.pdl
                 self.graph_captures += 1
         return plan.graph if self.graphs and plan.graph else None
 

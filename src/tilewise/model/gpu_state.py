@@ -39,6 +39,7 @@ class Plan:
         self.labels: list[str] = []
         self.tokens = tokens  # token ids the decision writes before its launches
         self.graph: Any = None
+        self.graph_pdl = False  # whether `graph` was captured with programmatic dependent launch
 
     def add(self, label: str, launches: Launch | Sequence[Launch]) -> None:
         for launch in [launches] if isinstance(launches, Launch) else launches:

@@ -56,6 +56,7 @@ __global__ void __launch_bounds__(D) qknorm_rope(const float *__restrict__ qkv, 
                                                  const float *__restrict__ sin_t, float *__restrict__ q,
                                                  float *__restrict__ k_cache, float *__restrict__ v_cache, int M,
                                                  int start, int HQ, int HKV, float eps) {
+  PDL_BEGIN();
   static_assert(rope_first_failure(D) != 1, "head_dim_16_1024: D must be a multiple of 16, 16..1024");
   __shared__ float vals[D];
   const int h = blockIdx.x, m = blockIdx.y, d = threadIdx.x;
@@ -88,6 +89,7 @@ __global__ void __launch_bounds__(NW * WARPSIZE) attention(const float *__restri
                                                             const float *__restrict__ v_cache,
                                                             float *__restrict__ out, int M, int P, int first,
                                                             int HQ, int HKV) {
+  PDL_BEGIN();
   static_assert(attention_first_failure(D, NW) != 1, "head_dim_16_256: D must be a multiple of 16, 16..256");
   static_assert(attention_first_failure(D, NW) != 2, "warps_1_32: NW (warps per block) must be 1..32");
   constexpr int E = (D + WARPSIZE - 1) / WARPSIZE;  // elements of a head per lane (the last may be partial)
@@ -154,6 +156,7 @@ __global__ void __launch_bounds__(NW * WARPSIZE, 1) attention_tiled(const float 
                                                                      const float *__restrict__ v_cache,
                                                                      float *__restrict__ out, int M, int P, int first,
                                                                      int HQ, int HKV) {
+  PDL_BEGIN();
   constexpr int FAIL = tiled_first_failure(D, QT, NW);
   static_assert(FAIL != 1, "head_dim_16_256: D must be a multiple of 16, 16..256");
   static_assert(FAIL != 2, "warps_1_32: NW (warps per block) must be 1..32");

@@ -16,7 +16,7 @@ import numpy as np
 from tilewise.devices.base import Buffer, Device, Launch, Program
 from tilewise.kernels.attention.problem import AttentionProblem, QKNormRopeProblem, rope_table
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
-from tilewise.kernels.cudasrc import compile_cuda, cu_source, name_expression, upload_all
+from tilewise.kernels.cudasrc import compile_cuda, model_source, name_expression, upload_all
 from tilewise.kernels.space import Config, Rule, Space
 
 DEFAULT_NW = 4
@@ -82,13 +82,13 @@ class CudaAttention(KernelTemplate):
 
     def source(self, config: Config, shape: Shape | None = None) -> str:
         d = (shape or (1, 0, 1, 1, 64))[4]
-        return f"{cu_source('attention', 'attention.cu')}\n// instantiated as {self.entry(config, d)}\n"
+        return f"{model_source('attention', 'attention.cu')}\n// instantiated as {self.entry(config, d)}\n"
 
     def program_key(self, config: Config, shape: Shape) -> Hashable:
         return (config, shape[4])
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
-        prog = compile_cuda(device, cu_source("attention", "attention.cu"), self.entry(config, shape[4]),
+        prog = compile_cuda(device, model_source("attention", "attention.cu"), self.entry(config, shape[4]),
                             32 * config["NW"], f"attention[{config}]")
         prog.meta["QT"] = int(config["QT"])  # the launch's grid covers the queries in blocks of QT
         return prog
@@ -131,14 +131,14 @@ class CudaQKNormRope(KernelTemplate):
 
     def source(self, config: Config, shape: Shape | None = None) -> str:
         d = (shape or (1, 0, 1, 1, 64))[4]
-        return f"{cu_source('attention', 'attention.cu')}\n// instantiated as {name_expression('qknorm_rope', d)}\n"
+        return f"{model_source('attention', 'attention.cu')}\n// instantiated as {name_expression('qknorm_rope', d)}\n"
 
     def program_key(self, config: Config, shape: Shape) -> Hashable:
         return shape[4]
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
         d = shape[4]
-        return compile_cuda(device, cu_source("attention", "attention.cu"), name_expression("qknorm_rope", d), d,
+        return compile_cuda(device, model_source("attention", "attention.cu"), name_expression("qknorm_rope", d), d,
                             f"qknorm_rope[D={d}]")
 
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:

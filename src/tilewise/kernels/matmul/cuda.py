@@ -52,7 +52,7 @@ import numpy as np
 from tilewise.devices.base import Device, Launch, Program
 from tilewise.devices.cuda_tma import f16_rows_map
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
-from tilewise.kernels.cudasrc import FMT_CODE, arg_or, compile_cuda, cu_source, name_expression, upload_all
+from tilewise.kernels.cudasrc import FMT_CODE, arg_or, compile_cuda, model_source, name_expression, upload_all
 from tilewise.kernels.matmul.cuda_space import (
     DEFAULT_MMA,
     DEFAULT_PIPE,
@@ -153,7 +153,7 @@ SOURCE_FILES = ("matmul.cu", "matmul_mma.cu", "matmul_pipe.cu", "matmul_ring.cu"
 
 def matmul_source() -> str:
     """The family's CUDA C++ text: `SOURCE_FILES` joined."""
-    return "\n".join(cu_source("matmul", f) for f in SOURCE_FILES)
+    return model_source("matmul", *SOURCE_FILES)
 
 
 class CudaMatmul(KernelTemplate):

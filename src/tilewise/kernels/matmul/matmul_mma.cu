@@ -5,6 +5,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * WARPSIZE, 1)
 nf4_mm_mma(const float *__restrict__ x, int x_row0, const unsigned *__restrict__ w, const float *__restrict__ absmax,
            const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, const float *__restrict__ norm_w,
            float eps, float *__restrict__ out, int M, int N, int K) {
+  PDL_BEGIN();
   constexpr int SETS = EPI == 2 ? 2 : 1;
   float acc[SETS][WM / 16][WN / 8][4];
   mma_main<FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE, NORM>(x, x_row0, w, absmax, w_up, absmax_up, norm_w, eps, M, N,
@@ -20,6 +21,7 @@ nf4_mm_splitk(const float *__restrict__ x, int x_row0, const unsigned *__restric
               const float *__restrict__ absmax, const unsigned *__restrict__ w_up,
               const float *__restrict__ absmax_up, const float *__restrict__ norm_w, float eps,
               float *__restrict__ partial, int M, int N, int K) {
+  PDL_BEGIN();
   static_assert(splitk_first_failure(FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE, KS) != 9,
                 "ks_2_4_8: KS (slices of K) must be 2, 4 or 8");
   constexpr int SETS = EPI == 2 ? 2 : 1;
@@ -35,6 +37,7 @@ nf4_mm_splitk(const float *__restrict__ x, int x_row0, const unsigned *__restric
 template <int EPI, int NT>
 __global__ void __launch_bounds__(NT)
 nf4_mm_splitk_reduce(const float *__restrict__ partial, int ks, float *__restrict__ out, int M, int N) {
+  PDL_BEGIN();
   constexpr int FAIL = reduce_first_failure(EPI, NT);
   static_assert(FAIL != 1, "variant: EPI in 0..2 (none, residual, swiglu)");
   static_assert(FAIL != 2, "whole_warps: NT must be a whole number of warps, 32..1024");

@@ -181,6 +181,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * WARPSIZE, MB)
 nf4_mm_pipe(const float *__restrict__ x, int x_row0, const unsigned *__restrict__ w, const float *__restrict__ absmax,
             const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, const float *__restrict__ norm_w,
             float eps, float *__restrict__ out, int M, int N, int K) {
+  PDL_BEGIN();
   constexpr int FAIL = pipe_first_failure(FMT, EPI, NORM, BM, BN, BK, WM, WN, ST, KS, MB);
   static_assert(FAIL != 1, "variant: FMT in 0..2 (nf4, f16, f32), EPI in 0..2 (none, residual, swiglu), NORM 0/1");
   static_assert(FAIL != 2, "fragments_16: WM, WN and BK must be multiples of 16 (m16n8k16 tensor-core steps)");

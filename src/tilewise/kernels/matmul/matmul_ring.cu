@@ -64,6 +64,7 @@ template <int NORM, int NT>
 __global__ void __launch_bounds__(NT)
 nf4_mm_prep(const float *__restrict__ x, int x_row0, const float *__restrict__ norm_w, float eps,
             unsigned short *__restrict__ xh, int K) {
+  PDL_BEGIN();
   static_assert(NT % WARPSIZE == 0 && NT >= WARPSIZE && NT <= 1024,
                 "whole_warps: NT must be a whole number of warps, 32..1024");
   const float4 *xr = reinterpret_cast<const float4 *>(x + (size_t)(x_row0 + blockIdx.x) * K);
@@ -151,6 +152,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * WARPSIZE, MB)
 nf4_mm_ring(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w, const float *__restrict__ absmax,
             const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, float *__restrict__ out, int M,
             int N, int K) {
+  PDL_BEGIN();
   constexpr int FAIL = ring_first_failure(FMT, EPI, BM, BN, BK, WM, WN, ST, KS, MB);
   static_assert(FAIL != 1, "variant: FMT in 0..2 (nf4, f16, f32), EPI in 0..2 (none, residual, swiglu)");
   static_assert(FAIL != 2, "fragments_16: WM and WN must be multiples of 16 (m16n8k16 tensor-core steps)");

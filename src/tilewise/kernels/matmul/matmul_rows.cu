@@ -44,6 +44,7 @@ __global__ void __launch_bounds__(NT, 1)
 nf4_mm_rows(const float *__restrict__ x, int x_row0, const unsigned *__restrict__ w, const float *__restrict__ absmax,
             const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, const float *__restrict__ norm_w,
             float eps, float *__restrict__ out, int M, int N, int K) {
+  PDL_BEGIN();
   constexpr int FAIL = rows_first_failure(FMT, EPI, NORM, NT, RM);
   static_assert(FAIL != 1, "variant: FMT in 0..2 (nf4, f16, f32), EPI in 0..2 (none, residual, swiglu), NORM 0/1");
   static_assert(FAIL != 2, "whole_warps: NT must be a whole number of warps, 32..1024");

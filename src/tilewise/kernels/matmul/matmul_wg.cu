@@ -321,6 +321,7 @@ __global__ void __launch_bounds__(BM / (64 * MT) * 128, MB)
 nf4_mm_wg(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w, const float *__restrict__ absmax,
           const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, float *__restrict__ out, int M,
           int N, int K) {
+  PDL_BEGIN();
   wg_body<FMT, EPI, BM, BN, MT, ST, KS, MB, 0>(xh, w, absmax, w_up, absmax_up, out, M, N, K, nullptr);
 }
 
@@ -330,5 +331,6 @@ __global__ void __launch_bounds__(BM / (64 * MT) * 128, MB)
 nf4_mm_wgt(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w, const float *__restrict__ absmax,
            const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, float *__restrict__ out, int M,
            int N, int K, const __grid_constant__ TmaMap xmap) {
+  PDL_BEGIN();
   wg_body<FMT, EPI, BM, BN, MT, ST, KS, MB, 1>(xh, w, absmax, w_up, absmax_up, out, M, N, K, &xmap);
 }

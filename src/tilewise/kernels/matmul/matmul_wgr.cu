@@ -235,26 +235,31 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
   }
   __syncthreads();  // the mbarriers exist before any thread waits on one (the first wait precedes the next barrier)
 
-  auto issue = [&](int j) {  // step j into stage j % ST: x by the TMA (thread 0), W rows by cp.async (all)
+  // step j into stage j % ST: x by the TMA (thread 0), W rows by cp.async (all)
+  auto issue_x = [&](int j) {
+    if (j >= steps || tid != 0) return;
+    const unsigned bar = bars + 8 * (j % ST);  // tokens past M are zero-filled by the TMA; their bytes count too
+    mbar_expect_tx(bar, XBYTES);
+    tma_box(base_addr + (j % ST) * XBYTES, &xmap, k_begin + j * BK, t0, bar);
+  };
+  auto issue_w = [&](int j) {
     if (j >= steps) return;
-    const int k0 = k_begin + j * BK;
-    if (tid == 0) {  // tokens past M are zero-filled by the TMA; their bytes count toward the barrier's
-      const unsigned bar = bars + 8 * (j % ST);
-      mbar_expect_tx(bar, XBYTES);
-      tma_box(base_addr + (j % ST) * XBYTES, &xmap, k0, t0, bar);
-    }
     unsigned char *ws = base + WOFF + (j % ST) * WBYTES;
     cp_w_rows<FMT, SETS, BF, NT, SETS * BF * RS>(ws, [](unsigned e, unsigned row) { return row * RS + (e % CPR) * 16; },
-                                                 w, absmax, w_up, absmax_up, f0, N, K, k0, tid);
+                                                 w, absmax, w_up, absmax_up, f0, N, K, k_begin + j * BK, tid);
   };
 
   // Copy groups: group g holds step g's W rows (always one group per step, empty past the last, so the waits line
-  // up). The prologue commits steps 0..ST-2; step kt + 1 has landed when at most ST - 3 groups are pending.
+  // up). The prologue commits steps 0..ST-2; step kt + 1 has landed when at most ST - 3 groups are pending. The
+  // weights are read before the PDL wait (no launch writes them); x, the prep launch's output, only after it.
 #pragma unroll
   for (int g = 0; g < ST - 1; ++g) {
-    issue(g);
+    issue_w(g);
     cp_async_commit();
   }
+  PDL_BEGIN();
+#pragma unroll
+  for (int g = 0; g < ST - 1; ++g) issue_x(g);
   const int r = 64 * wg + 16 * (warp % 4) + lane / 4, t = lane % 4;
   unsigned a0[SETS][4][4], a1[SETS][4][4];
   float acc[SETS][BT / 8][4];
@@ -278,7 +283,8 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
       mbar_wait(bars + 8 * ((kt + 1) % ST), ((kt + 1) / ST) & 1);  // step kt + 1's x tile
     }
     __syncthreads();  // ... for every thread; every warpgroup is done with step kt - 1
-    issue(kt + ST - 1);  // into stage (kt - 1) % ST
+    issue_x(kt + ST - 1);  // into stage (kt - 1) % ST
+    issue_w(kt + ST - 1);
     cp_async_commit();
     if (kt + 1 < steps) wgr_fragments<FMT, SETS, BF, DEC>(nxt, base + WOFF + ((kt + 1) % ST) * WBYTES, lut, tb, r, t);
   };

@@ -83,6 +83,7 @@ __global__ void __launch_bounds__((BM / (64 * MT) + PW) * 128, MB)
 nf4_mm_ws(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w, const float *__restrict__ absmax,
           const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, float *__restrict__ out, int M,
           int N, int K) {
+  PDL_BEGIN();
   constexpr int FAIL = ws_first_failure(FMT, EPI, BM, BN, MT, ST, KS, MB, PW);
   static_assert(FAIL != 1, "variant: FMT in 0..2 (nf4, f16, f32), EPI in 0..2 (none, residual, swiglu)");
   static_assert(FAIL != 2, "mt_1_2: MT (m64 slices per consumer warpgroup) must be 1 or 2");

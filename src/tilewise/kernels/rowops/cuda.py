@@ -13,7 +13,7 @@ import numpy as np
 
 from tilewise.devices.base import Buffer, Device, Launch, Program
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
-from tilewise.kernels.cudasrc import FMT_CODE, arg_or, compile_cuda, cu_source, name_expression, upload_all
+from tilewise.kernels.cudasrc import FMT_CODE, arg_or, compile_cuda, model_source, name_expression, upload_all
 from tilewise.kernels.rowops.problem import EmbedProblem, HeadProblem, RMSNormProblem
 from tilewise.kernels.space import Config, Rule, Space
 
@@ -43,13 +43,13 @@ class _RowTemplate(KernelTemplate):
         return name_expression(self.kernel, config["NT"])
 
     def source(self, config: Config, shape: Shape | None = None) -> str:
-        return f"{cu_source('rowops', 'rowops.cu')}\n// instantiated as {self.entry(config)}\n"
+        return f"{model_source('rowops', 'rowops.cu')}\n// instantiated as {self.entry(config)}\n"
 
     def program_key(self, config: Config, shape: Shape) -> Hashable:
         return config
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
-        return compile_cuda(device, cu_source("rowops", "rowops.cu"), self.entry(config), config["NT"],
+        return compile_cuda(device, model_source("rowops", "rowops.cu"), self.entry(config), config["NT"],
                             f"{self.name}[{config}]")
 
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
@@ -126,7 +126,7 @@ class CudaHead(_RowTemplate):
 
 def copy_program(device: Device) -> Program:
     """The word copy (`copy_words<256>`), used for K/V prefix rows and the last residual row."""
-    return compile_cuda(device, cu_source("rowops", "rowops.cu"), name_expression("copy_words", COPY_NT), COPY_NT,
+    return compile_cuda(device, model_source("rowops", "rowops.cu"), name_expression("copy_words", COPY_NT), COPY_NT,
                         "copy_words")
 
 

@@ -47,6 +47,7 @@ __device__ __forceinline__ float block_sum(float v, float *red) {
 template <int NT>
 __global__ void __launch_bounds__(NT) rmsnorm(const float *__restrict__ x, const float *__restrict__ weight,
                                               float *__restrict__ out, int M, int H, float eps) {
+  PDL_BEGIN();
   ROWOPS_ASSERTS(NT);
   __shared__ float red[NT / WARPSIZE];
   const float *xr = x + (size_t)blockIdx.x * H;
@@ -59,6 +60,7 @@ __global__ void __launch_bounds__(NT) rmsnorm(const float *__restrict__ x, const
 template <int FMT, int NT>
 __global__ void __launch_bounds__(NT) embed(const int *__restrict__ ids, const unsigned *__restrict__ w,
                                             const float *__restrict__ absmax, float *__restrict__ out, int M, int H) {
+  PDL_BEGIN();
   ROWOPS_ASSERTS(NT);
   const int c = blockIdx.x * NT + threadIdx.x, m = blockIdx.y;
   if (c >= H) return;
@@ -81,6 +83,7 @@ template <int NT>
 __global__ void __launch_bounds__(NT) head(const float *__restrict__ x, int row, const float *__restrict__ norm_w,
                                            const float *__restrict__ head_w, float *__restrict__ out, int H, int L,
                                            float eps) {
+  PDL_BEGIN();
   ROWOPS_ASSERTS(NT);
   __shared__ float red[NT / WARPSIZE];
   const float *xr = x + (size_t)row * H;
@@ -99,6 +102,7 @@ __global__ void __launch_bounds__(NT) head(const float *__restrict__ x, int row,
 template <int NT>
 __global__ void __launch_bounds__(NT) copy_words(const unsigned *__restrict__ src, int src_word,
                                                  unsigned *__restrict__ dst, int dst_word, int n) {
+  PDL_BEGIN();
   ROWOPS_ASSERTS(NT);
   const int i = blockIdx.x * NT + threadIdx.x;
   if (i < n) dst[(size_t)dst_word + i] = src[(size_t)src_word + i];

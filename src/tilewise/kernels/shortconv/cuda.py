@@ -13,7 +13,7 @@ import numpy as np
 
 from tilewise.devices.base import Device, Launch, Program
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
-from tilewise.kernels.cudasrc import compile_cuda, cu_source, name_expression, upload_all
+from tilewise.kernels.cudasrc import compile_cuda, model_source, name_expression, upload_all
 from tilewise.kernels.shortconv.problem import ShortConvProblem
 from tilewise.kernels.space import Config, Rule, Space
 
@@ -42,13 +42,13 @@ class CudaShortConv(KernelTemplate):
 
     def source(self, config: Config, shape: Shape | None = None) -> str:
         taps = (shape or (1, 64, 3))[2]
-        return f"{cu_source('shortconv', 'shortconv.cu')}\n// instantiated as {self.entry(config, taps)}\n"
+        return f"{model_source('shortconv', 'shortconv.cu')}\n// instantiated as {self.entry(config, taps)}\n"
 
     def program_key(self, config: Config, shape: Shape) -> Hashable:
         return (config, shape[2])
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
-        return compile_cuda(device, cu_source("shortconv", "shortconv.cu"), self.entry(config, shape[2]),
+        return compile_cuda(device, model_source("shortconv", "shortconv.cu"), self.entry(config, shape[2]),
                             config["NT"], f"shortconv[{config}]")
 
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:

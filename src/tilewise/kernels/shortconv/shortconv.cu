@@ -19,6 +19,7 @@ template <int NT, int L>
 __global__ void __launch_bounds__(NT) shortconv(const float *__restrict__ bcx, const float *__restrict__ state_in,
                                                 const float *__restrict__ weight, float *__restrict__ y,
                                                 float *__restrict__ state_out, int M, int H) {
+  PDL_BEGIN();
   static_assert(shortconv_first_failure(NT, L) != 1, "whole_warps: NT must be a whole number of warps, 32..1024");
   static_assert(shortconv_first_failure(NT, L) != 2, "taps_2_8: L (conv_L_cache) must be 2..8");
   const int c = blockIdx.x * NT + threadIdx.x, t = blockIdx.y;
