@@ -223,3 +223,22 @@ def test_the_pdl_env_switch(monkeypatch, value, on):
     with pytest.raises(ConfigError, match=r"TILEWISE_CUDA_PDL='sometimes' is neither 0 nor 1") as err:
         CUDAExecutor(ck, device=GraphDevice())
     assert "TILEWISE_CUDA_PDL=0" in err.value.fix
+
+
+def test_a_driver_that_refuses_pdl_in_a_capture_falls_back_with_a_warning(executor, rng):
+    dev = executor.dev
+    real = dev.capture
+
+    def capture(steps, pdl=False):
+        if pdl:
+            dev.pdl_flags.append(("capture", pdl))
+            raise LaunchError("cuLaunchKernelEx with programmatic dependent launch failed: CUDA_ERROR_NOT_SUPPORTED",
+                              "set TILEWISE_CUDA_PDL=0")
+        return real(steps, pdl)
+
+    dev.capture = capture
+    ids = rng.integers(1, 512, 13)
+    with pytest.warns(UserWarning, match="launches without programmatic dependent launch from now on"):
+        hidden, _ = executor.forward(ids, 0, None, True)
+    np.testing.assert_array_equal(hidden, expected_result(executor, ids)[:executor.cfg.hidden_size])
+    assert executor.pdl is False and dev.pdl_flags == [("capture", True), ("capture", False)]

@@ -391,7 +391,8 @@ class CUDADevice(Device):
         if pdl:
             args = [ctypes.c_void_p(int(a.data.ptr)) if isinstance(a, self._cp.ndarray) else a
                     for a in self._args(launch)]
-            launch_pdl(prog.handle.ptr, grid, grid3(block), shared, self._stream.ptr, args)
+            func = getattr(prog.handle, "kernel", prog.handle)  # a RawKernel's CUfunction (cupy.cuda.Function)
+            launch_pdl(func.ptr, grid, grid3(block), shared, self._stream.ptr, args)
             self.pdl_launches += 1
             return True
         try:

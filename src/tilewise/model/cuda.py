@@ -24,6 +24,7 @@ kind's f16 copy of x) goes to executor-owned buffers, one per name, sized for th
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,8 +32,8 @@ import numpy as np
 
 from tilewise.devices.base import Buffer, Device, Program
 from tilewise.devices.cuda import HostCopy
-from tilewise.devices.cuda_pdl import pdl_from_env
-from tilewise.errors import ConfigError, DeviceLost, DeviceUnavailable
+from tilewise.devices.cuda_pdl import PDL_ENV, pdl_from_env
+from tilewise.errors import ConfigError, DeviceLost, DeviceUnavailable, LaunchError
 from tilewise.kernels.attention import cuda as attn_k
 from tilewise.kernels.attention.problem import rope_table
 from tilewise.kernels.base import KernelTemplate
@@ -417,9 +418,18 @@ class CUDAExecutor:
                 # the replay): one submission per decision, and the copy reads whatever the array holds at replay
                 # time. Its size is fixed at capture, which fits: the token count is part of the plan's key.
                 a, n_res = self.act, self.cfg.hidden_size + self.cfg.num_labels
-                plan.graph = self.dev.capture([HostCopy(self._ids_host, a["ids"], 4 * plan.tokens), *plan.launches,
-                                               HostCopy(self._res_host, a["res"], 4 * n_res, to_device=False)],
-                                              pdl=self.pdl)  # type: ignore[call-arg]
+                steps = [HostCopy(self._ids_host, a["ids"], 4 * plan.tokens), *plan.launches,
+                         HostCopy(self._res_host, a["res"], 4 * n_res, to_device=False)]
+                try:
+                    plan.graph = self.dev.capture(steps, pdl=self.pdl)  # type: ignore[call-arg]
+                except LaunchError as exc:
+                    if not self.pdl or isinstance(exc, DeviceLost):
+                        raise
+                    # a driver that refuses programmatic launches in a capture: decide without them, and say so
+                    warnings.warn(f"{exc.problem}; this executor launches without programmatic dependent launch "
+                                  f"from now on ({PDL_ENV}=0 does so from the start)", stacklevel=2)
+                    self.pdl = False
+                    plan.graph = self.dev.capture(steps, pdl=False)  # type: ignore[call-arg]
                 plan.graph_pdl = self.pdl
                 self.graph_captures += 1
         return plan.graph if self.graphs and plan.graph else None

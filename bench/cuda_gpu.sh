@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The CUDA executor on a GPU machine, in one call: its GPU tests, the matmul race, a model tune and the decision race.
+#   WORK/env.txt            GPU, driver, clocks, Python packages
+#   WORK/pytest.txt         PYTEST_FILES (default: the executor, graph and tune tests) + the wgr kernel tests
+#                           selected by PYTEST_K: executor vs float64 and HF, graphs and PDL bit-identical to serial
+#                           launches, every wgr seed (both decodes) against float64
+#   WORK/matmul.txt, matmul_cuda.json  bench/matmul_cuda.py at 346 rows: MATMUL_KINDS (default wgr) split by
+#                           MATMUL_SPLIT (default DEC), each group's best raced against cuBLAS f16
+#   WORK/tune.txt, tune.json, tables/  `tilewise tune model --device cuda --preset lfm2-350m --seq 346 --rows 1`
+#                           with TUNE_BUDGET (6) candidates per kernel and TUNE_S (150) seconds; its table lands in
+#                           WORK/tables (TILEWISE_DISPATCH_DIR), where the decision step finds it
+#   WORK/model.txt, model/results.json  bench/model_cuda.py on that table: tilewise CUDA (graphs, with and without
+#                           programmatic dependent launch, alternating), HF bf16 eager and torch.compile
+#   OUT_DIR/status.txt      one line per step: name, exit status (124: timed out), seconds
+#   OUT_DIR/cuda_gpu.tgz    WORK packed after every step, without the results store (a call returns few files)
+# SKIP="pytest matmul" leaves steps out; each step runs under `timeout`, so one failure or hang stops no other.
+# Usage: bench/cuda_gpu.sh OUT_DIR
+set -uo pipefail
+if [ $# -lt 1 ]; then
+    echo "usage: bench/cuda_gpu.sh OUT_DIR" >&2
+    exit 2
+fi
+mkdir -p "$1"
+OUT="$(cd "$1" && pwd)"
+WORK="$(mktemp -d)"
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+export TILEWISE_DISPATCH_DIR="$WORK/tables"
+PY="${PYTHON:-python3}"
+: > "$OUT/status.txt"
+
+step() {  # step NAME SECONDS LOGFILE CMD...   (a NAME listed in $SKIP is skipped)
+    local name=$1 limit=$2 log=$3
+    shift 3
+    case " ${SKIP:-} " in *" $name "*) echo "$name skipped" | tee -a "$OUT/status.txt"; return 0;; esac
+    local t0=$SECONDS
+    timeout "$limit" "$@" > "$log" 2>&1
+    local rc=$?
+    echo "$name rc=$rc $((SECONDS - t0))s $(tail -n 1 "$log" | cut -c1-160)" | tee -a "$OUT/status.txt"
+    tar -czf "$OUT/cuda_gpu.tgz" --exclude=store.db -C "$WORK" .  # after every step: a call cut short keeps it
+}
+
+step env 60 "$WORK/env.txt" bash -c "date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm \
+    --format=csv; $PY -c 'import torch, cupy, transformers; print(torch.__version__, cupy.__version__, \
+    transformers.__version__)'; $PY -m tilewise devices --wide"
+step pytest "${PYTEST_S:-200}" "$WORK/pytest.txt" "$PY" -m pytest -q -p no:cacheprovider -rs \
+    ${PYTEST_FILES:-tests/cuda/test_model_cuda.py tests/cuda/test_model_cuda_graph.py tests/cuda/test_model_cuda_tune.py} \
+    tests/cuda/test_model_kernels_cuda.py -k "${PYTEST_K:-not test_model_kernels_cuda or (wgr and not default_config)}"
+step matmul "${MATMUL_S:-120}" "$WORK/matmul.txt" "$PY" bench/matmul_cuda.py --out "$WORK" --sample 0 --race-top 2 \
+    --rounds 20 --kinds "${MATMUL_KINDS:-wgr}" --split-by "${MATMUL_SPLIT:-DEC}"
+step tune "$(( ${TUNE_S:-150} + 60 ))" "$WORK/tune.txt" "$PY" -m tilewise tune model --device cuda --preset lfm2-350m \
+    --seq 346 --rows 1 --budget "${TUNE_BUDGET:-6}" --budget-s "${TUNE_S:-150}" --store "$WORK/store.db" \
+    --json "$WORK/tune.json"
+step model "${MODEL_S:-150}" "$WORK/model.txt" "$PY" bench/model_cuda.py --out "$WORK/model" --presets lfm2-350m \
+    --no-tests --no-cli --webgpu "" --decisions 30 --section-s 6
