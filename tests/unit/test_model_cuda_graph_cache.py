@@ -190,7 +190,8 @@ def test_a_bad_env_value_is_one_clear_error(monkeypatch):
 
 def test_graphs_are_captured_with_the_pdl_setting_and_again_after_a_switch(executor, rng):
     dev = executor.dev
-    assert executor.pdl is True  # the default
+    assert executor.pdl is False  # the default
+    executor.pdl = True
     prompts = [rng.integers(1, 512, 11) for _ in range(6)]
     for ids in prompts[:2]:
         executor.forward(ids, 0, None, True)
@@ -210,7 +211,7 @@ def test_graphs_are_captured_with_the_pdl_setting_and_again_after_a_switch(execu
     assert dev.pdl_flags[3:] == [("run", True), ("run", False)] and len(dev.timed) == 1
 
 
-@pytest.mark.parametrize(("value", "on"), [(None, True), ("1", True), ("0", False), ("off", False)])
+@pytest.mark.parametrize(("value", "on"), [(None, False), ("1", True), ("on", True), ("0", False), ("off", False)])
 def test_the_pdl_env_switch(monkeypatch, value, on):
     if value is None:
         monkeypatch.delenv(PDL_ENV, raising=False)
@@ -237,6 +238,7 @@ def test_a_driver_that_refuses_pdl_in_a_capture_falls_back_with_a_warning(execut
         return real(steps, pdl)
 
     dev.capture = capture
+    executor.pdl = True
     ids = rng.integers(1, 512, 13)
     with pytest.warns(UserWarning, match="launches without programmatic dependent launch from now on"):
         hidden, _ = executor.forward(ids, 0, None, True)

@@ -41,15 +41,16 @@ class LaunchConfig(ctypes.Structure):
 
 
 def pdl_from_env(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether the CUDA executor launches with PDL: `TILEWISE_CUDA_PDL` 1/on (the default) or 0/off."""
-    raw = (os.environ if environ is None else environ).get(PDL_ENV, "1").strip().lower()
+    """Whether the CUDA executor launches with PDL: `TILEWISE_CUDA_PDL` 1/on or 0/off (the default: on an H200 the
+    lfm2-350m decision tied with and without it, bench/model_cuda.py's `pdl` race)."""
+    raw = (os.environ if environ is None else environ).get(PDL_ENV, "0").strip().lower()
     if raw in ("", "1", "on", "true", "yes"):
         return True
     if raw in ("0", "off", "false", "no"):
         return False
     raise ConfigError(f"{PDL_ENV}={raw!r} is neither 0 nor 1",
-                      f"set {PDL_ENV}=0 to launch every kernel after the one before it has finished, or 1 (the "
-                      "default) to let each start while its predecessor finishes (programmatic dependent launch)")
+                      f"set {PDL_ENV}=0 (the default) to launch every kernel after the one before it has finished, "
+                      "or 1 to let each start while its predecessor finishes (programmatic dependent launch)")
 
 
 def supports_pdl(compute_capability: Any) -> bool:

@@ -14,7 +14,10 @@
   K/V prefix rows are copied by a kernel in the same launch list, the conv reads the old state and writes another);
 - one decision is one CUDA graph replay: a plan's launches, with the copy of the token ids in from a pinned staging
   array and of the result row out to another, are captured on the plan's first run and replayed by later decisions
-  of that plan (`run_plan`); timed decisions, and `TILEWISE_CUDA_GRAPHS=0`, run launch by launch.
+  of that plan (`run_plan`); timed decisions, and `TILEWISE_CUDA_GRAPHS=0`, run launch by launch;
+- with `TILEWISE_CUDA_PDL=1` (or `pdl=True`) untimed decisions launch each kernel with programmatic dependent launch
+  (`devices/cuda_pdl.py`), so it may start while the one before it finishes; off by default, since it tied with
+  serial launches on an H200.
 
 Device loss (a kernel fault poisons the CUDA context) raises `DeviceLost`; the next `forward` tries to rebuild the
 device and weights, and states made before the loss are refused. A matmul's scratch (split-K's partial sums, the ring
