@@ -6,11 +6,14 @@
 #                           launches, every wgr seed (both decodes) against float64
 #   WORK/matmul.txt, matmul_cuda.json  bench/matmul_cuda.py at 346 rows: MATMUL_KINDS (default wgr) split by
 #                           MATMUL_SPLIT (default DEC), each group's best raced against cuBLAS f16
+#   WORK/attention.txt, attention_cuda.json  bench/attention_cuda.py: every attention config (tensor-core ones too)
+#                           raced at 346 queries
 #   WORK/tune.txt, tune.json, tables/  `tilewise tune model --device cuda --preset lfm2-350m --seq 346 --rows 1`
 #                           with TUNE_BUDGET (6) candidates per kernel and TUNE_S (150) seconds; its table lands in
 #                           WORK/tables (TILEWISE_DISPATCH_DIR), where the decision step finds it
-#   WORK/model.txt, model/results.json  bench/model_cuda.py on that table: tilewise CUDA (graphs, with and without
-#                           programmatic dependent launch, alternating), HF bf16 eager and torch.compile
+#   WORK/model.txt, model/results.json  bench/model_cuda.py on that table (MODEL_ARGS adds options): tilewise CUDA
+#                           (graphs, with and without programmatic dependent launch, alternating), HF bf16 eager and
+#                           torch.compile
 #   OUT_DIR/status.txt      one line per step: name, exit status (124: timed out), seconds
 #   OUT_DIR/cuda_gpu.tgz    WORK packed after every step, without the results store (a call returns few files)
 # SKIP="pytest matmul" leaves steps out; each step runs under `timeout`, so one failure or hang stops no other.
@@ -49,8 +52,9 @@ step pytest "${PYTEST_S:-200}" "$WORK/pytest.txt" "$PY" -m pytest -q -p no:cache
     tests/cuda/test_model_kernels_cuda.py -k "${PYTEST_K:-not test_model_kernels_cuda or (wgr and not default_config)}"
 step matmul "${MATMUL_S:-120}" "$WORK/matmul.txt" "$PY" bench/matmul_cuda.py --out "$WORK" --sample 0 --race-top 2 \
     --rounds 20 --kinds "${MATMUL_KINDS:-wgr}" --split-by "${MATMUL_SPLIT:-DEC}"
+step attention "${ATTN_S:-90}" "$WORK/attention.txt" "$PY" bench/attention_cuda.py --out "$WORK" --rounds 20
 step tune "$(( ${TUNE_S:-150} + 60 ))" "$WORK/tune.txt" "$PY" -m tilewise tune model --device cuda --preset lfm2-350m \
     --seq 346 --rows 1 --budget "${TUNE_BUDGET:-6}" --budget-s "${TUNE_S:-150}" --store "$WORK/store.db" \
     --json "$WORK/tune.json"
 step model "${MODEL_S:-150}" "$WORK/model.txt" "$PY" bench/model_cuda.py --out "$WORK/model" --presets lfm2-350m \
-    --no-tests --no-cli --webgpu "" --decisions 30 --section-s 6
+    --no-tests --no-cli --webgpu "" --decisions 30 --section-s 6 ${MODEL_ARGS:-}

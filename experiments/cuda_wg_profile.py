@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from tilewise.kernels.cudasrc import MODEL_HEADERS
 from tilewise.kernels.matmul import cuda as mm
 
 # shape (M, N, K), epilogue, norm and the config that won it (bench/results/2026-12-01-h200-cuda-wgmma, call P)
@@ -57,7 +58,8 @@ def sass(out: Path, kind: str = "wg") -> None:
     out.mkdir(parents=True, exist_ok=True)
     src = Path(mm.__file__).parent
     entries = {name: case(kind, name)[0].entry(case(kind, name)[1]) for name in CASES}
-    body = "".join(f'#include "{src / f}"\n' for f in mm.SOURCE_FILES)
+    heads = [src.parent / h for h in MODEL_HEADERS]  # the model sources' headers first (cudasrc.model_source)
+    body = "".join(f'#include "{p}"\n' for p in [*heads, *(src / f for f in mm.SOURCE_FILES)])
     sig = SIG[:-1] + ", const __grid_constant__ TmaMap)" if kind.startswith("wgr") else SIG
     body += "".join(f"template __global__ void {e}{sig};\n" for e in sorted(set(entries.values())))
     (out / "wg.cu").write_text(body)

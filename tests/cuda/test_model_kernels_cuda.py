@@ -224,13 +224,32 @@ ATTN_SHAPES = [(1, 0, 4, 2, 16), (1, 700, 16, 8, 64), (37, 5, 4, 4, 48), (346, 0
 
 @pytest.mark.parametrize("shape", ATTN_SHAPES)
 def test_attention(dev, rng, shape):
-    """Every legal config of both kernels (one query a block, and QT queries sharing staged key tiles) whose shared
-    memory fits the head size."""
+    """Every legal config of the three kernels (one query a block, QT queries sharing staged key tiles, 16 queries a
+    warp on tensor cores) whose shared memory fits the head size; the tensor-core ones at the f16 tolerance."""
     tpl = CudaAttention()
     cfgs = [c for c in tpl.space().split(dev.info.limits)[0] if not tpl.config_problems(c, shape)]
     assert {c["QT"] for c in cfgs} == {1, 8, 16, 32, 64}
+    assert {(c["QT"], c["NW"]) for c in cfgs if c["TC"]} == {(16, 1), (32, 2), (64, 4)}
     for cfg in cfgs:
-        check(*run(dev, tpl, cfg, shape, rng), "f32")
+        check(*run(dev, tpl, cfg, shape, rng), tpl.dtype_of(cfg))
+
+
+@pytest.mark.parametrize("cfg", [{"QT": 16, "NW": 1, "TC": 1}, {"QT": 64, "NW": 4, "TC": 1},
+                                 {"QT": 32, "NW": 8, "TC": 0}, {"QT": 1, "NW": 4, "TC": 0}])
+@pytest.mark.parametrize("nq", [1, 3, 17])
+def test_attention_reads_its_queries_from_row_first(dev, rng, cfg, nq):
+    """A decision's last block asks for its last rows only (queries first.. of the chunk, at their own positions):
+    they equal those rows of the whole chunk's attention."""
+    tpl = CudaAttention()
+    full = (21, 5, 4, 2, 64)  # 21 rows after 5 cached positions
+    host = tpl.make_inputs(full, rng)
+    want = tpl.reference(host, full)[full[0] - nq:]
+    shape, c = (nq, *full[1:]), tpl.config_of(cfg)
+    bufs = tpl.upload(dev, host, full)
+    tpl.poison(dev, bufs, full)
+    dev.run(tpl.launches_at(tpl.compile(dev, c, shape), bufs, shape, full[0] - nq))
+    got = dev.download(bufs["out"], np.float32, (nq, want.shape[1]))
+    check(got, want, tpl.dtype_of(c))
 
 
 @pytest.mark.parametrize("shape", ATTN_SHAPES)

@@ -16,6 +16,7 @@ import pytest
 
 from tilewise.devices.profiles import get_profile
 from tilewise.kernels.attention.cuda import CudaAttention
+from tilewise.kernels.cudasrc import MODEL_HEADERS
 from tilewise.kernels.matmul import cuda as mm
 from tilewise.kernels.rowops.cuda import nt_space
 from tilewise.kernels.shortconv.cuda import CudaShortConv
@@ -36,6 +37,7 @@ SIGS = {
                     "float *, int, int, int, int, float)"),
     "attention": "(const float *, const float *, const float *, float *, int, int, int, int, int)",
     "attention_tiled": "(const float *, const float *, const float *, float *, int, int, int, int, int)",
+    "attention_mma": "(const float *, const float *, const float *, float *, int, int, int, int, int)",
     "nf4_mm_mma": MM_SIG,
     "nf4_mm_rows": MM_SIG,
     "nf4_mm_splitk": MM_SIG,
@@ -59,9 +61,9 @@ def cu(family: str, name: str) -> str:
     return str(resources.files(f"tilewise.kernels.{family}").joinpath(name))
 
 
-#: every model source starts with the PDL macros (`cudasrc.model_source`)
-PDL = str(resources.files("tilewise.kernels").joinpath("pdl.cuh"))
-MATMUL = [PDL, *(cu("matmul", f) for f in mm.SOURCE_FILES)]  # in order: the later files use matmul.cu's helpers
+#: every model source starts with the PDL macros and the tensor-core pieces (`cudasrc.model_source`)
+HEADERS = [str(resources.files("tilewise.kernels").joinpath(h)) for h in MODEL_HEADERS]
+MATMUL = [*HEADERS, *(cu("matmul", f) for f in mm.SOURCE_FILES)]  # in order: the later files use matmul.cu's helpers
 
 
 def instantiate(entry: str) -> str:
@@ -294,7 +296,8 @@ def test_row_ops_conv_and_attention_compile_for_their_spaces(tmp_path):
     entries += [attn.entry(c, d) for c in legal(attn.space()) for d in dims
                 if not attn.config_problems(c, (1, 0, 16, 8, d))]
     assert sum(e.startswith("attention_tiled") for e in entries) > 40
-    cubin(tmp_path, "rows", [PDL, cu("rowops", "rowops.cu"), cu("shortconv", "shortconv.cu"),
+    assert sum(e.startswith("attention_mma") for e in entries) == 14  # (16, 1), (32, 2), (64, 4); D 128 NW 4 too big
+    cubin(tmp_path, "rows", [*HEADERS, cu("rowops", "rowops.cu"), cu("shortconv", "shortconv.cu"),
                              cu("attention", "attention.cu")], entries)
 
 
@@ -370,6 +373,9 @@ ILLEGAL = [
     ("attention", "attention.cu", "attention<64, 33>", "warps_1_32"),
     ("attention", "attention.cu", "attention_tiled<64, 24, 16>", "queries_per_warp_whole"),
     ("attention", "attention.cu", "attention_tiled<64, 64, 4>", "queries_per_warp_8"),
+    ("attention", "attention.cu", "attention_mma<144, 2>", "head_dim_16_128"),
+    ("attention", "attention.cu", "attention_mma<64, 9>", "warps_1_8"),
+    ("attention", "attention.cu", "attention_mma<128, 8>", "smem_48k"),
     ("attention", "attention.cu", "attention_tiled<256, 64, 8>", "smem_48k"),
     ("attention", "attention.cu", "qknorm_rope<24>", "head_dim_16_1024"),
 ]
@@ -377,7 +383,7 @@ ILLEGAL = [
 
 @pytest.mark.parametrize(("family", "filename", "entry", "rule"), ILLEGAL)
 def test_illegal_instantiation_fails_the_static_assert_naming_the_rule(tmp_path, family, filename, entry, rule):
-    includes = MATMUL if family == "matmul" else [PDL, cu(family, filename)]
+    includes = MATMUL if family == "matmul" else [*HEADERS, cu(family, filename)]
     res = nvcc(tmp_path, "bad", includes, instantiate(entry), "-cubin", "-o", "bad.cubin")
     assert res.returncode != 0, entry
     asserts = re.findall(r'static assertion failed with "(\w+):', res.stderr)

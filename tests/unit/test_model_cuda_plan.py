@@ -175,7 +175,8 @@ def _table_for(cfg, fp: str, ffn_mma: dict, ffn_rows: dict, attn_nw: int, kind: 
         {"m_min": 1, "m_max": 7, "kernel": rows.name, "config": ffn_rows},
         {"m_min": 8, "m_max": None, "kernel": mma.name, "config": ffn_mma}]), mma)
     table.put(attention_key(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim), Entry([
-        {"m_min": 1, "m_max": None, "kernel": "attention", "config": {"QT": 1, "NW": attn_nw}}]), CudaAttention())
+        {"m_min": 1, "m_max": None, "kernel": "attention", "config": {"QT": 1, "NW": attn_nw, "TC": 0}}]),
+        CudaAttention())
     return table
 
 
@@ -318,8 +319,9 @@ def test_tune_model_on_cuda_offers_the_cuda_kernels_with_their_seeds():
     assert legal_seeds and all(c in got for c in legal_seeds)
     assert all(mma.space().is_legal(c, dev.info.limits) for c in got)  # illegal seeds never reach the engine
     assert model_tune.attention_template(dev).backend == "cuda"
-    attn = model_tune.attention_candidates(dev, 6)  # the default (one query a block), then the tiled seeds
+    attn = model_tune.attention_candidates(dev, 6)  # the default (one query a block), then the seeds:
     assert attn[0]["QT"] == 1 and len(attn) == 6 and all(c["QT"] > 1 for c in attn[1:])
+    assert [c["TC"] for c in attn] == [0, 1, 1, 1, 0, 0]  # the tensor-core tiles first, then the tiled kernel's
 
 
 def test_a_gpu_older_than_ampere_is_refused_by_name_with_the_fix():

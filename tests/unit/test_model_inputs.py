@@ -222,12 +222,19 @@ def test_nf4_scales_that_are_not_finite_are_refused(tiny, tmp_path):
 
 
 def test_a_cuda_attention_entry_from_before_the_tiled_kernel_is_refused_with_the_fix():
-    """Tables written before `CudaAttention` grew QT name only NW: the entry is refused, naming what it lacks."""
+    """Tables written before `CudaAttention` grew QT (or TC) lack it: the entry is refused, naming what it lacks."""
     from tilewise.model.dispatch import range_choice
 
     sm90 = get_profile("sm_90")
     with pytest.raises(ConfigError) as err:
         range_choice("attention:16x8x64", "attention", {"NW": 4}, (1, 346), sm90, backend="cuda")
     assert "lacks QT" in err.value.problem and "tilewise tune model" in err.value.fix
-    tpl, cfg = range_choice("attention:16x8x64", "attention", {"QT": 16, "NW": 8}, (1, 346), sm90, backend="cuda")
+    with pytest.raises(ConfigError) as err:  # nor one from before the tensor-core kernel (no TC)
+        range_choice("attention:16x8x64", "attention", {"QT": 16, "NW": 8}, (1, 346), sm90, backend="cuda")
+    assert "lacks TC" in err.value.problem
+    tpl, cfg = range_choice("attention:16x8x64", "attention", {"QT": 16, "NW": 8, "TC": 0}, (1, 346), sm90,
+                            backend="cuda")
     assert tpl.entry(cfg, 64) == "attention_tiled<64, 16, 8>"
+    tpl, cfg = range_choice("attention:16x8x64", "attention", {"QT": 32, "NW": 2, "TC": 1}, (1, 346), sm90,
+                            backend="cuda")
+    assert tpl.entry(cfg, 64) == "attention_mma<64, 2>"

@@ -157,6 +157,11 @@ class KernelTemplate(ABC):
                 if attr not in cls.__dict__:
                     setattr(cls, attr, getattr(problem, attr))
 
+    def dtype_of(self, config: Config) -> str:
+        """The tolerance label of one config: `dtype`, unless some configs round more than others (a tensor-core
+        config of an otherwise f32 kernel)."""
+        return self.dtype
+
     # ---- the space -------------------------------------------------------------------------------------------
     def space(self, which: str = "full") -> Space:
         """A named space of configs ("full" = the whole grid; templates may add "seed", "small", ...)."""

@@ -25,12 +25,16 @@ def cu_source(family: str, filename: str) -> str:
     return resources.files(f"tilewise.kernels.{family}").joinpath(filename).read_text()
 
 
+#: what every model source starts with (`kernels/`): the PDL_WAIT / PDL_LAUNCH_DEPENDENTS macros every kernel calls,
+#: and the f16 tensor-core pieces (pack2, mma_16816, ldmatrix) the matmul and attention kernels share
+MODEL_HEADERS = ("pdl.cuh", "tensorcore.cuh")
+
+
 @cache
 def model_source(family: str, *filenames: str) -> str:
-    """A model family's CUDA text: `pdl.cuh` (the PDL_WAIT / PDL_LAUNCH_DEPENDENTS macros every kernel of it calls),
-    then its files in order, compiled as one text."""
-    head = resources.files("tilewise.kernels").joinpath("pdl.cuh").read_text()
-    return "\n".join([head, *(cu_source(family, f) for f in filenames)])
+    """A model family's CUDA text: `MODEL_HEADERS`, then its files in order, compiled as one text."""
+    heads = [resources.files("tilewise.kernels").joinpath(h).read_text() for h in MODEL_HEADERS]
+    return "\n".join([*heads, *(cu_source(family, f) for f in filenames)])
 
 
 def name_expression(kernel: str, *args: int) -> str:

@@ -187,7 +187,7 @@ class Verifier:
             where = "; ".join(f"{k}: {b} canary words before it, {a} after it changed" for k, (b, a) in broken.items())
             return Check(False, float("inf"), float("inf"), 0, f"wrote out of bounds ({where})")
         out = t.read_output(self.device, self._bufs, self.shape)
-        return compare(out, self._ref, t.dtype)
+        return compare(out, self._ref, t.dtype_of(config))
 
 
 def verify(template: KernelTemplate, device: Device, program: Program, config: Config, shape: Shape,

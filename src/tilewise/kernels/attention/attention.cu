@@ -16,6 +16,14 @@
 //       scores key t0 + l against all of them (each float4 of K read once), the warp keeps each query's online softmax
 //       (max, sum) and each lane ceil(D / 32) of its output dims, adding the tile's 32 weighted values (each V row read
 //       once for all the warp's queries, the weights broadcast by shuffles).
+//   attention_mma<D, NW>(same arguments)
+//       tensor cores: grid (ceil(M / 16 NW), HQ), NW warps, warp w owning 16 queries. Per tile of 64 keys the block
+//       stages K and V in f16 (rows padded by 8 halves, so ldmatrix's eight rows land in distinct banks); each warp
+//       computes its 16 x 64 scores with m16n8k16 mma.sync (q, scaled by 1/sqrt(D), held as A fragments from the
+//       start), keeps each row's online softmax in the accumulator layout (a row's four threads reduce by shuffles),
+//       and multiplies the probabilities, rounded to f16 straight from the score registers as the next A operand,
+//       with V (ldmatrix.trans) into f32 accumulators. A warp skips the tiles its queries cannot see. f16 operands:
+//       verified at the f16 tolerance.
 // Rules mirrored from kernels/attention/cuda.py.
 
 #ifndef WARPSIZE
@@ -47,6 +55,19 @@ __host__ __device__ constexpr int tiled_first_failure(int D, int QT, int NW) {
   if (QT < NW || QT % NW != 0) return 3;              // queries_per_warp_whole
   if (QT / NW > 8) return 4;                          // queries_per_warp_8
   if (tiled_smem_bytes(D, QT) > 48 * 1024) return 5;  // smem_48k
+  return 0;
+}
+
+// the tensor-core kernel's rules: D in k16 steps (at most 128: its accumulators stay in registers), 1..8 warps, and
+// its shared memory (the queries and a K and a V tile of 64 keys, f16, rows padded by 8) in 48 KB
+#define ATTN_MMA_TK 64
+__host__ __device__ constexpr int mma_attention_smem_bytes(int D, int NW) {
+  return 2 * (16 * NW + 2 * ATTN_MMA_TK) * (D + 8);
+}
+__host__ __device__ constexpr int mma_attention_first_failure(int D, int NW) {
+  if (D < 16 || D > 128 || D % 16 != 0) return 1;                   // head_dim_16_128
+  if (NW < 1 || NW > 8) return 2;                                   // warps_1_8
+  if (mma_attention_smem_bytes(D, NW) > 48 * 1024) return 3;        // smem_48k
   return 0;
 }
 
@@ -251,5 +272,144 @@ __global__ void __launch_bounds__(NW * WARPSIZE, 1) attention_tiled(const float 
 #pragma unroll
     for (int e = 0; e < E; ++e)
       if (e * WARPSIZE + lane < D) out[((size_t)i * HQ + h) * D + e * WARPSIZE + lane] = acc[j][e] / sum[j];
+  }
+}
+
+// f32 rows (r0.., D wide, `stride` floats apart, rows past `rows` zero) -> f16 into a staged tile (LD halves a row),
+// scaled by `scale`, four values per thread and step
+template <int D, int LD, int NT>
+__device__ __forceinline__ void stage_f16(unsigned short (*dst)[LD], const float *src, size_t stride, int n, int rows,
+                                          float scale) {
+  for (int e = threadIdx.x; e < n * D / 4; e += NT) {
+    const int r = e / (D / 4), c = 4 * (e % (D / 4));
+    float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (r < rows) v = *reinterpret_cast<const float4 *>(src + (size_t)r * stride + c);
+    uint2 h;
+    h.x = pack2(v.x * scale, v.y * scale);
+    h.y = pack2(v.z * scale, v.w * scale);
+    *reinterpret_cast<uint2 *>(&dst[r][c]) = h;
+  }
+}
+
+template <int D, int NW>
+__global__ void __launch_bounds__(NW * WARPSIZE) attention_mma(const float *__restrict__ q,
+                                                                const float *__restrict__ k_cache,
+                                                                const float *__restrict__ v_cache,
+                                                                float *__restrict__ out, int M, int P, int first,
+                                                                int HQ, int HKV) {
+  PDL_BEGIN();
+  constexpr int FAIL = mma_attention_first_failure(D, NW);
+  static_assert(FAIL != 1, "head_dim_16_128: D must be a multiple of 16, 16..128");
+  static_assert(FAIL != 2, "warps_1_8: NW (warps per block, 16 queries each) must be 1..8");
+  static_assert(FAIL != 3, "smem_48k: the queries and a K and a V tile of 64 keys exceed 48 KB of shared memory");
+  constexpr int QT = 16 * NW, TK = ATTN_MMA_TK, LD = D + 8, NT = NW * WARPSIZE;
+  constexpr int KD = D / 16, NK = TK / 8, ND = D / 8;  // k16 steps over D, n8 tiles of keys and of dims
+  __shared__ __align__(16) unsigned short s_q[QT][LD];
+  __shared__ __align__(16) unsigned short s_k[TK][LD];
+  __shared__ __align__(16) unsigned short s_v[TK][LD];
+  const int i0 = blockIdx.x * QT, h = blockIdx.y, kvh = h / (HQ / HKV);
+  const int warp = threadIdx.x / WARPSIZE, lane = threadIdx.x % WARPSIZE, g = lane >> 2, t = lane & 3;
+  const size_t kv_stride = (size_t)HKV * D;
+  stage_f16<D, LD, NT>(s_q, q + ((size_t)(first + i0) * HQ + h) * D, (size_t)HQ * D, QT, M - i0, rsqrtf((float)D));
+  __syncthreads();
+  unsigned qa[KD][4];  // the warp's 16 queries as A fragments: (rows 0-7 | 8-15) x (k 0-7 | 8-15) of each k16 step
+#pragma unroll
+  for (int kk = 0; kk < KD; ++kk) ldmatrix_x4(qa[kk], &s_q[16 * warp + (lane & 15)][16 * kk + (lane >> 4) * 8]);
+  const int qi = i0 + 16 * warp + g;  // the thread's two query rows: qi and qi + 8
+  const int last = (i0 + QT < M ? i0 + QT : M) - 1;
+  const int keys = P + first + last + 1;  // keys the block's last query sees
+  const int warp_last = (i0 + 16 * warp + 15 < M ? i0 + 16 * warp + 15 : M - 1);
+  const int warp_keys = P + first + warp_last + 1;  // keys the warp's last query sees (0 or less: no query)
+  float o[ND][4], mx[2] = {ATTN_NEG_INF, ATTN_NEG_INF}, sum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int j = 0; j < ND; ++j)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) o[j][c] = 0.0f;
+  for (int t0 = 0; t0 < keys; t0 += TK) {
+    __syncthreads();  // every warp is done with the previous tile
+    stage_f16<D, LD, NT>(s_k, k_cache + ((size_t)t0 * HKV + kvh) * D, kv_stride, TK, keys - t0, 1.0f);
+    stage_f16<D, LD, NT>(s_v, v_cache + ((size_t)t0 * HKV + kvh) * D, kv_stride, TK, keys - t0, 1.0f);
+    __syncthreads();
+    if (i0 + 16 * warp >= M || t0 >= warp_keys) continue;  // warp-uniform: none of its queries sees this tile
+    float sc[NK][4];  // scores: (row g | g + 8) x (key 2t, 2t + 1) of each n8 tile
+#pragma unroll
+    for (int j = 0; j < NK; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) sc[j][c] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk)
+#pragma unroll
+      for (int j = 0; j < NK; j += 2) {  // B for key tiles j, j + 1: (keys 0-7 | 8-15) x (k 0-7 | 8-15)
+        unsigned b[4];
+        ldmatrix_x4(b, &s_k[8 * j + (lane & 7) + (lane >> 4) * 8][16 * kk + ((lane >> 3) & 1) * 8]);
+        mma_16816(sc[j], qa[kk], b);
+        mma_16816(sc[j + 1], qa[kk], b + 2);
+      }
+    float corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {  // the online softmax of row qi + 8 r over this tile's visible keys
+      const int see = qi + 8 * r < M ? P + first + qi + 8 * r : -1;  // its last visible key
+      float tmax = ATTN_NEG_INF;
+#pragma unroll
+      for (int j = 0; j < NK; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int key = t0 + 8 * j + 2 * t + c;
+          if (key > see) sc[j][2 * r + c] = ATTN_NEG_INF;
+          tmax = fmaxf(tmax, sc[j][2 * r + c]);
+        }
+      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+      const float nm = fmaxf(mx[r], tmax);
+      const float base = nm == ATTN_NEG_INF ? 0.0f : nm;  // a row that has seen nothing yet stays at zero
+      corr[r] = __expf(mx[r] - base);
+      float ps = 0.0f;
+#pragma unroll
+      for (int j = 0; j < NK; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float p = __expf(sc[j][2 * r + c] - base);  // exp(-inf) = 0 for the keys it does not see
+          sc[j][2 * r + c] = p;
+          ps += p;
+        }
+      sum[r] = sum[r] * corr[r] + ps;  // this thread's share of the row; the row's four threads add up at the end
+      mx[r] = nm;
+    }
+#pragma unroll
+    for (int j = 0; j < ND; ++j) {
+      o[j][0] *= corr[0];
+      o[j][1] *= corr[0];
+      o[j][2] *= corr[1];
+      o[j][3] *= corr[1];
+    }
+#pragma unroll
+    for (int kk = 0; kk < TK / 16; ++kk) {
+      // the probabilities of keys 16 kk.. as an A fragment: score tiles 2 kk and 2 kk + 1 are its k halves
+      const unsigned pa[4] = {pack2(sc[2 * kk][0], sc[2 * kk][1]), pack2(sc[2 * kk][2], sc[2 * kk][3]),
+                              pack2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]), pack2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+      for (int j = 0; j < ND; j += 2) {  // B for dim tiles j, j + 1: (keys 0-7 | 8-15) x (dims 0-7 | 8-15), transposed
+        unsigned b[4];
+        ldmatrix_x4_trans(b, &s_v[16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8][8 * j + (lane >> 4) * 8]);
+        mma_16816(o[j], pa, b);
+        mma_16816(o[j + 1], pa, b + 2);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float tot = sum[r];
+    tot += __shfl_xor_sync(0xffffffffu, tot, 1);
+    tot += __shfl_xor_sync(0xffffffffu, tot, 2);
+    const int row = qi + 8 * r;
+    if (row >= M) continue;
+    const float inv = 1.0f / tot;
+#pragma unroll
+    for (int j = 0; j < ND; ++j) {
+      float2 v;
+      v.x = o[j][2 * r] * inv;
+      v.y = o[j][2 * r + 1] * inv;
+      *reinterpret_cast<float2 *>(out + ((size_t)row * HQ + h) * D + 8 * j + 2 * t) = v;
+    }
   }
 }

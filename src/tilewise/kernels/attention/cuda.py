@@ -1,8 +1,10 @@
 """Attention on CUDA (`attention.cu`): q/k RMSNorm + RoPE into the KV cache, and flash-style causal GQA attention.
 
-Problems: `attention.problem.AttentionProblem` (shape M, P, HQ, HKV, D; parameters QT, queries per block, and NW,
-warps per block: QT 1, each warp taking every NW-th key of the block's query with an online softmax; QT > 1, the
-block's QT queries sharing each 32-key tile staged in shared memory, a warp per query at a time) and
+Problems: `attention.problem.AttentionProblem` (shape M, P, HQ, HKV, D; parameters QT, queries per block, NW,
+warps per block, and TC, tensor cores: with TC 0, QT 1 has each warp take every NW-th key of the block's query with an
+online softmax, and QT > 1 has the block's QT queries share each 32-key tile staged in shared memory, a warp per
+query at a time; TC 1 (`attention_mma`, QT = 16 NW) gives each warp 16 queries on f16 mma.sync over 64-key tiles,
+verified at the f16 tolerance) and
 `QKNormRopeProblem` (one block of D threads per (head, row); D is a template argument). Sizes other than D are
 kernel arguments.
 """
@@ -10,6 +12,7 @@ kernel arguments.
 from __future__ import annotations
 
 from collections.abc import Hashable
+from typing import Any
 
 import numpy as np
 
@@ -20,18 +23,35 @@ from tilewise.kernels.cudasrc import compile_cuda, model_source, name_expression
 from tilewise.kernels.space import Config, Rule, Space
 
 DEFAULT_NW = 4
-#: QT 1: the per-query kernel (`attention`); QT > 1: `attention_tiled`, QT queries sharing each staged key tile
-DEFAULT_ATTENTION = {"QT": 1, "NW": DEFAULT_NW}
-#: (QT, NW) tried first by `tune model --budget N`: the tiled kernel's middle tiles, then the per-query kernel's
-SEED = ((32, 4), (32, 8), (64, 8), (16, 4), (64, 16), (16, 2), (32, 16), (8, 2), (1, 4), (1, 8), (1, 2))
+#: QT 1: the per-query kernel (`attention`); QT > 1: `attention_tiled`, QT queries sharing each staged key tile;
+#: TC 1: `attention_mma`, 16 queries a warp on tensor cores
+DEFAULT_ATTENTION = {"QT": 1, "NW": DEFAULT_NW, "TC": 0}
+#: (QT, NW, TC) tried first by `tune model --budget N`: the tensor-core tiles, the tiled kernel's middle tiles, then
+#: the per-query kernel's
+SEED = ((32, 2, 1), (64, 4, 1), (16, 1, 1), (32, 4, 0), (32, 8, 0), (64, 8, 0), (16, 4, 0), (64, 16, 0), (16, 2, 0),
+        (32, 16, 0), (8, 2, 0), (1, 4, 0), (1, 8, 0), (1, 2, 0))
 MAX_GRID_YZ = 65535
 STATIC_SMEM_BYTES = 48 * 1024
+#: the tensor-core kernel's key tile (ATTN_MMA_TK in attention.cu)
+MMA_TK = 64
+
+
+def mma_smem_bytes(d: int, nw: int) -> int:
+    """Static shared memory of `attention_mma` (`mma_attention_smem_bytes`): 16 NW queries and a K and a V tile of
+    64 keys, f16, rows padded by 8 halves."""
+    return 2 * (16 * nw + 2 * MMA_TK) * (d + 8)
 
 
 def tiled_smem_bytes(d: int, qt: int) -> int:
     """Static shared memory of `attention_tiled` (`tiled_smem_bytes` in attention.cu): the block's queries, a padded
     K tile and a V tile of 32 keys."""
     return 4 * (qt * d + 32 * (d + 4) + 32 * (-(-d // 32)) * 32)
+
+
+def _cc(limits: Any) -> tuple[int, ...]:
+    """The device's compute capability as (major, minor); (0,) when it has none (not a CUDA device)."""
+    cc = getattr(limits, "compute_capability", None)
+    return tuple(int(v) for v in str(cc).split(".")[:2]) if cc else (0,)
 
 
 def _head_rules(shape: Shape, lo: int, hi: int) -> list[str]:
@@ -46,36 +66,56 @@ def _head_rules(shape: Shape, lo: int, hi: int) -> list[str]:
 
 class CudaAttention(KernelTemplate):
     """Causal GQA attention of M queries after P cached positions, NW warps per block: QT 1, grid (M, HQ), one query
-    a block; QT > 1, grid (ceil(M / QT), HQ), QT queries a block sharing staged key tiles."""
+    a block; QT > 1, grid (ceil(M / QT), HQ), QT queries a block sharing staged key tiles; TC 1, the same grid with
+    16 queries a warp on tensor cores."""
 
     backend = "cuda"
     problem = AttentionProblem()
 
     def space(self, which: str = "full") -> Space:
-        """attention.cu's `warps_1_32` and the tiled kernel's `tiled_first_failure` rules (`head_dim_16_256` and
-        `smem_48k` are shape rules: D comes with the shape)."""
-        tiled = lambda c: c.QT > 1  # noqa: E731
-        points = [dict(zip(("QT", "NW"), v)) for v in SEED] if which == "seed" else None
-        return Space(f"cuda-attention-{which}", {"QT": [1, 8, 16, 32, 64], "NW": [1, 2, 4, 8, 16]}, [
+        """attention.cu's `warps_1_32`, the tiled kernel's `tiled_first_failure` rules and the tensor-core kernel's
+        (`head_dim_*` and `smem_48k` are shape rules: D comes with the shape)."""
+        tiled = lambda c: c.QT > 1 and not c.TC  # noqa: E731
+        points = [dict(zip(("QT", "NW", "TC"), v)) for v in SEED] if which == "seed" else None
+        return Space(f"cuda-attention-{which}", {"QT": [1, 8, 16, 32, 64], "NW": [1, 2, 4, 8, 16], "TC": [0, 1]}, [
             Rule("warps_1_32", lambda c, _: 1 <= c.NW <= 32, lambda c, _: f"NW = {c.NW} warps is not in 1..32"),
             Rule("queries_per_warp_whole", lambda c, _: not tiled(c) or (c.QT >= c.NW and c.QT % c.NW == 0),
                  lambda c, _: f"QT = {c.QT} queries are not a whole number of queries for each of NW = {c.NW} warps"),
             Rule("queries_per_warp_8", lambda c, _: not tiled(c) or c.QT // c.NW <= 8,
                  lambda c, _: f"QT / NW = {c.QT // c.NW} queries per warp > 8 (each holds its output in registers)"),
+            Rule("mma_queries_16_per_warp", lambda c, _: not c.TC or c.QT == 16 * c.NW,
+                 lambda c, _: f"TC 1 gives each warp 16 queries (one m16 tile), so QT must be 16 * NW = {16 * c.NW}, "
+                              f"not {c.QT}"),
+            Rule("mma_warps_1_8", lambda c, _: not c.TC or c.NW <= 8,
+                 lambda c, _: f"TC 1 takes 1..8 warps, not NW = {c.NW}"),
+            Rule("mma_compute_capability_8", lambda c, lim: not c.TC or _cc(lim) >= (8, 0),
+                 lambda c, lim: f"TC 1 uses f16 mma.sync, which needs compute capability 8.0; the device has "
+                                f"{lim.compute_capability}", needs_limits=True),
             Rule("threads_per_block", lambda c, lim: lim.max_invocations_per_workgroup >= 32 * c.NW,
                  lambda c, lim: f"32*NW = {32 * c.NW} > the device's {lim.max_invocations_per_workgroup}",
                  needs_limits=True)], points=points)
 
+    def dtype_of(self, config: Config) -> str:
+        """Tensor-core configs round q, k, v and the probabilities to f16: the f16 tolerance."""
+        return "f16" if config["TC"] else self.dtype
+
     def config_problems(self, config: Config, shape: Shape) -> list[str]:
-        out = _head_rules(shape, 16, 256)
+        d = shape[4]
+        out = _head_rules(shape, 16, 128 if config["TC"] else 256)
         if shape[2] > MAX_GRID_YZ:
             out.append(f"grid_y: HQ = {shape[2]} > {MAX_GRID_YZ}")
-        if config["QT"] > 1 and (smem := tiled_smem_bytes(shape[4], config["QT"])) > STATIC_SMEM_BYTES:
-            out.append(f"smem_48k: QT = {config['QT']} queries of D = {shape[4]} and a key tile take {smem} bytes of "
+        if config["TC"]:
+            if (smem := mma_smem_bytes(d, config["NW"])) > STATIC_SMEM_BYTES:
+                out.append(f"smem_48k: {16 * config['NW']} queries of D = {d} and K and V tiles of {MMA_TK} keys "
+                           f"take {smem} bytes of shared memory > {STATIC_SMEM_BYTES}")
+        elif config["QT"] > 1 and (smem := tiled_smem_bytes(d, config["QT"])) > STATIC_SMEM_BYTES:
+            out.append(f"smem_48k: QT = {config['QT']} queries of D = {d} and a key tile take {smem} bytes of "
                        f"shared memory > {STATIC_SMEM_BYTES}")
         return out
 
     def entry(self, config: Config, d: int) -> str:
+        if config["TC"]:
+            return name_expression("attention_mma", d, config["NW"])
         if config["QT"] > 1:
             return name_expression("attention_tiled", d, config["QT"], config["NW"])
         return name_expression("attention", d, config["NW"])

@@ -115,33 +115,7 @@ __host__ __device__ constexpr int reduce_first_failure(int EPI, int NT) {
   return 0;
 }
 
-// f32 pairs -> f16x2 (round to nearest even), tensor-core steps and shared-memory fragment loads, in PTX: no
-// header, so NVRTC compiles this file without a CUDA include path
-__device__ __forceinline__ unsigned pack2(float lo, float hi) {
-  // one cvt.rn.f16x2.f32 (sm_80+) rounds both halves: the first operand lands in the upper half
-  unsigned h;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(hi), "f"(lo));
-  return h;
-}
-
-__device__ __forceinline__ void mma_16816(float *d, const unsigned *a, const unsigned *b) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-               "{%0, %1, %2, %3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-__device__ __forceinline__ unsigned smem_addr(const void *p) {
-  unsigned a;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-  return a;
-}
-
-// four 8x8 f16 matrices; lane l gives the address of row l % 8 of matrix l / 8
-__device__ __forceinline__ void ldmatrix_x4(unsigned *r, const unsigned short *p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
-}
+// pack2, mma_16816, smem_addr and ldmatrix_x4 come from tensorcore.cuh, which precedes this file (model_source)
 
 // vector values without vector_functions.h (NVRTC has the types, not the make_ functions)
 __device__ __forceinline__ uint4 u4(unsigned a, unsigned b, unsigned c, unsigned d) {
