@@ -319,9 +319,11 @@ def test_tune_model_on_cuda_offers_the_cuda_kernels_with_their_seeds():
     assert legal_seeds and all(c in got for c in legal_seeds)
     assert all(mma.space().is_legal(c, dev.info.limits) for c in got)  # illegal seeds never reach the engine
     assert model_tune.attention_template(dev).backend == "cuda"
-    attn = model_tune.attention_candidates(dev, 6)  # the default (one query a block), then the seeds:
-    assert attn[0]["QT"] == 1 and len(attn) == 6 and all(c["QT"] > 1 for c in attn[1:])
-    assert [c["TC"] for c in attn] == [0, 1, 1, 1, 0, 0]  # the tensor-core tiles first, then the tiled kernel's
+    attn = model_tune.attention_candidates(dev, 6, (346, 0, 16, 8, 64))  # the default, then the seeds:
+    assert [(c["QT"], c["NW"], c["TC"]) for c in attn] == [(64, 4, 1), (32, 2, 1), (16, 1, 1), (32, 4, 0),
+                                                           (32, 8, 0), (64, 8, 0)]  # tensor cores, then tiled
+    big = model_tune.attention_candidates(dev, 3, (346, 0, 16, 8, 128))  # 64 queries of D 128 exceed 48 KB
+    assert [(c["QT"], c["NW"], c["TC"]) for c in big] == [(32, 2, 1), (64, 4, 1), (16, 1, 1)]
 
 
 def test_a_gpu_older_than_ampere_is_refused_by_name_with_the_fix():
@@ -350,3 +352,24 @@ def test_tune_model_offers_no_wgmma_candidate_off_hopper():
     dev.info = dataclasses.replace(dev.info, limits=dataclasses.replace(dev.info.limits, compute_capability="8.9"))
     kinds = {t.kind for t, _ in model_tune.matmul_candidates(dev, "nf4", "swiglu", [1, 346], 4, 0, norm=True)}
     assert kinds == {"mma", "rows", "splitk", "pipe", "ring"}
+
+
+@pytest.mark.parametrize(("d", "cc", "want"), [(64, "9.0", (64, 4, 1)), (128, "9.0", (32, 2, 1)),
+                                               (256, "9.0", (1, 4, 0)), (64, "7.5", (1, 4, 0))])
+def test_an_untuned_device_gets_the_first_attention_default_its_rules_allow(d, cc, want):
+    """Tensor cores where the head size and the GPU allow them (measured fastest at 346 queries on an H200), the
+    per-query kernel elsewhere."""
+    import dataclasses
+
+    from tilewise.kernels.attention.cuda import default_attention
+
+    limits = dataclasses.replace(get_profile("sm_90"), compute_capability=cc)
+    got = default_attention(limits, (346, 0, 16, 8, d))
+    assert (got["QT"], got["NW"], got["TC"]) == want
+
+
+def test_the_executor_without_a_table_launches_the_default_attention(executor, rng):
+    plan, _ = executor.plan(rng.integers(0, 512, 40), 0, None, True)
+    attn = [launch.program.meta["entry"] for launch, lab in zip(plan.launches, plan.labels) if lab == "attention"]
+    d = executor.cfg.head_dim
+    assert attn and set(attn) == {f"attention_mma<{d}, 4>"}

@@ -274,7 +274,10 @@ class CUDAExecutor:
         cfg = self.cfg
         picked = self.dispatch.pick(attention_key(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim),
                                     rows)
-        return self._template("attention").config_of(picked[1] if picked is not None else attn_k.DEFAULT_ATTENTION)
+        if picked is not None:
+            return self._template("attention").config_of(picked[1])
+        shape = (rows, 0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        return self._template("attention").config_of(attn_k.default_attention(self.dev.info.limits, shape))
 
     def _matmul(self, plan: Plan, label: str, epilogue: str, x: Buffer, x_row0: int, rows: int,
                 weights: dict[str, Buffer], out: Buffer, n: int, k: int, norm: Buffer | None = None) -> None:

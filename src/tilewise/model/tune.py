@@ -294,7 +294,8 @@ def tune_attention(dev: Any, cfg: Any, seq: int, seed: int, store: Store | None 
     t = attention_template(dev)
     shape = (seq, 0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
     eng = make_engine(dev, store, force=force, seed=seed, measure_kw=ATTENTION_MEASURE)
-    outcomes = (run or Run()).evaluate(eng, [Item(t, c, shape) for c in attention_candidates(dev, budget)], what)
+    outcomes = (run or Run()).evaluate(eng, [Item(t, c, shape) for c in attention_candidates(dev, budget, shape)],
+                                       what)
     ok = [oc for oc in outcomes if oc.status == "ok" and oc.stats is not None]
     if not ok:
         raise ConfigError(f"no attention tile ran correctly at {seq} rows: "
@@ -309,10 +310,12 @@ def attention_template(dev: Any) -> Any:
     return attn_cuda.CudaAttention() if dev.info.backend == "cuda" else attn_k.AttentionTemplate()
 
 
-def attention_candidates(dev: Any, budget: int | None = None) -> list[Config]:
+def attention_candidates(dev: Any, budget: int | None, shape: tuple[int, ...]) -> list[Config]:
+    """The default tile (on CUDA: `default_attention` at `shape`, (M, P, HQ, HKV, D)), then the hand-picked ones,
+    then the rest."""
     t = attention_template(dev)
     cuda = dev.info.backend == "cuda"
-    default = t.config_of(attn_cuda.DEFAULT_ATTENTION if cuda else attn_k.DEFAULT_ATTN)
+    default = t.config_of(attn_cuda.default_attention(dev.info.limits, shape) if cuda else attn_k.DEFAULT_ATTN)
     seeds = t.space("seed").legal(dev.info.limits) if cuda else []  # CUDA: the hand-picked tiles before the rest
     legal = t.space().legal(dev.info.limits)
     return list(dict.fromkeys([default, *seeds, *legal]))[:budget]
@@ -399,7 +402,8 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
           "seq": seq, "budget": budget}
     counts = {key: len(rows) * len(matmul_candidates(dev, fmt, e, rows, norm=nm, **kw))
               for key, (_, (e, _, _, nm)) in shapes.items()}
-    run = Run(sum(counts.values()) + (len(attention_candidates(dev, budget)) if tune_attn else 0), progress,
+    ashape = (seq, 0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+    run = Run(sum(counts.values()) + (len(attention_candidates(dev, budget, ashape)) if tune_attn else 0), progress,
               None if budget_s is None else time.perf_counter() + budget_s)
     left = [label for label, _ in shapes.values()] + (["attention"] if tune_attn else [])
     stop: BaseException | None = None

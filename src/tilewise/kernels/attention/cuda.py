@@ -24,8 +24,10 @@ from tilewise.kernels.space import Config, Rule, Space
 
 DEFAULT_NW = 4
 #: QT 1: the per-query kernel (`attention`); QT > 1: `attention_tiled`, QT queries sharing each staged key tile;
-#: TC 1: `attention_mma`, 16 queries a warp on tensor cores
-DEFAULT_ATTENTION = {"QT": 1, "NW": DEFAULT_NW, "TC": 0}
+#: TC 1: `attention_mma`, 16 queries a warp on tensor cores. The default is the first of these the device and the
+#: head size allow (`default_attention`): on an H200 at 346 queries the tensor-core tile of 64 queries ran 0.0252 ms,
+#: the per-query kernel 0.0784 (bench/results/2026-12-04-h200-pdl-ray)
+DEFAULTS = ({"QT": 64, "NW": 4, "TC": 1}, {"QT": 32, "NW": 2, "TC": 1}, {"QT": 1, "NW": DEFAULT_NW, "TC": 0})
 #: (QT, NW, TC) tried first by `tune model --budget N`: the tensor-core tiles, the tiled kernel's middle tiles, then
 #: the per-query kernel's
 SEED = ((32, 2, 1), (64, 4, 1), (16, 1, 1), (32, 4, 0), (32, 8, 0), (64, 8, 0), (16, 4, 0), (64, 16, 0), (16, 2, 0),
@@ -62,6 +64,17 @@ def _head_rules(shape: Shape, lo: int, hi: int) -> list[str]:
     if hq % hkv:
         out.append(f"gqa_groups: HQ = {hq} is not a multiple of HKV = {hkv}")
     return out
+
+
+def default_attention(limits: Any, shape: Shape) -> dict[str, int]:
+    """The config an untuned device runs at `shape` (M, P, HQ, HKV, D): the first of `DEFAULTS` that its rules and the
+    shape allow (the per-query kernel runs every head size up to 256)."""
+    tpl = CudaAttention()
+    for values in DEFAULTS:
+        cfg = tpl.config_of(values)
+        if tpl.space().is_legal(cfg, limits) and not tpl.config_problems(cfg, shape):
+            return dict(values)
+    return dict(DEFAULTS[-1])
 
 
 class CudaAttention(KernelTemplate):
