@@ -33,15 +33,9 @@ export TILEWISE_DISPATCH_DIR="$WORK/tables"
 PY="${PYTHON:-python3}"
 : > "$OUT/status.txt"
 
-step() {  # step NAME SECONDS LOGFILE CMD...   (a NAME listed in $SKIP is skipped)
-    local name=$1 limit=$2 log=$3
-    shift 3
-    case " ${SKIP:-} " in *" $name "*) echo "$name skipped" | tee -a "$OUT/status.txt"; return 0;; esac
-    local t0=$SECONDS
-    timeout "$limit" "$@" > "$log" 2>&1
-    local rc=$?
-    echo "$name rc=$rc $((SECONDS - t0))s $(tail -n 1 "$log" | cut -c1-160)" | tee -a "$OUT/status.txt"
-    tar -czf "$OUT/cuda_gpu.tgz" --exclude=store.db -C "$WORK" .  # after every step: a call cut short keeps it
+source bench/gpu_steps.sh  # step NAME SECONDS LOGFILE CMD...
+after_step() {  # pack the work after every step: a call cut short keeps it
+    tar -czf "$OUT/cuda_gpu.tgz" --exclude=store.db -C "$WORK" .
 }
 
 step env 60 "$WORK/env.txt" bash -c "date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm \

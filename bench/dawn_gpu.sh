@@ -36,15 +36,7 @@ export PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
 : > "$OUT/status.txt"
 
-step() {  # step NAME SECONDS LOGFILE CMD...   (a NAME listed in $SKIP is skipped)
-    local name=$1 limit=$2 log=$3
-    shift 3
-    case " ${SKIP:-} " in *" $name "*) echo "$name skipped" | tee -a "$OUT/status.txt"; return 0;; esac
-    local t0=$SECONDS
-    timeout "$limit" "$@" > "$log" 2>&1
-    local rc=$?
-    echo "$name rc=$rc ${SECONDS}s-${t0}s=$((SECONDS - t0))s" | tee -a "$OUT/status.txt"
-}
+source bench/gpu_steps.sh  # step NAME SECONDS LOGFILE CMD...
 
 step env 60 "$OUT/env.txt" bash -c "nvidia-smi --query-gpu=name,driver_version --format=csv; $PY -c 'import torch, wgpudawn; print(torch.__version__, wgpudawn.__version__)'; $PY -m tilewise devices --wide"
 step devices 60 "$OUT/devices.log" "$PY" -m tilewise devices --json "$OUT/devices.json"

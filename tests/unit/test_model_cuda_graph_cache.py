@@ -15,7 +15,7 @@ from tests.unit.test_model_cuda_plan import RecordingDevice
 
 from tilewise.devices.base import Launch, Program
 from tilewise.devices.cuda import CUDADevice, HostCopy
-from tilewise.devices.cuda_pdl import PDL_ENV
+from tilewise.devices.cuda_pdl import PDL_ENV, pdl_from_env
 from tilewise.errors import ConfigError, LaunchError
 from tilewise.model.checkpoint import Checkpoint, random_tensors
 from tilewise.model.config import PRESETS
@@ -165,27 +165,32 @@ def test_the_cuda_device_refuses_to_capture_a_library_call():
     assert GRAPHS_ENV in err.value.fix
 
 
-@pytest.mark.parametrize(("value", "on"), [(None, True), ("1", True), ("on", True), ("0", False), ("off", False),
-                                           (" False ", False)])
-def test_the_env_switch_turns_graphs_on_and_off(monkeypatch, value, on):
-    env = {} if value is None else {GRAPHS_ENV: value}
-    assert graphs_from_env(env) is on
+SWITCHES = [(GRAPHS_ENV, "graphs", True), (PDL_ENV, "pdl", False)]  # (variable, executor attribute, default)
+
+
+@pytest.mark.parametrize(("env", "attr", "default"), SWITCHES)
+@pytest.mark.parametrize(("value", "on"), [(None, None), ("", None), ("1", True), ("on", True), ("0", False),
+                                           ("off", False), (" False ", False)])
+def test_the_env_switches_turn_graphs_and_pdl_on_and_off(monkeypatch, env, attr, default, value, on):
+    want = default if on is None else on
+    assert (graphs_from_env if attr == "graphs" else pdl_from_env)({} if value is None else {env: value}) is want
     if value is None:
-        monkeypatch.delenv(GRAPHS_ENV, raising=False)
+        monkeypatch.delenv(env, raising=False)
     else:
-        monkeypatch.setenv(GRAPHS_ENV, value)
+        monkeypatch.setenv(env, value)
     cfg = PRESETS["tiny"]
     ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny")
-    assert CUDAExecutor(ck, device=GraphDevice()).graphs is on
+    assert getattr(CUDAExecutor(ck, device=GraphDevice()), attr) is want
 
 
-def test_a_bad_env_value_is_one_clear_error(monkeypatch):
-    monkeypatch.setenv(GRAPHS_ENV, "maybe")
+@pytest.mark.parametrize(("env", "attr", "default"), SWITCHES)
+def test_a_bad_env_value_is_one_clear_error(monkeypatch, env, attr, default):
+    monkeypatch.setenv(env, "maybe")
     cfg = PRESETS["tiny"]
     ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny")
-    with pytest.raises(ConfigError, match=r"TILEWISE_CUDA_GRAPHS='maybe' is neither 0 nor 1") as err:
+    with pytest.raises(ConfigError, match=rf"{env}='maybe' is neither 0 nor 1") as err:
         CUDAExecutor(ck, device=GraphDevice())
-    assert "TILEWISE_CUDA_GRAPHS=0" in err.value.fix
+    assert f"{env}=0" in err.value.fix
 
 
 def test_graphs_are_captured_with_the_pdl_setting_and_again_after_a_switch(executor, rng):
@@ -209,21 +214,6 @@ def test_graphs_are_captured_with_the_pdl_setting_and_again_after_a_switch(execu
     executor.pdl = False
     executor.forward(prompts[5], 0, None, True)
     assert dev.pdl_flags[3:] == [("run", True), ("run", False)] and len(dev.timed) == 1
-
-
-@pytest.mark.parametrize(("value", "on"), [(None, False), ("1", True), ("on", True), ("0", False), ("off", False)])
-def test_the_pdl_env_switch(monkeypatch, value, on):
-    if value is None:
-        monkeypatch.delenv(PDL_ENV, raising=False)
-    else:
-        monkeypatch.setenv(PDL_ENV, value)
-    cfg = PRESETS["tiny"]
-    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny")
-    assert CUDAExecutor(ck, device=GraphDevice()).pdl is on
-    monkeypatch.setenv(PDL_ENV, "sometimes")
-    with pytest.raises(ConfigError, match=r"TILEWISE_CUDA_PDL='sometimes' is neither 0 nor 1") as err:
-        CUDAExecutor(ck, device=GraphDevice())
-    assert "TILEWISE_CUDA_PDL=0" in err.value.fix
 
 
 def test_a_driver_that_refuses_pdl_in_a_capture_falls_back_with_a_warning(executor, rng):

@@ -10,14 +10,17 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from tilewise.errors import ConfigError
 
 ADAPTER_TYPES = ("discrete", "integrated", "virtual", "cpu", "unknown")
 
@@ -187,6 +190,19 @@ def source_hash(*parts: str | bytes) -> str:
         h.update(p.encode() if isinstance(p, str) else p)
         h.update(b"\0")
     return h.hexdigest()[:16]
+
+
+def env_switch(name: str, default: bool, fix: str, environ: Mapping[str, str] | None = None) -> bool:
+    """An on/off switch from the environment: 1/on/true/yes or 0/off/false/no, the default when unset or empty;
+    anything else is one ConfigError naming the variable, with `fix`."""
+    raw = (os.environ if environ is None else environ).get(name, "").strip().lower()
+    if raw == "":
+        return default
+    if raw in ("1", "on", "true", "yes"):
+        return True
+    if raw in ("0", "off", "false", "no"):
+        return False
+    raise ConfigError(f"{name}={raw!r} is neither 0 nor 1", fix)
 
 
 def grid3(grid: int | Sequence[int]) -> tuple[int, int, int]:

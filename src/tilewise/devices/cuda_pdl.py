@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from tilewise.errors import ConfigError, LaunchError
+from tilewise.devices.base import env_switch
+from tilewise.devices.cuda_tma import libcuda
+from tilewise.errors import LaunchError
 
 #: CUlaunchAttributeID (cuda.h)
 PROGRAMMATIC_STREAM_SERIALIZATION = 6
@@ -43,14 +44,9 @@ class LaunchConfig(ctypes.Structure):
 def pdl_from_env(environ: Mapping[str, str] | None = None) -> bool:
     """Whether the CUDA executor launches with PDL: `TILEWISE_CUDA_PDL` 1/on or 0/off (the default: on an H200 the
     lfm2-350m decision tied with and without it, bench/model_cuda.py's `pdl` race)."""
-    raw = (os.environ if environ is None else environ).get(PDL_ENV, "0").strip().lower()
-    if raw in ("", "1", "on", "true", "yes"):
-        return True
-    if raw in ("0", "off", "false", "no"):
-        return False
-    raise ConfigError(f"{PDL_ENV}={raw!r} is neither 0 nor 1",
-                      f"set {PDL_ENV}=0 (the default) to launch every kernel after the one before it has finished, "
-                      "or 1 to let each start while its predecessor finishes (programmatic dependent launch)")
+    return env_switch(PDL_ENV, False, f"set {PDL_ENV}=0 (the default) to launch every kernel after the one before it "
+                      "has finished, or 1 to let each start while its predecessor finishes (programmatic dependent "
+                      "launch)", environ)
 
 
 def supports_pdl(compute_capability: Any) -> bool:
@@ -62,12 +58,7 @@ def supports_pdl(compute_capability: Any) -> bool:
 
 @functools.cache
 def _launch_fn() -> Any:
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError as exc:
-        raise LaunchError(f"libcuda.so.1 cannot be loaded ({exc}), so no kernel can be launched with PDL",
-                          f"run on a machine with the NVIDIA driver, or set {PDL_ENV}=0") from exc
-    fn = lib.cuLaunchKernelEx
+    fn = libcuda(f"no kernel can be launched with PDL; set {PDL_ENV}=0").cuLaunchKernelEx
     fn.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
     fn.restype = ctypes.c_int
     return fn
@@ -118,10 +109,6 @@ def launch_pdl(function_ptr: int, grid: Sequence[int], block: Sequence[int], sha
 def _error_name(code: int) -> str:
     """CUresult `code` by its name (cuGetErrorName), e.g. CUDA_ERROR_INVALID_VALUE."""
     name = ctypes.c_char_p()
-    try:
-        fn = ctypes.CDLL("libcuda.so.1").cuGetErrorName
-        if fn(ctypes.c_int(code), ctypes.byref(name)) == 0 and name.value:
-            return f"{name.value.decode()} ({code})"
-    except OSError:
-        pass
+    if libcuda("").cuGetErrorName(ctypes.c_int(code), ctypes.byref(name)) == 0 and name.value:
+        return f"{name.value.decode()} ({code})"
     return f"CUresult {code}"

@@ -38,12 +38,23 @@ class TensorMap:
 
 
 @functools.cache
-def _encode_fn() -> Any:
+def _libcuda() -> Any:
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def libcuda(without: str) -> Any:
+    """The NVIDIA driver library, for the calls CuPy does not wrap. LaunchError when it cannot be loaded: `without`
+    says what then cannot be done and how to do without it."""
     try:
-        lib = ctypes.CDLL("libcuda.so.1")
+        return _libcuda()
     except OSError as exc:
-        raise LaunchError(f"libcuda.so.1 cannot be loaded ({exc}), so no TMA tensor map can be made",
-                          "run on a machine with the NVIDIA driver, or pick a config that copies without TMA") from exc
+        raise LaunchError(f"libcuda.so.1 cannot be loaded ({exc}), so {without}",
+                          "run on a machine with the NVIDIA driver") from exc
+
+
+@functools.cache
+def _encode_fn() -> Any:
+    lib = libcuda("no TMA tensor map can be made; pick a config that copies without TMA")
     fn = lib.cuTensorMapEncodeTiled
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
                    ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),

@@ -26,14 +26,13 @@ kind's f16 copy of x) goes to executor-owned buffers, one per name, sized for th
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from tilewise.devices.base import Buffer, Device, Program
+from tilewise.devices.base import Buffer, Device, Program, env_switch
 from tilewise.devices.cuda import HostCopy
 from tilewise.devices.cuda_pdl import PDL_ENV, pdl_from_env
 from tilewise.errors import ConfigError, DeviceLost, DeviceUnavailable, LaunchError
@@ -59,14 +58,8 @@ GRAPHS_ENV = "TILEWISE_CUDA_GRAPHS"
 
 def graphs_from_env(environ: Mapping[str, str] | None = None) -> bool:
     """Whether decisions replay CUDA graphs: `TILEWISE_CUDA_GRAPHS` 1/on (the default) or 0/off."""
-    raw = (os.environ if environ is None else environ).get(GRAPHS_ENV, "1").strip().lower()
-    if raw in ("", "1", "on", "true", "yes"):
-        return True
-    if raw in ("0", "off", "false", "no"):
-        return False
-    raise ConfigError(f"{GRAPHS_ENV}={raw!r} is neither 0 nor 1",
-                      f"set {GRAPHS_ENV}=0 to run decisions launch by launch, or 1 (the default) to replay one CUDA "
-                      "graph per decision")
+    return env_switch(GRAPHS_ENV, True, f"set {GRAPHS_ENV}=0 to run decisions launch by launch, or 1 (the default) "
+                      "to replay one CUDA graph per decision", environ)
 
 
 #: the matmuls use `mma.sync.m16n8k16` f16 with f32 accumulation and `ldmatrix`: Ampere (8.0) or newer
