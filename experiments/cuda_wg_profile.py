@@ -51,7 +51,7 @@ def case(kind: str, name: str) -> tuple[mm.CudaMatmul, object]:
     code table)."""
     _, epi, norm, cfg = CASES[name]
     tpl = mm.CudaMatmul("wgr" if kind.startswith("wgr") else kind, "nf4", epi, norm)
-    return tpl, tpl.config_of({**WGR[name], "DEC": int(kind == "wgr1")} if kind.startswith("wgr") else cfg)
+    return tpl, tpl.config_of({**WGR[name], "DEC": int(kind == "wgr1"), "SR": 0} if kind.startswith("wgr") else cfg)
 
 
 def sass(out: Path, kind: str = "wg") -> None:
@@ -60,7 +60,7 @@ def sass(out: Path, kind: str = "wg") -> None:
     entries = {name: case(kind, name)[0].entry(case(kind, name)[1]) for name in CASES}
     heads = [src.parent / h for h in MODEL_HEADERS]  # the model sources' headers first (cudasrc.model_source)
     body = "".join(f'#include "{p}"\n' for p in [*heads, *(src / f for f in mm.SOURCE_FILES)])
-    sig = SIG[:-1] + ", const __grid_constant__ TmaMap)" if kind.startswith("wgr") else SIG
+    sig = SIG[:-1] + ", const __grid_constant__ TmaMap, float *, unsigned *)" if kind.startswith("wgr") else SIG
     body += "".join(f"template __global__ void {e}{sig};\n" for e in sorted(set(entries.values())))
     (out / "wg.cu").write_text(body)
     arch = "-gencode=arch=compute_90a,code=sm_90a"

@@ -151,6 +151,32 @@ def test_both_wgr_decodes_hold_every_output_column_within_the_f16_tolerance(dev,
     assert not bad, (bad[:8], compare(out[:, bad[0]], ref[:, bad[0]], tpl.dtype).message)
 
 
+@pytest.mark.parametrize(("epilogue", "norm"), [("none", True), ("residual", False), ("swiglu", True)])
+@pytest.mark.parametrize("shape", [(97, 224, 1024), (346, 1056, 1024), (7, 96, 512)])
+def test_wgr_slices_summed_by_the_last_block_equal_the_reduction_launch(dev, rng, epilogue, norm, shape):
+    """SR 1 (the last of a tile's blocks sums the KS slices, counted in `counters`) adds them in the reduction's
+    order: the same bits as SR 0's separate launch, launch after launch (the counters go back to 0), every tile."""
+    if dev.info.limits.compute_capability != "9.0":
+        pytest.skip("wgmma needs a Hopper GPU")
+    tpl = mm.CudaMatmul("wgr", "nf4", epilogue, norm)
+    host = tpl.make_inputs(shape, rng)
+    bufs = tpl.upload(dev, host, shape)
+    got = {}
+    for sr in (0, 1):
+        cfg = tpl.config_of({**mm.DEFAULT_WGR, "BT": 32, "KS": 4, "SR": sr})
+        assert tpl.why_illegal(cfg, dev.info.limits, shape) == []
+        launches = tpl.launches(tpl.compile(dev, cfg, shape), bufs, cfg, shape)
+        assert len(launches) == (2 if sr else 3)  # the prologue, the matmul (and the reduction)
+        for _ in range(3):
+            tpl.poison(dev, bufs, shape)
+            dev.run(launches)
+            got.setdefault(sr, []).append(tpl.read_output(dev, bufs, shape))
+    check(got[1][0], tpl.reference(host, shape), tpl.dtype)
+    for out in got[0] + got[1]:
+        np.testing.assert_array_equal(out, got[0][0])
+    assert not dev.download(bufs["counters"], np.uint32).any()
+
+
 def test_splitk_replays_are_bit_identical(dev, rng):
     """The reduction adds the slices in a fixed order: two runs of one input give the same bits."""
     tpl = mm.CudaMatmul("splitk", "nf4", "none", True)

@@ -49,7 +49,7 @@ SIGS = {
     "nf4_mm_wgt": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, "
                    "float *, int, int, int, const __grid_constant__ TmaMap)"),
     "nf4_mm_wgr": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, "
-                   "float *, int, int, int, const __grid_constant__ TmaMap)"),
+                   "float *, int, int, int, const __grid_constant__ TmaMap, float *, unsigned *)"),
     "nf4_mm_ws": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, "
                   "float *, int, int, int)"),
     "nf4_mm_prep": "(const float *, int, const float *, float, unsigned short *, int)",
@@ -348,20 +348,22 @@ ILLEGAL = [
     ("matmul", "matmul.cu", "nf4_mm_ws<0, 0, 64, 64, 1, 7, 1, 1, 1>", "stages_3_6"),
     ("matmul", "matmul.cu", "nf4_mm_ws<0, 0, 64, 64, 1, 4, 16, 1, 1>", "ks_1_2_4_8"),
     ("matmul", "matmul.cu", "nf4_mm_ws<2, 2, 128, 128, 1, 4, 1, 1, 1>", "smem_227k"),
-    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 96, 88, 4, 1, 1, 0>", "warpgroups_1_4"),
-    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 320, 88, 4, 1, 1, 0>", "warpgroups_1_4"),
-    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 128, 84, 4, 1, 1, 0>", "bt_8_256"),
-    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 264, 4, 1, 1, 0>", "bt_8_256"),
-    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 2, 64, 136, 4, 1, 1, 0>", "accumulators_128"),
-    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 64, 4, 1, 3, 0>", "mb_1_2"),
-    ("matmul", "matmul.cu", "nf4_mm_wgr<1, 0, 64, 64, 4, 1, 1, 1>", "dec_nf4"),
-    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 64, 4, 1, 1, 2>", "dec_nf4"),
-    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 256, 96, 4, 1, 1, 1>", "registers_spare"),  # legal with DEC 0
-    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 256, 104, 4, 1, 1, 0>", "registers_spare"),
-    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 2, 128, 24, 4, 1, 2, 0>", "registers_spare"),
-    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 64, 2, 1, 1, 0>", "stages_3_6"),
-    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 64, 4, 16, 1, 0>", "ks_1_2_4_8"),
-    ("matmul", "matmul.cu", "nf4_mm_wgr<2, 2, 128, 64, 6, 1, 1, 0>", "smem_227k"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 96, 88, 4, 1, 1, 0, 0>", "warpgroups_1_4"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 320, 88, 4, 1, 1, 0, 0>", "warpgroups_1_4"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 128, 84, 4, 1, 1, 0, 0>", "bt_8_256"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 264, 4, 1, 1, 0, 0>", "bt_8_256"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 2, 64, 136, 4, 1, 1, 0, 0>", "accumulators_128"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 64, 4, 1, 3, 0, 0>", "mb_1_2"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<1, 0, 64, 64, 4, 1, 1, 1, 0>", "dec_nf4"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 64, 4, 1, 1, 2, 0>", "dec_nf4"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 256, 96, 4, 1, 1, 1, 0>", "registers_spare"),  # legal with DEC 0
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 256, 104, 4, 1, 1, 0, 0>", "registers_spare"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 2, 128, 24, 4, 1, 2, 0, 0>", "registers_spare"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 64, 2, 1, 1, 0, 0>", "stages_3_6"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 64, 4, 16, 1, 0, 0>", "ks_1_2_4_8"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 64, 4, 1, 1, 0, 1>", "sr_with_slices"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 64, 4, 4, 1, 0, 2>", "sr_with_slices"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<2, 2, 128, 64, 6, 1, 1, 0, 0>", "smem_227k"),
     ("matmul", "matmul.cu", "nf4_mm_prep<1, 48>", "whole_warps"),
     ("matmul", "matmul.cu", "nf4_mm_rows<0, 0, 0, 48, 4>", "whole_warps"),
     ("matmul", "matmul.cu", "nf4_mm_rows<0, 2, 1, 128, 32>", "rows_1_16"),
@@ -500,13 +502,13 @@ def test_cpp_wg_rules_and_smem_agree_with_python(tmp_path, kind):
 
 def test_cpp_wgr_rules_and_smem_agree_with_python(tmp_path):
     """`wgr_first_failure` and `wgr_smem_bytes` in C++ against the Python rules and arithmetic, on random tuples of
-    (FMT, EPI, BF, BT, ST, KS, MB, DEC) around the legal values."""
+    (FMT, EPI, BF, BT, ST, KS, MB, DEC, SR) around the legal values."""
     rng = random.Random(11)
     tuples = [(rng.choice([0, 0, 1, 2]), rng.choice([0, 0, 1, 2]), rng.choice([32, 64, 96, 128, 128, 192, 256, 320]),
                rng.choice([4, 16, 60, 64, 88, 88, 120, 128, 136, 176, 256, 264]), rng.choice([2, 3, 4, 4, 5, 6, 7]),
-               rng.choice([1, 1, 2, 3, 4, 8]), rng.choice([1, 1, 2, 3]), rng.choice([0, 0, 1, 1, 2]))
-              for _ in range(3000)]
-    call = ", ".join(f"t[{i}]" for i in range(8))
+               rng.choice([1, 1, 2, 3, 4, 8]), rng.choice([1, 1, 2, 3]), rng.choice([0, 0, 1, 1, 2]),
+               rng.choice([0, 0, 1, 1, 2])) for _ in range(3000)]
+    call = ", ".join(f"t[{i}]" for i in range(9))
     cpp = cpp_rules_and_smem(tmp_path, tuples, f"wgr_first_failure({call})",
                              "wgr_smem_bytes(t[0], t[1], t[2], t[3], t[4])")
     assert_rules_agree("wgr", mm.WGR_PARAMS, tuples, cpp, mm.wgr_smem_bytes)
@@ -520,7 +522,7 @@ def test_the_register_table_decode_is_nf4_only_and_costs_eight_registers():
         why = tpl.why_illegal(tpl.config_of({**mm.DEFAULT_WGR, "DEC": 1}), SM90, (346, 1024, 1024))
         assert why and why[0].startswith("dec_nf4:") and fmt in why[0], why
     tpl = mm.CudaMatmul("wgr", "nf4", "none", False)
-    tight = {"BF": 256, "BT": 96, "ST": 4, "KS": 1, "MB": 1}  # 512 threads: 128 - 48 - 32 = 48 spare
+    tight = {"BF": 256, "BT": 96, "ST": 4, "KS": 1, "MB": 1, "SR": 0}  # 512 threads: 128 - 48 - 32 = 48 spare
     assert tpl.why_illegal(tpl.config_of({**tight, "DEC": 0}), SM90, (346, 1024, 1024)) == []
     why = tpl.why_illegal(tpl.config_of({**tight, "DEC": 1}), SM90, (346, 1024, 1024))
     assert why and why[0].startswith("registers_spare:") and "< 56" in why[0], why

@@ -61,6 +61,13 @@ def upload_all(device: Device, host: HostInputs) -> DeviceBuffers:
     return {k: device.upload(np.ascontiguousarray(v)) for k, v in host.items()}
 
 
+def zeroed(device: Device, nbytes: int) -> Buffer:
+    """A buffer of `nbytes` zero bytes (counters a kernel expects at 0 and leaves at 0)."""
+    buf = device.allocate(nbytes)
+    device.write(buf, np.zeros(buf.nbytes, np.uint8))
+    return buf
+
+
 def arg_or(bufs: dict[str, Buffer], name: str, fallback: str) -> Buffer:
     """A buffer argument the variant does not read (absmax of f16 weights): any valid pointer will do."""
     return bufs[name] if name in bufs else bufs[fallback]

@@ -39,7 +39,7 @@ from tilewise.errors import ConfigError, DeviceLost, DeviceUnavailable, LaunchEr
 from tilewise.kernels.attention import cuda as attn_k
 from tilewise.kernels.attention.problem import rope_table
 from tilewise.kernels.base import KernelTemplate
-from tilewise.kernels.cudasrc import FMT_CODE
+from tilewise.kernels.cudasrc import FMT_CODE, zeroed
 from tilewise.kernels.matmul import cuda as mm
 from tilewise.kernels.rowops import cuda as rowops
 from tilewise.kernels.shortconv.cuda import CudaShortConv
@@ -286,7 +286,8 @@ class CUDAExecutor:
         at the row capacity (a plan bound to a smaller one keeps it)."""
         buf = self._scratch.get(name)
         if buf is None or buf.nbytes < nbytes:
-            buf = self._scratch[name] = self.dev.allocate(nbytes)
+            # wgr's tile counters start at 0 (each launch leaves them so); the others are written before read
+            buf = self._scratch[name] = zeroed(self.dev, nbytes) if name == "counters" else self.dev.allocate(nbytes)
         return buf
 
     def _copy(self, plan: Plan, label: str, src: Buffer, src_word: int, dst: Buffer, dst_word: int,

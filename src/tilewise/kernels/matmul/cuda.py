@@ -28,10 +28,11 @@ Problem: `matmul.problem.MatmulProblem` (y = epilogue(norm(x) @ W^T), W (N, K) n
   with warp specialization: BM / (64 MT) consumer warpgroups only issue wgmma and store, one producer warpgroup
   copies and decodes, handing stages over through named barriers; `setmaxnreg` gives the consumers the producer's
   registers. KS > 1 sums slices;
-- `wgr` (`nf4_mm_prep` + `nf4_mm_wgr<FMT, EPI, BF, BT, ST, KS, MB, DEC>`, Hopper only): the operands swapped: W
+- `wgr` (`nf4_mm_prep` + `nf4_mm_wgr<FMT, EPI, BF, BT, ST, KS, MB, DEC, SR>`, Hopper only): the operands swapped: W
   is wgmma's A operand, each thread decoding its own fragments from the stored rows straight into registers, and x
   (BT tokens, the wgmma n, in steps of 8) its B operand, one TMA box per step; BF / 64 warpgroups of 64 features.
-  KS > 1 sums slices; DEC 1 decodes nf4 through an f16 code table in registers (byte permutes, f16 scaling);
+  KS > 1 sums slices (SR 1: the last block of a tile does, through the `counters` scratch, with no reduction launch);
+  DEC 1 decodes nf4 through an f16 code table in registers (byte permutes, f16 scaling);
 - `rows` (`nf4_mm_rows<FMT, EPI, NORM, NT, RM>`): one warp per output column over RM rows, f32 arithmetic, for few
   rows (a decision's last block, short extends).
 
@@ -52,7 +53,7 @@ import numpy as np
 from tilewise.devices.base import Device, Launch, Program
 from tilewise.devices.cuda_tma import f16_rows_map
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
-from tilewise.kernels.cudasrc import FMT_CODE, arg_or, compile_cuda, model_source, name_expression, upload_all
+from tilewise.kernels.cudasrc import FMT_CODE, arg_or, compile_cuda, model_source, name_expression, upload_all, zeroed
 from tilewise.kernels.matmul.cuda_space import (
     DEFAULT_MMA,
     DEFAULT_PIPE,
@@ -219,9 +220,14 @@ class CudaMatmul(KernelTemplate):
                                "ws": DEFAULT_WS, "wgr": DEFAULT_WGR}[self.kind])
 
     def splits(self, config: Config) -> bool:
-        """The config sums slices of K through `partial` and a further launch (split-K, or pipe / ring / wg with
-        KS > 1)."""
+        """The config sums slices of K through `partial` (split-K, or pipe / ring / wg / wgr with KS > 1), in a
+        further launch unless the last block of each tile does it (`serial`)."""
         return self.kind in KS_KINDS and config["KS"] > 1
+
+    def serial(self, config: Config) -> bool:
+        """The last block of each tile sums its slices (wgr's SR 1): no reduction launch; a zeroed `counters`
+        scratch counts the tile's finished blocks."""
+        return self.kind == "wgr" and self.splits(config) and bool(config["SR"])
 
     def preps(self) -> bool:
         """The kind reads x as f16 rows made by the `nf4_mm_prep` launch (ring, wg, wgt, ws, wgr)."""
@@ -233,6 +239,8 @@ class CudaMatmul(KernelTemplate):
         out = {"partial": self.partial_bytes(config["KS"], rows, n)} if self.splits(config) else {}
         if self.preps():
             out["xh"] = 2 * rows * k
+        if self.serial(config):
+            out["counters"] = 4 * math.prod(self.grid(config, (rows, n, k))[:2])
         return out
 
     def config_problems(self, config: Config, shape: Shape) -> list[str]:
@@ -305,7 +313,7 @@ class CudaMatmul(KernelTemplate):
                             dynamic_shared_bytes=smem)
         if self.preps():
             prog.meta["prep"] = compile_cuda(device, src, self.prep_entry(), PREP_NT, f"{self.name}.prep")
-        if self.splits(config):
+        if self.splits(config) and not self.serial(config):
             prog.meta["reduce"] = compile_cuda(device, src, self.reduce_entry(), REDUCE_NT, f"{self.name}.reduce")
         return prog
 
@@ -318,6 +326,8 @@ class CudaMatmul(KernelTemplate):
             bufs["partial"] = device.allocate(self.partial_bytes(max(KS_VALUES), m, n))
         if self.preps():
             bufs["xh"] = device.allocate(2 * m * shape[2])
+        if self.kind == "wgr":  # zeroed once, for the most tiles any config makes (BF 64, BT 8)
+            bufs["counters"] = zeroed(device, 4 * math.ceil(n / 64) * math.ceil(m / 8))
         init = self.problem.initial_output(host, shape)
         if init is not None:
             device.write(bufs["out"], init)
@@ -353,8 +363,9 @@ class CudaMatmul(KernelTemplate):
             main = [bufs["xh"], *weights, out, *dims]
             if self.kind == "wgt":  # x by TMA: xh as (m, k) f16 rows in boxes of 64 x 64
                 main.append(f16_rows_map(bufs["xh"], m, k, 64))
-            elif self.kind == "wgr":  # one box of BT tokens x 64 a step
-                main.append(f16_rows_map(bufs["xh"], m, k, config["BT"]))
+            elif self.kind == "wgr":  # one box of BT tokens x 64 a step; SR's final output and tile counters
+                main += [f16_rows_map(bufs["xh"], m, k, config["BT"]), bufs["out"],
+                         bufs["counters"] if self.serial(config) else bufs["out"]]
             return [prep, Launch(program, self.grid(config, shape), main), *reduce]
         args: list[Any] = [bufs["x"], np.int32(x_row0), *weights, arg_or(bufs, "norm_w", "x"), np.float32(self.eps),
                            out, *dims]
@@ -362,7 +373,7 @@ class CudaMatmul(KernelTemplate):
 
     def _reduce(self, program: Program, bufs: DeviceBuffers, config: Config, m: int, n: int) -> list[Launch]:
         """split-K's sum of the slices with the epilogue (none without slices)."""
-        if not self.splits(config):
+        if not self.splits(config) or self.serial(config):
             return []
         return [Launch(program.meta["reduce"], (math.ceil(m * n / REDUCE_NT), 1, 1),
                        [bufs["partial"], np.int32(config["KS"]), bufs["out"], np.int32(m), np.int32(n)])]
@@ -398,7 +409,7 @@ class CudaMatmul(KernelTemplate):
             return f"rows nt{config['NT']} rm{config['RM']}"
         if self.kind == "wgr":
             return (f"wgr {config['BF']}x{config['BT']}x{WG_BK} st{config['ST']} ks{config['KS']} "
-                    f"mb{config['MB']}")
+                    f"mb{config['MB']}" + (" dec1" if config["DEC"] else "") + (" sr" if self.serial(config) else ""))
         if self.kind in WGMMA_KINDS:
             return (f"{self.kind} {config['BM']}x{config['BN']}x{WG_BK} mt{config['MT']} st{config['ST']} "
                     f"ks{config['KS']} mb{config['MB']}" + (f" pw{config['PW']}" if self.kind == "ws" else ""))

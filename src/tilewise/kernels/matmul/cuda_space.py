@@ -123,27 +123,28 @@ WS_SEED = [dict(zip(WS_PARAMS, v)) for v in (
 )]
 #: the swapped wgmma kind (`nf4_mm_wgr`): W is the A operand, decoded into registers; BF / 64 warpgroups of 64
 #: output features each, BT tokens (the wgmma n, a multiple of 8) per block, x copied by the TMA
-WGR_PARAMS = ("BF", "BT", "ST", "KS", "MB", "DEC")
+WGR_PARAMS = ("BF", "BT", "ST", "KS", "MB", "DEC", "SR")
 WGR_VALUES: dict[str, list[int]] = {"BF": [64, 128, 192, 256], "BT": list(range(16, 257, 8)), "ST": [3, 4, 5, 6],
-                                     "KS": [1, 2, 4, 8], "MB": [1, 2], "DEC": [0, 1]}
+                                     "KS": [1, 2, 4, 8], "MB": [1, 2], "DEC": [0, 1], "SR": [0, 1]}
 #: registers beside the accumulators and the two fragment sets (`WGR_SPARE` in matmul_wgr.cu); DEC 1's code table
 #: takes `WGR_TABLE_REGS` more
 WGR_SPARE = 48
 WGR_TABLE_REGS = 8
-DEFAULT_WGR = {"BF": 64, "BT": 64, "ST": 3, "KS": 1, "MB": 1, "DEC": 0}  # legal in every variant
+DEFAULT_WGR = {"BF": 64, "BT": 64, "ST": 3, "KS": 1, "MB": 1, "DEC": 0, "SR": 0}  # legal in every variant
 # ordered by what won at 346 rows (`tune model --budget N` takes the first N): the winners of gate/up, down,
 # in_proj and qkv, out_proj, attn.out_proj, each with the register-table decode first (nf4 only: illegal in the
 # other formats) and then the shared-memory one; two of them with two blocks an SM (one 4-warp block left each
 # scheduler one warp); then token tiles that pad the model's row counts little (346 rows: 4 x 88, 3 x 120, 2 x 176,
-# 5 x 72; a 299-row extend: 4 x 80, 3 x 104, 2 x 152)
+# 5 x 72; a 299-row extend: 4 x 80, 3 x 104, 2 x 152). The split winners (KS > 1) come again with SR 1, their
+# slices summed by the last block instead of a reduction launch, right after them.
 _WGR_WINNERS = ((128, 120, 4, 1, 1), (64, 88, 6, 4, 2), (64, 176, 4, 1, 1), (64, 120, 4, 4, 1), (64, 152, 4, 2, 1))
 WGR_SEED = [dict(zip(WGR_PARAMS, v)) for v in (
-    *((*w, dec) for w in _WGR_WINNERS for dec in (1, 0)),
-    (64, 176, 4, 1, 2, 1), (64, 120, 4, 2, 2, 1), (64, 176, 4, 1, 2, 0), (64, 120, 4, 2, 2, 0),
-    (128, 88, 4, 1, 1, 0), (64, 88, 4, 2, 1, 0), (128, 88, 4, 2, 1, 0), (128, 72, 5, 1, 1, 0), (128, 80, 4, 1, 1, 0),
-    (128, 104, 4, 1, 1, 0), (128, 64, 6, 1, 1, 0), (192, 88, 4, 1, 1, 0), (256, 56, 4, 1, 1, 0),
-    (128, 48, 4, 1, 2, 0), (64, 64, 3, 1, 1, 0),
-    (128, 176, 4, 1, 1, 0),  # swiglu: illegal on purpose (accumulators_128: 2 x 176 / 2)
+    *((*w, dec, sr) for w in _WGR_WINNERS for dec in (1, 0) for sr in ((0, 1) if w[3] > 1 else (0,))),
+    (64, 176, 4, 1, 2, 1, 0), (64, 120, 4, 2, 2, 1, 0), (64, 176, 4, 1, 2, 0, 0), (64, 120, 4, 2, 2, 0, 0),
+    (128, 88, 4, 1, 1, 0, 0), (64, 88, 4, 2, 1, 0, 0), (128, 88, 4, 2, 1, 0, 0), (128, 72, 5, 1, 1, 0, 0),
+    (128, 80, 4, 1, 1, 0, 0), (128, 104, 4, 1, 1, 0, 0), (128, 64, 6, 1, 1, 0, 0), (192, 88, 4, 1, 1, 0, 0),
+    (256, 56, 4, 1, 1, 0, 0), (128, 48, 4, 1, 2, 0, 0), (64, 64, 3, 1, 1, 0, 0),
+    (128, 176, 4, 1, 1, 0, 0),  # swiglu: illegal on purpose (accumulators_128: 2 x 176 / 2)
 )]
 
 
@@ -446,6 +447,10 @@ def wgr_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
                           f"sets, < {WGR_SPARE + WGR_TABLE_REGS * c.DEC}",
              doc="addresses, the words being decoded and the code need about 48 registers (56 with DEC 1)"),
         wg["stages_3_6"], wg["ks_1_2_4_8"],
+        Rule("sr_with_slices", lambda c, _: c.SR in (0, 1) and (c.SR == 0 or c.KS > 1),
+             lambda c, _: (f"SR = {c.SR} is not 0 or 1" if c.SR not in (0, 1) else
+                           "SR = 1 (the last block sums the slices) needs slices to sum: KS > 1"),
+             doc="1: the last of a tile's KS blocks sums the slices and applies the epilogue (no reduction launch)"),
         smem_rules[0], wg["wgmma_sm90"],
         threads_rule(wgr_threads),
         *smem_rules[1:],

@@ -2,7 +2,7 @@
 // wgmma's A operand, decoded straight into registers, and x is its B operand, copied by the TMA. Compiled after
 // matmul_wg.cu (its wgmma, TMA and mbarrier helpers) and matmul_wgmma_ops.cu (wgmma_rs<BT>, A from registers).
 //
-// nf4_mm_wgr<FMT, EPI, BF, BT, ST, KS, MB, DEC>: a block computes out^T's BF x BT tile: BF / 64 warpgroups, each owning
+// nf4_mm_wgr<FMT, EPI, BF, BT, ST, KS, MB, DEC, SR>: a block computes out^T's BF x BT tile: BF / 64 warpgroups, each owning
 // 64 output features (of every weight set) times the block's BT tokens, with `wgmma.mma_async m64nBTk16`. Because
 // the tokens are the wgmma n, the token tile moves in steps of 8: 346 rows fit four tiles of 88 (6 rows padded)
 // where the wg kind's 64-row slices pad 346 to 384.
@@ -17,7 +17,11 @@
 // Ordering: the barrier of step kt comes after every warpgroup's wait for step kt - 1's wgmma, so stage
 // (kt - 1) % ST (its x tile read by the tensor cores, its W rows by the decode) is free to be refilled with step
 // kt + ST - 1.
-// KS 1 applies the epilogue; KS > 1 writes slice blockIdx.z's raw sums to partial for nf4_mm_splitk_reduce. MB is
+// KS 1 applies the epilogue; KS > 1 writes slice blockIdx.z's raw sums to partial, which nf4_mm_splitk_reduce sums
+// (SR 0), or (SR 1) the last of a tile's KS blocks to finish does: each block counts itself in the tile's word of
+// `counters` after its partials are visible, and the block that counts KS adds the tile's slices in order 0..KS-1
+// (as the reduction does: the same bits), applies the epilogue into final_out and sets the word back to 0 for the
+// next launch (the words start at 0, written when the buffer is made). One launch fewer per split matmul. MB is
 // the launch bound's blocks per SM. DEC picks nf4's decode: 0 looks each nibble up in an f32 code table in shared
 // memory and scales in f32 (one rounding to f16, as the other kinds); 1 looks four nibbles up at once in an f16 code
 // table held in eight registers (byte permutes, no shared-memory load) and scales pairs in f16 (the code, the absmax
@@ -44,7 +48,7 @@ __host__ __device__ constexpr int wgr_register_cap(int BF, int MB) {
 #define WGR_SPARE 48
 
 __host__ __device__ constexpr int wgr_first_failure(int FMT, int EPI, int BF, int BT, int ST, int KS, int MB,
-                                                    int DEC) {
+                                                    int DEC, int SR) {
   const int sets = EPI == 2 ? 2 : 1;
   if (FMT < 0 || FMT > 2 || EPI < 0 || EPI > 2) return 1;                                 // variant
   if (BF % 64 != 0 || BF < 64 || BF > 256) return 2;                                     // warpgroups_1_4
@@ -55,7 +59,8 @@ __host__ __device__ constexpr int wgr_first_failure(int FMT, int EPI, int BF, in
   if (wgr_register_cap(BF, MB) - sets * BT / 2 - 32 * sets < WGR_SPARE + 8 * DEC) return 7;  // registers_spare
   if (ST < 3 || ST > 6) return 8;                                                        // stages_3_6
   if (KS != 1 && KS != 2 && KS != 4 && KS != 8) return 9;                                // ks_1_2_4_8
-  if (wgr_smem_bytes(FMT, EPI, BF, BT, ST) > PIPE_SMEM_MAX) return 10;                   // smem_227k
+  if (SR < 0 || SR > 1 || (SR == 1 && KS == 1)) return 10;                               // sr_with_slices
+  if (wgr_smem_bytes(FMT, EPI, BF, BT, ST) > PIPE_SMEM_MAX) return 11;                   // smem_227k
   return 0;
 }
 
@@ -199,12 +204,20 @@ __device__ __forceinline__ void wgr_step(float (&acc)[SETS][BT / 8][4], unsigned
   wgr_pin(acc, a);
 }
 
-template <int FMT, int EPI, int BF, int BT, int ST, int KS, int MB, int DEC>
+// a float another block wrote in this launch, read through L2 (not a line this SM's L1 may hold)
+__device__ __forceinline__ float ld_cg(const float *p) {
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
+
+template <int FMT, int EPI, int BF, int BT, int ST, int KS, int MB, int DEC, int SR>
 __global__ void __launch_bounds__(BF / 64 * 128, MB)
 nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w, const float *__restrict__ absmax,
            const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, float *__restrict__ out, int M,
-           int N, int K, const __grid_constant__ TmaMap xmap) {
-  constexpr int FAIL = wgr_first_failure(FMT, EPI, BF, BT, ST, KS, MB, DEC);
+           int N, int K, const __grid_constant__ TmaMap xmap, float *__restrict__ final_out,
+           unsigned *__restrict__ counters) {
+  constexpr int FAIL = wgr_first_failure(FMT, EPI, BF, BT, ST, KS, MB, DEC, SR);
   static_assert(FAIL != 1, "variant: FMT in 0..2 (nf4, f16, f32), EPI in 0..2 (none, residual, swiglu)");
   static_assert(FAIL != 2, "warpgroups_1_4: BF must be 1..4 warpgroups of 64 features");
   static_assert(FAIL != 3, "bt_8_256: BT (tokens, the wgmma n) must be a multiple of 8 in 8..256");
@@ -214,7 +227,8 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
   static_assert(FAIL != 7, "registers_spare: the launch bound leaves too few registers beside the accumulators");
   static_assert(FAIL != 8, "stages_3_6: ST (ring stages) must be in 3..6");
   static_assert(FAIL != 9, "ks_1_2_4_8: KS (slices of K) must be 1, 2, 4 or 8");
-  static_assert(FAIL != 10, "smem_227k: the ring exceeds 227 KB of shared memory");
+  static_assert(FAIL != 10, "sr_with_slices: SR (the last block sums the slices) must be 0, or 1 with KS > 1");
+  static_assert(FAIL != 11, "smem_227k: the ring exceeds 227 KB of shared memory");
   constexpr int NT = wgr_threads(BF), SETS = EPI == 2 ? 2 : 1, BK = 64;
   constexpr int XBYTES = BT * 128, WBYTES = wgr_stage_w_bytes(FMT, EPI, BF), RROW = wg_row_bytes(FMT);
   constexpr int RS = wgr_row_stride(FMT), CPR = RROW / 16;  // a W row's stride, its 16-byte chunks
@@ -317,4 +331,29 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
         out[o] = silu(acc[0][j][q]) * acc[SETS - 1][j][q];
       }
     }
+  if constexpr (SR == 1) {
+    __threadfence();  // this block's partials are visible to the block that sums them
+    __syncthreads();  // every thread stored and fenced; the code table is no longer read
+    unsigned *last = reinterpret_cast<unsigned *>(lut);
+    const unsigned tile = blockIdx.y * gridDim.x + blockIdx.x;
+    if (tid == 0) *last = atomicAdd(&counters[tile], 1u) == KS - 1;
+    __syncthreads();
+    if (!*last) return;
+    __threadfence();
+    for (int e = tid; e < BT * BF; e += NT) {  // along the features: coalesced
+      const int tok = t0 + e / BF, feat = f0 + e % BF;
+      if (tok >= M || feat >= N) continue;
+      const size_t o = (size_t)tok * N + feat;
+      float y[SETS];
+#pragma unroll
+      for (int s = 0; s < SETS; ++s) y[s] = 0.0f;
+      for (int z = 0; z < KS; ++z)
+#pragma unroll
+        for (int s = 0; s < SETS; ++s) y[s] += ld_cg(out + ((size_t)z * SETS + s) * mn + o);
+      if (EPI == 0) final_out[o] = y[0];
+      else if (EPI == 1) final_out[o] += y[0];
+      else final_out[o] = silu(y[0]) * y[SETS - 1];
+    }
+    if (tid == 0) counters[tile] = 0u;
+  }
 }
