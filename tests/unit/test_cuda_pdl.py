@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.unit.test_model_cuda_plan import global_kernels
 
 from tilewise.devices.base import Launch, Program
 from tilewise.devices.cuda import CUDADevice, HostCopy
@@ -45,21 +46,9 @@ def braced(text: str, start: int) -> int:
 def kernels(text: str) -> dict[str, tuple[list[str], str]]:
     """kernel name -> (names of its parameters that carry data other launches write, its body)."""
     out = {}
-    for m in re.finditer(r"^__global__ void\s+", text, flags=re.M):
-        i = m.end()
-        if text.startswith("__launch_bounds__", i):  # (...) may hold parentheses of its own
-            depth, i = 0, text.index("(", i)
-            while True:
-                depth += {"(": 1, ")": -1}.get(text[i], 0)
-                i += 1
-                if depth == 0:
-                    break
-        head = re.match(r"\s*(\w+)\(([^)]*)\)\s*\{", text[i:])
-        assert head, text[m.start():m.start() + 200]
-        params = [p.strip() for p in re.sub(r"//[^\n]*", "", head.group(2)).split(",")]
-        data = [p.split()[-1].lstrip("*") for p in params if "*" in p or "TmaMap" in p]
-        body = i + head.end() - 1
-        out[head.group(1)] = ([d for d in data if d not in WEIGHTS], text[body:braced(text, body)])
+    for name, decls, brace in global_kernels(text):
+        data = [p.split()[-1].lstrip("*") for p in decls if "*" in p or "TmaMap" in p]
+        out[name] = ([d for d in data if d not in WEIGHTS], text[brace:braced(text, brace)])
     return out
 
 

@@ -22,22 +22,25 @@ SOURCES = [*(("matmul", f) for f in SOURCE_FILES), ("rowops", "rowops.cu"), ("sh
            ("attention", "attention.cu")]
 
 
+def global_kernels(text: str) -> list[tuple[str, list[str], int]]:
+    """(name, parameter declarations, index of the body's opening brace) of every `__global__ void` kernel."""
+    out = []
+    for k in re.finditer(r"__global__ void", text):
+        brace = text.index("{", k.end())
+        head = re.sub(r"//[^\n]*", "", text[k.end():brace]).strip()  # declaration up to the body
+        m = re.search(r"(\w+)\(([^()]*)\)$", head)
+        assert m, head
+        out.append((m.group(1), [p.strip() for p in m.group(2).split(",")], brace))
+    return out
+
+
 def kernel_signatures() -> dict[str, list[tuple[str, bool]]]:
     """kernel name -> [(kind, written)] per parameter: kind `ptr`, `int` or `float`; written for non-const pointers."""
     sigs: dict[str, list[tuple[str, bool]]] = {}
     for family, name in SOURCES:
         text = resources.files(f"tilewise.kernels.{family}").joinpath(name).read_text()
-        for part in text.split("__global__ void")[1:]:
-            head = re.sub(r"//[^\n]*", "", part.split("{", 1)[0]).strip()  # declaration up to the body
-            m = re.search(r"(\w+)\(([^()]*)\)$", head)
-            assert m, head
-            params = []
-            for p in (p.strip() for p in m.group(2).split(",")):
-                if "*" in p:
-                    params.append(("ptr", not p.startswith("const")))
-                else:
-                    params.append((p.split()[0], False))
-            sigs[m.group(1)] = params
+        for kernel, decls, _ in global_kernels(text):
+            sigs[kernel] = [("ptr", not p.startswith("const")) if "*" in p else (p.split()[0], False) for p in decls]
     return sigs
 
 

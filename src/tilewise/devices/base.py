@@ -192,6 +192,11 @@ def source_hash(*parts: str | bytes) -> str:
     return h.hexdigest()[:16]
 
 
+def capability(compute_capability: str | None) -> tuple[int, ...]:
+    """A compute capability ("9.0") as (major, minor), comparable with a tuple; (0,) for none (not a CUDA device)."""
+    return tuple(int(v) for v in str(compute_capability).split(".")[:2]) if compute_capability else (0,)
+
+
 def env_switch(name: str, default: bool, fix: str, environ: Mapping[str, str] | None = None) -> bool:
     """An on/off switch from the environment: 1/on/true/yes or 0/off/false/no, the default when unset or empty;
     anything else is one ConfigError naming the variable, with `fix`."""

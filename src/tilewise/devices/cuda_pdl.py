@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tilewise.devices.base import env_switch
+from tilewise.devices.base import capability, env_switch
 from tilewise.devices.cuda_tma import libcuda
 from tilewise.errors import LaunchError
 
@@ -51,9 +51,7 @@ def pdl_from_env(environ: Mapping[str, str] | None = None) -> bool:
 
 def supports_pdl(compute_capability: Any) -> bool:
     """The GPU has griddepcontrol (compute capability 9.0 or newer); unknown counts as no."""
-    if compute_capability is None:
-        return False
-    return tuple(int(v) for v in str(compute_capability).split(".")[:2]) >= MIN_COMPUTE_CAPABILITY
+    return capability(compute_capability) >= MIN_COMPUTE_CAPABILITY
 
 
 @functools.cache

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from tilewise.devices.base import Buffer, Device, Program, env_switch
+from tilewise.devices.base import Buffer, Device, Program, capability, env_switch
 from tilewise.devices.cuda import HostCopy
 from tilewise.devices.cuda_pdl import PDL_ENV, pdl_from_env
 from tilewise.errors import ConfigError, DeviceLost, DeviceUnavailable, LaunchError
@@ -45,7 +45,7 @@ from tilewise.kernels.rowops import cuda as rowops
 from tilewise.kernels.shortconv.cuda import CudaShortConv
 from tilewise.kernels.space import Config
 from tilewise.model.checkpoint import HEAD, Checkpoint
-from tilewise.model.dispatch import attention_key, checked_table, load_model_table, matmul_key
+from tilewise.model.dispatch import attention_key, attention_shape, checked_table, load_model_table, matmul_key
 from tilewise.model.gpu_state import GPUCaches, Plan, cache_capacity, check_decision, take_caches, weight_bytes
 from tilewise.quant.nf4 import weight_arrays
 
@@ -71,7 +71,7 @@ def cuda_executor_problem(info: Any) -> str | None:
     cc = info.limits.compute_capability
     if cc is None:
         return None
-    if tuple(int(v) for v in str(cc).split(".")[:2]) < MIN_COMPUTE_CAPABILITY:
+    if capability(cc) < MIN_COMPUTE_CAPABILITY:
         return (f"{info.name} has compute capability {cc}; the CUDA executor's tensor-core matmuls need "
                 f"{'.'.join(map(str, MIN_COMPUTE_CAPABILITY))} (Ampere) or newer")
     return None
@@ -269,25 +269,25 @@ class CUDAExecutor:
                                     rows)
         if picked is not None:
             return self._template("attention").config_of(picked[1])
-        shape = (rows, 0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
-        return self._template("attention").config_of(attn_k.default_attention(self.dev.info.limits, shape))
+        return self._template("attention").config_of(attn_k.default_attention(self.dev.info.limits,
+                                                                              attention_shape(cfg, rows)))
 
     def _matmul(self, plan: Plan, label: str, epilogue: str, x: Buffer, x_row0: int, rows: int,
                 weights: dict[str, Buffer], out: Buffer, n: int, k: int, norm: Buffer | None = None) -> None:
         tpl, cfg = self.matmul_choice(epilogue, n, k, rows, norm is not None)
         bufs = {"x": x, "out": out, **weights, **({"norm_w": norm} if norm is not None else {})}
         for name, nbytes in tpl.scratch_bytes(cfg, self._rows, n, k).items():  # split-K's sums, ring's f16 x
-            bufs[name] = self._scratch_buffer(name, nbytes)
+            bufs[name] = self._scratch_buffer(name, nbytes, zero=name in tpl.zeroed_scratch)
         shape = (rows, n, k)
         plan.add(label, tpl.launches_at(self.program(tpl, cfg, shape), bufs, cfg, shape, x_row0))
 
-    def _scratch_buffer(self, name: str, nbytes: int) -> Buffer:
+    def _scratch_buffer(self, name: str, nbytes: int, zero: bool = False) -> Buffer:
         """One buffer per scratch name shared by every matmul (they run one after another), grown to the largest use
         at the row capacity (a plan bound to a smaller one keeps it)."""
         buf = self._scratch.get(name)
         if buf is None or buf.nbytes < nbytes:
-            # wgr's tile counters start at 0 (each launch leaves them so); the others are written before read
-            buf = self._scratch[name] = zeroed(self.dev, nbytes) if name == "counters" else self.dev.allocate(nbytes)
+            # zero: counters the kernels leave at 0 (wgr's tiles); the others are written before they are read
+            buf = self._scratch[name] = zeroed(self.dev, nbytes) if zero else self.dev.allocate(nbytes)
         return buf
 
     def _copy(self, plan: Plan, label: str, src: Buffer, src_word: int, dst: Buffer, dst_word: int,

@@ -60,6 +60,11 @@ def matmul_key(fmt: str, epilogue: str, n: int, k: int, norm: bool = False) -> s
     return mm.MatmulProblem(fmt, epilogue, norm).dispatch_key((1, n, k))
 
 
+def attention_shape(cfg: Any, rows: int) -> tuple[int, int, int, int, int]:
+    """The attention shape (M, P, HQ, HKV, D) of `rows` queries of a model config with no cached positions."""
+    return (rows, 0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+
+
 def attention_key(hq: int, hkv: int, d: int) -> str:
     return attn_k.AttentionProblem().dispatch_key((1, 0, hq, hkv, d))
 

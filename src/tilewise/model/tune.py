@@ -32,7 +32,7 @@ from tilewise.kernels.matmul import cuda as mm_cuda
 from tilewise.kernels.matmul import webgpu as mm
 from tilewise.kernels.matmul.sgmat import sgmat_templates
 from tilewise.kernels.space import Config
-from tilewise.model.dispatch import attention_key, dispatch_path, load_model_table, matmul_key
+from tilewise.model.dispatch import attention_key, attention_shape, dispatch_path, load_model_table, matmul_key
 from tilewise.tune.dispatch import DispatchTable, Entry, Range, fit_dispatch, make_ranges
 from tilewise.tune.engine import Engine, Item
 from tilewise.tune.store import Store
@@ -292,7 +292,7 @@ def tune_attention(dev: Any, cfg: Any, seq: int, seed: int, store: Store | None 
     """The fastest verified attention tile at the decision length (at most `budget` tiles, the default first):
     (config values, median ms)."""
     t = attention_template(dev)
-    shape = (seq, 0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+    shape = attention_shape(cfg, seq)
     eng = make_engine(dev, store, force=force, seed=seed, measure_kw=ATTENTION_MEASURE)
     outcomes = (run or Run()).evaluate(eng, [Item(t, c, shape) for c in attention_candidates(dev, budget, shape)],
                                        what)
@@ -402,9 +402,8 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
           "seq": seq, "budget": budget}
     counts = {key: len(rows) * len(matmul_candidates(dev, fmt, e, rows, norm=nm, **kw))
               for key, (_, (e, _, _, nm)) in shapes.items()}
-    ashape = (seq, 0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
-    run = Run(sum(counts.values()) + (len(attention_candidates(dev, budget, ashape)) if tune_attn else 0), progress,
-              None if budget_s is None else time.perf_counter() + budget_s)
+    n_attn = len(attention_candidates(dev, budget, attention_shape(cfg, seq))) if tune_attn else 0
+    run = Run(sum(counts.values()) + n_attn, progress, None if budget_s is None else time.perf_counter() + budget_s)
     left = [label for label, _ in shapes.values()] + (["attention"] if tune_attn else [])
     stop: BaseException | None = None
     try:

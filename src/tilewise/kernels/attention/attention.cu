@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(NW * WARPSIZE) attention_mma(const float *__re
   const int last = (i0 + QT < M ? i0 + QT : M) - 1;
   const int keys = P + first + last + 1;  // keys the block's last query sees
   const int warp_last = (i0 + 16 * warp + 15 < M ? i0 + 16 * warp + 15 : M - 1);
-  const int warp_keys = P + first + warp_last + 1;  // keys the warp's last query sees (0 or less: no query)
+  const int warp_keys = P + first + warp_last + 1;  // keys the warp's last query sees
   float o[ND][4], mx[2] = {ATTN_NEG_INF, ATTN_NEG_INF}, sum[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int j = 0; j < ND; ++j)

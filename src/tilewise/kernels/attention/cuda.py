@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from tilewise.devices.base import Buffer, Device, Launch, Program
+from tilewise.devices.base import Buffer, Device, Launch, Program, capability
 from tilewise.kernels.attention.problem import AttentionProblem, QKNormRopeProblem, rope_table
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
 from tilewise.kernels.cudasrc import compile_cuda, model_source, name_expression, upload_all
@@ -50,12 +50,6 @@ def tiled_smem_bytes(d: int, qt: int) -> int:
     return 4 * (qt * d + 32 * (d + 4) + 32 * (-(-d // 32)) * 32)
 
 
-def _cc(limits: Any) -> tuple[int, ...]:
-    """The device's compute capability as (major, minor); (0,) when it has none (not a CUDA device)."""
-    cc = getattr(limits, "compute_capability", None)
-    return tuple(int(v) for v in str(cc).split(".")[:2]) if cc else (0,)
-
-
 def _head_rules(shape: Shape, lo: int, hi: int) -> list[str]:
     _, _, hq, hkv, d = shape
     out = []
@@ -70,9 +64,10 @@ def default_attention(limits: Any, shape: Shape) -> dict[str, int]:
     """The config an untuned device runs at `shape` (M, P, HQ, HKV, D): the first of `DEFAULTS` that its rules and the
     shape allow (the per-query kernel runs every head size up to 256)."""
     tpl = CudaAttention()
+    space = tpl.space()
     for values in DEFAULTS:
         cfg = tpl.config_of(values)
-        if tpl.space().is_legal(cfg, limits) and not tpl.config_problems(cfg, shape):
+        if space.is_legal(cfg, limits) and not tpl.config_problems(cfg, shape):
             return dict(values)
     return dict(DEFAULTS[-1])
 
@@ -101,7 +96,7 @@ class CudaAttention(KernelTemplate):
                               f"not {c.QT}"),
             Rule("mma_warps_1_8", lambda c, _: not c.TC or c.NW <= 8,
                  lambda c, _: f"TC 1 takes 1..8 warps, not NW = {c.NW}"),
-            Rule("mma_compute_capability_8", lambda c, lim: not c.TC or _cc(lim) >= (8, 0),
+            Rule("mma_compute_capability_8", lambda c, lim: not c.TC or capability(lim.compute_capability) >= (8, 0),
                  lambda c, lim: f"TC 1 uses f16 mma.sync, which needs compute capability 8.0; the device has "
                                 f"{lim.compute_capability}", needs_limits=True),
             Rule("threads_per_block", lambda c, lim: lim.max_invocations_per_workgroup >= 32 * c.NW,

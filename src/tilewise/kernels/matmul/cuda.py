@@ -224,6 +224,9 @@ class CudaMatmul(KernelTemplate):
         further launch unless the last block of each tile does it (`serial`)."""
         return self.kind in KS_KINDS and config["KS"] > 1
 
+    #: scratch buffers a kernel expects at zero and leaves at zero (made zeroed once, never poisoned)
+    zeroed_scratch = ("counters",)
+
     def serial(self, config: Config) -> bool:
         """The last block of each tile sums its slices (wgr's SR 1): no reduction launch; a zeroed `counters`
         scratch counts the tile's finished blocks."""
