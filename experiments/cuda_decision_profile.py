@@ -1,0 +1,100 @@
+"""Where one CUDA decision's time goes (experiment): every kernel of one lfm2-350m decision under Nsight Compute,
+with its op label, so the kernels' own time can be set beside the graph replay's wall time.
+
+    ncu --profile-from-start off --cache-control none --clock-control none --csv \
+        --metrics gpu__time_duration.sum,gpc__cycles_elapsed.max \
+        python3 experiments/cuda_decision_profile.py run --labels OUT/labels.json > OUT/ncu.csv
+    python3 experiments/cuda_decision_profile.py table OUT/ncu.csv OUT/labels.json [--clock-mhz 1980]
+
+`run` loads the nf4 preset (seeded random weights) on the CUDA device with the dispatch table of
+TILEWISE_DISPATCH_DIR, makes three decisions, then one more launch by launch inside the profiler's range, and
+writes that decision's op labels in launch order. `table` joins the CSV's kernels with the labels (both in launch
+order) and prints per op: launches, the kernels' time in cycles at `--clock-mhz` (the profiler leaves the clock
+alone, so its durations may be taken at a lower clock), and the share of the decision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+
+def run(preset: str, seq: int, labels_path: Path) -> None:
+    import cupy as cp
+
+    from tilewise.model.bench import PREFIX_TOKENS, prompts
+    from tilewise.model.runtime import from_checkpoint, open_checkpoint
+
+    ck = open_checkpoint(preset, weights="f32", seed=0).converted("nf4").materialize()
+    model = from_checkpoint(ck, device="cuda", quiet=True)
+    _, full = prompts(ck.config.vocab_size, seq, 4, PREFIX_TOKENS)
+    for ids in full[:3]:
+        model.scores(model.prefill(ids))
+    ex = model.executor
+    ex.graphs = False  # launch by launch: the profiler sees each kernel once, in plan order
+    seen = []
+    run_plan = ex.run_plan
+    ex.run_plan = lambda plan, timed=False: (seen.append(plan), run_plan(plan, timed))[1]
+    cp.cuda.runtime.deviceSynchronize()
+    cp.cuda.profiler.start()
+    model.scores(model.prefill(full[3]))
+    cp.cuda.runtime.deviceSynchronize()
+    cp.cuda.profiler.stop()
+    plan = seen[-1]
+    labels_path.write_text(json.dumps({"preset": preset, "seq": seq, "labels": plan.labels,
+                                       "dispatch": str(getattr(ex.dispatch, "source", None))}))
+    print(f"profiled {len(plan.labels)} launches", file=sys.stderr)
+
+
+def table(csv_path: Path, labels_path: Path, clock_mhz: float) -> None:
+    labels = json.loads(labels_path.read_text())["labels"]
+    rows = [r for r in csv.reader(line for line in csv_path.read_text().splitlines() if line.startswith('"'))]
+    head, body = rows[0], rows[1:]
+    col = {name: head.index(name) for name in ("ID", "Kernel Name", "Metric Name", "Metric Value")}
+    kernels: dict[int, dict[str, object]] = {}
+    for r in body:
+        k = kernels.setdefault(int(r[col["ID"]]), {"name": r[col["Kernel Name"]]})
+        k[r[col["Metric Name"]]] = float(r[col["Metric Value"]].replace(",", ""))
+    ordered = [kernels[i] for i in sorted(kernels)]
+    if len(ordered) != len(labels):
+        sys.exit(f"{len(ordered)} kernels profiled but {len(labels)} labels: not the same decision")
+    ops: dict[str, list[float]] = {}
+    names: dict[str, set[str]] = {}
+    for label, k in zip(labels, ordered):
+        us = float(k["gpc__cycles_elapsed.max"]) / clock_mhz  # type: ignore[arg-type]
+        ops.setdefault(label, []).append(us)
+        names.setdefault(label, set()).add(str(k["name"]).split("(")[0].split("<")[0].removeprefix("void "))
+    total = sum(sum(v) for v in ops.values())
+    print(f"{'op':22} {'launches':>8} {'us':>9} {'share':>6}  kernels   (cycles at {clock_mhz:.0f} MHz)")
+    for label, v in sorted(ops.items(), key=lambda kv: -sum(kv[1])):
+        print(f"{label:22} {len(v):8d} {sum(v):9.1f} {sum(v) / total:6.1%}  {', '.join(sorted(names[label]))}")
+    print(f"{'sum':22} {len(labels):8d} {total:9.1f}")
+    small = [us for v in ops.values() for us in v if us < 5]
+    print(f"kernels under 5 us: {len(small)}, {sum(small):.1f} us together")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--preset", default="lfm2-350m")
+    r.add_argument("--seq", type=int, default=346)
+    r.add_argument("--labels", type=Path, required=True)
+    t = sub.add_parser("table")
+    t.add_argument("csv", type=Path)
+    t.add_argument("labels", type=Path)
+    t.add_argument("--clock-mhz", type=float, default=1980.0)
+    a = ap.parse_args()
+    if a.cmd == "run":
+        run(a.preset, a.seq, a.labels)
+    else:
+        table(a.csv, a.labels, a.clock_mhz)
+
+
+if __name__ == "__main__":
+    main()
