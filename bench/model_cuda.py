@@ -11,8 +11,9 @@ Sections, each recorded with its error if it fails (the run goes on):
    tilewise's decisions replay one CUDA graph each (`cuda_graphs` in the JSON, with the captures and replays
    counted; `TILEWISE_CUDA_GRAPHS=0` turns graphs off), and the same decisions are timed again launch by launch
    (`launch_by_launch`), so the graph's saving is measured in the same run; graphs with and without programmatic
-   dependent launch race in alternating rounds (`pdl`, `--pdl-rounds`), with a check that both give bit-identical
-   scores; then the same decisions through tilewise's
+   dependent launch, and with and without the reductions fused with the next prologue, race in alternating rounds
+   (`pdl`, `fused_preps`, `--race-rounds`), each with a check that both give bit-identical scores; then the same
+   decisions through tilewise's
    WebGPU executor on the same GPU (`--webgpu`, e.g. `webgpu` or `dawn`), with its largest |score difference| to CUDA.
 Writes `results.json` (date, device, command, every section) into `--out`.
 
@@ -122,14 +123,16 @@ def tilewise_cuda_section(ck: Any, args: argparse.Namespace,
             unrolled = percentiles(time_calls(decide, args.decisions, 3, budget_s=args.section_s))
         finally:
             ex.graphs = True
-    pdl = pdl_race(model, decide, args) if graphs and getattr(ex.dev, "pdl", False) and args.pdl_rounds else None
+    races = args.race_rounds and graphs
+    pdl = setting_race(model, decide, args, "pdl", "PDL") if races and getattr(ex.dev, "pdl", False) else None
+    fused = setting_race(model, decide, args, "fuse_preps", "fused prologues") if races else None
     timed = hasattr(model.executor, "last_op_times")  # GPU executors time each launch
     ops = op_table(model.executor, full[0]) if timed else []
     out = {"impl": f"tilewise {model.device} nf4", "load_s": load_s, "first_call_s": first_s,
            "latency_ms_p50": lat["p50"], "latency_ms_p90": lat["p90"], "latency_ms_p99": lat["p99"],
            "latency_samples_ms": samples, "decisions_timed": lat["n"], "ops": ops,
            "launches_per_decision": len(model.executor.last_op_times) if timed else None,
-           "cuda_graphs": graphs, **graph_counts, "pdl": pdl,
+           "cuda_graphs": graphs, **graph_counts, "pdl": pdl, "fused_preps": fused,
            "launch_by_launch": None if unrolled is None else {f"latency_ms_{k}": unrolled[k] for k in
                                                               ("p50", "p90", "p99")},
            "device": model.device_choice.line() if model.device_choice else model.device,
@@ -137,30 +140,30 @@ def tilewise_cuda_section(ck: Any, args: argparse.Namespace,
     return out, kept
 
 
-def pdl_race(model: Any, decide: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """Graph replays with programmatic dependent launch against without, in alternating rounds on the same prompts
-    (`race_modes`), and whether both give bit-identical scores (the same kernels in the same order: a difference
-    would be a race)."""
+def setting_race(model: Any, decide: Any, args: argparse.Namespace, attr: str, what: str) -> dict[str, Any]:
+    """Graph replays with the executor's `attr` on against off, in alternating rounds on the same prompts
+    (`race_modes`), and whether both give bit-identical scores (PDL: the same kernels in the same order, so a
+    difference would be a race; fused prologues: the same arithmetic in fewer launches)."""
     ex = model.executor
-    before = ex.pdl
-    modes = {"pdl": True, "no_pdl": False}
+    before = getattr(ex, attr)
+    modes = {"on": True, "off": False}
     _, full = prompts(model.config.vocab_size, args.seq, 8, PREFIX_TOKENS, seed=1)
     same = True
     try:
         for ids in full:
             got = []
             for on in modes.values():
-                ex.pdl = on
+                setattr(ex, attr, on)
                 got.append(model.scores(model.prefill(ids)))
             same = same and bool(np.array_equal(got[0], got[1]))
-        samples = race_modes(decide, lambda m: setattr(ex, "pdl", modes[m]), list(modes), args.pdl_rounds,
-                             args.pdl_per_round)
+        samples = race_modes(decide, lambda m: setattr(ex, attr, modes[m]), list(modes), args.race_rounds,
+                             args.race_per_round)
     finally:
-        ex.pdl = before
+        setattr(ex, attr, before)
     stats = {m: summarize(v) for m, v in samples.items()}
-    verdict = compare(stats["no_pdl"], stats["pdl"], ("without PDL", "with PDL"))
-    return {"rounds": args.pdl_rounds, "per_round": args.pdl_per_round, "bit_identical_scores": same,
-            "pdl_launches": int(getattr(ex.dev, "pdl_launches", 0)),
+    verdict = compare(stats["off"], stats["on"], (f"without {what}", f"with {what}"))
+    return {"setting": attr, "rounds": args.race_rounds, "per_round": args.race_per_round,
+            "bit_identical_scores": same, "pdl_launches": int(getattr(ex.dev, "pdl_launches", 0)),
             "verdict": verdict.verdict, "speedup": verdict.ratio, "note": verdict.note,
             **{m: {**percentiles(v), "median_ci95_ms": list(stats[m].ci95_ms), "samples_ms": v}
                for m, v in samples.items()}}
@@ -243,9 +246,10 @@ def main() -> int:
     ap.add_argument("--no-cli", action="store_true", help="skip `tilewise bench --device cuda`")
     ap.add_argument("--no-hf", action="store_true", help="skip HF transformers")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
-    ap.add_argument("--pdl-rounds", type=int, default=6,
-                    help="rounds of the race with and without programmatic dependent launch (0 skips it)")
-    ap.add_argument("--pdl-per-round", type=int, default=10, help="decisions per mode per round of that race")
+    ap.add_argument("--race-rounds", type=int, default=6,
+                    help="rounds of each setting race: with and without programmatic dependent launch, with and "
+                         "without fused prologues (0 skips them)")
+    ap.add_argument("--race-per-round", type=int, default=10, help="decisions per setting per round of those races")
     ap.add_argument("--webgpu", default="webgpu",
                     help="tilewise's WebGPU device raced in the same run (webgpu, dawn, ...; '' skips it)")
     args = ap.parse_args()
@@ -291,11 +295,12 @@ def main() -> int:
                                in r else ""))
             elif "error" in v:
                 line.append(f"{k} error")
-        race = (r.get("tilewise_cuda") or {}).get("pdl")
-        if race:
-            line.append(f"tilewise cuda with PDL p50 {race['pdl']['p50']:.3f} ms, without {race['no_pdl']['p50']:.3f} "
-                        f"({race['verdict']}, {race['speedup']:.3f}x; scores bit-identical: "
-                        f"{race['bit_identical_scores']})")
+        for key, what in (("pdl", "PDL"), ("fused_preps", "fused prologues")):
+            race = (r.get("tilewise_cuda") or {}).get(key)
+            if race:
+                line.append(f"tilewise cuda with {what} p50 {race['on']['p50']:.3f} ms, without "
+                            f"{race['off']['p50']:.3f} ({race['verdict']}, {race['speedup']:.3f}x; scores "
+                            f"bit-identical: {race['bit_identical_scores']})")
         log(" | ".join(line))
     log(f"wrote {out / 'results.json'}")
     return 0

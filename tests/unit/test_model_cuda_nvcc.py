@@ -54,6 +54,7 @@ SIGS = {
                   "float *, int, int, int)"),
     "nf4_mm_prep": "(const float *, int, const float *, float, unsigned short *, int)",
     "nf4_mm_splitk_reduce": "(const float *, int, float *, int, int)",
+    "nf4_mm_reduce_prep": "(const float *, int, float *, int, int, const float *, float, unsigned short *)",
 }
 
 
@@ -155,7 +156,8 @@ def test_every_ring_seed_config_of_every_variant_and_the_preps_compile_without_s
         assert t.default_config() in legal(t.space("seed")), t.name
         least = {"nf4": (17, 13), "f16": (20, 16), "f32": (16, 8)}[t.fmt]
         assert len(legal(t.space("seed"))) >= least[t.epilogue == "swiglu"], t.name
-    entries = sorted({t.entry(c) for t in ring for c in legal(t.space("seed"))} | {t.prep_entry() for t in ring})
+    entries = sorted({t.entry(c) for t in ring for c in legal(t.space("seed"))} | {t.prep_entry() for t in ring}
+                     | {f"nf4_mm_reduce_prep<{norm}, {mm.PREP_NT}>" for norm in (0, 1)})  # the executor's fusion
     assert sum(e.startswith("nf4_mm_prep") for e in entries) == 2  # with and without the norm
     cubin(tmp_path, "ring", MATMUL, entries)
 

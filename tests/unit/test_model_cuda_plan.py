@@ -279,6 +279,63 @@ def test_a_ring_or_wg_choice_rounds_x_to_f16_once_then_runs_on_it(rng, ks, kind)
         assert (int(main.buffers[6]), int(main.buffers[7]), int(main.buffers[8])) == (n, H, F)
 
 
+def _fusing_table(cfg, fp: str):
+    """ffn.down on the wg kind in two slices (a residual reduction), the normed in_proj and qkv on wg reading f16
+    rows: each down's reduction is followed by the next layer's prologue of the same rows."""
+    from tilewise.kernels.matmul.cuda import CudaMatmul
+    from tilewise.model.dispatch import matmul_key
+    from tilewise.tune.dispatch import Entry
+
+    table = _table_for(cfg, fp, {"BM": 64, "BN": 64, "MT": 1, "ST": 4, "KS": 2, "MB": 1}, {"NT": 64, "RM": 2}, 4,
+                       kind="wg")
+    H, qkv_n = cfg.hidden_size, (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+    for n in (3 * H, qkv_n):
+        tpl = CudaMatmul("wg", "nf4", "none", True)
+        table.put(matmul_key("nf4", "none", n, H, True), Entry([{"m_min": 1, "m_max": None, "kernel": tpl.name,
+                                                                 "config": {"BM": 64, "BN": 64, "MT": 1, "ST": 4,
+                                                                            "KS": 1, "MB": 1}}]), tpl)
+    return table
+
+
+def test_a_reduction_followed_by_the_prologue_of_its_rows_is_one_launch(rng):
+    """With fusing on, each ffn.down reduction that the next layer's normed prologue reads becomes one
+    nf4_mm_reduce_prep launch: the reduction's partial sums, slices and output, the prologue's norm weights and f16
+    rows, one block per row; the prologue launch is gone and the plan is exactly that many launches shorter."""
+    from tilewise.kernels.matmul.cuda import PREP_NT
+
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
+    dev = RecordingDevice()
+    ex = CUDAExecutor(ck, device=dev, dispatch=_fusing_table(cfg, dev.info.fingerprint))
+    sigs = kernel_signatures()
+    n, L, H = 40, len(cfg.layer_types), cfg.hidden_size
+    ids = rng.integers(0, 512, n)
+    ex.fuse_preps = False
+    apart, _ = ex.plan(ids, 0, None, False)
+    ex.fuse_preps = True
+    fused, _ = ex.plan(ids, 0, None, False)
+    assert apart is not fused  # the setting is part of the plan's key
+    entries = [launch.program.meta["entry"] for launch in fused.launches]
+    assert "nf4_mm_reduce_prep" not in " ".join(launch.program.meta["entry"] for launch in apart.launches)
+    joined = [i for i, e in enumerate(entries) if e.startswith("nf4_mm_reduce_prep")]
+    assert len(joined) == L - 1  # every down but the last one's (the head follows it)
+    assert len(apart.launches) == len(fused.launches) + L - 1
+    for i in joined:
+        launch, nxt = fused.launches[i], fused.launches[i + 1]
+        check_launch(launch, sigs)
+        assert launch.program.meta["entry"] == f"nf4_mm_reduce_prep<1, {PREP_NT}>"
+        assert fused.labels[i] == "ffn.down" and launch.grid == (n, 1, 1)
+        partial, ks, out, m, width, norm_w, _, xh = launch.buffers
+        assert partial is ex._scratch["partial"] and int(ks) == 2 and out is ex.act["x"]
+        assert (int(m), int(width)) == (n, H) and xh is ex._scratch["xh"]
+        assert nxt.buffers[0] is xh and nxt.program.meta["entry"].startswith("nf4_mm_wg<0, 0,")  # reads those rows
+        layer = ex.layers[sum(lab == "ffn.down" and e.startswith("nf4_mm_reduce_prep")
+                              for lab, e in zip(fused.labels[:i], entries[:i])) + 1]
+        assert norm_w is layer["operator_norm"]  # the next layer's norm
+    # the first layer's prologue has no reduction before it, and no gate/up prologue follows a split-K reduction
+    assert sum(e.startswith("nf4_mm_prep<1,") for e in entries) == 1
+
+
 def test_a_given_table_breaking_a_kernel_rule_is_refused_before_anything_compiles():
     from tilewise.errors import ConfigError
 

@@ -5,7 +5,9 @@
 - activation buffers have a row capacity (a power of two) and are reused; a decision writes only its token ids;
 - a decision is planned as a launch list of kernel-template launches (`plan`), reused per shape (length, start,
   cached base, pooled caches); per-op GPU times come from `forward(..., timed=True)` for `tilewise bench`;
-- each block's two RMSNorms are fused into the matmuls that read them (in_proj / qkv, gate/up);
+- each block's two RMSNorms are fused into the matmuls that read them (in_proj / qkv, gate/up); where such a
+  matmul's f16 prologue follows a residual matmul's split-K reduction of the same rows, the two are one launch
+  (`fuse_reduce_prep`, bit-identical; `fuse_preps=False` keeps them apart, for a race);
 - matmuls and attention take the kernel and config per shape and row count from the device's dispatch table
   (`tilewise tune model --device cuda`); without one, the short-row kernel below `MMA_FROM_ROWS` rows and the
   tensor-core (mma.sync) kernel's default tile from there (`matmul_choice`);
@@ -99,6 +101,7 @@ class CUDAExecutor:
         self.last_op_times: list[tuple[str, float]] = []
         self.graphs = graphs_from_env() if graphs is None else graphs  # may be switched between decisions
         self.pdl = pdl_from_env() if pdl is None else pdl  # likewise; a plan's graph is captured per setting
+        self.fuse_preps = True  # likewise; part of a plan's key
         self.graph_captures = 0
         self.graph_replays = 0
         self._check_model()
@@ -279,7 +282,13 @@ class CUDAExecutor:
         for name, nbytes in tpl.scratch_bytes(cfg, self._rows, n, k).items():  # split-K's sums, ring's f16 x
             bufs[name] = self._scratch_buffer(name, nbytes, zero=name in tpl.zeroed_scratch)
         shape = (rows, n, k)
-        plan.add(label, tpl.launches_at(self.program(tpl, cfg, shape), bufs, cfg, shape, x_row0))
+        launches = tpl.launches_at(self.program(tpl, cfg, shape), bufs, cfg, shape, x_row0)
+        if self.fuse_preps and plan.launches and tpl.preps():
+            fused = mm.fuse_reduce_prep(self.dev, plan.launches[-1], launches[0], self._programs)
+            if fused is not None:  # the previous matmul's reduction writes these rows and now preps them too
+                plan.launches[-1] = fused
+                launches = launches[1:]
+        plan.add(label, launches)
 
     def _scratch_buffer(self, name: str, nbytes: int, zero: bool = False) -> Buffer:
         """One buffer per scratch name shared by every matmul (they run one after another), grown to the largest use
@@ -309,8 +318,8 @@ class CUDAExecutor:
         new = self._take_caches(start + n)
         new.n_tokens = start + n
         self._ids_host[:n] = ids
-        key = (n, start, final_row_slicing, None if caches is None else (id(caches.kv), id(caches.conv)),
-               id(new.kv), id(new.conv))
+        key = (n, start, final_row_slicing, self.fuse_preps,
+               None if caches is None else (id(caches.kv), id(caches.conv)), id(new.kv), id(new.conv))
         cached = self._plans.get(key)
         if cached is None:
             cached = self._build_plan(n, start, caches, new, final_row_slicing)

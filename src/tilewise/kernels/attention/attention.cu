@@ -2,7 +2,8 @@
 // GQA attention (flash-style: one pass over the keys with an online softmax, no score matrix).
 //
 //   qknorm_rope<D>(qkv, q_norm, k_norm, cos, sin, q, k_cache, v_cache, M, start, HQ, HKV, eps)
-//       grid (HQ + 2 HKV, M), D threads: head h of row m of qkv (M, (HQ + 2 HKV) D); q heads are normed and
+//       grid (ceil(M (HQ + 2 HKV) / ROPE_WARPS)), one warp per head h of row m of qkv (M, (HQ + 2 HKV) D), task
+//       m (HQ + 2 HKV) + h: each lane holds ceil(D / 32) of its values; q heads are normed and
 //       rotated into q (M, HQ D), k heads normed and rotated into k_cache row start + m, v heads copied to v_cache.
 //       RoPE pairs (d, d + D/2); D a multiple of 16, cos/sin tables (positions, D/2) built in float64 on the host.
 //   attention<D, NW>(q, k_cache, v_cache, out, M, P, first, HQ, HKV)
@@ -71,37 +72,60 @@ __host__ __device__ constexpr int mma_attention_first_failure(int D, int NW) {
   return 0;
 }
 
+// one warp per (row, head), ROPE_WARPS warps a block: a block of D threads per head spent most of its time in
+// block scheduling and a serial sum over shared memory
+#define ROPE_WARPS 8
 template <int D>
-__global__ void __launch_bounds__(D) qknorm_rope(const float *__restrict__ qkv, const float *__restrict__ q_norm,
-                                                 const float *__restrict__ k_norm, const float *__restrict__ cos_t,
-                                                 const float *__restrict__ sin_t, float *__restrict__ q,
-                                                 float *__restrict__ k_cache, float *__restrict__ v_cache, int M,
-                                                 int start, int HQ, int HKV, float eps) {
+__global__ void __launch_bounds__(ROPE_WARPS * WARPSIZE) qknorm_rope(
+    const float *__restrict__ qkv, const float *__restrict__ q_norm, const float *__restrict__ k_norm,
+    const float *__restrict__ cos_t, const float *__restrict__ sin_t, float *__restrict__ q,
+    float *__restrict__ k_cache, float *__restrict__ v_cache, int M, int start, int HQ, int HKV, float eps) {
   PDL_BEGIN();
   static_assert(rope_first_failure(D) != 1, "head_dim_16_1024: D must be a multiple of 16, 16..1024");
-  __shared__ float vals[D];
-  const int h = blockIdx.x, m = blockIdx.y, d = threadIdx.x;
+  constexpr int E = (D + WARPSIZE - 1) / WARPSIZE;  // elements of a head per lane (the last may be partial)
+  __shared__ float vals[ROPE_WARPS][D];             // a warp's normed head, for the RoPE partners
+  const int warp = threadIdx.x / WARPSIZE, lane = threadIdx.x % WARPSIZE;
   const int heads = HQ + 2 * HKV;
-  const float v = qkv[((size_t)m * heads + h) * D + d];
+  const long long task = (long long)blockIdx.x * ROPE_WARPS + warp;
+  if (task >= (long long)M * heads) return;  // whole warps only: no block-wide barrier below
+  const int m = (int)(task / heads), h = (int)(task % heads);
+  const float *src = qkv + ((size_t)m * heads + h) * D;
+  float v[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) v[e] = e * WARPSIZE + lane < D ? src[e * WARPSIZE + lane] : 0.0f;
   if (h >= HQ + HKV) {  // a value head: copied as it is
-    v_cache[((size_t)(start + m) * HKV + (h - HQ - HKV)) * D + d] = v;
+    float *dst = v_cache + ((size_t)(start + m) * HKV + (h - HQ - HKV)) * D;
+#pragma unroll
+    for (int e = 0; e < E; ++e)
+      if (e * WARPSIZE + lane < D) dst[e * WARPSIZE + lane] = v[e];
     return;
   }
-  vals[d] = v * v;  // every thread sums the D squares itself: D is small, and any D works (no partial warps)
-  __syncthreads();
-  float tot = 0.0f;
-  for (int i = 0; i < D; ++i) tot += vals[i];
-  __syncthreads();
+  float ss = 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) ss += v[e] * v[e];
+#pragma unroll
+  for (int s = 16; s > 0; s >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, s);  // every lane: the same sum
   const bool is_q = h < HQ;
-  const float nv = v * rsqrtf(tot / (float)D + eps) * (is_q ? q_norm[d] : k_norm[d]);
-  vals[d] = nv;
-  __syncthreads();
-  const int half = D / 2, j = d % half, pos = start + m;
-  const float c = cos_t[(size_t)pos * half + j], s = sin_t[(size_t)pos * half + j];
-  const float rot = d < half ? -vals[d + half] : vals[d - half];
-  const float r = nv * c + rot * s;
-  if (is_q) q[((size_t)m * HQ + h) * D + d] = r;
-  else k_cache[((size_t)(start + m) * HKV + (h - HQ)) * D + d] = r;
+  const float *g = is_q ? q_norm : k_norm;
+  const float rms = rsqrtf(ss / (float)D + eps);
+#pragma unroll
+  for (int e = 0; e < E; ++e)
+    if (e * WARPSIZE + lane < D) {
+      v[e] = v[e] * rms * g[e * WARPSIZE + lane];
+      vals[warp][e * WARPSIZE + lane] = v[e];
+    }
+  __syncwarp();
+  const int half = D / 2, pos = start + m;
+  float *dst = is_q ? q + ((size_t)m * HQ + h) * D : k_cache + ((size_t)(start + m) * HKV + (h - HQ)) * D;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const int d = e * WARPSIZE + lane;
+    if (d >= D) continue;
+    const int j = d % half;
+    const float c = cos_t[(size_t)pos * half + j], s = sin_t[(size_t)pos * half + j];
+    const float rot = d < half ? -vals[warp][d + half] : vals[warp][d - half];
+    dst[d] = v[e] * c + rot * s;
+  }
 }
 
 template <int D, int NW>

@@ -11,6 +11,7 @@ kernel arguments.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable
 from typing import Any
 
@@ -33,6 +34,8 @@ DEFAULTS = ({"QT": 64, "NW": 4, "TC": 1}, {"QT": 32, "NW": 2, "TC": 1}, {"QT": 1
 SEED = ((32, 2, 1), (64, 4, 1), (16, 1, 1), (32, 4, 0), (32, 8, 0), (64, 8, 0), (16, 4, 0), (64, 16, 0), (16, 2, 0),
         (32, 16, 0), (8, 2, 0), (1, 4, 0), (1, 8, 0), (1, 2, 0))
 MAX_GRID_YZ = 65535
+#: qknorm_rope's warps per block (ROPE_WARPS in attention.cu), one (row, head) each
+ROPE_WARPS = 8
 STATIC_SMEM_BYTES = 48 * 1024
 #: the tensor-core kernel's key tile (ATTN_MMA_TK in attention.cu)
 MMA_TK = 64
@@ -159,7 +162,8 @@ class CudaAttention(KernelTemplate):
 
 
 class CudaQKNormRope(KernelTemplate):
-    """q/k RMSNorm + RoPE of M rows into q and the K/V cache at rows P..; grid (HQ + 2 HKV, M), D threads."""
+    """q/k RMSNorm + RoPE of M rows into q and the K/V cache at rows P..; one warp per (row, head), ROPE_WARPS
+    warps a block."""
 
     backend = "cuda"
     shape_names = QKNormRopeProblem.shape_names
@@ -172,10 +176,7 @@ class CudaQKNormRope(KernelTemplate):
         return Space("cuda-qknorm-rope", {"NT": [0]}, [])  # NT = D: nothing to tune
 
     def config_problems(self, config: Config, shape: Shape) -> list[str]:
-        out = _head_rules(shape, 16, 1024)
-        if shape[0] > MAX_GRID_YZ:
-            out.append(f"grid_y: M = {shape[0]} rows > {MAX_GRID_YZ}")
-        return out
+        return _head_rules(shape, 16, 1024)
 
     def source(self, config: Config, shape: Shape | None = None) -> str:
         d = (shape or (1, 0, 1, 1, 64))[4]
@@ -186,8 +187,8 @@ class CudaQKNormRope(KernelTemplate):
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
         d = shape[4]
-        return compile_cuda(device, model_source("attention", "attention.cu"), name_expression("qknorm_rope", d), d,
-                            f"qknorm_rope[D={d}]")
+        return compile_cuda(device, model_source("attention", "attention.cu"), name_expression("qknorm_rope", d),
+                            32 * ROPE_WARPS, f"qknorm_rope[D={d}]")
 
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
         m, p, hq, hkv, d = shape
@@ -208,7 +209,7 @@ class CudaQKNormRope(KernelTemplate):
     def launches_into(self, program: Program, bufs: dict[str, Buffer], shape: Shape, k_cache: Buffer,
                       v_cache: Buffer) -> list[Launch]:
         m, p, hq, hkv, _ = shape
-        return [Launch(program, (hq + 2 * hkv, m, 1), [
+        return [Launch(program, (math.ceil(m * (hq + 2 * hkv) / ROPE_WARPS), 1, 1), [
             bufs["qkv"], bufs["q_norm"], bufs["k_norm"], bufs["cos"], bufs["sin"], bufs["q"], k_cache, v_cache,
             np.int32(m), np.int32(p), np.int32(hq), np.int32(hkv), np.float32(self.eps)])]
 

@@ -136,15 +136,15 @@ __all__ = [
     "DEFAULT_MMA", "DEFAULT_PIPE", "DEFAULT_RING", "DEFAULT_ROWS", "DEFAULT_SPLITK", "DEFAULT_WG", "DEFAULT_WGR",
     "DEFAULT_WS", "EPI_CODE", "KINDS", "KS_KINDS", "KS_VALUES", "MAX_FRAGMENTS", "MMA_FROM_ROWS", "MMA_PARAMS",
     "MMA_SEED", "MMA_VALUES", "PIPE_PARAMS", "PIPE_SEED", "PIPE_SMEM_MAX", "PIPE_VALUES", "PREP_KINDS", "PREP_NT",
-    "REDUCE_NT", "RING_PARAMS", "RING_SEED", "RING_VALUES", "ROWS_VALUES", "SMEM_RESERVED_PER_BLOCK", "SOURCE_FILES",
-    "SPLITK_PARAMS", "SPLITK_SEED", "STATIC_SMEM_BYTES", "WARP", "WGMMA_KINDS", "WGR_PARAMS", "WGR_SEED", "WGR_SPARE",
-    "WGR_VALUES", "WG_BK", "WG_COMPUTE_CAPABILITY", "WG_PARAMS", "WG_SEED", "WG_SPARE", "WG_VALUES", "WS_PARAMS",
-    "WS_PRODUCER_REGS", "WS_SEED", "WS_VALUES", "CudaMatmul", "CudaNF4MatmulMma", "CudaNF4MatmulRows",
-    "CudaNF4SwigluMma", "all_variants", "matmul_source", "mma_held_registers", "mma_rules", "mma_smem_bytes",
-    "mma_threads", "pipe_rules", "pipe_smem_bytes", "ring_rules", "ring_smem_bytes", "ring_spare_needed",
-    "ring_spare_registers", "rows_rules", "splitk_rules", "wg_rules", "wg_smem_bytes", "wg_spare_registers",
-    "wg_threads", "wgr_rules", "wgr_smem_bytes", "wgr_spare_registers", "wgr_threads", "ws_consumer_regs", "ws_rules",
-    "ws_smem_bytes", "ws_threads",
+    "REDUCE_NT", "RING_PARAMS", "RING_SEED", "RING_VALUES", "ROWS_VALUES", "SMEM_RESERVED_PER_BLOCK",
+    "SOURCE_FILES", "SPLITK_PARAMS", "SPLITK_SEED", "STATIC_SMEM_BYTES", "WARP", "WGMMA_KINDS", "WGR_PARAMS",
+    "WGR_SEED", "WGR_SPARE", "WGR_VALUES", "WG_BK", "WG_COMPUTE_CAPABILITY", "WG_PARAMS", "WG_SEED", "WG_SPARE",
+    "WG_VALUES", "WS_PARAMS", "WS_PRODUCER_REGS", "WS_SEED", "WS_VALUES", "CudaMatmul", "CudaNF4MatmulMma",
+    "CudaNF4MatmulRows", "CudaNF4SwigluMma", "all_variants", "fuse_reduce_prep", "matmul_source",
+    "mma_held_registers", "mma_rules", "mma_smem_bytes", "mma_threads", "pipe_rules", "pipe_smem_bytes",
+    "ring_rules", "ring_smem_bytes", "ring_spare_needed", "ring_spare_registers", "rows_rules", "splitk_rules",
+    "wg_rules", "wg_smem_bytes", "wg_spare_registers", "wg_threads", "wgr_rules", "wgr_smem_bytes",
+    "wgr_spare_registers", "wgr_threads", "ws_consumer_regs", "ws_rules", "ws_smem_bytes", "ws_threads",
 ]
 
 #: the family's CUDA source files, compiled as one text in this order (the later ones use matmul.cu's helpers)
@@ -316,8 +316,10 @@ class CudaMatmul(KernelTemplate):
                             dynamic_shared_bytes=smem)
         if self.preps():
             prog.meta["prep"] = compile_cuda(device, src, self.prep_entry(), PREP_NT, f"{self.name}.prep")
+            prog.meta["prep"].meta["role"] = ("prep", int(self.norm))
         if self.splits(config) and not self.serial(config):
             prog.meta["reduce"] = compile_cuda(device, src, self.reduce_entry(), REDUCE_NT, f"{self.name}.reduce")
+            prog.meta["reduce"].meta["role"] = ("reduce", EPI_CODE[self.epilogue])
         return prog
 
     # ---- data -------------------------------------------------------------------------------------------------
@@ -435,6 +437,26 @@ class CudaMatmul(KernelTemplate):
     def meta(self) -> dict[str, Any]:
         return {**super().meta(), "source": "+".join(SOURCE_FILES), "kind": self.kind, "fmt": self.fmt,
                 "epilogue": self.epilogue, "norm": self.norm}
+
+
+def fuse_reduce_prep(device: Device, reduce: Launch, prep: Launch, programs: dict[Any, Program]) -> Launch | None:
+    """One launch for a residual matmul's split-K reduction followed by the next matmul's f16 prologue of exactly the
+    rows it wrote (`nf4_mm_reduce_prep`: the same arithmetic, so the same bits); None where the pair does not fit.
+    `programs` caches the fused kernel's programs by key."""
+    if (reduce.program.meta.get("role") != ("reduce", EPI_CODE["residual"])
+            or (prep.program.meta.get("role") or ("",))[0] != "prep"):
+        return None
+    partial, ks, out, m, n = reduce.buffers
+    x, x_row0, norm_w, eps, xh, k = prep.buffers
+    if x is not out or int(x_row0) != 0 or int(k) != int(n) or prep.grid[0] != int(m):
+        return None
+    norm = prep.program.meta["role"][1]
+    prog = programs.get(("reduce_prep", norm))
+    if prog is None:
+        prog = programs[("reduce_prep", norm)] = compile_cuda(
+            device, matmul_source(), name_expression("nf4_mm_reduce_prep", norm, PREP_NT), PREP_NT,
+            f"nf4_mm_reduce_prep[norm={norm}]")
+    return Launch(prog, (int(m), 1, 1), [partial, ks, out, m, n, norm_w, eps, xh])
 
 
 def all_variants(eps: float = 1e-5) -> list[CudaMatmul]:

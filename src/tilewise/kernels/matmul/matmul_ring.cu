@@ -4,7 +4,8 @@
 // Two launches (three with split-K):
 // nf4_mm_prep<NORM, NT>: xh (M, K) f16 = x rows x_row0.. rounded to f16 (NORM: x / rms(x) * norm_w first), one
 //   block of NT threads per row. Every column tile of the matmul then reads f16 x as it is: the other kinds
-//   convert (and norm) the f32 x once per column tile.
+//   convert (and norm) the f32 x once per column tile. nf4_mm_reduce_prep<NORM, NT> is the same prologue fused
+//   with the residual split-K reduction that wrote its rows (the executor's choice).
 // nf4_mm_ring<FMT, EPI, BM, BN, BK, WM, WN, ST, KS, MB>: a ring of ST stages in dynamic shared memory, each one
 //   K step's x tile (f16) and W tile(s) as stored, filled by cp.async ST - 1 steps ahead with one barrier a step;
 //   nothing is converted in shared memory. x fragments come by ldmatrix; W's: f16 by ldmatrix, nf4 decoded in
@@ -60,15 +61,15 @@ __host__ __device__ constexpr int ring_first_failure(int FMT, int EPI, int BM, i
   return 0;
 }
 
+// one row of x (K f32) into f16 (NORM: normed first) by a block of NT threads; the same arithmetic in
+// nf4_mm_prep and nf4_mm_reduce_prep, so fusing the two launches changes no bit
 template <int NORM, int NT>
-__global__ void __launch_bounds__(NT)
-nf4_mm_prep(const float *__restrict__ x, int x_row0, const float *__restrict__ norm_w, float eps,
-            unsigned short *__restrict__ xh, int K) {
-  PDL_BEGIN();
+__device__ __forceinline__ void prep_row(const float *__restrict__ x_row, const float *__restrict__ norm_w, float eps,
+                                         unsigned short *__restrict__ xh_row, int K) {
   static_assert(NT % WARPSIZE == 0 && NT >= WARPSIZE && NT <= 1024,
                 "whole_warps: NT must be a whole number of warps, 32..1024");
-  const float4 *xr = reinterpret_cast<const float4 *>(x + (size_t)(x_row0 + blockIdx.x) * K);
-  uint2 *o = reinterpret_cast<uint2 *>(xh + (size_t)blockIdx.x * K);
+  const float4 *xr = reinterpret_cast<const float4 *>(x_row);
+  uint2 *o = reinterpret_cast<uint2 *>(xh_row);
   float q = 1.0f;
   if (NORM) {
     __shared__ float part[NT / WARPSIZE];  // one sum of squares per warp
@@ -97,6 +98,32 @@ nf4_mm_prep(const float *__restrict__ x, int x_row0, const float *__restrict__ n
     h.y = pack2(v.z, v.w);
     o[k] = h;
   }
+}
+
+template <int NORM, int NT>
+__global__ void __launch_bounds__(NT)
+nf4_mm_prep(const float *__restrict__ x, int x_row0, const float *__restrict__ norm_w, float eps,
+            unsigned short *__restrict__ xh, int K) {
+  PDL_BEGIN();
+  prep_row<NORM, NT>(x + (size_t)(x_row0 + blockIdx.x) * K, norm_w, eps, xh + (size_t)blockIdx.x * K, K);
+}
+
+// a residual matmul's split-K reduction (nf4_mm_splitk_reduce<1, ...>: out += the ks slices, added in order) and
+// the next matmul's prologue (nf4_mm_prep<NORM, NT> of the rows just written) in one launch, one block per row:
+// the executor fuses the two where the prologue reads exactly the reduction's output rows
+template <int NORM, int NT>
+__global__ void __launch_bounds__(NT)
+nf4_mm_reduce_prep(const float *__restrict__ partial, int ks, float *__restrict__ out, int M, int N,
+                   const float *__restrict__ norm_w, float eps, unsigned short *__restrict__ xh) {
+  PDL_BEGIN();
+  const size_t mn = (size_t)M * N, row0 = (size_t)blockIdx.x * N;
+  for (int e = threadIdx.x; e < N; e += NT) {
+    float y = 0.0f;
+    for (int z = 0; z < ks; ++z) y += partial[(size_t)z * mn + row0 + e];
+    out[row0 + e] += y;
+  }
+  __syncthreads();  // the row's sums, written by the block's other threads, before prep_row reads them
+  prep_row<NORM, NT>(out + row0, norm_w, eps, xh + row0, N);
 }
 
 // One K step of W (rows n0.., columns k0..) into a stage's W tile by cp.async (rows past N zero-filled)
