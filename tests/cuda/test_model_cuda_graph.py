@@ -181,24 +181,32 @@ def test_pdl_decisions_are_bit_identical_to_serial_launches(dev, rng, kind):
     assert ex.pdl and dev.pdl_launches > before  # the launches above did use PDL (no fallback)
 
 
-def test_a_fused_reduction_and_prologue_are_bit_identical_to_two_launches(dev, rng):
-    """ffn.down in two slices on wg, the next layer's normed matmuls reading f16 rows: the executor joins each
-    down's reduction with that prologue (nf4_mm_reduce_prep, the same arithmetic), and decisions give the same bits
-    as the two launches apart, launch by launch and replayed, over prompt lengths and an extend branch."""
+@pytest.mark.parametrize("kind", ["wg-split", "wgr"])
+def test_fused_prologues_are_bit_identical_to_separate_launches(dev, rng, kind):
+    """The executor joins a matmul's f16 prologue with the launch that wrote its rows: wg-split (ffn.down in two
+    slices on wg) joins each down's reduction with the next layer's normed prologue (nf4_mm_reduce_prep); wgr has
+    gate/up store f16 rows for ffn.down (out_h). The same arithmetic, so decisions give the same bits as the launches
+    apart, launch by launch and replayed, over prompt lengths and an extend branch."""
     from tests.cuda.test_model_cuda_tune import kind_table
 
+    from tilewise.kernels.matmul.cuda import NULL
     from tilewise.model.checkpoint import Checkpoint, random_tensors
     from tilewise.model.config import PRESETS
     from tilewise.model.cuda import CUDAExecutor
 
     cfg = PRESETS["tiny"]
     ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 7), "f32", "preset:tiny").converted("nf4").materialize()
-    ex = CUDAExecutor(ck, device=dev, dispatch=kind_table(dev, cfg, "wg-split"), quiet=True)
+    ex = CUDAExecutor(ck, device=dev, dispatch=kind_table(dev, cfg, kind), quiet=True)
 
     def run(ids, start, base, fuse, graphs):
         ex.fuse_preps, ex.graphs = fuse, graphs
         hidden, state = ex.forward(ids, start, base, True)
         return hidden, state.scores.copy(), state
+
+    def joined(plan):
+        return sum(p.program.meta["entry"].startswith("nf4_mm_reduce_prep")
+                   or (p.program.meta["entry"].startswith("nf4_mm_wgr") and p.buffers[12] is not NULL)
+                   for p in plan.launches)
 
     for n in (9, 40, 121):
         ids = rng.integers(0, cfg.vocab_size, n)
@@ -207,8 +215,11 @@ def test_a_fused_reduction_and_prologue_are_bit_identical_to_two_launches(dev, r
             got = run(ids, 0, None, True, graphs)
             np.testing.assert_array_equal(got[0], apart[0])
             np.testing.assert_array_equal(got[1], apart[1])
-        plan, _ = ex.plan(ids, 0, None, True)
-        assert sum(p.program.meta["entry"].startswith("nf4_mm_reduce_prep") for p in plan.launches) == 3, n
+        fused_plan, _ = ex.plan(ids, 0, None, True)
+        ex.fuse_preps = False
+        apart_plan, _ = ex.plan(ids, 0, None, True)
+        assert joined(fused_plan) == 3 and joined(apart_plan) == 0, n
+        assert len(apart_plan.launches) == len(fused_plan.launches) + 3
     base = run(rng.integers(0, cfg.vocab_size, 30), 0, None, True, True)[2]
     tail = rng.integers(0, cfg.vocab_size, 12)
     want, got = run(tail, 30, base, False, False), run(tail, 30, base, True, True)

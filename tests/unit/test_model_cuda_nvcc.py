@@ -49,7 +49,7 @@ SIGS = {
     "nf4_mm_wgt": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, "
                    "float *, int, int, int, const __grid_constant__ TmaMap)"),
     "nf4_mm_wgr": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, "
-                   "float *, int, int, int, const __grid_constant__ TmaMap, float *, unsigned *)"),
+                   "float *, int, int, int, const __grid_constant__ TmaMap, float *, unsigned *, unsigned short *)"),
     "nf4_mm_ws": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, "
                   "float *, int, int, int)"),
     "nf4_mm_prep": "(const float *, int, const float *, float, unsigned short *, int)",

@@ -13,7 +13,7 @@ import pytest
 
 from tilewise.devices.base import Buffer, Device, DeviceInfo, Launch, Program
 from tilewise.devices.profiles import get_profile
-from tilewise.kernels.matmul.cuda import SOURCE_FILES
+from tilewise.kernels.matmul.cuda import NULL, SOURCE_FILES
 from tilewise.model.checkpoint import Checkpoint, random_tensors
 from tilewise.model.config import PRESETS
 from tilewise.model.cuda import CUDAExecutor
@@ -92,8 +92,8 @@ def check_launch(launch: Launch, sigs) -> None:
     sig = sigs[entry.split("<")[0]]
     assert len(launch.buffers) == len(sig), entry
     for arg, (kind, _) in zip(launch.buffers, sig):
-        want = {"ptr": Buffer, "int": np.int32, "float": np.float32}[kind]
-        assert isinstance(arg, want), (entry, arg, kind)
+        want = {"ptr": Buffer, "int": np.int32, "float": np.float32, "const": object}[kind]  # const: a TMA map
+        assert isinstance(arg, want) or (kind == "ptr" and arg is NULL), (entry, arg, kind)
     block = launch.program.meta["block"]
     assert 1 <= int(np.prod(block)) <= 1024, entry
     assert all(g >= 1 for g in launch.grid) and launch.grid[1] <= 65535 and launch.grid[2] <= 65535, entry
@@ -256,13 +256,14 @@ def test_a_ring_or_wg_choice_rounds_x_to_f16_once_then_runs_on_it(rng, ks, kind)
     downs = [launch for launch, lab in zip(plan.launches, plan.labels) if lab == "ffn.down"]
     per = 2 + (ks > 1)
     assert len(downs) == per * len(cfg.layer_types)
-    xh = ex._scratch["xh"]
-    assert xh.nbytes >= 2 * MIN_ROW_CAPACITY * F  # f16 rows of the widest K the main kernel reads
+    pair = [ex._scratch["xh"], ex._scratch["xh2"]]  # taken in turn by the matmuls that prep
+    assert all(xh.nbytes >= 2 * MIN_ROW_CAPACITY * F for xh in pair)  # f16 rows of the widest K read
     entry, grid = {"ring": (f"nf4_mm_ring<0, 1, 32, 64, 32, 16, 32, 3, {ks}, 2>", (1, 2, ks)),
                    "wg": (f"nf4_mm_wg<0, 1, 64, 64, 1, 4, {ks}, 1>", (1, 1, ks)),
                    "ws": (f"nf4_mm_ws<0, 1, 64, 64, 1, 4, {ks}, 1, 1>", (1, 1, ks))}[kind]
     for i in range(0, len(downs), per):
         prep, main = downs[i], downs[i + 1]
+        xh = pair[i // per % 2]
         for launch in downs[i:i + per]:
             check_launch(launch, sigs)
         assert prep.program.meta["entry"] == "nf4_mm_prep<0, 128>" and prep.program.meta["block"] == (PREP_NT, 1, 1)
@@ -327,13 +328,60 @@ def test_a_reduction_followed_by_the_prologue_of_its_rows_is_one_launch(rng):
         assert fused.labels[i] == "ffn.down" and launch.grid == (n, 1, 1)
         partial, ks, out, m, width, norm_w, _, xh = launch.buffers
         assert partial is ex._scratch["partial"] and int(ks) == 2 and out is ex.act["x"]
-        assert (int(m), int(width)) == (n, H) and xh is ex._scratch["xh"]
+        assert (int(m), int(width)) == (n, H) and xh in (ex._scratch["xh"], ex._scratch["xh2"])
         assert nxt.buffers[0] is xh and nxt.program.meta["entry"].startswith("nf4_mm_wg<0, 0,")  # reads those rows
         layer = ex.layers[sum(lab == "ffn.down" and e.startswith("nf4_mm_reduce_prep")
                               for lab, e in zip(fused.labels[:i], entries[:i])) + 1]
         assert norm_w is layer["operator_norm"]  # the next layer's norm
     # the first layer's prologue has no reduction before it, and no gate/up prologue follows a split-K reduction
     assert sum(e.startswith("nf4_mm_prep<1,") for e in entries) == 1
+
+
+def test_a_wgr_swiglu_launch_stores_the_f16_rows_ffn_down_reads_in_place_of_its_prologue(rng, monkeypatch):
+    """gate/up and ffn.down both on wgr: gate/up's launch gets out_h = the f16 rows down's main launch reads (the
+    other buffer of the pair, not the one gate/up itself reads), down's prologue launch is gone, and the f32 output
+    gate/up no longer writes is rewritten before anything reads it again; fusing off keeps out_h null."""
+    from tilewise.kernels.matmul import cuda as mm
+    from tilewise.kernels.matmul.cuda import DEFAULT_WGR, CudaMatmul
+    from tilewise.model.dispatch import matmul_key
+    from tilewise.tune.dispatch import DispatchTable, Entry
+
+    monkeypatch.setattr(mm, "f16_rows_map", lambda buf, *_: ("tma map of", buf))  # no driver to encode one
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
+    dev = RecordingDevice()
+    H, F = cfg.hidden_size, cfg.ffn_dim
+    table = DispatchTable(dev.info.fingerprint)
+    for epi, n, k, norm in (("swiglu", F, H, True), ("residual", H, F, False)):
+        tpl = CudaMatmul("wgr", "nf4", epi, norm)
+        table.put(matmul_key("nf4", epi, n, k, norm), Entry([{"m_min": 8, "m_max": None, "kernel": tpl.name,
+                                                               "config": DEFAULT_WGR}]), tpl)
+    ex = CUDAExecutor(ck, device=dev, dispatch=table)
+    sigs = kernel_signatures()
+    n, L = 40, len(cfg.layer_types)
+    ids = rng.integers(0, 512, n)
+    ex.fuse_preps = False
+    apart, _ = ex.plan(ids, 0, None, False)
+    assert all(p.buffers[12] is NULL for p in apart.launches if p.program.meta["entry"].startswith("nf4_mm_wgr"))
+    ex.fuse_preps = True
+    plan, _ = ex.plan(ids, 0, None, False)
+    assert len(apart.launches) == len(plan.launches) + L
+    ups = [i for i, lab in enumerate(plan.labels) if lab == "ffn.gate_up"]
+    assert len(ups) == 2 * L  # gate/up's prologue (normed: nothing before it to join) and its main launch
+    for i in ups[1::2]:
+        up, down = plan.launches[i], plan.launches[i + 1]
+        check_launch(up, sigs)
+        check_launch(down, sigs)
+        assert up.program.meta["entry"].startswith("nf4_mm_wgr<0, 2,")
+        assert down.program.meta["entry"].startswith("nf4_mm_wgr<0, 1,") and plan.labels[i + 1] == "ffn.down"
+        out_h = up.buffers[12]
+        assert out_h is down.buffers[0] and out_h is not up.buffers[0] and down.buffers[9][1] is out_h
+        assert {id(out_h), id(up.buffers[0])} == {id(ex._scratch["xh"]), id(ex._scratch["xh2"])}
+        big = up.buffers[5]
+        later = [j for j in range(i + 1, len(plan.launches)) if any(b is big for b in plan.launches[j].buffers)]
+        if later:  # the next use writes it whole (the next block's input projection, epilogue none)
+            assert plan.labels[later[0]] in ("conv.in_proj", "attn.qkv")
+            assert plan.launches[later[0]].program.meta["entry"].split("<")[1].startswith("0, 0,")
 
 
 def test_a_given_table_breaking_a_kernel_rule_is_refused_before_anything_compiles():

@@ -12,6 +12,13 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
   return h;
 }
 
+// one value rounded to f16 as pack2 rounds each half
+__device__ __forceinline__ unsigned short f16_bits(float v) {
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+  return h;
+}
+
 __device__ __forceinline__ void mma_16816(float *d, const unsigned *a, const unsigned *b) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
                "{%0, %1, %2, %3};\n"

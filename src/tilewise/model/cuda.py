@@ -5,9 +5,10 @@
 - activation buffers have a row capacity (a power of two) and are reused; a decision writes only its token ids;
 - a decision is planned as a launch list of kernel-template launches (`plan`), reused per shape (length, start,
   cached base, pooled caches); per-op GPU times come from `forward(..., timed=True)` for `tilewise bench`;
-- each block's two RMSNorms are fused into the matmuls that read them (in_proj / qkv, gate/up); where such a
-  matmul's f16 prologue follows a residual matmul's split-K reduction of the same rows, the two are one launch
-  (`fuse_reduce_prep`, bit-identical; `fuse_preps=False` keeps them apart, for a race);
+- each block's two RMSNorms are fused into the matmuls that read them (in_proj / qkv, gate/up); a matmul's f16
+  prologue joins the launch before it where that one wrote exactly its rows: a residual split-K reduction, or the
+  gate/up wgr launch, which then stores f16 rows for ffn.down (`fuse_prep`, bit-identical; `fuse_preps=False` keeps
+  them apart, for a race);
 - matmuls and attention take the kernel and config per shape and row count from the device's dispatch table
   (`tilewise tune model --device cuda`); without one, the short-row kernel below `MMA_FROM_ROWS` rows and the
   tensor-core (mma.sync) kernel's default tile from there (`matmul_choice`);
@@ -212,7 +213,8 @@ class CUDAExecutor:
         self._ids_host = self._host_array(rows, np.int32)
         self._res_host = self._host_array(H + cfg.num_labels, np.float32)
         self._rows = rows
-        self._scratch = {}  # split-K's partial sums, ring's f16 x: sized for this row capacity at their first use
+        self._scratch = {}  # split-K's partial sums, the f16 x rows: sized for this row capacity at their first use
+        self._xh_turn = 0  # which of the two f16 x buffers the next prepping matmul takes
         self._plans.clear()  # plans bind the old buffers
 
     def _host_array(self, size: int, dtype: Any) -> np.ndarray:
@@ -280,12 +282,17 @@ class CUDAExecutor:
         tpl, cfg = self.matmul_choice(epilogue, n, k, rows, norm is not None)
         bufs = {"x": x, "out": out, **weights, **({"norm_w": norm} if norm is not None else {})}
         for name, nbytes in tpl.scratch_bytes(cfg, self._rows, n, k).items():  # split-K's sums, ring's f16 x
-            bufs[name] = self._scratch_buffer(name, nbytes, zero=name in tpl.zeroed_scratch)
+            # the f16 rows alternate between two buffers, so that a launch fused with the next prologue
+            # (`fuse_prep`) never writes the rows it reads
+            key = name + "2" * (self._xh_turn % 2) if name == "xh" else name
+            bufs[name] = self._scratch_buffer(key, nbytes, zero=name in tpl.zeroed_scratch)
+        self._xh_turn += tpl.preps()
         shape = (rows, n, k)
         launches = tpl.launches_at(self.program(tpl, cfg, shape), bufs, cfg, shape, x_row0)
         if self.fuse_preps and plan.launches and tpl.preps():
-            fused = mm.fuse_reduce_prep(self.dev, plan.launches[-1], launches[0], self._programs)
-            if fused is not None:  # the previous matmul's reduction writes these rows and now preps them too
+            # the launch before writes these rows; every matmul's input here has this matmul as its only reader
+            fused = mm.fuse_prep(self.dev, plan.launches[-1], launches[0], self._programs)
+            if fused is not None:
                 plan.launches[-1] = fused
                 launches = launches[1:]
         plan.add(label, launches)
@@ -336,6 +343,7 @@ class CUDAExecutor:
         hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         a = self.act
         plan = Plan()
+        self._xh_turn = 0
         if caches is not None and start > 0:
             for i, (k_old, v_old) in caches.kv.items():
                 k_new, v_new = new.kv[i]

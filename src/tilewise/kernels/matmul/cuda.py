@@ -140,13 +140,15 @@ __all__ = [
     "SOURCE_FILES", "SPLITK_PARAMS", "SPLITK_SEED", "STATIC_SMEM_BYTES", "WARP", "WGMMA_KINDS", "WGR_PARAMS",
     "WGR_SEED", "WGR_SPARE", "WGR_VALUES", "WG_BK", "WG_COMPUTE_CAPABILITY", "WG_PARAMS", "WG_SEED", "WG_SPARE",
     "WG_VALUES", "WS_PARAMS", "WS_PRODUCER_REGS", "WS_SEED", "WS_VALUES", "CudaMatmul", "CudaNF4MatmulMma",
-    "CudaNF4MatmulRows", "CudaNF4SwigluMma", "all_variants", "fuse_reduce_prep", "matmul_source",
+    "CudaNF4MatmulRows", "CudaNF4SwigluMma", "all_variants", "fuse_prep", "matmul_source",
     "mma_held_registers", "mma_rules", "mma_smem_bytes", "mma_threads", "pipe_rules", "pipe_smem_bytes",
     "ring_rules", "ring_smem_bytes", "ring_spare_needed", "ring_spare_registers", "rows_rules", "splitk_rules",
     "wg_rules", "wg_smem_bytes", "wg_spare_registers", "wg_threads", "wgr_rules", "wgr_smem_bytes",
     "wgr_spare_registers", "wgr_threads", "ws_consumer_regs", "ws_rules", "ws_smem_bytes", "ws_threads",
 ]
 
+#: a null device pointer argument (wgr's out_h when the epilogue stores f32)
+NULL = np.uint64(0)
 #: the family's CUDA source files, compiled as one text in this order (the later ones use matmul.cu's helpers)
 SOURCE_FILES = ("matmul.cu", "matmul_mma.cu", "matmul_pipe.cu", "matmul_ring.cu", "matmul_wgmma_ops.cu", "matmul_wg.cu",
                 "matmul_ws.cu", "matmul_wgr.cu", "matmul_rows.cu")
@@ -314,6 +316,8 @@ class CudaMatmul(KernelTemplate):
         smem = dyn(config, self.fmt, self.sets) if dyn else 0
         prog = compile_cuda(device, src, self.entry(config), self.threads(config), f"{self.name}[{config}]",
                             dynamic_shared_bytes=smem)
+        if self.kind == "wgr":  # what `fuse_prep` needs to know: epilogue, SR, split
+            prog.meta["role"] = ("wgr", EPI_CODE[self.epilogue], self.serial(config), self.splits(config))
         if self.preps():
             prog.meta["prep"] = compile_cuda(device, src, self.prep_entry(), PREP_NT, f"{self.name}.prep")
             prog.meta["prep"].meta["role"] = ("prep", int(self.norm))
@@ -368,9 +372,10 @@ class CudaMatmul(KernelTemplate):
             main = [bufs["xh"], *weights, out, *dims]
             if self.kind == "wgt":  # x by TMA: xh as (m, k) f16 rows in boxes of 64 x 64
                 main.append(f16_rows_map(bufs["xh"], m, k, 64))
-            elif self.kind == "wgr":  # one box of BT tokens x 64 a step; SR's final output and tile counters
+            elif self.kind == "wgr":  # one box of BT tokens x 64 a step; SR's final output and tile counters; no
+                # f16 output (`fuse_prep` may set one)
                 main += [f16_rows_map(bufs["xh"], m, k, config["BT"]), bufs["out"],
-                         bufs["counters"] if self.serial(config) else bufs["out"]]
+                         bufs["counters"] if self.serial(config) else bufs["out"], NULL]
             return [prep, Launch(program, self.grid(config, shape), main), *reduce]
         args: list[Any] = [bufs["x"], np.int32(x_row0), *weights, arg_or(bufs, "norm_w", "x"), np.float32(self.eps),
                            out, *dims]
@@ -439,24 +444,43 @@ class CudaMatmul(KernelTemplate):
                 "epilogue": self.epilogue, "norm": self.norm}
 
 
-def fuse_reduce_prep(device: Device, reduce: Launch, prep: Launch, programs: dict[Any, Program]) -> Launch | None:
-    """One launch for a residual matmul's split-K reduction followed by the next matmul's f16 prologue of exactly the
-    rows it wrote (`nf4_mm_reduce_prep`: the same arithmetic, so the same bits); None where the pair does not fit.
-    `programs` caches the fused kernel's programs by key."""
-    if (reduce.program.meta.get("role") != ("reduce", EPI_CODE["residual"])
-            or (prep.program.meta.get("role") or ("",))[0] != "prep"):
+def fuse_prep(device: Device, prev: Launch, prep: Launch, programs: dict[Any, Program]) -> Launch | None:
+    """The launch that does `prev` and the f16 prologue `prep` right after it, where the prologue reads exactly the
+    rows `prev` wrote (None where the pair does not fit). The same arithmetic, so the same bits:
+
+    - a residual split-K reduction and a prologue (normed or not) of its rows: one `nf4_mm_reduce_prep` launch
+      (`programs` caches its programs by key);
+    - a wgr main launch that applies its epilogue itself (KS 1, or SR 1) and an unnormed prologue of its output:
+      the same launch with `out_h`, storing the epilogue's values as f16 rows where the prologue would have. Its f32
+      output is then not written: the caller fuses only where the prologue's matmul is that output's only reader.
+    """
+    role = prep.program.meta.get("role")
+    if role is None or role[0] != "prep":
         return None
-    partial, ks, out, m, n = reduce.buffers
     x, x_row0, norm_w, eps, xh, k = prep.buffers
-    if x is not out or int(x_row0) != 0 or int(k) != int(n) or prep.grid[0] != int(m):
+    if int(x_row0) != 0:
         return None
-    norm = prep.program.meta["role"][1]
-    prog = programs.get(("reduce_prep", norm))
-    if prog is None:
-        prog = programs[("reduce_prep", norm)] = compile_cuda(
-            device, matmul_source(), name_expression("nf4_mm_reduce_prep", norm, PREP_NT), PREP_NT,
-            f"nf4_mm_reduce_prep[norm={norm}]")
-    return Launch(prog, (int(m), 1, 1), [partial, ks, out, m, n, norm_w, eps, xh])
+    prev_role = prev.program.meta.get("role")
+    if prev_role == ("reduce", EPI_CODE["residual"]):
+        partial, ks, out, m, n = prev.buffers
+        if x is not out or int(k) != int(n) or prep.grid[0] != int(m):
+            return None
+        prog = programs.get(("reduce_prep", role[1]))
+        if prog is None:
+            prog = programs[("reduce_prep", role[1])] = compile_cuda(
+                device, matmul_source(), name_expression("nf4_mm_reduce_prep", role[1], PREP_NT), PREP_NT,
+                f"nf4_mm_reduce_prep[norm={role[1]}]")
+        return Launch(prog, (int(m), 1, 1), [partial, ks, out, m, n, norm_w, eps, xh])
+    if prev_role is not None and prev_role[0] == "wgr" and prev_role[1] != EPI_CODE["residual"] and role[1] == 0:
+        args = list(prev.buffers)
+        m, n = args[6], args[7]
+        if prev_role[3] and not prev_role[2]:  # split without SR: a reduction launch applies the epilogue
+            return None
+        if x is not args[10] or int(k) != int(n) or prep.grid[0] != int(m) or args[12] is not NULL:
+            return None
+        args[12] = xh
+        return Launch(prev.program, prev.grid, args)
+    return None
 
 
 def all_variants(eps: float = 1e-5) -> list[CudaMatmul]:

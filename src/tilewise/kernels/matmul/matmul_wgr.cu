@@ -26,6 +26,9 @@
 // memory and scales in f32 (one rounding to f16, as the other kinds); 1 looks four nibbles up at once in an f16 code
 // table held in eight registers (byte permutes, no shared-memory load) and scales pairs in f16 (the code, the absmax
 // and the product each rounded to f16: within the f16 tolerance, and fewer instructions on the decode's path).
+// out_h, where not null (EPI 0 and 2): the epilogue's values are stored rounded to f16 into out_h (M, N) instead of
+// f32 into out / final_out, as nf4_mm_prep<0> would round them: the executor passes the next matmul's f16 rows when
+// that matmul is the only reader, and drops its prologue launch.
 // Shapes: K % (KS * 64) == 0; any M and N.
 
 __host__ __device__ constexpr int wgr_threads(int BF) { return BF / 64 * 128; }
@@ -216,7 +219,7 @@ __global__ void __launch_bounds__(BF / 64 * 128, MB)
 nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w, const float *__restrict__ absmax,
            const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, float *__restrict__ out, int M,
            int N, int K, const __grid_constant__ TmaMap xmap, float *__restrict__ final_out,
-           unsigned *__restrict__ counters) {
+           unsigned *__restrict__ counters, unsigned short *__restrict__ out_h) {
   constexpr int FAIL = wgr_first_failure(FMT, EPI, BF, BT, ST, KS, MB, DEC, SR);
   static_assert(FAIL != 1, "variant: FMT in 0..2 (nf4, f16, f32), EPI in 0..2 (none, residual, swiglu)");
   static_assert(FAIL != 2, "warpgroups_1_4: BF must be 1..4 warpgroups of 64 features");
@@ -323,12 +326,12 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
       if (KS > 1) {
 #pragma unroll
         for (int s = 0; s < SETS; ++s) out[blockIdx.z * SETS * mn + s * mn + o] = acc[s][j][q];
-      } else if (EPI == 0) {
-        out[o] = acc[0][j][q];
       } else if (EPI == 1) {
         out[o] += acc[0][j][q];
       } else {
-        out[o] = silu(acc[0][j][q]) * acc[SETS - 1][j][q];
+        const float y = EPI == 0 ? acc[0][j][q] : silu(acc[0][j][q]) * acc[SETS - 1][j][q];
+        if (out_h) out_h[o] = f16_bits(y);
+        else out[o] = y;
       }
     }
   if constexpr (SR == 1) {
@@ -350,9 +353,13 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
       for (int z = 0; z < KS; ++z)
 #pragma unroll
         for (int s = 0; s < SETS; ++s) y[s] += ld_cg(out + ((size_t)z * SETS + s) * mn + o);
-      if (EPI == 0) final_out[o] = y[0];
-      else if (EPI == 1) final_out[o] += y[0];
-      else final_out[o] = silu(y[0]) * y[SETS - 1];
+      if (EPI == 1) {
+        final_out[o] += y[0];
+      } else {
+        const float v = EPI == 0 ? y[0] : silu(y[0]) * y[SETS - 1];
+        if (out_h) out_h[o] = f16_bits(v);
+        else final_out[o] = v;
+      }
     }
     if (tid == 0) counters[tile] = 0u;
   }
