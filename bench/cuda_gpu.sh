@@ -14,6 +14,8 @@
 #   WORK/model.txt, model/results.json  bench/model_cuda.py on that table (MODEL_ARGS adds options): tilewise CUDA
 #                           (graphs, with and without programmatic dependent launch, alternating), HF bf16 eager and
 #                           torch.compile
+#   WORK/profile.txt, ncu.csv  every kernel of one decision on that table under Nsight Compute, per op
+#                           (bench/profile_cuda.py; skipped where `ncu` is missing)
 #   OUT_DIR/status.txt      one line per step: name, exit status (124: timed out), seconds
 #   OUT_DIR/cuda_gpu.tgz    WORK packed after every step, without the results store (a call returns few files)
 # SKIP="pytest matmul" leaves steps out; each step runs under `timeout`, so one failure or hang stops no other.
@@ -52,3 +54,9 @@ step tune "$(( ${TUNE_S:-150} + 60 ))" "$WORK/tune.txt" "$PY" -m tilewise tune m
     --json "$WORK/tune.json"
 step model "${MODEL_S:-150}" "$WORK/model.txt" "$PY" bench/model_cuda.py --out "$WORK/model" --presets lfm2-350m \
     --no-tests --no-cli --webgpu "" --decisions 30 --section-s 6 ${MODEL_ARGS:-}
+if command -v ncu > /dev/null; then
+    step profile "${PROFILE_S:-150}" "$WORK/profile.txt" bash -c "ncu --profile-from-start off --cache-control none \
+        --clock-control none --csv --metrics gpu__time_duration.sum,gpc__cycles_elapsed.max $PY bench/profile_cuda.py \
+        run --labels '$WORK/labels.json' > '$WORK/ncu.csv' && $PY bench/profile_cuda.py table '$WORK/ncu.csv' \
+        '$WORK/labels.json'"
+fi

@@ -1,16 +1,16 @@
-"""Where one CUDA decision's time goes (experiment): every kernel of one lfm2-350m decision under Nsight Compute,
+"""Where one CUDA decision's time goes: every kernel of one lfm2-350m decision under Nsight Compute,
 with its op label, so the kernels' own time can be set beside the graph replay's wall time.
 
     ncu --profile-from-start off --cache-control none --clock-control none --csv \
         --metrics gpu__time_duration.sum,gpc__cycles_elapsed.max \
-        python3 experiments/cuda_decision_profile.py run --labels OUT/labels.json > OUT/ncu.csv
-    python3 experiments/cuda_decision_profile.py table OUT/ncu.csv OUT/labels.json [--clock-mhz 1980]
+        python3 bench/profile_cuda.py run --labels OUT/labels.json > OUT/ncu.csv
+    python3 bench/profile_cuda.py table OUT/ncu.csv OUT/labels.json [--clock-mhz 1980]
 
 `run` loads the nf4 preset (seeded random weights) on the CUDA device with the dispatch table of
 TILEWISE_DISPATCH_DIR, makes three decisions, then one more launch by launch inside the profiler's range, and
 writes that decision's op labels in launch order. `table` joins the CSV's kernels with the labels (both in launch
 order) and prints per op: launches, the kernels' time in cycles at `--clock-mhz` (the profiler leaves the clock
-alone, so its durations may be taken at a lower clock), and the share of the decision.
+alone, so its durations may be taken at a lower clock) per op and kernel, and the share of the decision.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def run(preset: str, seq: int, labels_path: Path) -> None:
     cp.cuda.profiler.stop()
     plan = seen[-1]
     labels_path.write_text(json.dumps({"preset": preset, "seq": seq, "labels": plan.labels,
-                                       "dispatch": str(getattr(ex.dispatch, "source", None))}))
+                                       "dispatch": Path(str(getattr(ex.dispatch, "source", None))).name}))
     print(f"profiled {len(plan.labels)} launches", file=sys.stderr)
 
 
@@ -63,17 +63,16 @@ def table(csv_path: Path, labels_path: Path, clock_mhz: float) -> None:
     ordered = [kernels[i] for i in sorted(kernels)]
     if len(ordered) != len(labels):
         sys.exit(f"{len(ordered)} kernels profiled but {len(labels)} labels: not the same decision")
-    ops: dict[str, list[float]] = {}
-    names: dict[str, set[str]] = {}
+    ops: dict[tuple[str, str], list[float]] = {}  # (op label, kernel) -> us per launch
     for label, k in zip(labels, ordered):
-        us = float(k["gpc__cycles_elapsed.max"]) / clock_mhz  # type: ignore[arg-type]
-        ops.setdefault(label, []).append(us)
-        names.setdefault(label, set()).add(str(k["name"]).split("(")[0].split("<")[0].removeprefix("void "))
+        kernel = str(k["name"]).split("(")[0].split("<")[0].removeprefix("void ")
+        ops.setdefault((label, kernel), []).append(float(k["gpc__cycles_elapsed.max"]) / clock_mhz)  # type: ignore
     total = sum(sum(v) for v in ops.values())
-    print(f"{'op':22} {'launches':>8} {'us':>9} {'share':>6}  kernels   (cycles at {clock_mhz:.0f} MHz)")
-    for label, v in sorted(ops.items(), key=lambda kv: -sum(kv[1])):
-        print(f"{label:22} {len(v):8d} {sum(v):9.1f} {sum(v) / total:6.1%}  {', '.join(sorted(names[label]))}")
-    print(f"{'sum':22} {len(labels):8d} {total:9.1f}")
+    print(f"{'op':18} {'kernel':22} {'launches':>8} {'us':>8} {'us each':>8} {'share':>6}   (cycles at "
+          f"{clock_mhz:.0f} MHz)")
+    for (label, kernel), v in sorted(ops.items(), key=lambda kv: -sum(kv[1])):
+        print(f"{label:18} {kernel:22} {len(v):8d} {sum(v):8.1f} {sum(v) / len(v):8.2f} {sum(v) / total:6.1%}")
+    print(f"{'sum':18} {'':22} {len(labels):8d} {total:8.1f}")
     small = [us for v in ops.values() for us in v if us < 5]
     print(f"kernels under 5 us: {len(small)}, {sum(small):.1f} us together")
 
