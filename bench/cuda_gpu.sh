@@ -5,7 +5,8 @@
 #                           selected by PYTEST_K: executor vs float64 and HF, graphs and PDL bit-identical to serial
 #                           launches, every wgr seed (both decodes) against float64
 #   WORK/matmul.txt, matmul_cuda.json  bench/matmul_cuda.py at 346 rows: MATMUL_KINDS (default wgr) split by
-#                           MATMUL_SPLIT (default DEC), each group's best raced against cuBLAS f16
+#                           MATMUL_SPLIT (default DEC), each group's best raced against cuBLAS f16 (MATMUL_ARGS adds
+#                           options, e.g. "--only ffn.gate_up --sample 100")
 #   WORK/attention.txt, attention_cuda.json  bench/attention_cuda.py: every attention config (tensor-core ones too)
 #                           raced at 346 queries
 #   WORK/tune.txt, tune.json, tables/  `tilewise tune model --device cuda --preset lfm2-350m --seq 346 --rows 1`
@@ -47,7 +48,7 @@ step pytest "${PYTEST_S:-200}" "$WORK/pytest.txt" "$PY" -m pytest -q -p no:cache
     ${PYTEST_FILES:-tests/cuda/test_model_cuda.py tests/cuda/test_model_cuda_graph.py tests/cuda/test_model_cuda_tune.py} \
     tests/cuda/test_model_kernels_cuda.py -k "${PYTEST_K:-not test_model_kernels_cuda or (wgr and not default_config)}"
 step matmul "${MATMUL_S:-120}" "$WORK/matmul.txt" "$PY" bench/matmul_cuda.py --out "$WORK" --sample 0 --race-top 2 \
-    --rounds 20 --kinds "${MATMUL_KINDS:-wgr}" --split-by "${MATMUL_SPLIT:-DEC}"
+    --rounds 20 --kinds "${MATMUL_KINDS:-wgr}" --split-by "${MATMUL_SPLIT:-DEC}" ${MATMUL_ARGS:-}
 step attention "${ATTN_S:-90}" "$WORK/attention.txt" "$PY" bench/attention_cuda.py --out "$WORK" --rounds 20
 step tune "$(( ${TUNE_S:-150} + 60 ))" "$WORK/tune.txt" "$PY" -m tilewise tune model --device cuda --preset lfm2-350m \
     --seq 346 --rows 1 --budget "${TUNE_BUDGET:-6}" --budget-s "${TUNE_S:-150}" --store "$WORK/store.db" \

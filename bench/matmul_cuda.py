@@ -51,6 +51,8 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", help="cuda or cuda:N")
     ap.add_argument("--kinds", default="mma,splitk",
                     help="tensor-core kernel kinds that compete, comma-separated (mma, splitk, pipe, ring, wg)")
+    ap.add_argument("--only", default="", metavar="NAME[,NAME]",
+                    help="measure only these matmuls of the preset (e.g. ffn.gate_up); default: all")
     ap.add_argument("--split-by", default="", metavar="PARAM[,PARAM]",
                     help="race each kind's best per value of these parameters too (e.g. DEC: wgr's two decodes), "
                          "and report them as KIND/PARAM=V")
@@ -62,8 +64,12 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    dev = get_device(args.device)
     cfg = model_config(args.preset)
+    shapes = model_matmuls(cfg)
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    if any(name not in shapes for name in only):
+        ap.error(f"--only takes matmul names of {args.preset} from {sorted(shapes)}, got {args.only!r}")
+    dev = get_device(args.device)
     eng = Engine(dev, None, seed=args.seed, measure_kw={"warmup": 3, "min_rounds": 8, "max_rounds": 20,
                                                         "budget_s": 0.5})
     argv = [("OUT_DIR" if a == str(out) else a) for a in sys.argv[1:]]
@@ -74,7 +80,9 @@ def main() -> int:
           flush=True)
     header = f"{'matmul':<14}{'N x K':>12}{'tilewise ms':>12}{'TFLOP/s':>9}{'cuBLAS ms':>10}{'TFLOP/s':>9}{'ratio':>8}"
     lines = []
-    for label, (epilogue, n, k, norm) in model_matmuls(cfg).items():
+    for label, (epilogue, n, k, norm) in shapes.items():
+        if only and label not in only:
+            continue
         shape = (args.rows, n, k)
         items = []
         for kind in kinds:

@@ -32,7 +32,7 @@ SIGS = {
     "embed": "(const int *, const unsigned *, const float *, float *, int, int)",
     "head": "(const float *, int, const float *, const float *, float *, int, int, float)",
     "copy_words": "(const unsigned *, int, unsigned *, int, int)",
-    "shortconv": "(const float *, const float *, const float *, float *, float *, int, int)",
+    "shortconv": "(const float *, const float *, const float *, float *, float *, int, int, unsigned short *)",
     "qknorm_rope": ("(const float *, const float *, const float *, const float *, const float *, float *, float *, "
                     "float *, int, int, int, int, float)"),
     "attention": "(const float *, const float *, const float *, float *, int, int, int, int, int)",

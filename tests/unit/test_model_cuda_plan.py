@@ -338,9 +338,10 @@ def test_a_reduction_followed_by_the_prologue_of_its_rows_is_one_launch(rng):
 
 
 def test_a_wgr_swiglu_launch_stores_the_f16_rows_ffn_down_reads_in_place_of_its_prologue(rng, monkeypatch):
-    """gate/up and ffn.down both on wgr: gate/up's launch gets out_h = the f16 rows down's main launch reads (the
-    other buffer of the pair, not the one gate/up itself reads), down's prologue launch is gone, and the f32 output
-    gate/up no longer writes is rewritten before anything reads it again; fusing off keeps out_h null."""
+    """gate/up, ffn.down and the out projections on wgr: gate/up's launch gets out_h = the f16 rows down's main
+    launch reads (the other buffer of the pair, not the one gate/up itself reads), down's prologue launch is gone, and
+    the f32 output gate/up no longer writes is rewritten before anything reads it again; the short conv likewise
+    stores f16 rows for its out projection; fusing off keeps out_h null."""
     from tilewise.kernels.matmul import cuda as mm
     from tilewise.kernels.matmul.cuda import DEFAULT_WGR, CudaMatmul
     from tilewise.model.dispatch import matmul_key
@@ -352,7 +353,7 @@ def test_a_wgr_swiglu_launch_stores_the_f16_rows_ffn_down_reads_in_place_of_its_
     dev = RecordingDevice()
     H, F = cfg.hidden_size, cfg.ffn_dim
     table = DispatchTable(dev.info.fingerprint)
-    for epi, n, k, norm in (("swiglu", F, H, True), ("residual", H, F, False)):
+    for epi, n, k, norm in (("swiglu", F, H, True), ("residual", H, F, False), ("residual", H, H, False)):
         tpl = CudaMatmul("wgr", "nf4", epi, norm)
         table.put(matmul_key("nf4", epi, n, k, norm), Entry([{"m_min": 8, "m_max": None, "kernel": tpl.name,
                                                                "config": DEFAULT_WGR}]), tpl)
@@ -365,7 +366,12 @@ def test_a_wgr_swiglu_launch_stores_the_f16_rows_ffn_down_reads_in_place_of_its_
     assert all(p.buffers[12] is NULL for p in apart.launches if p.program.meta["entry"].startswith("nf4_mm_wgr"))
     ex.fuse_preps = True
     plan, _ = ex.plan(ids, 0, None, False)
-    assert len(apart.launches) == len(plan.launches) + L
+    n_conv = sum(t == "conv" for t in cfg.layer_types)
+    assert len(apart.launches) == len(plan.launches) + L + n_conv  # + each conv's out projection prologue
+    for i in (i for i, lab in enumerate(plan.labels) if lab == "conv"):
+        conv, proj = plan.launches[i], plan.launches[i + 1]
+        check_launch(conv, sigs)
+        assert plan.labels[i + 1] == "conv.out_proj" and conv.buffers[7] is proj.buffers[0]  # y as f16 rows
     ups = [i for i, lab in enumerate(plan.labels) if lab == "ffn.gate_up"]
     assert len(ups) == 2 * L  # gate/up's prologue (normed: nothing before it to join) and its main launch
     for i in ups[1::2]:

@@ -56,6 +56,19 @@ def compile_cuda(device: Device, source: str, entry: str, block: int, label: str
     return prog
 
 
+#: a null device pointer argument (an optional output left unused)
+NULL = np.uint64(0)
+
+
+def offers_f16_out(prog: Program, out: int, out_h: int, rows: int, cols: int) -> Program:
+    """Mark a program whose launch can store its (rows, cols) f32 output, argument `out`, as f16 rows instead:
+    argument `out_h` (NULL by default) set to an f16 buffer, rounded as `nf4_mm_prep<0>` would round it, and `out`
+    is then not written. `rows` and `cols` are the indices of the int arguments with the output's shape.
+    `matmul.cuda.fuse_prep` uses it to drop a matmul's prologue launch."""
+    prog.meta["f16_out"] = (out, out_h, rows, cols)
+    return prog
+
+
 def upload_all(device: Device, host: HostInputs) -> DeviceBuffers:
     """Every host input as a device buffer of the same name."""
     return {k: device.upload(np.ascontiguousarray(v)) for k, v in host.items()}

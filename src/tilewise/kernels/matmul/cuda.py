@@ -53,7 +53,17 @@ import numpy as np
 from tilewise.devices.base import Device, Launch, Program
 from tilewise.devices.cuda_tma import f16_rows_map
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
-from tilewise.kernels.cudasrc import FMT_CODE, arg_or, compile_cuda, model_source, name_expression, upload_all, zeroed
+from tilewise.kernels.cudasrc import (
+    FMT_CODE,
+    NULL,
+    arg_or,
+    compile_cuda,
+    model_source,
+    name_expression,
+    offers_f16_out,
+    upload_all,
+    zeroed,
+)
 from tilewise.kernels.matmul.cuda_space import (
     DEFAULT_MMA,
     DEFAULT_PIPE,
@@ -147,8 +157,6 @@ __all__ = [
     "wgr_spare_registers", "wgr_threads", "ws_consumer_regs", "ws_rules", "ws_smem_bytes", "ws_threads",
 ]
 
-#: a null device pointer argument (wgr's out_h when the epilogue stores f32)
-NULL = np.uint64(0)
 #: the family's CUDA source files, compiled as one text in this order (the later ones use matmul.cu's helpers)
 SOURCE_FILES = ("matmul.cu", "matmul_mma.cu", "matmul_pipe.cu", "matmul_ring.cu", "matmul_wgmma_ops.cu", "matmul_wg.cu",
                 "matmul_ws.cu", "matmul_wgr.cu", "matmul_rows.cu")
@@ -316,8 +324,8 @@ class CudaMatmul(KernelTemplate):
         smem = dyn(config, self.fmt, self.sets) if dyn else 0
         prog = compile_cuda(device, src, self.entry(config), self.threads(config), f"{self.name}[{config}]",
                             dynamic_shared_bytes=smem)
-        if self.kind == "wgr":  # what `fuse_prep` needs to know: epilogue, SR, split
-            prog.meta["role"] = ("wgr", EPI_CODE[self.epilogue], self.serial(config), self.splits(config))
+        if self.kind == "wgr" and self.epilogue != "residual" and (self.serial(config) or not self.splits(config)):
+            offers_f16_out(prog, 10, 12, 6, 7)  # it applies the epilogue itself, into final_out (out with KS 1)
         if self.preps():
             prog.meta["prep"] = compile_cuda(device, src, self.prep_entry(), PREP_NT, f"{self.name}.prep")
             prog.meta["prep"].meta["role"] = ("prep", int(self.norm))
@@ -450,8 +458,8 @@ def fuse_prep(device: Device, prev: Launch, prep: Launch, programs: dict[Any, Pr
 
     - a residual split-K reduction and a prologue (normed or not) of its rows: one `nf4_mm_reduce_prep` launch
       (`programs` caches its programs by key);
-    - a wgr main launch that applies its epilogue itself (KS 1, or SR 1) and an unnormed prologue of its output:
-      the same launch with `out_h`, storing the epilogue's values as f16 rows where the prologue would have. Its f32
+    - a launch that offers f16 output (`cudasrc.offers_f16_out`: wgr applying its own epilogue, the short conv) and
+      an unnormed prologue of that output: the same launch storing f16 rows where the prologue would have. Its f32
       output is then not written: the caller fuses only where the prologue's matmul is that output's only reader.
     """
     role = prep.program.meta.get("role")
@@ -460,10 +468,9 @@ def fuse_prep(device: Device, prev: Launch, prep: Launch, programs: dict[Any, Pr
     x, x_row0, norm_w, eps, xh, k = prep.buffers
     if int(x_row0) != 0:
         return None
-    prev_role = prev.program.meta.get("role")
-    if prev_role == ("reduce", EPI_CODE["residual"]):
+    if prev.program.meta.get("role") == ("reduce", EPI_CODE["residual"]):
         partial, ks, out, m, n = prev.buffers
-        if x is not out or int(k) != int(n) or prep.grid[0] != int(m):
+        if x is not out or int(k) != int(n) or int(n) % 4 or prep.grid[0] != int(m):
             return None
         prog = programs.get(("reduce_prep", role[1]))
         if prog is None:
@@ -471,14 +478,14 @@ def fuse_prep(device: Device, prev: Launch, prep: Launch, programs: dict[Any, Pr
                 device, matmul_source(), name_expression("nf4_mm_reduce_prep", role[1], PREP_NT), PREP_NT,
                 f"nf4_mm_reduce_prep[norm={role[1]}]")
         return Launch(prog, (int(m), 1, 1), [partial, ks, out, m, n, norm_w, eps, xh])
-    if prev_role is not None and prev_role[0] == "wgr" and prev_role[1] != EPI_CODE["residual"] and role[1] == 0:
+    offer = prev.program.meta.get("f16_out")
+    if offer is not None and role[1] == 0:
+        out, out_h, rows, cols = offer
         args = list(prev.buffers)
-        m, n = args[6], args[7]
-        if prev_role[3] and not prev_role[2]:  # split without SR: a reduction launch applies the epilogue
+        if (args[out] is not x or args[out_h] is not NULL or int(args[rows]) != prep.grid[0]
+                or int(args[cols]) != int(k)):
             return None
-        if x is not args[10] or int(k) != int(n) or prep.grid[0] != int(m) or args[12] is not NULL:
-            return None
-        args[12] = xh
+        args[out_h] = xh
         return Launch(prev.program, prev.grid, args)
     return None
 

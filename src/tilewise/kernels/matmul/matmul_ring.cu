@@ -116,11 +116,22 @@ __global__ void __launch_bounds__(NT)
 nf4_mm_reduce_prep(const float *__restrict__ partial, int ks, float *__restrict__ out, int M, int N,
                    const float *__restrict__ norm_w, float eps, unsigned short *__restrict__ xh) {
   PDL_BEGIN();
-  const size_t mn = (size_t)M * N, row0 = (size_t)blockIdx.x * N;
-  for (int e = threadIdx.x; e < N; e += NT) {
-    float y = 0.0f;
-    for (int z = 0; z < ks; ++z) y += partial[(size_t)z * mn + row0 + e];
-    out[row0 + e] += y;
+  const size_t mn4 = (size_t)M * N / 4, row0 = (size_t)blockIdx.x * N;  // N % 4 == 0, as the prologue's K
+  const float4 *p4 = reinterpret_cast<const float4 *>(partial + row0);
+  float4 *o4 = reinterpret_cast<float4 *>(out + row0);
+  for (int k = threadIdx.x; k < N / 4; k += NT) {
+    float4 y = f4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int z0 = 0; z0 < ks; z0 += 8) {  // up to eight slices' loads in flight, then added in order
+      float4 s[8];
+#pragma unroll
+      for (int z = 0; z < 8; ++z)
+        if (z0 + z < ks) s[z] = p4[(z0 + z) * mn4 + k];
+#pragma unroll
+      for (int z = 0; z < 8; ++z)
+        if (z0 + z < ks) y = f4(y.x + s[z].x, y.y + s[z].y, y.z + s[z].z, y.w + s[z].w);
+    }
+    const float4 o = o4[k];
+    o4[k] = f4(o.x + y.x, o.y + y.y, o.z + y.z, o.w + y.w);
   }
   __syncthreads();  // the row's sums, written by the block's other threads, before prep_row reads them
   prep_row<NORM, NT>(out + row0, norm_w, eps, xh + row0, N);

@@ -13,7 +13,7 @@ import numpy as np
 
 from tilewise.devices.base import Device, Launch, Program
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
-from tilewise.kernels.cudasrc import compile_cuda, model_source, name_expression, upload_all
+from tilewise.kernels.cudasrc import NULL, compile_cuda, model_source, name_expression, offers_f16_out, upload_all
 from tilewise.kernels.shortconv.problem import ShortConvProblem
 from tilewise.kernels.space import Config, Rule, Space
 
@@ -48,8 +48,9 @@ class CudaShortConv(KernelTemplate):
         return (config, shape[2])
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
-        return compile_cuda(device, model_source("shortconv", "shortconv.cu"), self.entry(config, shape[2]),
+        prog = compile_cuda(device, model_source("shortconv", "shortconv.cu"), self.entry(config, shape[2]),
                             config["NT"], f"shortconv[{config}]")
+        return offers_f16_out(prog, 3, 7, 5, 6)  # y (M, H) as f16 rows for the out projection's prologue
 
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
         m, h, taps = shape
@@ -61,7 +62,8 @@ class CudaShortConv(KernelTemplate):
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
         m, h, _ = shape
         return [Launch(program, (math.ceil(h / config["NT"]), m, 1), [
-            bufs["bcx"], bufs["state_in"], bufs["weight"], bufs["out"], bufs["state_out"], np.int32(m), np.int32(h)])]
+            bufs["bcx"], bufs["state_in"], bufs["weight"], bufs["out"], bufs["state_out"], np.int32(m), np.int32(h),
+            NULL])]
 
     def read_output(self, device: Device, bufs: DeviceBuffers, shape: Shape) -> np.ndarray:
         m, h, taps = shape

@@ -1,9 +1,10 @@
 // shortconv.cu - LFM2's gated depthwise causal conv on CUDA: Bx = B * x, conv over time with L taps, y = C * conv.
 //
-//   shortconv<NT, L>(bcx, state_in, weight, y, state_out, M, H)   grid (ceil(H / NT), M)
+//   shortconv<NT, L>(bcx, state_in, weight, y, state_out, M, H, y_h)   grid (ceil(H / NT), M)
 // bcx (M, 3H) holds B, C and x side by side; state_in (L-1, H) is Bx of the previous L-1 positions, oldest first
 // (zeros at the start of a prompt); weight (H, L); y (M, H); state_out (L-1, H), another buffer than state_in, gets
-// the last L-1 Bx rows (so a cached prefix state is never written). Rules mirrored from kernels/shortconv/cuda.py.
+// the last L-1 Bx rows (so a cached prefix state is never written). y_h, where not null: y stored as f16 rows there
+// instead (f16_bits, as the out projection's prologue would round it). Rules mirrored from kernels/shortconv/cuda.py.
 
 #ifndef WARPSIZE
 #define WARPSIZE 32
@@ -18,7 +19,8 @@ __host__ __device__ constexpr int shortconv_first_failure(int NT, int L) {
 template <int NT, int L>
 __global__ void __launch_bounds__(NT) shortconv(const float *__restrict__ bcx, const float *__restrict__ state_in,
                                                 const float *__restrict__ weight, float *__restrict__ y,
-                                                float *__restrict__ state_out, int M, int H) {
+                                                float *__restrict__ state_out, int M, int H,
+                                                unsigned short *__restrict__ y_h) {
   PDL_BEGIN();
   static_assert(shortconv_first_failure(NT, L) != 1, "whole_warps: NT must be a whole number of warps, 32..1024");
   static_assert(shortconv_first_failure(NT, L) != 2, "taps_2_8: L (conv_L_cache) must be 2..8");
@@ -32,7 +34,9 @@ __global__ void __launch_bounds__(NT) shortconv(const float *__restrict__ bcx, c
   float acc = 0.0f;
 #pragma unroll
   for (int j = 0; j < L; ++j) acc += weight[(size_t)c * L + j] * bx(t - (L - 1) + j);
-  y[(size_t)t * H + c] = bcx[(size_t)t * 3 * H + H + c] * acc;
+  const float v = bcx[(size_t)t * 3 * H + H + c] * acc;
+  if (y_h) y_h[(size_t)t * H + c] = f16_bits(v);
+  else y[(size_t)t * H + c] = v;
   if (t == 0) {
 #pragma unroll
     for (int i = 0; i < L - 1; ++i) state_out[(size_t)i * H + c] = bx(M - (L - 1) + i);
