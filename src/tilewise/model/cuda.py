@@ -7,8 +7,8 @@
   cached base, pooled caches); per-op GPU times come from `forward(..., timed=True)` for `tilewise bench`;
 - each block's two RMSNorms are fused into the matmuls that read them (in_proj / qkv, gate/up); a matmul's f16
   prologue joins the launch before it where that one wrote exactly its rows: a residual split-K reduction, or the
-  gate/up wgr launch, which then stores f16 rows for ffn.down (`fuse_prep`, bit-identical; `fuse_preps=False` keeps
-  them apart, for a race);
+  gate/up wgr launch and the short conv, which then store f16 rows for ffn.down and conv.out_proj (`fuse_prep`,
+  bit-identical; `fuse_preps=False` keeps them apart, for a race);
 - matmuls and attention take the kernel and config per shape and row count from the device's dispatch table
   (`tilewise tune model --device cuda`); without one, the short-row kernel below `MMA_FROM_ROWS` rows and the
   tensor-core (mma.sync) kernel's default tile from there (`matmul_choice`);
@@ -214,7 +214,6 @@ class CUDAExecutor:
         self._res_host = self._host_array(H + cfg.num_labels, np.float32)
         self._rows = rows
         self._scratch = {}  # split-K's partial sums, the f16 x rows: sized for this row capacity at their first use
-        self._xh_turn = 0  # which of the two f16 x buffers the next prepping matmul takes
         self._plans.clear()  # plans bind the old buffers
 
     def _host_array(self, size: int, dtype: Any) -> np.ndarray:
@@ -343,7 +342,7 @@ class CUDAExecutor:
         hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         a = self.act
         plan = Plan()
-        self._xh_turn = 0
+        self._xh_turn = 0  # which of the two f16 x buffers the next prepping matmul takes (`_matmul`)
         if caches is not None and start > 0:
             for i, (k_old, v_old) in caches.kv.items():
                 k_new, v_new = new.kv[i]

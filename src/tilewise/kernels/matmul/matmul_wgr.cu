@@ -106,8 +106,7 @@ __device__ __forceinline__ Nf4Table nf4_table() {
     tb.lo[i] = tb.hi[i] = 0u;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      unsigned short h;
-      asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(NF4_CODE[4 * i + j]));
+      const unsigned short h = f16_bits(NF4_CODE[4 * i + j]);
       tb.lo[i] |= (unsigned)(h & 0xffu) << (8 * j);
       tb.hi[i] |= (unsigned)(h >> 8) << (8 * j);
     }
