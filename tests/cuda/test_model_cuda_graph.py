@@ -185,9 +185,9 @@ def test_pdl_decisions_are_bit_identical_to_serial_launches(dev, rng, kind):
 def test_fused_prologues_are_bit_identical_to_separate_launches(dev, rng, kind):
     """The executor joins a matmul's f16 prologue with the launch that wrote its rows: wg-split (ffn.down in two
     slices on wg) joins each down's reduction with the next layer's normed prologue (nf4_mm_reduce_prep); wgr has
-    gate/up store f16 rows for ffn.down (out_h); in both the short conv stores f16 rows for its out projection.
-    The same arithmetic, so decisions give the same bits as the launches apart, launch by launch and replayed, over
-    prompt lengths and an extend branch."""
+    gate/up store f16 rows for ffn.down (out_h); in both the short conv and attention store f16 rows for their out
+    projections. The same arithmetic, so decisions give the same bits as the launches apart, launch by launch and
+    replayed, over prompt lengths and an extend branch."""
     from tests.cuda.test_model_cuda_tune import kind_table
 
     from tilewise.kernels.matmul.cuda import NULL
@@ -208,6 +208,7 @@ def test_fused_prologues_are_bit_identical_to_separate_launches(dev, rng, kind):
         return sum(p.program.meta["entry"].startswith("nf4_mm_reduce_prep")
                    or (p.program.meta["entry"].startswith("nf4_mm_wgr") and p.buffers[12] is not NULL)
                    or (p.program.meta["entry"].startswith("shortconv") and p.buffers[7] is not NULL)
+                   or (p.program.meta["entry"].startswith("attention") and p.buffers[9] is not NULL)
                    for p in plan.launches)
 
     for n in (9, 40, 121):
@@ -220,8 +221,9 @@ def test_fused_prologues_are_bit_identical_to_separate_launches(dev, rng, kind):
         fused_plan, _ = ex.plan(ids, 0, None, True)
         ex.fuse_preps = False
         apart_plan, _ = ex.plan(ids, 0, None, True)
-        assert joined(fused_plan) == 5 and joined(apart_plan) == 0, n  # 3 of reductions or gate/up, 2 convs
-        assert len(apart_plan.launches) == len(fused_plan.launches) + 5
+        # 3 reductions or gate/ups, 2 convs, the first attention (the last block's out projection is one row)
+        assert joined(fused_plan) == 6 and joined(apart_plan) == 0, n
+        assert len(apart_plan.launches) == len(fused_plan.launches) + 6
     base = run(rng.integers(0, cfg.vocab_size, 30), 0, None, True, True)[2]
     tail = rng.integers(0, cfg.vocab_size, 12)
     want, got = run(tail, 30, base, False, False), run(tail, 30, base, True, True)

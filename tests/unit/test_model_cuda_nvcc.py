@@ -27,6 +27,7 @@ SM90 = get_profile("sm_90")
 
 MM_SIG = ("(const float *, int, const unsigned *, const float *, const unsigned *, const float *, const float *, "
           "float, float *, int, int, int)")
+ATTN_SIG = "(const float *, const float *, const float *, float *, int, int, int, int, int, unsigned short *)"
 SIGS = {
     "rmsnorm": "(const float *, const float *, float *, int, int, float)",
     "embed": "(const int *, const unsigned *, const float *, float *, int, int)",
@@ -35,9 +36,9 @@ SIGS = {
     "shortconv": "(const float *, const float *, const float *, float *, float *, int, int, unsigned short *)",
     "qknorm_rope": ("(const float *, const float *, const float *, const float *, const float *, float *, float *, "
                     "float *, int, int, int, int, float)"),
-    "attention": "(const float *, const float *, const float *, float *, int, int, int, int, int)",
-    "attention_tiled": "(const float *, const float *, const float *, float *, int, int, int, int, int)",
-    "attention_mma": "(const float *, const float *, const float *, float *, int, int, int, int, int)",
+    "attention": ATTN_SIG,
+    "attention_tiled": ATTN_SIG,
+    "attention_mma": ATTN_SIG,
     "nf4_mm_mma": MM_SIG,
     "nf4_mm_rows": MM_SIG,
     "nf4_mm_splitk": MM_SIG,

@@ -340,8 +340,8 @@ def test_a_reduction_followed_by_the_prologue_of_its_rows_is_one_launch(rng):
 def test_a_wgr_swiglu_launch_stores_the_f16_rows_ffn_down_reads_in_place_of_its_prologue(rng, monkeypatch):
     """gate/up, ffn.down and the out projections on wgr: gate/up's launch gets out_h = the f16 rows down's main
     launch reads (the other buffer of the pair, not the one gate/up itself reads), down's prologue launch is gone, and
-    the f32 output gate/up no longer writes is rewritten before anything reads it again; the short conv likewise
-    stores f16 rows for its out projection; fusing off keeps out_h null."""
+    the f32 output gate/up no longer writes is rewritten before anything reads it again; the short conv and
+    attention likewise store f16 rows for their out projection; fusing off keeps out_h null."""
     from tilewise.kernels.matmul import cuda as mm
     from tilewise.kernels.matmul.cuda import DEFAULT_WGR, CudaMatmul
     from tilewise.model.dispatch import matmul_key
@@ -366,12 +366,12 @@ def test_a_wgr_swiglu_launch_stores_the_f16_rows_ffn_down_reads_in_place_of_its_
     assert all(p.buffers[12] is NULL for p in apart.launches if p.program.meta["entry"].startswith("nf4_mm_wgr"))
     ex.fuse_preps = True
     plan, _ = ex.plan(ids, 0, None, False)
-    n_conv = sum(t == "conv" for t in cfg.layer_types)
-    assert len(apart.launches) == len(plan.launches) + L + n_conv  # + each conv's out projection prologue
-    for i in (i for i, lab in enumerate(plan.labels) if lab == "conv"):
-        conv, proj = plan.launches[i], plan.launches[i + 1]
-        check_launch(conv, sigs)
-        assert plan.labels[i + 1] == "conv.out_proj" and conv.buffers[7] is proj.buffers[0]  # y as f16 rows
+    assert len(apart.launches) == len(plan.launches) + 2 * L  # + each mixer's out projection prologue
+    for i in (i for i, lab in enumerate(plan.labels) if lab in ("conv", "attention")):
+        mixer, proj = plan.launches[i], plan.launches[i + 1]
+        check_launch(mixer, sigs)
+        out_h = mixer.buffers[7 if plan.labels[i] == "conv" else 9]
+        assert plan.labels[i + 1].endswith(".out_proj") and out_h is proj.buffers[0]  # its output as f16 rows
     ups = [i for i, lab in enumerate(plan.labels) if lab == "ffn.gate_up"]
     assert len(ups) == 2 * L  # gate/up's prologue (normed: nothing before it to join) and its main launch
     for i in ups[1::2]:

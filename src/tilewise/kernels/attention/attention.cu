@@ -6,7 +6,7 @@
 //       m (HQ + 2 HKV) + h: each lane holds ceil(D / 32) of its values; q heads are normed and
 //       rotated into q (M, HQ D), k heads normed and rotated into k_cache row start + m, v heads copied to v_cache.
 //       RoPE pairs (d, d + D/2); D a multiple of 16, cos/sin tables (positions, D/2) built in float64 on the host.
-//   attention<D, NW>(q, k_cache, v_cache, out, M, P, first, HQ, HKV)
+//   attention<D, NW>(q, k_cache, v_cache, out, M, P, first, HQ, HKV, out_h)
 //       grid (M, HQ), NW warps: query i (row first + i of q, at position P + first + i) of head h over keys
 //       0 .. P + first + i, written to row i of out;
 //       warp w takes keys w, w + NW, ...; each lane holds ceil(D / 32) of q and of the running output; the warps' partial
@@ -25,7 +25,8 @@
 //       and multiplies the probabilities, rounded to f16 straight from the score registers as the next A operand,
 //       with V (ldmatrix.trans) into f32 accumulators. A warp skips the tiles its queries cannot see. f16 operands:
 //       verified at the f16 tolerance.
-// Rules mirrored from kernels/attention/cuda.py.
+// Every attention kernel stores its output rows as f16 into out_h instead of f32 into out where out_h is not null
+// (the out projection's f16 rows, its prologue launch saved). Rules mirrored from kernels/attention/cuda.py.
 
 #ifndef WARPSIZE
 #define WARPSIZE 32
@@ -75,6 +76,13 @@ __host__ __device__ constexpr int mma_attention_first_failure(int D, int NW) {
 // one warp per (row, head), ROPE_WARPS warps a block: a block of D threads per head spent most of its time in
 // block scheduling and a serial sum over shared memory
 #define ROPE_WARPS 8
+// an attention output value: f32 into out, or (out_h not null) rounded to f16 into out_h, as the out projection's
+// prologue would round it
+__device__ __forceinline__ void store_out(float *out, unsigned short *out_h, size_t at, float v) {
+  if (out_h) out_h[at] = f16_bits(v);
+  else out[at] = v;
+}
+
 template <int D>
 __global__ void __launch_bounds__(ROPE_WARPS * WARPSIZE) qknorm_rope(
     const float *__restrict__ qkv, const float *__restrict__ q_norm, const float *__restrict__ k_norm,
@@ -133,7 +141,7 @@ __global__ void __launch_bounds__(NW * WARPSIZE) attention(const float *__restri
                                                             const float *__restrict__ k_cache,
                                                             const float *__restrict__ v_cache,
                                                             float *__restrict__ out, int M, int P, int first,
-                                                            int HQ, int HKV) {
+                                                            int HQ, int HKV, unsigned short *__restrict__ out_h) {
   PDL_BEGIN();
   static_assert(attention_first_failure(D, NW) != 1, "head_dim_16_256: D must be a multiple of 16, 16..256");
   static_assert(attention_first_failure(D, NW) != 2, "warps_1_32: NW (warps per block) must be 1..32");
@@ -191,7 +199,7 @@ __global__ void __launch_bounds__(NW * WARPSIZE) attention(const float *__restri
   }
 #pragma unroll
   for (int e = 0; e < E; ++e)
-    if (e * WARPSIZE + lane < D) out[((size_t)i * HQ + h) * D + e * WARPSIZE + lane] = o[e] / tot;
+    if (e * WARPSIZE + lane < D) store_out(out, out_h, ((size_t)i * HQ + h) * D + e * WARPSIZE + lane, o[e] / tot);
 }
 
 // the launch bound's one block per SM: with the default bound ptxas capped it at 64 registers and spilled
@@ -200,7 +208,8 @@ __global__ void __launch_bounds__(NW * WARPSIZE, 1) attention_tiled(const float 
                                                                      const float *__restrict__ k_cache,
                                                                      const float *__restrict__ v_cache,
                                                                      float *__restrict__ out, int M, int P, int first,
-                                                                     int HQ, int HKV) {
+                                                                     int HQ, int HKV,
+                                                                     unsigned short *__restrict__ out_h) {
   PDL_BEGIN();
   constexpr int FAIL = tiled_first_failure(D, QT, NW);
   static_assert(FAIL != 1, "head_dim_16_256: D must be a multiple of 16, 16..256");
@@ -295,7 +304,8 @@ __global__ void __launch_bounds__(NW * WARPSIZE, 1) attention_tiled(const float 
     if (i >= M) continue;
 #pragma unroll
     for (int e = 0; e < E; ++e)
-      if (e * WARPSIZE + lane < D) out[((size_t)i * HQ + h) * D + e * WARPSIZE + lane] = acc[j][e] / sum[j];
+      if (e * WARPSIZE + lane < D)
+        store_out(out, out_h, ((size_t)i * HQ + h) * D + e * WARPSIZE + lane, acc[j][e] / sum[j]);
   }
 }
 
@@ -320,7 +330,7 @@ __global__ void __launch_bounds__(NW * WARPSIZE) attention_mma(const float *__re
                                                                 const float *__restrict__ k_cache,
                                                                 const float *__restrict__ v_cache,
                                                                 float *__restrict__ out, int M, int P, int first,
-                                                                int HQ, int HKV) {
+                                                                int HQ, int HKV, unsigned short *__restrict__ out_h) {
   PDL_BEGIN();
   constexpr int FAIL = mma_attention_first_failure(D, NW);
   static_assert(FAIL != 1, "head_dim_16_128: D must be a multiple of 16, 16..128");
@@ -433,7 +443,9 @@ __global__ void __launch_bounds__(NW * WARPSIZE) attention_mma(const float *__re
       float2 v;
       v.x = o[j][2 * r] * inv;
       v.y = o[j][2 * r + 1] * inv;
-      *reinterpret_cast<float2 *>(out + ((size_t)row * HQ + h) * D + 8 * j + 2 * t) = v;
+      const size_t at = ((size_t)row * HQ + h) * D + 8 * j + 2 * t;
+      if (out_h) *reinterpret_cast<unsigned *>(out_h + at) = pack2(v.x, v.y);
+      else *reinterpret_cast<float2 *>(out + at) = v;
     }
   }
 }

@@ -20,7 +20,7 @@ import numpy as np
 from tilewise.devices.base import Buffer, Device, Launch, Program, capability
 from tilewise.kernels.attention.problem import AttentionProblem, QKNormRopeProblem, rope_table
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
-from tilewise.kernels.cudasrc import compile_cuda, model_source, name_expression, upload_all
+from tilewise.kernels.cudasrc import NULL, compile_cuda, model_source, name_expression, offers_f16_out, upload_all
 from tilewise.kernels.space import Config, Rule, Space
 
 DEFAULT_NW = 4
@@ -142,7 +142,7 @@ class CudaAttention(KernelTemplate):
         prog = compile_cuda(device, model_source("attention", "attention.cu"), self.entry(config, shape[4]),
                             32 * config["NW"], f"attention[{config}]")
         prog.meta["QT"] = int(config["QT"])  # the launch's grid covers the queries in blocks of QT
-        return prog
+        return offers_f16_out(prog, 3, 9, 4, 7, shape[4])  # out (M, HQ D) as f16 rows for the out projection
 
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
         bufs = upload_all(device, host)
@@ -158,7 +158,7 @@ class CudaAttention(KernelTemplate):
         qt = program.meta.get("QT", 1)
         return [Launch(program, (-(-m // qt), hq, 1), [bufs["q"], bufs["k_cache"], bufs["v_cache"], bufs["out"],
                                                         np.int32(m), np.int32(p), np.int32(first), np.int32(hq),
-                                                        np.int32(hkv)])]
+                                                        np.int32(hkv), NULL])]
 
 
 class CudaQKNormRope(KernelTemplate):

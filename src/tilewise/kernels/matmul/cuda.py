@@ -458,7 +458,8 @@ def fuse_prep(device: Device, prev: Launch, prep: Launch, programs: dict[Any, Pr
 
     - a residual split-K reduction and a prologue (normed or not) of its rows: one `nf4_mm_reduce_prep` launch
       (`programs` caches its programs by key);
-    - a launch that offers f16 output (`cudasrc.offers_f16_out`: wgr applying its own epilogue, the short conv) and
+    - a launch that offers f16 output (`cudasrc.offers_f16_out`: wgr applying its own epilogue, the short conv,
+      attention) and
       an unnormed prologue of that output: the same launch storing f16 rows where the prologue would have. Its f32
       output is then not written: the caller fuses only where the prologue's matmul is that output's only reader.
     """
@@ -480,10 +481,10 @@ def fuse_prep(device: Device, prev: Launch, prep: Launch, programs: dict[Any, Pr
         return Launch(prog, (int(m), 1, 1), [partial, ks, out, m, n, norm_w, eps, xh])
     offer = prev.program.meta.get("f16_out")
     if offer is not None and role[1] == 0:
-        out, out_h, rows, cols = offer
+        out, out_h, rows, cols, cols_scale = offer
         args = list(prev.buffers)
         if (args[out] is not x or args[out_h] is not NULL or int(args[rows]) != prep.grid[0]
-                or int(args[cols]) != int(k)):
+                or int(args[cols]) * cols_scale != int(k)):
             return None
         args[out_h] = xh
         return Launch(prev.program, prev.grid, args)
