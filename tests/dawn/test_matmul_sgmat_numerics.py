@@ -37,17 +37,17 @@ def dev():
 
 def configs(tpl, dev):
     """The default and seeds legal on this adapter: both W layouts, a 128-row tile, K step 64, split-K in 4 slices,
-    padded rows in both layouts (once with split-K), and the pipelined staging (PIPE=2) alone, in the kn layout and
-    with split-K."""
-    seeds = tpl.seed_configs(dev.info.limits)
+    padded rows in both layouts (once with split-K), the pipelined staging (PIPE=2) alone, in the kn layout and
+    with split-K, and six fragments per subgroup along M (a 384-row tile on the H200), alone and with split-K."""
+    seeds = [c for c in tpl.seed_configs(dev.info.limits) if tpl.space().is_legal(c, dev.info.limits)]
 
     def first(**want):
         return next((c for c in seeds if all(c[k] == v for k, v in want.items())), seeds[0])
 
     picked = [seeds[0], seeds[1], seeds[2], first(BK=64, KS=1, PAD=0, PIPE=1), first(KS=4, PAD=0, PIPE=1),
               first(PAD=8, KS=4, PIPE=1), first(PAD=8, WL="kn", PIPE=1), first(PIPE=2, PAD=0),
-              first(PIPE=2, PAD=8, WL="kn"), first(PIPE=2, KS=4)]
-    return list(dict.fromkeys(c for c in picked if tpl.space().is_legal(c, dev.info.limits)))
+              first(PIPE=2, PAD=8, WL="kn"), first(PIPE=2, KS=4), first(FM=6, KS=1), first(FM=6, KS=2)]
+    return list(dict.fromkeys(picked))
 
 
 def _rows(host, m, tpl):

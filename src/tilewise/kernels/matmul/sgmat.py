@@ -73,7 +73,7 @@ PARAMS: dict[str, list[Any]] = {
     "SG": list(gemm_sg.PARAMS["SG"]),
     "SM": list(gemm_sg.PARAMS["SM"]),
     "SN": list(gemm_sg.PARAMS["SN"]),
-    "FM": [1, 2, 4, 8],
+    "FM": [1, 2, 3, 4, 6, 8],  # 3 and 6: 384-row tiles (SM 4 x FM 6 x 16), one tile for a 346-row decision
     "FN": [1, 2, 4, 8],
     "BK": [16, 32, 64],
     "WL": list(WEIGHT_LAYOUTS),
@@ -85,8 +85,18 @@ PAIRED_KS = [1, 2, 4]  # swiglu's scratch holds two sums per output: KS 8 at 512
 # a 64x64 tile: 2x2 subgroups of 2x2 16x16x16 fragments, K step 32
 BASE: dict[str, Any] = {"FRAG": "16x16x16", "SG": 32, "SM": 2, "SN": 2, "FM": 2, "FN": 2, "BK": 32, "WL": "nk",
                         "KS": 1, "PAD": 0, "PIPE": 1}
-# hand-picked points, most likely first (`tilewise tune model --budget B` keeps the first B - 1 after the default)
+# hand-picked points, most likely first (`tilewise tune model --budget B` keeps the first B - 1 after the default):
+# the fastest measured at a decision's row count first, then tiles that cover 346 rows in one or two row tiles
+# (each weight tile is decoded and staged once per row tile: at 128 rows three times)
+_TALL = {"FRAG": "16x8x16", "SM": 4, "SN": 4, "FM": 6, "FN": 2, "BK": 16, "WL": "kn", "PAD": 8}  # 384x64
 _SEED_VARIANTS: tuple[dict[str, Any], ...] = (
+    {"PAD": 8, "WL": "kn"},
+    {"FRAG": "16x8x16", "SM": 4, "SN": 4, "FM": 2, "FN": 4, "BK": 16, "WL": "kn", "PAD": 8},  # 128x128
+    {"PAD": 8, "KS": 4},
+    _TALL,
+    {**_TALL, "SM": 2, "BK": 32},  # 192x64
+    {**_TALL, "KS": 2},
+    {**_TALL, "FN": 1},  # 384x32: twice the workgroups
     {"WL": "kn"},
     {"SM": 2, "SN": 4},  # 64x128
     {"FM": 4, "FN": 2},  # 128x64
@@ -106,8 +116,6 @@ _SEED_VARIANTS: tuple[dict[str, Any], ...] = (
     {"FM": 1, "KS": 4},  # 32x64, 4 slices
     {"FM": 4, "FN": 2, "KS": 4},  # 128x64, 4 slices
     {"BK": 64, "KS": 8},
-    {"PAD": 8, "KS": 4},
-    {"PAD": 8, "WL": "kn"},
     {"SM": 2, "SN": 4, "PAD": 8},
     {"FM": 4, "FN": 2, "PAD": 8},
     {"PIPE": 2},
