@@ -13,10 +13,13 @@ changed something). They compute wrong values on purpose, so they are timed, nev
     no-xstore   the x tile is never stored
     mma-only    neither tile stored: the K loop's barriers, fragment loads and multiplies
     no-loop     the K loop runs no step: launch, epilogue and the fixed costs
+    bare        neither the K loop nor the epilogue: launch, workgroup memory and the NF4 table (no-loop - bare is
+                the epilogue)
     f16-w       the same config with f16 weights in storage (format f16: no decode, twice the bytes)
 
 Before the parts, with `--sample N`, the seeds and N random legal configs of each shape go through the engine
-(verified against float64, every output) so the parts are taken of the best one found. Writes
+(verified against float64, every output), then `--neighbors R` rounds of hill-climbing (every legal config one
+parameter away from the best, raced with it), so the parts are taken of the best one found. Writes
 `sgmat_parts.json` (date, device, command, every stat) into `--out`.
 
     TILEWISE_DAWN_UNCHECKED=1 PYTHONPATH=src python3 experiments/sgmat_parts_dawn.py --out DIR [--sample 60]
@@ -101,6 +104,9 @@ def variants(src: str) -> dict[str, str]:
         "no-loop": re.sub(r"k0 < kz \+ \d+u;", "k0 < kz;", src.replace("k0 < K;", "k0 < 0u;")),
     }
     v["mma-only"] = _drop(v["no-wstore"], r"Xs\[o\] = h\.x")
+    lines = src.split("\n")
+    cut = next(i for i, line in enumerate(lines) if "= Acc();" in line)
+    v["bare"] = "\n".join(lines[:cut]) + "\n    if (dims.m == 4294967294u) { out[li] = 1.0; }\n}\n"
     for name, text in v.items():
         if text == src:
             raise RuntimeError(f"variant {name} changed nothing: the generated WGSL no longer has what it edits")
@@ -132,6 +138,9 @@ def main() -> int:
     ap.add_argument("--only", default="ffn.gate_up,ffn.down,conv.in_proj")
     ap.add_argument("--sample", type=int, default=0, help="random legal configs per shape before the parts")
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--neighbors", type=int, default=0, help="rounds of hill-climbing from the best config")
+    ap.add_argument("--no-parts", action="store_true", help="only the sample and the hill-climb")
+    ap.add_argument("--parts-only", default="", help="take the parts of these shapes only (default: all)")
     ap.add_argument("--repeat", type=int, default=8, help="back-to-back runs of a candidate per timed sample")
     ap.add_argument("--device", default="dawn")
     args = ap.parse_args()
@@ -169,6 +178,27 @@ def main() -> int:
                               for oc in ok[:5]), flush=True)
             if ok:
                 best = ok[0].config
+        tried = {best}
+        for rnd in range(args.neighbors):  # hill-climb: every legal config one parameter away, raced with the best
+            space = base.space()
+            near = [space.config({**best, p: v}) for p, vals in space.params.items() for v in vals if v != best[p]]
+            near = [c for c in near if c not in tried and space.is_legal(c, dev.info.limits)
+                    and not base.config_problems(c, shape)]
+            tried.update(near)
+            outs = eng.evaluate([Item(base, c, shape) for c in [best, *near]], batch=None)
+            ok = sorted((oc for oc in outs if oc.status == "ok"), key=lambda oc: oc.stats.median_ms)
+            row.setdefault("neighbors", []).append({"from": str(best), "ranked": [[str(oc.config), oc.stats.median_ms]
+                                                                                  for oc in ok]})
+            print(f"{label} round {rnd + 1}: {len(near)} neighbours of [{mm_fmt(best)}]; best "
+                  + ", ".join(f"{oc.stats.median_ms * 1e3:.1f} us {mm_fmt(oc.config)}" for oc in ok[:4]), flush=True)
+            if not ok or ok[0].config == best:
+                break
+            best = ok[0].config
+        row["best"] = str(best)
+        if args.no_parts or (args.parts_only and label not in args.parts_only.split(",")):
+            doc["shapes"][label] = row
+            (out / "sgmat_parts.json").write_text(json.dumps(doc, indent=1, default=str))
+            continue
         parts = ["", *variants(base.source(best, shape))]
         items = [Item(Edited(base, p) if p else base, best, shape) for p in parts]
         items.append(Item(SgmatMatmul("f16", epilogue, dev.enabled_features, norm, cfg.norm_eps), best, shape))

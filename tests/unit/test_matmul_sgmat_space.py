@@ -34,9 +34,9 @@ def test_default_and_most_seeds_are_legal_on_the_h200(fmt, epilogue, norm):
     assert t.space().is_legal(t.default_config(), H200)
     seeds = t.seed_configs(H200)
     legal = [c for c in seeds if t.space().is_legal(c, H200)]
-    # swiglu refuses the 128x128 seed (256 accumulator floats), split-K in 8 slices (scratch_ks) and the two
-    # buffers of a 64x128 gate and up tile (workgroup storage)
-    assert len(legal) >= len(seeds) - (3 if epilogue == "swiglu" else 0)
+    # swiglu refuses the 128x128 seed (256 accumulator floats), split-K in 8 slices (scratch_ks, two seeds) and the
+    # two buffers of a 64x128 gate and up tile (workgroup storage)
+    assert len(legal) >= len(seeds) - (4 if epilogue == "swiglu" else 0)
     assert all(c["SG"] == 32 for c in seeds)  # the H200's fragments are 32-wide subgroups
 
 
@@ -243,9 +243,9 @@ def test_seeds_fit_an_adapter_of_8x8x8_fragments_and_8_wide_subgroups(fmt, epilo
     lvp = get_profile("lavapipe-dawn-coopmat")
     seeds = t.seed_configs(lvp)
     legal = [c for c in seeds if t.space().is_legal(c, lvp)]
-    # swiglu refuses a few: 16 subgroups' gate and up result fragments outgrow 32 KiB of workgroup memory, and the
-    # 384- and 192-row tiles hold too many accumulators in 8-wide subgroups
-    assert len(legal) >= len(seeds) - (13 if epilogue == "swiglu" else 1) and len(legal) >= 10, \
+    # swiglu refuses a few: 16 subgroups' gate and up result fragments outgrow 32 KiB of workgroup memory; and the
+    # seeds with six fragments along M (tall tiles) hold too many accumulators in 8-wide subgroups
+    assert len(legal) >= len(seeds) - (15 if epilogue == "swiglu" else 3) and len(legal) >= 10, \
         [t.space().why_illegal(c, lvp) for c in seeds]
     assert all(c["FRAG"] == "8x8x8" and c["SG"] == 8 and c["SM"] * c["SN"] == 16 for c in seeds)
     assert any(c["KS"] > 1 for c in legal)

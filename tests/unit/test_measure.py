@@ -148,3 +148,25 @@ def test_cpu_device_self_tie(cpu_device, rng):
     m = measure(cpu_device, {"first": [one], "again": [one]}, warmup=3, min_rounds=40, max_rounds=40)
     groups = {k: g for k, _, g in tie_groups(m.stats)}
     assert groups["first"] == groups["again"]
+
+
+def test_a_device_with_min_round_ms_repeats_candidates_to_fill_a_round():
+    """Rounds shorter than the device's `min_round_ms` run each candidate back to back; samples stay per run."""
+    dev = FakeDevice({"x": 0.5, "y": 1.5}, noise=0.0)
+    dev.min_round_ms = 20.0
+    m = measure(dev, {"x": [launch("x")], "y": [launch("y")]}, warmup=2, min_rounds=4, max_rounds=4)
+    assert m.repeat == 10  # the probe round took 2 ms
+    assert [len(c) for c in dev.calls] == [2, 20, 20, 20, 20, 20]  # probe, one more warm-up, four timed rounds
+    assert all(c.count("x") == c.count("y") == 10 for c in dev.calls[1:])
+    assert m.stats["x"].median_ms == pytest.approx(0.5) and m.stats["y"].median_ms == pytest.approx(1.5)
+
+
+def test_repeats_stay_within_a_rounds_timestamps_and_without_min_round_ms_never_happen():
+    many = {f"k{i}": 0.001 for i in range(300)}
+    dev = FakeDevice(many, noise=0.0)
+    dev.min_round_ms = 20.0
+    m = measure(dev, {k: [launch(k)] for k in many}, warmup=1, min_rounds=1, max_rounds=1)
+    assert m.repeat == 2048 // 300 and max(len(c) for c in dev.calls) <= 2048  # a query set's timestamps
+    plain = FakeDevice({"x": 0.5}, noise=0.0)
+    assert measure(plain, {"x": [launch("x")]}, warmup=1, min_rounds=2, max_rounds=2).repeat == 1
+    assert [len(c) for c in plain.calls] == [1, 1, 1]

@@ -144,11 +144,13 @@ def test_attention_causal_gqa(webgpu_device, rng, shape):
         _assert_close(out, ref, "f32")
 
 
-def test_qknorm_rope_writes_q_and_cache_rows(webgpu_device, rng):
+@pytest.mark.parametrize(("m", "d"), [(6, 16), (37, 64), (5, 24)])  # 2, 4 and 1 invocations per head; a partial
+def test_qknorm_rope_writes_q_and_cache_rows(webgpu_device, rng, m, d):  # last workgroup at 37 rows
     from tilewise.devices.base import Launch
 
     dev = webgpu_device
-    m, p, hq, hkv, d, cap = 6, 9, 4, 2, 16, 32
+    p, hq, hkv = 9, 4, 2
+    cap = p + m + 7
     qkv = rng.standard_normal((m, (hq + 2 * hkv) * d)).astype(np.float32)
     qn, kn = (1 + 0.3 * rng.standard_normal((2, d))).astype(np.float32)
     cos, sin = attention_problem.rope_table(cap, d, 1e6)
@@ -158,7 +160,7 @@ def test_qknorm_rope_writes_q_and_cache_rows(webgpu_device, rng):
             "v_cache": dev.upload(np.full((cap, hkv * d), np.nan, np.float32))}
     prog = dev.compile(attention.qknorm_rope_source(hq, hkv, d, 1e-5))
     _KEEP.append((prog, bufs))
-    dev.run([Launch(prog, (hq + 2 * hkv, m, 1), [bufs[k] for k in attention.ROPE_BINDINGS])])
+    dev.run([Launch(prog, attention.qknorm_rope_grid(m, hq, hkv, d), [bufs[k] for k in attention.ROPE_BINDINGS])])
     q, k, v = attention_problem.qknorm_rope_ref(qkv, qn, kn, p, hq, hkv, d, 1e6, 1e-5)
     kc = dev.download(bufs["k_cache"], np.float32, (cap, hkv, d))
     np.testing.assert_allclose(dev.download(bufs["q"], np.float32, (m, hq, d)), q, atol=2e-6)

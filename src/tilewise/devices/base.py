@@ -227,6 +227,9 @@ class Device(ABC):
     timer: str = "wall-clock"
     #: buffers may be windows into larger allocations (`Buffer.offset`), which guarded verification needs
     supports_windows: bool = False
+    #: timed rounds shorter than this (ms) repeat each candidate back to back (`tune.measure`): a GPU whose clock
+    #: falls in the host's gaps between short rounds; 0: never
+    min_round_ms: float = 0.0
     #: memory accesses are not bounds-checked (Dawn with `disable_robustness`): every verification then runs with
     #: canary words around each output, so a write out of bounds fails the config instead of corrupting others
     unchecked: bool = False

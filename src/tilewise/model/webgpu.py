@@ -375,7 +375,7 @@ class WebGPUExecutor:
                 k_c, v_c = new.kv[i]
                 prog = self._program(("rope", hq, hkv, d), lambda: attn_k.qknorm_rope_source(hq, hkv, d, cfg.norm_eps),
                                      "qknorm_rope")
-                plan.add("attn.qknorm_rope", Launch(prog, (hq + 2 * hkv, n, 1), [
+                plan.add("attn.qknorm_rope", Launch(prog, attn_k.qknorm_rope_grid(n, hq, hkv, d), [
                     self._dims(n, start), a["big"], lay["q_norm"], lay["k_norm"], self.rope[0], self.rope[1], a["q"],
                     k_c, v_c]))
                 nq, first = (1, n - 1) if last else (n, 0)

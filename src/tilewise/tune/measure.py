@@ -17,6 +17,12 @@ Rules it keeps (DESIGN.md, seed 001):
 
 Backends that want work done between samples (an L2 flush on CUDA) pass `between_launches` (timed in the
 same submission, discarded) or `between` (a host callable; then every sample is its own submission).
+
+A device with `min_round_ms` (a discrete GPU behind WebGPU) has its clock fall while the host reads a short round
+back and starts the next: a round of a few milliseconds then runs at a fraction of the clock (Dawn on an H200:
+the same matmul 2.5-5x slower than in a round of 20 ms). The first warm-up round is then a probe, and when the
+round took less than `min_round_ms`, every candidate's launches run `repeat` times back to back within each
+round and each sample is the mean of those runs (`Measurement.repeat` says how many).
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from tilewise.devices.base import Device, Launch
 from tilewise.errors import ConfigError
 
 BOOTSTRAP_RESAMPLES = 2000
+MAX_REPEAT = 64  # runs of a candidate per sample, at most
+MAX_ROUND_LAUNCHES = 2048  # launches per round, at most (a WebGPU query set holds 4096 timestamps, two a launch)
 
 
 @dataclass
@@ -181,6 +189,7 @@ class Measurement:
     warmup_rounds: int
     timer: str
     seconds: float
+    repeat: int = 1  # runs of each candidate per sample (a device's `min_round_ms`)
 
 
 def measure(device: Device, candidates: Mapping[Hashable, Sequence[Launch]], *, warmup: int = 2,
@@ -218,8 +227,13 @@ def measure(device: Device, candidates: Mapping[Hashable, Sequence[Launch]], *, 
     keys = list(candidates)
     samples: dict[Hashable, list[float]] = {k: [] for k in keys}
     t0 = time.perf_counter()
-    for _ in range(warmup):
-        _one_round(device, candidates, keys, between_launches, between)
+    repeat = 1
+    for i in range(warmup):
+        probe = _one_round(device, candidates, keys, between_launches, between)
+        if i == 0:
+            repeat = _repeat_for(device, probe, candidates, between_launches, between)
+            if repeat > 1:
+                candidates = {k: [*v] * repeat for k, v in candidates.items()}
     done = 0
     orders = balanced_orders(keys, rng)
     while done < max_rounds:
@@ -227,12 +241,25 @@ def measure(device: Device, candidates: Mapping[Hashable, Sequence[Launch]], *, 
             break
         order = next(orders)
         for key, ms in _one_round(device, candidates, order, between_launches, between).items():
-            samples[key].append(ms)
+            samples[key].append(ms / repeat)
         done += 1
         if on_round:
             on_round(done, max_rounds)
     stats = {k: summarize(v, rng) for k, v in samples.items()}
-    return Measurement(stats, done, warmup, device.timer, time.perf_counter() - t0)
+    return Measurement(stats, done, warmup, device.timer, time.perf_counter() - t0, repeat)
+
+
+def _repeat_for(device: Device, probe: Mapping[Hashable, float], candidates: Mapping[Hashable, Sequence[Launch]],
+                between_launches: Sequence[Launch], between: Callable[[], None] | None) -> int:
+    """Runs of each candidate per sample so that a round lasts the device's `min_round_ms` (1 without one, with a
+    host callable between samples, or when the probe round was long enough)."""
+    target = float(getattr(device, "min_round_ms", 0.0) or 0.0)
+    total = float(sum(probe.values()))
+    if target <= 0 or between is not None or total >= target:
+        return 1
+    per_round = sum(len(between_launches) + len(v) for v in candidates.values())
+    want = int(np.ceil(target / max(total, 1e-6)))
+    return max(1, min(want, MAX_REPEAT, MAX_ROUND_LAUNCHES // max(per_round, 1)))
 
 
 def balanced_orders(keys: Sequence[Hashable], rng: np.random.Generator) -> Iterator[list[Hashable]]:

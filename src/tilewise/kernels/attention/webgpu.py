@@ -1,10 +1,10 @@
 """LFM2 attention on WebGPU: per-head q/k RMSNorm + RoPE into a KV cache, then causal GQA softmax(QK^T)V.
 
 Variants:
-- `qknorm_rope`: one workgroup of D threads per (row, head) over q, k and v heads of the fused qkv
-  projection: RMSNorm q and k per head (eps = norm_eps), rotate by RoPE (half-split pairs d, d + D/2,
-  theta from the config; cos/sin come from a float64-built table, so that positions in the thousands keep
-  f32 accuracy), write q to `q`, k and v into the cache rows P .. P+M-1 (P = positions already cached).
+- `qknorm_rope`: four invocations per (row, head) over q, k and v heads of the fused qkv projection, sixteen
+  (row, head) units per workgroup: RMSNorm q and k per head (eps = norm_eps), rotate by RoPE (half-split pairs
+  d, d + D/2, theta from the config; cos/sin come from a float64-built table, so that positions in the thousands
+  keep f32 accuracy), write q to `q`, k and v into the cache rows P .. P+M-1 (P = positions already cached).
 - `attention`: flash-style, KT threads per query row, BQ query rows of one head per workgroup (BQ * KT
   threads); keys and values are staged in workgroup memory BKV at a time (read by every thread: broadcast)
   and folded in with an online softmax, q and the output held in D/4 scalar vec4 registers (generated,
@@ -41,50 +41,86 @@ DEFAULT_ATTN = {"BQ": 32, "BKV": 16}  # KT absent: 1
 
 
 
+ROPE_WG = 64  # invocations per qknorm_rope workgroup
+
+
+def rope_threads(d: int) -> int:
+    """Invocations per (row, head) of `qknorm_rope`: 4, or fewer where D / 8 is not a multiple of 4, so that each
+    invocation holds both halves of the RoPE pairs it rotates (vec4 q and q + D/8)."""
+    if d % 8:
+        raise ValueError(f"head dim {d} is not a multiple of 8 (qknorm_rope reads vec4s and rotates half-split pairs)")
+    return next(t for t in (4, 2, 1) if (d // 8) % t == 0)
+
+
+def qknorm_rope_grid(m: int, hq: int, hkv: int, d: int) -> tuple[int, int, int]:
+    """Workgroups of `qknorm_rope` for M rows: one unit per (row, head), ROPE_WG / rope_threads(d) units each."""
+    units = m * (hq + 2 * hkv)
+    per = ROPE_WG // rope_threads(d)
+    return (-(-units // per), 1, 1)
+
+
 def qknorm_rope_source(hq: int, hkv: int, d: int, eps: float) -> str:
-    head = row_header([("qkv", "f32"), ("q_norm", "f32"), ("k_norm", "f32"), ("cos_t", "f32"), ("sin_t", "f32")],
-                      [("q", "f32"), ("k_cache", "f32"), ("v_cache", "f32")])
-    return f"""{head}const HQ: u32 = {hq}u;
+    """T = rope_threads(d) invocations per (row, head) unit, ROPE_WG / T units per workgroup: invocation j of a unit
+    holds vec4s j, j + T, ... of the head (D / 4T of them), so a head's sum of squares takes one exchange through
+    workgroup memory and RoPE's pairs (vec4 q, q + D/8) never leave an invocation. One barrier per workgroup where a
+    workgroup per (row, head) with a tree reduction took seven, over 11k workgroups at 346 rows."""
+    T = rope_threads(d)
+    per = d // (4 * T)  # vec4s per invocation
+    half4 = d // 8  # vec4s in half a head
+    head = row_header([("qkv", "vec4<f32>"), ("q_norm", "vec4<f32>"), ("k_norm", "vec4<f32>"),
+                       ("cos_t", "vec4<f32>"), ("sin_t", "vec4<f32>")],
+                      [("q", "vec4<f32>"), ("k_cache", "vec4<f32>"), ("v_cache", "vec4<f32>")])
+    L = [f"""{head}const HQ: u32 = {hq}u;
 const HKV: u32 = {hkv}u;
-const D: u32 = {d}u;
-const HALF: u32 = {d // 2}u;
-var<workgroup> red: array<f32, {d}>;
-var<workgroup> nv: array<f32, {d}>;
-@compute @workgroup_size({d})
+const H: u32 = {hq + 2 * hkv}u;
+const D4: u32 = {d // 4}u;
+const T: u32 = {T}u;  // invocations per (row, head)
+var<workgroup> red: array<f32, {ROPE_WG}>;
+@compute @workgroup_size({ROPE_WG})
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
-    let hh = wid.x;
-    let m = wid.y;
+    let unit = wid.x * {ROPE_WG // T}u + li / T;
+    let j = li % T;
+    let m = unit / H;
+    let hh = unit % H;
+    let ok = m < dims.m;  // no return before the barrier: it must be reached by every invocation
     let pos = dims.r0 + m;
-    let v = qkv[m * (HQ + 2u * HKV) * D + hh * D + li];
-    if (hh >= HQ + HKV) {{
-        v_cache[pos * HKV * D + (hh - HQ - HKV) * D + li] = v;
-        return;
-    }}
-    red[li] = v * v;
+    let base = (m * H + hh) * D4;
+    var ss = 0.0;"""]
+    for i in range(per):
+        L.append(f"    var v{i} = vec4<f32>(0.0);")
+        L.append(f"    if (ok) {{ v{i} = qkv[base + j + {T * i}u]; }}")
+        L.append(f"    ss = ss + dot(v{i}, v{i});")
+    L.append("""    red[li] = ss;
     workgroupBarrier();
-    for (var h = D / 2u; h > 0u; h = h / 2u) {{
-        if (li < h) {{ red[li] = red[li] + red[li + h]; }}
-        workgroupBarrier();
-    }}
-    let rs = inverseSqrt(red[0] / f32(D) + {eps!r});
-    var w = k_norm[li];
-    if (hh < HQ) {{ w = q_norm[li]; }}
-    let n = v * rs * w;
-    nv[li] = n;
-    workgroupBarrier();
-    var o: f32;
-    if (li < HALF) {{
-        o = n * cos_t[pos * HALF + li] - nv[li + HALF] * sin_t[pos * HALF + li];
-    }} else {{
-        o = n * cos_t[pos * HALF + li - HALF] + nv[li - HALF] * sin_t[pos * HALF + li - HALF];
-    }}
-    if (hh < HQ) {{
-        q[m * HQ * D + hh * D + li] = o;
-    }} else {{
-        k_cache[pos * HKV * D + (hh - HQ) * D + li] = o;
-    }}
-}}
-"""
+    if (!ok) { return; }
+    if (hh >= HQ + HKV) {
+        let vb = pos * HKV * D4 + (hh - HQ - HKV) * D4;""")
+    for i in range(per):
+        L.append(f"        v_cache[vb + j + {T * i}u] = v{i};")
+    L.append("        return;")
+    L.append("    }")
+    L.append("    var tot = 0.0;")
+    L.append("    for (var t = 0u; t < T; t = t + 1u) { tot = tot + red[(li / T) * T + t]; }")
+    L.append(f"    let rs = inverseSqrt(tot / {float(d)!r} + {eps!r});")
+    L.append("    let isq = hh < HQ;")
+    L.append("    let ob = select(pos * HKV * D4 + (hh - HQ) * D4, m * HQ * D4 + hh * D4, isq);")
+    for i in range(per // 2):  # pairs (i, i + per/2): vec4s a and a + D/8 of the head
+        i2 = i + per // 2
+        L.append("    {")
+        L.append(f"        let a = j + {T * i}u;  // < D/8: the first half's vec4, paired with a + {half4}")
+        L.append("        let wn0 = select(k_norm[a], q_norm[a], isq);")
+        L.append(f"        let wn1 = select(k_norm[a + {half4}u], q_norm[a + {half4}u], isq);")
+        L.append(f"        let n0 = v{i} * rs * wn0;")
+        L.append(f"        let n1 = v{i2} * rs * wn1;")
+        L.append(f"        let c = cos_t[pos * {half4}u + a];")
+        L.append(f"        let s = sin_t[pos * {half4}u + a];")
+        L.append("        let o0 = n0 * c - n1 * s;")
+        L.append("        let o1 = n1 * c + n0 * s;")
+        L.append(f"        if (isq) {{ q[ob + a] = o0; q[ob + a + {half4}u] = o1; }}")
+        L.append(f"        else {{ k_cache[ob + a] = o0; k_cache[ob + a + {half4}u] = o1; }}")
+        L.append("    }")
+    L.append("}")
+    return "\n".join(L) + "\n"
 
 
 def attention_source(cfg: Config | dict, hq: int, hkv: int, d: int) -> str:

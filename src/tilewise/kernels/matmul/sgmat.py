@@ -89,10 +89,14 @@ BASE: dict[str, Any] = {"FRAG": "16x16x16", "SG": 32, "SM": 2, "SN": 2, "FM": 2,
 # the fastest measured at a decision's row count first, then tiles that cover 346 rows in one or two row tiles
 # (each weight tile is decoded and staged once per row tile: at 128 rows three times)
 _TALL = {"FRAG": "16x8x16", "SM": 4, "SN": 4, "FM": 6, "FN": 2, "BK": 16, "WL": "kn", "PAD": 8}  # 384x64
+_WIDE = {"FRAG": "16x8x16", "SM": 4, "SN": 4, "FM": 2, "FN": 4, "BK": 16, "WL": "kn", "PAD": 8}  # 128x128
 _SEED_VARIANTS: tuple[dict[str, Any], ...] = (
     {"PAD": 8, "WL": "kn"},
-    {"FRAG": "16x8x16", "SM": 4, "SN": 4, "FM": 2, "FN": 4, "BK": 16, "WL": "kn", "PAD": 8},  # 128x128
+    {**_WIDE, "PIPE": 2},
     {"PAD": 8, "KS": 4},
+    {"FRAG": "16x8x8", "SM": 2, "SN": 2, "FM": 6, "FN": 4, "BK": 16, "PIPE": 2, "KS": 8},  # 192x64, 8 slices
+    {"SM": 2, "SN": 4, "PIPE": 2, "PAD": 8},
+    _WIDE,
     _TALL,
     {**_TALL, "SM": 2, "BK": 32},  # 192x64
     {**_TALL, "KS": 2},
@@ -121,7 +125,6 @@ _SEED_VARIANTS: tuple[dict[str, Any], ...] = (
     {"PIPE": 2},
     {"PIPE": 2, "PAD": 8, "KS": 4},
     {"PIPE": 2, "PAD": 8, "WL": "kn"},
-    {"SM": 2, "SN": 4, "PIPE": 2, "PAD": 8},
 )
 SEEDS: tuple[dict[str, Any], ...] = tuple({**BASE, **v} for v in _SEED_VARIANTS)
 
