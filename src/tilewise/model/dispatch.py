@@ -18,6 +18,7 @@ from typing import Any
 from tilewise.devices.base import Limits
 from tilewise.errors import ConfigError
 from tilewise.kernels.attention import cuda as attn_cuda
+from tilewise.kernels.attention import sgmat as attn_sg
 from tilewise.kernels.attention import webgpu as attn_k
 from tilewise.kernels.base import KernelTemplate
 from tilewise.kernels.matmul import cuda as mm_cuda
@@ -107,8 +108,9 @@ def range_choice(key: str, kernel: str, values: Mapping[str, Any], rows: tuple[i
     ("webgpu" or "cuda") says whose kernels the names are (a table holds one device's)."""
     sizes = _key_sizes(key)
     tpl: KernelTemplate
-    if kernel == "attention":
-        tpl = attn_cuda.CudaAttention() if backend == "cuda" else attn_k.AttentionTemplate()
+    if kernel == "attention" or (kernel == "attention.sgmat" and backend != "cuda"):
+        tpl = (attn_cuda.CudaAttention() if backend == "cuda" else attn_k.AttentionTemplate() if kernel == "attention"
+               else attn_sg.SgmatAttention(features))
         shapes = [(m, 0, *sizes) for m in rows]
     elif backend == "cuda":
         try:

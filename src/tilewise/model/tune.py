@@ -28,9 +28,10 @@ from typing import Any
 from tilewise.errors import ConfigError
 from tilewise.kernels.attention import cuda as attn_cuda
 from tilewise.kernels.attention import webgpu as attn_k
+from tilewise.kernels.attention.sgmat import SgmatAttention
 from tilewise.kernels.matmul import cuda as mm_cuda
 from tilewise.kernels.matmul import webgpu as mm
-from tilewise.kernels.matmul.sgmat import sgmat_templates
+from tilewise.kernels.matmul.sgmat import has_subgroup_matrices, sgmat_templates
 from tilewise.kernels.space import Config
 from tilewise.model.dispatch import attention_key, attention_shape, dispatch_path, load_model_table, matmul_key
 from tilewise.tune.dispatch import DispatchTable, Entry, Range, fit_dispatch, make_ranges
@@ -288,13 +289,12 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
 def tune_attention(dev: Any, cfg: Any, seq: int, seed: int, store: Store | None = None,
                    force: bool = False, budget: int | None = None, run: Run | None = None,
                    what: str = "attention",
-                   make_engine: Callable[..., Engine] = Engine) -> tuple[dict[str, Any], float]:
-    """The fastest verified attention tile at the decision length (at most `budget` tiles, the default first):
-    (config values, median ms)."""
-    t = attention_template(dev)
+                   make_engine: Callable[..., Engine] = Engine) -> tuple[Any, dict[str, Any], float]:
+    """The fastest verified attention kernel and tile at the decision length (at most `budget` tiles per kernel,
+    each kernel's default first): (template, config values, median ms)."""
     shape = attention_shape(cfg, seq)
     eng = make_engine(dev, store, force=force, seed=seed, measure_kw=ATTENTION_MEASURE)
-    outcomes = (run or Run()).evaluate(eng, [Item(t, c, shape) for c in attention_candidates(dev, budget, shape)],
+    outcomes = (run or Run()).evaluate(eng, [Item(t, c, shape) for t, c in attention_items(dev, budget, shape)],
                                        what)
     ok = [oc for oc in outcomes if oc.status == "ok" and oc.stats is not None]
     if not ok:
@@ -302,7 +302,7 @@ def tune_attention(dev: Any, cfg: Any, seq: int, seed: int, store: Store | None 
                           + "; ".join(f"{oc.config}: {oc.status}" for oc in outcomes[:4]),
                           "report this with `tilewise devices --json`")
     best = min(ok, key=lambda oc: oc.stats.median_ms)  # type: ignore[union-attr]
-    return dict(best.config), best.stats.median_ms  # type: ignore[union-attr]
+    return best.item.kernel, dict(best.config), best.stats.median_ms  # type: ignore[union-attr]
 
 
 def attention_template(dev: Any) -> Any:
@@ -319,6 +319,18 @@ def attention_candidates(dev: Any, budget: int | None, shape: tuple[int, ...]) -
     seeds = t.space("seed").legal(dev.info.limits) if cuda else []  # CUDA: the hand-picked tiles before the rest
     legal = t.space().legal(dev.info.limits)
     return list(dict.fromkeys([default, *seeds, *legal]))[:budget]
+
+
+def attention_items(dev: Any, budget: int | None, shape: tuple[int, ...]) -> list[tuple[Any, Config]]:
+    """(template, config) of every attention candidate: the executor's kernel (`attention_candidates`), then on a
+    device with subgroup matrices the subgroup-matrix kernel, its default first (at most `budget` per kernel)."""
+    out = [(attention_template(dev), c) for c in attention_candidates(dev, budget, shape)]
+    if dev.info.backend != "cuda" and has_subgroup_matrices(dev):
+        t = SgmatAttention(dev.enabled_features)
+        legal = [c for c in t.space().legal(dev.info.limits) if not t.config_problems(c, shape)]
+        first = [t.default_config()] if t.default_config() in legal else []
+        out += [(t, c) for c in list(dict.fromkeys([*first, *legal]))[:budget]]
+    return out
 
 
 def model_config(name: str) -> Any:
@@ -402,7 +414,7 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
           "seq": seq, "budget": budget}
     counts = {key: len(rows) * len(matmul_candidates(dev, fmt, e, rows, norm=nm, **kw))
               for key, (_, (e, _, _, nm)) in shapes.items()}
-    n_attn = len(attention_candidates(dev, budget, attention_shape(cfg, seq))) if tune_attn else 0
+    n_attn = len(attention_items(dev, budget, attention_shape(cfg, seq))) if tune_attn else 0
     run = Run(sum(counts.values()) + n_attn, progress, None if budget_s is None else time.perf_counter() + budget_s)
     left = [label for label, _ in shapes.values()] + (["attention"] if tune_attn else [])
     stop: BaseException | None = None
@@ -419,13 +431,13 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
             _log_shape(log, label, epilogue, n, k, seq, entry, record)
         if tune_attn:
             _save_partial(table, path, left, "running")
-            attn_cfg, attn_ms = tune_attention(dev, cfg, seq, seed, store=store, force=force, budget=budget, run=run,
-                                               what=f"attention ({akey}, {seq} rows)", make_engine=make_engine)
-            attn = attention_template(dev)
+            attn, attn_cfg, attn_ms = tune_attention(dev, cfg, seq, seed, store=store, force=force, budget=budget,
+                                                     run=run, what=f"attention ({akey}, {seq} rows)",
+                                                     make_engine=make_engine)
             table.put(akey, Entry(make_ranges([Range(1, seq, attn.config_of(attn_cfg))], attn.name, open_end=True)),
                       attn)
             left.remove("attention")
-            log(f"attention at {seq} rows: {attn_cfg} {attn_ms:.4f} ms")
+            log(f"attention at {seq} rows: {attn.name} {attn_cfg} {attn_ms:.4f} ms")
     except (OutOfTime, KeyboardInterrupt) as exc:
         stop = exc
     why = f"--budget-s {budget_s:g} s passed" if isinstance(stop, OutOfTime) else "interrupted"

@@ -35,6 +35,7 @@ import numpy as np
 
 from tilewise.devices.base import Buffer, Device, Launch, Program
 from tilewise.errors import ConfigError, DeviceLost
+from tilewise.kernels.attention import sgmat as attn_sg
 from tilewise.kernels.attention import webgpu as attn_k
 from tilewise.kernels.attention.problem import rope_table
 from tilewise.kernels.base import KernelTemplate
@@ -239,6 +240,8 @@ class WebGPUExecutor:
         if tpl is None:
             if name == "attention":
                 tpl = attn_k.AttentionTemplate()
+            elif name == "attention.sgmat":
+                tpl = attn_sg.SgmatAttention(self.dev.enabled_features)
             elif name == "shortconv":
                 tpl = conv_k.ConvTemplate()
             elif name == "head":
@@ -346,8 +349,8 @@ class WebGPUExecutor:
                                     {"dims": self._dims(n), "ids": a["ids"], **table, "out": a["x"]}):
             plan.add("embed", launch)
         n_layers = len(self.layers)
-        attn = self._template("attention")
         picked = self.dispatch.pick(attention_key(hq, hkv, d), n)
+        attn = self._template(picked[0] if picked is not None else "attention")
         attn_cfg = attn.config_of(picked[1] if picked is not None else attn_k.DEFAULT_ATTN)
         conv = self._template("shortconv")
         xr, xr_rows = a["x"], n  # the residual rows the FFN works on
