@@ -9,8 +9,8 @@ evaluation engine at every row count (1..512 plus the decision's lengths): each 
 float64 reference (every output value, NaN-poisoned outputs), every candidate of one row count is timed in the
 same interleaved rounds, and every outcome is stored (an interrupted run resumes from the store). The tuner's
 `fit_dispatch` turns the per-row-count medians into the fewest row ranges within 3% of the best; the cutoff where
-the tiled kernel takes over is printed per shape (seed 001 found 96 on an M1 Max). Attention's query/key tile is
-tuned at the decision length.
+the tiled kernel takes over is printed per shape (seed 001 found 96 on an M1 Max). Attention (the executor's
+kernel, and on Dawn the subgroup-matrix one beside it: `model/tune_attention.py`) is tuned at the decision length.
 
 The table is keyed by the device fingerprint and the kernel families' code versions; the executor ignores (with a
 warning) a table from another device and the entries of a family whose code changed.
@@ -26,14 +26,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from tilewise.errors import ConfigError
-from tilewise.kernels.attention import cuda as attn_cuda
-from tilewise.kernels.attention import webgpu as attn_k
-from tilewise.kernels.attention.sgmat import SgmatAttention
 from tilewise.kernels.matmul import cuda as mm_cuda
 from tilewise.kernels.matmul import webgpu as mm
-from tilewise.kernels.matmul.sgmat import has_subgroup_matrices, sgmat_templates
+from tilewise.kernels.matmul.sgmat import sgmat_templates
 from tilewise.kernels.space import Config
 from tilewise.model.dispatch import attention_key, attention_shape, dispatch_path, load_model_table, matmul_key
+from tilewise.model.tune_attention import (  # noqa: F401 (attention_candidates, attention_template: public here too)
+    attention_candidates,
+    attention_items,
+    attention_template,
+    tune_attention,
+)
 from tilewise.tune.dispatch import DispatchTable, Entry, Range, fit_dispatch, make_ranges
 from tilewise.tune.engine import Engine, Item
 from tilewise.tune.store import Store
@@ -158,7 +161,6 @@ def candidates(template: Any, limits: Any, n: int, seed: int, hand_picked: bool 
 
 
 TUNE_MEASURE = {"warmup": 2, "min_rounds": 6, "max_rounds": 20, "budget_s": 0.4}
-ATTENTION_MEASURE = {"warmup": 2, "min_rounds": 6, "max_rounds": 25, "budget_s": 1.0}
 
 
 def matmul_templates(dev: Any, fmt: str, epilogue: str, rows: list[int], f16_arith: bool = False,
@@ -284,53 +286,6 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
     if keep_times:
         record["times_ms"] = {tags[c]: {m: t for m, t in sorted(ts.items())} for c, ts in times.items()}
     return entry, record
-
-
-def tune_attention(dev: Any, cfg: Any, seq: int, seed: int, store: Store | None = None,
-                   force: bool = False, budget: int | None = None, run: Run | None = None,
-                   what: str = "attention",
-                   make_engine: Callable[..., Engine] = Engine) -> tuple[Any, dict[str, Any], float]:
-    """The fastest verified attention kernel and tile at the decision length (at most `budget` tiles per kernel,
-    each kernel's default first): (template, config values, median ms)."""
-    shape = attention_shape(cfg, seq)
-    eng = make_engine(dev, store, force=force, seed=seed, measure_kw=ATTENTION_MEASURE)
-    outcomes = (run or Run()).evaluate(eng, [Item(t, c, shape) for t, c in attention_items(dev, budget, shape)],
-                                       what)
-    ok = [oc for oc in outcomes if oc.status == "ok" and oc.stats is not None]
-    if not ok:
-        raise ConfigError(f"no attention tile ran correctly at {seq} rows: "
-                          + "; ".join(f"{oc.config}: {oc.status}" for oc in outcomes[:4]),
-                          "report this with `tilewise devices --json`")
-    best = min(ok, key=lambda oc: oc.stats.median_ms)  # type: ignore[union-attr]
-    return best.item.kernel, dict(best.config), best.stats.median_ms  # type: ignore[union-attr]
-
-
-def attention_template(dev: Any) -> Any:
-    """The attention kernel of the device's executor."""
-    return attn_cuda.CudaAttention() if dev.info.backend == "cuda" else attn_k.AttentionTemplate()
-
-
-def attention_candidates(dev: Any, budget: int | None, shape: tuple[int, ...]) -> list[Config]:
-    """The default tile (on CUDA: `default_attention` at `shape`, (M, P, HQ, HKV, D)), then the hand-picked ones,
-    then the rest."""
-    t = attention_template(dev)
-    cuda = dev.info.backend == "cuda"
-    default = t.config_of(attn_cuda.default_attention(dev.info.limits, shape) if cuda else attn_k.DEFAULT_ATTN)
-    seeds = t.space("seed").legal(dev.info.limits) if cuda else []  # CUDA: the hand-picked tiles before the rest
-    legal = t.space().legal(dev.info.limits)
-    return list(dict.fromkeys([default, *seeds, *legal]))[:budget]
-
-
-def attention_items(dev: Any, budget: int | None, shape: tuple[int, ...]) -> list[tuple[Any, Config]]:
-    """(template, config) of every attention candidate: the executor's kernel (`attention_candidates`), then on a
-    device with subgroup matrices the subgroup-matrix kernel, its default first (at most `budget` per kernel)."""
-    out = [(attention_template(dev), c) for c in attention_candidates(dev, budget, shape)]
-    if dev.info.backend != "cuda" and has_subgroup_matrices(dev):
-        t = SgmatAttention(dev.enabled_features)
-        legal = [c for c in t.space().legal(dev.info.limits) if not t.config_problems(c, shape)]
-        first = [t.default_config()] if t.default_config() in legal else []
-        out += [(t, c) for c in list(dict.fromkeys([*first, *legal]))[:budget]]
-    return out
 
 
 def model_config(name: str) -> Any:

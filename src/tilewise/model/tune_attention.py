@@ -1,0 +1,67 @@
+"""Tuning the classifier's attention: the executor's kernel and, on a device with subgroup matrices, the
+subgroup-matrix kernel beside it, every candidate verified and timed by the one engine at the decision length;
+`tune_model` (`model/tune.py`) puts the fastest into the dispatch table."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tilewise.errors import ConfigError
+from tilewise.kernels.attention import cuda as attn_cuda
+from tilewise.kernels.attention import webgpu as attn_k
+from tilewise.kernels.attention.sgmat import SgmatAttention
+from tilewise.kernels.matmul.sgmat import has_subgroup_matrices
+from tilewise.kernels.space import Config
+from tilewise.model.dispatch import attention_shape
+from tilewise.tune.engine import Engine, Item
+from tilewise.tune.store import Store
+
+ATTENTION_MEASURE = {"warmup": 2, "min_rounds": 6, "max_rounds": 25, "budget_s": 1.0}
+
+
+def tune_attention(dev: Any, cfg: Any, seq: int, seed: int, store: Store | None = None,
+                   force: bool = False, budget: int | None = None, *, run: Any,
+                   what: str = "attention",
+                   make_engine: Callable[..., Engine] = Engine) -> tuple[Any, dict[str, Any], float]:
+    """The fastest verified attention kernel and tile at the decision length (at most `budget` tiles per kernel,
+    each kernel's default first): (template, config values, median ms)."""
+    shape = attention_shape(cfg, seq)
+    eng = make_engine(dev, store, force=force, seed=seed, measure_kw=ATTENTION_MEASURE)
+    outcomes = run.evaluate(eng, [Item(t, c, shape) for t, c in attention_items(dev, budget, shape)],
+                                       what)
+    ok = [oc for oc in outcomes if oc.status == "ok" and oc.stats is not None]
+    if not ok:
+        raise ConfigError(f"no attention tile ran correctly at {seq} rows: "
+                          + "; ".join(f"{oc.config}: {oc.status}" for oc in outcomes[:4]),
+                          "report this with `tilewise devices --json`")
+    best = min(ok, key=lambda oc: oc.stats.median_ms)  # type: ignore[union-attr]
+    return best.item.kernel, dict(best.config), best.stats.median_ms  # type: ignore[union-attr]
+
+
+def attention_template(dev: Any) -> Any:
+    """The attention kernel of the device's executor."""
+    return attn_cuda.CudaAttention() if dev.info.backend == "cuda" else attn_k.AttentionTemplate()
+
+
+def attention_candidates(dev: Any, budget: int | None, shape: tuple[int, ...]) -> list[Config]:
+    """The default tile (on CUDA: `default_attention` at `shape`, (M, P, HQ, HKV, D)), then the hand-picked ones,
+    then the rest."""
+    t = attention_template(dev)
+    cuda = dev.info.backend == "cuda"
+    default = t.config_of(attn_cuda.default_attention(dev.info.limits, shape) if cuda else attn_k.DEFAULT_ATTN)
+    seeds = t.space("seed").legal(dev.info.limits) if cuda else []  # CUDA: the hand-picked tiles before the rest
+    legal = t.space().legal(dev.info.limits)
+    return list(dict.fromkeys([default, *seeds, *legal]))[:budget]
+
+
+def attention_items(dev: Any, budget: int | None, shape: tuple[int, ...]) -> list[tuple[Any, Config]]:
+    """(template, config) of every attention candidate: the executor's kernel (`attention_candidates`), then on a
+    device with subgroup matrices the subgroup-matrix kernel, its default first (at most `budget` per kernel)."""
+    out = [(attention_template(dev), c) for c in attention_candidates(dev, budget, shape)]
+    if dev.info.backend != "cuda" and has_subgroup_matrices(dev):
+        t = SgmatAttention(dev.enabled_features)
+        legal = [c for c in t.space().legal(dev.info.limits) if not t.config_problems(c, shape)]
+        first = [t.default_config()] if t.default_config() in legal else []
+        out += [(t, c) for c in list(dict.fromkeys([*first, *legal]))[:budget]]
+    return out
