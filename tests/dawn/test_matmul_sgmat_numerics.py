@@ -115,7 +115,8 @@ def test_tune_model_offers_and_verifies_the_sgmat_kernel(dev, tmp_path, capsys):
     print(json.dumps(summary["shapes"], indent=1)[:4000])
     for shape, record in table["measured"].items():
         assert any(c.startswith("kind=sgmat,") for c in record["candidates"]), (shape, record["failures"])
-        sgmat_fails = {c: why for c, why in record["failures"].items() if c.startswith("kind=sgmat,")}
+        sgmat_fails = {c: why for c, why in record["failures"].items()  # a seed the tiny shapes refuse before
+                       if c.startswith("kind=sgmat,") and not why.startswith("illegal")}  # compiling is no failure
         assert not sgmat_fails, (shape, sgmat_fails)
 
 
