@@ -15,6 +15,8 @@
 #                            game prompts against HF float64)
 #   OUT_DIR/gemm_unchecked.{json,txt}  with UNCHECKED_GEMM=1: bench/gemm_dawn.py --unchecked (both robustness modes
 #                            in one race) on UNCHECKED_ONLY (default "square 4096,lfm2 w1|w3")
+#   OUT_DIR/attention_dawn.{json,txt}  with ATTN=1: bench/attention_dawn.py (every legal FMA and subgroup-matrix
+#                            attention config verified, the best of each raced against torch's fused attention)
 #   OUT_DIR/dawn_wait.{json,txt}  with WAIT=1: bench/dawn_wait.py (the blocking against the spinning map wait) on the
 #                            table TILEWISE_DISPATCH_DIR holds; with TILEWISE_DAWN_UNCHECKED=1 set, on the unchecked
 #                            device and its table
@@ -48,6 +50,10 @@ if [ "${UNCHECKED_GEMM:-0}" = 1 ]; then  # the cost of Dawn's bounds checks on g
     step gemm-unchecked "${UNCHECKED_S:-200}" "$OUT/gemm_unchecked.txt" env TILEWISE_DAWN_UNCHECKED=0 "$PY" \
         bench/gemm_dawn.py --out "$OUT/gemm_unchecked.json" --skip-numerics --unchecked \
         --sample "${UNCHECKED_SAMPLE:-8}" --rounds 20 --only "${UNCHECKED_ONLY:-square 4096,lfm2 w1|w3}"
+fi
+if [ "${ATTN:-0}" = 1 ]; then  # attention: the FMA kernel against attention.sgmat and torch's fused attention
+    step attention-dawn "${ATTN_S:-240}" "$OUT/attention_dawn.txt" "$PY" bench/attention_dawn.py --out "$OUT" \
+        --preset "${ATTN_PRESET:-lfm2-350m}" --rows 346 --rounds 20
 fi
 if [ "${WAIT:-0}" = 1 ]; then  # how the host waits for a decision: block against spin, alternating rounds
     step dawn-wait "${WAIT_S:-120}" "$OUT/dawn_wait.txt" "$PY" bench/dawn_wait.py --out "$OUT" --preset lfm2-350m \
