@@ -19,10 +19,10 @@ Backends that want work done between samples (an L2 flush on CUDA) pass `between
 same submission, discarded) or `between` (a host callable; then every sample is its own submission).
 
 A device with `min_round_ms` (a discrete GPU behind WebGPU) has its clock fall while the host reads a short round
-back and starts the next: a round of a few milliseconds then runs at a fraction of the clock (Dawn on an H200:
-the same matmul 2.5-5x slower than in a round of 20 ms). The first warm-up round is then a probe, and when the
-round took less than `min_round_ms`, every candidate's launches run `repeat` times back to back within each
-round and each sample is the mean of those runs (`Measurement.repeat` says how many).
+back and starts the next, so rounds of a few milliseconds run at a fraction of the clock and rank candidates at a
+speed no decision runs at. The first warm-up round is then a probe, and when it took less than `min_round_ms`,
+every candidate's launches run `repeat` times back to back within each round and each sample is the mean of those
+runs (`Measurement.repeat` says how many; without warm-up rounds there is no probe and no repeat).
 """
 
 from __future__ import annotations
