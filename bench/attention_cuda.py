@@ -12,7 +12,6 @@ config) into `--out`.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import sys
@@ -21,25 +20,15 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
 
-from tilewise.devices import get_device  # noqa: E402
+import bench_args  # noqa: E402
 from tilewise.kernels.attention.cuda import CudaAttention  # noqa: E402
-from tilewise.model.tune import model_config  # noqa: E402
 from tilewise.tune.engine import Engine, Item  # noqa: E402
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="folder for attention_cuda.json")
-    ap.add_argument("--preset", default="lfm2-350m", help="model preset whose attention shape is measured")
-    ap.add_argument("--rows", type=int, default=346, help="queries (a decision's prompt length)")
-    ap.add_argument("--rounds", type=int, default=20, help="rounds of the race")
-    ap.add_argument("--device", default="cuda", help="cuda or cuda:N")
-    args = ap.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    dev = get_device(args.device)
-    cfg = model_config(args.preset)
+    args, out, dev, cfg = bench_args.parse(__doc__, "attention_cuda.json", "attention shape", "cuda", "cuda or cuda:N")
     shape = (args.rows, 0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
     tpl = CudaAttention()
     configs = [c for c in tpl.space().legal(dev.info.limits) if not tpl.config_problems(c, shape)]

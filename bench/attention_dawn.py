@@ -13,7 +13,6 @@ device, command, every verified config, the race) into `--out`.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import sys
@@ -24,12 +23,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
 
-from tilewise.devices import get_device  # noqa: E402
+import bench_args  # noqa: E402
 from tilewise.kernels.attention.sgmat import SgmatAttention  # noqa: E402
 from tilewise.kernels.attention.webgpu import AttentionTemplate  # noqa: E402
 from tilewise.kernels.matmul.sgmat import has_subgroup_matrices  # noqa: E402
-from tilewise.model.tune import model_config  # noqa: E402
 from tilewise.tune.engine import Engine, Item  # noqa: E402
 from tilewise.tune.measure import compare, summarize  # noqa: E402
 
@@ -62,18 +61,10 @@ def torch_peer(host: dict[str, np.ndarray], shape: tuple[int, ...]) -> Any:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="folder for attention_dawn.json")
-    ap.add_argument("--preset", default="lfm2-350m", help="model preset whose attention shape is measured")
-    ap.add_argument("--rows", type=int, default=346, help="queries (a decision's prompt length)")
-    ap.add_argument("--rounds", type=int, default=20, help="rounds of the race")
-    ap.add_argument("--top", type=int, default=3, help="best configs of each kernel in the race")
-    ap.add_argument("--device", default="dawn", help="dawn or dawn:N (TILEWISE_DAWN_UNCHECKED=1: no robustness)")
-    args = ap.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    dev = get_device(args.device)
-    cfg = model_config(args.preset)
+    args, out, dev, cfg = bench_args.parse(
+        __doc__, "attention_dawn.json", "attention shape", "dawn",
+        "dawn or dawn:N (TILEWISE_DAWN_UNCHECKED=1: no robustness)",
+        more=lambda ap: ap.add_argument("--top", type=int, default=3, help="best configs of each kernel in the race"))
     shape = (args.rows, 0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
     kernels: list[Any] = [AttentionTemplate()]
     if has_subgroup_matrices(dev):
