@@ -36,7 +36,6 @@ from tilewise.kernels.gemm.sgmat_wgsl import frag
 from tilewise.kernels.space import Config, Rule, Space
 from tilewise.kernels.wgsl import row_header
 
-SUBGROUP_MATRIX = "chromium-experimental-subgroup-matrix"
 PARAMS = {"FRAG": ["8x8x8", "16x8x8", "16x8x16", "16x16x16"], "SG": [8, 16, 32, 64, 128],
           "NSG": [1, 2, 4, 8, 16], "BQ": [16, 32, 64, 128], "BKV": [16, 32, 64]}
 DEFAULT = {"FRAG": "16x16x16", "SG": 32, "NSG": 4, "BQ": 32, "BKV": 32}
@@ -53,13 +52,9 @@ def storage_bytes(c: Config, d: int) -> int:
     return 2 * bq * d + 4 * bkv * d + 4 * bq * bkv + 2 * bq * bkv + 4 * bq * d + 8 * threads(c)
 
 
-def _gemm_rule(name: str) -> Rule:
-    return next(r for r in gemm_sg.RULES if r.name == name)
-
-
 def _rules() -> list[Rule]:
     return [
-        _gemm_rule("fragment_offered"), _gemm_rule("fragment_subgroup_size"),
+        gemm_sg.rule("fragment_offered"), gemm_sg.rule("fragment_subgroup_size"),
         Rule("workgroup_x", lambda c, L: L.subgroup_size_max is None or threads(c) % L.subgroup_size_max == 0,
              lambda c, L: f"NSG*SG = {threads(c)} invocations is not a multiple of the adapter's max subgroup size "
                           f"{L.subgroup_size_max} (Dawn's rule for subgroup-matrix workgroups)", needs_limits=True),
@@ -247,9 +242,7 @@ class SgmatAttention(AttentionTemplate):
         return sgmat_attention_source(config, hq, hkv, d)
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
-        if SUBGROUP_MATRIX not in getattr(device, "enabled_features", ()):
-            raise ShaderCompileError(f"{self.name} needs {SUBGROUP_MATRIX}, which {device.info.name} has not enabled",
-                                     gemm_sg.FIX_DAWN)
+        gemm_sg.require_subgroup_matrices(device, self.name)
         if storage_bytes(config, shape[4]) > device.info.limits.max_workgroup_storage_bytes:
             raise ShaderCompileError(f"{self.name}: {storage_bytes(config, shape[4])} bytes of workgroup storage at "
                                      f"D={shape[4]}", "pick a smaller BQ or BKV")

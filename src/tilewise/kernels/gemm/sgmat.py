@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from tilewise.devices.base import Device, Launch, Limits, Program
-from tilewise.errors import ConfigError
+from tilewise.errors import ConfigError, ShaderCompileError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
 from tilewise.kernels.gemm.problem import GEMM_F16
 from tilewise.kernels.gemm.sgmat_wgsl import (
@@ -69,6 +69,7 @@ from tilewise.kernels.space import Config, Rule, Space
 
 MAX_ACCUMULATOR_FLOATS = 128  # f32 result values per invocation above which the accumulators spill
 FIX_DAWN = "use --device dawn (wgpudawn on a GPU with subgroup matrices)"
+SUBGROUP_MATRIX = "chromium-experimental-subgroup-matrix"  # Dawn's feature name
 PARAMS: dict[str, list[Any]] = {
     "FRAG": ["8x8x8", "8x16x16", "16x8x8", "16x8x16", "16x16x16"],
     "SG": [8, 16, 32, 64, 128],
@@ -183,6 +184,19 @@ def _rules() -> list[Rule]:
 
 
 RULES = _rules()
+
+
+def rule(name: str) -> Rule:
+    """gemm-f16's rule of that name (fragment offered, workgroup x, subgroup size, invocations): the other
+    subgroup-matrix kernels (the classifier's matmuls and attention) take them with the same meaning."""
+    return next(r for r in RULES if r.name == name)
+
+
+def require_subgroup_matrices(device: Any, kernel: str) -> None:
+    """ShaderCompileError unless `device` enabled Dawn's subgroup matrices (checked before any WGSL is compiled)."""
+    if SUBGROUP_MATRIX not in getattr(device, "enabled_features", ()):
+        raise ShaderCompileError(f"{kernel} needs {SUBGROUP_MATRIX}, which {device.info.name} has not enabled",
+                                 FIX_DAWN)
 
 
 def _seed_configs() -> list[dict[str, Any]]:

@@ -44,7 +44,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from tilewise.devices.base import Device, Launch, Limits, Program
-from tilewise.errors import ConfigError, ShaderCompileError
+from tilewise.errors import ConfigError
 from tilewise.kernels.base import Shape
 from tilewise.kernels.gemm import sgmat as gemm_sg
 from tilewise.kernels.gemm.sgmat_wgsl import frag
@@ -65,7 +65,7 @@ from tilewise.kernels.matmul.wgsl_rows import splitk_reduce_source
 from tilewise.kernels.space import Config, Rule, Space
 from tilewise.quant.nf4 import FORMATS, KERNEL_BLOCKSIZE
 
-SUBGROUP_MATRIX = "chromium-experimental-subgroup-matrix"
+SUBGROUP_MATRIX = gemm_sg.SUBGROUP_MATRIX
 KIND = "sgmat"
 MAX_NORM_SLOTS = 16  # the fused norm keeps one f32 sum of squares per staged x vec4 in a register
 PARAMS: dict[str, list[Any]] = {
@@ -129,11 +129,6 @@ _SEED_VARIANTS: tuple[dict[str, Any], ...] = (
 SEEDS: tuple[dict[str, Any], ...] = tuple({**BASE, **v} for v in _SEED_VARIANTS)
 
 
-def _gemm_rule(name: str) -> Rule:
-    """gemm-f16's rule of that name (fragment offered, workgroup x, subgroup size, invocations): same meaning."""
-    return next(r for r in gemm_sg.RULES if r.name == name)
-
-
 def _acc_floats(c: Config, sets: int) -> float:
     m, n, _ = frag(c)
     return sets * c.FM * c.FN * m * n / c.SG
@@ -142,7 +137,7 @@ def _acc_floats(c: Config, sets: int) -> float:
 def sgmat_rules(fmt: str, paired: bool, norm: bool) -> list[Rule]:
     """The rules of one (format, epilogue, norm) variant, device limits included."""
     sets = 2 if paired else 1
-    rules = [_gemm_rule("fragment_offered"), _gemm_rule("workgroup_x"), _gemm_rule("fragment_subgroup_size"),
+    rules = [gemm_sg.rule("fragment_offered"), gemm_sg.rule("workgroup_x"), gemm_sg.rule("fragment_subgroup_size"),
              Rule("k_step", lambda c, _: c.BK % frag(c)[2] == 0,
                   lambda c, _: f"BK={c.BK} is not a multiple of the fragment's k={frag(c)[2]}"),
              Rule("accumulators", lambda c, _: _acc_floats(c, sets) <= gemm_sg.MAX_ACCUMULATOR_FLOATS,
@@ -162,7 +157,7 @@ def sgmat_rules(fmt: str, paired: bool, norm: bool) -> list[Rule]:
         rules.append(Rule("norm_slots", lambda c, _: x_slots(c) <= MAX_NORM_SLOTS,
                           lambda c, _: f"x slots = ceil(BM*BK/4 / (SM*SN*SG)) = {x_slots(c)} > {MAX_NORM_SLOTS} "
                                        "sum-of-squares registers of the fused norm"))
-    rules += [_gemm_rule("invocations"),
+    rules += [gemm_sg.rule("invocations"),
               Rule("workgroup_storage", lambda c, L: mm_storage_bytes(c, fmt, paired, norm)
                    <= L.max_workgroup_storage_bytes,
                    lambda c, L: "workgroup storage = " + ("2*(" if c.PIPE == 2 else "")
@@ -250,9 +245,7 @@ class SgmatMatmul(MatmulTemplate):
         return sgmat_matmul_source(config, self.fmt, self.epilogue, n, k, self.eps if self.norm else None)
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
-        if SUBGROUP_MATRIX not in getattr(device, "enabled_features", ()):
-            raise ShaderCompileError(f"{self.name} needs {SUBGROUP_MATRIX}, which {device.info.name} has not enabled",
-                                     gemm_sg.FIX_DAWN)
+        gemm_sg.require_subgroup_matrices(device, self.name)
         prog = device.compile(self.source(config, shape), "main", name=f"{self.name}[{config}]")
         if config["KS"] > 1:
             eps = self.eps if self.norm else None
