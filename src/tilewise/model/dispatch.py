@@ -108,9 +108,11 @@ def range_choice(key: str, kernel: str, values: Mapping[str, Any], rows: tuple[i
     ("webgpu" or "cuda") says whose kernels the names are (a table holds one device's)."""
     sizes = _key_sizes(key)
     tpl: KernelTemplate
-    if kernel == "attention" or (kernel == "attention.sgmat" and backend != "cuda"):
-        tpl = (attn_cuda.CudaAttention() if backend == "cuda" else attn_k.AttentionTemplate() if kernel == "attention"
-               else attn_sg.SgmatAttention(features))
+    if kernel == "attention":
+        tpl = attn_cuda.CudaAttention() if backend == "cuda" else attn_k.AttentionTemplate()
+        shapes = [(m, 0, *sizes) for m in rows]
+    elif kernel == "attention.sgmat" and backend != "cuda":
+        tpl = attn_sg.SgmatAttention(features)
         shapes = [(m, 0, *sizes) for m in rows]
     elif backend == "cuda":
         try:

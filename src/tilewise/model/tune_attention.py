@@ -28,8 +28,7 @@ def tune_attention(dev: Any, cfg: Any, seq: int, seed: int, store: Store | None 
     each kernel's default first): (template, config values, median ms)."""
     shape = attention_shape(cfg, seq)
     eng = make_engine(dev, store, force=force, seed=seed, measure_kw=ATTENTION_MEASURE)
-    outcomes = run.evaluate(eng, [Item(t, c, shape) for t, c in attention_items(dev, budget, shape)],
-                                       what)
+    outcomes = run.evaluate(eng, [Item(t, c, shape) for t, c in attention_items(dev, budget, shape)], what)
     ok = [oc for oc in outcomes if oc.status == "ok" and oc.stats is not None]
     if not ok:
         raise ConfigError(f"no attention tile ran correctly at {seq} rows: "
@@ -61,7 +60,7 @@ def attention_items(dev: Any, budget: int | None, shape: tuple[int, ...]) -> lis
     out = [(attention_template(dev), c) for c in attention_candidates(dev, budget, shape)]
     if dev.info.backend != "cuda" and has_subgroup_matrices(dev):
         t = SgmatAttention(dev.enabled_features)
+        default = t.default_config()
         legal = [c for c in t.space().legal(dev.info.limits) if not t.config_problems(c, shape)]
-        first = [t.default_config()] if t.default_config() in legal else []
-        out += [(t, c) for c in list(dict.fromkeys([*first, *legal]))[:budget]]
+        out += [(t, c) for c in sorted(legal, key=lambda c: c != default)[:budget]]  # the default (if legal) first
     return out
