@@ -78,3 +78,16 @@ def test_a_broken_table_given_to_the_executor_is_refused(webgpu_device, rng):
         WebGPUExecutor(model.checkpoint, device=webgpu_device, dispatch=table)
     assert "thread_rows: TM=8 does not divide BM=36" in err.value.problem
     assert "the given dispatch table" in err.value.problem and "4 more entries" in err.value.problem
+
+
+def test_a_head_dim_the_rope_kernel_cannot_split_is_refused_with_one_error(webgpu_device):
+    """q/k norm + RoPE takes vec4s of both halves of a head: 12 (a multiple of 4, not of 8) is refused up front."""
+    import dataclasses
+
+    from tilewise.model.checkpoint import Checkpoint, random_tensors
+    from tilewise.model.config import PRESETS
+
+    cfg = dataclasses.replace(PRESETS["tiny"], head_dim=12, num_attention_heads=16)
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:bad")
+    with pytest.raises(ConfigError, match="head_dim 12 must be a multiple of 8"):
+        WebGPUExecutor(ck, device=webgpu_device)

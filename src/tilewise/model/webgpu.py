@@ -149,8 +149,9 @@ class WebGPUExecutor:
             if dim % 64:
                 raise ConfigError(f"{what} {dim} is not a multiple of 64, which the WebGPU matmuls need (NF4 blocks "
                                   "of 64 along each row)", "use the CPU executor for this model")
-        if cfg.head_dim % 4 or cfg.head_dim > self.dev.info.limits.max_invocations_per_workgroup:
-            raise ConfigError(f"head_dim {cfg.head_dim} must be a multiple of 4 and at most "
+        # q/k norm + RoPE reads vec4s of both halves of a head (`attn_k.rope_threads`)
+        if cfg.head_dim % 8 or cfg.head_dim > self.dev.info.limits.max_invocations_per_workgroup:
+            raise ConfigError(f"head_dim {cfg.head_dim} must be a multiple of 8 and at most "
                               f"{self.dev.info.limits.max_invocations_per_workgroup}", "use the CPU executor")
         self.embed = self._matrix(["embed_tokens.weight"])
         self.final_norm = self._upload("embedding_norm.weight", f32("embedding_norm.weight"))
