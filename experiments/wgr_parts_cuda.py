@@ -1,0 +1,168 @@
+"""Where the `wgr` matmul's time goes on Hopper: one config of `nf4_mm_wgr` at a decision's row count, with one part
+of the kernel taken out at a time, all raced in one interleaved measurement (the CUDA twin of sgmat_parts_dawn.py).
+
+The variants edit matmul_wgr.cu's text before NVRTC compiles it (each edit is checked to have changed the text).
+They compute wrong values on purpose, so they are timed, never verified or stored:
+
+    full        the kernel as the executor launches it (after its prep launch, which is run once and not timed)
+    no-decode   the next step's A fragments are never decoded: the wgmma run on whatever the registers hold
+    no-mma      the wgmma are never issued (the fragments are still decoded: one xor of each into an
+                accumulator keeps them alive)
+    no-wcopy    the W rows are never copied to shared memory (the decode reads stale stages)
+    no-loop     the K loop runs no step: launch, prologue stages, the first decode, the epilogue
+    no-epi      the epilogue's stores are skipped (the accumulators stay live through the pins)
+    dec0        the same config with the shared-memory table decode (DEC 0)
+    f16-w       the same config with f16 weights (no decode; four times the bytes staged)
+
+With `--profile` it instead runs each variant's main launch once inside the profiler's range, for Nsight Compute:
+
+    ncu --profile-from-start off --set full -k regex:nf4_mm_wgr -o OUT/wgr \\
+        python3 experiments/wgr_parts_cuda.py --profile --variants full,no-decode,no-mma
+
+    PYTHONPATH=src python3 experiments/wgr_parts_cuda.py --out DIR [--label ffn.gate_up] [--config BF=128,BT=120]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+import tilewise.kernels.matmul.cuda as mc  # noqa: E402
+from tilewise.devices import get_device  # noqa: E402
+from tilewise.model.tune import model_config, model_matmuls  # noqa: E402
+from tilewise.tune.engine import Engine, Item  # noqa: E402
+from tilewise.tune.measure import measure  # noqa: E402
+
+# the gate/up winner at 346 rows (cuda_space._WGR_WINNERS[0] with the register-table decode)
+PICK = {"BF": 128, "BT": 120, "ST": 4, "KS": 1, "MB": 1, "DEC": 1, "SR": 0}
+
+_NEXT = ("    if (kt + 1 < steps) wgr_fragments<FMT, SETS, BF, DEC>(nxt, base + WOFF + ((kt + 1) % ST) * WBYTES, lut, "
+         "tb, r, t);")
+_MMA = "    for (int s = 0; s < SETS; ++s) wgmma_rs<BT>(acc[s], a[s][kk], wg_desc(xs + kk * 32));"
+_COPY = "    cp_w_rows<FMT, SETS, BF, NT, SETS * BF * RS>("
+_LOOP = "  for (int kt = 0; kt < steps; kt += 2) {"
+_EPI = "      if (feat >= N || tok >= M) continue;"
+EDITS: dict[str, tuple[str, str]] = {
+    "no-decode": (_NEXT, "    wgr_pin(acc, nxt);"),
+    # a real use of the fragments, so that ptxas keeps the decode (an empty asm pin does not)
+    "no-mma": (_MMA, "    for (int s = 0; s < SETS; ++s) acc[s][0][0] += __uint_as_float(a[s][kk][0] ^ a[s][kk][1] ^ "
+                     "a[s][kk][2] ^ a[s][kk][3]);"),
+    "no-wcopy": (_COPY, "    if (M < 0) cp_w_rows<FMT, SETS, BF, NT, SETS * BF * RS>("),
+    "no-loop": (_LOOP, "  for (int kt = 0; kt < steps && M < 0; kt += 2) {"),
+    "no-epi": (_EPI, "      if (feat >= N || tok >= M || M > 0) continue;"),
+}
+
+
+def edited_source(part: str) -> str:
+    src = mc.matmul_source()
+    if not part:
+        return src
+    old, new = EDITS[part]
+    if src.count(old) != 1:
+        raise SystemExit(f"{part}: the text to edit occurs {src.count(old)} times in matmul_wgr.cu (expected once)")
+    return src.replace(old, new)
+
+
+class Edited(mc.CudaMatmul):
+    """A wgr matmul compiled from edited source (one part taken out)."""
+
+    def __init__(self, base: mc.CudaMatmul, part: str) -> None:
+        super().__init__(base.kind, base.fmt, base.epilogue, base.norm, base.eps)
+        self.part = part
+        self.name = f"{base.name}~{part}"
+
+    def compile(self, device: Any, config: Any, shape: Any) -> Any:
+        real = mc.matmul_source
+        mc.matmul_source = lambda: edited_source(self.part)  # type: ignore[assignment]
+        try:
+            return super().compile(device, config, shape)
+        finally:
+            mc.matmul_source = real  # type: ignore[assignment]
+
+
+def variants(epilogue: str, norm: bool, eps: float, cfg: dict[str, Any]) -> dict[str, tuple[mc.CudaMatmul, dict]]:
+    base = mc.CudaMatmul("wgr", "nf4", epilogue, norm, eps)
+    out: dict[str, tuple[mc.CudaMatmul, dict]] = {"full": (base, cfg)}
+    out.update({p: (Edited(base, p), cfg) for p in EDITS})
+    out["dec0"] = (base, {**cfg, "DEC": 0})
+    out["f16-w"] = (mc.CudaMatmul("wgr", "f16", epilogue, norm, eps), {**cfg, "DEC": 0})
+    return out
+
+
+def main_launches(eng: Engine, dev: Any, tpl: mc.CudaMatmul, cfg: Any, shape: tuple[int, int, int]) -> list:
+    """The main launch of one run, after its prep launch has filled xh once (x random, never zeros)."""
+    launches = eng.launches(Item(tpl, cfg, shape))
+    prog = eng.program(Item(tpl, cfg, shape))
+    dev.run([ln for ln in launches if ln.program is not prog])
+    dev.synchronize()
+    return [ln for ln in launches if ln.program is prog]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="")
+    ap.add_argument("--preset", default="lfm2-350m")
+    ap.add_argument("--rows", type=int, default=346)
+    ap.add_argument("--label", default="ffn.gate_up")
+    ap.add_argument("--config", default="", help="overrides of the pick, e.g. BT=128,ST=5")
+    ap.add_argument("--variants", default="", help="comma-separated subset (default: all)")
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--profile", action="store_true", help="one launch of each variant inside the profiler range")
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+    dev = get_device(args.device)
+    mcfg = model_config(args.preset)
+    epilogue, n, k, norm = model_matmuls(mcfg)[args.label]
+    shape = (args.rows, n, k)
+    pick = {**PICK, **{kv.split("=")[0]: int(kv.split("=")[1]) for kv in args.config.split(",") if kv}}
+    vs = variants(epilogue, norm, mcfg.norm_eps, pick)
+    if args.variants:
+        vs = {nm: vs[nm] for nm in args.variants.split(",")}
+    eng = Engine(dev, None, seed=0)
+    configs = {nm: tpl.config_of(c) for nm, (tpl, c) in vs.items()}
+    illegal = {nm: why for nm, (tpl, _) in vs.items()
+               if (why := tpl.why_illegal(configs[nm], dev.info.limits, shape))}
+    runs = {nm: main_launches(eng, dev, tpl, configs[nm], shape) for nm, (tpl, _) in vs.items() if nm not in illegal}
+    print(f"{dev.info.name}: {args.label} {shape} {epilogue}{' norm' if norm else ''}, wgr {pick}", flush=True)
+    for nm, why in illegal.items():
+        print(f"  {nm:<10} illegal: {why}")
+    if args.profile:
+        import cupy as cp
+
+        for launches in runs.values():  # warm: compiled, resident, clocks up
+            for _ in range(3):
+                dev.run(launches)
+        dev.synchronize()
+        cp.cuda.profiler.start()
+        for nm, launches in runs.items():
+            dev.run(launches)
+            dev.synchronize()
+            print(f"  profiled {nm}", flush=True)
+        cp.cuda.profiler.stop()
+        return 0
+    got = measure(dev, runs, warmup=3, min_rounds=args.rounds, max_rounds=args.rounds, budget_s=60.0, rng=eng.rng)
+    full = got.stats["full"].median_ms if "full" in got.stats else None
+    flops = 2 * args.rows * n * k * (2 if epilogue == "swiglu" else 1)
+    doc: dict[str, Any] = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                           "command": "python3 experiments/wgr_parts_cuda.py " + " ".join(
+                               "OUT_DIR" if a == args.out else a for a in sys.argv[1:]),
+                           "device": dev.info.as_dict(), "label": args.label, "shape": shape, "config": pick,
+                           "illegal": illegal, "parts": {nm: st.as_dict() for nm, st in got.stats.items()}}
+    for nm, st in got.stats.items():
+        rel = f"{st.median_ms / full:6.2f}x full   saves {(full - st.median_ms) * 1e3:7.1f} us" if full else ""
+        print(f"  {nm:<10} {st.median_ms * 1e3:8.1f} us  [{st.ci95_ms[0] * 1e3:.1f}, {st.ci95_ms[1] * 1e3:.1f}]  "
+              f"{flops / st.median_ms / 1e9:6.1f} TFLOP/s  {rel}", flush=True)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / f"wgr_parts_{args.label}.json").write_text(json.dumps(doc, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
