@@ -130,6 +130,21 @@ def test_every_wg_seed_at_the_decision_shape_is_correct(dev, rng, epilogue, kind
         check(out, ref, tpl.dtype)
 
 
+@pytest.mark.parametrize("epilogue", mm.EPILOGUES)
+@pytest.mark.parametrize("ks", [1, 2])
+def test_wgr_epilogue_writes_columns_that_are_not_whole_16_byte_chunks(dev, rng, epilogue, ks):
+    """wgr's staged epilogue writes 16-byte chunks of a row where N is a multiple of 4 and single values otherwise:
+    N = 150 (odd pairs, a partial feature tile) and 45 rows, directly (KS 1) and through the partial sums (KS 2);
+    every output (poisoned before the launch) against float64."""
+    if dev.info.limits.compute_capability != "9.0":
+        pytest.skip("wgmma needs a Hopper GPU")
+    tpl = mm.CudaMatmul("wgr", "nf4", epilogue, epilogue != "residual")
+    cfg, shape = tpl.config_of({**mm.DEFAULT_WGR, "KS": ks}), (45, 150, 256)
+    assert tpl.why_illegal(cfg, dev.info.limits, shape) == []
+    out, ref = run(dev, tpl, cfg, shape, rng)
+    check(out, ref, tpl.dtype)
+
+
 @pytest.mark.parametrize("dec", [0, 1])
 def test_both_wgr_decodes_hold_every_output_column_within_the_f16_tolerance(dev, rng, dec):
     """DEC 1 rounds the code, the absmax and their product to f16 (DEC 0 rounds once, from f32): rows of W whose

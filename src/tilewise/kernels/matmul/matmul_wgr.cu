@@ -38,10 +38,22 @@ __host__ __device__ constexpr int wgr_row_stride(int FMT) { return wg_row_bytes(
 __host__ __device__ constexpr int wgr_stage_w_bytes(int FMT, int EPI, int BF) {
   return (EPI == 2 ? 2 : 1) * BF * (wgr_row_stride(FMT) + (FMT == 0 ? 4 : 0));
 }
-// shared memory from a 1024-byte boundary (the swizzle's atom): ST x tiles, ST W stages, the NF4 code, ST
+// the ring: ST x tiles, then ST W stages
+__host__ __device__ constexpr int wgr_ring_bytes(int FMT, int EPI, int BF, int BT, int ST) {
+  return ST * (BT * 128 + wgr_stage_w_bytes(FMT, EPI, BF));
+}
+// the epilogue's tile (BT, BF + 4) f32, staged where the ring was: rows 16-byte aligned, and the fragment stores of
+// a warp's four token pairs fall into different banks
+__host__ __device__ constexpr int wgr_tile_bytes(int BF, int BT) { return BT * (BF + 4) * 4; }
+// the code and the mbarriers, after the ring or the tile, whichever is larger
+__host__ __device__ constexpr int wgr_lut_offset(int FMT, int EPI, int BF, int BT, int ST) {
+  return wgr_ring_bytes(FMT, EPI, BF, BT, ST) > wgr_tile_bytes(BF, BT) ? wgr_ring_bytes(FMT, EPI, BF, BT, ST)
+                                                                       : wgr_tile_bytes(BF, BT);
+}
+// shared memory from a 1024-byte boundary (the swizzle's atom): the ring (or the epilogue's tile), the NF4 code, ST
 // mbarriers (64 bytes), + 1024 bytes to find that boundary
 __host__ __device__ constexpr int wgr_smem_bytes(int FMT, int EPI, int BF, int BT, int ST) {
-  return ST * (BT * 128 + wgr_stage_w_bytes(FMT, EPI, BF)) + 16 * 4 + 64 + 1024;
+  return wgr_lut_offset(FMT, EPI, BF, BT, ST) + 16 * 4 + 64 + 1024;
 }
 __host__ __device__ constexpr int wgr_register_cap(int BF, int MB) {
   return 65536 / (wgr_threads(BF) * MB) < 255 ? 65536 / (wgr_threads(BF) * MB) : 255;
@@ -237,7 +249,8 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
   extern __shared__ __align__(16) unsigned char dsmem[];
   const unsigned raw_addr = smem_addr(dsmem), base_addr = (raw_addr + 1023u) & ~1023u;
   unsigned char *base = dsmem + (base_addr - raw_addr);
-  constexpr int WOFF = ST * XBYTES, LOFF = WOFF + ST * WBYTES;  // x tiles, then W stages, the code, mbarriers
+  constexpr int WOFF = ST * XBYTES, LOFF = wgr_lut_offset(FMT, EPI, BF, BT, ST);  // x tiles, W stages, the code,
+  // mbarriers
   float *lut = reinterpret_cast<float *>(base + LOFF);
   const unsigned bars = base_addr + LOFF + 64;
   const int tid = threadIdx.x, wg = tid / 128, warp = tid / WARPSIZE, lane = tid % WARPSIZE;
@@ -313,26 +326,54 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
   wgr_pin(acc, a1);
   cp_async_wait<0>();
 
-  // out^T's fragment: accumulator q of n8 tile j is feature r + 8 (q / 2), token 8 j + 2 t + q % 2
+  // The epilogue goes through shared memory: each thread stores its fragments (rows of out^T) into the (BT, BF)
+  // tile, then the block writes the tile's token rows with 16-byte accesses in a loop that is not unrolled. Stored
+  // straight from the fragments, a thread's outputs were 4-byte words four token rows apart, and the unrolled
+  // stores with their bounds checks were most of the kernel's code. KS > 1 stages each set's raw sums in turn.
+  __syncthreads();  // every warpgroup's wgmma and copies are done: the ring is free
+  constexpr int TS = BF + 4, PASSES = KS > 1 ? SETS : 1;
+  float *tile = reinterpret_cast<float *>(base);
   const size_t mn = (size_t)M * N;
+  const bool vec = N % 4 == 0;  // a row's 16-byte chunks are aligned (f0 is a multiple of 64)
 #pragma unroll
-  for (int j = 0; j < BT / 8; ++j)
+  for (int s = 0; s < PASSES; ++s) {
+    // out^T's fragment: accumulator q of n8 tile j is feature r + 8 (q / 2), token 8 j + 2 t + q % 2
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int feat = f0 + r + 8 * (q / 2), tok = t0 + 8 * j + 2 * t + q % 2;
-      if (feat >= N || tok >= M) continue;
+    for (int j = 0; j < BT / 8; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        tile[(8 * j + 2 * t + q % 2) * TS + r + 8 * (q / 2)] =
+            KS > 1 || EPI != 2 ? acc[s][j][q] : silu(acc[0][j][q]) * acc[SETS - 1][j][q];
+    __syncthreads();
+    float *dst = KS > 1 ? out + ((size_t)blockIdx.z * SETS + s) * mn : out;
+#pragma unroll 1
+    for (int e = tid; e < BT * (BF / 4); e += NT) {
+      const int row = e / (BF / 4), c = 4 * (e % (BF / 4)), tok = t0 + row, feat = f0 + c;
+      if (tok >= M || feat >= N) continue;
+      const float4 v = *reinterpret_cast<const float4 *>(tile + row * TS + c);
       const size_t o = (size_t)tok * N + feat;
-      if (KS > 1) {
-#pragma unroll
-        for (int s = 0; s < SETS; ++s) out[blockIdx.z * SETS * mn + s * mn + o] = acc[s][j][q];
-      } else if (EPI == 1) {
-        out[o] += acc[0][j][q];
+      if (vec) {
+        if (KS == 1 && EPI == 1) {
+          float4 y = *reinterpret_cast<const float4 *>(dst + o);
+          y.x += v.x, y.y += v.y, y.z += v.z, y.w += v.w;
+          *reinterpret_cast<float4 *>(dst + o) = y;
+        } else if (KS == 1 && out_h) {
+          *reinterpret_cast<uint2 *>(out_h + o) = make_uint2(f16_bits(v.x) | (unsigned)f16_bits(v.y) << 16,
+                                                             f16_bits(v.z) | (unsigned)f16_bits(v.w) << 16);
+        } else {
+          *reinterpret_cast<float4 *>(dst + o) = v;
+        }
       } else {
-        const float y = EPI == 0 ? acc[0][j][q] : silu(acc[0][j][q]) * acc[SETS - 1][j][q];
-        if (out_h) out_h[o] = f16_bits(y);
-        else out[o] = y;
+        const float vs[4] = {v.x, v.y, v.z, v.w};
+        for (int i = 0; i < 4 && feat + i < N; ++i) {
+          if (KS == 1 && EPI == 1) dst[o + i] += vs[i];
+          else if (KS == 1 && out_h) out_h[o + i] = f16_bits(vs[i]);
+          else dst[o + i] = vs[i];
+        }
       }
     }
+    if (s + 1 < PASSES) __syncthreads();  // the tile is read before the next set overwrites it
+  }
   if constexpr (SR == 1) {
     __threadfence();  // this block's partials are visible to the block that sums them
     __syncthreads();  // every thread stored and fenced; the code table is no longer read
