@@ -12,7 +12,7 @@ from dawn_support import null_device, real_dawn_device
 from tilewise.devices.base import Launch
 from tilewise.devices.profiles import get_profile
 from tilewise.kernels.attention import webgpu as attention
-from tilewise.kernels.attention.sgmat import SgmatAttention, storage_bytes
+from tilewise.kernels.attention.sgmat import SEEDS, SgmatAttention, storage_bytes
 from tilewise.tune.verify import compare
 
 pytestmark = pytest.mark.dawn
@@ -41,6 +41,7 @@ def test_rules_refuse_before_compiling_and_say_why():
                                                         for w in why)
     cfg = t.default_config()
     assert t.space().is_legal(cfg, h200)
+    assert all(t.space().is_legal(t.config_of(s), h200) for s in SEEDS)  # the tuner's first picks exist there
     assert any("head_dim 40" in p for p in t.config_problems(cfg, (8, 0, 4, 2, 40)))
     assert storage_bytes(cfg, 64) <= h200.max_workgroup_storage_bytes
 

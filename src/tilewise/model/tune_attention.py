@@ -9,6 +9,7 @@ from typing import Any
 
 from tilewise.errors import ConfigError
 from tilewise.kernels.attention import cuda as attn_cuda
+from tilewise.kernels.attention import sgmat as attn_sg
 from tilewise.kernels.attention import webgpu as attn_k
 from tilewise.kernels.attention.sgmat import SgmatAttention
 from tilewise.kernels.matmul.sgmat import has_subgroup_matrices
@@ -56,11 +57,13 @@ def attention_candidates(dev: Any, budget: int | None, shape: tuple[int, ...]) -
 
 def attention_items(dev: Any, budget: int | None, shape: tuple[int, ...]) -> list[tuple[Any, Config]]:
     """(template, config) of every attention candidate: the executor's kernel (`attention_candidates`), then on a
-    device with subgroup matrices the subgroup-matrix kernel, its default first (at most `budget` per kernel)."""
+    device with subgroup matrices the subgroup-matrix kernel: its default, its seeds, then the rest of its space,
+    those legal here (at most `budget` per kernel)."""
     out = [(attention_template(dev), c) for c in attention_candidates(dev, budget, shape)]
     if dev.info.backend != "cuda" and has_subgroup_matrices(dev):
         t = SgmatAttention(dev.enabled_features)
-        default = t.default_config()
-        legal = [c for c in t.space().legal(dev.info.limits) if not t.config_problems(c, shape)]
-        out += [(t, c) for c in sorted(legal, key=lambda c: c != default)[:budget]]  # the default (if legal) first
+        legal = t.space().legal(dev.info.limits)
+        first = [t.default_config(), *(t.config_of(s) for s in attn_sg.SEEDS)]  # those that are legal here
+        ordered = [c for c in dict.fromkeys([*first, *legal]) if c in set(legal) and not t.config_problems(c, shape)]
+        out += [(t, c) for c in ordered[:budget]]
     return out

@@ -38,7 +38,13 @@ from tilewise.kernels.wgsl import row_header
 
 PARAMS = {"FRAG": ["8x8x8", "16x8x8", "16x8x16", "16x16x16"], "SG": [8, 16, 32, 64, 128],
           "NSG": [1, 2, 4, 8, 16], "BQ": [16, 32, 64, 128], "BKV": [16, 32, 64]}
-DEFAULT = {"FRAG": "16x16x16", "SG": 32, "NSG": 4, "BQ": 32, "BKV": 32}
+# the fastest measured at a decision's 346 queries first (records: docs/journal/dawn.md); the tuner takes the
+# default, then these, then the rest of the space
+DEFAULT = {"FRAG": "16x16x16", "SG": 32, "NSG": 8, "BQ": 16, "BKV": 32}
+SEEDS: tuple[dict[str, object], ...] = (
+    {**DEFAULT, "NSG": 16}, {**DEFAULT, "FRAG": "16x8x16"}, {**DEFAULT, "BKV": 64},
+    {**DEFAULT, "NSG": 16, "BQ": 32, "BKV": 64}, {**DEFAULT, "NSG": 4, "BQ": 32},
+)
 D_SPACE = 64  # the head size the space's storage rule assumes; `config_problems` checks the real one
 
 
