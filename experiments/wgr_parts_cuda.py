@@ -9,6 +9,7 @@ They compute wrong values on purpose, so they are timed, never verified or store
     no-mma      the wgmma are never issued (the fragments are still decoded: one xor of each into an
                 accumulator keeps them alive)
     no-wcopy    the W rows are never copied to shared memory (the decode reads stale stages)
+    bare        the kernel returns at once: a launch of the same grid doing nothing
     no-loop     the K loop runs no step: launch, prologue stages, the first decode, the epilogue
     no-epi      the epilogue's tile is staged but never written out
     dec0        the same config with the shared-memory table decode (DEC 0)
@@ -47,6 +48,7 @@ _NEXT = ("    if (kt + 1 < steps) wgr_fragments<FMT, SETS, BF, DEC>(nxt, base + 
 _MMA = "    for (int s = 0; s < SETS; ++s) wgmma_rs<BT>(acc[s], a[s][kk], wg_desc(xs + kk * 32));"
 _COPY = "    cp_w_rows<FMT, SETS, BF, NT, SETS * BF * RS>("
 _LOOP = "  for (int kt = 0; kt < steps; kt += 2) {"
+_TOP = "  constexpr int NT = wgr_threads(BF), SETS = EPI == 2 ? 2 : 1, BK = 64;"
 _EPI = "      const float4 v = *reinterpret_cast<const float4 *>(tile + row * TS + c);"
 EDITS: dict[str, tuple[str, str]] = {
     "no-decode": (_NEXT, "    wgr_pin(acc, nxt);"),
@@ -54,6 +56,7 @@ EDITS: dict[str, tuple[str, str]] = {
     "no-mma": (_MMA, "    for (int s = 0; s < SETS; ++s) acc[s][0][0] += __uint_as_float(a[s][kk][0] ^ a[s][kk][1] ^ "
                      "a[s][kk][2] ^ a[s][kk][3]);"),
     "no-wcopy": (_COPY, "    if (M < 0) cp_w_rows<FMT, SETS, BF, NT, SETS * BF * RS>("),
+    "bare": (_TOP, "  if (M > 0) return;\n" + _TOP),
     "no-loop": (_LOOP, "  for (int kt = 0; kt < steps && M < 0; kt += 2) {"),
     "no-epi": (_EPI, "      if (M > 0) continue;\n" + _EPI),
 }
