@@ -11,7 +11,6 @@ from tilewise.errors import ConfigError
 from tilewise.kernels.attention import cuda as attn_cuda
 from tilewise.kernels.attention import sgmat as attn_sg
 from tilewise.kernels.attention import webgpu as attn_k
-from tilewise.kernels.attention.sgmat import SgmatAttention
 from tilewise.kernels.matmul.sgmat import has_subgroup_matrices
 from tilewise.kernels.space import Config
 from tilewise.model.dispatch import attention_shape
@@ -61,9 +60,10 @@ def attention_items(dev: Any, budget: int | None, shape: tuple[int, ...]) -> lis
     those legal here (at most `budget` per kernel)."""
     out = [(attention_template(dev), c) for c in attention_candidates(dev, budget, shape)]
     if dev.info.backend != "cuda" and has_subgroup_matrices(dev):
-        t = SgmatAttention(dev.enabled_features)
+        t = attn_sg.SgmatAttention(dev.enabled_features)
         legal = t.space().legal(dev.info.limits)
-        first = [t.default_config(), *(t.config_of(s) for s in attn_sg.SEEDS)]  # those that are legal here
-        ordered = [c for c in dict.fromkeys([*first, *legal]) if c in set(legal) and not t.config_problems(c, shape)]
+        here = set(legal)
+        first = [t.default_config(), *(t.config_of(s) for s in attn_sg.SEEDS)]  # kept where legal here
+        ordered = [c for c in dict.fromkeys([*first, *legal]) if c in here and not t.config_problems(c, shape)]
         out += [(t, c) for c in ordered[:budget]]
     return out

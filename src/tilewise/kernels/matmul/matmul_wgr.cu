@@ -249,8 +249,8 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
   extern __shared__ __align__(16) unsigned char dsmem[];
   const unsigned raw_addr = smem_addr(dsmem), base_addr = (raw_addr + 1023u) & ~1023u;
   unsigned char *base = dsmem + (base_addr - raw_addr);
-  constexpr int WOFF = ST * XBYTES, LOFF = wgr_lut_offset(FMT, EPI, BF, BT, ST);  // x tiles, W stages, the code,
-  // mbarriers
+  // x tiles, W stages (or the epilogue's tile), then the code and the mbarriers
+  constexpr int WOFF = ST * XBYTES, LOFF = wgr_lut_offset(FMT, EPI, BF, BT, ST);
   float *lut = reinterpret_cast<float *>(base + LOFF);
   const unsigned bars = base_addr + LOFF + 64;
   const int tid = threadIdx.x, wg = tid / 128, warp = tid / WARPSIZE, lane = tid % WARPSIZE;
