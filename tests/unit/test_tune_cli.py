@@ -76,6 +76,11 @@ def test_bad_input_is_one_clear_error(capsys, argv, needle):
     assert "Traceback" not in err
 
 
+def test_an_unknown_model_names_every_kind_of_model_tune_takes(capsys):
+    code, _, err = run(capsys, "tune", "model", "--device", "cpu", "--preset", "nosuch")
+    assert code == 2 and "fix: use default (the bundled model), one of lfm2-350m" in err and "model folder" in err
+
+
 def test_every_config_illegal_is_a_clear_message(capsys):
     # a target with 32 invocations and 1 KiB of workgroup storage rejects every seed point
     from tilewise.devices import profiles

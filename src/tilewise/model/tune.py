@@ -292,8 +292,8 @@ def model_config(name: str) -> Any:
     """The config of `default` (the bundled model), a preset, or a model folder: all tuning needs are shapes."""
     from pathlib import Path
 
-    from tilewise.errors import TilewiseError
-    from tilewise.model.config import ModelConfig, preset
+    from tilewise.errors import ConfigError, TilewiseError
+    from tilewise.model.config import PRESETS, ModelConfig, preset
     from tilewise.model.runtime import DEFAULT_MODEL_DIR
 
     if name == "default":
@@ -301,7 +301,13 @@ def model_config(name: str) -> Any:
             raise TilewiseError(f"no bundled model is present (expected it in {DEFAULT_MODEL_DIR})",
                                 "pass --preset with a preset name or a model folder")
         return ModelConfig.from_file(DEFAULT_MODEL_DIR / "config.json")
-    return ModelConfig.from_file(Path(name) / "config.json") if Path(name).is_dir() else preset(name)
+    if Path(name).is_dir():
+        return ModelConfig.from_file(Path(name) / "config.json")
+    try:
+        return preset(name)
+    except ConfigError as exc:  # here `default` is a name too
+        raise ConfigError(f"{name!r} is neither a model preset nor a model folder",
+                          f"use default (the bundled model), one of {', '.join(PRESETS)}, or a model folder") from exc
 
 
 def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: Any = None, n_cand: int = 12,
