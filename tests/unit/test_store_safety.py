@@ -233,6 +233,23 @@ def test_a_read_only_store_refuses_writers_with_the_reason(readonly_dir, tmp_pat
     assert snapshot(path) == before
 
 
+def test_a_new_store_in_a_folder_that_takes_no_files_says_so(readonly_dir, rng):
+    path, _, _, run_as_reader = readonly_dir
+    new = path.parent / "new.sqlite"
+    export = Path(tempfile.mkdtemp())
+    try:
+        (export / "r.json").write_text(json.dumps({"format": "tilewise-results", "schema": 1,
+                                                   "results": [asdict(make_row(rng, 51))]}))
+        export.chmod(0o755)
+        (export / "r.json").chmod(0o644)
+        code, _, err = run_as_reader(["store", "import", export / "r.json", "--store", new])
+    finally:
+        shutil.rmtree(export)
+    assert code == 2 and f"cannot create the results store {new}: its folder {path.parent} does not take" in err
+    assert "pass --store PATH in a writable folder" in err and "mv " not in err
+    assert sorted(p.name for p in path.parent.iterdir()) == ["s.sqlite"]
+
+
 # ---- exports never land on a database ----------------------------------------------------------------------------
 def test_export_over_the_store_or_any_database_is_refused(capsys, tmp_path, rng):
     import sqlite3
