@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA executor on a GPU machine, in one call: its GPU tests, the matmul race, a model tune and the decision race.
 #   WORK/env.txt            GPU, driver, clocks, Python packages
+#   WORK/floor.txt, launch_floor.json  experiments/cuda_launch_floor.py: what one launch in a graph costs when its
+#                           kernel does (almost) nothing, with and without programmatic dependent launch
 #   WORK/pytest.txt         PYTEST_FILES (default: the executor, graph and tune tests) + the wgr kernel tests
 #                           selected by PYTEST_K: executor vs float64 and HF, graphs and PDL bit-identical to serial
 #                           launches, every wgr seed (both decodes) against float64
@@ -46,6 +48,7 @@ after_step() {  # pack the work after every step: a call cut short keeps it
 step env 60 "$WORK/env.txt" bash -c "date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm \
     --format=csv; $PY -c 'import torch, cupy, transformers; print(torch.__version__, cupy.__version__, \
     transformers.__version__)'; $PY -m tilewise devices --wide"
+step floor 60 "$WORK/floor.txt" "$PY" experiments/cuda_launch_floor.py --out "$WORK"
 step pytest "${PYTEST_S:-200}" "$WORK/pytest.txt" "$PY" -m pytest -q -p no:cacheprovider -rs \
     ${PYTEST_FILES:-tests/cuda/test_model_cuda.py tests/cuda/test_model_cuda_graph.py tests/cuda/test_model_cuda_tune.py} \
     tests/cuda/test_model_kernels_cuda.py -k "${PYTEST_K:-not test_model_kernels_cuda or (wgr and not default_config)}"
