@@ -162,6 +162,35 @@ def by_key(res):
     return {r.config.key(): r for r in res.rows}
 
 
+class Graded(Tiny):
+    """Tiny on a grid, T x U x V = 3 x 12 x 2, whose (fake) time falls one step at a time toward T 2, U 9, V b."""
+
+    def space_names(self):
+        return ("full",)
+
+    def space(self, which="full"):
+        return Space("graded", {"T": [1, 2, 4], "U": list(range(1, 13)), "V": ["a", "b"]})
+
+    def source(self, config):
+        return f"graded {config.key()}"
+
+    def compile(self, device, config, shape):
+        self.compiled.append(config.key())
+        prog = device.compile(tiny_kernel, constants={"T": config.T, "BUG": 0}, name=f"graded[{config.key()}]")
+        prog.meta["mean_ms"] = 1.0 + (config.T != 2) + 0.1 * (config.U - 9) ** 2 + 0.5 * (config.V == "a")
+        return prog
+
+
+def test_climb_through_the_tuner_finds_the_fastest_config_measuring_a_third_of_the_space():
+    from tilewise.tune.search import Budget
+
+    tpl = Graded()
+    res = tune(tpl, TimedCPU(), SHAPE, space="full", strategy="climb", budget=Budget(count=24), measure_kw=FAST)
+    assert res.best.config.key() == tpl.space().config(T=2, U=9, V="b").key()
+    assert len(res.rows) <= 24 and len(set(tpl.compiled)) == len(res.rows)  # 72 configs in the grid
+    assert all(r.status == "ok" for r in res.rows)  # every one verified against float64 before it was timed
+
+
 # ---- precompile -------------------------------------------------------------------------------------------
 def test_precompile_is_called_once_per_batch_with_that_batchs_configs():
     tpl, dev = Tiny(), TimedCPU()

@@ -1,7 +1,7 @@
 """`tilewise tune FAMILY ...` (one kernel family at one shape) and `tilewise tune model ...` (the classifier's kernels).
 
     tilewise tune gemm --device webgpu --shape 256,256,256 [--space seed|full|large]
-                  [--strategy exhaustive|random] [--budget N] [--budget-s S] [--json FILE] [--plot FILE]
+                  [--strategy exhaustive|random|climb] [--budget N] [--budget-s S] [--json FILE] [--plot FILE]
                   [--top N] [--wide] [--force] [--store PATH] [--show-source CONFIG] [--dry-run] [--target PROFILE]
                   [--no-peer]
     tilewise tune model [--preset default] [--seq 346] [--device auto] [--weights nf4] [--budget N]
@@ -57,7 +57,9 @@ def register(sub: Any) -> None:
         k.add_argument("--space", default=None,
                        help="named space: seed (hand-picked points; the default where the family has it), full, ...")
         k.add_argument("--strategy", default="exhaustive", choices=sorted(STRATEGIES),
-                       help="exhaustive (every legal config in order) or random (a seeded sample)")
+                       help="exhaustive (every legal config in order), random (a seeded sample) or climb "
+                            "(a few random starts, then hill-climbing: the neighbours of the fastest, measured "
+                            "together, until none is faster; then a fresh start)")
         k.add_argument("--budget-s", type=common.float_in(0.0, low_open=True), default=None,
                        help="most seconds to spend")
         k.add_argument("--plot", metavar="FILE", type=_plot_file, help="PNG of medians and intervals per config")

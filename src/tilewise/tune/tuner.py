@@ -24,7 +24,7 @@ from tilewise.kernels.base import KernelTemplate, Shape
 from tilewise.kernels.space import Config, Space
 from tilewise.tune.engine import Engine, Item, Outcome, item_source_hash
 from tilewise.tune.measure import Stats, tie_groups
-from tilewise.tune.search import Budget, get_strategy
+from tilewise.tune.search import FLUSH, Budget, Feedback, get_strategy
 from tilewise.tune.store import Store, shape_key
 
 Progress = Callable[[str, int, "int | None"], None]
@@ -138,7 +138,7 @@ def tune(template: KernelTemplate, device: Device, shape: Shape, *, space: str =
         device: where to run.
         shape: the problem shape (template.shape_names).
         space: space name ("seed", "full", ...).
-        strategy: "exhaustive" or "random" (see `search.STRATEGIES`).
+        strategy: "exhaustive", "random" or "climb" (see `search.STRATEGIES`).
         budget: count and/or seconds for the strategy (default: unbounded).
         store: results store to resume from and write to (None: keep nothing).
         force: re-measure configs the store already holds.
@@ -166,6 +166,7 @@ def tune(template: KernelTemplate, device: Device, shape: Shape, *, space: str =
     eng = engine or Engine(device, store, force=force, seed=seed, timeout_s=timeout_s,
                            measure_kw=measure_kw, progress=progress)
     result = TuneResult(template.name, device.info.fingerprint, shape, sp.name, [])
+    feedback = Feedback()
     # ask for the peer first: a refusal (e.g. cuBLAS with TF32 on) should come before the sweep, not after
     with_peer = peer and final_race >= 1 and eng.peer_program(template) is not None
 
@@ -183,19 +184,31 @@ def tune(template: KernelTemplate, device: Device, shape: Shape, *, space: str =
             illegal = []
             result.illegal_in_grid = sp.size - len(sp.legal(limits))
             result.illegal_examples = [(c, sp.why_illegal(c, limits)) for c in illegal_examples(sp, limits, seed)]
-        cand_iter = get_strategy(strategy)(sp, limits, budget, seed)
+        cand_iter = get_strategy(strategy)(sp, limits, budget, seed, feedback=feedback)
     result.rows += [eng.illegal(item(c), why) for c, why in illegal]
     pending: list[Item] = []
     taken = 0
     step = batch * getattr(eng, "width", 1)  # a cluster's engine runs `width` batches at once
+
+    def run(items: list[Item]) -> None:
+        rows = eng.evaluate(items, batch=batch, total=budget.count)
+        for r in rows:
+            feedback.record(r.config, r.stats.median_ms if r.status == "ok" and r.stats else None)
+        result.rows.extend(rows)
+
     for cfg in cand_iter:
+        if cfg is FLUSH:  # the strategy steers by what was measured: measure what it yielded first
+            if pending:
+                run(pending)
+                pending = []
+            continue
         taken += 1
         pending.append(item(cfg))
         if len(pending) >= step:
-            result.rows += eng.evaluate(pending, batch=batch, total=budget.count)
+            run(pending)
             pending = []
     if pending:
-        result.rows += eng.evaluate(pending, batch=batch, total=budget.count)
+        run(pending)
     if not any(r.status != "illegal" for r in result.rows):
         raise no_legal_config_error(template, sp, shape, [(r.config, r.reason.split("; ")) for r in result.rows],
                                     f"on {device.info.name}")
