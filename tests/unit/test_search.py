@@ -1,6 +1,7 @@
 """Search strategies: exhaustive covers the legal space, random respects its budget, climb finds what a sample
 misses, bad budgets refused."""
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -154,3 +155,12 @@ def test_climb_without_feedback_is_the_random_search():
     assert list(climb(sp, LIMITS, Budget(count=20), seed=2)) == list(random_search(sp, LIMITS, Budget(count=20), 2))
     got, _ = drive(climb, sp, lambda c: float(c.BM), Budget(count=40), seed=2, limits=LIMITS)
     assert len(got) == 40 == len(set(got)) and all(sp.is_legal(c, LIMITS) for c in got)
+
+
+def test_climb_starts_from_the_given_configs_and_climbs_from_the_fastest_of_them():
+    sp, ms = bowl()
+    start = [sp.config(A=3, B=3, C="x"), sp.config(A=9, B=6, C="y"), sp.config(A=16, B=16, C="y")]  # last illegal
+    got, _ = drive(functools.partial(climb, start=start), sp, ms, Budget(count=30), seed=0)
+    assert got[:2] == start[:2]
+    assert set(got[2:2 + len(neighbours(sp, start[1], None))]) == set(neighbours(sp, start[1], None))
+    assert sp.config(A=11, B=5, C="y") in got

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from tilewise.devices.base import Limits
@@ -121,13 +121,13 @@ def neighbours(space: Space, config: Config, limits: Limits | None) -> list[Conf
 
 
 def climb(space: Space, limits: Limits | None, budget: Budget, seed: int = 0,
-          feedback: Feedback | None = None) -> Iterator[Config | None]:
-    """Hill-climbing with random restarts: a few random legal configs, then every untried neighbour of the
-    fastest of them (`neighbours`), measured together, and again from the fastest neighbour while one is faster
-    than where the climb stands; at a local optimum (no neighbour faster, or none left untried) a fresh random
-    start. Large spaces with a structure (tile sizes next to each other run alike) reach a good config in far
-    fewer measurements than a random sample. Without feedback (a caller that cannot measure in between) it is
-    the random search."""
+          feedback: Feedback | None = None, start: Sequence[Config] = ()) -> Iterator[Config | None]:
+    """Hill-climbing with random restarts: a few random legal configs (or the legal ones of `start`, e.g. a
+    family's seed points), then every untried neighbour of the fastest of them (`neighbours`), measured together,
+    and again from the fastest neighbour while one is faster than where the climb stands; at a local optimum (no
+    neighbour faster, or none left untried) a fresh random start. Large spaces with a structure (tile sizes next to
+    each other run alike) reach a good config in far fewer measurements than a random sample. Without feedback (a
+    caller that cannot measure in between) it is the random search."""
     if feedback is None:
         yield from random_search(space, limits, budget, seed)
         return
@@ -139,7 +139,8 @@ def climb(space: Space, limits: Limits | None, budget: Budget, seed: int = 0,
     def fresh() -> list[Config]:
         return list(itertools.islice((c for c in draws if c not in seen), starts))
 
-    batch, here = fresh(), None
+    batch = list(dict.fromkeys(c for c in start if space.is_legal(c, limits))) or fresh()
+    here = None
     while batch:
         for c in batch:
             if not budget.allows(taken):

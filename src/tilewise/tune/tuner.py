@@ -24,7 +24,7 @@ from tilewise.kernels.base import KernelTemplate, Shape
 from tilewise.kernels.space import Config, Space
 from tilewise.tune.engine import Engine, Item, Outcome, item_source_hash
 from tilewise.tune.measure import Stats, tie_groups
-from tilewise.tune.search import FLUSH, Budget, Feedback, get_strategy
+from tilewise.tune.search import FLUSH, Budget, Feedback, Strategy, get_strategy
 from tilewise.tune.store import Store, shape_key
 
 Progress = Callable[[str, int, "int | None"], None]
@@ -127,7 +127,7 @@ def illegal_examples(space: Space, limits: Limits | None, seed: int, n: int = 12
 
 
 def tune(template: KernelTemplate, device: Device, shape: Shape, *, space: str = "seed",
-         strategy: str = "exhaustive", budget: Budget | None = None, store: Store | None = None,
+         strategy: str | Strategy = "exhaustive", budget: Budget | None = None, store: Store | None = None,
          force: bool = False, seed: int = 0, batch: int = 16, final_race: int = 8, timeout_s: float = 30.0,
          measure_kw: dict[str, Any] | None = None, progress: Progress | None = None,
          configs: Sequence[Config] | None = None, peer: bool = False, engine: Engine | None = None) -> TuneResult:
@@ -138,7 +138,8 @@ def tune(template: KernelTemplate, device: Device, shape: Shape, *, space: str =
         device: where to run.
         shape: the problem shape (template.shape_names).
         space: space name ("seed", "full", ...).
-        strategy: "exhaustive", "random" or "climb" (see `search.STRATEGIES`).
+        strategy: "exhaustive", "random" or "climb" (see `search.STRATEGIES`), or a strategy itself (e.g. `climb`
+            with its `start` configs bound).
         budget: count and/or seconds for the strategy (default: unbounded).
         store: results store to resume from and write to (None: keep nothing).
         force: re-measure configs the store already holds.
@@ -184,7 +185,8 @@ def tune(template: KernelTemplate, device: Device, shape: Shape, *, space: str =
             illegal = []
             result.illegal_in_grid = sp.size - len(sp.legal(limits))
             result.illegal_examples = [(c, sp.why_illegal(c, limits)) for c in illegal_examples(sp, limits, seed)]
-        cand_iter = get_strategy(strategy)(sp, limits, budget, seed, feedback=feedback)
+        search = get_strategy(strategy) if isinstance(strategy, str) else strategy
+        cand_iter = search(sp, limits, budget, seed, feedback=feedback)
     result.rows += [eng.illegal(item(c), why) for c, why in illegal]
     pending: list[Item] = []
     taken = 0
