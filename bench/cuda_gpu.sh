@@ -13,7 +13,8 @@
 #                           raced at 346 queries
 #   WORK/tune.txt, tune.json, tables/  `tilewise tune model --device cuda --preset PRESET --seq SEQ --rows 1`
 #                           with TUNE_BUDGET (6) candidates per kernel and TUNE_S (150) seconds; its table lands in
-#                           WORK/tables (TILEWISE_DISPATCH_DIR), where the decision step finds it. PRESET (lfm2-350m)
+#                           WORK/tables (TILEWISE_DISPATCH_DIR), where the decision step finds it (TUNE_ARGS adds
+#                           options, e.g. "--climb 12"). PRESET (lfm2-350m)
 #                           and SEQ (346) pick the model and prompt length of the tune, decision and profile steps:
 #                           PRESET=default SEQ=348 is the bundled model at its game prompts' length
 #   WORK/model.txt, model/results.json  bench/model_cuda.py on that table (MODEL_ARGS adds options): tilewise CUDA
@@ -59,7 +60,7 @@ PRESET="${PRESET:-lfm2-350m}"
 SEQ="${SEQ:-346}"
 step tune "$(( ${TUNE_S:-150} + 60 ))" "$WORK/tune.txt" "$PY" -m tilewise tune model --device cuda --preset "$PRESET" \
     --seq "$SEQ" --rows 1 --budget "${TUNE_BUDGET:-6}" --budget-s "${TUNE_S:-150}" --store "$WORK/store.db" \
-    --json "$WORK/tune.json"
+    --json "$WORK/tune.json" ${TUNE_ARGS:-}
 step model "${MODEL_S:-150}" "$WORK/model.txt" "$PY" bench/model_cuda.py --out "$WORK/model" --presets "$PRESET" \
     --seq "$SEQ" --no-tests --no-cli --webgpu "" --decisions 30 --section-s 6 ${MODEL_ARGS:-}
 if command -v ncu > /dev/null; then

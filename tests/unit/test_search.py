@@ -164,3 +164,19 @@ def test_climb_starts_from_the_given_configs_and_climbs_from_the_fastest_of_them
     assert got[:2] == start[:2]
     assert set(got[2:2 + len(neighbours(sp, start[1], None))]) == set(neighbours(sp, start[1], None))
     assert sp.config(A=11, B=5, C="y") in got
+
+
+def test_climb_takes_what_the_feedback_already_holds_as_measured():
+    sp, ms = bowl()
+    start = [sp.config(A=3, B=3, C="x"), sp.config(A=9, B=6, C="y")]
+    fb = Feedback()
+    for c in start:
+        fb.record(c, ms(c))
+    got = []
+    for c in climb(sp, None, Budget(count=20), 0, feedback=fb, start=start):
+        if c is FLUSH:
+            continue
+        got.append(c)
+        fb.record(c, ms(c))
+    assert not set(start) & set(got) and len(got) == 20
+    assert set(got[:len(neighbours(sp, start[1], None))]) == set(neighbours(sp, start[1], None))

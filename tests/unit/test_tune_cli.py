@@ -68,6 +68,8 @@ def test_show_source_prints_wgsl_of_one_config(capsys):
     (["tune", "gemm", "--show-source", "BM"], "cannot parse"),
     (["tune", "gemm", "--device", "tpu", "--shape", "64,64,64", "--dry-run"], "unknown device"),
     (["sweep", "gemm", "--m", "5..1", "--n", "64", "--k", "64"], "bad M range"),
+    (["tune", "model", "--climb", "0"], "--climb: expected a whole number of at least 1"),
+    (["tune", "gemm", "--shape", "64,64,64", "--strategy", "climbing", "--dry-run"], "unknown --strategy 'climbing'"),
 ])
 def test_bad_input_is_one_clear_error(capsys, argv, needle):
     code, _, err = run(capsys, *argv)

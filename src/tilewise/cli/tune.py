@@ -5,7 +5,7 @@
                   [--top N] [--wide] [--force] [--store PATH] [--show-source CONFIG] [--dry-run] [--target PROFILE]
                   [--no-peer]
     tilewise tune model [--preset default] [--seq 346] [--device auto] [--weights nf4] [--budget N]
-                  [--budget-s S] [--json FILE] [--force]
+                  [--budget-s S] [--climb N] [--json FILE] [--force]
 
 Every argument is checked before a device is opened or a config measured: a run never stores a result that the
 caller's arguments caused.
@@ -99,6 +99,9 @@ def register(sub: Any) -> None:
     m.add_argument("--budget-s", type=common.float_in(0, low_open=True), default=None, metavar="S",
                    help="most seconds overall: no new candidate starts after S; the table keeps the shapes "
                         "finished and says which were cut (default: no limit)")
+    m.add_argument("--climb", type=common.positive, default=None, metavar="N",
+                   help="per matmul shape, N more configs of the kernel fastest at the decision's rows, "
+                        "hill-climbing from its best (its neighbours: one parameter a step away)")
     m.add_argument("--no-hand-picked", dest="hand_picked", action="store_false",
                    help="leave out the hand-picked seed configs (the default config and random ones compete)")
     m.add_argument("--force", action="store_true", help="re-measure shapes the table and the store already hold")

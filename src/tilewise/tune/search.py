@@ -126,8 +126,9 @@ def climb(space: Space, limits: Limits | None, budget: Budget, seed: int = 0,
     family's seed points), then every untried neighbour of the fastest of them (`neighbours`), measured together,
     and again from the fastest neighbour while one is faster than where the climb stands; at a local optimum (no
     neighbour faster, or none left untried) a fresh random start. Large spaces with a structure (tile sizes next to
-    each other run alike) reach a good config in far fewer measurements than a random sample. Without feedback (a
-    caller that cannot measure in between) it is the random search."""
+    each other run alike) reach a good config in far fewer measurements than a random sample. A config `feedback`
+    already holds is taken as measured, not yielded again (a climb from configs measured before it). Without
+    feedback (a caller that cannot measure in between) it is the random search."""
     if feedback is None:
         yield from random_search(space, limits, budget, seed)
         return
@@ -143,6 +144,9 @@ def climb(space: Space, limits: Limits | None, budget: Budget, seed: int = 0,
     here = None
     while batch:
         for c in batch:
+            if c in feedback.median_ms:  # measured before the climb (e.g. its start): known, not measured again
+                seen.add(c)
+                continue
             if not budget.allows(taken):
                 return
             seen.add(c)
@@ -157,6 +161,25 @@ def climb(space: Space, limits: Limits | None, budget: Budget, seed: int = 0,
         batch = [c for c in neighbours(space, here, limits) if c not in seen]
         if not batch:
             batch, here = fresh(), None
+
+
+def run_search(configs: Iterable[Config | None], evaluate: Callable[[list[Config]], None],
+               step: int | None = None) -> int:
+    """Pull a strategy's configs and hand them to `evaluate` in lists of `step` (None: no limit), and whenever the
+    strategy yields FLUSH (so that `evaluate` can record what it measured in the strategy's feedback before the
+    next pull). Returns how many configs were evaluated."""
+    pending: list[Config] = []
+    taken = 0
+    for cfg in configs:
+        if cfg is not FLUSH:
+            pending.append(cfg)
+            taken += 1
+        if pending and (cfg is FLUSH or (step is not None and len(pending) >= step)):
+            evaluate(pending)
+            pending = []
+    if pending:
+        evaluate(pending)
+    return taken
 
 
 def _take(configs: list[Config], budget: Budget, taken: int = 0) -> Iterator[Config]:

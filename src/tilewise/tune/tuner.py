@@ -24,7 +24,7 @@ from tilewise.kernels.base import KernelTemplate, Shape
 from tilewise.kernels.space import Config, Space
 from tilewise.tune.engine import Engine, Item, Outcome, item_source_hash
 from tilewise.tune.measure import Stats, tie_groups
-from tilewise.tune.search import FLUSH, Budget, Feedback, Strategy, get_strategy
+from tilewise.tune.search import Budget, Feedback, Strategy, get_strategy, run_search
 from tilewise.tune.store import Store, shape_key
 
 Progress = Callable[[str, int, "int | None"], None]
@@ -188,29 +188,15 @@ def tune(template: KernelTemplate, device: Device, shape: Shape, *, space: str =
         search = get_strategy(strategy) if isinstance(strategy, str) else strategy
         cand_iter = search(sp, limits, budget, seed, feedback=feedback)
     result.rows += [eng.illegal(item(c), why) for c, why in illegal]
-    pending: list[Item] = []
-    taken = 0
-    step = batch * getattr(eng, "width", 1)  # a cluster's engine runs `width` batches at once
 
-    def run(items: list[Item]) -> None:
-        rows = eng.evaluate(items, batch=batch, total=budget.count)
+    def run(configs: list[Config]) -> None:
+        rows = eng.evaluate([item(c) for c in configs], batch=batch, total=budget.count)
         for r in rows:
             feedback.record(r.config, r.stats.median_ms if r.status == "ok" and r.stats else None)
         result.rows.extend(rows)
 
-    for cfg in cand_iter:
-        if cfg is FLUSH:  # the strategy steers by what was measured: measure what it yielded first
-            if pending:
-                run(pending)
-                pending = []
-            continue
-        taken += 1
-        pending.append(item(cfg))
-        if len(pending) >= step:
-            run(pending)
-            pending = []
-    if pending:
-        run(pending)
+    # a cluster's engine runs `width` batches at once; a strategy that steers by what was measured flushes sooner
+    taken = run_search(cand_iter, run, batch * getattr(eng, "width", 1))
     if not any(r.status != "illegal" for r in result.rows):
         raise no_legal_config_error(template, sp, shape, [(r.config, r.reason.split("; ")) for r in result.rows],
                                     f"on {device.info.name}")
