@@ -130,7 +130,7 @@ def test_climb_finds_the_optimum_of_a_structured_space_where_a_random_sample_of_
             got, _ = drive(STRATEGIES[name], sp, ms, Budget(count=90), seed)
             assert len(got) == 90 == len(set(got)) and all(sp.is_legal(c) for c in got)
             found[name] += best in got
-    assert found["climb"] == 10 and found["random"] <= 4, found  # 90 of 705 legal configs: 13% each for random
+    assert found["climb"] == 10 and found["random"] <= 4, found  # 90 of 738 legal configs: 12% each for random
 
 
 def test_climb_measures_every_untried_neighbour_of_where_it_stands_before_it_moves():
