@@ -146,8 +146,9 @@ def test_climb_measures_every_untried_neighbour_of_where_it_stands_before_it_mov
 def test_neighbours_step_numbers_to_the_next_value_and_words_to_every_other():
     sp, _ = bowl()
     got = neighbours(sp, sp.config(A=16, B=12, C="x"), None)
-    assert {(c.A, c.B, c.C) for c in got} == {(15, 12, "x"), (16, 11, "x"), (16, 12, "y"), (16, 12, "z")}
-    # (16, 13) breaks A + B <= 28, and A has no value above 16
+    assert {(c.A, c.B, c.C) for c in got} == {(15, 12, "x"), (16, 11, "x"), (16, 12, "y"), (16, 12, "z"),
+                                              (15, 13, "x")}
+    # A has no value above 16; (16, 13) breaks A + B <= 28, so A's step down repairs it
 
 
 def test_climb_without_feedback_is_the_random_search():
@@ -180,3 +181,12 @@ def test_climb_takes_what_the_feedback_already_holds_as_measured():
         fb.record(c, ms(c))
     assert not set(start) & set(got) and len(got) == 20
     assert set(got[:len(neighbours(sp, start[1], None))]) == set(neighbours(sp, start[1], None))
+
+
+def test_a_move_that_breaks_a_rule_tying_parameters_together_is_repaired_by_a_second_step():
+    # threads = A * B must be 16: no single step of A or B is legal, a step of each is
+    sp = Space("tied", {"A": [1, 2, 4, 8, 16], "B": [1, 2, 4, 8, 16], "C": [0, 1]},
+               [Rule("threads_16", lambda c, L: c.A * c.B == 16, lambda c, L: f"A * B = {c.A * c.B} != 16")])
+    got = {(c.A, c.B, c.C) for c in neighbours(sp, sp.config(A=4, B=4, C=0), None)}
+    assert got == {(2, 8, 0), (8, 2, 0), (4, 4, 1)}
+    assert all(sp.is_legal(sp.config(A=a, B=b, C=c)) for a, b, c in got)

@@ -14,6 +14,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tilewise.devices.base import Limits
 from tilewise.errors import ConfigError
@@ -104,18 +105,30 @@ def random_search(space: Space, limits: Limits | None, budget: Budget, seed: int
         yield cfg
 
 
+def _steps(space: Space, config: Config, key: str) -> list[Any]:
+    """The values one step from `config[key]`: the one before and after it in the space's list for numbers (listed
+    in order, so a step is the next size up or down), every other value for words."""
+    values = space.params[key]
+    i = values.index(config[key])
+    if all(isinstance(v, int | float) for v in values):
+        return [values[j] for j in (i - 1, i + 1) if 0 <= j < len(values)]
+    return [v for v in values if v != config[key]]
+
+
 def neighbours(space: Space, config: Config, limits: Limits | None) -> list[Config]:
-    """The legal configs one step from `config`: one parameter moved to the value before or after its own in the
-    space's list (numbers are listed in order, so a step is the next size up or down), or, for a parameter whose
-    values are words, to any other value."""
+    """The legal configs one step from `config`: one parameter moved one step (`_steps`). Where that move alone
+    breaks a rule that ties parameters together (threads = tile / per-thread tile, a workgroup a multiple of the
+    subgroup size), the first legal config that also moves one other parameter one step stands in for it, so a
+    climb is not stuck where every single move is illegal."""
     out: list[Config] = []
-    for key, values in space.params.items():
-        i = values.index(config[key])
-        steps = ([values[j] for j in (i - 1, i + 1) if 0 <= j < len(values)]
-                 if all(isinstance(v, int | float) for v in values) else [v for v in values if v != config[key]])
-        for v in steps:
-            c = space.config({**dict(config), key: v})
-            if space.is_legal(c, limits):
+    for key in space.params:
+        for v in _steps(space, config, key):
+            moved = {**dict(config), key: v}
+            c = space.config(moved)
+            if not space.is_legal(c, limits):
+                c = next((r for other in space.params if other != key for w in _steps(space, c, other)
+                          if space.is_legal(r := space.config({**moved, other: w}), limits)), None)
+            if c is not None and c != config and c not in out:
                 out.append(c)
     return out
 
