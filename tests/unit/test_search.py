@@ -190,3 +190,10 @@ def test_a_move_that_breaks_a_rule_tying_parameters_together_is_repaired_by_a_se
     got = {(c.A, c.B, c.C) for c in neighbours(sp, sp.config(A=4, B=4, C=0), None)}
     assert got == {(2, 8, 0), (8, 2, 0), (4, 4, 1)}
     assert all(sp.is_legal(sp.config(A=a, B=b, C=c)) for a, b, c in got)
+
+
+def test_climb_on_a_hand_picked_space_keeps_to_its_points():
+    sp = gemm_space("seed")
+    points = set(sp.legal(LIMITS))
+    got, _ = drive(climb, sp, lambda c: float(c.BM * c.BN), Budget(count=12), seed=1, limits=LIMITS)
+    assert got and set(got) <= points and len(got) == len(set(got))

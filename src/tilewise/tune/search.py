@@ -119,7 +119,8 @@ def neighbours(space: Space, config: Config, limits: Limits | None) -> list[Conf
     """The legal configs one step from `config`: one parameter moved one step (`_steps`). Where that move alone
     breaks a rule that ties parameters together (threads = tile / per-thread tile, a workgroup a multiple of the
     subgroup size), the first legal config that also moves one other parameter one step stands in for it, so a
-    climb is not stuck where every single move is illegal."""
+    climb is not stuck where every single move is illegal. A hand-picked space (`points`) keeps to its points."""
+    points = set(space) if space.points is not None else None
     out: list[Config] = []
     for key in space.params:
         for v in _steps(space, config, key):
@@ -128,7 +129,7 @@ def neighbours(space: Space, config: Config, limits: Limits | None) -> list[Conf
             if not space.is_legal(c, limits):
                 c = next((r for other in space.params if other != key for w in _steps(space, c, other)
                           if space.is_legal(r := space.config({**moved, other: w}), limits)), None)
-            if c is not None and c != config and c not in out:
+            if c is not None and c != config and c not in out and (points is None or c in points):
                 out.append(c)
     return out
 
