@@ -38,12 +38,12 @@ from tilewise.kernels.cudasrc import MODEL_HEADERS, compile_cuda  # noqa: E402
 
 THREADS = 256
 SOURCE = r"""
-extern "C" __global__ void floor_empty(float *buf) { PDL_BEGIN(); }
-extern "C" __global__ void floor_touch(float *buf) {
+__global__ void floor_empty(float *buf) { PDL_BEGIN(); }
+__global__ void floor_touch(float *buf) {
   PDL_BEGIN();
   buf[blockIdx.x * blockDim.x + threadIdx.x] += 1.0f;
 }
-extern "C" __global__ void floor_smem(float *buf) {
+__global__ void floor_smem(float *buf) {
   extern __shared__ float sm[];
   PDL_BEGIN();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
