@@ -30,3 +30,31 @@ def test_every_script_answers_help_without_a_gpu(script):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage:" in done.stdout, done.stdout[:500]
+
+
+def package_imports(path: Path) -> list[tuple[str, str]]:
+    """(module, name) of every `from tilewise... import name` in a file, at any depth (lazy imports included)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    return [(node.module, alias.name) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+            and node.module and node.module.startswith("tilewise") for alias in node.names]
+
+
+@pytest.mark.parametrize("path", sorted(p.relative_to(ROOT) for d in ("bench", "experiments")
+                                        for p in (ROOT / d).glob("*.py")), ids=str)
+def test_every_name_a_script_imports_from_the_package_exists(path):
+    import importlib.util
+
+    missing = []
+    for module, name in package_imports(ROOT / path):
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as exc:
+            if "cupy" in str(exc) or "torch" in str(exc):  # an optional dependency the GPU machine has
+                continue
+            missing.append(f"{module}: {exc}")
+            continue
+        if not hasattr(mod, name) and importlib.util.find_spec(f"{module}.{name}") is None:
+            missing.append(f"{module}.{name}")
+    assert not missing, missing
