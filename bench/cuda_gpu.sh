@@ -22,6 +22,9 @@
 #                           torch.compile
 #   WORK/profile.txt, ncu.csv  every kernel of one decision on that table under Nsight Compute, per op
 #                           (bench/profile_cuda.py; skipped where `ncu` is missing)
+#   WORK/play.txt, play.json, prompt_encode.json  `tilewise play --device cuda` on the bundled model (its table is there when
+#                           PRESET=default): decision latency from board to action, prompt and tokenizer included;
+#                           and bench/prompt_encode.py: this host's time to render and encode one prompt
 #   OUT_DIR/status.txt      one line per step: name, exit status (124: timed out), seconds
 #   OUT_DIR/cuda_gpu.tgz    WORK packed after every step, without the results store (a call returns few files)
 # SKIP="pytest matmul" leaves steps out; each step runs under `timeout`, so one failure or hang stops no other.
@@ -69,3 +72,5 @@ if command -v ncu > /dev/null; then
         run --preset '$PRESET' --seq '$SEQ' --labels '$WORK/labels.json' > '$WORK/ncu.csv' && $PY bench/profile_cuda.py table '$WORK/ncu.csv' \
         '$WORK/labels.json'"
 fi
+step prompt 60 "$WORK/prompt.txt" "$PY" bench/prompt_encode.py --out "$WORK"
+step play "${PLAY_S:-90}" "$WORK/play.txt" "$PY" -m tilewise play --device cuda --steps 200 --no-watch --json "$WORK/play.json"
