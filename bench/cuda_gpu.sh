@@ -3,6 +3,8 @@
 #   WORK/env.txt            GPU, driver, clocks, Python packages
 #   WORK/floor.txt, launch_floor.json  experiments/cuda_launch_floor.py: what one launch in a graph costs when its
 #                           kernel does (almost) nothing, with and without programmatic dependent launch
+#   WORK/compile.txt, compile_batch.json  bench/compile_batch.py: nf4-matmul configs compiled one by one against
+#                           the tuner's batch compile (NVRTC on a thread per CPU)
 #   WORK/pytest.txt         PYTEST_FILES (default: the executor, graph and tune tests) + the wgr kernel tests
 #                           selected by PYTEST_K: executor vs float64 and HF, graphs and PDL bit-identical to serial
 #                           launches, every wgr seed (both decodes) against float64
@@ -53,6 +55,8 @@ step env 60 "$WORK/env.txt" bash -c "date -u; nvidia-smi --query-gpu=name,driver
     --format=csv; $PY -c 'import torch, cupy, transformers; print(torch.__version__, cupy.__version__, \
     transformers.__version__)'; $PY -m tilewise devices --wide"
 step floor 60 "$WORK/floor.txt" "$PY" experiments/cuda_launch_floor.py --out "$WORK"
+step compile 90 "$WORK/compile.txt" "$PY" bench/compile_batch.py --out "$WORK" --device cuda --kernel nf4-matmul \
+    --shape 346,4608,1024 --configs 32 --rounds 2
 step pytest "${PYTEST_S:-200}" "$WORK/pytest.txt" "$PY" -m pytest -q -p no:cacheprovider -rs \
     ${PYTEST_FILES:-tests/cuda/test_model_cuda.py tests/cuda/test_model_cuda_graph.py tests/cuda/test_model_cuda_tune.py} \
     tests/cuda/test_model_kernels_cuda.py -k "${PYTEST_K:-not test_model_kernels_cuda or (wgr and not default_config)}"
