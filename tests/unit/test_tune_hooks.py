@@ -500,3 +500,16 @@ def test_default_precompile_does_nothing_for_one_config_or_a_serial_compiler():
     assert not TimedCPU().compiles_in_parallel()
     assert tpl.precompile(TimedCPU(), [tpl.space().config(**p) for p in POINTS], SHAPE) == {}
     assert tpl.compiled == []
+
+
+def test_a_device_lost_during_a_batch_compile_stops_the_tune_instead_of_failing_a_config():
+    from tilewise.errors import DeviceLost
+
+    class Losing(TinyDefault):
+        def compile(self, device, config, shape):
+            if config.T == 2 and config.BUG == 1:
+                raise DeviceLost("the GPU fell off the bus", "restart")
+            return super().compile(device, config, shape)
+
+    with pytest.raises(DeviceLost, match="fell off"):
+        tune(Losing(), ThreadedCPU(), SHAPE, batch=8, measure_kw=FAST)
