@@ -179,7 +179,8 @@ class WebGPUDevice(Device):
         (no handle yet); leaving the block waits for all of them. The runtime builds them on its own threads (Dawn),
         at most `2 x CPUs` in flight. Yields None where the runtime builds pipelines one at a time that way
         (wgpu-native: `compile_workers` threads instead)."""
-        if self.runtime.many_pipelines != "async" or self._batch is not None:
+        if (self.runtime.many_pipelines != "async" or self._batch is not None
+                or not hasattr(self._dev, "create_compute_pipeline_async")):  # an older module: one at a time
             yield None
             return
         self._batch, self._in_flight = CompileBatch(), []
