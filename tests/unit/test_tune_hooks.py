@@ -531,3 +531,17 @@ def test_a_grids_legal_configs_are_counted_once_per_template_space_and_limits(mo
         res = tune(tpl, TimedCPU(), shape, space="full", strategy="climb", budget=Budget(count=4), measure_kw=FAST)
         assert res.illegal_in_grid == 0  # every config of the graded grid is legal
     assert memo.stores == 1 and list(memo.values()) == [72]
+
+
+def test_compile_workers_come_from_the_environment_or_the_cpus_this_process_may_use():
+    import os
+
+    from tilewise.devices.base import COMPILE_WORKERS_ENV, compile_workers_default
+    from tilewise.errors import ConfigError
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert compile_workers_default({}) == cpus
+    assert compile_workers_default({COMPILE_WORKERS_ENV: " 3 "}) == 3
+    for bad in ("0", "-2", "many"):
+        with pytest.raises(ConfigError, match=f"{COMPILE_WORKERS_ENV}=.* is not a positive number"):
+            compile_workers_default({COMPILE_WORKERS_ENV: bad})

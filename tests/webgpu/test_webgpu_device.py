@@ -237,3 +237,14 @@ def test_one_pipeline_per_source_and_constants_shared_by_every_program(webgpu_de
     for _ in range(2):  # a failed compile is not kept: the next one compiles (and fails) again
         with pytest.raises(ShaderCompileError):
             dev.compile(VADD.replace("fn main", "fn main_broken"), name="broken")
+
+
+def test_a_ray_worker_compiles_on_its_share_of_the_cpus(webgpu_device, monkeypatch):
+    from tilewise.devices.base import COMPILE_WORKERS_ENV
+    from tilewise.tune.cluster import DeviceWorker
+
+    name = webgpu_device.info.device_name.split(":")[0]  # webgpu or dawn, whichever this run tests
+    monkeypatch.setenv(COMPILE_WORKERS_ENV, "1")  # restored after the test: the worker sets it in its process
+    worker = DeviceWorker(name, ["webgpu"], "tune", compile_workers=3)
+    threads = worker.device.runtime.many_pipelines == "threads"
+    assert worker.device.compile_workers == (3 if threads else 1)  # Dawn builds on its own threads instead

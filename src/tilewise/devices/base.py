@@ -195,6 +195,26 @@ class CompileBatch:
     errors: dict[int, Exception] = field(default_factory=dict)
 
 
+COMPILE_WORKERS_ENV = "TILEWISE_COMPILE_WORKERS"
+
+
+def compile_workers_default(environ: Mapping[str, str] | None = None) -> int:
+    """Threads a batch compile may use: `TILEWISE_COMPILE_WORKERS` where set (a Ray worker gets its share of the
+    host's CPUs), else the CPUs this process may run on."""
+    env = os.environ if environ is None else environ
+    text = env.get(COMPILE_WORKERS_ENV, "").strip()
+    if text:
+        try:
+            n = int(text)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ConfigError(f"{COMPILE_WORKERS_ENV}={text!r} is not a positive number of threads",
+                              f"set {COMPILE_WORKERS_ENV} to 1 or more, or unset it (one thread per CPU)")
+        return n
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 class Once:
     """Values made at most once per key, by whichever thread asks first, while the others asking for that key wait
     for it: a batch compiled on threads builds a kernel every config shares (a split-K reduction) once, not once per

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from tilewise.devices.base import Buffer, Device, Launch, Once, Program, grid3, source_hash
+from tilewise.devices.base import Buffer, Device, Launch, Once, Program, compile_workers_default, grid3, source_hash
 from tilewise.devices.cuda_info import MAX_GRID, cache_dir, device_count, first_line, import_cupy, info_from
 from tilewise.devices.cuda_nvrtc import CompiledCuda, compile_error, device_options
 from tilewise.devices.cuda_nvrtc import first_error_line as first_error_line  # re-exported: callers import them here
@@ -102,7 +102,7 @@ class CUDADevice(Device):
         self._modules = Once()  # (source hash, entry, options) -> CuPy module
         self._cubins: dict[tuple[str, str, tuple[str, ...]], Any] = {}  # modules loaded from shipped cubins
         self._lock = threading.Lock()
-        self.compile_workers = os.cpu_count() or 1  # NVRTC releases the GIL; the module cache takes the lock
+        self.compile_workers = compile_workers_default()  # NVRTC releases the GIL; `_modules` builds each once
         self._flush_buf: Any = None
         self._lost = False
         with self._dev:

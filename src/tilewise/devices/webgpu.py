@@ -24,7 +24,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tilewise.devices.base import Buffer, CompileBatch, Device, Launch, Once, Program, source_hash
+from tilewise.devices.base import (
+    Buffer,
+    CompileBatch,
+    Device,
+    Launch,
+    Once,
+    Program,
+    compile_workers_default,
+    source_hash,
+)
 from tilewise.devices.webgpu_adapters import WGPU_NATIVE, Runtime, map_wait_mode, pick_adapter
 from tilewise.errors import DeviceLost, DeviceUnavailable, LaunchError, ShaderCompileError
 
@@ -172,7 +181,7 @@ class WebGPUDevice(Device):
     # ---- programs ----------------------------------------------------------------------------
     @property
     def compile_workers(self) -> int:  # type: ignore[override]
-        return (os.cpu_count() or 1) if self.runtime.many_pipelines == "threads" else 1
+        return compile_workers_default() if self.runtime.many_pipelines == "threads" else 1
 
     @contextmanager
     def compile_together(self) -> Iterator[CompileBatch | None]:

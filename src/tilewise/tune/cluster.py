@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tilewise.devices.base import DeviceInfo
+from tilewise.devices.base import COMPILE_WORKERS_ENV, DeviceInfo
 from tilewise.devices.cuda_nvrtc import CompiledCuda, CompileFailure, CompileProbe, CompileRequest, Prebuilt
 from tilewise.errors import ConfigError, DeviceLost, DeviceUnavailable
 from tilewise.kernels.space import Config
@@ -69,8 +69,12 @@ def import_ray() -> Any:
 class DeviceWorker:
     """The body of one Ray actor: one device and its store-less engines (one per engine setting)."""
 
-    def __init__(self, device: str, backends: Sequence[str], job: str, prefer: str | None = None) -> None:
+    def __init__(self, device: str, backends: Sequence[str], job: str, prefer: str | None = None,
+                 compile_workers: int | None = None) -> None:
         from tilewise.devices import parse_device_name, resolve
+
+        if compile_workers is not None:  # this process's batch compiles: the worker's share of the host's CPUs
+            os.environ[COMPILE_WORKERS_ENV] = str(compile_workers)
 
         base, index = parse_device_name(device)
         if index is None and base in ("webgpu", "dawn") and _ray_gpu_ids():
@@ -193,7 +197,9 @@ class Cluster:
         count = count or max(1, gpus if on_gpu else 1)
         cls = self.ray.remote(DeviceWorker).options(num_gpus=1 if on_gpu else 0, num_cpus=1, max_restarts=0,
                                                     max_task_retries=0)
-        actors = [cls.remote(device, list(backends), job, prefer) for _ in range(count)]
+        # each worker compiles its batches on its share of the CPUs, not on all of them at once
+        share = max(1, int(self.ray.cluster_resources().get("CPU", os.cpu_count() or 1)) // count)
+        actors = [cls.remote(device, list(backends), job, prefer, share) for _ in range(count)]
         for actor in actors:
             name, info, feats = self.get(actor.describe.remote())
             self.workers.append(Worker(actor, name, info, feats))
