@@ -55,3 +55,27 @@ def test_a_pipeline_that_fails_in_the_batch_is_raised_and_not_kept(executor, rng
     monkeypatch.setattr(rowops, "copy_source", good)
     plan, _ = executor.plan(rng.integers(0, 100, 22), 0, None, True)
     assert all(launch.program.handle is not None for launch in plan.launches)
+
+
+def test_a_plan_that_fails_for_another_reason_keeps_none_of_its_programs(executor, rng, monkeypatch):
+    """A pipeline that did not build and an error raised later in the same plan: the program without a pipeline must
+    not stay cached for the next plan to launch."""
+    from tilewise.errors import ConfigError
+
+    good, build = rowops.copy_source, executor._build_plan
+    monkeypatch.setattr(rowops, "copy_source", lambda: good(4096))
+
+    def build_then_fail(*args, **kwargs):
+        build(*args, **kwargs)
+        raise ConfigError("a later step refused the plan", "fix it")
+
+    monkeypatch.setattr(executor, "_build_plan", build_then_fail)
+    executor._programs.pop(("copy",), None)
+    executor._plans.clear()
+    with pytest.raises((ConfigError, ShaderCompileError)):
+        executor.plan(rng.integers(0, 100, 23), 0, None, True)
+    assert ("copy",) not in executor._programs
+    monkeypatch.setattr(rowops, "copy_source", good)
+    monkeypatch.setattr(executor, "_build_plan", build)
+    plan, _ = executor.plan(rng.integers(0, 100, 23), 0, None, True)
+    assert all(launch.program.handle is not None for launch in plan.launches)

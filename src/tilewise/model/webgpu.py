@@ -324,12 +324,14 @@ class WebGPUExecutor:
         if cached is not None:
             return cached, new
         programs = dict(self._programs)
-        # the plan's new pipelines build together (on Dawn's threads) and are all ready when the block ends
-        with self.dev.compile_together() as batch:
-            plan = self._build_plan(n, start, caches, new, final_row_slicing)
-        if batch is not None and batch.errors:
-            self._programs = programs  # none of this plan's programs is kept, so the next plan compiles them again
-            raise next(iter(batch.errors.values()))
+        try:  # the plan's new pipelines build together (on Dawn's threads) and are all ready when the block ends
+            with self.dev.compile_together() as batch:
+                plan = self._build_plan(n, start, caches, new, final_row_slicing)
+            if batch is not None and batch.errors:
+                raise next(iter(batch.errors.values()))
+        except BaseException:
+            self._programs = programs  # none of a failed plan's programs is kept (one may have no pipeline)
+            raise
         if len(self._plans) >= MAX_CACHED_PLANS:
             self._plans.clear()
         self._plans[key] = plan
