@@ -9,6 +9,8 @@ They compute wrong values on purpose, so they are timed, never verified or store
     no-mma      the wgmma are never issued (the fragments are still decoded: one xor of each into an
                 accumulator keeps them alive)
     no-wcopy    the W rows are never copied to shared memory (the decode reads stale stages)
+    barrier     the stages handed back by one __syncthreads a step (WGR_RELEASE 0, the previous pipeline)
+                instead of mbarriers: a complete kernel, but timed here like the others
     bare        the kernel returns at once: a launch of the same grid doing nothing
     no-loop     the K loop runs no step: launch, prologue stages, the first decode, the epilogue
     no-epi      the epilogue's tile is staged but never written out
@@ -56,6 +58,7 @@ EDITS: dict[str, tuple[str, str]] = {
     "no-mma": (_MMA, "    for (int s = 0; s < SETS; ++s) acc[s][0][0] += __uint_as_float(a[s][kk][0] ^ a[s][kk][1] ^ "
                      "a[s][kk][2] ^ a[s][kk][3]);"),
     "no-wcopy": (_COPY, "    if (M < 0) cp_w_rows<FMT, SETS, BF, NT, SETS * BF * RS>("),
+    "barrier": ("#ifndef WGR_RELEASE\n#define WGR_RELEASE 1", "#ifndef WGR_RELEASE\n#define WGR_RELEASE 0"),
     "bare": (_TOP, "  if (M > 0) return;\n" + _TOP),
     "no-loop": (_LOOP, "  for (int kt = 0; kt < steps && M < 0; kt += 2) {"),
     "no-epi": (_EPI, "      if (M > 0) continue;\n" + _EPI),
