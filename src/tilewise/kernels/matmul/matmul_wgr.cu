@@ -8,7 +8,8 @@
 // where the wg kind's 64-row slices pad 346 to 384.
 // Per K step of 64: thread 0 copies the x tile (BT rows of f16, one TMA box, 128-byte swizzle: the K-major B
 // layout the descriptor describes) and completes the stage's mbarrier; every thread copies its share of the W
-// rows as stored by cp.async (rows 16 bytes longer than stored, so that a warp's eight rows fall in different
+// rows, and of nf4's absmax of the step (its `absmax` arguments are stored (K / 64, N), `absmax_t` in the
+// executor, so that a step's scales are contiguous), as stored by cp.async (rows 16 bytes longer than stored, so that a warp's eight rows fall in different
 // banks). One step ahead of its wgmma each thread decodes, from shared memory, exactly the A fragment it holds
 // (rows g and g + 8 of its warp's 16, columns 2t, 2t + 1, 2t + 8, 2t + 9 of each k16 step, the mma.sync m16n8k16
 // layout): nf4 is byte t of each of its rows' eight words, times the row's absmax, rounded once to f16 as the other
@@ -293,11 +294,28 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
     mbar_expect_tx(bar, XBYTES);
     tma_box(base_addr + (j % ST) * XBYTES, &xmap, k_begin + j * BK, t0, bar);
   };
+  auto row_at = [](unsigned e, unsigned row) { return row * RS + (e % CPR) * 16; };  // a W chunk's place
   auto issue_w = [&](int j) {
     if (j >= steps) return;
     unsigned char *ws = base + WOFF + (j % ST) * WBYTES;
-    cp_w_rows<FMT, SETS, BF, NT, SETS * BF * RS>(ws, [](unsigned e, unsigned row) { return row * RS + (e % CPR) * 16; },
-                                                 w, absmax, w_up, absmax_up, f0, N, K, k_begin + j * BK, tid);
+    cp_w_rows<FMT, SETS, BF, NT, SETS * BF * RS, decltype(row_at), false>(ws, row_at, w, absmax, w_up, absmax_up,
+                                                                          f0, N, K, k_begin + j * BK, tid);
+    if (FMT == 0) {  // the step's absmax, stored (K / 64, N): BF contiguous floats a set, in 16-byte chunks
+      float *sa = reinterpret_cast<float *>(ws + SETS * BF * RS);
+      const size_t kb = (size_t)(k_begin + j * BK) / 64;
+#pragma unroll
+      for (int i = 0; i < (SETS * BF / 4 + NT - 1) / NT; ++i) {
+        const int e = tid + i * NT, s = e / (BF / 4), c = 4 * (e % (BF / 4)), n = f0 + c;
+        if ((SETS * BF / 4) % NT != 0 && e >= SETS * BF / 4) continue;
+        const float *src = (s ? absmax_up : absmax) + kb * N + n;
+        if (N % 4 == 0) {
+          cp_async16(sa + s * BF + c, n < N ? src : absmax, n < N);  // n < N: the whole chunk is (N % 4 == 0)
+        } else {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) cp_async4(sa + s * BF + c + q, n + q < N ? src + q : absmax, n + q < N);
+        }
+      }
+    }
     if (WGR_RELEASE) cp_async_mbar_arrive(bars + 8 * (j % ST));  // when this thread's copies so far have landed
   };
 
