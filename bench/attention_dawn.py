@@ -48,16 +48,8 @@ def torch_peer(host: dict[str, np.ndarray], shape: tuple[int, ...]) -> Any:
     q = torch.from_numpy(host["q"]).cuda().half().view(m, hq, d).transpose(0, 1).unsqueeze(0)  # (1, HQ, M, D)
     k = torch.from_numpy(host["k_cache"]).cuda().half().view(m, hkv, d).transpose(0, 1).unsqueeze(0)  # (1, HKV, M, D)
     v = torch.from_numpy(host["v_cache"]).cuda().half().view(m, hkv, d).transpose(0, 1).unsqueeze(0)
-
-    def run_ms() -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(REPS):
-            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / REPS
-    return run_ms
+    return bench_args.cuda_event_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+                                    REPS)
 
 
 def main() -> int:
@@ -92,13 +84,7 @@ def main() -> int:
     peer = torch_peer(host, shape)
     if peer is not None:
         timers["torch SDPA f16"] = peer
-    for fn in timers.values():  # warm-up: pipelines, the peer's kernel choice, clocks
-        fn()
-        fn()
-    samples: dict[str, list[float]] = {k: [] for k in timers}
-    for _ in range(args.rounds):
-        for k in rng.permutation(list(timers)):
-            samples[str(k)].append(timers[str(k)]())
+    samples = bench_args.interleaved(timers, args.rounds, rng)
     stats = {k: summarize(v, rng) for k, v in samples.items()}
     fma = min((s for k, s in stats.items() if k.startswith("attention [")), key=lambda s: s.median_ms, default=None)
     torch_st = stats.get("torch SDPA f16")

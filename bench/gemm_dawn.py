@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))  # bench_args, also where this file is loaded as a module
 
 
 def log(msg: str) -> None:
@@ -132,6 +133,7 @@ def race_torch(tpl: Any, runs: list[tuple[str, Any, list[Any]]], shape: tuple[in
     per sample, the sample is their mean."""
     import torch
 
+    import bench_args
     from tilewise.tune.measure import summarize
 
     M, N, K = shape
@@ -149,27 +151,13 @@ def race_torch(tpl: Any, runs: list[tuple[str, Any, list[Any]]], shape: tuple[in
     torch.backends.cuda.matmul.allow_tf32 = False  # cuBLAS fp32 as fp32, not tf32
     reps = 5
 
-    def torch_ms(a: Any, b: Any) -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            torch.matmul(a, b)
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / reps
-
     def dawn_ms(dev: Any, ls: list[Any]) -> float:  # a run is all its launches (split-K: slices, then the sum)
         return float(np.sum(dev.time(list(ls) * reps))) / reps
 
     timers = {**{k: (lambda d=d, ls=ls: dawn_ms(d, ls)) for k, (d, ls) in launches.items()},
-              "cuBLAS f16 (torch)": lambda: torch_ms(a16, b16), "cuBLAS f32 (torch)": lambda: torch_ms(a32, b32)}
-    for fn in timers.values():  # warm-up: pipelines, cuBLAS heuristics, clocks
-        fn()
-        fn()
-    samples: dict[str, list[float]] = {k: [] for k in timers}
-    for _ in range(rounds):
-        for k in rng.permutation(list(timers)):
-            samples[str(k)].append(timers[str(k)]())
+              "cuBLAS f16 (torch)": bench_args.cuda_event_ms(lambda: torch.matmul(a16, b16), reps),
+              "cuBLAS f32 (torch)": bench_args.cuda_event_ms(lambda: torch.matmul(a32, b32), reps)}
+    samples = bench_args.interleaved(timers, rounds, rng)
     flops = 2 * M * N * K
     out = {}
     for k, xs in samples.items():

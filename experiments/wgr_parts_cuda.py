@@ -48,20 +48,22 @@ PICK = {"BF": 128, "BT": 120, "ST": 4, "KS": 1, "MB": 1, "DEC": 1, "SR": 0}
 _NEXT = ("    if (kt + 1 < steps) wgr_fragments<FMT, SETS, BF, DEC>(nxt, base + WOFF + ((kt + 1) % ST) * WBYTES, lut, "
          "tb, r, t);")
 _MMA = "    for (int s = 0; s < SETS; ++s) wgmma_rs<BT>(acc[s], a[s][kk], wg_desc(xs + kk * 32));"
-_COPY = "    cp_w_rows<FMT, SETS, BF, NT, SETS * BF * RS>("
+_COPY = "    cp_w_rows<FMT, SETS, BF, NT, SETS * BF * RS, decltype(row_at), false>("
+_ABSMAX = "    if (FMT == 0) {  // the step's absmax"
 _LOOP = "  for (int kt = 0; kt < steps; kt += 2) {"
 _TOP = "  constexpr int NT = wgr_threads(BF), SETS = EPI == 2 ? 2 : 1, BK = 64;"
 _EPI = "      const float4 v = *reinterpret_cast<const float4 *>(tile + row * TS + c);"
-EDITS: dict[str, tuple[str, str]] = {
-    "no-decode": (_NEXT, "    wgr_pin(acc, nxt);"),
+EDITS: dict[str, tuple[tuple[str, str], ...]] = {  # variant -> (text, its replacement), each occurring once
+    "no-decode": ((_NEXT, "    wgr_pin(acc, nxt);"),),
     # a real use of the fragments, so that ptxas keeps the decode (an empty asm pin does not)
-    "no-mma": (_MMA, "    for (int s = 0; s < SETS; ++s) acc[s][0][0] += __uint_as_float(a[s][kk][0] ^ a[s][kk][1] ^ "
-                     "a[s][kk][2] ^ a[s][kk][3]);"),
-    "no-wcopy": (_COPY, "    if (M < 0) cp_w_rows<FMT, SETS, BF, NT, SETS * BF * RS>("),
-    "barrier": ("#ifndef WGR_RELEASE\n#define WGR_RELEASE 1", "#ifndef WGR_RELEASE\n#define WGR_RELEASE 0"),
-    "bare": (_TOP, "  if (M > 0) return;\n" + _TOP),
-    "no-loop": (_LOOP, "  for (int kt = 0; kt < steps && M < 0; kt += 2) {"),
-    "no-epi": (_EPI, "      if (M > 0) continue;\n" + _EPI),
+    "no-mma": ((_MMA, "    for (int s = 0; s < SETS; ++s) acc[s][0][0] += __uint_as_float(a[s][kk][0] ^ a[s][kk][1] ^ "
+                      "a[s][kk][2] ^ a[s][kk][3]);"),),
+    "no-wcopy": ((_COPY, "    if (M < 0) " + _COPY[4:]),  # the rows and the step's absmax (arrivals stay)
+                 (_ABSMAX, "    if (FMT == 0 && M < 0) {  // the step's absmax")),
+    "barrier": (("#ifndef WGR_RELEASE\n#define WGR_RELEASE 1", "#ifndef WGR_RELEASE\n#define WGR_RELEASE 0"),),
+    "bare": ((_TOP, "  if (M > 0) return;\n" + _TOP),),
+    "no-loop": ((_LOOP, "  for (int kt = 0; kt < steps && M < 0; kt += 2) {"),),
+    "no-epi": ((_EPI, "      if (M > 0) continue;\n" + _EPI),),
 }
 
 
@@ -72,10 +74,11 @@ def edited_source(part: str) -> str:
     src = _SOURCE()
     if not part:
         return src
-    old, new = EDITS[part]
-    if src.count(old) != 1:
-        raise SystemExit(f"{part}: the text to edit occurs {src.count(old)} times in matmul_wgr.cu (expected once)")
-    return src.replace(old, new)
+    for old, new in EDITS[part]:
+        if src.count(old) != 1:
+            raise SystemExit(f"{part}: the text to edit occurs {src.count(old)} times in matmul_wgr.cu (expected once)")
+        src = src.replace(old, new)
+    return src
 
 
 class Edited(mc.CudaMatmul):

@@ -1,6 +1,6 @@
-"""The GPU-free parts of two benchmarks: `bench/gemm_dawn.py`'s table with and without robustness and its refusal of
-unknown shape names, and `bench/nvrtc_parallel.py` compiling real SGEMM configs on threads and in processes (skips
-without libnvrtc)."""
+"""The GPU-free parts of the benchmarks: `bench/gemm_dawn.py`'s table with and without robustness and its refusal of
+unknown shape names, the interleaved race the Dawn benchmarks share (`bench/bench_args.py`), and
+`bench/nvrtc_parallel.py` compiling real SGEMM configs on threads and in processes (skips without libnvrtc)."""
 
 from __future__ import annotations
 
@@ -64,3 +64,27 @@ def test_nvrtc_parallel_compiles_every_config_in_every_mode(tmp_path):
     assert any(m.startswith("nvrtc-threads") for m in modes)
     assert all(r["per_s"] > 0 and r["kernels"] >= 1 for r in rec["rows"])
     assert rec["libs"] and all(v and v.split(".")[0].isdigit() for v in rec["libs"].values())
+
+
+def test_the_shared_race_warms_every_timer_up_then_times_each_once_a_round_in_a_fresh_order():
+    spec = importlib.util.spec_from_file_location("bench_args", ROOT / "bench" / "bench_args.py")
+    bench_args = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_args)
+    calls: list[str] = []
+
+    def timer(name: str, value: float):
+        def ms() -> float:
+            calls.append(name)
+            return value + len(calls)  # each sample distinct: which call produced it shows
+        return ms
+
+    names = ["a", "b", "c", "d"]
+    samples = bench_args.interleaved({n: timer(n, 10.0 * i) for i, n in enumerate(names)}, 12,
+                                     np.random.default_rng(3))
+    warm, rounds = calls[:8], [calls[8 + 4 * r: 12 + 4 * r] for r in range(12)]
+    assert warm == [n for n in names for _ in range(2)]
+    assert len(calls) == 8 + 4 * 12 and all(sorted(r) == names for r in rounds)
+    assert len({tuple(r) for r in rounds}) > 1  # the order is drawn again each round
+    for i, n in enumerate(names):  # a timer's samples are what it returned in the rounds, in order
+        got = [10.0 * i + 9 + j for j, c in enumerate(calls[8:]) if c == n]
+        assert samples[n] == got
