@@ -7,10 +7,10 @@
 // the tokens are the wgmma n, the token tile moves in steps of 8: 346 rows fit four tiles of 88 (6 rows padded)
 // where the wg kind's 64-row slices pad 346 to 384.
 // Per K step of 64: thread 0 copies the x tile (BT rows of f16, one TMA box, 128-byte swizzle: the K-major B
-// layout the descriptor describes) and completes the stage's mbarrier; every thread copies its share of the W
-// rows, and of nf4's absmax of the step (its `absmax` arguments are stored (K / 64, N), `absmax_t` in the
-// executor, so that a step's scales are contiguous), as stored by cp.async (rows 16 bytes longer than stored, so that a warp's eight rows fall in different
-// banks). One step ahead of its wgmma each thread decodes, from shared memory, exactly the A fragment it holds
+// layout the descriptor describes) and completes the stage's mbarrier; every thread copies by cp.async its share
+// of the W rows (16 bytes longer than stored, so that a warp's eight rows fall in different banks) and of nf4's
+// absmax of the step (the `absmax` arguments are stored (K / 64, N), `absmax_t` in the executor, so that a step's
+// scales are contiguous). One step ahead of its wgmma each thread decodes, from shared memory, exactly the A fragment it holds
 // (rows g and g + 8 of its warp's 16, columns 2t, 2t + 1, 2t + 8, 2t + 9 of each k16 step, the mma.sync m16n8k16
 // layout): nf4 is byte t of each of its rows' eight words, times the row's absmax, rounded once to f16 as the other
 // kinds round it. Decoded weights never pass through shared memory, so nothing is fenced for the async proxy.
