@@ -12,8 +12,9 @@
 // absmax of the step (the `absmax` arguments are stored (K / 64, N), `absmax_t` in the executor, so that a step's
 // scales are contiguous). One step ahead of its wgmma each thread decodes, from shared memory, exactly the A
 // fragment it holds (rows g and g + 8 of its warp's 16, columns 2t, 2t + 1, 2t + 8, 2t + 9 of each k16 step, the
-// mma.sync m16n8k16 layout): nf4 is byte t of each of its rows' eight words, times the row's absmax, rounded once to f16 as the other
-// kinds round it. Decoded weights never pass through shared memory, so nothing is fenced for the async proxy.
+// mma.sync m16n8k16 layout): nf4 is byte t of each of its rows' eight words, times the row's absmax, rounded once
+// to f16 as the other kinds round it. Decoded weights never pass through shared memory, so nothing is fenced for
+// the async proxy.
 // Two fragment sets alternate: one is being decoded while the wgmma of the other runs.
 // Ordering: the barrier of step kt comes after every warpgroup's wait for step kt - 1's wgmma, so stage
 // (kt - 1) % ST (its x tile read by the tensor cores, its W rows by the decode) is free to be refilled with step
