@@ -535,3 +535,18 @@ def test_every_wgr_launch_reads_its_matrixs_scales_stored_by_step(rng, monkeypat
               and not ln.program.meta["entry"].startswith("nf4_mm_wgr<")]
     assert any(id(b) in row_major for ln in others for b in ln.buffers)  # the short-row kinds read the row-major ones
     assert not any(id(b) in by_step for ln in others for b in ln.buffers)
+
+
+def test_the_scales_by_step_are_uploaded_only_where_wgr_can_run():
+    """An Ampere GPU never launches wgr (wgmma is Hopper's), so its executor keeps one copy of the scales."""
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
+    import dataclasses
+
+    hopper, ampere = RecordingDevice(), RecordingDevice()
+    ampere.info = dataclasses.replace(ampere.info, name="A100", limits=dataclasses.replace(ampere.info.limits,
+                                                                                          compute_capability="8.0"))
+    for dev, want in ((hopper, True), (ampere, False)):
+        ex = CUDAExecutor(ck, device=dev)
+        mats = [m for lay in ex.layers for m in lay.values() if isinstance(m, dict) and "absmax" in m]
+        assert mats and all(("absmax_t" in m) == want for m in mats), dev.info.limits.compute_capability

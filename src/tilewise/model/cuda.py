@@ -156,14 +156,15 @@ class CUDAExecutor:
 
     def _matrix(self, names: Sequence[str], by_step: bool = True) -> dict[str, Buffer]:
         """One matrix (rows of several stored matrices stacked) as {"w": ..., "absmax": ...} (absmax for nf4), and
-        with `by_step` (a matmul's weights) nf4's absmax stored (K / 64, N) too, as "absmax_t" (the wgr kind's)."""
+        with `by_step` (a matmul's weights) on a GPU that runs the wgr kind (Hopper) nf4's absmax stored (K / 64, N)
+        too, as "absmax_t" (what wgr reads; 1/8 more weight memory, so only where it can run)."""
         tensors = [self.checkpoint.get(n) for n in names]
         packs = [weight_arrays(t, self.fmt) for t in tensors]
         out = {"w": self._upload(np.concatenate([p["w"].reshape(-1) for p in packs]))}
         if self.fmt == "nf4":
             absmax = np.concatenate([p["absmax"] for p in packs])
             out["absmax"] = self._upload(absmax)
-            if by_step:
+            if by_step and self.dev.info.limits.compute_capability == mm.WG_COMPUTE_CAPABILITY:
                 out["absmax_t"] = self._upload(mm.absmax_by_step(absmax, sum(stored_shape(t)[0] for t in tensors)))
         return out
 
