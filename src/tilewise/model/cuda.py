@@ -186,7 +186,7 @@ class CUDAExecutor:
                 "operator_norm": self._upload(f32(p + "operator_norm.weight")),
                 "ffn_norm": self._upload(f32(p + "ffn_norm.weight")),
                 "w13": {**self._matrix([p + "feed_forward.w1.weight"]), "w_up": up["w"],
-                        **({"absmax_up": up["absmax"], "absmax_up_t": up["absmax_t"]} if "absmax" in up else {})},
+                        **{f"absmax_up{k[6:]}": up[k] for k in ("absmax", "absmax_t") if k in up}},
                 "w2": self._matrix([p + "feed_forward.w2.weight"]),
             }
             if kind == "conv":
