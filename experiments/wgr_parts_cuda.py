@@ -4,7 +4,8 @@ of the kernel taken out at a time, all raced in one interleaved measurement (the
 The variants edit matmul_wgr.cu's text before NVRTC compiles it (each edit is checked to have changed the text).
 They compute wrong values on purpose, so they are timed, never verified or stored:
 
-    full        the kernel as the executor launches it (after its prep launch, which is run once and not timed)
+    full        the kernel as the executor launches it; its prep launch (and a split config's reduction) run
+                once first and are not timed: every variant's time is the main launch's alone
     no-decode   the next step's A fragments are never decoded: the wgmma run on whatever the registers hold
     no-mma      the wgmma are never issued (the fragments are still decoded: one xor of each into an
                 accumulator keeps them alive)
