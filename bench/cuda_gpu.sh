@@ -9,9 +9,11 @@
 #                           options, e.g. "--only ffn.gate_up --sample 100")
 #   WORK/attention.txt, attention_cuda.json  bench/attention_cuda.py: every attention config (tensor-core ones too)
 #                           raced at 346 queries
-#   WORK/tune.txt, tune.json, tables/  `tilewise tune model --device cuda --preset lfm2-350m --seq 346 --rows 1`
+#   WORK/tune.txt, tune.json, tables/  `tilewise tune model --device cuda --preset PRESET --seq SEQ --rows 1`
 #                           with TUNE_BUDGET (6) candidates per kernel and TUNE_S (150) seconds; its table lands in
-#                           WORK/tables (TILEWISE_DISPATCH_DIR), where the decision step finds it
+#                           WORK/tables (TILEWISE_DISPATCH_DIR), where the decision step finds it. PRESET (lfm2-350m)
+#                           and SEQ (346) pick the model and prompt length of the tune, decision and profile steps:
+#                           PRESET=default SEQ=348 is the bundled model at its game prompts' length
 #   WORK/model.txt, model/results.json  bench/model_cuda.py on that table (MODEL_ARGS adds options): tilewise CUDA
 #                           (graphs, with and without programmatic dependent launch, alternating), HF bf16 eager and
 #                           torch.compile
@@ -50,14 +52,16 @@ step pytest "${PYTEST_S:-200}" "$WORK/pytest.txt" "$PY" -m pytest -q -p no:cache
 step matmul "${MATMUL_S:-120}" "$WORK/matmul.txt" "$PY" bench/matmul_cuda.py --out "$WORK" --sample 0 --race-top 2 \
     --rounds 20 --kinds "${MATMUL_KINDS:-wgr}" --split-by "${MATMUL_SPLIT:-DEC}" ${MATMUL_ARGS:-}
 step attention "${ATTN_S:-90}" "$WORK/attention.txt" "$PY" bench/attention_cuda.py --out "$WORK" --rounds 20
-step tune "$(( ${TUNE_S:-150} + 60 ))" "$WORK/tune.txt" "$PY" -m tilewise tune model --device cuda --preset lfm2-350m \
-    --seq 346 --rows 1 --budget "${TUNE_BUDGET:-6}" --budget-s "${TUNE_S:-150}" --store "$WORK/store.db" \
+PRESET="${PRESET:-lfm2-350m}"
+SEQ="${SEQ:-346}"
+step tune "$(( ${TUNE_S:-150} + 60 ))" "$WORK/tune.txt" "$PY" -m tilewise tune model --device cuda --preset "$PRESET" \
+    --seq "$SEQ" --rows 1 --budget "${TUNE_BUDGET:-6}" --budget-s "${TUNE_S:-150}" --store "$WORK/store.db" \
     --json "$WORK/tune.json"
-step model "${MODEL_S:-150}" "$WORK/model.txt" "$PY" bench/model_cuda.py --out "$WORK/model" --presets lfm2-350m \
-    --no-tests --no-cli --webgpu "" --decisions 30 --section-s 6 ${MODEL_ARGS:-}
+step model "${MODEL_S:-150}" "$WORK/model.txt" "$PY" bench/model_cuda.py --out "$WORK/model" --presets "$PRESET" \
+    --seq "$SEQ" --no-tests --no-cli --webgpu "" --decisions 30 --section-s 6 ${MODEL_ARGS:-}
 if command -v ncu > /dev/null; then
     step profile "${PROFILE_S:-150}" "$WORK/profile.txt" bash -c "ncu --profile-from-start off --cache-control none \
         --clock-control none --csv --metrics gpu__time_duration.sum,gpc__cycles_elapsed.max $PY bench/profile_cuda.py \
-        run --labels '$WORK/labels.json' > '$WORK/ncu.csv' && $PY bench/profile_cuda.py table '$WORK/ncu.csv' \
+        run --preset '$PRESET' --seq '$SEQ' --labels '$WORK/labels.json' > '$WORK/ncu.csv' && $PY bench/profile_cuda.py table '$WORK/ncu.csv' \
         '$WORK/labels.json'"
 fi

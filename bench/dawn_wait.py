@@ -26,7 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from tilewise.devices.webgpu import MAP_WAITS  # noqa: E402
+from tilewise.devices.webgpu_adapters import MAP_WAITS  # noqa: E402
 from tilewise.model.bench import PREFIX_TOKENS, percentiles, prompts, race_modes  # noqa: E402
 from tilewise.model.runtime import from_checkpoint, open_checkpoint  # noqa: E402
 

@@ -26,7 +26,7 @@ class Fake:
 @pytest.fixture
 def machine(monkeypatch):
     """A machine whose devices the test chooses: {backend: [DeviceInfo]} (cpu is always there)."""
-    from tilewise.devices import cuda, webgpu
+    from tilewise.devices import cuda_info, webgpu_adapters
 
     have: dict[str, list[DeviceInfo]] = {"cpu": [info("cpu", "host CPU", "cpu")]}
 
@@ -37,8 +37,8 @@ def machine(monkeypatch):
             return have[b]
         return f
 
-    monkeypatch.setattr(webgpu, "list_adapters", listed("webgpu"))
-    monkeypatch.setattr(cuda, "list_cuda_devices", listed("cuda"))
+    monkeypatch.setattr(webgpu_adapters, "list_adapters", listed("webgpu"))
+    monkeypatch.setattr(cuda_info, "list_cuda_devices", listed("cuda"))
     monkeypatch.setattr(devices, "_dawn_adapters", listed("dawn"))
 
     def get(name):

@@ -205,7 +205,7 @@ def test_source_and_name_expression():
 @pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed here")
 def test_without_cupy_the_cuda_device_says_how_to_install():
     from tilewise.devices import get_device
-    from tilewise.devices.cuda import list_cuda_devices
+    from tilewise.devices.cuda_info import list_cuda_devices
 
     with pytest.raises(DeviceUnavailable) as info:
         get_device("cuda")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tilewise.devices import webgpu as wg
+from tilewise.devices import webgpu_adapters as wg
 from tilewise.errors import DeviceUnavailable
 
 LIMITS = {
@@ -32,39 +32,39 @@ def fake_adapters(monkeypatch):
     class FakeWgpu:
         gpu = FakeGPU()
 
-    monkeypatch.setattr(wg, "_import_wgpu", lambda: FakeWgpu)
+    monkeypatch.setattr(wg, "import_wgpu", lambda: FakeWgpu)
     return box
 
 
 def test_prefers_discrete_over_integrated_over_cpu(fake_adapters):
     fake_adapters += [FakeAdapter("soft", "Vulkan", "CPU"), FakeAdapter("igpu", "Vulkan", "IntegratedGPU"),
                       FakeAdapter("dgpu", "Vulkan", "DiscreteGPU")]
-    _, info = wg._pick_adapter(None)
+    _, info = wg.pick_adapter(None)
     assert info.name == "dgpu" and info.adapter_type == "discrete"
 
 
 def test_opengl_is_never_chosen_automatically(fake_adapters):
     fake_adapters += [FakeAdapter("gl", "OpenGL", "DiscreteGPU"), FakeAdapter("soft", "Vulkan", "CPU")]
-    _, info = wg._pick_adapter(None)
+    _, info = wg.pick_adapter(None)
     assert info.name == "soft"
 
 
 def test_opengl_only_says_how_to_fix(fake_adapters):
     fake_adapters += [FakeAdapter("gl", "OpenGL", "CPU")]
     with pytest.raises(DeviceUnavailable) as exc:
-        wg._pick_adapter(None)
+        wg.pick_adapter(None)
     assert "OpenGL" in str(exc.value) and "mesa-vulkan-drivers" in str(exc.value)
 
 
 def test_no_adapter_says_how_to_fix(fake_adapters):
     with pytest.raises(DeviceUnavailable, match="apt-get install"):
-        wg._pick_adapter(None)
+        wg.pick_adapter(None)
 
 
 def test_adapter_index_out_of_range(fake_adapters):
     fake_adapters += [FakeAdapter("soft", "Vulkan", "CPU")]
     with pytest.raises(DeviceUnavailable, match="no WebGPU adapter 3"):
-        wg._pick_adapter(3)
+        wg.pick_adapter(3)
 
 
 @pytest.mark.parametrize("n,first", [(1, 0), (130, 0), (130, 8), (8, 8), (9, 8), (24, 8), (25, 8), (3, 1)])

@@ -190,7 +190,7 @@ def test_run_and_download_returns_each_runs_result(webgpu_device, rng):
 def test_spin_map_wait_reads_back_what_the_blocking_wait_reads(webgpu_device, rng, monkeypatch):
     """`map_wait = "spin"` (Dawn: map_async, then event processing until it resolves) returns each run's result; on
     a runtime without event processing (wgpu-native) the device keeps the blocking wait."""
-    from tilewise.devices.webgpu import map_wait_mode
+    from tilewise.devices.webgpu_adapters import map_wait_mode
 
     dev = webgpu_device
     monkeypatch.setattr(dev, "map_wait", "spin")
@@ -214,7 +214,7 @@ def test_spin_map_wait_reads_back_what_the_blocking_wait_reads(webgpu_device, rn
 
 
 def test_an_unknown_map_wait_mode_is_refused_with_the_choices(monkeypatch):
-    from tilewise.devices.webgpu import WGPU_NATIVE, map_wait_mode
+    from tilewise.devices.webgpu_adapters import WGPU_NATIVE, map_wait_mode
     from tilewise.errors import ConfigError
 
     monkeypatch.setenv("TILEWISE_MAP_WAIT", "busy")

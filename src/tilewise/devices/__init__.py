@@ -138,7 +138,7 @@ def _candidates(backends: Sequence[str], prefer: str | None = None) -> list[tupl
             continue
         try:
             if b == "cuda":
-                from tilewise.devices.cuda import list_cuda_devices
+                from tilewise.devices.cuda_info import list_cuda_devices
 
                 out += [(_RANK["discrete"], pref, f"cuda:{i.index}", i) for i in list_cuda_devices()]
             elif b in ("cpu", "tvm-llvm"):
@@ -150,7 +150,7 @@ def _candidates(backends: Sequence[str], prefer: str | None = None) -> list[tupl
 
 
 def _wgpu_native_adapters() -> list[DeviceInfo]:
-    from tilewise.devices.webgpu import list_adapters
+    from tilewise.devices.webgpu_adapters import list_adapters
 
     return [i for i in list_adapters() if i.api.lower() != "opengl"]
 
@@ -231,7 +231,7 @@ def list_devices() -> tuple[list[DeviceInfo], list[str]]:
     infos: list[DeviceInfo] = [get_device("cpu").info]
     notes: list[str] = []
     try:
-        from tilewise.devices.webgpu import LAVAPIPE_FIX, list_adapters
+        from tilewise.devices.webgpu_adapters import LAVAPIPE_FIX, list_adapters
 
         adapters = list_adapters()
         usable = [a for a in adapters if a.api.lower() != "opengl"]
@@ -251,7 +251,7 @@ def list_devices() -> tuple[list[DeviceInfo], list[str]]:
     else:
         notes.append(f"dawn: wgpudawn is not installed (WebGPU with subgroup matrices); fix: {dawn.DAWN_FIX}")
     try:
-        from tilewise.devices.cuda import list_cuda_devices
+        from tilewise.devices.cuda_info import list_cuda_devices
 
         infos.extend(list_cuda_devices())
     except ImportError:

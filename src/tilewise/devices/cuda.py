@@ -1,6 +1,6 @@
 """CUDA backend on CuPy: NVRTC-compiled CUDA C++ templates, CUDA-event timing, limits read from the device.
 
-CuPy is imported when a `CUDADevice` is created (or `list_cuda_devices()` runs), never at module import,
+CuPy is imported when a `CUDADevice` is created (or `cuda_info.list_cuda_devices()` runs), never at module import,
 so `import tilewise` works on machines without it. Install with `pip install 'tilewise[cuda]'`.
 
 Kernels are C++ templates instantiated by NVRTC name expressions (`sgemm_warptile<128, 64, ...>`), compiled
@@ -40,122 +40,14 @@ from typing import Any
 
 import numpy as np
 
-from tilewise.devices.base import Buffer, Device, DeviceInfo, Launch, Limits, Program, grid3, source_hash
+from tilewise.devices.base import Buffer, Device, Launch, Program, grid3, source_hash
+from tilewise.devices.cuda_info import MAX_GRID, cache_dir, device_count, first_line, import_cupy, info_from
 from tilewise.devices.cuda_nvrtc import CompiledCuda, compile_error, device_options
 from tilewise.devices.cuda_nvrtc import first_error_line as first_error_line  # re-exported: callers import them here
 from tilewise.devices.cuda_nvrtc import nvrtc_options as nvrtc_options
 from tilewise.devices.cuda_pdl import launch_pdl, supports_pdl
 from tilewise.devices.cuda_tma import TensorMap
 from tilewise.errors import DeviceUnavailable, LaunchError
-
-INSTALL_FIX = "pip install 'tilewise[cuda]' (CuPy for CUDA 13) on a machine with an NVIDIA GPU and driver"
-
-#: CUDA caps grid y and z at 65535 blocks, x at 2**31 - 1
-MAX_GRID = (2**31 - 1, 65535, 65535)
-
-
-def _import_cupy() -> Any:
-    try:
-        import cupy
-    except ImportError as exc:
-        raise DeviceUnavailable(f"CuPy is not installed ({exc})", INSTALL_FIX) from exc
-    except Exception as exc:  # a broken CUDA install raises at import
-        raise DeviceUnavailable(f"CuPy failed to import: {_first_line(exc)}", INSTALL_FIX) from exc
-    return cupy
-
-
-def _device_count(cupy: Any) -> int:
-    try:
-        return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception as exc:
-        raise DeviceUnavailable(f"no usable NVIDIA GPU: {_first_line(exc)}",
-                                "check `nvidia-smi`; install the NVIDIA driver, then " + INSTALL_FIX) from exc
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.split(b"\0", 1)[0].decode(errors="replace")
-    return str(value)
-
-
-def _info_from(cupy: Any, index: int) -> DeviceInfo:
-    rt = cupy.cuda.runtime
-    p = rt.getDeviceProperties(index)
-    warp = int(p.get("warpSize", 32))
-    max_dims = tuple(int(x) for x in p.get("maxThreadsDim", (1024, 1024, 64)))
-    max_grid = tuple(int(x) for x in p.get("maxGridSize", MAX_GRID))
-    total = int(p.get("totalGlobalMem", 0))
-    limits = Limits(
-        max_workgroup_storage_bytes=int(p["sharedMemPerBlock"]),
-        max_invocations_per_workgroup=int(p["maxThreadsPerBlock"]),
-        max_workgroup_size=max_dims,  # type: ignore[arg-type]
-        max_workgroups_per_dimension=min(max_grid),
-        max_buffer_bytes=total,
-        max_storage_binding_bytes=total,
-        subgroup_size_min=warp,
-        subgroup_size_max=warp,
-        warp_size=warp,
-        shared_bytes_per_block_optin=_opt_int(p.get("sharedMemPerBlockOptin")),
-        shared_bytes_per_multiprocessor=_opt_int(p.get("sharedMemPerMultiprocessor")),
-        registers_per_block=_opt_int(p.get("regsPerBlock")),
-        registers_per_multiprocessor=_opt_int(p.get("regsPerMultiprocessor")),
-        max_threads_per_multiprocessor=_opt_int(p.get("maxThreadsPerMultiProcessor")),
-        multiprocessors=_opt_int(p.get("multiProcessorCount")),
-        compute_capability=f"{int(p['major'])}.{int(p['minor'])}",
-    )
-    driver = rt.driverGetVersion()
-    runtime = rt.runtimeGetVersion()
-    uuid = p.get("uuid")
-    return DeviceInfo(
-        backend="cuda",
-        name=_text(p.get("name", f"CUDA device {index}")),
-        adapter_type="discrete",
-        api="CUDA",
-        driver=f"{driver // 1000}.{driver % 1000 // 10}",
-        vendor="NVIDIA",
-        limits=limits,
-        features=("fp32", "float4"),
-        index=index,
-        extra={
-            "cuda_runtime": f"{runtime // 1000}.{runtime % 1000 // 10}",
-            "cupy": getattr(cupy, "__version__", "?"),
-            "l2_cache_bytes": int(p.get("l2CacheSize", 0)),
-            "global_memory_bytes": total,
-            "clock_khz": int(p.get("clockRate", 0)),
-            **({"uuid": uuid.hex() if isinstance(uuid, bytes) else str(uuid)} if uuid is not None else {}),
-        },
-    )
-
-
-def _opt_int(v: Any) -> int | None:
-    return None if v is None else int(v)
-
-
-def list_cuda_devices() -> list[DeviceInfo]:
-    """DeviceInfo of every visible NVIDIA GPU.
-
-    Returns:
-        One DeviceInfo per CUDA device, in CUDA's order (`cuda:0`, `cuda:1`, ...).
-
-    Raises:
-        DeviceUnavailable: CuPy is missing or no GPU/driver is usable (the message carries the fix).
-    """
-    cupy = _import_cupy()
-    return [_info_from(cupy, i) for i in range(_device_count(cupy))]
-
-
-def cache_dir() -> str:
-    """Directory of compiled CUDA modules (CuPy's kernel cache; `CUPY_CACHE_DIR` overrides)."""
-    env = os.environ.get("CUPY_CACHE_DIR")
-    if env:
-        return env
-    try:
-        from platformdirs import user_cache_dir
-
-        base = user_cache_dir("tilewise", appauthor=False)
-    except ImportError:  # platformdirs is a dependency; this keeps a bare checkout usable
-        base = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tilewise")
-    return os.path.join(base, "cuda")
 
 
 @dataclass(frozen=True, eq=False)
@@ -194,8 +86,8 @@ class CUDADevice(Device):
     timer = "gpu-timestamp"
 
     def __init__(self, index: int = 0, *, flush_l2: bool = True) -> None:
-        cupy = _import_cupy()
-        count = _device_count(cupy)
+        cupy = import_cupy()
+        count = device_count(cupy)
         if count == 0:
             raise DeviceUnavailable("CuPy sees no NVIDIA GPU", "check `nvidia-smi` and CUDA_VISIBLE_DEVICES")
         if not 0 <= index < count:
@@ -203,7 +95,7 @@ class CUDADevice(Device):
                                     f"use cuda:0 .. cuda:{count - 1}")
         self._cp = cupy
         self._dev = cupy.cuda.Device(index)
-        self.info = _info_from(cupy, index)
+        self.info = info_from(cupy, index)
         self.flush_l2 = flush_l2
         self.options = device_options(self.info)
         os.environ.setdefault("CUPY_CACHE_DIR", cache_dir())
@@ -506,7 +398,7 @@ class CUDADevice(Device):
             raise self._wrap(exc, "waiting for the GPU") from exc
 
     def _wrap(self, exc: Exception, doing: str) -> LaunchError:
-        text = _first_line(exc)
+        text = first_line(exc)
         if any(s in text for s in ("ILLEGAL_ADDRESS", "LAUNCH_FAILED", "illegal memory", "unspecified launch")):
             # a kernel fault poisons the CUDA context: every later call on it fails too
             self._lost = True
@@ -534,8 +426,3 @@ def _cubin_file(cubin: bytes) -> Path:
             f.write(cubin)
         os.replace(tmp, path)
     return path
-
-
-def _first_line(exc: Exception) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return " / ".join(lines[:2]) if lines else type(exc).__name__

@@ -27,7 +27,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from tilewise.devices.base import DeviceInfo, SubgroupMatrixConfig
-from tilewise.devices.webgpu import Runtime, WebGPUDevice, info_from, limits_from, private_runtime_dir
+from tilewise.devices.webgpu import WebGPUDevice
+from tilewise.devices.webgpu_adapters import Runtime, info_from, limits_from, private_runtime_dir
 from tilewise.errors import DeviceUnavailable
 
 DAWN_FIX = "pip install 'tilewise[dawn]' (in a clone: bash scripts/run extras dawn)"
@@ -179,7 +180,7 @@ def unchecked_asked() -> bool:
 
 def list_adapters() -> list[DeviceInfo]:
     """Every adapter Dawn sees (the Null one only where the environment forces it)."""
-    from tilewise.devices.webgpu import list_adapters as listed
+    from tilewise.devices.webgpu_adapters import list_adapters as listed
 
     return listed(runtime())
 
