@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA executor on a GPU machine, in one call: its GPU tests, the matmul race, a model tune and the decision race.
 #   WORK/env.txt            GPU, driver, clocks, Python packages
+#   WORK/floor.txt, launch_floor.json  experiments/cuda_launch_floor.py: what one launch in a graph costs when its
+#                           kernel does (almost) nothing, with and without programmatic dependent launch
 #   WORK/pytest.txt         PYTEST_FILES (default: the executor, graph and tune tests) + the wgr kernel tests
 #                           selected by PYTEST_K: executor vs float64 and HF, graphs and PDL bit-identical to serial
 #                           launches, every wgr seed (both decodes) against float64
@@ -11,7 +13,8 @@
 #                           raced at 346 queries
 #   WORK/tune.txt, tune.json, tables/  `tilewise tune model --device cuda --preset PRESET --seq SEQ --rows 1`
 #                           with TUNE_BUDGET (6) candidates per kernel and TUNE_S (150) seconds; its table lands in
-#                           WORK/tables (TILEWISE_DISPATCH_DIR), where the decision step finds it. PRESET (lfm2-350m)
+#                           WORK/tables (TILEWISE_DISPATCH_DIR), where the decision step finds it (TUNE_ARGS adds
+#                           options, e.g. "--climb 12"). PRESET (lfm2-350m)
 #                           and SEQ (346) pick the model and prompt length of the tune, decision and profile steps:
 #                           PRESET=default SEQ=348 is the bundled model at its game prompts' length
 #   WORK/model.txt, model/results.json  bench/model_cuda.py on that table (MODEL_ARGS adds options): tilewise CUDA
@@ -46,6 +49,7 @@ after_step() {  # pack the work after every step: a call cut short keeps it
 step env 60 "$WORK/env.txt" bash -c "date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm \
     --format=csv; $PY -c 'import torch, cupy, transformers; print(torch.__version__, cupy.__version__, \
     transformers.__version__)'; $PY -m tilewise devices --wide"
+step floor 60 "$WORK/floor.txt" "$PY" experiments/cuda_launch_floor.py --out "$WORK"
 step pytest "${PYTEST_S:-200}" "$WORK/pytest.txt" "$PY" -m pytest -q -p no:cacheprovider -rs \
     ${PYTEST_FILES:-tests/cuda/test_model_cuda.py tests/cuda/test_model_cuda_graph.py tests/cuda/test_model_cuda_tune.py} \
     tests/cuda/test_model_kernels_cuda.py -k "${PYTEST_K:-not test_model_kernels_cuda or (wgr and not default_config)}"
@@ -56,7 +60,7 @@ PRESET="${PRESET:-lfm2-350m}"
 SEQ="${SEQ:-346}"
 step tune "$(( ${TUNE_S:-150} + 60 ))" "$WORK/tune.txt" "$PY" -m tilewise tune model --device cuda --preset "$PRESET" \
     --seq "$SEQ" --rows 1 --budget "${TUNE_BUDGET:-6}" --budget-s "${TUNE_S:-150}" --store "$WORK/store.db" \
-    --json "$WORK/tune.json"
+    --json "$WORK/tune.json" ${TUNE_ARGS:-}
 step model "${MODEL_S:-150}" "$WORK/model.txt" "$PY" bench/model_cuda.py --out "$WORK/model" --presets "$PRESET" \
     --seq "$SEQ" --no-tests --no-cli --webgpu "" --decisions 30 --section-s 6 ${MODEL_ARGS:-}
 if command -v ncu > /dev/null; then

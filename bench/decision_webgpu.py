@@ -71,7 +71,7 @@ def tune_section(cfg: Any, args: argparse.Namespace, f16_arith: bool) -> dict[st
     t = time.perf_counter()
     rows = [int(r) for r in args.tune_rows.split(",")] if args.tune_rows else None
     table = tune_model(tilewise.get_device(args.device), cfg, args.seq, "nf4", rows=rows, n_cand=args.tune_candidates,
-                       f16_arith=f16_arith, log=lambda m: log("  " + m))
+                       f16_arith=f16_arith, log=lambda m: log("  " + m), climb=args.tune_climb)
     TABLES[(cfg.name, f16_arith)] = table
     return {"tuned": Path(table.source).name, "seconds": time.perf_counter() - t, "f16_arith": f16_arith,
             "cutoffs": {k: next((r["m_min"] for r in e.ranges if ".rows." not in r["kernel"]), None)
@@ -305,6 +305,8 @@ def main() -> int:
                     help="nf4 only with the f16-arithmetic table: skip the plain tuning and the plain nf4 row "
                          "(a shorter run when the f16-arithmetic kernels are what changed)")
     ap.add_argument("--tune-candidates", type=int, default=6, help="random configs per kernel when tuning")
+    ap.add_argument("--tune-climb", type=int, default=0, metavar="N",
+                    help="per matmul shape, N more configs hill-climbing from the best (`tune model --climb`)")
     ap.add_argument("--alternate", action="store_true",
                     help="also time tilewise (nf4, f16-arith table) and HF eager deciding in turn")
     ap.add_argument("--tune-rows", default=None, help="row counts to tune at, e.g. 1,64,346 (default 1..512)")

@@ -1,6 +1,6 @@
 """gemm-f16 on Dawn's subgroup matrices against cuBLAS (torch.matmul f16 and f32) on the same GPU, in one call.
 
-    python bench/gemm_dawn.py --out results.json [--sample 48] [--rounds 30] [--seed 0] [--unchecked]
+    python bench/gemm_dawn.py --out results.json [--sample 48] [--climb 0] [--rounds 30] [--seed 0] [--unchecked]
 
 In order, each step logged and caught so that one failure never ends the run:
 
@@ -8,7 +8,8 @@ In order, each step logged and caught so that one failure never ends the run:
 2. the numerics tests (`tests/dawn/test_sgmat_numerics.py`, a pytest subprocess): every output against float64;
 3. per shape (4096^3, 1024^3 and the lfm2-350m matmuls at M=346), tuning through the one engine
    (`tilewise.tune.tuner.tune`): the seed space at the device's subgroup size, then a random sample of the full
-   space, every candidate verified before it is timed;
+   space, then (`--climb N`) N more configs hill-climbing from the fastest, every candidate verified before it is
+   timed;
 4. a race of the best few against torch.matmul on f16 and f32 tensors (cuBLAS): interleaved rounds in a fresh
    random order, Dawn timed with its GPU timestamps (quantization off), torch with CUDA events; medians, 95%
    intervals and ratios;
@@ -103,13 +104,23 @@ def candidates(tpl: Any, dev: Any, sample: int, seed: int) -> list[Any]:
 
 
 def tune_shape(tpl: Any, dev: Any, store: Any, shape: tuple[int, int, int], configs: list[Any],
-               rounds: int) -> tuple[list[Any], dict[str, Any]]:
-    """Evaluate `configs` at `shape` through the engine (compile, verify, time, store), then race the best 8 again
-    in one interleaved measurement; returns the ok outcomes best first and a JSON summary."""
+               rounds: int, climb: int = 0) -> tuple[list[Any], dict[str, Any]]:
+    """Evaluate `configs` at `shape` through the engine (compile, verify, time, store) and, with `climb` > 0, that
+    many more configs hill-climbing from the fastest of them (`tune.search.climb`); then race the best 8 again in
+    one interleaved measurement. Returns the ok outcomes best first and a JSON summary."""
+    import functools
+
     from tilewise.tune.engine import Engine, Item
+    from tilewise.tune.search import Budget
+    from tilewise.tune.search import climb as climb_search
+    from tilewise.tune.tuner import tune
 
     engine = Engine(dev, store, measure_kw={"min_rounds": min(10, rounds), "max_rounds": rounds})
-    outcomes = engine.evaluate([Item(tpl, c, shape) for c in configs])
+    if climb > 0:
+        outcomes = tune(tpl, dev, shape, space="full", strategy=functools.partial(climb_search, start=configs),
+                        budget=Budget(count=len(configs) + climb), final_race=0, engine=engine).rows
+    else:
+        outcomes = engine.evaluate([Item(tpl, c, shape) for c in configs])
     counts: dict[str, int] = {}
     for o in outcomes:
         counts[o.status] = counts.get(o.status, 0) + 1
@@ -206,6 +217,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="JSON results file (written atomically after every step)")
     ap.add_argument("--sample", type=int, default=48, help="random configs of the full space per shape")
+    ap.add_argument("--climb", type=int, default=0,
+                    help="more configs per shape, hill-climbing from the fastest of the seeds and the sample")
     ap.add_argument("--rounds", type=int, default=30, help="timed rounds per race")
     ap.add_argument("--race-top", type=int, default=3, help="best Dawn configs raced against cuBLAS per shape")
     ap.add_argument("--seed", type=int, default=0, help="sampling and input seed")
@@ -277,7 +290,7 @@ def main() -> int:
         for prefix, d in devs:
             suffix = "" if prefix == "dawn" else f"_{prefix}"
             try:
-                ranked, row["tune" + suffix] = tune_shape(tpl, d, store, shape, configs, args.rounds)
+                ranked, row["tune" + suffix] = tune_shape(tpl, d, store, shape, configs, args.rounds, args.climb)
                 row["best" + suffix] = [{"config": o.config.key(), "label": str(o.config), "median_ms": o.median_ms,
                                          "gflops": o.gflops} for o in ranked[:10]]
                 for o in ranked[:3]:

@@ -33,7 +33,7 @@ FAMILY_THREADS = (64, 512)  # workgroup sizes kept (fewer: not one subgroup per 
 
 def fitted_rows(seq: int) -> list[int]:
     """Row tiles (multiples of 8) that split `seq` rows into 2, 3 or 4 blocks, plus 64 and 128."""
-    from tilewise.model.tune import fitted_rows as rows_for
+    from tilewise.model.tune_seeds import fitted_rows as rows_for
 
     return sorted({rows_for(seq, j) for j in (2, 3, 4)} | {64, 128})
 

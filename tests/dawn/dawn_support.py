@@ -4,12 +4,17 @@ matrices (numerics), each skipping cleanly where it is missing."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
+import random
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from tilewise.devices import dawn
 from tilewise.devices.base import Limits, SubgroupMatrixConfig
+from tilewise.kernels.space import Config, Space
 
 
 def need_dawn() -> None:
@@ -61,3 +66,27 @@ def real_dawn_device() -> dawn.DawnDevice:
     if not any((c.component_type, c.result_component_type) == ("f16", "f32") for c in configs):
         pytest.skip(f"{dev.info.name} on Dawn offers no f16 -> f32 subgroup matrices")
     return dev
+
+
+def every_code_path(space: Space, limits: Limits, paths: dict[str, list[Any]], legal: Callable[[Config], bool],
+                    per_path: int = 1, seed: int = 0) -> tuple[list[Config], list[dict[str, Any]]]:
+    """Configs that cover every code path a template's space can generate under `limits`.
+
+    `paths` names the parameters whose values choose generated code (and the values to cover); for every
+    combination of them, the rest of the space is enumerated whole and `per_path` of its legal configs (the
+    smallest and largest tiles first, by the order of the grid) are picked. Returns (picked configs, the
+    combinations with no legal config at all: proven empty by the enumeration, so no shader exists to check)."""
+    rest = {k: v for k, v in space.params.items() if k not in paths}
+    picked: list[Config] = []
+    empty: list[dict[str, Any]] = []
+    rng = random.Random(seed)
+    for combo in itertools.product(*paths.values()):
+        fixed = dict(zip(paths, combo))
+        ok = [c for c in (space.config({**fixed, **dict(zip(rest, vals))})
+                          for vals in itertools.product(*rest.values())) if space.is_legal(c, limits) and legal(c)]
+        if not ok:
+            empty.append(fixed)
+            continue
+        order = [ok[0], ok[-1], *rng.sample(ok, len(ok))]
+        picked += list(dict.fromkeys(order))[:per_path]
+    return picked, empty

@@ -1,11 +1,12 @@
-"""Every subgroup-matrix matmul shader compiles on Dawn (its Null backend compiles WGSL, subgroup matrices
-included): for each weight format x epilogue x norm, the seeds and a fixed sample of the configs legal on the
-H200 profile as shader modules, and a sample of those a Null device admits as whole pipelines."""
+"""Every subgroup-matrix matmul code path compiles on Dawn (its Null backend compiles WGSL, subgroup matrices
+included): for each weight format x epilogue x norm, the seeds and every combination of the parameters that choose
+generated code, legal on the H200 profile, as shader modules; and a sample of the configs a Null device admits as
+whole pipelines."""
 
 from __future__ import annotations
 
 import pytest
-from dawn_support import null_device, with_every_fragment
+from dawn_support import every_code_path, null_device, with_every_fragment
 
 from tilewise.devices.profiles import get_profile
 from tilewise.kernels.gemm.sgmat import device_subgroup_size
@@ -22,14 +23,26 @@ def dev():
     return null_device()
 
 
+#: the parameters whose values choose the generated code (sgmat_wgsl): fragment types, the W tile's layout, the K
+#: step (how many stored words a row of it decodes), split-K, padding and pipelining; the rest (subgroup grid and
+#: fragments per subgroup) only repeat or size that code
+CODE_PATHS = {"FRAG": ["16x16x16", "16x8x16", "16x8x8"], "SG": [32], "WL": ["nk", "kn"], "BK": [16, 32, 64],
+              "KS": [1, 2, 4, 8], "PAD": [0, 8], "PIPE": [1, 2]}
+
+
 @pytest.mark.parametrize(("fmt", "epilogue", "norm"), VARIANTS, ids=lambda v: str(v))
-def test_seeds_and_a_sample_legal_on_the_h200_compile(dev, fmt, epilogue, norm):
+def test_the_seeds_and_every_code_path_legal_on_the_h200_compile(dev, fmt, epilogue, norm):
+    """Shader modules of the seeds and of every combination of the code-path parameters that the H200 admits at
+    lfm2-350m's gate/up shape (one config each), for each weight format x epilogue x norm; about 12,000-27,000
+    configs of each are legal, so within a combination one is picked, not all compiled."""
     tpl = SgmatMatmul(fmt, epilogue, None, norm)
     h200 = get_profile("h200-dawn")
     space = tpl.space()
-    cfgs = [c for c in tpl.seed_configs(h200) if space.is_legal(c, h200)]
-    cfgs += [c for c in space.sample(60, seed=11, limits=h200) if c not in cfgs]
-    assert len(cfgs) >= 60
+    picked, empty = every_code_path(space, h200, CODE_PATHS, lambda c: not tpl.why_illegal(c, h200, SHAPE))
+    # a combination is empty only where a rule of the variant refuses it whole: split-K past 4 slices with SwiGLU
+    assert all(epilogue == "swiglu" and e["KS"] == 8 for e in empty), empty[:3]
+    assert len(picked) == 3 * 2 * 3 * 4 * 2 * 2 - len(empty)
+    cfgs = list(dict.fromkeys([c for c in tpl.seed_configs(h200) if space.is_legal(c, h200)] + picked))
     failed = []
     for cfg in cfgs:
         try:

@@ -9,6 +9,7 @@ import pytest
 from tilewise.devices.profiles import PROFILES
 from tilewise.kernels.matmul import webgpu as mm
 from tilewise.model import tune as model_tune
+from tilewise.model import tune_seeds
 
 LAVAPIPE = PROFILES["lavapipe"]
 H200 = PROFILES["h200-vulkan"]
@@ -109,9 +110,9 @@ def test_bad_values_are_refused_by_the_generator():
 
 def test_hand_picked_seeds_are_whole_configs_with_the_new_variants():
     # a cap on tuning time: every seed compiles (and the driver's compile dominates a model's tuning)
-    assert len(model_tune.SEED_TILED) <= 43 and len(model_tune.SEED_SPLITK) <= 28
+    assert len(tune_seeds.SEED_TILED) <= 43 and len(tune_seeds.SEED_SPLITK) <= 28
     # DB=1 lost at every shape on the H200: only random draws try it
-    assert all(v.get("DB", 0) == 0 for v in (*model_tune.SEED_TILED, *model_tune.SEED_SPLITK))
+    assert all(v.get("DB", 0) == 0 for v in (*tune_seeds.SEED_TILED, *tune_seeds.SEED_SPLITK))
     for kind, epilogue, norm in (("tiled", "swiglu", True), ("splitk", "residual", False)):  # gate/up, down
         for f16 in (0, 2):
             t = mm.MatmulTemplate(kind, "nf4", epilogue, F16, f16 > 0, f16 == 2, norm=norm)
@@ -131,12 +132,12 @@ def test_hand_picked_seeds_are_whole_configs_with_the_new_variants():
 def test_fitted_row_tiles_split_the_decision_into_few_blocks_with_little_padding():
     for seq in (17, 100, 299, 346, 512, 1000):
         for blocks in (2, 3, 4):
-            bm = model_tune.fitted_rows(seq, blocks)
+            bm = tune_seeds.fitted_rows(seq, blocks)
             assert bm % 8 == 0 and -(-seq // bm) <= blocks  # covers seq rows in at most `blocks` tiles
             assert blocks * bm - seq < 8 * blocks  # pads less than one 8-row step per block
-    assert [model_tune.fitted_rows(346, j) for j in (2, 3, 4)] == [176, 120, 88]
+    assert [tune_seeds.fitted_rows(346, j) for j in (2, 3, 4)] == [176, 120, 88]
     for kind in ("tiled", "splitk"):
-        seeds = model_tune.fitted_seeds(346, kind)
+        seeds = tune_seeds.fitted_seeds(346, kind)
         assert seeds and all(s["BM"] in (176, 120, 88) and s["PF"] == 1 for s in seeds)
         assert all(("KS" in s) == (kind == "splitk") for s in seeds)
 

@@ -217,20 +217,35 @@ def test_a_read_only_store_is_readable_by_read_only_commands(readonly_dir):
     assert snapshot(path) == before and sorted(p.name for p in path.parent.iterdir()) == ["s.sqlite"]
 
 
-def test_a_read_only_store_refuses_writers_with_the_reason(readonly_dir, tmp_path, rng):
-    path, _, before, run_as_reader = readonly_dir
+def import_as_reader(run_as_reader, rng, store: Path) -> tuple[int, str]:
+    """`tilewise store import` of a one-row export into `store`, run as readonly_dir's reader: (code, stderr)."""
     export = Path(tempfile.mkdtemp())
     try:
         (export / "r.json").write_text(json.dumps({"format": "tilewise-results", "schema": 1,
                                                    "results": [asdict(make_row(rng, 50))]}))
         export.chmod(0o755)
         (export / "r.json").chmod(0o644)
-        code, _, err = run_as_reader(["store", "import", export / "r.json", "--store", path])
+        code, _, err = run_as_reader(["store", "import", export / "r.json", "--store", store])
     finally:
         shutil.rmtree(export)
+    return code, err
+
+
+def test_a_read_only_store_refuses_writers_with_the_reason(readonly_dir, rng):
+    path, _, before, run_as_reader = readonly_dir
+    code, err = import_as_reader(run_as_reader, rng, path)
     assert code == 2 and f"the results store {path} cannot be written here" in err
     assert "make the file and its folder writable, or pass --store PATH" in err
     assert snapshot(path) == before
+
+
+def test_a_new_store_in_a_folder_that_takes_no_files_says_so(readonly_dir, rng):
+    path, _, _, run_as_reader = readonly_dir
+    new = path.parent / "new.sqlite"
+    code, err = import_as_reader(run_as_reader, rng, new)
+    assert code == 2 and f"cannot create the results store {new}: its folder {path.parent} does not take" in err
+    assert "pass --store PATH in a writable folder" in err and "mv " not in err
+    assert sorted(p.name for p in path.parent.iterdir()) == ["s.sqlite"]
 
 
 # ---- exports never land on a database ----------------------------------------------------------------------------

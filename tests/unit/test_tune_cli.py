@@ -68,12 +68,19 @@ def test_show_source_prints_wgsl_of_one_config(capsys):
     (["tune", "gemm", "--show-source", "BM"], "cannot parse"),
     (["tune", "gemm", "--device", "tpu", "--shape", "64,64,64", "--dry-run"], "unknown device"),
     (["sweep", "gemm", "--m", "5..1", "--n", "64", "--k", "64"], "bad M range"),
+    (["tune", "model", "--climb", "0"], "--climb: expected a whole number of at least 1"),
+    (["tune", "gemm", "--shape", "64,64,64", "--strategy", "climbing", "--dry-run"], "unknown --strategy 'climbing'"),
 ])
 def test_bad_input_is_one_clear_error(capsys, argv, needle):
     code, _, err = run(capsys, *argv)
     assert code == 2
     assert needle in err and "fix:" in err
     assert "Traceback" not in err
+
+
+def test_an_unknown_model_names_every_kind_of_model_tune_takes(capsys):
+    code, _, err = run(capsys, "tune", "model", "--device", "cpu", "--preset", "nosuch")
+    assert code == 2 and "fix: use default (the bundled model), one of lfm2-350m" in err and "model folder" in err
 
 
 def test_every_config_illegal_is_a_clear_message(capsys):

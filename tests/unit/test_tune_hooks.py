@@ -162,6 +162,35 @@ def by_key(res):
     return {r.config.key(): r for r in res.rows}
 
 
+class Graded(Tiny):
+    """Tiny on a grid, T x U x V = 3 x 12 x 2, whose (fake) time falls one step at a time toward T 2, U 9, V b."""
+
+    def space_names(self):
+        return ("full",)
+
+    def space(self, which="full"):
+        return Space("graded", {"T": [1, 2, 4], "U": list(range(1, 13)), "V": ["a", "b"]})
+
+    def source(self, config):
+        return f"graded {config.key()}"
+
+    def compile(self, device, config, shape):
+        self.compiled.append(config.key())
+        prog = device.compile(tiny_kernel, constants={"T": config.T, "BUG": 0}, name=f"graded[{config.key()}]")
+        prog.meta["mean_ms"] = 1.0 + (config.T != 2) + 0.1 * (config.U - 9) ** 2 + 0.5 * (config.V == "a")
+        return prog
+
+
+def test_climb_through_the_tuner_finds_the_fastest_config_measuring_a_third_of_the_space():
+    from tilewise.tune.search import Budget
+
+    tpl = Graded()
+    res = tune(tpl, TimedCPU(), SHAPE, space="full", strategy="climb", budget=Budget(count=24), measure_kw=FAST)
+    assert res.best.config.key() == tpl.space().config(T=2, U=9, V="b").key()
+    assert len(res.rows) <= 24 and len(set(tpl.compiled)) == len(res.rows)  # 72 configs in the grid
+    assert all(r.status == "ok" for r in res.rows)  # every one verified against float64 before it was timed
+
+
 # ---- precompile -------------------------------------------------------------------------------------------
 def test_precompile_is_called_once_per_batch_with_that_batchs_configs():
     tpl, dev = Tiny(), TimedCPU()
@@ -353,3 +382,21 @@ def test_cli_prints_percent_of_peer_and_json_adds_peer_keys_only(fake_cli, tmp_p
     data = json.loads(out.read_text())
     assert list(data) == ["kernel", "device", "shape", "results"]
     assert all(list(r)[-1] == "tie_group" for r in data["results"])
+
+
+def test_climb_over_a_full_space_starts_from_the_seed_points():
+    from tilewise.tune.search import Budget
+
+    class GradedSeeded(Graded):
+        def space_names(self):
+            return ("seed", "full")
+
+        def space(self, which="full"):
+            full = Space("graded", {"T": [1, 2, 4], "U": list(range(1, 13)), "V": ["a", "b"]})
+            return full if which == "full" else Space("graded-seed", full.params, points=[{"T": 4, "U": 2, "V": "a"}])
+
+    tpl = GradedSeeded()
+    tune(tpl, TimedCPU(), SHAPE, space="full", strategy="climb", budget=Budget(count=6), measure_kw=FAST)
+    assert tpl.compiled[0] == "T=4,U=2,V=a"  # the seed point first, then its neighbours
+    near = {"T=2,U=2,V=a", "T=4,U=1,V=a", "T=4,U=3,V=a", "T=4,U=2,V=b"}
+    assert set(tpl.compiled[1:5]) == near

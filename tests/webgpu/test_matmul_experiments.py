@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tilewise.model import tune as model_tune
+from tilewise.model import tune_seeds
 
 pytestmark = pytest.mark.webgpu
 
@@ -52,7 +52,7 @@ def test_fitted_rows_split_the_decision(webgpu_device, tmp_path):
 def test_tiles_times_family_and_usual_candidates(webgpu_device, tmp_path):
     rep = tiles(tmp_path, 70, "ffn.down", 3)
     assert rep["rows"] == [23, 70] and list(rep["ops"]) == ["ffn.down"]
-    assert rep["fitted_rows"] == sorted({model_tune.fitted_rows(70, j) for j in (2, 3, 4)} | {64, 128})
+    assert rep["fitted_rows"] == sorted({tune_seeds.fitted_rows(70, j) for j in (2, 3, 4)} | {64, 128})
     op = rep["ops"]["ffn.down"]
     times = op["times_ms"]
     fam, usual = set(op["family"]), set(op["usual"])

@@ -301,7 +301,7 @@ def test_matmul_prefetch_and_column_layout(webgpu_device, rng, variant):
     _assert_close(out, ref, t.dtype)
 
 
-# tiles of 88 / 176 / 120 rows and 72 / 48 / 192 columns (fitted to a decision's rows, `model_tune.fitted_seeds`):
+# tiles of 88 / 176 / 120 rows and 72 / 48 / 192 columns (fitted to a decision's rows, `tune_seeds.fitted_seeds`):
 # row counts that leave a partial last row tile (97 = 88 + 9, 130 = 120 + 10) and a column count that is not a
 # multiple of the tile (150 = 2 x 72 + 6), so the guards of both partial tiles run
 _FITTED = [

@@ -57,6 +57,33 @@ def test_tune_matmul_ranges_cover_all_rows(webgpu_device, tmp_path):
     assert all(v > 0 for v in record["seconds"].values()), record["seconds"]
 
 
+def test_climb_measures_neighbours_of_the_fastest_kernels_best_at_the_decisions_rows(webgpu_device, tmp_path):
+    from tilewise.tune.search import neighbours
+    from tilewise.tune.store import Store
+
+    rows, seq = [1, 64, 70], 70
+    store = Store(tmp_path / "s.sqlite")
+    _, plain = model_tune.tune_matmul(webgpu_device, "nf4", "residual", 64, 64, rows, 2, 0, print,
+                                      hand_picked=False, store=store, seq=seq)
+    stored = {(r.config, r.shape) for r in store.query(fingerprint=webgpu_device.info.fingerprint)}
+    _, record = model_tune.tune_matmul(webgpu_device, "nf4", "residual", 64, 64, rows, 2, 0, print,
+                                       hand_picked=False, store=store, seq=seq, climb=5)
+    climb = record["climb"]
+    assert climb["from"] == plain["best"][seq].split(",", 1)[1] and 1 <= climb["measured"] <= 5
+    assert climb["best_ms"] <= climb["from_ms"] and record["best_ms"][seq] <= plain["best_ms"][seq]
+    # the climb's first configs are neighbours of its start, measured at the decision's lengths (70 and 23 rows;
+    # 23 is not among the rows, so at 70 only), verified and stored like the sweep's
+    tpl = next(t for t in model_tune.matmul_templates(webgpu_device, "nf4", "residual", rows)
+               if t.name == climb["kernel"])
+    start = tpl.parse_config(climb["from"])
+    near = {c.key() for c in neighbours(tpl.space(), start, webgpu_device.info.limits)}
+    added = {(r.config, r.shape) for r in store.query(fingerprint=webgpu_device.info.fingerprint)} - stored
+    new = {c for c, _ in added}
+    assert {shape for _, shape in added} == {"70x64x64"}
+    untried = near - {c for c, _ in stored}  # what the climb measures first, all at once (five at most here)
+    assert new and (new <= near if len(untried) >= 5 else untried <= new)
+
+
 def test_run_writes_a_table_the_executor_uses(webgpu_device, tmp_path, monkeypatch, rng):
     monkeypatch.setenv("TILEWISE_DISPATCH_DIR", str(tmp_path))
     monkeypatch.setenv("TILEWISE_STORE", str(tmp_path / "s.sqlite"))

@@ -1,11 +1,11 @@
 """`tilewise tune FAMILY ...` (one kernel family at one shape) and `tilewise tune model ...` (the classifier's kernels).
 
     tilewise tune gemm --device webgpu --shape 256,256,256 [--space seed|full|large]
-                  [--strategy exhaustive|random] [--budget N] [--budget-s S] [--json FILE] [--plot FILE]
+                  [--strategy exhaustive|random|climb] [--budget N] [--budget-s S] [--json FILE] [--plot FILE]
                   [--top N] [--wide] [--force] [--store PATH] [--show-source CONFIG] [--dry-run] [--target PROFILE]
                   [--no-peer]
     tilewise tune model [--preset default] [--seq 346] [--device auto] [--weights nf4] [--budget N]
-                  [--budget-s S] [--json FILE] [--force]
+                  [--budget-s S] [--climb N] [--json FILE] [--force]
 
 Every argument is checked before a device is opened or a config measured: a run never stores a result that the
 caller's arguments caused.
@@ -57,7 +57,10 @@ def register(sub: Any) -> None:
         k.add_argument("--space", default=None,
                        help="named space: seed (hand-picked points; the default where the family has it), full, ...")
         k.add_argument("--strategy", default="exhaustive", choices=sorted(STRATEGIES),
-                       help="exhaustive (every legal config in order) or random (a seeded sample)")
+                       help="exhaustive (every legal config in order), random (a seeded sample) or climb "
+                            "(from the family's seed points, or a few random configs where it has none, "
+                            "hill-climbing: the neighbours of the fastest, measured together, until none is "
+                            "faster; then a fresh random start)")
         k.add_argument("--budget-s", type=common.float_in(0.0, low_open=True), default=None,
                        help="most seconds to spend")
         k.add_argument("--plot", metavar="FILE", type=_plot_file, help="PNG of medians and intervals per config")
@@ -97,6 +100,9 @@ def register(sub: Any) -> None:
     m.add_argument("--budget-s", type=common.float_in(0, low_open=True), default=None, metavar="S",
                    help="most seconds overall: no new candidate starts after S; the table keeps the shapes "
                         "finished and says which were cut (default: no limit)")
+    m.add_argument("--climb", type=common.positive, default=None, metavar="N",
+                   help="per matmul shape, N more configs of the kernel fastest at the decision's rows, "
+                        "hill-climbing from its best (its neighbours: one parameter a step away)")
     m.add_argument("--no-hand-picked", dest="hand_picked", action="store_false",
                    help="leave out the hand-picked seed configs (the default config and random ones compete)")
     m.add_argument("--force", action="store_true", help="re-measure shapes the table and the store already hold")

@@ -19,7 +19,6 @@ warning) a table from another device and the entries of a family whose code chan
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +36,8 @@ from tilewise.model.tune_attention import (  # noqa: F401 (attention_candidates,
     attention_template,
     tune_attention,
 )
+from tilewise.model.tune_climb import climb_matmul
+from tilewise.model.tune_seeds import SEED_ROWS, SEED_SPLITK, SEED_TILED, fitted_seeds
 from tilewise.tune.dispatch import DispatchTable, Entry, Range, fit_dispatch, make_ranges
 from tilewise.tune.engine import Engine, Item
 from tilewise.tune.store import Store
@@ -56,76 +57,6 @@ def model_matmuls(cfg: Any) -> dict[str, tuple[str, int, int, bool]]:
         out["attn.qkv"] = ("none", (hq + 2 * hkv) * d, H, True)
         out["attn.out_proj"] = ("residual", H, hq * d, False)
     return out
-
-
-# hand-picked starting points (big per-thread tiles), measured next to a random sample of the space; illegal ones
-# (e.g. 8x8 paired with F16A: 192 accumulator registers, or a prefetch needing more than 32 registers) drop out.
-# Keys left out take PF=0 and CL="block". docs/journal/webgpu-runtime.md says which runs chose them.
-_TILE = ("BM", "BN", "BK", "TM", "TN")
-# the tiles measured since the first runtime (no prefetch, block columns)
-_SEED_TILED_BASE = [dict(zip(_TILE, v)) for v in (
-    (64, 64, 16, 8, 8), (128, 64, 16, 8, 8), (128, 128, 8, 8, 8), (64, 64, 8, 8, 8), (64, 32, 16, 4, 4),
-    (32, 64, 16, 4, 4), (128, 64, 8, 8, 4), (64, 128, 8, 4, 8), (64, 64, 16, 4, 8), (128, 64, 16, 8, 4),
-    (32, 32, 16, 4, 4), (64, 64, 32, 4, 4), (32, 64, 16, 2, 4), (16, 64, 16, 1, 4), (32, 128, 16, 2, 8))]
-# register prefetch + strided columns (bank-conflict-free vec4 reads; TN=4 has one vec4, so block) on the big
-# per-thread tiles: 8x8 / 4x8 / 8x4 on 64/128-row x 64/128-column tiles, K steps of 16 and 32 (8x8 on 64 columns
-# with K step 32 is left out: its activation prefetch alone is 32 registers)
-_SEED_TILED_PF = [
-    {"BM": bm, "BN": bn, "BK": bk, "TM": tm, "TN": tn, "PF": 1, "CL": "strided" if tn >= 8 else "block"}
-    for tm, tn in ((8, 8), (4, 8), (8, 4)) for bm in (64, 128) for bn in (64, 128) for bk in (16, 32)
-    if not (tm * tn == 64 and bn == 64 and bk == 32)]
-# each change alone on the 64x64 8x8 tile, to tell the two apart
-_SEED_TILED_ONE = [{"BM": 64, "BN": 64, "BK": 16, "TM": 8, "TN": 8, "CL": "strided"},
-                   {"BM": 64, "BN": 64, "BK": 16, "TM": 8, "TN": 8, "PF": 1}]
-# 192 columns fill a large GPU in whole waves for the gate/up pair at a prefix-cached decision's rows
-_SEED_TILED_WIDE = [{"BM": 64, "BN": 192, "BK": 16, "TM": 8, "TN": 4, "PF": 1}]
-# no double-buffered (DB=1) seeds: as seeds they lost at every shape and row count measured and made tuning longer;
-# the random sample still draws DB=1 configs
-# the K step's loop unrolled (UK=1, see SEED_SPLITK) on the tiles where it helped the gate/up pair
-_SEED_TILED_UK = [{"BM": 128, "BN": 128, "BK": 32, "TM": 8, "TN": 4, "PF": 1, "UK": 1},
-                  {"BM": 128, "BN": 128, "BK": 32, "TM": 4, "TN": 8, "PF": 1, "CL": "strided", "UK": 1}]
-SEED_TILED: tuple[dict[str, Any], ...] = (*_SEED_TILED_BASE, *_SEED_TILED_PF, *_SEED_TILED_ONE, *_SEED_TILED_WIDE,
-                                          *_SEED_TILED_UK)
-# split-K: the tiles that did best unsplit, cut into 2 or 4 slices of K; then the big per-thread tiles with
-# prefetch and strided columns
-_SPLIT = (*_TILE, "KS")
-# split-K with prefetch and strided columns on the big per-thread tiles
-_SPLITK_PF = [dict(zip(_SPLIT, v), PF=1, CL="strided" if v[4] >= 8 else "block") for v in (
-    (64, 64, 16, 8, 8, 2), (64, 64, 16, 8, 8, 4), (64, 64, 16, 4, 8, 4), (64, 64, 16, 8, 4, 4),
-    (128, 64, 16, 8, 8, 4), (64, 128, 16, 8, 8, 4), (128, 128, 16, 8, 8, 8), (64, 64, 32, 4, 8, 4),
-    # eight K slices of a 64x128 tile: more workgroups for the narrow 1024-column outputs
-    (64, 128, 32, 8, 8, 8), (64, 64, 32, 8, 4, 4))]
-# UK=1 (the K step's loop unrolled in the source) helps most split-K tiles and a few tiled ones and hurts others,
-# so each prefetching split-K seed is offered both ways, the tiled seeds only on the tiles where it can win.
-SEED_SPLITK: tuple[dict[str, Any], ...] = (*(dict(zip(_SPLIT, v)) for v in (
-    (64, 64, 16, 4, 4, 2), (64, 64, 16, 4, 4, 4), (64, 64, 32, 4, 4, 2), (64, 64, 32, 4, 4, 4),
-    (64, 64, 16, 8, 8, 4), (128, 64, 16, 8, 4, 4), (32, 64, 16, 4, 4, 2), (64, 32, 16, 4, 4, 4))),
-    *_SPLITK_PF, *({**v, "UK": 1} for v in _SPLITK_PF))
-# tiles whose row count splits the decision's rows into a few blocks with little padding (346 rows: 2 x 176,
-# 3 x 120, 4 x 88 instead of 3 x 128 = 384), with column counts that fill the GPU in whole waves (seed 001: padding
-# decides speed-ups at one length). `fitted_seeds(seq, kind)` sizes them.
-_FIT_TILED = (  # (row blocks, BN, BK, TM, TN, UK)
-    (2, 72, 32, 4, 8, 0), (2, 72, 32, 8, 4, 0), (3, 128, 16, 4, 8, 0), (3, 128, 32, 8, 4, 1))
-_FIT_SPLITK = (  # (row blocks, BN, BK, TM, TN, KS, UK)
-    (2, 128, 16, 8, 8, 8, 0), (4, 128, 16, 4, 8, 8, 0), (2, 128, 16, 8, 8, 8, 1), (4, 128, 16, 4, 8, 8, 1))
-
-
-def fitted_rows(seq: int, blocks: int) -> int:
-    """The row tile (a multiple of 8) that covers `seq` rows in `blocks` blocks: 346 -> 176 (2), 120 (3), 88 (4)."""
-    return 8 * math.ceil(seq / blocks / 8)
-
-
-def fitted_seeds(seq: int, kind: str) -> list[dict[str, Any]]:
-    """Hand-picked tiled / split-K seeds whose row tile is fitted to a `seq`-row decision (prefetch on)."""
-    if kind == "tiled":
-        return [{"BM": fitted_rows(seq, j), "BN": bn, "BK": bk, "TM": tm, "TN": tn, "PF": 1, "UK": uk,
-                 "CL": "strided" if tn >= 8 else "block"} for j, bn, bk, tm, tn, uk in _FIT_TILED]
-    return [{"BM": fitted_rows(seq, j), "BN": bn, "BK": bk, "TM": tm, "TN": tn, "KS": ks, "PF": 1, "UK": uk,
-             "CL": "strided" if tn >= 8 else "block"} for j, bn, bk, tm, tn, ks, uk in _FIT_SPLITK]
-
-
-SEED_ROWS = ((128, 4, 1, 8), (256, 8, 1, 16), (64, 2, 4, 8), (128, 2, 8, 8), (256, 4, 4, 16), (128, 1, 8, 32),
-             (256, 2, 2, 32), (64, 1, 4, 16))
 
 
 def candidates(template: Any, limits: Any, n: int, seed: int, hand_picked: bool = True,
@@ -241,7 +172,8 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
                 eps: float = 1e-5, configs: Callable[[Any], list[Any]] | None = None,
                 keep_times: bool = False, seq: int | None = None, store: Store | None = None,
                 force: bool = False, budget: int | None = None, run: Run | None = None,
-                what: str = "matmul", make_engine: Callable[..., Engine] = Engine) -> tuple[Entry, dict[str, Any]]:
+                what: str = "matmul", make_engine: Callable[..., Engine] = Engine,
+                climb: int = 0) -> tuple[Entry, dict[str, Any]]:
     """Measure the matmul kernels across `rows` (one engine, one evaluation per row count, largest first);
     returns (the dispatch entry, the record).
 
@@ -251,7 +183,8 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
     kernel; `keep_times` adds every candidate's median per row count (`times_ms`). Results are stored in `store`
     (resumed from it unless `force`); `run` reports progress and raises `OutOfTime` past its deadline.
     `make_engine(dev, store, force=, seed=, measure_kw=)` builds the engine (a cluster's runs several row counts
-    at once).
+    at once). `climb` > 0: that many more configs of the kernel fastest at `seq` rows, hill-climbing from its best
+    (`tune_climb.climb_matmul`), measured at the decision's lengths.
     """
     eng = make_engine(dev, store, force=force, seed=seed, measure_kw=TUNE_MEASURE)
     cands = matmul_candidates(dev, fmt, epilogue, rows, n_cand, seed, hand_picked, f16_arith, norm, eps, seq,
@@ -263,6 +196,15 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
     for step in steps:
         outcomes += run.evaluate(eng, [Item(t, c, (m, n, k)) for m in step for t, c in cands],
                                  f"{what} M={step[0]}" + (f"..{step[-1]}" if len(step) > 1 else ""))
+    climbed: dict[str, Any] = {}
+    if climb and seq in rows:
+        def evaluate(items: list[Item]) -> list[Any]:
+            run.total += len(items)  # type: ignore[union-attr]
+            return run.evaluate(eng, items, f"{what} climb")  # type: ignore[union-attr]
+
+        lengths = sorted({seq, max(1, seq - 47)} & set(rows), reverse=True)
+        more, climbed = climb_matmul(eng, evaluate, outcomes, n, k, seq, lengths, climb, seed)
+        outcomes += more
     times: dict[tuple[str, Config], dict[int, float]] = {}
     failures: dict[str, str] = {}
     tags: dict[tuple[str, Config], str] = {}
@@ -282,7 +224,7 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
                   per_m={str(m): {"best": tags[best[m]], "median_ms": times[best[m]][m]} for m in rows})
     record = {"rows": rows, "best_ms": {m: times[best[m]][m] for m in rows}, "best": {m: tags[best[m]] for m in rows},
               "failures": failures, "candidates": [tags[c] for c in times],
-              "seconds": {a: round(b, 4) for a, b in eng.seconds.items()}}
+              "seconds": {a: round(b, 4) for a, b in eng.seconds.items()}, **({"climb": climbed} if climbed else {})}
     if keep_times:
         record["times_ms"] = {tags[c]: {m: t for m, t in sorted(ts.items())} for c, ts in times.items()}
     return entry, record
@@ -292,8 +234,8 @@ def model_config(name: str) -> Any:
     """The config of `default` (the bundled model), a preset, or a model folder: all tuning needs are shapes."""
     from pathlib import Path
 
-    from tilewise.errors import TilewiseError
-    from tilewise.model.config import ModelConfig, preset
+    from tilewise.errors import ConfigError, TilewiseError
+    from tilewise.model.config import PRESETS, ModelConfig, preset
     from tilewise.model.runtime import DEFAULT_MODEL_DIR
 
     if name == "default":
@@ -301,14 +243,20 @@ def model_config(name: str) -> Any:
             raise TilewiseError(f"no bundled model is present (expected it in {DEFAULT_MODEL_DIR})",
                                 "pass --preset with a preset name or a model folder")
         return ModelConfig.from_file(DEFAULT_MODEL_DIR / "config.json")
-    return ModelConfig.from_file(Path(name) / "config.json") if Path(name).is_dir() else preset(name)
+    if Path(name).is_dir():
+        return ModelConfig.from_file(Path(name) / "config.json")
+    try:
+        return preset(name)
+    except ConfigError as exc:  # here `default` is a name too
+        raise ConfigError(f"{name!r} is neither a model preset nor a model folder",
+                          f"use default (the bundled model), one of {', '.join(PRESETS)}, or a model folder") from exc
 
 
 def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: Any = None, n_cand: int = 12,
                seed: int = 0, force: bool = False, hand_picked: bool = True, f16_arith: bool = False,
                path: Any = None, log: Any = print, store: Store | None = None, budget: int | None = None,
                budget_s: float | None = None, progress: Callable[[str, int, int], None] | None = None,
-               make_engine: Callable[..., Engine] = Engine) -> DispatchTable:
+               make_engine: Callable[..., Engine] = Engine, climb: int = 0) -> DispatchTable:
     """Tune every matmul shape and the attention tile of a model config on a device; returns the table.
 
     Args:
@@ -329,6 +277,8 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
         budget_s: seconds overall; once passed no new candidate starts (the shape under way is cut).
         progress: callback(text, candidates started, candidates in all), before every candidate.
         make_engine: builds each engine (`Engine`; a cluster's for `--ray`, with `dev` its workers' device).
+        climb: per matmul shape, that many more configs of the kernel fastest at `seq` rows, hill-climbing from
+            its best (`tune_climb`).
 
     Returns:
         The table, saved at `path` after every shape. Until every shape is in it, the file says `partial` (with
@@ -379,7 +329,8 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
             what = f"matmul {i + 1}/{len(shapes)} ({fmt} {label} {n}x{k}, rows {rows[0]}..{rows[-1]})"
             entry, record = tune_matmul(dev, fmt, epilogue, n, k, rows, n_cand, seed, log, hand_picked=hand_picked,
                                         f16_arith=f16_arith, norm=norm, eps=cfg.norm_eps, seq=seq, store=store,
-                                        force=force, budget=budget, run=run, what=what, make_engine=make_engine)
+                                        force=force, budget=budget, run=run, what=what, make_engine=make_engine,
+                                        climb=climb)
             table.put(key, entry, matmul_templates(dev, fmt, epilogue, rows, norm=norm)[0])
             table.measured[f"{label} {n}x{k}"] = record
             left.remove(label)
@@ -421,6 +372,10 @@ def _log_shape(log: Any, label: str, epilogue: str, n: int, k: int, seq: int, en
     log(f"    best ms at rows {seq}: {record['best_ms'][seq]:.4f}; at 1: {record['best_ms'][1]:.4f}; "
         f"{len(record['candidates'])} candidates ran, {len(record['failures'])} refused or failed; seconds: "
         + ", ".join(f"{a} {b:.1f}" for a, b in record["seconds"].items()))
+    if "climb" in record:
+        c = record["climb"]
+        log(f"    climb of {c['kernel']} at rows {seq}: {c['measured']} more from {c['from']} ({c['from_ms']:.4f} ms); "
+            f"best {c['best']} ({c['best_ms']:.4f} ms)")
 
 
 def run(args: argparse.Namespace, emit_json: Callable[..., None] | None = None) -> int:
@@ -464,7 +419,7 @@ def _run_one(args: argparse.Namespace, cfg: Any, name: str, seq: int, fmt: str, 
     kw = {"rows": getattr(args, "rows", None), "seed": int(getattr(args, "seed", 0) or 0),
           "force": bool(getattr(args, "force", False)), "hand_picked": getattr(args, "hand_picked", True),
           "store": Store(getattr(args, "store", None)), "budget": getattr(args, "budget", None),
-          "budget_s": getattr(args, "budget_s", None)}
+          "budget_s": getattr(args, "budget_s", None), "climb": getattr(args, "climb", 0) or 0}
     if console.is_terminal:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

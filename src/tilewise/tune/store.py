@@ -228,7 +228,10 @@ class Store:
 
     def _unreadable(self, exc: sqlite3.DatabaseError) -> ConfigError:
         text = str(exc)
-        if "readonly" in text or ("unable to open" in text and self.path.exists()):
+        if "unable to open" in text and not self.path.exists():
+            return ConfigError(f"cannot create the results store {self.path}: its folder {self.path.parent} does not "
+                               f"take new files ({text})", "pass --store PATH in a writable folder")
+        if "readonly" in text or "unable to open" in text:
             return ConfigError(f"the results store {self.path} cannot be written here ({text}); nothing was changed",
                                "make the file and its folder writable, or pass --store PATH to write elsewhere; "
                                "`tilewise report` and `tilewise store export` read it as it is")

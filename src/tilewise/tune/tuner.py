@@ -11,6 +11,8 @@ timeout -> wrong -> ok, each one stored. This module adds what a tuning run need
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +26,7 @@ from tilewise.kernels.base import KernelTemplate, Shape
 from tilewise.kernels.space import Config, Space
 from tilewise.tune.engine import Engine, Item, Outcome, item_source_hash
 from tilewise.tune.measure import Stats, tie_groups
-from tilewise.tune.search import Budget, get_strategy
+from tilewise.tune.search import Budget, Feedback, Strategy, get_strategy, run_search
 from tilewise.tune.store import Store, shape_key
 
 Progress = Callable[[str, int, "int | None"], None]
@@ -126,8 +128,18 @@ def illegal_examples(space: Space, limits: Limits | None, seed: int, n: int = 12
     return out
 
 
+def seed_starts(template: KernelTemplate, space: Space) -> list[Config]:
+    """The template's hand-picked seed points as configs of `space` (a climb's start); points that do not name
+    exactly its parameters are left out."""
+    out = []
+    for point in template.space("seed"):
+        with contextlib.suppress(ConfigError):
+            out.append(space.config(dict(point)))
+    return out
+
+
 def tune(template: KernelTemplate, device: Device, shape: Shape, *, space: str = "seed",
-         strategy: str = "exhaustive", budget: Budget | None = None, store: Store | None = None,
+         strategy: str | Strategy = "exhaustive", budget: Budget | None = None, store: Store | None = None,
          force: bool = False, seed: int = 0, batch: int = 16, final_race: int = 8, timeout_s: float = 30.0,
          measure_kw: dict[str, Any] | None = None, progress: Progress | None = None,
          configs: Sequence[Config] | None = None, peer: bool = False, engine: Engine | None = None) -> TuneResult:
@@ -138,7 +150,8 @@ def tune(template: KernelTemplate, device: Device, shape: Shape, *, space: str =
         device: where to run.
         shape: the problem shape (template.shape_names).
         space: space name ("seed", "full", ...).
-        strategy: "exhaustive" or "random" (see `search.STRATEGIES`).
+        strategy: "exhaustive", "random" or "climb" (see `search.STRATEGIES`), or a strategy itself (e.g. `climb`
+            with its `start` configs bound).
         budget: count and/or seconds for the strategy (default: unbounded).
         store: results store to resume from and write to (None: keep nothing).
         force: re-measure configs the store already holds.
@@ -166,6 +179,7 @@ def tune(template: KernelTemplate, device: Device, shape: Shape, *, space: str =
     eng = engine or Engine(device, store, force=force, seed=seed, timeout_s=timeout_s,
                            measure_kw=measure_kw, progress=progress)
     result = TuneResult(template.name, device.info.fingerprint, shape, sp.name, [])
+    feedback = Feedback()
     # ask for the peer first: a refusal (e.g. cuBLAS with TF32 on) should come before the sweep, not after
     with_peer = peer and final_race >= 1 and eng.peer_program(template) is not None
 
@@ -183,19 +197,20 @@ def tune(template: KernelTemplate, device: Device, shape: Shape, *, space: str =
             illegal = []
             result.illegal_in_grid = sp.size - len(sp.legal(limits))
             result.illegal_examples = [(c, sp.why_illegal(c, limits)) for c in illegal_examples(sp, limits, seed)]
-        cand_iter = get_strategy(strategy)(sp, limits, budget, seed)
+        search = get_strategy(strategy) if isinstance(strategy, str) else strategy
+        if strategy == "climb" and space != "seed" and "seed" in template.space_names():
+            search = functools.partial(search, start=seed_starts(template, sp))  # climb from the seed points
+        cand_iter = search(sp, limits, budget, seed, feedback=feedback)
     result.rows += [eng.illegal(item(c), why) for c, why in illegal]
-    pending: list[Item] = []
-    taken = 0
-    step = batch * getattr(eng, "width", 1)  # a cluster's engine runs `width` batches at once
-    for cfg in cand_iter:
-        taken += 1
-        pending.append(item(cfg))
-        if len(pending) >= step:
-            result.rows += eng.evaluate(pending, batch=batch, total=budget.count)
-            pending = []
-    if pending:
-        result.rows += eng.evaluate(pending, batch=batch, total=budget.count)
+
+    def run(configs: list[Config]) -> None:
+        rows = eng.evaluate([item(c) for c in configs], batch=batch, total=budget.count)
+        for r in rows:
+            feedback.record(r.config, r.stats.median_ms if r.status == "ok" and r.stats else None)
+        result.rows.extend(rows)
+
+    # a cluster's engine runs `width` batches at once; a strategy that steers by what was measured flushes sooner
+    taken = run_search(cand_iter, run, batch * getattr(eng, "width", 1))
     if not any(r.status != "illegal" for r in result.rows):
         raise no_legal_config_error(template, sp, shape, [(r.config, r.reason.split("; ")) for r in result.rows],
                                     f"on {device.info.name}")
