@@ -117,10 +117,15 @@ def run(st: int, steps: int, warpgroups: int = 2, per_wg: int = 2, seed: int = 0
 
 
 if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, default=40, help="random interleavings per (stages, steps)")
+    args = ap.parse_args()
     n = 0
     for st in (3, 4, 5, 6):
         for steps in (1, 2, 3, 5, 8, 16):
-            for seed in range(40):
+            for seed in range(args.seeds):
                 run(st, steps, seed=seed)
                 n += 1
     print(f"ok: {n} random interleavings")
