@@ -10,6 +10,8 @@ They compute wrong values on purpose, so they are timed, never verified or store
     no-mma      the wgmma are never issued (the fragments are still decoded: one xor of each into an
                 accumulator keeps them alive)
     no-wcopy    the W rows are never copied to shared memory (the decode reads stale stages)
+    barrier     the stages handed back by one __syncthreads a step (WGR_RELEASE 0, the previous pipeline)
+                instead of mbarriers: a complete kernel, but timed here like the others
     bare        the kernel returns at once: a launch of the same grid doing nothing
     no-loop     the K loop runs no step: launch, prologue stages, the first decode, the epilogue
     no-epi      the epilogue's tile is staged but never written out
@@ -48,7 +50,8 @@ PICK = {"BF": 128, "BT": 120, "ST": 4, "KS": 1, "MB": 1, "DEC": 1, "SR": 0}
 _NEXT = ("    if (kt + 1 < steps) wgr_fragments<FMT, SETS, BF, DEC>(nxt, base + WOFF + ((kt + 1) % ST) * WBYTES, lut, "
          "tb, r, t);")
 _MMA = "    for (int s = 0; s < SETS; ++s) wgmma_rs<BT>(acc[s], a[s][kk], wg_desc(xs + kk * 32));"
-_COPY = "    cp_w_rows<FMT, SETS, BF, NT, SETS * BF * RS>("
+_COPY = "    cp_w_rows<FMT, SETS, BF, NT, SETS * BF * RS, decltype(row_at), false>("
+_ABSMAX = "    if (FMT == 0) {  // the step's absmax"
 _LOOP = "  for (int kt = 0; kt < steps; kt += 2) {"
 _TOP = "  constexpr int NT = wgr_threads(BF), SETS = EPI == 2 ? 2 : 1, BK = 64;"
 _EPI = "      const float4 v = *reinterpret_cast<const float4 *>(tile + row * TS + c);"
@@ -57,7 +60,9 @@ EDITS: dict[str, tuple[tuple[str, str], ...]] = {  # variant -> (text, its repla
     # a real use of the fragments, so that ptxas keeps the decode (an empty asm pin does not)
     "no-mma": ((_MMA, "    for (int s = 0; s < SETS; ++s) acc[s][0][0] += __uint_as_float(a[s][kk][0] ^ a[s][kk][1] ^ "
                       "a[s][kk][2] ^ a[s][kk][3]);"),),
-    "no-wcopy": ((_COPY, "    if (M < 0) cp_w_rows<FMT, SETS, BF, NT, SETS * BF * RS>("),),
+    "no-wcopy": ((_COPY, "    if (M < 0) " + _COPY[4:]),  # the rows and the step's absmax (arrivals stay)
+                 (_ABSMAX, "    if (FMT == 0 && M < 0) {  // the step's absmax")),
+    "barrier": (("#ifndef WGR_RELEASE\n#define WGR_RELEASE 1", "#ifndef WGR_RELEASE\n#define WGR_RELEASE 0"),),
     "bare": ((_TOP, "  if (M > 0) return;\n" + _TOP),),
     "no-loop": ((_LOOP, "  for (int kt = 0; kt < steps && M < 0; kt += 2) {"),),
     "no-epi": ((_EPI, "      if (M > 0) continue;\n" + _EPI),),

@@ -88,7 +88,7 @@ def test_every_model_kernel_waits_before_it_touches_what_other_launches_write():
 
 def test_the_check_catches_a_kernel_that_reads_x_before_its_wait():
     data, body = all_kernels()["nf4_mm_wgr"]
-    loop = "for (int g = 0; g < ST - 1; ++g) issue_x(g);"
+    loop = "for (int g = 0; g < AHEAD; ++g) issue_x(g);"
     assert loop in body
     moved = body.replace(loop, "").replace("PDL_BEGIN();", loop + "\n  PDL_BEGIN();")
     assert touches_before_wait(data, moved) == ["issue_x() uses ['xmap']"]

@@ -487,3 +487,66 @@ def test_the_executor_without_a_table_launches_the_default_attention(executor, r
     attn = [launch.program.meta["entry"] for launch, lab in zip(plan.launches, plan.labels) if lab == "attention"]
     d = executor.cfg.head_dim
     assert attn and set(attn) == {f"attention_mma<{d}, 4>"}
+
+
+def test_absmax_by_step_puts_a_k_steps_scales_of_every_row_side_by_side(rng):
+    """(N * K / 64,) row-major scales -> (K / 64, N): entry (kb, n) is row n's scale of block kb, on random values."""
+    from tilewise.kernels.matmul.cuda import absmax_by_step
+
+    n, blocks = 37, 5
+    absmax = rng.random(n * blocks).astype(np.float32)
+    got = absmax_by_step(absmax, n)
+    assert got.shape == (blocks, n) and got.flags.c_contiguous
+    for kb in range(blocks):
+        for row in range(n):
+            assert got[kb, row] == absmax[row * blocks + kb]
+
+
+def test_every_wgr_launch_reads_its_matrixs_scales_stored_by_step(rng, monkeypatch):
+    """The executor uploads each nf4 matmul's absmax a second time, (K / 64, N), and binds that copy (and the up
+    projection's) to every wgr launch; the other kinds keep the row-major one."""
+    from tilewise.kernels.matmul import cuda as mm
+    from tilewise.kernels.matmul.cuda import DEFAULT_WGR, CudaMatmul
+    from tilewise.model.dispatch import matmul_key
+    from tilewise.tune.dispatch import DispatchTable, Entry
+
+    monkeypatch.setattr(mm, "f16_rows_map", lambda buf, *_: ("tma map of", buf))
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
+    dev = RecordingDevice()
+    H, F = cfg.hidden_size, cfg.ffn_dim
+    table = DispatchTable(dev.info.fingerprint)
+    for epi, n, k, norm in (("swiglu", F, H, True), ("residual", H, F, False)):
+        tpl = CudaMatmul("wgr", "nf4", epi, norm)
+        table.put(matmul_key("nf4", epi, n, k, norm), Entry([{"m_min": 8, "m_max": None, "kernel": tpl.name,
+                                                               "config": DEFAULT_WGR}]), tpl)
+    ex = CUDAExecutor(ck, device=dev, dispatch=table)
+    plan, _ = ex.plan(rng.integers(0, 512, 40), 0, None, False)
+    mats = [m for lay in ex.layers for m in lay.values() if isinstance(m, dict) and "absmax" in m]
+    by_step = {id(m[a]) for m in mats for a in ("absmax_t", "absmax_up_t") if a in m}
+    row_major = {id(m[a]) for m in mats for a in ("absmax", "absmax_up") if a in m}
+    assert len(by_step) == len(row_major)  # every matmul's scales in both layouts
+    wgr = [ln for ln in plan.launches if ln.program.meta["entry"].startswith("nf4_mm_wgr<")]
+    assert len(wgr) == 2 * len(cfg.layer_types)
+    for ln in wgr:
+        up = ln.program.meta["entry"].startswith("nf4_mm_wgr<0, 2,")
+        assert id(ln.buffers[2]) in by_step and (not up or id(ln.buffers[4]) in by_step)
+    others = [ln for ln in plan.launches if ln.program.meta["entry"].startswith("nf4_mm_")
+              and not ln.program.meta["entry"].startswith("nf4_mm_wgr<")]
+    assert any(id(b) in row_major for ln in others for b in ln.buffers)  # the short-row kinds read the row-major ones
+    assert not any(id(b) in by_step for ln in others for b in ln.buffers)
+
+
+def test_the_scales_by_step_are_uploaded_only_where_wgr_can_run():
+    """An Ampere GPU never launches wgr (wgmma is Hopper's), so its executor keeps one copy of the scales."""
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
+    import dataclasses
+
+    hopper, ampere = RecordingDevice(), RecordingDevice()
+    ampere.info = dataclasses.replace(ampere.info, name="A100", limits=dataclasses.replace(ampere.info.limits,
+                                                                                          compute_capability="8.0"))
+    for dev, want in ((hopper, True), (ampere, False)):
+        ex = CUDAExecutor(ck, device=dev)
+        mats = [m for lay in ex.layers for m in lay.values() if isinstance(m, dict) and "absmax" in m]
+        assert mats and all(("absmax_t" in m) == want for m in mats), dev.info.limits.compute_capability

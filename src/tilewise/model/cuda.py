@@ -50,7 +50,7 @@ from tilewise.kernels.space import Config
 from tilewise.model.checkpoint import HEAD, Checkpoint
 from tilewise.model.dispatch import attention_key, attention_shape, checked_table, load_model_table, matmul_key
 from tilewise.model.gpu_state import GPUCaches, Plan, cache_capacity, check_decision, take_caches, weight_bytes
-from tilewise.quant.nf4 import weight_arrays
+from tilewise.quant.nf4 import stored_shape, weight_arrays
 
 ROW_NT = 128  # embed / conv threads per block
 HEAD_NT = 256
@@ -154,19 +154,25 @@ class CUDAExecutor:
     def _upload(self, arr: np.ndarray) -> Buffer:
         return self.dev.upload(np.ascontiguousarray(arr))
 
-    def _matrix(self, names: Sequence[str]) -> dict[str, Buffer]:
-        """One matrix (rows of several stored matrices stacked) as {"w": ..., "absmax": ...} (absmax for nf4)."""
-        packs = [weight_arrays(self.checkpoint.get(n), self.fmt) for n in names]
+    def _matrix(self, names: Sequence[str], by_step: bool = True) -> dict[str, Buffer]:
+        """One matrix (rows of several stored matrices stacked) as {"w": ..., "absmax": ...} (absmax for nf4), and
+        with `by_step` (a matmul's weights) on a GPU that runs the wgr kind (Hopper) nf4's absmax stored (K / 64, N)
+        too, as "absmax_t" (what wgr reads; 1/8 more weight memory, so only where it can run)."""
+        tensors = [self.checkpoint.get(n) for n in names]
+        packs = [weight_arrays(t, self.fmt) for t in tensors]
         out = {"w": self._upload(np.concatenate([p["w"].reshape(-1) for p in packs]))}
         if self.fmt == "nf4":
-            out["absmax"] = self._upload(np.concatenate([p["absmax"] for p in packs]))
+            absmax = np.concatenate([p["absmax"] for p in packs])
+            out["absmax"] = self._upload(absmax)
+            if by_step and self.dev.info.limits.compute_capability == mm.WG_COMPUTE_CAPABILITY:
+                out["absmax_t"] = self._upload(mm.absmax_by_step(absmax, sum(stored_shape(t)[0] for t in tensors)))
         return out
 
     def _upload_weights(self) -> None:
         cfg, ck = self.cfg, self.checkpoint
         f32 = ck.float32
         H, L = cfg.hidden_size, cfg.conv_L_cache
-        self.embed = self._matrix(["embed_tokens.weight"])
+        self.embed = self._matrix(["embed_tokens.weight"], by_step=False)
         self.final_norm = self._upload(f32("embedding_norm.weight"))
         self.has_head = ck.has_head
         head = f32(HEAD) if ck.has_head else np.zeros((cfg.num_labels, H), np.float32)
@@ -180,7 +186,7 @@ class CUDAExecutor:
                 "operator_norm": self._upload(f32(p + "operator_norm.weight")),
                 "ffn_norm": self._upload(f32(p + "ffn_norm.weight")),
                 "w13": {**self._matrix([p + "feed_forward.w1.weight"]), "w_up": up["w"],
-                        **({"absmax_up": up["absmax"]} if "absmax" in up else {})},
+                        **{f"absmax_up{k[6:]}": up[k] for k in ("absmax", "absmax_t") if k in up}},
                 "w2": self._matrix([p + "feed_forward.w2.weight"]),
             }
             if kind == "conv":

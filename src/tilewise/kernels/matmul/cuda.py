@@ -345,6 +345,9 @@ class CudaMatmul(KernelTemplate):
             bufs["xh"] = device.allocate(2 * m * shape[2])
         if self.kind == "wgr":  # zeroed once, for the most tiles any config makes (BF 64, BT 8)
             bufs["counters"] = zeroed(device, 4 * math.ceil(n / 64) * math.ceil(m / 8))
+            if self.fmt == "nf4":  # wgr reads a step's scales as one contiguous run
+                bufs.update({f"{a}_t": device.upload(absmax_by_step(host[a], n)) for a in ("absmax", "absmax_up")
+                             if a in host})
         init = self.problem.initial_output(host, shape)
         if init is not None:
             device.write(bufs["out"], init)
@@ -371,6 +374,10 @@ class CudaMatmul(KernelTemplate):
         the slices into `partial`, then the reduction into out; ring, wg and ws: x to f16 into `xh` first."""
         m, n, k = shape
         weights = [bufs["w"], arg_or(bufs, "absmax", "w"), arg_or(bufs, "w_up", "w"), arg_or(bufs, "absmax_up", "w")]
+        if self.kind == "wgr" and self.fmt == "nf4":  # its scales stored (K / 64, N): required, never a fallback
+            weights[1] = bufs["absmax_t"]
+            if self.sets == 2:
+                weights[3] = bufs["absmax_up_t"]
         out = bufs["partial" if self.splits(config) else "out"]
         dims = [np.int32(m), np.int32(n), np.int32(k)]
         reduce = self._reduce(program, bufs, config, m, n)
@@ -450,6 +457,12 @@ class CudaMatmul(KernelTemplate):
     def meta(self) -> dict[str, Any]:
         return {**super().meta(), "source": "+".join(SOURCE_FILES), "kind": self.kind, "fmt": self.fmt,
                 "epilogue": self.epilogue, "norm": self.norm}
+
+
+def absmax_by_step(absmax: np.ndarray, n: int) -> np.ndarray:
+    """nf4's absmax (N * K / 64,), one row of scales per output row, as (K / 64, N): a K step's scales of N rows
+    contiguous (what the wgr kind reads)."""
+    return np.ascontiguousarray(np.asarray(absmax, np.float32).reshape(n, -1).T)
 
 
 def fuse_prep(device: Device, prev: Launch, prep: Launch, programs: dict[Any, Program]) -> Launch | None:

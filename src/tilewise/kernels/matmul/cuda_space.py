@@ -246,10 +246,10 @@ def wgr_threads(c: Config) -> int:
 def wgr_smem_bytes(c: Config, fmt: str, sets: int) -> int:
     """Dynamic shared memory of a wgr block, as `wgr_smem_bytes` in matmul_wgr.cu: ST stages of the x tile (BT rows
     of 128 bytes) and SETS x BF W rows as stored, each 16 bytes longer (nf4 with the rows' absmax), or the
-    epilogue's (BT, BF + 4) f32 tile staged in their place where that is larger; the NF4 code, the stages'
-    mbarriers (64 bytes) and 1024 bytes to start on the swizzle's boundary."""
+    epilogue's (BT, BF + 4) f32 tile staged in their place where that is larger; the NF4 code, the stages' `full`
+    and `empty` mbarriers (128 bytes) and 1024 bytes to start on the swizzle's boundary."""
     w = sets * c.BF * ({"nf4": 32, "f16": 128, "f32": 256}[fmt] + 16 + (4 if fmt == "nf4" else 0))
-    return max(c.ST * (c.BT * 128 + w), c.BT * (c.BF + 4) * 4) + 16 * 4 + 64 + 1024
+    return max(c.ST * (c.BT * 128 + w), c.BT * (c.BF + 4) * 4) + 16 * 4 + 128 + 1024
 
 
 def wgr_spare_registers(c: Config, sets: int) -> int:

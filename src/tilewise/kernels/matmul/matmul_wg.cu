@@ -157,7 +157,7 @@ __device__ __forceinline__ void wg_store(const float (&acc)[MT][SETS][1][BN / 8]
 // nf4's absmax per row at ws + SA, by cp.async from all NT threads: 16-byte chunk e (of row e / chunks-per-row)
 // lands at ws + dst(e, row), so each kind lays the rows out its own way (the wg kinds' swizzle, the wgr kind's
 // padding).
-template <int FMT, int SETS, int BN, int NT, int SA, typename Dst>
+template <int FMT, int SETS, int BN, int NT, int SA, typename Dst, bool ABSMAX = true>
 __device__ __forceinline__ void cp_w_rows(unsigned char *ws, Dst dst, const unsigned *w,
                                           const float *absmax, const unsigned *w_up, const float *absmax_up, int n0,
                                           int N, int K, int k0, int tid) {
@@ -172,7 +172,7 @@ __device__ __forceinline__ void cp_w_rows(unsigned char *ws, Dst dst, const unsi
       cp_async16(ws + dst(e, row), ok ? src + ((size_t)(n0 + r) * K + k0) * RROW / 64 + (e % CPR) * 16 : src, ok);
     }
   }
-  if (FMT == 0) {
+  if (FMT == 0 && ABSMAX) {  // the rows' absmax of this step, as stored: (N, K / 64)
     float *sa = reinterpret_cast<float *>(ws + SA);
 #pragma unroll
     for (int i = 0; i < (SETS * BN + NT - 1) / NT; ++i) {

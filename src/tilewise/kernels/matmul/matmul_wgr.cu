@@ -7,12 +7,14 @@
 // the tokens are the wgmma n, the token tile moves in steps of 8: 346 rows fit four tiles of 88 (6 rows padded)
 // where the wg kind's 64-row slices pad 346 to 384.
 // Per K step of 64: thread 0 copies the x tile (BT rows of f16, one TMA box, 128-byte swizzle: the K-major B
-// layout the descriptor describes) and completes the stage's mbarrier; every thread copies its share of the W
-// rows as stored by cp.async (rows 16 bytes longer than stored, so that a warp's eight rows fall in different
-// banks). One step ahead of its wgmma each thread decodes, from shared memory, exactly the A fragment it holds
-// (rows g and g + 8 of its warp's 16, columns 2t, 2t + 1, 2t + 8, 2t + 9 of each k16 step, the mma.sync m16n8k16
-// layout): nf4 is byte t of each of its rows' eight words, times the row's absmax, rounded once to f16 as the other
-// kinds round it. Decoded weights never pass through shared memory, so nothing is fenced for the async proxy.
+// layout the descriptor describes) and completes the stage's mbarrier; every thread copies by cp.async its share
+// of the W rows (16 bytes longer than stored, so that a warp's eight rows fall in different banks) and of nf4's
+// absmax of the step (the `absmax` arguments are stored (K / 64, N), `absmax_t` in the executor, so that a step's
+// scales are contiguous). One step ahead of its wgmma each thread decodes, from shared memory, exactly the A
+// fragment it holds (rows g and g + 8 of its warp's 16, columns 2t, 2t + 1, 2t + 8, 2t + 9 of each k16 step, the
+// mma.sync m16n8k16 layout): nf4 is byte t of each of its rows' eight words, times the row's absmax, rounded once
+// to f16 as the other kinds round it. Decoded weights never pass through shared memory, so nothing is fenced for
+// the async proxy.
 // Two fragment sets alternate: one is being decoded while the wgmma of the other runs.
 // Ordering: the barrier of step kt comes after every warpgroup's wait for step kt - 1's wgmma, so stage
 // (kt - 1) % ST (its x tile read by the tensor cores, its W rows by the decode) is free to be refilled with step
@@ -51,9 +53,9 @@ __host__ __device__ constexpr int wgr_lut_offset(int FMT, int EPI, int BF, int B
                                                                        : wgr_tile_bytes(BF, BT);
 }
 // shared memory from a 1024-byte boundary (the swizzle's atom): the ring (or the epilogue's tile), the NF4 code, ST
-// mbarriers (64 bytes), + 1024 bytes to find that boundary
+// `full` and ST `empty` mbarriers (128 bytes), + 1024 bytes to find that boundary
 __host__ __device__ constexpr int wgr_smem_bytes(int FMT, int EPI, int BF, int BT, int ST) {
-  return wgr_lut_offset(FMT, EPI, BF, BT, ST) + 16 * 4 + 64 + 1024;
+  return wgr_lut_offset(FMT, EPI, BF, BT, ST) + 16 * 4 + 128 + 1024;
 }
 __host__ __device__ constexpr int wgr_register_cap(int BF, int MB) {
   return 65536 / (wgr_threads(BF) * MB) < 255 ? 65536 / (wgr_threads(BF) * MB) : 255;
@@ -61,6 +63,16 @@ __host__ __device__ constexpr int wgr_register_cap(int BF, int MB) {
 // registers beside the accumulators and the two fragment sets (16 a set and weight set); DEC 1's code table takes
 // 8 more
 #define WGR_SPARE 48
+// How a stage is handed back for refilling. 1: per-stage mbarriers. Every thread's W copies arrive on the stage's
+// `full` barrier when they land (cp.async.mbarrier.arrive.noinc; thread 0's expect_tx and the TMA's bytes too),
+// and a thread decodes a step once that barrier completes; after its warpgroup's wgmma of step kt - 1 has finished,
+// each thread arrives on that stage's `empty` barrier, and the stage is refilled one step later, once all have. No
+// block-wide barrier in the K loop, and a warpgroup may run up to a step ahead of the other. 0: one __syncthreads
+// per step (each thread waits for its own copies, then all for all). An experiment switch (experiments/
+// wgr_parts_cuda.py races both); it goes once measured.
+#ifndef WGR_RELEASE
+#define WGR_RELEASE 1
+#endif
 
 __host__ __device__ constexpr int wgr_first_failure(int FMT, int EPI, int BF, int BT, int ST, int KS, int MB,
                                                     int DEC, int SR) {
@@ -218,6 +230,14 @@ __device__ __forceinline__ void wgr_step(float (&acc)[SETS][BT / 8][4], unsigned
   wgr_pin(acc, a);
 }
 
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// an arrival on `bar` once every cp.async this thread has issued so far has landed (the barrier's count includes it)
+__device__ __forceinline__ void cp_async_mbar_arrive(unsigned bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
 // a float another block wrote in this launch, read through L2 (not a line this SM's L1 may hold)
 __device__ __forceinline__ float ld_cg(const float *p) {
   float v;
@@ -257,9 +277,13 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
   const int f0 = blockIdx.x * BF, t0 = blockIdx.y * BT;
   const int steps = K / KS / BK, k_begin = blockIdx.z * (K / KS);
   if (tid < 16) lut[tid] = NF4_CODE[tid];  // read after the first barrier below
+  const unsigned empties = bars + 64;  // stage s: `full` at bars + 8 s, `empty` at empties + 8 s
   if (tid == 0) {
 #pragma unroll
-    for (int s = 0; s < ST; ++s) mbar_init(bars + 8 * s, 1);
+    for (int s = 0; s < ST; ++s) {
+      mbar_init(bars + 8 * s, WGR_RELEASE ? NT + 1 : 1);  // release 1: every thread's copies + thread 0's expect_tx
+      mbar_init(empties + 8 * s, NT);
+    }
     mbar_init_fence();
   }
   __syncthreads();  // the mbarriers exist before any thread waits on one (the first wait precedes the next barrier)
@@ -271,24 +295,45 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
     mbar_expect_tx(bar, XBYTES);
     tma_box(base_addr + (j % ST) * XBYTES, &xmap, k_begin + j * BK, t0, bar);
   };
+  auto row_at = [](unsigned e, unsigned row) { return row * RS + (e % CPR) * 16; };  // a W chunk's place
   auto issue_w = [&](int j) {
     if (j >= steps) return;
     unsigned char *ws = base + WOFF + (j % ST) * WBYTES;
-    cp_w_rows<FMT, SETS, BF, NT, SETS * BF * RS>(ws, [](unsigned e, unsigned row) { return row * RS + (e % CPR) * 16; },
-                                                 w, absmax, w_up, absmax_up, f0, N, K, k_begin + j * BK, tid);
+    cp_w_rows<FMT, SETS, BF, NT, SETS * BF * RS, decltype(row_at), false>(ws, row_at, w, absmax, w_up, absmax_up,
+                                                                          f0, N, K, k_begin + j * BK, tid);
+    if (FMT == 0) {  // the step's absmax, stored (K / 64, N): BF contiguous floats a set, in 16-byte chunks
+      float *sa = reinterpret_cast<float *>(ws + SETS * BF * RS);
+      const size_t kb = (size_t)(k_begin + j * BK) / 64;
+#pragma unroll
+      for (int i = 0; i < (SETS * BF / 4 + NT - 1) / NT; ++i) {
+        const int e = tid + i * NT, s = e / (BF / 4), c = 4 * (e % (BF / 4)), n = f0 + c;
+        if ((SETS * BF / 4) % NT != 0 && e >= SETS * BF / 4) continue;
+        const float *src = (s ? absmax_up : absmax) + kb * N + n;
+        if (N % 4 == 0) {
+          cp_async16(sa + s * BF + c, n < N ? src : absmax, n < N);  // n < N: the whole chunk is (N % 4 == 0)
+        } else {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) cp_async4(sa + s * BF + c + q, n + q < N ? src + q : absmax, n + q < N);
+        }
+      }
+    }
+    if (WGR_RELEASE) cp_async_mbar_arrive(bars + 8 * (j % ST));  // when this thread's copies so far have landed
   };
 
-  // Copy groups: group g holds step g's W rows (always one group per step, empty past the last, so the waits line
-  // up). The prologue commits steps 0..ST-2; step kt + 1 has landed when at most ST - 3 groups are pending. The
-  // weights are read before the PDL wait (no launch writes them); x, the prep launch's output, only after it.
+  // Release 0, copy groups: group g holds step g's W rows (always one group per step, empty past the last, so the
+  // waits line up). The prologue commits steps 0..ST-2; step kt + 1 has landed when at most ST - 3 groups are
+  // pending. Release 1: the prologue issues steps 0..ST-3 and step kt issues step kt + ST - 2, into the stage step
+  // kt - 2 used (released at step kt - 1). The weights are read before the PDL wait (no launch writes them); x, the
+  // prep launch's output, only after it.
+  constexpr int AHEAD = WGR_RELEASE ? ST - 2 : ST - 1;  // steps in flight before the loop
 #pragma unroll
-  for (int g = 0; g < ST - 1; ++g) {
+  for (int g = 0; g < AHEAD; ++g) {
     issue_w(g);
-    cp_async_commit();
+    if (!WGR_RELEASE) cp_async_commit();
   }
   PDL_BEGIN();
 #pragma unroll
-  for (int g = 0; g < ST - 1; ++g) issue_x(g);
+  for (int g = 0; g < AHEAD; ++g) issue_x(g);
   const int r = 64 * wg + 16 * (warp % 4) + lane / 4, t = lane % 4;
   unsigned a0[SETS][4][4], a1[SETS][4][4];
   float acc[SETS][BT / 8][4];
@@ -298,23 +343,38 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
     for (int j = 0; j < BT / 8; ++j)
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[s][j][q] = 0.0f;
-  cp_async_wait<ST - 2>();
-  mbar_wait(bars, 0);
-  __syncthreads();  // step 0 landed for every thread; the code is in place
+  if (WGR_RELEASE) {
+    mbar_wait(bars, 0);  // step 0's x and every thread's W rows
+  } else {
+    cp_async_wait<ST - 2>();
+    mbar_wait(bars, 0);
+    __syncthreads();  // step 0 landed for every thread
+  }
   const Nf4Table tb = DEC == 1 ? nf4_table() : Nf4Table{};
   wgr_fragments<FMT, SETS, BF, DEC>(a0, base + WOFF, lut, tb, r, t);
 
   // step kt multiplies with fragment set `cur` while set `nxt` receives step kt + 1
   auto step = [&](int kt, unsigned (&cur)[SETS][4][4], unsigned (&nxt)[SETS][4][4]) {
     wgr_step<BT, SETS>(acc, cur, base_addr + (kt % ST) * XBYTES);  // step kt - 1's wgmma is done (this warpgroup)
-    if (kt + 1 < steps) {
-      cp_async_wait<ST - 3>();                                    // step kt + 1's W rows (this thread's)
-      mbar_wait(bars + 8 * ((kt + 1) % ST), ((kt + 1) / ST) & 1);  // step kt + 1's x tile
+    if (WGR_RELEASE) {
+      if (kt >= 1) mbar_arrive(empties + 8 * ((kt - 1) % ST));  // this thread is done with step kt - 1's stage
+      const int j = kt + ST - 2;                                 // into the stage of step kt - 2
+      if (j < steps) {
+        if (j >= ST) mbar_wait(empties + 8 * (j % ST), (j / ST - 1) & 1);  // step j - ST released it, every thread
+        issue_x(j);
+        issue_w(j);
+      }
+      if (kt + 1 < steps) mbar_wait(bars + 8 * ((kt + 1) % ST), ((kt + 1) / ST) & 1);  // step kt + 1 landed, all
+    } else {
+      if (kt + 1 < steps) {
+        cp_async_wait<ST - 3>();                                    // step kt + 1's W rows (this thread's)
+        mbar_wait(bars + 8 * ((kt + 1) % ST), ((kt + 1) / ST) & 1);  // step kt + 1's x tile
+      }
+      __syncthreads();  // ... for every thread; every warpgroup is done with step kt - 1
+      issue_x(kt + ST - 1);  // into stage (kt - 1) % ST
+      issue_w(kt + ST - 1);
+      cp_async_commit();
     }
-    __syncthreads();  // ... for every thread; every warpgroup is done with step kt - 1
-    issue_x(kt + ST - 1);  // into stage (kt - 1) % ST
-    issue_w(kt + ST - 1);
-    cp_async_commit();
     if (kt + 1 < steps) wgr_fragments<FMT, SETS, BF, DEC>(nxt, base + WOFF + ((kt + 1) % ST) * WBYTES, lut, tb, r, t);
   };
   for (int kt = 0; kt < steps; kt += 2) {
