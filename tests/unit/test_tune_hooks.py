@@ -382,3 +382,21 @@ def test_cli_prints_percent_of_peer_and_json_adds_peer_keys_only(fake_cli, tmp_p
     data = json.loads(out.read_text())
     assert list(data) == ["kernel", "device", "shape", "results"]
     assert all(list(r)[-1] == "tie_group" for r in data["results"])
+
+
+def test_climb_over_a_full_space_starts_from_the_seed_points():
+    from tilewise.tune.search import Budget
+
+    class GradedSeeded(Graded):
+        def space_names(self):
+            return ("seed", "full")
+
+        def space(self, which="full"):
+            full = Space("graded", {"T": [1, 2, 4], "U": list(range(1, 13)), "V": ["a", "b"]})
+            return full if which == "full" else Space("graded-seed", full.params, points=[{"T": 4, "U": 2, "V": "a"}])
+
+    tpl = GradedSeeded()
+    tune(tpl, TimedCPU(), SHAPE, space="full", strategy="climb", budget=Budget(count=6), measure_kw=FAST)
+    assert tpl.compiled[0] == "T=4,U=2,V=a"  # the seed point first, then its neighbours
+    near = {"T=2,U=2,V=a", "T=4,U=1,V=a", "T=4,U=3,V=a", "T=4,U=2,V=b"}
+    assert set(tpl.compiled[1:5]) == near

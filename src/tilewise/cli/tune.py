@@ -58,8 +58,9 @@ def register(sub: Any) -> None:
                        help="named space: seed (hand-picked points; the default where the family has it), full, ...")
         k.add_argument("--strategy", default="exhaustive", choices=sorted(STRATEGIES),
                        help="exhaustive (every legal config in order), random (a seeded sample) or climb "
-                            "(a few random starts, then hill-climbing: the neighbours of the fastest, measured "
-                            "together, until none is faster; then a fresh start)")
+                            "(from the family's seed points, or a few random configs where it has none, "
+                            "hill-climbing: the neighbours of the fastest, measured together, until none is "
+                            "faster; then a fresh random start)")
         k.add_argument("--budget-s", type=common.float_in(0.0, low_open=True), default=None,
                        help="most seconds to spend")
         k.add_argument("--plot", metavar="FILE", type=_plot_file, help="PNG of medians and intervals per config")

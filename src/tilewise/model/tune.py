@@ -372,6 +372,10 @@ def _log_shape(log: Any, label: str, epilogue: str, n: int, k: int, seq: int, en
     log(f"    best ms at rows {seq}: {record['best_ms'][seq]:.4f}; at 1: {record['best_ms'][1]:.4f}; "
         f"{len(record['candidates'])} candidates ran, {len(record['failures'])} refused or failed; seconds: "
         + ", ".join(f"{a} {b:.1f}" for a, b in record["seconds"].items()))
+    if "climb" in record:
+        c = record["climb"]
+        log(f"    climb of {c['kernel']} at rows {seq}: {c['measured']} more from {c['from']} ({c['from_ms']:.4f} ms); "
+            f"best {c['best']} ({c['best_ms']:.4f} ms)")
 
 
 def run(args: argparse.Namespace, emit_json: Callable[..., None] | None = None) -> int:

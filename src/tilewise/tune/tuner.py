@@ -11,6 +11,8 @@ timeout -> wrong -> ok, each one stored. This module adds what a tuning run need
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -126,6 +128,16 @@ def illegal_examples(space: Space, limits: Limits | None, seed: int, n: int = 12
     return out
 
 
+def seed_starts(template: KernelTemplate, space: Space) -> list[Config]:
+    """The template's hand-picked seed points as configs of `space` (a climb's start); points that do not name
+    exactly its parameters are left out."""
+    out = []
+    for point in template.space("seed"):
+        with contextlib.suppress(ConfigError):
+            out.append(space.config(dict(point)))
+    return out
+
+
 def tune(template: KernelTemplate, device: Device, shape: Shape, *, space: str = "seed",
          strategy: str | Strategy = "exhaustive", budget: Budget | None = None, store: Store | None = None,
          force: bool = False, seed: int = 0, batch: int = 16, final_race: int = 8, timeout_s: float = 30.0,
@@ -186,6 +198,8 @@ def tune(template: KernelTemplate, device: Device, shape: Shape, *, space: str =
             result.illegal_in_grid = sp.size - len(sp.legal(limits))
             result.illegal_examples = [(c, sp.why_illegal(c, limits)) for c in illegal_examples(sp, limits, seed)]
         search = get_strategy(strategy) if isinstance(strategy, str) else strategy
+        if strategy == "climb" and space != "seed" and "seed" in template.space_names():
+            search = functools.partial(search, start=seed_starts(template, sp))  # climb from the seed points
         cand_iter = search(sp, limits, budget, seed, feedback=feedback)
     result.rows += [eng.illegal(item(c), why) for c, why in illegal]
 
