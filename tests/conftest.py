@@ -12,6 +12,17 @@ import numpy as np
 import pytest
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache_for_the_session(tmp_path_factory):
+    """The same for fixtures of a module or the session, which are set up before any test's own folder exists: a
+    model such a fixture loads must not pick up a dispatch table the user tuned on this machine."""
+    base = tmp_path_factory.mktemp("tilewise-session-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TILEWISE_STORE", str(base / "results.sqlite"))
+        mp.setenv("TILEWISE_DISPATCH_DIR", str(base / "dispatch"))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _private_store(tmp_path_factory, monkeypatch):
     """Each test writes its results store and dispatch tables into its own folder, never the user's cache (a
