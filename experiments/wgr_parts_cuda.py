@@ -13,6 +13,7 @@ They compute wrong values on purpose, so they are timed, never verified or store
     bare        the kernel returns at once: a launch of the same grid doing nothing
     no-loop     the K loop runs no step: launch, prologue stages, the first decode, the epilogue
     no-epi      the epilogue's tile is staged but never written out
+    prologue    no K step and no stores (no-loop - prologue: the stores; prologue - bare: the rest of the fixed cost)
     dec0        the same config with the shared-memory table decode (DEC 0)
     f16-w       the same config with f16 weights (no decode; four times the bytes staged)
 
@@ -60,6 +61,9 @@ EDITS: dict[str, tuple[tuple[str, str], ...]] = {  # variant -> (text, its repla
     "bare": ((_TOP, "  if (M > 0) return;\n" + _TOP),),
     "no-loop": ((_LOOP, "  for (int kt = 0; kt < steps && M < 0; kt += 2) {"),),
     "no-epi": ((_EPI, "      if (M > 0) continue;\n" + _EPI),),
+    # no K step and no stores: launch, prologue and the tile staged; with no-loop and bare it splits the fixed cost
+    "prologue": ((_LOOP, "  for (int kt = 0; kt < steps && M < 0; kt += 2) {"),
+                 (_EPI, "      if (M > 0) continue;\n" + _EPI)),
 }
 
 
