@@ -10,6 +10,7 @@ one there and keeps what the full sweep measured everywhere else.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tilewise.tune.engine import Engine, Item
@@ -17,8 +18,8 @@ from tilewise.tune.outcome import Outcome
 from tilewise.tune.search import Budget, Feedback, climb, run_search
 
 
-def climb_matmul(eng: Engine, evaluate: Any, outcomes: list[Outcome], n: int, k: int, seq: int, rows: list[int],
-                 count: int, seed: int) -> tuple[list[Outcome], dict[str, Any]]:
+def climb_matmul(eng: Engine, evaluate: Callable[[list[Item]], list[Outcome]], outcomes: list[Outcome], n: int,
+                 k: int, seq: int, rows: list[int], count: int, seed: int) -> tuple[list[Outcome], dict[str, Any]]:
     """Up to `count` more configs of the kernel fastest at `seq` rows, each measured at `rows` (which hold `seq`).
 
     `evaluate(items)` measures engine items (the caller's progress and deadline go with it). Returns the new
