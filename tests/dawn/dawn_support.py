@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-import random
 from collections.abc import Callable
 from typing import Any
 
@@ -69,7 +68,7 @@ def real_dawn_device() -> dawn.DawnDevice:
 
 
 def every_code_path(space: Space, limits: Limits, paths: dict[str, list[Any]], legal: Callable[[Config], bool],
-                    per_path: int = 1, seed: int = 0) -> tuple[list[Config], list[dict[str, Any]]]:
+                    per_path: int = 1) -> tuple[list[Config], list[dict[str, Any]]]:
     """Configs that cover every code path a template's space can generate under `limits`.
 
     `paths` names the parameters whose values choose generated code (and the values to cover); for every
@@ -79,7 +78,6 @@ def every_code_path(space: Space, limits: Limits, paths: dict[str, list[Any]], l
     rest = {k: v for k, v in space.params.items() if k not in paths}
     picked: list[Config] = []
     empty: list[dict[str, Any]] = []
-    rng = random.Random(seed)
     for combo in itertools.product(*paths.values()):
         fixed = dict(zip(paths, combo))
         ok = [c for c in (space.config({**fixed, **dict(zip(rest, vals))})
@@ -87,6 +85,5 @@ def every_code_path(space: Space, limits: Limits, paths: dict[str, list[Any]], l
         if not ok:
             empty.append(fixed)
             continue
-        order = [ok[0], ok[-1], *rng.sample(ok, len(ok))]
-        picked += list(dict.fromkeys(order))[:per_path]
+        picked += list(dict.fromkeys([ok[0], ok[-1], *ok[1:-1]]))[:per_path]
     return picked, empty

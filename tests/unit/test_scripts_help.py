@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+FILES = sorted(p.relative_to(ROOT) for d in ("bench", "experiments") for p in (ROOT / d).glob("*.py"))
 #: the files that run as scripts (the rest are modules the scripts import: bench_args, clock_log, study_record)
-SCRIPTS = sorted(p.relative_to(ROOT) for d in ("bench", "experiments") for p in (ROOT / d).glob("*.py")
-                 if '__name__ == "__main__"' in p.read_text())
+SCRIPTS = [p for p in FILES if '__name__ == "__main__"' in (ROOT / p).read_text()]
 
 
 def test_the_scripts_are_found():
@@ -41,8 +41,7 @@ def package_imports(path: Path) -> list[tuple[str, str]]:
             and node.module and node.module.startswith("tilewise") for alias in node.names]
 
 
-@pytest.mark.parametrize("path", sorted(p.relative_to(ROOT) for d in ("bench", "experiments")
-                                        for p in (ROOT / d).glob("*.py")), ids=str)
+@pytest.mark.parametrize("path", FILES, ids=str)
 def test_every_name_a_script_imports_from_the_package_exists(path):
     import importlib.util
 

@@ -45,6 +45,11 @@ from tilewise.tune.store import Store
 DEFAULT_ROWS = (1, 2, 4, 8, 16, 32, 64, 95, 96, 128, 192, 256, 384, 512)
 
 
+def decision_rows(seq: int) -> set[int]:
+    """The row counts of a `seq`-token decision: the whole prompt, and its extend after a 47-token prefix."""
+    return {seq, max(1, seq - 47)}
+
+
 def model_matmuls(cfg: Any) -> dict[str, tuple[str, int, int, bool]]:
     """op label -> (epilogue, N, K, fused RMSNorm) for every matmul the executor issues."""
     H, F = cfg.hidden_size, cfg.ffn_dim
@@ -202,7 +207,7 @@ def tune_matmul(dev: Any, fmt: str, epilogue: str, n: int, k: int, rows: list[in
             run.total += len(items)  # type: ignore[union-attr]
             return run.evaluate(eng, items, f"{what} climb")  # type: ignore[union-attr]
 
-        lengths = sorted({seq, max(1, seq - 47)} & set(rows), reverse=True)
+        lengths = sorted(decision_rows(seq) & set(rows), reverse=True)
         more, climbed = climb_matmul(eng, evaluate, outcomes, n, k, seq, lengths, climb, seed)
         outcomes += more
     times: dict[tuple[str, Config], dict[int, float]] = {}
@@ -288,7 +293,7 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
     from pathlib import Path
 
     fp = dev.info.fingerprint
-    rows = sorted(set(rows or DEFAULT_ROWS) | {seq, max(1, seq - 47)})
+    rows = sorted(set(rows or DEFAULT_ROWS) | decision_rows(seq))
     if path is None:
         path = dispatch_path(fp)
         if f16_arith:

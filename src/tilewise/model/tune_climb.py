@@ -32,16 +32,12 @@ def climb_matmul(eng: Engine, evaluate: Callable[[list[Item]], list[Outcome]], o
     start = min(timed, key=lambda oc: oc.stats.median_ms)  # type: ignore[union-attr]
     tpl = start.item.kernel
     fb = Feedback()
-    for oc in at_seq:  # what the sweep measured of this kernel (failures too: not tried again)
-        if oc.item.kernel is tpl:
-            fb.record(oc.config, oc.stats.median_ms if oc.status == "ok" and oc.stats is not None else None)
+    fb.record_outcomes(oc for oc in at_seq if oc.item.kernel is tpl)  # failures too: not tried again
     new: list[Outcome] = []
 
     def measure(configs: list[Any]) -> None:
         got = evaluate([Item(tpl, c, (m, n, k)) for m in rows for c in configs])
-        for oc in got:
-            if oc.shape[0] == seq:
-                fb.record(oc.config, oc.stats.median_ms if oc.status == "ok" and oc.stats is not None else None)
+        fb.record_outcomes(oc for oc in got if oc.shape[0] == seq)
         new.extend(got)
 
     limits = eng.device.info.limits

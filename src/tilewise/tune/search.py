@@ -59,6 +59,11 @@ class Feedback:
     def record(self, config: Config, median_ms: float | None) -> None:
         self.median_ms[config] = median_ms
 
+    def record_outcomes(self, outcomes: Iterable[Any]) -> None:
+        """Each engine outcome's median (None where it did not run ok)."""
+        for oc in outcomes:
+            self.record(oc.config, oc.stats.median_ms if oc.status == "ok" and oc.stats is not None else None)
+
     def best(self, among: Iterable[Config]) -> Config | None:
         """The fastest measured config of `among` (None when none of them measured ok)."""
         timed = [(ms, i, c) for i, c in enumerate(among) if (ms := self.median_ms.get(c)) is not None]

@@ -205,8 +205,7 @@ def tune(template: KernelTemplate, device: Device, shape: Shape, *, space: str =
 
     def run(configs: list[Config]) -> None:
         rows = eng.evaluate([item(c) for c in configs], batch=batch, total=budget.count)
-        for r in rows:
-            feedback.record(r.config, r.stats.median_ms if r.status == "ok" and r.stats else None)
+        feedback.record_outcomes(rows)
         result.rows.extend(rows)
 
     # a cluster's engine runs `width` batches at once; a strategy that steers by what was measured flushes sooner
