@@ -3,6 +3,8 @@
 #   WORK/env.txt            GPU, driver, clocks, Python packages
 #   WORK/floor.txt, launch_floor.json  experiments/cuda_launch_floor.py: what one launch in a graph costs when its
 #                           kernel does (almost) nothing, with and without programmatic dependent launch
+#   WORK/compile.txt, compile_batch.json  bench/compile_batch.py: nf4-matmul configs compiled one by one against
+#                           the tuner's batch compile (NVRTC on a thread per CPU)
 #   WORK/pytest.txt         PYTEST_FILES (default: the executor, graph and tune tests) + the wgr kernel tests
 #                           selected by PYTEST_K: executor vs float64 and HF, graphs and PDL bit-identical to serial
 #                           launches, every wgr seed (both decodes) against float64
@@ -22,6 +24,9 @@
 #                           torch.compile
 #   WORK/profile.txt, ncu.csv  every kernel of one decision on that table under Nsight Compute, per op
 #                           (bench/profile_cuda.py; skipped where `ncu` is missing)
+#   WORK/play.txt, play.json, prompt_encode.json  `tilewise play --device cuda` on the bundled model (its table is there when
+#                           PRESET=default): decision latency from board to action, prompt and tokenizer included;
+#                           and bench/prompt_encode.py: this host's time to render and encode one prompt
 #   OUT_DIR/status.txt      one line per step: name, exit status (124: timed out), seconds
 #   OUT_DIR/cuda_gpu.tgz    WORK packed after every step, without the results store (a call returns few files)
 # SKIP="pytest matmul" leaves steps out; each step runs under `timeout`, so one failure or hang stops no other.
@@ -50,6 +55,8 @@ step env 60 "$WORK/env.txt" bash -c "date -u; nvidia-smi --query-gpu=name,driver
     --format=csv; $PY -c 'import torch, cupy, transformers; print(torch.__version__, cupy.__version__, \
     transformers.__version__)'; $PY -m tilewise devices --wide"
 step floor 60 "$WORK/floor.txt" "$PY" experiments/cuda_launch_floor.py --out "$WORK"
+step compile 90 "$WORK/compile.txt" "$PY" bench/compile_batch.py --out "$WORK" --device cuda --kernel nf4-matmul \
+    --shape 346,4608,1024 --configs 32 --rounds 2
 step pytest "${PYTEST_S:-200}" "$WORK/pytest.txt" "$PY" -m pytest -q -p no:cacheprovider -rs \
     ${PYTEST_FILES:-tests/cuda/test_model_cuda.py tests/cuda/test_model_cuda_graph.py tests/cuda/test_model_cuda_tune.py} \
     tests/cuda/test_model_kernels_cuda.py -k "${PYTEST_K:-not test_model_kernels_cuda or (wgr and not default_config)}"
@@ -69,3 +76,5 @@ if command -v ncu > /dev/null; then
         run --preset '$PRESET' --seq '$SEQ' --labels '$WORK/labels.json' > '$WORK/ncu.csv' && $PY bench/profile_cuda.py table '$WORK/ncu.csv' \
         '$WORK/labels.json'"
 fi
+step prompt 60 "$WORK/prompt.txt" "$PY" bench/prompt_encode.py --out "$WORK"
+step play "${PLAY_S:-90}" "$WORK/play.txt" "$PY" -m tilewise play --device cuda --steps 200 --no-watch --json "$WORK/play.json"

@@ -119,3 +119,27 @@ def test_missing_wgpudawn_says_how_to_install(monkeypatch):
         dawn.DawnDevice()
     assert "wgpudawn" in err.value.problem
     assert err.value.fix == "pip install 'tilewise[dawn]' (in a clone: bash scripts/run extras dawn)"
+
+
+def test_compile_together_builds_pipelines_at_the_blocks_end_and_keeps_each_ones_error(dev):
+    from tilewise.errors import ShaderCompileError
+
+    body = "@group(0) @binding(0) var<storage, read_write> o: array<f32>;\n"
+    good = body + "@compute @workgroup_size(128) fn main(@builtin(global_invocation_id) g: vec3u) {{ o[g.x] = {}; }}\n"
+    too_big = body + "@compute @workgroup_size(4096) fn main() { o[0] = 1.0; }\n"  # valid WGSL, invalid pipeline
+    assert dev.compile_workers == 1 and dev.compiles_in_parallel()  # one thread at a time into Dawn's device
+    with dev.compile_together() as batch:
+        progs = [dev.compile(too_big, name="too_big") if i == 2 else
+                 dev.compile(good.format(f"f32(g.x) * {i}.0"), name=f"k{i}") for i in range(6)]
+        assert progs[-1].handle is None  # started, not waited for (at most 2 x CPUs are in flight)
+        with pytest.raises(ShaderCompileError, match="nosuch"):  # a WGSL error is known at once
+            dev.compile(good.format("nosuch(g.x)"), name="syntax")
+    assert batch.programs == progs
+    assert [p.name for p in progs if p.handle is None] == ["too_big"]
+    (err,) = batch.errors.values()
+    assert isinstance(err, ShaderCompileError) and "too_big" in str(err) and "4096" in str(err)
+    with dev.compile_together() as inner:
+        with dev.compile_together() as nested:
+            assert nested is None  # one batch at a time: the inner block compiles into the outer one
+        p = dev.compile(good.format("1.0"), name="again")
+    assert inner.programs == [p] and p.handle is not None

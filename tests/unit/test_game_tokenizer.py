@@ -6,6 +6,8 @@ import json
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tilewise.errors import ConfigError
 from tilewise.game.engine import Game
@@ -13,9 +15,11 @@ from tilewise.game.prompt import render_prompt
 from tilewise.game.tokenizer import (
     SPECIAL_TOKENS,
     TOKENIZER_PATH,
+    PromptEncoder,
     build_tokenizer,
     encode_prompt,
     encode_prompts,
+    encodes_line_by_line,
     example_prompt,
     load_tokenizer,
     shared_prefix_length,
@@ -119,3 +123,69 @@ def test_missing_or_broken_file(tmp_path):
 
 def test_shipped_path_is_inside_the_package():
     assert TOKENIZER_PATH.name == "tokenizer.json" and TOKENIZER_PATH.parent.name == "game"
+
+
+SHIPPED = load_tokenizer()
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), moves=st.lists(st.integers(0, 5), max_size=120))
+def test_prompt_encoder_gives_the_librarys_ids_for_random_games(seed, moves):
+    enc = PromptEncoder(SHIPPED, max_lines=16)  # small: the store empties and refills within a prompt
+    assert enc.line_by_line
+    game = Game(seed)
+    for move in [0, *moves]:
+        if game.game_over:
+            break
+        text = render_prompt(game)
+        assert enc(text) == encode_prompt(SHIPPED, text)
+        assert len(enc._lines) <= 16
+        game.step(move)
+
+
+def test_prompt_encoder_handles_any_text_the_library_does():
+    enc = PromptEncoder(SHIPPED)
+    rng = random.Random(7)
+    alphabet = "ab .#%:09\n\t<>/|é😀" + "".join(SPECIAL_TOKENS)
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40)))
+        assert enc(text) == encode_prompt(SHIPPED, text), repr(text)
+
+
+def _trained(pre_tokenizer, specials=SPECIAL_TOKENS):
+    from tokenizers import Tokenizer, models, trainers
+
+    tok = Tokenizer(models.BPE())
+    if pre_tokenizer is not None:
+        tok.pre_tokenizer = pre_tokenizer
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=list(specials), show_progress=False)
+    tok.train_from_iterator(prompts(20, seed=9), trainer=trainer)
+    return tok
+
+
+def test_a_tokenizer_that_merges_across_newlines_is_encoded_whole():
+    tok = _trained(None)  # no pre-tokenizer: BPE learns merges such as ".\n."
+    texts = prompts(10, seed=3)
+    newline = tok.encode("\n", add_special_tokens=False).ids
+    joined = []
+    for t in texts:
+        ids: list[int] = []
+        for line in t.split("\n"):
+            ids += tok.encode(line, add_special_tokens=False).ids + newline
+        joined.append(ids[:len(ids) - len(newline)])
+    assert any(a != encode_prompt(tok, t) for a, t in zip(joined, texts))  # joining lines would be wrong here
+    enc = PromptEncoder(tok)
+    assert not encodes_line_by_line(tok) and not enc.line_by_line
+    assert all(enc(t) == encode_prompt(tok, t) for t in texts)
+
+
+def test_line_by_line_needs_the_shipped_pretokenization_and_plain_special_tokens():
+    from tokenizers import AddedToken, pre_tokenizers
+
+    assert not encodes_line_by_line(_trained(pre_tokenizers.ByteLevel(add_prefix_space=False)))
+    retrained = build_tokenizer()
+    assert encodes_line_by_line(retrained)
+    retrained.add_special_tokens([AddedToken("<x>", rstrip=True)])  # would eat the newline after it
+    assert not encodes_line_by_line(retrained)
+    text = "a<x>\nb"
+    assert PromptEncoder(retrained)(text) == encode_prompt(retrained, text)

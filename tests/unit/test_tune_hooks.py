@@ -400,3 +400,103 @@ def test_climb_over_a_full_space_starts_from_the_seed_points():
     assert tpl.compiled[0] == "T=4,U=2,V=a"  # the seed point first, then its neighbours
     near = {"T=2,U=2,V=a", "T=4,U=1,V=a", "T=4,U=3,V=a", "T=4,U=2,V=b"}
     assert set(tpl.compiled[1:5]) == near
+
+
+# ---- the default precompile: threads, or the device's own batch -------------------------------------------------
+class ThreadedCPU(TimedCPU):
+    """TimedCPU whose compiler may be called from 3 threads at once; it records each compile's thread."""
+
+    compile_workers = 3
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[str] = []
+
+    def compile(self, source, entry="main", constants=None, name=None):
+        import threading
+
+        self.threads.append(threading.current_thread().name)
+        return super().compile(source, entry, constants, name)
+
+
+class TogetherCPU(TimedCPU):
+    """TimedCPU with a Dawn-like batch: inside `compile_together`, programs come back without a handle and are
+    built when the block ends; a program whose name holds `fail` does not build."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batch = None
+        self.built_at_exit = 0
+
+    def compile_together(self):
+        from contextlib import contextmanager
+
+        from tilewise.devices.base import CompileBatch
+
+        @contextmanager
+        def block():
+            self.batch = CompileBatch()
+            try:
+                yield self.batch
+            finally:
+                batch, self.batch = self.batch, None
+                for p in batch.programs:
+                    if "fail" in p.name:
+                        batch.errors[id(p)] = ShaderCompileError(f"{p.name}: no such pipeline", "fix it")
+                    else:
+                        p.handle, p.meta["pending"] = p.meta.pop("pending"), False
+                        self.built_at_exit += 1
+
+        return block()
+
+    def compile(self, source, entry="main", constants=None, name=None):
+        prog = super().compile(source, entry, constants, name)
+        if self.batch is not None:
+            prog.meta["pending"], prog.handle = prog.handle, None
+            self.batch.programs.append(prog)
+        return prog
+
+
+class TinyDefault(Tiny):
+    """Tiny with the base class's precompile; T = 4 also builds a second program (a reduction) that fails to build
+    inside a batch."""
+
+    precompile = KernelTemplate.precompile
+
+    def compile(self, device, config, shape):
+        prog = super().compile(device, config, shape)
+        if config.T == 4:
+            prog.meta["reduce"] = device.compile(tiny_kernel, constants=dict(config), name="tiny reduce fail")
+        return prog
+
+
+def test_default_precompile_compiles_a_batch_on_the_devices_threads_and_keeps_each_configs_error():
+    tpl, dev = TinyDefault(), ThreadedCPU()
+    res = tune(tpl, dev, SHAPE, batch=8, measure_kw=FAST)
+    assert dev.compiles_in_parallel() and not any(t == "MainThread" for t in dev.threads)
+    assert sorted(tpl.compiled) == sorted(f"T={p['T']},BUG={p['BUG']}" for p in POINTS)  # each config once
+    rows = by_key(res)
+    assert rows["T=8,BUG=0"].status == "compile_error" and "9 registers" in rows["T=8,BUG=0"].reason
+    assert rows["T=2,BUG=1"].status == "wrong" and rows["T=1,BUG=0"].status == "ok"
+    assert rows["T=4,BUG=0"].status == "ok"  # its reduction builds at once here
+
+
+def test_default_precompile_inside_the_devices_batch_gives_each_config_its_own_programs_error():
+    tpl, dev = TinyDefault(), TogetherCPU()
+    assert dev.compile_workers == 1 and dev.compiles_in_parallel()
+    res = tune(tpl, dev, SHAPE, batch=8, measure_kw=FAST)
+    rows = by_key(res)
+    assert rows["T=4,BUG=0"].status == "compile_error"  # its second program did not build
+    assert rows["T=4,BUG=0"].reason.startswith("tiny reduce fail: no such pipeline")
+    assert rows["T=8,BUG=0"].status == "compile_error" and "9 registers" in rows["T=8,BUG=0"].reason
+    assert rows["T=1,BUG=0"].status == "ok" and rows["T=2,BUG=0"].status == "ok" and rows["T=2,BUG=1"].status == "wrong"
+    assert dev.built_at_exit == 4  # T=1, T=2 twice and T=4's main program, all when the block ended
+    assert sorted(tpl.compiled) == sorted(f"T={p['T']},BUG={p['BUG']}" for p in POINTS)
+
+
+def test_default_precompile_does_nothing_for_one_config_or_a_serial_compiler():
+    tpl = TinyDefault()
+    assert tpl.precompile(ThreadedCPU(), [tpl.space().config(T=1, BUG=0)], SHAPE) == {}
+    assert not TimedCPU().compiles_in_parallel()
+    assert tpl.precompile(TimedCPU(), [tpl.space().config(**p) for p in POINTS], SHAPE) == {}
+    assert tpl.compiled == []

@@ -87,3 +87,32 @@ def test_generated_source_has_no_indexed_local_arrays(tpl):
             src = tpl.source(cfg)
             assert "var<function>" not in src and "array<f32, " not in src.split("fn main")[1]
             assert src.count("fma(") >= cfg["TM"] * cfg["TN"] // cfg["VEC"]
+
+
+class BrokenBK32(WgslGemm):
+    """The WGSL GEMM whose BK = 32 configs do not compile (a syntax error planted in their source)."""
+
+    def source(self, config):
+        src = super().source(config)
+        return src.replace("workgroupBarrier();", "workgroupBarrier(;", 1) if config["BK"] == 32 else src
+
+
+def test_a_batch_compile_keeps_each_configs_error_and_its_programs_run(webgpu_device, rng):
+    """wgpu-native compiles a batch on threads, Dawn inside `compile_together`: either way each config gets its own
+    program or its own error, and the programs compute what a one-by-one compile's do."""
+    from tilewise.errors import ShaderCompileError
+
+    dev, tpl, shape = webgpu_device, BrokenBK32(), (67, 72, 44)
+    assert dev.compiles_in_parallel()
+    legal = gemm_space("seed").legal(dev.info.limits)
+    got = tpl.precompile(dev, legal, shape)
+    assert set(got) == set(legal)
+    broken = [c for c in legal if c["BK"] == 32]
+    assert broken and len(broken) < len(legal)
+    for cfg, prog in got.items():
+        if cfg["BK"] == 32:
+            assert isinstance(prog, ShaderCompileError) and "workgroupBarrier(;" in str(prog), (cfg, prog)
+            continue
+        assert prog.handle is not None and prog.source_hash == tpl.compile(dev, cfg, shape).source_hash
+        chk = verify(tpl, dev, prog, cfg, shape, rng)
+        assert chk.ok and chk.rel_err < 1e-5, f"{cfg}: {chk.message}"

@@ -15,6 +15,7 @@ import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -183,6 +184,15 @@ class Launch(NamedTuple):
     buffers: Sequence[Buffer]
 
 
+@dataclass
+class CompileBatch:
+    """What `compile` started inside `Device.compile_together`: its programs, in order, and, once the block has
+    ended, the error of each one that failed (keyed by `id(program)`; such a program has no handle)."""
+
+    programs: list[Program] = field(default_factory=list)
+    errors: dict[int, Exception] = field(default_factory=dict)
+
+
 def source_hash(*parts: str | bytes) -> str:
     """Hash of a kernel's source and constants; changes whenever the code that runs changes."""
     h = hashlib.sha256()
@@ -233,6 +243,18 @@ class Device(ABC):
     #: memory accesses are not bounds-checked (Dawn with `disable_robustness`): every verification then runs with
     #: canary words around each output, so a write out of bounds fails the config instead of corrupting others
     unchecked: bool = False
+    #: threads that may call `compile` at once: a template's batch compile (`KernelTemplate.precompile`) uses that
+    #: many where the compiler releases the GIL and is thread-safe (NVRTC, wgpu-native); 1: one at a time
+    compile_workers: int = 1
+
+    def compile_together(self) -> AbstractContextManager[CompileBatch | None]:
+        """A block inside which `compile` starts each pipeline and returns at once, the device's own threads building
+        them (Dawn); leaving it waits for all. Yields the batch, or None where the device has no such mode."""
+        return nullcontext(None)
+
+    def compiles_in_parallel(self) -> bool:
+        """Whether a batch of kernels compiles faster together than one by one here (threads or the device's own)."""
+        return self.compile_workers > 1 or type(self).compile_together is not Device.compile_together
 
     @abstractmethod
     def allocate(self, nbytes: int, *, uniform: bool = False) -> Buffer:

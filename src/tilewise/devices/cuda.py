@@ -102,6 +102,7 @@ class CUDADevice(Device):
         self._modules: dict[tuple[str, str, tuple[str, ...]], Any] = {}
         self._cubins: dict[tuple[str, str, tuple[str, ...]], Any] = {}  # modules loaded from shipped cubins
         self._lock = threading.Lock()
+        self.compile_workers = os.cpu_count() or 1  # NVRTC releases the GIL; the module cache takes the lock
         self._flush_buf: Any = None
         self._lost = False
         with self._dev:

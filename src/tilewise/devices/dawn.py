@@ -149,7 +149,7 @@ def runtime(disable_robustness: bool = False) -> Runtime:
 
     return Runtime("dawn", _import_dawn, _adapters, lambda a, i: _describe(a, i, disable_robustness), request,
                    WANTED_FEATURES, "Dawn needs a Vulkan, Metal or D3D12 driver (it refuses Mesa 22 lavapipe)",
-                   _process_events)
+                   _process_events, many_pipelines="async")
 
 
 def _process_events(module: Any) -> None:

@@ -14,15 +14,17 @@ reading a buffer back (a blocking map, never a sleep loop); timestamps resolve t
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from tilewise.devices.base import Buffer, Device, Launch, Program, source_hash
+from tilewise.devices.base import Buffer, CompileBatch, Device, Launch, Program, source_hash
 from tilewise.devices.webgpu_adapters import WGPU_NATIVE, Runtime, map_wait_mode, pick_adapter
 from tilewise.errors import DeviceLost, DeviceUnavailable, LaunchError, ShaderCompileError
 
@@ -105,6 +107,8 @@ class WebGPUDevice(Device):
         self.timer = "gpu-timestamp" if "timestamp-query" in feats else "wall-clock"
         # a hardware GPU's clock falls between short timed rounds (tune.measure repeats candidates to fill one)
         self.min_round_ms = MIN_ROUND_MS if info.adapter_type in ("discrete", "integrated") else 0.0
+        self._batch: CompileBatch | None = None  # set inside `compile_together`
+        self._in_flight: list[tuple[Program, Any, str]] = []
         self._usage_storage = (wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST)
         self._usage_uniform = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
         self._bind_cache: dict[tuple[int, tuple[int, ...]], tuple[Any, Any, tuple[Any, ...]]] = {}
@@ -165,6 +169,44 @@ class WebGPUDevice(Device):
         return self._as_array(mem, dtype, shape)
 
     # ---- programs ----------------------------------------------------------------------------
+    @property
+    def compile_workers(self) -> int:  # type: ignore[override]
+        return (os.cpu_count() or 1) if self.runtime.many_pipelines == "threads" else 1
+
+    @contextmanager
+    def compile_together(self) -> Iterator[CompileBatch | None]:
+        """Inside, `compile` starts each pipeline with `create_compute_pipeline_async` and returns its Program at once
+        (no handle yet); leaving the block waits for all of them. The runtime builds them on its own threads (Dawn),
+        at most `2 x CPUs` in flight. Yields None where the runtime builds pipelines one at a time that way
+        (wgpu-native: `compile_workers` threads instead)."""
+        if self.runtime.many_pipelines != "async" or self._batch is not None:
+            yield None
+            return
+        self._batch, self._in_flight = CompileBatch(), []
+        try:
+            yield self._batch
+        finally:
+            batch, self._batch = self._batch, None
+            while self._in_flight:
+                self._settle(batch, *self._in_flight.pop(0))
+        lost = [e for e in batch.errors.values() if isinstance(e, DeviceLost)]
+        if lost:
+            raise lost[0]
+
+    def _settle(self, batch: CompileBatch, program: Program, promise: Any, source: str) -> None:
+        try:
+            program.handle = promise.sync_wait()
+        except Exception as exc:
+            batch.errors[id(program)] = self._compile_error(exc, source, program.name)
+
+    def _compile_error(self, exc: Exception, source: str, name: str) -> Exception:
+        # an async build reports a pipeline the shader makes invalid as "create_compute_pipeline failed (3): ..."
+        # (3: WGPUCreatePipelineAsyncStatus_ValidationError; 4, an internal error, is the device's)
+        if (isinstance(exc, self._wgpu.GPUError) or "Validation" in type(exc).__name__
+                or re.match(r"create_compute_pipeline failed \(3\)", str(exc))):
+            return _shader_error(exc, source, name)
+        return self._wrap(exc, f"compiling {name}")
+
     def compile(self, source: Any, entry: str = "main", constants: dict[str, Any] | None = None,
                 name: str | None = None) -> Program:
         if not isinstance(source, str):
@@ -172,6 +214,9 @@ class WebGPUDevice(Device):
         name = name or entry
         consts = {k: (float(v) if not isinstance(v, bool) else v) for k, v in (constants or {}).items()}
         key = source_hash(source)
+        program = Program(name, None, source_hash(source, entry, repr(sorted(consts.items()))), consts,
+                          meta={"source": source, "entry": entry})
+        batch = self._batch
         try:
             module = self._modules.get(key)
             if module is None:
@@ -180,13 +225,17 @@ class WebGPUDevice(Device):
             compute: dict[str, Any] = {"module": module, "entry_point": entry}
             if consts:
                 compute["constants"] = consts
-            pipeline = self._dev.create_compute_pipeline(layout="auto", compute=compute, label=name)
+            if batch is not None:
+                promise = self._dev.create_compute_pipeline_async(layout="auto", compute=compute, label=name)
+                batch.programs.append(program)
+                self._in_flight.append((program, promise, source))
+                if len(self._in_flight) > 2 * (os.cpu_count() or 1):
+                    self._settle(batch, *self._in_flight.pop(0))
+                return program
+            program.handle = self._dev.create_compute_pipeline(layout="auto", compute=compute, label=name)
         except Exception as exc:
-            if isinstance(exc, self._wgpu.GPUError) or "Validation" in type(exc).__name__:
-                raise _shader_error(exc, source, name) from exc
-            raise self._wrap(exc, f"compiling {name}") from exc
-        return Program(name, pipeline, source_hash(source, entry, repr(sorted(consts.items()))), consts,
-                       meta={"source": source, "entry": entry})
+            raise self._compile_error(exc, source, name) from exc
+        return program
 
     def _bind_group(self, launch: Launch) -> Any:
         # a launch object that is run again (a reused decision plan) finds its bind group without rebuilding the key;

@@ -110,6 +110,9 @@ class Runtime:
         no_adapter_fix: the fix when the module finds no adapter.
         process_events: module -> None, one non-blocking round of the module's event processing (Dawn's
             `wgpuInstanceProcessEvents`), for the `spin` map wait; None where the module has none.
+        many_pipelines: how a batch of pipelines is built at once: `threads` (the device may be called from several
+            threads: wgpu-native's is), `async` (`create_compute_pipeline_async`, built on the runtime's own
+            threads: Dawn, whose device takes calls from one thread at a time) or `serial`.
     """
 
     name: str
@@ -120,6 +123,7 @@ class Runtime:
     wanted_features: tuple[str, ...]
     no_adapter_fix: str
     process_events: Callable[[Any], None] | None = None
+    many_pipelines: str = "serial"
 
 
 def _wgpu_request(adapter: Any, features: list[str]) -> Any:
@@ -128,7 +132,7 @@ def _wgpu_request(adapter: Any, features: list[str]) -> Any:
 
 # wgpu-native; the import goes through the module-level name so that tests can stand in fake adapters
 WGPU_NATIVE = Runtime("webgpu", lambda: import_wgpu(), lambda m: list(m.gpu.enumerate_adapters_sync()),
-                      info_from, _wgpu_request, WANTED_FEATURES, LAVAPIPE_FIX)
+                      info_from, _wgpu_request, WANTED_FEATURES, LAVAPIPE_FIX, many_pipelines="threads")
 
 
 def list_adapters(runtime: Runtime = WGPU_NATIVE) -> list[DeviceInfo]:

@@ -81,8 +81,8 @@ class ModelPolicy:
 
     def __init__(self, model: Any, tokenizer: Any = None) -> None:
         from tilewise.game.tokenizer import (
+            PromptEncoder,
             check_special_tokens,
-            encode_prompt,
             example_prompt,
             load_tokenizer,
             shared_prefix_length,
@@ -99,10 +99,10 @@ class ModelPolicy:
         else:
             check_special_tokens(tok, source="the model's tokenizer")
         self.tokenizer = tok
-        self._encode = encode_prompt
+        self._encode = PromptEncoder(tok)
         self.device = str(getattr(model, "device", None) or "unknown")
         self.prefix_tokens = shared_prefix_length(tok)
-        self.prefix_ids = encode_prompt(tok, example_prompt())[: self.prefix_tokens]
+        self.prefix_ids = self._encode(example_prompt())[: self.prefix_tokens]
         self.prefix_state = model.prefill(self.prefix_ids)
         self.full_prefills = 0  # decisions whose ids did not start with the cached prefix (should stay 0)
         self.last_scores: np.ndarray | None = None
@@ -110,7 +110,7 @@ class ModelPolicy:
 
     def decide(self, game: Game) -> int:
         """Score the current prompt and return argmax of the first 6 scores."""
-        ids = self._encode(self.tokenizer, render_prompt(game))
+        ids = self._encode(render_prompt(game))
         self.prompt_tokens = len(ids)
         p = self.prefix_tokens
         if ids[:p] == self.prefix_ids:

@@ -30,12 +30,19 @@ from pathlib import Path
 from typing import Any
 
 from tilewise.errors import ConfigError
+from tilewise.model.text import (
+    PRETOKEN_PATTERN,
+    PromptEncoder,
+    encode_prompt,
+    encodes_line_by_line,
+    untrained_tokenizer,
+)
+
+__all__ = ["PRETOKEN_PATTERN", "PromptEncoder", "encode_prompt", "encodes_line_by_line"]  # re-exported here
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<|pad|>", "<|startoftext|>", "<|im_start|>", "<|im_end|>")
 TOKENIZER_PATH = Path(__file__).with_name("tokenizer.json")
 
-# tags | keys with colon | words | one digit | one other symbol (optional leading space each) | one whitespace
-PRETOKEN_PATTERN = r"</?[a-z]+>| ?[A-Za-z]+:| ?[A-Za-z]+| ?[0-9]| ?[^\sA-Za-z0-9]|\s"
 
 
 def load_tokenizer(path: str | Path | None = None) -> Any:
@@ -87,11 +94,6 @@ def tokenizer_fingerprint(tok: Any) -> str:
 def encode_prompts(tok: Any, prompts: Sequence[str]) -> list[list[int]]:
     """Token ids of each prompt (no extra special tokens: the text already has them)."""
     return [e.ids for e in tok.encode_batch(list(prompts), add_special_tokens=False)]
-
-
-def encode_prompt(tok: Any, prompt: str) -> list[int]:
-    """Token ids of one prompt (no extra special tokens: the text already has them)."""
-    return tok.encode(prompt, add_special_tokens=False).ids
 
 
 def shared_prefix_length(tok: Any | None = None) -> int:
@@ -159,13 +161,9 @@ def build_tokenizer() -> Any:
     Returns:
         A `tokenizers.Tokenizer`.
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import decoders, pre_tokenizers, trainers
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKEN_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok = untrained_tokenizer()
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=4096,  # a ceiling: training stops when every pre-token is a single token

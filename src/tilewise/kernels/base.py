@@ -19,7 +19,7 @@ Life of one candidate, as the evaluation engine (`tilewise.tune.engine`) drives 
 
 Optional hooks (the defaults keep the plain behaviour above):
 
-    tpl.precompile(device, configs, shape)   # a batch's compiles at once (CUDA: NVRTC on a thread pool)
+    tpl.precompile(device, configs, shape)   # a batch's compiles at once (threads, or the device's own)
     tpl.verify_shape(config, shape)          # verify at a cheaper shape with the same edge structure
     tpl.program_key(config, shape)           # what a compiled program depends on (one compile serves many shapes)
     tpl.rebind(device, bufs, have, shape)    # buffers uploaded for shape `have` serving a smaller shape
@@ -282,18 +282,50 @@ class KernelTemplate(ABC):
         return self.problem.bytes_moved(shape)
 
     # ---- optional hooks -------------------------------------------------------------------------------------
-    def precompile(self, device: Device, configs: Sequence[Config], shape: Shape,
+    def precompile(self, device: Device, configs: Sequence[Config], shape: Shape, workers: int | None = None,
                    ) -> Mapping[Config, Program | Exception]:
         """Compile a batch of configs at once, before the engine verifies them one by one.
 
-        A template whose compiler can work in parallel overrides this; the engine calls it once per batch and
-        uses the returned programs instead of calling `compile`. A config missing from the answer is compiled
-        with `compile` as usual; an exception stands for what `compile` would have raised for that config.
+        Where the device's compiler can work on several kernels at once: `compile` on `workers` threads (default
+        `device.compile_workers`: NVRTC and wgpu-native release the GIL), or each config's `compile` inside
+        `device.compile_together()`, where the device builds the pipelines on its own threads (Dawn). Elsewhere it
+        compiles nothing. The engine uses the returned programs instead of calling `compile`; a config missing from
+        the answer is compiled with `compile` as usual.
 
         Returns:
-            config -> Program or the exception compiling it raised; the default compiles nothing ({}).
+            config -> Program, or the TilewiseError compiling it raised (a sweep stores it as that config's result).
         """
-        return {}
+        from tilewise.errors import TilewiseError
+
+        workers = workers or device.compile_workers
+        if len(configs) < 2:
+            return {}
+
+        def one(cfg: Config) -> Program | Exception:
+            try:
+                return self.compile(device, cfg, shape)
+            except TilewiseError as exc:
+                return exc
+
+        if workers > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=min(workers, len(configs))) as pool:
+                return dict(zip(configs, pool.map(one, configs)))
+        out: dict[Config, Program | Exception] = {}
+        started: dict[Config, list[Program]] = {}
+        with device.compile_together() as batch:
+            if batch is None:
+                return {}
+            for cfg in configs:
+                mark = len(batch.programs)
+                out[cfg] = one(cfg)
+                started[cfg] = batch.programs[mark:]
+        for cfg, programs in started.items():
+            failed = [batch.errors[id(p)] for p in programs if id(p) in batch.errors]
+            if failed:  # the config's main program or one beside it (a split-K reduction) did not build
+                out[cfg] = failed[0]
+        return out
 
     def verify_shape(self, config: Config, shape: Shape) -> Shape:
         """The shape at which to verify a config that will be timed at `shape`.

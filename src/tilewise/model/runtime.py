@@ -89,6 +89,7 @@ class Model:
         #: the resolved device and why it was picked (set by `from_checkpoint`)
         self.device_choice: Choice | None = None
         self._head = head  # (num_labels, hidden) float32 or None
+        self._encoder: Any = None  # a PromptEncoder for text prompts, made on the first one
 
     def __repr__(self) -> str:
         c = self.config
@@ -100,7 +101,11 @@ class Model:
         if self.tokenizer is None:
             raise ConfigError(f"model {self.checkpoint.source} has no tokenizer.json, so it cannot read text",
                               "pass token ids, or put the model's tokenizer.json in its folder")
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        if self._encoder is None or self._encoder.tok is not self.tokenizer:
+            from tilewise.model.text import PromptEncoder
+
+            self._encoder = PromptEncoder(self.tokenizer)
+        return self._encoder(text)
 
     def _ids(self, ids: Sequence[int] | np.ndarray | str, start: int) -> np.ndarray:
         if isinstance(ids, str):

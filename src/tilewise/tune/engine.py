@@ -330,8 +330,9 @@ class Engine:
         for group in groups.values():
             k, shape = group[0].kernel, group[0].shape
             configs = list(dict.fromkeys(it.config for it in group))
-            if getattr(type(k), "precompile", KernelTemplate.precompile) is KernelTemplate.precompile:
-                continue  # no batch compiler: each config compiles on its own
+            default = getattr(k.precompile, "__func__", None) is KernelTemplate.precompile
+            if default and (len(configs) < 2 or not self.device.compiles_in_parallel()):
+                continue  # nothing to gain: each config compiles on its own
             self._say(f"compiling {len(configs)} configs", None, advance=False)
             t0 = time.perf_counter()
             try:

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Hashable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Hashable
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -25,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from tilewise.devices.base import Device, Launch, Limits, Program
-from tilewise.errors import ConfigError, LaunchError, TilewiseError
+from tilewise.errors import ConfigError, LaunchError
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
 from tilewise.kernels.gemm.problem import GEMM, GemmProblem
 from tilewise.kernels.space import Config, Rule, Space
@@ -311,29 +310,6 @@ class CudaGemm(KernelTemplate):
             raise LaunchError(f"{prog.name} needs {regs} registers x {config.NT} threads = {regs * config.NT} > "
                               f"{limit} per block", "pick a config with fewer threads or a smaller thread tile")
         return prog
-
-    def precompile(self, device: Device, configs: Sequence[Config], shape: Shape, workers: int | None = None,
-                   ) -> dict[Config, Program | TilewiseError]:
-        """Compile many configs in parallel (NVRTC releases the GIL); later `compile` calls hit the cache.
-
-        Args:
-            device: the CUDA device.
-            configs: legal configs.
-            shape: the problem shape (the program does not depend on it).
-            workers: compile threads (default: CPU count).
-
-        Returns:
-            config -> Program, or the ShaderCompileError/LaunchError it raised (a sweep stores those).
-        """
-
-        def one(cfg: Config) -> Program | TilewiseError:
-            try:
-                return self.compile(device, cfg, shape)
-            except TilewiseError as exc:
-                return exc
-
-        with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 4) as pool:
-            return dict(zip(configs, pool.map(one, configs)))
 
     def verify_shape(self, config: Config, shape: Shape) -> Shape:
         """Verify at `VERIFY_SHAPE` when it is cheaper than `shape` and the config admits it.

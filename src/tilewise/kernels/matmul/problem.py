@@ -43,6 +43,14 @@ class MatmulProblem(Problem):
         m, n, k = self.check_shape(shape)
         host: HostInputs = {"x": rng.standard_normal((m, k)).astype(np.float32)}  # (M, K)
         for suffix in ("", "_up")[: self.sets]:
+            if self.fmt == "nf4":
+                # NF4 weights drawn as such: every word is 8 valid codes, each of the 16 equally likely (so every
+                # decode path is taken), and the block scales vary. Quantizing Gaussian weights instead took
+                # about 0.8 s per 4608 x 1024 matrix, most of a verification's time on a GPU.
+                host["w" + suffix] = rng.integers(0, 2**32, n * k // 8, dtype=np.uint32)  # (N * K / 8,) packed
+                host["absmax" + suffix] = ((1.5 + rng.random(n * k // KERNEL_BLOCKSIZE))  # (N * K / 64,)
+                                           / math.sqrt(k)).astype(np.float32)
+                continue
             w = (rng.standard_normal((n, k)) / math.sqrt(k)).astype(np.float32)  # (N, K)
             for key, arr in weight_arrays(w, self.fmt).items():
                 host[key + suffix] = arr
