@@ -44,11 +44,18 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--configs must be at least 2 and --rounds at least 1")
 
     from tilewise.devices import get_device
+    from tilewise.errors import TilewiseError
     from tilewise.kernels.registry import get_template
 
-    dev = get_device(args.device)
-    tpl = get_template(args.kernel, dev.info.backend)
-    shape = tuple(int(x) for x in args.shape.split(","))
+    try:
+        dev = get_device(args.device)
+        tpl = get_template(args.kernel, dev.info.backend)
+        shape = tpl.problem.check_shape(tuple(int(x) for x in args.shape.split(",")))
+    except TilewiseError as exc:
+        print(f"error: {exc}")
+        return 2
+    except ValueError:
+        ap.error(f"--shape {args.shape!r} is not comma-separated integers")
     need = 2 * args.configs * args.rounds + WARMUP
     sources: set[str] = set()
     configs = []

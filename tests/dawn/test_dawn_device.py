@@ -143,3 +143,16 @@ def test_compile_together_builds_pipelines_at_the_blocks_end_and_keeps_each_ones
             assert nested is None  # one batch at a time: the inner block compiles into the outer one
         p = dev.compile(good.format("1.0"), name="again")
     assert inner.programs == [p] and p.handle is not None
+
+
+def test_a_pipeline_is_built_once_whether_asked_for_in_a_batch_or_alone(dev):
+    src = ("@group(0) @binding(0) var<storage, read_write> o: array<f32>;\n"
+           "@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3u) {{ o[g.x] = {}; }}\n")
+    alone = dev.compile(src.format("3.0"), name="alone")
+    with dev.compile_together() as batch:
+        again = dev.compile(src.format("3.0"), name="again")  # built before: ready at once
+        twice = [dev.compile(src.format("5.0"), name=f"twice{i}") for i in range(2)]  # one build for both
+    assert again.handle is alone.handle
+    assert twice[0].handle is twice[1].handle is not None and twice[0].handle is not alone.handle
+    assert batch.programs == [again, *twice] and not batch.errors
+    assert dev.compile(src.format("5.0"), name="after").handle is twice[0].handle

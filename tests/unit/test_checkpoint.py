@@ -159,3 +159,29 @@ def test_convert_cli(tmp_path, tiny, capsys):
     assert main(["convert", "tiny", str(tmp_path / "t16"), "--format", "f16", "--seed", "3"]) == 0
     np.testing.assert_array_equal(ckpt.Checkpoint.open(tmp_path / "t16").float32("embedding_norm.weight"),
                                   t["embedding_norm.weight"])
+
+
+def test_materialize_on_threads_gives_what_one_thread_gives_and_the_same_first_error(tiny):
+    cfg, tensors = tiny
+    one = ckpt.Checkpoint.from_arrays(cfg, tensors, "f32", "memory").converted("nf4").materialize(workers=1)
+    many = ckpt.Checkpoint.from_arrays(cfg, tensors, "f32", "memory").converted("nf4").materialize(workers=4)
+    assert list(one.names()) == list(many.names())
+    for name in one.names():
+        a, b = one.get(name), many.get(name)
+        if isinstance(a, NF4Tensor):
+            np.testing.assert_array_equal(a.packed, b.packed)
+            np.testing.assert_array_equal(a.absmax, b.absmax)
+        else:
+            np.testing.assert_array_equal(a, b)
+    names = list(one.names())
+    broken = ckpt.Checkpoint.from_arrays(cfg, tensors, "f32", "memory").converted("nf4")
+
+    def refuse(name):
+        def load():
+            raise ConfigError(f"tensor {name} is damaged", "use another file")
+        return load
+
+    for name in (names[-1], names[len(names) // 2]):  # two bad tensors: the error names the first in order
+        broken._loaders[name] = refuse(name)
+    with pytest.raises(ConfigError, match=f"tensor {names[len(names) // 2]} is damaged"):
+        broken.materialize(workers=4)

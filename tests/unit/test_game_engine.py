@@ -384,3 +384,21 @@ def test_step_result_reports_the_lock():
     assert res.cleared_rows == (19, 20) and res.lines == 2
     res = g.step(Action.LEFT)
     assert not res.locked and res.cells == () and res.piece == ""
+
+
+@pytest.mark.parametrize("seed", [0, 7, 123])
+def test_render_rows_shows_every_settled_cell_and_the_falling_piece(seed):
+    """The table-driven rows against the board read cell by cell, over random play to a game over."""
+    rng = random.Random(seed)
+    game, checked = Game(seed), 0
+    while checked < 400:
+        want = [["#" if (row >> c) & 1 else "." for c in range(BOARD_WIDTH)] for row in game.board]
+        if not game.game_over:
+            for c, r in game.cells():
+                want[r][c] = "%"
+        assert game.render_rows() == ["".join(w) for w in want]
+        checked += 1
+        if game.game_over:
+            game = Game(rng.randrange(1000))
+        else:
+            game.step(rng.randrange(6))

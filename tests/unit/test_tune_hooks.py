@@ -500,3 +500,34 @@ def test_default_precompile_does_nothing_for_one_config_or_a_serial_compiler():
     assert not TimedCPU().compiles_in_parallel()
     assert tpl.precompile(TimedCPU(), [tpl.space().config(**p) for p in POINTS], SHAPE) == {}
     assert tpl.compiled == []
+
+
+def test_a_device_lost_during_a_batch_compile_stops_the_tune_instead_of_failing_a_config():
+    from tilewise.errors import DeviceLost
+
+    class Losing(TinyDefault):
+        def compile(self, device, config, shape):
+            if config.T == 2 and config.BUG == 1:
+                raise DeviceLost("the GPU fell off the bus", "restart")
+            return super().compile(device, config, shape)
+
+    with pytest.raises(DeviceLost, match="fell off"):
+        tune(Losing(), ThreadedCPU(), SHAPE, batch=8, measure_kw=FAST)
+
+
+def test_a_grids_legal_configs_are_counted_once_per_template_space_and_limits(monkeypatch):
+    from tilewise.tune import tuner as tuner_mod
+    from tilewise.tune.search import Budget
+
+    class Counted(dict):
+        def __setitem__(self, key, value):
+            self.stores = getattr(self, "stores", 0) + 1
+            super().__setitem__(key, value)
+
+    memo = Counted()
+    monkeypatch.setattr(tuner_mod, "_LEGAL_IN_GRID", memo)
+    tpl = Graded()
+    for shape in (SHAPE, (16, 16, 32)):  # two shapes, one count
+        res = tune(tpl, TimedCPU(), shape, space="full", strategy="climb", budget=Budget(count=4), measure_kw=FAST)
+        assert res.illegal_in_grid == 0  # every config of the graded grid is legal
+    assert memo.stores == 1 and list(memo.values()) == [72]

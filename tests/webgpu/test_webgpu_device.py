@@ -220,3 +220,20 @@ def test_an_unknown_map_wait_mode_is_refused_with_the_choices(monkeypatch):
     monkeypatch.setenv("TILEWISE_MAP_WAIT", "busy")
     with pytest.raises(ConfigError, match="block, spin"):
         map_wait_mode(WGPU_NATIVE)
+
+
+def test_one_pipeline_per_source_and_constants_shared_by_every_program(webgpu_device, rng):
+    """A template's split-K reduction is the same for all its configs: each compile of it gets the one pipeline."""
+    from tilewise.errors import ShaderCompileError
+
+    dev, n = webgpu_device, 128
+    first, again = dev.compile(VADD, constants={"N": n}), dev.compile(VADD, constants={"N": n}, name="again")
+    other = dev.compile(VADD, constants={"N": n + 64})
+    assert first.handle is again.handle and other.handle is not first.handle
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    ba, bb, bc = dev.upload(a), dev.upload(b), dev.allocate(4 * n)
+    dev.launch(again, n // 64, [ba, bb, bc])
+    np.testing.assert_allclose(dev.download(bc, np.float32, (n,)), a + b, rtol=1e-6)
+    for _ in range(2):  # a failed compile is not kept: the next one compiles (and fails) again
+        with pytest.raises(ShaderCompileError):
+            dev.compile(VADD.replace("fn main", "fn main_broken"), name="broken")

@@ -12,9 +12,11 @@ import hashlib
 import json
 import os
 import re
+import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -191,6 +193,44 @@ class CompileBatch:
 
     programs: list[Program] = field(default_factory=list)
     errors: dict[int, Exception] = field(default_factory=dict)
+
+
+class Once:
+    """Values made at most once per key, by whichever thread asks first, while the others asking for that key wait
+    for it: a batch compiled on threads builds a kernel every config shares (a split-K reduction) once, not once per
+    thread. A make that fails is not kept: its error reaches the callers that waited, and the next call tries again."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done: dict[Hashable, Any] = {}
+        self._making: dict[Hashable, Future[Any]] = {}
+
+    def get(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        with self._lock:
+            if key in self._done:
+                return self._done[key]
+            pending = self._making.get(key)
+            mine = pending is None
+            if pending is None:
+                pending = self._making[key] = Future()
+        if not mine:
+            return pending.result()  # the maker's value, or its exception raised here
+        try:
+            value = make()
+        except BaseException as exc:
+            with self._lock:
+                del self._making[key]
+            pending.set_exception(exc)
+            raise
+        with self._lock:
+            self._done[key] = value
+            del self._making[key]
+        pending.set_result(value)
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._done.clear()
 
 
 def source_hash(*parts: str | bytes) -> str:

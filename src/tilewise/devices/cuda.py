@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from tilewise.devices.base import Buffer, Device, Launch, Program, grid3, source_hash
+from tilewise.devices.base import Buffer, Device, Launch, Once, Program, grid3, source_hash
 from tilewise.devices.cuda_info import MAX_GRID, cache_dir, device_count, first_line, import_cupy, info_from
 from tilewise.devices.cuda_nvrtc import CompiledCuda, compile_error, device_options
 from tilewise.devices.cuda_nvrtc import first_error_line as first_error_line  # re-exported: callers import them here
@@ -99,7 +99,7 @@ class CUDADevice(Device):
         self.flush_l2 = flush_l2
         self.options = device_options(self.info)
         os.environ.setdefault("CUPY_CACHE_DIR", cache_dir())
-        self._modules: dict[tuple[str, str, tuple[str, ...]], Any] = {}
+        self._modules = Once()  # (source hash, entry, options) -> CuPy module
         self._cubins: dict[tuple[str, str, tuple[str, ...]], Any] = {}  # modules loaded from shipped cubins
         self._lock = threading.Lock()
         self.compile_workers = os.cpu_count() or 1  # NVRTC releases the GIL; the module cache takes the lock
@@ -172,18 +172,18 @@ class CUDADevice(Device):
         cp = self._cp
         label = name or entry
         key = (source_hash(source), entry, self.options)
-        with self._lock:
-            module = self._modules.get(key)
-        if module is None:
+
+        def build() -> Any:
             try:
                 with self._dev:
                     module = cp.RawModule(code=source, options=self.options, name_expressions=[entry],
                                           backend="nvrtc")
-                    func = module.get_function(entry)
+                    module.get_function(entry)
             except cp.cuda.compiler.CompileException as exc:
                 raise compile_error(label, str(exc)) from exc
-            with self._lock:
-                self._modules[key] = module
+            return module
+
+        module = self._modules.get(key, build)  # threads asking for one kernel at once wait for one compile
         with self._dev:
             func = module.get_function(entry)
         return self._program(label, func, source, entry, constants)

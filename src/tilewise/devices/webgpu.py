@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tilewise.devices.base import Buffer, CompileBatch, Device, Launch, Program, source_hash
+from tilewise.devices.base import Buffer, CompileBatch, Device, Launch, Once, Program, source_hash
 from tilewise.devices.webgpu_adapters import WGPU_NATIVE, Runtime, map_wait_mode, pick_adapter
 from tilewise.errors import DeviceLost, DeviceUnavailable, LaunchError, ShaderCompileError
 
@@ -108,6 +108,7 @@ class WebGPUDevice(Device):
         # a hardware GPU's clock falls between short timed rounds (tune.measure repeats candidates to fill one)
         self.min_round_ms = MIN_ROUND_MS if info.adapter_type in ("discrete", "integrated") else 0.0
         self._batch: CompileBatch | None = None  # set inside `compile_together`
+        self._pipelines = Once()  # Program.source_hash -> pipeline (or a batch's promise of one)
         self._in_flight: list[tuple[Program, Any, str]] = []
         self._usage_storage = (wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST)
         self._usage_uniform = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
@@ -179,7 +180,8 @@ class WebGPUDevice(Device):
         (no handle yet); leaving the block waits for all of them. The runtime builds them on its own threads (Dawn),
         at most `2 x CPUs` in flight. Yields None where the runtime builds pipelines one at a time that way
         (wgpu-native: `compile_workers` threads instead)."""
-        if self.runtime.many_pipelines != "async" or self._batch is not None:
+        if (self.runtime.many_pipelines != "async" or self._batch is not None
+                or not hasattr(self._dev, "create_compute_pipeline_async")):  # an older module: one at a time
             yield None
             return
         self._batch, self._in_flight = CompileBatch(), []
@@ -225,14 +227,22 @@ class WebGPUDevice(Device):
             compute: dict[str, Any] = {"module": module, "entry_point": entry}
             if consts:
                 compute["constants"] = consts
+            # one pipeline per (source, entry, constants), shared by every Program that asks for it: the split-K
+            # reduction of a template is the same for all its configs, and each one building it again cost a compile
             if batch is not None:
-                promise = self._dev.create_compute_pipeline_async(layout="auto", compute=compute, label=name)
+                promise = self._pipelines.get(program.source_hash, lambda: self._dev.create_compute_pipeline_async(
+                    layout="auto", compute=compute, label=name))
                 batch.programs.append(program)
+                if not hasattr(promise, "sync_wait"):  # built before, outside a batch
+                    program.handle = promise
+                    return program
                 self._in_flight.append((program, promise, source))
                 if len(self._in_flight) > 2 * (os.cpu_count() or 1):
                     self._settle(batch, *self._in_flight.pop(0))
                 return program
-            program.handle = self._dev.create_compute_pipeline(layout="auto", compute=compute, label=name)
+            made = self._pipelines.get(program.source_hash, lambda: self._dev.create_compute_pipeline(
+                layout="auto", compute=compute, label=name))
+            program.handle = made.sync_wait() if hasattr(made, "sync_wait") else made  # a batch's promise
         except Exception as exc:
             raise self._compile_error(exc, source, name) from exc
         return program
@@ -420,6 +430,7 @@ class WebGPUDevice(Device):
         self._launch_bind.clear()
         self._staging.clear()
         self._modules.clear()
+        self._pipelines.clear()
 
 
 def _first_line(exc: Exception) -> str:

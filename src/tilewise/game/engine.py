@@ -27,6 +27,9 @@ from tilewise.game.features import FULL_ROW, column_heights, count_holes, drop_d
 from tilewise.game.pieces import BOARD_HEIGHT, BOARD_WIDTH, KICKS, PIECE_NAMES, Piece, get_piece
 
 NUM_OUTPUTS = 8  # classifier outputs; 6 and 7 are reserved and never valid moves
+# the text of every settled row (bit c of a row is column c): a prompt is rendered every decision
+_ROW_TEXT = tuple("".join("#" if (mask >> c) & 1 else "." for c in range(BOARD_WIDTH))
+                  for mask in range(1 << BOARD_WIDTH))
 
 
 class Action(IntEnum):
@@ -246,11 +249,11 @@ class Game:
 
     def render_rows(self) -> list[str]:
         """The 21 board rows as strings of 11 symbols: `.` empty, `#` settled, `%` falling piece."""
-        grid = [["#" if (row >> c) & 1 else "." for c in range(BOARD_WIDTH)] for row in self.board]
+        rows = [_ROW_TEXT[row] for row in self.board]
         if not self.game_over:
             for c, r in self.cells():
-                grid[r][c] = "%"
-        return ["".join(g) for g in grid]
+                rows[r] = rows[r][:c] + "%" + rows[r][c + 1:]
+        return rows
 
     # ------------------------------------------------------------ the one mutation
 

@@ -23,6 +23,7 @@ in every prompt (`PROMPT_PREFIX`): the cacheable prefix.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -44,6 +45,12 @@ PROMPT_SUFFIX = "<|im_end|>\n<|im_start|>assistant\naction:"
 MAX_HOLES_SHOWN = 99  # two digits in the prompt
 
 
+@functools.lru_cache(maxsize=4096)
+def _spaced(row: str) -> str:
+    """A board row as the prompt writes it (`. . # % ...`); most rows repeat from one move to the next."""
+    return " ".join(row)
+
+
 def render_prompt(game: Game) -> str:
     """Render the prompt for the game's current position (seed 001's format).
 
@@ -53,7 +60,7 @@ def render_prompt(game: Game) -> str:
     Returns:
         The full prompt text, ending in `action:`.
     """
-    board = "\n".join(" ".join(row) for row in game.render_rows())
+    board = "\n".join(map(_spaced, game.render_rows()))
     heights = " ".join(f"{h:02d}" for h in game.heights())
     holes = min(game.holes(), MAX_HOLES_SHOWN)
     return (

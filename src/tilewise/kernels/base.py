@@ -295,7 +295,7 @@ class KernelTemplate(ABC):
         Returns:
             config -> Program, or the TilewiseError compiling it raised (a sweep stores it as that config's result).
         """
-        from tilewise.errors import TilewiseError
+        from tilewise.errors import DeviceLost, TilewiseError
 
         workers = workers or device.compile_workers
         if len(configs) < 2:
@@ -304,6 +304,8 @@ class KernelTemplate(ABC):
         def one(cfg: Config) -> Program | Exception:
             try:
                 return self.compile(device, cfg, shape)
+            except DeviceLost:
+                raise  # not this config's fault: the engine stops and keeps what is stored
             except TilewiseError as exc:
                 return exc
 

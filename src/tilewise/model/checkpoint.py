@@ -294,10 +294,19 @@ class Checkpoint:
             out._loaders[name] = load
         return out
 
-    def materialize(self) -> Checkpoint:
-        """Load every tensor now and drop the loaders (and with them any reference to a source checkpoint)."""
-        for name in self._loaders:
-            t = self.get(name)
+    def materialize(self, workers: int | None = None) -> Checkpoint:
+        """Load every tensor now and drop the loaders (and with them any reference to a source checkpoint).
+
+        Tensors load on `workers` threads (default: one per CPU): converting to NF4 is numpy work that releases the
+        GIL, and each tensor's result depends only on its own source, so the order does not matter.
+        """
+        import os
+        from concurrent.futures import ThreadPoolExecutor
+
+        names = list(self._loaders)
+        with ThreadPoolExecutor(max_workers=max(1, workers or os.cpu_count() or 1)) as pool:
+            tensors = list(pool.map(self.get, names))
+        for name, t in zip(names, tensors):
             self._loaders[name] = (lambda t=t: t)
         return self
 

@@ -323,7 +323,13 @@ class WebGPUExecutor:
         cached = self._plans.get(key)
         if cached is not None:
             return cached, new
-        plan = self._build_plan(n, start, caches, new, final_row_slicing)
+        programs = dict(self._programs)
+        # the plan's new pipelines build together (on Dawn's threads) and are all ready when the block ends
+        with self.dev.compile_together() as batch:
+            plan = self._build_plan(n, start, caches, new, final_row_slicing)
+        if batch is not None and batch.errors:
+            self._programs = programs  # none of this plan's programs is kept, so the next plan compiles them again
+            raise next(iter(batch.errors.values()))
         if len(self._plans) >= MAX_CACHED_PLANS:
             self._plans.clear()
         self._plans[key] = plan

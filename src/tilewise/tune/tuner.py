@@ -114,6 +114,18 @@ def no_legal_config_error(template: KernelTemplate, space: Space, shape: Shape,
                        "try --space full, another shape, or `tilewise tune ... --dry-run` to see each reason")
 
 
+_LEGAL_IN_GRID: dict[tuple[str, str, int, Any], int] = {}
+
+
+def legal_in_grid(template: KernelTemplate, space: Space, limits: Limits | None) -> int:
+    """How many configs of a grid are legal under `limits`: counted once per template, space and limits in a process
+    (gemm-f16's 691,200 configs take seconds, which a benchmark of several shapes would otherwise pay per shape)."""
+    key = (template.name, space.name, space.size, limits)
+    if key not in _LEGAL_IN_GRID:
+        _LEGAL_IN_GRID[key] = len(space.legal(limits))
+    return _LEGAL_IN_GRID[key]
+
+
 def illegal_examples(space: Space, limits: Limits | None, seed: int, n: int = 12) -> list[Config]:
     """A few illegal configs of a large grid, drawn at random (listing millions helps nobody)."""
     rng = np.random.default_rng(seed)
@@ -195,7 +207,7 @@ def tune(template: KernelTemplate, device: Device, shape: Shape, *, space: str =
             _, illegal = split_configs(template, sp, limits, shape, list(sp))
         else:
             illegal = []
-            result.illegal_in_grid = sp.size - len(sp.legal(limits))
+            result.illegal_in_grid = sp.size - legal_in_grid(template, sp, limits)
             result.illegal_examples = [(c, sp.why_illegal(c, limits)) for c in illegal_examples(sp, limits, seed)]
         search = get_strategy(strategy) if isinstance(strategy, str) else strategy
         if strategy == "climb" and space != "seed" and "seed" in template.space_names():
