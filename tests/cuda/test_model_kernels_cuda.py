@@ -8,7 +8,15 @@ import pytest
 
 from tilewise.kernels.attention.cuda import CudaAttention, CudaQKNormRope
 from tilewise.kernels.matmul import cuda as mm
-from tilewise.kernels.rowops.cuda import CudaEmbed, CudaHead, CudaRMSNorm, copy_launch, copy_program
+from tilewise.kernels.rowops.cuda import (
+    CudaEmbed,
+    CudaHead,
+    CudaRMSNorm,
+    copy_launch,
+    copy_pairs_launches,
+    copy_pairs_program,
+    copy_program,
+)
 from tilewise.kernels.shortconv.cuda import CudaShortConv
 from tilewise.tune.verify import compare
 
@@ -307,6 +315,21 @@ def test_copy_words_moves_exactly_the_window(dev, rng):
     want = dst0.copy()
     want[100:877] = src[13:790]
     np.testing.assert_array_equal(dev.download(d, np.float32, (1200,)), want)
+
+
+@pytest.mark.parametrize("pairs", [1, 8, 11])  # 11: two launches, the second with three pairs and five null slots
+def test_copy_pairs_moves_each_buffers_first_words_and_nothing_else(dev, rng, pairs):
+    words = 777
+    srcs = [rng.standard_normal(900).astype(np.float32) for _ in range(pairs)]
+    dsts = [rng.standard_normal(900).astype(np.float32) for _ in range(pairs)]
+    bufs = [(dev.upload(s), dev.upload(d)) for s, d in zip(srcs, dsts)]
+    launches = copy_pairs_launches(copy_pairs_program(dev), bufs, words)
+    assert len(launches) == -(-pairs // 8)
+    dev.run(launches)
+    for (s, d), (_, db) in zip(zip(srcs, dsts), bufs):
+        want = d.copy()
+        want[:words] = s[:words]
+        np.testing.assert_array_equal(dev.download(db, np.float32, (900,)), want)
 
 
 def test_the_cublas_f16_peer_races_with_the_kernel(dev):

@@ -33,6 +33,7 @@ SIGS = {
     "embed": "(const int *, const unsigned *, const float *, float *, int, int)",
     "head": "(const float *, int, const float *, const float *, float *, int, int, float)",
     "copy_words": "(const unsigned *, int, unsigned *, int, int)",
+    "copy_pairs": "(" + "const unsigned *, unsigned *, " * 8 + "int)",
     "shortconv": "(const float *, const float *, const float *, float *, float *, int, int, unsigned short *)",
     "qknorm_rope": ("(const float *, const float *, const float *, const float *, const float *, float *, float *, "
                     "float *, int, int, int, int, float)"),
@@ -290,7 +291,7 @@ def test_every_rows_config_and_the_executor_defaults_compile(tmp_path):
 
 def test_row_ops_conv_and_attention_compile_for_their_spaces(tmp_path):
     nts = [c["NT"] for c in legal(nt_space("x"))]
-    entries = [f"rmsnorm<{nt}>" for nt in nts] + [f"head<{nt}>" for nt in nts] + ["copy_words<256>"]
+    entries = [f"rmsnorm<{nt}>" for nt in nts] + [f"head<{nt}>" for nt in nts] + ["copy_words<256>", "copy_pairs<256>"]
     entries += [f"embed<{f}, {nt}>" for f in (0, 1, 2) for nt in nts]
     entries += [f"shortconv<{c['NT']}, {taps}>" for c in legal(CudaShortConv().space()) for taps in (2, 3, 4, 8)]
     dims = (16, 32, 48, 64, 128, 256)  # tiny's 16, the bundled model's 64, a partial last warp (48)

@@ -50,7 +50,7 @@ def test_every_matmul_the_executor_launches_compiles_under_nvrtc():
 
 @pytest.mark.parametrize(("family", "filename", "entries"), [
     ("rowops", "rowops.cu", ["rmsnorm<128>", "embed<0, 128>", "embed<1, 128>", "embed<2, 128>", "head<256>",
-                             "copy_words<256>"]),
+                             "copy_words<256>", "copy_pairs<256>"]),
     ("shortconv", "shortconv.cu", ["shortconv<128, 3>", "shortconv<32, 4>"]),
     ("attention", "attention.cu", ["qknorm_rope<16>", "qknorm_rope<64>", "attention<16, 4>", "attention<64, 4>",
                                    "attention<48, 2>", "attention_tiled<64, 32, 16>", "attention_tiled<48, 16, 8>"]),

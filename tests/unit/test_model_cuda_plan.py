@@ -130,7 +130,13 @@ def test_a_base_states_buffers_are_never_written_by_an_extend(executor, rng):
                     read += 1
         n_attn = sum(t == "full_attention" for t in executor.cfg.layer_types)
         n_conv = len(executor.cfg.layer_types) - n_attn
-        assert plan.labels.count("copy.kv_prefix") == 2 * n_attn
+        # one launch copies eight buffers: every layer's K and V into the new state's, with the prefix's words
+        copies = [ln for ln, lab in zip(plan.launches, plan.labels) if lab == "copy.kv_prefix"]
+        assert len(copies) == -(-2 * n_attn // 8)
+        pairs = [(id(ln.buffers[2 * j]), id(ln.buffers[2 * j + 1])) for ln in copies for j in range(ln.grid[1])]
+        assert sorted(pairs) == sorted((id(o), id(w)) for i, olds in base.kv.items() for o, w in zip(olds, new.kv[i]))
+        hkv, d = executor.cfg.num_key_value_heads, executor.cfg.head_dim
+        assert all(int(ln.buffers[-1]) == 40 * hkv * d and ln.grid[0] * 256 >= 40 * hkv * d for ln in copies)
         assert read == 2 * n_attn + n_conv  # K and V prefix copies read the base, the conv reads its state
 
 

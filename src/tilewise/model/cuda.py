@@ -349,11 +349,12 @@ class CUDAExecutor:
         a = self.act
         plan = Plan()
         self._xh_turn = 0  # which of the two f16 x buffers the next prepping matmul takes (`_matmul`)
-        if caches is not None and start > 0:
-            for i, (k_old, v_old) in caches.kv.items():
-                k_new, v_new = new.kv[i]
-                self._copy(plan, "copy.kv_prefix", k_old, 0, k_new, 0, start * hkv * d)
-                self._copy(plan, "copy.kv_prefix", v_old, 0, v_new, 0, start * hkv * d)
+        if caches is not None and start > 0:  # every layer's K and V prefix rows, eight buffers a launch
+            prog = self._programs.get(("copy_pairs",))
+            if prog is None:
+                prog = self._programs[("copy_pairs",)] = rowops.copy_pairs_program(self.dev)
+            pairs = [(old, nw) for i, olds in caches.kv.items() for old, nw in zip(olds, new.kv[i])]
+            plan.add("copy.kv_prefix", rowops.copy_pairs_launches(prog, pairs, start * hkv * d))
         embed = self._template("embed")
         ecfg = embed.config_of({"NT": ROW_NT})
         eshape = (n, H, cfg.vocab_size)

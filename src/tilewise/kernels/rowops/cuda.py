@@ -8,12 +8,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
+from typing import Any
 
 import numpy as np
 
 from tilewise.devices.base import Buffer, Device, Launch, Program
 from tilewise.kernels.base import DeviceBuffers, HostInputs, KernelTemplate, Shape
-from tilewise.kernels.cudasrc import FMT_CODE, arg_or, compile_cuda, model_source, name_expression, upload_all
+from tilewise.kernels.cudasrc import (
+    FMT_CODE,
+    NULL,
+    arg_or,
+    compile_cuda,
+    model_source,
+    name_expression,
+    upload_all,
+)
 from tilewise.kernels.rowops.problem import EmbedProblem, HeadProblem, RMSNormProblem
 from tilewise.kernels.space import Config, Rule, Space
 
@@ -128,6 +137,26 @@ def copy_program(device: Device) -> Program:
     """The word copy (`copy_words<256>`), used for K/V prefix rows and the last residual row."""
     return compile_cuda(device, model_source("rowops", "rowops.cu"), name_expression("copy_words", COPY_NT), COPY_NT,
                         "copy_words")
+
+
+#: buffer pairs one `copy_pairs` launch copies
+COPY_PAIRS = 8
+
+
+def copy_pairs_program(device: Device) -> Program:
+    """The paired copy (`copy_pairs<256>`): up to `COPY_PAIRS` buffers' first words in one launch."""
+    return compile_cuda(device, model_source("rowops", "rowops.cu"), name_expression("copy_pairs", COPY_NT), COPY_NT,
+                        "copy_pairs")
+
+
+def copy_pairs_launches(program: Program, pairs: list[tuple[Buffer, Buffer]], words: int) -> list[Launch]:
+    """Launches that copy words 0..words-1 of each (src, dst) pair, `COPY_PAIRS` pairs a launch (unused slots null)."""
+    out = []
+    for i in range(0, len(pairs), COPY_PAIRS):
+        chunk = pairs[i:i + COPY_PAIRS]
+        args: list[Any] = [a for sd in chunk for a in sd] + [NULL] * (2 * (COPY_PAIRS - len(chunk)))
+        out.append(Launch(program, (math.ceil(words / COPY_NT), len(chunk), 1), [*args, np.int32(words)]))
+    return out
 
 
 def copy_launch(program: Program, src: Buffer, src_word: int, dst: Buffer, dst_word: int, words: int) -> Launch:

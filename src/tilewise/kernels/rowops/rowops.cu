@@ -7,6 +7,8 @@
 //   head<NT>(x, row, norm_w, head_w, out, H, L, eps)  grid (1): out[0..H) = the normed row `row` of x, then the L
 //                                                      scores head_w (L, H) @ that row
 //   copy_words<NT>(src, src_word, dst, dst_word, n)   grid (ceil(n / NT))
+//   copy_pairs<NT>(s0, d0, ..., s7, d7, n)            grid (ceil(n / NT), P): pair y < P <= 8 copies words 0..n-1
+//                                                      of s_y to d_y (one launch for every K/V prefix of a decision)
 // NT is a power of two, 32..1024 (the static_asserts below mirror kernels/rowops/cuda.py's rules).
 
 #ifndef WARPSIZE
@@ -97,6 +99,33 @@ __global__ void __launch_bounds__(NT) head(const float *__restrict__ x, int row,
     const float s = block_sum<NT>(d, red);
     if (threadIdx.x == 0) out[H + l] = s;
   }
+}
+
+template <int NT>
+__global__ void __launch_bounds__(NT) copy_pairs(const unsigned *__restrict__ s0, unsigned *__restrict__ d0,
+                                                 const unsigned *__restrict__ s1, unsigned *__restrict__ d1,
+                                                 const unsigned *__restrict__ s2, unsigned *__restrict__ d2,
+                                                 const unsigned *__restrict__ s3, unsigned *__restrict__ d3,
+                                                 const unsigned *__restrict__ s4, unsigned *__restrict__ d4,
+                                                 const unsigned *__restrict__ s5, unsigned *__restrict__ d5,
+                                                 const unsigned *__restrict__ s6, unsigned *__restrict__ d6,
+                                                 const unsigned *__restrict__ s7, unsigned *__restrict__ d7, int n) {
+  PDL_BEGIN();
+  ROWOPS_ASSERTS(NT);
+  const unsigned *s = s0;
+  unsigned *d = d0;
+  switch (blockIdx.y) {  // a switch, not an array of the pointers: that would sit in local memory
+    case 1: s = s1; d = d1; break;
+    case 2: s = s2; d = d2; break;
+    case 3: s = s3; d = d3; break;
+    case 4: s = s4; d = d4; break;
+    case 5: s = s5; d = d5; break;
+    case 6: s = s6; d = d6; break;
+    case 7: s = s7; d = d7; break;
+    default: break;
+  }
+  const int i = blockIdx.x * NT + threadIdx.x;
+  if (i < n) d[i] = s[i];
 }
 
 template <int NT>
