@@ -2,10 +2,10 @@
 
 For a model preset's attention shape (heads, K/V heads, head size) at `--rows` queries and no cached positions, every
 legal config of `CudaAttention` (QT 1: one query a block; QT > 1: QT queries sharing each staged 32-key tile; TC 1:
-16 queries a warp on tensor cores, f16 operands) goes through the one engine: verified against float64 (every output
-value), then all are timed together in one interleaved race. Prints each config's median and its ratio to the best
-one-query-a-block config measured in the same race; writes `attention_cuda.json` (date, device, command, every
-config) into `--out`.
+16 queries to each group of KW warps on tensor cores, f16 operands) goes through the one engine: verified against
+float64 (every output value), then all are timed together in one interleaved race. Prints each config's median and
+its ratio to the best one-query-a-block config measured in the same race; writes `attention_cuda.json` (date, device,
+command, every config) into `--out`.
 
     PYTHONPATH=src python3 bench/attention_cuda.py --out OUT_DIR [--preset lfm2-350m] [--rows 346] [--rounds 20]
 """

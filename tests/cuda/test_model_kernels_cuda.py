@@ -278,13 +278,15 @@ def test_attention(dev, rng, shape):
     tpl = CudaAttention()
     cfgs = [c for c in tpl.space().split(dev.info.limits)[0] if not tpl.config_problems(c, shape)]
     assert {c["QT"] for c in cfgs} == {1, 8, 16, 32, 64}
-    assert {(c["QT"], c["NW"]) for c in cfgs if c["TC"]} == {(16, 1), (32, 2), (64, 4)}
+    assert {(c["QT"], c["NW"], c["KW"]) for c in cfgs if c["TC"]} >= {(16, 1, 1), (32, 2, 1), (64, 4, 1), (16, 4, 4),
+                                                                    (32, 4, 2), (16, 2, 2)}
     for cfg in cfgs:
         check(*run(dev, tpl, cfg, shape, rng), tpl.dtype_of(cfg))
 
 
-@pytest.mark.parametrize("cfg", [{"QT": 16, "NW": 1, "TC": 1}, {"QT": 64, "NW": 4, "TC": 1},
-                                 {"QT": 32, "NW": 8, "TC": 0}, {"QT": 1, "NW": 4, "TC": 0}])
+@pytest.mark.parametrize("cfg", [{"QT": 16, "NW": 1, "TC": 1, "KW": 1}, {"QT": 64, "NW": 4, "TC": 1, "KW": 1},
+                                 {"QT": 16, "NW": 4, "TC": 1, "KW": 4}, {"QT": 32, "NW": 4, "TC": 1, "KW": 2},
+                                 {"QT": 32, "NW": 8, "TC": 0, "KW": 1}, {"QT": 1, "NW": 4, "TC": 0, "KW": 1}])
 @pytest.mark.parametrize("nq", [1, 3, 17])
 def test_attention_reads_its_queries_from_row_first(dev, rng, cfg, nq):
     """A decision's last block asks for its last rows only (queries first.. of the chunk, at their own positions):

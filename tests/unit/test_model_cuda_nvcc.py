@@ -300,7 +300,9 @@ def test_row_ops_conv_and_attention_compile_for_their_spaces(tmp_path):
     entries += [attn.entry(c, d) for c in legal(attn.space()) for d in dims
                 if not attn.config_problems(c, (1, 0, 16, 8, d))]
     assert sum(e.startswith("attention_tiled") for e in entries) > 40
-    assert sum(e.startswith("attention_mma") for e in entries) == 14  # (16, 1), (32, 2), (64, 4); D 128 NW 4 too big
+    # (QT, NW, KW): (16, 1, 1), (32, 2, 1), (64, 4, 1), (16, 2, 2), (32, 4, 2), (64, 8, 2), (16, 4, 4), (32, 8, 4) at D
+    # 16-64; at D 128 only (16, 1, 1), (32, 2, 1) and (16, 2, 2) fit 48 KB
+    assert sum(e.startswith("attention_mma") for e in entries) == 4 * 8 + 3
     cubin(tmp_path, "rows", [*HEADERS, cu("rowops", "rowops.cu"), cu("shortconv", "shortconv.cu"),
                              cu("attention", "attention.cu")], entries)
 
@@ -379,9 +381,12 @@ ILLEGAL = [
     ("attention", "attention.cu", "attention<64, 33>", "warps_1_32"),
     ("attention", "attention.cu", "attention_tiled<64, 24, 16>", "queries_per_warp_whole"),
     ("attention", "attention.cu", "attention_tiled<64, 64, 4>", "queries_per_warp_8"),
-    ("attention", "attention.cu", "attention_mma<144, 2>", "head_dim_16_128"),
-    ("attention", "attention.cu", "attention_mma<64, 9>", "warps_1_8"),
-    ("attention", "attention.cu", "attention_mma<128, 8>", "smem_48k"),
+    ("attention", "attention.cu", "attention_mma<144, 2, 1>", "head_dim_16_128"),
+    ("attention", "attention.cu", "attention_mma<64, 9, 1>", "warps_1_8"),
+    ("attention", "attention.cu", "attention_mma<128, 8, 1>", "smem_48k"),
+    ("attention", "attention.cu", "attention_mma<64, 4, 3>", "key_warps_1_2_4"),
+    ("attention", "attention.cu", "attention_mma<64, 6, 4>", "key_warps_divide_warps"),
+    ("attention", "attention.cu", "attention_mma<128, 4, 2>", "smem_48k"),
     ("attention", "attention.cu", "attention_tiled<256, 64, 8>", "smem_48k"),
     ("attention", "attention.cu", "qknorm_rope<24>", "head_dim_16_1024"),
 ]

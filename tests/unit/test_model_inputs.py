@@ -237,4 +237,10 @@ def test_a_cuda_attention_entry_from_before_the_tiled_kernel_is_refused_with_the
     assert tpl.entry(cfg, 64) == "attention_tiled<64, 16, 8>"
     tpl, cfg = range_choice("attention:16x8x64", "attention", {"QT": 32, "NW": 2, "TC": 1}, (1, 346), sm90,
                             backend="cuda")
-    assert tpl.entry(cfg, 64) == "attention_mma<64, 2>"
+    assert tpl.entry(cfg, 64) == "attention_mma<64, 2, 1>"  # from before the key split: KW 1, the kernel it timed
+    tpl, cfg = range_choice("attention:16x8x64", "attention", {"QT": 16, "NW": 4, "TC": 1, "KW": 4}, (1, 346), sm90,
+                            backend="cuda")
+    assert tpl.entry(cfg, 64) == "attention_mma<64, 4, 4>"
+    with pytest.raises(ConfigError, match="key_warps_need_tc"):
+        range_choice("attention:16x8x64", "attention", {"QT": 16, "NW": 8, "TC": 0, "KW": 2}, (1, 346), sm90,
+                     backend="cuda")

@@ -1,10 +1,11 @@
 """Attention on CUDA (`attention.cu`): q/k RMSNorm + RoPE into the KV cache, and flash-style causal GQA attention.
 
 Problems: `attention.problem.AttentionProblem` (shape M, P, HQ, HKV, D; parameters QT, queries per block, NW,
-warps per block, and TC, tensor cores: with TC 0, QT 1 has each warp take every NW-th key of the block's query with an
-online softmax, and QT > 1 has the block's QT queries share each 32-key tile staged in shared memory, a warp per
-query at a time; TC 1 (`attention_mma`, QT = 16 NW) gives each warp 16 queries on f16 mma.sync over 64-key tiles,
-verified at the f16 tolerance) and
+warps per block, TC, tensor cores, and KW, warps splitting each key tile: with TC 0, QT 1 has each warp take every
+NW-th key of the block's query with an online softmax, and QT > 1 has the block's QT queries share each 32-key tile
+staged in shared memory, a warp per query at a time; TC 1 (`attention_mma`, QT = 16 NW / KW) gives each group of KW
+warps 16 queries on f16 mma.sync over 64-key tiles, each warp 64 / KW keys of a tile, verified at the f16 tolerance)
+and
 `QKNormRopeProblem` (one block of D threads per (head, row); D is a template argument). Sizes other than D are
 kernel arguments.
 """
@@ -12,7 +13,7 @@ kernel arguments.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 import numpy as np
@@ -25,14 +26,18 @@ from tilewise.kernels.space import Config, Rule, Space
 
 DEFAULT_NW = 4
 #: QT 1: the per-query kernel (`attention`); QT > 1: `attention_tiled`, QT queries sharing each staged key tile;
-#: TC 1: `attention_mma`, 16 queries a warp on tensor cores. The default is the first of these the device and the
-#: head size allow (`default_attention`): on an H200 at 346 queries the tensor-core tile of 64 queries ran 0.0252 ms,
-#: the per-query kernel 0.0784 (bench/results/2026-12-04-h200-pdl-ray)
-DEFAULTS = ({"QT": 64, "NW": 4, "TC": 1}, {"QT": 32, "NW": 2, "TC": 1}, {"QT": 1, "NW": DEFAULT_NW, "TC": 0})
-#: (QT, NW, TC) tried first by `tune model --budget N`: the tensor-core tiles, the tiled kernel's middle tiles, then
-#: the per-query kernel's
-SEED = ((32, 2, 1), (64, 4, 1), (16, 1, 1), (32, 4, 0), (32, 8, 0), (64, 8, 0), (16, 4, 0), (64, 16, 0), (16, 2, 0),
-        (32, 16, 0), (8, 2, 0), (1, 4, 0), (1, 8, 0), (1, 2, 0))
+#: TC 1: `attention_mma`, 16 queries to each group of KW warps on tensor cores. The default is the first of these
+#: the device and the head size allow (`default_attention`): on an H200 at 346 queries the tensor-core tile of 64
+#: queries ran 0.0252 ms, the per-query kernel 0.0784 (bench/results/2026-12-04-h200-pdl-ray)
+DEFAULTS = ({"QT": 64, "NW": 4, "TC": 1, "KW": 1}, {"QT": 32, "NW": 2, "TC": 1, "KW": 1},
+            {"QT": 1, "NW": DEFAULT_NW, "TC": 0, "KW": 1})
+#: (QT, NW, TC, KW) tried first by `tune model --budget N`: the tensor-core tiles (those whose warps split the key
+#: tiles among them after the first three), the tiled kernel's middle tiles, then the per-query kernel's
+SEED = ((32, 2, 1, 1), (64, 4, 1, 1), (16, 1, 1, 1), (16, 4, 1, 4), (32, 4, 1, 2), (16, 2, 1, 2), (32, 8, 1, 4),
+        (32, 4, 0, 1), (32, 8, 0, 1), (64, 8, 0, 1), (16, 4, 0, 1), (64, 16, 0, 1), (16, 2, 0, 1), (32, 16, 0, 1),
+        (8, 2, 0, 1), (1, 4, 0, 1), (1, 8, 0, 1), (1, 2, 0, 1))
+#: KW of configs written before the key split existed: the kernel they measured
+LEGACY_KW = 1
 MAX_GRID_YZ = 65535
 #: qknorm_rope's warps per block (ROPE_WARPS in attention.cu), one (row, head) each
 ROPE_WARPS = 8
@@ -41,10 +46,12 @@ STATIC_SMEM_BYTES = 48 * 1024
 MMA_TK = 64
 
 
-def mma_smem_bytes(d: int, nw: int) -> int:
-    """Static shared memory of `attention_mma` (`mma_attention_smem_bytes`): 16 NW queries and a K and a V tile of
-    64 keys, f16, rows padded by 8 halves."""
-    return 2 * (16 * nw + 2 * MMA_TK) * (d + 8)
+def mma_smem_bytes(d: int, nw: int, kw: int = 1) -> int:
+    """Static shared memory of `attention_mma` (`mma_attention_smem_bytes`): 16 NW / KW queries and a K and a V tile
+    of 64 keys, f16, rows padded by 8 halves; with KW > 1 the (max, sum, D outputs) of 16 rows of each warp but the
+    first of each group, f32, for the merge."""
+    merge = 4 * (nw - nw // kw) * 16 * (d + 2) if kw > 1 else 0
+    return 2 * (16 * (nw // kw) + 2 * MMA_TK) * (d + 8) + merge
 
 
 def tiled_smem_bytes(d: int, qt: int) -> int:
@@ -78,7 +85,7 @@ def default_attention(limits: Any, shape: Shape) -> dict[str, int]:
 class CudaAttention(KernelTemplate):
     """Causal GQA attention of M queries after P cached positions, NW warps per block: QT 1, grid (M, HQ), one query
     a block; QT > 1, grid (ceil(M / QT), HQ), QT queries a block sharing staged key tiles; TC 1, the same grid with
-    16 queries a warp on tensor cores."""
+    16 queries to each group of KW warps on tensor cores, the group's warps splitting each key tile."""
 
     backend = "cuda"
     problem = AttentionProblem()
@@ -87,16 +94,21 @@ class CudaAttention(KernelTemplate):
         """attention.cu's `warps_1_32`, the tiled kernel's `tiled_first_failure` rules and the tensor-core kernel's
         (`head_dim_*` and `smem_48k` are shape rules: D comes with the shape)."""
         tiled = lambda c: c.QT > 1 and not c.TC  # noqa: E731
-        points = [dict(zip(("QT", "NW", "TC"), v)) for v in SEED] if which == "seed" else None
-        return Space(f"cuda-attention-{which}", {"QT": [1, 8, 16, 32, 64], "NW": [1, 2, 4, 8, 16], "TC": [0, 1]}, [
+        points = [dict(zip(("QT", "NW", "TC", "KW"), v)) for v in SEED] if which == "seed" else None
+        return Space(f"cuda-attention-{which}", {"QT": [1, 8, 16, 32, 64], "NW": [1, 2, 4, 8, 16], "TC": [0, 1],
+                                                  "KW": [1, 2, 4]}, [
             Rule("warps_1_32", lambda c, _: 1 <= c.NW <= 32, lambda c, _: f"NW = {c.NW} warps is not in 1..32"),
             Rule("queries_per_warp_whole", lambda c, _: not tiled(c) or (c.QT >= c.NW and c.QT % c.NW == 0),
                  lambda c, _: f"QT = {c.QT} queries are not a whole number of queries for each of NW = {c.NW} warps"),
             Rule("queries_per_warp_8", lambda c, _: not tiled(c) or c.QT // c.NW <= 8,
                  lambda c, _: f"QT / NW = {c.QT // c.NW} queries per warp > 8 (each holds its output in registers)"),
-            Rule("mma_queries_16_per_warp", lambda c, _: not c.TC or c.QT == 16 * c.NW,
-                 lambda c, _: f"TC 1 gives each warp 16 queries (one m16 tile), so QT must be 16 * NW = {16 * c.NW}, "
-                              f"not {c.QT}"),
+            Rule("key_warps_need_tc", lambda c, _: c.TC or c.KW == 1,
+                 lambda c, _: f"KW = {c.KW} splits key tiles among warps on tensor cores only (TC 1); TC 0 takes KW 1"),
+            Rule("key_warps_divide_warps", lambda c, _: c.NW % c.KW == 0,
+                 lambda c, _: f"NW = {c.NW} warps do not form whole groups of KW = {c.KW}"),
+            Rule("mma_queries_16_per_warp", lambda c, _: not c.TC or c.NW % c.KW or c.QT == 16 * c.NW // c.KW,
+                 lambda c, _: f"TC 1 gives each group of KW warps 16 queries (one m16 tile), so QT must be "
+                              f"16 * NW / KW = {16 * c.NW // c.KW}, not {c.QT}"),
             Rule("mma_warps_1_8", lambda c, _: not c.TC or c.NW <= 8,
                  lambda c, _: f"TC 1 takes 1..8 warps, not NW = {c.NW}"),
             Rule("mma_compute_capability_8", lambda c, lim: not c.TC or capability(lim.compute_capability) >= (8, 0),
@@ -110,15 +122,22 @@ class CudaAttention(KernelTemplate):
         """Tensor-core configs round q, k, v and the probabilities to f16: the f16 tolerance."""
         return "f16" if config["TC"] else self.dtype
 
+    def config_of(self, values: Mapping[str, Any]) -> Config:
+        """As the base, and a config written before the key split (no KW) is `LEGACY_KW`: the kernel it measured."""
+        values = dict(values)
+        if "KW" not in values and "QT" in values:
+            values["KW"] = LEGACY_KW
+        return super().config_of(values)
+
     def config_problems(self, config: Config, shape: Shape) -> list[str]:
         d = shape[4]
         out = _head_rules(shape, 16, 128 if config["TC"] else 256)
         if shape[2] > MAX_GRID_YZ:
             out.append(f"grid_y: HQ = {shape[2]} > {MAX_GRID_YZ}")
         if config["TC"]:
-            if (smem := mma_smem_bytes(d, config["NW"])) > STATIC_SMEM_BYTES:
-                out.append(f"smem_48k: {16 * config['NW']} queries of D = {d} and K and V tiles of {MMA_TK} keys "
-                           f"take {smem} bytes of shared memory > {STATIC_SMEM_BYTES}")
+            if (smem := mma_smem_bytes(d, config["NW"], config["KW"])) > STATIC_SMEM_BYTES:
+                out.append(f"smem_48k: {config['QT']} queries of D = {d}, K and V tiles of {MMA_TK} keys and the "
+                           f"merge of KW = {config['KW']} take {smem} bytes of shared memory > {STATIC_SMEM_BYTES}")
         elif config["QT"] > 1 and (smem := tiled_smem_bytes(d, config["QT"])) > STATIC_SMEM_BYTES:
             out.append(f"smem_48k: QT = {config['QT']} queries of D = {d} and a key tile take {smem} bytes of "
                        f"shared memory > {STATIC_SMEM_BYTES}")
@@ -126,7 +145,7 @@ class CudaAttention(KernelTemplate):
 
     def entry(self, config: Config, d: int) -> str:
         if config["TC"]:
-            return name_expression("attention_mma", d, config["NW"])
+            return name_expression("attention_mma", d, config["NW"], config["KW"])
         if config["QT"] > 1:
             return name_expression("attention_tiled", d, config["QT"], config["NW"])
         return name_expression("attention", d, config["NW"])
