@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -126,6 +127,31 @@ def test_stats_are_consistent():
     assert sum(stats.extra["actions"].values()) == stats.steps
     expert = play(ExpertPolicy(), steps=400, seed=5)
     assert expert.steps == 400 and not expert.game_over and expert.lines > 10
+
+
+class SlowModel(FakeModel):
+    """A FakeModel whose extend takes at least `busy_ms` (a busy wait: the model's share of a decision)."""
+
+    def __init__(self, score_fn, busy_ms):
+        super().__init__(score_fn)
+        self.busy_ms = busy_ms
+
+    def extend(self, state, ids):
+        end = time.perf_counter() + self.busy_ms / 1e3
+        while time.perf_counter() < end:
+            pass
+        return super().extend(state, ids)
+
+
+def test_play_splits_a_model_decision_into_prompt_and_model_time():
+    """Each decision's latency holds its prompt part (render + tokenize) and its model part (extend + scores), so
+    the medians are ordered the same way; the model part holds the model's own time."""
+    stats = play(ModelPolicy(SlowModel(oracle_scores, busy_ms=2.0)), steps=25, seed=3, compare_expert=False)
+    prompt_ms, model_ms = stats.extra["prompt_ms_p50"], stats.extra["model_ms_p50"]
+    assert model_ms >= 2.0
+    assert 0.0 < prompt_ms < model_ms <= stats.latency_ms_p50
+    assert stats.latency_ms_p50 >= prompt_ms
+    assert "prompt_ms_p50" not in play(ExpertPolicy(), steps=5, seed=3).extra  # only the model policy has parts
 
 
 def test_missing_model_suggests_the_expert(monkeypatch):

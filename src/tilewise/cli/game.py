@@ -139,6 +139,9 @@ def _cmd_play(args: argparse.Namespace) -> int:
             ("game over", "yes" if stats.game_over else "no"), ("decisions/s", f"{stats.decisions_per_s:.1f}"),
             ("APM", f"{stats.apm:.0f}"), ("latency mean", f"{stats.latency_ms_mean:.3f} ms"),
             ("latency p50", f"{stats.latency_ms_p50:.3f} ms"), ("latency p90", f"{stats.latency_ms_p90:.3f} ms")]
+    for k in ("prompt_ms_p50", "model_ms_p50"):  # the model policy's decision, split
+        if k in stats.extra:
+            rows.append((f"  {k.split('_')[0]} p50", f"{stats.extra[k]:.3f} ms"))
     for k in ("prompt_tokens", "prefix_tokens", "full_prefills"):
         if k in stats.extra:
             rows.append((k.replace("_", " "), stats.extra[k]))

@@ -6,7 +6,8 @@ decision extends that cached state with the remaining tokens (`model.extend` nev
 given, so each decision branches off the same base). The action is the argmax of the first 6 of the 8 scores.
 
 Timing: a decision's latency is the wall time from rendering its prompt to having its action (prompt,
-tokenizer and model included, the game step and drawing excluded), measured with `time.perf_counter`; no
+tokenizer and model included, the game step and drawing excluded), measured with `time.perf_counter`; the model
+policy also reports the median of each part (`prompt_ms_p50`: render + tokenize; `model_ms_p50`: the model); no
 sleeping or polling is involved. `decisions_per_s` is decisions divided by the summed latencies, and `apm`
 (actions per minute) is 60 times that: one decision is one action.
 """
@@ -107,10 +108,14 @@ class ModelPolicy:
         self.full_prefills = 0  # decisions whose ids did not start with the cached prefix (should stay 0)
         self.last_scores: np.ndarray | None = None
         self.prompt_tokens = 0
+        #: the last decision's (prompt, model) milliseconds: rendering + tokenizing, then the model's extend + scores
+        self.last_split_ms: tuple[float, float] = (0.0, 0.0)
 
     def decide(self, game: Game) -> int:
         """Score the current prompt and return argmax of the first 6 scores."""
+        t0 = time.perf_counter()
         ids = self._encode(render_prompt(game))
+        t1 = time.perf_counter()
         self.prompt_tokens = len(ids)
         p = self.prefix_tokens
         if ids[:p] == self.prefix_ids:
@@ -119,6 +124,7 @@ class ModelPolicy:
             self.full_prefills += 1
             state = self.model.prefill(ids)
         scores = np.asarray(self.model.scores(state), dtype=np.float64).reshape(-1)
+        self.last_split_ms = ((t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3)
         if scores.shape != (NUM_OUTPUTS,):
             raise TilewiseError(f"the model returned {scores.size} scores, expected {NUM_OUTPUTS}",
                                 "use a classifier with an 8-output head (6 actions + 2 reserved)")
@@ -213,12 +219,16 @@ def play(policy: Policy, steps: int = 500, seed: int = 0,
     agree = 0
     game = Game(seed)
     latencies_ms: list[float] = []
+    splits_ms: list[tuple[float, float]] = []  # the model policy's (prompt, model) part of each decision
+    split = isinstance(policy, ModelPolicy)
     actions = [0] * 6
     t_start = time.perf_counter()
     while not game.game_over and len(latencies_ms) < steps:
         t0 = time.perf_counter()
         action = policy.decide(game)
         latencies_ms.append((time.perf_counter() - t0) * 1e3)
+        if split:
+            splits_ms.append(policy.last_split_ms)  # type: ignore[union-attr]
         if expert is not None:
             agree += int(expert.act(game) == action)
         result = game.step(action)  # refuses anything outside 0-5 with a clear error
@@ -233,8 +243,10 @@ def play(policy: Policy, steps: int = 500, seed: int = 0,
     if expert is not None:
         extra["expert_agreement"] = round(agree / len(lat), 4)
     if isinstance(policy, ModelPolicy):
+        prompt_ms, model_ms = np.array(splits_ms).T
         extra.update(prompt_tokens=policy.prompt_tokens, prefix_tokens=policy.prefix_tokens,
-                     full_prefills=policy.full_prefills)
+                     full_prefills=policy.full_prefills, prompt_ms_p50=round(float(np.median(prompt_ms)), 4),
+                     model_ms_p50=round(float(np.median(model_ms)), 4))
     return PlayStats(
         policy=policy.name, device=policy.device, steps=len(lat), pieces=game.pieces, lines=game.lines,
         decisions_per_s=round(dps, 3), apm=round(60.0 * dps, 1),
