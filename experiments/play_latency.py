@@ -8,6 +8,9 @@ bundled model through CUDA it read 0.66 ms p50 where the model bench's decision 
     b2b       the same position decided whole, back to back (no game step, no expert between decisions)
     gap-US    as b2b with a busy wait of US microseconds between decisions (the play loop's host work between
               two decisions: game step, expert comparison), to see if an idle GPU or host thread costs a decision
+    wake-US   as gap-US, but a tiny kernel is launched (not waited for) before the prompt is rendered, so the GPU
+              wakes while the host works: if the gap's cost is the GPU waking up, this takes it back (CUDA only;
+              the timed window starts before that launch)
     play      `play()` with and without the expert comparison, as `tilewise play` runs it
 
 Each mode runs ROUNDS times, interleaved in a fresh random order each round; the table gives the median of each
@@ -36,6 +39,20 @@ def busy_wait_us(us: float) -> None:
     end = time.perf_counter() + us * 1e-6
     while time.perf_counter() < end:
         pass
+
+
+def waker(model: object) -> object:
+    """A function that launches one tiny kernel on the model's CUDA stream without waiting for it (None where the
+    model does not run on the CUDA executor)."""
+    dev = getattr(getattr(model, "executor", None), "dev", None)
+    if getattr(getattr(dev, "info", None), "backend", None) != "cuda":
+        return None
+    from tilewise.kernels.rowops.cuda import copy_launch, copy_program
+
+    prog = copy_program(dev)
+    src, dst = dev.upload(np.arange(256, dtype=np.float32)), dev.allocate(4 * 256)
+    launch = copy_launch(prog, src, 0, dst, 0, 256)
+    return lambda: dev.run([launch])
 
 
 def main() -> int:
@@ -76,11 +93,15 @@ def main() -> int:
                                ("part scores", t3, t4), ("parts whole", t0, t4), ("prefill+scores", t4, t5)):
                 add(mode, (b - a) * 1e3)
 
-    def b2b(gap_us: float) -> None:
-        name = "b2b" if gap_us == 0 else f"gap-{gap_us:g}us"
+    wake = waker(pol.model)
+
+    def b2b(gap_us: float, woken: bool = False) -> None:
+        name = ("b2b" if gap_us == 0 else f"gap-{gap_us:g}us") + (" wake" if woken else "")
         for _ in range(n):
             busy_wait_us(gap_us)
             t0 = time.perf_counter()
+            if woken:
+                wake()  # type: ignore[misc]
             pol.decide(game)
             add(name, (time.perf_counter() - t0) * 1e3)
 
@@ -92,6 +113,8 @@ def main() -> int:
     gaps = [float(g) for g in args.gaps_us.split(",") if g]
     modes = [parts, lambda: b2b(0), *[(lambda g=g: b2b(g)) for g in gaps],
              lambda: play_mode(False), lambda: play_mode(True)]
+    if wake is not None:
+        modes += [(lambda g=g: b2b(g, True)) for g in gaps]
     for m in modes:  # warm-up: plans, graphs and caches for every mode
         m()
     samples.clear()
