@@ -67,7 +67,7 @@ def main() -> int:
 
     pol = load_model_policy(args.model, args.device)
     game = Game(7)
-    for _ in range(5):  # a position with some settled rows
+    for _ in range(5):  # a position a few moves into the game (one fixed position for every mode)
         game.step(pol.decide(game))
     n = args.decisions
     samples: dict[str, list[float]] = {}
