@@ -316,6 +316,31 @@ def test_features_match_a_plain_reference_on_random_boards():
         assert drop_distance(board, p.states[rot], x, y) == d
 
 
+def test_fits_and_drop_match_a_cell_by_cell_reference_everywhere():
+    """Every piece and rotation at every pivot, off the board too, on random boards: `fits` is the plain per-cell test
+    and `drop_distance` the count of rows it still fits below (0 where it does not fit one row down)."""
+
+    def fits_ref(board, cells, x, y):
+        return all(0 <= x + dx < BOARD_WIDTH and 0 <= y + dy < BOARD_HEIGHT and not (board[y + dy] >> (x + dx)) & 1
+                   for dx, dy in cells)
+
+    def drop_ref(board, cells, x, y):
+        d = 0
+        while fits_ref(board, cells, x, y + d + 1):
+            d += 1
+        return d
+
+    rng = np.random.default_rng(7)
+    for _ in range(12):
+        board = to_masks(random_board(rng, fill=float(rng.uniform(0.1, 0.7)), top=int(rng.integers(0, 18))))
+        for name in PIECE_NAMES:
+            for cells in get_piece(name).states:
+                for x in range(-3, BOARD_WIDTH + 3):
+                    for y in range(-3, BOARD_HEIGHT + 3):
+                        assert fits(board, cells, x, y) == fits_ref(board, cells, x, y), (name, cells, x, y)
+                        assert drop_distance(board, cells, x, y) == drop_ref(board, cells, x, y), (name, x, y)
+
+
 # ------------------------------------------------------------------ bad input
 
 @pytest.mark.parametrize("bad", [6, 7, -1, 8, 100, 1.0, "2", None, True])

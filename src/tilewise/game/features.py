@@ -7,27 +7,50 @@
 
 from __future__ import annotations
 
+import functools
+
 from tilewise.game.pieces import BOARD_HEIGHT, BOARD_WIDTH
 
 FULL_ROW = (1 << BOARD_WIDTH) - 1
 
 
+@functools.lru_cache(maxsize=1024)
+def _row_masks(cells: tuple[tuple[int, int], ...]) -> tuple[int, int, tuple[tuple[int, int], ...]]:
+    """A piece state as (lowest dx, highest dx, ((dy, bitmask of its cells in that row, bit 0 at the lowest dx),
+    ...)): one AND per row instead of one test per cell (the expert's search calls `fits` tens of thousands of times
+    a game, and every prompt computes a drop)."""
+    lo, hi = min(dx for dx, _ in cells), max(dx for dx, _ in cells)
+    rows: dict[int, int] = {}
+    for dx, dy in cells:
+        rows[dy] = rows.get(dy, 0) | 1 << (dx - lo)
+    return lo, hi, tuple(sorted(rows.items()))
+
+
 def fits(board: list[int], cells: tuple[tuple[int, int], ...], x: int, y: int) -> bool:
     """True when the piece offsets `cells` with pivot at (x, y) lie on the board and on empty cells."""
-    for dx, dy in cells:
-        c = x + dx
+    lo, hi, rows = _row_masks(cells)
+    if x + lo < 0 or x + hi >= BOARD_WIDTH:
+        return False
+    for dy, mask in rows:
         r = y + dy
-        if c < 0 or c >= BOARD_WIDTH or r < 0 or r >= BOARD_HEIGHT or (board[r] >> c) & 1:
+        if r < 0 or r >= BOARD_HEIGHT or board[r] & (mask << (x + lo)):
             return False
     return True
 
 
 def drop_distance(board: list[int], cells: tuple[tuple[int, int], ...], x: int, y: int) -> int:
     """Rows the piece can still fall before it rests (0 when it rests already)."""
+    lo, hi, rows = _row_masks(cells)
+    if x + lo < 0 or x + hi >= BOARD_WIDTH:
+        return 0
+    shifted = [(y + dy + 1, mask << (x + lo)) for dy, mask in rows]  # each row one step down
     d = 0
-    while fits(board, cells, x, y + d + 1):
+    while True:
+        for r0, mask in shifted:
+            r = r0 + d
+            if r < 0 or r >= BOARD_HEIGHT or board[r] & mask:
+                return d
         d += 1
-    return d
 
 
 def column_heights(board: list[int]) -> list[int]:
