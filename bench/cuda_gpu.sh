@@ -27,6 +27,8 @@
 #   WORK/play.txt, play.json, prompt_encode.json  `tilewise play --device cuda` on the bundled model (its table is there when
 #                           PRESET=default): decision latency from board to action, prompt and tokenizer included;
 #                           and bench/prompt_encode.py: this host's time to render and encode one prompt
+#   WORK/latency.txt, play_latency.json  experiments/play_latency.py: one play decision split into prompt and model,
+#                           back to back against after an idle gap, with and without waking the GPU first
 #   OUT_DIR/status.txt      one line per step: name, exit status (124: timed out), seconds
 #   OUT_DIR/cuda_gpu.tgz    WORK packed after every step, without the results store (a call returns few files)
 # SKIP="pytest matmul" leaves steps out; each step runs under `timeout`, so one failure or hang stops no other.
@@ -78,3 +80,5 @@ if command -v ncu > /dev/null; then
 fi
 step prompt 60 "$WORK/prompt.txt" "$PY" bench/prompt_encode.py --out "$WORK"
 step play "${PLAY_S:-90}" "$WORK/play.txt" "$PY" -m tilewise play --device cuda --steps 200 --no-watch --json "$WORK/play.json"
+step latency "${LATENCY_S:-60}" "$WORK/latency.txt" "$PY" experiments/play_latency.py --device cuda --decisions 60 \
+    --rounds 5 --gaps-us 300,1000 --out "$WORK"
