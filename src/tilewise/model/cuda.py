@@ -30,7 +30,7 @@ kind's f16 copy of x) goes to executor-owned buffers, one per name, sized for th
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -311,11 +311,16 @@ class CUDAExecutor:
             buf = self._scratch[name] = zeroed(self.dev, nbytes) if zero else self.dev.allocate(nbytes)
         return buf
 
+    def _fixed_program(self, name: str, make: Callable[[Any], Program]) -> Program:
+        """A program with no config (the copy kernels), compiled once."""
+        prog = self._programs.get((name,))
+        if prog is None:
+            prog = self._programs[(name,)] = make(self.dev)
+        return prog
+
     def _copy(self, plan: Plan, label: str, src: Buffer, src_word: int, dst: Buffer, dst_word: int,
               words: int) -> None:
-        prog = self._programs.get(("copy",))
-        if prog is None:
-            prog = self._programs[("copy",)] = rowops.copy_program(self.dev)
+        prog = self._fixed_program("copy", rowops.copy_program)
         plan.add(label, [rowops.copy_launch(prog, src, src_word, dst, dst_word, words)])
 
     # -- forward -------------------------------------------------------------------------------------------------------
@@ -350,9 +355,7 @@ class CUDAExecutor:
         plan = Plan()
         self._xh_turn = 0  # which of the two f16 x buffers the next prepping matmul takes (`_matmul`)
         if caches is not None and start > 0:  # every layer's K and V prefix rows, eight buffers a launch
-            prog = self._programs.get(("copy_pairs",))
-            if prog is None:
-                prog = self._programs[("copy_pairs",)] = rowops.copy_pairs_program(self.dev)
+            prog = self._fixed_program("copy_pairs", rowops.copy_pairs_program)
             pairs = [(old, nw) for i, olds in caches.kv.items() for old, nw in zip(olds, new.kv[i])]
             plan.add("copy.kv_prefix", rowops.copy_pairs_launches(prog, pairs, start * hkv * d))
         embed = self._template("embed")
