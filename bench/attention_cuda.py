@@ -2,9 +2,10 @@
 
 For a model preset's attention shape (heads, K/V heads, head size) at `--rows` queries and no cached positions, every
 legal config of `CudaAttention` (QT 1: one query a block; QT > 1: QT queries sharing each staged 32-key tile; TC 1:
-16 queries to each group of KW warps on tensor cores, f16 operands) goes through the one engine: verified against
-float64 (every output value), then all are timed together in one interleaved race. Prints each config's median and
-its ratio to the best one-query-a-block config measured in the same race; writes `attention_cuda.json` (date, device,
+16 queries to each group of KW warps on tensor cores, f16 operands, PF 1 prefetching the next key tile) goes through
+the one engine: verified against float64 (every output value), then all are timed together in one interleaved race.
+Prints each config's median and its ratio to the best one-query-a-block config measured in the same race, and each
+prefetching config against the same tile without the prefetch; writes `attention_cuda.json` (date, device,
 command, every config) into `--out`.
 
     PYTHONPATH=src python3 bench/attention_cuda.py --out OUT_DIR [--preset lfm2-350m] [--rows 346] [--rounds 20]
@@ -42,11 +43,17 @@ def main() -> int:
     base = min((st.median_ms for c, st in rows if c["QT"] == 1), default=None)
     print(f"{dev.info.name} [{dev.info.fingerprint}]: {args.preset} attention at {args.rows} queries "
           f"(HQ {shape[2]}, HKV {shape[3]}, D {shape[4]}); {len(ok)} of {len(configs)} configs verified")
-    print(f"{'QT':>4}{'NW':>4}{'TC':>4}{'median ms':>11}{'p80 ms':>9}{'vs best QT 1':>14}")
+    print(f"{'QT':>4}{'NW':>4}{'TC':>4}{'KW':>4}{'PF':>4}{'median ms':>11}{'p80 ms':>9}{'vs best QT 1':>14}"
+          f"{'vs PF 0':>9}")
+    pf0 = {(c["QT"], c["NW"], c["TC"], c["KW"]): st.median_ms for c, st in rows if not c["PF"]}
     for c, st in rows:
         ratio = f"{base / st.median_ms:.2f}x" if base else "-"
-        print(f"{c['QT']:>4}{c['NW']:>4}{c['TC']:>4}{st.median_ms:11.4f}{st.p80_ms:9.4f}{ratio:>14}")
-    print("vs best QT 1: the best one-query-a-block median / this median (above 1: faster); one interleaved race")
+        same = pf0.get((c["QT"], c["NW"], c["TC"], c["KW"])) if c["PF"] else None
+        vs_pf0 = f"{same / st.median_ms:.2f}x" if same else "-"
+        print(f"{c['QT']:>4}{c['NW']:>4}{c['TC']:>4}{c['KW']:>4}{c['PF']:>4}{st.median_ms:11.4f}{st.p80_ms:9.4f}"
+              f"{ratio:>14}{vs_pf0:>9}")
+    print("vs best QT 1: the best one-query-a-block median / this median; vs PF 0: the same tile without the "
+          "prefetch / this (above 1: faster); one interleaved race")
     argv = [("OUT_DIR" if a == str(out) else a) for a in sys.argv[1:]]
     doc: dict[str, Any] = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                            "command": "python3 bench/attention_cuda.py " + " ".join(argv),

@@ -11,8 +11,8 @@
 #   WORK/matmul.txt, matmul_cuda.json  bench/matmul_cuda.py at 346 rows: MATMUL_KINDS (default wgr) split by
 #                           MATMUL_SPLIT (default DEC), each group's best raced against cuBLAS f16 (MATMUL_ARGS adds
 #                           options, e.g. "--only ffn.gate_up --sample 100")
-#   WORK/attention.txt, attention_cuda.json  bench/attention_cuda.py: every attention config (tensor-core ones too)
-#                           raced at 346 queries
+#   WORK/attention.txt, attention_cuda.json  bench/attention_cuda.py: every attention config (tensor-core ones too,
+#                           with and without the key-tile prefetch) raced at PRESET's heads and SEQ queries
 #   WORK/tune.txt, tune.json, tables/  `tilewise tune model --device cuda --preset PRESET --seq SEQ --rows 1`
 #                           with TUNE_BUDGET (6) candidates per kernel and TUNE_S (150) seconds; its table lands in
 #                           WORK/tables (TILEWISE_DISPATCH_DIR), where the decision step finds it (TUNE_ARGS adds
@@ -64,9 +64,10 @@ step pytest "${PYTEST_S:-200}" "$WORK/pytest.txt" "$PY" -m pytest -q -p no:cache
     tests/cuda/test_model_kernels_cuda.py -k "${PYTEST_K:-not test_model_kernels_cuda or (wgr and not default_config)}"
 step matmul "${MATMUL_S:-120}" "$WORK/matmul.txt" "$PY" bench/matmul_cuda.py --out "$WORK" --sample 0 --race-top 2 \
     --rounds 20 --kinds "${MATMUL_KINDS:-wgr}" --split-by "${MATMUL_SPLIT:-DEC}" ${MATMUL_ARGS:-}
-step attention "${ATTN_S:-90}" "$WORK/attention.txt" "$PY" bench/attention_cuda.py --out "$WORK" --rounds 20
 PRESET="${PRESET:-lfm2-350m}"
 SEQ="${SEQ:-346}"
+step attention "${ATTN_S:-90}" "$WORK/attention.txt" "$PY" bench/attention_cuda.py --out "$WORK" --rounds 20 \
+    --preset "$PRESET" --rows "$SEQ"
 step tune "$(( ${TUNE_S:-150} + 60 ))" "$WORK/tune.txt" "$PY" -m tilewise tune model --device cuda --preset "$PRESET" \
     --seq "$SEQ" --rows 1 --budget "${TUNE_BUDGET:-6}" --budget-s "${TUNE_S:-150}" --store "$WORK/store.db" \
     --json "$WORK/tune.json" ${TUNE_ARGS:-}

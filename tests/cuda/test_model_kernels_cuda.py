@@ -280,12 +280,35 @@ def test_attention(dev, rng, shape):
     assert {c["QT"] for c in cfgs} == {1, 8, 16, 32, 64}
     assert {(c["QT"], c["NW"], c["KW"]) for c in cfgs if c["TC"]} >= {(16, 1, 1), (32, 2, 1), (64, 4, 1), (16, 4, 4),
                                                                     (32, 4, 2), (16, 2, 2)}
+    assert any(c["PF"] for c in cfgs)  # every head size here lets some tile prefetch
     for cfg in cfgs:
         check(*run(dev, tpl, cfg, shape, rng), tpl.dtype_of(cfg))
 
 
+@pytest.mark.parametrize("shape", ATTN_SHAPES)
+def test_attention_prefetch_gives_the_same_bits(dev, rng, shape):
+    """PF 1 only moves the next key tile's loads earlier: each tensor-core tile gives the same bits with and without
+    it (a long prefix, partial key tiles, GQA groups), on one set of random inputs."""
+    tpl = CudaAttention()
+    pairs = [(tpl.config_of({**dict(c), "PF": 0}), c) for c in tpl.space().split(dev.info.limits)[0]
+             if c["PF"] and not tpl.config_problems(c, shape)]
+    assert pairs
+    host = tpl.make_inputs(shape, rng)
+    bufs = tpl.upload(dev, host, shape)
+    for off, on in pairs:
+        got = []
+        for cfg in (off, on):
+            tpl.poison(dev, bufs, shape)
+            dev.run(tpl.launches(tpl.compile(dev, cfg, shape), bufs, cfg, shape))
+            got.append(tpl.read_output(dev, bufs, shape))
+        np.testing.assert_array_equal(got[1], got[0], err_msg=str(on))
+        check(got[1], tpl.reference(host, shape), tpl.dtype_of(on))
+
+
 @pytest.mark.parametrize("cfg", [{"QT": 16, "NW": 1, "TC": 1, "KW": 1}, {"QT": 64, "NW": 4, "TC": 1, "KW": 1},
                                  {"QT": 16, "NW": 4, "TC": 1, "KW": 4}, {"QT": 32, "NW": 4, "TC": 1, "KW": 2},
+                                 {"QT": 32, "NW": 8, "TC": 1, "KW": 4, "PF": 1},
+                                 {"QT": 64, "NW": 4, "TC": 1, "KW": 1, "PF": 1},
                                  {"QT": 32, "NW": 8, "TC": 0, "KW": 1}, {"QT": 1, "NW": 4, "TC": 0, "KW": 1}])
 @pytest.mark.parametrize("nq", [1, 3, 17])
 def test_attention_reads_its_queries_from_row_first(dev, rng, cfg, nq):

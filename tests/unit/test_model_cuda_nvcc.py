@@ -259,6 +259,28 @@ def test_wg_needs_hopper():
     assert tpl.why_illegal(tpl.default_config(), SM90, (346, 1024, 1024)) == []
 
 
+def test_cpp_attention_mma_rules_agree_with_python_rules(tmp_path):
+    """`mma_attention_first_failure` and the Python space + shape rules accept the same tensor-core configs, over
+    every head size and (NW, KW, PF) of the space at D 16-128 (PF 1's register bound and the 48 KB both bind)."""
+    attn = CudaAttention()
+    cases = [(d, nw, kw, pf) for d in (16, 32, 48, 64, 80, 96, 128) for nw in (1, 2, 4, 8) for kw in (1, 2, 4)
+             for pf in (0, 1)]
+    rows = ",\n".join("{" + ", ".join(map(str, c)) + "}" for c in cases)
+    body = (f"#include <cstdio>\nstatic const int T[][4] = {{\n{rows}\n}};\n"
+            "int main() { for (const auto &t : T) printf(\"%d\\n\", mma_attention_first_failure(t[0], t[1], t[2], "
+            "t[3])); }\n")
+    res = nvcc(tmp_path, "host", [*HEADERS, cu("attention", "attention.cu")], body, "-o", "host")
+    assert res.returncode == 0, res.stderr[-3000:]
+    cpp = [int(v) == 0 for v in subprocess.run([str(tmp_path / "host")], capture_output=True, text=True,
+                                                check=True).stdout.split()]
+    py = []
+    for d, nw, kw, pf in cases:
+        cfg = attn.space().config({"QT": 16 * nw // kw if nw % kw == 0 else 16, "NW": nw, "TC": 1, "KW": kw, "PF": pf})
+        py.append(not attn.why_illegal(cfg, SM90, (346, 0, 16, 8, d)))
+    assert cpp == py
+    assert 0 < sum(cpp) < len(cpp) and any(ok for (_, _, _, pf), ok in zip(cases, cpp) if pf)
+
+
 @pytest.mark.parametrize("kind", ["pipe", "ring"])
 def test_smem_bytes_agree_in_cpp_and_python(tmp_path, kind):
     """`pipe_smem_bytes` / `ring_smem_bytes` in C++ and Python agree (the launch asks for the Python number, the
@@ -301,8 +323,11 @@ def test_row_ops_conv_and_attention_compile_for_their_spaces(tmp_path):
                 if not attn.config_problems(c, (1, 0, 16, 8, d))]
     assert sum(e.startswith("attention_tiled") for e in entries) > 40
     # (QT, NW, KW): (16, 1, 1), (32, 2, 1), (64, 4, 1), (16, 2, 2), (32, 4, 2), (64, 8, 2), (16, 4, 4), (32, 8, 4) at D
-    # 16-64; at D 128 only (16, 1, 1), (32, 2, 1) and (16, 2, 2) fit 48 KB
-    assert sum(e.startswith("attention_mma") for e in entries) == 4 * 8 + 3
+    # 16-64; at D 128 only (16, 1, 1), (32, 2, 1) and (16, 2, 2) fit 48 KB. PF 1 where 4 D / NW <= 64 floats: all 8
+    # at D 16, NW >= 2 (7) at D 32, NW >= 4 (5) at D 48 and 64, none at D 128
+    mma = [e for e in entries if e.startswith("attention_mma")]
+    assert len(mma) == 4 * 8 + 3 + 8 + 7 + 5 + 5
+    assert sum(e.endswith(", 1>") for e in mma) == 25
     cubin(tmp_path, "rows", [*HEADERS, cu("rowops", "rowops.cu"), cu("shortconv", "shortconv.cu"),
                              cu("attention", "attention.cu")], entries)
 
@@ -381,12 +406,14 @@ ILLEGAL = [
     ("attention", "attention.cu", "attention<64, 33>", "warps_1_32"),
     ("attention", "attention.cu", "attention_tiled<64, 24, 16>", "queries_per_warp_whole"),
     ("attention", "attention.cu", "attention_tiled<64, 64, 4>", "queries_per_warp_8"),
-    ("attention", "attention.cu", "attention_mma<144, 2, 1>", "head_dim_16_128"),
-    ("attention", "attention.cu", "attention_mma<64, 9, 1>", "warps_1_8"),
-    ("attention", "attention.cu", "attention_mma<128, 8, 1>", "smem_48k"),
-    ("attention", "attention.cu", "attention_mma<64, 4, 3>", "key_warps_1_2_4"),
-    ("attention", "attention.cu", "attention_mma<64, 6, 4>", "key_warps_divide_warps"),
-    ("attention", "attention.cu", "attention_mma<128, 4, 2>", "smem_48k"),
+    ("attention", "attention.cu", "attention_mma<144, 2, 1, 0>", "head_dim_16_128"),
+    ("attention", "attention.cu", "attention_mma<64, 9, 1, 0>", "warps_1_8"),
+    ("attention", "attention.cu", "attention_mma<128, 8, 1, 0>", "smem_48k"),
+    ("attention", "attention.cu", "attention_mma<64, 4, 3, 0>", "key_warps_1_2_4"),
+    ("attention", "attention.cu", "attention_mma<64, 6, 4, 0>", "key_warps_divide_warps"),
+    ("attention", "attention.cu", "attention_mma<128, 4, 2, 0>", "smem_48k"),
+    ("attention", "attention.cu", "attention_mma<64, 4, 1, 2>", "prefetch_0_1"),
+    ("attention", "attention.cu", "attention_mma<64, 2, 1, 1>", "prefetch_registers"),
     ("attention", "attention.cu", "attention_tiled<256, 64, 8>", "smem_48k"),
     ("attention", "attention.cu", "qknorm_rope<24>", "head_dim_16_1024"),
 ]

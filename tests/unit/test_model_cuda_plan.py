@@ -440,10 +440,12 @@ def test_tune_model_on_cuda_offers_the_cuda_kernels_with_their_seeds():
     assert all(mma.space().is_legal(c, dev.info.limits) for c in got)  # illegal seeds never reach the engine
     assert model_tune.attention_template(dev).backend == "cuda"
     attn = model_tune.attention_candidates(dev, 6, (346, 0, 16, 8, 64))  # the default, then the seeds:
-    assert [(c["QT"], c["NW"], c["TC"], c["KW"]) for c in attn] == [  # tensor cores, their warps splitting keys
-        (64, 4, 1, 1), (32, 2, 1, 1), (16, 1, 1, 1), (16, 4, 1, 4), (32, 4, 1, 2), (16, 2, 1, 2)]
-    more = model_tune.attention_candidates(dev, 9, (346, 0, 16, 8, 64))[6:]  # then the tiled kernel's
-    assert [(c["QT"], c["NW"], c["TC"], c["KW"]) for c in more] == [(32, 8, 1, 4), (32, 4, 0, 1), (32, 8, 0, 1)]
+    assert [(c["QT"], c["NW"], c["TC"], c["KW"], c["PF"]) for c in attn] == [  # tensor cores, then the key split
+        (64, 4, 1, 1, 0), (32, 2, 1, 1, 0), (16, 1, 1, 1, 0), (32, 8, 1, 4, 0), (32, 8, 1, 4, 1), (64, 4, 1, 1, 1)]
+    more = model_tune.attention_candidates(dev, 14, (346, 0, 16, 8, 64))[6:]  # more splits, then the tiled kernel's
+    assert [(c["QT"], c["NW"], c["TC"], c["KW"], c["PF"]) for c in more] == [
+        (16, 4, 1, 4, 1), (16, 4, 1, 4, 0), (32, 4, 1, 2, 0), (16, 2, 1, 2, 0), (32, 4, 1, 2, 1), (64, 8, 1, 2, 1),
+        (32, 4, 0, 1, 0), (32, 8, 0, 1, 0)]
     big = model_tune.attention_candidates(dev, 3, (346, 0, 16, 8, 128))  # 64 queries of D 128 exceed 48 KB
     assert [(c["QT"], c["NW"], c["TC"]) for c in big] == [(32, 2, 1), (64, 4, 1), (16, 1, 1)]
 
@@ -494,7 +496,7 @@ def test_the_executor_without_a_table_launches_the_default_attention(executor, r
     plan, _ = executor.plan(rng.integers(0, 512, 40), 0, None, True)
     attn = [launch.program.meta["entry"] for launch, lab in zip(plan.launches, plan.labels) if lab == "attention"]
     d = executor.cfg.head_dim
-    assert attn and set(attn) == {f"attention_mma<{d}, 4, 1>"}
+    assert attn and set(attn) == {f"attention_mma<{d}, 4, 1, 0>"}
 
 
 def test_absmax_by_step_puts_a_k_steps_scales_of_every_row_side_by_side(rng):

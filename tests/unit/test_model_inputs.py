@@ -237,10 +237,19 @@ def test_a_cuda_attention_entry_from_before_the_tiled_kernel_is_refused_with_the
     assert tpl.entry(cfg, 64) == "attention_tiled<64, 16, 8>"
     tpl, cfg = range_choice("attention:16x8x64", "attention", {"QT": 32, "NW": 2, "TC": 1}, (1, 346), sm90,
                             backend="cuda")
-    assert tpl.entry(cfg, 64) == "attention_mma<64, 2, 1>"  # from before the key split: KW 1, the kernel it timed
+    assert tpl.entry(cfg, 64) == "attention_mma<64, 2, 1, 0>"  # from before the key split: KW 1, PF 0, as timed
     tpl, cfg = range_choice("attention:16x8x64", "attention", {"QT": 16, "NW": 4, "TC": 1, "KW": 4}, (1, 346), sm90,
                             backend="cuda")
-    assert tpl.entry(cfg, 64) == "attention_mma<64, 4, 4>"
+    assert tpl.entry(cfg, 64) == "attention_mma<64, 4, 4, 0>"  # from before the prefetch: PF 0
+    tpl, cfg = range_choice("attention:16x8x64", "attention", {"QT": 32, "NW": 8, "TC": 1, "KW": 4, "PF": 1},
+                            (1, 346), sm90, backend="cuda")
+    assert tpl.entry(cfg, 64) == "attention_mma<64, 8, 4, 1>"
+    with pytest.raises(ConfigError, match=r"prefetch_registers.*128 floats"):  # D 64 on 2 warps: 4 D / NW floats
+        range_choice("attention:16x8x64", "attention", {"QT": 32, "NW": 2, "TC": 1, "KW": 1, "PF": 1}, (1, 346), sm90,
+                     backend="cuda")
+    with pytest.raises(ConfigError, match="prefetch_needs_tc"):
+        range_choice("attention:16x8x64", "attention", {"QT": 32, "NW": 8, "TC": 0, "KW": 1, "PF": 1}, (1, 346), sm90,
+                     backend="cuda")
     with pytest.raises(ConfigError, match="key_warps_need_tc"):
         range_choice("attention:16x8x64", "attention", {"QT": 16, "NW": 8, "TC": 0, "KW": 2}, (1, 346), sm90,
                      backend="cuda")

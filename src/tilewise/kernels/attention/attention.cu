@@ -17,7 +17,7 @@
 //       scores key t0 + l against all of them (each float4 of K read once), the warp keeps each query's online softmax
 //       (max, sum) and each lane ceil(D / 32) of its output dims, adding the tile's 32 weighted values (each V row read
 //       once for all the warp's queries, the weights broadcast by shuffles).
-//   attention_mma<D, NW, KW>(same arguments)
+//   attention_mma<D, NW, KW, PF>(same arguments)
 //       tensor cores: grid (ceil(M / QT), HQ) with QT = 16 NW / KW, NW warps in NW / KW query groups of KW warps,
 //       each group owning 16 queries. Per tile of 64 keys the block stages K and V in f16 (rows padded by 8 halves,
 //       so ldmatrix's eight rows land in distinct banks); warp k of a group takes the tile's keys 64 k / KW .. (KW 1:
@@ -26,8 +26,9 @@
 //       reduce by shuffles), and multiplies the probabilities, rounded to f16 straight from the score registers as
 //       the next A operand, with V (ldmatrix.trans) into f32 accumulators. A warp skips the keys its queries cannot
 //       see. With KW > 1 a group's warps merge their (max, sum, output) in shared memory at the end: more, smaller
-//       blocks, each key tile's work split KW ways (a causal block's tiles are a serial chain). f16 operands:
-//       verified at the f16 tolerance.
+//       blocks, each key tile's work split KW ways (a causal block's tiles are a serial chain). Staging issues a
+//       thread's loads of a tile at once; PF 1 loads the next tile into registers right after this one is staged,
+//       so its memory latency overlaps this tile's math. f16 operands: verified at the f16 tolerance.
 // Every attention kernel stores its output rows as f16 into out_h instead of f32 into out where out_h is not null
 // (the out projection's f16 rows, its prologue launch saved). Rules mirrored from kernels/attention/cuda.py.
 
@@ -66,17 +67,21 @@ __host__ __device__ constexpr int tiled_first_failure(int D, int QT, int NW) {
 // the tensor-core kernel's rules: D in k16 steps (at most 128: its accumulators stay in registers), 1..8 warps in
 // groups of KW (1, 2 or 4: each warp's share of a 64-key tile a whole number of k16 steps), and its shared memory
 // (the queries and a K and a V tile of 64 keys, f16, rows padded by 8; with KW > 1 the (max, sum, output) of all
-// but one warp of each group, f32) in 48 KB
+// but one warp of each group, f32) in 48 KB. PF 1 holds the next tile's K and V in registers through this tile's
+// math: 4 D / NW floats a thread, at most ATTN_PF_FLOATS (beside the output, the scores and the query fragments)
 #define ATTN_MMA_TK 64
+#define ATTN_PF_FLOATS 64
 __host__ __device__ constexpr int mma_attention_smem_bytes(int D, int NW, int KW) {
   return 2 * (16 * (NW / KW) + 2 * ATTN_MMA_TK) * (D + 8) + (KW > 1 ? 4 * (NW - NW / KW) * 16 * (D + 2) : 0);
 }
-__host__ __device__ constexpr int mma_attention_first_failure(int D, int NW, int KW) {
+__host__ __device__ constexpr int mma_attention_first_failure(int D, int NW, int KW, int PF) {
   if (D < 16 || D > 128 || D % 16 != 0) return 1;                   // head_dim_16_128
   if (NW < 1 || NW > 8) return 2;                                   // warps_1_8
   if (KW != 1 && KW != 2 && KW != 4) return 4;                      // key_warps_1_2_4
   if (NW % KW != 0) return 5;                                       // key_warps_divide_warps
   if (mma_attention_smem_bytes(D, NW, KW) > 48 * 1024) return 3;    // smem_48k
+  if (PF != 0 && PF != 1) return 6;                                 // prefetch_0_1
+  if (PF && 2 * ATTN_MMA_TK * D / (WARPSIZE * NW) > ATTN_PF_FLOATS) return 7;  // prefetch_registers
   return 0;
 }
 
@@ -316,37 +321,73 @@ __global__ void __launch_bounds__(NW * WARPSIZE, 1) attention_tiled(const float 
   }
 }
 
-// f32 rows (r0.., D wide, `stride` floats apart, rows past `rows` zero) -> f16 into a staged tile (LD halves a row),
-// scaled by `scale`, four values per thread and step
-template <int D, int LD, int NT>
-__device__ __forceinline__ void stage_f16(unsigned short (*dst)[LD], const float *src, size_t stride, int n, int rows,
-                                          float scale) {
-  for (int e = threadIdx.x; e < n * D / 4; e += NT) {
-    const int r = e / (D / 4), c = 4 * (e % (D / 4));
-    float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (r < rows) v = *reinterpret_cast<const float4 *>(src + (size_t)r * stride + c);
+// Staging f32 rows as f16 tiles (LD halves a row): element e (a float4) of a ROWS x D tile is row e / (D / 4),
+// columns 4 (e % (D / 4)).., and thread x takes elements x, x + NT, ... load_rows issues a thread's loads i0..i0+N-1
+// at once (rows past `rows` read as zero) and store_rows converts them, scaled by `scale`, so staging a tile waits
+// for memory once per call rather than once per float4.
+template <int D, int ROWS, int NT, int N>
+__device__ __forceinline__ void load_rows(float4 (&v)[N], const float *src, size_t stride, int rows, int i0) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int e = threadIdx.x + (i0 + i) * NT, r = e / (D / 4), c = 4 * (e % (D / 4));
+    v[i] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (e < ROWS * D / 4 && r < rows) v[i] = *reinterpret_cast<const float4 *>(src + (size_t)r * stride + c);
+  }
+}
+
+template <int D, int LD, int ROWS, int NT, int N>
+__device__ __forceinline__ void store_rows(unsigned short (*dst)[LD], const float4 (&v)[N], float scale, int i0) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int e = threadIdx.x + (i0 + i) * NT, r = e / (D / 4), c = 4 * (e % (D / 4));
+    if (e >= ROWS * D / 4) continue;
     uint2 h;
-    h.x = pack2(v.x * scale, v.y * scale);
-    h.y = pack2(v.z * scale, v.w * scale);
+    h.x = pack2(v[i].x * scale, v[i].y * scale);
+    h.y = pack2(v[i].z * scale, v[i].w * scale);
     *reinterpret_cast<uint2 *>(&dst[r][c]) = h;
+  }
+}
+
+// a thread's float4s of a ROWS x D tile
+template <int D, int ROWS, int NT>
+__host__ __device__ constexpr int rows_per_thread() {
+  return (ROWS * D / 4 + NT - 1) / NT;
+}
+
+// one ROWS x D tile (or two: TWO, the same rows of src2 into dst2) staged in chunks of at most 8 float4s in flight,
+// so that the registers stay bounded where a thread's share is large (few warps, D 128)
+template <int D, int LD, int ROWS, int NT, bool TWO = false>
+__device__ __forceinline__ void stage_f16(unsigned short (*dst)[LD], const float *src, size_t stride, int rows,
+                                          float scale, unsigned short (*dst2)[LD] = nullptr,
+                                          const float *src2 = nullptr) {
+  constexpr int N = rows_per_thread<D, ROWS, NT>(), MAX = TWO ? 4 : 8, CH = N < MAX ? N : MAX;
+#pragma unroll 1
+  for (int i0 = 0; i0 < N; i0 += CH) {  // not unrolled: a chunk's loads are not hoisted above the last one's stores
+    float4 a[CH], b[CH];
+    load_rows<D, ROWS, NT, CH>(a, src, stride, rows, i0);
+    if constexpr (TWO) load_rows<D, ROWS, NT, CH>(b, src2, stride, rows, i0);
+    store_rows<D, LD, ROWS, NT, CH>(dst, a, scale, i0);
+    if constexpr (TWO) store_rows<D, LD, ROWS, NT, CH>(dst2, b, scale, i0);
   }
 }
 
 // (.., 1): one block an SM is all it asks, so ptxas may use registers freely (with the bare thread bound, several
 // KW > 1 instantiations spilled a few bytes)
-template <int D, int NW, int KW>
+template <int D, int NW, int KW, int PF>
 __global__ void __launch_bounds__(NW * WARPSIZE, 1) attention_mma(const float *__restrict__ q,
                                                                 const float *__restrict__ k_cache,
                                                                 const float *__restrict__ v_cache,
                                                                 float *__restrict__ out, int M, int P, int first,
                                                                 int HQ, int HKV, unsigned short *__restrict__ out_h) {
   PDL_BEGIN();
-  constexpr int FAIL = mma_attention_first_failure(D, NW, KW);
+  constexpr int FAIL = mma_attention_first_failure(D, NW, KW, PF);
   static_assert(FAIL != 1, "head_dim_16_128: D must be a multiple of 16, 16..128");
   static_assert(FAIL != 2, "warps_1_8: NW (warps per block) must be 1..8");
   static_assert(FAIL != 4, "key_warps_1_2_4: KW (warps splitting each key tile) must be 1, 2 or 4");
   static_assert(FAIL != 5, "key_warps_divide_warps: NW must be a multiple of KW");
   static_assert(FAIL != 3, "smem_48k: the queries, a K and a V tile of 64 keys and the merge exceed 48 KB");
+  static_assert(FAIL != 6, "prefetch_0_1: PF (the next key tile loaded into registers) must be 0 or 1");
+  static_assert(FAIL != 7, "prefetch_registers: PF 1 holds 4 D / NW floats a thread, more than ATTN_PF_FLOATS");
   constexpr int QG = NW / KW, QT = 16 * QG, TK = ATTN_MMA_TK, TW = TK / KW, LD = D + 8, NT = NW * WARPSIZE;
   constexpr int KD = D / 16, NK = TW / 8, ND = D / 8;  // k16 steps over D, n8 tiles of a warp's keys and of dims
   __shared__ __align__(16) unsigned short s_q[QT][LD];
@@ -356,7 +397,7 @@ __global__ void __launch_bounds__(NW * WARPSIZE, 1) attention_mma(const float *_
   const int warp = threadIdx.x / WARPSIZE, lane = threadIdx.x % WARPSIZE, g = lane >> 2, t = lane & 3;
   const int qg = warp / KW, kw = warp % KW, k0 = kw * TW;  // the warp's query group and its keys k0.. of a tile
   const size_t kv_stride = (size_t)HKV * D;
-  stage_f16<D, LD, NT>(s_q, q + ((size_t)(first + i0) * HQ + h) * D, (size_t)HQ * D, QT, M - i0, rsqrtf((float)D));
+  stage_f16<D, LD, QT, NT>(s_q, q + ((size_t)(first + i0) * HQ + h) * D, (size_t)HQ * D, M - i0, rsqrtf((float)D));
   __syncthreads();
   unsigned qa[KD][4];  // the group's 16 queries as A fragments: (rows 0-7 | 8-15) x (k 0-7 | 8-15) of each k16 step
 #pragma unroll
@@ -371,11 +412,28 @@ __global__ void __launch_bounds__(NW * WARPSIZE, 1) attention_mma(const float *_
   for (int j = 0; j < ND; ++j)
 #pragma unroll
     for (int c = 0; c < 4; ++c) o[j][c] = 0.0f;
+  constexpr int NPF = PF ? rows_per_thread<D, TK, NT>() : 1;
+  float4 pk[NPF], pv[NPF];  // PF 1: the next tile's K and V, loaded during this tile's math
+  if constexpr (PF) {
+    load_rows<D, TK, NT, NPF>(pk, k_cache + (size_t)kvh * D, kv_stride, keys, 0);
+    load_rows<D, TK, NT, NPF>(pv, v_cache + (size_t)kvh * D, kv_stride, keys, 0);
+  }
   for (int t0 = 0; t0 < keys; t0 += TK) {
     __syncthreads();  // every warp is done with the previous tile
-    stage_f16<D, LD, NT>(s_k, k_cache + ((size_t)t0 * HKV + kvh) * D, kv_stride, TK, keys - t0, 1.0f);
-    stage_f16<D, LD, NT>(s_v, v_cache + ((size_t)t0 * HKV + kvh) * D, kv_stride, TK, keys - t0, 1.0f);
+    if constexpr (PF) {
+      store_rows<D, LD, TK, NT, NPF>(s_k, pk, 1.0f, 0);
+      store_rows<D, LD, TK, NT, NPF>(s_v, pv, 1.0f, 0);
+    } else {
+      stage_f16<D, LD, TK, NT, true>(s_k, k_cache + ((size_t)t0 * HKV + kvh) * D, kv_stride, keys - t0, 1.0f, s_v,
+                               v_cache + ((size_t)t0 * HKV + kvh) * D);
+    }
     __syncthreads();
+    if constexpr (PF) {
+      if (t0 + TK < keys) {  // block-uniform
+        load_rows<D, TK, NT, NPF>(pk, k_cache + ((size_t)(t0 + TK) * HKV + kvh) * D, kv_stride, keys - t0 - TK, 0);
+        load_rows<D, TK, NT, NPF>(pv, v_cache + ((size_t)(t0 + TK) * HKV + kvh) * D, kv_stride, keys - t0 - TK, 0);
+      }
+    }
     if (i0 + 16 * qg >= M || t0 + k0 >= warp_keys) continue;  // warp-uniform: none of its queries sees these keys
     float sc[NK][4];  // scores: (row g | g + 8) x (key 2t, 2t + 1) of each n8 tile
 #pragma unroll

@@ -1,13 +1,13 @@
 """Attention on CUDA (`attention.cu`): q/k RMSNorm + RoPE into the KV cache, and flash-style causal GQA attention.
 
 Problems: `attention.problem.AttentionProblem` (shape M, P, HQ, HKV, D; parameters QT, queries per block, NW,
-warps per block, TC, tensor cores, and KW, warps splitting each key tile: with TC 0, QT 1 has each warp take every
-NW-th key of the block's query with an online softmax, and QT > 1 has the block's QT queries share each 32-key tile
-staged in shared memory, a warp per query at a time; TC 1 (`attention_mma`, QT = 16 NW / KW) gives each group of KW
-warps 16 queries on f16 mma.sync over 64-key tiles, each warp 64 / KW keys of a tile, verified at the f16 tolerance)
-and
-`QKNormRopeProblem` (one block of D threads per (head, row); D is a template argument). Sizes other than D are
-kernel arguments.
+warps per block, TC, tensor cores, KW, warps splitting each key tile, and PF, the next key tile prefetched: with
+TC 0, QT 1 has each warp take every NW-th key of the block's query with an online softmax, and QT > 1 has the
+block's QT queries share each 32-key tile staged in shared memory, a warp per query at a time; TC 1
+(`attention_mma`, QT = 16 NW / KW) gives each group of KW warps 16 queries on f16 mma.sync over 64-key tiles, each
+warp 64 / KW keys of a tile, verified at the f16 tolerance; PF 1 loads the next tile's K and V into registers while
+this tile's math runs) and `QKNormRopeProblem` (one block of D threads per (head, row); D is a template argument).
+Sizes other than D are kernel arguments.
 """
 
 from __future__ import annotations
@@ -29,21 +29,31 @@ DEFAULT_NW = 4
 #: TC 1: `attention_mma`, 16 queries to each group of KW warps on tensor cores. The default is the first of these
 #: the device and the head size allow (`default_attention`): on an H200 at 346 queries the tensor-core tile of 64
 #: queries ran 0.0252 ms, the per-query kernel 0.0784 (bench/results/2026-12-04-h200-pdl-ray)
-DEFAULTS = ({"QT": 64, "NW": 4, "TC": 1, "KW": 1}, {"QT": 32, "NW": 2, "TC": 1, "KW": 1},
-            {"QT": 1, "NW": DEFAULT_NW, "TC": 0, "KW": 1})
-#: (QT, NW, TC, KW) tried first by `tune model --budget N`: the tensor-core tiles (those whose warps split the key
-#: tiles among them after the first three), the tiled kernel's middle tiles, then the per-query kernel's
-SEED = ((32, 2, 1, 1), (64, 4, 1, 1), (16, 1, 1, 1), (16, 4, 1, 4), (32, 4, 1, 2), (16, 2, 1, 2), (32, 8, 1, 4),
-        (32, 4, 0, 1), (32, 8, 0, 1), (64, 8, 0, 1), (16, 4, 0, 1), (64, 16, 0, 1), (16, 2, 0, 1), (32, 16, 0, 1),
-        (8, 2, 0, 1), (1, 4, 0, 1), (1, 8, 0, 1), (1, 2, 0, 1))
-#: KW of configs written before the key split existed: the kernel they measured
-LEGACY_KW = 1
+DEFAULTS = ({"QT": 64, "NW": 4, "TC": 1, "KW": 1, "PF": 0}, {"QT": 32, "NW": 2, "TC": 1, "KW": 1, "PF": 0},
+            {"QT": 1, "NW": DEFAULT_NW, "TC": 0, "KW": 1, "PF": 0})
+SEED_PARAMS = ("QT", "NW", "TC", "KW", "PF")
+#: (QT, NW, TC, KW, PF) tried first by `tune model --budget N`: the tensor-core tiles (those whose warps split the key
+#: tiles among them after the first three; the prefetching ones beside the split that won on the H200, 32 x 8 x 4),
+#: the tiled kernel's middle tiles, then the per-query kernel's
+SEED = ((32, 2, 1, 1, 0), (64, 4, 1, 1, 0), (16, 1, 1, 1, 0), (32, 8, 1, 4, 0), (32, 8, 1, 4, 1), (64, 4, 1, 1, 1),
+        (16, 4, 1, 4, 1), (16, 4, 1, 4, 0), (32, 4, 1, 2, 0), (16, 2, 1, 2, 0), (32, 4, 1, 2, 1), (64, 8, 1, 2, 1),
+        (32, 4, 0, 1, 0), (32, 8, 0, 1, 0), (64, 8, 0, 1, 0), (16, 4, 0, 1, 0), (64, 16, 0, 1, 0), (16, 2, 0, 1, 0),
+        (32, 16, 0, 1, 0), (8, 2, 0, 1, 0), (1, 4, 0, 1, 0), (1, 8, 0, 1, 0), (1, 2, 0, 1, 0))
+#: KW and PF of configs written before the key split and the prefetch existed: the kernel they measured
+LEGACY = {"KW": 1, "PF": 0}
 MAX_GRID_YZ = 65535
 #: qknorm_rope's warps per block (ROPE_WARPS in attention.cu), one (row, head) each
 ROPE_WARPS = 8
 STATIC_SMEM_BYTES = 48 * 1024
 #: the tensor-core kernel's key tile (ATTN_MMA_TK in attention.cu)
 MMA_TK = 64
+#: the most floats a thread of PF 1 holds for the next tile's K and V (ATTN_PF_FLOATS in attention.cu)
+PF_FLOATS = 64
+
+
+def prefetch_floats(d: int, nw: int) -> int:
+    """Floats a thread of `attention_mma` with PF 1 holds: its share of a K and a V tile of 64 keys of D f32."""
+    return 2 * MMA_TK * d // (32 * nw)
 
 
 def mma_smem_bytes(d: int, nw: int, kw: int = 1) -> int:
@@ -94,9 +104,9 @@ class CudaAttention(KernelTemplate):
         """attention.cu's `warps_1_32`, the tiled kernel's `tiled_first_failure` rules and the tensor-core kernel's
         (`head_dim_*` and `smem_48k` are shape rules: D comes with the shape)."""
         tiled = lambda c: c.QT > 1 and not c.TC  # noqa: E731
-        points = [dict(zip(("QT", "NW", "TC", "KW"), v)) for v in SEED] if which == "seed" else None
+        points = [dict(zip(SEED_PARAMS, v)) for v in SEED] if which == "seed" else None
         return Space(f"cuda-attention-{which}", {"QT": [1, 8, 16, 32, 64], "NW": [1, 2, 4, 8, 16], "TC": [0, 1],
-                                                  "KW": [1, 2, 4]}, [
+                                                  "KW": [1, 2, 4], "PF": [0, 1]}, [
             Rule("warps_1_32", lambda c, _: 1 <= c.NW <= 32, lambda c, _: f"NW = {c.NW} warps is not in 1..32"),
             Rule("queries_per_warp_whole", lambda c, _: not tiled(c) or (c.QT >= c.NW and c.QT % c.NW == 0),
                  lambda c, _: f"QT = {c.QT} queries are not a whole number of queries for each of NW = {c.NW} warps"),
@@ -104,6 +114,8 @@ class CudaAttention(KernelTemplate):
                  lambda c, _: f"QT / NW = {c.QT // c.NW} queries per warp > 8 (each holds its output in registers)"),
             Rule("key_warps_need_tc", lambda c, _: c.TC or c.KW == 1,
                  lambda c, _: f"KW = {c.KW} splits key tiles among warps on tensor cores only (TC 1); TC 0 takes KW 1"),
+            Rule("prefetch_needs_tc", lambda c, _: c.TC or c.PF == 0,
+                 lambda c, _: f"PF = {c.PF} prefetches key tiles on tensor cores only (TC 1); TC 0 takes PF 0"),
             Rule("key_warps_divide_warps", lambda c, _: c.NW % c.KW == 0,
                  lambda c, _: f"NW = {c.NW} warps do not form whole groups of KW = {c.KW}"),
             Rule("mma_queries_16_per_warp", lambda c, _: not c.TC or c.NW % c.KW or c.QT == 16 * c.NW // c.KW,
@@ -123,10 +135,11 @@ class CudaAttention(KernelTemplate):
         return "f16" if config["TC"] else self.dtype
 
     def config_of(self, values: Mapping[str, Any]) -> Config:
-        """As the base, and a config written before the key split (no KW) is `LEGACY_KW`: the kernel it measured."""
+        """As the base, and a config written before the key split or the prefetch (no KW, no PF) takes their
+        `LEGACY` values: the kernel it measured."""
         values = dict(values)
-        if "KW" not in values and "QT" in values:
-            values["KW"] = LEGACY_KW
+        if "QT" in values:
+            values = {**{k: v for k, v in LEGACY.items() if k not in values}, **values}
         return super().config_of(values)
 
     def config_problems(self, config: Config, shape: Shape) -> list[str]:
@@ -138,6 +151,9 @@ class CudaAttention(KernelTemplate):
             if (smem := mma_smem_bytes(d, config["NW"], config["KW"])) > STATIC_SMEM_BYTES:
                 out.append(f"smem_48k: {config['QT']} queries of D = {d}, K and V tiles of {MMA_TK} keys and the "
                            f"merge of KW = {config['KW']} take {smem} bytes of shared memory > {STATIC_SMEM_BYTES}")
+            if config["PF"] and (held := prefetch_floats(d, config["NW"])) > PF_FLOATS:
+                out.append(f"prefetch_registers: PF 1 holds the next K and V tile of D = {d} in {held} floats a "
+                           f"thread with NW = {config['NW']} warps, > {PF_FLOATS}; use PF 0 or more warps")
         elif config["QT"] > 1 and (smem := tiled_smem_bytes(d, config["QT"])) > STATIC_SMEM_BYTES:
             out.append(f"smem_48k: QT = {config['QT']} queries of D = {d} and a key tile take {smem} bytes of "
                        f"shared memory > {STATIC_SMEM_BYTES}")
@@ -145,7 +161,7 @@ class CudaAttention(KernelTemplate):
 
     def entry(self, config: Config, d: int) -> str:
         if config["TC"]:
-            return name_expression("attention_mma", d, config["NW"], config["KW"])
+            return name_expression("attention_mma", d, config["NW"], config["KW"], config["PF"])
         if config["QT"] > 1:
             return name_expression("attention_tiled", d, config["QT"], config["NW"])
         return name_expression("attention", d, config["NW"])
