@@ -61,6 +61,20 @@ def test_every_legal_config_of_the_nf4_spaces_is_correct(dev, rng, epilogue):
             check(out, ref, tpl.dtype)
 
 
+@pytest.mark.parametrize("fmt", ["nf4", "f16", "f32"])
+@pytest.mark.parametrize("epilogue", mm.EPILOGUES)
+def test_short_rows_with_a_columns_k_split_over_warps_match_float64(dev, rng, fmt, epilogue):
+    """WK warps a column, each adding its share of K, merged in warp order: one row (a decision's last block) at
+    K = 4608 (every warp of 8 has words) and 3 rows at K = 1088 (a partial last run of words), 160 columns (a partial
+    block of columns), every seed of the short-row space."""
+    tpl = mm.CudaMatmul("rows", fmt, epilogue, True)
+    cfgs = tpl.space("seed").split(dev.info.limits)[0]
+    assert {c["WK"] for c in cfgs} == {1, 2, 4, 8}
+    for shape in [(1, 160, 4608), (3, 160, 1088)]:
+        for cfg in cfgs:
+            check(*run(dev, tpl, cfg, shape, rng), tpl.dtype)
+
+
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("epilogue", mm.EPILOGUES)
 def test_every_legal_splitk_seed_config_of_the_nf4_variants_is_correct(dev, rng, epilogue, norm):

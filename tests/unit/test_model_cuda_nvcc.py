@@ -307,7 +307,8 @@ def test_every_rows_config_and_the_executor_defaults_compile(tmp_path):
     # what the executor launches (the wg, wgt, ws and wgr defaults need sm_90a: their seed tests compile them)
     entries = {t.entry(t.default_config()) for t in variants if t.kind not in (*mm.WGMMA_KINDS, "wgr")}
     entries |= {rows[0].entry(c) for c in legal(rows[0].space())}  # every rows config of one variant
-    entries |= {t.entry(t.config_of({"NT": 256, "RM": 16})) for t in rows}  # the most accumulators, every variant
+    entries |= {t.entry(t.config_of({"NT": 256, "RM": 16, "WK": wk})) for t in rows for wk in (1, 8)}  # the most
+    # accumulators (and merged sums), every variant
     cubin(tmp_path, "rows", MATMUL, sorted(entries))
 
 
@@ -396,8 +397,10 @@ ILLEGAL = [
     ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 64, 4, 4, 1, 0, 2>", "sr_with_slices"),
     ("matmul", "matmul.cu", "nf4_mm_wgr<2, 2, 128, 64, 6, 1, 1, 0, 0>", "smem_227k"),
     ("matmul", "matmul.cu", "nf4_mm_prep<1, 48>", "whole_warps"),
-    ("matmul", "matmul.cu", "nf4_mm_rows<0, 0, 0, 48, 4>", "whole_warps"),
-    ("matmul", "matmul.cu", "nf4_mm_rows<0, 2, 1, 128, 32>", "rows_1_16"),
+    ("matmul", "matmul.cu", "nf4_mm_rows<0, 0, 0, 48, 4, 1>", "whole_warps"),
+    ("matmul", "matmul.cu", "nf4_mm_rows<0, 2, 1, 128, 32, 1>", "rows_1_16"),
+    ("matmul", "matmul.cu", "nf4_mm_rows<0, 2, 1, 128, 2, 3>", "column_warps_1_2_4_8"),
+    ("matmul", "matmul.cu", "nf4_mm_rows<0, 1, 0, 64, 1, 4>", "column_warps_divide_warps"),
     ("rowops", "rowops.cu", "rmsnorm<96>", "pow2"),
     ("rowops", "rowops.cu", "head<2048>", "threads_32_1024"),
     ("shortconv", "shortconv.cu", "shortconv<128, 9>", "taps_2_8"),
@@ -441,7 +444,7 @@ def test_python_rules_refuse_what_the_static_asserts_refuse():
         epi = mm.EPILOGUES[vals[1]]
         tpl = mm.CudaMatmul(kind, fmt, epi, bool(vals[2]))
         names = {"mma": mm.MMA_PARAMS, "splitk": mm.SPLITK_PARAMS, "pipe": mm.PIPE_PARAMS, "ring": mm.RING_PARAMS,
-                 "wg": mm.WG_PARAMS, "ws": mm.WS_PARAMS, "wgr": mm.WGR_PARAMS, "rows": ("NT", "RM")}[kind]
+                 "wg": mm.WG_PARAMS, "ws": mm.WS_PARAMS, "wgr": mm.WGR_PARAMS, "rows": mm.ROWS_PARAMS}[kind]
         cfg = tpl.space().config(dict(zip(names, vals[3:])))
         why = tpl.space().why_illegal(cfg)
         assert why and why[0].split(":")[0] == rule, (entry, why)

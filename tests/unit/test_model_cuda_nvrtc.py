@@ -61,5 +61,5 @@ def test_row_ops_conv_and_attention_compile_under_nvrtc(family, filename, entrie
 
 
 def test_an_illegal_config_fails_under_nvrtc_with_the_rule_name():
-    rc, log = nvrtc_compile(mm.matmul_source(), ["nf4_mm_rows<0, 2, 1, 128, 32>"])
+    rc, log = nvrtc_compile(mm.matmul_source(), ["nf4_mm_rows<0, 2, 1, 128, 32, 1>"])
     assert rc != 0 and "rows_1_16" in log

@@ -197,7 +197,7 @@ def test_a_dispatch_tables_choices_are_what_the_plan_launches(rng):
     mma = {"BM": 32, "BN": 64, "BK": 64, "WM": 16, "WN": 32, "PIPE": 1}
     rows = {"NT": 64, "RM": 2}
     ex = CUDAExecutor(ck, device=dev, dispatch=_table_for(cfg, dev.info.fingerprint, mma, rows, 2))
-    for n, want in ((40, "nf4_mm_mma<0, 1, 0, 32, 64, 64, 16, 32, 1>"), (5, "nf4_mm_rows<0, 1, 0, 64, 2>")):
+    for n, want in ((40, "nf4_mm_mma<0, 1, 0, 32, 64, 64, 16, 32, 1>"), (5, "nf4_mm_rows<0, 1, 0, 64, 2, 1>")):
         plan, _ = ex.plan(rng.integers(0, 512, n), 0, None, False)
         entries = [launch.program.meta["entry"] for launch in plan.launches]
         downs = {e for e, lab in zip(entries, plan.labels) if lab == "ffn.down"}
@@ -422,7 +422,7 @@ def test_a_split_k_table_whose_slices_do_not_divide_k_is_refused_before_anything
 
 
 def test_tune_model_on_cuda_offers_the_cuda_kernels_with_their_seeds():
-    from tilewise.kernels.matmul.cuda import MMA_SEED, CudaMatmul
+    from tilewise.kernels.matmul.cuda import MMA_SEED, ROWS_SEED, CudaMatmul
     from tilewise.model import tune as model_tune
 
     dev = RecordingDevice()
@@ -438,6 +438,10 @@ def test_tune_model_on_cuda_offers_the_cuda_kernels_with_their_seeds():
     legal_seeds = [mma.config_of(v) for v in MMA_SEED if mma.space().is_legal(mma.config_of(v), dev.info.limits)]
     assert legal_seeds and all(c in got for c in legal_seeds)
     assert all(mma.space().is_legal(c, dev.info.limits) for c in got)  # illegal seeds never reach the engine
+    rows = next(t for t, _ in cands if t.kind == "rows")  # the short-row kernel: its default, then its seeds
+    got_rows = [c for t, c in cands if t.kind == "rows"]
+    assert got_rows[:4] == [rows.default_config(), *(rows.config_of(v) for v in ROWS_SEED[:3])]
+    assert {c["WK"] for c in got_rows} == {1, 2, 4, 8}
     assert model_tune.attention_template(dev).backend == "cuda"
     attn = model_tune.attention_candidates(dev, 6, (346, 0, 16, 8, 64))  # the default, then the seeds:
     assert [(c["QT"], c["NW"], c["TC"], c["KW"], c["PF"]) for c in attn] == [  # tensor cores, then the key split

@@ -64,7 +64,7 @@ def offers_f16_out(prog: Program, out: int, out_h: int, rows: int, cols: int, co
     """Mark a program whose launch can store its (rows, cols) f32 output, argument `out`, as f16 rows instead:
     argument `out_h` (NULL by default) set to an f16 buffer, rounded as `nf4_mm_prep<0>` would round it, and `out`
     is then not written. `rows` and `cols` are the indices of the int arguments with the output's shape (the
-    columns are that argument times `cols_scale`). `matmul.cuda.fuse_prep` uses it to drop a matmul's prologue."""
+    columns are that argument times `cols_scale`). `matmul.cuda_fuse.fuse_prep` uses it to drop a matmul's prologue."""
     prog.meta["f16_out"] = (out, out_h, rows, cols, cols_scale)
     return prog
 

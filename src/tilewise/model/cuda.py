@@ -44,6 +44,7 @@ from tilewise.kernels.attention.problem import rope_table
 from tilewise.kernels.base import KernelTemplate
 from tilewise.kernels.cudasrc import FMT_CODE, zeroed
 from tilewise.kernels.matmul import cuda as mm
+from tilewise.kernels.matmul.cuda_fuse import fuse_prep
 from tilewise.kernels.rowops import cuda as rowops
 from tilewise.kernels.shortconv.cuda import CudaShortConv
 from tilewise.kernels.space import Config
@@ -296,7 +297,7 @@ class CUDAExecutor:
         launches = tpl.launches_at(self.program(tpl, cfg, shape), bufs, cfg, shape, x_row0)
         if self.fuse_preps and plan.launches and tpl.preps():
             # the launch before writes these rows; every matmul's input here has this matmul as its only reader
-            fused = mm.fuse_prep(self.dev, plan.launches[-1], launches[0], self._programs)
+            fused = fuse_prep(self.dev, plan.launches[-1], launches[0], self._programs)
             if fused is not None:
                 plan.launches[-1] = fused
                 launches = launches[1:]

@@ -75,8 +75,8 @@ def candidates(template: Any, limits: Any, n: int, seed: int, hand_picked: bool 
     elif template.kind == "sgmat":  # subgroup matrices: the seeds at the device's subgroup size
         seeds = []
         out += template.seed_configs(limits)
-    elif template.backend == "cuda":  # the tensor-core kernel's seed points; the short-row space is small
-        seeds = [dict(c) for c in template.space("seed").points or []] if template.kind != "rows" else []
+    elif template.backend == "cuda":  # every CUDA kind's seed points
+        seeds = [dict(c) for c in template.space("seed").points or []]
     elif template.kind in ("tiled", "splitk"):
         # the template's own f16 settings (one value each); prefetch and columns default to today's kernel
         fixed = {k: space.params[k][0] for k in ("F16S", "F16A") if k in space.params}

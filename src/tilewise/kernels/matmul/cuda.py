@@ -33,8 +33,8 @@ Problem: `matmul.problem.MatmulProblem` (y = epilogue(norm(x) @ W^T), W (N, K) n
   (BT tokens, the wgmma n, in steps of 8) its B operand, one TMA box per step; BF / 64 warpgroups of 64 features.
   KS > 1 sums slices (SR 1: the last block of a tile does, through the `counters` scratch, with no reduction launch);
   DEC 1 decodes nf4 through an f16 code table in registers (byte permutes, f16 scaling);
-- `rows` (`nf4_mm_rows<FMT, EPI, NORM, NT, RM>`): one warp per output column over RM rows, f32 arithmetic, for few
-  rows (a decision's last block, short extends).
+- `rows` (`nf4_mm_rows<FMT, EPI, NORM, NT, RM, WK>`): WK warps per output column over RM rows, splitting its K
+  words, f32 arithmetic, for few rows (a decision's last block, short extends).
 
 Arguments: x, x_row0 (first row of x read), w, absmax, w_up, absmax_up, norm_w, eps, out, M, N, K; every size is an
 argument, so one program serves every shape (`program_key` is the config); split-K's main launch takes `partial`
@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 import numpy as np
@@ -77,6 +77,7 @@ from tilewise.kernels.matmul.cuda_space import (
     KINDS,
     KS_KINDS,
     KS_VALUES,
+    LEGACY_ROWS,
     MAX_FRAGMENTS,
     MMA_FROM_ROWS,
     MMA_PARAMS,
@@ -92,6 +93,8 @@ from tilewise.kernels.matmul.cuda_space import (
     RING_PARAMS,
     RING_SEED,
     RING_VALUES,
+    ROWS_PARAMS,
+    ROWS_SEED,
     ROWS_VALUES,
     SMEM_RESERVED_PER_BLOCK,
     SPLITK_PARAMS,
@@ -144,17 +147,17 @@ from tilewise.kernels.space import Config, Space
 # the spaces (cuda_space.py) are part of this module's interface: callers write `cuda.DEFAULT_RING`
 __all__ = [
     "DEFAULT_MMA", "DEFAULT_PIPE", "DEFAULT_RING", "DEFAULT_ROWS", "DEFAULT_SPLITK", "DEFAULT_WG", "DEFAULT_WGR",
-    "DEFAULT_WS", "EPI_CODE", "KINDS", "KS_KINDS", "KS_VALUES", "MAX_FRAGMENTS", "MMA_FROM_ROWS", "MMA_PARAMS",
-    "MMA_SEED", "MMA_VALUES", "PIPE_PARAMS", "PIPE_SEED", "PIPE_SMEM_MAX", "PIPE_VALUES", "PREP_KINDS", "PREP_NT",
-    "REDUCE_NT", "RING_PARAMS", "RING_SEED", "RING_VALUES", "ROWS_VALUES", "SMEM_RESERVED_PER_BLOCK",
-    "SOURCE_FILES", "SPLITK_PARAMS", "SPLITK_SEED", "STATIC_SMEM_BYTES", "WARP", "WGMMA_KINDS", "WGR_PARAMS",
-    "WGR_SEED", "WGR_SPARE", "WGR_VALUES", "WG_BK", "WG_COMPUTE_CAPABILITY", "WG_PARAMS", "WG_SEED", "WG_SPARE",
-    "WG_VALUES", "WS_PARAMS", "WS_PRODUCER_REGS", "WS_SEED", "WS_VALUES", "CudaMatmul", "CudaNF4MatmulMma",
-    "CudaNF4MatmulRows", "CudaNF4SwigluMma", "all_variants", "fuse_prep", "matmul_source",
-    "mma_held_registers", "mma_rules", "mma_smem_bytes", "mma_threads", "pipe_rules", "pipe_smem_bytes",
-    "ring_rules", "ring_smem_bytes", "ring_spare_needed", "ring_spare_registers", "rows_rules", "splitk_rules",
-    "wg_rules", "wg_smem_bytes", "wg_spare_registers", "wg_threads", "wgr_rules", "wgr_smem_bytes",
-    "wgr_spare_registers", "wgr_threads", "ws_consumer_regs", "ws_rules", "ws_smem_bytes", "ws_threads",
+    "DEFAULT_WS", "EPI_CODE", "KINDS", "KS_KINDS", "KS_VALUES", "LEGACY_ROWS", "MAX_FRAGMENTS", "MMA_FROM_ROWS",
+    "MMA_PARAMS", "MMA_SEED", "MMA_VALUES", "PIPE_PARAMS", "PIPE_SEED", "PIPE_SMEM_MAX", "PIPE_VALUES", "PREP_KINDS",
+    "PREP_NT", "REDUCE_NT", "RING_PARAMS", "RING_SEED", "RING_VALUES", "ROWS_PARAMS", "ROWS_SEED", "ROWS_VALUES",
+    "SMEM_RESERVED_PER_BLOCK", "SOURCE_FILES", "SPLITK_PARAMS", "SPLITK_SEED", "STATIC_SMEM_BYTES", "WARP",
+    "WGMMA_KINDS", "WGR_PARAMS", "WGR_SEED", "WGR_SPARE", "WGR_VALUES", "WG_BK", "WG_COMPUTE_CAPABILITY", "WG_PARAMS",
+    "WG_SEED", "WG_SPARE", "WG_VALUES", "WS_PARAMS", "WS_PRODUCER_REGS", "WS_SEED", "WS_VALUES", "CudaMatmul",
+    "CudaNF4MatmulMma", "CudaNF4MatmulRows", "CudaNF4SwigluMma", "all_variants", "matmul_source",
+    "mma_held_registers", "mma_rules", "mma_smem_bytes", "mma_threads", "pipe_rules", "pipe_smem_bytes", "ring_rules",
+    "ring_smem_bytes", "ring_spare_needed", "ring_spare_registers", "rows_rules", "splitk_rules", "wg_rules",
+    "wg_smem_bytes", "wg_spare_registers", "wg_threads", "wgr_rules", "wgr_smem_bytes", "wgr_spare_registers",
+    "wgr_threads", "ws_consumer_regs", "ws_rules", "ws_smem_bytes", "ws_threads",
 ]
 
 #: the family's CUDA source files, compiled as one text in this order (the later ones use matmul.cu's helpers)
@@ -200,7 +203,8 @@ class CudaMatmul(KernelTemplate):
 
     def space(self, which: str = "full") -> Space:
         if self.kind == "rows":
-            return Space("cuda-matmul-rows", {k: list(v) for k, v in ROWS_VALUES.items()}, rows_rules())
+            return Space(f"cuda-matmul-rows-{which}", {k: list(v) for k, v in ROWS_VALUES.items()}, rows_rules(),
+                         points=ROWS_SEED if which == "seed" else None)
         if self.kind in ("wg", "wgt"):
             return Space(f"cuda-matmul-{self.kind}-{which}", {k: list(v) for k, v in WG_VALUES.items()},
                          wg_rules(self.sets, self.fmt, self.kind == "wgt"), points=WG_SEED if which == "seed" else None)
@@ -223,6 +227,13 @@ class CudaMatmul(KernelTemplate):
                          points=SPLITK_SEED if which == "seed" else None)
         points = MMA_SEED if which == "seed" else None
         return Space(f"cuda-matmul-mma-{which}", values, mma_rules(self.sets, self.fmt, self.norm), points=points)
+
+    def config_of(self, values: Mapping[str, Any]) -> Config:
+        """As the base, and a short-row config written before WK existed (a stored result, an older table) takes
+        `LEGACY_ROWS`: the kernel it measured."""
+        if self.kind == "rows":
+            values = {**LEGACY_ROWS, **values}
+        return super().config_of(values)
 
     def default_config(self) -> Config:
         return self.config_of({"rows": DEFAULT_ROWS, "mma": DEFAULT_MMA, "splitk": DEFAULT_SPLITK,
@@ -278,7 +289,7 @@ class CudaMatmul(KernelTemplate):
     def entry(self, config: Config) -> str:
         head = (FMT_CODE[self.fmt], EPI_CODE[self.epilogue], int(self.norm))
         if self.kind == "rows":
-            return name_expression("nf4_mm_rows", *head, config["NT"], config["RM"])
+            return name_expression("nf4_mm_rows", *head, *(config[p] for p in ROWS_PARAMS))
         if self.kind == "splitk":
             return name_expression("nf4_mm_splitk", *head, *(config[p] for p in SPLITK_PARAMS))
         if self.kind == "pipe":
@@ -360,7 +371,7 @@ class CudaMatmul(KernelTemplate):
     def grid(self, config: Config, shape: Shape) -> tuple[int, int, int]:
         m, n, _ = shape
         if self.kind == "rows":
-            return (math.ceil(n / (config["NT"] // WARP)), math.ceil(m / config["RM"]), 1)
+            return (math.ceil(n / (config["NT"] // WARP // config["WK"])), math.ceil(m / config["RM"]), 1)
         if self.kind == "wgr":
             return (math.ceil(n / config["BF"]), math.ceil(m / config["BT"]), config["KS"])
         return (math.ceil(n / config["BN"]), math.ceil(m / config["BM"]), config.get("KS", 1))
@@ -431,7 +442,7 @@ class CudaMatmul(KernelTemplate):
 
     def describe(self, config: Config) -> str:
         if self.kind == "rows":
-            return f"rows nt{config['NT']} rm{config['RM']}"
+            return f"rows nt{config['NT']} rm{config['RM']}" + (f" wk{config['WK']}" if config["WK"] > 1 else "")
         if self.kind == "wgr":
             return (f"wgr {config['BF']}x{config['BT']}x{WG_BK} st{config['ST']} ks{config['KS']} "
                     f"mb{config['MB']}" + (" dec1" if config["DEC"] else "") + (" sr" if self.serial(config) else ""))
@@ -447,7 +458,7 @@ class CudaMatmul(KernelTemplate):
     def tile_waste(self, config: Config, shape: Shape) -> float:
         m, n, _ = shape
         if self.kind == "rows":
-            bm, bn = config["RM"], config["NT"] // WARP
+            bm, bn = config["RM"], config["NT"] // WARP // config["WK"]
         elif self.kind == "wgr":
             bm, bn = config["BT"], config["BF"]
         else:
@@ -463,45 +474,6 @@ def absmax_by_step(absmax: np.ndarray, n: int) -> np.ndarray:
     """nf4's absmax (N * K / 64,), one row of scales per output row, as (K / 64, N): a K step's scales of N rows
     contiguous (what the wgr kind reads)."""
     return np.ascontiguousarray(np.asarray(absmax, np.float32).reshape(n, -1).T)
-
-
-def fuse_prep(device: Device, prev: Launch, prep: Launch, programs: dict[Any, Program]) -> Launch | None:
-    """The launch that does `prev` and the f16 prologue `prep` right after it, where the prologue reads exactly the
-    rows `prev` wrote (None where the pair does not fit). The same arithmetic, so the same bits:
-
-    - a residual split-K reduction and a prologue (normed or not) of its rows: one `nf4_mm_reduce_prep` launch
-      (`programs` caches its programs by key);
-    - a launch that offers f16 output (`cudasrc.offers_f16_out`: wgr applying its own epilogue, the short conv,
-      attention) and
-      an unnormed prologue of that output: the same launch storing f16 rows where the prologue would have. Its f32
-      output is then not written: the caller fuses only where the prologue's matmul is that output's only reader.
-    """
-    role = prep.program.meta.get("role")
-    if role is None or role[0] != "prep":
-        return None
-    x, x_row0, norm_w, eps, xh, k = prep.buffers
-    if int(x_row0) != 0:
-        return None
-    if prev.program.meta.get("role") == ("reduce", EPI_CODE["residual"]):
-        partial, ks, out, m, n = prev.buffers
-        if x is not out or int(k) != int(n) or int(n) % 4 or prep.grid[0] != int(m):
-            return None
-        prog = programs.get(("reduce_prep", role[1]))
-        if prog is None:
-            prog = programs[("reduce_prep", role[1])] = compile_cuda(
-                device, matmul_source(), name_expression("nf4_mm_reduce_prep", role[1], PREP_NT), PREP_NT,
-                f"nf4_mm_reduce_prep[norm={role[1]}]")
-        return Launch(prog, (int(m), 1, 1), [partial, ks, out, m, n, norm_w, eps, xh])
-    offer = prev.program.meta.get("f16_out")
-    if offer is not None and role[1] == 0:
-        out, out_h, rows, cols, cols_scale = offer
-        args = list(prev.buffers)
-        if (args[out] is not x or args[out_h] is not NULL or int(args[rows]) != prep.grid[0]
-                or int(args[cols]) * cols_scale != int(k)):
-            return None
-        args[out_h] = xh
-        return Launch(prev.program, prev.grid, args)
-    return None
 
 
 def all_variants(eps: float = 1e-5) -> list[CudaMatmul]:

@@ -25,7 +25,7 @@ MAX_FRAGMENTS = 16
 #: the row count from which the tensor-core kernel is the default (below it the short-row kernel)
 MMA_FROM_ROWS = 32
 DEFAULT_MMA = {"BM": 64, "BN": 64, "BK": 32, "WM": 32, "WN": 32, "PIPE": 2}
-DEFAULT_ROWS = {"NT": 128, "RM": 4}
+DEFAULT_ROWS = {"NT": 128, "RM": 4, "WK": 1}
 MMA_PARAMS = ("BM", "BN", "BK", "WM", "WN", "PIPE")
 SPLITK_PARAMS = (*MMA_PARAMS, "KS")
 KS_VALUES = [2, 4, 8]
@@ -47,7 +47,16 @@ SPLITK_SEED = [dict(zip(SPLITK_PARAMS, v)) for v in (
     (32, 64, 32, 16, 32, 2, 8), (64, 128, 32, 32, 64, 2, 4), (32, 128, 64, 32, 32, 2, 2), (64, 64, 64, 32, 32, 2, 8),
     (128, 64, 32, 64, 32, 2, 2),
 )]
-ROWS_VALUES: dict[str, list[int]] = {"NT": [64, 128, 256], "RM": [1, 2, 4, 8, 16]}
+ROWS_PARAMS = ("NT", "RM", "WK")
+ROWS_VALUES: dict[str, list[int]] = {"NT": [64, 128, 256], "RM": [1, 2, 4, 8, 16], "WK": [1, 2, 4, 8]}
+#: tried after the default by `tune model --budget N`: a decision's last block is one row, where a column's weights
+#: are a chain of loads that more warps a column (WK) spread over more of the GPU
+ROWS_SEED = [dict(zip(ROWS_PARAMS, v)) for v in (
+    (256, 1, 4), (256, 1, 8), (128, 1, 4), (256, 1, 2), (128, 1, 1), (256, 2, 4), (64, 1, 2), (256, 2, 1),
+    (128, 2, 2), (256, 4, 8),
+)]
+#: WK of a config written before the column's warps could split K: the kernel it measured
+LEGACY_ROWS = {"WK": 1}
 PIPE_PARAMS = ("BM", "BN", "BK", "WM", "WN", "ST", "KS", "MB")
 PIPE_VALUES: dict[str, list[int]] = {"BM": [32, 64, 128], "BN": [32, 64, 128, 256], "BK": [32, 64],
                                       "WM": [16, 32, 64], "WN": [16, 32, 64], "ST": [3, 4, 6], "KS": [1, 2, 4, 8],
@@ -465,6 +474,11 @@ def rows_rules() -> list[Rule]:
              lambda c, _: f"NT = {c.NT} is not a whole number of warps in 32..1024"),
         Rule("rows_1_16", lambda c, _: 1 <= c.RM <= 16, lambda c, _: f"RM = {c.RM} rows per block is not in 1..16",
              doc="RM accumulators per weight set per lane"),
+        Rule("column_warps_1_2_4_8", lambda c, _: c.WK in (1, 2, 4, 8),
+             lambda c, _: f"WK = {c.WK} warps per output column is not 1, 2, 4 or 8"),
+        Rule("column_warps_divide_warps", lambda c, _: (c.NT // WARP) % c.WK == 0,
+             lambda c, _: f"NT / 32 = {c.NT // WARP} warps do not form whole groups of WK = {c.WK}",
+             doc="a column's WK warps split its K words and add their sums in shared memory"),
         Rule("threads_per_block", lambda c, lim: lim.max_invocations_per_workgroup >= c.NT,
              lambda c, lim: f"NT = {c.NT} > the device's {lim.max_invocations_per_workgroup}", needs_limits=True),
     ]

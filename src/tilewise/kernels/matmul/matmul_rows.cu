@@ -1,7 +1,10 @@
 // matmul_rows.cu - the short-row matmul (few rows); compiled after matmul.cu (its helpers).
 //
-// nf4_mm_rows<FMT, EPI, NORM, NT, RM>: the short-row path (few rows): one warp per output column and RM rows, the
-// lanes split K in words of 8 weights, f32 arithmetic, a warp reduction; grid (ceil(N / (NT/32)), ceil(M / RM)).
+// nf4_mm_rows<FMT, EPI, NORM, NT, RM, WK>: the short-row path (few rows): WK warps per output column and RM rows,
+// the lanes of the column's warps split K in words of 8 weights (interleaved: warp w of a column takes words w,
+// w + WK, ... of each lane's run), f32 arithmetic, a warp reduction, then (WK > 1) the column's warps' sums added in
+// warp order through shared memory; grid (ceil(N / (NT / 32 / WK)), ceil(M / RM)). A few iterations of the K loop are
+// unrolled so that their weight loads are in flight together: with one row, the loop is a chain of loads.
 
 // eight consecutive weights of row n starting at column k (k % 8 == 0), as f32
 template <int FMT>
@@ -32,27 +35,34 @@ __device__ __forceinline__ void load8(const unsigned *w, const float *absmax, co
   }
 }
 
-__host__ __device__ constexpr int rows_first_failure(int FMT, int EPI, int NORM, int NT, int RM) {
+__host__ __device__ constexpr int rows_first_failure(int FMT, int EPI, int NORM, int NT, int RM, int WK) {
   if (FMT < 0 || FMT > 2 || EPI < 0 || EPI > 2 || NORM < 0 || NORM > 1) return 1;  // variant
   if (NT % WARPSIZE != 0 || NT < WARPSIZE || NT > 1024) return 2;                // whole_warps
   if (RM < 1 || RM > 16) return 3;                                               // rows_1_16
+  if (WK != 1 && WK != 2 && WK != 4 && WK != 8) return 4;                        // column_warps_1_2_4_8
+  if ((NT / WARPSIZE) % WK != 0) return 5;                                       // column_warps_divide_warps
   return 0;
 }
 
-template <int FMT, int EPI, int NORM, int NT, int RM>
+template <int FMT, int EPI, int NORM, int NT, int RM, int WK>
 __global__ void __launch_bounds__(NT, 1)
 nf4_mm_rows(const float *__restrict__ x, int x_row0, const unsigned *__restrict__ w, const float *__restrict__ absmax,
             const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, const float *__restrict__ norm_w,
             float eps, float *__restrict__ out, int M, int N, int K) {
   PDL_BEGIN();
-  constexpr int FAIL = rows_first_failure(FMT, EPI, NORM, NT, RM);
+  constexpr int FAIL = rows_first_failure(FMT, EPI, NORM, NT, RM, WK);
   static_assert(FAIL != 1, "variant: FMT in 0..2 (nf4, f16, f32), EPI in 0..2 (none, residual, swiglu), NORM 0/1");
   static_assert(FAIL != 2, "whole_warps: NT must be a whole number of warps, 32..1024");
   static_assert(FAIL != 3, "rows_1_16: RM (rows per block) must be 1..16");
+  static_assert(FAIL != 4, "column_warps_1_2_4_8: WK (warps per output column) must be 1, 2, 4 or 8");
+  static_assert(FAIL != 5, "column_warps_divide_warps: NT / 32 warps must be whole groups of WK");
   constexpr int SETS = EPI == 2 ? 2 : 1;
+  // loads of this many K iterations in flight together; with many rows the x loads would hold too many registers
+  constexpr int UNROLL = RM <= 2 ? 4 : RM <= 4 ? 2 : 1;
   __shared__ float rs[RM];
   __shared__ float lut[16];  // the NF4 code: a constant-memory table serializes on a warp's different indices
-  const int warp = threadIdx.x / WARPSIZE, lane = threadIdx.x % WARPSIZE;
+  __shared__ float part[WK > 1 ? NT / WARPSIZE : 1][SETS][RM];  // WK > 1: each warp's sums
+  const int warp = threadIdx.x / WARPSIZE, lane = threadIdx.x % WARPSIZE, kw = warp % WK;
   const int m0 = blockIdx.y * RM;
   if (threadIdx.x < 16) lut[threadIdx.x] = NF4_CODE[threadIdx.x];
   const int rows = min(RM, M - m0);
@@ -63,14 +73,17 @@ nf4_mm_rows(const float *__restrict__ x, int x_row0, const unsigned *__restrict_
     if (lane == 0) rs[r] = v;
   }
   __syncthreads();
-  const int n = blockIdx.x * (NT / WARPSIZE) + warp;
-  if (n >= N) return;
+  const int n = blockIdx.x * (NT / WARPSIZE / WK) + warp / WK;
+  const bool active = n < N;  // every warp of a column agrees; no warp returns before the merge's barrier
+  if (WK == 1 && !active) return;
   float acc[SETS][RM];
 #pragma unroll
   for (int s = 0; s < SETS; ++s)
 #pragma unroll
     for (int r = 0; r < RM; ++r) acc[s][r] = 0.0f;
-  for (int k = lane * 8; k < K; k += WARPSIZE * 8) {
+  const int k_end = active ? K : 0;
+#pragma unroll UNROLL
+  for (int k = (kw * WARPSIZE + lane) * 8; k < k_end; k += WK * WARPSIZE * 8) {
     float wv[SETS][8];
     load8<FMT>(w, absmax, lut, n, k, K, wv[0]);
     if (SETS == 2) load8<FMT>(w_up, absmax_up, lut, n, k, K, wv[SETS - 1]);
@@ -101,7 +114,23 @@ nf4_mm_rows(const float *__restrict__ x, int x_row0, const unsigned *__restrict_
     for (int r = 0; r < RM; ++r)
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) acc[s][r] += __shfl_xor_sync(0xffffffffu, acc[s][r], o);
-  if (lane != 0) return;
+  if constexpr (WK > 1) {  // the column's first warp adds the others' sums, in warp order
+    if (lane == 0) {
+#pragma unroll
+      for (int s = 0; s < SETS; ++s)
+#pragma unroll
+        for (int r = 0; r < RM; ++r) part[warp][s][r] = acc[s][r];
+    }
+    __syncthreads();
+    if (kw != 0 || lane != 0) return;
+#pragma unroll
+    for (int s = 0; s < SETS; ++s)
+#pragma unroll
+      for (int r = 0; r < RM; ++r)
+#pragma unroll
+        for (int j = 1; j < WK; ++j) acc[s][r] += part[warp + j][s][r];
+  }
+  if (lane != 0 || !active) return;
 #pragma unroll
   for (int r = 0; r < RM; ++r) {
     if (r < rows) {

@@ -1,0 +1,50 @@
+"""Joining a matmul's f16 prologue (`nf4_mm_prep`) with the launch before it, where that launch wrote exactly the
+prologue's rows (the CUDA executor's choice, `fuse_preps`): one launch fewer, the same bits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tilewise.devices.base import Device, Launch, Program
+from tilewise.kernels.cudasrc import NULL, compile_cuda, name_expression
+from tilewise.kernels.matmul.cuda import matmul_source
+from tilewise.kernels.matmul.cuda_space import EPI_CODE, PREP_NT
+
+
+def fuse_prep(device: Device, prev: Launch, prep: Launch, programs: dict[Any, Program]) -> Launch | None:
+    """The launch that does `prev` and the f16 prologue `prep` right after it, where the prologue reads exactly the
+    rows `prev` wrote (None where the pair does not fit). The same arithmetic, so the same bits:
+
+    - a residual split-K reduction and a prologue (normed or not) of its rows: one `nf4_mm_reduce_prep` launch
+      (`programs` caches its programs by key);
+    - a launch that offers f16 output (`cudasrc.offers_f16_out`: wgr applying its own epilogue, the short conv,
+      attention) and
+      an unnormed prologue of that output: the same launch storing f16 rows where the prologue would have. Its f32
+      output is then not written: the caller fuses only where the prologue's matmul is that output's only reader.
+    """
+    role = prep.program.meta.get("role")
+    if role is None or role[0] != "prep":
+        return None
+    x, x_row0, norm_w, eps, xh, k = prep.buffers
+    if int(x_row0) != 0:
+        return None
+    if prev.program.meta.get("role") == ("reduce", EPI_CODE["residual"]):
+        partial, ks, out, m, n = prev.buffers
+        if x is not out or int(k) != int(n) or int(n) % 4 or prep.grid[0] != int(m):
+            return None
+        prog = programs.get(("reduce_prep", role[1]))
+        if prog is None:
+            prog = programs[("reduce_prep", role[1])] = compile_cuda(
+                device, matmul_source(), name_expression("nf4_mm_reduce_prep", role[1], PREP_NT), PREP_NT,
+                f"nf4_mm_reduce_prep[norm={role[1]}]")
+        return Launch(prog, (int(m), 1, 1), [partial, ks, out, m, n, norm_w, eps, xh])
+    offer = prev.program.meta.get("f16_out")
+    if offer is not None and role[1] == 0:
+        out, out_h, rows, cols, cols_scale = offer
+        args = list(prev.buffers)
+        if (args[out] is not x or args[out_h] is not NULL or int(args[rows]) != prep.grid[0]
+                or int(args[cols]) * cols_scale != int(k)):
+            return None
+        args[out_h] = xh
+        return Launch(prev.program, prev.grid, args)
+    return None
