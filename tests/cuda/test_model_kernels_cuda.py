@@ -266,7 +266,7 @@ def test_embed(dev, rng, fmt, shape):
     np.testing.assert_array_equal(out, ref.astype(np.float32))  # a gather of exact stored values
 
 
-@pytest.mark.parametrize("shape", [(1, 64, 8), (346, 1024, 8), (3, 256, 1)])
+@pytest.mark.parametrize("shape", [(1, 64, 8), (346, 1024, 8), (3, 256, 1), (2, 96, 11)])  # 11: a partial 2nd pass
 def test_head(dev, rng, shape):
     tpl = CudaHead(1e-5)
     for cfg in tpl.space().split(dev.info.limits)[0]:

@@ -5,7 +5,7 @@
 //   embed<FMT, NT>(ids, w, absmax, out, M, H)          grid (ceil(H / NT), M); FMT 0 nf4 (bitsandbytes nibbles, one
 //                                                      absmax per 64 weights), 1 f16, 2 f32
 //   head<NT>(x, row, norm_w, head_w, out, H, L, eps)  grid (1): out[0..H) = the normed row `row` of x, then the L
-//                                                      scores head_w (L, H) @ that row
+//                                                      scores head_w (L, H) @ that row, HEAD_LABELS a pass
 //   copy_words<NT>(src, src_word, dst, dst_word, n)   grid (ceil(n / NT))
 //   copy_pairs<NT>(s0, d0, ..., s7, d7, n)            grid (ceil(n / NT), P): pair y < P <= 8 copies words 0..n-1
 //                                                      of s_y to d_y (one launch for every K/V prefix of a decision)
@@ -81,6 +81,9 @@ __global__ void __launch_bounds__(NT) embed(const int *__restrict__ ids, const u
   out[(size_t)m * H + c] = v;
 }
 
+// scores head() sums in one pass over the row: each pass ends in one block reduction, not one per score
+#define HEAD_LABELS 8
+
 template <int NT>
 __global__ void __launch_bounds__(NT) head(const float *__restrict__ x, int row, const float *__restrict__ norm_w,
                                            const float *__restrict__ head_w, float *__restrict__ out, int H, int L,
@@ -88,16 +91,40 @@ __global__ void __launch_bounds__(NT) head(const float *__restrict__ x, int row,
   PDL_BEGIN();
   ROWOPS_ASSERTS(NT);
   __shared__ float red[NT / WARPSIZE];
+  __shared__ float reds[HEAD_LABELS][NT / WARPSIZE];
+  const int warp = threadIdx.x / WARPSIZE, lane = threadIdx.x % WARPSIZE;
   const float *xr = x + (size_t)row * H;
   float ss = 0.0f;
   for (int c = threadIdx.x; c < H; c += NT) ss += xr[c] * xr[c];
   const float r = rsqrtf(block_sum<NT>(ss, red) / (float)H + eps);
   for (int c = threadIdx.x; c < H; c += NT) out[c] = xr[c] * r * norm_w[c];
-  for (int l = 0; l < L; ++l) {
-    float d = 0.0f;
-    for (int c = threadIdx.x; c < H; c += NT) d += head_w[(size_t)l * H + c] * (xr[c] * r * norm_w[c]);
-    const float s = block_sum<NT>(d, red);
-    if (threadIdx.x == 0) out[H + l] = s;
+  for (int l0 = 0; l0 < L; l0 += HEAD_LABELS) {
+    float d[HEAD_LABELS];
+#pragma unroll
+    for (int j = 0; j < HEAD_LABELS; ++j) d[j] = 0.0f;
+    for (int c = threadIdx.x; c < H; c += NT) {
+      const float v = xr[c] * r * norm_w[c];
+#pragma unroll
+      for (int j = 0; j < HEAD_LABELS; ++j)
+        if (l0 + j < L) d[j] += head_w[(size_t)(l0 + j) * H + c] * v;
+    }
+    // each score through block_sum's tree: the warp's shuffles, then the warps' sums in warp order
+#pragma unroll
+    for (int j = 0; j < HEAD_LABELS; ++j)
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) d[j] += __shfl_xor_sync(0xffffffffu, d[j], o);
+    __syncthreads();  // the previous pass has read `reds`
+    if (lane == 0) {
+#pragma unroll
+      for (int j = 0; j < HEAD_LABELS; ++j) reds[j][warp] = d[j];
+    }
+    __syncthreads();
+    if (threadIdx.x < HEAD_LABELS && l0 + threadIdx.x < L) {
+      float s = 0.0f;
+#pragma unroll
+      for (int i = 0; i < NT / WARPSIZE; ++i) s += reds[threadIdx.x][i];
+      out[H + l0 + threadIdx.x] = s;
+    }
   }
 }
 
