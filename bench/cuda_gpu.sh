@@ -29,6 +29,8 @@
 #                           and bench/prompt_encode.py: this host's time to render and encode one prompt
 #   WORK/latency.txt, play_latency.json  experiments/play_latency.py: one play decision split into prompt and model,
 #                           back to back against after an idle gap, with and without waking the GPU first
+#   WORK/l2.txt, l2/        experiments/l2_tune_cuda.py: the model tuned with L2 evicted before every sample (the
+#                           tuner's default) and with L2 kept, the picks that differ and a decision race on both
 #   OUT_DIR/status.txt      one line per step: name, exit status (124: timed out), seconds
 #   OUT_DIR/cuda_gpu.tgz    WORK packed after every step, without the results store (a call returns few files)
 # SKIP="pytest matmul" leaves steps out; each step runs under `timeout`, so one failure or hang stops no other.
@@ -83,3 +85,5 @@ step prompt 60 "$WORK/prompt.txt" "$PY" bench/prompt_encode.py --out "$WORK"
 step play "${PLAY_S:-90}" "$WORK/play.txt" "$PY" -m tilewise play --device cuda --steps 200 --no-watch --json "$WORK/play.json"
 step latency "${LATENCY_S:-60}" "$WORK/latency.txt" "$PY" experiments/play_latency.py --device cuda --decisions 60 \
     --rounds 5 --gaps-us 300,1000 --out "$WORK"
+step l2 "${L2_S:-240}" "$WORK/l2.txt" "$PY" experiments/l2_tune_cuda.py --out "$WORK/l2" --preset "$PRESET" \
+    --seq "$SEQ" --budget "${TUNE_BUDGET:-6}"
