@@ -188,22 +188,29 @@ def test_both_wgr_decodes_hold_every_output_column_within_the_f16_tolerance(dev,
     assert not bad, (bad[:8], compare(out[:, bad[0]], ref[:, bad[0]], tpl.dtype).message)
 
 
+#: per kind with SR: a split config (KS 4) and its launches without the reduction (wgr: the prologue and the matmul)
+SR_CASES = {"wgr": ({**mm.DEFAULT_WGR, "BT": 32, "KS": 4}, 2),
+            "splitk": ({**mm.DEFAULT_SPLITK, "BM": 32, "BN": 64, "BK": 64, "WM": 16, "WN": 32, "KS": 4}, 1)}
+
+
+@pytest.mark.parametrize("kind", list(SR_CASES))
 @pytest.mark.parametrize(("epilogue", "norm"), [("none", True), ("residual", False), ("swiglu", True)])
 @pytest.mark.parametrize("shape", [(97, 224, 1024), (346, 1056, 1024), (7, 96, 512)])
-def test_wgr_slices_summed_by_the_last_block_equal_the_reduction_launch(dev, rng, epilogue, norm, shape):
+def test_slices_summed_by_the_last_block_equal_the_reduction_launch(dev, rng, kind, epilogue, norm, shape):
     """SR 1 (the last of a tile's blocks sums the KS slices, counted in `counters`) adds them in the reduction's
     order: the same bits as SR 0's separate launch, launch after launch (the counters go back to 0), every tile."""
-    if dev.info.limits.compute_capability != "9.0":
+    if kind == "wgr" and dev.info.limits.compute_capability != "9.0":
         pytest.skip("wgmma needs a Hopper GPU")
-    tpl = mm.CudaMatmul("wgr", "nf4", epilogue, norm)
+    tpl = mm.CudaMatmul(kind, "nf4", epilogue, norm)
     host = tpl.make_inputs(shape, rng)
     bufs = tpl.upload(dev, host, shape)
+    base, serial_launches = SR_CASES[kind]
     got = {}
     for sr in (0, 1):
-        cfg = tpl.config_of({**mm.DEFAULT_WGR, "BT": 32, "KS": 4, "SR": sr})
+        cfg = tpl.config_of({**base, "SR": sr})
         assert tpl.why_illegal(cfg, dev.info.limits, shape) == []
         launches = tpl.launches(tpl.compile(dev, cfg, shape), bufs, cfg, shape)
-        assert len(launches) == (2 if sr else 3)  # the prologue, the matmul (and the reduction)
+        assert len(launches) == serial_launches + (0 if sr else 1)
         for _ in range(3):
             tpl.poison(dev, bufs, shape)
             dev.run(launches)

@@ -27,6 +27,7 @@ SM90 = get_profile("sm_90")
 
 MM_SIG = ("(const float *, int, const unsigned *, const float *, const unsigned *, const float *, const float *, "
           "float, float *, int, int, int)")
+SPLITK_SIG = MM_SIG[:-1] + ", float *, unsigned *)"
 ATTN_SIG = "(const float *, const float *, const float *, float *, int, int, int, int, int, unsigned short *)"
 SIGS = {
     "rmsnorm": "(const float *, const float *, float *, int, int, float)",
@@ -42,7 +43,7 @@ SIGS = {
     "attention_mma": ATTN_SIG,
     "nf4_mm_mma": MM_SIG,
     "nf4_mm_rows": MM_SIG,
-    "nf4_mm_splitk": MM_SIG,
+    "nf4_mm_splitk": SPLITK_SIG,
     "nf4_mm_pipe": MM_SIG,
     "nf4_mm_ring": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, "
                     "float *, int, int, int)"),
@@ -136,7 +137,16 @@ def test_every_splitk_seed_config_of_every_variant_and_the_reductions_compile(tm
         assert len(legal(t.space("seed"))) >= (5 if t.epilogue == "swiglu" else 9), t.name
     entries = sorted({t.entry(c) for t in split for c in legal(t.space("seed"))} | {t.reduce_entry() for t in split})
     assert sum(e.startswith("nf4_mm_splitk_reduce") for e in entries) == 3  # one per epilogue
+    assert sum(e.endswith(", 1>") for e in entries if e.startswith("nf4_mm_splitk<")) >= 18  # SR 1 in every variant
     cubin(tmp_path, "splitk", MATMUL, entries)
+
+
+def test_split_k_with_sr_keeps_its_flag_within_48_kb():
+    """SR 1 adds one shared word beside `mma_smem_bytes` (which the smem_48k rule counts): every legal split-K
+    config of the space leaves room for it, so no rule needs to count it."""
+    most = max(mm.mma_smem_bytes(c, t.sets) for t in mm.all_variants() if t.kind == "splitk"
+               for c in legal(t.space()) if c["SR"])
+    assert most + 4 <= mm.STATIC_SMEM_BYTES
 
 
 def test_every_pipe_seed_config_of_every_variant_compiles_without_spilling(tmp_path):
@@ -342,8 +352,9 @@ ILLEGAL = [
     ("matmul", "matmul.cu", "nf4_mm_mma<0, 2, 0, 64, 64, 32, 64, 64, 2>", "fragments_per_warp_16"),
     ("matmul", "matmul.cu", "nf4_mm_mma<3, 0, 0, 64, 64, 32, 32, 32, 2>", "variant"),
     ("matmul", "matmul.cu", "nf4_mm_mma<0, 1, 0, 64, 64, 32, 32, 32, 3>", "pipe_1_2"),
-    ("matmul", "matmul.cu", "nf4_mm_splitk<0, 1, 0, 64, 64, 32, 32, 32, 2, 3>", "ks_2_4_8"),
-    ("matmul", "matmul.cu", "nf4_mm_splitk<0, 2, 1, 128, 128, 64, 64, 64, 2, 4>", "smem_48k"),
+    ("matmul", "matmul.cu", "nf4_mm_splitk<0, 1, 0, 64, 64, 32, 32, 32, 2, 3, 0>", "ks_2_4_8"),
+    ("matmul", "matmul.cu", "nf4_mm_splitk<0, 2, 1, 128, 128, 64, 64, 64, 2, 4, 0>", "smem_48k"),
+    ("matmul", "matmul.cu", "nf4_mm_splitk<0, 1, 0, 64, 64, 32, 32, 32, 2, 4, 2>", "sr_0_1"),
     ("matmul", "matmul.cu", "nf4_mm_splitk_reduce<1, 48>", "whole_warps"),
     ("matmul", "matmul.cu", "nf4_mm_pipe<0, 0, 0, 64, 64, 32, 32, 32, 2, 1, 2>", "stages_3_8"),
     ("matmul", "matmul.cu", "nf4_mm_pipe<0, 0, 0, 64, 64, 48, 32, 32, 4, 1, 2>", "raw_rows_16b"),
@@ -455,15 +466,15 @@ def test_cpp_mma_rules_agree_with_python_rules(tmp_path, kind):
     rng = random.Random(5)
     pick = [16, 24, 32, 48, 64, 96, 128] if kind not in ("pipe", "ring") else [16, 32, 32, 48, 64, 64, 128]
 
-    def tail() -> tuple[int, ...]:  # pipe / ring: ST, KS, MB; mma: PIPE; splitk: PIPE, KS
+    def tail() -> tuple[int, ...]:  # pipe / ring: ST, KS, MB; mma: PIPE; splitk: PIPE, KS, SR
         if kind in ("pipe", "ring"):
             return rng.choice([1, 2, 3, 4, 4, 6, 8, 9]), rng.choice([1, 1, 2, 3, 4, 8]), rng.choice([1, 2, 2, 3])
-        ks = (rng.choice([1, 2, 3, 4, 4, 8, 8, 16]),) if kind == "splitk" else ()
+        ks = (rng.choice([1, 2, 3, 4, 4, 8, 8, 16]), rng.choice([0, 0, 1, 1, 2])) if kind == "splitk" else ()
         return rng.choice([1, 2, 2, 3]), *ks
 
     norms = [0] if kind == "ring" else [0, 1]  # the ring kind's norm is its prologue's: no NORM argument
     tuples = [(rng.choice([0, 1, 2]), rng.choice([0, 1, 2]), *([rng.choice(norms)] if kind != "ring" else []),
-               *(rng.choice(pick) for _ in range(5)), *tail()) for _ in range(2500)]
+               *(rng.choice(pick) for _ in range(5)), *tail()) for _ in range(3500)]
     width = len(tuples[0])
     rows = ",\n".join("{" + ", ".join(map(str, t)) + "}" for t in tuples)
     call = ", ".join(f"t[{i}]" for i in range(width))

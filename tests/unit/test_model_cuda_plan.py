@@ -228,7 +228,7 @@ def test_a_split_k_choice_launches_the_slices_into_the_partial_buffer_then_the_r
     for main, red in zip(downs[::2], downs[1::2]):
         check_launch(main, sigs)
         check_launch(red, sigs)
-        assert main.program.meta["entry"] == "nf4_mm_splitk<0, 1, 0, 32, 64, 32, 16, 32, 2, 2>"
+        assert main.program.meta["entry"] == "nf4_mm_splitk<0, 1, 0, 32, 64, 32, 16, 32, 2, 2, 0>"
         assert red.program.meta["entry"] == "nf4_mm_splitk_reduce<1, 256>"
         assert main.grid == (1, 2, 2)  # ceil(64 / 64) column tiles, ceil(40 / 32) row tiles, KS = 2 slices
         partial = main.buffers[8]
@@ -238,6 +238,38 @@ def test_a_split_k_choice_launches_the_slices_into_the_partial_buffer_then_the_r
         assert red.grid == (-(-n * H // 256), 1, 1)
     others = [lab for lab in plan.labels if lab.startswith("ffn.gate_up")]
     assert len(others) == len(cfg.layer_types)  # one launch each
+
+
+def test_a_split_k_choice_with_sr_sums_the_slices_in_its_own_launch(rng):
+    """ffn.down on split-K with SR 1: one launch per layer, no reduction; it writes the partial buffer, sums into
+    the residual rows itself and counts tiles in the executor's zeroed `counters` scratch (one word per tile)."""
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
+    dev = RecordingDevice()
+    writes: list[tuple[Buffer, bool]] = []  # (buffer, all zeros) of every write
+    record = dev.write
+
+    def write(buffer: Buffer, array: np.ndarray, offset_bytes: int = 0) -> None:
+        writes.append((buffer, not np.asarray(array).any()))
+        record(buffer, array, offset_bytes)
+
+    dev.write = write  # type: ignore[method-assign]
+    split = {"BM": 32, "BN": 64, "BK": 32, "WM": 16, "WN": 32, "PIPE": 2, "KS": 2, "SR": 1}
+    ex = CUDAExecutor(ck, device=dev, dispatch=_table_for(cfg, dev.info.fingerprint, split, {"NT": 64, "RM": 2}, 4,
+                                                          kind="splitk"))
+    sigs = kernel_signatures()
+    plan, _ = ex.plan(rng.integers(0, 512, 40), 0, None, False)
+    downs = [launch for launch, lab in zip(plan.launches, plan.labels) if lab == "ffn.down"]
+    assert len(downs) == len(cfg.layer_types)
+    assert not any(launch.program.meta["entry"].startswith("nf4_mm_splitk_reduce") for launch in plan.launches)
+    counters = ex._scratch["counters"]
+    for main in downs:
+        check_launch(main, sigs)
+        assert main.program.meta["entry"] == "nf4_mm_splitk<0, 1, 0, 32, 64, 32, 16, 32, 2, 2, 1>"
+        assert main.buffers[8] is ex._scratch["partial"] and main.buffers[12] is ex.act["x"]
+        assert main.buffers[13] is counters
+    assert counters.nbytes >= 4 * 2  # 2 tiles at 40 rows (and more at the row capacity)
+    assert [z for b, z in writes if b is counters] == [True]  # zeroed once, when it was made
 
 
 @pytest.mark.parametrize("kind", ["ring", "wg", "ws"])

@@ -7,10 +7,10 @@ Problem: `matmul.problem.MatmulProblem` (y = epilogue(norm(x) @ W^T), W (N, K) n
   step through PIPE shared-memory buffers (x normed and rounded to f16, W decoded once per step, the next step's
   words loaded into registers during the math), WM x WN per warp in m16n8k16 `mma.sync` steps fed by `ldmatrix`
   (inline PTX). f16 operands, so it is verified at the f16 tolerance;
-- `splitk` (`nf4_mm_splitk<..., PIPE, KS>` + `nf4_mm_splitk_reduce<EPI, NT>`): the same main loop over KS slices
-  of K (grid z), raw f32 partial sums into the `partial` scratch (KS, SETS, M, N), then a second launch adds the
-  slices in a fixed order and applies the epilogue: it fills the GPU where N / BN * M / BM tiles would not (the
-  N = 1024 projections);
+- `splitk` (`nf4_mm_splitk<..., PIPE, KS, SR>` + `nf4_mm_splitk_reduce<EPI, NT>`): the same main loop over KS
+  slices of K (grid z), raw f32 partial sums into the `partial` scratch (KS, SETS, M, N), then a second launch adds
+  the slices in a fixed order and applies the epilogue (SR 1: the last block of each tile does, as wgr's): it fills
+  the GPU where N / BN * M / BM tiles would not (the N = 1024 projections);
 - `pipe` (`nf4_mm_pipe<..., ST, KS, MB>`): the same tiles fed by a cp.async ring of ST raw stages in dynamic shared
   memory (opted in above 48 KB), converted into two operand buffers with one barrier a step; KS 1 applies the
   epilogue, KS > 1 sums slices like split-K; MB is the launch bound's blocks per SM;
@@ -77,7 +77,7 @@ from tilewise.kernels.matmul.cuda_space import (
     KINDS,
     KS_KINDS,
     KS_VALUES,
-    LEGACY_ROWS,
+    LEGACY,
     MAX_FRAGMENTS,
     MMA_FROM_ROWS,
     MMA_PARAMS,
@@ -99,6 +99,7 @@ from tilewise.kernels.matmul.cuda_space import (
     SMEM_RESERVED_PER_BLOCK,
     SPLITK_PARAMS,
     SPLITK_SEED,
+    SR_KINDS,
     STATIC_SMEM_BYTES,
     WARP,
     WG_BK,
@@ -147,17 +148,17 @@ from tilewise.kernels.space import Config, Space
 # the spaces (cuda_space.py) are part of this module's interface: callers write `cuda.DEFAULT_RING`
 __all__ = [
     "DEFAULT_MMA", "DEFAULT_PIPE", "DEFAULT_RING", "DEFAULT_ROWS", "DEFAULT_SPLITK", "DEFAULT_WG", "DEFAULT_WGR",
-    "DEFAULT_WS", "EPI_CODE", "KINDS", "KS_KINDS", "KS_VALUES", "LEGACY_ROWS", "MAX_FRAGMENTS", "MMA_FROM_ROWS",
+    "DEFAULT_WS", "EPI_CODE", "KINDS", "KS_KINDS", "KS_VALUES", "LEGACY", "MAX_FRAGMENTS", "MMA_FROM_ROWS",
     "MMA_PARAMS", "MMA_SEED", "MMA_VALUES", "PIPE_PARAMS", "PIPE_SEED", "PIPE_SMEM_MAX", "PIPE_VALUES", "PREP_KINDS",
     "PREP_NT", "REDUCE_NT", "RING_PARAMS", "RING_SEED", "RING_VALUES", "ROWS_PARAMS", "ROWS_SEED", "ROWS_VALUES",
-    "SMEM_RESERVED_PER_BLOCK", "SOURCE_FILES", "SPLITK_PARAMS", "SPLITK_SEED", "STATIC_SMEM_BYTES", "WARP",
+    "SMEM_RESERVED_PER_BLOCK", "SOURCE_FILES", "SPLITK_PARAMS", "SPLITK_SEED", "SR_KINDS", "STATIC_SMEM_BYTES", "WARP",
     "WGMMA_KINDS", "WGR_PARAMS", "WGR_SEED", "WGR_SPARE", "WGR_VALUES", "WG_BK", "WG_COMPUTE_CAPABILITY", "WG_PARAMS",
     "WG_SEED", "WG_SPARE", "WG_VALUES", "WS_PARAMS", "WS_PRODUCER_REGS", "WS_SEED", "WS_VALUES", "CudaMatmul",
-    "CudaNF4MatmulMma", "CudaNF4MatmulRows", "CudaNF4SwigluMma", "all_variants", "matmul_source",
-    "mma_held_registers", "mma_rules", "mma_smem_bytes", "mma_threads", "pipe_rules", "pipe_smem_bytes", "ring_rules",
-    "ring_smem_bytes", "ring_spare_needed", "ring_spare_registers", "rows_rules", "splitk_rules", "wg_rules",
-    "wg_smem_bytes", "wg_spare_registers", "wg_threads", "wgr_rules", "wgr_smem_bytes", "wgr_spare_registers",
-    "wgr_threads", "ws_consumer_regs", "ws_rules", "ws_smem_bytes", "ws_threads",
+    "CudaNF4MatmulMma", "CudaNF4MatmulRows", "CudaNF4SwigluMma", "all_variants", "matmul_source", "mma_held_registers",
+    "mma_rules", "mma_smem_bytes", "mma_threads", "pipe_rules", "pipe_smem_bytes", "ring_rules", "ring_smem_bytes",
+    "ring_spare_needed", "ring_spare_registers", "rows_rules", "splitk_rules", "wg_rules", "wg_smem_bytes",
+    "wg_spare_registers", "wg_threads", "wgr_rules", "wgr_smem_bytes", "wgr_spare_registers", "wgr_threads",
+    "ws_consumer_regs", "ws_rules", "ws_smem_bytes", "ws_threads",
 ]
 
 #: the family's CUDA source files, compiled as one text in this order (the later ones use matmul.cu's helpers)
@@ -222,18 +223,16 @@ class CudaMatmul(KernelTemplate):
                          pipe_rules(self.sets, self.fmt), points=PIPE_SEED if which == "seed" else None)
         values = {k: list(v) for k, v in MMA_VALUES.items()}
         if self.kind == "splitk":
-            values["KS"] = list(KS_VALUES)
+            values["KS"], values["SR"] = list(KS_VALUES), [0, 1]
             return Space(f"cuda-matmul-splitk-{which}", values, splitk_rules(self.sets, self.fmt, self.norm),
                          points=SPLITK_SEED if which == "seed" else None)
         points = MMA_SEED if which == "seed" else None
         return Space(f"cuda-matmul-mma-{which}", values, mma_rules(self.sets, self.fmt, self.norm), points=points)
 
     def config_of(self, values: Mapping[str, Any]) -> Config:
-        """As the base, and a short-row config written before WK existed (a stored result, an older table) takes
-        `LEGACY_ROWS`: the kernel it measured."""
-        if self.kind == "rows":
-            values = {**LEGACY_ROWS, **values}
-        return super().config_of(values)
+        """As the base, and a config written before a parameter of its kind existed (a stored result, an older
+        table) takes that parameter's `LEGACY` value: the kernel it measured."""
+        return super().config_of({**LEGACY.get(self.kind, {}), **values})
 
     def default_config(self) -> Config:
         return self.config_of({"rows": DEFAULT_ROWS, "mma": DEFAULT_MMA, "splitk": DEFAULT_SPLITK,
@@ -249,9 +248,9 @@ class CudaMatmul(KernelTemplate):
     zeroed_scratch = ("counters",)
 
     def serial(self, config: Config) -> bool:
-        """The last block of each tile sums its slices (wgr's SR 1): no reduction launch; a zeroed `counters`
-        scratch counts the tile's finished blocks."""
-        return self.kind == "wgr" and self.splits(config) and bool(config["SR"])
+        """The last block of each tile sums its slices (wgr's and splitk's SR 1): no reduction launch; a zeroed
+        `counters` scratch counts the tile's finished blocks."""
+        return self.kind in SR_KINDS and self.splits(config) and bool(config["SR"])
 
     def preps(self) -> bool:
         """The kind reads x as f16 rows made by the `nf4_mm_prep` launch (ring, wg, wgt, ws, wgr)."""
@@ -354,11 +353,12 @@ class CudaMatmul(KernelTemplate):
             bufs["partial"] = device.allocate(self.partial_bytes(max(KS_VALUES), m, n))
         if self.preps():
             bufs["xh"] = device.allocate(2 * m * shape[2])
-        if self.kind == "wgr":  # zeroed once, for the most tiles any config makes (BF 64, BT 8)
-            bufs["counters"] = zeroed(device, 4 * math.ceil(n / 64) * math.ceil(m / 8))
-            if self.fmt == "nf4":  # wgr reads a step's scales as one contiguous run
-                bufs.update({f"{a}_t": device.upload(absmax_by_step(host[a], n)) for a in ("absmax", "absmax_up")
-                             if a in host})
+        if self.kind in SR_KINDS:  # zeroed once, for the most tiles any config makes (wgr: BF 64, BT 8; splitk: 32)
+            bufs["counters"] = zeroed(device, 4 * max(math.ceil(n / 64) * math.ceil(m / 8),
+                                                     math.ceil(n / 32) * math.ceil(m / 32)))
+        if self.kind == "wgr" and self.fmt == "nf4":  # wgr reads a step's scales as one contiguous run
+            bufs.update({f"{a}_t": device.upload(absmax_by_step(host[a], n)) for a in ("absmax", "absmax_up")
+                         if a in host})
         init = self.problem.initial_output(host, shape)
         if init is not None:
             device.write(bufs["out"], init)
@@ -405,6 +405,8 @@ class CudaMatmul(KernelTemplate):
             return [prep, Launch(program, self.grid(config, shape), main), *reduce]
         args: list[Any] = [bufs["x"], np.int32(x_row0), *weights, arg_or(bufs, "norm_w", "x"), np.float32(self.eps),
                            out, *dims]
+        if self.kind == "splitk":  # SR's final output and tile counters (SR 0 reads neither)
+            args += [bufs["out"], bufs["counters"] if self.serial(config) else bufs["out"]]
         return [Launch(program, self.grid(config, shape), args), *reduce]
 
     def _reduce(self, program: Program, bufs: DeviceBuffers, config: Config, m: int, n: int) -> list[Launch]:
@@ -453,7 +455,9 @@ class CudaMatmul(KernelTemplate):
         if self.kind in ("pipe", "ring"):
             return f"{self.kind} {tile} st{config['ST']} ks{config['KS']} mb{config['MB']}"
         tile += f" p{config['PIPE']}"
-        return f"splitk {tile} ks{config['KS']}" if self.kind == "splitk" else f"mma {tile}"
+        if self.kind == "splitk":
+            return f"splitk {tile} ks{config['KS']}" + (" sr" if self.serial(config) else "")
+        return f"mma {tile}"
 
     def tile_waste(self, config: Config, shape: Shape) -> float:
         m, n, _ = shape

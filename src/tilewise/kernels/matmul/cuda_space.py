@@ -17,6 +17,8 @@ KINDS = ("mma", "rows", "splitk", "pipe", "ring", "wg", "wgt", "ws", "wgr")
 WGMMA_KINDS = ("wg", "wgt", "ws")
 #: the kinds with a KS parameter (slices of K summed through `partial`; split-K's KS is always 2 or more)
 KS_KINDS = ("splitk", "pipe", "ring", "wg", "wgt", "ws", "wgr")
+#: the kinds whose SR 1 has the last block of each tile sum the slices (no reduction launch)
+SR_KINDS = ("splitk", "wgr")
 #: the kinds that read x as f16 rows made by the `nf4_mm_prep` launch (into the `xh` scratch)
 PREP_KINDS = ("ring", "wg", "wgt", "ws", "wgr")
 EPI_CODE = {e: i for i, e in enumerate(EPILOGUES)}  # none 0, residual 1, swiglu 2 (matmul.cu's EPI)
@@ -27,10 +29,10 @@ MMA_FROM_ROWS = 32
 DEFAULT_MMA = {"BM": 64, "BN": 64, "BK": 32, "WM": 32, "WN": 32, "PIPE": 2}
 DEFAULT_ROWS = {"NT": 128, "RM": 4, "WK": 1}
 MMA_PARAMS = ("BM", "BN", "BK", "WM", "WN", "PIPE")
-SPLITK_PARAMS = (*MMA_PARAMS, "KS")
+SPLITK_PARAMS = (*MMA_PARAMS, "KS", "SR")
 KS_VALUES = [2, 4, 8]
 #: KS 2 divides every K the mma default admits in two whole 32-wide steps from K = 64
-DEFAULT_SPLITK = {**DEFAULT_MMA, "KS": 2}
+DEFAULT_SPLITK = {**DEFAULT_MMA, "KS": 2, "SR": 0}
 #: threads per block of the split-K reduction (one output value per thread)
 REDUCE_NT = 256
 
@@ -42,10 +44,13 @@ MMA_SEED = [dict(zip(MMA_PARAMS, v)) for v in (
     (32, 128, 64, 32, 32, 2), (64, 256, 32, 32, 64, 1), (128, 64, 64, 32, 32, 1), (32, 32, 32, 16, 16, 2),
     (128, 256, 64, 64, 64, 2), (128, 128, 64, 64, 64, 2),  # the last two are illegal on purpose: smem_48k
 )]
+#: SR 1 twins (the last block of a tile sums its slices: no reduction launch) follow the first two, which won the
+#: bundled model's and lfm2-350m's split shapes
 SPLITK_SEED = [dict(zip(SPLITK_PARAMS, v)) for v in (
-    (32, 64, 64, 16, 32, 2, 2), (32, 64, 64, 16, 32, 2, 4), (64, 64, 32, 32, 32, 2, 4), (64, 64, 32, 32, 32, 2, 2),
-    (32, 64, 32, 16, 32, 2, 8), (64, 128, 32, 32, 64, 2, 4), (32, 128, 64, 32, 32, 2, 2), (64, 64, 64, 32, 32, 2, 8),
-    (128, 64, 32, 64, 32, 2, 2),
+    (32, 64, 64, 16, 32, 2, 2, 0), (32, 64, 64, 16, 32, 2, 4, 0), (32, 64, 64, 16, 32, 2, 4, 1),
+    (32, 64, 64, 16, 32, 2, 2, 1), (64, 64, 32, 32, 32, 2, 4, 0), (64, 64, 32, 32, 32, 2, 2, 0),
+    (32, 64, 32, 16, 32, 2, 8, 0), (64, 64, 32, 32, 32, 2, 4, 1), (64, 128, 32, 32, 64, 2, 4, 0),
+    (32, 128, 64, 32, 32, 2, 2, 0), (64, 64, 64, 32, 32, 2, 8, 0), (128, 64, 32, 64, 32, 2, 2, 0),
 )]
 ROWS_PARAMS = ("NT", "RM", "WK")
 ROWS_VALUES: dict[str, list[int]] = {"NT": [64, 128, 256], "RM": [1, 2, 4, 8, 16], "WK": [1, 2, 4, 8]}
@@ -55,8 +60,9 @@ ROWS_SEED = [dict(zip(ROWS_PARAMS, v)) for v in (
     (256, 1, 4), (256, 1, 8), (128, 1, 4), (256, 1, 2), (128, 1, 1), (256, 2, 4), (64, 1, 2), (256, 2, 1),
     (128, 2, 2), (256, 4, 8),
 )]
-#: WK of a config written before the column's warps could split K: the kernel it measured
-LEGACY_ROWS = {"WK": 1}
+#: parameters a config written before they existed lacks, per kind, with the value of the kernel it measured: the
+#: short-row kernel's WK (warps per column) and split-K's SR (the last block sums the slices)
+LEGACY = {"rows": {"WK": 1}, "splitk": {"SR": 0}}
 PIPE_PARAMS = ("BM", "BN", "BK", "WM", "WN", "ST", "KS", "MB")
 PIPE_VALUES: dict[str, list[int]] = {"BM": [32, 64, 128], "BN": [32, 64, 128, 256], "BK": [32, 64],
                                       "WM": [16, 32, 64], "WN": [16, 32, 64], "ST": [3, 4, 6], "KS": [1, 2, 4, 8],
@@ -305,7 +311,9 @@ def splitk_rules(sets: int, fmt: str = "nf4", norm: bool = False) -> list[Rule]:
     rules = mma_rules(sets, fmt, norm)
     ks = Rule("ks_2_4_8", lambda c, _: c.KS in KS_VALUES, lambda c, _: f"KS = {c.KS} is not 2, 4 or 8",
               doc="slices of K; the partial-sum scratch holds at most 8 slices of SETS x M x N")
-    return [*(r for r in rules if not r.needs_limits), ks, *(r for r in rules if r.needs_limits)]
+    sr = Rule("sr_0_1", lambda c, _: c.SR in (0, 1), lambda c, _: f"SR = {c.SR} is not 0 or 1",
+              doc="1: the last of a tile's KS blocks sums the slices and applies the epilogue (no reduction launch)")
+    return [*(r for r in rules if not r.needs_limits), ks, sr, *(r for r in rules if r.needs_limits)]
 
 
 def dynamic_smem_rules(smem: Callable[[Config], int]) -> list[Rule]:

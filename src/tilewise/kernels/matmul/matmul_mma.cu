@@ -14,22 +14,30 @@ nf4_mm_mma(const float *__restrict__ x, int x_row0, const unsigned *__restrict__
 }
 
 // split-K: slice blockIdx.z of KS covers K / KS columns; its raw accumulators (both weight sets for swiglu) go to
-// partial (KS, SETS, M, N), and nf4_mm_splitk_reduce applies the epilogue to their sum
-template <int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM, int WN, int PIPE, int KS>
+// partial (KS, SETS, M, N), and nf4_mm_splitk_reduce applies the epilogue to their sum (SR 0), or the last of the
+// tile's blocks does, into final_out, counting in the zeroed `counters` (SR 1); SR 0 ignores both
+template <int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM, int WN, int PIPE, int KS, int SR>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * WARPSIZE, 1)
 nf4_mm_splitk(const float *__restrict__ x, int x_row0, const unsigned *__restrict__ w,
               const float *__restrict__ absmax, const unsigned *__restrict__ w_up,
               const float *__restrict__ absmax_up, const float *__restrict__ norm_w, float eps,
-              float *__restrict__ partial, int M, int N, int K) {
+              float *__restrict__ partial, int M, int N, int K, float *__restrict__ final_out,
+              unsigned *__restrict__ counters) {
   PDL_BEGIN();
-  static_assert(splitk_first_failure(FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE, KS) != 9,
-                "ks_2_4_8: KS (slices of K) must be 2, 4 or 8");
+  constexpr int FAIL = splitk_first_failure(FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE, KS, SR);
+  static_assert(FAIL != 9, "ks_2_4_8: KS (slices of K) must be 2, 4 or 8");
+  static_assert(FAIL != 10, "sr_0_1: SR (the last block of a tile sums its slices) must be 0 or 1");
   constexpr int SETS = EPI == 2 ? 2 : 1;
   const int slice = K / KS;
   float acc[SETS][WM / 16][WN / 8][4];
   mma_main<FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE, 0>(x, x_row0, w, absmax, w_up, absmax_up, norm_w, eps, M, N, K,
                                                      blockIdx.z * slice, slice / BK, acc);
   store_partial<BM, BN, WM, WN, SETS>(acc, partial, M, N);
+  if constexpr (SR == 1) {
+    __shared__ unsigned last;  // 4 bytes beside mma_main's buffers: the largest legal tile leaves room (a unit test)
+    serial_reduce<EPI, KS, (BM / WM) * (BN / WN) * WARPSIZE, BM, BN>(partial, final_out, nullptr, counters, &last, M,
+                                                                      N, blockIdx.y * BM, blockIdx.x * BN);
+  }
 }
 
 // out = epilogue(sum of the ks slices of partial), one thread per output value; the slices are added in order

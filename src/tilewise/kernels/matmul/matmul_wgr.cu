@@ -23,7 +23,8 @@
 // (SR 0), or (SR 1) the last of a tile's KS blocks to finish does: each block counts itself in the tile's word of
 // `counters` after its partials are visible, and the block that counts KS adds the tile's slices in order 0..KS-1
 // (as the reduction does: the same bits), applies the epilogue into final_out and sets the word back to 0 for the
-// next launch (the words start at 0, written when the buffer is made). One launch fewer per split matmul. MB is
+// next launch (the words start at 0, written when the buffer is made; `serial_reduce` in matmul.cu, shared with
+// nf4_mm_splitk). One launch fewer per split matmul. MB is
 // the launch bound's blocks per SM. DEC picks nf4's decode: 0 looks each nibble up in an f32 code table in shared
 // memory and scales in f32 (one rounding to f16, as the other kinds); 1 looks four nibbles up at once in an f16 code
 // table held in eight registers (byte permutes, no shared-memory load) and scales pairs in f16 (the code, the absmax
@@ -238,13 +239,6 @@ __device__ __forceinline__ void cp_async_mbar_arrive(unsigned bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
-// a float another block wrote in this launch, read through L2 (not a line this SM's L1 may hold)
-__device__ __forceinline__ float ld_cg(const float *p) {
-  float v;
-  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-  return v;
-}
-
 template <int FMT, int EPI, int BF, int BT, int ST, int KS, int MB, int DEC, int SR>
 __global__ void __launch_bounds__(BF / 64 * 128, MB)
 nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w, const float *__restrict__ absmax,
@@ -434,33 +428,7 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
     }
     if (s + 1 < PASSES) __syncthreads();  // the tile is read before the next set overwrites it
   }
-  if constexpr (SR == 1) {
-    __threadfence();  // this block's partials are visible to the block that sums them
-    __syncthreads();  // every thread stored and fenced; the code table is no longer read
-    unsigned *last = reinterpret_cast<unsigned *>(lut);
-    const unsigned tile = blockIdx.y * gridDim.x + blockIdx.x;
-    if (tid == 0) *last = atomicAdd(&counters[tile], 1u) == KS - 1;
-    __syncthreads();
-    if (!*last) return;
-    __threadfence();
-    for (int e = tid; e < BT * BF; e += NT) {  // along the features: coalesced
-      const int tok = t0 + e / BF, feat = f0 + e % BF;
-      if (tok >= M || feat >= N) continue;
-      const size_t o = (size_t)tok * N + feat;
-      float y[SETS];
-#pragma unroll
-      for (int s = 0; s < SETS; ++s) y[s] = 0.0f;
-      for (int z = 0; z < KS; ++z)
-#pragma unroll
-        for (int s = 0; s < SETS; ++s) y[s] += ld_cg(out + ((size_t)z * SETS + s) * mn + o);
-      if (EPI == 1) {
-        final_out[o] += y[0];
-      } else {
-        const float v = EPI == 0 ? y[0] : silu(y[0]) * y[SETS - 1];
-        if (out_h) out_h[o] = f16_bits(v);
-        else final_out[o] = v;
-      }
-    }
-    if (tid == 0) counters[tile] = 0u;
-  }
+  if constexpr (SR == 1)  // the code table is no longer read: its first word holds the flag
+    serial_reduce<EPI, KS, NT, BT, BF>(out, final_out, out_h, counters, reinterpret_cast<unsigned *>(lut), M, N, t0,
+                                       f0);
 }
