@@ -24,11 +24,12 @@ from tilewise.devices.cuda_pdl import (
     kernel_params,
     supports_pdl,
 )
+from tilewise.kernels.attention.cuda import SOURCE_FILES as ATTENTION_FILES
 from tilewise.kernels.cudasrc import model_source
 from tilewise.kernels.matmul.cuda import SOURCE_FILES
 
 SOURCES = {"matmul": SOURCE_FILES, "rowops": ("rowops.cu",), "shortconv": ("shortconv.cu",),
-           "attention": ("attention.cu",)}
+           "attention": ATTENTION_FILES}
 #: what no launch writes: a kernel may read these before its wait (a matmul's first weight stages)
 WEIGHTS = {"w", "absmax", "w_up", "absmax_up"}
 

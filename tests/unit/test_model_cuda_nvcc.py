@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tilewise.devices.profiles import get_profile
+from tilewise.kernels.attention.cuda import SOURCE_FILES as ATTENTION_FILES
 from tilewise.kernels.attention.cuda import CudaAttention
 from tilewise.kernels.cudasrc import MODEL_HEADERS
 from tilewise.kernels.matmul import cuda as mm
@@ -68,6 +69,7 @@ def cu(family: str, name: str) -> str:
 #: every model source starts with the PDL macros and the tensor-core pieces (`cudasrc.model_source`)
 HEADERS = [str(resources.files("tilewise.kernels").joinpath(h)) for h in MODEL_HEADERS]
 MATMUL = [*HEADERS, *(cu("matmul", f) for f in mm.SOURCE_FILES)]  # in order: the later files use matmul.cu's helpers
+ATTENTION = [*HEADERS, *(cu("attention", f) for f in ATTENTION_FILES)]
 
 
 def instantiate(entry: str) -> str:
@@ -279,7 +281,7 @@ def test_cpp_attention_mma_rules_agree_with_python_rules(tmp_path):
     body = (f"#include <cstdio>\nstatic const int T[][4] = {{\n{rows}\n}};\n"
             "int main() { for (const auto &t : T) printf(\"%d\\n\", mma_attention_first_failure(t[0], t[1], t[2], "
             "t[3])); }\n")
-    res = nvcc(tmp_path, "host", [*HEADERS, cu("attention", "attention.cu")], body, "-o", "host")
+    res = nvcc(tmp_path, "host", ATTENTION, body, "-o", "host")
     assert res.returncode == 0, res.stderr[-3000:]
     cpp = [int(v) == 0 for v in subprocess.run([str(tmp_path / "host")], capture_output=True, text=True,
                                                 check=True).stdout.split()]
@@ -340,7 +342,7 @@ def test_row_ops_conv_and_attention_compile_for_their_spaces(tmp_path):
     assert len(mma) == 4 * 8 + 3 + 8 + 7 + 5 + 5
     assert sum(e.endswith(", 1>") for e in mma) == 25
     cubin(tmp_path, "rows", [*HEADERS, cu("rowops", "rowops.cu"), cu("shortconv", "shortconv.cu"),
-                             cu("attention", "attention.cu")], entries)
+                             *ATTENTION[len(HEADERS):]], entries)
 
 
 ILLEGAL = [
@@ -420,14 +422,14 @@ ILLEGAL = [
     ("attention", "attention.cu", "attention<64, 33>", "warps_1_32"),
     ("attention", "attention.cu", "attention_tiled<64, 24, 16>", "queries_per_warp_whole"),
     ("attention", "attention.cu", "attention_tiled<64, 64, 4>", "queries_per_warp_8"),
-    ("attention", "attention.cu", "attention_mma<144, 2, 1, 0>", "head_dim_16_128"),
-    ("attention", "attention.cu", "attention_mma<64, 9, 1, 0>", "warps_1_8"),
-    ("attention", "attention.cu", "attention_mma<128, 8, 1, 0>", "smem_48k"),
-    ("attention", "attention.cu", "attention_mma<64, 4, 3, 0>", "key_warps_1_2_4"),
-    ("attention", "attention.cu", "attention_mma<64, 6, 4, 0>", "key_warps_divide_warps"),
-    ("attention", "attention.cu", "attention_mma<128, 4, 2, 0>", "smem_48k"),
-    ("attention", "attention.cu", "attention_mma<64, 4, 1, 2>", "prefetch_0_1"),
-    ("attention", "attention.cu", "attention_mma<64, 2, 1, 1>", "prefetch_registers"),
+    ("attention", "attention_mma.cu", "attention_mma<144, 2, 1, 0>", "head_dim_16_128"),
+    ("attention", "attention_mma.cu", "attention_mma<64, 9, 1, 0>", "warps_1_8"),
+    ("attention", "attention_mma.cu", "attention_mma<128, 8, 1, 0>", "smem_48k"),
+    ("attention", "attention_mma.cu", "attention_mma<64, 4, 3, 0>", "key_warps_1_2_4"),
+    ("attention", "attention_mma.cu", "attention_mma<64, 6, 4, 0>", "key_warps_divide_warps"),
+    ("attention", "attention_mma.cu", "attention_mma<128, 4, 2, 0>", "smem_48k"),
+    ("attention", "attention_mma.cu", "attention_mma<64, 4, 1, 2>", "prefetch_0_1"),
+    ("attention", "attention_mma.cu", "attention_mma<64, 2, 1, 1>", "prefetch_registers"),
     ("attention", "attention.cu", "attention_tiled<256, 64, 8>", "smem_48k"),
     ("attention", "attention.cu", "qknorm_rope<24>", "head_dim_16_1024"),
 ]
@@ -435,7 +437,7 @@ ILLEGAL = [
 
 @pytest.mark.parametrize(("family", "filename", "entry", "rule"), ILLEGAL)
 def test_illegal_instantiation_fails_the_static_assert_naming_the_rule(tmp_path, family, filename, entry, rule):
-    includes = MATMUL if family == "matmul" else [*HEADERS, cu(family, filename)]
+    includes = {"matmul": MATMUL, "attention": ATTENTION}.get(family, [*HEADERS, cu(family, filename)])
     res = nvcc(tmp_path, "bad", includes, instantiate(entry), "-cubin", "-o", "bad.cubin")
     assert res.returncode != 0, entry
     asserts = re.findall(r'static assertion failed with "(\w+):', res.stderr)

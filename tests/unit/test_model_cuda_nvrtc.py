@@ -11,6 +11,7 @@ import ctypes
 import pytest
 
 from tilewise.devices.cuda_nvrtc import find_nvrtc, nvrtc_options
+from tilewise.kernels.attention.cuda import SOURCE_FILES as ATTENTION_FILES
 from tilewise.kernels.cudasrc import model_source
 from tilewise.kernels.matmul import cuda as mm
 
@@ -57,17 +58,17 @@ def test_the_short_row_seeds_compile_under_nvrtc():
     assert rc == 0, log[-3000:]
 
 
-@pytest.mark.parametrize(("family", "filename", "entries"), [
-    ("rowops", "rowops.cu", ["rmsnorm<128>", "embed<0, 128>", "embed<1, 128>", "embed<2, 128>", "head<256>",
+@pytest.mark.parametrize(("family", "filenames", "entries"), [
+    ("rowops", ("rowops.cu",), ["rmsnorm<128>", "embed<0, 128>", "embed<1, 128>", "embed<2, 128>", "head<256>",
                              "copy_words<256>", "copy_pairs<256>"]),
-    ("shortconv", "shortconv.cu", ["shortconv<128, 3>", "shortconv<32, 4>"]),
-    ("attention", "attention.cu", ["qknorm_rope<16>", "qknorm_rope<64>", "attention<16, 4>", "attention<64, 4>",
+    ("shortconv", ("shortconv.cu",), ["shortconv<128, 3>", "shortconv<32, 4>"]),
+    ("attention", ATTENTION_FILES, ["qknorm_rope<16>", "qknorm_rope<64>", "attention<16, 4>", "attention<64, 4>",
                                    "attention<48, 2>", "attention_tiled<64, 32, 16>", "attention_tiled<48, 16, 8>",
                                    "attention_mma<64, 4, 1, 0>", "attention_mma<64, 8, 4, 1>",
                                    "attention_mma<128, 2, 2, 0>", "attention_mma<16, 1, 1, 1>"]),
 ])
-def test_row_ops_conv_and_attention_compile_under_nvrtc(family, filename, entries):
-    rc, log = nvrtc_compile(model_source(family, filename), entries)
+def test_row_ops_conv_and_attention_compile_under_nvrtc(family, filenames, entries):
+    rc, log = nvrtc_compile(model_source(family, *filenames), entries)
     assert rc == 0, log[-3000:]
 
 

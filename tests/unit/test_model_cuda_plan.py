@@ -13,13 +13,14 @@ import pytest
 
 from tilewise.devices.base import Buffer, Device, DeviceInfo, Launch, Program
 from tilewise.devices.profiles import get_profile
+from tilewise.kernels.attention.cuda import SOURCE_FILES as ATTENTION_FILES
 from tilewise.kernels.matmul.cuda import NULL, SOURCE_FILES
 from tilewise.model.checkpoint import Checkpoint, random_tensors
 from tilewise.model.config import PRESETS
 from tilewise.model.cuda import CUDAExecutor
 
 SOURCES = [*(("matmul", f) for f in SOURCE_FILES), ("rowops", "rowops.cu"), ("shortconv", "shortconv.cu"),
-           ("attention", "attention.cu")]
+           *(("attention", f) for f in ATTENTION_FILES)]
 
 
 def global_kernels(text: str) -> list[tuple[str, list[str], int]]:

@@ -1,4 +1,5 @@
-"""Attention on CUDA (`attention.cu`): q/k RMSNorm + RoPE into the KV cache, and flash-style causal GQA attention.
+"""Attention on CUDA (`attention.cu`, the tensor-core kernel in `attention_mma.cu`): q/k RMSNorm + RoPE into the KV
+cache, and flash-style causal GQA attention.
 
 Problems: `attention.problem.AttentionProblem` (shape M, P, HQ, HKV, D; parameters QT, queries per block, NW,
 warps per block, TC, tensor cores, KW, warps splitting each key tile, and PF, the next key tile prefetched: with
@@ -25,6 +26,8 @@ from tilewise.kernels.cudasrc import NULL, compile_cuda, model_source, name_expr
 from tilewise.kernels.space import Config, Rule, Space
 
 DEFAULT_NW = 4
+#: the family's CUDA files, compiled as one text in this order (attention_mma.cu uses attention.cu's definitions)
+SOURCE_FILES = ("attention.cu", "attention_mma.cu")
 #: QT 1: the per-query kernel (`attention`); QT > 1: `attention_tiled`, QT queries sharing each staged key tile;
 #: TC 1: `attention_mma`, 16 queries to each group of KW warps on tensor cores. The default is the first of these
 #: the device and the head size allow (`default_attention`): on an H200 at 346 queries the tensor-core tile of 64
@@ -45,9 +48,9 @@ MAX_GRID_YZ = 65535
 #: qknorm_rope's warps per block (ROPE_WARPS in attention.cu), one (row, head) each
 ROPE_WARPS = 8
 STATIC_SMEM_BYTES = 48 * 1024
-#: the tensor-core kernel's key tile (ATTN_MMA_TK in attention.cu)
+#: the tensor-core kernel's key tile (ATTN_MMA_TK in attention_mma.cu)
 MMA_TK = 64
-#: the most floats a thread of PF 1 holds for the next tile's K and V (ATTN_PF_FLOATS in attention.cu)
+#: the most floats a thread of PF 1 holds for the next tile's K and V (ATTN_PF_FLOATS in attention_mma.cu)
 PF_FLOATS = 64
 
 
@@ -168,13 +171,13 @@ class CudaAttention(KernelTemplate):
 
     def source(self, config: Config, shape: Shape | None = None) -> str:
         d = (shape or (1, 0, 1, 1, 64))[4]
-        return f"{model_source('attention', 'attention.cu')}\n// instantiated as {self.entry(config, d)}\n"
+        return f"{model_source('attention', *SOURCE_FILES)}\n// instantiated as {self.entry(config, d)}\n"
 
     def program_key(self, config: Config, shape: Shape) -> Hashable:
         return (config, shape[4])
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
-        prog = compile_cuda(device, model_source("attention", "attention.cu"), self.entry(config, shape[4]),
+        prog = compile_cuda(device, model_source("attention", *SOURCE_FILES), self.entry(config, shape[4]),
                             32 * config["NW"], f"attention[{config}]")
         prog.meta["QT"] = int(config["QT"])  # the launch's grid covers the queries in blocks of QT
         return offers_f16_out(prog, 3, 9, 4, 7, shape[4])  # out (M, HQ D) as f16 rows for the out projection
@@ -215,14 +218,14 @@ class CudaQKNormRope(KernelTemplate):
 
     def source(self, config: Config, shape: Shape | None = None) -> str:
         d = (shape or (1, 0, 1, 1, 64))[4]
-        return f"{model_source('attention', 'attention.cu')}\n// instantiated as {name_expression('qknorm_rope', d)}\n"
+        return f"{model_source('attention', *SOURCE_FILES)}\n// instantiated as {name_expression('qknorm_rope', d)}\n"
 
     def program_key(self, config: Config, shape: Shape) -> Hashable:
         return shape[4]
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
         d = shape[4]
-        return compile_cuda(device, model_source("attention", "attention.cu"), name_expression("qknorm_rope", d),
+        return compile_cuda(device, model_source("attention", *SOURCE_FILES), name_expression("qknorm_rope", d),
                             32 * ROPE_WARPS, f"qknorm_rope[D={d}]")
 
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:

@@ -25,9 +25,10 @@
 // stages x, rounds x * norm_w to f16 and scales the accumulators by 1/rms at the end (exact in real arithmetic:
 // the 1/rms is per row); split-K slices read their rows once more in a prologue instead. x * norm_w must stay in
 // f16's range (|.| < 65504), as the normed value always did.
-// matmul_mma.cu (the two kernels above and the reduction), matmul_pipe.cu (the cp.async-fed kind), matmul_ring.cu,
-// matmul_wg.cu and matmul_rows.cu (the short-row kind) follow this file in one source (`SOURCE_FILES`,
-// `matmul_source` in cuda.py): they use its helpers, and NVRTC compiles them as one text.
+// matmul_reduce.cu (the two ways split-K's slices are summed), matmul_mma.cu (the two kernels above),
+// matmul_pipe.cu (the cp.async-fed kind), matmul_ring.cu, the wgmma kinds' files and matmul_rows.cu (the short-row
+// kind) follow this file in one source (`SOURCE_FILES`, `matmul_source` in cuda.py): they use its helpers, and
+// NVRTC compiles them as one text.
 //
 // The matrix kernels declare __launch_bounds__(threads, 1): with the default bound ptxas capped some variants at 64
 // registers and spilled; one resident block's worth is the budget the rules assume.
@@ -436,69 +437,6 @@ __device__ __forceinline__ void store_partial_at(const float (&acc)[SETS][WM / 1
 #pragma unroll
     for (int s = 0; s < SETS; ++s) p[s * mn + (size_t)r * N + c] = acc[s][i][j][e];
   });
-}
-
-// a float another block wrote in this launch, read through L2 (not a line this SM's L1 may hold)
-__device__ __forceinline__ float ld_cg(const float *p) {
-  float v;
-  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-  return v;
-}
-
-// SR 1 (split-K without a reduction launch): each of a tile's KS blocks calls this after storing its raw sums into
-// partial (KS, SETS, M, N); the last to arrive, counted in the tile's word of `counters` (zero before the launch),
-// adds the slices in order 0..KS-1 as nf4_mm_splitk_reduce does (the same bits), applies the epilogue into final_out
-// (or, where out_h is not null and EPI is not residual, f16 into out_h) and sets the word back to 0. The tile is
-// ROWS x COLS from (r0, c0); `flag` is one shared word. A thread reads every slice of CH outputs before it adds any:
-// the loads are volatile, so one output at a time would wait for memory once per slice and output.
-template <int EPI, int KS, int NT, int ROWS, int COLS>
-__device__ __forceinline__ void serial_reduce(const float *partial, float *final_out, unsigned short *out_h,
-                                              unsigned *counters, unsigned *flag, int M, int N, int r0, int c0) {
-  constexpr int SETS = EPI == 2 ? 2 : 1, TOTAL = ROWS * COLS, ITER = (TOTAL + NT - 1) / NT;
-  constexpr int CH = 16 / (KS * SETS) > 1 ? 16 / (KS * SETS) : 1;  // at most 16 loads in flight a thread
-  const size_t mn = (size_t)M * N;
-  __threadfence();  // this block's partials are visible to the block that sums them
-  __syncthreads();  // every thread stored and fenced (and the caller's shared memory is no longer read)
-  const unsigned tile = blockIdx.y * gridDim.x + blockIdx.x;
-  if (threadIdx.x == 0) *flag = atomicAdd(&counters[tile], 1u) == KS - 1;
-  __syncthreads();
-  if (!*flag) return;
-  __threadfence();
-#pragma unroll 1
-  for (int i0 = 0; i0 < ITER; i0 += CH) {
-    float v[CH][KS][SETS];
-    size_t o[CH];
-    bool ok[CH];
-#pragma unroll
-    for (int u = 0; u < CH; ++u) {  // along the columns: coalesced
-      const int e = threadIdx.x + (i0 + u) * NT, r = r0 + e / COLS, c = c0 + e % COLS;
-      ok[u] = e < TOTAL && r < M && c < N;
-      o[u] = ok[u] ? (size_t)r * N + c : 0;
-#pragma unroll
-      for (int z = 0; z < KS; ++z)
-#pragma unroll
-        for (int s = 0; s < SETS; ++s) v[u][z][s] = ok[u] ? ld_cg(partial + ((size_t)z * SETS + s) * mn + o[u]) : 0.0f;
-    }
-#pragma unroll
-    for (int u = 0; u < CH; ++u) {
-      if (!ok[u]) continue;
-      float y[SETS];
-#pragma unroll
-      for (int s = 0; s < SETS; ++s) y[s] = 0.0f;
-#pragma unroll
-      for (int z = 0; z < KS; ++z)
-#pragma unroll
-        for (int s = 0; s < SETS; ++s) y[s] += v[u][z][s];
-      if (EPI == 1) {
-        final_out[o[u]] += y[0];
-      } else {
-        const float w = EPI == 0 ? y[0] : silu(y[0]) * y[SETS - 1];
-        if (out_h) out_h[o[u]] = f16_bits(w);
-        else final_out[o[u]] = w;
-      }
-    }
-  }
-  if (threadIdx.x == 0) counters[tile] = 0u;
 }
 
 // the origin of this warp's WM x WN tile in a BM x BN block tile of (BM/WM) x (BN/WN) warps

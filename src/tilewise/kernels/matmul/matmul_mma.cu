@@ -1,5 +1,5 @@
-// matmul_mma.cu - the register-prefetched tensor-core kernel, split-K over it and split-K's reduction; compiled
-// after matmul.cu (its main loop mma_main and the epilogues).
+// matmul_mma.cu - the register-prefetched tensor-core kernel and split-K over it; compiled after matmul.cu (its main
+// loop mma_main and the epilogues) and matmul_reduce.cu (serial_reduce).
 template <int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM, int WN, int PIPE>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * WARPSIZE, 1)
 nf4_mm_mma(const float *__restrict__ x, int x_row0, const unsigned *__restrict__ w, const float *__restrict__ absmax,
@@ -38,27 +38,4 @@ nf4_mm_splitk(const float *__restrict__ x, int x_row0, const unsigned *__restric
     serial_reduce<EPI, KS, (BM / WM) * (BN / WN) * WARPSIZE, BM, BN>(partial, final_out, nullptr, counters, &last, M,
                                                                       N, blockIdx.y * BM, blockIdx.x * BN);
   }
-}
-
-// out = epilogue(sum of the ks slices of partial), one thread per output value; the slices are added in order
-// 0..ks-1, so a graph replay gives bit-identical results
-template <int EPI, int NT>
-__global__ void __launch_bounds__(NT)
-nf4_mm_splitk_reduce(const float *__restrict__ partial, int ks, float *__restrict__ out, int M, int N) {
-  PDL_BEGIN();
-  constexpr int FAIL = reduce_first_failure(EPI, NT);
-  static_assert(FAIL != 1, "variant: EPI in 0..2 (none, residual, swiglu)");
-  static_assert(FAIL != 2, "whole_warps: NT must be a whole number of warps, 32..1024");
-  constexpr int SETS = EPI == 2 ? 2 : 1;
-  const size_t mn = (size_t)M * N, e = (size_t)blockIdx.x * NT + threadIdx.x;
-  if (e >= mn) return;
-  float y[SETS];
-#pragma unroll
-  for (int s = 0; s < SETS; ++s) y[s] = 0.0f;
-  for (int z = 0; z < ks; ++z)
-#pragma unroll
-    for (int s = 0; s < SETS; ++s) y[s] += partial[((size_t)z * SETS + s) * mn + e];
-  if (EPI == 0) out[e] = y[0];
-  else if (EPI == 1) out[e] += y[0];
-  else out[e] = silu(y[0]) * y[SETS - 1];
 }

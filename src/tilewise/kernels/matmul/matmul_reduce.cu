@@ -1,0 +1,91 @@
+// matmul_reduce.cu - the two ways split-K's slices are summed; compiled after matmul.cu (silu, f16_bits) and before
+// the kernels that split (matmul_mma.cu's nf4_mm_splitk, matmul_wgr.cu's nf4_mm_wgr):
+//   nf4_mm_splitk_reduce<EPI, NT>: a launch of its own after the matmul (SR 0);
+//   serial_reduce: the last block of each tile, inside the matmul's launch (SR 1).
+// Both add the slices in order 0..KS-1 from 0.0f, so they give the same bits.
+
+// a float another block wrote in this launch, read through L2 (not a line this SM's L1 may hold)
+__device__ __forceinline__ float ld_cg(const float *p) {
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
+
+// SR 1 (split-K without a reduction launch): each of a tile's KS blocks calls this after storing its raw sums into
+// partial (KS, SETS, M, N); the last to arrive, counted in the tile's word of `counters` (zero before the launch),
+// adds the slices in order 0..KS-1 as nf4_mm_splitk_reduce does (the same bits), applies the epilogue into final_out
+// (or, where out_h is not null and EPI is not residual, f16 into out_h) and sets the word back to 0. The tile is
+// ROWS x COLS from (r0, c0); `flag` is one shared word. A thread reads every slice of CH outputs before it adds any:
+// the loads are volatile, so one output at a time would wait for memory once per slice and output.
+template <int EPI, int KS, int NT, int ROWS, int COLS>
+__device__ __forceinline__ void serial_reduce(const float *partial, float *final_out, unsigned short *out_h,
+                                              unsigned *counters, unsigned *flag, int M, int N, int r0, int c0) {
+  constexpr int SETS = EPI == 2 ? 2 : 1, TOTAL = ROWS * COLS, ITER = (TOTAL + NT - 1) / NT;
+  constexpr int CH = 16 / (KS * SETS) > 1 ? 16 / (KS * SETS) : 1;  // at most 16 loads in flight a thread
+  const size_t mn = (size_t)M * N;
+  __threadfence();  // this block's partials are visible to the block that sums them
+  __syncthreads();  // every thread stored and fenced (and the caller's shared memory is no longer read)
+  const unsigned tile = blockIdx.y * gridDim.x + blockIdx.x;
+  if (threadIdx.x == 0) *flag = atomicAdd(&counters[tile], 1u) == KS - 1;
+  __syncthreads();
+  if (!*flag) return;
+  __threadfence();
+#pragma unroll 1
+  for (int i0 = 0; i0 < ITER; i0 += CH) {
+    float v[CH][KS][SETS];
+    size_t o[CH];
+    bool ok[CH];
+#pragma unroll
+    for (int u = 0; u < CH; ++u) {  // along the columns: coalesced
+      const int e = threadIdx.x + (i0 + u) * NT, r = r0 + e / COLS, c = c0 + e % COLS;
+      ok[u] = e < TOTAL && r < M && c < N;
+      o[u] = ok[u] ? (size_t)r * N + c : 0;
+#pragma unroll
+      for (int z = 0; z < KS; ++z)
+#pragma unroll
+        for (int s = 0; s < SETS; ++s) v[u][z][s] = ok[u] ? ld_cg(partial + ((size_t)z * SETS + s) * mn + o[u]) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < CH; ++u) {
+      if (!ok[u]) continue;
+      float y[SETS];
+#pragma unroll
+      for (int s = 0; s < SETS; ++s) y[s] = 0.0f;
+#pragma unroll
+      for (int z = 0; z < KS; ++z)
+#pragma unroll
+        for (int s = 0; s < SETS; ++s) y[s] += v[u][z][s];
+      if (EPI == 1) {
+        final_out[o[u]] += y[0];
+      } else {
+        const float w = EPI == 0 ? y[0] : silu(y[0]) * y[SETS - 1];
+        if (out_h) out_h[o[u]] = f16_bits(w);
+        else final_out[o[u]] = w;
+      }
+    }
+  }
+  if (threadIdx.x == 0) counters[tile] = 0u;
+}
+
+// out = epilogue(sum of the ks slices of partial), one thread per output value; the slices are added in order
+// 0..ks-1, so a graph replay gives bit-identical results
+template <int EPI, int NT>
+__global__ void __launch_bounds__(NT)
+nf4_mm_splitk_reduce(const float *__restrict__ partial, int ks, float *__restrict__ out, int M, int N) {
+  PDL_BEGIN();
+  constexpr int FAIL = reduce_first_failure(EPI, NT);
+  static_assert(FAIL != 1, "variant: EPI in 0..2 (none, residual, swiglu)");
+  static_assert(FAIL != 2, "whole_warps: NT must be a whole number of warps, 32..1024");
+  constexpr int SETS = EPI == 2 ? 2 : 1;
+  const size_t mn = (size_t)M * N, e = (size_t)blockIdx.x * NT + threadIdx.x;
+  if (e >= mn) return;
+  float y[SETS];
+#pragma unroll
+  for (int s = 0; s < SETS; ++s) y[s] = 0.0f;
+  for (int z = 0; z < ks; ++z)
+#pragma unroll
+    for (int s = 0; s < SETS; ++s) y[s] += partial[((size_t)z * SETS + s) * mn + e];
+  if (EPI == 0) out[e] = y[0];
+  else if (EPI == 1) out[e] += y[0];
+  else out[e] = silu(y[0]) * y[SETS - 1];
+}
