@@ -140,10 +140,7 @@ class CudaAttention(KernelTemplate):
     def config_of(self, values: Mapping[str, Any]) -> Config:
         """As the base, and a config written before the key split or the prefetch (no KW, no PF) takes their
         `LEGACY` values: the kernel it measured."""
-        values = dict(values)
-        if "QT" in values:
-            values = {**{k: v for k, v in LEGACY.items() if k not in values}, **values}
-        return super().config_of(values)
+        return super().config_of({**LEGACY, **values} if "QT" in values else dict(values))
 
     def config_problems(self, config: Config, shape: Shape) -> list[str]:
         d = shape[4]
