@@ -9,6 +9,7 @@ This tunes the model twice on one device with the store off, L2 evicted before e
 and kept, then:
     picks     each op whose pick differs at the decision's rows, with both tunes' medians
     race      decisions on the two tables in alternating rounds (`race_modes`), graph replays as `play` runs them
+    ops       each op label's GPU time on both tables (launch by launch, L2 kept, as in a decision)
     scores    the largest score difference between the two tables over the same prompts (different kernels, so a
               small one is expected; a large one is a wrong kernel)
 
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from tilewise.devices import get_device
-from tilewise.model.bench import PREFIX_TOKENS, percentiles, prompts, race_modes
+from tilewise.model.bench import PREFIX_TOKENS, op_table, percentiles, prompts, race_modes
 from tilewise.model.cuda import CUDAExecutor
 from tilewise.model.runtime import open_checkpoint
 from tilewise.model.tune import model_config, tune_model
@@ -95,6 +96,7 @@ def main() -> int:
     samples = race_modes(decide, lambda m: current.update(ex=executors[m]), list(MODES), args.rounds, args.per_round)
     stats = {m: summarize(v) for m, v in samples.items()}
     verdict = compare(stats["cold"], stats["warm"], ("table tuned with L2 evicted", "table tuned with L2 kept"))
+    ops = {m: {r["name"]: r for r in op_table(executors[m], full[0])} for m in MODES}
     rows = picks(tables, args.seq)
     print(f"{dev.info.name} [{dev.info.fingerprint}]: {args.preset}, {args.seq} rows, budget {args.budget}; tunes "
           + ", ".join(f"{m} {s:.1f} s" for m, s in tune_s.items()))
@@ -105,6 +107,10 @@ def main() -> int:
         cells = [f"{r[m]['kernel']} {r[m]['config']} ({r[m]['median_ms'] or float('nan'):.4f})" for m in MODES]
         print(f"{r['key']:<34}{cells[0]:<44}{cells[1]:<44}")
     print(f"{sum(r['same'] for r in rows)} of {len(rows)} entries pick the same kernel and config")
+    print(f"{'op':<22}{'cold table us':>15}{'warm table us':>15}{'launches':>10}")
+    for name, r in sorted(ops["cold"].items(), key=lambda kv: -kv[1]["ms"]):
+        warm = ops["warm"].get(name, {}).get("ms", float("nan"))
+        print(f"{name:<22}{1e3 * r['ms']:>15.1f}{1e3 * warm:>15.1f}{r['launches']:>10}")
     for m in MODES:
         p = percentiles(samples[m])
         print(f"decision on the {m} table: p50 {p['p50']:.4f} ms, p90 {p['p90']:.4f}, p99 {p['p99']:.4f} "
@@ -114,7 +120,7 @@ def main() -> int:
     argv = [("OUT_DIR" if a == str(out) else a) for a in sys.argv[1:]]
     doc = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
            "command": "python3 experiments/l2_tune_cuda.py " + " ".join(argv), "device": dev.info.as_dict(),
-           "preset": args.preset, "seq": args.seq, "budget": args.budget, "tune_s": tune_s, "picks": rows,
+           "preset": args.preset, "seq": args.seq, "budget": args.budget, "tune_s": tune_s, "picks": rows, "ops": ops,
            "max_abs_score_diff": diff, "verdict": verdict.verdict, "speedup": verdict.ratio, "note": verdict.note,
            **{m: {**percentiles(v), "median_ci95_ms": list(stats[m].ci95_ms), "samples_ms": v}
               for m, v in samples.items()}}
