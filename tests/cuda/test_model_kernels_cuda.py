@@ -66,10 +66,12 @@ def test_every_legal_config_of_the_nf4_spaces_is_correct(dev, rng, epilogue):
 def test_short_rows_with_a_columns_k_split_over_warps_match_float64(dev, rng, fmt, epilogue):
     """WK warps a column, each adding its share of K, merged in warp order: one row (a decision's last block) at
     K = 4608 (every warp of 8 has words) and 3 rows at K = 1088 (a partial last run of words), 160 columns (a partial
-    block of columns), every seed of the short-row space."""
+    block of columns): every seed of the short-row space with nf4 weights, one-row WK 1 and 8 with the others."""
     tpl = mm.CudaMatmul("rows", fmt, epilogue, True)
     cfgs = tpl.space("seed").split(dev.info.limits)[0]
     assert {c["WK"] for c in cfgs} == {1, 2, 4, 8}
+    if fmt != "nf4":  # each config is a compile of the whole family: the other formats take one row, WK 1 and 8
+        cfgs = [c for c in cfgs if c["RM"] == 1 and c["WK"] in (1, 8)]
     for shape in [(1, 160, 4608), (3, 160, 1088)]:
         for cfg in cfgs:
             check(*run(dev, tpl, cfg, shape, rng), tpl.dtype)
