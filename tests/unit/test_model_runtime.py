@@ -199,3 +199,15 @@ def test_load_progress_goes_to_stderr_and_quiet_prints_nothing(capfd, monkeypatc
     assert capfd.readouterr() == ("", "")
     ids = rng.integers(0, 512, 9)
     np.testing.assert_array_equal(quiet.scores(quiet.prefill(ids)), loud.scores(loud.prefill(ids)))
+
+
+def test_cpu_swiglu_is_silu_times_up_to_the_bit_and_leaves_its_inputs(rng):
+    """The CPU executor's one-temporary SwiGLU computes g / (1 + exp(-g)) * u in the same order as the formula."""
+    from tilewise.model.cpu import _swiglu
+
+    gu = (rng.standard_normal((37, 2 * 96)) * 40).astype(np.float32)  # some |g| > 88: exp(-g) overflows, underflows
+    before = gu.copy()
+    g, u = gu[:, :96], gu[:, 96:]
+    with np.errstate(over="ignore"):  # exp(-g) = inf, so g / inf = -0.0 on both sides
+        np.testing.assert_array_equal(_swiglu(g, u), g / (np.float32(1.0) + np.exp(-g)) * u)
+    np.testing.assert_array_equal(gu, before)
