@@ -31,19 +31,35 @@ __device__ __constant__ float ROW_NF4_CODE[16] = {
     0.24611230194568634f, 0.33791524171829224f, 0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f,
     1.0f};
 
+// the sums of each v[j] over the block (every thread gets them, in v), each through one tree: the warp's shuffles,
+// then the warps' sums in warp order; `red` holds N x NT / 32 floats
+template <int NT, int N>
+__device__ __forceinline__ void block_sums(float (&v)[N], float (*red)[NT / WARPSIZE]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v[j] += __shfl_xor_sync(0xffffffffu, v[j], o);
+  const int warp = threadIdx.x / WARPSIZE, lane = threadIdx.x % WARPSIZE;
+  __syncthreads();  // `red` may still be read by a previous reduction
+  if (lane == 0) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) red[j][warp] = v[j];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    v[j] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NT / WARPSIZE; ++i) v[j] += red[j][i];
+  }
+}
+
 // the sum of v over the block (every thread gets it); `red` holds NT / 32 floats
 template <int NT>
 __device__ __forceinline__ float block_sum(float v, float *red) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x / WARPSIZE, lane = threadIdx.x % WARPSIZE;
-  __syncthreads();  // `red` may still be read by a previous reduction
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  float s = 0.0f;
-#pragma unroll
-  for (int i = 0; i < NT / WARPSIZE; ++i) s += red[i];
-  return s;
+  float a[1] = {v};
+  block_sums<NT, 1>(a, reinterpret_cast<float (*)[NT / WARPSIZE]>(red));
+  return a[0];
 }
 
 template <int NT>
@@ -92,7 +108,6 @@ __global__ void __launch_bounds__(NT) head(const float *__restrict__ x, int row,
   ROWOPS_ASSERTS(NT);
   __shared__ float red[NT / WARPSIZE];
   __shared__ float reds[HEAD_LABELS][NT / WARPSIZE];
-  const int warp = threadIdx.x / WARPSIZE, lane = threadIdx.x % WARPSIZE;
   const float *xr = x + (size_t)row * H;
   float ss = 0.0f;
   for (int c = threadIdx.x; c < H; c += NT) ss += xr[c] * xr[c];
@@ -108,22 +123,11 @@ __global__ void __launch_bounds__(NT) head(const float *__restrict__ x, int row,
       for (int j = 0; j < HEAD_LABELS; ++j)
         if (l0 + j < L) d[j] += head_w[(size_t)(l0 + j) * H + c] * v;
     }
-    // each score through block_sum's tree: the warp's shuffles, then the warps' sums in warp order
+    block_sums<NT, HEAD_LABELS>(d, reds);
+    if (threadIdx.x == 0) {
 #pragma unroll
-    for (int j = 0; j < HEAD_LABELS; ++j)
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) d[j] += __shfl_xor_sync(0xffffffffu, d[j], o);
-    __syncthreads();  // the previous pass has read `reds`
-    if (lane == 0) {
-#pragma unroll
-      for (int j = 0; j < HEAD_LABELS; ++j) reds[j][warp] = d[j];
-    }
-    __syncthreads();
-    if (threadIdx.x < HEAD_LABELS && l0 + threadIdx.x < L) {
-      float s = 0.0f;
-#pragma unroll
-      for (int i = 0; i < NT / WARPSIZE; ++i) s += reds[threadIdx.x][i];
-      out[H + l0 + threadIdx.x] = s;
+      for (int j = 0; j < HEAD_LABELS; ++j)
+        if (l0 + j < L) out[H + l0 + j] = d[j];
     }
   }
 }
