@@ -398,16 +398,19 @@ class CudaMatmul(KernelTemplate):
             main = [bufs["xh"], *weights, out, *dims]
             if self.kind == "wgt":  # x by TMA: xh as (m, k) f16 rows in boxes of 64 x 64
                 main.append(f16_rows_map(bufs["xh"], m, k, 64))
-            elif self.kind == "wgr":  # one box of BT tokens x 64 a step; SR's final output and tile counters; no
-                # f16 output (`fuse_prep` may set one)
-                main += [f16_rows_map(bufs["xh"], m, k, config["BT"]), bufs["out"],
-                         bufs["counters"] if self.serial(config) else bufs["out"], NULL]
+            elif self.kind == "wgr":  # one box of BT tokens x 64 a step; SR's arguments; no f16 output (`fuse_prep`
+                # may set one)
+                main += [f16_rows_map(bufs["xh"], m, k, config["BT"]), *self._sr_args(bufs, config), NULL]
             return [prep, Launch(program, self.grid(config, shape), main), *reduce]
         args: list[Any] = [bufs["x"], np.int32(x_row0), *weights, arg_or(bufs, "norm_w", "x"), np.float32(self.eps),
                            out, *dims]
-        if self.kind == "splitk":  # SR's final output and tile counters (SR 0 reads neither)
-            args += [bufs["out"], bufs["counters"] if self.serial(config) else bufs["out"]]
+        if self.kind == "splitk":
+            args += self._sr_args(bufs, config)
         return [Launch(program, self.grid(config, shape), args), *reduce]
+
+    def _sr_args(self, bufs: DeviceBuffers, config: Config) -> list[Any]:
+        """An SR kind's final output and tile counters (SR 0 reads neither: out stands in for both)."""
+        return [bufs["out"], bufs["counters"] if self.serial(config) else bufs["out"]]
 
     def _reduce(self, program: Program, bufs: DeviceBuffers, config: Config, m: int, n: int) -> list[Launch]:
         """split-K's sum of the slices with the epilogue (none without slices)."""
