@@ -91,6 +91,38 @@ def test_every_output_matches_float64(dev, fmt, epilogue, norm, rng):
     assert not bad, f"{len(bad)} wrong for {tpl.name}: {bad[:4]}"
 
 
+@pytest.mark.parametrize(("fmt", "epilogue", "norm"), VARIANTS, ids=lambda v: str(v))
+def test_packed_stores_give_the_same_bits(dev, fmt, epilogue, norm, rng):
+    """VS = 1 stages the same f16 values as VS = 0, 8 halves a store, and the fragments read the same tiles: every
+    output equals its VS = 0 twin's bit for bit (both W layouts, PIPE 1 and 2, split-K, padding, the norm's sums
+    of squares), at a partial row tile and a partial column tile."""
+    tpl = SgmatMatmul(fmt, epilogue, dev.enabled_features, norm)
+    limits = dev.info.limits
+    seeds = [c for c in tpl.seed_configs(limits) if c["VS"] == 1]
+    pairs = [(c, c.replace(VS=1)) for c in configs(tpl, dev) if c["VS"] == 0] + [(c.replace(VS=0), c) for c in seeds]
+    pairs = list(dict.fromkeys((a, b) for a, b in pairs if tpl.space().is_legal(b, limits)))
+    assert {a["WL"] for a, _ in pairs} == {"nk", "kn"} and {a["PIPE"] for a, _ in pairs} == {1, 2}
+    rows, nks = sizes(dev)
+    m, (n, k) = rows[-1], nks[0]
+    shape = (m, n, k)
+    host = tpl.problem.make_inputs(shape, rng)
+    bad = []
+    for a, b in pairs:
+        outs = []
+        for cfg in (a, b):
+            prog = tpl.compile(dev, cfg, shape)
+            bufs = tpl.upload(dev, host, shape)
+            tpl.poison(dev, bufs, shape)
+            dev.run(tpl.launches(prog, bufs, cfg, shape))
+            outs.append(tpl.read_output(dev, bufs, shape))
+        assert np.isfinite(outs[0]).all() and np.abs(outs[0]).max() > 0
+        if not np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)):
+            diff = int((outs[0].view(np.uint32) != outs[1].view(np.uint32)).sum())
+            bad.append(f"{b.key()} at {shape}: {diff} of {outs[0].size} outputs differ from VS=0's")
+        print(f"{tpl.name} {shape} [{b}] same bits as VS=0: {not bad or not bad[-1].startswith(b.key())}")
+    assert not bad, bad[:4]
+
+
 def test_the_engine_verifies_and_times_it(dev):
     from tilewise.tune.engine import Engine, Item
     from tilewise.tune.store import Store

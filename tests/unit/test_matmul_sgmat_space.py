@@ -34,9 +34,9 @@ def test_default_and_most_seeds_are_legal_on_the_h200(fmt, epilogue, norm):
     assert t.space().is_legal(t.default_config(), H200)
     seeds = t.seed_configs(H200)
     legal = [c for c in seeds if t.space().is_legal(c, H200)]
-    # swiglu refuses the 128x128 seed (256 accumulator floats), split-K in 8 slices (scratch_ks, two seeds) and the
-    # two buffers of a 64x128 gate and up tile (workgroup storage)
-    assert len(legal) >= len(seeds) - (4 if epilogue == "swiglu" else 0)
+    # swiglu refuses the 128x128 seed (256 accumulator floats), split-K in 8 slices (scratch_ks, two seeds; the
+    # 192x64 down tile's two, accumulators) and the two buffers of a 64x128 gate and up tile (workgroup storage)
+    assert len(legal) >= len(seeds) - (5 if epilogue == "swiglu" else 0)
     assert all(c["SG"] == 32 for c in seeds)  # the H200's fragments are 32-wide subgroups
 
 
@@ -49,8 +49,11 @@ def test_rules_name_the_numbers():
     assert "accumulators: accumulators = 2*FM*FN*m*n/SG = 2*4*4*16*16/32 = 256 floats per invocation > 128 " \
            "(certain spill)" in why
     why = sp.why_illegal(sp.config({**sg.BASE, "SM": 4, "SN": 1, "FM": 8, "FN": 1, "BK": 64}), H200)
-    assert "norm_slots: x slots = ceil(BM*BK/4 / (SM*SN*SG)) = 64 > 16 sum-of-squares registers of the fused " \
-           "norm" in why
+    assert "norm_slots: x slots = ceil(BM*BK/4 / (SM*SN*SG)) = 64, 64 sums of squares > 16 registers of the " \
+           "fused norm" in why
+    why = sp.why_illegal(sp.config({**sg.BASE, "SM": 4, "SN": 1, "FM": 8, "FN": 1, "BK": 64, "VS": 1}), H200)
+    assert "norm_slots: x slots = ceil(BM*BK/8 / (SM*SN*SG)) = 32, 64 sums of squares > 16 registers of the " \
+           "fused norm" in why
     why = sp.why_illegal(sp.config({**sg.BASE, "BK": 8, "FRAG": "16x16x16"}), H200)
     assert "k_step: BK=8 is not a multiple of the fragment's k=16" in why
     # no fragment rule passes where there are no subgroup matrices, and the message says where to go
@@ -251,3 +254,30 @@ def test_seeds_fit_an_adapter_of_8x8x8_fragments_and_8_wide_subgroups(fmt, epilo
     assert any(c["KS"] > 1 for c in legal)
     h200 = t.seed_configs(H200)
     assert [dict(c) for c in h200] == [dict(t.space().config({**v, "SG": 32})) for v in (sg.BASE, *sg.SEEDS)]
+
+
+@pytest.mark.parametrize(("wl", "pipe", "norm"), [("nk", 1, False), ("nk", 2, True), ("kn", 1, True),
+                                                  ("kn", 2, False)])
+def test_packed_stores_store_whole_vec4s_and_count_their_registers(wl, pipe, norm):
+    """VS 1 declares the staged tiles as `vec4<u32>` arrays and stores nothing into them one half at a time; its
+    fragment loads step in elements of 8 halves; PIPE 2 holds 4 words per 8 staged halves (32 per kn unit of 8
+    columns x 8 k), VS 0 one f32 per half; the norm keeps one sum of squares per vec4 of x either way."""
+    from tilewise.kernels.matmul.sgmat_wgsl import norm_registers, pipe_registers, pipe_slots, w_units
+
+    t = tpl("nf4", "swiglu", norm)
+    base = t.space().config({**sg.BASE, "WL": wl, "PIPE": pipe, "PAD": 8})  # 64x64x32, 128 invocations
+    packed = base.replace(VS=1)
+    src, src0 = t.source(packed, (346, 4608, 1024)), t.source(base, (346, 4608, 1024))
+    assert "var<workgroup> Xs: array<vec4<u32>, " in src and "var<workgroup> Ws1: array<vec4<u32>, " in src
+    assert "var<workgroup> Xs: array<f16, " in src0
+    assert not re.search(r"\b(Xs|Ws0|Ws1)\[[^\]]*\] = (f16\(|h\.)", src)  # no half-at-a-time stores
+    assert re.search(r"\b(Xs|Ws0)\[[^\]]*\] = (f16\(|h\.)", src0)
+    assert "subgroupMatrixLoad<Left, row_major>(&Xs, " in src and ", 5u);" in src  # x rows 40 halves = 5 elements
+    assert w_units(packed) == 64 * 32 // (64 if wl == "kn" else 8) and w_units(base) == 64 * 32 // 8
+    xs, ws = pipe_slots(packed)
+    assert (xs, ws) == (-(-64 * 32 // 8 // 128), -(-w_units(packed) // 128))
+    assert pipe_registers(packed, 2) == 4 * xs + (32 if wl == "kn" else 4) * 2 * ws
+    assert pipe_registers(base, 2) == 4 * pipe_slots(base)[0] + 8 * 2 * pipe_slots(base)[1]
+    assert norm_registers(packed) == norm_registers(base) == 64 * 32 // 4 // 128
+    assert str(packed).endswith(" vs") and not str(base).endswith(" vs")
+    assert t.config_of({k: v for k, v in base.items() if k != "VS"}) == base  # tables written before VS read as VS 0

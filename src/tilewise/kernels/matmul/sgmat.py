@@ -21,6 +21,11 @@ Variants (the WGSL is generated per config by `tilewise.kernels.matmul.sgmat_wgs
              registers)
     PAD      halves of padding per staged row (0 or 8): x rows BK + PAD apart, W rows BK + PAD (nk) or BN + PAD
              (kn) apart, so that a fragment load's rows fall into different banks; 0 generates the unpadded WGSL
+    VS       0: staged tiles are `array<f16>`, stored one half at a time; 1: `array<vec4<u32>>`, each invocation
+             packs 8 halves (8 consecutive k of an x row; a chunk of 8 along K of a W row, or in layout kn 8
+             columns' chunks transposed into 8 rows of 8) and stores them at once, an eighth of the store
+             instructions; the fragment loads read the same tiles in units of 8 halves (Dawn's subgroup-matrix
+             loads take arrays of any 32-bit element); same values and rounding, so the same bits as VS = 0
     KS       split-K: 1, or 2 / 4 / 8 slices of K (grid z), their raw sums into the FMA split-K kernel's f32
              scratch and one more launch (`wgsl_rows.splitk_reduce_source`, the FMA kind's) adding them with the
              norm and the epilogue; more workgroups for the narrow, long-K down and out projections at 346 rows
@@ -54,10 +59,12 @@ from tilewise.kernels.matmul.sgmat_wgsl import (
     mm_fmt,
     mm_storage_bytes,
     mm_tile,
+    norm_registers,
     pipe_registers,
     pipe_slots,
     sgmat_matmul_source,
     x_slots,
+    x_width,
 )
 from tilewise.kernels.matmul.webgpu import MatmulTemplate
 from tilewise.kernels.matmul.wgsl import SPLITK_WG, splitk_scratch_bytes
@@ -80,21 +87,29 @@ PARAMS: dict[str, list[Any]] = {
     "KS": [1, 2, 4, 8],
     "PAD": [0, 8],
     "PIPE": [1, 2],
+    "VS": [0, 1],
 }
 PAIRED_KS = [1, 2, 4]  # swiglu's scratch holds two sums per output: KS 8 at 512 rows of 4608 would be 151 MB
 # a 64x64 tile: 2x2 subgroups of 2x2 16x16x16 fragments, K step 32
 BASE: dict[str, Any] = {"FRAG": "16x16x16", "SG": 32, "SM": 2, "SN": 2, "FM": 2, "FN": 2, "BK": 32, "WL": "nk",
-                        "KS": 1, "PAD": 0, "PIPE": 1}
+                        "KS": 1, "PAD": 0, "PIPE": 1, "VS": 0}
 # hand-picked points, most likely first (`tilewise tune model --budget B` keeps the first B - 1 after the default):
 # the fastest measured at a decision's row count first, then tiles that cover 346 rows in one or two row tiles
 # (each weight tile is decoded and staged once per row tile: at 128 rows three times)
 _TALL = {"FRAG": "16x8x16", "SM": 4, "SN": 4, "FM": 6, "FN": 2, "BK": 16, "WL": "kn", "PAD": 8}  # 384x64
 _WIDE = {"FRAG": "16x8x16", "SM": 4, "SN": 4, "FM": 2, "FN": 4, "BK": 16, "WL": "kn", "PAD": 8}  # 128x128
+_DOWN = {"FRAG": "16x8x8", "SM": 2, "SN": 2, "FM": 6, "FN": 4, "BK": 16, "PIPE": 2, "KS": 8}  # 192x64, 8 slices
+# the measured winners each with a packed-store twin (VS 1) next to it, in layout nk: there a chunk of 8 along K is
+# one 16-byte store by one invocation; kn's packed unit (8 columns x 8 k) puts a tile's staging on a few invocations
 _SEED_VARIANTS: tuple[dict[str, Any], ...] = (
     {"PAD": 8, "WL": "kn"},
     {**_WIDE, "PIPE": 2},
+    {**_WIDE, "WL": "nk", "PIPE": 2, "PAD": 0, "VS": 1},  # unpadded: a padded nk tile outgrows 48 KiB (swiglu)
+    {"PAD": 8, "VS": 1},
     {"PAD": 8, "KS": 4},
-    {"FRAG": "16x8x8", "SM": 2, "SN": 2, "FM": 6, "FN": 4, "BK": 16, "PIPE": 2, "KS": 8},  # 192x64, 8 slices
+    _DOWN,
+    {**_DOWN, "VS": 1},
+    {"PAD": 8, "KS": 4, "VS": 1},
     {"SM": 2, "SN": 4, "PIPE": 2, "PAD": 8},
     _WIDE,
     _TALL,
@@ -146,17 +161,18 @@ def sgmat_rules(fmt: str, paired: bool, norm: bool) -> list[Rule]:
                                f"{gemm_sg.MAX_ACCUMULATOR_FLOATS} (certain spill)")]
     rules.append(Rule("pipe_registers",
                       lambda c, _: c.PIPE == 1 or pipe_registers(c, sets) <= gemm_sg.MAX_PREFETCH_WORDS,
-                      lambda c, _: f"PIPE=2 holds 4*{pipe_slots(c)[0]} x + 8*{sets}*{pipe_slots(c)[1]} W = "
-                                   f"{pipe_registers(c, sets)} floats per invocation for the next step > "
+                      lambda c, _: f"PIPE=2 holds {pipe_slots(c)[0]} x slots + {sets}*{pipe_slots(c)[1]} W "
+                                   f"units = {pipe_registers(c, sets)} words per invocation for the next step > "
                                    f"{gemm_sg.MAX_PREFETCH_WORDS}"))
     ks_values = PAIRED_KS if paired else PARAMS["KS"]
     rules.append(Rule("scratch_ks", lambda c, _: c.KS in ks_values,
                       lambda c, _: f"KS={c.KS} is not one of {ks_values}: the split-K scratch holds at most "
                                    f"KS={max(ks_values)} slices of {'2 (paired) ' if paired else ''}M x N"))
     if norm:
-        rules.append(Rule("norm_slots", lambda c, _: x_slots(c) <= MAX_NORM_SLOTS,
-                          lambda c, _: f"x slots = ceil(BM*BK/4 / (SM*SN*SG)) = {x_slots(c)} > {MAX_NORM_SLOTS} "
-                                       "sum-of-squares registers of the fused norm"))
+        rules.append(Rule("norm_slots", lambda c, _: norm_registers(c) <= MAX_NORM_SLOTS,
+                          lambda c, _: f"x slots = ceil(BM*BK/{x_width(c)} / (SM*SN*SG)) = {x_slots(c)}, "
+                                       f"{norm_registers(c)} sums of squares > {MAX_NORM_SLOTS} registers of the "
+                                       "fused norm"))
     rules += [gemm_sg.rule("invocations"),
               Rule("workgroup_storage", lambda c, L: mm_storage_bytes(c, fmt, paired, norm)
                    <= L.max_workgroup_storage_bytes,

@@ -38,10 +38,27 @@ def mm_tile(c: Config) -> tuple[int, int, int]:
     return c["SM"] * c["FM"] * m, c["SN"] * c["FN"] * n, int(c["BK"])
 
 
+def x_width(c: Config) -> int:
+    """Halves of x one staging slot covers: a vec4 (4), or 8 with packed stores (VS = 1: one `vec4<u32>`)."""
+    return 8 if int(c.get("VS", 0)) else 4
+
+
 def x_slots(c: Config) -> int:
-    """vec4s of the x tile one invocation stages per K step (the fused norm's sum-of-squares registers)."""
+    """Slots of the x tile one invocation stages per K step (`x_width` halves each)."""
     bm, _, bk = mm_tile(c)
-    return -(-(bm * bk // 4) // invocations(c))
+    return -(-(bm * bk // x_width(c)) // invocations(c))
+
+
+def norm_registers(c: Config) -> int:
+    """The fused norm's f32 sum-of-squares registers per invocation: one per vec4 of x it stages."""
+    return x_slots(c) * x_width(c) // 4
+
+
+def w_units(c: Config) -> int:
+    """Units of the weight tile (per set) staged per K step: chunks of 8 along K (one word of NF4), or with packed
+    stores in the kn layout blocks of 8 columns x 8 K (eight `vec4<u32>` rows of the transposed tile)."""
+    _, bn, bk = mm_tile(c)
+    return bn * bk // (64 if int(c.get("VS", 0)) and c["WL"] == "kn" else 8)
 
 
 def mm_storage_bytes(c: Config, fmt: str, paired: bool, norm: bool) -> int:
@@ -58,11 +75,12 @@ def mm_storage_bytes(c: Config, fmt: str, paired: bool, norm: bool) -> int:
 
 
 def mm_fmt(c: Config) -> str:
-    """`f16x16x16 2x2sg 2x2fr k32 W:nk sg32 pipe2 pad8 splitk4` (fragment, subgroups, fragments per subgroup, K step,
-    W layout, subgroup size, pipelining, row padding and K slices where set)."""
+    """`f16x16x16 2x2sg 2x2fr k32 W:nk sg32 pipe2 pad8 splitk4 vs` (fragment, subgroups, fragments per subgroup, K
+    step, W layout, subgroup size, pipelining, row padding, K slices and packed stores where set)."""
     ks, pad, pipe = int(c.get("KS", 1)), int(c.get("PAD", 0)), int(c.get("PIPE", 1))
     return (f"f{c['FRAG']} {c['SM']}x{c['SN']}sg {c['FM']}x{c['FN']}fr k{c['BK']} W:{c['WL']} sg{c['SG']}"
-            + (" pipe2" if pipe == 2 else "") + (f" pad{pad}" if pad else "") + (f" splitk{ks}" if ks > 1 else ""))
+            + (" pipe2" if pipe == 2 else "") + (f" pad{pad}" if pad else "") + (f" splitk{ks}" if ks > 1 else "")
+            + (" vs" if int(c.get("VS", 0)) else ""))
 
 
 def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: int,
@@ -81,6 +99,10 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
     KS = int(c.get("KS", 1))
     PAD = int(c.get("PAD", 0))
     PIPE = int(c.get("PIPE", 1))
+    VS = int(c.get("VS", 0))
+    U = 8 if VS else 1  # halves per element of the staged arrays (VS = 1: `vec4<u32>`, offsets in those units)
+    if VS and PAD % 8:
+        raise ValueError(f"VS=1 needs PAD a multiple of 8 (got {PAD}): staged rows are whole vec4<u32>s")
     LX = BK + PAD  # halves between staged x rows (and W rows of layout nk); PAD moves rows across banks
     LW = (BK if wl == "nk" else BN) + PAD
     if k_in % (KS * BK):
@@ -109,10 +131,18 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
         w(load8_fn(fmt, s).strip("\n"))
     XB, WB = BM * LX, (BN if wl == "nk" else BK) * LW  # halves of one staged x / W tile
     two = ", two of them (PIPE=2: the next step is stored into one while the other is multiplied)" if PIPE == 2 else ""
-    w(f"var<workgroup> Xs: array<f16, {PIPE * XB}>;  // (BM, BK) x tile" + (f", rows {LX} apart" if PAD else "") + two)
+    et = "vec4<u32>" if VS else "f16"  # VS = 1: 8 halves a store (an element), offsets and strides in elements
+    w(f"var<workgroup> Xs: array<{et}, {PIPE * XB // U}>;  // (BM, BK) x tile" + (f", rows {LX} apart" if PAD else "")
+      + two + (", 8 halves an element" if VS else ""))
     for s in range(sets):
         what = "(BN, BK), as W" if wl == "nk" else "(BK, BN), W transposed"
-        w(f"var<workgroup> Ws{s}: array<f16, {PIPE * WB}>;  // {what}" + (f", rows {LW} apart" if PAD else "") + two)
+        w(f"var<workgroup> Ws{s}: array<{et}, {PIPE * WB // U}>;  // {what}" + (f", rows {LW} apart" if PAD else "")
+          + two)
+    if VS:
+        w("fn pack8(a: vec4<f32>, b: vec4<f32>) -> vec4<u32> {  // 8 values as f16, in order, in one vec4<u32>")
+        w("    return vec4<u32>(bitcast<vec2<u32>>(vec4<f16>(a)), bitcast<vec2<u32>>(vec4<f16>(b)));\n}")
+        if wl == "kn":
+            w("fn pack2(a: f32, b: f32) -> u32 { return bitcast<u32>(vec2<f16>(vec2<f32>(a, b))); }")
     w(f"var<workgroup> Cs: array<f32, {sets * NSG * mn}>;  // one ({m}, {n}) fragment per subgroup (per set)")
     if norm:
         w(f"var<workgroup> rss: array<f32, {XV}>;  // per-slot sums of squares, then row totals at r * {BK // 4}")
@@ -133,8 +163,8 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
         for i in range(FM):
             w("    " + " ".join(f"var acc{s}_{i}_{j} = Acc();" for j in range(FN)))
     nxs = x_slots(c)
-    if norm:  # slot l of this invocation is the same (row, k quarter) every K step: its sum stays in a register
-        for sl in range(nxs):
+    if norm and not VS:  # slot l of this invocation is the same (row, k quarter) every K step: its sum stays in a
+        for sl in range(nxs):  # register
             w(f"    let xi{sl} = li + {sl * WG}u; let xr{sl} = xi{sl} / {BK // 4}u; let xq{sl} = xi{sl} % {BK // 4}u;"
               f" var ss{sl} = 0.0;")
 
@@ -143,13 +173,16 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
         w(f"{ind}if (owner) {{")
         for kf in range(BK // k):
             for i in range(FM):
-                w(f"{ind}    let a{kf}_{i} = subgroupMatrixLoad<Left, row_major>(&Xs, {xo}(r0 + {i * m}u) * {LX}u + "
-                  f"{kf * k}u, {LX}u);")
+                w(f"{ind}    let a{kf}_{i} = subgroupMatrixLoad<Left, row_major>(&Xs, {xo}(r0 + {i * m}u) * "
+                  f"{LX // U}u + {kf * k // U}u, {LX // U}u);")
             for s in range(sets):
                 for j in range(FN):
                     if wl == "nk":
-                        load = (f"subgroupMatrixLoad<Right, col_major>(&Ws{s}, {wo}(c0 + {j * n}u) * {LW}u + "
-                                f"{kf * k}u, {LW}u)")
+                        load = (f"subgroupMatrixLoad<Right, col_major>(&Ws{s}, {wo}(c0 + {j * n}u) * {LW // U}u + "
+                                f"{kf * k // U}u, {LW // U}u)")
+                    elif VS:
+                        load = (f"subgroupMatrixLoad<Right, row_major>(&Ws{s}, {wo}{kf * k * LW // U}u + (c0 + "
+                                f"{j * n}u) / 8u, {LW // U}u)")
                     else:
                         load = (f"subgroupMatrixLoad<Right, row_major>(&Ws{s}, {wo}{kf * k * LW}u + c0 + {j * n}u, "
                                 f"{LW}u)")
@@ -164,8 +197,8 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
     kbeg, kend = ("0u", "K") if KS == 1 else ("kz", f"kz + {k_in // KS}u")  # this launch's K range
     if KS > 1:
         w(f"    let kz = wid.z * {k_in // KS}u;  // this launch's slice of K")
-    if PIPE == 2:
-        _pipe2_loop(w, mma, c, norm, sets, k_in, kbeg, kend, XB, WB, LX, LW)
+    if PIPE == 2 or VS:
+        _slot_loop(w, mma, c, norm, sets, k_in, kbeg, kend, XB, WB, LX, LW)
     else:
         w(f"    for (var k0 = {kbeg}; k0 < {kend}; k0 = k0 + {BK}u) {{")
 
@@ -213,9 +246,10 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
         w("        workgroupBarrier();  // the tiles are overwritten by the next step")
         w("    }")
     if norm:  # each row's BK/4 slot sums are added once (one invocation per row), total at rss[r * BK/4]
-        for sl in range(nxs):
-            st = f"rss[xi{sl}] = ss{sl};"
-            w(f"    if (xi{sl} < {XV}u) {{ {st} }}" if (sl + 1) * WG > XV else f"    {st}")
+        for sl in range(nxs):  # VS = 1: a slot's two vec4s keep their own sums, at the two places VS = 0 uses
+            st = f"rss[2u * xi{sl}] = ss{sl}; rss[2u * xi{sl} + 1u] = tt{sl};" if VS else f"rss[xi{sl}] = ss{sl};"
+            w(f"    if (xi{sl} < {XV // (2 if VS else 1)}u) {{ {st} }}" if (sl + 1) * WG > XV // (2 if VS else 1)
+              else f"    {st}")
         w("    workgroupBarrier();")
         w(f"    for (var r = li; r < {BM}u; r = r + {WG}u) {{")
         w(f"        var q = 0.0;\n        for (var cq = 0u; cq < {BK // 4}u; cq = cq + 1u) {{ q = q + rss[r * "
@@ -258,73 +292,132 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
 
 
 def pipe_slots(c: Config) -> tuple[int, int]:
-    """(x vec4 slots, W chunk slots of 8) one invocation stages per K step: with PIPE=2 they wait in registers."""
-    _, bn, bk = mm_tile(c)
-    return x_slots(c), -(-(bn * bk // 8) // invocations(c))
+    """(x slots, W unit slots) one invocation stages per K step: with PIPE=2 they wait in registers."""
+    return x_slots(c), -(-w_units(c) // invocations(c))
 
 
 def pipe_registers(c: Config, sets: int) -> int:
-    """f32 registers PIPE=2 holds per invocation between a step's loads and its stores: x vec4s, decoded W chunks."""
+    """32-bit registers PIPE=2 holds per invocation between a step's loads and its stores: x vec4s and decoded W
+    chunks as f32, or with packed stores (VS = 1) as f16 pairs, 4 words per 8 halves."""
     xs, wcs = pipe_slots(c)
+    if int(c.get("VS", 0)):
+        return 4 * xs + (32 if c["WL"] == "kn" else 4) * sets * wcs
     return 4 * xs + 8 * sets * wcs
 
 
-def _pipe2_loop(w, mma, c: Config, norm: bool, sets: int, k_in: int, kbeg: str, kend: str, XB: int, WB: int,
-                LX: int, LW: int) -> None:
-    """PIPE=2's K loop: step 0 staged first; then each step loads the next one's x and W into registers (decoded),
-    multiplies from one buffer and stores the registers into the other, with one barrier per step."""
-    BM, BN, BK = mm_tile(c)
+def _slot_loop(w, mma, c: Config, norm: bool, sets: int, k_in: int, kbeg: str, kend: str, XB: int, WB: int,
+               LX: int, LW: int) -> None:
+    """The K loop staging through per-invocation slots held in registers between loads and stores.
+
+    PIPE=2: step 0 staged first; then each step loads the next one's x and W into registers (decoded), multiplies
+    from one buffer and stores the registers into the other, with one barrier per step. PIPE=1 (only with VS = 1):
+    load, store, barrier, multiply, barrier. VS = 1 packs 8 halves into each register `vec4<u32>` and stores it
+    whole: an x slot is 8 consecutive k of a row (two vec4 loads, two sums of squares for the norm), a W unit of
+    layout nk one chunk of 8 along K, of layout kn 8 columns x 8 k (eight words loaded, eight transposed rows
+    stored); the values and their rounding are those of VS = 0."""
+    BM, _, BK = mm_tile(c)
     WG, wl = invocations(c), str(c["WL"])
-    XV, WC = BM * BK // 4, BN * BK // 8
+    VS = int(c.get("VS", 0))
+    U, xw = (8, 8) if VS else (1, 4)
+    XV, WU = BM * BK // xw, w_units(c)
     nxs, nwc = pipe_slots(c)
-    if not norm:  # the norm declares the slots (it keeps their sums of squares)
+    kn8 = bool(VS) and wl == "kn"
+    if not norm or VS:  # the VS = 0 norm declares the slots (it keeps their sums of squares)
         for sl in range(nxs):
-            w(f"    let xi{sl} = li + {sl * WG}u; let xr{sl} = xi{sl} / {BK // 4}u; let xq{sl} = xi{sl} % {BK // 4}u;")
+            w(f"    let xi{sl} = li + {sl * WG}u; let xr{sl} = xi{sl} / {BK // xw}u; let xq{sl} = xi{sl} % "
+              f"{BK // xw}u;" + (f" var ss{sl} = 0.0; var tt{sl} = 0.0;" if norm else ""))
     for i in range(nwc):
-        w(f"    let wi{i} = li + {i * WG}u; let nl{i} = wi{i} / {BK // 8}u; let cl{i} = wi{i} % {BK // 8}u;"
-          f" let row{i} = min(n0 + nl{i}, N - 1u);")
-    w("    " + " ".join(f"var px{sl} = vec4<f32>(0.0);" for sl in range(nxs)))
-    w("    " + " ".join(f"var pw{s}_{i} = C8(vec4<f32>(0.0), vec4<f32>(0.0));" for s in range(sets)
-                      for i in range(nwc)))
+        w(f"    let wi{i} = li + {i * WG}u; let nl{i} = wi{i} / {BK // 8}u; let cl{i} = wi{i} % {BK // 8}u;" +
+          ("" if kn8 else f" let row{i} = min(n0 + nl{i}, N - 1u);"))
+    if VS:
+        w("    " + " ".join(f"var px{sl} = vec4<u32>();" for sl in range(nxs)))
+        w("    " + " ".join(f"var pw{s}_{i}{f'_{e}' if kn8 else ''} = vec4<u32>();" for s in range(sets)
+                          for i in range(nwc) for e in range(8 if kn8 else 1)))
+    else:
+        w("    " + " ".join(f"var px{sl} = vec4<f32>(0.0);" for sl in range(nxs)))
+        w("    " + " ".join(f"var pw{s}_{i} = C8(vec4<f32>(0.0), vec4<f32>(0.0));" for s in range(sets)
+                          for i in range(nwc)))
 
     def opening(ind: str, var: str, i: int, total: int) -> None:  # slot i's block, guarded where it can be past the end
         w(f"{ind}if ({var}{i} < {total}u) {{" if (i + 1) * WG > total else f"{ind}{{")
 
+    def x_row(kk: str, sl: int, q: str) -> str:
+        return f"x[(dims.r0 + m0 + xr{sl}) * {k_in // 4}u + {kk} / 4u + {q}]"
+
     def load(ind: str, kk: str) -> None:  # step `kk` of x (normed) and W (decoded) into the registers
         for sl in range(nxs):
             opening(ind, "xi", sl, XV)
-            w(f"{ind}    var v = vec4<f32>(0.0);")
-            w(f"{ind}    if (m0 + xr{sl} < M) {{ v = x[(dims.r0 + m0 + xr{sl}) * {k_in // 4}u + {kk} / 4u + "
-              f"xq{sl}]; }}")
-            if norm:
-                w(f"{ind}    ss{sl} = ss{sl} + dot(v, v);")
-                w(f"{ind}    px{sl} = v * norm_w[{kk} / 4u + xq{sl}];")
+            if VS:  # two vec4s: quarters 2q and 2q + 1 of the row's K step
+                w(f"{ind}    var v = vec4<f32>(0.0); var v2 = vec4<f32>(0.0);")
+                w(f"{ind}    if (m0 + xr{sl} < M) {{ v = {x_row(kk, sl, f'2u * xq{sl}')}; "
+                  f"v2 = {x_row(kk, sl, f'2u * xq{sl} + 1u')}; }}")
+                if norm:
+                    w(f"{ind}    ss{sl} = ss{sl} + dot(v, v); tt{sl} = tt{sl} + dot(v2, v2);")
+                    w(f"{ind}    v = v * norm_w[{kk} / 4u + 2u * xq{sl}]; "
+                      f"v2 = v2 * norm_w[{kk} / 4u + 2u * xq{sl} + 1u];")
+                w(f"{ind}    px{sl} = pack8(v, v2);")
             else:
-                w(f"{ind}    px{sl} = v;")
+                w(f"{ind}    var v = vec4<f32>(0.0);")
+                w(f"{ind}    if (m0 + xr{sl} < M) {{ v = {x_row(kk, sl, f'xq{sl}')}; }}")
+                if norm:
+                    w(f"{ind}    ss{sl} = ss{sl} + dot(v, v);")
+                    w(f"{ind}    px{sl} = v * norm_w[{kk} / 4u + xq{sl}];")
+                else:
+                    w(f"{ind}    px{sl} = v;")
             w(f"{ind}}}")
         for i in range(nwc):
-            opening(ind, "wi", i, WC)
+            opening(ind, "wi", i, WU)
             for s in range(sets):
-                w(f"{ind}    pw{s}_{i} = load8_{s}(row{i}, {kk} / 8u + cl{i});")
+                if kn8:  # nl is a group of 8 columns; rows past N read row N-1 (columns never stored)
+                    for j in range(8):
+                        w(f"{ind}    let v{s}_{j} = load8_{s}(min(n0 + nl{i} * 8u + {j}u, N - 1u), {kk} / 8u + "
+                          f"cl{i});")
+                    for e in range(8):
+                        comp = f"{'ab'[e // 4]}.{'xyzw'[e % 4]}"
+                        pairs = ", ".join(f"pack2(v{s}_{j}.{comp}, v{s}_{j + 1}.{comp})" for j in range(0, 8, 2))
+                        w(f"{ind}    pw{s}_{i}_{e} = vec4<u32>({pairs});")
+                elif VS:
+                    w(f"{ind}    let v{s} = load8_{s}(row{i}, {kk} / 8u + cl{i}); pw{s}_{i} = pack8(v{s}.a, v{s}.b);")
+                else:
+                    w(f"{ind}    pw{s}_{i} = load8_{s}(row{i}, {kk} / 8u + cl{i});")
             w(f"{ind}}}")
 
     def store(ind: str, buf: str) -> None:  # the registers into buffer `buf` of the staged tiles
         for sl in range(nxs):
             opening(ind, "xi", sl, XV)
-            w(f"{ind}    let h = vec4<f16>(px{sl});")
-            w(f"{ind}    let o = {buf} * {XB}u + xr{sl} * {LX}u + xq{sl} * 4u;")
-            w(f"{ind}    Xs[o] = h.x; Xs[o + 1u] = h.y; Xs[o + 2u] = h.z; Xs[o + 3u] = h.w;")
+            if VS:
+                w(f"{ind}    Xs[{buf} * {XB // U}u + xr{sl} * {LX // U}u + xq{sl}] = px{sl};")
+            else:
+                w(f"{ind}    let h = vec4<f16>(px{sl});")
+                w(f"{ind}    let o = {buf} * {XB}u + xr{sl} * {LX}u + xq{sl} * 4u;")
+                w(f"{ind}    Xs[o] = h.x; Xs[o + 1u] = h.y; Xs[o + 2u] = h.z; Xs[o + 3u] = h.w;")
             w(f"{ind}}}")
         for i in range(nwc):
-            opening(ind, "wi", i, WC)
+            opening(ind, "wi", i, WU)
             for s in range(sets):
-                for e in range(8):
-                    comp = ("a", "b")[e // 4] + "." + "xyzw"[e % 4]
-                    idx = (f"nl{i} * {LW}u + cl{i} * 8u + {e}u" if wl == "nk" else
-                           f"(cl{i} * 8u + {e}u) * {LW}u + nl{i}")
-                    w(f"{ind}    Ws{s}[{buf} * {WB}u + {idx}] = f16(pw{s}_{i}.{comp});")
+                if kn8:
+                    for e in range(8):
+                        w(f"{ind}    Ws{s}[{buf} * {WB // U}u + (cl{i} * 8u + {e}u) * {LW // U}u + nl{i}] = "
+                          f"pw{s}_{i}_{e};")
+                elif VS:
+                    w(f"{ind}    Ws{s}[{buf} * {WB // U}u + nl{i} * {LW // U}u + cl{i}] = pw{s}_{i};")
+                else:
+                    for e in range(8):
+                        comp = ("a", "b")[e // 4] + "." + "xyzw"[e % 4]
+                        idx = (f"nl{i} * {LW}u + cl{i} * 8u + {e}u" if wl == "nk" else
+                               f"(cl{i} * 8u + {e}u) * {LW}u + nl{i}")
+                        w(f"{ind}    Ws{s}[{buf} * {WB}u + {idx}] = f16(pw{s}_{i}.{comp});")
             w(f"{ind}}}")
 
+    if int(c.get("PIPE", 1)) == 1:
+        w(f"    for (var k0 = {kbeg}; k0 < {kend}; k0 = k0 + {BK}u) {{")
+        load("        ", "k0")
+        store("        ", "0u")
+        w("        workgroupBarrier();")
+        mma("        ", "", "")
+        w("        workgroupBarrier();  // the tiles are overwritten by the next step")
+        w("    }")
+        return
     load("    ", kbeg)
     store("    ", "0u")
     w("    workgroupBarrier();")
@@ -334,7 +427,7 @@ def _pipe2_loop(w, mma, c: Config, norm: bool, sets: int, k_in: int, kbeg: str, 
     w("        if (more) {")
     load("            ", f"(k0 + {BK}u)")
     w("        }")
-    mma("        ", f"cur * {XB}u + ", f"cur * {WB}u + ")
+    mma("        ", f"cur * {XB // U}u + ", f"cur * {WB // U}u + ")
     w("        if (more) {")
     store("            ", "(1u - cur)")
     w("        }")
