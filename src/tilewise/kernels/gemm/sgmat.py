@@ -18,12 +18,15 @@ Variants (the WGSL is generated per config by `tilewise.kernels.gemm.sgmat_wgsl`
              step's multiplies and stored into the other half after them, one barrier per step
     PAD      halves of padding per row of a staged interior tile (0 or 8: rows 16 bytes further apart, so that
              consecutive fragment rows fall into other banks)
+    VS       0: staged tiles are `array<f16>`, each copied half stored alone; 1: `array<vec4<u32>>`, 8 halves a
+             store (interior tiles copy the `vec4<u32>` they load as it is; edge tiles pack 8 guarded halves), and
+             the fragment loads step in elements of 8 halves: the same values, so the same bits as VS = 0
     SPLITK   slices of K (grid z): each workgroup sums one slice (whole K steps) into a (SPLITK, M, N) f32
              partial buffer (`scratch_buffers`), a second launch adds the slices into C. For small M, where
              M/BM * N/BN tiles leave most of the GPU idle; refused where the partial buffer would pass
              `MAX_PARTIAL_BYTES`
 
-PIPE = 1, PAD = 0, SPLITK = 1 generate the WGSL these parameters' absence generated (`LEGACY`); a config written
+PIPE = 1, PAD = 0, SPLITK = 1, VS = 0 generate the WGSL these parameters' absence generated (`LEGACY`); a config written
 without them (an older dispatch table) takes those values.
 
 Edge handling, the design: one shader, two K loops, picked per workgroup by a uniform flag. Interior tiles (the
@@ -83,6 +86,7 @@ PARAMS: dict[str, list[Any]] = {
     "PIPE": [1, 2],
     "PAD": [0, 8],
     "SPLITK": [1, 2, 4, 8],
+    "VS": [0, 1],
 }
 BASE = {"FRAG": "16x16x16", "SG": 32, "SM": 2, "SN": 2, "FM": 4, "FN": 4, "KF": 2, "SA": "direct", "SB": "direct",
         **LEGACY}
@@ -171,6 +175,10 @@ def _rules() -> list[Rule]:
           lambda c, L: f"PIPE={c.PIPE} PAD={c.PAD} shape workgroup-staged tiles, but SA and SB are both direct "
                        "(use PIPE=1 PAD=0, or stage an operand)",
           doc="double buffering and padding act on staged operands only (else duplicates of the plain kernel)"),
+        r("packed_staged", lambda c, L: c.get("VS", 0) == 0 or "workgroup" in (c.SA, c.SB),
+          lambda c, L: "VS=1 packs workgroup-staged interior tiles, but SA and SB are both direct (use VS=0, or "
+                       "stage an operand)",
+          doc="with both operands direct only edge tiles stage, and they are few: VS would duplicate the plain kernel"),
         r("prefetch_registers", lambda c, L: 4 * sum(prefetch_loads(c)) <= MAX_PREFETCH_WORDS,
           lambda c, L: f"PIPE=2 holds the next K step in 4*(ceil(BM*BK/8/WG) + ceil(BK*BN/8/WG)) = "
                        f"{4 * sum(prefetch_loads(c))} registers per invocation > {MAX_PREFETCH_WORDS} (BMxBNxBK = "
@@ -225,6 +233,11 @@ def _seed_configs() -> list[dict[str, Any]]:
         {"SA": "workgroup", "PIPE": 2, "PAD": 8},
         {"FRAG": "16x8x16", "FN": 8, "SA": "workgroup", "SB": "workgroup", "PIPE": 2, "PAD": 8},
         {"SM": 4, "FM": 2, "SA": "workgroup", "SB": "workgroup", "PIPE": 2, "PAD": 8},
+        # the same with packed workgroup stores (8 halves a store): the 4096^3 winner (4x2 subgroups) first
+        {"SM": 4, "FM": 2, "SA": "workgroup", "SB": "workgroup", "PIPE": 2, "PAD": 8, "VS": 1},
+        {"SA": "workgroup", "SB": "workgroup", "PIPE": 2, "PAD": 8, "VS": 1},
+        {"FRAG": "16x8x16", "FN": 8, "SA": "workgroup", "SB": "workgroup", "PIPE": 2, "PAD": 8, "VS": 1},
+        {"SA": "workgroup", "SB": "workgroup", "VS": 1},
         # small M: the measured M=346 winners (64x32 and 64x64 tiles of 16x8x8 fragments) with K split, and
         # 64x64 / 128x128 tiles split
         {"FRAG": "16x8x8", "SM": 4, "SN": 4, "FM": 1, "FN": 1, "KF": 2, "SA": "workgroup", "SB": "workgroup",
@@ -236,6 +249,7 @@ def _seed_configs() -> list[dict[str, Any]]:
         {"FM": 2, "FN": 2, "SPLITK": 4},
         {"FM": 2, "FN": 2, "SPLITK": 8},
         {"FM": 2, "FN": 2, "SA": "workgroup", "SB": "workgroup", "PIPE": 2, "PAD": 8, "SPLITK": 4},
+        {"FM": 2, "FN": 2, "SA": "workgroup", "SB": "workgroup", "PIPE": 2, "PAD": 8, "SPLITK": 4, "VS": 1},
         {"SPLITK": 2},
         {"SA": "workgroup", "SB": "workgroup", "PIPE": 2, "PAD": 8, "SPLITK": 4},
         # 32-row tiles (2 rows of subgroups of one 16-row fragment), direct and split

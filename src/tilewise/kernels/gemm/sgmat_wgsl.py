@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from tilewise.kernels.space import Config
 
-LEGACY = {"PIPE": 1, "PAD": 0, "SPLITK": 1}  # the values that generate the WGSL of configs made before them
+LEGACY = {"PIPE": 1, "PAD": 0, "SPLITK": 1, "VS": 0}  # the values that generate the WGSL of configs made before them
 
 
 def frag(c: Config) -> tuple[int, int, int]:
@@ -89,19 +89,34 @@ def fmt(c: Config) -> str:
     then ` pipe2`, ` pad8`, ` splitk4` where those differ from the single-buffered, unpadded, unsplit kernel."""
     short = {"direct": "dir", "workgroup": "wg"}
     _, _, bk = tile(c)
-    extra = "".join(f" {label}{c[k]}" for k, label in (("PIPE", "pipe"), ("PAD", "pad"), ("SPLITK", "splitk"))
-                    if c.get(k, LEGACY[k]) != LEGACY[k])
+    extra = "".join(f" {label}{c[k]}" for k, label in (("PIPE", "pipe"), ("PAD", "pad"), ("SPLITK", "splitk"),
+                                                          ("VS", "vs")) if c.get(k, LEGACY[k]) != LEGACY[k])
     return (f"f{c['FRAG']} {c['SM']}x{c['SN']}sg {c['FM']}x{c['FN']}fr k{bk} A:{short[c['SA']]} "
             f"B:{short[c['SB']]} sg{c['SG']}{extra}")
 
 
 def _copy(name: str, src: str, rows: int, cols: int, wg: int, guarded: bool, vec: bool,
-          stride: int | None = None) -> list[str]:
+          stride: int | None = None, packed: bool = False) -> list[str]:
     """A helper that copies a (rows, cols) tile of `src` at (r0, c0) into workgroup array `name` (row-major, rows
-    `stride` halves apart on the fast path; default `cols`)."""
+    `stride` halves apart on the fast path; default `cols`). `packed`: `name` holds 8 halves an element (VS = 1);
+    the fast path copies `vec4<u32>`s as they are, the edge path packs 8 guarded halves into each."""
     ld = "dims.K" if src == "A" else "dims.N"
     nrows = "dims.M" if src == "A" else "dims.K"
     out = [f"fn copy_{name}_{'edge' if guarded else 'fast'}(tid: u32, r0: u32, c0: u32) {{"]
+    if packed:
+        q = cols // 8
+        out += [f"  for (var i = tid; i < {rows * q}u; i += {wg}u) {{",
+                f"    let r = i / {q}u; let c = (i % {q}u) * 8u;"]
+        if vec:
+            out += [f"    {name}[(r * {stride or cols}u + c) / 8u] = {src}8[((r0 + r) * {ld} + c0 + c) / 8u];"]
+        else:
+            out += [f"    let inside = r0 + r < {nrows};"]
+            for e in range(8):  # zeros past the tensor's rows and columns
+                out.append(f"    var h{e} = f16(0.0); if (inside && c0 + c + {e}u < {ld}) {{ h{e} = "
+                           f"{src}[(r0 + r) * {ld} + c0 + c + {e}u]; }}")
+            out.append(f"    {name}[i] = vec4<u32>(" + ", ".join(f"bitcast<u32>(vec2<f16>(h{2 * w}, h{2 * w + 1}))"
+                                                            for w in range(4)) + ");")
+        return [*out, "  }", "}"]
     if vec:  # fast path: cols, c0 and the leading dimension are multiples of 4 (of 8, in fact)
         q = cols // 4
         out += [f"  for (var i = tid; i < {rows * q}u; i += {wg}u) {{",
@@ -122,7 +137,8 @@ def _copy(name: str, src: str, rows: int, cols: int, wg: int, guarded: bool, vec
     return [*out, "  }", "}"]
 
 
-def _pipe_copies(name: str, src: str, rows: int, cols: int, wg: int, stride: int, loads: int) -> list[str]:
+def _pipe_copies(name: str, src: str, rows: int, cols: int, wg: int, stride: int, loads: int,
+                 packed: bool = False) -> list[str]:
     """PIPE = 2 helpers: `load_<src>8` reads this invocation's share of a (rows, cols) tile of `src` at (r0, c0),
     8 halves per `vec4<u32>` load, into registers; `store_<name>` writes them into workgroup array `name` at
     `base` (rows `stride` halves apart). Interior tiles only: cols, c0 and the leading dimension are multiples of 8."""
@@ -136,6 +152,10 @@ def _pipe_copies(name: str, src: str, rows: int, cols: int, wg: int, stride: int
         index = f"let i = tid + {u * wg}u; let r = i / {q}u; let c = (i % {q}u) * 8u;"
         out.append(f"  {guard}{{ {index} v[{u}] = {src}8[((r0 + r) * {ld} + c0 + c) / 8u]; }}")
         store.append(f"  {guard}{{")
+        if packed:  # `name` holds 8 halves an element: the register as it was loaded
+            store.append(f"    {index} {name}[(base + r * {stride}u + c) / 8u] = v[{u}];")
+            store.append("  }")
+            continue
         store.append(f"    {index} let o = base + r * {stride}u + c;")
         for w in range(4):
             store.append(f"    let h{w} = bitcast<vec2<f16>>(v[{u}].{'xyzw'[w]}); "
@@ -155,6 +175,8 @@ def generate_wgsl(c: Config) -> str:
     LDA, LDB = strides(c)
     HA, HB = tile_halves(c)
     NA, NB = prefetch_loads(c)
+    VS = bool(c.get("VS", 0))
+    U = 8 if VS else 1  # halves per element of As and Bs (VS = 1: vec4<u32>; offsets and strides in elements)
     k_lo, k_hi, cz = ("kb", "ke", "cz + ") if split else ("0u", "K", "")
     out: list[str] = []
     w = out.append
@@ -172,35 +194,38 @@ def generate_wgsl(c: Config) -> str:
         w("@group(0) @binding(2) var<storage, read_write> C: array<f32>;  // (M, N)")
     w("@group(0) @binding(3) var<uniform> dims: Dims;")
     binding = 4
-    vec_a = "A8: array<vec4<u32>>;  // A again, 8 halves a load" if pipe else \
+    vec_a = "A8: array<vec4<u32>>;  // A again, 8 halves a load" if pipe or VS else \
         "A4: array<vec4<f16>>;  // A again, 4 halves a load"
-    vec_b = "B8: array<vec4<u32>>;  // B again" if pipe else "B4: array<vec4<f16>>;  // B again"
+    vec_b = "B8: array<vec4<u32>>;  // B again" if pipe or VS else "B4: array<vec4<f16>>;  // B again"
     if sa:
         w(f"@group(0) @binding({binding}) var<storage, read> {vec_a}")
         binding += 1
     if sb:
         w(f"@group(0) @binding({binding}) var<storage, read> {vec_b}")
+    et, per = ("vec4<u32>", ", 8 halves an element") if VS else ("f16", "")
     if HA == BM * BK:
-        w(f"var<workgroup> As: array<f16, {BM * BK}>;  // (BM, BK)")
+        w(f"var<workgroup> As: array<{et}, {BM * BK // U}>;  // (BM, BK){per}")
     else:
-        w(f"var<workgroup> As: array<f16, {HA}>;  // (BM, BK) on edge tiles, {c['PIPE']} x (BM, {LDA}) inside")
+        w(f"var<workgroup> As: array<{et}, {HA // U}>;  // (BM, BK) on edge tiles, {c['PIPE']} x (BM, {LDA}) inside"
+          + per)
     if HB == BK * BN:
-        w(f"var<workgroup> Bs: array<f16, {BK * BN}>;  // (BK, BN)")
+        w(f"var<workgroup> Bs: array<{et}, {BK * BN // U}>;  // (BK, BN){per}")
     else:
-        w(f"var<workgroup> Bs: array<f16, {HB}>;  // (BK, BN) on edge tiles, {c['PIPE']} x (BK, {LDB}) inside")
+        w(f"var<workgroup> Bs: array<{et}, {HB // U}>;  // (BK, BN) on edge tiles, {c['PIPE']} x (BK, {LDB}) inside"
+          + per)
     w(f"var<workgroup> Cs: array<f32, {NSG * m * n}>;  // one ({m}, {n}) result fragment per subgroup (edge tiles)")
     w(f"alias Left = subgroup_matrix_left<f16, {k}, {m}>;")
     w(f"alias Right = subgroup_matrix_right<f16, {n}, {k}>;")
     w(f"alias Acc = subgroup_matrix_result<f32, {n}, {m}>;")
     w("")
-    out += _copy("As", "A", BM, BK, WG, True, False)
-    out += _copy("Bs", "B", BK, BN, WG, True, False)
+    out += _copy("As", "A", BM, BK, WG, True, False, packed=VS)
+    out += _copy("Bs", "B", BK, BN, WG, True, False, packed=VS)
     if sa:
-        out += _pipe_copies("As", "A", BM, BK, WG, LDA, NA) if pipe else \
-            _copy("As", "A", BM, BK, WG, False, True, LDA)
+        out += _pipe_copies("As", "A", BM, BK, WG, LDA, NA, VS) if pipe else \
+            _copy("As", "A", BM, BK, WG, False, True, LDA, VS)
     if sb:
-        out += _pipe_copies("Bs", "B", BK, BN, WG, LDB, NB) if pipe else \
-            _copy("Bs", "B", BK, BN, WG, False, True, LDB)
+        out += _pipe_copies("Bs", "B", BK, BN, WG, LDB, NB, VS) if pipe else \
+            _copy("Bs", "B", BK, BN, WG, False, True, LDB, VS)
     w("")
     w(f"@compute @workgroup_size({WG})")
     w("fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wg: vec3<u32>,")
@@ -225,12 +250,14 @@ def generate_wgsl(c: Config) -> str:
         for kf in range(KF):
             for i in range(FM):
                 if stage_a:
-                    off, ptr, ld = f"{base_a}(r0 + {i * m}u) * {lda}u + {kf * k}u", "&As", f"{lda}u"
+                    off, ptr, ld = f"{base_a}(r0 + {i * m}u) * {lda // U}u + {kf * k // U}u", "&As", f"{lda // U}u"
                 else:
                     off, ptr, ld = f"(bm0 + r0 + {i * m}u) * K + k0 + {kf * k}u", "&A", "K"
                 w(f"        let a{kf}_{i} = subgroupMatrixLoad<Left, row_major>({ptr}, {off}, {ld});")
             for j in range(FN):
-                if stage_b:
+                if stage_b and VS:
+                    off, ptr, ld = f"{base_b}{kf * k * ldb // U}u + (c0 + {j * n}u) / 8u", "&Bs", f"{ldb // U}u"
+                elif stage_b:
                     off, ptr, ld = f"{base_b}{kf * k * ldb}u + c0 + {j * n}u", "&Bs", f"{ldb}u"
                 else:
                     off, ptr, ld = f"(k0 + {kf * k}u) * N + bn0 + c0 + {j * n}u", "&B", "N"
@@ -272,7 +299,7 @@ def generate_wgsl(c: Config) -> str:
         if sb:
             w(f"      var nb = array<vec4<u32>, {NB}>();")
             w(f"      if (more) {{ nb = load_B8(tid, k0 + {BK}u, bn0); }}")
-        multiply(sa, sb, LDA, LDB, f"ph * {BM * LDA}u + ", f"ph * {BK * LDB}u + ")
+        multiply(sa, sb, LDA, LDB, f"ph * {BM * LDA // U}u + ", f"ph * {BK * LDB // U}u + ")
         w("      if (more) {")
         if sa:
             w(f"        store_As(tid, (1u - ph) * {BM * LDA}u, na);")
