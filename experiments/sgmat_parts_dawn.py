@@ -48,14 +48,11 @@ from tilewise.tune.measure import Stats, measure, summarize  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench"))
 from clock_log import ClockLog  # noqa: E402
 
-# the unchecked table's picks at 346 rows (2026-12-03), used when no sample runs
+# the unchecked decision tune's picks at 346 rows (2026-12-05; parameters left out take the default's values)
 PICKS = {
-    "ffn.gate_up": {"FRAG": "16x16x16", "SG": 32, "SM": 2, "SN": 4, "FM": 2, "FN": 2, "BK": 32, "WL": "nk", "KS": 1,
-                    "PAD": 8, "PIPE": 1},
-    "ffn.down": {"FRAG": "16x16x16", "SG": 32, "SM": 2, "SN": 2, "FM": 2, "FN": 2, "BK": 32, "WL": "nk", "KS": 4,
-                 "PAD": 8, "PIPE": 1},
-    "conv.in_proj": {"FRAG": "16x16x16", "SG": 32, "SM": 2, "SN": 4, "FM": 2, "FN": 2, "BK": 32, "WL": "nk",
-                     "KS": 1, "PAD": 8, "PIPE": 1},
+    "ffn.gate_up": {"FRAG": "16x8x16", "SM": 4, "SN": 2, "FM": 2, "FN": 8, "BK": 16, "WL": "kn", "PAD": 8, "PIPE": 2},
+    "ffn.down": {"FRAG": "16x8x8", "SM": 2, "SN": 2, "FM": 6, "FN": 4, "BK": 16, "WL": "nk", "KS": 8, "PIPE": 2},
+    "conv.in_proj": {"FRAG": "16x16x16", "SM": 2, "SN": 2, "FM": 3, "FN": 2, "BK": 32, "WL": "kn", "PAD": 8},
 }
 _X = re.compile(r"(?<![A-Za-z_0-9])x\[[^\]]*\]")
 
@@ -91,6 +88,11 @@ def _drop(src: str, pattern: str) -> str:
     return "\n".join(line for line in src.split("\n") if not re.search(pattern, line))
 
 
+# the lines storing staged tiles: one half at a time (VS 0), or 8 halves a vec4<u32> from a register (VS 1)
+_WSTORE = r"^\s*Ws[01]\[.*\] = (f16\(|pw)"
+_XSTORE = r"Xs\[o\] = h\.x|Xs\[.*\] = px"
+
+
 def variants(src: str) -> dict[str, str]:
     """name -> WGSL of each part taken out (see the module docstring)."""
     reg = "C8(vec4<f32>(f32(c)), vec4<f32>(f32(row)))"
@@ -99,11 +101,11 @@ def variants(src: str) -> dict[str, str]:
         "no-xload": _X.sub("vec4<f32>(f32(li) * 0.001)", src),
         "no-wload": _w_body(src, None, True),
         "no-decode": _w_body(src, f"return {reg};", False),
-        "no-wstore": _drop(src, r"^\s*Ws[01]\[.*\] = f16\("),
-        "no-xstore": _drop(src, r"Xs\[o\] = h\.x"),
+        "no-wstore": _drop(src, _WSTORE),
+        "no-xstore": _drop(src, _XSTORE),
         "no-loop": re.sub(r"k0 < kz \+ \d+u;", "k0 < kz;", src.replace("k0 < K;", "k0 < 0u;")),
     }
-    v["mma-only"] = _drop(v["no-wstore"], r"Xs\[o\] = h\.x")
+    v["mma-only"] = _drop(v["no-wstore"], _XSTORE)
     lines = src.split("\n")
     cut = next(i for i, line in enumerate(lines) if "= Acc();" in line)
     v["bare"] = "\n".join(lines[:cut]) + "\n    if (dims.m == 4294967294u) { out[li] = 1.0; }\n}\n"
@@ -160,7 +162,7 @@ def main() -> int:
         shape = (args.rows, n, k)
         base = SgmatMatmul("nf4", epilogue, dev.enabled_features, norm, cfg.norm_eps)
         row: dict[str, Any] = {"n": n, "k": k, "epilogue": epilogue, "norm": norm}
-        best = base.space().config(PICKS[label]) if label in PICKS else base.default_config()
+        best = base.config_of(PICKS[label]) if label in PICKS else base.default_config()
         if not base.space().is_legal(best, dev.info.limits):  # another adapter: its first fitted seed
             best = base.seed_configs(dev.info.limits)[0]
         if args.sample:

@@ -247,8 +247,9 @@ def test_seeds_fit_an_adapter_of_8x8x8_fragments_and_8_wide_subgroups(fmt, epilo
     seeds = t.seed_configs(lvp)
     legal = [c for c in seeds if t.space().is_legal(c, lvp)]
     # swiglu refuses a few: 16 subgroups' gate and up result fragments outgrow 32 KiB of workgroup memory; and the
-    # seeds with six fragments along M (tall tiles) hold too many accumulators in 8-wide subgroups
-    assert len(legal) >= len(seeds) - (15 if epilogue == "swiglu" else 3) and len(legal) >= 10, \
+    # seeds with six fragments along M (tall tiles) or the 346-row gate/up pick's 2 x 8 hold too many accumulators
+    # in 8-wide subgroups
+    assert len(legal) >= len(seeds) - (18 if epilogue == "swiglu" else 4) and len(legal) >= 10, \
         [t.space().why_illegal(c, lvp) for c in seeds]
     assert all(c["FRAG"] == "8x8x8" and c["SG"] == 8 and c["SM"] * c["SN"] == 16 for c in seeds)
     assert any(c["KS"] > 1 for c in legal)

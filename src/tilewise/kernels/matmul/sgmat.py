@@ -99,16 +99,25 @@ BASE: dict[str, Any] = {"FRAG": "16x16x16", "SG": 32, "SM": 2, "SN": 2, "FM": 2,
 _TALL = {"FRAG": "16x8x16", "SM": 4, "SN": 4, "FM": 6, "FN": 2, "BK": 16, "WL": "kn", "PAD": 8}  # 384x64
 _WIDE = {"FRAG": "16x8x16", "SM": 4, "SN": 4, "FM": 2, "FN": 4, "BK": 16, "WL": "kn", "PAD": 8}  # 128x128
 _DOWN = {"FRAG": "16x8x8", "SM": 2, "SN": 2, "FM": 6, "FN": 4, "BK": 16, "PIPE": 2, "KS": 8}  # 192x64, 8 slices
-# the measured winners each with a packed-store twin (VS 1) next to it, in layout nk: there a chunk of 8 along K is
-# one 16-byte store by one invocation; kn's packed unit (8 columns x 8 k) puts a tile's staging on a few invocations
+# the decision tune's picks at 346 rows (2026-12-05): gate/up 128x128, in_proj 96x64
+_GATE = {"FRAG": "16x8x16", "SM": 4, "SN": 2, "FM": 2, "FN": 8, "BK": 16, "WL": "kn", "PAD": 8, "PIPE": 2}
+_INPROJ = {"FM": 3, "PAD": 8, "WL": "kn"}
+# the measured winners, each with a packed-store twin (VS 1) next to it, mostly in layout nk: there a chunk of 8
+# along K is one 16-byte store by one invocation; kn's packed unit (8 columns x 8 k) puts a tile's staging on an
+# eighth of the invocations, and with PIPE 2 SwiGLU's two sets of it outgrow the prefetch registers
 _SEED_VARIANTS: tuple[dict[str, Any], ...] = (
     {"PAD": 8, "WL": "kn"},
+    _GATE,
+    {**_GATE, "WL": "nk", "VS": 1},
     {**_WIDE, "PIPE": 2},
-    {**_WIDE, "WL": "nk", "PIPE": 2, "PAD": 0, "VS": 1},  # unpadded: a padded nk tile outgrows 48 KiB (swiglu)
-    {"PAD": 8, "VS": 1},
-    {"PAD": 8, "KS": 4},
     _DOWN,
     {**_DOWN, "VS": 1},
+    {"PAD": 8, "VS": 1},
+    _INPROJ,
+    {**_INPROJ, "VS": 1},
+    {**_WIDE, "WL": "nk", "PIPE": 2, "PAD": 0, "VS": 1},  # unpadded: a padded nk tile outgrows 48 KiB (swiglu)
+    {**_GATE, "VS": 1, "PIPE": 1},
+    {"PAD": 8, "KS": 4},
     {"PAD": 8, "KS": 4, "VS": 1},
     {"SM": 2, "SN": 4, "PIPE": 2, "PAD": 8},
     _WIDE,
