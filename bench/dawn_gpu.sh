@@ -22,6 +22,9 @@
 #   OUT_DIR/dawn_wait.{json,txt}  with WAIT=1: bench/dawn_wait.py (the blocking against the spinning map wait) on the
 #                            table TILEWISE_DISPATCH_DIR holds; with TILEWISE_DAWN_UNCHECKED=1 set, on the unchecked
 #                            device and its table
+#   OUT_DIR/parts/sgmat_parts.json, parts.txt  with PARTS=1: experiments/sgmat_parts_dawn.py on lfm2-350m's gate/up,
+#                            down and in_proj at 346 rows: PARTS_SAMPLE seeds and sampled configs (the packed-store
+#                            twins among them), PARTS_NEIGHBORS rounds of hill-climbing, then the parts of the best
 #   SKIP="pytest gemm_dawn"  leaves those steps out (a short call for one part)
 #   OUT_DIR/status.txt       one line per step: name, exit status (124: timed out), seconds
 # Each step runs under `timeout`, so one failure or hang does not stop the others.
@@ -60,6 +63,10 @@ fi
 if [ "${ATTN:-0}" = 1 ]; then  # attention: the FMA kernel against attention.sgmat and torch's fused attention
     step attention-dawn "${ATTN_S:-240}" "$OUT/attention_dawn.txt" "$PY" bench/attention_dawn.py --out "$OUT" \
         --preset "${ATTN_PRESET:-lfm2-350m}" --rows 346 --rounds 20
+fi
+if [ "${PARTS:-0}" = 1 ]; then  # the matmuls' best configs at 346 rows, VS twins raced, and where their time goes
+    step parts "${PARTS_S:-300}" "$OUT/parts.txt" "$PY" experiments/sgmat_parts_dawn.py --out "$OUT/parts" \
+        --sample "${PARTS_SAMPLE:-12}" --neighbors "${PARTS_NEIGHBORS:-2}" --parts-only "${PARTS_ONLY:-ffn.gate_up}"
 fi
 if [ "${WAIT:-0}" = 1 ]; then  # how the host waits for a decision: block against spin, alternating rounds
     step dawn-wait "${WAIT_S:-120}" "$OUT/dawn_wait.txt" "$PY" bench/dawn_wait.py --out "$OUT" --preset lfm2-350m \

@@ -30,6 +30,9 @@ CODE_PATHS = {"FRAG": ["16x16x16", "16x8x16", "16x8x8"], "SG": [32], "WL": ["nk"
               "KS": [1, 2, 4, 8], "PAD": [0, 8], "PIPE": [1, 2], "VS": [0]}
 #: packed stores (VS 1) change the staging code only, which split-K does not touch: one split and none suffice
 PACKED_PATHS = {**CODE_PATHS, "KS": [1, 4], "VS": [1]}
+#: PIPE 3 changes the K loop only (two register sets, two steps an iteration): its staging code is PIPE 2's, so one
+#: fragment shape suffices beside both layouts, every K step, split-K, padding and both store widths
+PIPE3_PATHS = {**CODE_PATHS, "FRAG": ["16x8x16"], "KS": [1, 4], "PIPE": [3], "VS": [0, 1]}
 
 
 @pytest.mark.parametrize(("fmt", "epilogue", "norm"), VARIANTS, ids=lambda v: str(v))
@@ -43,13 +46,17 @@ def test_the_seeds_and_every_code_path_legal_on_the_h200_compile(dev, fmt, epilo
     legal = lambda c: not tpl.why_illegal(c, h200, SHAPE)  # noqa: E731
     picked, empty = every_code_path(space, h200, CODE_PATHS, legal)
     packed, packed_empty = every_code_path(space, h200, PACKED_PATHS, legal)
+    pipe3, pipe3_empty = every_code_path(space, h200, PIPE3_PATHS, legal)
     # a combination is empty only where a rule of the variant refuses it whole: split-K past 4 slices with SwiGLU,
     # and SwiGLU's gate and up held packed in registers in the kn layout (2 x 32 words a unit) with PIPE 2
     assert all(epilogue == "swiglu" and e["KS"] == 8 for e in empty), empty[:3]
     assert all(epilogue == "swiglu" and (e["WL"], e["PIPE"]) == ("kn", 2) for e in packed_empty), packed_empty[:3]
     assert len(picked) == 3 * 2 * 3 * 4 * 2 * 2 - len(empty)
     assert len(packed) == 3 * 2 * 3 * 2 * 2 * 2 - len(packed_empty)
-    picked += packed
+    # PIPE 3 holds two steps: packed kn units (2 x 32 words each, beside x) never fit the prefetch registers
+    assert all((e["WL"], e["VS"]) == ("kn", 1) for e in pipe3_empty), pipe3_empty[:3]
+    assert len(pipe3) == 2 * 3 * 2 * 2 * 2 - len(pipe3_empty)
+    picked += packed + pipe3
     cfgs = list(dict.fromkeys([c for c in tpl.seed_configs(h200) if space.is_legal(c, h200)] + picked))
     failed = []
     for cfg in cfgs:

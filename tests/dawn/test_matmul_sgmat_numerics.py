@@ -92,34 +92,61 @@ def test_every_output_matches_float64(dev, fmt, epilogue, norm, rng):
 
 
 @pytest.mark.parametrize(("fmt", "epilogue", "norm"), VARIANTS, ids=lambda v: str(v))
-def test_packed_stores_give_the_same_bits(dev, fmt, epilogue, norm, rng):
-    """VS = 1 stages the same f16 values as VS = 0, 8 halves a store, and the fragments read the same tiles: every
-    output equals its VS = 0 twin's bit for bit (both W layouts, PIPE 1 and 2, split-K, padding, the norm's sums
-    of squares), at a partial row tile and a partial column tile."""
+def test_packed_stores_and_loads_two_steps_ahead_give_the_same_bits(dev, fmt, epilogue, norm, rng):
+    """VS = 1 stages the same f16 values as VS = 0, 8 halves a store, and PIPE = 3 the same steps as PIPE = 2 in
+    the same order (two steps ahead instead of one); the fragments read the same tiles, so every output equals its
+    VS = 0 (PIPE = 2) twin's bit for bit: both W layouts, PIPE 1, 2 and 3, split-K, padding, the norm's sums of
+    squares, at a partial row tile and a partial column tile."""
     tpl = SgmatMatmul(fmt, epilogue, dev.enabled_features, norm)
     limits = dev.info.limits
-    seeds = [c for c in tpl.seed_configs(limits) if c["VS"] == 1]
-    pairs = [(c, c.replace(VS=1)) for c in configs(tpl, dev) if c["VS"] == 0] + [(c.replace(VS=0), c) for c in seeds]
-    pairs = list(dict.fromkeys((a, b) for a, b in pairs if tpl.space().is_legal(b, limits)))
-    assert {a["WL"] for a, _ in pairs} == {"nk", "kn"} and {a["PIPE"] for a, _ in pairs} == {1, 2}
+    space = tpl.space()
+
+    def plain(c):  # the VS 0 config computing the same steps as c
+        return c.replace(VS=0, PIPE=2 if c["PIPE"] == 3 else c["PIPE"])
+
+    variants = [c.replace(VS=1) for c in configs(tpl, dev) if c["VS"] == 0]
+    variants += [c.replace(PIPE=3, VS=v) for c in configs(tpl, dev) if c["PIPE"] == 2 for v in (0, 1)]
+    variants += [c for c in tpl.seed_configs(limits) if c["VS"] == 1 or c["PIPE"] == 3]
+    pairs = list(dict.fromkeys((plain(c), c) for c in variants
+                               if space.is_legal(c, limits) and space.is_legal(plain(c), limits)))
+    assert {b["WL"] for _, b in pairs} == {"nk", "kn"} and {b["PIPE"] for _, b in pairs} >= {1, 3}
     rows, nks = sizes(dev)
     m, (n, k) = rows[-1], nks[0]
-    shape = (m, n, k)
-    host = tpl.problem.make_inputs(shape, rng)
-    bad = []
-    for a, b in pairs:
-        outs = []
-        for cfg in (a, b):
+    hosts, bad, outs = {}, [], {}
+
+    # PIPE 3's tail (an odd number of K steps: the last iteration's second half skipped) and a single step: the
+    # pairs again with slices of 64 (K step 64, or 32 in 2 slices, or 16 in 4), at K = 64 and 192 (NF4 needs K a
+    # multiple of 64, so BK 16 without split-K always takes a multiple of 4 steps)
+    def tail(b):
+        for bk, ks in ((64, 1), (32, 2), (16, 4)):
+            t = b.replace(BK=bk, KS=ks)
+            if space.is_legal(t, limits) and space.is_legal(plain(t), limits):
+                return plain(t), t
+        return None
+
+    tails = list(dict.fromkeys(t for t in (tail(b) for _, b in pairs if b["PIPE"] == 3) if t))
+
+    def run(cfg, shape):
+        if shape not in hosts:
+            hosts[shape] = tpl.problem.make_inputs(shape, rng)
+        if (cfg, shape) not in outs:
             prog = tpl.compile(dev, cfg, shape)
-            bufs = tpl.upload(dev, host, shape)
+            bufs = tpl.upload(dev, hosts[shape], shape)
             tpl.poison(dev, bufs, shape)
             dev.run(tpl.launches(prog, bufs, cfg, shape))
-            outs.append(tpl.read_output(dev, bufs, shape))
-        assert np.isfinite(outs[0]).all() and np.abs(outs[0]).max() > 0
-        if not np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)):
-            diff = int((outs[0].view(np.uint32) != outs[1].view(np.uint32)).sum())
-            bad.append(f"{b.key()} at {shape}: {diff} of {outs[0].size} outputs differ from VS=0's")
-        print(f"{tpl.name} {shape} [{b}] same bits as VS=0: {not bad or not bad[-1].startswith(b.key())}")
+            outs[cfg, shape] = tpl.read_output(dev, bufs, shape)
+        return outs[cfg, shape]
+
+    assert tails, "no PIPE 3 pair takes K steps of 64"
+    cases = [(a, b, (m, n, k)) for a, b in pairs] + [(a, b, (m, n, kk)) for a, b in tails for kk in (64, 192)]
+    for a, b, shape in cases:
+        ref, got = run(a, shape), run(b, shape)
+        assert np.isfinite(ref).all() and np.abs(ref).max() > 0
+        same = np.array_equal(ref.view(np.uint32), got.view(np.uint32))
+        if not same:
+            diff = int((ref.view(np.uint32) != got.view(np.uint32)).sum())
+            bad.append(f"{b.key()} at {shape}: {diff} of {ref.size} outputs differ from [{a}]'s")
+        print(f"{tpl.name} {shape} [{b}] against [{a}]: {'same bits' if same else 'differs'}")
     assert not bad, bad[:4]
 
 

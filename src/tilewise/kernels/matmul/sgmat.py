@@ -18,7 +18,8 @@ Variants (the WGSL is generated per config by `tilewise.kernels.matmul.sgmat_wgs
     PIPE     1: stage a K step, barrier, multiply, barrier; 2: two buffers of each tile, and each invocation loads
              (and decodes) its share of the next step into registers before this step's multiplies and stores it
              into the other buffer after them, one barrier per step (rule pipe_registers bounds what waits in
-             registers)
+             registers); 3: the same two buffers and two sets of registers, so each step's loads are issued two
+             steps ahead and land during two steps' multiplies (twice the registers of 2)
     PAD      halves of padding per staged row (0 or 8): x rows BK + PAD apart, W rows BK + PAD (nk) or BN + PAD
              (kn) apart, so that a fragment load's rows fall into different banks; 0 generates the unpadded WGSL
     VS       0: staged tiles are `array<f16>`, stored one half at a time; 1: `array<vec4<u32>>`, each invocation
@@ -86,7 +87,7 @@ PARAMS: dict[str, list[Any]] = {
     "WL": list(WEIGHT_LAYOUTS),
     "KS": [1, 2, 4, 8],
     "PAD": [0, 8],
-    "PIPE": [1, 2],
+    "PIPE": [1, 2, 3],
     "VS": [0, 1],
 }
 PAIRED_KS = [1, 2, 4]  # swiglu's scratch holds two sums per output: KS 8 at 512 rows of 4608 would be 151 MB
@@ -109,9 +110,11 @@ _SEED_VARIANTS: tuple[dict[str, Any], ...] = (
     {"PAD": 8, "WL": "kn"},
     _GATE,
     {**_GATE, "WL": "nk", "VS": 1},
+    {**_GATE, "WL": "nk", "VS": 1, "PIPE": 3},
     {**_WIDE, "PIPE": 2},
     _DOWN,
     {**_DOWN, "VS": 1},
+    {**_DOWN, "VS": 1, "PIPE": 3},
     {"PAD": 8, "VS": 1},
     _INPROJ,
     {**_INPROJ, "VS": 1},
@@ -170,8 +173,10 @@ def sgmat_rules(fmt: str, paired: bool, norm: bool) -> list[Rule]:
                                f"{gemm_sg.MAX_ACCUMULATOR_FLOATS} (certain spill)")]
     rules.append(Rule("pipe_registers",
                       lambda c, _: c.PIPE == 1 or pipe_registers(c, sets) <= gemm_sg.MAX_PREFETCH_WORDS,
-                      lambda c, _: f"PIPE=2 holds {pipe_slots(c)[0]} x slots + {sets}*{pipe_slots(c)[1]} W "
-                                   f"units = {pipe_registers(c, sets)} words per invocation for the next step > "
+                      lambda c, _: f"PIPE={c.PIPE} holds {'2 x (' if c.PIPE == 3 else ''}{pipe_slots(c)[0]} x slots "
+                                   f"+ {sets}*{pipe_slots(c)[1]} W units{')' if c.PIPE == 3 else ''} = "
+                                   f"{pipe_registers(c, sets)} words per invocation for the "
+                                   f"{'next two steps' if c.PIPE == 3 else 'next step'} > "
                                    f"{gemm_sg.MAX_PREFETCH_WORDS}"))
     ks_values = PAIRED_KS if paired else PARAMS["KS"]
     rules.append(Rule("scratch_ks", lambda c, _: c.KS in ks_values,
@@ -185,10 +190,10 @@ def sgmat_rules(fmt: str, paired: bool, norm: bool) -> list[Rule]:
     rules += [gemm_sg.rule("invocations"),
               Rule("workgroup_storage", lambda c, L: mm_storage_bytes(c, fmt, paired, norm)
                    <= L.max_workgroup_storage_bytes,
-                   lambda c, L: "workgroup storage = " + ("2*(" if c.PIPE == 2 else "")
+                   lambda c, L: "workgroup storage = " + ("2*(" if c.PIPE > 1 else "")
                                 + (f"2*BM*BK + {2 * sets}*BN*BK" if not c.PAD else
                                    f"2*BM*(BK+PAD) + {2 * sets}*" + ("BN*(BK+PAD)" if c.WL == "nk" else "BK*(BN+PAD)"))
-                                + (") [two buffers, PIPE=2]" if c.PIPE == 2 else "")
+                                + (f") [two buffers, PIPE={c.PIPE}]" if c.PIPE > 1 else "")
                                 + f" + {4 * sets}*SM*SN*m*n"
                                 f"{' + 64' if fmt == 'nf4' else ''}{' + BM*BK' if norm else ''} = "
                                 f"{mm_storage_bytes(c, fmt, paired, norm)} bytes > max_workgroup_storage_bytes "

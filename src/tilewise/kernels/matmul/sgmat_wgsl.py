@@ -61,6 +61,11 @@ def w_units(c: Config) -> int:
     return bn * bk // (64 if int(c.get("VS", 0)) and c["WL"] == "kn" else 8)
 
 
+def tile_buffers(c: Config) -> int:
+    """Buffers of each staged tile in workgroup memory: 1 (PIPE 1), else 2 (PIPE 2 and 3 alternate between them)."""
+    return 1 if int(c.get("PIPE", 1)) == 1 else 2
+
+
 def mm_storage_bytes(c: Config, fmt: str, paired: bool, norm: bool) -> int:
     """Workgroup memory: x and weight tiles (f16), one (or two) f32 result fragments per subgroup, the NF4 codes,
     the norm's per-slot sums of squares."""
@@ -69,7 +74,7 @@ def mm_storage_bytes(c: Config, fmt: str, paired: bool, norm: bool) -> int:
     sets = 2 if paired else 1
     pad = int(c.get("PAD", 0))
     w_tile = bn * (bk + pad) if c["WL"] == "nk" else bk * (bn + pad)
-    pipe = int(c.get("PIPE", 1))
+    pipe = tile_buffers(c)
     return (pipe * (2 * bm * (bk + pad) + 2 * sets * w_tile) + 4 * sets * subgroups(c) * m * n
             + (64 if fmt == "nf4" else 0) + (bm * bk if norm else 0))
 
@@ -79,7 +84,7 @@ def mm_fmt(c: Config) -> str:
     step, W layout, subgroup size, pipelining, row padding, K slices and packed stores where set)."""
     ks, pad, pipe = int(c.get("KS", 1)), int(c.get("PAD", 0)), int(c.get("PIPE", 1))
     return (f"f{c['FRAG']} {c['SM']}x{c['SN']}sg {c['FM']}x{c['FN']}fr k{c['BK']} W:{c['WL']} sg{c['SG']}"
-            + (" pipe2" if pipe == 2 else "") + (f" pad{pad}" if pad else "") + (f" splitk{ks}" if ks > 1 else "")
+            + (f" pipe{pipe}" if pipe > 1 else "") + (f" pad{pad}" if pad else "") + (f" splitk{ks}" if ks > 1 else "")
             + (" vs" if int(c.get("VS", 0)) else ""))
 
 
@@ -131,12 +136,15 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
         w(load8_fn(fmt, s).strip("\n"))
     XB, WB = BM * LX, (BN if wl == "nk" else BK) * LW  # halves of one staged x / W tile
     two = ", two of them (PIPE=2: the next step is stored into one while the other is multiplied)" if PIPE == 2 else ""
+    if PIPE == 3:
+        two = ", two of them (PIPE=3: a step is stored into one while the other is multiplied, loaded two steps ahead)"
+    NBUF = 1 if PIPE == 1 else 2
     et = "vec4<u32>" if VS else "f16"  # VS = 1: 8 halves a store (an element), offsets and strides in elements
-    w(f"var<workgroup> Xs: array<{et}, {PIPE * XB // U}>;  // (BM, BK) x tile" + (f", rows {LX} apart" if PAD else "")
+    w(f"var<workgroup> Xs: array<{et}, {NBUF * XB // U}>;  // (BM, BK) x tile" + (f", rows {LX} apart" if PAD else "")
       + two + (", 8 halves an element" if VS else ""))
     for s in range(sets):
         what = "(BN, BK), as W" if wl == "nk" else "(BK, BN), W transposed"
-        w(f"var<workgroup> Ws{s}: array<{et}, {PIPE * WB // U}>;  // {what}" + (f", rows {LW} apart" if PAD else "")
+        w(f"var<workgroup> Ws{s}: array<{et}, {NBUF * WB // U}>;  // {what}" + (f", rows {LW} apart" if PAD else "")
           + two)
     if VS:
         w("fn pack8(a: vec4<f32>, b: vec4<f32>) -> vec4<u32> {  // 8 values as f16, in order, in one vec4<u32>")
@@ -197,7 +205,7 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
     kbeg, kend = ("0u", "K") if KS == 1 else ("kz", f"kz + {k_in // KS}u")  # this launch's K range
     if KS > 1:
         w(f"    let kz = wid.z * {k_in // KS}u;  // this launch's slice of K")
-    if PIPE == 2 or VS:
+    if PIPE > 1 or VS:
         _slot_loop(w, mma, c, norm, sets, k_in, kbeg, kend, XB, WB, LX, LW)
     else:
         w(f"    for (var k0 = {kbeg}; k0 < {kend}; k0 = k0 + {BK}u) {{")
@@ -292,17 +300,20 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
 
 
 def pipe_slots(c: Config) -> tuple[int, int]:
-    """(x slots, W unit slots) one invocation stages per K step: with PIPE=2 they wait in registers."""
+    """(x slots, W unit slots) one invocation stages per K step: with PIPE 2 and 3 they wait in registers."""
     return x_slots(c), -(-w_units(c) // invocations(c))
 
 
 def pipe_registers(c: Config, sets: int) -> int:
-    """32-bit registers PIPE=2 holds per invocation between a step's loads and its stores: x vec4s and decoded W
-    chunks as f32, or with packed stores (VS = 1) as f16 pairs, 4 words per 8 halves."""
+    """32-bit registers per invocation holding loaded steps between their loads and their stores: per step x vec4s
+    and decoded W chunks as f32, or with packed stores (VS = 1) as f16 pairs, 4 words per 8 halves; PIPE 3 holds
+    two steps."""
     xs, wcs = pipe_slots(c)
     if int(c.get("VS", 0)):
-        return 4 * xs + (32 if c["WL"] == "kn" else 4) * sets * wcs
-    return 4 * xs + 8 * sets * wcs
+        step = 4 * xs + (32 if c["WL"] == "kn" else 4) * sets * wcs
+    else:
+        step = 4 * xs + 8 * sets * wcs
+    return step * (2 if int(c.get("PIPE", 1)) == 3 else 1)
 
 
 def _slot_loop(w, mma, c: Config, norm: bool, sets: int, k_in: int, kbeg: str, kend: str, XB: int, WB: int,
@@ -310,7 +321,10 @@ def _slot_loop(w, mma, c: Config, norm: bool, sets: int, k_in: int, kbeg: str, k
     """The K loop staging through per-invocation slots held in registers between loads and stores.
 
     PIPE=2: step 0 staged first; then each step loads the next one's x and W into registers (decoded), multiplies
-    from one buffer and stores the registers into the other, with one barrier per step. PIPE=1 (only with VS = 1):
+    from one buffer and stores the registers into the other, with one barrier per step. PIPE=3: two sets of
+    registers, so a step's loads are issued two steps ahead: at step t the loads of t + 2 go into one set, the
+    buffer of t is multiplied and the other set (step t + 1, loaded during step t - 1) is stored into the other
+    buffer; the loop takes two steps per iteration so that the register names stay fixed. PIPE=1 (only with VS = 1):
     load, store, barrier, multiply, barrier. VS = 1 packs 8 halves into each register `vec4<u32>` and stores it
     whole: an x slot is 8 consecutive k of a row (two vec4 loads, two sums of squares for the norm), a W unit of
     layout nk one chunk of 8 along K, of layout kn 8 columns x 8 k (eight words loaded, eight transposed rows
@@ -329,14 +343,16 @@ def _slot_loop(w, mma, c: Config, norm: bool, sets: int, k_in: int, kbeg: str, k
     for i in range(nwc):
         w(f"    let wi{i} = li + {i * WG}u; let nl{i} = wi{i} / {BK // 8}u; let cl{i} = wi{i} % {BK // 8}u;" +
           ("" if kn8 else f" let row{i} = min(n0 + nl{i}, N - 1u);"))
-    if VS:
-        w("    " + " ".join(f"var px{sl} = vec4<u32>();" for sl in range(nxs)))
-        w("    " + " ".join(f"var pw{s}_{i}{f'_{e}' if kn8 else ''} = vec4<u32>();" for s in range(sets)
-                          for i in range(nwc) for e in range(8 if kn8 else 1)))
-    else:
-        w("    " + " ".join(f"var px{sl} = vec4<f32>(0.0);" for sl in range(nxs)))
-        w("    " + " ".join(f"var pw{s}_{i} = C8(vec4<f32>(0.0), vec4<f32>(0.0));" for s in range(sets)
-                          for i in range(nwc)))
+    PIPE = int(c.get("PIPE", 1))
+    for r in ("", "b") if PIPE == 3 else ("",):  # register sets (PIPE 3: two)
+        if VS:
+            w("    " + " ".join(f"var px{sl}{r} = vec4<u32>();" for sl in range(nxs)))
+            w("    " + " ".join(f"var pw{s}_{i}{f'_{e}' if kn8 else ''}{r} = vec4<u32>();" for s in range(sets)
+                              for i in range(nwc) for e in range(8 if kn8 else 1)))
+        else:
+            w("    " + " ".join(f"var px{sl}{r} = vec4<f32>(0.0);" for sl in range(nxs)))
+            w("    " + " ".join(f"var pw{s}_{i}{r} = C8(vec4<f32>(0.0), vec4<f32>(0.0));" for s in range(sets)
+                              for i in range(nwc)))
 
     def opening(ind: str, var: str, i: int, total: int) -> None:  # slot i's block, guarded where it can be past the end
         w(f"{ind}if ({var}{i} < {total}u) {{" if (i + 1) * WG > total else f"{ind}{{")
@@ -344,7 +360,7 @@ def _slot_loop(w, mma, c: Config, norm: bool, sets: int, k_in: int, kbeg: str, k
     def x_row(kk: str, sl: int, q: str) -> str:
         return f"x[(dims.r0 + m0 + xr{sl}) * {k_in // 4}u + {kk} / 4u + {q}]"
 
-    def load(ind: str, kk: str) -> None:  # step `kk` of x (normed) and W (decoded) into the registers
+    def load(ind: str, kk: str, r: str = "") -> None:  # step `kk` of x (normed) and W (decoded) into set r
         for sl in range(nxs):
             opening(ind, "xi", sl, XV)
             if VS:  # two vec4s: quarters 2q and 2q + 1 of the row's K step
@@ -355,15 +371,15 @@ def _slot_loop(w, mma, c: Config, norm: bool, sets: int, k_in: int, kbeg: str, k
                     w(f"{ind}    ss{sl} = ss{sl} + dot(v, v); tt{sl} = tt{sl} + dot(v2, v2);")
                     w(f"{ind}    v = v * norm_w[{kk} / 4u + 2u * xq{sl}]; "
                       f"v2 = v2 * norm_w[{kk} / 4u + 2u * xq{sl} + 1u];")
-                w(f"{ind}    px{sl} = pack8(v, v2);")
+                w(f"{ind}    px{sl}{r} = pack8(v, v2);")
             else:
                 w(f"{ind}    var v = vec4<f32>(0.0);")
                 w(f"{ind}    if (m0 + xr{sl} < M) {{ v = {x_row(kk, sl, f'xq{sl}')}; }}")
                 if norm:
                     w(f"{ind}    ss{sl} = ss{sl} + dot(v, v);")
-                    w(f"{ind}    px{sl} = v * norm_w[{kk} / 4u + xq{sl}];")
+                    w(f"{ind}    px{sl}{r} = v * norm_w[{kk} / 4u + xq{sl}];")
                 else:
-                    w(f"{ind}    px{sl} = v;")
+                    w(f"{ind}    px{sl}{r} = v;")
             w(f"{ind}}}")
         for i in range(nwc):
             opening(ind, "wi", i, WU)
@@ -375,20 +391,21 @@ def _slot_loop(w, mma, c: Config, norm: bool, sets: int, k_in: int, kbeg: str, k
                     for e in range(8):
                         comp = f"{'ab'[e // 4]}.{'xyzw'[e % 4]}"
                         pairs = ", ".join(f"pack2(v{s}_{j}.{comp}, v{s}_{j + 1}.{comp})" for j in range(0, 8, 2))
-                        w(f"{ind}    pw{s}_{i}_{e} = vec4<u32>({pairs});")
+                        w(f"{ind}    pw{s}_{i}_{e}{r} = vec4<u32>({pairs});")
                 elif VS:
-                    w(f"{ind}    let v{s} = load8_{s}(row{i}, {kk} / 8u + cl{i}); pw{s}_{i} = pack8(v{s}.a, v{s}.b);")
+                    w(f"{ind}    let v{s} = load8_{s}(row{i}, {kk} / 8u + cl{i}); "
+                      f"pw{s}_{i}{r} = pack8(v{s}.a, v{s}.b);")
                 else:
-                    w(f"{ind}    pw{s}_{i} = load8_{s}(row{i}, {kk} / 8u + cl{i});")
+                    w(f"{ind}    pw{s}_{i}{r} = load8_{s}(row{i}, {kk} / 8u + cl{i});")
             w(f"{ind}}}")
 
-    def store(ind: str, buf: str) -> None:  # the registers into buffer `buf` of the staged tiles
+    def store(ind: str, buf: str, r: str = "") -> None:  # register set r into buffer `buf` of the staged tiles
         for sl in range(nxs):
             opening(ind, "xi", sl, XV)
             if VS:
-                w(f"{ind}    Xs[{buf} * {XB // U}u + xr{sl} * {LX // U}u + xq{sl}] = px{sl};")
+                w(f"{ind}    Xs[{buf} * {XB // U}u + xr{sl} * {LX // U}u + xq{sl}] = px{sl}{r};")
             else:
-                w(f"{ind}    let h = vec4<f16>(px{sl});")
+                w(f"{ind}    let h = vec4<f16>(px{sl}{r});")
                 w(f"{ind}    let o = {buf} * {XB}u + xr{sl} * {LX}u + xq{sl} * 4u;")
                 w(f"{ind}    Xs[o] = h.x; Xs[o + 1u] = h.y; Xs[o + 2u] = h.z; Xs[o + 3u] = h.w;")
             w(f"{ind}}}")
@@ -398,15 +415,15 @@ def _slot_loop(w, mma, c: Config, norm: bool, sets: int, k_in: int, kbeg: str, k
                 if kn8:
                     for e in range(8):
                         w(f"{ind}    Ws{s}[{buf} * {WB // U}u + (cl{i} * 8u + {e}u) * {LW // U}u + nl{i}] = "
-                          f"pw{s}_{i}_{e};")
+                          f"pw{s}_{i}_{e}{r};")
                 elif VS:
-                    w(f"{ind}    Ws{s}[{buf} * {WB // U}u + nl{i} * {LW // U}u + cl{i}] = pw{s}_{i};")
+                    w(f"{ind}    Ws{s}[{buf} * {WB // U}u + nl{i} * {LW // U}u + cl{i}] = pw{s}_{i}{r};")
                 else:
                     for e in range(8):
                         comp = ("a", "b")[e // 4] + "." + "xyzw"[e % 4]
                         idx = (f"nl{i} * {LW}u + cl{i} * 8u + {e}u" if wl == "nk" else
                                f"(cl{i} * 8u + {e}u) * {LW}u + nl{i}")
-                        w(f"{ind}    Ws{s}[{buf} * {WB}u + {idx}] = f16(pw{s}_{i}.{comp});")
+                        w(f"{ind}    Ws{s}[{buf} * {WB}u + {idx}] = f16(pw{s}_{i}{r}.{comp});")
             w(f"{ind}}}")
 
     if int(c.get("PIPE", 1)) == 1:
@@ -417,6 +434,9 @@ def _slot_loop(w, mma, c: Config, norm: bool, sets: int, k_in: int, kbeg: str, k
         mma("        ", "", "")
         w("        workgroupBarrier();  // the tiles are overwritten by the next step")
         w("    }")
+        return
+    if PIPE == 3:
+        _pipe3_loop(w, mma, load, store, BK, kbeg, kend, XB // U, WB // U)
         return
     load("    ", kbeg)
     store("    ", "0u")
@@ -432,4 +452,40 @@ def _slot_loop(w, mma, c: Config, norm: bool, sets: int, k_in: int, kbeg: str, k
     store("            ", "(1u - cur)")
     w("        }")
     w("        workgroupBarrier();  // the stored step is complete, the multiplied buffer free again")
+    w("    }")
+
+
+def _pipe3_loop(w, mma, load, store, BK: int, kbeg: str, kend: str, xb: int, wb: int) -> None:
+    """PIPE=3's K loop, two steps an iteration: step A multiplies buffer 0 (register set "" is loading step + 2,
+    set "b" holds step + 1 and is stored into buffer 1 after the multiplies), step B the mirror image. Each buffer is
+    stored only after the barrier that ends the multiplies reading it; the loads of a step land during two steps'
+    multiplies. `xb`, `wb`: a buffer's offset in elements of the staged arrays."""
+    w("    // PIPE=3: step kbeg staged into buffer 0, step kbeg + BK loading into set b")
+    load("    ", kbeg)
+    store("    ", "0u")
+    w(f"    if ({kbeg} + {BK}u < {kend}) {{")
+    load("        ", f"({kbeg} + {BK}u)", "b")
+    w("    }")
+    w("    workgroupBarrier();")
+    w(f"    for (var k0 = {kbeg}; k0 < {kend}; k0 = k0 + {2 * BK}u) {{")
+    w(f"        let has1 = k0 + {BK}u < {kend}; let has2 = k0 + {2 * BK}u < {kend}; "
+      f"let has3 = k0 + {3 * BK}u < {kend};")
+    w("        if (has2) {")
+    load("            ", f"(k0 + {2 * BK}u)")
+    w("        }")
+    mma("        ", "", "")
+    w("        if (has1) {")
+    store("            ", "1u", "b")
+    w("        }")
+    w("        workgroupBarrier();")
+    w("        if (has1) {")
+    w("            if (has3) {")
+    load("                ", f"(k0 + {3 * BK}u)", "b")
+    w("            }")
+    mma("            ", f"{xb}u + ", f"{wb}u + ")
+    w("            if (has2) {")
+    store("                ", "0u")
+    w("            }")
+    w("            workgroupBarrier();")
+    w("        }")
     w("    }")
