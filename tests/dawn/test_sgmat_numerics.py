@@ -129,27 +129,38 @@ def test_pipelined_padded_and_split_k_variants_match_float64(dev, tpl, shape, rn
     assert not bad, f"{len(bad)} wrong at {shape}: {bad[:3]}"
 
 
-@pytest.mark.parametrize("shape", [(130, 136, 72), (64, 64, 8), (200, 264, 1003)], ids=lambda s: "x".join(map(str, s)))
-def test_packed_stores_give_the_same_bits(dev, tpl, shape, rng):
+# one and three K steps of 16 and of 32 (the fast loop needs whole steps: PIPE 3 ends on an odd step or on one)
+SAME_BITS_SHAPES = [(130, 136, 72), (64, 64, 8), (200, 264, 1003), (256, 256, 16), (256, 256, 32), (256, 256, 48),
+                    (256, 256, 96)]
+
+
+@pytest.mark.parametrize("shape", SAME_BITS_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_packed_stores_and_loads_two_steps_ahead_give_the_same_bits(dev, tpl, shape, rng):
     """VS = 1 copies the same halves into workgroup memory, 8 a store (interior tiles as loaded, edge tiles packed
-    from guarded loads), so every output equals VS = 0's bit for bit: each staged variant with its VS = 1 twin,
-    at interior plus edge tiles, a K below one step, and K not a multiple of 8 (the edge loop everywhere)."""
-    pairs = [(c, c.replace(VS=1)) for c in variant_configs(tpl, dev) if "workgroup" in (c["SA"], c["SB"])]
-    pairs = [(a, b) for a, b in pairs if tpl.space("full").is_legal(b, dev.info.limits)]
-    assert len(pairs) >= 5 and {a["PIPE"] for a, _ in pairs} == {1, 2}
+    from guarded loads), and PIPE = 3 stages the same steps as PIPE = 2 two steps ahead instead of one, so every
+    output equals the VS = 0 (PIPE = 2) twin's bit for bit: each staged variant with its twins, at interior plus
+    edge tiles, a K below one step, K not a multiple of 8 (the edge loop everywhere), one and three K steps."""
+    space = tpl.space("full")
+    staged = [c for c in variant_configs(tpl, dev) if "workgroup" in (c["SA"], c["SB"])]
+    twins = [c.replace(VS=1) for c in staged] + [c.replace(PIPE=3, VS=v) for c in staged if c["PIPE"] == 2
+                                                 for v in (0, 1)]
+    pairs = [(c.replace(VS=0, PIPE=2 if c["PIPE"] == 3 else c["PIPE"]), c) for c in twins]
+    pairs = [(a, b) for a, b in pairs if space.is_legal(b, dev.info.limits)]
+    assert len(pairs) >= 8 and {b["PIPE"] for _, b in pairs} == {1, 2, 3}
     host = tpl.problem.make_inputs(shape, rng)
-    bad = []
+    bad, outs = [], {}
     for a, b in pairs:
-        outs = []
         for cfg in (a, b):
-            prog = tpl.compile(dev, cfg, shape)
-            bufs = tpl.upload(dev, host, shape)
-            tpl.poison(dev, bufs, shape)
-            dev.run(tpl.launches(prog, bufs, cfg, shape))
-            outs.append(tpl.read_output(dev, bufs, shape))
-        assert np.isfinite(outs[0]).all() and np.abs(outs[0]).max() > 0
-        if not np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)):
-            bad.append(f"{b}: {int((outs[0] != outs[1]).sum())} of {outs[0].size} outputs differ from VS=0's")
+            if cfg not in outs:
+                prog = tpl.compile(dev, cfg, shape)
+                bufs = tpl.upload(dev, host, shape)
+                tpl.poison(dev, bufs, shape)
+                dev.run(tpl.launches(prog, bufs, cfg, shape))
+                outs[cfg] = tpl.read_output(dev, bufs, shape)
+        ref, got = outs[a], outs[b]
+        assert np.isfinite(ref).all() and np.abs(ref).max() > 0
+        if not np.array_equal(ref.view(np.uint32), got.view(np.uint32)):
+            bad.append(f"{b}: {int((ref != got).sum())} of {ref.size} outputs differ from [{a}]'s")
     assert not bad, f"{len(bad)} differ at {shape}: {bad[:3]}"
 
 

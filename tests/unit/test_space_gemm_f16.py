@@ -199,6 +199,16 @@ def test_prefetch_registers_rule_names_the_count(tpl):
     assert "prefetch_registers: PIPE=2 holds the next K step in 4*(ceil(BM*BK/8/WG) + ceil(BK*BN/8/WG)) = 136 " \
            "registers per invocation > 64 (BMxBNxBK = 512x32x64, WG = 128)" in why
     assert not any(w.startswith("prefetch_registers") for w in tpl.space("full").why_illegal(cfg.replace(PIPE=1)))
+    # PIPE 3 holds two steps: the 128x128x32 tile of 256 invocations takes 4*(2 + 2) words a step, 32 for two
+    both = tpl.space("full").config({**dict(tpl.default_config()), "SM": 4, "FM": 2, "SA": "workgroup",
+                                     "SB": "workgroup", "PIPE": 3})
+    assert not any(w.startswith("prefetch_registers") for w in tpl.space("full").why_illegal(both))
+    src = tpl.source(both)
+    assert "if (more2) { na2 = load_A8(tid, bm0, k0 + 64u); }" in src and "na = na2; nb = nb2;" in src
+    assert "load_A8" not in tpl.source(both.replace(PIPE=1))
+    why = tpl.space("full").why_illegal(cfg.replace(PIPE=3))
+    assert "prefetch_registers: PIPE=3 holds the next two K steps in 2*4*(ceil(BM*BK/8/WG) + ceil(BK*BN/8/WG)) = " \
+           "272 registers per invocation > 64 (BMxBNxBK = 512x32x64, WG = 128)" in why
 
 
 def _main_loop(src: str) -> str:

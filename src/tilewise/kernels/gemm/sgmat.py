@@ -15,7 +15,8 @@ Variants (the WGSL is generated per config by `tilewise.kernels.gemm.sgmat_wgsl`
              "workgroup" (the tile is copied into workgroup memory first, then loaded from there)
     PIPE     interior tiles' staging: 1 = one tile per operand, two barriers per K step (copy, then multiply);
              2 = double-buffered: the next step's tile is loaded into registers (8 halves a load) before this
-             step's multiplies and stored into the other half after them, one barrier per step
+             step's multiplies and stored into the other half after them, one barrier per step; 3 = the same
+             halves with two register sets: each step's loads are issued two steps ahead
     PAD      halves of padding per row of a staged interior tile (0 or 8: rows 16 bytes further apart, so that
              consecutive fragment rows fall into other banks)
     VS       0: staged tiles are `array<f16>`, each copied half stored alone; 1: `array<vec4<u32>>`, 8 halves a
@@ -83,7 +84,7 @@ PARAMS: dict[str, list[Any]] = {
     "KF": [1, 2, 4],
     "SA": ["direct", "workgroup"],
     "SB": ["direct", "workgroup"],
-    "PIPE": [1, 2],
+    "PIPE": [1, 2, 3],
     "PAD": [0, 8],
     "SPLITK": [1, 2, 4, 8],
     "VS": [0, 1],
@@ -114,6 +115,11 @@ def _explain_offered(c: Config, L: Limits | None) -> str:
     have = [s.label() for s in L.subgroup_matrix_configs if (s.component_type, s.result_component_type)
             == ("f16", "f32")]
     return f"fragment {c.FRAG} f16->f32 is not offered by this adapter (it offers: {', '.join(have) or 'none'})"
+
+
+def _held_words(c: Config) -> int:
+    """32-bit registers per invocation holding loaded K steps between their loads and their stores."""
+    return 4 * sum(prefetch_loads(c)) * (2 if c["PIPE"] == 3 else 1)
 
 
 def _acc_floats(c: Config) -> float:
@@ -179,9 +185,11 @@ def _rules() -> list[Rule]:
           lambda c, L: "VS=1 packs workgroup-staged interior tiles, but SA and SB are both direct (use VS=0, or "
                        "stage an operand)",
           doc="with both operands direct only edge tiles stage, and they are few: VS would duplicate the plain kernel"),
-        r("prefetch_registers", lambda c, L: 4 * sum(prefetch_loads(c)) <= MAX_PREFETCH_WORDS,
-          lambda c, L: f"PIPE=2 holds the next K step in 4*(ceil(BM*BK/8/WG) + ceil(BK*BN/8/WG)) = "
-                       f"{4 * sum(prefetch_loads(c))} registers per invocation > {MAX_PREFETCH_WORDS} (BMxBNxBK = "
+        r("prefetch_registers", lambda c, L: _held_words(c) <= MAX_PREFETCH_WORDS,
+          lambda c, L: ("PIPE=2 holds the next K step in 4*(ceil(BM*BK/8/WG) + ceil(BK*BN/8/WG)) = "
+                        if c.PIPE == 2 else "PIPE=3 holds the next two K steps in 2*4*(ceil(BM*BK/8/WG) + "
+                        "ceil(BK*BN/8/WG)) = ") +
+                       f"{_held_words(c)} registers per invocation > {MAX_PREFETCH_WORDS} (BMxBNxBK = "
                        f"{'x'.join(map(str, tile(c)))}, WG = {invocations(c)})"),
         r("workgroup_storage", lambda c, L: storage_bytes(c) <= L.max_workgroup_storage_bytes,
           lambda c, L: f"workgroup storage = 2*(As + Bs) + 4*SM*SN*m*n = 2*({tile_halves(c)[0]} + "
@@ -235,6 +243,8 @@ def _seed_configs() -> list[dict[str, Any]]:
         {"SM": 4, "FM": 2, "SA": "workgroup", "SB": "workgroup", "PIPE": 2, "PAD": 8},
         # the same with packed workgroup stores (8 halves a store): the 4096^3 winner (4x2 subgroups) first
         {"SM": 4, "FM": 2, "SA": "workgroup", "SB": "workgroup", "PIPE": 2, "PAD": 8, "VS": 1},
+        {"SM": 4, "FM": 2, "SA": "workgroup", "SB": "workgroup", "PIPE": 3, "PAD": 8, "VS": 1},
+        {"SM": 4, "FM": 2, "SA": "workgroup", "SB": "workgroup", "PIPE": 3, "PAD": 8},
         {"SA": "workgroup", "SB": "workgroup", "PIPE": 2, "PAD": 8, "VS": 1},
         {"FRAG": "16x8x16", "FN": 8, "SA": "workgroup", "SB": "workgroup", "PIPE": 2, "PAD": 8, "VS": 1},
         {"SA": "workgroup", "SB": "workgroup", "VS": 1},

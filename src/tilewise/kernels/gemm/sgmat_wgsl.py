@@ -12,7 +12,8 @@ a whole number of K steps, and K and N are multiples of 8 so every fragment row 
 so no load or store ever touches memory past a tensor. Interior tiles of `PIPE` = 2 configs double-buffer their
 staged operands: each invocation loads its share of the next K step into registers (8 halves a load, `vec4<u32>`)
 before the current step's multiplies, stores it into the other half of the workgroup tile after them, and one barrier
-ends the step. `PAD` halves of padding per staged row (interior tiles) move rows across banks. `SPLITK` > 1 runs
+ends the step; `PIPE` = 3 issues each step's loads two steps ahead (two register sets, the same two halves of
+workgroup memory). `PAD` halves of padding per staged row (interior tiles) move rows across banks. `SPLITK` > 1 runs
 grid z over whole-K-step slices of K, each storing its sums to slice z of a (SPLITK, M, N) f32 partial buffer; a
 second module (`reduce_wgsl`) adds the slices into C. Fragment offsets derive from the workgroup id, the subgroup
 id and uniform sizes only (the subgroup-matrix builtins need subgroup-uniform arguments). Subgroups beyond SM * SN
@@ -64,8 +65,9 @@ def tile_halves(c: Config) -> tuple[int, int]:
     bm, bn, bk = tile(c)
     lda, ldb = strides(c)
     sa, sb = staged(c)
-    return (max(bm * bk, c["PIPE"] * bm * lda) if sa else bm * bk,
-            max(bk * bn, c["PIPE"] * bk * ldb) if sb else bk * bn)
+    bufs = min(int(c["PIPE"]), 2)  # PIPE 3 alternates between PIPE 2's two halves
+    return (max(bm * bk, bufs * bm * lda) if sa else bm * bk,
+            max(bk * bn, bufs * bk * ldb) if sb else bk * bn)
 
 
 def storage_bytes(c: Config) -> int:
@@ -75,7 +77,8 @@ def storage_bytes(c: Config) -> int:
 
 
 def prefetch_loads(c: Config) -> tuple[int, int]:
-    """`vec4<u32>` registers per invocation holding the next K step of A and B (PIPE = 2, staged operands)."""
+    """`vec4<u32>` registers per invocation holding one loaded K step of A and B (PIPE 2 and 3, staged operands;
+    PIPE 3 holds two such steps)."""
     if c["PIPE"] == 1:
         return 0, 0
     bm, bn, bk = tile(c)
@@ -171,7 +174,7 @@ def generate_wgsl(c: Config) -> str:
     FM, FN, KF, SN = c["FM"], c["FN"], c["KF"], c["SN"]
     NSG, WG = subgroups(c), invocations(c)
     sa, sb = staged(c)
-    pipe, split = c["PIPE"] == 2, c["SPLITK"] > 1
+    pipe, pipe3, split = c["PIPE"] >= 2, c["PIPE"] == 3, c["SPLITK"] > 1
     LDA, LDB = strides(c)
     HA, HB = tile_halves(c)
     NA, NB = prefetch_loads(c)
@@ -290,15 +293,31 @@ def generate_wgsl(c: Config) -> str:
             w(f"      store_Bs(tid, 0u, load_B8(tid, {k_lo}, bn0));")
         w("    }")
         w("    workgroupBarrier();")
+        if pipe3:  # step 1 in flight before the loop; each step then loads step + 2
+            if sa:
+                w(f"    var na = array<vec4<u32>, {NA}>();")
+                w(f"    if ({k_lo} + {BK}u < {k_hi}) {{ na = load_A8(tid, bm0, {k_lo} + {BK}u); }}")
+            if sb:
+                w(f"    var nb = array<vec4<u32>, {NB}>();")
+                w(f"    if ({k_lo} + {BK}u < {k_hi}) {{ nb = load_B8(tid, {k_lo} + {BK}u, bn0); }}")
         w("    var ph = 0u;  // the half holding this step")
         w(f"    for (var k0 = {k_lo}; k0 < {k_hi}; k0 += {BK}u) {{")
         w(f"      let more = k0 + {BK}u < {k_hi};")
-        if sa:
-            w(f"      var na = array<vec4<u32>, {NA}>();")
-            w(f"      if (more) {{ na = load_A8(tid, bm0, k0 + {BK}u); }}")
-        if sb:
-            w(f"      var nb = array<vec4<u32>, {NB}>();")
-            w(f"      if (more) {{ nb = load_B8(tid, k0 + {BK}u, bn0); }}")
+        if pipe3:  # na / nb hold step + 1 (loaded a step ago); na2 / nb2 take step + 2
+            w(f"      let more2 = k0 + {2 * BK}u < {k_hi};")
+            if sa:
+                w(f"      var na2 = array<vec4<u32>, {NA}>();")
+                w(f"      if (more2) {{ na2 = load_A8(tid, bm0, k0 + {2 * BK}u); }}")
+            if sb:
+                w(f"      var nb2 = array<vec4<u32>, {NB}>();")
+                w(f"      if (more2) {{ nb2 = load_B8(tid, k0 + {2 * BK}u, bn0); }}")
+        else:
+            if sa:
+                w(f"      var na = array<vec4<u32>, {NA}>();")
+                w(f"      if (more) {{ na = load_A8(tid, bm0, k0 + {BK}u); }}")
+            if sb:
+                w(f"      var nb = array<vec4<u32>, {NB}>();")
+                w(f"      if (more) {{ nb = load_B8(tid, k0 + {BK}u, bn0); }}")
         multiply(sa, sb, LDA, LDB, f"ph * {BM * LDA // U}u + ", f"ph * {BK * LDB // U}u + ")
         w("      if (more) {")
         if sa:
@@ -307,6 +326,8 @@ def generate_wgsl(c: Config) -> str:
             w(f"        store_Bs(tid, (1u - ph) * {BK * LDB}u, nb);")
         w("      }")
         w("      workgroupBarrier();")
+        if pipe3:
+            w("      " + " ".join(f"{r} = {r}2;" for r, on in (("na", sa), ("nb", sb)) if on))
         w("      ph = 1u - ph;")
         w("    }")
 
