@@ -293,31 +293,25 @@ def generate_wgsl(c: Config) -> str:
             w(f"      store_Bs(tid, 0u, load_B8(tid, {k_lo}, bn0));")
         w("    }")
         w("    workgroupBarrier();")
-        if pipe3:  # step 1 in flight before the loop; each step then loads step + 2
+        def prefetch(ind: str, suffix: str, cond: str, k_expr: str) -> None:
+            """Register arrays na<suffix> / nb<suffix>, loaded with the K step at `k_expr` where `cond` holds."""
             if sa:
-                w(f"    var na = array<vec4<u32>, {NA}>();")
-                w(f"    if ({k_lo} + {BK}u < {k_hi}) {{ na = load_A8(tid, bm0, {k_lo} + {BK}u); }}")
+                w(f"{ind}var na{suffix} = array<vec4<u32>, {NA}>();")
+                w(f"{ind}if ({cond}) {{ na{suffix} = load_A8(tid, bm0, {k_expr}); }}")
             if sb:
-                w(f"    var nb = array<vec4<u32>, {NB}>();")
-                w(f"    if ({k_lo} + {BK}u < {k_hi}) {{ nb = load_B8(tid, {k_lo} + {BK}u, bn0); }}")
+                w(f"{ind}var nb{suffix} = array<vec4<u32>, {NB}>();")
+                w(f"{ind}if ({cond}) {{ nb{suffix} = load_B8(tid, {k_expr}, bn0); }}")
+
+        if pipe3:  # step 1 in flight before the loop; each step then loads step + 2
+            prefetch("    ", "", f"{k_lo} + {BK}u < {k_hi}", f"{k_lo} + {BK}u")
         w("    var ph = 0u;  // the half holding this step")
         w(f"    for (var k0 = {k_lo}; k0 < {k_hi}; k0 += {BK}u) {{")
         w(f"      let more = k0 + {BK}u < {k_hi};")
         if pipe3:  # na / nb hold step + 1 (loaded a step ago); na2 / nb2 take step + 2
             w(f"      let more2 = k0 + {2 * BK}u < {k_hi};")
-            if sa:
-                w(f"      var na2 = array<vec4<u32>, {NA}>();")
-                w(f"      if (more2) {{ na2 = load_A8(tid, bm0, k0 + {2 * BK}u); }}")
-            if sb:
-                w(f"      var nb2 = array<vec4<u32>, {NB}>();")
-                w(f"      if (more2) {{ nb2 = load_B8(tid, k0 + {2 * BK}u, bn0); }}")
+            prefetch("      ", "2", "more2", f"k0 + {2 * BK}u")
         else:
-            if sa:
-                w(f"      var na = array<vec4<u32>, {NA}>();")
-                w(f"      if (more) {{ na = load_A8(tid, bm0, k0 + {BK}u); }}")
-            if sb:
-                w(f"      var nb = array<vec4<u32>, {NB}>();")
-                w(f"      if (more) {{ nb = load_B8(tid, k0 + {BK}u, bn0); }}")
+            prefetch("      ", "", "more", f"k0 + {BK}u")
         multiply(sa, sb, LDA, LDB, f"ph * {BM * LDA // U}u + ", f"ph * {BK * LDB // U}u + ")
         w("      if (more) {")
         if sa:
