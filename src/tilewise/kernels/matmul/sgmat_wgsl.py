@@ -138,7 +138,7 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
     two = ", two of them (PIPE=2: the next step is stored into one while the other is multiplied)" if PIPE == 2 else ""
     if PIPE == 3:
         two = ", two of them (PIPE=3: a step is stored into one while the other is multiplied, loaded two steps ahead)"
-    NBUF = 1 if PIPE == 1 else 2
+    NBUF = tile_buffers(c)
     et = "vec4<u32>" if VS else "f16"  # VS = 1: 8 halves a store (an element), offsets and strides in elements
     w(f"var<workgroup> Xs: array<{et}, {NBUF * XB // U}>;  // (BM, BK) x tile" + (f", rows {LX} apart" if PAD else "")
       + two + (", 8 halves an element" if VS else ""))
