@@ -103,21 +103,22 @@ _DOWN = {"FRAG": "16x8x8", "SM": 2, "SN": 2, "FM": 6, "FN": 4, "BK": 16, "PIPE":
 # the decision tune's picks at 346 rows (2026-12-05): gate/up 128x128, in_proj 96x64
 _GATE = {"FRAG": "16x8x16", "SM": 4, "SN": 2, "FM": 2, "FN": 8, "BK": 16, "WL": "kn", "PAD": 8, "PIPE": 2}
 _INPROJ = {"FM": 3, "PAD": 8, "WL": "kn"}
-# the measured winners, each with a packed-store twin (VS 1) next to it, mostly in layout nk: there a chunk of 8
-# along K is one 16-byte store by one invocation; kn's packed unit (8 columns x 8 k) puts a tile's staging on an
-# eighth of the invocations, and with PIPE 2 SwiGLU's two sets of it outgrow the prefetch registers
+# the measured winners first (each shape's pick, so that a small budget keeps them), then their packed-store twins
+# (VS 1), mostly in layout nk: there a chunk of 8 along K is one 16-byte store by one invocation; kn's packed unit
+# (8 columns x 8 k) puts a tile's staging on an eighth of the invocations, and with PIPE 2 SwiGLU's two sets of it
+# outgrow the prefetch registers; then the twins loading two steps ahead (PIPE 3)
 _SEED_VARIANTS: tuple[dict[str, Any], ...] = (
-    {"PAD": 8, "WL": "kn"},
     _GATE,
-    {**_GATE, "WL": "nk", "VS": 1},
-    {**_GATE, "WL": "nk", "VS": 1, "PIPE": 3},
-    {**_WIDE, "PIPE": 2},
     _DOWN,
+    _INPROJ,
+    {"PAD": 8, "WL": "kn"},
+    {**_GATE, "WL": "nk", "VS": 1},
     {**_DOWN, "VS": 1},
+    {**_INPROJ, "VS": 1},
+    {**_GATE, "WL": "nk", "VS": 1, "PIPE": 3},
     {**_DOWN, "VS": 1, "PIPE": 3},
     {"PAD": 8, "VS": 1},
-    _INPROJ,
-    {**_INPROJ, "VS": 1},
+    {**_WIDE, "PIPE": 2},
     {**_WIDE, "WL": "nk", "PIPE": 2, "PAD": 0, "VS": 1},  # unpadded: a padded nk tile outgrows 48 KiB (swiglu)
     {**_GATE, "VS": 1, "PIPE": 1},
     {"PAD": 8, "KS": 4},
