@@ -2,7 +2,8 @@
 # Dawn on a GPU machine, in one call: the device, its tests, and gemm-f16 against cuBLAS.
 #   OUT_DIR/env.txt          GPU, driver, Python packages, `tilewise devices`
 #   OUT_DIR/devices.json     tilewise devices --json (subgroup_matrix_configs of every Dawn adapter)
-#   OUT_DIR/pytest.txt       python3 -m pytest tests/dawn (device, compile and numerics tests on the real adapter)
+#   OUT_DIR/pytest.txt       python3 -m pytest tests/dawn (device, compile and numerics tests on the real adapter;
+#                            PYTEST_S seconds, default 180)
 #   OUT_DIR/compile-*.txt, compile-*/compile_batch.json  bench/compile_batch.py: gemm-f16 and nf4-matmul configs
 #                            compiled one by one against the tuner's batch compile
 #   OUT_DIR/gemm_dawn.{json,txt}  bench/gemm_dawn.py (tuned gemm-f16 vs torch.matmul f16/f32 per shape)
@@ -47,7 +48,7 @@ source bench/gpu_steps.sh  # step NAME SECONDS LOGFILE CMD...
 
 step env 60 "$OUT/env.txt" bash -c "nvidia-smi --query-gpu=name,driver_version --format=csv; $PY -c 'import torch, wgpudawn; print(torch.__version__, wgpudawn.__version__)'; $PY -m tilewise devices --wide"
 step devices 60 "$OUT/devices.log" "$PY" -m tilewise devices --json "$OUT/devices.json"
-step pytest 180 "$OUT/pytest.txt" "$PY" -m pytest -q -p no:cacheprovider -rs tests/dawn tests/unit/test_space_gemm_f16.py
+step pytest "${PYTEST_S:-180}" "$OUT/pytest.txt" "$PY" -m pytest -q -p no:cacheprovider -rs tests/dawn tests/unit/test_space_gemm_f16.py
 for k in gemm-f16 nf4-matmul; do  # one by one against the tuner's batch compile (pipelines built on Dawn's threads)
     step "compile-$k" 90 "$OUT/compile-$k.txt" "$PY" bench/compile_batch.py --out "$OUT/compile-$k" --device dawn \
         --kernel "$k" --shape 346,4608,1024 --configs 32 --rounds 2
