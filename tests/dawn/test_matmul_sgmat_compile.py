@@ -33,6 +33,9 @@ PACKED_PATHS = {**CODE_PATHS, "KS": [1, 4], "VS": [1]}
 #: PIPE 3 changes the K loop only (two register sets, two steps an iteration): its staging code is PIPE 2's, so one
 #: fragment shape suffices beside both layouts, every K step, split-K, padding and both store widths
 PIPE3_PATHS = {**CODE_PATHS, "FRAG": ["16x8x16"], "KS": [1, 4], "PIPE": [3], "VS": [0, 1]}
+#: EP batches the epilogue only: both batch sizes with and without split-K (raw sums) suffice
+EP_PATHS = {**CODE_PATHS, "FRAG": ["16x8x16"], "WL": ["nk"], "BK": [32], "KS": [1, 4], "PAD": [0], "PIPE": [1],
+            "EP": [2, 4]}
 
 
 @pytest.mark.parametrize(("fmt", "epilogue", "norm"), VARIANTS, ids=lambda v: str(v))
@@ -47,6 +50,8 @@ def test_the_seeds_and_every_code_path_legal_on_the_h200_compile(dev, fmt, epilo
     picked, empty = every_code_path(space, h200, CODE_PATHS, legal)
     packed, packed_empty = every_code_path(space, h200, PACKED_PATHS, legal)
     pipe3, pipe3_empty = every_code_path(space, h200, PIPE3_PATHS, legal)
+    batched, batched_empty = every_code_path(space, h200, EP_PATHS, legal)
+    assert not batched_empty and len(batched) == 2 * 2
     # a combination is empty only where a rule of the variant refuses it whole: split-K past 4 slices with SwiGLU,
     # and SwiGLU's gate and up held packed in registers in the kn layout (2 x 32 words a unit) with PIPE 2
     assert all(epilogue == "swiglu" and e["KS"] == 8 for e in empty), empty[:3]
@@ -56,7 +61,7 @@ def test_the_seeds_and_every_code_path_legal_on_the_h200_compile(dev, fmt, epilo
     # PIPE 3 holds two steps: packed kn units (2 x 32 words each, beside x) never fit the prefetch registers
     assert all((e["WL"], e["VS"]) == ("kn", 1) for e in pipe3_empty), pipe3_empty[:3]
     assert len(pipe3) == 2 * 3 * 2 * 2 * 2 - len(pipe3_empty)
-    picked += packed + pipe3
+    picked += packed + pipe3 + batched
     cfgs = list(dict.fromkeys([c for c in tpl.seed_configs(h200) if space.is_legal(c, h200)] + picked))
     failed = []
     for cfg in cfgs:

@@ -27,6 +27,9 @@ Variants (the WGSL is generated per config by `tilewise.kernels.matmul.sgmat_wgs
              columns' chunks transposed into 8 rows of 8) and stores them at once, an eighth of the store
              instructions; the fragment loads read the same tiles in units of 8 halves (Dawn's subgroup-matrix
              loads take arrays of any 32-bit element); same values and rounding, so the same bits as VS = 0
+    EP       result fragments per subgroup (and set) the epilogue passes through workgroup memory between two
+             barriers: 1, 2 or 4 along N (a divisor of FN); more take more workgroup memory and fewer barriers, the
+             same values written
     KS       split-K: 1, or 2 / 4 / 8 slices of K (grid z), their raw sums into the FMA split-K kernel's f32
              scratch and one more launch (`wgsl_rows.splitk_reduce_source`, the FMA kind's) adding them with the
              norm and the epilogue; more workgroups for the narrow, long-K down and out projections at 346 rows
@@ -55,18 +58,8 @@ from tilewise.kernels.base import Shape
 from tilewise.kernels.gemm import sgmat as gemm_sg
 from tilewise.kernels.gemm.sgmat_wgsl import frag
 from tilewise.kernels.matmul.problem import EPILOGUES, MatmulProblem
-from tilewise.kernels.matmul.sgmat_wgsl import (
-    WEIGHT_LAYOUTS,
-    mm_fmt,
-    mm_storage_bytes,
-    mm_tile,
-    norm_registers,
-    pipe_registers,
-    pipe_slots,
-    sgmat_matmul_source,
-    x_slots,
-    x_width,
-)
+from tilewise.kernels.matmul.sgmat_stage import mm_tile, norm_registers, pipe_registers, pipe_slots, x_slots, x_width
+from tilewise.kernels.matmul.sgmat_wgsl import WEIGHT_LAYOUTS, mm_fmt, mm_storage_bytes, sgmat_matmul_source
 from tilewise.kernels.matmul.webgpu import MatmulTemplate
 from tilewise.kernels.matmul.wgsl import SPLITK_WG, splitk_scratch_bytes
 from tilewise.kernels.matmul.wgsl_rows import splitk_reduce_source
@@ -89,11 +82,13 @@ PARAMS: dict[str, list[Any]] = {
     "PAD": [0, 8],
     "PIPE": [1, 2, 3],
     "VS": [0, 1],
+    "EP": [1, 2, 4],
 }
 PAIRED_KS = [1, 2, 4]  # swiglu's scratch holds two sums per output: KS 8 at 512 rows of 4608 would be 151 MB
 # a 64x64 tile: 2x2 subgroups of 2x2 16x16x16 fragments, K step 32
 BASE: dict[str, Any] = {"FRAG": "16x16x16", "SG": 32, "SM": 2, "SN": 2, "FM": 2, "FN": 2, "BK": 32, "WL": "nk",
-                        "KS": 1, "PAD": 0, "PIPE": 1, "VS": 0}
+                        "KS": 1, "PAD": 0, "PIPE": 1, "VS": 0,
+                        "EP": 1}
 # hand-picked points, most likely first (`tilewise tune model --budget B` keeps the first B - 1 after the default):
 # the fastest measured at a decision's row count first, then tiles that cover 346 rows in one or two row tiles
 # (each weight tile is decoded and staged once per row tile: at 128 rows three times)
@@ -117,6 +112,9 @@ _SEED_VARIANTS: tuple[dict[str, Any], ...] = (
     {**_INPROJ, "VS": 1},
     {**_GATE, "WL": "nk", "VS": 1, "PIPE": 3},
     {**_DOWN, "VS": 1, "PIPE": 3},
+    {**_DOWN, "EP": 4},  # 24 result fragments a subgroup: 6 barrier pairs instead of 24
+    {**_GATE, "EP": 2},
+    {**_INPROJ, "EP": 2},
     {"PAD": 8, "VS": 1},
     {**_WIDE, "PIPE": 2},
     {**_WIDE, "WL": "nk", "PIPE": 2, "PAD": 0, "VS": 1},  # unpadded: a padded nk tile outgrows 48 KiB (swiglu)
@@ -172,6 +170,9 @@ def sgmat_rules(fmt: str, paired: bool, norm: bool) -> list[Rule]:
                   lambda c, _: f"accumulators = {sets}*FM*FN*m*n/SG = {sets}*{c.FM}*{c.FN}*{frag(c)[0]}*"
                                f"{frag(c)[1]}/{c.SG} = {_acc_floats(c, sets):g} floats per invocation > "
                                f"{gemm_sg.MAX_ACCUMULATOR_FLOATS} (certain spill)")]
+    rules.append(Rule("epilogue_batch", lambda c, _: c.FN % c.EP == 0,
+                      lambda c, _: f"EP={c.EP} does not divide FN={c.FN}: the epilogue takes whole batches of a "
+                                   "subgroup's fragments along N"))
     rules.append(Rule("pipe_registers",
                       lambda c, _: c.PIPE == 1 or pipe_registers(c, sets) <= gemm_sg.MAX_PREFETCH_WORDS,
                       lambda c, _: f"PIPE={c.PIPE} holds {'2 x (' if c.PIPE == 3 else ''}{pipe_slots(c)[0]} x slots "
@@ -195,7 +196,7 @@ def sgmat_rules(fmt: str, paired: bool, norm: bool) -> list[Rule]:
                                 + (f"2*BM*BK + {2 * sets}*BN*BK" if not c.PAD else
                                    f"2*BM*(BK+PAD) + {2 * sets}*" + ("BN*(BK+PAD)" if c.WL == "nk" else "BK*(BN+PAD)"))
                                 + (f") [two buffers, PIPE={c.PIPE}]" if c.PIPE > 1 else "")
-                                + f" + {4 * sets}*SM*SN*m*n"
+                                + f" + {4 * sets}*SM*SN*m*n{'*EP' if c.EP > 1 else ''}"
                                 f"{' + 64' if fmt == 'nf4' else ''}{' + BM*BK' if norm else ''} = "
                                 f"{mm_storage_bytes(c, fmt, paired, norm)} bytes > max_workgroup_storage_bytes "
                                 f"{L.max_workgroup_storage_bytes} (BMxBNxBK = {'x'.join(map(str, mm_tile(c)))})",
