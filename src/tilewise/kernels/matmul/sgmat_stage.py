@@ -64,7 +64,7 @@ def pipe_registers(c: Config, sets: int) -> int:
 
 
 def slot_loop(w, mma, c: Config, norm: bool, sets: int, k_in: int, kbeg: str, kend: str, XB: int, WB: int,
-               LX: int, LW: int) -> None:
+              LX: int, LW: int) -> None:
     """The K loop staging through per-invocation slots held in registers between loads and stores.
 
     PIPE=2: step 0 staged first; then each step loads the next one's x and W into registers (decoded), multiplies
