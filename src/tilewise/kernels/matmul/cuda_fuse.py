@@ -18,9 +18,9 @@ def fuse_prep(device: Device, prev: Launch, prep: Launch, programs: dict[Any, Pr
     - a residual split-K reduction and a prologue (normed or not) of its rows: one `nf4_mm_reduce_prep` launch
       (`programs` caches its programs by key);
     - a launch that offers f16 output (`cudasrc.offers_f16_out`: wgr applying its own epilogue, the short conv,
-      attention) and
-      an unnormed prologue of that output: the same launch storing f16 rows where the prologue would have. Its f32
-      output is then not written: the caller fuses only where the prologue's matmul is that output's only reader.
+      attention) and an unnormed prologue of that output: the same launch storing f16 rows where the prologue would
+      have. Its f32 output is then not written: the caller fuses only where the prologue's matmul is that output's
+      only reader.
     """
     role = prep.program.meta.get("role")
     if role is None or role[0] != "prep":

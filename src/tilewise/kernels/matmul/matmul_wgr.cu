@@ -23,12 +23,12 @@
 // (SR 0), or (SR 1) the last of a tile's KS blocks to finish does: each block counts itself in the tile's word of
 // `counters` after its partials are visible, and the block that counts KS adds the tile's slices in order 0..KS-1
 // (as the reduction does: the same bits), applies the epilogue into final_out and sets the word back to 0 for the
-// next launch (the words start at 0, written when the buffer is made; `serial_reduce` in matmul.cu, shared with
-// nf4_mm_splitk). One launch fewer per split matmul. MB is
-// the launch bound's blocks per SM. DEC picks nf4's decode: 0 looks each nibble up in an f32 code table in shared
-// memory and scales in f32 (one rounding to f16, as the other kinds); 1 looks four nibbles up at once in an f16 code
-// table held in eight registers (byte permutes, no shared-memory load) and scales pairs in f16 (the code, the absmax
-// and the product each rounded to f16: within the f16 tolerance, and fewer instructions on the decode's path).
+// next launch (the words start at 0, written when the buffer is made; `serial_reduce` in matmul_reduce.cu, shared
+// with nf4_mm_splitk). One launch fewer per split matmul. MB is the launch bound's blocks per SM.
+// DEC picks nf4's decode: 0 looks each nibble up in an f32 code table in shared memory and scales in f32 (one
+// rounding to f16, as the other kinds); 1 looks four nibbles up at once in an f16 code table held in eight registers
+// (byte permutes, no shared-memory load) and scales pairs in f16 (the code, the absmax and the product each rounded
+// to f16: within the f16 tolerance, and fewer instructions on the decode's path).
 // out_h, where not null (EPI 0 and 2): the epilogue's values are stored rounded to f16 into out_h (M, N) instead of
 // f32 into out / final_out, as nf4_mm_prep<0> would round them: the executor passes the next matmul's f16 rows when
 // that matmul is the only reader, and drops its prologue launch.
