@@ -96,7 +96,8 @@ def test_packed_stores_and_loads_two_steps_ahead_give_the_same_bits(dev, fmt, ep
     """VS = 1 stages the same f16 values as VS = 0, 8 halves a store, PIPE = 3 the same steps as PIPE = 2 in the
     same order (two steps ahead instead of one), and EP > 1 writes the same results in fewer epilogue rounds; so
     every output equals its VS = 0 (PIPE = 2, EP = 1) twin's bit for bit: both W layouts, PIPE 1, 2 and 3, split-K,
-    padding, the norm's sums of squares, at a partial row tile and a partial column tile."""
+    padding, the norm's sums of squares, at a partial row tile and a partial column tile. (On a GPU, the norm
+    variants' row scales may differ in their last bits: see below.)"""
     tpl = SgmatMatmul(fmt, epilogue, dev.enabled_features, norm)
     limits = dev.info.limits
     space = tpl.space()
@@ -141,14 +142,24 @@ def test_packed_stores_and_loads_two_steps_ahead_give_the_same_bits(dev, fmt, ep
 
     assert tails, "no PIPE 3 pair takes K steps of 64"
     cases = [(a, b, (m, n, k)) for a, b in pairs] + [(a, b, (m, n, kk)) for a, b in tails for kk in (64, 192)]
+    # The fused norm's sums of squares are `ss + dot(v, v)` in every variant, but Vulkan leaves the order of a dot
+    # product's additions to the driver, and NVIDIA's may differ where the surrounding code differs: a row's scale
+    # then moves by an ulp or two, and that row's outputs with it. On a GPU the norm variants are held to 2^-16 of
+    # the largest output, which such a scale meets with room and a stale, missing or misplaced value does not.
+    ulp_scale = norm and dev.info.adapter_type != "cpu"
     for a, b, shape in cases:
         ref, got = run(a, shape), run(b, shape)
         assert np.isfinite(ref).all() and np.abs(ref).max() > 0
         same = np.array_equal(ref.view(np.uint32), got.view(np.uint32))
+        verdict = "same bits"
         if not same:
             diff = int((ref.view(np.uint32) != got.view(np.uint32)).sum())
-            bad.append(f"{b.key()} at {shape}: {diff} of {ref.size} outputs differ from [{a}]'s")
-        print(f"{tpl.name} {shape} [{b}] against [{a}]: {'same bits' if same else 'differs'}")
+            gap = float(np.abs(got.astype(np.float64) - ref).max() / np.abs(ref).max())
+            verdict = f"{diff} outputs differ, by at most {gap:.1e} of the largest"
+            if not (ulp_scale and gap <= 2.0 ** -16):
+                bad.append(f"{b.key()} at {shape}: {diff} of {ref.size} outputs differ from [{a}]'s, by up to "
+                           f"{gap:.1e} of the largest output")
+        print(f"{tpl.name} {shape} [{b}] against [{a}]: {verdict}")
     assert not bad, bad[:4]
 
 
