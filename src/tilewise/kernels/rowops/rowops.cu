@@ -117,11 +117,13 @@ __global__ void __launch_bounds__(NT) head(const float *__restrict__ x, int row,
     float d[HEAD_LABELS];
 #pragma unroll
     for (int j = 0; j < HEAD_LABELS; ++j) d[j] = 0.0f;
+    // a score past L reads row L - 1 (in bounds) and is dropped below: with no branch between them, a thread's
+    // loads of several columns and all their rows are in flight together, not one latency per row
+#pragma unroll 4
     for (int c = threadIdx.x; c < H; c += NT) {
       const float v = xr[c] * r * norm_w[c];
 #pragma unroll
-      for (int j = 0; j < HEAD_LABELS; ++j)
-        if (l0 + j < L) d[j] += head_w[(size_t)(l0 + j) * H + c] * v;
+      for (int j = 0; j < HEAD_LABELS; ++j) d[j] += head_w[(size_t)min(l0 + j, L - 1) * H + c] * v;
     }
     block_sums<NT, HEAD_LABELS>(d, reds);
     if (threadIdx.x == 0) {
