@@ -73,17 +73,12 @@ def main() -> int:
     ck = open_checkpoint(args.preset, weights="nf4")
     tables: dict[str, Any] = {}
     tune_s: dict[str, float] = {}
-    before = dev.flush_l2  # type: ignore[attr-defined]
-    try:
-        for mode in MODES:
-            dev.flush_l2 = mode == "cold"  # type: ignore[attr-defined]
-            t0 = time.perf_counter()
-            tables[mode] = tune_model(dev, cfg, seq=args.seq, rows=[1], budget=args.budget, budget_s=args.budget_s,
-                                      path=out / f"dispatch-{mode}.json", store=None, force=True,
-                                      log=lambda s, mode=mode: print(f"[{mode}] {s}", flush=True))
-            tune_s[mode] = time.perf_counter() - t0
-    finally:
-        dev.flush_l2 = before  # type: ignore[attr-defined]
+    for mode in MODES:  # `l2=mode` sets the device's L2 condition for the tune and restores it after
+        t0 = time.perf_counter()
+        tables[mode] = tune_model(dev, cfg, seq=args.seq, rows=[1], budget=args.budget, budget_s=args.budget_s,
+                                  path=out / f"dispatch-{mode}.json", store=None, force=True, l2=mode,
+                                  log=lambda s, mode=mode: print(f"[{mode}] {s}", flush=True))
+        tune_s[mode] = time.perf_counter() - t0
     executors = {mode: CUDAExecutor(ck, device=dev, dispatch=tables[mode], quiet=True) for mode in MODES}
     _, full = prompts(cfg.vocab_size, args.seq, 40, PREFIX_TOKENS, seed=3)
     diff = max(float(np.abs(executors["cold"].forward(ids, 0, None, True)[1].scores -
@@ -115,8 +110,8 @@ def main() -> int:
         p = percentiles(samples[m])
         print(f"decision on the {m} table: p50 {p['p50']:.4f} ms, p90 {p['p90']:.4f}, p99 {p['p99']:.4f} "
               f"({p['n']} decisions)")
-    print(f"warm over cold: {verdict.verdict} ({verdict.ratio:.3f}x; {verdict.note}); max |score difference| "
-          f"{diff:.2e}")
+    note = f"; {verdict.note}" if verdict.note else ""
+    print(f"warm over cold: {verdict.verdict} ({verdict.ratio:.3f}x{note}); max |score difference| {diff:.2e}")
     argv = [("OUT_DIR" if a == str(out) else a) for a in sys.argv[1:]]
     doc = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
            "command": "python3 experiments/l2_tune_cuda.py " + " ".join(argv), "device": dev.info.as_dict(),

@@ -103,6 +103,9 @@ def register(sub: Any) -> None:
     m.add_argument("--climb", type=common.positive, default=None, metavar="N",
                    help="per matmul shape, N more configs of the kernel fastest at the decision's rows, "
                         "hill-climbing from its best (its neighbours: one parameter a step away)")
+    m.add_argument("--l2", choices=("auto", "cold", "warm"), default="auto",
+                   help="CUDA: time each kernel with L2 evicted before every sample (cold) or kept (warm); auto "
+                        "keeps it where the model's weights fit in half of L2, as its decisions find them")
     m.add_argument("--no-hand-picked", dest="hand_picked", action="store_false",
                    help="leave out the hand-picked seed configs (the default config and random ones compete)")
     m.add_argument("--force", action="store_true", help="re-measure shapes the table and the store already hold")

@@ -112,6 +112,11 @@ class CUDADevice(Device):
         self.pdl = supports_pdl(self.info.limits.compute_capability)  # griddepcontrol exists (sm_90+)
         self.pdl_launches = 0  # kernels launched (or captured) with programmatic dependent launch
 
+    @property
+    def timing_tag(self) -> str:
+        """What a stored timing is keyed by besides the fingerprint: a timing with L2 kept is not a cold one."""
+        return "" if self.flush_l2 else "+l2kept"
+
     # ---- memory ------------------------------------------------------------------------------
     def allocate(self, nbytes: int, *, uniform: bool = False) -> Buffer:
         size = max(4, (int(nbytes) + 3) // 4 * 4)

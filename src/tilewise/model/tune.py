@@ -257,11 +257,44 @@ def model_config(name: str) -> Any:
                           f"use default (the bundled model), one of {', '.join(PRESETS)}, or a model folder") from exc
 
 
+#: bytes a weight takes on the GPU per format (NF4: a nibble, and an f32 absmax per 64 weights)
+WEIGHT_BYTES = {"nf4": 0.5 + 4 / 64, "f16": 2.0, "f32": 4.0}
+L2_MODES = ("auto", "cold", "warm")
+
+
+def l2_timing(dev: Any, cfg: Any, fmt: str, l2: str = "auto", local: bool = True) -> tuple[bool, str]:
+    """(time with L2 kept between samples?, the line that says why) for a model tune on `dev`.
+
+    A CUDA device evicts L2 before every sample, as a layer of a model too big for L2 finds it. A decision of a
+    model whose weights fit in L2 reads them (and each launch's input rows) from there, and kernels timed cold are
+    ranked for memory the decision never waits for. `auto` keeps L2 where the weights without the embedding take
+    at most half of it (the activations and the KV cache share the rest). Other devices have no such setting.
+    """
+    if l2 not in L2_MODES:
+        raise ConfigError(f"--l2 {l2!r} is not a timing mode", "use --l2 auto, cold or warm")
+    if not hasattr(dev, "flush_l2"):
+        if l2 == "warm":
+            raise ConfigError("--l2 warm needs a CUDA device: WebGPU timings cannot evict or keep L2",
+                              "use --device cuda, or leave --l2 out")
+        return False, ""
+    if not local:
+        if l2 == "warm":
+            raise ConfigError("--l2 warm does not reach a Ray cluster's workers (they time with L2 evicted)",
+                              "tune without --ray, or leave --l2 out")
+        return False, "timing with L2 evicted before every sample (the cluster workers' setting)"
+    l2_bytes = int(dev.info.extra.get("l2_cache_bytes") or 0)
+    weights_mib = cfg.parameter_count(with_embeddings=False) * WEIGHT_BYTES[fmt] / 2**20
+    keep = 0 < weights_mib * 2**20 <= l2_bytes / 2 if l2 == "auto" else l2 == "warm"
+    why = (f"--l2 {l2}" if l2 != "auto" else f"the model's {weights_mib:.1f} MiB of {fmt} weights "
+           f"{'fit in' if keep else 'exceed'} half of L2 ({l2_bytes / 2**20:.0f} MiB); --l2 cold or warm decides")
+    return keep, f"timing with L2 {'kept' if keep else 'evicted'} between samples ({why})"
+
+
 def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: Any = None, n_cand: int = 12,
                seed: int = 0, force: bool = False, hand_picked: bool = True, f16_arith: bool = False,
                path: Any = None, log: Any = print, store: Store | None = None, budget: int | None = None,
                budget_s: float | None = None, progress: Callable[[str, int, int], None] | None = None,
-               make_engine: Callable[..., Engine] = Engine, climb: int = 0) -> DispatchTable:
+               make_engine: Callable[..., Engine] = Engine, climb: int = 0, l2: str = "auto") -> DispatchTable:
     """Tune every matmul shape and the attention tile of a model config on a device; returns the table.
 
     Args:
@@ -284,6 +317,7 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
         make_engine: builds each engine (`Engine`; a cluster's for `--ray`, with `dev` its workers' device).
         climb: per matmul shape, that many more configs of the kernel fastest at `seq` rows, hill-climbing from
             its best (`tune_climb`).
+        l2: CUDA's timing condition, `auto`, `cold` or `warm` (`l2_timing`); the store keeps the two apart.
 
     Returns:
         The table, saved at `path` after every shape. Until every shape is in it, the file says `partial` (with
@@ -328,6 +362,11 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
     run = Run(sum(counts.values()) + n_attn, progress, None if budget_s is None else time.perf_counter() + budget_s)
     left = [label for label, _ in shapes.values()] + (["attention"] if tune_attn else [])
     stop: BaseException | None = None
+    keep_l2, why_l2 = l2_timing(dev, cfg, fmt, l2, make_engine is Engine)
+    flush_before = getattr(dev, "flush_l2", None)
+    if why_l2:
+        log(why_l2)
+        dev.flush_l2 = not keep_l2
     try:
         for i, (key, (label, (epilogue, n, k, norm))) in enumerate(shapes.items()):
             _save_partial(table, path, left, "running")
@@ -351,6 +390,9 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
             log(f"attention at {seq} rows: {attn.name} {attn_cfg} {attn_ms:.4f} ms")
     except (OutOfTime, KeyboardInterrupt) as exc:
         stop = exc
+    finally:
+        if why_l2:
+            dev.flush_l2 = flush_before
     why = f"--budget-s {budget_s:g} s passed" if isinstance(stop, OutOfTime) else "interrupted"
     _save_partial(table, path, left, why if stop is not None else None)
     table.source = str(path)
@@ -424,7 +466,8 @@ def _run_one(args: argparse.Namespace, cfg: Any, name: str, seq: int, fmt: str, 
     kw = {"rows": getattr(args, "rows", None), "seed": int(getattr(args, "seed", 0) or 0),
           "force": bool(getattr(args, "force", False)), "hand_picked": getattr(args, "hand_picked", True),
           "store": Store(getattr(args, "store", None)), "budget": getattr(args, "budget", None),
-          "budget_s": getattr(args, "budget_s", None), "climb": getattr(args, "climb", 0) or 0}
+          "budget_s": getattr(args, "budget_s", None), "climb": getattr(args, "climb", 0) or 0,
+          "l2": getattr(args, "l2", None) or "auto"}
     if console.is_terminal:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

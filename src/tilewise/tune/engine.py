@@ -78,7 +78,9 @@ class Engine:
         self.rng = np.random.default_rng(seed)
         self.measure_kw = check_measure_kw({**DEFAULT_MEASURE, **(measure_kw or {})})
         self.progress = progress
-        self.fingerprint = device.info.fingerprint
+        # the store's key for this engine's timings: a device timing under other conditions (CUDA with L2 kept)
+        # names them, so its results never mix with the default ones
+        self.fingerprint = device.info.fingerprint + getattr(device, "timing_tag", "")
         #: wall-clock seconds spent per stage (compile, verify, inputs, measure), summed over every call
         self.seconds: dict[str, float] = {"compile": 0.0, "verify": 0.0, "inputs": 0.0, "measure": 0.0}
         self._programs: dict[tuple[int, Hashable], Program | Exception] = {}
