@@ -248,8 +248,8 @@ def test_seeds_fit_an_adapter_of_8x8x8_fragments_and_8_wide_subgroups(fmt, epilo
     legal = [c for c in seeds if t.space().is_legal(c, lvp)]
     # swiglu refuses a few: 16 subgroups' gate and up result fragments outgrow 32 KiB of workgroup memory; and the
     # seeds with six fragments along M (tall tiles) or the 346-row gate/up pick's 2 x 8 hold too many accumulators
-    # in 8-wide subgroups; the gate/up pick's packed nk twins outgrow its 32 KiB
-    assert len(legal) >= len(seeds) - (23 if epilogue == "swiglu" else 7) and len(legal) >= 10, \
+    # in 8-wide subgroups; the gate/up pick's packed nk twins outgrow its 32 KiB, and so do its 4 x 4 twins
+    assert len(legal) >= len(seeds) - (25 if epilogue == "swiglu" else 7) and len(legal) >= 10, \
         [t.space().why_illegal(c, lvp) for c in seeds]
     assert all(c["FRAG"] == "8x8x8" and c["SG"] == 8 and c["SM"] * c["SN"] == 16 for c in seeds)
     assert any(c["KS"] > 1 for c in legal)
@@ -326,3 +326,18 @@ def test_epilogue_batches_pass_ep_fragments_between_two_barriers():
     assert "epilogue_batch: EP=4 does not divide FN=2: the epilogue takes whole batches of a subgroup's fragments " \
            "along N" in why
     assert str(four).endswith(" ep4")
+
+
+@pytest.mark.parametrize("fmt", ["nf4", "f16"])
+def test_gate_up_has_a_square_fragment_seed_within_the_accumulator_limit(fmt):
+    """The 128x128 SwiGLU tile as 2x4 subgroups of 4x4 16x8 fragments: legal (two sets of 4x4 fragments are 128
+    accumulator floats) and fewer fragment loads per multiply than 4x2 subgroups of 2x8."""
+    t = tpl(fmt, "swiglu", True)
+    square = [c for c in t.seed_configs(H200) if (c.FRAG, c.SM, c.SN, c.FM, c.FN) == ("16x8x16", 2, 4, 4, 4)]
+    assert {(c.PIPE, c.VS) for c in square} == {(2, 0), (3, 1)}
+    for c in square:
+        assert t.space().is_legal(c, H200), t.space().why_illegal(c, H200)
+        rows, cols = c.SM * c.FM * 16, c.SN * c.FN * 8
+        assert (rows, cols) == (128, 128)
+        loads, mults = c.FM + 2 * c.FN, 2 * c.FM * c.FN  # per subgroup and K step: A, B of both sets; multiplies
+        assert loads / mults < (2 + 2 * 8) / (2 * 2 * 8)
