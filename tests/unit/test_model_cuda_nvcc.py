@@ -580,3 +580,15 @@ def test_the_register_table_decode_is_nf4_only_and_costs_eight_registers():
     assert why and why[0].startswith("registers_spare:") and "< 56" in why[0], why
     seeds = legal(tpl.space("seed"))
     assert {c["DEC"] for c in seeds} == {0, 1}  # both decodes race in a seed tune
+
+
+def test_the_heads_weight_loads_of_several_columns_share_one_block(tmp_path):
+    """head<256>'s PTX has a basic block holding four columns' weight loads for all 8 scores: a branch between the
+    loads (the `l0 + j < L` guard put one before each) makes every load wait for the one before it."""
+    res = nvcc(tmp_path, "head", [*HEADERS, cu("rowops", "rowops.cu")], instantiate("head<256>"), "-ptx", "-o",
+               "head.ptx")
+    assert res.returncode == 0, res.stderr[-3000:]
+    ptx = (tmp_path / "head.ptx").read_text()
+    body = ptx[ptx.index(".entry _Z4headILi256EE"):]
+    blocks = re.split(r"^\$L__\w+:$|^.*\bbra(?:\.uni)?\b.*$", body, flags=re.M)
+    assert max(b.count("ld.global") for b in blocks) >= 4 * 8
