@@ -478,10 +478,10 @@ def test_tune_model_on_cuda_offers_the_cuda_kernels_with_their_seeds():
     assert model_tune.attention_template(dev).backend == "cuda"
     attn = model_tune.attention_candidates(dev, 6, (346, 0, 16, 8, 64))  # the default, then the seeds:
     assert [(c["QT"], c["NW"], c["TC"], c["KW"], c["PF"]) for c in attn] == [  # tensor cores, then the key split
-        (64, 4, 1, 1, 0), (32, 2, 1, 1, 0), (16, 1, 1, 1, 0), (32, 8, 1, 4, 0), (32, 8, 1, 4, 1), (64, 4, 1, 1, 1)]
+        (64, 4, 1, 1, 0), (32, 2, 1, 1, 0), (16, 1, 1, 1, 0), (32, 8, 1, 4, 0), (32, 8, 1, 4, 1), (64, 8, 1, 2, 1)]
     more = model_tune.attention_candidates(dev, 14, (346, 0, 16, 8, 64))[6:]  # more splits, then the tiled kernel's
     assert [(c["QT"], c["NW"], c["TC"], c["KW"], c["PF"]) for c in more] == [
-        (16, 4, 1, 4, 1), (16, 4, 1, 4, 0), (32, 4, 1, 2, 0), (16, 2, 1, 2, 0), (32, 4, 1, 2, 1), (64, 8, 1, 2, 1),
+        (64, 4, 1, 1, 1), (16, 4, 1, 4, 1), (16, 4, 1, 4, 0), (32, 4, 1, 2, 0), (16, 2, 1, 2, 0), (32, 4, 1, 2, 1),
         (32, 4, 0, 1, 0), (32, 8, 0, 1, 0)]
     big = model_tune.attention_candidates(dev, 3, (346, 0, 16, 8, 128))  # 64 queries of D 128 exceed 48 KB
     assert [(c["QT"], c["NW"], c["TC"]) for c in big] == [(32, 2, 1), (64, 4, 1), (16, 1, 1)]
