@@ -93,6 +93,13 @@ def _left(tree: dict[int, int], session: str) -> list[str]:
     return [f"{p}: {_cmdline(p)[:120]}" for p in sorted(pids)]
 
 
+def _ctrl_c_as_a_terminal_gives_it() -> None:
+    """In the child before it starts: SIGINT's default action. A test suite run as a background job of a
+    non-interactive shell inherits SIGINT ignored, and so would the run, where Python then never raises
+    KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Run:
     """The run, started in its own process group (its own "terminal"), its output going to files (a pipe
     nobody reads while the test waits could fill and stall it)."""
@@ -100,7 +107,8 @@ class Run:
     def __init__(self, store: Path, folder: Path) -> None:
         self.out, self.err = folder / "stdout.txt", folder / "stderr.txt"
         with self.out.open("w") as out, self.err.open("w") as err:
-            self.proc = subprocess.Popen(_argv(store), stdout=out, stderr=err, text=True, start_new_session=True)
+            self.proc = subprocess.Popen(_argv(store), stdout=out, stderr=err, text=True, start_new_session=True,
+                                         preexec_fn=_ctrl_c_as_a_terminal_gives_it)
 
     def stderr(self) -> str:
         return self.err.read_text(errors="replace")
