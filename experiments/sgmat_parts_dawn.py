@@ -93,6 +93,15 @@ _WSTORE = r"^\s*Ws[01]\[.*\] = (f16\(|pw)"
 _XSTORE = r"Xs\[o\] = h\.x|Xs\[.*\] = px"
 
 
+def timed_with_clock(path: Path, run: Any, *args: Any, **kw: Any) -> tuple[Any, dict[str, float] | None]:
+    """run(*args, **kw) while the SM clock is logged to `path`; (its result, the clock's min / median / max MHz,
+    None where there is no nvidia-smi)."""
+    with ClockLog(path) as clocks:
+        got = run(*args, **kw)
+    mhz = sorted(c for _, c, _ in clocks.samples())
+    return got, ({"min": mhz[0], "median": mhz[len(mhz) // 2], "max": mhz[-1]} if mhz else None)
+
+
 def variants(src: str) -> dict[str, str]:
     """name -> WGSL of each part taken out (see the module docstring)."""
     reg = "C8(vec4<f32>(f32(c)), vec4<f32>(f32(row)))"
@@ -169,13 +178,16 @@ def main() -> int:
             t0 = time.perf_counter()
             items = [Item(base, c, shape) for c in candidates(base, dev.info.limits, args.sample, 0)
                      if not base.config_problems(c, shape)]
-            outs = eng.evaluate(items, batch=None)
+            # every phase logs the SM clock: a round that times its start config far slower than the round before
+            # did cannot otherwise be told from a clock that fell
+            outs, mhz = timed_with_clock(out / f"clocks-{label}-sample.csv", eng.evaluate, items, batch=None)
             ok = sorted((oc for oc in outs if oc.status == "ok"), key=lambda oc: oc.stats.median_ms)
             row["sample"] = {"candidates": len(items), "ok": len(ok), "seconds": time.perf_counter() - t0,
+                             "sm_mhz": mhz,
                              "failed": {str(oc.config): f"{oc.status}: {oc.reason}" for oc in outs
                                         if oc.status != "ok"},
                              "ranked": [[str(oc.config), oc.stats.median_ms] for oc in ok]}
-            print(f"{label}: {len(ok)}/{len(items)} ok in {row['sample']['seconds']:.0f} s; best "
+            print(f"{label}: {len(ok)}/{len(items)} ok in {row['sample']['seconds']:.0f} s (SM clock {mhz} MHz); best "
                   + ", ".join(f"{oc.stats.median_ms * 1e3:.1f} us {mm_fmt(oc.config)}"
                               for oc in ok[:5]), flush=True)
             if ok:
@@ -187,11 +199,12 @@ def main() -> int:
             near = [c for c in near if c not in tried and space.is_legal(c, dev.info.limits)
                     and not base.config_problems(c, shape)]
             tried.update(near)
-            outs = eng.evaluate([Item(base, c, shape) for c in [best, *near]], batch=None)
+            outs, mhz = timed_with_clock(out / f"clocks-{label}-round{rnd + 1}.csv", eng.evaluate,
+                                         [Item(base, c, shape) for c in [best, *near]], batch=None)
             ok = sorted((oc for oc in outs if oc.status == "ok"), key=lambda oc: oc.stats.median_ms)
-            row.setdefault("neighbors", []).append({"from": str(best), "ranked": [[str(oc.config), oc.stats.median_ms]
-                                                                                  for oc in ok]})
-            print(f"{label} round {rnd + 1}: {len(near)} neighbours of [{mm_fmt(best)}]; best "
+            row.setdefault("neighbors", []).append({"from": str(best), "sm_mhz": mhz,
+                                                    "ranked": [[str(oc.config), oc.stats.median_ms] for oc in ok]})
+            print(f"{label} round {rnd + 1}: {len(near)} neighbours of [{mm_fmt(best)}] (SM clock {mhz} MHz); best "
                   + ", ".join(f"{oc.stats.median_ms * 1e3:.1f} us {mm_fmt(oc.config)}" for oc in ok[:4]), flush=True)
             if not ok or ok[0].config == best:
                 break
@@ -209,12 +222,10 @@ def main() -> int:
         # idle long enough between rounds for its clock to fall (the first try of this study timed everything
         # about 5x slower than the sample above)
         launches = {nm: eng.launches(it) * args.repeat for nm, it in zip(names, items)}
-        with ClockLog(out / f"clocks-{label}.csv") as clocks:
-            got = measure(dev, launches, warmup=3, min_rounds=args.rounds, max_rounds=args.rounds, budget_s=60.0,
-                          rng=eng.rng)
+        got, row["sm_mhz"] = timed_with_clock(out / f"clocks-{label}.csv", measure, dev, launches, warmup=3,
+                                              min_rounds=args.rounds, max_rounds=args.rounds, budget_s=60.0,
+                                              rng=eng.rng)
         stats = [scaled(got.stats[nm], 1 / args.repeat) for nm in names]
-        mhz = sorted(c for _, c, _ in clocks.samples())
-        row["sm_mhz"] = {"min": mhz[0], "median": mhz[len(mhz) // 2], "max": mhz[-1]} if mhz else None
         full = stats[0].median_ms
         row["config"] = str(best)
         row["parts"] = {nm: st.as_dict() for nm, st in zip(names, stats)}
