@@ -283,9 +283,9 @@ def l2_timing(dev: Any, cfg: Any, fmt: str, l2: str = "auto", local: bool = True
                               "tune without --ray, or leave --l2 out")
         return False, "timing with L2 evicted before every sample (the cluster workers' setting)"
     l2_bytes = int(dev.info.extra.get("l2_cache_bytes") or 0)
-    weights_mib = cfg.parameter_count(with_embeddings=False) * WEIGHT_BYTES[fmt] / 2**20
-    keep = 0 < weights_mib * 2**20 <= l2_bytes / 2 if l2 == "auto" else l2 == "warm"
-    why = (f"--l2 {l2}" if l2 != "auto" else f"the model's {weights_mib:.1f} MiB of {fmt} weights "
+    weights = cfg.parameter_count(with_embeddings=False) * WEIGHT_BYTES[fmt]  # bytes
+    keep = 0 < weights <= l2_bytes / 2 if l2 == "auto" else l2 == "warm"
+    why = (f"--l2 {l2}" if l2 != "auto" else f"the model's {weights / 2**20:.1f} MiB of {fmt} weights "
            f"{'fit in' if keep else 'exceed'} half of L2 ({l2_bytes / 2**20:.0f} MiB); --l2 cold or warm decides")
     return keep, f"timing with L2 {'kept' if keep else 'evicted'} between samples ({why})"
 
