@@ -92,3 +92,32 @@ def test_an_executor_with_split_k_tables_matches_the_float64_reference(dev, rng,
             _, state = ex.forward(ids, 0, None, True)
             np.testing.assert_allclose(state.scores, want, atol=2e-2 * max(1.0, float(np.abs(want).max())), rtol=0)
     assert ex._scratch.get("partial" if kind == "splitk" else "xh") is not None
+
+
+def test_the_settings_race_is_saved_and_taken_by_the_next_executor(dev, rng, monkeypatch):
+    from tilewise.model import tune as model_tune
+    from tilewise.model.config import PRESETS
+    from tilewise.model.cuda import CUDAExecutor
+    from tilewise.model.dispatch import CUDA_SETTINGS, dispatch_path, model_signature
+    from tilewise.model.runtime import open_checkpoint
+    from tilewise.model.tune_settings import tune_settings
+    from tilewise.tune.dispatch import DispatchTable
+
+    monkeypatch.delenv("TILEWISE_CUDA_PDL", raising=False)
+    cfg = PRESETS["tiny"]
+    path = dispatch_path(dev.info.fingerprint)
+    table = model_tune.tune_model(dev, cfg, seq=40, rows=[1, 8, 40], budget=2, log=lambda _m: None)
+    lines: list[str] = []
+    rec = tune_settings(dev, cfg, "tiny", "nf4", 40, table, path, lines.append)
+    raced = set(CUDA_SETTINGS) if dev.pdl else {"fuse_preps"}
+    assert set(rec["values"]) == raced and all(isinstance(v, bool) for v in rec["values"].values())
+    assert all(r["bit_identical"] for r in rec["raced"].values()), rec["raced"]  # both sides, the same bits
+    assert sum(line.startswith("settings: ") for line in lines) >= len(raced) + 1
+    saved = DispatchTable.load(path)
+    assert saved.settings[model_signature(cfg, "nf4")]["values"] == rec["values"]
+    ck = open_checkpoint("tiny", "nf4", seed=int(rng.integers(0, 100)))
+    ex = CUDAExecutor(ck, dev, quiet=True)  # the table from its file, as `tilewise.load` finds it
+    assert ex.measured_settings == rec["values"]
+    assert all(getattr(ex, k) is v for k, v in rec["values"].items())
+    told = CUDAExecutor(ck, dev, quiet=True, pdl=False)
+    assert told.pdl is False and "pdl" not in told.measured_settings

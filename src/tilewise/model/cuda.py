@@ -19,8 +19,9 @@
   array and of the result row out to another, are captured on the plan's first run and replayed by later decisions
   of that plan (`run_plan`); timed decisions, and `TILEWISE_CUDA_GRAPHS=0`, run launch by launch;
 - with `TILEWISE_CUDA_PDL=1` (or `pdl=True`) untimed decisions launch each kernel with programmatic dependent launch
-  (`devices/cuda_pdl.py`), so it may start while the one before it finishes; off by default, since it tied with
-  serial launches on an H200.
+  (`devices/cuda_pdl.py`), so it may start while the one before it finishes. Unless the caller or that variable
+  says, PDL and the fused prologues follow the dispatch table's `settings` for this model (raced on whole decisions
+  by `tilewise tune model`, model/tune_settings.py); without them PDL is off and the prologues are fused.
 
 Device loss (a kernel fault poisons the CUDA context) raises `DeviceLost`; the next `forward` tries to rebuild the
 device and weights, and states made before the loss are refused. A matmul's scratch (split-K's partial sums, the ring
@@ -48,6 +49,7 @@ from tilewise.kernels.matmul.cuda_fuse import fuse_prep
 from tilewise.kernels.rowops import cuda as rowops
 from tilewise.kernels.shortconv.cuda import CudaShortConv
 from tilewise.kernels.space import Config
+from tilewise.model import dispatch as model_dispatch
 from tilewise.model.checkpoint import HEAD, Checkpoint
 from tilewise.model.dispatch import attention_key, attention_shape, checked_table, load_model_table, matmul_key
 from tilewise.model.gpu_state import GPUCaches, Plan, cache_capacity, check_decision, take_caches, weight_bytes
@@ -108,6 +110,10 @@ class CUDAExecutor:
         self.graph_replays = 0
         self._check_model()
         self._setup()
+        #: the table's raced settings this executor took (setting -> value); what the caller or env set is not here
+        self.measured_settings = model_dispatch.model_settings(self.dispatch, self.cfg, self.fmt, pdl)
+        for name, value in self.measured_settings.items():
+            setattr(self, name, value)
 
     def _check_model(self) -> None:
         cfg = self.cfg

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tilewise.devices.base import Limits
+from tilewise.devices.cuda_pdl import PDL_ENV
 from tilewise.errors import ConfigError
 from tilewise.kernels.attention import cuda as attn_cuda
 from tilewise.kernels.attention import sgmat as attn_sg
@@ -54,6 +55,31 @@ def portable_path(backend: str) -> Path:
     """Where `tilewise report --portable --install` writes the table a device of `backend` (webgpu, cuda) falls
     back to when it has no table of its own."""
     return _dispatch_dir() / f"model-portable-{backend}.json"
+
+
+#: the CUDA executor's whole-model settings (raced by `tilewise tune model`, model/tune_settings.py) and their
+#: values where none was measured
+CUDA_SETTINGS = {"pdl": False, "fuse_preps": True}
+
+
+def model_signature(cfg: Any, fmt: str) -> str:
+    """What a decision's launch list depends on, as a key for a table's `settings`: the weight format, widths,
+    heads and the block kinds in order (`c` conv, `a` attention)."""
+    blocks = "".join("a" if t == "full_attention" else "c" for t in cfg.layer_types)
+    return (f"{fmt}:H{cfg.hidden_size}:F{cfg.ffn_dim}:{cfg.num_attention_heads}x{cfg.num_key_value_heads}x"
+            f"{cfg.head_dim}:{blocks}")
+
+
+def model_settings(table: DispatchTable, cfg: Any, fmt: str, pdl: bool | None = None,
+                   environ: Mapping[str, str] | None = None) -> dict[str, bool]:
+    """The settings the table's race chose for this model that an executor takes ({} where none was raced): each a
+    known one with a boolean value (anything else in the file is ignored), and `pdl` only where neither the caller
+    (`pdl` not None) nor `TILEWISE_CUDA_PDL` chose."""
+    values = table.settings.get(model_signature(cfg, fmt), {}).get("values", {})
+    out = {k: v for k, v in values.items() if k in CUDA_SETTINGS and isinstance(v, bool)}
+    if pdl is not None or (os.environ if environ is None else environ).get(PDL_ENV, "").strip():
+        out.pop("pdl", None)
+    return out
 
 
 def matmul_key(fmt: str, epilogue: str, n: int, k: int, norm: bool = False) -> str:
@@ -166,7 +192,7 @@ def check_model_table(table: DispatchTable, limits: Limits | None, features: Ite
         except ConfigError as exc:
             problems.append(exc.problem)
     out = DispatchTable(table.device, kept, dict(table.versions), table.measured, table.source, table.partial,
-                        table.portable)
+                        table.portable, table.settings)
     return out, problems
 
 

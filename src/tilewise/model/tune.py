@@ -490,13 +490,19 @@ def _run_one(args: argparse.Namespace, cfg: Any, name: str, seq: int, fmt: str, 
                 last.update(t=time.perf_counter(), what=what)
 
         table = tune_model(device, cfg, seq, fmt, log=log, progress=show, make_engine=make_engine, **kw)
+    settings = None
     if table.partial:
         log(f"partial: {', '.join(table.partial['left'])} not measured ({table.partial['why']}); run the same "
             "command again to finish (what was measured is reused)")
+    elif device.info.backend == "cuda" and make_engine is Engine:  # a cluster's workers hold its GPUs
+        from tilewise.model.tune_settings import tune_settings
+
+        settings = tune_settings(device, cfg, name, fmt, seq, table, table.source, log)["values"]
     runtime = "cuda" if device.info.backend == "cuda" else device.info.runtime or "webgpu"
     log(f"`tilewise.load(..., device='{runtime}')` uses it on this device")
     summary = {"model": name, "device": device.info.fingerprint, "table": table.source, "seq": seq,
                "weights": fmt, "partial": table.partial, "entries": sorted(table.entries),
+               "settings": settings,
                "shapes": {k: {kk: v[kk] for kk in ("best_ms", "best", "failures") if kk in v}
                           for k, v in table.measured.items()}, "seconds": round(time.perf_counter() - t0, 1)}
     if emit_json is not None:

@@ -13,11 +13,14 @@ the fewest row ranges whose choice is within a tolerance of the per-row-count be
                                    "config_key": "BM=...", "label": "..."}, ...],     # m_max null: no bound
                        "measured_m": [...], "per_m": {M: {"best": KEY, "median_ms": ...}}}},
      "measured": {...},                                        # free-form records of how the entries were measured
+     "settings": {MODEL: {"values": {"pdl": false, ...}, "versions": {...}, "raced": {...}}},  # whole-run choices
      "partial": {"left": [...], "why": "..."},                 # only while a run has not measured every shape
      "portable": {"backend": "cuda", "devices": [FP, ...]}}    # only in a portable table (device "portable")
 
 A loader drops the entries whose family's code changed since (with a warning naming them), and a table from
-another device entirely, so a stale choice never runs. A portable table (`tilewise report --portable`) serves any
+another device entirely, so a stale choice never runs. `settings` holds choices an executor makes for a whole model
+(which the model tune races on whole decisions), keyed by the model's shape signature; a setting measured on kernel
+code that has changed since is dropped the same way. A portable table (`tilewise report --portable`) serves any
 device of its backend, each entry checked against that device's rules as every table is.
 """
 
@@ -288,6 +291,8 @@ class DispatchTable:
     partial: dict[str, Any] | None = None
     #: set in a portable table: {"backend": ..., "devices": [fingerprints it was chosen over]}
     portable: dict[str, Any] | None = None
+    #: per model signature: {"values": {setting: value}, "versions": {family: version raced on}, "raced": {...}}
+    settings: dict[str, Any] = field(default_factory=dict)
 
     def pick(self, key: str, m: int) -> tuple[str, dict[str, Any]] | None:
         entry = self.entries.get(key)
@@ -306,6 +311,8 @@ class DispatchTable:
             out["partial"] = self.partial
         if self.portable is not None:
             out["portable"] = self.portable
+        if self.settings:
+            out["settings"] = self.settings
         return out
 
     def save(self, path: str | Path) -> Path:
@@ -333,7 +340,14 @@ class DispatchTable:
             raise ConfigError(f"{where}: a table of device {PORTABLE_DEVICE!r} needs a \"portable\" object naming its "
                               "backend, and only such a table has one", "write it again with `tilewise report "
                               "--portable --out FILE`")
-        return cls(device, entries, dict(versions), dict(measured), partial=partial, portable=portable)
+        settings = d.get("settings", {})
+        if not isinstance(settings, dict) or not all(
+                isinstance(v, dict) and isinstance(v.get("values"), dict) and isinstance(v.get("versions"), dict)
+                for v in settings.values()):
+            raise ConfigError(f"{where}: settings is not an object of {{\"values\": {{...}}, \"versions\": {{...}}}} "
+                              "per model", TABLE_FIX)
+        return cls(device, entries, dict(versions), dict(measured), partial=partial, portable=portable,
+                   settings=dict(settings))
 
     @classmethod
     def load(cls, path: str | Path) -> DispatchTable:
@@ -367,8 +381,15 @@ class DispatchTable:
         changes = ", ".join(f"{f} {self.versions.get(f)!r} -> {current.get(f)!r}" for f in stale)
         notes = [f"the {', '.join(stale)} kernels changed since it was measured (versions {changes})"] if stale else []
         versions = {f: v for f, v in self.versions.items() if f not in stale}
+        settings = {}
+        for model, s in self.settings.items():
+            changed = sorted(f for f, v in s["versions"].items() if current.get(f) != v)
+            if changed:
+                notes.append(f"the settings raced for {model} ran on {', '.join(changed)} kernels that changed since")
+            else:
+                settings[model] = s
         return DispatchTable(self.device, kept, versions, self.measured, self.source, self.partial,
-                             self.portable), notes
+                             self.portable, settings), notes
 
 
 def dispatch_table(result: SweepResult, tolerance: float = 0.03) -> dict[str, Any]:

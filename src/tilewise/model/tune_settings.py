@@ -1,0 +1,102 @@
+"""The CUDA executor's whole-model settings, raced on whole decisions at the end of `tilewise tune model`.
+
+A kernel's config is measured alone; these settings change how a decision's launches run together, so only a whole
+decision can measure them:
+
+- `pdl`: programmatic dependent launch (each kernel may start while the one before it finishes);
+- `fuse_preps`: a matmul's f16 prologue joined to the launch before it (one launch fewer, the same bits).
+
+Which side wins depends on the model as well as the GPU (PDL has sped one model up and slowed another down on the
+same GPU; docs/journal/model.md). So the tune races each setting on the tuned table, in alternating rounds of graph
+replays (`race_modes`), one setting at a time in the order above, each later race with the earlier choices applied.
+A setting leaves its default only where both sides gave the same bits of the last hidden row and their medians'
+95% intervals are apart; a tie keeps the default. The choices go into the dispatch table under `settings`, keyed
+by the model's shape signature (`model_signature`), with the kernel versions they ran on; the executor applies
+them where neither its caller nor `TILEWISE_CUDA_PDL` chose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from tilewise.model.dispatch import CUDA_SETTINGS, model_signature
+from tilewise.tune.dispatch import DispatchTable
+
+#: alternating rounds, and decisions per setting per round (120 timed decisions a setting)
+ROUNDS = 6
+PER_ROUND = 10
+#: prompts the race cycles over (random ids, a fixed prefix, as the game's prompts share theirs)
+PROMPTS = 8
+
+
+def choose(default: bool, verdict: str, bit_identical: bool) -> bool:
+    """The value a race leaves: `on` where it was faster ("faster": the on side's median interval below the off
+    side's), `off` where slower, the default on a tie, on noise, or where the two sides' outputs differ."""
+    if not bit_identical or verdict not in ("faster", "slower"):
+        return default
+    return verdict == "faster"
+
+
+def race_settings(model: Any, seq: int, rounds: int = ROUNDS, per_round: int = PER_ROUND,
+                  log: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
+    """Race every setting the executor of `model` has (PDL only where the device has it) on `seq`-token decisions;
+    leaves the executor with the chosen values. Both sides of a race must give the same bits of the final-normed
+    last row. Returns {setting: {"value", "default", "verdict", "ratio", "on_ms", "off_ms", "on_ci95_ms",
+    "off_ci95_ms", "bit_identical", "decisions"}}."""
+    from tilewise.model.bench import PREFIX_TOKENS, prompts, race_modes
+    from tilewise.tune.measure import compare, summarize
+
+    ex = model.executor
+    _, full = prompts(model.config.vocab_size, seq, PROMPTS, min(PREFIX_TOKENS, seq - 1), seed=2)  # seq >= 2
+
+    def decide(i: int) -> None:  # the executor's work of a decision; the head's 8 dot products run on the host
+        model.prefill(full[i % len(full)])
+
+    out: dict[str, dict[str, Any]] = {}
+    for name, default in CUDA_SETTINGS.items():
+        if name == "pdl" and not getattr(ex.dev, "pdl", False):
+            log("settings: pdl not raced (this GPU has no programmatic dependent launch)")
+            continue
+        rows = []
+        for value in (True, False):
+            setattr(ex, name, value)
+            rows.append(model.prefill(full[0]).last_hidden)  # (hidden,) the final-normed last row
+        same = bool(np.array_equal(rows[0], rows[1]))
+        samples = race_modes(decide, lambda m, name=name: setattr(ex, name, m == "on"), ["on", "off"], rounds,
+                             per_round)
+        on, off = summarize(samples["on"]), summarize(samples["off"])
+        verdict = compare(off, on)
+        value = choose(default, verdict.verdict, same)
+        setattr(ex, name, value)
+        out[name] = {"value": value, "default": default, "verdict": verdict.verdict, "ratio": verdict.ratio,
+                     "on_ms": on.median_ms, "off_ms": off.median_ms, "on_ci95_ms": list(on.ci95_ms),
+                     "off_ci95_ms": list(off.ci95_ms), "bit_identical": same, "decisions": len(samples["on"])}
+        why = ("the outputs differ" if not same else f"{verdict.verdict}, {verdict.ratio:.3f}x" if verdict.verdict in
+               ("faster", "slower") else f"a {verdict.verdict}: the default stays")
+        log(f"settings: {name} {'on' if value else 'off'} (on {on.median_ms:.4f} ms, off {off.median_ms:.4f} ms "
+            f"p50 over {len(samples['on'])} decisions each; {why})")
+    return out
+
+
+def tune_settings(dev: Any, cfg: Any, name: str, fmt: str, seq: int, table: DispatchTable, path: Any,
+                  log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Load model `name` (`default`, a preset, a folder) onto CUDA device `dev` with the tuned `table`, race its
+    settings and save them into the table at `path`. Returns the table's new `settings` record for the model."""
+    from tilewise.model.cuda import CUDAExecutor
+    from tilewise.model.runtime import Model, open_checkpoint
+
+    if dev.info.backend != "cuda":
+        raise ValueError(f"the settings race needs a CUDA device, not {dev.info.backend}")
+    log(f"settings: racing {', '.join(CUDA_SETTINGS)} on whole {seq}-token decisions of {name} "
+        f"(loading its {fmt} weights)")
+    ck = open_checkpoint(name, fmt)
+    model = Model(ck, CUDAExecutor(ck, dev, quiet=True, dispatch=table), None)  # races read the hidden row
+    raced = race_settings(model, seq, log=log)
+    record = {"values": {k: v["value"] for k, v in raced.items()}, "versions": dict(table.versions),
+              "seq": seq, "raced": raced}
+    table.settings[model_signature(cfg, fmt)] = record
+    table.save(path)
+    return record

@@ -1,0 +1,177 @@
+"""The CUDA executor's whole-model settings: raced on whole decisions (a fake executor on a fake clock here, so the
+verdicts are exact), kept in the dispatch table per model signature, dropped when the kernels they ran on change,
+and taken by an executor only where its caller and TILEWISE_CUDA_PDL left them open."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from tilewise.errors import ConfigError
+from tilewise.model import bench as model_bench
+from tilewise.model.config import PRESETS
+from tilewise.model.dispatch import CUDA_SETTINGS, model_settings, model_signature
+from tilewise.model.tune_settings import choose, race_settings
+from tilewise.tune.dispatch import DispatchTable
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def perf_counter(self) -> float:
+        return self.t
+
+
+class FakeModel:
+    """Decisions whose cost (ms, on the fake clock) depends on the executor's settings: `cost(pdl, fuse_preps)`
+    plus 1% noise; `differs` names a setting whose on side changes the output row."""
+
+    def __init__(self, clock: FakeClock, cost, rng, has_pdl: bool = True, differs: str | None = None) -> None:
+        self.clock, self.cost, self.rng, self.differs = clock, cost, rng, differs
+        self.config = PRESETS["tiny"]
+        self.executor = SimpleNamespace(pdl=False, fuse_preps=True, dev=SimpleNamespace(pdl=has_pdl))
+        self.row = rng.standard_normal(8).astype(np.float32)
+
+    def prefill(self, ids):
+        ex = self.executor
+        self.clock.t += self.cost(ex.pdl, ex.fuse_preps) * (1 + 0.01 * self.rng.standard_normal()) / 1e3
+        row = self.row.copy()
+        if self.differs and getattr(ex, self.differs):
+            row[int(self.rng.integers(0, 8))] += np.float32(1e-3)
+        return SimpleNamespace(last_hidden=row)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = FakeClock()
+    monkeypatch.setattr(model_bench, "time", SimpleNamespace(perf_counter=c.perf_counter, time=time.time))
+    return c
+
+
+def test_choose_leaves_the_default_unless_the_race_was_decided_on_the_same_bits():
+    for default in (True, False):
+        for verdict in ("faster", "slower", "tie", "noisy"):
+            for same in (True, False):
+                got = choose(default, verdict, same)
+                want = (verdict == "faster") if same and verdict in ("faster", "slower") else default
+                assert got is want, (default, verdict, same)
+
+
+@pytest.mark.parametrize("pdl_faster", [True, False])
+def test_the_race_takes_the_faster_side_and_keeps_the_default_on_a_tie(clock, pdl_faster):
+    rng = np.random.default_rng(int(pdl_faster))
+    base = float(rng.uniform(0.2, 2.0))
+    gain = float(rng.uniform(0.05, 0.2))  # PDL's share, one way or the other; fused prologues change nothing
+
+    def cost(pdl: bool, fuse: bool) -> float:
+        return base * (1 - gain if pdl == pdl_faster else 1.0)
+
+    model = FakeModel(clock, cost, rng)
+    raced = race_settings(model, seq=40, log=lambda _m: None)
+    assert raced["pdl"]["value"] is pdl_faster
+    assert raced["pdl"]["verdict"] == ("faster" if pdl_faster else "slower")
+    assert raced["fuse_preps"]["verdict"] == "tie" and raced["fuse_preps"]["value"] is CUDA_SETTINGS["fuse_preps"]
+    assert all(r["bit_identical"] and r["decisions"] == 60 for r in raced.values())
+    assert (model.executor.pdl, model.executor.fuse_preps) == (pdl_faster, True)  # left with the choices
+
+
+def test_each_race_runs_with_the_earlier_choice_applied(clock):
+    rng = np.random.default_rng(7)
+
+    def cost(pdl: bool, fuse: bool) -> float:  # fused prologues pay only with PDL on, which wins its own race
+        return 1.0 - 0.1 * pdl - 0.1 * (pdl and fuse) + 0.05 * (not pdl and fuse)
+
+    model = FakeModel(clock, cost, rng)
+    model.executor.fuse_preps = False  # whatever the executor held before, each race sets both sides itself
+    raced = race_settings(model, seq=40, log=lambda _m: None)
+    assert raced["pdl"]["value"] is True and raced["fuse_preps"]["value"] is True
+    assert raced["fuse_preps"]["verdict"] == "faster"
+
+
+def test_a_setting_that_changes_the_output_keeps_its_default_however_fast(clock):
+    rng = np.random.default_rng(3)
+    model = FakeModel(clock, lambda pdl, fuse: 0.5 if pdl else 1.0, rng, differs="pdl")
+    lines: list[str] = []
+    raced = race_settings(model, seq=40, log=lines.append)
+    assert raced["pdl"]["bit_identical"] is False and raced["pdl"]["value"] is False
+    assert raced["pdl"]["verdict"] == "faster"  # measured, but not taken
+    assert any("pdl off" in line and "outputs differ" in line for line in lines)
+
+
+def test_pdl_is_not_raced_on_a_gpu_without_it(clock):
+    model = FakeModel(clock, lambda pdl, fuse: 1.0, np.random.default_rng(4), has_pdl=False)
+    lines: list[str] = []
+    raced = race_settings(model, seq=40, log=lines.append)
+    assert set(raced) == {"fuse_preps"} and model.executor.pdl is False
+    assert any("pdl not raced" in line for line in lines)
+
+
+def record(values: dict, versions: dict) -> dict:
+    return {"values": values, "versions": versions, "seq": 40, "raced": {}}
+
+
+def test_settings_survive_the_table_file_and_are_kept_per_model(tmp_path):
+    rng = np.random.default_rng(5)
+    tiny, lfm = PRESETS["tiny"], PRESETS["lfm2-350m"]
+    table = DispatchTable("cuda:fake", versions={"matmul": "a1", "attention": "b2"})
+    picks = {name: {k: bool(rng.integers(0, 2)) for k in CUDA_SETTINGS} for name in ("tiny", "lfm2-350m")}
+    table.settings[model_signature(tiny, "nf4")] = record(picks["tiny"], {"matmul": "a1"})
+    table.settings[model_signature(lfm, "nf4")] = record(picks["lfm2-350m"], {"matmul": "a1", "attention": "b2"})
+    loaded = DispatchTable.load(table.save(tmp_path / "t.json"))
+    assert loaded.settings == table.settings
+    assert model_settings(loaded, tiny, "nf4", environ={}) == picks["tiny"]
+    assert model_settings(loaded, lfm, "nf4", environ={}) == picks["lfm2-350m"]
+    assert model_settings(loaded, lfm, "f16", environ={}) == {}  # another weight format: another launch list
+
+
+def test_a_malformed_settings_object_is_refused_with_the_fix(tmp_path):
+    for bad in ([], {"m": {"values": {"pdl": True}}}, {"m": {"values": [], "versions": {}}}, {"m": 3}):
+        d = DispatchTable("cuda:fake").to_json()
+        d["settings"] = bad
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(d))
+        with pytest.raises(ConfigError) as exc:
+            DispatchTable.load(path)
+        assert "settings" in exc.value.problem and "tilewise tune model" in exc.value.fix
+
+
+def test_settings_raced_on_kernels_that_changed_since_are_dropped_with_a_note():
+    tiny, lfm = PRESETS["tiny"], PRESETS["lfm2-350m"]
+    table = DispatchTable("cuda:fake", versions={"matmul": "a1", "attention": "b2"})
+    table.settings[model_signature(tiny, "nf4")] = record({"pdl": True}, {"matmul": "a1"})
+    table.settings[model_signature(lfm, "nf4")] = record({"pdl": True}, {"matmul": "a1", "attention": "b2"})
+    usable, notes = table.usable_on("cuda:fake", {"matmul": "a1", "attention": "c3"})
+    assert list(usable.settings) == [model_signature(tiny, "nf4")]
+    assert any("attention" in n and "lfm2" not in n and "settings" in n for n in notes)
+    same, notes = table.usable_on("cuda:fake", {"matmul": "a1", "attention": "b2"})
+    assert same.settings == table.settings and not notes
+    other, _ = table.usable_on("cuda:other", {"matmul": "a1", "attention": "b2"})
+    assert other.settings == {}  # another device's races say nothing about this one
+
+
+def test_an_executor_takes_known_boolean_settings_and_leaves_pdl_to_its_caller_or_the_environment():
+    tiny = PRESETS["tiny"]
+    table = DispatchTable("cuda:fake")
+    table.settings[model_signature(tiny, "nf4")] = record(
+        {"pdl": True, "fuse_preps": False, "turbo": True, "graphs": "yes"}, {})
+    assert model_settings(table, tiny, "nf4", environ={}) == {"pdl": True, "fuse_preps": False}
+    assert model_settings(table, tiny, "nf4", pdl=False, environ={}) == {"fuse_preps": False}
+    assert model_settings(table, tiny, "nf4", environ={"TILEWISE_CUDA_PDL": "0"}) == {"fuse_preps": False}
+    assert model_settings(table, tiny, "nf4", environ={"TILEWISE_CUDA_PDL": " "}) == {"pdl": True,
+                                                                                       "fuse_preps": False}
+
+
+def test_the_signature_separates_models_whose_launch_lists_differ():
+    tiny = PRESETS["tiny"]
+    flipped = dataclasses.replace(tiny, layer_types=tuple(reversed(tiny.layer_types)))
+    renamed = dataclasses.replace(tiny, name="another name")
+    assert flipped.layer_types != tiny.layer_types
+    sigs = {model_signature(c, f) for c in (tiny, flipped, PRESETS["lfm2-350m"]) for f in ("nf4", "f16")}
+    assert len(sigs) == 6
+    assert model_signature(renamed, "nf4") == model_signature(tiny, "nf4")  # shapes, not names
