@@ -42,9 +42,10 @@ class LaunchConfig(ctypes.Structure):
 
 
 def pdl_from_env(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether the CUDA executor launches with PDL: `TILEWISE_CUDA_PDL` 1/on or 0/off (the default: on an H200 the
-    lfm2-350m decision tied with and without it, bench/model_cuda.py's `pdl` race)."""
-    return env_switch(PDL_ENV, False, f"set {PDL_ENV}=0 (the default) to launch every kernel after the one before it "
+    """Whether the CUDA executor launches with PDL: `TILEWISE_CUDA_PDL` 1/on or 0/off; unset, off, and the executor
+    then follows what `tilewise tune model` raced for its model (`model/tune_settings.py`), since PDL speeds some
+    models up and slows others down on the same GPU."""
+    return env_switch(PDL_ENV, False, f"set {PDL_ENV}=0 to launch every kernel after the one before it "
                       "has finished, or 1 to let each start while its predecessor finishes (programmatic dependent "
                       "launch)", environ)
 

@@ -98,11 +98,20 @@ _DOWN = {"FRAG": "16x8x8", "SM": 2, "SN": 2, "FM": 6, "FN": 4, "BK": 16, "PIPE":
 # the decision tune's picks at 346 rows (2026-12-05): gate/up 128x128, in_proj 96x64
 _GATE = {"FRAG": "16x8x16", "SM": 4, "SN": 2, "FM": 2, "FN": 8, "BK": 16, "WL": "kn", "PAD": 8, "PIPE": 2}
 _INPROJ = {"FM": 3, "PAD": 8, "WL": "kn"}
+# lfm2-350m's climbs at 346 rows on an H200 and an H100 (2026-12-05) ended on these: gate/up's 128x128 tile at K
+# step 32 with packed stores (0.074 and 0.072 ms against 0.083 for _GATE), and a 96x64 tile in 4 slices for both
+# residual projections (down and out_proj). A climb reaches them only from a start a step or two away (one from
+# _GATE in kn stopped after 24 steps at 0.084 ms and decided 15% slower), so they are seeds, ahead of the rest.
+_GATE32 = {**_GATE, "BK": 32, "WL": "nk", "VS": 1, "PIPE": 1}
+_SLICED = {"FM": 3, "KS": 4, "VS": 1, "PAD": 8}
 # the measured winners first (each shape's pick, so that a small budget keeps them), then their packed-store twins
 # (VS 1), mostly in layout nk: there a chunk of 8 along K is one 16-byte store by one invocation; kn's packed unit
 # (8 columns x 8 k) puts a tile's staging on an eighth of the invocations, and with PIPE 2 SwiGLU's two sets of it
 # outgrow the prefetch registers; then the twins loading two steps ahead (PIPE 3)
 _SEED_VARIANTS: tuple[dict[str, Any], ...] = (
+    _GATE32,
+    _SLICED,
+    {**_INPROJ, "FRAG": "16x8x16"},  # in_proj's pick from 300 rows
     _GATE,
     _DOWN,
     _INPROJ,
