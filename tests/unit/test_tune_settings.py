@@ -175,3 +175,33 @@ def test_the_signature_separates_models_whose_launch_lists_differ():
     sigs = {model_signature(c, f) for c in (tiny, flipped, PRESETS["lfm2-350m"]) for f in ("nf4", "f16")}
     assert len(sigs) == 6
     assert model_signature(renamed, "nf4") == model_signature(tiny, "nf4")  # shapes, not names
+
+
+@pytest.mark.parametrize(("backend", "cluster", "partial", "raced"), [
+    ("cuda", False, False, True), ("cuda", True, False, False), ("cuda", False, True, False),
+    ("webgpu", False, False, False)])
+def test_tune_model_races_the_settings_after_a_whole_local_cuda_tune_only(monkeypatch, backend, cluster, partial,
+                                                                         raced):
+    import argparse
+
+    from tilewise.model import tune as model_tune
+    from tilewise.model import tune_settings
+    from tilewise.tune.engine import Engine
+
+    table = DispatchTable("x:fake")
+    table.source = "table.json"
+    table.partial = {"left": ["ffn.down"], "why": "--budget-s 1 s passed"} if partial else None
+    calls = []
+    monkeypatch.setattr(model_tune, "tune_model", lambda *a, **kw: table)
+    monkeypatch.setattr(tune_settings, "tune_settings",
+                        lambda *a, **kw: calls.append(a) or {"values": {"pdl": True, "fuse_preps": False}})
+    dev = SimpleNamespace(info=SimpleNamespace(backend=backend, runtime=None, fingerprint="x:fake"))
+    got = {}
+    args = argparse.Namespace(json=None)
+    make = Engine if not cluster else (lambda *a, **kw: None)
+    assert model_tune._run_one(args, PRESETS["tiny"], "tiny", 40, "nf4", dev, "device line", make,
+                               lambda target, summary, note: got.update(summary)) == 0
+    assert len(calls) == raced
+    if raced:
+        assert calls[0][5] is table and calls[0][6] == "table.json"  # the tuned table, saved where it was read
+    assert got["settings"] == ({"pdl": True, "fuse_preps": False} if raced else None)

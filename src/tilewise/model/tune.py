@@ -38,6 +38,7 @@ from tilewise.model.tune_attention import (  # noqa: F401 (attention_candidates,
 )
 from tilewise.model.tune_climb import climb_matmul
 from tilewise.model.tune_seeds import SEED_ROWS, SEED_SPLITK, SEED_TILED, fitted_seeds
+from tilewise.model.tune_settings import L2_MODES, WEIGHT_BYTES, l2_timing  # noqa: F401 (public here too)
 from tilewise.tune.dispatch import DispatchTable, Entry, Range, fit_dispatch, make_ranges
 from tilewise.tune.engine import Engine, Item
 from tilewise.tune.store import Store
@@ -257,39 +258,6 @@ def model_config(name: str) -> Any:
                           f"use default (the bundled model), one of {', '.join(PRESETS)}, or a model folder") from exc
 
 
-#: bytes a weight takes on the GPU per format (NF4: a nibble, and an f32 absmax per 64 weights)
-WEIGHT_BYTES = {"nf4": 0.5 + 4 / 64, "f16": 2.0, "f32": 4.0}
-L2_MODES = ("auto", "cold", "warm")
-
-
-def l2_timing(dev: Any, cfg: Any, fmt: str, l2: str = "auto", local: bool = True) -> tuple[bool, str]:
-    """(time with L2 kept between samples?, the line that says why) for a model tune on `dev`.
-
-    A CUDA device evicts L2 before every sample, as a layer of a model too big for L2 finds it. A decision of a
-    model whose weights fit in L2 reads them (and each launch's input rows) from there, and kernels timed cold are
-    ranked for memory the decision never waits for. `auto` keeps L2 where the weights without the embedding take
-    at most half of it (the activations and the KV cache share the rest). Other devices have no such setting.
-    """
-    if l2 not in L2_MODES:
-        raise ConfigError(f"--l2 {l2!r} is not a timing mode", "use --l2 auto, cold or warm")
-    if not hasattr(dev, "flush_l2"):
-        if l2 == "warm":
-            raise ConfigError("--l2 warm needs a CUDA device: WebGPU timings cannot evict or keep L2",
-                              "use --device cuda, or leave --l2 out")
-        return False, ""
-    if not local:
-        if l2 == "warm":
-            raise ConfigError("--l2 warm does not reach a Ray cluster's workers (they time with L2 evicted)",
-                              "tune without --ray, or leave --l2 out")
-        return False, "timing with L2 evicted before every sample (the cluster workers' setting)"
-    l2_bytes = int(dev.info.extra.get("l2_cache_bytes") or 0)
-    weights = cfg.parameter_count(with_embeddings=False) * WEIGHT_BYTES[fmt]  # bytes
-    keep = 0 < weights <= l2_bytes / 2 if l2 == "auto" else l2 == "warm"
-    why = (f"--l2 {l2}" if l2 != "auto" else f"the model's {weights / 2**20:.1f} MiB of {fmt} weights "
-           f"{'fit in' if keep else 'exceed'} half of L2 ({l2_bytes / 2**20:.0f} MiB); --l2 cold or warm decides")
-    return keep, f"timing with L2 {'kept' if keep else 'evicted'} between samples ({why})"
-
-
 def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: Any = None, n_cand: int = 12,
                seed: int = 0, force: bool = False, hand_picked: bool = True, f16_arith: bool = False,
                path: Any = None, log: Any = print, store: Store | None = None, budget: int | None = None,
@@ -494,7 +462,10 @@ def _run_one(args: argparse.Namespace, cfg: Any, name: str, seq: int, fmt: str, 
     if table.partial:
         log(f"partial: {', '.join(table.partial['left'])} not measured ({table.partial['why']}); run the same "
             "command again to finish (what was measured is reused)")
-    elif device.info.backend == "cuda" and make_engine is Engine:  # a cluster's workers hold its GPUs
+    elif device.info.backend == "cuda" and make_engine is not Engine:  # a cluster's workers hold its GPUs
+        log("settings: PDL and the fused prologues are raced only by a tune on the GPU's own host (without --ray); "
+            "until then the executor keeps its defaults")
+    elif device.info.backend == "cuda":
         from tilewise.model.tune_settings import tune_settings
 
         settings = tune_settings(device, cfg, name, fmt, seq, table, table.source, log)["values"]

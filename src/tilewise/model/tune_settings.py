@@ -1,4 +1,5 @@
-"""The CUDA executor's whole-model settings, raced on whole decisions at the end of `tilewise tune model`.
+"""A CUDA model tune's whole-run conditions: L2 kept or evicted while it times (`l2_timing`), and the executor's
+whole-model settings, raced on whole decisions at the end of `tilewise tune model` (`tune_settings`).
 
 A kernel's config is measured alone; these settings change how a decision's launches run together, so only a whole
 decision can measure them:
@@ -22,8 +23,41 @@ from typing import Any
 
 import numpy as np
 
+from tilewise.errors import ConfigError
+from tilewise.kernels.matmul.problem import WEIGHT_BYTES
 from tilewise.model.dispatch import CUDA_SETTINGS, model_signature
 from tilewise.tune.dispatch import DispatchTable
+
+L2_MODES = ("auto", "cold", "warm")
+
+
+def l2_timing(dev: Any, cfg: Any, fmt: str, l2: str = "auto", local: bool = True) -> tuple[bool, str]:
+    """(time with L2 kept between samples?, the line that says why) for a model tune on `dev`.
+
+    A CUDA device evicts L2 before every sample, as a layer of a model too big for L2 finds it. A decision of a
+    model whose weights fit in L2 reads them (and each launch's input rows) from there, and kernels timed cold are
+    ranked for memory the decision never waits for. `auto` keeps L2 where the weights without the embedding take
+    at most half of it (the activations and the KV cache share the rest). Other devices have no such setting.
+    """
+    if l2 not in L2_MODES:
+        raise ConfigError(f"--l2 {l2!r} is not a timing mode", "use --l2 auto, cold or warm")
+    if not hasattr(dev, "flush_l2"):
+        if l2 == "warm":
+            raise ConfigError("--l2 warm needs a CUDA device: WebGPU timings cannot evict or keep L2",
+                              "use --device cuda, or leave --l2 out")
+        return False, ""
+    if not local:
+        if l2 == "warm":
+            raise ConfigError("--l2 warm does not reach a Ray cluster's workers (they time with L2 evicted)",
+                              "tune without --ray, or leave --l2 out")
+        return False, "timing with L2 evicted before every sample (the cluster workers' setting)"
+    l2_bytes = int(dev.info.extra.get("l2_cache_bytes") or 0)
+    weights = cfg.parameter_count(with_embeddings=False) * WEIGHT_BYTES[fmt]  # bytes
+    keep = 0 < weights <= l2_bytes / 2 if l2 == "auto" else l2 == "warm"
+    why = (f"--l2 {l2}" if l2 != "auto" else f"the model's {weights / 2**20:.1f} MiB of {fmt} weights "
+           f"{'fit in' if keep else 'exceed'} half of L2 ({l2_bytes / 2**20:.0f} MiB); --l2 cold or warm decides")
+    return keep, f"timing with L2 {'kept' if keep else 'evicted'} between samples ({why})"
+
 
 #: alternating rounds, and decisions per setting per round (120 timed decisions a setting)
 ROUNDS = 6
