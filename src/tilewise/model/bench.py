@@ -130,6 +130,9 @@ def bench_model(model: Any, seq: int, decisions: int, prefix: int = PREFIX_TOKEN
         res["fingerprint"] = ex.dev.info.fingerprint
         source = str(getattr(getattr(ex, "dispatch", None), "source", "defaults"))
         res["dispatch"] = Path(source).name if source not in ("defaults", "tuned") else source  # no local paths
+    if hasattr(ex, "measured_settings"):  # the CUDA executor: how its launches run together, and who chose it
+        res["executor_settings"] = {"pdl": bool(ex.pdl), "fuse_preps": bool(ex.fuse_preps),
+                                    "raced": sorted(ex.measured_settings)}
 
     def decide(i: int) -> None:
         model.scores(model.prefill(full[i]))
@@ -244,6 +247,12 @@ def print_result(res: dict[str, Any], console: Any = None) -> None:
     say(f"decision latency p50 {res['latency_ms_p50']:.2f} ms, p90 {res['latency_ms_p90']:.2f}, "
         f"p99 {res['latency_ms_p99']:.2f} ({res['decisions_timed']} decisions)")
     say(f"  {res['decisions_per_s']:.1f} decisions/s = {res['apm']:.0f} APM")
+    if res.get("executor_settings"):
+        st = res["executor_settings"]
+        said = ", ".join(f"{'programmatic dependent launch' if k == 'pdl' else 'fused prologues'} "
+                         f"{'on' if st[k] else 'off'}{' (raced by tune model)' if k in st['raced'] else ''}"
+                         for k in ("pdl", "fuse_preps"))
+        say(f"  launches: {said}")
     if res.get("noise"):
         say(f"  note: {res['noise']}; other work on the machine is the usual cause")
     pc, nf = res["prefix_cached"], res["no_final_row_slicing"]
