@@ -131,7 +131,8 @@ def test_settings_survive_the_table_file_and_are_kept_per_model(tmp_path):
 
 
 def test_a_malformed_settings_object_is_refused_with_the_fix(tmp_path):
-    for bad in ([], {"m": {"values": {"pdl": True}}}, {"m": {"values": [], "versions": {}}}, {"m": 3}):
+    for bad in ([], {"m": {"values": {"pdl": True}}}, {"m": {"values": [], "versions": {}}}, {"m": 3},
+                {"m": {"values": {"pdl": "yes"}, "versions": {}}}, {"m": {"values": {"pdl": 1}, "versions": {}}}):
         d = DispatchTable("cuda:fake").to_json()
         d["settings"] = bad
         path = tmp_path / "bad.json"
@@ -159,7 +160,7 @@ def test_an_executor_takes_known_boolean_settings_and_leaves_pdl_to_its_caller_o
     tiny = PRESETS["tiny"]
     table = DispatchTable("cuda:fake")
     table.settings[model_signature(tiny, "nf4")] = record(
-        {"pdl": True, "fuse_preps": False, "turbo": True, "graphs": "yes"}, {})
+        {"pdl": True, "fuse_preps": False, "turbo": True, "graphs": "yes"}, {})  # as given in memory, not loaded
     assert model_settings(table, tiny, "nf4", environ={}) == {"pdl": True, "fuse_preps": False}
     assert model_settings(table, tiny, "nf4", pdl=False, environ={}) == {"fuse_preps": False}
     assert model_settings(table, tiny, "nf4", environ={"TILEWISE_CUDA_PDL": "0"}) == {"fuse_preps": False}

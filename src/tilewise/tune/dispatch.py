@@ -343,9 +343,9 @@ class DispatchTable:
         settings = d.get("settings", {})
         if not isinstance(settings, dict) or not all(
                 isinstance(v, dict) and isinstance(v.get("values"), dict) and isinstance(v.get("versions"), dict)
-                for v in settings.values()):
-            raise ConfigError(f"{where}: settings is not an object of {{\"values\": {{...}}, \"versions\": {{...}}}} "
-                              "per model", TABLE_FIX)
+                and all(isinstance(x, bool) for x in v["values"].values()) for v in settings.values()):
+            raise ConfigError(f"{where}: settings is not an object of {{\"values\": {{setting: true or false}}, "
+                              "\"versions\": {...}} per model", TABLE_FIX)
         return cls(device, entries, dict(versions), dict(measured), partial=partial, portable=portable,
                    settings=dict(settings))
 
