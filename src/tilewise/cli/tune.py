@@ -104,7 +104,8 @@ def register(sub: Any) -> None:
                         "finished and says which were cut (default: no limit)")
     m.add_argument("--climb", type=common.positive, default=None, metavar="N",
                    help="per matmul shape, N more configs of the kernel fastest at the decision's rows, "
-                        "hill-climbing from its best (its neighbours: one parameter a step away)")
+                        "hill-climbing from its best and the configs that tie with it (neighbours: one "
+                        "parameter a step away)")
     m.add_argument("--l2", choices=("auto", "cold", "warm"), default="auto",
                    help="CUDA: time each kernel with L2 evicted before every sample (cold) or kept (warm); auto "
                         "keeps it where the model's weights fit in half of L2, as its decisions find them")

@@ -389,8 +389,9 @@ def _log_shape(log: Any, label: str, epilogue: str, n: int, k: int, seq: int, en
         + ", ".join(f"{a} {b:.1f}" for a, b in record["seconds"].items()))
     if "climb" in record:
         c = record["climb"]
-        log(f"    climb of {c['kernel']} at rows {seq}: {c['measured']} more from {c['from']} ({c['from_ms']:.4f} ms); "
-            f"best {c['best']} ({c['best_ms']:.4f} ms)")
+        tied = len(c.get("starts", ())) - 1
+        log(f"    climb of {c['kernel']} at rows {seq}: {c['measured']} more from {c['from']} ({c['from_ms']:.4f} ms)"
+            f"{f' and {tied} config(s) it ties with' if tied > 0 else ''}; best {c['best']} ({c['best_ms']:.4f} ms)")
 
 
 def run(args: argparse.Namespace, emit_json: Callable[..., None] | None = None) -> int:

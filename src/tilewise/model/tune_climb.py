@@ -6,6 +6,11 @@ Seeds and a random sample find a good kernel kind and a good region of its space
 config are where a few more measurements pay most (a tile size one step up or down, one stage more, split-K
 halved). The climb's configs are measured at the decision's lengths only (`rows`), so the dispatch table may pick
 one there and keeps what the full sweep measured everywhere else.
+
+The fastest config is where a climb starts, but a lead inside the noise does not make it the better start: the
+configs of that kernel whose median's 95% interval overlaps the fastest's (`ties`, up to `MAX_STARTS`) each start
+a climb, and the steps are split between them. Noise then cannot choose the one basin the whole climb explores:
+two climbs of the same shape from starts a percent apart have ended on tiles 17% apart.
 """
 
 from __future__ import annotations
@@ -14,8 +19,12 @@ from collections.abc import Callable
 from typing import Any
 
 from tilewise.tune.engine import Engine, Item
+from tilewise.tune.measure import ties
 from tilewise.tune.outcome import Outcome
 from tilewise.tune.search import Budget, Feedback, climb, run_search
+
+#: most climbs one shape's steps are split between: the fastest config and the configs it ties with
+MAX_STARTS = 3
 
 
 def climb_matmul(eng: Engine, evaluate: Callable[[list[Item]], list[Outcome]], outcomes: list[Outcome], n: int,
@@ -26,11 +35,14 @@ def climb_matmul(eng: Engine, evaluate: Callable[[list[Item]], list[Outcome]], o
     outcomes and a record: the kernel, where the climb started, how many it measured and the best at `seq` after.
     """
     at_seq = [oc for oc in outcomes if oc.shape[0] == seq]
-    timed = [oc for oc in at_seq if oc.status == "ok" and oc.stats is not None]
+    timed = sorted((oc for oc in at_seq if oc.status == "ok" and oc.stats is not None),
+                   key=lambda oc: oc.stats.median_ms)  # type: ignore[union-attr]
     if count <= 0 or not timed:
         return [], {}
-    start = min(timed, key=lambda oc: oc.stats.median_ms)  # type: ignore[union-attr]
+    start = timed[0]
     tpl = start.item.kernel
+    starts = [oc.config for oc in timed if oc.item.kernel is tpl and ties(start.stats, oc.stats)]  # type: ignore
+    starts = list(dict.fromkeys(starts))[:min(MAX_STARTS, count)]  # the fastest first
     fb = Feedback()
     fb.record_outcomes(oc for oc in at_seq if oc.item.kernel is tpl)  # failures too: not tried again
     new: list[Outcome] = []
@@ -41,9 +53,13 @@ def climb_matmul(eng: Engine, evaluate: Callable[[list[Item]], list[Outcome]], o
         new.extend(got)
 
     limits = eng.device.info.limits
-    taken = run_search(climb(tpl.space(), limits, Budget(count=count), seed, feedback=fb, start=list(fb.median_ms)),
-                       measure)
+    taken = 0
+    for i, c in enumerate(starts):  # the steps left, split evenly over the starts left
+        share = (count - taken) // (len(starts) - i)
+        taken += run_search(climb(tpl.space(), limits, Budget(count=share), seed + i, feedback=fb, start=[c]),
+                            measure)
     best = fb.best(fb.median_ms)
     return new, {"kernel": tpl.name, "from": start.config.key(), "from_ms": start.stats.median_ms,  # type: ignore
-                 "measured": taken, "best": best.key() if best is not None else None,
+                 "starts": [c.key() for c in starts], "measured": taken,
+                 "best": best.key() if best is not None else None,
                  "best_ms": fb.median_ms.get(best) if best is not None else None}
