@@ -248,6 +248,12 @@ def _seed_configs() -> list[dict[str, Any]]:
         {"SA": "workgroup", "SB": "workgroup", "PIPE": 2, "PAD": 8, "VS": 1},
         {"FRAG": "16x8x16", "FN": 8, "SA": "workgroup", "SB": "workgroup", "PIPE": 2, "PAD": 8, "VS": 1},
         {"SA": "workgroup", "SB": "workgroup", "VS": 1},
+        # the 4096^3 winner without robustness, climbed to from the points above: a 128x256 tile of 16x8x8
+        # fragments in 2x4 subgroups, three stages (4 x 8 fragments: 128 accumulator floats, the most that fit)
+        {"FRAG": "16x8x8", "SM": 2, "SN": 4, "FM": 4, "FN": 8, "SA": "workgroup", "SB": "workgroup", "PIPE": 3,
+         "PAD": 8},
+        {"FRAG": "16x8x8", "SM": 2, "SN": 4, "FM": 4, "FN": 8, "SA": "workgroup", "SB": "workgroup", "PIPE": 3,
+         "PAD": 8, "VS": 1},
         # small M: the measured M=346 winners (64x32 and 64x64 tiles of 16x8x8 fragments) with K split, and
         # 64x64 / 128x128 tiles split
         {"FRAG": "16x8x8", "SM": 4, "SN": 4, "FM": 1, "FN": 1, "KF": 2, "SA": "workgroup", "SB": "workgroup",
