@@ -46,7 +46,8 @@ from tilewise.devices.cpu import quiet_torch_threads  # noqa: E402
 
 OMP_LINE = quiet_torch_threads()  # before torch loads
 
-from tilewise.model.bench import PREFIX_TOKENS, op_table, percentiles, prompts, race_modes, time_calls  # noqa: E402
+from tilewise.model.bench import PREFIX_TOKENS, op_table, percentiles, prompts, time_calls  # noqa: E402
+from tilewise.model.tune_settings import race_setting  # noqa: E402
 from tilewise.tune.measure import compare, summarize  # noqa: E402
 
 T0 = time.perf_counter()
@@ -151,21 +152,9 @@ def setting_race(model: Any, decide: Any, args: argparse.Namespace, attr: str, w
     (`race_modes`), and whether both give bit-identical scores (PDL: the same kernels in the same order, so a
     difference would be a race; fused prologues: the same arithmetic in fewer launches)."""
     ex = model.executor
-    before = getattr(ex, attr)
-    modes = {"on": True, "off": False}
     _, full = prompts(model.config.vocab_size, args.seq, 8, PREFIX_TOKENS, seed=1)
-    same = True
-    try:
-        for ids in full:
-            got = []
-            for on in modes.values():
-                setattr(ex, attr, on)
-                got.append(model.scores(model.prefill(ids)))
-            same = same and bool(np.array_equal(got[0], got[1]))
-        samples = race_modes(decide, lambda m: setattr(ex, attr, modes[m]), list(modes), args.race_rounds,
-                             args.race_per_round)
-    finally:
-        setattr(ex, attr, before)
+    same, samples = race_setting(ex, attr, decide, lambda: [model.scores(model.prefill(ids)) for ids in full],
+                                 args.race_rounds, args.race_per_round)  # (8 prompts, 8 scores) compared
     stats = {m: summarize(v) for m, v in samples.items()}
     verdict = compare(stats["off"], stats["on"], (f"without {what}", f"with {what}"))
     return {"setting": attr, "rounds": args.race_rounds, "per_round": args.race_per_round,

@@ -74,13 +74,32 @@ def choose(default: bool, verdict: str, bit_identical: bool) -> bool:
     return verdict == "faster"
 
 
+def race_setting(ex: Any, name: str, decide: Callable[[int], Any], output: Callable[[], Any], rounds: int,
+                 per_round: int) -> tuple[bool, dict[str, list[float]]]:
+    """The executor's boolean setting `name` on against off: whether `output()` (an array) has the same bits both
+    ways, and each side's wall-clock ms of `decide(i)` over `rounds` alternating rounds of `per_round` calls
+    (`race_modes`, keys "on" and "off"). The setting is as before afterwards."""
+    from tilewise.model.bench import race_modes
+
+    before = getattr(ex, name)
+    try:
+        got = []
+        for value in (True, False):
+            setattr(ex, name, value)
+            got.append(np.asarray(output()))
+        samples = race_modes(decide, lambda m: setattr(ex, name, m == "on"), ["on", "off"], rounds, per_round)
+    finally:
+        setattr(ex, name, before)
+    return bool(np.array_equal(got[0], got[1])), samples
+
+
 def race_settings(model: Any, seq: int, rounds: int = ROUNDS, per_round: int = PER_ROUND,
                   log: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
     """Race every setting the executor of `model` has (PDL only where the device has it) on `seq`-token decisions;
     leaves the executor with the chosen values. Both sides of a race must give the same bits of the final-normed
     last row. Returns {setting: {"value", "default", "verdict", "ratio", "on_ms", "off_ms", "on_ci95_ms",
     "off_ci95_ms", "bit_identical", "decisions"}}."""
-    from tilewise.model.bench import PREFIX_TOKENS, prompts, race_modes
+    from tilewise.model.bench import PREFIX_TOKENS, prompts
     from tilewise.tune.measure import compare, summarize
 
     ex = model.executor
@@ -94,13 +113,8 @@ def race_settings(model: Any, seq: int, rounds: int = ROUNDS, per_round: int = P
         if name == "pdl" and not getattr(ex.dev, "pdl", False):
             log("settings: pdl not raced (this GPU has no programmatic dependent launch)")
             continue
-        rows = []
-        for value in (True, False):
-            setattr(ex, name, value)
-            rows.append(model.prefill(full[0]).last_hidden)  # (hidden,) the final-normed last row
-        same = bool(np.array_equal(rows[0], rows[1]))
-        samples = race_modes(decide, lambda m, name=name: setattr(ex, name, m == "on"), ["on", "off"], rounds,
-                             per_round)
+        same, samples = race_setting(ex, name, decide, lambda: model.prefill(full[0]).last_hidden,  # (hidden,)
+                                     rounds, per_round)
         on, off = summarize(samples["on"]), summarize(samples["off"])
         verdict = compare(off, on)
         value = choose(default, verdict.verdict, same)
