@@ -170,3 +170,46 @@ def test_repeats_stay_within_a_rounds_timestamps_and_without_min_round_ms_never_
     plain = FakeDevice({"x": 0.5}, noise=0.0)
     assert measure(plain, {"x": [launch("x")]}, warmup=1, min_rounds=2, max_rounds=2).repeat == 1
     assert [len(c) for c in plain.calls] == [1, 1, 1]
+
+
+class RunsDevice(FakeDevice):
+    """A device that does work before each candidate's run (CUDA's L2 flush): it takes `runs=`."""
+
+    time_runs = True
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.runs = []
+
+    def time(self, launches, runs=None):
+        self.runs.append(list(runs))
+        return super().time(launches)
+
+
+def test_runs_mark_where_each_candidates_launches_start_so_a_flush_never_splits_a_candidate():
+    dev = RunsDevice({"mm": 1.0, "reduce": 0.2, "one": 0.5, "flush": 3.0})
+    cands = {"split": [launch("mm"), launch("reduce")], "whole": [launch("one")]}
+    m = measure(dev, cands, warmup=1, min_rounds=6, max_rounds=6, between_launches=[launch("flush")])
+    assert len(dev.runs) == 7
+    for call, runs in zip(dev.calls, dev.runs):
+        # every run starts with the between-launch, and nothing else starts one: the reduction follows its
+        # matmul within the run, as it does in the model
+        assert [call[i] for i in runs] == ["flush", "flush"]
+        assert sorted(runs) == runs and runs[0] == 0
+        assert call.count("flush") == len(runs)
+    assert m.stats["split"].median_ms == pytest.approx(1.2, rel=0.05)  # the flush's time is not the candidate's
+
+
+def test_a_repeated_candidates_every_repetition_is_a_run():
+    dev = RunsDevice({"mm": 1.0, "reduce": 0.2})
+    dev.min_round_ms = 6.0
+    m = measure(dev, {"split": [launch("mm"), launch("reduce")]}, warmup=1, min_rounds=2, max_rounds=2)
+    assert m.repeat == 5
+    assert dev.runs[0] == [0]  # the probe round: one run
+    for call, runs in zip(dev.calls[1:], dev.runs[1:]):
+        assert runs == [0, 2, 4, 6, 8] and all(call[i] == "mm" for i in runs)
+
+
+def test_devices_without_runs_are_called_as_before():
+    dev = FakeDevice({"x": 1.0})  # its `time` takes no `runs`: measure must not pass one
+    assert measure(dev, {"x": [launch("x")]}, warmup=1, min_rounds=2, max_rounds=2).rounds == 2

@@ -306,6 +306,9 @@ class Device(ABC):
     #: threads that may call `compile` at once: a template's batch compile (`KernelTemplate.precompile`) uses that
     #: many where the compiler releases the GIL and is thread-safe (NVRTC, wgpu-native); 1: one at a time
     compile_workers: int = 1
+    #: `time` takes `runs=` (the indices where a candidate's launches start): a device that prepares state before
+    #: each run (CUDA's L2 flush) does it there only, so a run's later launches see what its first ones left
+    time_runs: bool = False
 
     def compile_together(self) -> AbstractContextManager[CompileBatch | None]:
         """A block inside which `compile` starts each pipeline and returns at once, the device's own threads building

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from tilewise.devices.base import Buffer, Device, Launch, Once, Program, compile_workers_default, grid3, source_hash
+from tilewise.devices.cuda_hold import Hold, batches
 from tilewise.devices.cuda_info import MAX_GRID, cache_dir, device_count, first_line, import_cupy, info_from
 from tilewise.devices.cuda_nvrtc import CompiledCuda, compile_error, device_options
 from tilewise.devices.cuda_nvrtc import first_error_line as first_error_line  # re-exported: callers import them here
@@ -84,6 +85,7 @@ class CUDADevice(Device):
     """One NVIDIA GPU through CuPy. `time()` uses CUDA events; `flush_l2` evicts L2 between samples."""
 
     timer = "gpu-timestamp"
+    time_runs = True  # `time` takes `runs` (it flushes L2 only where a candidate's run starts)
 
     def __init__(self, index: int = 0, *, flush_l2: bool = True) -> None:
         cupy = import_cupy()
@@ -104,6 +106,7 @@ class CUDADevice(Device):
         self._lock = threading.Lock()
         self.compile_workers = compile_workers_default()  # NVRTC releases the GIL; `_modules` builds each once
         self._flush_buf: Any = None
+        self._hold: Hold | None = None  # made on the first `time`
         self._lost = False
         with self._dev:
             # not the legacy default stream, where capture is impossible; blocking, so default-stream work orders
@@ -364,31 +367,45 @@ class CUDADevice(Device):
         self.captures += 1
         return CudaGraph(self, graph, steps)
 
-    def time(self, launches: Sequence[Launch], *, flush_l2: bool | None = None) -> np.ndarray:
-        """Each launch's GPU time in ms (CUDA events around it), launched back to back on one stream.
+    def time(self, launches: Sequence[Launch], *, flush_l2: bool | None = None,
+             runs: Sequence[int] | None = None) -> np.ndarray:
+        """Each launch's GPU time in ms (CUDA events around it), launched back to back on one stream behind a hold
+        (`cuda_hold.py`), so that no sample contains the host's time to launch.
 
         Args:
             launches: the launches, in order.
-            flush_l2: overwrite a buffer larger than L2 before each launch (outside its events) so every
-                sample starts with cold caches, as a real layer in a model does; default `self.flush_l2`.
+            flush_l2: overwrite a buffer larger than L2 before each run (outside its events) so every run starts
+                with cold caches, as a real layer in a model does; default `self.flush_l2`.
+            runs: the indices where a run (one candidate's launches) starts; None: every launch is a run. A run's
+                later launches find what its earlier ones left in L2, as they do in the model (a split-K
+                reduction reads its partial sums there).
         """
         n = len(launches)
         if n == 0:
             return np.empty(0)
         cp = self._cp
         flush = self.flush_l2 if flush_l2 is None else flush_l2
+        starts = None if runs is None else {int(i) for i in runs}
         with self._dev, self._stream:
+            if self._hold is None:
+                self._hold = Hold(cp)
             events = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(n)]
             try:
-                for (start, end), launch in zip(events, launches):
-                    if flush:
-                        self._flush()
-                    start.record()
-                    self._launch(launch)
-                    end.record()
+                for a, b in batches(n, starts):
+                    self._hold.hold()
+                    try:
+                        for i in range(a, b):
+                            if flush and (starts is None or i in starts):
+                                self._flush()
+                            events[i][0].record()
+                            self._launch(launches[i])
+                            events[i][1].record()
+                    finally:
+                        self._hold.release()
                 events[-1][1].synchronize()
             except cp.cuda.runtime.CUDARuntimeError as exc:
                 raise self._wrap(exc, "timing launches") from exc
+            self._hold.check()
             return np.array([cp.cuda.get_elapsed_time(s, e) for s, e in events], dtype=np.float64)
 
     def _flush(self) -> None:

@@ -228,11 +228,13 @@ def measure(device: Device, candidates: Mapping[Hashable, Sequence[Launch]], *, 
     samples: dict[Hashable, list[float]] = {k: [] for k in keys}
     t0 = time.perf_counter()
     repeat = 1
+    run_len: dict[Hashable, int] | None = None
     for i in range(warmup):
         probe = _one_round(device, candidates, keys, between_launches, between)
         if i == 0:
             repeat = _repeat_for(device, probe, candidates, between_launches, between)
             if repeat > 1:
+                run_len = {k: len(v) for k, v in candidates.items()}
                 candidates = {k: [*v] * repeat for k, v in candidates.items()}
     done = 0
     orders = balanced_orders(keys, rng)
@@ -240,7 +242,7 @@ def measure(device: Device, candidates: Mapping[Hashable, Sequence[Launch]], *, 
         if done >= min_rounds and time.perf_counter() - t0 > budget_s:
             break
         order = next(orders)
-        for key, ms in _one_round(device, candidates, order, between_launches, between).items():
+        for key, ms in _one_round(device, candidates, order, between_launches, between, run_len).items():
             samples[key].append(ms / repeat)
         done += 1
         if on_round:
@@ -275,7 +277,8 @@ def balanced_orders(keys: Sequence[Hashable], rng: np.random.Generator) -> Itera
 
 
 def _one_round(device: Device, candidates: Mapping[Hashable, Sequence[Launch]], order: Sequence[Hashable],
-               between_launches: Sequence[Launch], between: Callable[[], None] | None) -> dict[Hashable, float]:
+               between_launches: Sequence[Launch], between: Callable[[], None] | None,
+               run_len: Mapping[Hashable, int] | None = None) -> dict[Hashable, float]:
     if between is not None:
         out = {}
         for key in order:
@@ -285,12 +288,16 @@ def _one_round(device: Device, candidates: Mapping[Hashable, Sequence[Launch]], 
         return out
     flat: list[Launch] = []
     spans: list[tuple[Hashable, int, int]] = []
+    runs: list[int] = []
     for key in order:
+        runs.append(len(flat))
         flat.extend(between_launches)
         start = len(flat)
         flat.extend(candidates[key])
+        step = run_len.get(key, 0) if run_len else 0  # a repeated candidate: each repetition is a run
+        runs.extend(range(start + step, len(flat), step) if step else ())
         spans.append((key, start, len(flat)))
-    times = device.time(flat)
+    times = device.time(flat, runs=runs) if getattr(device, "time_runs", False) else device.time(flat)
     return {key: float(np.sum(times[a:b])) for key, a, b in spans}
 
 

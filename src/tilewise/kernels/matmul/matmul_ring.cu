@@ -61,43 +61,78 @@ __host__ __device__ constexpr int ring_first_failure(int FMT, int EPI, int BM, i
   return 0;
 }
 
-// one row of x (K f32) into f16 (NORM: normed first) by a block of NT threads; the same arithmetic in
-// nf4_mm_prep and nf4_mm_reduce_prep, so fusing the two launches changes no bit
-template <int NORM, int NT>
-__device__ __forceinline__ void prep_row(const float *__restrict__ x_row, const float *__restrict__ norm_w, float eps,
-                                         unsigned short *__restrict__ xh_row, int K) {
+// A row of x (K f32) into f16 (NORM: normed first) by a block of NT threads, thread t owning float4s t, t + NT, ...;
+// nf4_mm_prep and nf4_mm_reduce_prep both go through prep_regs, so fusing the two launches changes no bit.
+// PREP_RV: float4s a thread holds in registers (rows up to NT * PREP_RV * 4 values); longer rows are read again
+// from memory for the norm and the conversion.
+#define PREP_RV 8
+
+template <int NT>
+__device__ __forceinline__ float prep_sumsq(float ss, float4 v) {
+  return ss + (v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w);
+}
+
+// 1/rms of the row from each thread's partial sum of squares: one order in every thread
+template <int NT>
+__device__ __forceinline__ float prep_inv_rms(float ss, int K, float eps) {
   static_assert(NT % WARPSIZE == 0 && NT >= WARPSIZE && NT <= 1024,
                 "whole_warps: NT must be a whole number of warps, 32..1024");
-  const float4 *xr = reinterpret_cast<const float4 *>(x_row);
-  uint2 *o = reinterpret_cast<uint2 *>(xh_row);
+  __shared__ float part[NT / WARPSIZE];  // one sum of squares per warp
+#pragma unroll
+  for (int s = 16; s > 0; s >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, s);
+  if (threadIdx.x % WARPSIZE == 0) part[threadIdx.x / WARPSIZE] = ss;
+  __syncthreads();
+  ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < NT / WARPSIZE; ++i) ss += part[i];
+  return rsqrtf(ss / (float)K + eps);
+}
+
+template <int NORM>
+__device__ __forceinline__ uint2 prep_pack(float4 v, float q, const float *__restrict__ norm_w, int k) {
+  if (NORM) {
+    const float4 g = reinterpret_cast<const float4 *>(norm_w)[k];
+    v = f4(v.x * q * g.x, v.y * q * g.y, v.z * q * g.z, v.w * q * g.w);
+  }
+  uint2 h;
+  h.x = pack2(v.x, v.y);
+  h.y = pack2(v.z, v.w);
+  return h;
+}
+
+// the row's float4s already in the threads' registers (v[j] is float4 threadIdx.x + j * NT; K / 4 <= NT * PREP_RV)
+template <int NORM, int NT>
+__device__ __forceinline__ void prep_regs(const float4 (&v)[PREP_RV], const float *__restrict__ norm_w, float eps,
+                                          unsigned short *__restrict__ xh_row, int K) {
   float q = 1.0f;
   if (NORM) {
-    __shared__ float part[NT / WARPSIZE];  // one sum of squares per warp
     float ss = 0.0f;
-    for (int k = threadIdx.x; k < K / 4; k += NT) {
-      const float4 v = xr[k];
-      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    }
 #pragma unroll
-    for (int s = 16; s > 0; s >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, s);
-    if (threadIdx.x % WARPSIZE == 0) part[threadIdx.x / WARPSIZE] = ss;
-    __syncthreads();
-    ss = 0.0f;
+    for (int j = 0; j < PREP_RV; ++j)
+      if (threadIdx.x + j * NT < K / 4) ss = prep_sumsq<NT>(ss, v[j]);
+    q = prep_inv_rms<NT>(ss, K, eps);
+  }
+  uint2 *o = reinterpret_cast<uint2 *>(xh_row);
 #pragma unroll
-    for (int i = 0; i < NT / WARPSIZE; ++i) ss += part[i];  // the same order in every thread: one 1/rms per row
-    q = rsqrtf(ss / (float)K + eps);
+  for (int j = 0; j < PREP_RV; ++j) {
+    const int k = threadIdx.x + j * NT;
+    if (k < K / 4) o[k] = prep_pack<NORM>(v[j], q, norm_w, k);
   }
-  for (int k = threadIdx.x; k < K / 4; k += NT) {
-    float4 v = xr[k];
-    if (NORM) {
-      const float4 g = reinterpret_cast<const float4 *>(norm_w)[k];
-      v = f4(v.x * q * g.x, v.y * q * g.y, v.z * q * g.z, v.w * q * g.w);
-    }
-    uint2 h;
-    h.x = pack2(v.x, v.y);
-    h.y = pack2(v.z, v.w);
-    o[k] = h;
+}
+
+// the same from memory, for rows longer than the registers hold
+template <int NORM, int NT>
+__device__ __forceinline__ void prep_mem(const float *__restrict__ x_row, const float *__restrict__ norm_w, float eps,
+                                         unsigned short *__restrict__ xh_row, int K) {
+  const float4 *xr = reinterpret_cast<const float4 *>(x_row);
+  float q = 1.0f;
+  if (NORM) {
+    float ss = 0.0f;
+    for (int k = threadIdx.x; k < K / 4; k += NT) ss = prep_sumsq<NT>(ss, xr[k]);
+    q = prep_inv_rms<NT>(ss, K, eps);
   }
+  uint2 *o = reinterpret_cast<uint2 *>(xh_row);
+  for (int k = threadIdx.x; k < K / 4; k += NT) o[k] = prep_pack<NORM>(xr[k], q, norm_w, k);
 }
 
 template <int NORM, int NT>
@@ -105,12 +140,26 @@ __global__ void __launch_bounds__(NT)
 nf4_mm_prep(const float *__restrict__ x, int x_row0, const float *__restrict__ norm_w, float eps,
             unsigned short *__restrict__ xh, int K) {
   PDL_BEGIN();
-  prep_row<NORM, NT>(x + (size_t)(x_row0 + blockIdx.x) * K, norm_w, eps, xh + (size_t)blockIdx.x * K, K);
+  const float *x_row = x + (size_t)(x_row0 + blockIdx.x) * K;
+  unsigned short *xh_row = xh + (size_t)blockIdx.x * K;
+  if (K / 4 > NT * PREP_RV) {
+    prep_mem<NORM, NT>(x_row, norm_w, eps, xh_row, K);
+    return;
+  }
+  const float4 *xr = reinterpret_cast<const float4 *>(x_row);
+  float4 v[PREP_RV];
+#pragma unroll
+  for (int j = 0; j < PREP_RV; ++j) {  // every load in flight at once
+    const int k = threadIdx.x + j * NT;
+    v[j] = k < K / 4 ? xr[k] : f4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  prep_regs<NORM, NT>(v, norm_w, eps, xh_row, K);
 }
 
 // a residual matmul's split-K reduction (nf4_mm_splitk_reduce<1, ...>: out += the ks slices, added in order) and
 // the next matmul's prologue (nf4_mm_prep<NORM, NT> of the rows just written) in one launch, one block per row:
-// the executor fuses the two where the prologue reads exactly the reduction's output rows
+// the executor fuses the two where the prologue reads exactly the reduction's output rows. The row's sums stay in
+// registers for the prologue (rows of up to NT * PREP_RV * 4 values).
 template <int NORM, int NT>
 __global__ void __launch_bounds__(NT)
 nf4_mm_reduce_prep(const float *__restrict__ partial, int ks, float *__restrict__ out, int M, int N,
@@ -119,7 +168,11 @@ nf4_mm_reduce_prep(const float *__restrict__ partial, int ks, float *__restrict_
   const size_t mn4 = (size_t)M * N / 4, row0 = (size_t)blockIdx.x * N;  // N % 4 == 0, as the prologue's K
   const float4 *p4 = reinterpret_cast<const float4 *>(partial + row0);
   float4 *o4 = reinterpret_cast<float4 *>(out + row0);
-  for (int k = threadIdx.x; k < N / 4; k += NT) {
+  const bool regs = N / 4 <= NT * PREP_RV;
+  float4 v[PREP_RV];
+#pragma unroll
+  for (int j = 0; j < PREP_RV; ++j) v[j] = f4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int k = threadIdx.x, j = 0; k < N / 4; k += NT, ++j) {
     float4 y = f4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int z0 = 0; z0 < ks; z0 += 8) {  // up to eight slices' loads in flight, then added in order
       float4 s[8];
@@ -131,10 +184,18 @@ nf4_mm_reduce_prep(const float *__restrict__ partial, int ks, float *__restrict_
         if (z0 + z < ks) y = f4(y.x + s[z].x, y.y + s[z].y, y.z + s[z].z, y.w + s[z].w);
     }
     const float4 o = o4[k];
-    o4[k] = f4(o.x + y.x, o.y + y.y, o.z + y.z, o.w + y.w);
+    const float4 r = f4(o.x + y.x, o.y + y.y, o.z + y.z, o.w + y.w);
+    o4[k] = r;
+#pragma unroll
+    for (int i = 0; i < PREP_RV; ++i)  // a constant index, so v stays in registers
+      if (i == j) v[i] = r;
   }
-  __syncthreads();  // the row's sums, written by the block's other threads, before prep_row reads them
-  prep_row<NORM, NT>(out + row0, norm_w, eps, xh + row0, N);
+  if (regs) {
+    prep_regs<NORM, NT>(v, norm_w, eps, xh + row0, N);
+  } else {
+    __syncthreads();  // the row's sums, written by the block's other threads, before prep_mem reads them
+    prep_mem<NORM, NT>(out + row0, norm_w, eps, xh + row0, N);
+  }
 }
 
 // One K step of W (rows n0.., columns k0..) into a stage's W tile by cp.async (rows past N zero-filled)
