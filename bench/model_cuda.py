@@ -8,14 +8,15 @@ Sections, each recorded with its error if it fails (the run goes on):
    tokens timed on the host clock around prefill + reading the 8 scores, per-op GPU time (CUDA events), then HF
    `Lfm2Model` + Linear(hidden, 8) in bf16, eager and `torch.compile`, same weights and prompts, timed the same way
    (bench/decision_webgpu.py's `hf_decider`); the largest |score difference| of tilewise against HF eager.
-   tilewise's decisions replay one CUDA graph each (`cuda_graphs` in the JSON, with the captures and replays
-   counted; `TILEWISE_CUDA_GRAPHS=0` turns graphs off), and the same decisions are timed again launch by launch
+   tilewise's decisions replay one CUDA graph each (`cuda_graphs` in the JSON, with the captures and replays counted;
+   `TILEWISE_CUDA_GRAPHS=0` turns graphs off), and the same decisions are timed again launch by launch
    (`launch_by_launch`), so the graph's saving is measured in the same run; graphs with and without programmatic
-   dependent launch, and with and without the reductions fused with the next prologue, race in alternating rounds
-   (`pdl`, `fused_preps`, `--race-rounds`), each with a check that both give bit-identical scores, and the first
-   series is timed again after them (`after_races`); the executor starts from the dispatch table's raced settings
-   (`measured_settings`); then the same decisions through tilewise's WebGPU executor on the same GPU (`--webgpu`,
-   e.g. `webgpu` or `dawn`), with its largest |score difference| to CUDA.
+   dependent launch, with and without the reductions fused with the next prologue, and with and without split-K
+   summed in the matmul race in alternating rounds (`pdl`, `fused_preps`, `serial_reduce`, `--race-rounds`), each
+   with a check that both give bit-identical scores, and the first series is timed again after them (`after_races`);
+   the executor starts from the dispatch table's raced settings (`measured_settings`); then the same decisions
+   through tilewise's WebGPU executor on the same GPU (`--webgpu`, e.g. `webgpu` or `dawn`), with its largest |score
+   difference| to CUDA.
 Writes `results.json` (date, device, command, every section) into `--out`.
 
 Usage (on a machine with an NVIDIA GPU, CuPy, torch with CUDA and transformers):
@@ -128,6 +129,7 @@ def tilewise_cuda_section(ck: Any, args: argparse.Namespace,
     races = args.race_rounds and graphs
     pdl = setting_race(model, decide, args, "pdl", "PDL") if races and getattr(ex.dev, "pdl", False) else None
     fused = setting_race(model, decide, args, "fuse_preps", "fused prologues") if races else None
+    serial = setting_race(model, decide, args, "serial_reduce", "serial split-K") if races else None
     # the first series again: the races re-capture the graph at every switch, so a gap between this series and the
     # first one, with the same settings, is the first capture's own (or the GPU's state then)
     again = percentiles(time_calls(decide, args.decisions, 3, budget_s=args.section_s)) if races else None
@@ -137,7 +139,7 @@ def tilewise_cuda_section(ck: Any, args: argparse.Namespace,
            "latency_ms_p50": lat["p50"], "latency_ms_p90": lat["p90"], "latency_ms_p99": lat["p99"],
            "latency_samples_ms": samples, "decisions_timed": lat["n"], "ops": ops,
            "launches_per_decision": len(model.executor.last_op_times) if timed else None,
-           "cuda_graphs": graphs, **graph_counts, "pdl": pdl, "fused_preps": fused,
+           "cuda_graphs": graphs, **graph_counts, "pdl": pdl, "fused_preps": fused, "serial_reduce": serial,
            "after_races": None if again is None else {f"latency_ms_{k}": again[k] for k in ("p50", "p90", "p99")},
            "measured_settings": getattr(ex, "measured_settings", None),
            "launch_by_launch": None if unrolled is None else {f"latency_ms_{k}": unrolled[k] for k in
@@ -290,7 +292,8 @@ def main() -> int:
                                in r else ""))
             elif "error" in v:
                 line.append(f"{k} error")
-        for key, what in (("pdl", "PDL"), ("fused_preps", "fused prologues")):
+        for key, what in (("pdl", "PDL"), ("fused_preps", "fused prologues"),
+                          ("serial_reduce", "split-K summed in the matmul")):
             race = (r.get("tilewise_cuda") or {}).get(key)
             if race:
                 line.append(f"tilewise cuda with {what} p50 {race['on']['p50']:.3f} ms, without "

@@ -229,3 +229,44 @@ def test_fused_prologues_are_bit_identical_to_separate_launches(dev, rng, kind):
     want, got = run(tail, 30, base, False, False), run(tail, 30, base, True, True)
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("kind", ["splitk", "wgr-split"])
+def test_serial_reductions_are_bit_identical_to_reduction_launches(dev, rng, kind):
+    """`serial_reduce` makes the table's split-K configs (every matmul on splitk; ffn.down on wgr) sum their slices in
+    each tile's last block, in the reduction's order: decisions give the same bits as with the reduction launches,
+    launch by launch and replayed, over prompt lengths and an extend branch, with fewer launches."""
+    from tests.cuda.test_model_cuda_tune import kind_table
+
+    from tilewise.model.checkpoint import Checkpoint, random_tensors
+    from tilewise.model.config import PRESETS
+    from tilewise.model.cuda import CUDAExecutor
+
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 9), "f32", "preset:tiny").converted("nf4").materialize()
+    ex = CUDAExecutor(ck, device=dev, dispatch=kind_table(dev, cfg, kind), quiet=True)
+
+    def run(ids, start, base, serial, graphs):
+        ex.serial_reduce, ex.graphs = serial, graphs
+        hidden, state = ex.forward(ids, start, base, True)
+        return hidden, state.scores.copy(), state
+
+    def reductions(serial, ids):
+        ex.serial_reduce = serial
+        plan, _ = ex.plan(ids, 0, None, True)
+        return sum("reduce" in p.program.meta["entry"] for p in plan.launches)
+
+    for n in (9, 40, 121):
+        ids = rng.integers(0, cfg.vocab_size, n)
+        apart = run(ids, 0, None, False, False)
+        for graphs in (True, True, False):
+            got = run(ids, 0, None, True, graphs)
+            np.testing.assert_array_equal(got[0], apart[0])
+            np.testing.assert_array_equal(got[1], apart[1])
+        assert reductions(True, ids) < reductions(False, ids)
+    base = run(rng.integers(0, cfg.vocab_size, 30), 0, None, False, True)[2]
+    tail = rng.integers(0, cfg.vocab_size, 12)
+    want = run(tail, 30, base, False, False)
+    got = run(tail, 30, base, True, True)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])

@@ -43,8 +43,8 @@ def test_tuned_table_is_loaded_and_the_scores_still_match(dev, rng):
 
 def kind_table(dev, cfg, kind: str):
     """A dispatch table that runs every matmul of `cfg` from 8 rows on `kind`: split-K (KS 2, whole 32-wide steps
-    of tiny's K = 64 and 128) or a wgmma kind's default (skips off Hopper); `wg-split` is wg's default with ffn.down
-    in two slices, whose reduction the next layer's f16 prologue can join."""
+    of tiny's K = 64 and 128) or a wgmma kind's default (skips off Hopper); `wg-split` (`wgr-split`) is wg's (wgr's)
+    default with ffn.down in two slices, whose reduction the next layer's f16 prologue can join."""
     from tilewise.kernels.matmul.cuda import CudaMatmul
     from tilewise.model.dispatch import matmul_key
     from tilewise.tune.dispatch import DispatchTable, Entry
@@ -57,13 +57,13 @@ def kind_table(dev, cfg, kind: str):
 
         if dev.info.limits.compute_capability != "9.0":
             pytest.skip("wgmma needs a Hopper GPU")
-        split = DEFAULT_WGR if kind == "wgr" else DEFAULT_WG
+        split = DEFAULT_WGR if kind.startswith("wgr") else DEFAULT_WG
     table = DispatchTable(dev.info.fingerprint)
     for epi, n, k, norm in (("none", 3 * H, H, True), ("none", qkv, H, True), ("residual", H, H, False),
                             ("residual", H, cfg.num_attention_heads * cfg.head_dim, False),
                             ("swiglu", F, H, True), ("residual", H, F, False)):
         tpl = CudaMatmul(kind.removesuffix("-split"), "nf4", epi, norm)
-        config = {**split, "KS": 2} if kind == "wg-split" and (n, k) == (H, F) else split
+        config = {**split, "KS": 2} if kind.endswith("-split") and (n, k) == (H, F) else split
         table.put(matmul_key("nf4", epi, n, k, norm), Entry([
             {"m_min": 8, "m_max": None, "kernel": tpl.name, "config": config}]), tpl)
     return table
@@ -109,7 +109,7 @@ def test_the_settings_race_is_saved_and_taken_by_the_next_executor(dev, rng, mon
     table = model_tune.tune_model(dev, cfg, seq=40, rows=[1, 8, 40], budget=2, log=lambda _m: None)
     lines: list[str] = []
     rec = tune_settings(dev, cfg, "tiny", "nf4", 40, table, path, lines.append)
-    raced = set(CUDA_SETTINGS) if dev.pdl else {"fuse_preps"}
+    raced = set(CUDA_SETTINGS) - (set() if dev.pdl else {"pdl"})
     assert set(rec["values"]) == raced and all(isinstance(v, bool) for v in rec["values"].values())
     assert all(r["bit_identical"] for r in rec["raced"].values()), rec["raced"]  # both sides, the same bits
     assert sum(line.startswith("settings: ") for line in lines) >= len(raced) + 1

@@ -597,3 +597,51 @@ def test_the_scales_by_step_are_uploaded_only_where_wgr_can_run():
         ex = CUDAExecutor(ck, device=dev)
         mats = [m for lay in ex.layers for m in lay.values() if isinstance(m, dict) and "absmax" in m]
         assert mats and all(("absmax_t" in m) == want for m in mats), dev.info.limits.compute_capability
+
+
+def test_serial_reduce_sums_split_k_in_the_matmul_and_drops_each_reduction_launch(rng, monkeypatch):
+    """`serial_reduce` turns the table's split-K SR 0 config into SR 1 (the last block of each tile sums the
+    slices): the reduction launches are gone, nothing else changes, the setting is part of the plan's key; where SR 1
+    does not compile the table's config stays."""
+    from tilewise.errors import ShaderCompileError
+
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
+    dev = RecordingDevice()
+    split = {"BM": 32, "BN": 64, "BK": 32, "WM": 16, "WN": 32, "PIPE": 1, "KS": 2, "SR": 0}
+    ex = CUDAExecutor(ck, device=dev, dispatch=_table_for(cfg, dev.info.fingerprint, split, {"NT": 64, "RM": 2}, 2,
+                                                          kind="splitk"))
+    sigs = kernel_signatures()
+    L, n = len(cfg.layer_types), 40
+    ids = rng.integers(0, 512, n)
+    apart, _ = ex.plan(ids, 0, None, False)
+    ex.serial_reduce = True
+    serial, _ = ex.plan(ids, 0, None, False)
+    assert serial is not apart  # part of the plan's key
+
+    def downs(plan):
+        return [launch.program.meta["entry"] for launch, lab in zip(plan.launches, plan.labels) if lab == "ffn.down"]
+
+    assert downs(apart) == ["nf4_mm_splitk<0, 1, 0, 32, 64, 32, 16, 32, 1, 2, 0>", "nf4_mm_splitk_reduce<1, 256>"] * L
+    assert downs(serial) == ["nf4_mm_splitk<0, 1, 0, 32, 64, 32, 16, 32, 1, 2, 1>"] * L
+    assert len(apart.launches) == len(serial.launches) + L
+    def others(plan):
+        return [x.program.meta["entry"] for x, lab in zip(plan.launches, plan.labels) if lab != "ffn.down"]
+
+    assert others(serial) == others(apart)
+    for launch in serial.launches:
+        check_launch(launch, sigs)
+
+    fresh = CUDAExecutor(ck, device=RecordingDevice(), dispatch=_table_for(cfg, dev.info.fingerprint, split,
+                                                                           {"NT": 64, "RM": 2}, 2, kind="splitk"))
+    fresh.serial_reduce = True
+    compile_ = fresh.dev.compile
+
+    def refuse_serial(source, entry="main", constants=None, name=None):
+        if entry.startswith("nf4_mm_splitk<") and entry.endswith(", 1>"):
+            raise ShaderCompileError("too many registers", "pick another config")
+        return compile_(source, entry, constants, name)
+
+    monkeypatch.setattr(fresh.dev, "compile", refuse_serial)
+    kept, _ = fresh.plan(ids, 0, None, False)
+    assert downs(kept) == downs(apart)

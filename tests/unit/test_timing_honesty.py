@@ -324,21 +324,22 @@ def test_time_calls_trace_holds_every_call_in_order_with_its_start_and_time():
     assert all(ms >= 1.0 for _, ms, _ in trace)  # every call slept at least 1 ms
 
 
-@pytest.mark.parametrize("raced", [(), ("pdl",), ("pdl", "fuse_preps")])
+@pytest.mark.parametrize("raced", [(), ("pdl",), ("pdl", "fuse_preps"), ("fuse_preps", "serial_reduce")])
 def test_bench_says_how_the_cuda_executors_launches_run_and_which_settings_were_raced(capsys, raced):
     from types import SimpleNamespace
 
     from tilewise.model.bench import bench_model, print_result
 
     rng = np.random.default_rng(len(raced))
-    values = {k: bool(rng.integers(0, 2)) for k in ("pdl", "fuse_preps")}
+    values = {k: bool(rng.integers(0, 2)) for k in ("pdl", "fuse_preps", "serial_reduce")}
     model = _FakeModel()
     model.executor = SimpleNamespace(**values, measured_settings={k: values[k] for k in raced})
     res = bench_model(model, 24, 8, prefix=6, log=lambda _s: None)
     assert res["executor_settings"] == {**values, "raced": sorted(raced)}
     print_result(res)
     line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("launches:"))
-    for key, name in (("pdl", "programmatic dependent launch"), ("fuse_preps", "fused prologues")):
+    for key, name in (("pdl", "programmatic dependent launch"), ("fuse_preps", "fused prologues"),
+                      ("serial_reduce", "split-K summed in the matmul")):
         assert f"{name} {'on' if values[key] else 'off'}" in line
         assert (f"{name} {'on' if values[key] else 'off'} (raced by tune model)" in line) == (key in raced)
 

@@ -29,18 +29,20 @@ class FakeClock:
 
 
 class FakeModel:
-    """Decisions whose cost (ms, on the fake clock) depends on the executor's settings: `cost(pdl, fuse_preps)`
-    plus 1% noise; `differs` names a setting whose on side changes the output row."""
+    """Decisions whose cost (ms, on the fake clock) depends on the executor's settings: `cost(pdl, fuse_preps,
+    serial_reduce)` plus 1% noise; `differs` names a setting whose on side changes the output row."""
 
     def __init__(self, clock: FakeClock, cost, rng, has_pdl: bool = True, differs: str | None = None) -> None:
         self.clock, self.cost, self.rng, self.differs = clock, cost, rng, differs
         self.config = PRESETS["tiny"]
-        self.executor = SimpleNamespace(pdl=False, fuse_preps=True, dev=SimpleNamespace(pdl=has_pdl))
+        self.executor = SimpleNamespace(pdl=False, fuse_preps=True, serial_reduce=False,
+                                        dev=SimpleNamespace(pdl=has_pdl))
         self.row = rng.standard_normal(8).astype(np.float32)
 
     def prefill(self, ids):
         ex = self.executor
-        self.clock.t += self.cost(ex.pdl, ex.fuse_preps) * (1 + 0.01 * self.rng.standard_normal()) / 1e3
+        noise = 1 + 0.01 * self.rng.standard_normal()
+        self.clock.t += self.cost(ex.pdl, ex.fuse_preps, ex.serial_reduce) * noise / 1e3
         row = self.row.copy()
         if self.differs and getattr(ex, self.differs):
             row[int(self.rng.integers(0, 8))] += np.float32(1e-3)
@@ -69,14 +71,15 @@ def test_the_race_takes_the_faster_side_and_keeps_the_default_on_a_tie(clock, pd
     base = float(rng.uniform(0.2, 2.0))
     gain = float(rng.uniform(0.05, 0.2))  # PDL's share, one way or the other; fused prologues change nothing
 
-    def cost(pdl: bool, fuse: bool) -> float:
+    def cost(pdl: bool, fuse: bool, serial: bool) -> float:
         return base * (1 - gain if pdl == pdl_faster else 1.0)
 
     model = FakeModel(clock, cost, rng)
     raced = race_settings(model, seq=40, log=lambda _m: None)
     assert raced["pdl"]["value"] is pdl_faster
     assert raced["pdl"]["verdict"] == ("faster" if pdl_faster else "slower")
-    assert raced["fuse_preps"]["verdict"] == "tie" and raced["fuse_preps"]["value"] is CUDA_SETTINGS["fuse_preps"]
+    for name in ("fuse_preps", "serial_reduce"):
+        assert raced[name]["verdict"] == "tie" and raced[name]["value"] is CUDA_SETTINGS[name]
     assert all(r["bit_identical"] and r["decisions"] == 60 for r in raced.values())
     assert (model.executor.pdl, model.executor.fuse_preps) == (pdl_faster, True)  # left with the choices
 
@@ -84,19 +87,30 @@ def test_the_race_takes_the_faster_side_and_keeps_the_default_on_a_tie(clock, pd
 def test_each_race_runs_with_the_earlier_choice_applied(clock):
     rng = np.random.default_rng(7)
 
-    def cost(pdl: bool, fuse: bool) -> float:  # fused prologues pay only with PDL on, which wins its own race
-        return 1.0 - 0.1 * pdl - 0.1 * (pdl and fuse) + 0.05 * (not pdl and fuse)
+    def cost(pdl: bool, fuse: bool, serial: bool) -> float:  # fused prologues pay only with PDL on, which wins its
+        # own race; serial reductions only where the prologues are not fused
+        return 1.0 - 0.1 * pdl - 0.1 * (pdl and fuse) + 0.05 * (not pdl and fuse) - 0.1 * (serial and not fuse)
 
     model = FakeModel(clock, cost, rng)
     model.executor.fuse_preps = False  # whatever the executor held before, each race sets both sides itself
     raced = race_settings(model, seq=40, log=lambda _m: None)
     assert raced["pdl"]["value"] is True and raced["fuse_preps"]["value"] is True
     assert raced["fuse_preps"]["verdict"] == "faster"
+    assert raced["serial_reduce"]["verdict"] == "tie" and raced["serial_reduce"]["value"] is False
+
+
+def test_serial_reductions_are_taken_where_they_decide_faster(clock):
+    rng = np.random.default_rng(5)
+    gain = float(rng.uniform(0.04, 0.15))
+    model = FakeModel(clock, lambda pdl, fuse, serial: 1.0 - gain * serial, rng)
+    raced = race_settings(model, seq=40, log=lambda _m: None)
+    assert raced["serial_reduce"]["verdict"] == "faster" and raced["serial_reduce"]["value"] is True
+    assert model.executor.serial_reduce is True
 
 
 def test_a_setting_that_changes_the_output_keeps_its_default_however_fast(clock):
     rng = np.random.default_rng(3)
-    model = FakeModel(clock, lambda pdl, fuse: 0.5 if pdl else 1.0, rng, differs="pdl")
+    model = FakeModel(clock, lambda pdl, fuse, serial: 0.5 if pdl else 1.0, rng, differs="pdl")
     lines: list[str] = []
     raced = race_settings(model, seq=40, log=lines.append)
     assert raced["pdl"]["bit_identical"] is False and raced["pdl"]["value"] is False
@@ -105,10 +119,10 @@ def test_a_setting_that_changes_the_output_keeps_its_default_however_fast(clock)
 
 
 def test_pdl_is_not_raced_on_a_gpu_without_it(clock):
-    model = FakeModel(clock, lambda pdl, fuse: 1.0, np.random.default_rng(4), has_pdl=False)
+    model = FakeModel(clock, lambda pdl, fuse, serial: 1.0, np.random.default_rng(4), has_pdl=False)
     lines: list[str] = []
     raced = race_settings(model, seq=40, log=lines.append)
-    assert set(raced) == {"fuse_preps"} and model.executor.pdl is False
+    assert set(raced) == {"fuse_preps", "serial_reduce"} and model.executor.pdl is False
     assert any("pdl not raced" in line for line in lines)
 
 

@@ -26,6 +26,10 @@ from tilewise.tune.measure import Stats, compare, noise_note, summarize
 
 PREFIX_TOKENS = 47  # seed 001: tokens shared by every game prompt before the board starts
 
+#: the CUDA executor's raced settings (model/dispatch.py's `CUDA_SETTINGS`) as `tilewise bench` names them
+SETTING_NAMES = {"pdl": "programmatic dependent launch", "fuse_preps": "fused prologues",
+                 "serial_reduce": "split-K summed in the matmul"}
+
 
 def percentiles(samples_ms: list[float]) -> dict[str, float]:
     a = np.asarray(samples_ms, dtype=np.float64)
@@ -131,7 +135,7 @@ def bench_model(model: Any, seq: int, decisions: int, prefix: int = PREFIX_TOKEN
         source = str(getattr(getattr(ex, "dispatch", None), "source", "defaults"))
         res["dispatch"] = Path(source).name if source not in ("defaults", "tuned") else source  # no local paths
     if hasattr(ex, "measured_settings"):  # the CUDA executor: how its launches run together, and who chose it
-        res["executor_settings"] = {"pdl": bool(ex.pdl), "fuse_preps": bool(ex.fuse_preps),
+        res["executor_settings"] = {**{k: bool(getattr(ex, k)) for k in SETTING_NAMES if hasattr(ex, k)},
                                     "raced": sorted(ex.measured_settings)}
 
     def decide(i: int) -> None:
@@ -249,9 +253,8 @@ def print_result(res: dict[str, Any], console: Any = None) -> None:
     say(f"  {res['decisions_per_s']:.1f} decisions/s = {res['apm']:.0f} APM")
     if res.get("executor_settings"):
         st = res["executor_settings"]
-        said = ", ".join(f"{'programmatic dependent launch' if k == 'pdl' else 'fused prologues'} "
-                         f"{'on' if st[k] else 'off'}{' (raced by tune model)' if k in st['raced'] else ''}"
-                         for k in ("pdl", "fuse_preps"))
+        said = ", ".join(f"{SETTING_NAMES[k]} {'on' if st[k] else 'off'}"
+                         f"{' (raced by tune model)' if k in st['raced'] else ''}" for k in SETTING_NAMES if k in st)
         say(f"  launches: {said}")
     if res.get("noise"):
         say(f"  note: {res['noise']}; other work on the machine is the usual cause")

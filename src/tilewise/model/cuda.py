@@ -19,9 +19,9 @@
   array and of the result row out to another, are captured on the plan's first run and replayed by later decisions
   of that plan (`run_plan`); timed decisions, and `TILEWISE_CUDA_GRAPHS=0`, run launch by launch;
 - with `TILEWISE_CUDA_PDL=1` (or `pdl=True`) untimed decisions launch each kernel with programmatic dependent launch
-  (`devices/cuda_pdl.py`), so it may start while the one before it finishes. Unless the caller or that variable
-  says, PDL and the fused prologues follow the dispatch table's `settings` for this model (raced on whole decisions
-  by `tilewise tune model`, model/tune_settings.py); without them PDL is off and the prologues are fused.
+  (`devices/cuda_pdl.py`). Unless the caller or that variable says, PDL, the fused prologues and `serial_reduce`
+  (split-K summed in each tile's last block, `cuda_fuse.serial_config`) follow the dispatch table's `settings` for
+  this model (raced on whole decisions by `tilewise tune model`, model/tune_settings.py; `CUDA_SETTINGS` defaults).
 
 Device loss (a kernel fault poisons the CUDA context) raises `DeviceLost`; the next `forward` tries to rebuild the
 device and weights, and states made before the loss are refused. A matmul's scratch (split-K's partial sums, the ring
@@ -45,7 +45,7 @@ from tilewise.kernels.attention.problem import rope_table
 from tilewise.kernels.base import KernelTemplate
 from tilewise.kernels.cudasrc import FMT_CODE, zeroed
 from tilewise.kernels.matmul import cuda as mm
-from tilewise.kernels.matmul.cuda_fuse import fuse_prep
+from tilewise.kernels.matmul.cuda_fuse import fuse_prep, serial_config
 from tilewise.kernels.rowops import cuda as rowops
 from tilewise.kernels.shortconv.cuda import CudaShortConv
 from tilewise.kernels.space import Config
@@ -106,6 +106,7 @@ class CUDAExecutor:
         self.graphs = graphs_from_env() if graphs is None else graphs  # may be switched between decisions
         self.pdl = pdl_from_env() if pdl is None else pdl  # likewise; a plan's graph is captured per setting
         self.fuse_preps = True  # likewise; part of a plan's key
+        self.serial_reduce = False  # likewise
         self.graph_captures = 0
         self.graph_replays = 0
         self._check_model()
@@ -292,6 +293,9 @@ class CUDAExecutor:
     def _matmul(self, plan: Plan, label: str, epilogue: str, x: Buffer, x_row0: int, rows: int,
                 weights: dict[str, Buffer], out: Buffer, n: int, k: int, norm: Buffer | None = None) -> None:
         tpl, cfg = self.matmul_choice(epilogue, n, k, rows, norm is not None)
+        shape = (rows, n, k)
+        if self.serial_reduce:
+            cfg = serial_config(tpl, cfg, self.dev.info.limits, shape, lambda c: self.program(tpl, c, shape))
         bufs = {"x": x, "out": out, **weights, **({"norm_w": norm} if norm is not None else {})}
         for name, nbytes in tpl.scratch_bytes(cfg, self._rows, n, k).items():  # split-K's sums, ring's f16 x
             # the f16 rows alternate between two buffers, so that a launch fused with the next prologue
@@ -299,7 +303,6 @@ class CUDAExecutor:
             key = name + "2" * (self._xh_turn % 2) if name == "xh" else name
             bufs[name] = self._scratch_buffer(key, nbytes, zero=name in tpl.zeroed_scratch)
         self._xh_turn += tpl.preps()
-        shape = (rows, n, k)
         launches = tpl.launches_at(self.program(tpl, cfg, shape), bufs, cfg, shape, x_row0)
         if self.fuse_preps and plan.launches and tpl.preps():
             # the launch before writes these rows; every matmul's input here has this matmul as its only reader
@@ -342,7 +345,7 @@ class CUDAExecutor:
         new = self._take_caches(start + n)
         new.n_tokens = start + n
         self._ids_host[:n] = ids
-        key = (n, start, final_row_slicing, self.fuse_preps,
+        key = (n, start, final_row_slicing, self.fuse_preps, self.serial_reduce,
                None if caches is None else (id(caches.kv), id(caches.conv)), id(new.kv), id(new.conv))
         cached = self._plans.get(key)
         if cached is None:

@@ -1,14 +1,22 @@
-"""Joining a matmul's f16 prologue (`nf4_mm_prep`) with the launch before it, where that launch wrote exactly the
-prologue's rows (the CUDA executor's choice, `fuse_preps`): one launch fewer, the same bits."""
+"""Launches the CUDA executor may fold together, each one launch fewer with the same bits:
+
+- a matmul's f16 prologue (`nf4_mm_prep`) joined with the launch before it, where that launch wrote exactly the
+  prologue's rows (`fuse_preps`, `fuse_prep`);
+- a split-K config whose slices a reduction launch sums, made to sum them in the last block of each tile instead
+  (`serial_reduce`, `serial_config`): the table's config was timed alone, where the reduction's launch costs less
+  than in a decision's chain of launches, so the executor's setting is raced on whole decisions."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tilewise.devices.base import Device, Launch, Program
+from tilewise.errors import LaunchError, ShaderCompileError
 from tilewise.kernels.cudasrc import NULL, compile_cuda, name_expression
 from tilewise.kernels.matmul.cuda import matmul_source
 from tilewise.kernels.matmul.cuda_space import EPI_CODE, PREP_NT
+from tilewise.kernels.space import Config
 
 
 def fuse_prep(device: Device, prev: Launch, prep: Launch, programs: dict[Any, Program]) -> Launch | None:
@@ -48,3 +56,20 @@ def fuse_prep(device: Device, prev: Launch, prep: Launch, programs: dict[Any, Pr
         args[out_h] = xh
         return Launch(prev.program, prev.grid, args)
     return None
+
+
+def serial_config(tpl: Any, config: Config, limits: Any, shape: tuple[int, int, int],
+                  compile: Callable[[Config], Any]) -> Config:
+    """`config` with SR 1 where it splits K with SR 0 (wgr, splitk) and SR 1 is legal at `shape` and compiles
+    (`compile(config)` raises otherwise); else `config` unchanged. The last block adds the slices in the reduction's
+    order: the same bits."""
+    if "SR" not in config or config["SR"] or not tpl.splits(config):
+        return config
+    serial = tpl.config_of({**config, "SR": 1})
+    if tpl.why_illegal(serial, limits, shape):
+        return config
+    try:
+        compile(serial)
+    except (ShaderCompileError, LaunchError):
+        return config
+    return serial
