@@ -181,6 +181,33 @@ def test_pdl_decisions_are_bit_identical_to_serial_launches(dev, rng, kind):
     assert ex.pdl and dev.pdl_launches > before  # the launches above did use PDL (no fallback)
 
 
+def _setting_keeps_bits(ex, rng, name, check=None):
+    """Decisions with the executor's setting `name` on give the same bits as with it off, launch by launch and
+    replayed, over prompt lengths (each then passed to `check`, where given) and an extend branch."""
+
+    def run(ids, start, base, on, graphs):
+        setattr(ex, name, on)
+        ex.graphs = graphs
+        hidden, state = ex.forward(ids, start, base, True)
+        return hidden, state.scores.copy(), state
+
+    vocab = ex.cfg.vocab_size
+    for n in (9, 40, 121):
+        ids = rng.integers(0, vocab, n)
+        off = run(ids, 0, None, False, False)
+        for graphs in (True, True, False):  # the capture, a replay, then launch by launch
+            got = run(ids, 0, None, True, graphs)
+            np.testing.assert_array_equal(got[0], off[0])
+            np.testing.assert_array_equal(got[1], off[1])
+        if check is not None:
+            check(ids)
+    base = run(rng.integers(0, vocab, 30), 0, None, True, True)[2]
+    tail = rng.integers(0, vocab, 12)
+    want, got = run(tail, 30, base, False, False), run(tail, 30, base, True, True)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+
+
 @pytest.mark.parametrize("kind", ["wg-split", "wgr"])
 def test_fused_prologues_are_bit_identical_to_separate_launches(dev, rng, kind):
     """The executor joins a matmul's f16 prologue with the launch that wrote its rows: wg-split (ffn.down in two
@@ -199,11 +226,6 @@ def test_fused_prologues_are_bit_identical_to_separate_launches(dev, rng, kind):
     ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 7), "f32", "preset:tiny").converted("nf4").materialize()
     ex = CUDAExecutor(ck, device=dev, dispatch=kind_table(dev, cfg, kind), quiet=True)
 
-    def run(ids, start, base, fuse, graphs):
-        ex.fuse_preps, ex.graphs = fuse, graphs
-        hidden, state = ex.forward(ids, start, base, True)
-        return hidden, state.scores.copy(), state
-
     def joined(plan):  # reductions with a prologue, and launches storing f16 rows (wgr's out_h, the conv's y_h)
         return sum(p.program.meta["entry"].startswith("nf4_mm_reduce_prep")
                    or (p.program.meta["entry"].startswith("nf4_mm_wgr") and p.buffers[12] is not NULL)
@@ -211,24 +233,16 @@ def test_fused_prologues_are_bit_identical_to_separate_launches(dev, rng, kind):
                    or (p.program.meta["entry"].startswith("attention") and p.buffers[9] is not NULL)
                    for p in plan.launches)
 
-    for n in (9, 40, 121):
-        ids = rng.integers(0, cfg.vocab_size, n)
-        apart = run(ids, 0, None, False, False)
-        for graphs in (True, True, False):
-            got = run(ids, 0, None, True, graphs)
-            np.testing.assert_array_equal(got[0], apart[0])
-            np.testing.assert_array_equal(got[1], apart[1])
+    def check(ids):
+        ex.fuse_preps = True
         fused_plan, _ = ex.plan(ids, 0, None, True)
         ex.fuse_preps = False
         apart_plan, _ = ex.plan(ids, 0, None, True)
         # 3 reductions or gate/ups, 2 convs, the first attention (the last block's out projection is one row)
-        assert joined(fused_plan) == 6 and joined(apart_plan) == 0, n
+        assert joined(fused_plan) == 6 and joined(apart_plan) == 0, ids.size
         assert len(apart_plan.launches) == len(fused_plan.launches) + 6
-    base = run(rng.integers(0, cfg.vocab_size, 30), 0, None, True, True)[2]
-    tail = rng.integers(0, cfg.vocab_size, 12)
-    want, got = run(tail, 30, base, False, False), run(tail, 30, base, True, True)
-    np.testing.assert_array_equal(got[0], want[0])
-    np.testing.assert_array_equal(got[1], want[1])
+
+    _setting_keeps_bits(ex, rng, "fuse_preps", check)
 
 
 @pytest.mark.parametrize("kind", ["splitk", "wgr-split"])
@@ -246,27 +260,12 @@ def test_serial_reductions_are_bit_identical_to_reduction_launches(dev, rng, kin
     ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 9), "f32", "preset:tiny").converted("nf4").materialize()
     ex = CUDAExecutor(ck, device=dev, dispatch=kind_table(dev, cfg, kind), quiet=True)
 
-    def run(ids, start, base, serial, graphs):
-        ex.serial_reduce, ex.graphs = serial, graphs
-        hidden, state = ex.forward(ids, start, base, True)
-        return hidden, state.scores.copy(), state
-
     def reductions(serial, ids):
         ex.serial_reduce = serial
         plan, _ = ex.plan(ids, 0, None, True)
         return sum("reduce" in p.program.meta["entry"] for p in plan.launches)
 
-    for n in (9, 40, 121):
-        ids = rng.integers(0, cfg.vocab_size, n)
-        apart = run(ids, 0, None, False, False)
-        for graphs in (True, True, False):
-            got = run(ids, 0, None, True, graphs)
-            np.testing.assert_array_equal(got[0], apart[0])
-            np.testing.assert_array_equal(got[1], apart[1])
-        assert reductions(True, ids) < reductions(False, ids)
-    base = run(rng.integers(0, cfg.vocab_size, 30), 0, None, False, True)[2]
-    tail = rng.integers(0, cfg.vocab_size, 12)
-    want = run(tail, 30, base, False, False)
-    got = run(tail, 30, base, True, True)
-    np.testing.assert_array_equal(got[0], want[0])
-    np.testing.assert_array_equal(got[1], want[1])
+    def check(ids):
+        assert reductions(True, ids) < reductions(False, ids), ids.size
+
+    _setting_keeps_bits(ex, rng, "serial_reduce", check)
