@@ -51,15 +51,39 @@ def test_a_slow_host_does_not_lengthen_a_sample(dev, affine, monkeypatch):
 
 
 def test_l2_is_flushed_where_a_run_starts_only(dev, affine, monkeypatch):
+    dev._flush_buf = None  # allocated by the first flush: before the hold, or the host would wait for the GPU
+    before = dev._hold.timeouts if dev._hold else 0
     flushes = []
     flush = dev._flush
     monkeypatch.setattr(dev, "_flush", lambda: (flushes.append(1), flush()))
     assert dev.time([affine] * 6, flush_l2=True, runs=[0, 3]).shape == (6,)
-    assert len(flushes) == 2
+    assert len(flushes) == 1 + 2  # one before the hold, then one a run
     dev.time([affine] * 6, flush_l2=True)
-    assert len(flushes) == 2 + 6  # without runs every launch is its own run
+    assert len(flushes) == 3 + 1 + 6  # without runs every launch is its own run
     dev.time([affine] * 6, flush_l2=False, runs=[0, 3])
-    assert len(flushes) == 8
+    assert len(flushes) == 10
+    assert dev._hold.timeouts == before
+
+
+def test_a_library_calls_first_call_runs_before_the_hold(dev, affine):
+    """A library call (cuBLAS through CuPy) makes its buffers at its first call; an allocation may wait for the GPU,
+    so that call runs before the hold, and the hold never waits for it."""
+    from tilewise.devices.base import Program
+
+    cp = dev._cp
+    made = []
+
+    def alloc_and_fill(n):
+        if not made:
+            made.append(cp.empty(int(n), dtype=cp.float32))
+        made[0].fill(1.0)
+
+    lib = Launch(Program("alloc_and_fill", alloc_and_fill, "test", meta={"callable": True}), (1, 1, 1),
+                 [np.int32(1 << 24)])
+    before = dev._hold.timeouts if dev._hold else 0
+    ms = dev.time([affine, lib, affine, lib], flush_l2=False)
+    assert ms.shape == (4,) and np.all(ms > 0) and len(made) == 1
+    assert dev._hold.timeouts == before
 
 
 def test_batches_longer_than_one_hold_time_every_launch(dev, affine):

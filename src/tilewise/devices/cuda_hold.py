@@ -13,6 +13,7 @@ queue.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -62,10 +63,13 @@ class Hold:
         self._flag[0] = self._ticket
 
     def check(self) -> None:
-        """After the batch has finished: count a hold that gave up (its batch may hold host time)."""
+        """After the batch has finished: count a hold that gave up, and say so (its samples may hold host time)."""
         if self._flag[1]:
             self.timeouts += 1
             self._flag[1] = 0
+            warnings.warn(f"a timed batch waited {HOLD_TIMEOUT_S:g} s for the host to enqueue it; its samples may "
+                          "include the host's launch time (another process holding the GPU or the host is the "
+                          "usual cause)", stacklevel=3)
 
 
 def batches(n: int, runs: set[int] | None) -> list[tuple[int, int]]:
