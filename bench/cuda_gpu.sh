@@ -24,6 +24,9 @@
 #                           torch.compile
 #   WORK/profile.txt, ncu.csv  every kernel of one decision on that table under Nsight Compute, per op
 #                           (bench/profile_cuda.py; skipped where `ncu` is missing)
+#   WORK/sections.txt, sections.csv  only with SECTIONS=1: the same decision under Nsight Compute's SpeedOfLight,
+#                           Occupancy, LaunchStats and WarpStateStats sections, every metric of the first launch of
+#                           each op and kernel (`profile_cuda.py details`; SECTIONS_OPS picks ops, comma-separated)
 #   WORK/play.txt, play.json, prompt_encode.json  `tilewise play --device cuda` on the bundled model (its table is there when
 #                           PRESET=default): decision latency from board to action, prompt and tokenizer included;
 #                           and bench/prompt_encode.py: this host's time to render and encode one prompt
@@ -80,6 +83,13 @@ if command -v ncu > /dev/null; then
         --clock-control none --csv --metrics gpu__time_duration.sum,gpc__cycles_elapsed.max $PY bench/profile_cuda.py \
         run --preset '$PRESET' --seq '$SEQ' --labels '$WORK/labels.json' > '$WORK/ncu.csv' && $PY bench/profile_cuda.py table '$WORK/ncu.csv' \
         '$WORK/labels.json'"
+fi
+if command -v ncu > /dev/null && [ -n "${SECTIONS:-}" ]; then
+    step sections "${SECTIONS_S:-240}" "$WORK/sections.txt" bash -c "ncu --profile-from-start off --cache-control none \
+        --clock-control none --csv --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section WarpStateStats $PY bench/profile_cuda.py run --preset '$PRESET' --seq '$SEQ' \
+        --labels '$WORK/sections_labels.json' > '$WORK/sections.csv' && $PY bench/profile_cuda.py details \
+        '$WORK/sections.csv' '$WORK/sections_labels.json' --ops '${SECTIONS_OPS:-}'"
 fi
 step prompt 60 "$WORK/prompt.txt" "$PY" bench/prompt_encode.py --out "$WORK"
 step play "${PLAY_S:-90}" "$WORK/play.txt" "$PY" -m tilewise play --device cuda --steps 200 --no-watch --json "$WORK/play.json"

@@ -11,11 +11,21 @@ TILEWISE_DISPATCH_DIR, makes three decisions, then one more launch by launch ins
 writes that decision's op labels in launch order. `table` joins the CSV's kernels with the labels (both in launch
 order) and prints per op: launches, the kernels' time in cycles at `--clock-mhz` (the profiler leaves the clock
 alone, so its durations may be taken at a lower clock) per op and kernel, and the share of the decision.
+
+Why a kernel takes its time: profile the same run with Nsight Compute's sections instead of the two metrics, then
+`details` prints, for the first launch of each (op, kernel), every metric of those sections (occupancy, waves,
+throughputs, warp states), so the model's small kernels can be read beside each other:
+
+    ncu --profile-from-start off --cache-control none --clock-control none --csv --section SpeedOfLight \
+        --section Occupancy --section LaunchStats --section WarpStateStats \
+        python3 bench/profile_cuda.py run --labels OUT/labels.json > OUT/sections.csv
+    python3 bench/profile_cuda.py details OUT/sections.csv OUT/labels.json [--ops ffn.gate_up,ffn.down]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import sys
@@ -51,21 +61,52 @@ def run(preset: str, seq: int, labels_path: Path) -> None:
     print(f"profiled {len(plan.labels)} launches", file=sys.stderr)
 
 
-def table(csv_path: Path, labels_path: Path, clock_mhz: float) -> None:
+def profiled(csv_path: Path, labels_path: Path) -> tuple[list[str], list[dict[str, object]]]:
+    """The decision's op labels and its kernels in launch order, each {"name", "section/metric [unit]": value} (a
+    number where the value reads as one)."""
     labels = json.loads(labels_path.read_text())["labels"]
     rows = [r for r in csv.reader(line for line in csv_path.read_text().splitlines() if line.startswith('"'))]
     head, body = rows[0], rows[1:]
     col = {name: head.index(name) for name in ("ID", "Kernel Name", "Metric Name", "Metric Value")}
+    sec, unit = head.index("Section Name") if "Section Name" in head else None, head.index("Metric Unit")
     kernels: dict[int, dict[str, object]] = {}
     for r in body:
         k = kernels.setdefault(int(r[col["ID"]]), {"name": r[col["Kernel Name"]]})
-        k[r[col["Metric Name"]]] = float(r[col["Metric Value"]].replace(",", ""))
+        value: object = r[col["Metric Value"]]
+        with contextlib.suppress(ValueError):
+            value = float(str(value).replace(",", ""))
+        k[r[col["Metric Name"]]] = value
+        if sec is not None:
+            k[f"{r[sec]}/{r[col['Metric Name']]} [{r[unit]}]"] = value
     ordered = [kernels[i] for i in sorted(kernels)]
     if len(ordered) != len(labels):
         sys.exit(f"{len(ordered)} kernels profiled but {len(labels)} labels: not the same decision")
+    return labels, ordered
+
+
+def short_name(kernel: dict[str, object]) -> str:
+    return str(kernel["name"]).split("(")[0].split("<")[0].removeprefix("void ")
+
+
+def details(csv_path: Path, labels_path: Path, ops: list[str] | None) -> None:
+    labels, ordered = profiled(csv_path, labels_path)
+    seen: set[tuple[str, str]] = set()
+    for label, k in zip(labels, ordered):
+        key = (label, short_name(k))
+        if key in seen or (ops and label not in ops):
+            continue
+        seen.add(key)
+        print(f"== {label}: {str(k['name']).split('(')[0].removeprefix('void ')}")
+        for name, value in k.items():
+            if "/" in name:  # section/metric [unit]
+                print(f"   {name:78} {value:>14,.2f}" if isinstance(value, float) else f"   {name:78} {value!s:>14}")
+
+
+def table(csv_path: Path, labels_path: Path, clock_mhz: float) -> None:
+    labels, ordered = profiled(csv_path, labels_path)
     ops: dict[tuple[str, str], list[float]] = {}  # (op label, kernel) -> us per launch
     for label, k in zip(labels, ordered):
-        kernel = str(k["name"]).split("(")[0].split("<")[0].removeprefix("void ")
+        kernel = short_name(k)
         ops.setdefault((label, kernel), []).append(float(k["gpc__cycles_elapsed.max"]) / clock_mhz)  # type: ignore
     total = sum(sum(v) for v in ops.values())
     print(f"{'op':18} {'kernel':22} {'launches':>8} {'us':>8} {'us each':>8} {'share':>6}   (cycles at "
@@ -88,9 +129,15 @@ def main() -> None:
     t.add_argument("csv", type=Path)
     t.add_argument("labels", type=Path)
     t.add_argument("--clock-mhz", type=float, default=1980.0)
+    d = sub.add_parser("details")
+    d.add_argument("csv", type=Path)
+    d.add_argument("labels", type=Path)
+    d.add_argument("--ops", default="", help="op labels to show, comma-separated (default: all)")
     a = ap.parse_args()
     if a.cmd == "run":
         run(a.preset, a.seq, a.labels)
+    elif a.cmd == "details":
+        details(a.csv, a.labels, [o for o in a.ops.split(",") if o] or None)
     else:
         table(a.csv, a.labels, a.clock_mhz)
 
