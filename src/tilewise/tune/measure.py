@@ -16,7 +16,9 @@ Rules it keeps (DESIGN.md, seed 001):
   `slower`, never a signed percentage of noise.
 
 Backends that want work done between samples (an L2 flush on CUDA) pass `between_launches` (timed in the
-same submission, discarded) or `between` (a host callable; then every sample is its own submission).
+same submission, discarded) or `between` (a host callable; then every sample is its own submission). A device
+that does such work itself (`Device.time_runs`: CUDA's flush) is told where each candidate's run starts, so that
+a candidate of several launches (a split-K matmul and its reduction) is never split by it.
 
 A device with `min_round_ms` (a discrete GPU behind WebGPU) has its clock fall while the host reads a short round
 back and starts the next, so rounds of a few milliseconds run at a fraction of the clock and rank candidates at a
