@@ -3,15 +3,14 @@
 - weights are uploaded once in the checkpoint's format (NF4 packed as stored, f16, f32; norms, conv taps and head
   in f32); q/k/v rows are stacked (one projection launch per attention block);
 - activation buffers have a row capacity (a power of two) and are reused; a decision writes only its token ids;
-- a decision is planned as a launch list of kernel-template launches (`plan`), reused per shape (length, start,
-  cached base, pooled caches); per-op GPU times come from `forward(..., timed=True)` for `tilewise bench`;
+- a decision's launch list (`plan`) is reused per shape (length, start, cached base, pooled caches); per-op GPU
+  times come from `forward(..., timed=True)`;
 - each block's two RMSNorms are fused into the matmuls that read them (in_proj / qkv, gate/up); a matmul's f16
   prologue joins the launch before it where that one wrote exactly its rows: a residual split-K reduction, or the
   gate/up wgr launch and the short conv, which then store f16 rows for ffn.down and conv.out_proj (`fuse_prep`,
   bit-identical; `fuse_preps=False` keeps them apart, for a race);
-- matmuls and attention take the kernel and config per shape and row count from the device's dispatch table
-  (`tilewise tune model --device cuda`); without one, the short-row kernel below `MMA_FROM_ROWS` rows and the
-  tensor-core (mma.sync) kernel's default tile from there (`matmul_choice`);
+- matmuls and attention take kernel and config per shape and row count from the device's dispatch table; without
+  one, the short-row kernel below `MMA_FROM_ROWS` rows and the mma.sync kernel's default tile (`matmul_choice`);
 - final-row slicing and the prefix cache as in model/webgpu.py: the last block runs the mixer's output projection
   and the FFN on the last row only; `forward` never writes its input caches (a new state gets pooled buffers, the
   K/V prefix rows are copied by a kernel in the same launch list, the conv reads the old state and writes another);
@@ -23,9 +22,8 @@
   (split-K summed in each tile's last block, `cuda_fuse.serial_config`) follow the dispatch table's `settings` for
   this model (raced on whole decisions by `tilewise tune model`, model/tune_settings.py; `CUDA_SETTINGS` defaults).
 
-Device loss (a kernel fault poisons the CUDA context) raises `DeviceLost`; the next `forward` tries to rebuild the
-device and weights, and states made before the loss are refused. A matmul's scratch (split-K's partial sums, the ring
-kind's f16 copy of x) goes to executor-owned buffers, one per name, sized for the row capacity.
+Device loss (a kernel fault poisons the CUDA context) raises `DeviceLost`; the next `forward` rebuilds the device
+and weights and refuses states made before. A matmul's scratch (split-K's sums, f16 x rows) is executor-owned.
 """
 
 from __future__ import annotations
