@@ -57,11 +57,11 @@ def test_l2_is_flushed_where_a_run_starts_only(dev, affine, monkeypatch):
     flush = dev._flush
     monkeypatch.setattr(dev, "_flush", lambda: (flushes.append(1), flush()))
     assert dev.time([affine] * 6, flush_l2=True, runs=[0, 3]).shape == (6,)
-    assert len(flushes) == 1 + 2  # one before the hold, then one a run
+    assert len(flushes) == 2  # one a run
     dev.time([affine] * 6, flush_l2=True)
-    assert len(flushes) == 3 + 1 + 6  # without runs every launch is its own run
+    assert len(flushes) == 2 + 6  # without runs every launch is its own run
     dev.time([affine] * 6, flush_l2=False, runs=[0, 3])
-    assert len(flushes) == 10
+    assert len(flushes) == 8
     assert dev._hold.timeouts == before
 
 

@@ -394,7 +394,7 @@ class CUDADevice(Device):
                 # what may allocate GPU memory runs before the hold: an allocation may wait for the GPU to be idle,
                 # which would hold the host until the hold gave up
                 if flush:
-                    self._flush()
+                    self._flush_buffer()
                 for launch in {id(x.program): x for x in launches if x.program.meta.get("callable")}.values():
                     if not launch.program.meta.get("warm"):  # a library call's first call makes its buffers
                         self._launch(launch)
@@ -416,11 +416,14 @@ class CUDADevice(Device):
             self._hold.check()
             return np.array([cp.cuda.get_elapsed_time(s, e) for s, e in events], dtype=np.float64)
 
-    def _flush(self) -> None:
+    def _flush_buffer(self) -> Any:
         if self._flush_buf is None:
             l2 = int(self.info.extra.get("l2_cache_bytes") or 0) or 64 << 20
             self._flush_buf = self._cp.empty(2 * l2 // 4, dtype=self._cp.float32)
-        self._flush_buf.fill(0.0)  # a write of 2x L2 evicts every line the previous launch left
+        return self._flush_buf
+
+    def _flush(self) -> None:
+        self._flush_buffer().fill(0.0)  # a write of 2x L2 evicts every line the previous launch left
 
     def synchronize(self) -> None:
         try:
