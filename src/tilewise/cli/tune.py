@@ -83,8 +83,8 @@ def register(sub: Any) -> None:
                     "count) and its attention tile on one device (WebGPU, Dawn or CUDA), and write the\n"
                     "dispatch table that `tilewise.load` and `tilewise play` use there. Every outcome\n"
                     "is stored, so a cut or interrupted run resumes where it stopped. On CUDA a finished\n"
-                    "tune then races programmatic dependent launch and the fused prologues on whole\n"
-                    "decisions of the model and keeps what won in the table.",
+                    "tune then races programmatic dependent launch, the fused prologues and split-K summed\n"
+                    "in the matmul on whole decisions of the model and keeps what won in the table.",
         epilog="examples:\n  tilewise tune model\n  tilewise tune model --device cuda --preset lfm2-350m\n"
                "  tilewise tune model --preset seed-250m --budget 20 --budget-s 600 --json -")
     m.add_argument("--preset", default="default", help="`default` (the bundled model, what play runs), a preset "

@@ -464,8 +464,8 @@ def _run_one(args: argparse.Namespace, cfg: Any, name: str, seq: int, fmt: str, 
         log(f"partial: {', '.join(table.partial['left'])} not measured ({table.partial['why']}); run the same "
             "command again to finish (what was measured is reused)")
     elif device.info.backend == "cuda" and make_engine is not Engine:  # a cluster's workers hold its GPUs
-        log("settings: PDL and the fused prologues are raced only by a tune on the GPU's own host (without --ray); "
-            "until then the executor keeps its defaults")
+        log("settings: the executor's settings (PDL, fused prologues, serial split-K) are raced only by a tune on "
+            "the GPU's own host (without --ray); until then the executor keeps its defaults")
     elif device.info.backend == "cuda":
         from tilewise.model.tune_settings import tune_settings
 

@@ -5,7 +5,8 @@ A kernel's config is measured alone; these settings change how a decision's laun
 decision can measure them:
 
 - `pdl`: programmatic dependent launch (each kernel may start while the one before it finishes);
-- `fuse_preps`: a matmul's f16 prologue joined to the launch before it (one launch fewer, the same bits).
+- `fuse_preps`: a matmul's f16 prologue joined to the launch before it (one launch fewer, the same bits);
+- `serial_reduce`: split-K slices summed in each tile's last block instead of a reduction launch (the same bits).
 
 Which side wins depends on the model as well as the GPU (PDL has sped one model up and slowed another down on the
 same GPU; docs/journal/model.md). So the tune races each setting on the tuned table, in alternating rounds of graph
