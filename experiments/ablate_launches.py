@@ -20,7 +20,9 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,9 +32,8 @@ sys.path.insert(0, str(ROOT / "src"))
 from tilewise.model.bench import PREFIX_TOKENS, prompts  # noqa: E402
 from tilewise.model.gpu_state import Plan  # noqa: E402
 from tilewise.model.runtime import from_checkpoint, open_checkpoint  # noqa: E402
+from tilewise.model.tune import model_matmuls  # noqa: E402
 from tilewise.tune.measure import summarize  # noqa: E402
-
-MATMUL_OPS = ("conv.in_proj", "conv.out_proj", "attn.qkv", "attn.out_proj", "ffn.gate_up", "ffn.down")
 
 
 def is_reduction(launch) -> bool:  # CUDA: nf4_mm_splitk_reduce, nf4_mm_reduce_prep; WGSL: NAME.reduce[KS=..]
@@ -43,17 +44,18 @@ def is_prep(launch) -> bool:  # CUDA's f16 prologue launch (nf4_mm_prep)
     return str(launch.program.meta.get("entry", "")).startswith("nf4_mm_prep")
 
 
-# variant -> what it leaves out: (op label, launch) -> True
-VARIANTS = {
-    "full": lambda label, launch: False,
-    "no split-K reductions": lambda label, launch: is_reduction(launch),
-    "no f16 prologues": lambda label, launch: is_prep(launch),
-    "no shortconv": lambda label, launch: label == "conv",
-    "no qknorm_rope": lambda label, launch: label.endswith("qknorm_rope"),
-    "no attention": lambda label, launch: label == "attention",
-    "no copies, embed, head": lambda label, launch: label.startswith("copy") or label in ("embed", "head"),
-    "matmuls only": lambda label, launch: label not in MATMUL_OPS or is_reduction(launch) or is_prep(launch),
-}
+def variants(matmul_ops: set[str]) -> dict[str, Callable[[str, Any], bool]]:
+    """variant -> what it leaves out: (op label, launch) -> True; `matmul_ops`: the model's matmul op labels."""
+    return {
+        "full": lambda label, launch: False,
+        "no split-K reductions": lambda label, launch: is_reduction(launch),
+        "no f16 prologues": lambda label, launch: is_prep(launch),
+        "no shortconv": lambda label, launch: label == "conv",
+        "no qknorm_rope": lambda label, launch: label.endswith("qknorm_rope"),
+        "no attention": lambda label, launch: label == "attention",
+        "no copies, embed, head": lambda label, launch: label.startswith("copy") or label in ("embed", "head"),
+        "matmuls only": lambda label, launch: label not in matmul_ops or is_reduction(launch) or is_prep(launch),
+    }
 
 
 def main() -> int:
@@ -69,6 +71,7 @@ def main() -> int:
     nf4 = open_checkpoint(args.preset, weights="f32", seed=0).converted("nf4").materialize()
     model = from_checkpoint(nf4, device=args.device, quiet=True)
     ex = model.executor
+    chosen = variants(set(model_matmuls(nf4.config)))
     _, full = prompts(nf4.config.vocab_size, args.seq, 4, min(PREFIX_TOKENS, args.seq - 1))
     model.scores(model.prefill(full[0]))  # builds the decision's plan
     model.scores(model.prefill(full[1]))  # the caches went back to the pool: the same plan again
@@ -76,7 +79,7 @@ def main() -> int:
         raise SystemExit(f"expected one cached plan, found {len(ex._plans)}: decisions did not reuse their caches")
     (base_plan,) = ex._plans.values()
     plans, counts = {}, {}
-    for name, drop in VARIANTS.items():
+    for name, drop in chosen.items():
         keep = [i for i, (label, launch) in enumerate(zip(base_plan.labels, base_plan.launches))
                 if not drop(label, launch)]
         plan = Plan(base_plan.tokens)
@@ -92,8 +95,8 @@ def main() -> int:
         return current["plan"], new
 
     ex.plan = planned
-    samples: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    order = list(VARIANTS)
+    samples: dict[str, list[float]] = {name: [] for name in chosen}
+    order = list(chosen)
     rng = random.Random(0)
     try:
         for _ in range(args.rounds):
@@ -114,7 +117,7 @@ def main() -> int:
     print(f"{args.preset}, {args.seq} tokens, on {model.device} ({gpu}); {settings}; {args.rounds} rounds x "
           f"{args.per_round} decisions a variant")
     print(f"{'variant':26s} {'launches':>8s} {'p50 ms':>8s} {'95% CI':>17s} {'saves ms':>9s} {'share':>6s}")
-    for name in VARIANTS:
+    for name in chosen:
         st = summarize(samples[name])
         saved = base - st.median_ms
         rows.append({"variant": name, "launches": counts[name], "p50_ms": st.median_ms, "ci95_ms": list(st.ci95_ms),
