@@ -26,10 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from tilewise.devices import get_device
-from tilewise.model.bench import PREFIX_TOKENS, op_table, percentiles, prompts, race_modes
+from tilewise.model.bench import PREFIX_TOKENS, op_table, percentiles, prompts, race_executors
 from tilewise.model.cuda import CUDAExecutor
 from tilewise.model.runtime import open_checkpoint
 from tilewise.model.tune import model_config, tune_model
@@ -81,14 +79,7 @@ def main() -> int:
         tune_s[mode] = time.perf_counter() - t0
     executors = {mode: CUDAExecutor(ck, device=dev, dispatch=tables[mode], quiet=True) for mode in MODES}
     _, full = prompts(cfg.vocab_size, args.seq, 40, PREFIX_TOKENS, seed=3)
-    diff = max(float(np.abs(executors["cold"].forward(ids, 0, None, True)[1].scores -
-                            executors["warm"].forward(ids, 0, None, True)[1].scores).max()) for ids in full[:8])
-    current = {"ex": executors["cold"]}
-
-    def decide(i: int) -> None:
-        current["ex"].forward(full[i % len(full)], 0, None, True)
-
-    samples = race_modes(decide, lambda m: current.update(ex=executors[m]), list(MODES), args.rounds, args.per_round)
+    samples, diff = race_executors(executors, full, args.rounds, args.per_round)
     stats = {m: summarize(v) for m, v in samples.items()}
     verdict = compare(stats["cold"], stats["warm"], ("table tuned with L2 evicted", "table tuned with L2 kept"))
     ops = {m: {r["name"]: r for r in op_table(executors[m], full[0])} for m in MODES}

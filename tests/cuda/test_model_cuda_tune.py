@@ -44,7 +44,8 @@ def test_tuned_table_is_loaded_and_the_scores_still_match(dev, rng):
 def kind_table(dev, cfg, kind: str):
     """A dispatch table that runs every matmul of `cfg` from 8 rows on `kind`: split-K (KS 2, whole 32-wide steps
     of tiny's K = 64 and 128) or a wgmma kind's default (skips off Hopper); `wg-split` (`wgr-split`) is wg's (wgr's)
-    default with ffn.down in two slices, whose reduction the next layer's f16 prologue can join."""
+    default with ffn.down in two slices, whose reduction the next layer's f16 prologue can join; `wgr-cluster` the
+    same with those two slices summed inside a cluster (SR 2)."""
     from tilewise.kernels.matmul.cuda import CudaMatmul
     from tilewise.model.dispatch import matmul_key
     from tilewise.tune.dispatch import DispatchTable, Entry
@@ -62,14 +63,15 @@ def kind_table(dev, cfg, kind: str):
     for epi, n, k, norm in (("none", 3 * H, H, True), ("none", qkv, H, True), ("residual", H, H, False),
                             ("residual", H, cfg.num_attention_heads * cfg.head_dim, False),
                             ("swiglu", F, H, True), ("residual", H, F, False)):
-        tpl = CudaMatmul(kind.removesuffix("-split"), "nf4", epi, norm)
-        config = {**split, "KS": 2} if kind.endswith("-split") and (n, k) == (H, F) else split
+        tpl = CudaMatmul(kind.removesuffix("-split").removesuffix("-cluster"), "nf4", epi, norm)
+        sliced = {**split, "KS": 2, **({"SR": 2} if kind.endswith("-cluster") else {})}
+        config = sliced if kind.endswith(("-split", "-cluster")) and (n, k) == (H, F) else split
         table.put(matmul_key("nf4", epi, n, k, norm), Entry([
             {"m_min": 8, "m_max": None, "kernel": tpl.name, "config": config}]), tpl)
     return table
 
 
-@pytest.mark.parametrize("kind", ["splitk", "wg", "wgt", "wgr", "wg-split"])
+@pytest.mark.parametrize("kind", ["splitk", "wg", "wgt", "wgr", "wg-split", "wgr-cluster"])
 def test_an_executor_with_split_k_tables_matches_the_float64_reference(dev, rng, kind):
     """Every matmul of the model on split-K from 8 rows (KS 2, whole 32-wide steps of tiny's K = 64 and 128), or on
     a wgmma kind (wgt, wgr: x by TMA, its tensor map made for the executor's own f16 scratch): the scores still match

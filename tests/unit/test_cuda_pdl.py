@@ -44,12 +44,29 @@ def braced(text: str, start: int) -> int:
             return i
 
 
+def device_bodies(text: str) -> dict[str, tuple[list[str], int]]:
+    """name -> (parameter declarations, index of the body's brace) of every `__device__ __forceinline__ void`
+    function: a kernel whose body is one call of such a function (nf4_mm_wgr and its cluster twin) is checked on
+    that function's body."""
+    out = {}
+    for f in re.finditer(r"__device__ __forceinline__ void (\w+)\(", text):
+        close = text.index(")", f.end())
+        while text.count("(", f.end(), close) > text[f.end():close].count(")"):  # past nested parentheses
+            close = text.index(")", close + 1)
+        out[f.group(1)] = ([p.strip() for p in text[f.end():close].split(",")], text.index("{", close))
+    return out
+
+
 def kernels(text: str) -> dict[str, tuple[list[str], str]]:
     """kernel name -> (names of its parameters that carry data other launches write, its body)."""
-    out = {}
+    out, helpers = {}, device_bodies(text)
     for name, decls, brace in global_kernels(text):
-        data = [p.split()[-1].lstrip("*") for p in decls if "*" in p or "TmaMap" in p]
-        out[name] = ([d for d in data if d not in WEIGHTS], text[brace:braced(text, brace)])
+        body = text[brace:braced(text, brace)]
+        if "PDL_" not in body and (call := re.search(r"\b(\w+)<[^;]*>\(", body)) and call.group(1) in helpers:
+            decls, brace = helpers[call.group(1)]
+            body = text[brace:braced(text, brace)]
+        data = [p.split()[-1].lstrip("*&") for p in decls if "*" in p or "TmaMap" in p]
+        out[name] = ([d for d in data if d not in WEIGHTS], body)
     return out
 
 
@@ -80,12 +97,12 @@ def test_every_model_kernel_waits_before_it_touches_what_other_launches_write():
     assert {"nf4_mm_wgr", "nf4_mm_wg", "nf4_mm_prep", "nf4_mm_reduce_prep", "nf4_mm_splitk_reduce", "embed", "head",
             "copy_words", "copy_pairs", "shortconv", "qknorm_rope", "attention", "attention_tiled",
             "attention_mma"} <= set(found)
-    assert len(found) == 22
+    assert len(found) == 23
     for name, (data, body) in found.items():
         assert data, name  # every kernel reads or writes activations
         assert touches_before_wait(data, body) == [], name
     early = {n for n, (_, body) in found.items() if not re.match(r"\{\s*PDL_BEGIN\(\);", body)}
-    assert early == {"nf4_mm_wgr"}  # the one kernel that copies weights first
+    assert early == {"nf4_mm_wgr", "nf4_mm_wgr_cluster"}  # the one body that copies weights first
 
 
 def test_the_check_catches_a_kernel_that_reads_x_before_its_wait():

@@ -54,6 +54,9 @@ SIGS = {
                    "float *, int, int, int, const __grid_constant__ TmaMap)"),
     "nf4_mm_wgr": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, "
                    "float *, int, int, int, const __grid_constant__ TmaMap, float *, unsigned *, unsigned short *)"),
+    "nf4_mm_wgr_cluster": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, "
+                           "const float *, float *, int, int, int, const __grid_constant__ TmaMap, float *, "
+                           "unsigned *, unsigned short *)"),
     "nf4_mm_ws": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, "
                   "float *, int, int, int)"),
     "nf4_mm_prep": "(const float *, int, const float *, float, unsigned short *, int)",
@@ -238,7 +241,8 @@ def test_every_wgr_seed_config_of_every_variant_compiles_for_sm_90a_without_spil
         least = {"nf4": (16, 10), "f16": (15, 8), "f32": (11, 3)}[t.fmt]
         assert len(legal(t.space("seed"))) >= least[t.epilogue == "swiglu"], t.name
     entries = sorted({t.entry(c) for t in wgr for c in [*legal(t.space("seed")), t.default_config()]})
-    assert all(e.startswith("nf4_mm_wgr<") for e in entries)
+    assert all(e.startswith(("nf4_mm_wgr<", "nf4_mm_wgr_cluster<")) for e in entries)
+    assert any(e.startswith("nf4_mm_wgr_cluster<") for e in entries)  # the split seeds' cluster twins
     log = cubin(tmp_path, "wgr", MATMUL, entries, arch=SM90A)
     assert not re.findall(r"used \d+ barriers, \d+ bytes smem", log), log[-3000:]
     assert "C7515" not in log and "serialized" not in log, log[-3000:]
@@ -407,7 +411,8 @@ ILLEGAL = [
     ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 64, 2, 1, 1, 0, 0>", "stages_3_6"),
     ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 64, 4, 16, 1, 0, 0>", "ks_1_2_4_8"),
     ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 64, 4, 1, 1, 0, 1>", "sr_with_slices"),
-    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 64, 4, 4, 1, 0, 2>", "sr_with_slices"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 64, 4, 4, 1, 0, 3>", "sr_with_slices"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr_cluster<0, 0, 64, 64, 4, 1, 1, 0, 2>", "sr_with_slices"),
     ("matmul", "matmul.cu", "nf4_mm_wgr<2, 2, 128, 64, 6, 1, 1, 0, 0>", "smem_227k"),
     ("matmul", "matmul.cu", "nf4_mm_prep<1, 48>", "whole_warps"),
     ("matmul", "matmul.cu", "nf4_mm_rows<0, 0, 0, 48, 4, 1>", "whole_warps"),
@@ -450,8 +455,8 @@ def test_python_rules_refuse_what_the_static_asserts_refuse():
         if family != "matmul" or "<3," in entry or "reduce" in entry or "prep" in entry:  # no Python config
             continue
         vals = [int(v) for v in entry.split("<")[1].rstrip(">").split(",")]
-        kind = entry.split("<")[0].removeprefix("nf4_mm_")
-        if kind in ("ring", "wg", "ws", "wgr"):  # the norm is the prologue's: no NORM argument
+        kind = entry.split("<")[0].removeprefix("nf4_mm_").removesuffix("_cluster")  # wgr's SR 2 kernel
+        if kind in ("ring", "wgr", "ws", "wg"):  # the norm is the prologue's: no NORM argument
             vals.insert(2, 0)
         fmt = {v: k for k, v in mm.FMT_CODE.items()}[vals[0]]
         epi = mm.EPILOGUES[vals[1]]
@@ -559,10 +564,10 @@ def test_cpp_wgr_rules_and_smem_agree_with_python(tmp_path):
     tuples = [(rng.choice([0, 0, 1, 2]), rng.choice([0, 0, 1, 2]), rng.choice([32, 64, 96, 128, 128, 192, 256, 320]),
                rng.choice([4, 16, 60, 64, 88, 88, 120, 128, 136, 176, 256, 264]), rng.choice([2, 3, 4, 4, 5, 6, 7]),
                rng.choice([1, 1, 2, 3, 4, 8]), rng.choice([1, 1, 2, 3]), rng.choice([0, 0, 1, 1, 2]),
-               rng.choice([0, 0, 1, 1, 2])) for _ in range(3000)]
+               rng.choice([0, 0, 1, 1, 2, 2, 3])) for _ in range(3000)]
     call = ", ".join(f"t[{i}]" for i in range(9))
     cpp = cpp_rules_and_smem(tmp_path, tuples, f"wgr_first_failure({call})",
-                             "wgr_smem_bytes(t[0], t[1], t[2], t[3], t[4])")
+                             "wgr_smem_bytes(t[0], t[1], t[2], t[3], t[4], t[8])")
     assert_rules_agree("wgr", mm.WGR_PARAMS, tuples, cpp, mm.wgr_smem_bytes)
 
 

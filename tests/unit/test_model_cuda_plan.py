@@ -645,3 +645,46 @@ def test_serial_reduce_sums_split_k_in_the_matmul_and_drops_each_reduction_launc
     monkeypatch.setattr(fresh.dev, "compile", refuse_serial)
     kept, _ = fresh.plan(ids, 0, None, False)
     assert downs(kept) == downs(apart)
+
+
+def test_a_wgr_cluster_choice_sums_its_slices_in_its_own_launch_with_no_scratch(rng, monkeypatch):
+    """ffn.down on wgr with KS 2 and SR 2 (a tile's blocks one cluster): one launch of `nf4_mm_wgr_cluster` a layer,
+    writing the residual rows themselves (no partial sums, no counters, no reduction or reduce-prologue launch); a
+    swiglu SR 2 config applies its own epilogue, so it offers the next matmul its f16 rows, which SR 0 cannot."""
+    from tilewise.kernels.matmul import cuda as mm
+    from tilewise.kernels.matmul.cuda import DEFAULT_WGR, CudaMatmul
+    from tilewise.model.dispatch import matmul_key
+    from tilewise.tune.dispatch import DispatchTable, Entry
+
+    monkeypatch.setattr(mm, "f16_rows_map", lambda buf, *_: ("tma map of", buf))  # no driver to encode one
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
+    dev = RecordingDevice()
+    H, F = cfg.hidden_size, cfg.ffn_dim
+    table = DispatchTable(dev.info.fingerprint)
+    cluster = {**DEFAULT_WGR, "KS": 2, "SR": 2}
+    for epi, n, k, norm, config in (("swiglu", F, H, True, DEFAULT_WGR), ("residual", H, F, False, cluster)):
+        tpl = CudaMatmul("wgr", "nf4", epi, norm)
+        table.put(matmul_key("nf4", epi, n, k, norm), Entry([{"m_min": 8, "m_max": None, "kernel": tpl.name,
+                                                               "config": config}]), tpl)
+    ex = CUDAExecutor(ck, device=dev, dispatch=table)
+    sigs = kernel_signatures()
+    plan, _ = ex.plan(rng.integers(0, 512, 40), 0, None, False)
+    entries = [launch.program.meta["entry"] for launch in plan.launches]
+    assert not any("reduce" in e for e in entries)
+    downs = [launch for launch, lab in zip(plan.launches, plan.labels) if lab == "ffn.down"]
+    assert len(downs) == len(cfg.layer_types)
+    for down in downs:
+        check_launch(down, sigs)
+        assert down.program.meta["entry"] == "nf4_mm_wgr_cluster<0, 1, 64, 64, 3, 2, 1, 0, 2>"
+        assert down.grid[2] == 2  # the cluster (1, 1, KS) the kernel declares
+        assert down.buffers[5] is ex.act["x"] and down.buffers[10] is ex.act["x"]  # the residual rows, summed into
+    assert "partial" not in ex._scratch and "counters" not in ex._scratch
+    assert CudaMatmul("wgr", "nf4", "residual").scratch_bytes(cluster, 40, H, F) == {"xh": 2 * 40 * F}
+
+    swiglu = CudaMatmul("wgr", "nf4", "swiglu", True)
+    shape = (40, 256, 256)
+    on = swiglu.compile(RecordingDevice(), swiglu.config_of({**DEFAULT_WGR, "KS": 2, "SR": 2}), shape)
+    off = swiglu.compile(RecordingDevice(), swiglu.config_of({**DEFAULT_WGR, "KS": 2, "SR": 0}), shape)
+    assert "f16_out" in on.meta and "reduce" not in on.meta
+    assert "f16_out" not in off.meta and "reduce" in off.meta

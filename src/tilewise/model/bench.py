@@ -98,6 +98,22 @@ def race_modes(decide: Callable[[int], Any], set_mode: Callable[[str], None], mo
     return samples
 
 
+def race_executors(executors: dict[str, Any], full: list[np.ndarray], rounds: int,
+                   per_round: int) -> tuple[dict[str, list[float]], float]:
+    """Whole decisions (final-row slicing, no prefix cache) of each executor on the prompts `full`, in alternating
+    rounds (`race_modes`), and the largest |score difference| between the first executor and the others over the
+    first 8 prompts: (ms per mode, difference)."""
+    first, *rest = executors.values()
+    diff = max((float(np.abs(first.forward(ids, 0, None, True)[1].scores - ex.forward(ids, 0, None, True)[1].scores)
+                          .max()) for ex in rest for ids in full[:8]), default=0.0)
+    current = {"ex": first}
+
+    def decide(i: int) -> None:
+        current["ex"].forward(full[i % len(full)], 0, None, True)
+
+    return race_modes(decide, lambda m: current.update(ex=executors[m]), list(executors), rounds, per_round), diff
+
+
 def prompts(vocab: int, seq: int, count: int, prefix: int, seed: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:
     """(shared prefix, [full prompt per decision]): random ids, one fixed prefix, a fresh tail each time."""
     rng = np.random.default_rng(seed)

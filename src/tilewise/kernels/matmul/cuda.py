@@ -31,7 +31,9 @@ Problem: `matmul.problem.MatmulProblem` (y = epilogue(norm(x) @ W^T), W (N, K) n
 - `wgr` (`nf4_mm_prep` + `nf4_mm_wgr<FMT, EPI, BF, BT, ST, KS, MB, DEC, SR>`, Hopper only): the operands swapped: W
   is wgmma's A operand, each thread decoding its own fragments from the stored rows straight into registers, and x
   (BT tokens, the wgmma n, in steps of 8) its B operand, one TMA box per step; BF / 64 warpgroups of 64 features.
-  KS > 1 sums slices (SR 1: the last block of a tile does, through the `counters` scratch, with no reduction launch);
+  KS > 1 sums slices (SR 1: the last block of a tile does, through the `counters` scratch, with no reduction launch;
+  SR 2: `nf4_mm_wgr_cluster`, the tile's KS blocks one cluster summing from each other's shared memory, with no
+  partial sums in global memory either);
   DEC 1 decodes nf4 through an f16 code table in registers (byte permutes, f16 scaling);
 - `rows` (`nf4_mm_rows<FMT, EPI, NORM, NT, RM, WK>`): WK warps per output column over RM rows, splitting its K
   words, f32 arithmetic, for few rows (a decision's last block, short extends).
@@ -250,7 +252,16 @@ class CudaMatmul(KernelTemplate):
     def serial(self, config: Config) -> bool:
         """The last block of each tile sums its slices (wgr's and splitk's SR 1): no reduction launch; a zeroed
         `counters` scratch counts the tile's finished blocks."""
-        return self.kind in SR_KINDS and self.splits(config) and bool(config["SR"])
+        return self.kind in SR_KINDS and self.splits(config) and config["SR"] == 1
+
+    def clustered(self, config: Config) -> bool:
+        """A tile's blocks are one cluster that sums its slices in shared memory (wgr's SR 2): no reduction launch,
+        no partial sums, no counters."""
+        return self.kind == "wgr" and self.splits(config) and config["SR"] == 2
+
+    def sums_in_kernel(self, config: Config) -> bool:
+        """The matmul's own launch applies the epilogue (KS 1, SR 1 or SR 2): no reduction launch follows."""
+        return not self.splits(config) or self.serial(config) or self.clustered(config)
 
     def preps(self) -> bool:
         """The kind reads x as f16 rows made by the `nf4_mm_prep` launch (ring, wg, wgt, ws, wgr)."""
@@ -259,7 +270,8 @@ class CudaMatmul(KernelTemplate):
     def scratch_bytes(self, config: Config, rows: int, n: int, k: int) -> dict[str, int]:
         """The scratch buffers a config's launches need at `rows` rows, by name: split-K's partial sums, the ring
         and wg kinds' f16 copy of x (`xh`, rows x K)."""
-        out = {"partial": self.partial_bytes(config["KS"], rows, n)} if self.splits(config) else {}
+        out = ({"partial": self.partial_bytes(config["KS"], rows, n)} if self.splits(config)
+               and not self.clustered(config) else {})
         if self.preps():
             out["xh"] = 2 * rows * k
         if self.serial(config):
@@ -299,8 +311,9 @@ class CudaMatmul(KernelTemplate):
             return name_expression(f"nf4_mm_{self.kind}", *head[:2], *(config[p] for p in WG_PARAMS))
         if self.kind == "ws":
             return name_expression("nf4_mm_ws", *head[:2], *(config[p] for p in WS_PARAMS))
-        if self.kind == "wgr":
-            return name_expression("nf4_mm_wgr", *head[:2], *(config[p] for p in WGR_PARAMS))
+        if self.kind == "wgr":  # SR 2: the kernel declares its cluster (1, 1, KS)
+            name = "nf4_mm_wgr_cluster" if config["SR"] == 2 else "nf4_mm_wgr"
+            return name_expression(name, *head[:2], *(config[p] for p in WGR_PARAMS))
         return name_expression("nf4_mm_mma", *head, *(config[p] for p in MMA_PARAMS))
 
     def prep_entry(self) -> str:
@@ -334,12 +347,12 @@ class CudaMatmul(KernelTemplate):
         smem = dyn(config, self.fmt, self.sets) if dyn else 0
         prog = compile_cuda(device, src, self.entry(config), self.threads(config), f"{self.name}[{config}]",
                             dynamic_shared_bytes=smem)
-        if self.kind == "wgr" and self.epilogue != "residual" and (self.serial(config) or not self.splits(config)):
+        if self.kind == "wgr" and self.epilogue != "residual" and self.sums_in_kernel(config):
             offers_f16_out(prog, 10, 12, 6, 7)  # it applies the epilogue itself, into final_out (out with KS 1)
         if self.preps():
             prog.meta["prep"] = compile_cuda(device, src, self.prep_entry(), PREP_NT, f"{self.name}.prep")
             prog.meta["prep"].meta["role"] = ("prep", int(self.norm))
-        if self.splits(config) and not self.serial(config):
+        if not self.sums_in_kernel(config):
             prog.meta["reduce"] = compile_cuda(device, src, self.reduce_entry(), REDUCE_NT, f"{self.name}.reduce")
             prog.meta["reduce"].meta["role"] = ("reduce", EPI_CODE[self.epilogue])
         return prog
@@ -389,7 +402,7 @@ class CudaMatmul(KernelTemplate):
             weights[1] = bufs["absmax_t"]
             if self.sets == 2:
                 weights[3] = bufs["absmax_up_t"]
-        out = bufs["partial" if self.splits(config) else "out"]
+        out = bufs["partial" if self.splits(config) and not self.clustered(config) else "out"]
         dims = [np.int32(m), np.int32(n), np.int32(k)]
         reduce = self._reduce(program, bufs, config, m, n)
         if self.preps():
@@ -414,7 +427,7 @@ class CudaMatmul(KernelTemplate):
 
     def _reduce(self, program: Program, bufs: DeviceBuffers, config: Config, m: int, n: int) -> list[Launch]:
         """split-K's sum of the slices with the epilogue (none without slices)."""
-        if not self.splits(config) or self.serial(config):
+        if self.sums_in_kernel(config):
             return []
         return [Launch(program.meta["reduce"], (math.ceil(m * n / REDUCE_NT), 1, 1),
                        [bufs["partial"], np.int32(config["KS"]), bufs["out"], np.int32(m), np.int32(n)])]
@@ -450,7 +463,8 @@ class CudaMatmul(KernelTemplate):
             return f"rows nt{config['NT']} rm{config['RM']}" + (f" wk{config['WK']}" if config["WK"] > 1 else "")
         if self.kind == "wgr":
             return (f"wgr {config['BF']}x{config['BT']}x{WG_BK} st{config['ST']} ks{config['KS']} "
-                    f"mb{config['MB']}" + (" dec1" if config["DEC"] else "") + (" sr" if self.serial(config) else ""))
+                    f"mb{config['MB']}" + (" dec1" if config["DEC"] else "") + (" sr" if self.serial(config) else "")
+                    + (" cluster" if self.clustered(config) else ""))
         if self.kind in WGMMA_KINDS:
             return (f"{self.kind} {config['BM']}x{config['BN']}x{WG_BK} mt{config['MT']} st{config['ST']} "
                     f"ks{config['KS']} mb{config['MB']}" + (f" pw{config['PW']}" if self.kind == "ws" else ""))

@@ -1,8 +1,9 @@
-// matmul_reduce.cu - the two ways split-K's slices are summed; compiled after matmul.cu (silu, f16_bits) and before
-// the kernels that split (matmul_mma.cu's nf4_mm_splitk, matmul_wgr.cu's nf4_mm_wgr):
+// matmul_reduce.cu - the three ways split-K's slices are summed; compiled after matmul.cu (silu, f16_bits) and
+// before the kernels that split (matmul_mma.cu's nf4_mm_splitk, matmul_wgr.cu's nf4_mm_wgr):
 //   nf4_mm_splitk_reduce<EPI, NT>: a launch of its own after the matmul (SR 0);
-//   serial_reduce: the last block of each tile, inside the matmul's launch (SR 1).
-// Both add the slices in order 0..KS-1 from 0.0f, so they give the same bits.
+//   serial_reduce: the last block of each tile, inside the matmul's launch (SR 1);
+//   cluster_reduce: every block of a tile's cluster, from each other's shared memory (SR 2, wgr only).
+// All add the slices in order 0..KS-1 from 0.0f, so they give the same bits.
 
 // a float another block wrote in this launch, read through L2 (not a line this SM's L1 may hold)
 __device__ __forceinline__ float ld_cg(const float *p) {
@@ -16,6 +17,41 @@ __device__ __forceinline__ float4 ld_cg4(const float *p) {
   float4 v;
   asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
   return v;
+}
+
+// the epilogue of four summed columns at output offset o (16-byte aligned): residual adds into final_out; none and
+// swiglu store f32 into final_out, or f16 into out_h where it is not null (as nf4_mm_prep<0> rounds)
+template <int EPI, int SETS>
+__device__ __forceinline__ void store_sum4(const float4 (&y)[SETS], float *final_out, unsigned short *out_h,
+                                           size_t o) {
+  if (EPI == 1) {
+    float4 *f = reinterpret_cast<float4 *>(final_out + o);
+    const float4 h = *f;
+    *f = f4(h.x + y[0].x, h.y + y[0].y, h.z + y[0].z, h.w + y[0].w);
+    return;
+  }
+  const float4 a = y[0], b = y[SETS - 1];
+  const float4 w = EPI == 0 ? a : f4(silu(a.x) * b.x, silu(a.y) * b.y, silu(a.z) * b.z, silu(a.w) * b.w);
+  if (out_h) {
+    uint2 q;
+    q.x = (unsigned)f16_bits(w.x) | ((unsigned)f16_bits(w.y) << 16);
+    q.y = (unsigned)f16_bits(w.z) | ((unsigned)f16_bits(w.w) << 16);
+    *reinterpret_cast<uint2 *>(out_h + o) = q;
+  } else {
+    *reinterpret_cast<float4 *>(final_out + o) = w;
+  }
+}
+
+// store_sum4 for one column
+template <int EPI, int SETS>
+__device__ __forceinline__ void store_sum1(const float (&y)[SETS], float *final_out, unsigned short *out_h, size_t o) {
+  if (EPI == 1) {
+    final_out[o] += y[0];
+  } else {
+    const float w = EPI == 0 ? y[0] : silu(y[0]) * y[SETS - 1];
+    if (out_h) out_h[o] = f16_bits(w);
+    else final_out[o] = w;
+  }
 }
 
 // SR 1 (split-K without a reduction launch): each of a tile's KS blocks calls this after storing its raw sums into
@@ -60,22 +96,7 @@ __device__ __forceinline__ void serial_sum4(const float *partial, float *final_o
 #pragma unroll
         for (int s = 0; s < SETS; ++s)
           y[s] = f4(y[s].x + v[u][z][s].x, y[s].y + v[u][z][s].y, y[s].z + v[u][z][s].z, y[s].w + v[u][z][s].w);
-      if (EPI == 1) {
-        float4 *f = reinterpret_cast<float4 *>(final_out + o[u]);
-        const float4 h = *f;
-        *f = f4(h.x + y[0].x, h.y + y[0].y, h.z + y[0].z, h.w + y[0].w);
-      } else {
-        const float4 a = y[0], b = y[SETS - 1];
-        const float4 w = EPI == 0 ? a : f4(silu(a.x) * b.x, silu(a.y) * b.y, silu(a.z) * b.z, silu(a.w) * b.w);
-        if (out_h) {
-          uint2 q;
-          q.x = (unsigned)f16_bits(w.x) | ((unsigned)f16_bits(w.y) << 16);
-          q.y = (unsigned)f16_bits(w.z) | ((unsigned)f16_bits(w.w) << 16);
-          *reinterpret_cast<uint2 *>(out_h + o[u]) = q;
-        } else {
-          *reinterpret_cast<float4 *>(final_out + o[u]) = w;
-        }
-      }
+      store_sum4<EPI, SETS>(y, final_out, out_h, o[u]);
     }
   }
 }
@@ -123,16 +144,77 @@ __device__ __forceinline__ void serial_reduce(const float *partial, float *final
       for (int z = 0; z < KS; ++z)
 #pragma unroll
         for (int s = 0; s < SETS; ++s) y[s] += v[u][z][s];
-      if (EPI == 1) {
-        final_out[o[u]] += y[0];
-      } else {
-        const float w = EPI == 0 ? y[0] : silu(y[0]) * y[SETS - 1];
-        if (out_h) out_h[o[u]] = f16_bits(w);
-        else final_out[o[u]] = w;
-      }
+      store_sum1<EPI, SETS>(y, final_out, out_h, o[u]);
     }
   }
   if (threadIdx.x == 0) counters[tile] = 0u;
+}
+
+// both barriers of a thread block cluster: every thread of every block arrives (after its shared-memory stores,
+// released to the cluster) before any goes on (acquiring them)
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// the shared address `addr` of this block, in the cluster's block `rank`
+__device__ __forceinline__ unsigned cluster_peer(unsigned addr, unsigned rank) {
+  unsigned d;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(addr), "r"(rank));
+  return d;
+}
+
+__device__ __forceinline__ float4 ld_peer4(unsigned addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
+  return v;
+}
+
+// SR 2: the KS blocks of a tile are one cluster (rank = slice), and each has stored its raw sums at shared address
+// `tiles`: (SETS, ROWS, COLS + 4) f32, row-major. After a cluster barrier, block z sums the tile's 4-column chunks
+// z, z + KS, ... (in units of NT) over the KS blocks in order 0..KS-1 from 0.0f (the reduction launch's order: the
+// same bits) and applies the epilogue; a second barrier keeps every block's shared memory until all have read it.
+template <int EPI, int KS, int NT, int ROWS, int COLS>
+__device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out, unsigned short *out_h, int M, int N,
+                                               int r0, int c0) {
+  static_assert(COLS % 4 == 0, "cluster_reduce reads four columns at a time");
+  constexpr int SETS = EPI == 2 ? 2 : 1, TS = COLS + 4, CHUNKS = ROWS * (COLS / 4);
+  cluster_sync();
+  unsigned rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  unsigned peer[KS];
+#pragma unroll
+  for (int z = 0; z < KS; ++z) peer[z] = cluster_peer(tiles, z);
+#pragma unroll 1
+  for (int e = threadIdx.x + rank * NT; e < CHUNKS; e += KS * NT) {
+    const int row = e / (COLS / 4), c = 4 * (e % (COLS / 4)), r = r0 + row, col = c0 + c;
+    if (r >= M || col >= N) continue;
+    float4 v[KS][SETS];
+#pragma unroll
+    for (int z = 0; z < KS; ++z)
+#pragma unroll
+      for (int s = 0; s < SETS; ++s) v[z][s] = ld_peer4(peer[z] + 4 * ((s * ROWS + row) * TS + c));
+    float4 y[SETS];
+#pragma unroll
+    for (int s = 0; s < SETS; ++s) y[s] = f4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int z = 0; z < KS; ++z)
+#pragma unroll
+      for (int s = 0; s < SETS; ++s)
+        y[s] = f4(y[s].x + v[z][s].x, y[s].y + v[z][s].y, y[s].z + v[z][s].z, y[s].w + v[z][s].w);
+    const size_t o = (size_t)r * N + col;
+    if (N % 4 == 0) {  // col < N: all four
+      store_sum4<EPI, SETS>(y, final_out, out_h, o);
+    } else {
+      for (int i = 0; i < 4 && col + i < N; ++i) {
+        float yi[SETS];
+#pragma unroll
+        for (int s = 0; s < SETS; ++s) yi[s] = i == 0 ? y[s].x : i == 1 ? y[s].y : i == 2 ? y[s].z : y[s].w;
+        store_sum1<EPI, SETS>(yi, final_out, out_h, o + i);
+      }
+    }
+  }
+  cluster_sync();
 }
 
 // out = epilogue(sum of the ks slices of partial), one thread per output value; the slices are added in order

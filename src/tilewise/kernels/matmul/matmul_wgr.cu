@@ -24,7 +24,11 @@
 // `counters` after its partials are visible, and the block that counts KS adds the tile's slices in order 0..KS-1
 // (as the reduction does: the same bits), applies the epilogue into final_out and sets the word back to 0 for the
 // next launch (the words start at 0, written when the buffer is made; `serial_reduce` in matmul_reduce.cu, shared
-// with nf4_mm_splitk). One launch fewer per split matmul. MB is the launch bound's blocks per SM.
+// with nf4_mm_splitk). One launch fewer per split matmul. SR 2 (nf4_mm_wgr_cluster) launches a tile's KS blocks as
+// one thread block cluster: each stages its raw sums in its shared memory, and after a cluster barrier each sums
+// a KS-th of the tile's rows from every block's shared memory (distributed shared memory, slices in order 0..KS-1:
+// the same bits again), with no partial sums in global memory, no counters and no reduction launch. MB is the
+// launch bound's blocks per SM.
 // DEC picks nf4's decode: 0 looks each nibble up in an f32 code table in shared memory and scales in f32 (one
 // rounding to f16, as the other kinds); 1 looks four nibbles up at once in an f16 code table held in eight registers
 // (byte permutes, no shared-memory load) and scales pairs in f16 (the code, the absmax and the product each rounded
@@ -45,18 +49,21 @@ __host__ __device__ constexpr int wgr_stage_w_bytes(int FMT, int EPI, int BF) {
 __host__ __device__ constexpr int wgr_ring_bytes(int FMT, int EPI, int BF, int BT, int ST) {
   return ST * (BT * 128 + wgr_stage_w_bytes(FMT, EPI, BF));
 }
-// the epilogue's tile (BT, BF + 4) f32, staged where the ring was: rows 16-byte aligned, and the fragment stores of
-// a warp's four token pairs fall into different banks
-__host__ __device__ constexpr int wgr_tile_bytes(int BF, int BT) { return BT * (BF + 4) * 4; }
-// the code and the mbarriers, after the ring or the tile, whichever is larger
-__host__ __device__ constexpr int wgr_lut_offset(int FMT, int EPI, int BF, int BT, int ST) {
-  return wgr_ring_bytes(FMT, EPI, BF, BT, ST) > wgr_tile_bytes(BF, BT) ? wgr_ring_bytes(FMT, EPI, BF, BT, ST)
-                                                                       : wgr_tile_bytes(BF, BT);
+// the epilogue's tiles (BT, BF + 4) f32, staged where the ring was: rows 16-byte aligned, and the fragment stores of
+// a warp's four token pairs fall into different banks. One tile, staged a weight set at a time, except with SR 2:
+// the cluster's blocks read each other's raw sums of every set at once.
+__host__ __device__ constexpr int wgr_tile_bytes(int EPI, int BF, int BT, int SR) {
+  return (SR == 2 && EPI == 2 ? 2 : 1) * BT * (BF + 4) * 4;
 }
-// shared memory from a 1024-byte boundary (the swizzle's atom): the ring (or the epilogue's tile), the NF4 code, ST
+// the code and the mbarriers, after the ring or the tiles, whichever is larger
+__host__ __device__ constexpr int wgr_lut_offset(int FMT, int EPI, int BF, int BT, int ST, int SR) {
+  return wgr_ring_bytes(FMT, EPI, BF, BT, ST) > wgr_tile_bytes(EPI, BF, BT, SR) ? wgr_ring_bytes(FMT, EPI, BF, BT, ST)
+                                                                                : wgr_tile_bytes(EPI, BF, BT, SR);
+}
+// shared memory from a 1024-byte boundary (the swizzle's atom): the ring (or the epilogue's tiles), the NF4 code, ST
 // `full` and ST `empty` mbarriers (128 bytes), + 1024 bytes to find that boundary
-__host__ __device__ constexpr int wgr_smem_bytes(int FMT, int EPI, int BF, int BT, int ST) {
-  return wgr_lut_offset(FMT, EPI, BF, BT, ST) + 16 * 4 + 128 + 1024;
+__host__ __device__ constexpr int wgr_smem_bytes(int FMT, int EPI, int BF, int BT, int ST, int SR) {
+  return wgr_lut_offset(FMT, EPI, BF, BT, ST, SR) + 16 * 4 + 128 + 1024;
 }
 __host__ __device__ constexpr int wgr_register_cap(int BF, int MB) {
   return 65536 / (wgr_threads(BF) * MB) < 255 ? 65536 / (wgr_threads(BF) * MB) : 255;
@@ -87,8 +94,8 @@ __host__ __device__ constexpr int wgr_first_failure(int FMT, int EPI, int BF, in
   if (wgr_register_cap(BF, MB) - sets * BT / 2 - 32 * sets < WGR_SPARE + 8 * DEC) return 7;  // registers_spare
   if (ST < 3 || ST > 6) return 8;                                                        // stages_3_6
   if (KS != 1 && KS != 2 && KS != 4 && KS != 8) return 9;                                // ks_1_2_4_8
-  if (SR < 0 || SR > 1 || (SR == 1 && KS == 1)) return 10;                               // sr_with_slices
-  if (wgr_smem_bytes(FMT, EPI, BF, BT, ST) > PIPE_SMEM_MAX) return 11;                   // smem_227k
+  if (SR < 0 || SR > 2 || (SR != 0 && KS == 1)) return 10;                               // sr_with_slices
+  if (wgr_smem_bytes(FMT, EPI, BF, BT, ST, SR) > PIPE_SMEM_MAX) return 11;               // smem_227k
   return 0;
 }
 
@@ -239,12 +246,14 @@ __device__ __forceinline__ void cp_async_mbar_arrive(unsigned bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
+// the kernels' body: nf4_mm_wgr (SR 0, 1) and nf4_mm_wgr_cluster (SR 2) differ only in their cluster shape. xmap is
+// the kernel's own __grid_constant__ parameter, taken by reference: the TMA reads the descriptor where it is.
 template <int FMT, int EPI, int BF, int BT, int ST, int KS, int MB, int DEC, int SR>
-__global__ void __launch_bounds__(BF / 64 * 128, MB)
-nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w, const float *__restrict__ absmax,
-           const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, float *__restrict__ out, int M,
-           int N, int K, const __grid_constant__ TmaMap xmap, float *__restrict__ final_out,
-           unsigned *__restrict__ counters, unsigned short *__restrict__ out_h) {
+__device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
+                                         const float *__restrict__ absmax, const unsigned *__restrict__ w_up,
+                                         const float *__restrict__ absmax_up, float *__restrict__ out, int M, int N,
+                                         int K, const TmaMap &xmap, float *__restrict__ final_out,
+                                         unsigned *__restrict__ counters, unsigned short *__restrict__ out_h) {
   constexpr int FAIL = wgr_first_failure(FMT, EPI, BF, BT, ST, KS, MB, DEC, SR);
   static_assert(FAIL != 1, "variant: FMT in 0..2 (nf4, f16, f32), EPI in 0..2 (none, residual, swiglu)");
   static_assert(FAIL != 2, "warpgroups_1_4: BF must be 1..4 warpgroups of 64 features");
@@ -255,7 +264,7 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
   static_assert(FAIL != 7, "registers_spare: the launch bound leaves too few registers beside the accumulators");
   static_assert(FAIL != 8, "stages_3_6: ST (ring stages) must be in 3..6");
   static_assert(FAIL != 9, "ks_1_2_4_8: KS (slices of K) must be 1, 2, 4 or 8");
-  static_assert(FAIL != 10, "sr_with_slices: SR (the last block sums the slices) must be 0, or 1 with KS > 1");
+  static_assert(FAIL != 10, "sr_with_slices: SR (who sums the slices) must be 0, or 1 or 2 with KS > 1");
   static_assert(FAIL != 11, "smem_227k: the ring exceeds 227 KB of shared memory");
   constexpr int NT = wgr_threads(BF), SETS = EPI == 2 ? 2 : 1, BK = 64;
   constexpr int XBYTES = BT * 128, WBYTES = wgr_stage_w_bytes(FMT, EPI, BF), RROW = wg_row_bytes(FMT);
@@ -264,7 +273,7 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
   const unsigned raw_addr = smem_addr(dsmem), base_addr = (raw_addr + 1023u) & ~1023u;
   unsigned char *base = dsmem + (base_addr - raw_addr);
   // x tiles, W stages (or the epilogue's tile), then the code and the mbarriers
-  constexpr int WOFF = ST * XBYTES, LOFF = wgr_lut_offset(FMT, EPI, BF, BT, ST);
+  constexpr int WOFF = ST * XBYTES, LOFF = wgr_lut_offset(FMT, EPI, BF, BT, ST, SR);
   float *lut = reinterpret_cast<float *>(base + LOFF);
   const unsigned bars = base_addr + LOFF + 64;
   const int tid = threadIdx.x, wg = tid / 128, warp = tid / WARPSIZE, lane = tid % WARPSIZE;
@@ -387,6 +396,16 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
   __syncthreads();  // every warpgroup's wgmma and copies are done: the ring is free
   constexpr int TS = BF + 4, PASSES = KS > 1 ? SETS : 1;
   float *tile = reinterpret_cast<float *>(base);
+  if constexpr (SR == 2) {
+#pragma unroll
+    for (int s = 0; s < SETS; ++s)
+#pragma unroll
+      for (int j = 0; j < BT / 8; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) tile[(s * BT + 8 * j + 2 * t + q % 2) * TS + r + 8 * (q / 2)] = acc[s][j][q];
+    cluster_reduce<EPI, KS, NT, BT, BF>(base_addr, final_out, out_h, M, N, t0, f0);
+    return;
+  }
   const size_t mn = (size_t)M * N;
   const bool vec = N % 4 == 0;  // a row's 16-byte chunks are aligned (f0 is a multiple of 64)
 #pragma unroll
@@ -431,4 +450,29 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
   if constexpr (SR == 1)  // the code table is no longer read: its first word holds the flag
     serial_reduce<EPI, KS, NT, BT, BF>(out, final_out, out_h, counters, reinterpret_cast<unsigned *>(lut), M, N, t0,
                                        f0);
+}
+
+template <int FMT, int EPI, int BF, int BT, int ST, int KS, int MB, int DEC, int SR>
+__global__ void __launch_bounds__(BF / 64 * 128, MB)
+nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w, const float *__restrict__ absmax,
+           const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, float *__restrict__ out, int M,
+           int N, int K, const __grid_constant__ TmaMap xmap, float *__restrict__ final_out,
+           unsigned *__restrict__ counters, unsigned short *__restrict__ out_h) {
+  static_assert(SR != 2, "SR 2 (a cluster per tile) is launched as nf4_mm_wgr_cluster");
+  wgr_body<FMT, EPI, BF, BT, ST, KS, MB, DEC, SR>(xh, w, absmax, w_up, absmax_up, out, M, N, K, xmap, final_out,
+                                                  counters, out_h);
+}
+
+// SR 2: the KS blocks of a tile (blockIdx.z = 0..KS-1) are one cluster; out is final_out (no partial sums) and
+// counters is not read
+template <int FMT, int EPI, int BF, int BT, int ST, int KS, int MB, int DEC, int SR>
+__global__ void __cluster_dims__(1, 1, KS) __launch_bounds__(BF / 64 * 128, MB)
+nf4_mm_wgr_cluster(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
+                   const float *__restrict__ absmax, const unsigned *__restrict__ w_up,
+                   const float *__restrict__ absmax_up, float *__restrict__ out, int M, int N, int K,
+                   const __grid_constant__ TmaMap xmap, float *__restrict__ final_out, unsigned *__restrict__ counters,
+                   unsigned short *__restrict__ out_h) {
+  static_assert(SR == 2, "nf4_mm_wgr_cluster sums the slices in a cluster: SR 2");
+  wgr_body<FMT, EPI, BF, BT, ST, KS, MB, DEC, SR>(xh, w, absmax, w_up, absmax_up, out, M, N, K, xmap, final_out,
+                                                  counters, out_h);
 }

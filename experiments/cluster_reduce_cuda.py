@@ -1,0 +1,93 @@
+"""Does summing split-K's slices inside a cluster (wgr SR 2) make the decision faster? (CUDA, one model)
+
+The tune times every candidate alone: SR 0 with its reduction launch, SR 2 as one launch. In a decision SR 0's
+reduction is fused with the next matmul's prologue (`fuse_preps`), while after SR 2 that prologue stays a launch of
+its own, so the tune's pick per shape does not settle the decision. This takes the device's tuned dispatch table
+(the one `tilewise.load` would use, or `--table`), makes a twin in which every wgr config with SR 2 has SR 0, and
+races whole decisions on the two. Both sum the slices in the same order, so their scores must be bit-identical: a
+nonzero difference is a bug.
+
+    PYTHONPATH=src python3 experiments/cluster_reduce_cuda.py [--preset lfm2-350m] [--seq 346] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+from tilewise.devices import get_device
+from tilewise.model.bench import PREFIX_TOKENS, op_table, percentiles, prompts, race_executors
+from tilewise.model.cuda import CUDAExecutor
+from tilewise.model.runtime import open_checkpoint
+from tilewise.model.tune import model_config
+from tilewise.tune.dispatch import DispatchTable, load_table
+from tilewise.tune.measure import compare, summarize
+
+MODES = ("cluster", "reduction")  # the table as tuned (SR 2 where it won), and its SR 0 twin
+
+
+def without_clusters(table: DispatchTable) -> tuple[DispatchTable, list[str]]:
+    """`table` with every wgr SR 2 config made SR 0, and the keys of the entries that changed."""
+    doc = json.loads(json.dumps(table.to_json()))  # a copy: to_json shares the entries' range dicts
+    changed = []
+    for key, entry in doc["entries"].items():
+        for r in entry["ranges"]:
+            if "wgr" in r.get("kernel", "") and r["config"].get("SR") == 2:
+                r["config"] = {**r["config"], "SR": 0}
+                changed.append(key)
+    return DispatchTable.from_json(doc), sorted(set(changed))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="lfm2-350m", help="model preset")
+    ap.add_argument("--seq", type=int, default=346, help="a decision's prompt length")
+    ap.add_argument("--table", help="dispatch table JSON (default: the device's, as `tilewise.load` finds it)")
+    ap.add_argument("--rounds", type=int, default=10, help="rounds of the decision race")
+    ap.add_argument("--per-round", type=int, default=20, help="decisions per table and round")
+    ap.add_argument("--out", help="folder for cluster_reduce.json")
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+    dev = get_device(args.device)
+    cfg = model_config(args.preset)
+    ck = open_checkpoint(args.preset, weights="nf4")
+    tuned = CUDAExecutor(ck, device=dev, dispatch=load_table(args.table) if args.table else None, quiet=True)
+    twin, changed = without_clusters(tuned.dispatch)
+    if not changed:
+        print(f"no entry of the table picks wgr with SR 2 at any row count: nothing to race ({dev.info.name})")
+        return 0
+    executors = {"cluster": tuned, "reduction": CUDAExecutor(ck, device=dev, dispatch=twin, quiet=True)}
+    _, full = prompts(cfg.vocab_size, args.seq, 40, PREFIX_TOKENS, seed=3)
+    samples, diff = race_executors(executors, full, args.rounds, args.per_round)
+    stats = {m: summarize(v) for m, v in samples.items()}
+    verdict = compare(stats["reduction"], stats["cluster"], ("SR 0 twin", "table as tuned (SR 2)"))
+    ops = {m: {r["name"]: r for r in op_table(executors[m], full[0])} for m in MODES}
+    print(f"{dev.info.name} [{dev.info.fingerprint}]: {args.preset}, {args.seq} rows; SR 2 in: {', '.join(changed)}")
+    print(f"{'op':<22}{'cluster us':>12}{'reduction us':>14}{'launches':>10}{'launches':>10}")
+    for name in sorted(set().union(*ops.values()), key=lambda n: -ops["reduction"].get(n, {"ms": 0})["ms"]):
+        a, b = (ops[m].get(name, {"ms": float("nan"), "launches": 0}) for m in MODES)
+        print(f"{name:<22}{1e3 * a['ms']:>12.1f}{1e3 * b['ms']:>14.1f}{a['launches']:>10}{b['launches']:>10}")
+    for m in MODES:
+        p = percentiles(samples[m])
+        print(f"decision, {m}: p50 {p['p50']:.4f} ms, p90 {p['p90']:.4f}, p99 {p['p99']:.4f} ({p['n']} decisions)")
+    note = f"; {verdict.note}" if verdict.note else ""
+    print(f"cluster over reduction: {verdict.verdict} ({verdict.ratio:.3f}x{note}); max |score difference| {diff:.2e}"
+          + ("" if diff == 0.0 else "  <-- NOT bit-identical"))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        doc = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+               "command": "python3 experiments/cluster_reduce_cuda.py " + " ".join(sys.argv[1:]),
+               "device": dev.info.as_dict(), "preset": args.preset, "seq": args.seq, "changed": changed, "ops": ops,
+               "max_abs_score_diff": diff, "verdict": verdict.verdict, "speedup": verdict.ratio, "note": verdict.note,
+               **{m: {**percentiles(v), "median_ci95_ms": list(stats[m].ci95_ms), "samples_ms": v}
+                  for m, v in samples.items()}}
+        (out / "cluster_reduce.json").write_text(json.dumps(doc, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
