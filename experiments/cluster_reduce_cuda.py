@@ -1,10 +1,10 @@
-"""Does summing split-K's slices inside a cluster (wgr SR 2) make the decision faster? (CUDA, one model)
+"""Does summing split-K's slices inside a cluster (SR 2) make the decision faster? (CUDA, one model)
 
 The tune times every candidate alone: SR 0 with its reduction launch, SR 2 as one launch. In a decision SR 0's
 reduction is fused with the next matmul's prologue (`fuse_preps`), while after SR 2 that prologue stays a launch of
 its own, so the tune's pick per shape does not settle the decision. This takes the device's tuned dispatch table
-(the one `tilewise.load` would use, or `--table`), makes a twin in which every wgr config with SR 2 has SR 0, and
-races whole decisions on the two. Both sum the slices in the same order, so their scores must be bit-identical: a
+(the one `tilewise.load` would use, or `--table`), makes a twin in which every config with SR 2 (wgr, splitk) has
+SR 0, and races whole decisions on the two. Both sum the slices in the same order, so their scores must be bit-identical: a
 nonzero difference is a bug.
 
     PYTHONPATH=src python3 experiments/cluster_reduce_cuda.py [--preset lfm2-350m] [--seq 346] [--out DIR]
@@ -30,12 +30,12 @@ MODES = ("cluster", "reduction")  # the table as tuned (SR 2 where it won), and 
 
 
 def without_clusters(table: DispatchTable) -> tuple[DispatchTable, list[str]]:
-    """`table` with every wgr SR 2 config made SR 0, and the keys of the entries that changed."""
+    """`table` with every SR 2 config (wgr, splitk) made SR 0, and the keys of the entries that changed."""
     doc = json.loads(json.dumps(table.to_json()))  # a copy: to_json shares the entries' range dicts
     changed = []
     for key, entry in doc["entries"].items():
         for r in entry["ranges"]:
-            if "wgr" in r.get("kernel", "") and r["config"].get("SR") == 2:
+            if r["config"].get("SR") == 2:
                 r["config"] = {**r["config"], "SR": 0}
                 changed.append(key)
     return DispatchTable.from_json(doc), sorted(set(changed))
@@ -57,7 +57,7 @@ def main() -> int:
     tuned = CUDAExecutor(ck, device=dev, dispatch=load_table(args.table) if args.table else None, quiet=True)
     twin, changed = without_clusters(tuned.dispatch)
     if not changed:
-        print(f"no entry of the table picks wgr with SR 2 at any row count: nothing to race ({dev.info.name})")
+        print(f"no entry of the table picks SR 2 at any row count: nothing to race ({dev.info.name})")
         return 0
     executors = {"cluster": tuned, "reduction": CUDAExecutor(ck, device=dev, dispatch=twin, quiet=True)}
     _, full = prompts(cfg.vocab_size, args.seq, 40, PREFIX_TOKENS, seed=3)

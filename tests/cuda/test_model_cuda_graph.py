@@ -271,10 +271,11 @@ def test_serial_reductions_are_bit_identical_to_reduction_launches(dev, rng, kin
     _setting_keeps_bits(ex, rng, "serial_reduce", check)
 
 
-def test_cluster_reductions_are_bit_identical_to_reduction_launches(dev, rng):
-    """ffn.down on wgr in two slices summed inside a cluster (SR 2) gives the same decisions, bit for bit, as the
-    same table with SR 0 (a reduction launch, joined with the next layer's prologue): launch by launch and replayed,
-    over prompt lengths and an extend branch, with no reduction launch left."""
+@pytest.mark.parametrize(("apart", "cluster"), [("wgr-split", "wgr-cluster"), ("splitk", "splitk-cluster")])
+def test_cluster_reductions_are_bit_identical_to_reduction_launches(dev, rng, apart, cluster):
+    """Slices summed inside a cluster (SR 2: ffn.down on wgr in two slices; every matmul on splitk) give the same
+    decisions, bit for bit, as the same table with SR 0 (reduction launches, joined with the next prologue where one
+    follows): launch by launch and replayed, over prompt lengths and an extend branch, with no reduction left."""
     from tests.cuda.test_model_cuda_tune import kind_table
 
     from tilewise.model.checkpoint import Checkpoint, random_tensors
@@ -283,8 +284,7 @@ def test_cluster_reductions_are_bit_identical_to_reduction_launches(dev, rng):
 
     cfg = PRESETS["tiny"]
     ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 11), "f32", "preset:tiny").converted("nf4").materialize()
-    ex = {k: CUDAExecutor(ck, device=dev, dispatch=kind_table(dev, cfg, k), quiet=True)
-          for k in ("wgr-split", "wgr-cluster")}
+    ex = {k: CUDAExecutor(ck, device=dev, dispatch=kind_table(dev, cfg, k), quiet=True) for k in (apart, cluster)}
 
     def run(kind, ids, start, base, graphs):
         ex[kind].graphs = graphs
@@ -293,18 +293,18 @@ def test_cluster_reductions_are_bit_identical_to_reduction_launches(dev, rng):
 
     for n in (9, 40, 121):
         ids = rng.integers(0, cfg.vocab_size, n)
-        want = run("wgr-split", ids, 0, None, False)
+        want = run(apart, ids, 0, None, False)
         for graphs in (True, True, False):
-            got = run("wgr-cluster", ids, 0, None, graphs)
+            got = run(cluster, ids, 0, None, graphs)
             np.testing.assert_array_equal(got[0], want[0])
             np.testing.assert_array_equal(got[1], want[1])
-        plan, _ = ex["wgr-cluster"].plan(ids, 0, None, True)
+        plan, _ = ex[cluster].plan(ids, 0, None, True)
         entries = [p.program.meta["entry"] for p in plan.launches]
-        assert not any("reduce" in e for e in entries) and any(e.startswith("nf4_mm_wgr_cluster") for e in entries)
+        assert not any("reduce" in e for e in entries) and any(e.split("<")[0].endswith("_cluster") for e in entries)
     head = rng.integers(0, cfg.vocab_size, 30)
     tail = rng.integers(0, cfg.vocab_size, 12)
     bases = {k: run(k, head, 0, None, True)[2] for k in ex}
-    want = run("wgr-split", tail, 30, bases["wgr-split"], False)
-    got = run("wgr-cluster", tail, 30, bases["wgr-cluster"], True)
+    want = run(apart, tail, 30, bases[apart], False)
+    got = run(cluster, tail, 30, bases[cluster], True)
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])

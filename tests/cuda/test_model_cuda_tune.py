@@ -45,7 +45,7 @@ def kind_table(dev, cfg, kind: str):
     """A dispatch table that runs every matmul of `cfg` from 8 rows on `kind`: split-K (KS 2, whole 32-wide steps
     of tiny's K = 64 and 128) or a wgmma kind's default (skips off Hopper); `wg-split` (`wgr-split`) is wg's (wgr's)
     default with ffn.down in two slices, whose reduction the next layer's f16 prologue can join; `wgr-cluster` the
-    same with those two slices summed inside a cluster (SR 2)."""
+    same with those two slices summed inside a cluster (SR 2); `splitk-cluster` every matmul on split-K with SR 2."""
     from tilewise.kernels.matmul.cuda import CudaMatmul
     from tilewise.model.dispatch import matmul_key
     from tilewise.tune.dispatch import DispatchTable, Entry
@@ -53,11 +53,13 @@ def kind_table(dev, cfg, kind: str):
     H, F = cfg.hidden_size, cfg.ffn_dim
     qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
     split = {"BM": 32, "BN": 64, "BK": 32, "WM": 16, "WN": 32, "PIPE": 2, "KS": 2}
-    if kind != "splitk":
+    if kind != "splitk" and dev.info.limits.compute_capability != "9.0":
+        pytest.skip("wgmma and clusters need a Hopper GPU")
+    if kind == "splitk-cluster":
+        split = {**split, "SR": 2}
+    elif kind != "splitk":
         from tilewise.kernels.matmul.cuda import DEFAULT_WG, DEFAULT_WGR
 
-        if dev.info.limits.compute_capability != "9.0":
-            pytest.skip("wgmma needs a Hopper GPU")
         split = DEFAULT_WGR if kind.startswith("wgr") else DEFAULT_WG
     table = DispatchTable(dev.info.fingerprint)
     for epi, n, k, norm in (("none", 3 * H, H, True), ("none", qkv, H, True), ("residual", H, H, False),
@@ -65,13 +67,14 @@ def kind_table(dev, cfg, kind: str):
                             ("swiglu", F, H, True), ("residual", H, F, False)):
         tpl = CudaMatmul(kind.removesuffix("-split").removesuffix("-cluster"), "nf4", epi, norm)
         sliced = {**split, "KS": 2, **({"SR": 2} if kind.endswith("-cluster") else {})}
-        config = sliced if kind.endswith(("-split", "-cluster")) and (n, k) == (H, F) else split
+        config = sliced if kind.startswith("w") and kind.endswith(("-split", "-cluster")) and (n, k) == (H, F) \
+            else split
         table.put(matmul_key("nf4", epi, n, k, norm), Entry([
             {"m_min": 8, "m_max": None, "kernel": tpl.name, "config": config}]), tpl)
     return table
 
 
-@pytest.mark.parametrize("kind", ["splitk", "wg", "wgt", "wgr", "wg-split", "wgr-cluster"])
+@pytest.mark.parametrize("kind", ["splitk", "wg", "wgt", "wgr", "wg-split", "wgr-cluster", "splitk-cluster"])
 def test_an_executor_with_split_k_tables_matches_the_float64_reference(dev, rng, kind):
     """Every matmul of the model on split-K from 8 rows (KS 2, whole 32-wide steps of tiny's K = 64 and 128), or on
     a wgmma kind (wgt, wgr: x by TMA, its tensor map made for the executor's own f16 scratch): the scores still match

@@ -4,6 +4,7 @@ C++ legality walk of the tensor-core matmul agrees with the Python rules on rand
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import re
@@ -45,6 +46,7 @@ SIGS = {
     "nf4_mm_mma": MM_SIG,
     "nf4_mm_rows": MM_SIG,
     "nf4_mm_splitk": SPLITK_SIG,
+    "nf4_mm_splitk_cluster": SPLITK_SIG,
     "nf4_mm_pipe": MM_SIG,
     "nf4_mm_ring": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, "
                     "float *, int, int, int)"),
@@ -143,14 +145,17 @@ def test_every_splitk_seed_config_of_every_variant_and_the_reductions_compile(tm
     entries = sorted({t.entry(c) for t in split for c in legal(t.space("seed"))} | {t.reduce_entry() for t in split})
     assert sum(e.startswith("nf4_mm_splitk_reduce") for e in entries) == 3  # one per epilogue
     assert sum(e.endswith(", 1>") for e in entries if e.startswith("nf4_mm_splitk<")) >= 18  # SR 1 in every variant
+    assert sum(e.startswith("nf4_mm_splitk_cluster<") for e in entries) >= 18  # SR 2 (sm_90) in every variant
     cubin(tmp_path, "splitk", MATMUL, entries)
+    ampere = dataclasses.replace(SM90, compute_capability="8.0")
+    assert not any(c["SR"] == 2 for t in split for c in t.space("seed").split(ampere)[0])  # cluster_sm90
 
 
 def test_split_k_with_sr_keeps_its_flag_within_48_kb():
     """SR 1 adds one shared word beside `mma_smem_bytes` (which the smem_48k rule counts): every legal split-K
     config of the space leaves room for it, so no rule needs to count it."""
     most = max(mm.mma_smem_bytes(c, t.sets) for t in mm.all_variants() if t.kind == "splitk"
-               for c in legal(t.space()) if c["SR"])
+               for c in legal(t.space()) if c["SR"] == 1)
     assert most + 4 <= mm.STATIC_SMEM_BYTES
 
 
@@ -266,8 +271,6 @@ def test_the_winning_wg_tiles_keep_their_wgmma_ops_asynchronous(tmp_path):
 
 def test_wg_needs_hopper():
     """wgmma exists on compute capability 9.0 only: on any other device every wg config is refused by name."""
-    import dataclasses
-
     tpl = mm.CudaMatmul("wg", "nf4", "none", False)
     ada = dataclasses.replace(SM90, compute_capability="8.9")
     why = tpl.why_illegal(tpl.default_config(), ada, (346, 1024, 1024))
@@ -360,7 +363,8 @@ ILLEGAL = [
     ("matmul", "matmul.cu", "nf4_mm_mma<0, 1, 0, 64, 64, 32, 32, 32, 3>", "pipe_1_2"),
     ("matmul", "matmul.cu", "nf4_mm_splitk<0, 1, 0, 64, 64, 32, 32, 32, 2, 3, 0>", "ks_2_4_8"),
     ("matmul", "matmul.cu", "nf4_mm_splitk<0, 2, 1, 128, 128, 64, 64, 64, 2, 4, 0>", "smem_48k"),
-    ("matmul", "matmul.cu", "nf4_mm_splitk<0, 1, 0, 64, 64, 32, 32, 32, 2, 4, 2>", "sr_0_1"),
+    ("matmul", "matmul.cu", "nf4_mm_splitk<0, 1, 0, 64, 64, 32, 32, 32, 2, 4, 3>", "sr_0_1_2"),
+    ("matmul", "matmul.cu", "nf4_mm_splitk_cluster<0, 0, 1, 64, 64, 64, 32, 32, 2, 4, 2>", "cluster_tile_48k"),
     ("matmul", "matmul.cu", "nf4_mm_splitk_reduce<1, 48>", "whole_warps"),
     ("matmul", "matmul.cu", "nf4_mm_pipe<0, 0, 0, 64, 64, 32, 32, 32, 2, 1, 2>", "stages_3_8"),
     ("matmul", "matmul.cu", "nf4_mm_pipe<0, 0, 0, 64, 64, 48, 32, 32, 4, 1, 2>", "raw_rows_16b"),
@@ -476,7 +480,7 @@ def test_cpp_mma_rules_agree_with_python_rules(tmp_path, kind):
     def tail() -> tuple[int, ...]:  # pipe / ring: ST, KS, MB; mma: PIPE; splitk: PIPE, KS, SR
         if kind in ("pipe", "ring"):
             return rng.choice([1, 2, 3, 4, 4, 6, 8, 9]), rng.choice([1, 1, 2, 3, 4, 8]), rng.choice([1, 2, 2, 3])
-        ks = (rng.choice([1, 2, 3, 4, 4, 8, 8, 16]), rng.choice([0, 0, 1, 1, 2])) if kind == "splitk" else ()
+        ks = (rng.choice([1, 2, 3, 4, 4, 8, 8, 16]), rng.choice([0, 0, 1, 1, 2, 2, 3])) if kind == "splitk" else ()
         return rng.choice([1, 2, 2, 3]), *ks
 
     norms = [0] if kind == "ring" else [0, 1]  # the ring kind's norm is its prologue's: no NORM argument

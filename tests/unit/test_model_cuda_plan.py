@@ -688,3 +688,24 @@ def test_a_wgr_cluster_choice_sums_its_slices_in_its_own_launch_with_no_scratch(
     off = swiglu.compile(RecordingDevice(), swiglu.config_of({**DEFAULT_WGR, "KS": 2, "SR": 0}), shape)
     assert "f16_out" in on.meta and "reduce" not in on.meta
     assert "f16_out" not in off.meta and "reduce" in off.meta
+
+
+def test_a_splitk_cluster_choice_writes_the_rows_itself_with_no_scratch(rng):
+    """ffn.down on splitk with SR 2: one `nf4_mm_splitk_cluster` launch a layer, grid z = KS (its cluster), summing
+    into the residual rows (partial's and final_out's places both hold them), with no partial sums or counters."""
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
+    dev = RecordingDevice()
+    split = {"BM": 32, "BN": 64, "BK": 32, "WM": 16, "WN": 32, "PIPE": 2, "KS": 2, "SR": 2}
+    ex = CUDAExecutor(ck, device=dev, dispatch=_table_for(cfg, dev.info.fingerprint, split, {"NT": 64, "RM": 2}, 4,
+                                                          kind="splitk"))
+    sigs = kernel_signatures()
+    plan, _ = ex.plan(rng.integers(0, 512, 40), 0, None, False)
+    assert not any("reduce" in launch.program.meta["entry"] for launch in plan.launches)
+    downs = [launch for launch, lab in zip(plan.launches, plan.labels) if lab == "ffn.down"]
+    assert len(downs) == len(cfg.layer_types)
+    for main in downs:
+        check_launch(main, sigs)
+        assert main.program.meta["entry"] == "nf4_mm_splitk_cluster<0, 1, 0, 32, 64, 32, 16, 32, 2, 2, 2>"
+        assert main.grid[2] == 2 and main.buffers[8] is ex.act["x"] and main.buffers[12] is ex.act["x"]
+    assert "partial" not in ex._scratch and "counters" not in ex._scratch

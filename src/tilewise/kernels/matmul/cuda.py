@@ -9,7 +9,8 @@ Problem: `matmul.problem.MatmulProblem` (y = epilogue(norm(x) @ W^T), W (N, K) n
   (inline PTX). f16 operands, so it is verified at the f16 tolerance;
 - `splitk` (`nf4_mm_splitk<..., PIPE, KS, SR>` + `nf4_mm_splitk_reduce<EPI, NT>`): the same main loop over KS
   slices of K (grid z), raw f32 partial sums into the `partial` scratch (KS, SETS, M, N), then a second launch adds
-  the slices in a fixed order and applies the epilogue (SR 1: the last block of each tile does, as wgr's): it fills
+  the slices in a fixed order and applies the epilogue (SR 1: the last block of each tile does, as wgr's; SR 2,
+  Hopper: `nf4_mm_splitk_cluster`, the tile's blocks one cluster, as wgr's): it fills
   the GPU where N / BN * M / BM tiles would not (the N = 1024 projections);
 - `pipe` (`nf4_mm_pipe<..., ST, KS, MB>`): the same tiles fed by a cp.async ring of ST raw stages in dynamic shared
   memory (opted in above 48 KB), converted into two operand buffers with one barrier a step; KS 1 applies the
@@ -225,7 +226,7 @@ class CudaMatmul(KernelTemplate):
                          pipe_rules(self.sets, self.fmt), points=PIPE_SEED if which == "seed" else None)
         values = {k: list(v) for k, v in MMA_VALUES.items()}
         if self.kind == "splitk":
-            values["KS"], values["SR"] = list(KS_VALUES), [0, 1]
+            values["KS"], values["SR"] = list(KS_VALUES), [0, 1, 2]
             return Space(f"cuda-matmul-splitk-{which}", values, splitk_rules(self.sets, self.fmt, self.norm),
                          points=SPLITK_SEED if which == "seed" else None)
         points = MMA_SEED if which == "seed" else None
@@ -255,9 +256,9 @@ class CudaMatmul(KernelTemplate):
         return self.kind in SR_KINDS and self.splits(config) and config["SR"] == 1
 
     def clustered(self, config: Config) -> bool:
-        """A tile's blocks are one cluster that sums its slices in shared memory (wgr's SR 2): no reduction launch,
-        no partial sums, no counters."""
-        return self.kind == "wgr" and self.splits(config) and config["SR"] == 2
+        """A tile's blocks are one cluster that sums its slices in shared memory (wgr's and splitk's SR 2, Hopper):
+        no reduction launch, no partial sums, no counters."""
+        return self.kind in SR_KINDS and self.splits(config) and config["SR"] == 2
 
     def sums_in_kernel(self, config: Config) -> bool:
         """The matmul's own launch applies the epilogue (KS 1, SR 1 or SR 2): no reduction launch follows."""
@@ -301,8 +302,9 @@ class CudaMatmul(KernelTemplate):
         head = (FMT_CODE[self.fmt], EPI_CODE[self.epilogue], int(self.norm))
         if self.kind == "rows":
             return name_expression("nf4_mm_rows", *head, *(config[p] for p in ROWS_PARAMS))
-        if self.kind == "splitk":
-            return name_expression("nf4_mm_splitk", *head, *(config[p] for p in SPLITK_PARAMS))
+        if self.kind == "splitk":  # SR 2: the kernel declares its cluster (1, 1, KS)
+            name = "nf4_mm_splitk_cluster" if config["SR"] == 2 else "nf4_mm_splitk"
+            return name_expression(name, *head, *(config[p] for p in SPLITK_PARAMS))
         if self.kind == "pipe":
             return name_expression("nf4_mm_pipe", *head, *(config[p] for p in PIPE_PARAMS))
         if self.kind == "ring":  # the norm is the prologue's (`prep_entry`)
@@ -473,7 +475,8 @@ class CudaMatmul(KernelTemplate):
             return f"{self.kind} {tile} st{config['ST']} ks{config['KS']} mb{config['MB']}"
         tile += f" p{config['PIPE']}"
         if self.kind == "splitk":
-            return f"splitk {tile} ks{config['KS']}" + (" sr" if self.serial(config) else "")
+            return (f"splitk {tile} ks{config['KS']}" + (" sr" if self.serial(config) else "")
+                    + (" cluster" if self.clustered(config) else ""))
         return f"mma {tile}"
 
     def tile_waste(self, config: Config, shape: Shape) -> float:

@@ -44,11 +44,13 @@ MMA_SEED = [dict(zip(MMA_PARAMS, v)) for v in (
     (32, 128, 64, 32, 32, 2), (64, 256, 32, 32, 64, 1), (128, 64, 64, 32, 32, 1), (32, 32, 32, 16, 16, 2),
     (128, 256, 64, 64, 64, 2), (128, 128, 64, 64, 64, 2),  # the last two are illegal on purpose: smem_48k
 )]
-#: SR 1 twins (the last block of a tile sums its slices: no reduction launch) follow the first two (the bundled
-#: model's down projection picked the second on the H200)
+#: SR 1 twins (the last block of a tile sums its slices: no reduction launch) and SR 2 twins (the tile's blocks one
+#: cluster: Hopper only) follow the first two (the bundled model's projections picked the second with SR 1 on the
+#: H200)
 SPLITK_SEED = [dict(zip(SPLITK_PARAMS, v)) for v in (
     (32, 64, 64, 16, 32, 2, 2, 0), (32, 64, 64, 16, 32, 2, 4, 0), (32, 64, 64, 16, 32, 2, 4, 1),
-    (32, 64, 64, 16, 32, 2, 2, 1), (64, 64, 32, 32, 32, 2, 4, 0), (64, 64, 32, 32, 32, 2, 2, 0),
+    (32, 64, 64, 16, 32, 2, 4, 2), (32, 64, 64, 16, 32, 2, 2, 1), (32, 64, 64, 16, 32, 2, 2, 2),
+    (64, 64, 32, 32, 32, 2, 4, 0), (64, 64, 32, 32, 32, 2, 2, 0),
     (32, 64, 32, 16, 32, 2, 8, 0), (64, 64, 32, 32, 32, 2, 4, 1), (64, 128, 32, 32, 64, 2, 4, 0),
     (32, 128, 64, 32, 32, 2, 2, 0), (64, 64, 64, 32, 32, 2, 8, 0), (128, 64, 32, 64, 32, 2, 2, 0),
 )]
@@ -314,9 +316,23 @@ def splitk_rules(sets: int, fmt: str = "nf4", norm: bool = False) -> list[Rule]:
     rules = mma_rules(sets, fmt, norm)
     ks = Rule("ks_2_4_8", lambda c, _: c.KS in KS_VALUES, lambda c, _: f"KS = {c.KS} is not 2, 4 or 8",
               doc="slices of K; the partial-sum scratch holds at most 8 slices of SETS x M x N")
-    sr = Rule("sr_0_1", lambda c, _: c.SR in (0, 1), lambda c, _: f"SR = {c.SR} is not 0 or 1",
-              doc="1: the last of a tile's KS blocks sums the slices and applies the epilogue (no reduction launch)")
-    return [*(r for r in rules if not r.needs_limits), ks, sr, *(r for r in rules if r.needs_limits)]
+    sr = Rule("sr_0_1_2", lambda c, _: c.SR in (0, 1, 2), lambda c, _: f"SR = {c.SR} is not 0, 1 or 2",
+              doc="1: the last of a tile's KS blocks sums the slices and applies the epilogue (no reduction launch); "
+                  "2: the tile's KS blocks are one cluster and sum them from each other's shared memory")
+    tile = Rule("cluster_tile_48k",
+                lambda c, _: c.SR != 2 or mma_smem_bytes(c, sets) + splitk_cluster_tile_bytes(c, sets) <= 48 * 1024,
+                lambda c, _: f"{mma_smem_bytes(c, sets)} bytes of main-loop buffers + "
+                             f"{splitk_cluster_tile_bytes(c, sets)} of SR 2's tile > 48 KB of static shared memory")
+    cluster = Rule("cluster_sm90", lambda c, lim: c.SR != 2 or lim.compute_capability == WG_COMPUTE_CAPABILITY,
+                   lambda c, lim: f"SR 2 (a thread block cluster per tile) needs compute capability "
+                                  f"{WG_COMPUTE_CAPABILITY} (Hopper); this device has {lim.compute_capability}",
+                   needs_limits=True)
+    return [*(r for r in rules if not r.needs_limits), ks, sr, tile, *(r for r in rules if r.needs_limits), cluster]
+
+
+def splitk_cluster_tile_bytes(c: Config, sets: int) -> int:
+    """SR 2's tile of raw sums, (SETS, BM, BN + 4) f32, as `splitk_cluster_tile_bytes` in matmul.cu."""
+    return sets * c.BM * (c.BN + 4) * 4
 
 
 def dynamic_smem_rules(smem: Callable[[Config], int]) -> list[Rule]:

@@ -20,12 +20,13 @@
 // hundred rows); it writes raw f32 accumulators (both weight sets for swiglu) to partial (KS, SETS, M, N). With
 // NORM each slice still computes its rows' 1/rms over the whole row. nf4_mm_splitk_reduce<EPI, NT> then sums the
 // KS slices in a fixed order (deterministic: graph replays stay bit-identical) and applies the epilogue; with SR 1
-// the last of a tile's blocks does that instead (`serial_reduce`), with no reduction launch.
+// the last of a tile's blocks does that instead (`serial_reduce`), with no reduction launch; with SR 2 (Hopper,
+// nf4_mm_splitk_cluster) the tile's KS blocks are one cluster and sum each other's raw sums from shared memory.
 // The fused RMSNorm: where a block covers all of K (mma, pipe KS 1) it gathers each row's sum of squares while it
 // stages x, rounds x * norm_w to f16 and scales the accumulators by 1/rms at the end (exact in real arithmetic:
 // the 1/rms is per row); split-K slices read their rows once more in a prologue instead. x * norm_w must stay in
 // f16's range (|.| < 65504), as the normed value always did.
-// matmul_reduce.cu (the two ways split-K's slices are summed), matmul_mma.cu (the two kernels above),
+// matmul_reduce.cu (the ways split-K's slices are summed), matmul_mma.cu (the kernels above),
 // matmul_pipe.cu (the cp.async-fed kind), matmul_ring.cu, the wgmma kinds' files and matmul_rows.cu (the short-row
 // kind) follow this file in one source (`SOURCE_FILES`, `matmul_source` in cuda.py): they use its helpers, and
 // NVRTC compiles them as one text.
@@ -105,12 +106,19 @@ __host__ __device__ constexpr int mma_first_failure(int FMT, int EPI, int NORM, 
   return 0;
 }
 
+// SR 2's tile of raw sums, (SETS, BM, BN + 4) f32, beside the main loop's buffers in static shared memory
+__host__ __device__ constexpr int splitk_cluster_tile_bytes(int EPI, int BM, int BN) {
+  return (EPI == 2 ? 2 : 1) * BM * (BN + 4) * 4;
+}
+
 __host__ __device__ constexpr int splitk_first_failure(int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM,
                                                         int WN, int PIPE, int KS, int SR) {
   const int mma = mma_first_failure(FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE);
   if (mma) return mma;
   if (KS != 2 && KS != 4 && KS != 8) return 9;  // ks_2_4_8
-  if (SR != 0 && SR != 1) return 10;            // sr_0_1
+  if (SR < 0 || SR > 2) return 10;              // sr_0_1_2
+  if (SR == 2 && mma_smem_bytes(EPI, BM, BN, BK, PIPE) + splitk_cluster_tile_bytes(EPI, BM, BN) > 48 * 1024)
+    return 11;                                  // cluster_tile_48k
   return 0;
 }
 
