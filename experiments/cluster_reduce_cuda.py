@@ -4,8 +4,8 @@ The tune times every candidate alone: SR 0 with its reduction launch, SR 2 as on
 reduction is fused with the next matmul's prologue (`fuse_preps`), while after SR 2 that prologue stays a launch of
 its own, so the tune's pick per shape does not settle the decision. This takes the device's tuned dispatch table
 (the one `tilewise.load` would use, or `--table`), makes a twin in which every config with SR 2 (wgr, splitk) has
-SR 0, and races whole decisions on the two. Both sum the slices in the same order, so their scores must be bit-identical: a
-nonzero difference is a bug.
+SR 0, and races whole decisions on the two. Both sum the slices in the same order, so their scores must be
+bit-identical: a nonzero difference is a bug.
 
     PYTHONPATH=src python3 experiments/cluster_reduce_cuda.py [--preset lfm2-350m] [--seq 346] [--out DIR]
 """

@@ -67,6 +67,16 @@ from tilewise.kernels.cudasrc import (
     upload_all,
     zeroed,
 )
+from tilewise.kernels.matmul.cuda_rules import (
+    mma_rules,
+    pipe_rules,
+    ring_rules,
+    rows_rules,
+    splitk_rules,
+    wg_rules,
+    wgr_rules,
+    ws_rules,
+)
 from tilewise.kernels.matmul.cuda_space import (
     DEFAULT_MMA,
     DEFAULT_PIPE,
@@ -121,34 +131,27 @@ from tilewise.kernels.matmul.cuda_space import (
     WS_SEED,
     WS_VALUES,
     mma_held_registers,
-    mma_rules,
     mma_smem_bytes,
     mma_threads,
-    pipe_rules,
     pipe_smem_bytes,
-    ring_rules,
     ring_smem_bytes,
     ring_spare_needed,
     ring_spare_registers,
-    rows_rules,
-    splitk_rules,
-    wg_rules,
     wg_smem_bytes,
     wg_spare_registers,
     wg_threads,
-    wgr_rules,
     wgr_smem_bytes,
     wgr_spare_registers,
     wgr_threads,
     ws_consumer_regs,
-    ws_rules,
     ws_smem_bytes,
     ws_threads,
 )
 from tilewise.kernels.matmul.problem import EPILOGUES, MatmulProblem
 from tilewise.kernels.space import Config, Space
 
-# the spaces (cuda_space.py) are part of this module's interface: callers write `cuda.DEFAULT_RING`
+# the spaces (cuda_space.py) and their rules (cuda_rules.py) are part of this module's interface: callers write
+# `cuda.DEFAULT_RING`
 __all__ = [
     "DEFAULT_MMA", "DEFAULT_PIPE", "DEFAULT_RING", "DEFAULT_ROWS", "DEFAULT_SPLITK", "DEFAULT_WG", "DEFAULT_WGR",
     "DEFAULT_WS", "EPI_CODE", "KINDS", "KS_KINDS", "KS_VALUES", "LEGACY", "MAX_FRAGMENTS", "MMA_FROM_ROWS",
@@ -206,31 +209,21 @@ class CudaMatmul(KernelTemplate):
     spaces = ("seed", "full")
 
     def space(self, which: str = "full") -> Space:
-        if self.kind == "rows":
-            return Space(f"cuda-matmul-rows-{which}", {k: list(v) for k, v in ROWS_VALUES.items()}, rows_rules(),
-                         points=ROWS_SEED if which == "seed" else None)
-        if self.kind in ("wg", "wgt"):
-            return Space(f"cuda-matmul-{self.kind}-{which}", {k: list(v) for k, v in WG_VALUES.items()},
-                         wg_rules(self.sets, self.fmt, self.kind == "wgt"), points=WG_SEED if which == "seed" else None)
-        if self.kind == "wgr":
-            return Space(f"cuda-matmul-wgr-{which}", {k: list(v) for k, v in WGR_VALUES.items()},
-                         wgr_rules(self.sets, self.fmt), points=WGR_SEED if which == "seed" else None)
-        if self.kind == "ws":
-            return Space(f"cuda-matmul-ws-{which}", {k: list(v) for k, v in WS_VALUES.items()},
-                         ws_rules(self.sets, self.fmt), points=WS_SEED if which == "seed" else None)
-        if self.kind == "ring":
-            return Space(f"cuda-matmul-ring-{which}", {k: list(v) for k, v in RING_VALUES.items()},
-                         ring_rules(self.sets, self.fmt), points=RING_SEED if which == "seed" else None)
-        if self.kind == "pipe":
-            return Space(f"cuda-matmul-pipe-{which}", {k: list(v) for k, v in PIPE_VALUES.items()},
-                         pipe_rules(self.sets, self.fmt), points=PIPE_SEED if which == "seed" else None)
-        values = {k: list(v) for k, v in MMA_VALUES.items()}
-        if self.kind == "splitk":
-            values["KS"], values["SR"] = list(KS_VALUES), [0, 1, 2]
-            return Space(f"cuda-matmul-splitk-{which}", values, splitk_rules(self.sets, self.fmt, self.norm),
-                         points=SPLITK_SEED if which == "seed" else None)
-        points = MMA_SEED if which == "seed" else None
-        return Space(f"cuda-matmul-mma-{which}", values, mma_rules(self.sets, self.fmt, self.norm), points=points)
+        sets, fmt, norm = self.sets, self.fmt, self.norm
+        values, rules, seed = {  # per kind: its values, its rules (made on demand), its seed points
+            "rows": (ROWS_VALUES, rows_rules, ROWS_SEED),
+            "wg": (WG_VALUES, lambda: wg_rules(sets, fmt, False), WG_SEED),
+            "wgt": (WG_VALUES, lambda: wg_rules(sets, fmt, True), WG_SEED),
+            "wgr": (WGR_VALUES, lambda: wgr_rules(sets, fmt), WGR_SEED),
+            "ws": (WS_VALUES, lambda: ws_rules(sets, fmt), WS_SEED),
+            "ring": (RING_VALUES, lambda: ring_rules(sets, fmt), RING_SEED),
+            "pipe": (PIPE_VALUES, lambda: pipe_rules(sets, fmt), PIPE_SEED),
+            "splitk": ({**MMA_VALUES, "KS": KS_VALUES, "SR": [0, 1, 2]}, lambda: splitk_rules(sets, fmt, norm),
+                       SPLITK_SEED),
+            "mma": (MMA_VALUES, lambda: mma_rules(sets, fmt, norm), MMA_SEED),
+        }[self.kind]
+        return Space(f"cuda-matmul-{self.kind}-{which}", {k: list(v) for k, v in values.items()}, rules(),
+                     points=seed if which == "seed" else None)
 
     def config_of(self, values: Mapping[str, Any]) -> Config:
         """As the base, and a config written before a parameter of its kind existed (a stored result, an older
