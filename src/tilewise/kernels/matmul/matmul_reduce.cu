@@ -54,6 +54,18 @@ __device__ __forceinline__ void store_sum1(const float (&y)[SETS], float *final_
   }
 }
 
+// y[s] = the KS slices v[z][s] added in order 0..KS-1 from 0.0f, four columns at a time
+template <int KS, int SETS>
+__device__ __forceinline__ void sum_slices4(const float4 (&v)[KS][SETS], float4 (&y)[SETS]) {
+#pragma unroll
+  for (int s = 0; s < SETS; ++s) y[s] = f4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int z = 0; z < KS; ++z)
+#pragma unroll
+    for (int s = 0; s < SETS; ++s)
+      y[s] = f4(y[s].x + v[z][s].x, y[s].y + v[z][s].y, y[s].z + v[z][s].z, y[s].w + v[z][s].w);
+}
+
 // SR 1 (split-K without a reduction launch): each of a tile's KS blocks calls this after storing its raw sums into
 // partial (KS, SETS, M, N); the last to arrive, counted in the tile's word of `counters` (zero before the launch),
 // adds the slices in order 0..KS-1 as nf4_mm_splitk_reduce does (the same bits), applies the epilogue into final_out
@@ -89,13 +101,7 @@ __device__ __forceinline__ void serial_sum4(const float *partial, float *final_o
     for (int u = 0; u < CH; ++u) {
       if (!ok[u]) continue;
       float4 y[SETS];
-#pragma unroll
-      for (int s = 0; s < SETS; ++s) y[s] = f4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-      for (int z = 0; z < KS; ++z)
-#pragma unroll
-        for (int s = 0; s < SETS; ++s)
-          y[s] = f4(y[s].x + v[u][z][s].x, y[s].y + v[u][z][s].y, y[s].z + v[u][z][s].z, y[s].w + v[u][z][s].w);
+      sum_slices4<KS, SETS>(v[u], y);
       store_sum4<EPI, SETS>(y, final_out, out_h, o[u]);
     }
   }
@@ -195,13 +201,7 @@ __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out,
 #pragma unroll
       for (int s = 0; s < SETS; ++s) v[z][s] = ld_peer4(peer[z] + 4 * ((s * ROWS + row) * TS + c));
     float4 y[SETS];
-#pragma unroll
-    for (int s = 0; s < SETS; ++s) y[s] = f4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-    for (int z = 0; z < KS; ++z)
-#pragma unroll
-      for (int s = 0; s < SETS; ++s)
-        y[s] = f4(y[s].x + v[z][s].x, y[s].y + v[z][s].y, y[s].z + v[z][s].z, y[s].w + v[z][s].w);
+    sum_slices4<KS, SETS>(v, y);
     const size_t o = (size_t)r * N + col;
     if (N % 4 == 0) {  // col < N: all four
       store_sum4<EPI, SETS>(y, final_out, out_h, o);
