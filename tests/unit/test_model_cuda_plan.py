@@ -599,18 +599,24 @@ def test_the_scales_by_step_are_uploaded_only_where_wgr_can_run():
         assert mats and all(("absmax_t" in m) == want for m in mats), dev.info.limits.compute_capability
 
 
+def _splitk_executor(split: dict):
+    """(config, checkpoint, device, executor) of the tiny preset with ffn.down on splitk `split` from 8 rows."""
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
+    dev = RecordingDevice()
+    ex = CUDAExecutor(ck, device=dev, dispatch=_table_for(cfg, dev.info.fingerprint, split, {"NT": 64, "RM": 2}, 2,
+                                                          kind="splitk"))
+    return cfg, ck, dev, ex
+
+
 def test_serial_reduce_sums_split_k_in_the_matmul_and_drops_each_reduction_launch(rng, monkeypatch):
     """`serial_reduce` turns the table's split-K SR 0 config into SR 1 (the last block of each tile sums the
     slices): the reduction launches are gone, nothing else changes, the setting is part of the plan's key; where SR 1
     does not compile the table's config stays."""
     from tilewise.errors import ShaderCompileError
 
-    cfg = PRESETS["tiny"]
-    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
-    dev = RecordingDevice()
     split = {"BM": 32, "BN": 64, "BK": 32, "WM": 16, "WN": 32, "PIPE": 1, "KS": 2, "SR": 0}
-    ex = CUDAExecutor(ck, device=dev, dispatch=_table_for(cfg, dev.info.fingerprint, split, {"NT": 64, "RM": 2}, 2,
-                                                          kind="splitk"))
+    cfg, ck, dev, ex = _splitk_executor(split)
     sigs = kernel_signatures()
     L, n = len(cfg.layer_types), 40
     ids = rng.integers(0, 512, n)
@@ -693,12 +699,7 @@ def test_a_wgr_cluster_choice_sums_its_slices_in_its_own_launch_with_no_scratch(
 def test_a_splitk_cluster_choice_writes_the_rows_itself_with_no_scratch(rng):
     """ffn.down on splitk with SR 2: one `nf4_mm_splitk_cluster` launch a layer, grid z = KS (its cluster), summing
     into the residual rows (partial's and final_out's places both hold them), with no partial sums or counters."""
-    cfg = PRESETS["tiny"]
-    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
-    dev = RecordingDevice()
-    split = {"BM": 32, "BN": 64, "BK": 32, "WM": 16, "WN": 32, "PIPE": 2, "KS": 2, "SR": 2}
-    ex = CUDAExecutor(ck, device=dev, dispatch=_table_for(cfg, dev.info.fingerprint, split, {"NT": 64, "RM": 2}, 4,
-                                                          kind="splitk"))
+    cfg, _, _, ex = _splitk_executor({"BM": 32, "BN": 64, "BK": 32, "WM": 16, "WN": 32, "PIPE": 2, "KS": 2, "SR": 2})
     sigs = kernel_signatures()
     plan, _ = ex.plan(rng.integers(0, 512, 40), 0, None, False)
     assert not any("reduce" in launch.program.meta["entry"] for launch in plan.launches)
