@@ -1,5 +1,5 @@
 // matmul_mma.cu - the register-prefetched tensor-core kernel and split-K over it; compiled after matmul.cu (its main
-// loop mma_main and the epilogues) and matmul_reduce.cu (serial_reduce).
+// loop mma_main and the epilogues) and matmul_reduce.cu (serial_reduce, cluster_reduce).
 template <int FMT, int EPI, int NORM, int BM, int BN, int BK, int WM, int WN, int PIPE>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * WARPSIZE, 1)
 nf4_mm_mma(const float *__restrict__ x, int x_row0, const unsigned *__restrict__ w, const float *__restrict__ absmax,

@@ -1,8 +1,8 @@
 // matmul_reduce.cu - the three ways split-K's slices are summed; compiled after matmul.cu (silu, f16_bits) and
-// before the kernels that split (matmul_mma.cu's nf4_mm_splitk, matmul_wgr.cu's nf4_mm_wgr):
+// before the kernels that split (matmul_mma.cu's split-K kernels, matmul_wgr.cu's):
 //   nf4_mm_splitk_reduce<EPI, NT>: a launch of its own after the matmul (SR 0);
 //   serial_reduce: the last block of each tile, inside the matmul's launch (SR 1);
-//   cluster_reduce: every block of a tile's cluster, from each other's shared memory (SR 2, wgr only).
+//   cluster_reduce: every block of a tile's cluster, from each other's shared memory (SR 2, Hopper).
 // All add the slices in order 0..KS-1 from 0.0f, so they give the same bits.
 
 // a float another block wrote in this launch, read through L2 (not a line this SM's L1 may hold)
