@@ -26,9 +26,9 @@
 // next launch (the words start at 0, written when the buffer is made; `serial_reduce` in matmul_reduce.cu, shared
 // with nf4_mm_splitk). One launch fewer per split matmul. SR 2 (nf4_mm_wgr_cluster) launches a tile's KS blocks as
 // one thread block cluster: each stages its raw sums in its shared memory, and after a cluster barrier each sums
-// a KS-th of the tile's rows from every block's shared memory (distributed shared memory, slices in order 0..KS-1:
-// the same bits again), with no partial sums in global memory, no counters and no reduction launch. MB is the
-// launch bound's blocks per SM.
+// a KS-th of the tile's 4-column chunks from every block's shared memory (distributed shared memory, slices in
+// order 0..KS-1: the same bits again), with no partial sums in global memory, no counters and no reduction launch.
+// MB is the launch bound's blocks per SM.
 // DEC picks nf4's decode: 0 looks each nibble up in an f32 code table in shared memory and scales in f32 (one
 // rounding to f16, as the other kinds); 1 looks four nibbles up at once in an f16 code table held in eight registers
 // (byte permutes, no shared-memory load) and scales pairs in f16 (the code, the absmax and the product each rounded
