@@ -98,8 +98,8 @@ def race_modes(decide: Callable[[int], Any], set_mode: Callable[[str], None], mo
     return samples
 
 
-def race_executors(executors: dict[str, Any], full: list[np.ndarray], rounds: int,
-                   per_round: int) -> tuple[dict[str, list[float]], float]:
+def race_executors(executors: dict[str, Any], full: list[np.ndarray], rounds: int, per_round: int,
+                   warmup_s: float = WARMUP_S) -> tuple[dict[str, list[float]], float]:
     """Whole decisions (final-row slicing, no prefix cache) of each executor on the prompts `full`, in alternating
     rounds (`race_modes`), and the largest |score difference| between the first executor and the others over the
     first 8 prompts: (ms per mode, difference)."""
@@ -111,7 +111,8 @@ def race_executors(executors: dict[str, Any], full: list[np.ndarray], rounds: in
     def decide(i: int) -> None:
         current["ex"].forward(full[i % len(full)], 0, None, True)
 
-    return race_modes(decide, lambda m: current.update(ex=executors[m]), list(executors), rounds, per_round), diff
+    return (race_modes(decide, lambda m: current.update(ex=executors[m]), list(executors), rounds, per_round,
+                       warmup_s), diff)
 
 
 def prompts(vocab: int, seq: int, count: int, prefix: int, seed: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:

@@ -1,0 +1,44 @@
+"""`race_executors`: the decision race of two or more executors on the same prompts, without a GPU (fake
+executors whose scores are a function of the prompt)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from tilewise.model.bench import race_executors
+
+
+class FakeExecutor:
+    """Scores = a fixed projection of the prompt's ids plus `offset`; records every prompt it decides."""
+
+    def __init__(self, offset: float, calls: list[tuple[str, int]], name: str) -> None:
+        self.offset, self.calls, self.name = offset, calls, name
+
+    def forward(self, ids, start, base, slicing):
+        assert start == 0 and base is None and slicing is True  # a whole decision, final-row slicing on
+        self.calls.append((self.name, int(ids[0])))
+        scores = np.cos(np.arange(8) * float(ids.sum()) * 1e-3).astype(np.float32) + np.float32(self.offset)
+        return None, SimpleNamespace(scores=scores)
+
+
+def test_the_race_times_every_executor_alike_and_reports_the_largest_score_difference(rng):
+    full = [rng.integers(0, 1000, 30) for _ in range(12)]
+    calls: list[tuple[str, int]] = []
+    offset = float(rng.uniform(1e-4, 1e-2))
+    executors = {"a": FakeExecutor(0.0, calls, "a"), "b": FakeExecutor(offset, calls, "b")}
+    samples, diff = race_executors(executors, full, rounds=3, per_round=5, warmup_s=0.0)
+    assert set(samples) == {"a", "b"} and all(len(v) == 3 * 5 for v in samples.values())
+    assert all(ms >= 0.0 for v in samples.values() for ms in v)
+    assert abs(diff - offset) < 1e-6  # every score moved by the offset, compared over the first 8 prompts
+    assert {name for name, _ in calls} == {"a", "b"}
+    first_ids = {int(ids[0]) for ids in full}
+    assert {i for _, i in calls} <= first_ids  # only the given prompts are decided
+
+
+def test_one_executor_races_alone_with_no_difference(rng):
+    full = [rng.integers(0, 1000, 30) for _ in range(4)]
+    samples, diff = race_executors({"only": FakeExecutor(0.5, [], "only")}, full, rounds=2, per_round=3,
+                                   warmup_s=0.0)
+    assert len(samples["only"]) == 6 and diff == 0.0
