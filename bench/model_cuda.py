@@ -47,11 +47,20 @@ from tilewise.devices.cpu import quiet_torch_threads  # noqa: E402
 
 OMP_LINE = quiet_torch_threads()  # before torch loads
 
-from tilewise.model.bench import PREFIX_TOKENS, op_table, percentiles, prompts, time_calls  # noqa: E402
+from tilewise.model.bench import (  # noqa: E402
+    PREFIX_TOKENS,
+    SETTING_NAMES,
+    op_table,
+    percentiles,
+    prompts,
+    time_calls,
+)
 from tilewise.model.tune_settings import race_setting  # noqa: E402
 from tilewise.tune.measure import compare, summarize  # noqa: E402
 
 T0 = time.perf_counter()
+#: the executor's raced settings (`SETTING_NAMES`) and the key each race has in results.json
+RACED = {"pdl": "pdl", "fuse_preps": "fused_preps", "serial_reduce": "serial_reduce"}
 TESTS = ["tests/cuda/test_model_kernels_cuda.py", "tests/cuda/test_model_cuda.py",
          "tests/cuda/test_model_cuda_graph.py", "tests/cuda/test_model_cuda_tune.py",
          "tests/unit/test_model_cuda_plan.py", "tests/unit/test_model_cuda_graph_cache.py",
@@ -127,9 +136,8 @@ def tilewise_cuda_section(ck: Any, args: argparse.Namespace,
         finally:
             ex.graphs = True
     races = args.race_rounds and graphs
-    pdl = setting_race(model, decide, args, "pdl", "PDL") if races and getattr(ex.dev, "pdl", False) else None
-    fused = setting_race(model, decide, args, "fuse_preps", "fused prologues") if races else None
-    serial = setting_race(model, decide, args, "serial_reduce", "serial split-K") if races else None
+    raced = {key: setting_race(model, decide, args, name, SETTING_NAMES[name])
+             if races and (name != "pdl" or getattr(ex.dev, "pdl", False)) else None for name, key in RACED.items()}
     # the first series again: the races re-capture the graph at every switch, so a gap between this series and the
     # first one, with the same settings, is the first capture's own (or the GPU's state then)
     again = percentiles(time_calls(decide, args.decisions, 3, budget_s=args.section_s)) if races else None
@@ -139,7 +147,7 @@ def tilewise_cuda_section(ck: Any, args: argparse.Namespace,
            "latency_ms_p50": lat["p50"], "latency_ms_p90": lat["p90"], "latency_ms_p99": lat["p99"],
            "latency_samples_ms": samples, "decisions_timed": lat["n"], "ops": ops,
            "launches_per_decision": len(model.executor.last_op_times) if timed else None,
-           "cuda_graphs": graphs, **graph_counts, "pdl": pdl, "fused_preps": fused, "serial_reduce": serial,
+           "cuda_graphs": graphs, **graph_counts, **raced,
            "after_races": None if again is None else {f"latency_ms_{k}": again[k] for k in ("p50", "p90", "p99")},
            "measured_settings": getattr(ex, "measured_settings", None),
            "launch_by_launch": None if unrolled is None else {f"latency_ms_{k}": unrolled[k] for k in
@@ -152,7 +160,7 @@ def tilewise_cuda_section(ck: Any, args: argparse.Namespace,
 def setting_race(model: Any, decide: Any, args: argparse.Namespace, attr: str, what: str) -> dict[str, Any]:
     """Graph replays with the executor's `attr` on against off, in alternating rounds on the same prompts
     (`race_modes`), and whether both give bit-identical scores (PDL: the same kernels in the same order, so a
-    difference would be a race; fused prologues: the same arithmetic in fewer launches)."""
+    difference would be a race; fused prologues and serial split-K: the same arithmetic in fewer launches)."""
     ex = model.executor
     _, full = prompts(model.config.vocab_size, args.seq, 8, PREFIX_TOKENS, seed=1)
     same, samples = race_setting(ex, attr, decide, lambda: [model.scores(model.prefill(ids)) for ids in full],
@@ -292,11 +300,10 @@ def main() -> int:
                                in r else ""))
             elif "error" in v:
                 line.append(f"{k} error")
-        for key, what in (("pdl", "PDL"), ("fused_preps", "fused prologues"),
-                          ("serial_reduce", "split-K summed in the matmul")):
+        for name, key in RACED.items():
             race = (r.get("tilewise_cuda") or {}).get(key)
             if race:
-                line.append(f"tilewise cuda with {what} p50 {race['on']['p50']:.3f} ms, without "
+                line.append(f"tilewise cuda with {SETTING_NAMES[name]} p50 {race['on']['p50']:.3f} ms, without "
                             f"{race['off']['p50']:.3f} ({race['verdict']}, {race['speedup']:.3f}x; scores "
                             f"bit-identical: {race['bit_identical_scores']})")
         tw = r.get("tilewise_cuda") or {}
