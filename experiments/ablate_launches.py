@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from tilewise.model.bench import PREFIX_TOKENS, prompts  # noqa: E402
+from tilewise.model.dispatch import CUDA_SETTINGS  # noqa: E402
 from tilewise.model.gpu_state import Plan  # noqa: E402
 from tilewise.model.runtime import from_checkpoint, open_checkpoint  # noqa: E402
 from tilewise.model.tune import model_matmuls  # noqa: E402
@@ -113,7 +114,7 @@ def main() -> int:
     gpu = ex.dev.info.name
     base = float(np.median(samples["full"]))
     rows = []
-    settings = {k: getattr(ex, k) for k in ("pdl", "fuse_preps", "serial_reduce") if hasattr(ex, k)}
+    settings = {k: getattr(ex, k) for k in CUDA_SETTINGS if hasattr(ex, k)}  # the CUDA executor's (none on WGSL)
     print(f"{args.preset}, {args.seq} tokens, on {model.device} ({gpu}); {settings}; {args.rounds} rounds x "
           f"{args.per_round} decisions a variant")
     print(f"{'variant':26s} {'launches':>8s} {'p50 ms':>8s} {'95% CI':>17s} {'saves ms':>9s} {'share':>6s}")

@@ -67,7 +67,6 @@ __host__ __device__ constexpr int ring_first_failure(int FMT, int EPI, int BM, i
 // from memory for the norm and the conversion.
 #define PREP_RV 8
 
-template <int NT>
 __device__ __forceinline__ float prep_sumsq(float ss, float4 v) {
   return ss + (v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w);
 }
@@ -109,7 +108,7 @@ __device__ __forceinline__ void prep_regs(const float4 (&v)[PREP_RV], const floa
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < PREP_RV; ++j)
-      if (threadIdx.x + j * NT < K / 4) ss = prep_sumsq<NT>(ss, v[j]);
+      if (threadIdx.x + j * NT < K / 4) ss = prep_sumsq(ss, v[j]);
     q = prep_inv_rms<NT>(ss, K, eps);
   }
   uint2 *o = reinterpret_cast<uint2 *>(xh_row);
@@ -128,7 +127,7 @@ __device__ __forceinline__ void prep_mem(const float *__restrict__ x_row, const 
   float q = 1.0f;
   if (NORM) {
     float ss = 0.0f;
-    for (int k = threadIdx.x; k < K / 4; k += NT) ss = prep_sumsq<NT>(ss, xr[k]);
+    for (int k = threadIdx.x; k < K / 4; k += NT) ss = prep_sumsq(ss, xr[k]);
     q = prep_inv_rms<NT>(ss, K, eps);
   }
   uint2 *o = reinterpret_cast<uint2 *>(xh_row);
