@@ -376,27 +376,37 @@ def test_a_reduction_followed_by_the_prologue_of_its_rows_is_one_launch(rng):
     assert sum(e.startswith("nf4_mm_prep<1,") for e in entries) == 1
 
 
+def _wgr_executor(monkeypatch, choices):
+    """The tiny preset's executor on a recording device, with a table holding each (epilogue, N, K, norm, config)
+    of `choices` on wgr from 8 rows (TMA maps stubbed: no driver to encode one)."""
+    from tilewise.kernels.matmul import cuda as mm
+    from tilewise.kernels.matmul.cuda import CudaMatmul
+    from tilewise.model.dispatch import matmul_key
+    from tilewise.tune.dispatch import DispatchTable, Entry
+
+    monkeypatch.setattr(mm, "f16_rows_map", lambda buf, *_: ("tma map of", buf))
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
+    dev = RecordingDevice()
+    table = DispatchTable(dev.info.fingerprint)
+    for epi, n, k, norm, config in choices:
+        tpl = CudaMatmul("wgr", "nf4", epi, norm)
+        table.put(matmul_key("nf4", epi, n, k, norm), Entry([{"m_min": 8, "m_max": None, "kernel": tpl.name,
+                                                               "config": config}]), tpl)
+    return CUDAExecutor(ck, device=dev, dispatch=table)
+
+
 def test_a_wgr_swiglu_launch_stores_the_f16_rows_ffn_down_reads_in_place_of_its_prologue(rng, monkeypatch):
     """gate/up, ffn.down and the out projections on wgr: gate/up's launch gets out_h = the f16 rows down's main
     launch reads (the other buffer of the pair, not the one gate/up itself reads), down's prologue launch is gone, and
     the f32 output gate/up no longer writes is rewritten before anything reads it again; the short conv and
     attention likewise store f16 rows for their out projection; fusing off keeps out_h null."""
-    from tilewise.kernels.matmul import cuda as mm
-    from tilewise.kernels.matmul.cuda import DEFAULT_WGR, CudaMatmul
-    from tilewise.model.dispatch import matmul_key
-    from tilewise.tune.dispatch import DispatchTable, Entry
+    from tilewise.kernels.matmul.cuda import DEFAULT_WGR
 
-    monkeypatch.setattr(mm, "f16_rows_map", lambda buf, *_: ("tma map of", buf))  # no driver to encode one
     cfg = PRESETS["tiny"]
-    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
-    dev = RecordingDevice()
     H, F = cfg.hidden_size, cfg.ffn_dim
-    table = DispatchTable(dev.info.fingerprint)
-    for epi, n, k, norm in (("swiglu", F, H, True), ("residual", H, F, False), ("residual", H, H, False)):
-        tpl = CudaMatmul("wgr", "nf4", epi, norm)
-        table.put(matmul_key("nf4", epi, n, k, norm), Entry([{"m_min": 8, "m_max": None, "kernel": tpl.name,
-                                                               "config": DEFAULT_WGR}]), tpl)
-    ex = CUDAExecutor(ck, device=dev, dispatch=table)
+    ex = _wgr_executor(monkeypatch, [("swiglu", F, H, True, DEFAULT_WGR), ("residual", H, F, False, DEFAULT_WGR),
+                                     ("residual", H, H, False, DEFAULT_WGR)])
     sigs = kernel_signatures()
     n, L = 40, len(cfg.layer_types)
     ids = rng.integers(0, 512, n)
@@ -657,23 +667,12 @@ def test_a_wgr_cluster_choice_sums_its_slices_in_its_own_launch_with_no_scratch(
     """ffn.down on wgr with KS 2 and SR 2 (a tile's blocks one cluster): one launch of `nf4_mm_wgr_cluster` a layer,
     writing the residual rows themselves (no partial sums, no counters, no reduction or reduce-prologue launch); a
     swiglu SR 2 config applies its own epilogue, so it offers the next matmul its f16 rows, which SR 0 cannot."""
-    from tilewise.kernels.matmul import cuda as mm
     from tilewise.kernels.matmul.cuda import DEFAULT_WGR, CudaMatmul
-    from tilewise.model.dispatch import matmul_key
-    from tilewise.tune.dispatch import DispatchTable, Entry
 
-    monkeypatch.setattr(mm, "f16_rows_map", lambda buf, *_: ("tma map of", buf))  # no driver to encode one
     cfg = PRESETS["tiny"]
-    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
-    dev = RecordingDevice()
     H, F = cfg.hidden_size, cfg.ffn_dim
-    table = DispatchTable(dev.info.fingerprint)
     cluster = {**DEFAULT_WGR, "KS": 2, "SR": 2}
-    for epi, n, k, norm, config in (("swiglu", F, H, True, DEFAULT_WGR), ("residual", H, F, False, cluster)):
-        tpl = CudaMatmul("wgr", "nf4", epi, norm)
-        table.put(matmul_key("nf4", epi, n, k, norm), Entry([{"m_min": 8, "m_max": None, "kernel": tpl.name,
-                                                               "config": config}]), tpl)
-    ex = CUDAExecutor(ck, device=dev, dispatch=table)
+    ex = _wgr_executor(monkeypatch, [("swiglu", F, H, True, DEFAULT_WGR), ("residual", H, F, False, cluster)])
     sigs = kernel_signatures()
     plan, _ = ex.plan(rng.integers(0, 512, 40), 0, None, False)
     entries = [launch.program.meta["entry"] for launch in plan.launches]
