@@ -308,3 +308,47 @@ def test_cluster_reductions_are_bit_identical_to_reduction_launches(dev, rng, ap
     got = run(cluster, tail, 30, bases[cluster], True)
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("name", ["tiny", "default"])
+def test_the_norm_fold_matches_the_float64_reference_and_the_unfolded_decision(dev, rng, name):
+    """fold_norm on a wgr table (ffn.down split in two, so the fold sums it in a cluster): the residual launches
+    hand the next matmul f16 (h * g) rows and sums of squares, and its prologue is gone; all 8 scores match the
+    float64 forward and the unfolded decision within the f16 tolerance, launch by launch and replayed, over
+    prompt lengths and an extend branch. The bundled model (256 wide) sums four 64-column partials a row."""
+    from tests.cuda.test_model_cuda_tune import kind_table
+
+    from tilewise.model import reference
+    from tilewise.model.checkpoint import HEAD
+    from tilewise.model.cuda import CUDAExecutor
+    from tilewise.model.runtime import open_checkpoint
+
+    ck = open_checkpoint(name, "nf4", seed=5) if name == "tiny" else open_checkpoint(name, "nf4")
+    cfg = ck.config
+    ex = CUDAExecutor(ck, device=dev, dispatch=kind_table(dev, cfg, "wgr-split"), quiet=True)
+    weights = {k: ck.float32(k) for k in ck.names()}
+
+    def scores(ids, start=0, base=None, fold=True, graphs=True):
+        ex.fold_norm, ex.graphs = fold, graphs
+        _, state = ex.forward(ids, start, base, True)
+        return state.scores.copy(), state
+
+    def close(got, want, tol):
+        np.testing.assert_allclose(got, want, atol=tol * max(1.0, float(np.abs(want).max())), rtol=0)
+
+    for n in (9, 40, 121):
+        ids = rng.integers(0, cfg.vocab_size, n)
+        ref, _ = reference.forward(cfg, weights, ids)
+        want = weights[HEAD].astype(np.float64) @ ref[-1]  # (8,)
+        plain = scores(ids, fold=False)[0]
+        for graphs in (False, True, True):
+            got = scores(ids, graphs=graphs)[0]
+            close(got, want, 3e-2)
+            close(got, plain, 1e-2)
+        plan, _ = ex.plan(ids, 0, None, True)
+        entries = [p.program.meta["entry"] for p in plan.launches]
+        assert sum(e.startswith("nf4_mm_prep") for e in entries) == 1 and "ss" in ex._scratch
+    head, tail = rng.integers(0, cfg.vocab_size, 30), rng.integers(0, cfg.vocab_size, 12)
+    base = scores(head)[1]
+    ref, _ = reference.forward(cfg, weights, np.concatenate([head, tail]))
+    close(scores(tail, 30, base)[0], weights[HEAD].astype(np.float64) @ ref[-1], 3e-2)

@@ -116,7 +116,7 @@ def test_the_settings_race_is_saved_and_taken_by_the_next_executor(dev, rng, mon
     rec = tune_settings(dev, cfg, "tiny", "nf4", 40, table, path, lines.append)
     raced = set(CUDA_SETTINGS) - (set() if dev.pdl else {"pdl"})
     assert set(rec["values"]) == raced and all(isinstance(v, bool) for v in rec["values"].values())
-    assert all(r["bit_identical"] for r in rec["raced"].values()), rec["raced"]  # both sides, the same bits
+    assert all(r["outputs_agree"] for r in rec["raced"].values()), rec["raced"]  # both sides (fold_norm: tolerance)
     assert sum(line.startswith("settings: ") for line in lines) >= len(raced) + 1
     saved = DispatchTable.load(path)
     assert saved.settings[model_signature(cfg, "nf4")]["values"] == rec["values"]

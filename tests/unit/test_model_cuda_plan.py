@@ -709,3 +709,49 @@ def test_a_splitk_cluster_choice_writes_the_rows_itself_with_no_scratch(rng):
         assert main.program.meta["entry"] == "nf4_mm_splitk_cluster<0, 1, 0, 32, 64, 32, 16, 32, 2, 2, 2>"
         assert main.grid[2] == 2 and main.buffers[8] is ex.act["x"] and main.buffers[12] is ex.act["x"]
     assert "partial" not in ex._scratch and "counters" not in ex._scratch
+
+
+def test_the_norm_fold_drops_every_normed_prologue_after_a_residual_wgr_matmul(rng, monkeypatch):
+    """fold_norm on an all-wgr table: the split ffn.down (KS 2, SR 0 in the table) runs as a cluster (SR 2) so that
+    it sums in its launch, and every residual launch (out_proj KS 1, down) stores the next normed matmul's rows as
+    f16 (h * g) into that matmul's x rows (not its own), with g the next norm's weight, and their sums of squares
+    into one scratch buffer the next matmul reads with the model's eps: the prologue between them is gone (two
+    launches fewer a layer), and only the first block's normed prologue (after the embedding) is left."""
+    from tilewise.kernels.matmul.cuda import DEFAULT_WGR
+
+    cfg = PRESETS["tiny"]
+    H, F, d = cfg.hidden_size, cfg.ffn_dim, cfg.head_dim
+    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d
+    split = {**DEFAULT_WGR, "KS": 2, "SR": 0}
+    ex = _wgr_executor(monkeypatch, [("none", 3 * H, H, True, DEFAULT_WGR), ("none", qkv, H, True, DEFAULT_WGR),
+                                     ("residual", H, H, False, DEFAULT_WGR), ("swiglu", F, H, True, DEFAULT_WGR),
+                                     ("residual", H, F, False, split)])
+    sigs = kernel_signatures()
+    n, L = int(rng.integers(9, 60)), len(cfg.layer_types)
+    ids = rng.integers(0, 512, n)
+    apart, _ = ex.plan(ids, 0, None, False)
+    assert any("reduce" in launch.program.meta["entry"] for launch in apart.launches)
+    ex.fold_norm = True
+    plan, _ = ex.plan(ids, 0, None, False)
+    assert len(apart.launches) == len(plan.launches) + 2 * L
+    entries = [launch.program.meta["entry"] for launch in plan.launches]
+    assert not any("reduce" in e for e in entries) and sum(e.startswith("nf4_mm_prep") for e in entries) == 1
+    ss = ex._scratch["ss"]
+    # each block's gate/up, then the next block's mixer input
+    norms = [g for i, lay in enumerate(ex.layers) for g in (lay["ffn_norm"], *(
+        [ex.layers[i + 1]["operator_norm"]] if i + 1 < L else []))]
+    pairs = [(plan.launches[i - 1], plan.launches[i]) for i, lab in enumerate(plan.labels)
+             if lab in ("ffn.gate_up", "conv.in_proj", "attn.qkv") and len(plan.launches[i - 1].buffers) == 17
+             and plan.launches[i - 1].buffers[15] is not NULL]
+    assert len(pairs) == 2 * L - 1 == len(norms)
+    for (prev, main), g in zip(pairs, norms):
+        check_launch(prev, sigs)
+        check_launch(main, sigs)
+        assert prev.program.meta["entry"].startswith(("nf4_mm_wgr<0, 1,", "nf4_mm_wgr_cluster<0, 1,"))
+        assert prev.buffers[10] is ex.act["x"] and prev.buffers[15] is g and prev.buffers[16] is ss
+        xh = prev.buffers[12]
+        assert xh is main.buffers[0] and main.buffers[9][1] is xh and xh is not prev.buffers[0]
+        assert main.buffers[13] is ss and float(main.buffers[14]) == np.float32(cfg.norm_eps)
+        assert ss.nbytes >= 4 * n * (H // 64)
+    downs = [launch for launch, lab in zip(plan.launches, plan.labels) if lab == "ffn.down"]
+    assert all(launch.program.meta["entry"].startswith("nf4_mm_wgr_cluster<0, 1,") for launch in downs)

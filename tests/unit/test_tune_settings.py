@@ -16,7 +16,7 @@ from tilewise.errors import ConfigError
 from tilewise.model import bench as model_bench
 from tilewise.model.config import PRESETS
 from tilewise.model.dispatch import CUDA_SETTINGS, model_settings, model_signature
-from tilewise.model.tune_settings import choose, race_settings
+from tilewise.model.tune_settings import choose, outputs_agree, race_settings
 from tilewise.tune.dispatch import DispatchTable
 
 
@@ -30,22 +30,24 @@ class FakeClock:
 
 class FakeModel:
     """Decisions whose cost (ms, on the fake clock) depends on the executor's settings: `cost(pdl, fuse_preps,
-    serial_reduce)` plus 1% noise; `differs` names a setting whose on side changes the output row."""
+    serial_reduce, fold_norm)` plus 1% noise; `differs` names a setting whose on side adds `delta` to one value of
+    the output row."""
 
-    def __init__(self, clock: FakeClock, cost, rng, has_pdl: bool = True, differs: str | None = None) -> None:
-        self.clock, self.cost, self.rng, self.differs = clock, cost, rng, differs
+    def __init__(self, clock: FakeClock, cost, rng, has_pdl: bool = True, differs: str | None = None,
+                 delta: float = 1e-3) -> None:
+        self.clock, self.cost, self.rng, self.differs, self.delta = clock, cost, rng, differs, np.float32(delta)
         self.config = PRESETS["tiny"]
-        self.executor = SimpleNamespace(pdl=False, fuse_preps=True, serial_reduce=False,
+        self.executor = SimpleNamespace(pdl=False, fuse_preps=True, serial_reduce=False, fold_norm=False,
                                         dev=SimpleNamespace(pdl=has_pdl))
         self.row = rng.standard_normal(8).astype(np.float32)
 
     def prefill(self, ids):
         ex = self.executor
         noise = 1 + 0.01 * self.rng.standard_normal()
-        self.clock.t += self.cost(ex.pdl, ex.fuse_preps, ex.serial_reduce) * noise / 1e3
+        self.clock.t += self.cost(ex.pdl, ex.fuse_preps, ex.serial_reduce, ex.fold_norm) * noise / 1e3
         row = self.row.copy()
         if self.differs and getattr(ex, self.differs):
-            row[int(self.rng.integers(0, 8))] += np.float32(1e-3)
+            row[int(self.rng.integers(0, 8))] += self.delta
         return SimpleNamespace(last_hidden=row)
 
 
@@ -71,24 +73,24 @@ def test_the_race_takes_the_faster_side_and_keeps_the_default_on_a_tie(clock, pd
     base = float(rng.uniform(0.2, 2.0))
     gain = float(rng.uniform(0.05, 0.2))  # PDL's share, one way or the other; fused prologues change nothing
 
-    def cost(pdl: bool, fuse: bool, serial: bool) -> float:
+    def cost(pdl: bool, fuse: bool, serial: bool, fold: bool) -> float:
         return base * (1 - gain if pdl == pdl_faster else 1.0)
 
     model = FakeModel(clock, cost, rng)
     raced = race_settings(model, seq=40, log=lambda _m: None)
     assert raced["pdl"]["value"] is pdl_faster
     assert raced["pdl"]["verdict"] == ("faster" if pdl_faster else "slower")
-    for name in ("fuse_preps", "serial_reduce"):
+    for name in ("fuse_preps", "serial_reduce", "fold_norm"):
         assert raced[name]["verdict"] == "tie" and raced[name]["value"] is CUDA_SETTINGS[name]
-    assert all(r["bit_identical"] and r["decisions"] == 60 for r in raced.values())
+    assert all(r["outputs_agree"] and r["decisions"] == 60 for r in raced.values())
     assert (model.executor.pdl, model.executor.fuse_preps) == (pdl_faster, True)  # left with the choices
 
 
 def test_each_race_runs_with_the_earlier_choice_applied(clock):
     rng = np.random.default_rng(7)
 
-    def cost(pdl: bool, fuse: bool, serial: bool) -> float:  # fused prologues pay only with PDL on, which wins its
-        # own race; serial reductions only where the prologues are not fused
+    def cost(pdl: bool, fuse: bool, serial: bool, fold: bool) -> float:  # fused prologues pay only with PDL on,
+        # which wins its own race; serial reductions only where the prologues are not fused
         return 1.0 - 0.1 * pdl - 0.1 * (pdl and fuse) + 0.05 * (not pdl and fuse) - 0.1 * (serial and not fuse)
 
     model = FakeModel(clock, cost, rng)
@@ -102,7 +104,7 @@ def test_each_race_runs_with_the_earlier_choice_applied(clock):
 def test_serial_reductions_are_taken_where_they_decide_faster(clock):
     rng = np.random.default_rng(5)
     gain = float(rng.uniform(0.04, 0.15))
-    model = FakeModel(clock, lambda pdl, fuse, serial: 1.0 - gain * serial, rng)
+    model = FakeModel(clock, lambda pdl, fuse, serial, fold: 1.0 - gain * serial, rng)
     raced = race_settings(model, seq=40, log=lambda _m: None)
     assert raced["serial_reduce"]["verdict"] == "faster" and raced["serial_reduce"]["value"] is True
     assert model.executor.serial_reduce is True
@@ -110,19 +112,49 @@ def test_serial_reductions_are_taken_where_they_decide_faster(clock):
 
 def test_a_setting_that_changes_the_output_keeps_its_default_however_fast(clock):
     rng = np.random.default_rng(3)
-    model = FakeModel(clock, lambda pdl, fuse, serial: 0.5 if pdl else 1.0, rng, differs="pdl")
+    model = FakeModel(clock, lambda pdl, fuse, serial, fold: 0.5 if pdl else 1.0, rng, differs="pdl")
     lines: list[str] = []
     raced = race_settings(model, seq=40, log=lines.append)
-    assert raced["pdl"]["bit_identical"] is False and raced["pdl"]["value"] is False
+    assert raced["pdl"]["outputs_agree"] is False and raced["pdl"]["value"] is False
     assert raced["pdl"]["verdict"] == "faster"  # measured, but not taken
     assert any("pdl off" in line and "outputs differ" in line for line in lines)
 
 
-def test_pdl_is_not_raced_on_a_gpu_without_it(clock):
-    model = FakeModel(clock, lambda pdl, fuse, serial: 1.0, np.random.default_rng(4), has_pdl=False)
+@pytest.mark.parametrize("delta, taken", [(2e-3, True), (0.5, False)])
+def test_the_norm_fold_is_taken_where_faster_and_within_the_f16_tolerance_only(clock, delta, taken):
+    """fold_norm rounds differently, so its two sides may differ a little (the tolerance is 1e-2 of the largest
+    magnitude, at least 1), but not by more; the exact settings still need the same bits."""
+    rng = np.random.default_rng(11)
+    gain = float(rng.uniform(0.04, 0.15))
+    model = FakeModel(clock, lambda pdl, fuse, serial, fold: 1.0 - gain * fold, rng, differs="fold_norm",
+                      delta=delta)
     lines: list[str] = []
     raced = race_settings(model, seq=40, log=lines.append)
-    assert set(raced) == {"fuse_preps", "serial_reduce"} and model.executor.pdl is False
+    fold = raced["fold_norm"]
+    assert fold["verdict"] == "faster" and fold["exact"] is False and fold["outputs_agree"] is taken
+    assert fold["value"] is taken and model.executor.fold_norm is taken
+    assert all(r["exact"] for name, r in raced.items() if name != "fold_norm")
+
+
+def test_outputs_agree_needs_the_same_bits_except_for_an_inexact_setting(rng):
+    a = rng.standard_normal(64).astype(np.float32) * float(rng.uniform(0.5, 20))
+    scale = max(1.0, float(np.abs(a).max()))
+    near, far = a.copy(), a.copy()
+    i = int(rng.integers(0, 64))
+    near[i] += np.float32(0.5e-2 * scale)
+    far[i] += np.float32(2e-2 * scale)
+    assert outputs_agree("serial_reduce", a, a.copy()) and not outputs_agree("serial_reduce", near, a)
+    assert outputs_agree("fold_norm", near, a) and not outputs_agree("fold_norm", far, a)
+    bad = near.copy()
+    bad[i] = np.nan
+    assert not outputs_agree("fold_norm", bad, a) and not outputs_agree("fold_norm", a[:10], a)
+
+
+def test_pdl_is_not_raced_on_a_gpu_without_it(clock):
+    model = FakeModel(clock, lambda pdl, fuse, serial, fold: 1.0, np.random.default_rng(4), has_pdl=False)
+    lines: list[str] = []
+    raced = race_settings(model, seq=40, log=lines.append)
+    assert set(raced) == {"fuse_preps", "serial_reduce", "fold_norm"} and model.executor.pdl is False
     assert any("pdl not raced" in line for line in lines)
 
 

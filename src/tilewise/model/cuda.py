@@ -18,9 +18,11 @@
   array and of the result row out to another, are captured on the plan's first run and replayed by later decisions
   of that plan (`run_plan`); timed decisions, and `TILEWISE_CUDA_GRAPHS=0`, run launch by launch;
 - with `TILEWISE_CUDA_PDL=1` (or `pdl=True`) untimed decisions launch each kernel with programmatic dependent launch
-  (`devices/cuda_pdl.py`). Unless the caller or that variable says, PDL, the fused prologues and `serial_reduce`
-  (split-K summed in each tile's last block, `cuda_fuse.serial_config`) follow the dispatch table's `settings` for
-  this model (raced on whole decisions by `tilewise tune model`, model/tune_settings.py; `CUDA_SETTINGS` defaults).
+  (`devices/cuda_pdl.py`). Unless the caller or that variable says, PDL, the fused prologues, `serial_reduce`
+  (split-K summed in each tile's last block, `cuda_fuse.summed_config`) and `fold_norm` (a residual wgr matmul
+  hands the next wgr matmul its rows unnormed with their sums of squares, `cuda_fuse.fold_norm`) follow the dispatch
+  table's `settings` for this model (raced on whole decisions by `tilewise tune model`, model/tune_settings.py;
+  `CUDA_SETTINGS` defaults).
 
 Device loss (a kernel fault poisons the CUDA context) raises `DeviceLost`; the next `forward` rebuilds the device
 and weights and refuses states made before. A matmul's scratch (split-K's sums, f16 x rows) is executor-owned.
@@ -43,7 +45,7 @@ from tilewise.kernels.attention.problem import rope_table
 from tilewise.kernels.base import KernelTemplate
 from tilewise.kernels.cudasrc import FMT_CODE, zeroed
 from tilewise.kernels.matmul import cuda as mm
-from tilewise.kernels.matmul.cuda_fuse import fuse_prep, serial_config
+from tilewise.kernels.matmul.cuda_fuse import fold_norm, fuse_prep, summed_config
 from tilewise.kernels.rowops import cuda as rowops
 from tilewise.kernels.shortconv.cuda import CudaShortConv
 from tilewise.kernels.space import Config
@@ -105,6 +107,7 @@ class CUDAExecutor:
         self.pdl = pdl_from_env() if pdl is None else pdl  # likewise; a plan's graph is captured per setting
         self.fuse_preps = True  # likewise; part of a plan's key
         self.serial_reduce = False  # likewise
+        self.fold_norm = False  # likewise
         self.graph_captures = 0
         self.graph_replays = 0
         self._check_model()
@@ -292,8 +295,10 @@ class CUDAExecutor:
                 weights: dict[str, Buffer], out: Buffer, n: int, k: int, norm: Buffer | None = None) -> None:
         tpl, cfg = self.matmul_choice(epilogue, n, k, rows, norm is not None)
         shape = (rows, n, k)
+        if self.fold_norm and tpl.kind == "wgr" and epilogue == "residual":  # the fold needs the sum in the kernel
+            cfg = summed_config(tpl, cfg, self.dev.info.limits, shape, lambda c: self.program(tpl, c, shape), sr=2)
         if self.serial_reduce:
-            cfg = serial_config(tpl, cfg, self.dev.info.limits, shape, lambda c: self.program(tpl, c, shape))
+            cfg = summed_config(tpl, cfg, self.dev.info.limits, shape, lambda c: self.program(tpl, c, shape))
         bufs = {"x": x, "out": out, **weights, **({"norm_w": norm} if norm is not None else {})}
         for name, nbytes in tpl.scratch_bytes(cfg, self._rows, n, k).items():  # split-K's sums, ring's f16 x
             # the f16 rows alternate between two buffers, so that a launch fused with the next prologue
@@ -302,6 +307,13 @@ class CUDAExecutor:
             bufs[name] = self._scratch_buffer(key, nbytes, zero=name in tpl.zeroed_scratch)
         self._xh_turn += tpl.preps()
         launches = tpl.launches_at(self.program(tpl, cfg, shape), bufs, cfg, shape, x_row0)
+        if self.fold_norm and plan.launches and tpl.kind == "wgr" and norm is not None:
+            # the residual launch before writes x; ss: each row's sums of squares per 64 columns
+            ss = self._scratch_buffer("ss", 4 * self._rows * (k // 64))
+            folded = fold_norm(plan.launches[-1], launches[0], launches[1], ss)
+            if folded is not None:
+                plan.launches[-1] = folded[0]
+                launches = [folded[1], *launches[2:]]
         if self.fuse_preps and plan.launches and tpl.preps():
             # the launch before writes these rows; every matmul's input here has this matmul as its only reader
             fused = fuse_prep(self.dev, plan.launches[-1], launches[0], self._programs)
@@ -343,7 +355,7 @@ class CUDAExecutor:
         new = self._take_caches(start + n)
         new.n_tokens = start + n
         self._ids_host[:n] = ids
-        key = (n, start, final_row_slicing, self.fuse_preps, self.serial_reduce,
+        key = (n, start, final_row_slicing, self.fuse_preps, self.serial_reduce, self.fold_norm,
                None if caches is None else (id(caches.kv), id(caches.conv)), id(new.kv), id(new.conv))
         cached = self._plans.get(key)
         if cached is None:

@@ -344,6 +344,9 @@ class CudaMatmul(KernelTemplate):
                             dynamic_shared_bytes=smem)
         if self.kind == "wgr" and self.epilogue != "residual" and self.sums_in_kernel(config):
             offers_f16_out(prog, 10, 12, 6, 7)  # it applies the epilogue itself, into final_out (out with KS 1)
+        if self.kind == "wgr":  # the norm fold's two sides (`cuda_fuse.fold_norm`)
+            prog.meta["fold_from"] = self.epilogue == "residual" and self.sums_in_kernel(config)
+            prog.meta["fold_into"] = config["KS"] == 1
         if self.preps():
             prog.meta["prep"] = compile_cuda(device, src, self.prep_entry(), PREP_NT, f"{self.name}.prep")
             prog.meta["prep"].meta["role"] = ("prep", int(self.norm))
@@ -407,8 +410,9 @@ class CudaMatmul(KernelTemplate):
             if self.kind == "wgt":  # x by TMA: xh as (m, k) f16 rows in boxes of 64 x 64
                 main.append(f16_rows_map(bufs["xh"], m, k, 64))
             elif self.kind == "wgr":  # one box of BT tokens x 64 a step; SR's arguments; no f16 output (`fuse_prep`
-                # may set one)
-                main += [f16_rows_map(bufs["xh"], m, k, config["BT"]), *self._sr_args(bufs, config), NULL]
+                # may set one), no norm fold (`fold_norm` may set it: ss_in, eps, fold_g, ss_out)
+                main += [f16_rows_map(bufs["xh"], m, k, config["BT"]), *self._sr_args(bufs, config), NULL, NULL,
+                         np.float32(self.eps), NULL, NULL]
             return [prep, Launch(program, self.grid(config, shape), main), *reduce]
         args: list[Any] = [bufs["x"], np.int32(x_row0), *weights, arg_or(bufs, "norm_w", "x"), np.float32(self.eps),
                            out, *dims]

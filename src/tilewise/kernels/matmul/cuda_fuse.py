@@ -4,7 +4,10 @@
   prologue's rows (`fuse_preps`, `fuse_prep`);
 - a split-K config whose slices a reduction launch sums, made to sum them in the last block of each tile instead
   (`serial_reduce`, `serial_config`): the table's config was timed alone, where the reduction's launch costs less
-  than in a decision's chain of launches, so the executor's setting is raced on whole decisions."""
+  than in a decision's chain of launches, so the executor's setting is raced on whole decisions;
+- a residual wgr matmul and the RMSNorm prologue of the next wgr matmul, the norm folded into the two matmuls
+  (`fold_norm`; split residual configs sum in a cluster, `summed_config` with SR 2): one launch fewer, not the same
+  bits (the f16 rounding falls on h * g instead of on the normed row), so its race compares within a tolerance."""
 
 from __future__ import annotations
 
@@ -58,18 +61,43 @@ def fuse_prep(device: Device, prev: Launch, prep: Launch, programs: dict[Any, Pr
     return None
 
 
-def serial_config(tpl: Any, config: Config, limits: Any, shape: tuple[int, int, int],
-                  compile: Callable[[Config], Any]) -> Config:
-    """`config` with SR 1 where it splits K with SR 0 (wgr, splitk) and SR 1 is legal at `shape` and compiles
-    (`compile(config)` raises otherwise); else `config` unchanged. The last block adds the slices in the reduction's
-    order: the same bits."""
+def summed_config(tpl: Any, config: Config, limits: Any, shape: tuple[int, int, int],
+                  compile: Callable[[Config], Any], sr: int = 1) -> Config:
+    """`config` with SR `sr` (1: the last block of each tile sums the slices; 2: the tile's cluster does) where it
+    splits K with SR 0 (wgr, splitk) and that SR is legal at `shape` and compiles (`compile(config)` raises
+    otherwise); else `config` unchanged. Both add the slices in the reduction's order: the same bits."""
     if "SR" not in config or config["SR"] or not tpl.splits(config):
         return config
-    serial = tpl.config_of({**config, "SR": 1})
-    if tpl.why_illegal(serial, limits, shape):
+    summed = tpl.config_of({**config, "SR": sr})
+    if tpl.why_illegal(summed, limits, shape):
         return config
     try:
-        compile(serial)
+        compile(summed)
     except (ShaderCompileError, LaunchError):
         return config
-    return serial
+    return summed
+
+
+#: the wgr launch's arguments the norm fold sets (nf4_mm_wgr in matmul_wgr.cu)
+WGR_FINAL_OUT, WGR_OUT_H, WGR_SS_IN, WGR_EPS, WGR_FOLD_G, WGR_SS_OUT = 10, 12, 13, 14, 15, 16
+
+
+def fold_norm(prev: Launch, prep: Launch, main: Launch, ss: Any) -> tuple[Launch, Launch] | None:
+    """`prev` and `main` with the normed prologue `prep` between them folded away (matmul_reduce.cu's `fold_chunk`):
+    the residual launch `prev` also stores main's x as f16 (h * g) rows and each row's sums of squares per 64
+    columns into `ss` (at least M x N / 64 floats), and `main` multiplies its rows by 1 / rms(h) before its epilogue.
+    None where they do not fit: prev a wgr residual launch that sums in the kernel (KS 1 or SR 2) and writes no f16
+    rows yet, prep the normed prologue of exactly prev's output rows, main a KS 1 wgr launch reading prep's rows."""
+    role = prep.program.meta.get("role")
+    if role != ("prep", 1) or not prev.program.meta.get("fold_from") or not main.program.meta.get("fold_into"):
+        return None
+    x, x_row0, norm_w, eps, xh, k = prep.buffers
+    p, m = list(prev.buffers), list(main.buffers)
+    n = int(p[7])
+    if (int(x_row0) != 0 or p[0] is xh or p[WGR_FINAL_OUT] is not x or p[WGR_OUT_H] is not NULL
+            or int(p[6]) != prep.grid[0] or n != int(k) or n % 64 or m[0] is not xh or int(m[8]) != n
+            or ss.nbytes < 4 * int(p[6]) * (n // 64)):
+        return None
+    p[WGR_OUT_H], p[WGR_FOLD_G], p[WGR_SS_OUT] = xh, norm_w, ss
+    m[WGR_SS_IN], m[WGR_EPS] = ss, eps
+    return Launch(prev.program, prev.grid, p), Launch(main.program, main.grid, m)

@@ -44,7 +44,7 @@ __device__ __forceinline__ void splitk_body(const float *__restrict__ x, int x_r
 #pragma unroll
       for (int s = 0; s < SETS; ++s) tile[(s * BM + r - r0) * TS + c - c0] = acc[s][i][j][e];
     });
-    cluster_reduce<EPI, KS, NT, BM, BN>(smem_addr(tile), final_out, nullptr, M, N, r0, c0);
+    cluster_reduce<EPI, KS, NT, BM, BN>(smem_addr(tile), final_out, nullptr, M, N, r0, c0, nullptr, nullptr);
   } else {
     store_partial<BM, BN, WM, WN, SETS>(acc, partial, M, N);
     if constexpr (SR == 1) {

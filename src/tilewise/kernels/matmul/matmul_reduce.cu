@@ -156,6 +156,31 @@ __device__ __forceinline__ void serial_reduce(const float *partial, float *final
   if (threadIdx.x == 0) counters[tile] = 0u;
 }
 
+// The norm fold (the executor's `fold_norm`): a residual matmul whose output rows the next matmul reads through an
+// RMSNorm stores, beside the f32 rows, the next matmul's f16 input unnormed, f16(h * g) with g the norm's weight,
+// and each row's sum of squares of h per 64 columns, ss_out (M, N / 64). The next matmul (wgr, `ss_in`) multiplies
+// its output rows by 1 / rms(h) = rsqrt(sum / N + eps), which the norm would have multiplied its input rows by: the
+// same product, rounded to f16 at h * g instead of at the normed row (within the f16 tolerance), and no prologue
+// launch between the two. fold_chunk is called by every lane of a half-warp for the 16 consecutive 4-column chunks
+// of 64 aligned columns of one row (ok false: outside the output, nothing stored, 0 added); lane 0 of the sixteen
+// stores their sum, added in one fixed order.
+__device__ __forceinline__ void fold_chunk(float4 h, bool ok, const float *__restrict__ fold_g,
+                                           unsigned short *__restrict__ out_h, float *__restrict__ ss_out, int row,
+                                           int col, int N) {
+  float sq = 0.0f;
+  if (ok) {
+    const float4 g = *reinterpret_cast<const float4 *>(fold_g + col);
+    uint2 q;
+    q.x = (unsigned)f16_bits(h.x * g.x) | ((unsigned)f16_bits(h.y * g.y) << 16);
+    q.y = (unsigned)f16_bits(h.z * g.z) | ((unsigned)f16_bits(h.w * g.w) << 16);
+    *reinterpret_cast<uint2 *>(out_h + (size_t)row * N + col) = q;
+    sq = h.x * h.x + h.y * h.y + h.z * h.z + h.w * h.w;
+  }
+#pragma unroll
+  for (int s = 8; s > 0; s >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, s);  // within the half-warp
+  if (ok && col % 64 == 0) ss_out[(size_t)row * (N / 64) + col / 64] = sq;
+}
+
 // both barriers of a thread block cluster: every thread of every block arrives (after its shared-memory stores,
 // released to the cluster) before any goes on (acquiring them)
 __device__ __forceinline__ void cluster_sync() {
@@ -180,9 +205,12 @@ __device__ __forceinline__ float4 ld_peer4(unsigned addr) {
 // `tiles`: (SETS, ROWS, COLS + 4) f32, row-major. After a cluster barrier, block z sums the tile's 4-column chunks
 // z, z + KS, ... (in units of NT) over the KS blocks in order 0..KS-1 from 0.0f (the reduction launch's order: the
 // same bits) and applies the epilogue; a second barrier keeps every block's shared memory until all have read it.
+// fold_g (residual, not null; N % 64 == 0, COLS % 64 == 0, NT % 32 == 0): the norm fold's f16 rows into out_h and
+// sums of squares into ss_out (`fold_chunk`). Every thread of a block loops the same number of times (CHUNKS is a
+// multiple of NT wherever the fold runs), so whole half-warps call fold_chunk.
 template <int EPI, int KS, int NT, int ROWS, int COLS>
 __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out, unsigned short *out_h, int M, int N,
-                                               int r0, int c0) {
+                                               int r0, int c0, const float *fold_g, float *ss_out) {
   static_assert(COLS % 4 == 0, "cluster_reduce reads four columns at a time");
   constexpr int SETS = EPI == 2 ? 2 : 1, TS = COLS + 4, CHUNKS = ROWS * (COLS / 4);
   cluster_sync();
@@ -191,6 +219,30 @@ __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out,
   unsigned peer[KS];
 #pragma unroll
   for (int z = 0; z < KS; ++z) peer[z] = cluster_peer(tiles, z);
+  if constexpr (EPI == 1 && COLS % 64 == 0 && NT % 32 == 0 && CHUNKS % NT == 0) {
+    if (fold_g != nullptr) {
+#pragma unroll 1
+      for (int e = threadIdx.x + rank * NT; e < CHUNKS; e += KS * NT) {
+        const int row = e / (COLS / 4), c = 4 * (e % (COLS / 4)), r = r0 + row, col = c0 + c;
+        const bool ok = r < M && col < N;  // N % 64 == 0: all four
+        float4 h = f4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (ok) {
+          float4 v[KS][1];
+#pragma unroll
+          for (int z = 0; z < KS; ++z) v[z][0] = ld_peer4(peer[z] + 4 * (row * TS + c));
+          float4 y[1];
+          sum_slices4<KS, 1>(v, y);
+          float4 *f = reinterpret_cast<float4 *>(final_out + (size_t)r * N + col);
+          const float4 o = *f;
+          h = f4(o.x + y[0].x, o.y + y[0].y, o.z + y[0].z, o.w + y[0].w);  // as store_sum4<1> adds
+          *f = h;
+        }
+        fold_chunk(h, ok, fold_g, out_h, ss_out, r, col, N);
+      }
+      cluster_sync();
+      return;
+    }
+  }
 #pragma unroll 1
   for (int e = threadIdx.x + rank * NT; e < CHUNKS; e += KS * NT) {
     const int row = e / (COLS / 4), c = 4 * (e % (COLS / 4)), r = r0 + row, col = c0 + c;

@@ -36,6 +36,10 @@
 // out_h, where not null (EPI 0 and 2): the epilogue's values are stored rounded to f16 into out_h (M, N) instead of
 // f32 into out / final_out, as nf4_mm_prep<0> would round them: the executor passes the next matmul's f16 rows when
 // that matmul is the only reader, and drops its prologue launch.
+// The norm fold (matmul_reduce.cu's `fold_chunk`, the executor's `fold_norm`): a residual launch summing in the
+// kernel (KS 1, SR 2) with fold_g not null also stores f16 (h * fold_g) into out_h and its rows' sums of squares
+// per 64 columns into ss_out (N % 64 == 0); a KS 1 launch with ss_in not null reads x as such rows and multiplies
+// each token's outputs by rsqrt(sum / K + eps) before its epilogue. Null pointers: neither.
 // Shapes: K % (KS * 64) == 0; any M and N.
 
 __host__ __device__ constexpr int wgr_threads(int BF) { return BF / 64 * 128; }
@@ -253,7 +257,9 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
                                          const float *__restrict__ absmax, const unsigned *__restrict__ w_up,
                                          const float *__restrict__ absmax_up, float *__restrict__ out, int M, int N,
                                          int K, const TmaMap &xmap, float *__restrict__ final_out,
-                                         unsigned *__restrict__ counters, unsigned short *__restrict__ out_h) {
+                                         unsigned *__restrict__ counters, unsigned short *__restrict__ out_h,
+                                         const float *__restrict__ ss_in, float eps, const float *__restrict__ fold_g,
+                                         float *__restrict__ ss_out) {
   constexpr int FAIL = wgr_first_failure(FMT, EPI, BF, BT, ST, KS, MB, DEC, SR);
   static_assert(FAIL != 1, "variant: FMT in 0..2 (nf4, f16, f32), EPI in 0..2 (none, residual, swiglu)");
   static_assert(FAIL != 2, "warpgroups_1_4: BF must be 1..4 warpgroups of 64 features");
@@ -403,22 +409,64 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
       for (int j = 0; j < BT / 8; ++j)
 #pragma unroll
         for (int q = 0; q < 4; ++q) tile[(s * BT + 8 * j + 2 * t + q % 2) * TS + r + 8 * (q / 2)] = acc[s][j][q];
-    cluster_reduce<EPI, KS, NT, BT, BF>(base_addr, final_out, out_h, M, N, t0, f0);
+    cluster_reduce<EPI, KS, NT, BT, BF>(base_addr, final_out, out_h, M, N, t0, f0, fold_g, ss_out);
     return;
+  }
+  // ss_in (KS 1): x came as f16 (h * g), unnormed (the norm fold, matmul_reduce.cu); each token's 1 / rms(h) from
+  // its sums of squares per 64 columns, added in order, goes into the padding column BF of its tile row (the
+  // fragments below fill columns 0..BF-1 only), and every output of the token is multiplied by it before the
+  // epilogue
+  const bool scaled = KS == 1 && ss_in != nullptr;
+  if (scaled) {
+    for (int i = tid; i < BT; i += NT) {
+      float ss = 0.0f;
+      if (t0 + i < M)
+        for (int j = 0; j < K / 64; ++j) ss += ss_in[(size_t)(t0 + i) * (K / 64) + j];
+      tile[i * TS + BF] = rsqrtf(ss / (float)K + eps);
+    }
+    __syncthreads();
   }
   const size_t mn = (size_t)M * N;
   const bool vec = N % 4 == 0;  // a row's 16-byte chunks are aligned (f0 is a multiple of 64)
 #pragma unroll
   for (int s = 0; s < PASSES; ++s) {
     // out^T's fragment: accumulator q of n8 tile j is feature r + 8 (q / 2), token 8 j + 2 t + q % 2
+    if (KS == 1 && scaled) {
 #pragma unroll
-    for (int j = 0; j < BT / 8; ++j)
+      for (int j = 0; j < BT / 8; ++j)
 #pragma unroll
-      for (int q = 0; q < 4; ++q)
-        tile[(8 * j + 2 * t + q % 2) * TS + r + 8 * (q / 2)] =
-            KS > 1 || EPI != 2 ? acc[s][j][q] : silu(acc[0][j][q]) * acc[SETS - 1][j][q];
+        for (int q = 0; q < 4; ++q) {
+          const float sc = tile[(8 * j + 2 * t + q % 2) * TS + BF];
+          tile[(8 * j + 2 * t + q % 2) * TS + r + 8 * (q / 2)] =
+              EPI != 2 ? acc[0][j][q] * sc : silu(acc[0][j][q] * sc) * (acc[SETS - 1][j][q] * sc);
+        }
+    } else {
+#pragma unroll
+      for (int j = 0; j < BT / 8; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          tile[(8 * j + 2 * t + q % 2) * TS + r + 8 * (q / 2)] =
+              KS > 1 || EPI != 2 ? acc[s][j][q] : silu(acc[0][j][q]) * acc[SETS - 1][j][q];
+    }
     __syncthreads();
     float *dst = KS > 1 ? out + ((size_t)blockIdx.z * SETS + s) * mn : out;
+    if (KS == 1 && EPI == 1 && fold_g != nullptr) {  // the norm fold (N % 64 == 0): BT / 8 passes for every thread
+#pragma unroll 1
+      for (int e = tid; e < BT * (BF / 4); e += NT) {
+        const int row = e / (BF / 4), c = 4 * (e % (BF / 4)), tok = t0 + row, feat = f0 + c;
+        const bool ok = tok < M && feat < N;
+        float4 h = f4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (ok) {
+          const float4 v = *reinterpret_cast<const float4 *>(tile + row * TS + c);
+          float4 *o = reinterpret_cast<float4 *>(dst + (size_t)tok * N + feat);
+          const float4 y = *o;
+          h = f4(y.x + v.x, y.y + v.y, y.z + v.z, y.w + v.w);
+          *o = h;
+        }
+        fold_chunk(h, ok, fold_g, out_h, ss_out, tok, feat, N);
+      }
+      continue;
+    }
 #pragma unroll 1
     for (int e = tid; e < BT * (BF / 4); e += NT) {
       const int row = e / (BF / 4), c = 4 * (e % (BF / 4)), tok = t0 + row, feat = f0 + c;
@@ -457,10 +505,11 @@ __global__ void __launch_bounds__(BF / 64 * 128, MB)
 nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w, const float *__restrict__ absmax,
            const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, float *__restrict__ out, int M,
            int N, int K, const __grid_constant__ TmaMap xmap, float *__restrict__ final_out,
-           unsigned *__restrict__ counters, unsigned short *__restrict__ out_h) {
+           unsigned *__restrict__ counters, unsigned short *__restrict__ out_h, const float *__restrict__ ss_in,
+           float eps, const float *__restrict__ fold_g, float *__restrict__ ss_out) {
   static_assert(SR != 2, "SR 2 (a cluster per tile) is launched as nf4_mm_wgr_cluster");
   wgr_body<FMT, EPI, BF, BT, ST, KS, MB, DEC, SR>(xh, w, absmax, w_up, absmax_up, out, M, N, K, xmap, final_out,
-                                                  counters, out_h);
+                                                  counters, out_h, ss_in, eps, fold_g, ss_out);
 }
 
 // SR 2: the KS blocks of a tile (blockIdx.z = 0..KS-1) are one cluster; out is final_out (no partial sums) and
@@ -471,8 +520,9 @@ nf4_mm_wgr_cluster(const unsigned short *__restrict__ xh, const unsigned *__rest
                    const float *__restrict__ absmax, const unsigned *__restrict__ w_up,
                    const float *__restrict__ absmax_up, float *__restrict__ out, int M, int N, int K,
                    const __grid_constant__ TmaMap xmap, float *__restrict__ final_out, unsigned *__restrict__ counters,
-                   unsigned short *__restrict__ out_h) {
+                   unsigned short *__restrict__ out_h, const float *__restrict__ ss_in, float eps,
+                   const float *__restrict__ fold_g, float *__restrict__ ss_out) {
   static_assert(SR == 2, "nf4_mm_wgr_cluster sums the slices in a cluster: SR 2");
   wgr_body<FMT, EPI, BF, BT, ST, KS, MB, DEC, SR>(xh, w, absmax, w_up, absmax_up, out, M, N, K, xmap, final_out,
-                                                  counters, out_h);
+                                                  counters, out_h, ss_in, eps, fold_g, ss_out);
 }
