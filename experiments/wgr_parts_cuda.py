@@ -54,7 +54,7 @@ _COPY = "    cp_w_rows<FMT, SETS, BF, NT, SETS * BF * RS, decltype(row_at), fals
 _ABSMAX = "    if (FMT == 0) {  // the step's absmax"
 _LOOP = "  for (int kt = 0; kt < steps; kt += 2) {"
 _TOP = "  constexpr int NT = wgr_threads(BF), SETS = EPI == 2 ? 2 : 1, BK = 64;"
-_EPI = "      const float4 v = *reinterpret_cast<const float4 *>(tile + row * TS + c);"
+_EPI = "      if (tok >= M || feat >= N) continue;"  # the epilogue's store loop (the norm fold's has no such line)
 EDITS: dict[str, tuple[tuple[str, str], ...]] = {  # variant -> (text, its replacement), each occurring once
     "no-decode": ((_NEXT, "    wgr_pin(acc, nxt);"),),
     # a real use of the fragments, so that ptxas keeps the decode (an empty asm pin does not)
@@ -65,10 +65,10 @@ EDITS: dict[str, tuple[tuple[str, str], ...]] = {  # variant -> (text, its repla
     "barrier": (("#ifndef WGR_RELEASE\n#define WGR_RELEASE 1", "#ifndef WGR_RELEASE\n#define WGR_RELEASE 0"),),
     "bare": ((_TOP, "  if (M > 0) return;\n" + _TOP),),
     "no-loop": ((_LOOP, "  for (int kt = 0; kt < steps && M < 0; kt += 2) {"),),
-    "no-epi": ((_EPI, "      if (M > 0) continue;\n" + _EPI),),
+    "no-epi": ((_EPI, "      if (tok >= M || feat >= N || M > 0) continue;"),),
     # no K step and no stores: launch, prologue and the tile staged; with no-loop and bare it splits the fixed cost
     "prologue": ((_LOOP, "  for (int kt = 0; kt < steps && M < 0; kt += 2) {"),
-                 (_EPI, "      if (M > 0) continue;\n" + _EPI)),
+                 (_EPI, "      if (tok >= M || feat >= N || M > 0) continue;")),
 }
 
 
