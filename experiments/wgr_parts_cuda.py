@@ -16,6 +16,7 @@ They compute wrong values on purpose, so they are timed, never verified or store
     no-loop     the K loop runs no step: launch, prologue stages, the first decode, the epilogue
     no-epi      the epilogue's tile is staged but never written out
     prologue    no K step and no stores (no-loop - prologue: the stores; prologue - bare: the rest of the fixed cost)
+    no-prefetch the tensor map not prefetched ahead of the first x copy
     dec0        the same config with the shared-memory table decode (DEC 0)
     f16-w       the same config with f16 weights (no decode; four times the bytes staged)
 
@@ -67,6 +68,7 @@ EDITS: dict[str, tuple[tuple[str, str], ...]] = {  # variant -> (text, its repla
     "no-loop": ((_LOOP, "  for (int kt = 0; kt < steps && M < 0; kt += 2) {"),),
     "no-epi": ((_EPI, "      if (tok >= M || feat >= N || M > 0) continue;"),),
     # no K step and no stores: launch, prologue and the tile staged; with no-loop and bare it splits the fixed cost
+    "no-prefetch": (("  if (tid == 0) tma_prefetch_map(&xmap);\n", ""),),
     "prologue": ((_LOOP, "  for (int kt = 0; kt < steps && M < 0; kt += 2) {"),
                  (_EPI, "      if (tok >= M || feat >= N || M > 0) continue;")),
 }

@@ -109,6 +109,12 @@ __device__ __forceinline__ void tma_box(unsigned dst, const TmaMap *map, int c0,
       ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar) : "memory");
 }
 
+// the tensor map's 128 bytes fetched ahead of its first copy (a kernel parameter: no launch writes it, so this may
+// run before the PDL wait and overlap the launch before)
+__device__ __forceinline__ void tma_prefetch_map(const TmaMap *map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(map)) : "memory");
+}
+
 // the accumulators may not be moved while a wgmma writes them: pin each one in place around the waits
 template <int MT, int SETS, int J>
 __device__ __forceinline__ void wg_pin(float (&acc)[MT][SETS][1][J][4]) {

@@ -285,6 +285,7 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   const int tid = threadIdx.x, wg = tid / 128, warp = tid / WARPSIZE, lane = tid % WARPSIZE;
   const int f0 = blockIdx.x * BF, t0 = blockIdx.y * BT;
   const int steps = K / KS / BK, k_begin = blockIdx.z * (K / KS);
+  if (tid == 0) tma_prefetch_map(&xmap);
   if (tid < 16) lut[tid] = NF4_CODE[tid];  // read after the first barrier below
   const unsigned empties = bars + 64;  // stage s: `full` at bars + 8 s, `empty` at empties + 8 s
   if (tid == 0) {
