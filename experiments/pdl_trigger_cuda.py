@@ -1,0 +1,111 @@
+"""Where should a kernel let the next launch start? (CUDA, one model, whole decisions)
+
+Every model kernel calls PDL_BEGIN(): it waits for the launch before (griddepcontrol.wait) and then at once lets the
+next launch's blocks become resident (griddepcontrol.launch_dependents). Where a grid needs more than one wave,
+those early blocks hold shared memory, registers and warp slots while they wait, which the grid's later waves need;
+where it fits one wave they cost nothing and start their pre-wait work early. PDL has decided faster on lfm2-350m
+(one-wave wgr grids) and slower on the bundled model (mma grids of several waves). This races whole decisions
+(graph replays) on the device's tuned table in three modes:
+
+    off     PDL off
+    start   PDL on, the next launch triggered right after the wait (the kernels as they are)
+    exit    PDL on, no explicit trigger: the next launch starts as this one's blocks exit (the kernels' text edited
+            before NVRTC, so that PDL_BEGIN() only waits)
+
+All three run the same kernels in the same order, so their scores must be bit-identical.
+
+    PYTHONPATH=src python3 experiments/pdl_trigger_cuda.py [--preset default] [--seq 348] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import tilewise.kernels.attention.cuda as attention_cuda
+import tilewise.kernels.cudasrc as cudasrc
+import tilewise.kernels.matmul.cuda as matmul_cuda
+import tilewise.kernels.rowops.cuda as rowops_cuda
+import tilewise.kernels.shortconv.cuda as shortconv_cuda
+from tilewise.devices import get_device
+from tilewise.model.bench import PREFIX_TOKENS, percentiles, prompts, race_executors
+from tilewise.model.cuda import CUDAExecutor
+from tilewise.model.runtime import open_checkpoint
+from tilewise.tune.measure import compare, summarize
+
+MODES = ("off", "start", "exit")
+#: PDL_BEGIN's trigger line in pdl.cuh (checked to occur once)
+TRIGGER = "    PDL_LAUNCH_DEPENDENTS(); \\\n"
+SOURCE_MODULES = (cudasrc, matmul_cuda, attention_cuda, rowops_cuda, shortconv_cuda)
+
+
+def wait_only(real):
+    """`model_source` with PDL_BEGIN() reduced to the wait."""
+
+    def source(family: str, *files: str) -> str:
+        text = real(family, *files)
+        if text.count(TRIGGER) != 1:
+            raise SystemExit(f"pdl.cuh's trigger line occurs {text.count(TRIGGER)} times in {family}'s source")
+        return text.replace(TRIGGER, "")
+
+    return source
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="default", help="model preset (default: the bundled model)")
+    ap.add_argument("--seq", type=int, default=348, help="a decision's prompt length")
+    ap.add_argument("--rounds", type=int, default=10, help="rounds of the decision race")
+    ap.add_argument("--per-round", type=int, default=20, help="decisions per mode and round")
+    ap.add_argument("--out", help="folder for pdl_trigger.json")
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+    dev = get_device(args.device)
+    if not getattr(dev, "pdl", False):
+        print(f"{dev.info.name} has no programmatic dependent launch: nothing to race")
+        return 0
+    ck = open_checkpoint(args.preset, weights="nf4")
+    _, full = prompts(ck.config.vocab_size, args.seq, 40, PREFIX_TOKENS, seed=3)
+    executors = {}
+    for mode in MODES:  # each compiles its kernels at its first decision: `exit` with the edited text
+        real = cudasrc.model_source
+        if mode == "exit":
+            for mod in SOURCE_MODULES:
+                mod.model_source = wait_only(real)
+        try:
+            ex = CUDAExecutor(ck, device=dev, quiet=True, pdl=mode != "off")
+            ex.forward(full[0], 0, None, True)
+        finally:
+            for mod in SOURCE_MODULES:
+                mod.model_source = real
+        executors[mode] = ex
+    samples, diff = race_executors(executors, full, args.rounds, args.per_round)
+    stats = {m: summarize(v) for m, v in samples.items()}
+    print(f"{dev.info.name} [{dev.info.fingerprint}]: {args.preset}, {args.seq} rows; the table's other settings: "
+          f"{executors['start'].measured_settings or 'none raced'}")
+    for m in MODES:
+        p = percentiles(samples[m])
+        print(f"decision, PDL {m}: p50 {p['p50']:.4f} ms, p90 {p['p90']:.4f}, p99 {p['p99']:.4f} ({p['n']} decisions)")
+    verdicts = {f"{a} over {b}": compare(stats[b], stats[a], (b, a)) for a, b in
+                (("start", "off"), ("exit", "off"), ("exit", "start"))}
+    for name, v in verdicts.items():
+        print(f"{name}: {v.verdict} ({v.ratio:.3f}x{'; ' + v.note if v.note else ''})")
+    print(f"max |score difference| {diff:.2e}" + ("" if diff == 0.0 else "  <-- NOT bit-identical"))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        doc = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+               "command": "python3 experiments/pdl_trigger_cuda.py " + " ".join(sys.argv[1:]),
+               "device": dev.info.as_dict(), "preset": args.preset, "seq": args.seq, "max_abs_score_diff": diff,
+               "verdicts": {k: {"verdict": v.verdict, "speedup": v.ratio, "note": v.note} for k, v in verdicts.items()},
+               **{m: {**percentiles(v), "median_ci95_ms": list(stats[m].ci95_ms), "samples_ms": v}
+                  for m, v in samples.items()}}
+        (out / "pdl_trigger.json").write_text(json.dumps(doc, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
