@@ -3,7 +3,7 @@
 - a matmul's f16 prologue (`nf4_mm_prep`) joined with the launch before it, where that launch wrote exactly the
   prologue's rows (`fuse_preps`, `fuse_prep`);
 - a split-K config whose slices a reduction launch sums, made to sum them in the last block of each tile instead
-  (`serial_reduce`, `serial_config`): the table's config was timed alone, where the reduction's launch costs less
+  (`serial_reduce`, `summed_config`): the table's config was timed alone, where the reduction's launch costs less
   than in a decision's chain of launches, so the executor's setting is raced on whole decisions;
 - a residual wgr matmul and the RMSNorm prologue of the next wgr matmul, the norm folded into the two matmuls
   (`fold_norm`; split residual configs sum in a cluster, `summed_config` with SR 2): one launch fewer, not the same
