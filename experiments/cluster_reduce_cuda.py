@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from tilewise.devices import get_device
-from tilewise.model.bench import PREFIX_TOKENS, op_table, percentiles, prompts, race_executors
+from tilewise.model.bench import PREFIX_TOKENS, op_table, percentiles, prompts, race_args, race_executors
 from tilewise.model.cuda import CUDAExecutor
 from tilewise.model.runtime import open_checkpoint
 from tilewise.model.tune import model_config
@@ -43,13 +43,9 @@ def without_clusters(table: DispatchTable) -> tuple[DispatchTable, list[str]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="lfm2-350m", help="model preset")
-    ap.add_argument("--seq", type=int, default=346, help="a decision's prompt length")
+    race_args(ap, "lfm2-350m", 346, "table")
     ap.add_argument("--table", help="dispatch table JSON (default: the device's, as `tilewise.load` finds it)")
-    ap.add_argument("--rounds", type=int, default=10, help="rounds of the decision race")
-    ap.add_argument("--per-round", type=int, default=20, help="decisions per table and round")
     ap.add_argument("--out", help="folder for cluster_reduce.json")
-    ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     dev = get_device(args.device)
     cfg = model_config(args.preset)

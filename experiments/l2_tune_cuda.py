@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tilewise.devices import get_device
-from tilewise.model.bench import PREFIX_TOKENS, op_table, percentiles, prompts, race_executors
+from tilewise.model.bench import PREFIX_TOKENS, op_table, percentiles, prompts, race_args, race_executors
 from tilewise.model.cuda import CUDAExecutor
 from tilewise.model.runtime import open_checkpoint
 from tilewise.model.tune import model_config, tune_model
@@ -56,13 +56,9 @@ def picks(tables: dict[str, Any], m: int) -> list[dict[str, Any]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for l2_tune.json and the two tables")
-    ap.add_argument("--preset", default="default", help="model preset (default: the bundled model)")
-    ap.add_argument("--seq", type=int, default=348, help="a decision's prompt length")
+    race_args(ap, "default", 348, "table")
     ap.add_argument("--budget", type=int, default=8, help="candidates per kernel in each tune")
     ap.add_argument("--budget-s", type=float, default=120.0, help="seconds for each tune")
-    ap.add_argument("--rounds", type=int, default=10, help="rounds of the decision race")
-    ap.add_argument("--per-round", type=int, default=20, help="decisions per table and round")
-    ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,7 @@ import tilewise.kernels.matmul.cuda as matmul_cuda
 import tilewise.kernels.rowops.cuda as rowops_cuda
 import tilewise.kernels.shortconv.cuda as shortconv_cuda
 from tilewise.devices import get_device
-from tilewise.model.bench import PREFIX_TOKENS, percentiles, prompts, race_executors
+from tilewise.model.bench import PREFIX_TOKENS, percentiles, prompts, race_args, race_executors
 from tilewise.model.cuda import CUDAExecutor
 from tilewise.model.runtime import open_checkpoint
 from tilewise.tune.measure import compare, summarize
@@ -56,12 +56,8 @@ def wait_only(real):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="default", help="model preset (default: the bundled model)")
-    ap.add_argument("--seq", type=int, default=348, help="a decision's prompt length")
-    ap.add_argument("--rounds", type=int, default=10, help="rounds of the decision race")
-    ap.add_argument("--per-round", type=int, default=20, help="decisions per mode and round")
+    race_args(ap, "default", 348, "mode")
     ap.add_argument("--out", help="folder for pdl_trigger.json")
-    ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     dev = get_device(args.device)
     if not getattr(dev, "pdl", False):

@@ -98,6 +98,16 @@ def race_modes(decide: Callable[[int], Any], set_mode: Callable[[str], None], mo
     return samples
 
 
+def race_args(ap: Any, preset: str, seq: int, per: str) -> None:
+    """The arguments of a script racing whole decisions (experiments/*_cuda.py): the model preset, a decision's
+    length, the rounds of the race and the decisions per `per` (table, mode) and round, and the device."""
+    ap.add_argument("--preset", default=preset, help="model preset")
+    ap.add_argument("--seq", type=int, default=seq, help="a decision's prompt length")
+    ap.add_argument("--rounds", type=int, default=10, help="rounds of the decision race")
+    ap.add_argument("--per-round", type=int, default=20, help=f"decisions per {per} and round")
+    ap.add_argument("--device", default="cuda")
+
+
 def race_executors(executors: dict[str, Any], full: list[np.ndarray], rounds: int, per_round: int,
                    warmup_s: float = WARMUP_S) -> tuple[dict[str, list[float]], float]:
     """Whole decisions (final-row slicing, no prefix cache) of each executor on the prompts `full`, in alternating
