@@ -68,9 +68,9 @@ EDITS: dict[str, tuple[tuple[str, str], ...]] = {  # variant -> (text, its repla
     "no-loop": ((_LOOP, "  for (int kt = 0; kt < steps && M < 0; kt += 2) {"),),
     "no-epi": ((_EPI, "      if (tok >= M || feat >= N || M > 0) continue;"),),
     # no K step and no stores: launch, prologue and the tile staged; with no-loop and bare it splits the fixed cost
-    "no-prefetch": (("  if (tid == 0) tma_prefetch_map(&xmap);\n", ""),),
     "prologue": ((_LOOP, "  for (int kt = 0; kt < steps && M < 0; kt += 2) {"),
                  (_EPI, "      if (tok >= M || feat >= N || M > 0) continue;")),
+    "no-prefetch": (("  if (tid == 0) tma_prefetch_map(&xmap);\n", ""),),
 }
 
 

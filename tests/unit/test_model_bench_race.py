@@ -3,11 +3,12 @@ executors whose scores are a function of the prompt)."""
 
 from __future__ import annotations
 
+import argparse
 from types import SimpleNamespace
 
 import numpy as np
 
-from tilewise.model.bench import race_executors
+from tilewise.model.bench import race_args, race_executors
 
 
 class FakeExecutor:
@@ -42,3 +43,13 @@ def test_one_executor_races_alone_with_no_difference(rng):
     samples, diff = race_executors({"only": FakeExecutor(0.5, [], "only")}, full, rounds=2, per_round=3,
                                    warmup_s=0.0)
     assert len(samples["only"]) == 6 and diff == 0.0
+
+
+def test_race_args_give_every_race_script_the_same_options_with_its_defaults():
+    ap = argparse.ArgumentParser()
+    race_args(ap, "default", 348, "mode")
+    args = ap.parse_args([])
+    assert (args.preset, args.seq, args.rounds, args.per_round, args.device) == ("default", 348, 10, 20, "cuda")
+    args = ap.parse_args(["--preset", "lfm2-350m", "--seq", "346", "--rounds", "3", "--per-round", "7"])
+    assert (args.preset, args.seq, args.rounds, args.per_round) == ("lfm2-350m", 346, 3, 7)
+    assert "decisions per mode and round" in ap.format_help()
