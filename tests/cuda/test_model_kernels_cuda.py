@@ -334,11 +334,31 @@ def test_head(dev, rng, shape):
         check(*run(dev, tpl, cfg, shape, rng), "f32")
 
 
-@pytest.mark.parametrize("shape", [(1, 64, 3), (2, 64, 3), (3, 256, 3), (346, 1024, 3), (5, 96, 4), (1, 32, 2)])
+#: one row (the state alone before it), rows fewer than any RT but 1, 37 (a partial last run of every RT > 1), the
+#: bundled model's and lfm2-350m's widths, 4 and 2 taps
+CONV_SHAPES = [(1, 64, 3), (2, 64, 3), (3, 256, 3), (37, 96, 3), (346, 1024, 3), (5, 96, 4), (1, 32, 2)]
+
+
+@pytest.mark.parametrize("shape", CONV_SHAPES)
 def test_shortconv_output_and_new_state(dev, rng, shape):
     tpl = CudaShortConv()
-    for cfg in tpl.space().split(dev.info.limits)[0]:
+    cfgs = tpl.space().split(dev.info.limits)[0]
+    assert {c["RT"] for c in cfgs} == {1, 2, 4, 8, 16}
+    for cfg in cfgs:
         check(*run(dev, tpl, cfg, shape, rng), "f32")
+
+
+@pytest.mark.parametrize("shape", CONV_SHAPES)
+def test_shortconv_gives_the_same_bits_whatever_rows_a_thread_takes(dev, shape):
+    """A thread's run of RT rows slides its window in registers, and every output sums its taps in the same order,
+    so the outputs and the new state are the same bits at every RT (and NT)."""
+    tpl = CudaShortConv()
+    cfgs = tpl.space().split(dev.info.limits)[0]
+    outs = {cfg: run(dev, tpl, cfg, shape, np.random.default_rng(7))[0] for cfg in cfgs}  # the same inputs
+    first = outs[tpl.default_config()]
+    assert np.isfinite(first).all() and np.abs(first).max() > 0
+    for cfg, out in outs.items():
+        np.testing.assert_array_equal(out, first, err_msg=str(cfg))
 
 
 #: (M, P, HQ, HKV, D): a single query, a long prefix, GQA groups of 1, 2 and 4, head dims 16 (tiny), 48 (a partial

@@ -336,7 +336,8 @@ def test_row_ops_conv_and_attention_compile_for_their_spaces(tmp_path):
     nts = [c["NT"] for c in legal(nt_space("x"))]
     entries = [f"rmsnorm<{nt}>" for nt in nts] + [f"head<{nt}>" for nt in nts] + ["copy_words<256>", "copy_pairs<256>"]
     entries += [f"embed<{f}, {nt}>" for f in (0, 1, 2) for nt in nts]
-    entries += [f"shortconv<{c['NT']}, {taps}>" for c in legal(CudaShortConv().space()) for taps in (2, 3, 4, 8)]
+    conv = CudaShortConv()  # every config at every tap count: a window of 1 to 7 values carried in registers
+    entries += [conv.entry(c, taps) for c in legal(conv.space()) for taps in (2, 3, 4, 8)]
     dims = (16, 32, 48, 64, 128, 256)  # tiny's 16, the bundled model's 64, a partial last warp (48)
     entries += [f"qknorm_rope<{d}>" for d in dims]
     attn = CudaAttention()  # both kernels (QT 1 and tiled), every config whose shared memory fits the head size
@@ -426,8 +427,9 @@ ILLEGAL = [
     ("matmul", "matmul.cu", "nf4_mm_rows<0, 1, 0, 64, 1, 4>", "column_warps_divide_warps"),
     ("rowops", "rowops.cu", "rmsnorm<96>", "pow2"),
     ("rowops", "rowops.cu", "head<2048>", "threads_32_1024"),
-    ("shortconv", "shortconv.cu", "shortconv<128, 9>", "taps_2_8"),
-    ("shortconv", "shortconv.cu", "shortconv<100, 3>", "whole_warps"),
+    ("shortconv", "shortconv.cu", "shortconv<128, 9, 1>", "taps_2_8"),
+    ("shortconv", "shortconv.cu", "shortconv<100, 3, 4>", "whole_warps"),
+    ("shortconv", "shortconv.cu", "shortconv<128, 3, 65>", "rows_1_64"),
     ("attention", "attention.cu", "attention<40, 4>", "head_dim_16_256"),
     ("attention", "attention.cu", "attention<64, 33>", "warps_1_32"),
     ("attention", "attention.cu", "attention_tiled<64, 24, 16>", "queries_per_warp_whole"),

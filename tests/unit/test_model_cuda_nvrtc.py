@@ -68,7 +68,7 @@ def test_the_short_row_and_split_seeds_compile_under_nvrtc():
 @pytest.mark.parametrize(("family", "filenames", "entries"), [
     ("rowops", ("rowops.cu",), ["rmsnorm<128>", "embed<0, 128>", "embed<1, 128>", "embed<2, 128>", "head<256>",
                              "copy_words<256>", "copy_pairs<256>"]),
-    ("shortconv", ("shortconv.cu",), ["shortconv<128, 3>", "shortconv<32, 4>"]),
+    ("shortconv", ("shortconv.cu",), ["shortconv<128, 3, 1>", "shortconv<32, 4, 16>"]),
     ("attention", ATTENTION_FILES, ["qknorm_rope<16>", "qknorm_rope<64>", "attention<16, 4>", "attention<64, 4>",
                                    "attention<48, 2>", "attention_tiled<64, 32, 16>", "attention_tiled<48, 16, 8>",
                                    "attention_mma<64, 4, 1, 0>", "attention_mma<64, 8, 4, 1>",

@@ -209,6 +209,35 @@ def test_a_dispatch_tables_choices_are_what_the_plan_launches(rng):
         assert all(", 64, 64, 32, 32, 32, 2>" in e for e in others if e.startswith("nf4_mm_mma"))  # the default
 
 
+def test_the_tables_short_conv_config_is_what_the_plan_launches_at_every_length(rng):
+    """The conv takes the table's NT and RT (grid y: runs of RT rows, the last one partial), the default without
+    an entry, and the final-row-sliced last block its L rows with the same config."""
+    from tilewise.kernels.shortconv.cuda import CudaShortConv
+    from tilewise.model.dispatch import conv_key
+    from tilewise.tune.dispatch import Entry
+
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
+    dev = RecordingDevice()
+    table = _table_for(cfg, dev.info.fingerprint, {"BM": 32, "BN": 64, "BK": 64, "WM": 16, "WN": 32, "PIPE": 1},
+                       {"NT": 64, "RM": 2}, 2)
+    conv = CudaShortConv()
+    nt, rt = int(rng.choice([32, 64])), int(rng.choice([2, 4, 8, 16]))
+    table.put(conv_key(cfg), Entry([{"m_min": 1, "m_max": None, "kernel": conv.name,
+                                     "config": {"NT": nt, "RT": rt}}]), conv)
+    tuned, plain = CUDAExecutor(ck, device=dev, dispatch=table), CUDAExecutor(ck, device=RecordingDevice())
+    H, L = cfg.hidden_size, cfg.conv_L_cache
+    for n in (1, int(rng.integers(2, 40)), 41):
+        for ex, (want_nt, want_rt) in ((tuned, (nt, rt)), (plain, (128, 1))):
+            plan, _ = ex.plan(rng.integers(0, 512, n), 0, None, True)
+            convs = [ln for ln, lab in zip(plan.launches, plan.labels) if lab == "conv"]
+            assert len(convs) == sum(t == "conv" for t in cfg.layer_types) > 0
+            for i, ln in enumerate(convs):
+                rows = min(n, L) if i == len(convs) - 1 and cfg.layer_types[-1] == "conv" else n
+                assert ln.program.meta["entry"] == f"shortconv<{want_nt}, {L}, {want_rt}>"
+                assert ln.grid == (-(-H // want_nt), -(-rows // want_rt), 1) and int(ln.buffers[5]) == rows
+
+
 def test_a_split_k_choice_launches_the_slices_into_the_partial_buffer_then_the_reduction(rng):
     """ffn.down on split-K: two launches per layer, grid z = KS, the executor's partial buffer written by the first
     and read by the second, sized for KS slices at the row capacity; the other matmuls stay one launch."""
@@ -495,6 +524,44 @@ def test_tune_model_on_cuda_offers_the_cuda_kernels_with_their_seeds():
         (32, 4, 0, 1, 0), (32, 8, 0, 1, 0)]
     big = model_tune.attention_candidates(dev, 3, (346, 0, 16, 8, 128))  # 64 queries of D 128 exceed 48 KB
     assert [(c["QT"], c["NW"], c["TC"]) for c in big] == [(32, 2, 1), (64, 4, 1), (16, 1, 1)]
+
+
+def test_tune_model_on_cuda_tunes_the_short_conv_and_puts_its_pick_in_the_table(tmp_path, monkeypatch):
+    """The conv's candidates are its default and then its whole legal space (NT x RT); the pick goes into the table
+    under `shortconv:HxL` for every row count, and a table that has it is not tuned again without force."""
+    from tilewise.kernels.attention.cuda import CudaAttention
+    from tilewise.kernels.shortconv.cuda import CudaShortConv
+    from tilewise.model import tune as model_tune
+    from tilewise.model.dispatch import conv_key
+
+    dev = RecordingDevice()
+    conv = CudaShortConv()
+    cands = model_tune.conv_candidates(dev, None)
+    assert cands[0] == conv.default_config() and len(cands) == len(set(cands)) == 25
+    assert model_tune.conv_candidates(dev, 3) == cands[:3]
+    cfg = PRESETS["tiny"]
+    calls: list[int] = []
+
+    def fake_conv(dev, cfg, seq, seed, **kw):
+        calls.append(seq)
+        assert kw["what"] == f"short conv ({conv_key(cfg)}, {seq} rows)"
+        return conv, {"NT": 64, "RT": 8}, 0.004
+
+    attn = CudaAttention()
+    monkeypatch.setattr(model_tune, "model_matmuls", lambda cfg: {})
+    acfg = {"QT": 64, "NW": 4, "TC": 1, "KW": 1, "PF": 0}
+    monkeypatch.setattr(model_tune, "tune_attention", lambda *a, **kw: (attn, acfg, 0.01))
+    monkeypatch.setattr(model_tune, "tune_conv", fake_conv)
+    lines: list[str] = []
+    path = tmp_path / "t.json"
+    table = model_tune.tune_model(dev, cfg, 40, "nf4", path=path, log=lines.append)
+    assert calls == [40] and not table.partial
+    assert table.pick(conv_key(cfg), 1) == table.pick(conv_key(cfg), 4000) == ("shortconv", {"NT": 64, "RT": 8})
+    assert any(line.startswith("short conv at 40 rows: shortconv") for line in lines)
+    model_tune.tune_model(dev, cfg, 40, "nf4", path=path, log=lines.append)
+    assert calls == [40]  # already in the table
+    model_tune.tune_model(dev, cfg, 40, "nf4", path=path, log=lines.append, force=True)
+    assert calls == [40, 40]
 
 
 def test_a_gpu_older_than_ampere_is_refused_by_name_with_the_fix():

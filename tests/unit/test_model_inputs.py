@@ -253,3 +253,24 @@ def test_a_cuda_attention_entry_from_before_the_tiled_kernel_is_refused_with_the
     with pytest.raises(ConfigError, match="key_warps_need_tc"):
         range_choice("attention:16x8x64", "attention", {"QT": 16, "NW": 8, "TC": 0, "KW": 2}, (1, 346), sm90,
                      backend="cuda")
+
+
+def test_a_cuda_short_conv_entry_is_checked_like_a_candidate():
+    """`shortconv:HxL` names the CUDA conv's NT and RT; a broken rule, a missing parameter, a tap count out of range
+    or the name in a WebGPU table is refused with the rule it breaks."""
+    from tilewise.model.config import PRESETS
+    from tilewise.model.dispatch import conv_key, range_choice
+
+    sm90 = get_profile("sm_90")
+    key = conv_key(PRESETS["lfm2-350m"])
+    assert key == "shortconv:1024x3"
+    tpl, cfg = range_choice(key, "shortconv", {"NT": 64, "RT": 8}, (1, 346), sm90, backend="cuda")
+    assert tpl.entry(cfg, 3) == "shortconv<64, 3, 8>"
+    for values, why in (({"NT": 128, "RT": 65}, "rows_1_64"), ({"NT": 100, "RT": 2}, "whole_warps"),
+                        ({"NT": 128}, "lacks RT")):
+        with pytest.raises(ConfigError, match=why):
+            range_choice(key, "shortconv", values, (1, 346), sm90, backend="cuda")
+    with pytest.raises(ConfigError, match="taps_2_8"):
+        range_choice("shortconv:1024x9", "shortconv", {"NT": 128, "RT": 1}, (1, 346), sm90, backend="cuda")
+    with pytest.raises(ConfigError, match="not a matmul kernel"):
+        range_choice(key, "shortconv", {"NT": 128, "RT": 1}, (1, 346), sm90, backend="webgpu")

@@ -51,11 +51,18 @@ from tilewise.kernels.shortconv.cuda import CudaShortConv
 from tilewise.kernels.space import Config
 from tilewise.model import dispatch as model_dispatch
 from tilewise.model.checkpoint import HEAD, Checkpoint
-from tilewise.model.dispatch import attention_key, attention_shape, checked_table, load_model_table, matmul_key
+from tilewise.model.dispatch import (
+    attention_key,
+    attention_shape,
+    checked_table,
+    conv_key,
+    load_model_table,
+    matmul_key,
+)
 from tilewise.model.gpu_state import GPUCaches, Plan, cache_capacity, check_decision, take_caches, weight_bytes
 from tilewise.quant.nf4 import stored_shape, weight_arrays
 
-ROW_NT = 128  # embed / conv threads per block
+ROW_NT = 128  # embed threads per block
 HEAD_NT = 256
 MIN_ROW_CAPACITY = 64
 MAX_CACHED_PLANS = 64
@@ -291,6 +298,12 @@ class CUDAExecutor:
         return self._template("attention").config_of(attn_k.default_attention(self.dev.info.limits,
                                                                               attention_shape(cfg, rows)))
 
+    def conv_choice(self, rows: int) -> Config:
+        """The short conv's config at `rows` rows: the dispatch table's, else the default."""
+        conv = self._template("shortconv")
+        picked = self.dispatch.pick(conv_key(self.cfg), rows)
+        return conv.config_of(picked[1]) if picked is not None else conv.default_config()
+
     def _matmul(self, plan: Plan, label: str, epilogue: str, x: Buffer, x_row0: int, rows: int,
                 weights: dict[str, Buffer], out: Buffer, n: int, k: int, norm: Buffer | None = None) -> None:
         tpl, cfg = self.matmul_choice(epilogue, n, k, rows, norm is not None)
@@ -385,7 +398,7 @@ class CUDAExecutor:
                                                                               "out": a["x"]}, ecfg, eshape))
         attn, rope, conv = self._template("attention"), self._template("rope"), self._template("shortconv")
         assert isinstance(attn, attn_k.CudaAttention) and isinstance(rope, attn_k.CudaQKNormRope)
-        acfg, ccfg, rcfg = self.attention_choice(n), conv.config_of({"NT": ROW_NT}), rope.config_of({"NT": 0})
+        acfg, rcfg = self.attention_choice(n), rope.config_of({"NT": 0})
         n_layers = len(self.layers)
         xr, xr_rows = a["x"], n
         for i, lay in enumerate(self.layers):
@@ -395,7 +408,7 @@ class CUDAExecutor:
                 self._matmul(plan, "conv.in_proj", "none", a["x"], n - r, r, lay["in_proj"], a["big"], 3 * H, H,
                              norm=lay["operator_norm"])
                 state_in = caches.conv[i] if caches is not None else self.zero_conv_state
-                cshape = (r, H, L)
+                cshape, ccfg = (r, H, L), self.conv_choice(r)
                 plan.add("conv", conv.launches(self.program(conv, ccfg, cshape), {
                     "bcx": a["big"], "state_in": state_in, "weight": lay["taps"], "out": a["y"],
                     "state_out": new.conv[i]}, ccfg, cshape))

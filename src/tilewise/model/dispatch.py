@@ -25,6 +25,8 @@ from tilewise.kernels.base import KernelTemplate
 from tilewise.kernels.matmul import cuda as mm_cuda
 from tilewise.kernels.matmul import webgpu as mm
 from tilewise.kernels.registry import backend_of
+from tilewise.kernels.shortconv.cuda import CudaShortConv
+from tilewise.kernels.shortconv.problem import ShortConvProblem
 from tilewise.kernels.space import Config
 from tilewise.tune.dispatch import DispatchTable, family_version
 from tilewise.tune.store import default_path
@@ -96,6 +98,16 @@ def attention_key(hq: int, hkv: int, d: int) -> str:
     return attn_k.AttentionProblem().dispatch_key((1, 0, hq, hkv, d))
 
 
+def conv_shape(cfg: Any, rows: int) -> tuple[int, int, int]:
+    """The short conv's shape (M, H, L) at `rows` rows of a model config."""
+    return (rows, cfg.hidden_size, cfg.conv_L_cache)
+
+
+def conv_key(cfg: Any) -> str:
+    """The short conv's dispatch key (`shortconv:HxL`; CUDA tunes it, the WebGPU executors run their own)."""
+    return ShortConvProblem().dispatch_key(conv_shape(cfg, 1))
+
+
 def matmul_name(kind: str, fmt: str, epilogue: str, norm: bool = False) -> str:
     """The template name of an f32-arithmetic matmul kernel (what the defaults run)."""
     return mm.MatmulTemplate(kind, fmt, epilogue, None, norm=norm).name
@@ -113,7 +125,8 @@ def default_matmul(rows: int) -> tuple[str, dict[str, Any]]:
 def current_versions(backend: str = "webgpu") -> dict[str, str]:
     """The code versions of the families the model tunes on `backend` (a table measured on other code is stale)."""
     if backend == "cuda":
-        return {"matmul": family_version(mm_cuda.CudaMatmul()), "attention": family_version(attn_cuda.CudaAttention())}
+        return {"matmul": family_version(mm_cuda.CudaMatmul()), "attention": family_version(attn_cuda.CudaAttention()),
+                "shortconv": family_version(CudaShortConv())}
     return {"matmul": family_version(mm.MatmulTemplate()), "attention": family_version(attn_k.AttentionTemplate())}
 
 
@@ -121,7 +134,7 @@ def _key_sizes(key: str) -> tuple[int, ...]:
     name, _, sizes = key.rpartition(":")
     parts = sizes.split("x")
     if not name or not all(p.isdigit() for p in parts):
-        raise ConfigError(f"key {key!r} is not PROBLEM:NxK (a matmul) or attention:HQxHKVxD", TUNE_FIX)
+        raise ConfigError(f"key {key!r} is not PROBLEM:NxK (a matmul), attention:HQxHKVxD or shortconv:HxL", TUNE_FIX)
     return tuple(int(p) for p in parts)
 
 
@@ -137,6 +150,9 @@ def range_choice(key: str, kernel: str, values: Mapping[str, Any], rows: tuple[i
     if kernel == "attention":
         tpl = attn_cuda.CudaAttention() if backend == "cuda" else attn_k.AttentionTemplate()
         shapes = [(m, 0, *sizes) for m in rows]
+    elif kernel == "shortconv" and backend == "cuda":
+        tpl = CudaShortConv()
+        shapes = [(m, *sizes) for m in rows]
     elif kernel == "attention.sgmat" and backend != "cuda":
         tpl = attn_sg.SgmatAttention(features)
         shapes = [(m, 0, *sizes) for m in rows]

@@ -10,7 +10,8 @@ float64 reference (every output value, NaN-poisoned outputs), every candidate of
 same interleaved rounds, and every outcome is stored (an interrupted run resumes from the store). The tuner's
 `fit_dispatch` turns the per-row-count medians into the fewest row ranges within 3% of the best; the cutoff where
 the tiled kernel takes over is printed per shape (seed 001 found 96 on an M1 Max). Attention (the executor's
-kernel, and on Dawn the subgroup-matrix one beside it: `model/tune_attention.py`) is tuned at the decision length.
+kernel, and on Dawn the subgroup-matrix one beside it) and on CUDA the short conv are tuned at the decision length
+(`model/tune_attention.py`).
 
 The table is keyed by the device fingerprint and the kernel families' code versions; the executor ignores (with a
 warning) a table from another device and the entries of a family whose code changed.
@@ -29,12 +30,21 @@ from tilewise.kernels.matmul import cuda as mm_cuda
 from tilewise.kernels.matmul import webgpu as mm
 from tilewise.kernels.matmul.sgmat import sgmat_templates
 from tilewise.kernels.space import Config
-from tilewise.model.dispatch import attention_key, attention_shape, dispatch_path, load_model_table, matmul_key
+from tilewise.model.dispatch import (
+    attention_key,
+    attention_shape,
+    conv_key,
+    dispatch_path,
+    load_model_table,
+    matmul_key,
+)
 from tilewise.model.tune_attention import (  # noqa: F401 (attention_candidates, attention_template: public here too)
     attention_candidates,
     attention_items,
     attention_template,
+    conv_candidates,
     tune_attention,
+    tune_conv,
 )
 from tilewise.model.tune_climb import climb_matmul
 from tilewise.model.tune_seeds import SEED_ROWS, SEED_SPLITK, SEED_TILED, fitted_seeds
@@ -322,13 +332,17 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
         else:
             shapes.setdefault(key, (label, shape))
     tune_attn = force or akey not in table.entries
+    ckey = conv_key(cfg)  # the short conv is tuned on CUDA only (the WebGPU executors run their own kernel)
+    tune_cv = backend == "cuda" and "conv" in cfg.layer_types and (force or ckey not in table.entries)
     kw = {"n_cand": n_cand, "seed": seed, "hand_picked": hand_picked, "f16_arith": f16_arith, "eps": cfg.norm_eps,
           "seq": seq, "budget": budget}
     counts = {key: len(rows) * len(matmul_candidates(dev, fmt, e, rows, norm=nm, **kw))
               for key, (_, (e, _, _, nm)) in shapes.items()}
     n_attn = len(attention_items(dev, budget, attention_shape(cfg, seq))) if tune_attn else 0
-    run = Run(sum(counts.values()) + n_attn, progress, None if budget_s is None else time.perf_counter() + budget_s)
-    left = [label for label, _ in shapes.values()] + (["attention"] if tune_attn else [])
+    n_conv = len(conv_candidates(dev, budget)) if tune_cv else 0
+    run = Run(sum(counts.values()) + n_attn + n_conv, progress,
+              None if budget_s is None else time.perf_counter() + budget_s)
+    left = [label for label, _ in shapes.values()] + ["attention"] * tune_attn + ["conv"] * tune_cv
     stop: BaseException | None = None
     keep_l2, why_l2 = l2_timing(dev, cfg, fmt, l2, make_engine is Engine)
     flush_before = getattr(dev, "flush_l2", None)
@@ -356,6 +370,15 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
                       attn)
             left.remove("attention")
             log(f"attention at {seq} rows: {attn.name} {attn_cfg} {attn_ms:.4f} ms")
+        if tune_cv:
+            _save_partial(table, path, left, "running")
+            conv, conv_cfg, conv_ms = tune_conv(dev, cfg, seq, seed, store=store, force=force, budget=budget,
+                                                run=run, what=f"short conv ({ckey}, {seq} rows)",
+                                                make_engine=make_engine)
+            table.put(ckey, Entry(make_ranges([Range(1, seq, conv.config_of(conv_cfg))], conv.name, open_end=True)),
+                      conv)
+            left.remove("conv")
+            log(f"short conv at {seq} rows: {conv.name} {conv_cfg} {conv_ms:.4f} ms")
     except (OutOfTime, KeyboardInterrupt) as exc:
         stop = exc
     finally:

@@ -1,6 +1,7 @@
-"""Tuning the classifier's attention: the executor's kernel and, on a device with subgroup matrices, the
-subgroup-matrix kernel beside it, every candidate verified and timed by the one engine at the decision length;
-`tune_model` (`model/tune.py`) puts the fastest into the dispatch table."""
+"""Tuning the classifier's ops other than its matmuls, at the decision length: attention (the executor's kernel
+and, on a device with subgroup matrices, the subgroup-matrix kernel beside it) and, on CUDA, the short conv. Every
+candidate is verified and timed by the one engine; `tune_model` (`model/tune.py`) puts the fastest into the
+dispatch table."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from tilewise.kernels.attention import cuda as attn_cuda
 from tilewise.kernels.attention import sgmat as attn_sg
 from tilewise.kernels.attention import webgpu as attn_k
 from tilewise.kernels.matmul.sgmat import has_subgroup_matrices
+from tilewise.kernels.shortconv.cuda import CudaShortConv
 from tilewise.kernels.space import Config
-from tilewise.model.dispatch import attention_shape
+from tilewise.model.dispatch import attention_shape, conv_shape
 from tilewise.tune.engine import Engine, Item
 from tilewise.tune.store import Store
 
@@ -27,11 +29,33 @@ def tune_attention(dev: Any, cfg: Any, seq: int, seed: int, store: Store | None 
     """The fastest verified attention kernel and tile at the decision length (at most `budget` tiles per kernel,
     each kernel's default first): (template, config values, median ms)."""
     shape = attention_shape(cfg, seq)
+    items = [Item(t, c, shape) for t, c in attention_items(dev, budget, shape)]
+    return _fastest(dev, items, "attention tile", seq, seed, store, force, run, what, make_engine)
+
+
+def tune_conv(dev: Any, cfg: Any, seq: int, seed: int, store: Store | None = None,
+              force: bool = False, budget: int | None = None, *, run: Any, what: str = "shortconv",
+              make_engine: Callable[..., Engine] = Engine) -> tuple[Any, dict[str, Any], float]:
+    """The fastest verified short-conv config (CUDA) at the decision length, the default first: (template,
+    config values, median ms)."""
+    shape = conv_shape(cfg, seq)
+    items = [Item(CudaShortConv(), c, shape) for c in conv_candidates(dev, budget)]
+    return _fastest(dev, items, "short-conv config", seq, seed, store, force, run, what, make_engine)
+
+
+def conv_candidates(dev: Any, budget: int | None) -> list[Config]:
+    """The short conv's default, then the rest of its space legal on the device (at most `budget`)."""
+    t = CudaShortConv()
+    return list(dict.fromkeys([t.default_config(), *t.space().legal(dev.info.limits)]))[:budget]
+
+
+def _fastest(dev: Any, items: list[Item], noun: str, seq: int, seed: int, store: Store | None, force: bool,
+             run: Any, what: str, make_engine: Callable[..., Engine]) -> tuple[Any, dict[str, Any], float]:
     eng = make_engine(dev, store, force=force, seed=seed, measure_kw=ATTENTION_MEASURE)
-    outcomes = run.evaluate(eng, [Item(t, c, shape) for t, c in attention_items(dev, budget, shape)], what)
+    outcomes = run.evaluate(eng, items, what)
     ok = [oc for oc in outcomes if oc.status == "ok" and oc.stats is not None]
     if not ok:
-        raise ConfigError(f"no attention tile ran correctly at {seq} rows: "
+        raise ConfigError(f"no {noun} ran correctly at {seq} rows: "
                           + "; ".join(f"{oc.config}: {oc.status}" for oc in outcomes[:4]),
                           "report this with `tilewise devices --json`")
     best = min(ok, key=lambda oc: oc.stats.median_ms)  # type: ignore[union-attr]

@@ -1,7 +1,9 @@
-"""LFM2's short conv on CUDA (`shortconv.cu`): one thread per (row, channel), the taps L a template argument.
+"""LFM2's short conv on CUDA (`shortconv.cu`): a thread per channel and run of RT rows, the taps L a template
+argument.
 
 Problem: `shortconv.problem.ShortConvProblem`, shape (M, H, L). `state_out` is another buffer than `state_in`, so a
-cached prefix state is never written. Parameter NT (threads per block).
+cached prefix state is never written. Parameters: NT (threads per block), RT (consecutive rows per thread; every RT
+gives the same bits). `tilewise tune model --device cuda` picks them per model (the table's `shortconv:HxL` entry).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from tilewise.kernels.cudasrc import NULL, compile_cuda, model_source, name_expr
 from tilewise.kernels.shortconv.problem import ShortConvProblem
 from tilewise.kernels.space import Config, Rule, Space
 
+DEFAULT = {"NT": 128, "RT": 1}
+
 
 class CudaShortConv(KernelTemplate):
     """Gated depthwise causal conv; output y (M, H) followed by the new state (L-1, H)."""
@@ -26,19 +30,25 @@ class CudaShortConv(KernelTemplate):
     scratch_buffers = ("state_out",)  # the conv state it hands on: poisoned and guarded like "out"
 
     def space(self, which: str = "full") -> Space:
-        """shortconv.cu's `whole_warps` (its `taps_2_8` is a shape rule: L comes with the shape)."""
-        return Space("cuda-shortconv", {"NT": [32, 64, 128, 256, 512]}, [
+        """shortconv.cu's `whole_warps` and `rows_1_64` (its `taps_2_8` is a shape rule: L comes with the shape)."""
+        return Space("cuda-shortconv", {"NT": [32, 64, 128, 256, 512], "RT": [1, 2, 4, 8, 16]}, [
             Rule("whole_warps", lambda c, _: c.NT % 32 == 0 and 32 <= c.NT <= 1024,
                  lambda c, _: f"NT = {c.NT} is not a whole number of warps in 32..1024"),
+            Rule("rows_1_64", lambda c, _: 1 <= c.RT <= 64,
+                 lambda c, _: f"RT = {c.RT} rows per thread is not in 1..64"),
             Rule("threads_per_block", lambda c, lim: lim.max_invocations_per_workgroup >= c.NT,
                  lambda c, lim: f"NT = {c.NT} > the device's {lim.max_invocations_per_workgroup}",
                  needs_limits=True)])
+
+    def default_config(self) -> Config:
+        """What the executor runs where no table names a tile: 128 threads, one row each."""
+        return self.config_of(DEFAULT)
 
     def config_problems(self, config: Config, shape: Shape) -> list[str]:
         return [] if 2 <= shape[2] <= 8 else [f"taps_2_8: L = {shape[2]} taps is not in 2..8"]
 
     def entry(self, config: Config, taps: int) -> str:
-        return name_expression("shortconv", config["NT"], taps)
+        return name_expression("shortconv", config["NT"], taps, config["RT"])
 
     def source(self, config: Config, shape: Shape | None = None) -> str:
         taps = (shape or (1, 64, 3))[2]
@@ -61,7 +71,7 @@ class CudaShortConv(KernelTemplate):
 
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
         m, h, _ = shape
-        return [Launch(program, (math.ceil(h / config["NT"]), m, 1), [
+        return [Launch(program, (math.ceil(h / config["NT"]), math.ceil(m / config["RT"]), 1), [
             bufs["bcx"], bufs["state_in"], bufs["weight"], bufs["out"], bufs["state_out"], np.int32(m), np.int32(h),
             NULL])]
 
