@@ -538,7 +538,8 @@ def test_tune_model_on_cuda_tunes_the_short_conv_and_puts_its_pick_in_the_table(
     conv = CudaShortConv()
     cands = model_tune.conv_candidates(dev, None)
     assert cands[0] == conv.default_config() and len(cands) == len(set(cands)) == 25
-    assert model_tune.conv_candidates(dev, 3) == cands[:3]
+    assert [(c["NT"], c["RT"]) for c in model_tune.conv_candidates(dev, 6)] == [
+        (128, 1), (128, 16), (128, 8), (128, 4), (128, 2), (32, 16)]  # a small budget still races every RT
     cfg = PRESETS["tiny"]
     calls: list[int] = []
 

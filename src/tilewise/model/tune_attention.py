@@ -44,9 +44,11 @@ def tune_conv(dev: Any, cfg: Any, seq: int, seed: int, store: Store | None = Non
 
 
 def conv_candidates(dev: Any, budget: int | None) -> list[Config]:
-    """The short conv's default, then the rest of its space legal on the device (at most `budget`)."""
+    """The short conv's default, then the rest of its space legal on the device, at most `budget`: the default's
+    128 threads with every RT first (longest runs first), then the other widths."""
     t = CudaShortConv()
-    return list(dict.fromkeys([t.default_config(), *t.space().legal(dev.info.limits)]))[:budget]
+    rest = sorted(t.space().legal(dev.info.limits), key=lambda c: (c["NT"] != 128, -c["RT"]))
+    return list(dict.fromkeys([t.default_config(), *rest]))[:budget]
 
 
 def _fastest(dev: Any, items: list[Item], noun: str, seq: int, seed: int, store: Store | None, force: bool,
