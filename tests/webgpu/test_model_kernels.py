@@ -123,10 +123,16 @@ def test_rmsnorm_embed_head(webgpu_device, rng):
     _assert_close(out, ref, "f32")
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 50])
-def test_conv_with_state(webgpu_device, rng, rows):
-    out, ref = _run(webgpu_device, conv.ConvTemplate(), Config({"WG": 32}), (rows, 64, 3), rng)
-    _assert_close(out, ref, "f32")
+@pytest.mark.parametrize("shape", [(1, 64, 3), (2, 64, 3), (3, 64, 3), (50, 64, 3), (37, 96, 4), (5, 32, 2)])
+def test_conv_with_state(webgpu_device, rng, shape):
+    """Every run length RT (50 and 37 rows: a partial last run; 1 and 2 rows: the state's rows before them) at two
+    widths, 2-4 taps: y and the new state against float64."""
+    tpl = conv.ConvTemplate()
+    cfgs = [c for c in tpl.space().legal(webgpu_device.info.limits) if c["WG"] in (32, 128)]
+    assert {c["RT"] for c in cfgs} == {1, 2, 4, 8, 16}
+    for cfg in cfgs:
+        out, ref = _run(webgpu_device, tpl, cfg, shape, rng)
+        _assert_close(out, ref, "f32")
 
 
 @pytest.mark.parametrize("shape", [(1, 0, 4, 2, 16), (1, 40, 4, 2, 16), (37, 5, 4, 2, 16), (97, 0, 4, 4, 16),

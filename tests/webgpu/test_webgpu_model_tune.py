@@ -94,8 +94,8 @@ def test_run_writes_a_table_the_executor_uses(webgpu_device, tmp_path, monkeypat
     path = dispatch_path(webgpu_device.info.fingerprint)
     table = load_model_table(webgpu_device.info.fingerprint, path)
     distinct = set(model_tune.model_matmuls(preset("tiny")).values())  # the two out_projs coincide
-    assert {matmul_key("nf4", *m) for m in distinct} | {"attention:4x2x16"} == set(table.entries)
-    assert len(distinct) == 5 and set(table.versions) == {"matmul", "attention"}
+    assert {matmul_key("nf4", *m) for m in distinct} | {"attention:4x2x16", "shortconv:64x3"} == set(table.entries)
+    assert len(distinct) == 5 and set(table.versions) == {"matmul", "attention", "shortconv"}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a matching table loads without any warning
         model = tilewise.load("tiny", device="webgpu", weights="nf4", seed=1)
@@ -216,8 +216,9 @@ def test_progress_lines_per_shape_and_candidate(webgpu_device, tmp_path, capsys)
         for m in (40, 1):
             assert f"matmul {i}/5 (nf4 {label}, rows 1..40) M={m}: candidate 1/" in text
     assert "attention (attention:4x2x16, 40 rows): candidate 1/2" in text
+    assert "short conv (shortconv:64x3, 40 rows): candidate 1/2" in text
     summary = json.loads(out.read_text())
-    assert summary["partial"] is None and len(summary["entries"]) == 6 and summary["model"] == "tiny"
+    assert summary["partial"] is None and len(summary["entries"]) == 7 and summary["model"] == "tiny"
 
 
 def test_budget_s_stops_early_and_writes_a_partial_table(webgpu_device, tmp_path, capsys):
@@ -229,7 +230,7 @@ def test_budget_s_stops_early_and_writes_a_partial_table(webgpu_device, tmp_path
     text = capsys.readouterr().out
     table = DispatchTable.load(dispatch_path(fp))
     labels = [lab for lab in model_tune.model_matmuls(preset("tiny")) if lab != "attn.out_proj"]
-    assert table.partial == {"left": [*labels, "attention"], "why": "--budget-s 1e-06 s passed"}
+    assert table.partial == {"left": [*labels, "attention", "conv"], "why": "--budget-s 1e-06 s passed"}
     assert table.entries == {} and "cut ffn.gate_up" in text and "partial" in text
     assert _rows(Store(args.store), fp) == {}  # no candidate was started
     with warnings.catch_warnings():
@@ -266,7 +267,7 @@ def test_an_interrupt_keeps_what_was_measured_and_a_rerun_resumes(webgpu_device,
     seen.clear()
     done = model_tune.tune_model(webgpu_device, cfg, 40, progress=lambda *a: seen.append(a[0]), **kw)
     assert done.partial is None and DispatchTable.load(dispatch_path(fp)).partial is None
-    assert len(done.entries) == 6 and not any(t.startswith("matmul 1/") and "gate_up" in t for t in seen)
+    assert len(done.entries) == 7 and not any(t.startswith("matmul 1/") and "gate_up" in t for t in seen)
     after = _rows(store, fp)
     assert {k: after[k] for k in before} == before and len(after) > len(before)
     # and once everything is measured, nothing new at all

@@ -77,7 +77,8 @@ def get_template(kernel: str, backend: str) -> KernelTemplate:
 def template_named(kernel: str, backend: str) -> KernelTemplate | None:
     """The template a stored result's kernel name stands for on `backend` (`nf4_matmul.ring.swiglu.norm` on
     cuda, `attention`, `gemm`), or None when the name is none this build can make there. The classifier's matmuls
-    and attention are named per variant, not per family, so they are parsed; every other name is a family."""
+    are named per variant, so they are parsed; its attention and short conv are made per backend; every other name
+    is a family."""
     try:
         if kernel.split(".")[0].endswith("_matmul"):
             if backend == "cuda":
@@ -97,6 +98,14 @@ def template_named(kernel: str, backend: str) -> KernelTemplate | None:
             from tilewise.kernels.attention.webgpu import AttentionTemplate
 
             return AttentionTemplate()
+        if kernel == "shortconv" and backend in ("cuda", "webgpu"):  # the classifier's conv (its table entry)
+            if backend == "cuda":
+                from tilewise.kernels.shortconv.cuda import CudaShortConv
+
+                return CudaShortConv()
+            from tilewise.kernels.shortconv.webgpu import ConvTemplate
+
+            return ConvTemplate()
         if (kernel, backend) in TEMPLATES:
             tpl = get_template(kernel, backend)
             return tpl if tpl.name == kernel else None

@@ -27,6 +27,7 @@ from tilewise.kernels.matmul import webgpu as mm
 from tilewise.kernels.registry import backend_of
 from tilewise.kernels.shortconv.cuda import CudaShortConv
 from tilewise.kernels.shortconv.problem import ShortConvProblem
+from tilewise.kernels.shortconv.webgpu import ConvTemplate
 from tilewise.kernels.space import Config
 from tilewise.tune.dispatch import DispatchTable, family_version
 from tilewise.tune.store import default_path
@@ -104,7 +105,7 @@ def conv_shape(cfg: Any, rows: int) -> tuple[int, int, int]:
 
 
 def conv_key(cfg: Any) -> str:
-    """The short conv's dispatch key (`shortconv:HxL`; CUDA tunes it, the WebGPU executors run their own)."""
+    """The short conv's dispatch key (`shortconv:HxL`)."""
     return ShortConvProblem().dispatch_key(conv_shape(cfg, 1))
 
 
@@ -127,7 +128,8 @@ def current_versions(backend: str = "webgpu") -> dict[str, str]:
     if backend == "cuda":
         return {"matmul": family_version(mm_cuda.CudaMatmul()), "attention": family_version(attn_cuda.CudaAttention()),
                 "shortconv": family_version(CudaShortConv())}
-    return {"matmul": family_version(mm.MatmulTemplate()), "attention": family_version(attn_k.AttentionTemplate())}
+    return {"matmul": family_version(mm.MatmulTemplate()), "attention": family_version(attn_k.AttentionTemplate()),
+            "shortconv": family_version(ConvTemplate())}
 
 
 def _key_sizes(key: str) -> tuple[int, ...]:
@@ -150,8 +152,8 @@ def range_choice(key: str, kernel: str, values: Mapping[str, Any], rows: tuple[i
     if kernel == "attention":
         tpl = attn_cuda.CudaAttention() if backend == "cuda" else attn_k.AttentionTemplate()
         shapes = [(m, 0, *sizes) for m in rows]
-    elif kernel == "shortconv" and backend == "cuda":
-        tpl = CudaShortConv()
+    elif kernel == "shortconv":
+        tpl = CudaShortConv() if backend == "cuda" else ConvTemplate()
         shapes = [(m, *sizes) for m in rows]
     elif kernel == "attention.sgmat" and backend != "cuda":
         tpl = attn_sg.SgmatAttention(features)

@@ -10,7 +10,7 @@ float64 reference (every output value, NaN-poisoned outputs), every candidate of
 same interleaved rounds, and every outcome is stored (an interrupted run resumes from the store). The tuner's
 `fit_dispatch` turns the per-row-count medians into the fewest row ranges within 3% of the best; the cutoff where
 the tiled kernel takes over is printed per shape (seed 001 found 96 on an M1 Max). Attention (the executor's
-kernel, and on Dawn the subgroup-matrix one beside it) and on CUDA the short conv are tuned at the decision length
+kernel, and on Dawn the subgroup-matrix one beside it) and the short conv are tuned at the decision length
 (`model/tune_attention.py`).
 
 The table is keyed by the device fingerprint and the kernel families' code versions; the executor ignores (with a
@@ -332,8 +332,8 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
         else:
             shapes.setdefault(key, (label, shape))
     tune_attn = force or akey not in table.entries
-    ckey = conv_key(cfg)  # the short conv is tuned on CUDA only (the WebGPU executors run their own kernel)
-    tune_cv = backend == "cuda" and "conv" in cfg.layer_types and (force or ckey not in table.entries)
+    ckey = conv_key(cfg)
+    tune_cv = "conv" in cfg.layer_types and (force or ckey not in table.entries)
     kw = {"n_cand": n_cand, "seed": seed, "hand_picked": hand_picked, "f16_arith": f16_arith, "eps": cfg.norm_eps,
           "seq": seq, "budget": budget}
     counts = {key: len(rows) * len(matmul_candidates(dev, fmt, e, rows, norm=nm, **kw))

@@ -1,7 +1,7 @@
 """Tuning the classifier's ops other than its matmuls, at the decision length: attention (the executor's kernel
-and, on a device with subgroup matrices, the subgroup-matrix kernel beside it) and, on CUDA, the short conv. Every
-candidate is verified and timed by the one engine; `tune_model` (`model/tune.py`) puts the fastest into the
-dispatch table."""
+and, on a device with subgroup matrices, the subgroup-matrix kernel beside it) and the short conv. Every candidate
+is verified and timed by the one engine; `tune_model` (`model/tune.py`) puts the fastest into the dispatch
+table."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from tilewise.kernels.attention import sgmat as attn_sg
 from tilewise.kernels.attention import webgpu as attn_k
 from tilewise.kernels.matmul.sgmat import has_subgroup_matrices
 from tilewise.kernels.shortconv.cuda import CudaShortConv
+from tilewise.kernels.shortconv.webgpu import ConvTemplate
 from tilewise.kernels.space import Config
 from tilewise.model.dispatch import attention_shape, conv_shape
 from tilewise.tune.engine import Engine, Item
@@ -36,18 +37,24 @@ def tune_attention(dev: Any, cfg: Any, seq: int, seed: int, store: Store | None 
 def tune_conv(dev: Any, cfg: Any, seq: int, seed: int, store: Store | None = None,
               force: bool = False, budget: int | None = None, *, run: Any, what: str = "shortconv",
               make_engine: Callable[..., Engine] = Engine) -> tuple[Any, dict[str, Any], float]:
-    """The fastest verified short-conv config (CUDA) at the decision length, the default first: (template,
-    config values, median ms)."""
+    """The fastest verified short-conv config at the decision length, the default first: (template, config
+    values, median ms)."""
     shape = conv_shape(cfg, seq)
-    items = [Item(CudaShortConv(), c, shape) for c in conv_candidates(dev, budget)]
+    items = [Item(conv_template(dev), c, shape) for c in conv_candidates(dev, budget)]
     return _fastest(dev, items, "short-conv config", seq, seed, store, force, run, what, make_engine)
+
+
+def conv_template(dev: Any) -> Any:
+    """The short-conv kernel of the device's executor."""
+    return CudaShortConv() if dev.info.backend == "cuda" else ConvTemplate()
 
 
 def conv_candidates(dev: Any, budget: int | None) -> list[Config]:
     """The short conv's default, then the rest of its space legal on the device, at most `budget`: the default's
-    128 threads with every RT first (longest runs first), then the other widths."""
-    t = CudaShortConv()
-    rest = sorted(t.space().legal(dev.info.limits), key=lambda c: (c["NT"] != 128, -c["RT"]))
+    width (128 threads) with every RT first (longest runs first), then the other widths."""
+    t = conv_template(dev)
+    width = "NT" if dev.info.backend == "cuda" else "WG"
+    rest = sorted(t.space().legal(dev.info.limits), key=lambda c: (c[width] != 128, -c["RT"]))
     return list(dict.fromkeys([t.default_config(), *rest]))[:budget]
 
 

@@ -47,6 +47,7 @@ from tilewise.model.checkpoint import HEAD, Checkpoint
 from tilewise.model.dispatch import (
     attention_key,
     checked_table,
+    conv_key,
     default_matmul,
     load_model_table,
     matmul_key,
@@ -56,7 +57,7 @@ from tilewise.model.gpu_state import GPUCaches, Plan, cache_capacity, check_deci
 from tilewise.quant.nf4 import weight_arrays
 from tilewise.tune.dispatch import DispatchTable
 
-ROW_WG = 128  # rmsnorm / embed / conv threads per workgroup
+ROW_WG = 128  # rmsnorm / embed threads per workgroup
 HEAD_WG = 64
 MIN_ROW_CAPACITY = 64
 MAX_CACHED_PLANS = 64  # decision plans kept per executor (a game uses a handful of prompt lengths)
@@ -371,7 +372,9 @@ class WebGPUExecutor:
                 self._matmul(plan, "conv.in_proj", "none", a["x"], n - r, r, lay["in_proj"], a["big"], 3 * H, H,
                              norm=lay["operator_norm"])
                 state_in = caches.conv[i] if caches is not None else self.zero_conv_state
-                for launch in self.launches(conv, conv.config_of({"WG": ROW_WG}), (r, H, L), {
+                picked_conv = self.dispatch.pick(conv_key(cfg), r)
+                ccfg = conv.config_of(picked_conv[1]) if picked_conv is not None else conv.default_config()
+                for launch in self.launches(conv, ccfg, (r, H, L), {
                         "dims": self._dims(r), "bcx": a["big"], "state_in": state_in, "weight": lay["taps"],
                         "out": a["y"], "state_out": new.conv[i]}):
                     plan.add("conv", launch)
