@@ -2,9 +2,10 @@
 
 The table is the one format of `tilewise.tune.dispatch` (written by `tilewise tune model`, or by `tilewise sweep
 ... --out`), one file per device fingerprint. Its entries are keyed by the ops' problems:
-`nf4_matmul.swiglu.norm:4608x1024` (a matmul's weight format, epilogue, fused norm, N x K) and
-`attention:16x8x64` (heads, kv heads, head size). Without a table, or for an op it lacks, the executor takes the
-defaults below: the short-row kernel below 96 rows (seed 001's measured cutoff) and 64x64 tiles from there.
+`nf4_matmul.swiglu.norm:4608x1024` (a matmul's weight format, epilogue, fused norm, N x K), `attention:16x8x64`
+(heads, kv heads, head size) and `shortconv:1024x3` (channels, taps). Without a table, or for an op it lacks, the
+executor takes the defaults below: the short-row kernel below 96 rows (seed 001's measured cutoff) and 64x64 tiles
+from there.
 """
 
 from __future__ import annotations
