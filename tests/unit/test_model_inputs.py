@@ -256,8 +256,8 @@ def test_a_cuda_attention_entry_from_before_the_tiled_kernel_is_refused_with_the
 
 
 def test_a_cuda_short_conv_entry_is_checked_like_a_candidate():
-    """`shortconv:HxL` names the CUDA conv's NT and RT; a broken rule, a missing parameter, a tap count out of range
-    or the name in a WebGPU table is refused with the rule it breaks."""
+    """`shortconv:HxL` names the conv's NT (WebGPU: WG) and RT; a broken rule, a missing parameter, a tap count out
+    of range or the other backend's parameters are refused with what is wrong."""
     from tilewise.model.config import PRESETS
     from tilewise.model.dispatch import conv_key, range_choice
 
@@ -272,5 +272,7 @@ def test_a_cuda_short_conv_entry_is_checked_like_a_candidate():
             range_choice(key, "shortconv", values, (1, 346), sm90, backend="cuda")
     with pytest.raises(ConfigError, match="taps_2_8"):
         range_choice("shortconv:1024x9", "shortconv", {"NT": 128, "RT": 1}, (1, 346), sm90, backend="cuda")
-    with pytest.raises(ConfigError, match="not a matmul kernel"):
+    with pytest.raises(ConfigError, match=r"unknown \['NT'\], missing \['WG'\]"):
         range_choice(key, "shortconv", {"NT": 128, "RT": 1}, (1, 346), sm90, backend="webgpu")
+    tpl, cfg = range_choice(key, "shortconv", {"WG": 64, "RT": 4}, (1, 346), sm90, backend="webgpu")
+    assert tpl.backend == "webgpu" and dict(cfg) == {"WG": 64, "RT": 4}
