@@ -361,24 +361,16 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
             table.measured[f"{label} {n}x{k}"] = record
             left.remove(label)
             _log_shape(log, label, epilogue, n, k, seq, entry, record)
-        if tune_attn:
+        for todo, key, label, tuner, what in ((tune_attn, akey, "attention", tune_attention, "attention"),
+                                              (tune_cv, ckey, "conv", tune_conv, "short conv")):
+            if not todo:  # one config for every row count, tuned at the decision length
+                continue
             _save_partial(table, path, left, "running")
-            attn, attn_cfg, attn_ms = tune_attention(dev, cfg, seq, seed, store=store, force=force, budget=budget,
-                                                     run=run, what=f"attention ({akey}, {seq} rows)",
-                                                     make_engine=make_engine)
-            table.put(akey, Entry(make_ranges([Range(1, seq, attn.config_of(attn_cfg))], attn.name, open_end=True)),
-                      attn)
-            left.remove("attention")
-            log(f"attention at {seq} rows: {attn.name} {attn_cfg} {attn_ms:.4f} ms")
-        if tune_cv:
-            _save_partial(table, path, left, "running")
-            conv, conv_cfg, conv_ms = tune_conv(dev, cfg, seq, seed, store=store, force=force, budget=budget,
-                                                run=run, what=f"short conv ({ckey}, {seq} rows)",
-                                                make_engine=make_engine)
-            table.put(ckey, Entry(make_ranges([Range(1, seq, conv.config_of(conv_cfg))], conv.name, open_end=True)),
-                      conv)
-            left.remove("conv")
-            log(f"short conv at {seq} rows: {conv.name} {conv_cfg} {conv_ms:.4f} ms")
+            tpl, values, ms = tuner(dev, cfg, seq, seed, store=store, force=force, budget=budget, run=run,
+                                    what=f"{what} ({key}, {seq} rows)", make_engine=make_engine)
+            table.put(key, Entry(make_ranges([Range(1, seq, tpl.config_of(values))], tpl.name, open_end=True)), tpl)
+            left.remove(label)
+            log(f"{what} at {seq} rows: {tpl.name} {values} {ms:.4f} ms")
     except (OutOfTime, KeyboardInterrupt) as exc:
         stop = exc
     finally:
