@@ -79,3 +79,15 @@ def test_a_plan_that_fails_for_another_reason_keeps_none_of_its_programs(executo
     monkeypatch.setattr(executor, "_build_plan", build)
     plan, _ = executor.plan(rng.integers(0, 100, 23), 0, None, True)
     assert all(launch.program.handle is not None for launch in plan.launches)
+
+
+def test_every_short_conv_config_compiles_on_dawn(executor):
+    """Tint takes every WG x RT of the conv at 2 to 8 taps (lavapipe runs them through wgpu-native's compiler)."""
+    from tilewise.kernels.shortconv.webgpu import ConvTemplate
+
+    tpl, dev = ConvTemplate(), executor.dev
+    cfgs = tpl.space().legal(dev.info.limits)
+    assert {c["RT"] for c in cfgs} == {1, 2, 4, 8, 16}
+    for cfg in cfgs:
+        for taps in (2, 3, 8):
+            assert tpl.compile(dev, cfg, (37, 96, taps)).handle is not None
