@@ -55,7 +55,7 @@ from tilewise.model.dispatch import (
     attention_key,
     attention_shape,
     checked_table,
-    conv_key,
+    conv_choice,
     load_model_table,
     matmul_key,
 )
@@ -298,12 +298,6 @@ class CUDAExecutor:
         return self._template("attention").config_of(attn_k.default_attention(self.dev.info.limits,
                                                                               attention_shape(cfg, rows)))
 
-    def conv_choice(self, rows: int) -> Config:
-        """The short conv's config at `rows` rows: the dispatch table's, else the default."""
-        conv = self._template("shortconv")
-        picked = self.dispatch.pick(conv_key(self.cfg), rows)
-        return conv.config_of(picked[1]) if picked is not None else conv.default_config()
-
     def _matmul(self, plan: Plan, label: str, epilogue: str, x: Buffer, x_row0: int, rows: int,
                 weights: dict[str, Buffer], out: Buffer, n: int, k: int, norm: Buffer | None = None) -> None:
         tpl, cfg = self.matmul_choice(epilogue, n, k, rows, norm is not None)
@@ -408,7 +402,7 @@ class CUDAExecutor:
                 self._matmul(plan, "conv.in_proj", "none", a["x"], n - r, r, lay["in_proj"], a["big"], 3 * H, H,
                              norm=lay["operator_norm"])
                 state_in = caches.conv[i] if caches is not None else self.zero_conv_state
-                cshape, ccfg = (r, H, L), self.conv_choice(r)
+                cshape, ccfg = (r, H, L), conv_choice(self.dispatch, conv, cfg, r)
                 plan.add("conv", conv.launches(self.program(conv, ccfg, cshape), {
                     "bcx": a["big"], "state_in": state_in, "weight": lay["taps"], "out": a["y"],
                     "state_out": new.conv[i]}, ccfg, cshape))

@@ -110,6 +110,17 @@ def conv_key(cfg: Any) -> str:
     return ShortConvProblem().dispatch_key(conv_shape(cfg, 1))
 
 
+def conv_template(backend: str) -> Any:
+    """The short-conv kernel of a backend's executor (`cuda`; any other runs the WGSL one)."""
+    return CudaShortConv() if backend == "cuda" else ConvTemplate()
+
+
+def conv_choice(table: DispatchTable, conv: Any, cfg: Any, rows: int) -> Config:
+    """The short conv's config at `rows` rows of `cfg`: the table's entry, else the kernel's default."""
+    picked = table.pick(conv_key(cfg), rows)
+    return conv.config_of(picked[1]) if picked is not None else conv.default_config()
+
+
 def matmul_name(kind: str, fmt: str, epilogue: str, norm: bool = False) -> str:
     """The template name of an f32-arithmetic matmul kernel (what the defaults run)."""
     return mm.MatmulTemplate(kind, fmt, epilogue, None, norm=norm).name
@@ -154,7 +165,7 @@ def range_choice(key: str, kernel: str, values: Mapping[str, Any], rows: tuple[i
         tpl = attn_cuda.CudaAttention() if backend == "cuda" else attn_k.AttentionTemplate()
         shapes = [(m, 0, *sizes) for m in rows]
     elif kernel == "shortconv":
-        tpl = CudaShortConv() if backend == "cuda" else ConvTemplate()
+        tpl = conv_template(backend)
         shapes = [(m, *sizes) for m in rows]
     elif kernel == "attention.sgmat" and backend != "cuda":
         tpl = attn_sg.SgmatAttention(features)

@@ -13,10 +13,8 @@ from tilewise.kernels.attention import cuda as attn_cuda
 from tilewise.kernels.attention import sgmat as attn_sg
 from tilewise.kernels.attention import webgpu as attn_k
 from tilewise.kernels.matmul.sgmat import has_subgroup_matrices
-from tilewise.kernels.shortconv.cuda import CudaShortConv
-from tilewise.kernels.shortconv.webgpu import ConvTemplate
 from tilewise.kernels.space import Config
-from tilewise.model.dispatch import attention_shape, conv_shape
+from tilewise.model.dispatch import attention_shape, conv_shape, conv_template
 from tilewise.tune.engine import Engine, Item
 from tilewise.tune.store import Store
 
@@ -40,22 +38,19 @@ def tune_conv(dev: Any, cfg: Any, seq: int, seed: int, store: Store | None = Non
     """The fastest verified short-conv config at the decision length, the default first: (template, config
     values, median ms)."""
     shape = conv_shape(cfg, seq)
-    items = [Item(conv_template(dev), c, shape) for c in conv_candidates(dev, budget)]
+    items = [Item(conv_template(dev.info.backend), c, shape) for c in conv_candidates(dev, budget)]
     return _fastest(dev, items, "short-conv config", seq, seed, store, force, run, what, make_engine)
-
-
-def conv_template(dev: Any) -> Any:
-    """The short-conv kernel of the device's executor."""
-    return CudaShortConv() if dev.info.backend == "cuda" else ConvTemplate()
 
 
 def conv_candidates(dev: Any, budget: int | None) -> list[Config]:
     """The short conv's default, then the rest of its space legal on the device, at most `budget`: the default's
-    width (128 threads) with every RT first (longest runs first), then the other widths."""
-    t = conv_template(dev)
-    width = "NT" if dev.info.backend == "cuda" else "WG"
-    rest = sorted(t.space().legal(dev.info.limits), key=lambda c: (c[width] != 128, -c["RT"]))
-    return list(dict.fromkeys([t.default_config(), *rest]))[:budget]
+    width with every RT first (longest runs first), then the other widths."""
+    t = conv_template(dev.info.backend)
+    default = t.default_config()
+    width = {k: v for k, v in default.items() if k != "RT"}
+    rest = sorted(t.space().legal(dev.info.limits),
+                  key=lambda c: ({k: v for k, v in c.items() if k != "RT"} != width, -c["RT"]))
+    return list(dict.fromkeys([default, *rest]))[:budget]
 
 
 def _fastest(dev: Any, items: list[Item], noun: str, seq: int, seed: int, store: Store | None, force: bool,

@@ -47,7 +47,7 @@ from tilewise.model.checkpoint import HEAD, Checkpoint
 from tilewise.model.dispatch import (
     attention_key,
     checked_table,
-    conv_key,
+    conv_choice,
     default_matmul,
     load_model_table,
     matmul_key,
@@ -372,8 +372,7 @@ class WebGPUExecutor:
                 self._matmul(plan, "conv.in_proj", "none", a["x"], n - r, r, lay["in_proj"], a["big"], 3 * H, H,
                              norm=lay["operator_norm"])
                 state_in = caches.conv[i] if caches is not None else self.zero_conv_state
-                picked_conv = self.dispatch.pick(conv_key(cfg), r)
-                ccfg = conv.config_of(picked_conv[1]) if picked_conv is not None else conv.default_config()
+                ccfg = conv_choice(self.dispatch, conv, cfg, r)
                 for launch in self.launches(conv, ccfg, (r, H, L), {
                         "dims": self._dims(r), "bcx": a["big"], "state_in": state_in, "weight": lay["taps"],
                         "out": a["y"], "state_out": new.conv[i]}):
