@@ -1,16 +1,16 @@
 """Where should a kernel let the next launch start? (CUDA, one model, whole decisions)
 
-Every model kernel calls PDL_BEGIN(): it waits for the launch before (griddepcontrol.wait) and then at once lets the
-next launch's blocks become resident (griddepcontrol.launch_dependents). Where a grid needs more than one wave,
-those early blocks hold shared memory, registers and warp slots while they wait, which the grid's later waves need;
-where it fits one wave they cost nothing and start their pre-wait work early. PDL has decided faster on lfm2-350m
-(one-wave wgr grids) and slower on the bundled model (mma grids of several waves). This races whole decisions
-(graph replays) on the device's tuned table in three modes:
+Every model kernel calls PDL_BEGIN(): it waits for the launch before (griddepcontrol.wait). With PDL_EARLY_TRIGGER
+1 (kernels/pdl.cuh) it then at once lets the next launch's blocks become resident (griddepcontrol.launch_dependents);
+with 0, the kernels as they are, the next launch is let in as this one's blocks exit. Where a grid needs more than
+one wave, early blocks of the next launch hold shared memory, registers and warp slots while they wait, which the
+grid's later waves need; where it fits one wave they cost nothing and start their pre-wait work early. This races
+whole decisions (graph replays) on the device's tuned table in three modes:
 
     off     PDL off
-    start   PDL on, the next launch triggered right after the wait (the kernels as they are)
-    exit    PDL on, no explicit trigger: the next launch starts as this one's blocks exit (the kernels' text edited
-            before NVRTC, so that PDL_BEGIN() only waits)
+    start   PDL on, the next launch triggered right after the wait (the kernels' text edited before NVRTC:
+            PDL_EARLY_TRIGGER 1)
+    exit    PDL on, no explicit trigger: the next launch starts as this one's blocks exit (the kernels as they are)
 
 All three run the same kernels in the same order, so their scores must be bit-identical.
 
@@ -37,19 +37,19 @@ from tilewise.model.runtime import open_checkpoint
 from tilewise.tune.measure import compare, summarize
 
 MODES = ("off", "start", "exit")
-#: PDL_BEGIN's trigger line in pdl.cuh (checked to occur once)
-TRIGGER = "    PDL_LAUNCH_DEPENDENTS(); \\\n"
+#: pdl.cuh's switch of the early trigger (checked to occur once) and its edit
+TRIGGER, EARLY = "#define PDL_EARLY_TRIGGER 0\n", "#define PDL_EARLY_TRIGGER 1\n"
 SOURCE_MODULES = (cudasrc, matmul_cuda, attention_cuda, rowops_cuda, shortconv_cuda)
 
 
-def wait_only(real):
-    """`model_source` with PDL_BEGIN() reduced to the wait."""
+def early_trigger(real):
+    """`model_source` with PDL_BEGIN() triggering the next launch right after its wait."""
 
     def source(family: str, *files: str) -> str:
         text = real(family, *files)
         if text.count(TRIGGER) != 1:
             raise SystemExit(f"pdl.cuh's trigger line occurs {text.count(TRIGGER)} times in {family}'s source")
-        return text.replace(TRIGGER, "")
+        return text.replace(TRIGGER, EARLY)
 
     return source
 
@@ -66,11 +66,11 @@ def main() -> int:
     ck = open_checkpoint(args.preset, weights="nf4")
     _, full = prompts(ck.config.vocab_size, args.seq, 40, PREFIX_TOKENS, seed=3)
     executors = {}
-    for mode in MODES:  # each compiles its kernels at its first decision: `exit` with the edited text
+    for mode in MODES:  # each compiles its kernels at its first decision: `start` with the edited text
         real = cudasrc.model_source
-        if mode == "exit":
+        if mode == "start":
             for mod in SOURCE_MODULES:
-                mod.model_source = wait_only(real)
+                mod.model_source = early_trigger(real)
         try:
             ex = CUDAExecutor(ck, device=dev, quiet=True, pdl=mode != "off")
             ex.forward(full[0], 0, None, True)
@@ -81,7 +81,7 @@ def main() -> int:
     samples, diff = race_executors(executors, full, args.rounds, args.per_round)
     stats = {m: summarize(v) for m, v in samples.items()}
     print(f"{dev.info.name} [{dev.info.fingerprint}]: {args.preset}, {args.seq} rows; the table's other settings: "
-          f"{executors['start'].measured_settings or 'none raced'}")
+          f"{executors['exit'].measured_settings or 'none raced'}")
     for m in MODES:
         p = percentiles(samples[m])
         print(f"decision, PDL {m}: p50 {p['p50']:.4f} ms, p90 {p['p90']:.4f}, p99 {p['p99']:.4f} ({p['n']} decisions)")

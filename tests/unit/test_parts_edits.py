@@ -33,3 +33,16 @@ def test_every_wgr_part_edit_finds_its_text_once_and_changes_the_source(wgr_part
         for old, _ in edits:
             assert real.count(old) == 1, (part, old)
         assert wgr_parts.edited_source(part) != real, part
+
+
+
+def test_the_pdl_trigger_race_turns_the_early_trigger_on():
+    """experiments/pdl_trigger_cuda.py's `start` mode: pdl.cuh's switch occurs once in a model source, is off as
+    shipped, and the edit turns it on."""
+    import tilewise.kernels.cudasrc as cudasrc
+
+    pdl = load("pdl_trigger_cuda")
+    real = cudasrc.model_source("matmul", "matmul_mma.cu")
+    assert real.count(pdl.TRIGGER) == 1 and pdl.EARLY not in real
+    edited = pdl.early_trigger(cudasrc.model_source)("matmul", "matmul_mma.cu")
+    assert edited == real.replace(pdl.TRIGGER, pdl.EARLY)
