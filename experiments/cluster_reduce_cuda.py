@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from tilewise.devices import get_device
-from tilewise.model.bench import PREFIX_TOKENS, op_table, percentiles, prompts, race_args, race_executors
+from tilewise.model.bench import PREFIX_TOKENS, op_columns, percentiles, prompts, race_args, race_executors
 from tilewise.model.cuda import CUDAExecutor
 from tilewise.model.runtime import open_checkpoint
 from tilewise.model.tune import model_config
@@ -62,12 +62,9 @@ def main() -> int:
     samples, diff = race_executors(executors, full, args.rounds, args.per_round)
     stats = {m: summarize(v) for m, v in samples.items()}
     verdict = compare(stats["reduction"], stats["cluster"], ("SR 0 twin", "table as tuned (SR 2)"))
-    ops = {m: {r["name"]: r for r in op_table(executors[m], full[0])} for m in MODES}
+    ops, lines = op_columns(executors, full[0])
     print(f"{dev.info.name} [{dev.info.fingerprint}]: {args.preset}, {args.seq} rows; SR 2 in: {', '.join(changed)}")
-    print(f"{'op':<22}{'cluster us':>12}{'reduction us':>14}{'launches':>10}{'launches':>10}")
-    for name in sorted(set().union(*ops.values()), key=lambda n: -ops["reduction"].get(n, {"ms": 0})["ms"]):
-        a, b = (ops[m].get(name, {"ms": float("nan"), "launches": 0}) for m in MODES)
-        print(f"{name:<22}{1e3 * a['ms']:>12.1f}{1e3 * b['ms']:>14.1f}{a['launches']:>10}{b['launches']:>10}")
+    print("\n".join(lines))
     for m in MODES:
         p = percentiles(samples[m])
         print(f"decision, {m}: p50 {p['p50']:.4f} ms, p90 {p['p90']:.4f}, p99 {p['p99']:.4f} ({p['n']} decisions)")

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tilewise.devices import get_device
-from tilewise.model.bench import PREFIX_TOKENS, op_table, percentiles, prompts, race_args, race_executors
+from tilewise.model.bench import PREFIX_TOKENS, op_columns, percentiles, prompts, race_args, race_executors
 from tilewise.model.cuda import CUDAExecutor
 from tilewise.model.runtime import open_checkpoint
 from tilewise.model.tune import model_config, tune_model
@@ -78,7 +78,7 @@ def main() -> int:
     samples, diff = race_executors(executors, full, args.rounds, args.per_round)
     stats = {m: summarize(v) for m, v in samples.items()}
     verdict = compare(stats["cold"], stats["warm"], ("table tuned with L2 evicted", "table tuned with L2 kept"))
-    ops = {m: {r["name"]: r for r in op_table(executors[m], full[0])} for m in MODES}
+    ops, op_lines = op_columns(executors, full[0])
     rows = picks(tables, args.seq)
     print(f"{dev.info.name} [{dev.info.fingerprint}]: {args.preset}, {args.seq} rows, budget {args.budget}; tunes "
           + ", ".join(f"{m} {s:.1f} s" for m, s in tune_s.items()))
@@ -89,10 +89,7 @@ def main() -> int:
         cells = [f"{r[m]['kernel']} {r[m]['config']} ({r[m]['median_ms'] or float('nan'):.4f})" for m in MODES]
         print(f"{r['key']:<34}{cells[0]:<44}{cells[1]:<44}")
     print(f"{sum(r['same'] for r in rows)} of {len(rows)} entries pick the same kernel and config")
-    print(f"{'op':<22}{'cold table us':>15}{'warm table us':>15}{'launches':>10}")
-    for name, r in sorted(ops["cold"].items(), key=lambda kv: -kv[1]["ms"]):
-        warm = ops["warm"].get(name, {}).get("ms", float("nan"))
-        print(f"{name:<22}{1e3 * r['ms']:>15.1f}{1e3 * warm:>15.1f}{r['launches']:>10}")
+    print("\n".join(op_lines))
     for m in MODES:
         p = percentiles(samples[m])
         print(f"decision on the {m} table: p50 {p['p50']:.4f} ms, p90 {p['p90']:.4f}, p99 {p['p99']:.4f} "

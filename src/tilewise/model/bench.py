@@ -132,6 +132,19 @@ def prompts(vocab: int, seq: int, count: int, prefix: int, seed: int = 0) -> tup
     return head, [np.concatenate([head, rng.integers(0, vocab, seq - prefix)]) for _ in range(count)]
 
 
+def op_columns(executors: dict[str, Any], ids: np.ndarray) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Each executor's `op_table` on `ids` by op label, and the printed table: GPU us and launches per op, one
+    column pair per executor, the op slowest in the last executor first."""
+    ops = {m: {r["name"]: r for r in op_table(ex, ids)} for m, ex in executors.items()}
+    modes, last = list(ops), list(ops.values())[-1]
+    lines = [f"{'op':<22}" + "".join(f"{m + ' us':>14}" for m in modes) + "".join(f"{'launches':>10}" for _ in modes)]
+    for name in sorted(set().union(*ops.values()), key=lambda n: -last.get(n, {"ms": 0})["ms"]):
+        rows = [ops[m].get(name, {"ms": float("nan"), "launches": 0}) for m in modes]
+        lines.append(f"{name:<22}" + "".join(f"{1e3 * r['ms']:>14.1f}" for r in rows)
+                     + "".join(f"{r['launches']:>10}" for r in rows))
+    return ops, lines
+
+
 def op_table(executor: Any, ids: np.ndarray, reps: int = 5) -> list[dict[str, Any]]:
     """GPU ms per op label (mean over `reps` timed decisions) and launches per decision."""
     sums: dict[str, float] = {}

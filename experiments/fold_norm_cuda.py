@@ -1,0 +1,73 @@
+"""Where does the norm fold win or lose? (CUDA, one model, whole decisions and op by op)
+
+`fold_norm` drops the normed prologue launch between a residual wgr matmul and the next wgr matmul: the residual
+launch also writes f16 (h * g) rows and each row's sums of squares, and the next matmul scales its outputs by
+1 / rms(h). To sum in the kernel, the residual launch's split config becomes SR 2 (a cluster). The tune races the
+setting on whole decisions only, so a loss there does not say which part costs: the cluster sums the fold forces,
+the heavier epilogues, or the scaled consumer. This races the device's tuned table with the fold on and off and
+prints both decisions' GPU time per op and launches per op. The fold rounds differently: the scores agree within
+the f16 tolerance, not in every bit.
+
+    PYTHONPATH=src python3 experiments/fold_norm_cuda.py [--preset lfm2-350m] [--seq 346] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+from tilewise.devices import get_device
+from tilewise.model.bench import PREFIX_TOKENS, op_columns, percentiles, prompts, race_args, race_executors
+from tilewise.model.cuda import CUDAExecutor
+from tilewise.model.runtime import open_checkpoint
+from tilewise.tune.dispatch import load_table
+from tilewise.tune.measure import compare, summarize
+
+MODES = ("fold", "plain")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    race_args(ap, "lfm2-350m", 346, "mode")
+    ap.add_argument("--table", help="dispatch table JSON (default: the device's, as `tilewise.load` finds it)")
+    ap.add_argument("--out", help="folder for fold_norm.json")
+    args = ap.parse_args()
+    dev = get_device(args.device)
+    ck = open_checkpoint(args.preset, weights="nf4")
+    table = load_table(args.table) if args.table else None
+    executors = {m: CUDAExecutor(ck, device=dev, dispatch=table, quiet=True) for m in MODES}
+    for m, ex in executors.items():
+        ex.fold_norm = m == "fold"
+    _, full = prompts(ck.config.vocab_size, args.seq, 40, PREFIX_TOKENS, seed=3)
+    samples, diff = race_executors(executors, full, args.rounds, args.per_round)
+    scale = max(abs(float(executors["plain"].forward(ids, 0, None, True)[1].scores.max())) for ids in full[:8])
+    stats = {m: summarize(v) for m, v in samples.items()}
+    verdict = compare(stats["plain"], stats["fold"], ("fold off", "fold on"))
+    ops, lines = op_columns(executors, full[0])
+    print(f"{dev.info.name} [{dev.info.fingerprint}]: {args.preset}, {args.seq} rows; "
+          f"other settings: {executors['fold'].measured_settings or 'none raced'}")
+    print("\n".join(lines))
+    for m in MODES:
+        p = percentiles(samples[m])
+        print(f"decision, {m}: p50 {p['p50']:.4f} ms, p90 {p['p90']:.4f}, p99 {p['p99']:.4f} ({p['n']} decisions)")
+    note = f"; {verdict.note}" if verdict.note else ""
+    print(f"fold over plain: {verdict.verdict} ({verdict.ratio:.3f}x{note}); max |score difference| {diff:.2e} "
+          f"({diff / max(scale, 1.0):.1e} of the largest score)")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        doc = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+               "command": "python3 experiments/fold_norm_cuda.py " + " ".join(sys.argv[1:]),
+               "device": dev.info.as_dict(), "preset": args.preset, "seq": args.seq, "ops": ops,
+               "max_abs_score_diff": diff, "verdict": verdict.verdict, "speedup": verdict.ratio, "note": verdict.note,
+               **{m: {**percentiles(v), "median_ci95_ms": list(stats[m].ci95_ms), "samples_ms": v}
+                  for m, v in samples.items()}}
+        (out / "fold_norm.json").write_text(json.dumps(doc, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
