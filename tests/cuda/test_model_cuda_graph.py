@@ -310,12 +310,14 @@ def test_cluster_reductions_are_bit_identical_to_reduction_launches(dev, rng, ap
     np.testing.assert_array_equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("table", ["wgr-cluster", "wgr-splitk-out"])
 @pytest.mark.parametrize("name", ["tiny", "default"])
-def test_the_norm_fold_matches_the_float64_reference_and_the_unfolded_decision(dev, rng, name):
-    """fold_norm on a wgr table (ffn.down split in two, so the fold sums it in a cluster): the residual launches
-    hand the next matmul f16 (h * g) rows and sums of squares, and its prologue is gone; all 8 scores match the
-    float64 forward and the unfolded decision within the f16 tolerance, launch by launch and replayed, over
-    prompt lengths and an extend branch. The bundled model (256 wide) sums four 64-column partials a row."""
+def test_the_norm_fold_matches_the_float64_reference_and_the_unfolded_decision(dev, rng, name, table):
+    """fold_norm on a wgr table (ffn.down split in two and summed in a cluster; or the out projections on splitk
+    clusters): the residual launches hand the next matmul f16 (h * g) rows and sums of squares, and its prologue is
+    gone; all 8 scores match the float64 forward and the unfolded decision within the f16 tolerance, launch by
+    launch and replayed, over prompt lengths and an extend branch. The bundled model (256 wide) sums four 64-column
+    partials a row."""
     from tests.cuda.test_model_cuda_tune import kind_table
 
     from tilewise.model import reference
@@ -325,7 +327,7 @@ def test_the_norm_fold_matches_the_float64_reference_and_the_unfolded_decision(d
 
     ck = open_checkpoint(name, "nf4", seed=5) if name == "tiny" else open_checkpoint(name, "nf4")
     cfg = ck.config
-    ex = CUDAExecutor(ck, device=dev, dispatch=kind_table(dev, cfg, "wgr-split"), quiet=True)
+    ex = CUDAExecutor(ck, device=dev, dispatch=kind_table(dev, cfg, table), quiet=True)
     weights = {k: ck.float32(k) for k in ck.names()}
 
     def scores(ids, start=0, base=None, fold=True, graphs=True):

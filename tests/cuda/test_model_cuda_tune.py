@@ -66,10 +66,14 @@ def kind_table(dev, cfg, kind: str):
     for epi, n, k, norm in (("none", 3 * H, H, True), ("none", qkv, H, True), ("residual", H, H, False),
                             ("residual", H, cfg.num_attention_heads * cfg.head_dim, False),
                             ("swiglu", F, H, True), ("residual", H, F, False)):
-        tpl = CudaMatmul(kind.removesuffix("-split").removesuffix("-cluster"), "nf4", epi, norm)
+        tpl = CudaMatmul(kind.removesuffix("-split").removesuffix("-cluster").removesuffix("-splitk-out"), "nf4", epi,
+                         norm)
         sliced = {**split, "KS": 2, **({"SR": 2} if kind.endswith("-cluster") else {})}
         config = sliced if kind.startswith("w") and kind.endswith(("-split", "-cluster")) and (n, k) == (H, F) \
             else split
+        if kind == "wgr-splitk-out" and epi == "residual" and n == H and k != F:  # the out projections: clusters
+            tpl = CudaMatmul("splitk", "nf4", epi, norm)
+            config = {"BM": 32, "BN": 64, "BK": 32, "WM": 16, "WN": 32, "PIPE": 2, "KS": 2, "SR": 2}
         table.put(matmul_key("nf4", epi, n, k, norm), Entry([
             {"m_min": 8, "m_max": None, "kernel": tpl.name, "config": config}]), tpl)
     return table

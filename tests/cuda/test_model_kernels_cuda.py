@@ -236,35 +236,41 @@ def test_slices_summed_by_the_last_block_equal_the_reduction_launch(dev, rng, ki
     assert not dev.download(bufs["counters"], np.uint32).any()
 
 
-@pytest.mark.parametrize("producer", [{"BT": 32}, {"BT": 32, "KS": 4, "SR": 2}], ids=["ks1", "cluster"])
+SPLITK_CLUSTER = {**mm.DEFAULT_SPLITK, "BM": 32, "BN": 64, "BK": 64, "WM": 16, "WN": 32, "KS": 4, "SR": 2}
+
+
+@pytest.mark.parametrize("producer", [("wgr", {"BT": 32}), ("wgr", {"BT": 32, "KS": 4, "SR": 2}),
+                                      ("splitk", SPLITK_CLUSTER)], ids=["ks1", "cluster", "splitk-cluster"])
 @pytest.mark.parametrize("epilogue", ["none", "swiglu"])
 @pytest.mark.parametrize("shape", [(97, 256, 512), (346, 1024, 1024), (7, 128, 256)])
 def test_the_norm_fold_hands_the_next_matmul_its_rows_and_their_scale(dev, rng, producer, epilogue, shape):
-    """A residual wgr launch with the norm fold (fold_g, ss_out; KS 1 and a cluster's sum) writes the same f32 rows h
-    as without it, f16 (h * g) rows with the bits of numpy's rounding, and each row's sums of squares per 64
-    columns; a KS 1 wgr launch reading those rows with ss_in matches the float64 normed matmul of h in every output
-    (rows 1000x apart in scale, so a scale applied to the wrong row shows)."""
+    """A residual launch with the norm fold (fold_g, ss_out; wgr with KS 1 or a cluster's sum, splitk with a
+    cluster's sum) writes the same f32 rows h as without it, f16 (h * g) rows with the bits of numpy's rounding, and
+    each row's sums of squares per 64 columns; a KS 1 wgr launch reading those rows with ss_in matches the float64
+    normed matmul of h in every output (rows 1000x apart in scale, so a scale applied to the wrong row shows)."""
     from tilewise.devices.base import Launch
 
     if dev.info.limits.compute_capability != "9.0":
         pytest.skip("wgmma and clusters need a Hopper GPU")
     m, n, _ = shape
-    prod = mm.CudaMatmul("wgr", "nf4", "residual")
-    cfg = prod.config_of({**mm.DEFAULT_WGR, **producer})
+    kind, over = producer
+    prod = mm.CudaMatmul(kind, "nf4", "residual")
+    cfg = prod.config_of({**(mm.DEFAULT_WGR if kind == "wgr" else {}), **over})
     assert prod.why_illegal(cfg, dev.info.limits, shape) == []
     host = prod.make_inputs(shape, rng)
     host["residual"] = (host["residual"] * 10.0 ** rng.uniform(-1.5, 1.5, (m, 1))).astype(np.float32)  # (M, N)
     bufs = prod.upload(dev, host, shape)
-    prep, main = prod.launches(prod.compile(dev, cfg, shape), bufs, cfg, shape)
+    program = prod.compile(dev, cfg, shape)
+    *before, main = prod.launches(program, bufs, cfg, shape)  # wgr: its f16 prologue, then the matmul
     prod.poison(dev, bufs, shape)
-    dev.run([prep, main])
+    dev.run([*before, main])
     want = prod.read_output(dev, bufs, shape)
     g = rng.uniform(0.5, 1.5, n).astype(np.float32)  # (N,) the next norm's weight
     g_buf, xh, ss = dev.upload(g), dev.allocate(2 * m * n), dev.allocate(4 * m * (n // 64))
-    args = list(main.buffers)
-    args[12], args[15], args[16] = xh, g_buf, ss
+    at, args = program.meta["fold_from"], list(main.buffers)
+    args[at["out_h"]], args[at["fold_g"]], args[at["ss_out"]] = xh, g_buf, ss
     prod.poison(dev, bufs, shape)
-    dev.run([prep, Launch(main.program, main.grid, args)])
+    dev.run([*before, Launch(main.program, main.grid, args)])
     h = prod.read_output(dev, bufs, shape)  # (M, N)
     np.testing.assert_array_equal(h, want)
     rows = dev.download(xh, np.float16, (m, n))

@@ -29,7 +29,7 @@ SM90 = get_profile("sm_90")
 
 MM_SIG = ("(const float *, int, const unsigned *, const float *, const unsigned *, const float *, const float *, "
           "float, float *, int, int, int)")
-SPLITK_SIG = MM_SIG[:-1] + ", float *, unsigned *)"
+SPLITK_SIG = MM_SIG[:-1] + ", float *, unsigned *, unsigned short *, const float *, float *)"
 ATTN_SIG = "(const float *, const float *, const float *, float *, int, int, int, int, int, unsigned short *)"
 SIGS = {
     "rmsnorm": "(const float *, const float *, float *, int, int, float)",

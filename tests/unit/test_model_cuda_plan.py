@@ -406,8 +406,8 @@ def test_a_reduction_followed_by_the_prologue_of_its_rows_is_one_launch(rng):
 
 
 def _wgr_executor(monkeypatch, choices):
-    """The tiny preset's executor on a recording device, with a table holding each (epilogue, N, K, norm, config)
-    of `choices` on wgr from 8 rows (TMA maps stubbed: no driver to encode one)."""
+    """The tiny preset's executor on a recording device, with a table holding each (epilogue, N, K, norm, config[,
+    kind]) of `choices` on wgr (or that kind) from 8 rows (TMA maps stubbed: no driver to encode one)."""
     from tilewise.kernels.matmul import cuda as mm
     from tilewise.kernels.matmul.cuda import CudaMatmul
     from tilewise.model.dispatch import matmul_key
@@ -418,8 +418,8 @@ def _wgr_executor(monkeypatch, choices):
     ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
     dev = RecordingDevice()
     table = DispatchTable(dev.info.fingerprint)
-    for epi, n, k, norm, config in choices:
-        tpl = CudaMatmul("wgr", "nf4", epi, norm)
+    for epi, n, k, norm, config, *kind in choices:
+        tpl = CudaMatmul(kind[0] if kind else "wgr", "nf4", epi, norm)
         table.put(matmul_key("nf4", epi, n, k, norm), Entry([{"m_min": 8, "m_max": None, "kernel": tpl.name,
                                                                "config": config}]), tpl)
     return CUDAExecutor(ck, device=dev, dispatch=table)
@@ -779,47 +779,63 @@ def test_a_splitk_cluster_choice_writes_the_rows_itself_with_no_scratch(rng):
     assert "partial" not in ex._scratch and "counters" not in ex._scratch
 
 
-def test_the_norm_fold_drops_every_normed_prologue_after_a_residual_wgr_matmul(rng, monkeypatch):
-    """fold_norm on an all-wgr table: the split ffn.down (KS 2, SR 0 in the table) runs as a cluster (SR 2) so that
-    it sums in its launch, and every residual launch (out_proj KS 1, down) stores the next normed matmul's rows as
-    f16 (h * g) into that matmul's x rows (not its own), with g the next norm's weight, and their sums of squares
-    into one scratch buffer the next matmul reads with the model's eps: the prologue between them is gone (two
-    launches fewer a layer), and only the first block's normed prologue (after the embedding) is left."""
-    from tilewise.kernels.matmul.cuda import DEFAULT_WGR
+@pytest.mark.parametrize("case", ["wgr", "wgr-cluster-down", "splitk-cluster-out", "wgr-split-down"])
+def test_the_norm_fold_drops_the_normed_prologue_after_every_residual_matmul_that_sums_in_its_launch(
+        rng, monkeypatch, case):
+    """fold_norm: every residual launch that sums in the kernel (wgr KS 1 or SR 2; splitk SR 2) stores the next
+    normed wgr matmul's rows as f16 (h * g) into that matmul's x rows (not its own), with g the next norm's weight,
+    and their sums of squares into one scratch buffer the next matmul reads with the model's eps: the prologue
+    between them is gone. A split config the table sums in a reduction launch (wgr-split-down) is left as it is,
+    with its fused reduction and prologue: the fold never changes a config. Only the first block's normed prologue
+    (after the embedding) is always left."""
+    from tilewise.kernels.matmul.cuda import DEFAULT_SPLITK, DEFAULT_WGR
 
     cfg = PRESETS["tiny"]
     H, F, d = cfg.hidden_size, cfg.ffn_dim, cfg.head_dim
     qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d
-    split = {**DEFAULT_WGR, "KS": 2, "SR": 0}
+    down = {**DEFAULT_WGR, "KS": 2, "SR": 2 if case == "wgr-cluster-down" else 0} if "down" in case else DEFAULT_WGR
+    out = ({**DEFAULT_SPLITK, "BM": 32, "BN": 64, "BK": 32, "WM": 16, "WN": 32, "KS": 2, "SR": 2}, "splitk") \
+        if case == "splitk-cluster-out" else (DEFAULT_WGR, "wgr")
     ex = _wgr_executor(monkeypatch, [("none", 3 * H, H, True, DEFAULT_WGR), ("none", qkv, H, True, DEFAULT_WGR),
-                                     ("residual", H, H, False, DEFAULT_WGR), ("swiglu", F, H, True, DEFAULT_WGR),
-                                     ("residual", H, F, False, split)])
+                                     ("residual", H, H, False, *out), ("swiglu", F, H, True, DEFAULT_WGR),
+                                     ("residual", H, F, False, down)])
     sigs = kernel_signatures()
     n, L = int(rng.integers(9, 60)), len(cfg.layer_types)
     ids = rng.integers(0, 512, n)
     apart, _ = ex.plan(ids, 0, None, False)
-    assert any("reduce" in launch.program.meta["entry"] for launch in apart.launches)
     ex.fold_norm = True
     plan, _ = ex.plan(ids, 0, None, False)
-    assert len(apart.launches) == len(plan.launches) + 2 * L
+    folds_down = case != "wgr-split-down"
+    assert len(apart.launches) == len(plan.launches) + L + (L - 1) * folds_down
     entries = [launch.program.meta["entry"] for launch in plan.launches]
-    assert not any("reduce" in e for e in entries) and sum(e.startswith("nf4_mm_prep") for e in entries) == 1
+    assert sum(e.startswith("nf4_mm_prep") for e in entries) == 1
+    assert sum("reduce" in e for e in entries) == (0 if folds_down else L)
     ss = ex._scratch["ss"]
-    # each block's gate/up, then the next block's mixer input
+    # each block's gate/up, then (where down folds) the next block's mixer input
     norms = [g for i, lay in enumerate(ex.layers) for g in (lay["ffn_norm"], *(
-        [ex.layers[i + 1]["operator_norm"]] if i + 1 < L else []))]
+        [ex.layers[i + 1]["operator_norm"]] if i + 1 < L and folds_down else []))]
+
+    def folded(launch):
+        at = launch.program.meta.get("fold_from")
+        return at is not None and launch.buffers[at["fold_g"]] is not NULL
+
     pairs = [(plan.launches[i - 1], plan.launches[i]) for i, lab in enumerate(plan.labels)
-             if lab in ("ffn.gate_up", "conv.in_proj", "attn.qkv") and len(plan.launches[i - 1].buffers) == 17
-             and plan.launches[i - 1].buffers[15] is not NULL]
-    assert len(pairs) == 2 * L - 1 == len(norms)
+             if lab in ("ffn.gate_up", "conv.in_proj", "attn.qkv") and folded(plan.launches[i - 1])]
+    assert len(pairs) == len(norms) == L + (L - 1) * folds_down
+    producers = ("nf4_mm_splitk_cluster<0, 1,",) if case == "splitk-cluster-out" else ()
     for (prev, main), g in zip(pairs, norms):
         check_launch(prev, sigs)
         check_launch(main, sigs)
-        assert prev.program.meta["entry"].startswith(("nf4_mm_wgr<0, 1,", "nf4_mm_wgr_cluster<0, 1,"))
-        assert prev.buffers[10] is ex.act["x"] and prev.buffers[15] is g and prev.buffers[16] is ss
-        xh = prev.buffers[12]
+        at = prev.program.meta["fold_from"]
+        assert prev.program.meta["entry"].startswith(("nf4_mm_wgr<0, 1,", "nf4_mm_wgr_cluster<0, 1,", *producers))
+        assert prev.buffers[at["final_out"]] is ex.act["x"] and prev.buffers[at["fold_g"]] is g
+        assert prev.buffers[at["ss_out"]] is ss
+        xh = prev.buffers[at["out_h"]]
         assert xh is main.buffers[0] and main.buffers[9][1] is xh and xh is not prev.buffers[0]
         assert main.buffers[13] is ss and float(main.buffers[14]) == np.float32(cfg.norm_eps)
         assert ss.nbytes >= 4 * n * (H // 64)
-    downs = [launch for launch, lab in zip(plan.launches, plan.labels) if lab == "ffn.down"]
-    assert all(launch.program.meta["entry"].startswith("nf4_mm_wgr_cluster<0, 1,") for launch in downs)
+    outs = [e for e, lab in zip(entries, plan.labels) if lab in ("conv.out_proj", "attn.out_proj")]
+    assert outs and all(e.startswith("nf4_mm_splitk_cluster<" if producers else "nf4_mm_wgr<") for e in outs)
+    downs = [e for e, lab in zip(entries, plan.labels) if lab == "ffn.down" and "reduce" not in e]
+    assert downs and all(e.startswith("nf4_mm_wgr_cluster<" if case == "wgr-cluster-down" else "nf4_mm_wgr<")
+                         for e in downs)

@@ -19,10 +19,10 @@
   of that plan (`run_plan`); timed decisions, and `TILEWISE_CUDA_GRAPHS=0`, run launch by launch;
 - with `TILEWISE_CUDA_PDL=1` (or `pdl=True`) untimed decisions launch each kernel with programmatic dependent launch
   (`devices/cuda_pdl.py`). Unless the caller or that variable says, PDL, the fused prologues, `serial_reduce`
-  (split-K summed in each tile's last block, `cuda_fuse.summed_config`) and `fold_norm` (a residual wgr matmul
-  hands the next wgr matmul its rows unnormed with their sums of squares, `cuda_fuse.fold_norm`) follow the dispatch
-  table's `settings` for this model (raced on whole decisions by `tilewise tune model`, model/tune_settings.py;
-  `CUDA_SETTINGS` defaults).
+  (split-K summed in each tile's last block, `cuda_fuse.summed_config`) and `fold_norm` (a residual matmul that
+  sums in its launch hands the next wgr matmul its rows unnormed with their sums of squares, `cuda_fuse.fold_norm`)
+  follow the dispatch table's `settings` for this model (raced on whole decisions by `tilewise tune model`,
+  model/tune_settings.py; `CUDA_SETTINGS` defaults).
 
 Device loss (a kernel fault poisons the CUDA context) raises `DeviceLost`; the next `forward` rebuilds the device
 and weights and refuses states made before. A matmul's scratch (split-K's sums, f16 x rows) is executor-owned.
@@ -302,8 +302,6 @@ class CUDAExecutor:
                 weights: dict[str, Buffer], out: Buffer, n: int, k: int, norm: Buffer | None = None) -> None:
         tpl, cfg = self.matmul_choice(epilogue, n, k, rows, norm is not None)
         shape = (rows, n, k)
-        if self.fold_norm and tpl.kind == "wgr" and epilogue == "residual":  # the fold needs the sum in the kernel
-            cfg = summed_config(tpl, cfg, self.dev.info.limits, shape, lambda c: self.program(tpl, c, shape), sr=2)
         if self.serial_reduce:
             cfg = summed_config(tpl, cfg, self.dev.info.limits, shape, lambda c: self.program(tpl, c, shape))
         bufs = {"x": x, "out": out, **weights, **({"norm_w": norm} if norm is not None else {})}

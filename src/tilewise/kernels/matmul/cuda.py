@@ -257,6 +257,21 @@ class CudaMatmul(KernelTemplate):
         """The matmul's own launch applies the epilogue (KS 1, SR 1 or SR 2): no reduction launch follows."""
         return not self.splits(config) or self.serial(config) or self.clustered(config)
 
+    def fold_from(self, config: Config) -> dict[str, int] | None:
+        """Where this config's launch takes the norm fold's producing side (`cuda_fuse.fold_norm`), as its argument
+        positions; None where it cannot: a residual launch that adds its output into the rows in the kernel, without
+        a reduction launch or the last block's serial sum (neither stores the fold's rows): wgr with KS 1 or SR 2,
+        splitk with SR 2 whose tile the cluster's fold path takes (BN a multiple of 64, its 4-column chunks a whole
+        number of passes of the block; `cluster_reduce`)."""
+        if self.epilogue != "residual":
+            return None
+        if self.kind == "wgr" and (config["KS"] == 1 or self.clustered(config)):
+            return {"final_out": 10, "out_h": 12, "fold_g": 15, "ss_out": 16, "m": 6, "n": 7}
+        if (self.kind == "splitk" and self.clustered(config) and config["BN"] % 64 == 0
+                and config["BM"] * config["BN"] // 4 % mma_threads(config) == 0):
+            return {"final_out": 12, "out_h": 14, "fold_g": 15, "ss_out": 16, "m": 9, "n": 10}
+        return None
+
     def preps(self) -> bool:
         """The kind reads x as f16 rows made by the `nf4_mm_prep` launch (ring, wg, wgt, ws, wgr)."""
         return self.kind in PREP_KINDS
@@ -344,9 +359,11 @@ class CudaMatmul(KernelTemplate):
                             dynamic_shared_bytes=smem)
         if self.kind == "wgr" and self.epilogue != "residual" and self.sums_in_kernel(config):
             offers_f16_out(prog, 10, 12, 6, 7)  # it applies the epilogue itself, into final_out (out with KS 1)
-        if self.kind == "wgr":  # the norm fold's two sides (`cuda_fuse.fold_norm`)
-            prog.meta["fold_from"] = self.epilogue == "residual" and self.sums_in_kernel(config)
+        if self.kind == "wgr":  # the norm fold's consuming side (`cuda_fuse.fold_norm`)
             prog.meta["fold_into"] = config["KS"] == 1
+        fold = self.fold_from(config)
+        if fold:
+            prog.meta["fold_from"] = fold
         if self.preps():
             prog.meta["prep"] = compile_cuda(device, src, self.prep_entry(), PREP_NT, f"{self.name}.prep")
             prog.meta["prep"].meta["role"] = ("prep", int(self.norm))
@@ -416,8 +433,8 @@ class CudaMatmul(KernelTemplate):
             return [prep, Launch(program, self.grid(config, shape), main), *reduce]
         args: list[Any] = [bufs["x"], np.int32(x_row0), *weights, arg_or(bufs, "norm_w", "x"), np.float32(self.eps),
                            out, *dims]
-        if self.kind == "splitk":
-            args += self._sr_args(bufs, config)
+        if self.kind == "splitk":  # SR's arguments, and no norm fold (`fold_norm` may set it: out_h, fold_g, ss_out)
+            args += [*self._sr_args(bufs, config), NULL, NULL, NULL]
         return [Launch(program, self.grid(config, shape), args), *reduce]
 
     def _sr_args(self, bufs: DeviceBuffers, config: Config) -> list[Any]:

@@ -5,9 +5,10 @@
 - a split-K config whose slices a reduction launch sums, made to sum them in the last block of each tile instead
   (`serial_reduce`, `summed_config`): the table's config was timed alone, where the reduction's launch costs less
   than in a decision's chain of launches, so the executor's setting is raced on whole decisions;
-- a residual wgr matmul and the RMSNorm prologue of the next wgr matmul, the norm folded into the two matmuls
-  (`fold_norm`; split residual configs sum in a cluster, `summed_config` with SR 2): one launch fewer, not the same
-  bits (the f16 rounding falls on h * g instead of on the normed row), so its race compares within a tolerance."""
+- a residual matmul that sums in its own launch (wgr with KS 1 or a cluster, splitk with a cluster) and the
+  RMSNorm prologue of the next wgr matmul, the norm folded into the two matmuls (`fold_norm`): one launch fewer,
+  not the same bits (the f16 rounding falls on h * g instead of on the normed row), so its race compares within a
+  tolerance."""
 
 from __future__ import annotations
 
@@ -79,25 +80,29 @@ def summed_config(tpl: Any, config: Config, limits: Any, shape: tuple[int, int, 
 
 
 #: the wgr launch's arguments the norm fold sets (nf4_mm_wgr in matmul_wgr.cu)
-WGR_FINAL_OUT, WGR_OUT_H, WGR_SS_IN, WGR_EPS, WGR_FOLD_G, WGR_SS_OUT = 10, 12, 13, 14, 15, 16
+WGR_SS_IN, WGR_EPS = 13, 14  # the consuming wgr launch's ss_in and eps
 
 
 def fold_norm(prev: Launch, prep: Launch, main: Launch, ss: Any) -> tuple[Launch, Launch] | None:
     """`prev` and `main` with the normed prologue `prep` between them folded away (matmul_reduce.cu's `fold_chunk`):
     the residual launch `prev` also stores main's x as f16 (h * g) rows and each row's sums of squares per 64
     columns into `ss` (at least M x N / 64 floats), and `main` multiplies its rows by 1 / rms(h) before its epilogue.
-    None where they do not fit: prev a wgr residual launch that sums in the kernel (KS 1 or SR 2) and writes no f16
-    rows yet, prep the normed prologue of exactly prev's output rows, main a KS 1 wgr launch reading prep's rows."""
+    None where they do not fit: prev a residual launch that sums in the kernel and stores the fold's rows (its
+    program's `fold_from`: wgr with KS 1 or SR 2, splitk with SR 2) and writes no f16 rows yet, prep the normed
+    prologue of exactly prev's output rows, main a KS 1 wgr launch reading prep's rows. The fold never changes a
+    config: a split config the table summed in a reduction launch keeps it (a cluster forced for the fold's sake
+    cost more than the launches it saved)."""
     role = prep.program.meta.get("role")
-    if role != ("prep", 1) or not prev.program.meta.get("fold_from") or not main.program.meta.get("fold_into"):
+    at = prev.program.meta.get("fold_from")
+    if role != ("prep", 1) or not at or not main.program.meta.get("fold_into"):
         return None
     x, x_row0, norm_w, eps, xh, k = prep.buffers
     p, m = list(prev.buffers), list(main.buffers)
-    n = int(p[7])
-    if (int(x_row0) != 0 or p[0] is xh or p[WGR_FINAL_OUT] is not x or p[WGR_OUT_H] is not NULL
-            or int(p[6]) != prep.grid[0] or n != int(k) or n % 64 or m[0] is not xh or int(m[8]) != n
-            or ss.nbytes < 4 * int(p[6]) * (n // 64)):
+    n = int(p[at["n"]])
+    if (int(x_row0) != 0 or p[0] is xh or p[at["final_out"]] is not x or p[at["out_h"]] is not NULL
+            or int(p[at["m"]]) != prep.grid[0] or n != int(k) or n % 64 or m[0] is not xh or int(m[8]) != n
+            or ss.nbytes < 4 * int(p[at["m"]]) * (n // 64)):
         return None
-    p[WGR_OUT_H], p[WGR_FOLD_G], p[WGR_SS_OUT] = xh, norm_w, ss
+    p[at["out_h"]], p[at["fold_g"]], p[at["ss_out"]] = xh, norm_w, ss
     m[WGR_SS_IN], m[WGR_EPS] = ss, eps
     return Launch(prev.program, prev.grid, p), Launch(main.program, main.grid, m)
