@@ -13,13 +13,10 @@ bit-identical: a nonzero difference is a bug.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import sys
-from pathlib import Path
 
 from tilewise.devices import get_device
-from tilewise.model.bench import PREFIX_TOKENS, op_columns, percentiles, prompts, race_args, race_executors
+from tilewise.model.bench import PREFIX_TOKENS, op_columns, prompts, race_args, race_executors, race_lines, write_race
 from tilewise.model.cuda import CUDAExecutor
 from tilewise.model.runtime import open_checkpoint
 from tilewise.model.tune import model_config
@@ -65,22 +62,13 @@ def main() -> int:
     ops, lines = op_columns(executors, full[0])
     print(f"{dev.info.name} [{dev.info.fingerprint}]: {args.preset}, {args.seq} rows; SR 2 in: {', '.join(changed)}")
     print("\n".join(lines))
-    for m in MODES:
-        p = percentiles(samples[m])
-        print(f"decision, {m}: p50 {p['p50']:.4f} ms, p90 {p['p90']:.4f}, p99 {p['p99']:.4f} ({p['n']} decisions)")
+    print("\n".join(race_lines(samples)))
     note = f"; {verdict.note}" if verdict.note else ""
     print(f"cluster over reduction: {verdict.verdict} ({verdict.ratio:.3f}x{note}); max |score difference| {diff:.2e}"
           + ("" if diff == 0.0 else "  <-- NOT bit-identical"))
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        doc = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-               "command": "python3 experiments/cluster_reduce_cuda.py " + " ".join(sys.argv[1:]),
-               "device": dev.info.as_dict(), "preset": args.preset, "seq": args.seq, "changed": changed, "ops": ops,
-               "max_abs_score_diff": diff, "verdict": verdict.verdict, "speedup": verdict.ratio, "note": verdict.note,
-               **{m: {**percentiles(v), "median_ci95_ms": list(stats[m].ci95_ms), "samples_ms": v}
-                  for m, v in samples.items()}}
-        (out / "cluster_reduce.json").write_text(json.dumps(doc, indent=1, default=str))
+    write_race(args.out, "cluster_reduce.json", "experiments/cluster_reduce_cuda.py", dev, args.preset, args.seq,
+               samples, stats, changed=changed, ops=ops, max_abs_score_diff=diff, verdict=verdict.verdict,
+               speedup=verdict.ratio, note=verdict.note)
     return 0
 
 

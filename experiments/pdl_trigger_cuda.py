@@ -20,10 +20,6 @@ All three run the same kernels in the same order, so their scores must be bit-id
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import sys
-from pathlib import Path
 
 import tilewise.kernels.attention.cuda as attention_cuda
 import tilewise.kernels.cudasrc as cudasrc
@@ -31,7 +27,7 @@ import tilewise.kernels.matmul.cuda as matmul_cuda
 import tilewise.kernels.rowops.cuda as rowops_cuda
 import tilewise.kernels.shortconv.cuda as shortconv_cuda
 from tilewise.devices import get_device
-from tilewise.model.bench import PREFIX_TOKENS, percentiles, prompts, race_args, race_executors
+from tilewise.model.bench import PREFIX_TOKENS, prompts, race_args, race_executors, race_lines, write_race
 from tilewise.model.cuda import CUDAExecutor
 from tilewise.model.runtime import open_checkpoint
 from tilewise.tune.measure import compare, summarize
@@ -82,24 +78,15 @@ def main() -> int:
     stats = {m: summarize(v) for m, v in samples.items()}
     print(f"{dev.info.name} [{dev.info.fingerprint}]: {args.preset}, {args.seq} rows; the table's other settings: "
           f"{executors['exit'].measured_settings or 'none raced'}")
-    for m in MODES:
-        p = percentiles(samples[m])
-        print(f"decision, PDL {m}: p50 {p['p50']:.4f} ms, p90 {p['p90']:.4f}, p99 {p['p99']:.4f} ({p['n']} decisions)")
+    print("\n".join(race_lines(samples, "decision, PDL ")))
     verdicts = {f"{a} over {b}": compare(stats[b], stats[a], (b, a)) for a, b in
                 (("start", "off"), ("exit", "off"), ("exit", "start"))}
     for name, v in verdicts.items():
         print(f"{name}: {v.verdict} ({v.ratio:.3f}x{'; ' + v.note if v.note else ''})")
     print(f"max |score difference| {diff:.2e}" + ("" if diff == 0.0 else "  <-- NOT bit-identical"))
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        doc = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-               "command": "python3 experiments/pdl_trigger_cuda.py " + " ".join(sys.argv[1:]),
-               "device": dev.info.as_dict(), "preset": args.preset, "seq": args.seq, "max_abs_score_diff": diff,
-               "verdicts": {k: {"verdict": v.verdict, "speedup": v.ratio, "note": v.note} for k, v in verdicts.items()},
-               **{m: {**percentiles(v), "median_ci95_ms": list(stats[m].ci95_ms), "samples_ms": v}
-                  for m, v in samples.items()}}
-        (out / "pdl_trigger.json").write_text(json.dumps(doc, indent=1, default=str))
+    write_race(args.out, "pdl_trigger.json", "experiments/pdl_trigger_cuda.py", dev, args.preset, args.seq, samples,
+               stats, max_abs_score_diff=diff,
+               verdicts={k: {"verdict": v.verdict, "speedup": v.ratio, "note": v.note} for k, v in verdicts.items()})
     return 0
 
 

@@ -53,3 +53,30 @@ def test_race_args_give_every_race_script_the_same_options_with_its_defaults():
     args = ap.parse_args(["--preset", "lfm2-350m", "--seq", "346", "--rounds", "3", "--per-round", "7"])
     assert (args.preset, args.seq, args.rounds, args.per_round) == ("lfm2-350m", 346, 3, 7)
     assert "decisions per mode and round" in ap.format_help()
+
+
+def test_a_race_record_holds_every_mode_and_nothing_is_written_without_a_folder(rng, tmp_path, monkeypatch):
+    """`write_race`: the JSON of a race has the command as run, the model, the caller's fields and each mode's
+    percentiles, median interval and every sample; without a folder it writes nothing. `race_lines` prints one line
+    per mode with its p50."""
+    import json
+
+    from tilewise.model.bench import race_lines, write_race
+    from tilewise.tune.measure import summarize
+
+    samples = {m: [float(v) for v in rng.uniform(lo, lo + 0.1, 24)] for m, lo in (("on", 1.0), ("off", 2.0))}
+    stats = {m: summarize(v) for m, v in samples.items()}
+    dev = SimpleNamespace(info=SimpleNamespace(as_dict=lambda: {"name": "fake GPU"}))
+    monkeypatch.setattr("sys.argv", ["x.py", "--preset", "tiny"])
+    write_race(None, "r.json", "experiments/x.py", dev, "tiny", 40, samples, stats, extra=1)
+    assert list(tmp_path.iterdir()) == []
+    write_race(tmp_path / "sub", "r.json", "experiments/x.py", dev, "tiny", 40, samples, stats, extra=1)
+    doc = json.loads((tmp_path / "sub" / "r.json").read_text())
+    assert doc["command"] == "python3 experiments/x.py --preset tiny" and doc["extra"] == 1
+    assert doc["device"] == {"name": "fake GPU"} and (doc["preset"], doc["seq"]) == ("tiny", 40)
+    for m, v in samples.items():
+        assert doc[m]["samples_ms"] == v and doc[m]["n"] == 24
+        assert doc[m]["median_ci95_ms"][0] <= doc[m]["p50"] <= doc[m]["median_ci95_ms"][1]
+    lines = race_lines(samples)
+    assert len(lines) == 2 and lines[0].startswith("decision, on: p50 1.0")
+    assert lines[1].startswith("decision, off: p50 2.0")

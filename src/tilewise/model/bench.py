@@ -14,7 +14,10 @@ the 95% intervals overlap, `too noisy to compare (p20..p80 = ...)` when the samp
 
 from __future__ import annotations
 
+import datetime
+import json
 import math
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -130,6 +133,28 @@ def prompts(vocab: int, seq: int, count: int, prefix: int, seed: int = 0) -> tup
     rng = np.random.default_rng(seed)
     head = rng.integers(0, vocab, prefix)
     return head, [np.concatenate([head, rng.integers(0, vocab, seq - prefix)]) for _ in range(count)]
+
+
+def race_lines(samples: dict[str, list[float]], what: str = "decision, ") -> list[str]:
+    """One line per mode of a whole-decision race: p50, p90 and p99 ms and how many decisions."""
+    return [f"{what}{m}: p50 {p['p50']:.4f} ms, p90 {p['p90']:.4f}, p99 {p['p99']:.4f} ({p['n']} decisions)"
+            for m, p in ((m, percentiles(v)) for m, v in samples.items())]
+
+
+def write_race(out: str | Path | None, filename: str, script: str, dev: Any, preset: str, seq: int,
+               samples: dict[str, list[float]], stats: dict[str, Stats], **fields: Any) -> None:
+    """The JSON record of a whole-decision race (experiments/*_cuda.py) into folder `out` (nothing without one):
+    when, the command, the device, the model and prompt length, `fields`, and each mode's percentiles, the 95%
+    interval of its median and its samples."""
+    if not out:
+        return
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    doc = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+           "command": f"python3 {script} " + " ".join(sys.argv[1:]), "device": dev.info.as_dict(), "preset": preset,
+           "seq": seq, **fields, **{m: {**percentiles(v), "median_ci95_ms": list(stats[m].ci95_ms), "samples_ms": v}
+                                    for m, v in samples.items()}}
+    (folder / filename).write_text(json.dumps(doc, indent=1, default=str))
 
 
 def op_columns(executors: dict[str, Any], ids: np.ndarray) -> tuple[dict[str, dict[str, Any]], list[str]]:
