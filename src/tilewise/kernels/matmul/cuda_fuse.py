@@ -63,13 +63,13 @@ def fuse_prep(device: Device, prev: Launch, prep: Launch, programs: dict[Any, Pr
 
 
 def summed_config(tpl: Any, config: Config, limits: Any, shape: tuple[int, int, int],
-                  compile: Callable[[Config], Any], sr: int = 1) -> Config:
-    """`config` with SR `sr` (1: the last block of each tile sums the slices; 2: the tile's cluster does) where it
-    splits K with SR 0 (wgr, splitk) and that SR is legal at `shape` and compiles (`compile(config)` raises
-    otherwise); else `config` unchanged. Both add the slices in the reduction's order: the same bits."""
+                  compile: Callable[[Config], Any]) -> Config:
+    """`config` with SR 1 (the last block of each tile sums the slices) where it splits K with SR 0 (wgr, splitk)
+    and SR 1 is legal at `shape` and compiles (`compile(config)` raises otherwise); else `config` unchanged. It adds
+    the slices in the reduction's order: the same bits."""
     if "SR" not in config or config["SR"] or not tpl.splits(config):
         return config
-    summed = tpl.config_of({**config, "SR": sr})
+    summed = tpl.config_of({**config, "SR": 1})
     if tpl.why_illegal(summed, limits, shape):
         return config
     try:
