@@ -53,7 +53,8 @@ def main() -> int:
         print(f"no entry of the table picks SR 2 at any row count: nothing to race ({dev.info.name})")
         return 0
     executors = {"cluster": tuned, "reduction": CUDAExecutor(ck, device=dev, dispatch=twin, quiet=True)}
-    for ex in executors.values():  # the fold would make the twin's residual configs SR 2 again: SR 2 alone here
+    for ex in executors.values():  # the fold (where the table turns it on) would fold after the clusters only,
+        # changing that side's launches and rounding: SR 2 alone here
         ex.fold_norm = False
     _, full = prompts(cfg.vocab_size, args.seq, 40, PREFIX_TOKENS, seed=3)
     samples, diff = race_executors(executors, full, args.rounds, args.per_round)
