@@ -177,6 +177,12 @@ def matmul_source() -> str:
     return model_source("matmul", *SOURCE_FILES)
 
 
+#: positions of the arguments other code sets in a launch of nf4_mm_wgr / nf4_mm_wgr_cluster (matmul_wgr.cu) and of
+#: the split-K kernels (matmul_mma.cu): the f16 output (`offers_f16_out`) and the norm fold (`cuda_fuse.fold_norm`)
+WGR_ARGS = {"m": 6, "n": 7, "final_out": 10, "out_h": 12, "ss_in": 13, "eps": 14, "fold_g": 15, "ss_out": 16}
+SPLITK_ARGS = {"m": 9, "n": 10, "final_out": 12, "out_h": 14, "fold_g": 15, "ss_out": 16}
+
+
 class CudaMatmul(KernelTemplate):
     """One matmul variant (kind, weight format, epilogue, fused norm) on CUDA; see the module docstring."""
 
@@ -266,10 +272,10 @@ class CudaMatmul(KernelTemplate):
         if self.epilogue != "residual":
             return None
         if self.kind == "wgr" and (config["KS"] == 1 or self.clustered(config)):
-            return {"final_out": 10, "out_h": 12, "fold_g": 15, "ss_out": 16, "m": 6, "n": 7}
+            return {k: WGR_ARGS[k] for k in ("m", "n", "final_out", "out_h", "fold_g", "ss_out")}
         if (self.kind == "splitk" and self.clustered(config) and config["BN"] % 64 == 0
                 and config["BM"] * config["BN"] // 4 % mma_threads(config) == 0):
-            return {"final_out": 12, "out_h": 14, "fold_g": 15, "ss_out": 16, "m": 9, "n": 10}
+            return dict(SPLITK_ARGS)
         return None
 
     def preps(self) -> bool:
@@ -358,7 +364,8 @@ class CudaMatmul(KernelTemplate):
         prog = compile_cuda(device, src, self.entry(config), self.threads(config), f"{self.name}[{config}]",
                             dynamic_shared_bytes=smem)
         if self.kind == "wgr" and self.epilogue != "residual" and self.sums_in_kernel(config):
-            offers_f16_out(prog, 10, 12, 6, 7)  # it applies the epilogue itself, into final_out (out with KS 1)
+            # it applies the epilogue itself, into final_out (out with KS 1)
+            offers_f16_out(prog, WGR_ARGS["final_out"], WGR_ARGS["out_h"], WGR_ARGS["m"], WGR_ARGS["n"])
         if self.kind == "wgr":  # the norm fold's consuming side (`cuda_fuse.fold_norm`)
             prog.meta["fold_into"] = config["KS"] == 1
         fold = self.fold_from(config)

@@ -18,7 +18,7 @@ from typing import Any
 from tilewise.devices.base import Device, Launch, Program
 from tilewise.errors import LaunchError, ShaderCompileError
 from tilewise.kernels.cudasrc import NULL, compile_cuda, name_expression
-from tilewise.kernels.matmul.cuda import matmul_source
+from tilewise.kernels.matmul.cuda import WGR_ARGS, matmul_source
 from tilewise.kernels.matmul.cuda_space import EPI_CODE, PREP_NT
 from tilewise.kernels.space import Config
 
@@ -79,10 +79,6 @@ def summed_config(tpl: Any, config: Config, limits: Any, shape: tuple[int, int, 
     return summed
 
 
-#: the wgr launch's arguments the norm fold sets (nf4_mm_wgr in matmul_wgr.cu)
-WGR_SS_IN, WGR_EPS = 13, 14  # the consuming wgr launch's ss_in and eps
-
-
 def fold_norm(prev: Launch, prep: Launch, main: Launch, ss: Any) -> tuple[Launch, Launch] | None:
     """`prev` and `main` with the normed prologue `prep` between them folded away (matmul_reduce.cu's `fold_chunk`):
     the residual launch `prev` also stores main's x as f16 (h * g) rows and each row's sums of squares per 64
@@ -104,5 +100,5 @@ def fold_norm(prev: Launch, prep: Launch, main: Launch, ss: Any) -> tuple[Launch
             or ss.nbytes < 4 * int(p[at["m"]]) * (n // 64)):
         return None
     p[at["out_h"]], p[at["fold_g"]], p[at["ss_out"]] = xh, norm_w, ss
-    m[WGR_SS_IN], m[WGR_EPS] = ss, eps
+    m[WGR_ARGS["ss_in"]], m[WGR_ARGS["eps"]] = ss, eps
     return Launch(prev.program, prev.grid, p), Launch(main.program, main.grid, m)
