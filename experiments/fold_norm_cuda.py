@@ -1,10 +1,10 @@
 """Where does the norm fold win or lose? (CUDA, one model, whole decisions and op by op)
 
-`fold_norm` drops the normed prologue launch between a residual wgr matmul and the next wgr matmul: the residual
-launch also writes f16 (h * g) rows and each row's sums of squares, and the next matmul scales its outputs by
-1 / rms(h). To sum in the kernel, the residual launch's split config becomes SR 2 (a cluster). The tune races the
-setting on whole decisions only, so a loss there does not say which part costs: the cluster sums the fold forces,
-the heavier epilogues, or the scaled consumer. This races the device's tuned table with the fold on and off and
+`fold_norm` drops the normed prologue launch between a residual matmul that sums in its own launch (wgr with KS 1
+or SR 2, splitk with SR 2) and the next wgr matmul: the residual launch also writes f16 (h * g) rows and each row's
+sums of squares, and the next matmul scales its outputs by 1 / rms(h). The tune races the setting on whole decisions
+only, so a loss or tie there does not say which part costs: the heavier epilogues or the scaled consumer, against
+the prologue launches saved. This races the device's tuned table with the fold on and off and
 prints both decisions' GPU time per op and launches per op. The fold rounds differently: the scores agree within
 the f16 tolerance, not in every bit.
 
@@ -14,6 +14,8 @@ the f16 tolerance, not in every bit.
 from __future__ import annotations
 
 import argparse
+
+import numpy as np
 
 from tilewise.devices import get_device
 from tilewise.model.bench import PREFIX_TOKENS, op_columns, prompts, race_args, race_executors, race_lines, write_race
@@ -39,7 +41,7 @@ def main() -> int:
         ex.fold_norm = m == "fold"
     _, full = prompts(ck.config.vocab_size, args.seq, 40, PREFIX_TOKENS, seed=3)
     samples, diff = race_executors(executors, full, args.rounds, args.per_round)
-    scale = max(abs(float(executors["plain"].forward(ids, 0, None, True)[1].scores.max())) for ids in full[:8])
+    scale = max(float(np.abs(executors["plain"].forward(ids, 0, None, True)[1].scores).max()) for ids in full[:8])
     stats = {m: summarize(v) for m, v in samples.items()}
     verdict = compare(stats["plain"], stats["fold"], ("fold off", "fold on"))
     ops, lines = op_columns(executors, full[0])
