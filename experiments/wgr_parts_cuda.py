@@ -18,6 +18,7 @@ They compute wrong values on purpose, so they are timed, never verified or store
     prologue    no K step and no stores (no-loop - prologue: the stores; prologue - bare: the rest of the fixed cost)
     no-prefetch the tensor map not prefetched ahead of the first x copy
     dec0        the same config with the shared-memory table decode (DEC 0)
+    dec2, dec3  the same config with the shared-memory pair table (DEC 2: 8 copies, DEC 3: 32 copies)
     f16-w       the same config with f16 weights (no decode; four times the bytes staged)
 
 With `--profile` it instead runs each variant's main launch once inside the profiler's range, for Nsight Compute:
@@ -48,8 +49,8 @@ from tilewise.tune.measure import measure  # noqa: E402
 # the gate/up winner at 346 rows (cuda_space._WGR_WINNERS[0] with the register-table decode)
 PICK = {"BF": 128, "BT": 120, "ST": 4, "KS": 1, "MB": 1, "DEC": 1, "SR": 0}
 
-_NEXT = ("    if (kt + 1 < steps) wgr_fragments<FMT, SETS, BF, DEC>(nxt, base + WOFF + ((kt + 1) % ST) * WBYTES, lut, "
-         "tb, r, t);")
+_NEXT = ("    if (kt + 1 < steps)\n"
+         "      wgr_fragments<FMT, SETS, BF, DEC>(nxt, base + WOFF + ((kt + 1) % ST) * WBYTES, lut, tb, pt, r, t);")
 _MMA = "    for (int s = 0; s < SETS; ++s) wgmma_rs<BT>(acc[s], a[s][kk], wg_desc(xs + kk * 32));"
 _COPY = "    cp_w_rows<FMT, SETS, BF, NT, SETS * BF * RS, decltype(row_at), false>("
 _ABSMAX = "    if (FMT == 0) {  // the step's absmax"
@@ -109,7 +110,7 @@ def variants(epilogue: str, norm: bool, eps: float, cfg: dict[str, Any]) -> dict
     base = mc.CudaMatmul("wgr", "nf4", epilogue, norm, eps)
     out: dict[str, tuple[mc.CudaMatmul, dict]] = {"full": (base, cfg)}
     out.update({p: (Edited(base, p), cfg) for p in EDITS})
-    out["dec0"] = (base, {**cfg, "DEC": 0})
+    out.update({f"dec{d}": (base, {**cfg, "DEC": d}) for d in (0, 1, 2, 3) if d != cfg["DEC"]})
     out["f16-w"] = (mc.CudaMatmul("wgr", "f16", epilogue, norm, eps), {**cfg, "DEC": 0})
     return out
 

@@ -169,9 +169,9 @@ def test_wgr_epilogue_writes_columns_that_are_not_whole_16_byte_chunks(dev, rng,
     check(out, ref, tpl.dtype)
 
 
-@pytest.mark.parametrize("dec", [0, 1])
+@pytest.mark.parametrize("dec", [0, 1, 2, 3])
 def test_both_wgr_decodes_hold_every_output_column_within_the_f16_tolerance(dev, rng, dec):
-    """DEC 1 rounds the code, the absmax and their product to f16 (DEC 0 rounds once, from f32): rows of W whose
+    """DEC 1-3 round the code, the absmax and their product to f16 (DEC 0 rounds once, from f32): rows of W whose
     scale spans 1e-3..1e2 keep each output column, not only the whole output, within the f16 tolerance of float64."""
     from tilewise.quant.nf4 import weight_arrays
 
@@ -188,6 +188,34 @@ def test_both_wgr_decodes_hold_every_output_column_within_the_f16_tolerance(dev,
     out, ref = tpl.read_output(dev, bufs, shape), tpl.reference(host, shape)  # (M, N)
     bad = [j for j in range(shape[1]) if not compare(out[:, j], ref[:, j], tpl.dtype).ok]
     assert not bad, (bad[:8], compare(out[:, bad[0]], ref[:, bad[0]], tpl.dtype).message)
+
+
+@pytest.mark.parametrize(("epilogue", "cfg"), [
+    ("swiglu", {"BF": 128, "BT": 120, "ST": 4, "KS": 1, "MB": 1, "SR": 0}),
+    ("residual", {"BF": 64, "BT": 88, "ST": 6, "KS": 4, "MB": 2, "SR": 0}),
+    ("none", {"BF": 64, "BT": 176, "ST": 4, "KS": 1, "MB": 1, "SR": 0}),
+    ("residual", {"BF": 64, "BT": 40, "ST": 3, "KS": 2, "MB": 1, "SR": 2})])
+def test_the_pair_table_decodes_give_the_register_tables_bits(dev, rng, epilogue, cfg):
+    """DEC 2 and 3 (one load of a stored byte's two f16 codes from a shared-memory table, 8 or 32 copies) scale and
+    round as DEC 1 does: the same bits as DEC 1 in every output, on the lfm2-350m winners' tiles and a cluster config,
+    at 346 and 45 rows and a width that leaves a partial feature tile, with weights that use all 256 byte values."""
+    if dev.info.limits.compute_capability != "9.0":
+        pytest.skip("wgmma needs a Hopper GPU")
+    tpl = mm.CudaMatmul("wgr", "nf4", epilogue, epilogue != "residual")
+    for shape in [(346, 1056, 1024), (45, 150, 512)]:
+        host = tpl.make_inputs(shape, rng)
+        assert len(np.unique(host["w"].view(np.uint8))) == 256
+        outs = {}
+        for dec in (1, 2, 3):
+            c = tpl.config_of({**cfg, "DEC": dec})
+            bufs = tpl.upload(dev, host, shape)
+            tpl.poison(dev, bufs, shape)
+            dev.run(tpl.launches(tpl.compile(dev, c, shape), bufs, c, shape))
+            dev.synchronize()
+            outs[dec] = tpl.read_output(dev, bufs, shape)
+        check(outs[1], tpl.reference(host, shape), tpl.dtype)
+        for dec in (2, 3):
+            assert np.array_equal(outs[dec].view(np.uint32), outs[1].view(np.uint32)), (dec, shape)
 
 
 #: per kind with SR: a split config (KS 4) and its launches without the reduction (wgr: the prologue and the matmul)

@@ -410,7 +410,9 @@ ILLEGAL = [
     ("matmul", "matmul.cu", "nf4_mm_wgr<0, 2, 64, 136, 4, 1, 1, 0, 0>", "accumulators_128"),
     ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 64, 4, 1, 3, 0, 0>", "mb_1_2"),
     ("matmul", "matmul.cu", "nf4_mm_wgr<1, 0, 64, 64, 4, 1, 1, 1, 0>", "dec_nf4"),
-    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 64, 4, 1, 1, 2, 0>", "dec_nf4"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<2, 0, 64, 64, 4, 1, 1, 3, 0>", "dec_nf4"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 64, 4, 1, 1, 4, 0>", "dec_nf4"),
+    ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 64, 256, 6, 1, 1, 3, 0>", "smem_227k"),  # legal with DEC 1
     ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 256, 96, 4, 1, 1, 1, 0>", "registers_spare"),  # legal with DEC 0
     ("matmul", "matmul.cu", "nf4_mm_wgr<0, 0, 256, 104, 4, 1, 1, 0, 0>", "registers_spare"),
     ("matmul", "matmul.cu", "nf4_mm_wgr<0, 2, 128, 24, 4, 1, 2, 0, 0>", "registers_spare"),
@@ -570,28 +572,44 @@ def test_cpp_wgr_rules_and_smem_agree_with_python(tmp_path):
     rng = random.Random(11)
     tuples = [(rng.choice([0, 0, 1, 2]), rng.choice([0, 0, 1, 2]), rng.choice([32, 64, 96, 128, 128, 192, 256, 320]),
                rng.choice([4, 16, 60, 64, 88, 88, 120, 128, 136, 176, 256, 264]), rng.choice([2, 3, 4, 4, 5, 6, 7]),
-               rng.choice([1, 1, 2, 3, 4, 8]), rng.choice([1, 1, 2, 3]), rng.choice([0, 0, 1, 1, 2]),
+               rng.choice([1, 1, 2, 3, 4, 8]), rng.choice([1, 1, 2, 3]), rng.choice([0, 0, 1, 1, 2, 3, 4]),
                rng.choice([0, 0, 1, 1, 2, 2, 3])) for _ in range(3000)]
     call = ", ".join(f"t[{i}]" for i in range(9))
     cpp = cpp_rules_and_smem(tmp_path, tuples, f"wgr_first_failure({call})",
-                             "wgr_smem_bytes(t[0], t[1], t[2], t[3], t[4], t[8])")
+                             "wgr_smem_bytes(t[0], t[1], t[2], t[3], t[4], t[7], t[8])")
     assert_rules_agree("wgr", mm.WGR_PARAMS, tuples, cpp, mm.wgr_smem_bytes)
 
 
 def test_the_register_table_decode_is_nf4_only_and_costs_eight_registers():
-    """DEC 1 (the f16 code table in registers) is refused for f16 and f32 weights by `dec_nf4`, and where DEC 0
-    leaves exactly the spare registers the rule asks for, DEC 1 is refused by `registers_spare` naming 56."""
+    """DEC 1 (the f16 code table in registers) and DEC 2, 3 (the pair table) are refused for f16 and f32 weights by
+    `dec_nf4`; where DEC 0 leaves exactly the spare registers the rule asks for, DEC 1 is refused by
+    `registers_spare` naming 56 and the pair tables, held in shared memory, are not."""
     for fmt in ("f16", "f32"):
         tpl = mm.CudaMatmul("wgr", fmt, "none", False)
-        why = tpl.why_illegal(tpl.config_of({**mm.DEFAULT_WGR, "DEC": 1}), SM90, (346, 1024, 1024))
-        assert why and why[0].startswith("dec_nf4:") and fmt in why[0], why
+        for dec in (1, 2, 3):
+            why = tpl.why_illegal(tpl.config_of({**mm.DEFAULT_WGR, "DEC": dec}), SM90, (346, 1024, 1024))
+            assert why and why[0].startswith("dec_nf4:") and fmt in why[0], why
     tpl = mm.CudaMatmul("wgr", "nf4", "none", False)
     tight = {"BF": 256, "BT": 96, "ST": 4, "KS": 1, "MB": 1, "SR": 0}  # 512 threads: 128 - 48 - 32 = 48 spare
-    assert tpl.why_illegal(tpl.config_of({**tight, "DEC": 0}), SM90, (346, 1024, 1024)) == []
+    for dec in (0, 2, 3):
+        assert tpl.why_illegal(tpl.config_of({**tight, "DEC": dec}), SM90, (346, 1024, 1024)) == []
     why = tpl.why_illegal(tpl.config_of({**tight, "DEC": 1}), SM90, (346, 1024, 1024))
     assert why and why[0].startswith("registers_spare:") and "< 56" in why[0], why
     seeds = legal(tpl.space("seed"))
-    assert {c["DEC"] for c in seeds} == {0, 1}  # both decodes race in a seed tune
+    assert {c["DEC"] for c in seeds} == {0, 1, 2, 3}  # every decode races in a seed tune
+
+
+def test_the_pair_tables_take_their_copies_in_shared_memory():
+    """DEC 2 and 3 add 256 f16 pairs in 8 and 32 copies (8 and 32 KB) to a block's shared memory, so a ring that
+    fits with DEC 1 can be refused by `smem_227k` with DEC 3, naming the bytes."""
+    tpl = mm.CudaMatmul("wgr", "nf4", "none", True)
+    cfg = {"BF": 64, "BT": 256, "ST": 6, "KS": 1, "MB": 1, "SR": 0}
+    sizes = {d: mm.wgr_smem_bytes(tpl.config_of({**cfg, "DEC": d}), "nf4", 1) for d in (0, 1, 2, 3)}
+    assert sizes[0] == sizes[1] and sizes[2] - sizes[1] == 8192 and sizes[3] - sizes[1] == 32768
+    for dec in (1, 2):
+        assert tpl.why_illegal(tpl.config_of({**cfg, "DEC": dec}), SM90, (346, 3072, 1024)) == []
+    why = tpl.why_illegal(tpl.config_of({**cfg, "DEC": 3}), SM90, (346, 3072, 1024))
+    assert why and "smem" in why[0] and str(sizes[3]) in why[0], why
 
 
 def test_the_heads_weight_loads_of_several_columns_share_one_block(tmp_path):

@@ -35,7 +35,8 @@ Problem: `matmul.problem.MatmulProblem` (y = epilogue(norm(x) @ W^T), W (N, K) n
   KS > 1 sums slices (SR 1: the last block of a tile does, through the `counters` scratch, with no reduction launch;
   SR 2: `nf4_mm_wgr_cluster`, the tile's KS blocks one cluster summing from each other's shared memory, with no
   partial sums in global memory either);
-  DEC 1 decodes nf4 through an f16 code table in registers (byte permutes, f16 scaling);
+  DEC 1 decodes nf4 through an f16 code table in registers (byte permutes, f16 scaling), DEC 2 and 3 through a table
+  of 256 f16 code pairs in shared memory (one load a stored byte; 8 or 32 copies against bank conflicts);
 - `rows` (`nf4_mm_rows<FMT, EPI, NORM, NT, RM, WK>`): WK warps per output column over RM rows, splitting its K
   words, f32 arithmetic, for few rows (a decision's last block, short extends).
 
@@ -486,7 +487,8 @@ class CudaMatmul(KernelTemplate):
             return f"rows nt{config['NT']} rm{config['RM']}" + (f" wk{config['WK']}" if config["WK"] > 1 else "")
         if self.kind == "wgr":
             return (f"wgr {config['BF']}x{config['BT']}x{WG_BK} st{config['ST']} ks{config['KS']} "
-                    f"mb{config['MB']}" + (" dec1" if config["DEC"] else "") + (" sr" if self.serial(config) else "")
+                    f"mb{config['MB']}" + (f" dec{config['DEC']}" if config["DEC"] else "")
+                    + (" sr" if self.serial(config) else "")
                     + (" cluster" if self.clustered(config) else ""))
         if self.kind in WGMMA_KINDS:
             return (f"{self.kind} {config['BM']}x{config['BN']}x{WG_BK} mt{config['MT']} st{config['ST']} "

@@ -15,6 +15,7 @@ from tilewise.kernels.matmul.cuda_space import (
     WARP,
     WG_COMPUTE_CAPABILITY,
     WG_SPARE,
+    WGR_DECODES,
     WGR_SPARE,
     WGR_TABLE_REGS,
     mma_held_registers,
@@ -224,14 +225,16 @@ def wgr_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
              lambda c, _: f"{sets} x BT / 2 = {sets * c.BT // 2} accumulators per thread > 128",
              doc="a warpgroup thread holds BT / 2 f32 accumulators per weight set"),
         wg["mb_1_2"],
-        Rule("dec_nf4", lambda c, _: c.DEC in (0, 1) and (c.DEC == 0 or fmt == "nf4"),
-             lambda c, _: (f"DEC = {c.DEC} is not 0 or 1" if c.DEC not in (0, 1) else
-                           f"DEC = 1 (the register code table) decodes nf4, not {fmt} weights"),
-             doc="0: f32 code table in shared memory, scaled in f32; 1: f16 code table in registers, scaled in f16"),
-        Rule("registers_spare", lambda c, _: wgr_spare_registers(c, sets) >= WGR_SPARE + WGR_TABLE_REGS * c.DEC,
+        Rule("dec_nf4", lambda c, _: c.DEC in (0, 1, 2, 3) and (c.DEC == 0 or fmt == "nf4"),
+             lambda c, _: (f"DEC = {c.DEC} is not 0..3" if c.DEC not in (0, 1, 2, 3) else
+                           f"DEC = {c.DEC} ({WGR_DECODES[c.DEC]}) decodes nf4, not {fmt} weights"),
+             doc="0: f32 code table in shared memory, scaled in f32; 1: f16 code table in registers; 2, 3: a table "
+                 "of 256 f16 code pairs in shared memory (8 or 32 copies); 1-3 scale in f16"),
+        Rule("registers_spare",
+             lambda c, _: wgr_spare_registers(c, sets) >= WGR_SPARE + WGR_TABLE_REGS * (c.DEC == 1),
              lambda c, _: f"the launch bound ({wgr_threads(c)} threads x {c.MB} blocks) leaves "
                           f"{wgr_spare_registers(c, sets)} registers beside the accumulators and the two fragment "
-                          f"sets, < {WGR_SPARE + WGR_TABLE_REGS * c.DEC}",
+                          f"sets, < {WGR_SPARE + WGR_TABLE_REGS * (c.DEC == 1)}",
              doc="addresses, the words being decoded and the code need about 48 registers (56 with DEC 1)"),
         wg["stages_3_6"], wg["ks_1_2_4_8"],
         Rule("sr_with_slices", lambda c, _: c.SR in (0, 1, 2) and (c.SR == 0 or c.KS > 1),

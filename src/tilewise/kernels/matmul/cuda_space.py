@@ -139,11 +139,15 @@ WS_SEED = [dict(zip(WS_PARAMS, v)) for v in (
 #: output features each, BT tokens (the wgmma n, a multiple of 8) per block, x copied by the TMA
 WGR_PARAMS = ("BF", "BT", "ST", "KS", "MB", "DEC", "SR")
 WGR_VALUES: dict[str, list[int]] = {"BF": [64, 128, 192, 256], "BT": list(range(16, 257, 8)), "ST": [3, 4, 5, 6],
-                                     "KS": [1, 2, 4, 8], "MB": [1, 2], "DEC": [0, 1], "SR": [0, 1, 2]}
+                                     "KS": [1, 2, 4, 8], "MB": [1, 2], "DEC": [0, 1, 2, 3], "SR": [0, 1, 2]}
 #: registers beside the accumulators and the two fragment sets (`WGR_SPARE` in matmul_wgr.cu); DEC 1's code table
 #: takes `WGR_TABLE_REGS` more
 WGR_SPARE = 48
 WGR_TABLE_REGS = 8
+#: nf4's decodes in wgr (DEC), and the copies of DEC 2 and 3's table of 256 f16 code pairs in shared memory
+WGR_DECODES = {0: "the f32 code table in shared memory", 1: "the f16 code table in registers",
+               2: "the pair table in 8 copies", 3: "the pair table in 32 copies"}
+WGR_PAIR_COPIES = {2: 8, 3: 32}
 DEFAULT_WGR = {"BF": 64, "BT": 64, "ST": 3, "KS": 1, "MB": 1, "DEC": 0, "SR": 0}  # legal in every variant
 # ordered by what won at 346 rows (`tune model --budget N` takes the first N): the winners of gate/up, down,
 # in_proj and qkv, out_proj, attn.out_proj, each with the register-table decode first (nf4 only: illegal in the
@@ -151,10 +155,12 @@ DEFAULT_WGR = {"BF": 64, "BT": 64, "ST": 3, "KS": 1, "MB": 1, "DEC": 0, "SR": 0}
 # scheduler one warp); then token tiles that pad the model's row counts little (346 rows: 4 x 88, 3 x 120, 2 x 176,
 # 5 x 72; a 299-row extend: 4 x 80, 3 x 104, 2 x 152). The split winners (KS > 1) come again with SR 2, their
 # slices summed inside a cluster of the tile's blocks instead of a reduction launch, right after them (SR 1, the
-# last block summing them through global memory, lost every race it ran; it stays in the space).
+# last block summing them through global memory, lost every race it ran; it stays in the space). The pair-table
+# decodes (DEC 3, 2) of the first three winners follow.
 _WGR_WINNERS = ((128, 120, 4, 1, 1), (64, 88, 6, 4, 2), (64, 176, 4, 1, 1), (64, 120, 4, 4, 1), (64, 152, 4, 2, 1))
 WGR_SEED = [dict(zip(WGR_PARAMS, v)) for v in (
     *((*w, dec, sr) for w in _WGR_WINNERS for dec in (1, 0) for sr in ((0, 2) if w[3] > 1 else (0,))),
+    *((*w, dec, 0) for w in _WGR_WINNERS[:3] for dec in (3, 2)),
     (64, 176, 4, 1, 2, 1, 0), (64, 120, 4, 2, 2, 1, 0), (64, 176, 4, 1, 2, 0, 0), (64, 120, 4, 2, 2, 0, 0),
     (128, 88, 4, 1, 1, 0, 0), (64, 88, 4, 2, 1, 0, 0), (128, 88, 4, 2, 1, 0, 0), (128, 72, 5, 1, 1, 0, 0),
     (128, 80, 4, 1, 1, 0, 0), (128, 104, 4, 1, 1, 0, 0), (128, 64, 6, 1, 1, 0, 0), (192, 88, 4, 1, 1, 0, 0),
@@ -262,11 +268,12 @@ def wgr_smem_bytes(c: Config, fmt: str, sets: int) -> int:
     """Dynamic shared memory of a wgr block, as `wgr_smem_bytes` in matmul_wgr.cu: ST stages of the x tile (BT rows
     of 128 bytes) and SETS x BF W rows as stored, each 16 bytes longer (nf4 with the rows' absmax), or the
     epilogue's (BT, BF + 4) f32 tile staged in their place where that is larger; the NF4 code, the stages' `full`
-    and `empty` mbarriers (128 bytes) and 1024 bytes to start on the swizzle's boundary. With SR 2 the tile holds
-    every weight set's sums at once (the cluster's blocks read them from each other)."""
+    and `empty` mbarriers (128 bytes), DEC 2 and 3's pair table and 1024 bytes to start on the swizzle's boundary.
+    With SR 2 the tile holds every weight set's sums at once (the cluster's blocks read them from each other)."""
     w = sets * c.BF * ({"nf4": 32, "f16": 128, "f32": 256}[fmt] + 16 + (4 if fmt == "nf4" else 0))
     tiles = sets if c.SR == 2 else 1
-    return max(c.ST * (c.BT * 128 + w), tiles * c.BT * (c.BF + 4) * 4) + 16 * 4 + 128 + 1024
+    pairs = 256 * 4 * WGR_PAIR_COPIES.get(c.DEC, 0)
+    return max(c.ST * (c.BT * 128 + w), tiles * c.BT * (c.BF + 4) * 4) + 16 * 4 + 128 + pairs + 1024
 
 
 def wgr_spare_registers(c: Config, sets: int) -> int:

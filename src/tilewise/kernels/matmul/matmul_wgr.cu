@@ -32,7 +32,12 @@
 // DEC picks nf4's decode: 0 looks each nibble up in an f32 code table in shared memory and scales in f32 (one
 // rounding to f16, as the other kinds); 1 looks four nibbles up at once in an f16 code table held in eight registers
 // (byte permutes, no shared-memory load) and scales pairs in f16 (the code, the absmax and the product each rounded
-// to f16: within the f16 tolerance, and fewer instructions on the decode's path).
+// to f16: within the f16 tolerance, and fewer instructions on the decode's path). 2 and 3 look each stored byte up
+// in a table of 256 f16 pairs in shared memory (both nibbles' codes in one load, as FLUTE's vectorized lookup does)
+// and scale the pair as DEC 1 does, so they give DEC 1's bits with half its instructions and shorter dependency
+// chains, for shared-memory loads instead. The table is held in 8 (DEC 2, 8 KB) or 32 (DEC 3, 32 KB) copies
+// interleaved word by word, a lane reading copy lane % copies: 32 copies put every lane in its own bank, 8 leave
+// conflicts only between lanes 8 apart whose bytes differ.
 // out_h, where not null (EPI 0 and 2): the epilogue's values are stored rounded to f16 into out_h (M, N) instead of
 // f32 into out / final_out, as nf4_mm_prep<0> would round them: the executor passes the next matmul's f16 rows when
 // that matmul is the only reader, and drops its prologue launch.
@@ -64,10 +69,12 @@ __host__ __device__ constexpr int wgr_lut_offset(int FMT, int EPI, int BF, int B
   return wgr_ring_bytes(FMT, EPI, BF, BT, ST) > wgr_tile_bytes(EPI, BF, BT, SR) ? wgr_ring_bytes(FMT, EPI, BF, BT, ST)
                                                                                 : wgr_tile_bytes(EPI, BF, BT, SR);
 }
+// DEC 2 and 3's table of f16 pairs: 256 entries in 8 or 32 copies
+__host__ __device__ constexpr int wgr_pair_copies(int DEC) { return DEC == 2 ? 8 : DEC == 3 ? 32 : 0; }
 // shared memory from a 1024-byte boundary (the swizzle's atom): the ring (or the epilogue's tiles), the NF4 code, ST
-// `full` and ST `empty` mbarriers (128 bytes), + 1024 bytes to find that boundary
-__host__ __device__ constexpr int wgr_smem_bytes(int FMT, int EPI, int BF, int BT, int ST, int SR) {
-  return wgr_lut_offset(FMT, EPI, BF, BT, ST, SR) + 16 * 4 + 128 + 1024;
+// `full` and ST `empty` mbarriers (128 bytes), DEC 2 and 3's pair table, + 1024 bytes to find that boundary
+__host__ __device__ constexpr int wgr_smem_bytes(int FMT, int EPI, int BF, int BT, int ST, int DEC, int SR) {
+  return wgr_lut_offset(FMT, EPI, BF, BT, ST, SR) + 16 * 4 + 128 + 256 * 4 * wgr_pair_copies(DEC) + 1024;
 }
 __host__ __device__ constexpr int wgr_register_cap(int BF, int MB) {
   return 65536 / (wgr_threads(BF) * MB) < 255 ? 65536 / (wgr_threads(BF) * MB) : 255;
@@ -94,12 +101,12 @@ __host__ __device__ constexpr int wgr_first_failure(int FMT, int EPI, int BF, in
   if (BT % 8 != 0 || BT < 8 || BT > 256) return 3;                                       // bt_8_256
   if (sets * BT > 256) return 4;                                                         // accumulators_128
   if (MB < 1 || MB > 2) return 5;                                                        // mb_1_2
-  if (DEC < 0 || DEC > 1 || (DEC == 1 && FMT != 0)) return 6;                            // dec_nf4
-  if (wgr_register_cap(BF, MB) - sets * BT / 2 - 32 * sets < WGR_SPARE + 8 * DEC) return 7;  // registers_spare
+  if (DEC < 0 || DEC > 3 || (DEC != 0 && FMT != 0)) return 6;                            // dec_nf4
+  if (wgr_register_cap(BF, MB) - sets * BT / 2 - 32 * sets < WGR_SPARE + 8 * (DEC == 1)) return 7;  // registers_spare
   if (ST < 3 || ST > 6) return 8;                                                        // stages_3_6
   if (KS != 1 && KS != 2 && KS != 4 && KS != 8) return 9;                                // ks_1_2_4_8
   if (SR < 0 || SR > 2 || (SR != 0 && KS == 1)) return 10;                               // sr_with_slices
-  if (wgr_smem_bytes(FMT, EPI, BF, BT, ST, SR) > PIPE_SMEM_MAX) return 11;               // smem_227k
+  if (wgr_smem_bytes(FMT, EPI, BF, BT, ST, DEC, SR) > PIPE_SMEM_MAX) return 11;          // smem_227k
   return 0;
 }
 
@@ -174,10 +181,11 @@ __device__ __forceinline__ void nf4_decode4(const Nf4Table &tb, unsigned q, unsi
 }
 
 // this thread's A fragments of one K step from its W stage: rows r and r + 8 of each weight set (r = the warp's
-// 16-row slice + lane / 4), the k16 steps' columns 2t, 2t + 1 (registers 0, 1) and 2t + 8, 2t + 9 (2, 3)
+// 16-row slice + lane / 4), the k16 steps' columns 2t, 2t + 1 (registers 0, 1) and 2t + 8, 2t + 9 (2, 3); pt is
+// this thread's copy of DEC 2 and 3's pair table (entry b at pt[b * copies])
 template <int FMT, int SETS, int BF, int DEC>
 __device__ __forceinline__ void wgr_fragments(unsigned (&a)[SETS][4][4], const unsigned char *ws, const float *lut,
-                                              const Nf4Table &tb, int r, int t) {
+                                              const Nf4Table &tb, const unsigned *pt, int r, int t) {
   constexpr int RS = wgr_row_stride(FMT);
 #pragma unroll
   for (int s = 0; s < SETS; ++s)
@@ -200,6 +208,11 @@ __device__ __forceinline__ void wgr_fragments(unsigned (&a)[SETS][4][4], const u
 #pragma unroll
             for (int i = 0; i < 4; ++i) a[s][(4 * c + i) / 2][2 * (i % 2) + h] = o[i];  // word 4c + i
           }
+        } else if constexpr (DEC >= 2) {  // byte t of each word: one load of its pair of codes, one f16x2 multiply
+          const unsigned sc2 = pack2(sc, sc), pick = 0x4440u | t;  // byte t, zero-extended
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+            a[s][i / 2][2 * (i % 2) + h] = mul_f16x2(pt[prmt(w[i], 0u, pick) * wgr_pair_copies(DEC)], sc2);
         } else {
 #pragma unroll
           for (int kk = 0; kk < 4; ++kk)
@@ -266,7 +279,7 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   static_assert(FAIL != 3, "bt_8_256: BT (tokens, the wgmma n) must be a multiple of 8 in 8..256");
   static_assert(FAIL != 4, "accumulators_128: SETS * BT / 2 accumulators per thread must be at most 128");
   static_assert(FAIL != 5, "mb_1_2: MB (blocks per SM in the launch bound) must be 1 or 2");
-  static_assert(FAIL != 6, "dec_nf4: DEC (the decode) must be 0, or 1 with nf4 weights");
+  static_assert(FAIL != 6, "dec_nf4: DEC (the decode) must be 0, or 1..3 with nf4 weights");
   static_assert(FAIL != 7, "registers_spare: the launch bound leaves too few registers beside the accumulators");
   static_assert(FAIL != 8, "stages_3_6: ST (ring stages) must be in 3..6");
   static_assert(FAIL != 9, "ks_1_2_4_8: KS (slices of K) must be 1, 2, 4 or 8");
@@ -287,6 +300,16 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   const int steps = K / KS / BK, k_begin = blockIdx.z * (K / KS);
   if (tid == 0) tma_prefetch_map(&xmap);
   if (tid < 16) lut[tid] = NF4_CODE[tid];  // read after the first barrier below
+  // DEC 2 and 3: entry b of the pair table's copy c (word b * copies + c) is byte b's two codes in f16, the high
+  // nibble's in the low half (the earlier k), as DEC 1 rounds them; read after the same barrier
+  unsigned *pairs = reinterpret_cast<unsigned *>(base + LOFF + 64 + 128);
+  if constexpr (DEC >= 2) {
+    for (int e = tid; e < 256 * wgr_pair_copies(DEC); e += NT) {
+      const int b = e / wgr_pair_copies(DEC);
+      pairs[e] = f16_bits(NF4_CODE[b >> 4]) | (unsigned)f16_bits(NF4_CODE[b & 15]) << 16;
+    }
+  }
+  const unsigned *pt = DEC >= 2 ? pairs + (lane & (wgr_pair_copies(DEC) - 1)) : nullptr;  // copies: 8 or 32
   const unsigned empties = bars + 64;  // stage s: `full` at bars + 8 s, `empty` at empties + 8 s
   if (tid == 0) {
 #pragma unroll
@@ -361,7 +384,7 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
     __syncthreads();  // step 0 landed for every thread
   }
   const Nf4Table tb = DEC == 1 ? nf4_table() : Nf4Table{};
-  wgr_fragments<FMT, SETS, BF, DEC>(a0, base + WOFF, lut, tb, r, t);
+  wgr_fragments<FMT, SETS, BF, DEC>(a0, base + WOFF, lut, tb, pt, r, t);
 
   // step kt multiplies with fragment set `cur` while set `nxt` receives step kt + 1
   auto step = [&](int kt, unsigned (&cur)[SETS][4][4], unsigned (&nxt)[SETS][4][4]) {
@@ -385,7 +408,8 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
       issue_w(kt + ST - 1);
       cp_async_commit();
     }
-    if (kt + 1 < steps) wgr_fragments<FMT, SETS, BF, DEC>(nxt, base + WOFF + ((kt + 1) % ST) * WBYTES, lut, tb, r, t);
+    if (kt + 1 < steps)
+      wgr_fragments<FMT, SETS, BF, DEC>(nxt, base + WOFF + ((kt + 1) % ST) * WBYTES, lut, tb, pt, r, t);
   };
   for (int kt = 0; kt < steps; kt += 2) {
     step(kt, a0, a1);
