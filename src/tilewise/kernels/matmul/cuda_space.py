@@ -155,17 +155,18 @@ DEFAULT_WGR = {"BF": 64, "BT": 64, "ST": 3, "KS": 1, "MB": 1, "DEC": 0, "SR": 0}
 # scheduler one warp); then token tiles that pad the model's row counts little (346 rows: 4 x 88, 3 x 120, 2 x 176,
 # 5 x 72; a 299-row extend: 4 x 80, 3 x 104, 2 x 152). The split winners (KS > 1) come again with SR 2, their
 # slices summed inside a cluster of the tile's blocks instead of a reduction launch, right after them (SR 1, the
-# last block summing them through global memory, lost every race it ran; it stays in the space). The pair-table
-# decodes (DEC 3, 2) of the first three winners follow.
+# last block summing them through global memory, lost every race it ran; it stays in the space). gate/up's winner
+# also comes with the pair table in 32 copies (DEC 3), which won that wide SwiGLU tile and lost on the narrower ones.
 _WGR_WINNERS = ((128, 120, 4, 1, 1), (64, 88, 6, 4, 2), (64, 176, 4, 1, 1), (64, 120, 4, 4, 1), (64, 152, 4, 2, 1))
 WGR_SEED = [dict(zip(WGR_PARAMS, v)) for v in (
-    *((*w, dec, sr) for w in _WGR_WINNERS for dec in (1, 0) for sr in ((0, 2) if w[3] > 1 else (0,))),
-    *((*w, dec, 0) for w in _WGR_WINNERS[:3] for dec in (3, 2)),
+    *((*w, dec, sr) for w in _WGR_WINNERS
+      for dec in ((1, 3, 0) if w == _WGR_WINNERS[0] else (1, 0)) for sr in ((0, 2) if w[3] > 1 else (0,))),
     (64, 176, 4, 1, 2, 1, 0), (64, 120, 4, 2, 2, 1, 0), (64, 176, 4, 1, 2, 0, 0), (64, 120, 4, 2, 2, 0, 0),
     (128, 88, 4, 1, 1, 0, 0), (64, 88, 4, 2, 1, 0, 0), (128, 88, 4, 2, 1, 0, 0), (128, 72, 5, 1, 1, 0, 0),
     (128, 80, 4, 1, 1, 0, 0), (128, 104, 4, 1, 1, 0, 0), (128, 64, 6, 1, 1, 0, 0), (192, 88, 4, 1, 1, 0, 0),
     (256, 56, 4, 1, 1, 0, 0), (128, 48, 4, 1, 2, 0, 0), (64, 64, 3, 1, 1, 0, 0),
     (128, 176, 4, 1, 1, 0, 0),  # swiglu: illegal on purpose (accumulators_128: 2 x 176 / 2)
+    (128, 120, 4, 1, 1, 2, 0),  # the pair table in 8 copies: slower than 32 on every shape so far
 )]
 
 
