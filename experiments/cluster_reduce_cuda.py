@@ -47,11 +47,6 @@ def twin_table(table: DispatchTable, param: str, values: tuple[int, ...], to: in
     return DispatchTable.from_json(doc), sorted(set(changed))
 
 
-def without_clusters(table: DispatchTable) -> tuple[DispatchTable, list[str]]:
-    """`table` with every SR 2 config (wgr, splitk) made SR 0, and the keys of the entries that changed."""
-    return twin_table(table, "SR", (2,), 0)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     race_args(ap, "lfm2-350m", 346, "table")
