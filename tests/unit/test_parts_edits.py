@@ -77,3 +77,42 @@ def test_the_twin_races_change_only_the_configs_they_name():
             for a, b in zip(old[k]["ranges"], new[k]["ranges"]):
                 if a != b:
                     assert a["config"][param] in values and b["config"] == {**a["config"], param: to}
+
+
+def test_the_graph_trace_reader_cuts_each_modes_replays_and_sums_kernels_and_gaps_per_op(tmp_path, capsys):
+    """experiments/graph_trace_cuda.py --parse on a synthetic cuda_gpu_trace CSV: a warm-up stretch, then per mode its
+    replays after a pause (memory copies among them, left out); per op the kernel time and the idle time before its
+    kernels are each decision's sums, their medians printed and written, and the span is first start to last end."""
+    import json
+    import types
+
+    trace = load("graph_trace_cuda")
+    modes = {"fold_norm on": ["a", "b", "b"], "fold_norm off": ["a", "p", "b", "b"]}
+    (tmp_path / "launches.json").write_text(json.dumps({"device": "GPU", "preset": "p", "seq": 9, "decisions": 3,
+                                                         "modes": modes}))
+    rows, t = [], 0.0
+
+    def kernel(dur_us: float, gap_us: float, name: str = "k") -> None:
+        nonlocal t
+        t += gap_us * 1e3
+        rows.append([f"{t:.0f}", f"{dur_us * 1e3:.0f}", name])
+        t += dur_us * 1e3
+
+    for _ in range(7):
+        kernel(5.0, 1.0)  # warm-up and the timed run: a stretch of another length
+    for durs in ([10.0, 4.0, 6.0], [10.0, 2.0, 3.0, 3.0]):  # each mode's kernels, in its plan's order
+        t += 60e6  # the pause
+        for d in range(3):
+            for i, dur in enumerate(durs):
+                kernel(dur + d, 2.0 if i else 50.0)
+            rows.append([f"{t:.0f}", "100", "[CUDA memcpy Device-to-Host]"])
+    csv_path = tmp_path / "trace.csv"
+    csv_path.write_text("Start (ns),Duration (ns),Name\n" + "".join(",".join(r) + "\n" for r in rows))
+    assert trace.parse(types.SimpleNamespace(out=str(tmp_path), parse=str(csv_path))) == 0
+    got = json.loads((tmp_path / "graph_trace.json").read_text())["result"]
+    on, off = got["fold_norm on"], got["fold_norm off"]
+    assert on["ops"]["b"] == {"launches": 2, "kernel_us": 12.0, "gap_us": 4.0}  # median decision: d = 1
+    assert on["ops"]["a"]["gap_us"] == 0.0 and off["ops"]["p"] == {"launches": 1, "kernel_us": 3.0, "gap_us": 2.0}
+    assert on["span_us"] == 11.0 + 5.0 + 7.0 + 2 * 2.0 and off["launches"] == 4
+    out = capsys.readouterr().out
+    assert "fold_norm on: span 27.0 us = kernels 23.0 + gaps 4.0 (3 launches)" in out
