@@ -8,6 +8,13 @@ Run it under the profiler, then read the trace's kernel rows:
     nsys stats --report cuda_gpu_trace --format csv --output OUT/trace OUT/trace.nsys-rep
     python3 experiments/graph_trace_cuda.py --parse OUT/trace_cuda_gpu_trace.csv --out OUT
 
+Without Nsight Systems, `--torch-trace` records the same run through PyTorch's profiler (CUPTI, which sees CuPy's
+kernels in the same CUDA context, graph nodes one by one) and writes its kernel rows as `trace.csv` in the columns
+`--parse` reads:
+
+    python3 experiments/graph_trace_cuda.py --out OUT --torch-trace
+    python3 experiments/graph_trace_cuda.py --parse OUT/trace.csv --out OUT
+
 The first run replays each mode's decisions after its warm-up, the modes one after the other with a pause around
 each stretch, and writes `launches.json` (each mode's op label per launch, in plan order). `--parse` cuts the trace's
 kernel rows at the pauses, takes the stretches of exactly `decisions` x launches kernels as the modes' replays (in
@@ -45,6 +52,12 @@ def record(args: argparse.Namespace) -> int:
     table = load_table(args.table) if args.table else None
     _, full = prompts(ck.config.vocab_size, args.seq, 40, PREFIX_TOKENS, seed=3)
     modes: dict[str, list[str]] = {}
+    prof = None
+    if args.torch_trace:
+        import torch
+
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+        prof.__enter__()
     for on in (True, False):
         ex = CUDAExecutor(ck, device=dev, dispatch=table, quiet=True)
         setattr(ex, args.setting, on)
@@ -62,6 +75,16 @@ def record(args: argparse.Namespace) -> int:
     doc = {"device": dev.info.name, "preset": args.preset, "seq": args.seq, "decisions": args.decisions,
            "modes": modes}
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        chrome = Path(args.out) / "trace.json"
+        prof.export_chrome_trace(str(chrome))
+        kernels = [e for e in json.loads(chrome.read_text())["traceEvents"] if e.get("cat") == "kernel"]
+        with (Path(args.out) / "trace.csv").open("w", newline="") as f:  # ts and dur are microseconds
+            w = csv.writer(f)
+            w.writerow(["Start (ns)", "Duration (ns)", "Name"])
+            w.writerows([round(float(e["ts"]) * 1e3), round(float(e["dur"]) * 1e3), e["name"]] for e in kernels)
+        chrome.unlink()
     (Path(args.out) / "launches.json").write_text(json.dumps(doc, indent=1))
     print(f"{dev.info.name}: {', '.join(f'{m}: {len(v)} launches' for m, v in modes.items())}")
     return 0
@@ -155,6 +178,8 @@ def main() -> int:
     ap.add_argument("--decisions", type=int, default=20, help="graph replays a mode")
     ap.add_argument("--table", help="dispatch table JSON (default: the device's, as `tilewise.load` finds it)")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--torch-trace", action="store_true",
+                    help="record the kernels through PyTorch's profiler into OUT/trace.csv (no Nsight Systems)")
     args = ap.parse_args()
     return parse(args) if args.parse else record(args)
 
