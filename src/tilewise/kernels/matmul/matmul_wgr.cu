@@ -440,30 +440,13 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   // ss_in (KS 1): x came as f16 (h * g), unnormed (the norm fold, matmul_reduce.cu); each token's 1 / rms(h) from
   // its sums of squares per 64 columns, added in order, goes into the padding column BF of its tile row (the
   // fragments below fill columns 0..BF-1 only), and every output of the token is multiplied by it before the
-  // epilogue. The sums are read four at a time, a row's loads all in flight before the first add (added in the same
-  // order): read one at a time, each add waiting for its load, they cost the epilogue a memory round trip per 64
-  // columns.
+  // epilogue
   const bool scaled = KS == 1 && ss_in != nullptr;
   if (scaled) {
     for (int i = tid; i < BT; i += NT) {
       float ss = 0.0f;
-      if (t0 + i < M) {
-        const float *row = ss_in + (size_t)(t0 + i) * (K / 64);
-        if ((K / 64) % 4 == 0) {  // 16-byte rows (the buffer is 16-byte aligned)
-          constexpr int AHEAD = 8;  // loads in flight: K up to 2048 in one batch
-          for (int j0 = 0; j0 < K / 64; j0 += 4 * AHEAD) {
-            float4 v[AHEAD];
-#pragma unroll
-            for (int a = 0; a < AHEAD; ++a)
-              v[a] = j0 + 4 * a < K / 64 ? reinterpret_cast<const float4 *>(row + j0)[a] : f4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-            for (int a = 0; a < AHEAD; ++a)
-              if (j0 + 4 * a < K / 64) ss = (((ss + v[a].x) + v[a].y) + v[a].z) + v[a].w;
-          }
-        } else {
-          for (int j = 0; j < K / 64; ++j) ss += row[j];
-        }
-      }
+      if (t0 + i < M)
+        for (int j = 0; j < K / 64; ++j) ss += ss_in[(size_t)(t0 + i) * (K / 64) + j];
       tile[i * TS + BF] = rsqrtf(ss / (float)K + eps);
     }
     __syncthreads();
