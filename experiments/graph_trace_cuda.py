@@ -151,14 +151,16 @@ def parse(args: argparse.Namespace) -> int:
                                 for lb, d in per.items()}}
     names = list(result)
     print(f"{doc['device']}: {doc['preset']}, {doc['seq']} rows, {decisions} replays a mode; medians in us")
-    print(f"{'op':<20}" + "".join(f"{m + ' kernel':>18}{'gap':>8}{'n':>4}" for m in names))
+    width = max(len(m) for m in names) + 9
+    print(f"{'op':<20}" + "".join(f"{m + ' kernel':>{width}}{'gap':>8}{'n':>4}" for m in names))
     labels = sorted(set().union(*(r["ops"] for r in result.values())),
                     key=lambda lb: -result[names[-1]]["ops"].get(lb, {"kernel_us": 0.0})["kernel_us"])
     for lb in labels:
         cells = []
         for m in names:
             o = result[m]["ops"].get(lb)
-            cells.append(f"{o['kernel_us']:>18.1f}{o['gap_us']:>8.1f}{o['launches']:>4}" if o else f"{'-':>30}")
+            cells.append(f"{o['kernel_us']:>{width}.1f}{o['gap_us']:>8.1f}{o['launches']:>4}" if o
+                         else f"{'-':>{width + 12}}")
         print(f"{lb:<20}" + "".join(cells))
     for m in names:
         ops = result[m]["ops"].values()
