@@ -25,6 +25,7 @@ kernel's end), each a median over the decisions, and the decisions' spans; `grap
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import statistics
@@ -52,31 +53,31 @@ def record(args: argparse.Namespace) -> int:
     table = load_table(args.table) if args.table else None
     _, full = prompts(ck.config.vocab_size, args.seq, 40, PREFIX_TOKENS, seed=3)
     modes: dict[str, list[str]] = {}
-    prof = None
     if args.torch_trace:
         import torch
 
-        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
-        prof.__enter__()
-    for on in (True, False):
-        ex = CUDAExecutor(ck, device=dev, dispatch=table, quiet=True)
-        setattr(ex, args.setting, on)
-        ex.forward(full[0], 0, None, True, timed=True)  # the plan's launches in order, by op label
-        labels = [label for label, _ in ex.last_op_times]
-        for i in range(5):  # the graph captured, clocks up
-            ex.forward(full[i], 0, None, True)
-        dev.synchronize()
-        time.sleep(PAUSE_S)
-        for i in range(args.decisions):
-            ex.forward(full[i % len(full)], 0, None, True)
-        dev.synchronize()
-        time.sleep(PAUSE_S)
-        modes[f"{args.setting} {'on' if on else 'off'}"] = labels
+        tracing: Any = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+    else:
+        tracing = contextlib.nullcontext()
+    with tracing as prof:
+        for on in (True, False):
+            ex = CUDAExecutor(ck, device=dev, dispatch=table, quiet=True)
+            setattr(ex, args.setting, on)
+            ex.forward(full[0], 0, None, True, timed=True)  # the plan's launches in order, by op label
+            labels = [label for label, _ in ex.last_op_times]
+            for i in range(5):  # the graph captured, clocks up
+                ex.forward(full[i], 0, None, True)
+            dev.synchronize()
+            time.sleep(PAUSE_S)
+            for i in range(args.decisions):
+                ex.forward(full[i % len(full)], 0, None, True)
+            dev.synchronize()
+            time.sleep(PAUSE_S)
+            modes[f"{args.setting} {'on' if on else 'off'}"] = labels
     doc = {"device": dev.info.name, "preset": args.preset, "seq": args.seq, "decisions": args.decisions,
            "modes": modes}
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    if prof is not None:
-        prof.__exit__(None, None, None)
+    if args.torch_trace:
         chrome = Path(args.out) / "trace.json"
         prof.export_chrome_trace(str(chrome))
         kernels = [e for e in json.loads(chrome.read_text())["traceEvents"] if e.get("cat") == "kernel"]
