@@ -20,6 +20,9 @@ They compute wrong values on purpose, so they are timed, never verified or store
     dec0        the same config with the shared-memory table decode (DEC 0)
     dec2, dec3  the same config with the shared-memory pair table (DEC 2: 8 copies, DEC 3: 32 copies)
     f16-w       the same config with f16 weights (no decode; four times the bytes staged)
+    scaled      the norm fold's consumer (KS 1): the same kernel given each token's sums of squares (`ss_in`), so
+                its epilogue scales every output by 1 / rms, as the executor launches it with `fold_norm` on
+    scaled-raw  scaled, with x's rows also 3-30x larger, as the fold's unnormed rows h * g come
 
 With `--profile` it instead runs each variant's main launch once inside the profiler's range, for Nsight Compute:
 
@@ -37,11 +40,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 import tilewise.kernels.matmul.cuda as mc  # noqa: E402
 from tilewise.devices import get_device  # noqa: E402
+from tilewise.devices.base import Launch  # noqa: E402
 from tilewise.model.tune import model_config, model_matmuls  # noqa: E402
 from tilewise.tune.engine import Engine, Item  # noqa: E402
 from tilewise.tune.measure import measure  # noqa: E402
@@ -112,16 +118,37 @@ def variants(epilogue: str, norm: bool, eps: float, cfg: dict[str, Any]) -> dict
     out.update({p: (Edited(base, p), cfg) for p in EDITS})
     out.update({f"dec{d}": (base, {**cfg, "DEC": d}) for d in (0, 1, 2, 3) if d != cfg["DEC"]})
     out["f16-w"] = (mc.CudaMatmul("wgr", "f16", epilogue, norm, eps), {**cfg, "DEC": 0})
+    if cfg["KS"] == 1:  # the fold's consumer sums in its own launch
+        out.update({v: (base, cfg) for v in SCALED})
     return out
 
 
-def main_launches(eng: Engine, dev: Any, tpl: mc.CudaMatmul, cfg: Any, shape: tuple[int, int, int]) -> list:
-    """The main launch of one run, after its prep launch has filled xh once (x random, never zeros)."""
+#: the norm fold's consumer: variant -> whether x's rows are also made as large as unnormed residual rows
+SCALED = {"scaled": False, "scaled-raw": True}
+
+
+def main_launches(eng: Engine, dev: Any, tpl: mc.CudaMatmul, cfg: Any, shape: tuple[int, int, int],
+                  variant: str = "") -> list:
+    """The main launch of one run, after its prep launch has filled xh once (x random, never zeros). The `SCALED`
+    variants' launch also reads random sums of squares (M, K / 64), as the fold's producer would have written them."""
     launches = eng.launches(Item(tpl, cfg, shape))
     prog = eng.program(Item(tpl, cfg, shape))
-    dev.run([ln for ln in launches if ln.program is not prog])
+    before = [ln for ln in launches if ln.program is not prog]
+    dev.run(before)
     dev.synchronize()
-    return [ln for ln in launches if ln.program is prog]
+    main = [ln for ln in launches if ln.program is prog]
+    if variant in SCALED:
+        m, _, k = shape
+        rng = np.random.default_rng(1)
+        if SCALED[variant]:  # the prep's f16 rows (its buffer 4, xh) times 10^U(0.5, 1.5) per row
+            xh = before[0].buffers[4]
+            rows = dev.download(xh, np.float16, (m, k)).astype(np.float32) * 10.0 ** rng.uniform(0.5, 1.5, (m, 1))
+            dev.write(xh, rows.astype(np.float16))
+        ss = dev.upload((rng.uniform(0.5, 2.0, (m, k // 64)) * 64).astype(np.float32))  # (M, K / 64)
+        at = mc.WGR_ARGS
+        main = [Launch(ln.program, ln.grid, [*ln.buffers[:at["ss_in"]], ss, np.float32(1e-5),
+                                             *ln.buffers[at["eps"] + 1:]]) for ln in main]
+    return main
 
 
 def main() -> int:
@@ -148,7 +175,8 @@ def main() -> int:
     configs = {nm: tpl.config_of(c) for nm, (tpl, c) in vs.items()}
     illegal = {nm: why for nm, (tpl, _) in vs.items()
                if (why := tpl.why_illegal(configs[nm], dev.info.limits, shape))}
-    runs = {nm: main_launches(eng, dev, tpl, configs[nm], shape) for nm, (tpl, _) in vs.items() if nm not in illegal}
+    runs = {nm: main_launches(eng, dev, tpl, configs[nm], shape, nm) for nm, (tpl, _) in vs.items()
+            if nm not in illegal}
     print(f"{dev.info.name}: {args.label} {shape} {epilogue}{' norm' if norm else ''}, wgr {pick}", flush=True)
     for nm, why in illegal.items():
         print(f"  {nm:<10} illegal: {why}")

@@ -116,3 +116,61 @@ def test_the_graph_trace_reader_cuts_each_modes_replays_and_sums_kernels_and_gap
     assert on["span_us"] == 11.0 + 5.0 + 7.0 + 2 * 2.0 and off["launches"] == 4
     out = capsys.readouterr().out
     assert "fold_norm on: span 27.0 us = kernels 23.0 + gaps 4.0 (3 launches)" in out
+
+
+def test_the_fold_consumer_variants_give_the_main_launch_sums_of_squares(wgr_parts):
+    """wgr_parts_cuda's `scaled` variants: the main launch gets a (M, K / 64) buffer of positive sums at `ss_in` and
+    an eps, every other argument as the engine made it; `scaled-raw` also makes the prep's f16 rows 3-30x larger, row
+    by row; `full` is left alone. Only KS 1 configs offer them (the consumer sums in its own launch)."""
+    import types
+
+    import numpy as np
+
+    import tilewise.kernels.matmul.cuda as mc
+    from tilewise.devices.base import Launch
+
+    m, n, k = 6, 64, 256
+    prep_prog, main_prog = types.SimpleNamespace(meta={}), types.SimpleNamespace(meta={})
+    rows = np.random.default_rng(0).standard_normal((m, k)).astype(np.float16)
+    store = {"xh": rows.copy()}
+
+    class Dev:
+        def run(self, launches):
+            assert all(ln.program is prep_prog for ln in launches)
+
+        def synchronize(self):
+            pass
+
+        def download(self, buf, dtype, shape):
+            return store[buf].astype(dtype).reshape(shape)
+
+        def write(self, buf, arr):
+            store[buf] = arr
+
+        def upload(self, arr):
+            store["ss"] = arr
+            return "ss"
+
+    class Eng:
+        def launches(self, item):
+            return [Launch(prep_prog, (1, 1, 1), ["x", 0, "g", 1e-5, "xh", k]),
+                    Launch(main_prog, (1, 1, 1), [f"arg{i}" for i in range(17)])]
+
+        def program(self, item):
+            return main_prog
+
+    tpl = mc.CudaMatmul("wgr", "nf4", "swiglu", True)
+    full = wgr_parts.main_launches(Eng(), Dev(), tpl, None, (m, n, k), "full")
+    assert full[0].buffers == [f"arg{i}" for i in range(17)]
+    (main,) = wgr_parts.main_launches(Eng(), Dev(), tpl, None, (m, n, k), "scaled")
+    at = mc.WGR_ARGS
+    assert main.buffers[at["ss_in"]] == "ss" and main.buffers[at["eps"]] == np.float32(1e-5)
+    assert [b for i, b in enumerate(main.buffers) if i not in (at["ss_in"], at["eps"])] == \
+        [f"arg{i}" for i in range(17) if i not in (at["ss_in"], at["eps"])]
+    assert store["ss"].shape == (m, k // 64) and (store["ss"] > 0).all() and np.array_equal(store["xh"], rows)
+    wgr_parts.main_launches(Eng(), Dev(), tpl, None, (m, n, k), "scaled-raw")
+    ratio = store["xh"].astype(np.float32) / rows.astype(np.float32)
+    per_row = np.nanmedian(ratio, axis=1)
+    assert ((per_row > 3.0) & (per_row < 32.0)).all() and len(np.unique(per_row.round(2))) == m
+    assert set(wgr_parts.SCALED) <= set(wgr_parts.variants("swiglu", True, 1e-5, wgr_parts.PICK))
+    assert not set(wgr_parts.SCALED) & set(wgr_parts.variants("residual", False, 1e-5, {**wgr_parts.PICK, "KS": 4}))
