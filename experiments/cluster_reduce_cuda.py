@@ -23,12 +23,11 @@ import argparse
 import json
 
 from tilewise.devices import get_device
-from tilewise.model.bench import PREFIX_TOKENS, op_columns, prompts, race_args, race_executors, race_lines, write_race
+from tilewise.model.bench import PREFIX_TOKENS, prompts, race_args, race_lines, race_pair, verdict_text, write_race
 from tilewise.model.cuda import CUDAExecutor
 from tilewise.model.runtime import open_checkpoint
 from tilewise.model.tune import model_config
 from tilewise.tune.dispatch import DispatchTable, load_table
-from tilewise.tune.measure import compare, summarize
 
 #: per twin: the parameter, the values the twin replaces, the value it puts in their place, the two sides' names
 TWINS = {"sr": ("SR", (2,), 0, ("cluster", "reduction")), "dec": ("DEC", (2, 3), 1, ("pairs", "registers"))}
@@ -70,20 +69,18 @@ def main() -> int:
         # changing that side's launches and rounding: the twin's parameter alone here
         ex.fold_norm = False
     _, full = prompts(cfg.vocab_size, args.seq, 40, PREFIX_TOKENS, seed=3)
-    samples, diff = race_executors(executors, full, args.rounds, args.per_round)
-    stats = {m: summarize(v) for m, v in samples.items()}
-    verdict = compare(stats[twin_name], stats[tuned_name], (f"{param} {to} twin", f"table as tuned ({picked})"))
-    ops, lines = op_columns(executors, full[0])
+    r = race_pair(executors, full, args.rounds, args.per_round, twin_name, tuned_name,
+                  (f"{param} {to} twin", f"table as tuned ({picked})"))
     print(f"{dev.info.name} [{dev.info.fingerprint}]: {args.preset}, {args.seq} rows; {picked} in: "
           f"{', '.join(changed)}")
-    print("\n".join(lines))
-    print("\n".join(race_lines(samples)))
-    note = f"; {verdict.note}" if verdict.note else ""
-    print(f"{tuned_name} over {twin_name}: {verdict.verdict} ({verdict.ratio:.3f}x{note}); max |score difference| "
-          f"{diff:.2e}" + ("" if diff == 0.0 else "  <-- NOT bit-identical"))
+    print("\n".join(r.op_lines))
+    print("\n".join(race_lines(r.samples)))
+    print(f"{tuned_name} over {twin_name}: {verdict_text(r.verdict)}; max |score difference| {r.diff:.2e}"
+          + ("" if r.diff == 0.0 else "  <-- NOT bit-identical"))
     write_race(args.out, "cluster_reduce.json" if args.twin == "sr" else "decode_race.json",
-               "experiments/cluster_reduce_cuda.py", dev, args.preset, args.seq, samples, stats, changed=changed,
-               ops=ops, max_abs_score_diff=diff, verdict=verdict.verdict, speedup=verdict.ratio, note=verdict.note)
+               "experiments/cluster_reduce_cuda.py", dev, args.preset, args.seq, r.samples, r.stats, changed=changed,
+               ops=r.ops, max_abs_score_diff=r.diff, verdict=r.verdict.verdict, speedup=r.verdict.ratio,
+               note=r.verdict.note)
     return 0
 
 

@@ -18,11 +18,10 @@ import argparse
 import numpy as np
 
 from tilewise.devices import get_device
-from tilewise.model.bench import PREFIX_TOKENS, op_columns, prompts, race_args, race_executors, race_lines, write_race
+from tilewise.model.bench import PREFIX_TOKENS, prompts, race_args, race_lines, race_pair, verdict_text, write_race
 from tilewise.model.cuda import CUDAExecutor
 from tilewise.model.runtime import open_checkpoint
 from tilewise.tune.dispatch import load_table
-from tilewise.tune.measure import compare, summarize
 
 MODES = ("fold", "plain")
 
@@ -40,20 +39,17 @@ def main() -> int:
     for m, ex in executors.items():
         ex.fold_norm = m == "fold"
     _, full = prompts(ck.config.vocab_size, args.seq, 40, PREFIX_TOKENS, seed=3)
-    samples, diff = race_executors(executors, full, args.rounds, args.per_round)
+    r = race_pair(executors, full, args.rounds, args.per_round, "plain", "fold", ("fold off", "fold on"))
     scale = max(float(np.abs(executors["plain"].forward(ids, 0, None, True)[1].scores).max()) for ids in full[:8])
-    stats = {m: summarize(v) for m, v in samples.items()}
-    verdict = compare(stats["plain"], stats["fold"], ("fold off", "fold on"))
-    ops, lines = op_columns(executors, full[0])
     print(f"{dev.info.name} [{dev.info.fingerprint}]: {args.preset}, {args.seq} rows; "
           f"other settings: {executors['fold'].measured_settings or 'none raced'}")
-    print("\n".join(lines))
-    print("\n".join(race_lines(samples)))
-    note = f"; {verdict.note}" if verdict.note else ""
-    print(f"fold over plain: {verdict.verdict} ({verdict.ratio:.3f}x{note}); max |score difference| {diff:.2e} "
-          f"({diff / max(scale, 1.0):.1e} of the largest score)")
-    write_race(args.out, "fold_norm.json", "experiments/fold_norm_cuda.py", dev, args.preset, args.seq, samples, stats,
-               ops=ops, max_abs_score_diff=diff, verdict=verdict.verdict, speedup=verdict.ratio, note=verdict.note)
+    print("\n".join(r.op_lines))
+    print("\n".join(race_lines(r.samples)))
+    print(f"fold over plain: {verdict_text(r.verdict)}; max |score difference| {r.diff:.2e} "
+          f"({r.diff / max(scale, 1.0):.1e} of the largest score)")
+    write_race(args.out, "fold_norm.json", "experiments/fold_norm_cuda.py", dev, args.preset, args.seq, r.samples,
+               r.stats, ops=r.ops, max_abs_score_diff=r.diff, verdict=r.verdict.verdict, speedup=r.verdict.ratio,
+               note=r.verdict.note)
     return 0
 
 

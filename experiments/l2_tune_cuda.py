@@ -27,11 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from tilewise.devices import get_device
-from tilewise.model.bench import PREFIX_TOKENS, op_columns, percentiles, prompts, race_args, race_executors
+from tilewise.model.bench import PREFIX_TOKENS, percentiles, prompts, race_args, race_pair, verdict_text
 from tilewise.model.cuda import CUDAExecutor
 from tilewise.model.runtime import open_checkpoint
 from tilewise.model.tune import model_config, tune_model
-from tilewise.tune.measure import compare, summarize
 
 MODES = ("cold", "warm")  # L2 evicted before each sample (the tuner's default), or kept
 
@@ -75,10 +74,9 @@ def main() -> int:
         tune_s[mode] = time.perf_counter() - t0
     executors = {mode: CUDAExecutor(ck, device=dev, dispatch=tables[mode], quiet=True) for mode in MODES}
     _, full = prompts(cfg.vocab_size, args.seq, 40, PREFIX_TOKENS, seed=3)
-    samples, diff = race_executors(executors, full, args.rounds, args.per_round)
-    stats = {m: summarize(v) for m, v in samples.items()}
-    verdict = compare(stats["cold"], stats["warm"], ("table tuned with L2 evicted", "table tuned with L2 kept"))
-    ops, op_lines = op_columns(executors, full[0])
+    r = race_pair(executors, full, args.rounds, args.per_round, "cold", "warm",
+                  ("table tuned with L2 evicted", "table tuned with L2 kept"))
+    samples, stats, verdict, diff, ops, op_lines = r
     rows = picks(tables, args.seq)
     print(f"{dev.info.name} [{dev.info.fingerprint}]: {args.preset}, {args.seq} rows, budget {args.budget}; tunes "
           + ", ".join(f"{m} {s:.1f} s" for m, s in tune_s.items()))
@@ -94,8 +92,7 @@ def main() -> int:
         p = percentiles(samples[m])
         print(f"decision on the {m} table: p50 {p['p50']:.4f} ms, p90 {p['p90']:.4f}, p99 {p['p99']:.4f} "
               f"({p['n']} decisions)")
-    note = f"; {verdict.note}" if verdict.note else ""
-    print(f"warm over cold: {verdict.verdict} ({verdict.ratio:.3f}x{note}); max |score difference| {diff:.2e}")
+    print(f"warm over cold: {verdict_text(verdict)}; max |score difference| {diff:.2e}")
     argv = [("OUT_DIR" if a == str(out) else a) for a in sys.argv[1:]]
     doc = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
            "command": "python3 experiments/l2_tune_cuda.py " + " ".join(argv), "device": dev.info.as_dict(),

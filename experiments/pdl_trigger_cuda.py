@@ -27,7 +27,15 @@ import tilewise.kernels.matmul.cuda as matmul_cuda
 import tilewise.kernels.rowops.cuda as rowops_cuda
 import tilewise.kernels.shortconv.cuda as shortconv_cuda
 from tilewise.devices import get_device
-from tilewise.model.bench import PREFIX_TOKENS, prompts, race_args, race_executors, race_lines, write_race
+from tilewise.model.bench import (
+    PREFIX_TOKENS,
+    prompts,
+    race_args,
+    race_executors,
+    race_lines,
+    verdict_text,
+    write_race,
+)
 from tilewise.model.cuda import CUDAExecutor
 from tilewise.model.runtime import open_checkpoint
 from tilewise.tune.measure import compare, summarize
@@ -82,7 +90,7 @@ def main() -> int:
     verdicts = {f"{a} over {b}": compare(stats[b], stats[a], (b, a)) for a, b in
                 (("start", "off"), ("exit", "off"), ("exit", "start"))}
     for name, v in verdicts.items():
-        print(f"{name}: {v.verdict} ({v.ratio:.3f}x{'; ' + v.note if v.note else ''})")
+        print(f"{name}: {verdict_text(v)}")
     print(f"max |score difference| {diff:.2e}" + ("" if diff == 0.0 else "  <-- NOT bit-identical"))
     write_race(args.out, "pdl_trigger.json", "experiments/pdl_trigger_cuda.py", dev, args.preset, args.seq, samples,
                stats, max_abs_score_diff=diff,

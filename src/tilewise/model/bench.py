@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -126,6 +126,32 @@ def race_executors(executors: dict[str, Any], full: list[np.ndarray], rounds: in
 
     return (race_modes(decide, lambda m: current.update(ex=executors[m]), list(executors), rounds, per_round,
                        warmup_s), diff)
+
+
+class PairRace(NamedTuple):
+    """A race of two settings' executors (`race_pair`)."""
+
+    samples: dict[str, list[float]]  # ms per decision, per mode
+    stats: dict[str, Stats]
+    verdict: Any  # tune.measure.Comparison: the new mode against the base
+    diff: float  # the largest |score difference| (`race_executors`)
+    ops: dict[str, dict[str, Any]]  # `op_columns`
+    op_lines: list[str]
+
+
+def race_pair(executors: dict[str, Any], full: list[np.ndarray], rounds: int, per_round: int, base: str, new: str,
+              labels: tuple[str, str]) -> PairRace:
+    """`race_executors`, each mode's stats, `new` compared with `base` (`labels` name them in the comparison's
+    notes), and every executor's GPU time per op on the first prompt (`op_columns`)."""
+    samples, diff = race_executors(executors, full, rounds, per_round)
+    stats = {m: summarize(v) for m, v in samples.items()}
+    ops, op_lines = op_columns(executors, full[0])
+    return PairRace(samples, stats, compare(stats[base], stats[new], labels), diff, ops, op_lines)
+
+
+def verdict_text(verdict: Any) -> str:
+    """A comparison as the race scripts print it: `faster (1.063x)`, with its note after a semicolon."""
+    return f"{verdict.verdict} ({verdict.ratio:.3f}x{'; ' + verdict.note if verdict.note else ''})"
 
 
 def prompts(vocab: int, seq: int, count: int, prefix: int, seed: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:
