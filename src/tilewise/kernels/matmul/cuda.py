@@ -180,7 +180,7 @@ def matmul_source() -> str:
 
 #: positions of the arguments other code sets in a launch of nf4_mm_wgr / nf4_mm_wgr_cluster (matmul_wgr.cu) and of
 #: the split-K kernels (matmul_mma.cu): the f16 output (`offers_f16_out`) and the norm fold (`cuda_fuse.fold_norm`)
-WGR_ARGS = {"m": 6, "n": 7, "final_out": 10, "out_h": 12, "ss_in": 13, "eps": 14, "fold_g": 15, "ss_out": 16}
+WGR_ARGS = {"m": 6, "n": 7, "k": 8, "final_out": 10, "out_h": 12, "ss_in": 13, "eps": 14, "fold_g": 15, "ss_out": 16}
 SPLITK_ARGS = {"m": 9, "n": 10, "final_out": 12, "out_h": 14, "fold_g": 15, "ss_out": 16}
 
 

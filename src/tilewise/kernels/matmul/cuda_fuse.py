@@ -96,7 +96,7 @@ def fold_norm(prev: Launch, prep: Launch, main: Launch, ss: Any) -> tuple[Launch
     p, m = list(prev.buffers), list(main.buffers)
     n = int(p[at["n"]])
     if (int(x_row0) != 0 or p[0] is xh or p[at["final_out"]] is not x or p[at["out_h"]] is not NULL
-            or int(p[at["m"]]) != prep.grid[0] or n != int(k) or n % 64 or m[0] is not xh or int(m[8]) != n
+            or int(p[at["m"]]) != prep.grid[0] or n != int(k) or n % 64 or m[0] is not xh or int(m[WGR_ARGS["k"]]) != n
             or ss.nbytes < 4 * int(p[at["m"]]) * (n // 64)):
         return None
     p[at["out_h"]], p[at["fold_g"]], p[at["ss_out"]] = xh, norm_w, ss
