@@ -9,6 +9,11 @@ measurement, and the table prints each median, TFLOP/s and the ratio (`tilewise.
 when the 95% intervals overlap, `noisy` when a sample scatters). Writes `matmul_cuda.json` (date, device, command,
 every row) into `--out`.
 
+Every kind but `mma`/`splitk`/`pipe` takes x as f16 rows that its `nf4_mm_prep` launch makes (normed first where the
+matmul has the fused norm); cuBLAS is given f16 x. So each shape is raced twice: whole runs (prep + kernel + any
+reduction: `tilewise ms`), and on f16 x as cuBLAS gets it (the prep run once before, untimed: `on f16 x`), which is
+what the kernel costs where the executor hands it f16 rows written by the previous matmul's epilogue.
+
     PYTHONPATH=src python3 bench/matmul_cuda.py --out OUT_DIR [--preset lfm2-350m] [--rows 346] [--sample 16]
 """
 
@@ -29,7 +34,28 @@ from tilewise.devices import get_device  # noqa: E402
 from tilewise.kernels.matmul.cuda import KINDS, CudaMatmul  # noqa: E402
 from tilewise.model.tune import candidates, model_config, model_matmuls  # noqa: E402
 from tilewise.tune.engine import Engine, Item  # noqa: E402
-from tilewise.tune.measure import compare  # noqa: E402
+from tilewise.tune.measure import compare, measure  # noqa: E402
+
+
+def is_prep(launch: Any) -> bool:
+    """The launch is an `nf4_mm_prep` (the x -> f16 prologue)."""
+    return (launch.program.meta.get("role") or ("",))[0] == "prep"
+
+
+def race_on_f16_x(eng: Engine, items: list[Item], rounds: int) -> tuple[list[Any], Any]:
+    """Each item's kernel (and reduction) alone on the f16 rows its prep wrote, raced with cuBLAS: (stats, peer)."""
+    dev = eng.device
+    runs: dict[Any, list[Any]] = {}
+    for i, it in enumerate(items):
+        launches = eng.launches(it)
+        dev.run([x for x in launches if is_prep(x)])  # xh filled once
+        runs[i] = [x for x in launches if not is_prep(x)]
+    first = items[0]
+    prog = eng.peer_program(first.kernel)
+    if prog is not None:
+        runs["cublas"] = first.kernel.peer_launches(prog, eng.timing_buffers(first), first.shape)
+    got = measure(dev, runs, warmup=3, min_rounds=rounds, max_rounds=rounds, budget_s=30.0, rng=eng.rng)
+    return [got.stats[i] for i in range(len(items))], got.stats.get("cublas")
 
 
 def group_of(oc: Any, split: list[str]) -> str:
@@ -78,7 +104,8 @@ def main() -> int:
                            "device": dev.info.as_dict(), "rows": args.rows, "preset": args.preset, "shapes": []}
     print(f"{dev.info.name} [{dev.info.fingerprint}]: {args.preset} matmuls at {args.rows} rows, {args.fmt}",
           flush=True)
-    header = f"{'matmul':<14}{'N x K':>12}{'tilewise ms':>12}{'TFLOP/s':>9}{'cuBLAS ms':>10}{'TFLOP/s':>9}{'ratio':>8}"
+    header = (f"{'matmul':<14}{'N x K':>12}{'tilewise ms':>12}{'TFLOP/s':>9}{'cuBLAS ms':>10}{'TFLOP/s':>9}"
+              f"{'ratio':>8}{'on f16 x':>10}{'cuBLAS':>8}{'ratio':>8}")
     lines = []
     for label, (epilogue, n, k, norm) in shapes.items():
         if only and label not in only:
@@ -124,10 +151,19 @@ def main() -> int:
                    cublas_ms=cub.median_ms if cub else None, cublas_stats=cub.as_dict() if cub else None,
                    cublas_tflops=flops / cub.median_ms / 1e9 if cub else None,
                    vs_cublas=verdict.as_dict() if verdict else None, peer_error=got.peer_error)
+        f16_stats, f16_cub = race_on_f16_x(eng, [oc.item for oc in top], args.rounds)
+        f16_i = min(range(len(top)), key=lambda i: f16_stats[i].median_ms)
+        f16_verdict = compare(f16_cub, f16_stats[f16_i]) if f16_cub is not None else None
+        row["on_f16_x"] = {"best": f"kind={top[f16_i].item.kernel.kind},{top[f16_i].config}",
+                           "best_stats": f16_stats[f16_i].as_dict(),
+                           "cublas_stats": f16_cub.as_dict() if f16_cub else None,
+                           "vs_cublas": f16_verdict.as_dict() if f16_verdict else None}
         doc["shapes"].append(row)
         line = (f"{label:<14}{f'{n}x{k}':>12}{best.median_ms:12.4f}{row['tflops']:9.1f}"
                 + (f"{cub.median_ms:10.4f}{row['cublas_tflops']:9.1f}{verdict.times():>8}" if cub and verdict
-                   else f"  cuBLAS not raced: {got.peer_error}"))
+                   else f"  cuBLAS not raced: {got.peer_error}")
+                + (f"{f16_stats[f16_i].median_ms:10.4f}{f16_cub.median_ms:8.4f}{f16_verdict.times():>8}"
+                   if f16_cub is not None and f16_verdict else ""))
         lines.append(line)
         kinds_txt = ", ".join(f"{k} {v:.4f}" for k, v in sorted(per_kind.items(), key=lambda kv: kv[1]))
         print(f"{line}   [{row['best']}] per kind: {kinds_txt}", flush=True)
@@ -136,7 +172,8 @@ def main() -> int:
     print(header)
     print("-" * len(header))
     print("\n".join(lines))
-    print("ratio: cuBLAS median / tilewise median (above 1: tilewise faster); tie: 95% intervals overlap; "
+    print("ratio: cuBLAS median / tilewise median (above 1: tilewise faster); tie: 95% intervals overlap; on f16 x: "
+          "the kernel (and reduction) given f16 rows, as cuBLAS is, raced with cuBLAS again; "
           f"{time.perf_counter() - t0:.0f} s")
     (out / "matmul_cuda.json").write_text(json.dumps(doc, indent=1, default=str))
     return 0
