@@ -10,10 +10,13 @@ subgroup holds FM x FN result fragments and runs `iters` K steps of FM x FN mult
              staged tile, without the copies and barriers), from P = 4 K positions in turn; PAD halves of
              padding per staged row
     wg-pad   `wg` with PAD 8 (rows 16 bytes further apart, the staged tiles' option)
+    sg       `wg-pad` with each subgroup reading its own fragments of a 2 x NSG/2 grid of them, as in a tiled matmul
+    bar      `sg` with a workgroup barrier every K step, as a staged K loop has
 
-Each variant's results are checked, every value, against float64 (the sums of `iters / P` repeats of the same
-small product), so a compiler that dropped work would fail the check, not post a rate. Results: TFLOP/s = 2 m n k x
-multiplies / median time. Writes `sgmat_peak.json` (date, device, command, every stat) into `--out`.
+`--waves 1` runs one workgroup per multiprocessor, as the classifier's 346-row matmuls do. Each variant's results
+are checked, every value, against float64 (the sums of `iters / P` repeats of the same small product), so a
+compiler that dropped work would fail the check, not post a rate. TFLOP/s = 2 m n k x multiplies / median time.
+Writes `sgmat_peak.json` (date, device, command, every stat) into `--out`.
 
     [TILEWISE_DAWN_UNCHECKED=1] PYTHONPATH=src python3 experiments/sgmat_peak_dawn.py --out DIR
 """
@@ -37,30 +40,38 @@ from tilewise.tune.measure import measure  # noqa: E402
 
 P = 4  # K positions a `wg` variant cycles through (its staged tiles are P fragments deep)
 SG = 32  # invocations per subgroup the layout assumes (NVIDIA's)
-VARIANTS = ("reg", "wg", "wg-pad")
+VARIANTS = ("reg", "wg", "wg-pad", "sg", "bar")
+
+
+def grid_of(variant: str, nsg: int) -> tuple[int, int]:
+    """Subgroups along M and N of the workgroup's tile: `sg` and `bar` give each subgroup its own fragments (a
+    2 x nsg/2 grid, as a tiled matmul does); the others have every subgroup read the same ones."""
+    return (2, nsg // 2) if variant in ("sg", "bar") else (1, 1)
 
 
 def peak_wgsl(variant: str, frag: tuple[int, int, int], acc: str, fm: int, fn: int, nsg: int) -> str:
     """One kernel: `nsg` subgroups, each with fm x fn `acc` (f32 or f16) result fragments of shape frag (m, n, k).
 
-    Bindings: A (TM, TK) f16 and B (TK, TN) f16 row-major, where TM = fm m, TN = fn n, TK = P k; C: one (TM, TN)
-    block of results per subgroup of the grid; dims.x: K steps."""
+    Bindings: A (GM TM, TK) f16 and B (TK, GN TN) f16 row-major, where TM = fm m, TN = fn n, TK = P k and GM x GN is
+    `grid_of`; C: one (TM, TN) block of results per subgroup of the grid; dims.x: K steps. `sg` and `bar` stage
+    with PAD 8 like `wg-pad`; `bar` adds a workgroup barrier to every K step, as a staged K loop has."""
     m, n, k = frag
+    gm, gn = grid_of(variant, nsg)
     tm, tn, tk = fm * m, fn * n, P * k
-    pad = 8 if variant == "wg-pad" else 0
-    lda, ldb = tk + pad, tn + pad
+    pad = 0 if variant == "wg" else 8
+    lda, ldb = tk + pad, gn * tn + pad
     w: list[str] = ["enable f16;", "enable subgroups;", "enable chromium_experimental_subgroup_matrix;",
                     f"// sgmat peak: {variant}, fragments {m}x{n}x{k} f16->{acc}, {fm}x{fn} each, {nsg} subgroups",
-                    "@group(0) @binding(0) var<storage, read> A: array<f16>;  // (TM, TK)",
-                    "@group(0) @binding(1) var<storage, read> B: array<f16>;  // (TK, TN)",
+                    "@group(0) @binding(0) var<storage, read> A: array<f16>;  // (GM TM, TK)",
+                    "@group(0) @binding(1) var<storage, read> B: array<f16>;  // (TK, GN TN)",
                     f"@group(0) @binding(2) var<storage, read_write> C: array<{acc}>;  // (subgroups, TM, TN)",
                     "@group(0) @binding(3) var<uniform> dims: vec4<u32>;  // x: K steps",
                     f"alias Left = subgroup_matrix_left<f16, {k}, {m}>;",
                     f"alias Right = subgroup_matrix_right<f16, {n}, {k}>;",
                     f"alias Acc = subgroup_matrix_result<{acc}, {n}, {m}>;"]
     if variant != "reg":
-        w += [f"var<workgroup> As: array<f16, {tm * lda}>;  // (TM, TK + PAD)",
-              f"var<workgroup> Bs: array<f16, {tk * ldb}>;  // (TK, TN + PAD)"]
+        w += [f"var<workgroup> As: array<f16, {gm * tm * lda}>;  // (GM TM, TK + PAD)",
+              f"var<workgroup> Bs: array<f16, {tk * ldb}>;  // (TK, GN TN + PAD)"]
     w += [f"@compute @workgroup_size({nsg * SG})",
           "fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wg: vec3<u32>,",
           "        @builtin(subgroup_id) sg: u32) {"]
@@ -72,18 +83,21 @@ def peak_wgsl(variant: str, frag: tuple[int, int, int], acc: str, fm: int, fn: i
         w += [f"    acc_{i}_{j} = subgroupMatrixMultiplyAccumulate(a_{i}, b_{j}, acc_{i}_{j});"
               for i in range(fm) for j in range(fn)]
     else:
-        step = f"e += {nsg * SG}u"
-        w += [f"  for (var e = tid; e < {tm * tk}u; {step}) {{ As[(e / {tk}u) * {lda}u + e % {tk}u] = A[e]; }}",
-              f"  for (var e = tid; e < {tk * tn}u; {step}) {{ Bs[(e / {tn}u) * {ldb}u + e % {tn}u] = B[e]; }}",
+        step, ta, tb = f"e += {nsg * SG}u", gm * tm * tk, tk * gn * tn
+        w += [f"  for (var e = tid; e < {ta}u; {step}) {{ As[(e / {tk}u) * {lda}u + e % {tk}u] = A[e]; }}",
+              f"  for (var e = tid; e < {tb}u; {step}) {{ Bs[(e / {gn * tn}u) * {ldb}u + e % {gn * tn}u] = B[e]; }}",
               "  workgroupBarrier();",
+              f"  let r0 = (sg / {gn}u) % {gm}u * {tm}u; let c0 = sg % {gn}u * {tn}u;  // the subgroup's corner",
               "  for (var it = 0u; it < dims.x; it++) {",
               f"    let p = it % {P}u;  // uniform: every subgroup reads the same K position"]
-        w += [f"    let a_{i} = subgroupMatrixLoad<Left, row_major>(&As, {i * m * lda}u + p * {k}u, {lda}u);"
+        w += [f"    let a_{i} = subgroupMatrixLoad<Left, row_major>(&As, (r0 + {i * m}u) * {lda}u + p * {k}u, {lda}u);"
               for i in range(fm)]
-        w += [f"    let b_{j} = subgroupMatrixLoad<Right, row_major>(&Bs, p * {k * ldb}u + {j * n}u, {ldb}u);"
+        w += [f"    let b_{j} = subgroupMatrixLoad<Right, row_major>(&Bs, p * {k * ldb}u + c0 + {j * n}u, {ldb}u);"
               for j in range(fn)]
         w += [f"    acc_{i}_{j} = subgroupMatrixMultiplyAccumulate(a_{i}, b_{j}, acc_{i}_{j});"
               for i in range(fm) for j in range(fn)]
+        if variant == "bar":
+            w.append("    workgroupBarrier();")
     w += ["  }", f"  let base = (wg.x * {nsg}u + sg) * {tm * tn}u;"]
     w += [f"  subgroupMatrixStore<row_major>(&C, base + {i * m * tn + j * n}u, acc_{i}_{j}, {tn}u);"
           for i in range(fm) for j in range(fn)]
@@ -91,13 +105,17 @@ def peak_wgsl(variant: str, frag: tuple[int, int, int], acc: str, fm: int, fn: i
     return "\n".join(w) + "\n"
 
 
-def expected(variant: str, a: np.ndarray, b: np.ndarray, frag: tuple[int, int, int], iters: int) -> np.ndarray:
-    """(TM, TN) float64: what every subgroup's block holds after `iters` K steps."""
-    k = frag[2]
+def expected(variant: str, a: np.ndarray, b: np.ndarray, frag: tuple[int, int, int], fm: int, fn: int, nsg: int,
+             iters: int) -> np.ndarray:
+    """(nsg, TM, TN) float64: what each subgroup of a workgroup holds after `iters` K steps."""
+    m, n, k = frag
+    gm, gn = grid_of(variant, nsg)
+    tm, tn = fm * m, fn * n
     if variant == "reg":  # the first K position only, every step
-        return iters * (a[:, :k].astype(np.float64) @ b[:k].astype(np.float64))
-    full = a.astype(np.float64) @ b.astype(np.float64)  # iters a multiple of P: each position iters / P times
-    return (iters // P) * full
+        one = iters * (a[:tm, :k].astype(np.float64) @ b[:k, :tn].astype(np.float64))
+        return np.broadcast_to(one, (nsg, tm, tn))
+    full = (iters // P) * (a.astype(np.float64) @ b.astype(np.float64))  # each K position iters / P times
+    return np.stack([full[(s // gn) % gm * tm:][:tm, s % gn * tn:][:, :tn] for s in range(nsg)])
 
 
 def main() -> int:
@@ -151,8 +169,8 @@ def main() -> int:
                 c_buf = dev.allocate(grid * args.nsg * tm * tn * (4 if acc == "f32" else 2))
                 launch = Launch(prog, (grid, 1, 1), [dev.upload(a), dev.upload(b), c_buf, dims])
                 got = dev.run_and_download([launch], c_buf, np.float32 if acc == "f32" else np.float16)
-                got = got.reshape(grid * args.nsg, tm, tn).astype(np.float64)
-                want = expected(variant, a, b, frag, args.iters)
+                got = got.reshape(grid, args.nsg, tm, tn).astype(np.float64)
+                want = expected(variant, a, b, frag, fm, fn, args.nsg, args.iters)[None]
                 err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
                 tol = 5e-4 if acc == "f32" else 0.1  # one step of 1024 dropped moves f32 sums by 1e-3
                 mults = grid * args.nsg * fm * fn * args.iters
