@@ -156,9 +156,10 @@ def main() -> int:
             if fm * fn * c.m * c.n // SG * (4 if acc == "f32" else 2) > 512:
                 continue  # more than 128 f32 accumulator words an invocation would spill
             tm, tn, tk = fm * c.m, fn * c.n, P * c.k
-            a = rng.uniform(-1, 1, (tm, tk)).astype(np.float16)
-            b = rng.uniform(-1, 1, (tk, tn)).astype(np.float16)
             for variant in VARIANTS:
+                gm, gn = grid_of(variant, args.nsg)
+                a = rng.uniform(-1, 1, (gm * tm, tk)).astype(np.float16)
+                b = rng.uniform(-1, 1, (tk, gn * tn)).astype(np.float16)
                 key = f"{c.label()} {fm}x{fn} {variant}"
                 src = peak_wgsl(variant, frag, acc, fm, fn, args.nsg)
                 try:
@@ -172,7 +173,9 @@ def main() -> int:
                 got = got.reshape(grid, args.nsg, tm, tn).astype(np.float64)
                 want = expected(variant, a, b, frag, fm, fn, args.nsg, args.iters)[None]
                 err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
-                tol = 5e-4 if acc == "f32" else 0.1  # one step of 1024 dropped moves f32 sums by 1e-3
+                # one step of 1024 dropped moves f32 sums by 1e-3; f16 sums growing for 1024 steps round off by up to
+                # about 12% (measured), so there the check catches only lost work on a larger scale
+                tol = 5e-4 if acc == "f32" else 0.2
                 mults = grid * args.nsg * fm * fn * args.iters
                 meta[key] = {"frag": c.label(), "fm": fm, "fn": fn, "variant": variant, "max_rel_err": err,
                              "ok": err <= tol, "flop": 2.0 * c.m * c.n * c.k * mults}

@@ -17,6 +17,7 @@ They compute wrong values on purpose, so they are timed, never verified or store
     no-epi      the epilogue's tile is staged but never written out
     prologue    no K step and no stores (no-loop - prologue: the stores; prologue - bare: the rest of the fixed cost)
     no-prefetch the tensor map not prefetched ahead of the first x copy
+    epi-serial  residual epilogues load, add and store one chunk at a time (EPI_BATCH 1), as before the batches
     dec0        the same config with the shared-memory table decode (DEC 0)
     dec2, dec3  the same config with the shared-memory pair table (DEC 2: 8 copies, DEC 3: 32 copies)
     f16-w       the same config with f16 weights (no decode; four times the bytes staged)
@@ -62,7 +63,7 @@ _COPY = "    cp_w_rows<FMT, SETS, BF, NT, SETS * BF * RS, decltype(row_at), fals
 _ABSMAX = "    if (FMT == 0) {  // the step's absmax"
 _LOOP = "  for (int kt = 0; kt < steps; kt += 2) {"
 _TOP = "  constexpr int NT = wgr_threads(BF), SETS = EPI == 2 ? 2 : 1, BK = 64;"
-_EPI = "      if (tok >= M || feat >= N) continue;"  # the epilogue's store loop (the norm fold's has no such line)
+_EPI = "        if (e >= CHUNKS || tok >= M || feat >= N) continue;"  # the epilogue's store loop (not the fold's)
 EDITS: dict[str, tuple[tuple[str, str], ...]] = {  # variant -> (text, its replacement), each occurring once
     "no-decode": ((_NEXT, "    wgr_pin(acc, nxt);"),),
     # a real use of the fragments, so that ptxas keeps the decode (an empty asm pin does not)
@@ -73,11 +74,12 @@ EDITS: dict[str, tuple[tuple[str, str], ...]] = {  # variant -> (text, its repla
     "barrier": (("#ifndef WGR_RELEASE\n#define WGR_RELEASE 1", "#ifndef WGR_RELEASE\n#define WGR_RELEASE 0"),),
     "bare": ((_TOP, "  if (M > 0) return;\n" + _TOP),),
     "no-loop": ((_LOOP, "  for (int kt = 0; kt < steps && M < 0; kt += 2) {"),),
-    "no-epi": ((_EPI, "      if (tok >= M || feat >= N || M > 0) continue;"),),
+    "no-epi": ((_EPI, "        if (e >= CHUNKS || tok >= M || feat >= N || M > 0) continue;"),),
     # no K step and no stores: launch, prologue and the tile staged; with no-loop and bare it splits the fixed cost
     "prologue": ((_LOOP, "  for (int kt = 0; kt < steps && M < 0; kt += 2) {"),
-                 (_EPI, "      if (tok >= M || feat >= N || M > 0) continue;")),
+                 (_EPI, "        if (e >= CHUNKS || tok >= M || feat >= N || M > 0) continue;")),
     "no-prefetch": (("  if (tid == 0) tma_prefetch_map(&xmap);\n", ""),),
+    "epi-serial": (("#ifndef EPI_BATCH\n#define EPI_BATCH 8", "#ifndef EPI_BATCH\n#define EPI_BATCH 1"),),
 }
 
 

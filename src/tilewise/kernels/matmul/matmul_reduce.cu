@@ -5,6 +5,16 @@
 //   cluster_reduce: every block of a tile's cluster, from each other's shared memory (SR 2, Hopper).
 // All add the slices in order 0..KS-1 from 0.0f, so they give the same bits.
 
+// Residual epilogues load the rows they add to for EPI_BATCH chunks of four columns before storing any of them: to
+// the compiler a store into final_out may alias the next chunk's load, so a loop that loads, adds and stores one
+// chunk at a time waits for memory once per chunk (measured: most of a KS 1 residual launch's epilogue). The sums
+// are the same, so are the bits. An experiment switch as well (1: one chunk at a time).
+#ifndef EPI_BATCH
+#define EPI_BATCH 8
+#endif
+
+__device__ __forceinline__ float4 add4(float4 a, float4 b) { return f4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); }
+
 // a float another block wrote in this launch, read through L2 (not a line this SM's L1 may hold)
 __device__ __forceinline__ float ld_cg(const float *p) {
   float v;
@@ -97,12 +107,17 @@ __device__ __forceinline__ void serial_sum4(const float *partial, float *final_o
         for (int s = 0; s < SETS; ++s)
           v[u][z][s] = ok[u] ? ld_cg4(partial + ((size_t)z * SETS + s) * mn + o[u]) : f4(0.0f, 0.0f, 0.0f, 0.0f);
     }
+    float4 h[CH];  // the residual rows, all loaded before the first store (EPI_BATCH's reason)
+#pragma unroll
+    for (int u = 0; u < CH; ++u)
+      h[u] = EPI == 1 && ok[u] ? *reinterpret_cast<const float4 *>(final_out + o[u]) : f4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
     for (int u = 0; u < CH; ++u) {
       if (!ok[u]) continue;
       float4 y[SETS];
       sum_slices4<KS, SETS>(v[u], y);
-      store_sum4<EPI, SETS>(y, final_out, out_h, o[u]);
+      if (EPI == 1) *reinterpret_cast<float4 *>(final_out + o[u]) = add4(h[u], y[0]);  // as store_sum4<1> adds
+      else store_sum4<EPI, SETS>(y, final_out, out_h, o[u]);
     }
   }
 }
@@ -222,47 +237,70 @@ __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out,
   if constexpr (EPI == 1 && COLS % 64 == 0 && NT % 32 == 0 && CHUNKS % NT == 0) {
     if (fold_g != nullptr) {
 #pragma unroll 1
-      for (int e = threadIdx.x + rank * NT; e < CHUNKS; e += KS * NT) {
-        const int row = e / (COLS / 4), c = 4 * (e % (COLS / 4)), r = r0 + row, col = c0 + c;
-        const bool ok = r < M && col < N;  // N % 64 == 0: all four
-        float4 h = f4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (ok) {
-          float4 v[KS][1];
+      for (int e0 = threadIdx.x + rank * NT; e0 < CHUNKS; e0 += EPI_BATCH * KS * NT) {
+        float4 res[EPI_BATCH];  // the residual rows, all loaded before the first store
 #pragma unroll
-          for (int z = 0; z < KS; ++z) v[z][0] = ld_peer4(peer[z] + 4 * (row * TS + c));
-          float4 y[1];
-          sum_slices4<KS, 1>(v, y);
-          float4 *f = reinterpret_cast<float4 *>(final_out + (size_t)r * N + col);
-          const float4 o = *f;
-          h = f4(o.x + y[0].x, o.y + y[0].y, o.z + y[0].z, o.w + y[0].w);  // as store_sum4<1> adds
-          *f = h;
+        for (int u = 0; u < EPI_BATCH; ++u) {
+          const int e = e0 + u * KS * NT, r = r0 + e / (COLS / 4), col = c0 + 4 * (e % (COLS / 4));
+          res[u] = e < CHUNKS && r < M && col < N ? *reinterpret_cast<const float4 *>(final_out + (size_t)r * N + col)
+                                                  : f4(0.0f, 0.0f, 0.0f, 0.0f);
         }
-        fold_chunk(h, ok, fold_g, out_h, ss_out, r, col, N);
+#pragma unroll
+        for (int u = 0; u < EPI_BATCH; ++u) {
+          const int e = e0 + u * KS * NT;
+          if (e >= CHUNKS) break;  // the same for every thread of the block (CHUNKS is a multiple of NT)
+          const int row = e / (COLS / 4), c = 4 * (e % (COLS / 4)), r = r0 + row, col = c0 + c;
+          const bool ok = r < M && col < N;  // N % 64 == 0: all four
+          float4 h = f4(0.0f, 0.0f, 0.0f, 0.0f);
+          if (ok) {
+            float4 v[KS][1];
+#pragma unroll
+            for (int z = 0; z < KS; ++z) v[z][0] = ld_peer4(peer[z] + 4 * (row * TS + c));
+            float4 y[1];
+            sum_slices4<KS, 1>(v, y);
+            h = add4(res[u], y[0]);  // as store_sum4<1> adds
+            *reinterpret_cast<float4 *>(final_out + (size_t)r * N + col) = h;
+          }
+          fold_chunk(h, ok, fold_g, out_h, ss_out, r, col, N);
+        }
       }
       cluster_sync();
       return;
     }
   }
 #pragma unroll 1
-  for (int e = threadIdx.x + rank * NT; e < CHUNKS; e += KS * NT) {
-    const int row = e / (COLS / 4), c = 4 * (e % (COLS / 4)), r = r0 + row, col = c0 + c;
-    if (r >= M || col >= N) continue;
-    float4 v[KS][SETS];
+  for (int e0 = threadIdx.x + rank * NT; e0 < CHUNKS; e0 += EPI_BATCH * KS * NT) {
+    float4 res[EPI_BATCH];  // residual (N % 4 == 0): the rows, all loaded before the first store
 #pragma unroll
-    for (int z = 0; z < KS; ++z)
+    for (int u = 0; u < EPI_BATCH; ++u) {
+      const int e = e0 + u * KS * NT, r = r0 + e / (COLS / 4), col = c0 + 4 * (e % (COLS / 4));
+      res[u] = EPI == 1 && N % 4 == 0 && e < CHUNKS && r < M && col < N
+                   ? *reinterpret_cast<const float4 *>(final_out + (size_t)r * N + col)
+                   : f4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
 #pragma unroll
-      for (int s = 0; s < SETS; ++s) v[z][s] = ld_peer4(peer[z] + 4 * ((s * ROWS + row) * TS + c));
-    float4 y[SETS];
-    sum_slices4<KS, SETS>(v, y);
-    const size_t o = (size_t)r * N + col;
-    if (N % 4 == 0) {  // col < N: all four
-      store_sum4<EPI, SETS>(y, final_out, out_h, o);
-    } else {
-      for (int i = 0; i < 4 && col + i < N; ++i) {
-        float yi[SETS];
+    for (int u = 0; u < EPI_BATCH; ++u) {
+      const int e = e0 + u * KS * NT, row = e / (COLS / 4), c = 4 * (e % (COLS / 4)), r = r0 + row, col = c0 + c;
+      if (e >= CHUNKS || r >= M || col >= N) continue;
+      float4 v[KS][SETS];
 #pragma unroll
-        for (int s = 0; s < SETS; ++s) yi[s] = i == 0 ? y[s].x : i == 1 ? y[s].y : i == 2 ? y[s].z : y[s].w;
-        store_sum1<EPI, SETS>(yi, final_out, out_h, o + i);
+      for (int z = 0; z < KS; ++z)
+#pragma unroll
+        for (int s = 0; s < SETS; ++s) v[z][s] = ld_peer4(peer[z] + 4 * ((s * ROWS + row) * TS + c));
+      float4 y[SETS];
+      sum_slices4<KS, SETS>(v, y);
+      const size_t o = (size_t)r * N + col;
+      if (N % 4 == 0 && EPI == 1) {  // col < N: all four
+        *reinterpret_cast<float4 *>(final_out + o) = add4(res[u], y[0]);  // as store_sum4<1> adds
+      } else if (N % 4 == 0) {
+        store_sum4<EPI, SETS>(y, final_out, out_h, o);
+      } else {
+        for (int i = 0; i < 4 && col + i < N; ++i) {
+          float yi[SETS];
+#pragma unroll
+          for (int s = 0; s < SETS; ++s) yi[s] = i == 0 ? y[s].x : i == 1 ? y[s].y : i == 2 ? y[s].z : y[s].w;
+          store_sum1<EPI, SETS>(yi, final_out, out_h, o + i);
+        }
       }
     }
   }

@@ -475,46 +475,67 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
     }
     __syncthreads();
     float *dst = KS > 1 ? out + ((size_t)blockIdx.z * SETS + s) * mn : out;
+    constexpr int CHUNKS = BT * (BF / 4);  // the tile's 4-column chunks; NT divides it (BT / 8 a thread)
+    // residual (KS 1): the rows of EPI_BATCH chunks are loaded before any is stored (matmul_reduce.cu says why)
+    auto residual_rows = [&](int e0, float4(&res)[EPI_BATCH]) {
+#pragma unroll
+      for (int u = 0; u < EPI_BATCH; ++u) {
+        const int e = e0 + u * NT, tok = t0 + e / (BF / 4), feat = f0 + 4 * (e % (BF / 4));
+        res[u] = KS == 1 && EPI == 1 && vec && e < CHUNKS && tok < M && feat < N
+                     ? *reinterpret_cast<const float4 *>(dst + (size_t)tok * N + feat)
+                     : f4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    };
     if (KS == 1 && EPI == 1 && fold_g != nullptr) {  // the norm fold (N % 64 == 0): BT / 8 passes for every thread
 #pragma unroll 1
-      for (int e = tid; e < BT * (BF / 4); e += NT) {
-        const int row = e / (BF / 4), c = 4 * (e % (BF / 4)), tok = t0 + row, feat = f0 + c;
-        const bool ok = tok < M && feat < N;
-        float4 h = f4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (ok) {
-          const float4 v = *reinterpret_cast<const float4 *>(tile + row * TS + c);
-          float4 *o = reinterpret_cast<float4 *>(dst + (size_t)tok * N + feat);
-          const float4 y = *o;
-          h = f4(y.x + v.x, y.y + v.y, y.z + v.z, y.w + v.w);
-          *o = h;
+      for (int e0 = tid; e0 < CHUNKS; e0 += EPI_BATCH * NT) {
+        float4 res[EPI_BATCH];
+        residual_rows(e0, res);
+#pragma unroll
+        for (int u = 0; u < EPI_BATCH; ++u) {
+          const int e = e0 + u * NT;
+          if (e >= CHUNKS) break;  // the same for every thread of the block
+          const int row = e / (BF / 4), c = 4 * (e % (BF / 4)), tok = t0 + row, feat = f0 + c;
+          const bool ok = tok < M && feat < N;
+          float4 h = f4(0.0f, 0.0f, 0.0f, 0.0f);
+          if (ok) {
+            const float4 v = *reinterpret_cast<const float4 *>(tile + row * TS + c);
+            h = f4(res[u].x + v.x, res[u].y + v.y, res[u].z + v.z, res[u].w + v.w);
+            *reinterpret_cast<float4 *>(dst + (size_t)tok * N + feat) = h;
+          }
+          fold_chunk(h, ok, fold_g, out_h, ss_out, tok, feat, N);
         }
-        fold_chunk(h, ok, fold_g, out_h, ss_out, tok, feat, N);
       }
       continue;
     }
 #pragma unroll 1
-    for (int e = tid; e < BT * (BF / 4); e += NT) {
-      const int row = e / (BF / 4), c = 4 * (e % (BF / 4)), tok = t0 + row, feat = f0 + c;
-      if (tok >= M || feat >= N) continue;
-      const float4 v = *reinterpret_cast<const float4 *>(tile + row * TS + c);
-      const size_t o = (size_t)tok * N + feat;
-      if (vec) {
-        if (KS == 1 && EPI == 1) {
-          float4 y = *reinterpret_cast<const float4 *>(dst + o);
-          y.x += v.x, y.y += v.y, y.z += v.z, y.w += v.w;
-          *reinterpret_cast<float4 *>(dst + o) = y;
-        } else if (KS == 1 && out_h) {
-          *reinterpret_cast<uint2 *>(out_h + o) = make_uint2(f16_bits(v.x) | (unsigned)f16_bits(v.y) << 16,
-                                                             f16_bits(v.z) | (unsigned)f16_bits(v.w) << 16);
+    for (int e0 = tid; e0 < CHUNKS; e0 += EPI_BATCH * NT) {
+      float4 res[EPI_BATCH];
+      residual_rows(e0, res);
+#pragma unroll
+      for (int u = 0; u < EPI_BATCH; ++u) {
+        const int e = e0 + u * NT, row = e / (BF / 4), c = 4 * (e % (BF / 4)), tok = t0 + row, feat = f0 + c;
+        if (e >= CHUNKS || tok >= M || feat >= N) continue;
+        const float4 v = *reinterpret_cast<const float4 *>(tile + row * TS + c);
+        const size_t o = (size_t)tok * N + feat;
+        if (vec) {
+          if (KS == 1 && EPI == 1) {
+            float4 y = res[u];
+            y.x += v.x, y.y += v.y, y.z += v.z, y.w += v.w;
+            *reinterpret_cast<float4 *>(dst + o) = y;
+          } else if (KS == 1 && out_h) {
+            *reinterpret_cast<uint2 *>(out_h + o) = make_uint2(f16_bits(v.x) | (unsigned)f16_bits(v.y) << 16,
+                                                               f16_bits(v.z) | (unsigned)f16_bits(v.w) << 16);
+          } else {
+            *reinterpret_cast<float4 *>(dst + o) = v;
+          }
         } else {
-          *reinterpret_cast<float4 *>(dst + o) = v;
-        }
-      } else {
-        const float vs[4] = {v.x, v.y, v.z, v.w};
-        for (int i = 0; i < 4 && feat + i < N; ++i) {
-          if (KS == 1 && EPI == 1) dst[o + i] += vs[i];
-          else if (KS == 1 && out_h) out_h[o + i] = f16_bits(vs[i]);
-          else dst[o + i] = vs[i];
+          const float vs[4] = {v.x, v.y, v.z, v.w};
+          for (int i = 0; i < 4 && feat + i < N; ++i) {
+            if (KS == 1 && EPI == 1) dst[o + i] += vs[i];
+            else if (KS == 1 && out_h) out_h[o + i] = f16_bits(vs[i]);
+            else dst[o + i] = vs[i];
+          }
         }
       }
     }
