@@ -457,13 +457,20 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   for (int s = 0; s < PASSES; ++s) {
     // out^T's fragment: accumulator q of n8 tile j is feature r + 8 (q / 2), token 8 j + 2 t + q % 2
     if (KS == 1 && scaled) {
+      // the thread's BT / 4 token scales into registers before the first store into the tile: read between the
+      // stores (which, to the compiler, may write them), each waited for shared memory in turn
+      float sc[BT / 8][2];
+#pragma unroll
+      for (int j = 0; j < BT / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) sc[j][h] = tile[(8 * j + 2 * t + h) * TS + BF];
 #pragma unroll
       for (int j = 0; j < BT / 8; ++j)
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          const float sc = tile[(8 * j + 2 * t + q % 2) * TS + BF];
+          const float k = sc[j][q % 2];
           tile[(8 * j + 2 * t + q % 2) * TS + r + 8 * (q / 2)] =
-              EPI != 2 ? acc[0][j][q] * sc : silu(acc[0][j][q] * sc) * (acc[SETS - 1][j][q] * sc);
+              EPI != 2 ? acc[0][j][q] * k : silu(acc[0][j][q] * k) * (acc[SETS - 1][j][q] * k);
         }
     } else {
 #pragma unroll
