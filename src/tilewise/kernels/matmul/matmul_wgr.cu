@@ -367,6 +367,30 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   PDL_BEGIN();
 #pragma unroll
   for (int g = 0; g < AHEAD; ++g) issue_x(g);
+  // ss_in (KS 1, the norm fold's consumer): each of the block's tokens' 1 / rms(h) from its sums of squares per 64
+  // columns, added in order, here while the first stages land rather than after the K loop, where its loads were
+  // waited for at the end of the launch; held in a register until the epilogue
+  constexpr int SCALES = (BT + NT - 1) / NT;
+  float scale[SCALES];
+  if (KS == 1 && ss_in != nullptr) {
+#pragma unroll
+    for (int u = 0; u < SCALES; ++u) {
+      const int i = tid + u * NT;
+      float ss = 0.0f;
+      if (i < BT && t0 + i < M) {
+        const float *row = ss_in + (size_t)(t0 + i) * (K / 64);
+#pragma unroll 1
+        for (int j = 0; j < K / 64; j += 4) {  // four loads in flight, added in order (a 0 past the end adds nothing)
+          float v[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) v[q] = j + q < K / 64 ? row[j + q] : 0.0f;
+#pragma unroll
+          for (int q = 0; q < 4; ++q) ss += v[q];
+        }
+      }
+      scale[u] = rsqrtf(ss / (float)K + eps);
+    }
+  }
   const int r = 64 * wg + 16 * (warp % 4) + lane / 4, t = lane % 4;
   unsigned a0[SETS][4][4], a1[SETS][4][4];
   float acc[SETS][BT / 8][4];
@@ -437,18 +461,14 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
     cluster_reduce<EPI, KS, NT, BT, BF>(base_addr, final_out, out_h, M, N, t0, f0, fold_g, ss_out);
     return;
   }
-  // ss_in (KS 1): x came as f16 (h * g), unnormed (the norm fold, matmul_reduce.cu); each token's 1 / rms(h) from
-  // its sums of squares per 64 columns, added in order, goes into the padding column BF of its tile row (the
-  // fragments below fill columns 0..BF-1 only), and every output of the token is multiplied by it before the
-  // epilogue
+  // ss_in (KS 1): x came as f16 (h * g), unnormed (the norm fold, matmul_reduce.cu); each token's 1 / rms(h)
+  // (`scale`, from before the K loop) goes into the padding column BF of its tile row (the fragments below fill
+  // columns 0..BF-1 only), and every output of the token is multiplied by it before the epilogue
   const bool scaled = KS == 1 && ss_in != nullptr;
   if (scaled) {
-    for (int i = tid; i < BT; i += NT) {
-      float ss = 0.0f;
-      if (t0 + i < M)
-        for (int j = 0; j < K / 64; ++j) ss += ss_in[(size_t)(t0 + i) * (K / 64) + j];
-      tile[i * TS + BF] = rsqrtf(ss / (float)K + eps);
-    }
+#pragma unroll
+    for (int u = 0; u < SCALES; ++u)
+      if (tid + u * NT < BT) tile[(tid + u * NT) * TS + BF] = scale[u];
     __syncthreads();
   }
   const size_t mn = (size_t)M * N;
