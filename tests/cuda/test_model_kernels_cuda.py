@@ -267,15 +267,17 @@ def test_slices_summed_by_the_last_block_equal_the_reduction_launch(dev, rng, ki
 SPLITK_CLUSTER = {**mm.DEFAULT_SPLITK, "BM": 32, "BN": 64, "BK": 64, "WM": 16, "WN": 32, "KS": 4, "SR": 2}
 
 
+@pytest.mark.parametrize("consumer", [{"BT": 32}, {"BT": 32, "KS": 2, "SR": 2}], ids=["into-ks1", "into-cluster"])
 @pytest.mark.parametrize("producer", [("wgr", {"BT": 32}), ("wgr", {"BT": 32, "KS": 4, "SR": 2}),
                                       ("splitk", SPLITK_CLUSTER)], ids=["ks1", "cluster", "splitk-cluster"])
 @pytest.mark.parametrize("epilogue", ["none", "swiglu"])
 @pytest.mark.parametrize("shape", [(97, 256, 512), (346, 1024, 1024), (7, 128, 256)])
-def test_the_norm_fold_hands_the_next_matmul_its_rows_and_their_scale(dev, rng, producer, epilogue, shape):
+def test_the_norm_fold_hands_the_next_matmul_its_rows_and_their_scale(dev, rng, producer, epilogue, shape, consumer):
     """A residual launch with the norm fold (fold_g, ss_out; wgr with KS 1 or a cluster's sum, splitk with a
     cluster's sum) writes the same f32 rows h as without it, f16 (h * g) rows with the bits of numpy's rounding, and
-    each row's sums of squares per 64 columns; a KS 1 wgr launch reading those rows with ss_in matches the float64
-    normed matmul of h in every output (rows 1000x apart in scale, so a scale applied to the wrong row shows)."""
+    each row's sums of squares per 64 columns; a wgr launch reading those rows with ss_in (KS 1, or a cluster that
+    scales its summed slices) matches the float64 normed matmul of h in every output (rows 1000x apart in scale, so
+    a scale applied to the wrong row shows)."""
     from tilewise.devices.base import Launch
 
     if dev.info.limits.compute_capability != "9.0":
@@ -310,7 +312,8 @@ def test_the_norm_fold_hands_the_next_matmul_its_rows_and_their_scale(dev, rng, 
     cshape = (m, 192, n)
     chost = {**cons.make_inputs(cshape, rng), "x": h, "norm_w": g}
     cbufs = cons.upload(dev, chost, cshape)
-    ccfg = cons.config_of({**mm.DEFAULT_WGR, "BT": 32})
+    ccfg = cons.config_of({**mm.DEFAULT_WGR, **consumer})
+    assert cons.why_illegal(ccfg, dev.info.limits, cshape) == []
     _, cmain = cons.launches(cons.compile(dev, ccfg, cshape), cbufs, ccfg, cshape)
     cargs = list(cmain.buffers)
     cargs[13], cargs[14] = ss, np.float32(cons.eps)

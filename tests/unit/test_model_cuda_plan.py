@@ -5,6 +5,7 @@ are never bound where a kernel writes)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from importlib import resources
 
@@ -405,16 +406,17 @@ def test_a_reduction_followed_by_the_prologue_of_its_rows_is_one_launch(rng):
     assert sum(e.startswith("nf4_mm_prep<1,") for e in entries) == 1
 
 
-def _wgr_executor(monkeypatch, choices):
-    """The tiny preset's executor on a recording device, with a table holding each (epilogue, N, K, norm, config[,
-    kind]) of `choices` on wgr (or that kind) from 8 rows (TMA maps stubbed: no driver to encode one)."""
+def _wgr_executor(monkeypatch, choices, cfg=None):
+    """The executor of `cfg` (default: the tiny preset) on a recording device, with a table holding each (epilogue,
+    N, K, norm, config[, kind]) of `choices` on wgr (or that kind) from 8 rows (TMA maps stubbed: no driver to encode
+    one)."""
     from tilewise.kernels.matmul import cuda as mm
     from tilewise.kernels.matmul.cuda import CudaMatmul
     from tilewise.model.dispatch import matmul_key
     from tilewise.tune.dispatch import DispatchTable, Entry
 
     monkeypatch.setattr(mm, "f16_rows_map", lambda buf, *_: ("tma map of", buf))
-    cfg = PRESETS["tiny"]
+    cfg = cfg or PRESETS["tiny"]
     ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
     dev = RecordingDevice()
     table = DispatchTable(dev.info.fingerprint)
@@ -779,26 +781,31 @@ def test_a_splitk_cluster_choice_writes_the_rows_itself_with_no_scratch(rng):
     assert "partial" not in ex._scratch and "counters" not in ex._scratch
 
 
-@pytest.mark.parametrize("case", ["wgr", "wgr-cluster-down", "splitk-cluster-out", "wgr-split-down"])
+@pytest.mark.parametrize("case", ["wgr", "wgr-cluster-down", "splitk-cluster-out", "wgr-split-down",
+                                  "cluster-consumers", "split-qkv"])
 def test_the_norm_fold_drops_the_normed_prologue_after_every_residual_matmul_that_sums_in_its_launch(
         rng, monkeypatch, case):
     """fold_norm: every residual launch that sums in the kernel (wgr KS 1 or SR 2; splitk SR 2) stores the next
     normed wgr matmul's rows as f16 (h * g) into that matmul's x rows (not its own), with g the next norm's weight,
     and their sums of squares into one scratch buffer the next matmul reads with the model's eps: the prologue
-    between them is gone. A split config the table sums in a reduction launch (wgr-split-down) is left as it is,
-    with its fused reduction and prologue: the fold never changes a config. Only the first block's normed prologue
-    (after the embedding) is always left."""
+    between them is gone. The next matmul may be KS 1 or a cluster's sum (cluster-consumers: in_proj, qkv and
+    gate/up on KS 2, SR 2); one whose slices a reduction launch sums (split-qkv) keeps its prologue. A split config
+    the table sums in a reduction launch (wgr-split-down) is left as it is, with its fused reduction and prologue:
+    the fold never changes a config. Only the first block's normed prologue (after the embedding) is always left."""
     from tilewise.kernels.matmul.cuda import DEFAULT_SPLITK, DEFAULT_WGR
 
-    cfg = PRESETS["tiny"]
+    # K = H must hold two slices of 64 for the split consumers: the tiny preset twice as wide (F = 256, not H)
+    cfg = dataclasses.replace(PRESETS["tiny"], hidden_size=128, intermediate_size=384, head_dim=32, name="tiny-wide")
     H, F, d = cfg.hidden_size, cfg.ffn_dim, cfg.head_dim
     qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d
     down = {**DEFAULT_WGR, "KS": 2, "SR": 2 if case == "wgr-cluster-down" else 0} if "down" in case else DEFAULT_WGR
     out = ({**DEFAULT_SPLITK, "BM": 32, "BN": 64, "BK": 32, "WM": 16, "WN": 32, "KS": 2, "SR": 2}, "splitk") \
         if case == "splitk-cluster-out" else (DEFAULT_WGR, "wgr")
-    ex = _wgr_executor(monkeypatch, [("none", 3 * H, H, True, DEFAULT_WGR), ("none", qkv, H, True, DEFAULT_WGR),
-                                     ("residual", H, H, False, *out), ("swiglu", F, H, True, DEFAULT_WGR),
-                                     ("residual", H, F, False, down)])
+    cons = {**DEFAULT_WGR, "KS": 2, "SR": 2} if case == "cluster-consumers" else DEFAULT_WGR
+    qkv_cfg = {**DEFAULT_WGR, "KS": 2, "SR": 0} if case == "split-qkv" else cons
+    ex = _wgr_executor(monkeypatch, [("none", 3 * H, H, True, cons), ("none", qkv, H, True, qkv_cfg),
+                                     ("residual", H, H, False, *out), ("swiglu", F, H, True, cons),
+                                     ("residual", H, F, False, down)], cfg)
     sigs = kernel_signatures()
     n, L = int(rng.integers(9, 60)), len(cfg.layer_types)
     ids = rng.integers(0, 512, n)
@@ -806,14 +813,18 @@ def test_the_norm_fold_drops_the_normed_prologue_after_every_residual_matmul_tha
     ex.fold_norm = True
     plan, _ = ex.plan(ids, 0, None, False)
     folds_down = case != "wgr-split-down"
-    assert len(apart.launches) == len(plan.launches) + L + (L - 1) * folds_down
+    # the next block's mixer input, where down folds into it (split-qkv: not into an attention block's qkv)
+    into_next = [folds_down and i + 1 < L and not (case == "split-qkv" and cfg.layer_types[i + 1] != "conv")
+                 for i in range(L)]
+    assert len(apart.launches) == len(plan.launches) + L + sum(into_next)
     entries = [launch.program.meta["entry"] for launch in plan.launches]
-    assert sum(e.startswith("nf4_mm_prep") for e in entries) == 1
-    assert sum("reduce" in e for e in entries) == (0 if folds_down else L)
+    assert sum(e.startswith("nf4_mm_prep") for e in entries) == 1 + (L - 1) * folds_down - sum(into_next)
+    assert sum("reduce" in e for e in entries) == (0 if folds_down else L) + (case == "split-qkv") * sum(
+        t != "conv" for t in cfg.layer_types)
     ss = ex._scratch["ss"]
     # each block's gate/up, then (where down folds) the next block's mixer input
     norms = [g for i, lay in enumerate(ex.layers) for g in (lay["ffn_norm"], *(
-        [ex.layers[i + 1]["operator_norm"]] if i + 1 < L and folds_down else []))]
+        [ex.layers[i + 1]["operator_norm"]] if into_next[i] else []))]
 
     def folded(launch):
         at = launch.program.meta.get("fold_from")
@@ -821,13 +832,16 @@ def test_the_norm_fold_drops_the_normed_prologue_after_every_residual_matmul_tha
 
     pairs = [(plan.launches[i - 1], plan.launches[i]) for i, lab in enumerate(plan.labels)
              if lab in ("ffn.gate_up", "conv.in_proj", "attn.qkv") and folded(plan.launches[i - 1])]
-    assert len(pairs) == len(norms) == L + (L - 1) * folds_down
+    assert len(pairs) == len(norms) == L + sum(into_next)
+    assert any(t != "conv" for t in cfg.layer_types[1:]) and any(t == "conv" for t in cfg.layer_types[1:])
     producers = ("nf4_mm_splitk_cluster<0, 1,",) if case == "splitk-cluster-out" else ()
     for (prev, main), g in zip(pairs, norms):
         check_launch(prev, sigs)
         check_launch(main, sigs)
         at = prev.program.meta["fold_from"]
         assert prev.program.meta["entry"].startswith(("nf4_mm_wgr<0, 1,", "nf4_mm_wgr_cluster<0, 1,", *producers))
+        assert main.program.meta["entry"].startswith(
+            "nf4_mm_wgr_cluster<" if case == "cluster-consumers" else "nf4_mm_wgr<")
         assert prev.buffers[at["final_out"]] is ex.act["x"] and prev.buffers[at["fold_g"]] is g
         assert prev.buffers[at["ss_out"]] is ss
         xh = prev.buffers[at["out_h"]]

@@ -368,7 +368,7 @@ class CudaMatmul(KernelTemplate):
             # it applies the epilogue itself, into final_out (out with KS 1)
             offers_f16_out(prog, WGR_ARGS["final_out"], WGR_ARGS["out_h"], WGR_ARGS["m"], WGR_ARGS["n"])
         if self.kind == "wgr":  # the norm fold's consuming side (`cuda_fuse.fold_norm`)
-            prog.meta["fold_into"] = config["KS"] == 1
+            prog.meta["fold_into"] = config["KS"] == 1 or self.clustered(config)
         fold = self.fold_from(config)
         if fold:
             prog.meta["fold_from"] = fold

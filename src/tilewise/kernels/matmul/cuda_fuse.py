@@ -85,9 +85,10 @@ def fold_norm(prev: Launch, prep: Launch, main: Launch, ss: Any) -> tuple[Launch
     columns into `ss` (at least M x N / 64 floats), and `main` multiplies its rows by 1 / rms(h) before its epilogue.
     None where they do not fit: prev a residual launch that sums in the kernel and stores the fold's rows (its
     program's `fold_from`: wgr with KS 1 or SR 2, splitk with SR 2) and writes no f16 rows yet, prep the normed
-    prologue of exactly prev's output rows, main a KS 1 wgr launch reading prep's rows. The fold never changes a
-    config: a split config the table summed in a reduction launch keeps it (a cluster forced for the fold's sake
-    cost more than the launches it saved)."""
+    prologue of exactly prev's output rows, main a wgr launch reading prep's rows whose sums are whole in the launch
+    (`fold_into`: KS 1, or SR 2, whose cluster scales the summed slices). The fold never changes a config: a split
+    config the table summed in a reduction launch keeps it (a cluster forced for the fold's sake cost more than the
+    launches it saved)."""
     role = prep.program.meta.get("role")
     at = prev.program.meta.get("fold_from")
     if role != ("prep", 1) or not at or not main.program.meta.get("fold_into"):

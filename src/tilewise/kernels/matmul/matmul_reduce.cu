@@ -209,6 +209,12 @@ __device__ __forceinline__ unsigned cluster_peer(unsigned addr, unsigned rank) {
   return d;
 }
 
+__device__ __forceinline__ float ld_peer1(unsigned addr) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+
 __device__ __forceinline__ float4 ld_peer4(unsigned addr) {
   float4 v;
   asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
@@ -222,10 +228,13 @@ __device__ __forceinline__ float4 ld_peer4(unsigned addr) {
 // same bits) and applies the epilogue; a second barrier keeps every block's shared memory until all have read it.
 // fold_g (residual, not null; N % 64 == 0, COLS % 64 == 0, NT % 32 == 0): the norm fold's f16 rows into out_h and
 // sums of squares into ss_out (`fold_chunk`). Every thread of a block loops the same number of times (CHUNKS is a
-// multiple of NT wherever the fold runs), so whole half-warps call fold_chunk.
+// multiple of NT wherever the fold runs), so whole half-warps call fold_chunk. scaled (the fold's consumer, EPI 0
+// or 2): each row's summed slices are multiplied by the scale its blocks wrote into the padding column COLS of
+// their tiles' first set, before the epilogue.
 template <int EPI, int KS, int NT, int ROWS, int COLS>
 __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out, unsigned short *out_h, int M, int N,
-                                               int r0, int c0, const float *fold_g, float *ss_out) {
+                                               int r0, int c0, const float *fold_g, float *ss_out,
+                                               bool scaled = false) {
   static_assert(COLS % 4 == 0, "cluster_reduce reads four columns at a time");
   constexpr int SETS = EPI == 2 ? 2 : 1, TS = COLS + 4, CHUNKS = ROWS * (COLS / 4);
   cluster_sync();
@@ -289,6 +298,11 @@ __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out,
         for (int s = 0; s < SETS; ++s) v[z][s] = ld_peer4(peer[z] + 4 * ((s * ROWS + row) * TS + c));
       float4 y[SETS];
       sum_slices4<KS, SETS>(v, y);
+      if (scaled) {  // the norm fold's consumer: the row's scale, which every block wrote into its column COLS
+        const float k = ld_peer1(peer[0] + 4 * (row * TS + COLS));
+#pragma unroll
+        for (int s = 0; s < SETS; ++s) y[s] = f4(y[s].x * k, y[s].y * k, y[s].z * k, y[s].w * k);
+      }
       const size_t o = (size_t)r * N + col;
       if (N % 4 == 0 && EPI == 1) {  // col < N: all four
         *reinterpret_cast<float4 *>(final_out + o) = add4(res[u], y[0]);  // as store_sum4<1> adds

@@ -43,8 +43,9 @@
 // that matmul is the only reader, and drops its prologue launch.
 // The norm fold (matmul_reduce.cu's `fold_chunk`, the executor's `fold_norm`): a residual launch summing in the
 // kernel (KS 1, SR 2) with fold_g not null also stores f16 (h * fold_g) into out_h and its rows' sums of squares
-// per 64 columns into ss_out (N % 64 == 0); a KS 1 launch with ss_in not null reads x as such rows and multiplies
-// each token's outputs by rsqrt(sum / K + eps) before its epilogue. Null pointers: neither.
+// per 64 columns into ss_out (N % 64 == 0); a KS 1 or SR 2 launch with ss_in not null reads x as such rows and
+// multiplies each token's outputs (SR 2: the sum of its slices) by rsqrt(sum / K + eps) before its epilogue. Null
+// pointers: neither.
 // Shapes: K % (KS * 64) == 0; any M and N.
 
 __host__ __device__ constexpr int wgr_threads(int BF) { return BF / 64 * 128; }
@@ -367,12 +368,13 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   PDL_BEGIN();
 #pragma unroll
   for (int g = 0; g < AHEAD; ++g) issue_x(g);
-  // ss_in (KS 1, the norm fold's consumer): each of the block's tokens' 1 / rms(h) from its sums of squares per 64
-  // columns, added in order, here while the first stages land rather than after the K loop, where its loads were
-  // waited for at the end of the launch; held in a register until the epilogue
+  // ss_in (KS 1 or SR 2, the norm fold's consumer): each of the block's tokens' 1 / rms(h) from its sums of squares
+  // per 64 columns, added in order, here while the first stages land rather than after the K loop, where its loads
+  // were waited for at the end of the launch; held in a register until the epilogue
   constexpr int SCALES = (BT + NT - 1) / NT;
+  constexpr bool FOLDS = KS == 1 || SR == 2;  // the launches that may consume the fold (a split's sum is scaled)
   float scale[SCALES];
-  if (KS == 1 && ss_in != nullptr) {
+  if (FOLDS && ss_in != nullptr) {
 #pragma unroll
     for (int u = 0; u < SCALES; ++u) {
       const int i = tid + u * NT;
@@ -458,7 +460,12 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
       for (int j = 0; j < BT / 8; ++j)
 #pragma unroll
         for (int q = 0; q < 4; ++q) tile[(s * BT + 8 * j + 2 * t + q % 2) * TS + r + 8 * (q / 2)] = acc[s][j][q];
-    cluster_reduce<EPI, KS, NT, BT, BF>(base_addr, final_out, out_h, M, N, t0, f0, fold_g, ss_out);
+    if (ss_in != nullptr) {  // the fold's consumer: the tokens' scales in the padding column BF of set 0's rows,
+#pragma unroll                // which cluster_reduce multiplies the summed slices by
+      for (int u = 0; u < SCALES; ++u)
+        if (tid + u * NT < BT) tile[(tid + u * NT) * TS + BF] = scale[u];
+    }
+    cluster_reduce<EPI, KS, NT, BT, BF>(base_addr, final_out, out_h, M, N, t0, f0, fold_g, ss_out, ss_in != nullptr);
     return;
   }
   // ss_in (KS 1): x came as f16 (h * g), unnormed (the norm fold, matmul_reduce.cu); each token's 1 / rms(h)
