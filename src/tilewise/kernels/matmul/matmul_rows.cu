@@ -44,30 +44,11 @@ __host__ __device__ constexpr int rows_first_failure(int FMT, int EPI, int NORM,
   return 0;
 }
 
-// bytes [begin, end) of global memory into L2, a 128-byte line per lane of the warp at a time
-__device__ __forceinline__ void prefetch_l2(const void *begin, size_t bytes, int lane) {
-  const unsigned long long a = reinterpret_cast<unsigned long long>(begin), first = a / 128, last = (a + bytes - 1) / 128;
-  for (unsigned long long line = first + lane; bytes && line <= last; line += WARPSIZE)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(line * 128) : "memory");
-}
-
 template <int FMT, int EPI, int NORM, int NT, int RM, int WK>
 __global__ void __launch_bounds__(NT, 1)
 nf4_mm_rows(const float *__restrict__ x, int x_row0, const unsigned *__restrict__ w, const float *__restrict__ absmax,
             const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, const float *__restrict__ norm_w,
             float eps, float *__restrict__ out, int M, int N, int K) {
-  {  // the column's weights and scales into L2 before the wait: no launch writes them, so their memory latency
-     // overlaps the predecessor's last blocks (with PDL) and this launch's norm, not the K loop's first loads
-    const int col = blockIdx.x * (NT / WARPSIZE / WK) + threadIdx.x / WARPSIZE / WK;
-    if (threadIdx.x / WARPSIZE % WK == 0 && col < N) {
-      const size_t row_bytes = FMT == 0 ? (size_t)K / 2 : FMT == 1 ? (size_t)K * 2 : (size_t)K * 4;
-      const int lane = threadIdx.x % WARPSIZE;
-      for (int s = 0; s < (EPI == 2 ? 2 : 1); ++s) {
-        prefetch_l2(reinterpret_cast<const unsigned char *>(s ? w_up : w) + (size_t)col * row_bytes, row_bytes, lane);
-        if (FMT == 0) prefetch_l2((s ? absmax_up : absmax) + (size_t)col * K / 64, (size_t)K / 16, lane);
-      }
-    }
-  }
   PDL_BEGIN();
   constexpr int FAIL = rows_first_failure(FMT, EPI, NORM, NT, RM, WK);
   static_assert(FAIL != 1, "variant: FMT in 0..2 (nf4, f16, f32), EPI in 0..2 (none, residual, swiglu), NORM 0/1");
