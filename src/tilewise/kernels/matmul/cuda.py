@@ -170,7 +170,8 @@ __all__ = [
 
 #: the family's CUDA source files, compiled as one text in this order (the later ones use matmul.cu's helpers)
 SOURCE_FILES = ("matmul.cu", "matmul_reduce.cu", "matmul_mma.cu", "matmul_pipe.cu", "matmul_ring.cu",
-                "matmul_wgmma_ops.cu", "matmul_wg.cu", "matmul_ws.cu", "matmul_wgr.cu", "matmul_rows.cu")
+                "matmul_wgmma_ops.cu", "matmul_wg.cu", "matmul_ws.cu", "matmul_wgr_decode.cu", "matmul_wgr.cu",
+                "matmul_rows.cu")
 
 
 def matmul_source() -> str:
