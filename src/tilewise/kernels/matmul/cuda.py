@@ -1,44 +1,9 @@
 """The classifier's weight matmuls on CUDA (`matmul.cu`): tensor cores (mma.sync f16 -> f32) fed by register
 prefetch or a cp.async pipeline, split-K and a short-row path.
 
-Problem: `matmul.problem.MatmulProblem` (y = epilogue(norm(x) @ W^T), W (N, K) nf4 / f16 / f32). Five kinds:
-
-- `mma` (`nf4_mm_mma<FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE>`): a BM x BN output tile per block, BK inputs per
-  step through PIPE shared-memory buffers (x normed and rounded to f16, W decoded once per step, the next step's
-  words loaded into registers during the math), WM x WN per warp in m16n8k16 `mma.sync` steps fed by `ldmatrix`
-  (inline PTX). f16 operands, so it is verified at the f16 tolerance;
-- `splitk` (`nf4_mm_splitk<..., PIPE, KS, SR>` + `nf4_mm_splitk_reduce<EPI, NT>`): the same main loop over KS
-  slices of K (grid z), raw f32 partial sums into the `partial` scratch (KS, SETS, M, N), then a second launch adds
-  the slices in a fixed order and applies the epilogue (SR 1: the last block of each tile does, as wgr's; SR 2,
-  Hopper: `nf4_mm_splitk_cluster`, the tile's blocks one cluster, as wgr's): it fills
-  the GPU where N / BN * M / BM tiles would not (the N = 1024 projections);
-- `pipe` (`nf4_mm_pipe<..., ST, KS, MB>`): the same tiles fed by a cp.async ring of ST raw stages in dynamic shared
-  memory (opted in above 48 KB), converted into two operand buffers with one barrier a step; KS 1 applies the
-  epilogue, KS > 1 sums slices like split-K; MB is the launch bound's blocks per SM;
-- `ring` (`nf4_mm_prep<NORM, NT>` + `nf4_mm_ring<FMT, EPI, ..., ST, KS, MB>`): x rounded to f16 once (normed first
-  with the fused norm) into the `xh` scratch, then a cp.async ring of ST stages holding f16 x and W as stored, with
-  nothing converted in shared memory: W's fragments are decoded in registers. KS > 1 sums slices like split-K;
-- `wg` (`nf4_mm_prep<NORM, NT>` + `nf4_mm_wg<FMT, EPI, BM, BN, MT, ST, KS, MB>`, Hopper only): the same f16 x,
-  then BM / (64 MT) warpgroups of MT m64 slices on `wgmma` (both operands from shared memory in the 128-byte
-  swizzle), K steps of 64 through a cp.async ring of ST stages of x and W as stored; nf4 and f32 W decoded once per
-  step and block, one step ahead. KS > 1 sums slices;
-- `wgt` (`nf4_mm_prep` + `nf4_mm_wgt<...the wg parameters>`, Hopper only): `wg` with each step's x tile copied by
-  the TMA (one thread issues BM / 64 boxes of 64 x 64 f16, 128-byte swizzle, completing an mbarrier per stage),
-  through a tensor map of `xh` passed by value (`devices/cuda_tma.py`) as the last argument;
-- `ws` (`nf4_mm_prep<NORM, NT>` + `nf4_mm_ws<FMT, EPI, BM, BN, MT, ST, KS, MB>`, Hopper only): the wg kind's tiles
-  with warp specialization: BM / (64 MT) consumer warpgroups only issue wgmma and store, one producer warpgroup
-  copies and decodes, handing stages over through named barriers; `setmaxnreg` gives the consumers the producer's
-  registers. KS > 1 sums slices;
-- `wgr` (`nf4_mm_prep` + `nf4_mm_wgr<FMT, EPI, BF, BT, ST, KS, MB, DEC, SR>`, Hopper only): the operands swapped: W
-  is wgmma's A operand, each thread decoding its own fragments from the stored rows straight into registers, and x
-  (BT tokens, the wgmma n, in steps of 8) its B operand, one TMA box per step; BF / 64 warpgroups of 64 features.
-  KS > 1 sums slices (SR 1: the last block of a tile does, through the `counters` scratch, with no reduction launch;
-  SR 2: `nf4_mm_wgr_cluster`, the tile's KS blocks one cluster summing from each other's shared memory, with no
-  partial sums in global memory either);
-  DEC 1 decodes nf4 through an f16 code table in registers (byte permutes, f16 scaling), DEC 2 and 3 through a table
-  of 256 f16 code pairs in shared memory (one load a stored byte; 8 or 32 copies against bank conflicts);
-- `rows` (`nf4_mm_rows<FMT, EPI, NORM, NT, RM, WK>`): WK warps per output column over RM rows, splitting its K
-  words, f32 arithmetic, for few rows (a decision's last block, short extends).
+Problem: `matmul.problem.MatmulProblem` (y = epilogue(norm(x) @ W^T), W (N, K) nf4 / f16 / f32). The kinds (mma,
+splitk, pipe, ring, wg, wgt, ws, wgr, rows) and their kernels are described with their spaces in `cuda_space.py`;
+the C++ text and the kernels' names are `cuda_source.py`'s, the cuBLAS peer `cuda_peer.py`'s.
 
 Arguments: x, x_row0 (first row of x read), w, absmax, w_up, absmax_up, norm_w, eps, out, M, N, K; every size is an
 argument, so one program serves every shape (`program_key` is the config); split-K's main launch takes `partial`
@@ -62,12 +27,11 @@ from tilewise.kernels.cudasrc import (
     NULL,
     arg_or,
     compile_cuda,
-    model_source,
-    name_expression,
     offers_f16_out,
     upload_all,
     zeroed,
 )
+from tilewise.kernels.matmul.cuda_peer import cublas_f16, cublas_f16_launches
 from tilewise.kernels.matmul.cuda_rules import (
     mma_rules,
     pipe_rules,
@@ -77,6 +41,15 @@ from tilewise.kernels.matmul.cuda_rules import (
     wg_rules,
     wgr_rules,
     ws_rules,
+)
+from tilewise.kernels.matmul.cuda_source import (
+    SOURCE_FILES,
+    SPLITK_ARGS,
+    WGR_ARGS,
+    entry_name,
+    matmul_source,
+    prep_entry_name,
+    reduce_entry_name,
 )
 from tilewise.kernels.matmul.cuda_space import (
     DEFAULT_MMA,
@@ -168,25 +141,8 @@ __all__ = [
     "ws_consumer_regs", "ws_rules", "ws_smem_bytes", "ws_threads",
 ]
 
-#: the family's CUDA source files, compiled as one text in this order (the later ones use matmul.cu's helpers)
-SOURCE_FILES = ("matmul.cu", "matmul_reduce.cu", "matmul_mma.cu", "matmul_pipe.cu", "matmul_ring.cu",
-                "matmul_wgmma_ops.cu", "matmul_wg.cu", "matmul_ws.cu", "matmul_wgr_decode.cu", "matmul_wgr.cu",
-                "matmul_rows.cu")
-
-
-def matmul_source() -> str:
-    """The family's CUDA C++ text: `SOURCE_FILES` joined."""
-    return model_source("matmul", *SOURCE_FILES)
-
-
-#: positions of the arguments other code sets in a launch of nf4_mm_wgr / nf4_mm_wgr_cluster (matmul_wgr.cu) and of
-#: the split-K kernels (matmul_mma.cu): the f16 output (`offers_f16_out`) and the norm fold (`cuda_fuse.fold_norm`)
-WGR_ARGS = {"m": 6, "n": 7, "k": 8, "final_out": 10, "out_h": 12, "ss_in": 13, "eps": 14, "fold_g": 15, "ss_out": 16}
-SPLITK_ARGS = {"m": 9, "n": 10, "final_out": 12, "out_h": 14, "fold_g": 15, "ss_out": 16}
-
-
 class CudaMatmul(KernelTemplate):
-    """One matmul variant (kind, weight format, epilogue, fused norm) on CUDA; see the module docstring."""
+    """One matmul variant (kind, weight format, epilogue, fused norm) on CUDA; the kinds: `cuda_space.py`."""
 
     backend = "cuda"
     shape_names = MatmulProblem.shape_names
@@ -315,32 +271,15 @@ class CudaMatmul(KernelTemplate):
 
     # ---- source and compile -----------------------------------------------------------------------------------
     def entry(self, config: Config) -> str:
-        head = (FMT_CODE[self.fmt], EPI_CODE[self.epilogue], int(self.norm))
-        if self.kind == "rows":
-            return name_expression("nf4_mm_rows", *head, *(config[p] for p in ROWS_PARAMS))
-        if self.kind == "splitk":  # SR 2: the kernel declares its cluster (1, 1, KS)
-            name = "nf4_mm_splitk_cluster" if config["SR"] == 2 else "nf4_mm_splitk"
-            return name_expression(name, *head, *(config[p] for p in SPLITK_PARAMS))
-        if self.kind == "pipe":
-            return name_expression("nf4_mm_pipe", *head, *(config[p] for p in PIPE_PARAMS))
-        if self.kind == "ring":  # the norm is the prologue's (`prep_entry`)
-            return name_expression("nf4_mm_ring", *head[:2], *(config[p] for p in RING_PARAMS))
-        if self.kind in ("wg", "wgt"):
-            return name_expression(f"nf4_mm_{self.kind}", *head[:2], *(config[p] for p in WG_PARAMS))
-        if self.kind == "ws":
-            return name_expression("nf4_mm_ws", *head[:2], *(config[p] for p in WS_PARAMS))
-        if self.kind == "wgr":  # SR 2: the kernel declares its cluster (1, 1, KS)
-            name = "nf4_mm_wgr_cluster" if config["SR"] == 2 else "nf4_mm_wgr"
-            return name_expression(name, *head[:2], *(config[p] for p in WGR_PARAMS))
-        return name_expression("nf4_mm_mma", *head, *(config[p] for p in MMA_PARAMS))
+        return entry_name(self.kind, self.fmt, self.epilogue, self.norm, config)
 
     def prep_entry(self) -> str:
         """The ring and wg kinds' first kernel: x rows to f16 (normed first with the fused norm)."""
-        return name_expression("nf4_mm_prep", int(self.norm), PREP_NT)
+        return prep_entry_name(self.norm)
 
     def reduce_entry(self) -> str:
         """split-K's second kernel: the slices' sum with the epilogue."""
-        return name_expression("nf4_mm_splitk_reduce", EPI_CODE[self.epilogue], REDUCE_NT)
+        return reduce_entry_name(self.epilogue)
 
     def source(self, config: Config, shape: Shape | None = None) -> str:
         return f"{matmul_source()}\n// instantiated as {self.entry(config)}\n"
@@ -461,27 +400,12 @@ class CudaMatmul(KernelTemplate):
     peer_name = "cuBLAS f16"
 
     def peer_program(self, device: Device) -> Program:
-        """cuBLAS f16 GEMM (CuPy matmul: f16 x f16, f32 accumulation) of the same shape on its own f16 copies of x
-        and the dequantized W, timed by the device like any kernel: the dense tensor-core bound this kernel is
-        measured against. It reads and writes its own buffers (made at its first, untimed warm-up call)."""
-        cp = device._cp  # type: ignore[attr-defined]
-        held: dict[tuple[int, int, int], tuple[Any, Any, Any]] = {}
-
-        def cublas_hgemm(M: Any, N: Any, K: Any) -> None:
-            m, n, k = int(M), int(N), int(K)
-            if (m, n, k) not in held:
-                rng = cp.random.default_rng(0)
-                held[(m, n, k)] = (rng.standard_normal((m, k), dtype=cp.float32).astype(cp.float16),
-                                   rng.standard_normal((n, k), dtype=cp.float32).astype(cp.float16),
-                                   cp.empty((m, n), dtype=cp.float16))
-            x, w, out = held[(m, n, k)]
-            cp.matmul(x, w.T, out=out)
-
-        return Program("cublas_hgemm", cublas_hgemm, "cublas-f16", meta={"callable": True})
+        """cuBLAS f16 on the same shape (`cuda_peer.cublas_f16`): the dense tensor-core bound this kernel is
+        measured against."""
+        return cublas_f16(device)
 
     def peer_launches(self, program: Program, bufs: DeviceBuffers, shape: Shape) -> list[Launch]:
-        m, n, k = shape
-        return [Launch(program, (1, 1, 1), [np.int32(m), np.int32(n * self.sets), np.int32(k)])]  # swiglu: both
+        return cublas_f16_launches(program, shape, self.sets)
 
     def describe(self, config: Config) -> str:
         if self.kind == "rows":

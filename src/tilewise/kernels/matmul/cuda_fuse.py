@@ -18,7 +18,7 @@ from typing import Any
 from tilewise.devices.base import Device, Launch, Program
 from tilewise.errors import LaunchError, ShaderCompileError
 from tilewise.kernels.cudasrc import NULL, compile_cuda, name_expression
-from tilewise.kernels.matmul.cuda import WGR_ARGS, matmul_source
+from tilewise.kernels.matmul.cuda_source import WGR_ARGS, matmul_source
 from tilewise.kernels.matmul.cuda_space import EPI_CODE, PREP_NT
 from tilewise.kernels.space import Config
 

@@ -1,6 +1,46 @@
 """The CUDA matmul family's search spaces as data: parameters, values, hand-picked seeds, defaults, and the
 shared-memory and register arithmetic their rules (`cuda_rules.py`) use, as the `.cu` sources compute it. `cuda.py`
-(the template) re-exports every name."""
+(the template) re-exports every name.
+
+The kinds:
+
+- `mma` (`nf4_mm_mma<FMT, EPI, NORM, BM, BN, BK, WM, WN, PIPE>`): a BM x BN output tile per block, BK inputs per
+  step through PIPE shared-memory buffers (x normed and rounded to f16, W decoded once per step, the next step's
+  words loaded into registers during the math), WM x WN per warp in m16n8k16 `mma.sync` steps fed by `ldmatrix`
+  (inline PTX). f16 operands, so it is verified at the f16 tolerance;
+- `splitk` (`nf4_mm_splitk<..., PIPE, KS, SR>` + `nf4_mm_splitk_reduce<EPI, NT>`): the same main loop over KS
+  slices of K (grid z), raw f32 partial sums into the `partial` scratch (KS, SETS, M, N), then a second launch adds
+  the slices in a fixed order and applies the epilogue (SR 1: the last block of each tile does, as wgr's; SR 2,
+  Hopper: `nf4_mm_splitk_cluster`, the tile's blocks one cluster, as wgr's): it fills
+  the GPU where N / BN * M / BM tiles would not (the N = 1024 projections);
+- `pipe` (`nf4_mm_pipe<..., ST, KS, MB>`): the same tiles fed by a cp.async ring of ST raw stages in dynamic shared
+  memory (opted in above 48 KB), converted into two operand buffers with one barrier a step; KS 1 applies the
+  epilogue, KS > 1 sums slices like split-K; MB is the launch bound's blocks per SM;
+- `ring` (`nf4_mm_prep<NORM, NT>` + `nf4_mm_ring<FMT, EPI, ..., ST, KS, MB>`): x rounded to f16 once (normed first
+  with the fused norm) into the `xh` scratch, then a cp.async ring of ST stages holding f16 x and W as stored, with
+  nothing converted in shared memory: W's fragments are decoded in registers. KS > 1 sums slices like split-K;
+- `wg` (`nf4_mm_prep<NORM, NT>` + `nf4_mm_wg<FMT, EPI, BM, BN, MT, ST, KS, MB>`, Hopper only): the same f16 x,
+  then BM / (64 MT) warpgroups of MT m64 slices on `wgmma` (both operands from shared memory in the 128-byte
+  swizzle), K steps of 64 through a cp.async ring of ST stages of x and W as stored; nf4 and f32 W decoded once per
+  step and block, one step ahead. KS > 1 sums slices;
+- `wgt` (`nf4_mm_prep` + `nf4_mm_wgt<...the wg parameters>`, Hopper only): `wg` with each step's x tile copied by
+  the TMA (one thread issues BM / 64 boxes of 64 x 64 f16, 128-byte swizzle, completing an mbarrier per stage),
+  through a tensor map of `xh` passed by value (`devices/cuda_tma.py`) as the last argument;
+- `ws` (`nf4_mm_prep<NORM, NT>` + `nf4_mm_ws<FMT, EPI, BM, BN, MT, ST, KS, MB>`, Hopper only): the wg kind's tiles
+  with warp specialization: BM / (64 MT) consumer warpgroups only issue wgmma and store, one producer warpgroup
+  copies and decodes, handing stages over through named barriers; `setmaxnreg` gives the consumers the producer's
+  registers. KS > 1 sums slices;
+- `wgr` (`nf4_mm_prep` + `nf4_mm_wgr<FMT, EPI, BF, BT, ST, KS, MB, DEC, SR>`, Hopper only): the operands swapped: W
+  is wgmma's A operand, each thread decoding its own fragments from the stored rows straight into registers, and x
+  (BT tokens, the wgmma n, in steps of 8) its B operand, one TMA box per step; BF / 64 warpgroups of 64 features.
+  KS > 1 sums slices (SR 1: the last block of a tile does, through the `counters` scratch, with no reduction launch;
+  SR 2: `nf4_mm_wgr_cluster`, the tile's KS blocks one cluster summing from each other's shared memory, with no
+  partial sums in global memory either);
+  DEC 1 decodes nf4 through an f16 code table in registers (byte permutes, f16 scaling), DEC 2 and 3 through a table
+  of 256 f16 code pairs in shared memory (one load a stored byte; 8 or 32 copies against bank conflicts);
+- `rows` (`nf4_mm_rows<FMT, EPI, NORM, NT, RM, WK>`): WK warps per output column over RM rows, splitting its K
+  words, f32 arithmetic, for few rows (a decision's last block, short extends).
+"""
 
 from __future__ import annotations
 
