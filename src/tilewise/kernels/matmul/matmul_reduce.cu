@@ -29,15 +29,14 @@ __device__ __forceinline__ float4 ld_cg4(const float *p) {
   return v;
 }
 
-// the epilogue of four summed columns at output offset o (16-byte aligned): residual adds into final_out; none and
-// swiglu store f32 into final_out, or f16 into out_h where it is not null (as nf4_mm_prep<0> rounds)
+// the epilogue of four summed columns at output offset o (16-byte aligned): residual stores res + y into final_out,
+// res being the row's four values there, which the caller loaded ahead (EPI_BATCH); none and swiglu store f32 into
+// final_out, or f16 into out_h where it is not null (as nf4_mm_prep<0> rounds)
 template <int EPI, int SETS>
-__device__ __forceinline__ void store_sum4(const float4 (&y)[SETS], float *final_out, unsigned short *out_h,
-                                           size_t o) {
+__device__ __forceinline__ void store_sum4(const float4 (&y)[SETS], float4 res, float *final_out,
+                                           unsigned short *out_h, size_t o) {
   if (EPI == 1) {
-    float4 *f = reinterpret_cast<float4 *>(final_out + o);
-    const float4 h = *f;
-    *f = f4(h.x + y[0].x, h.y + y[0].y, h.z + y[0].z, h.w + y[0].w);
+    *reinterpret_cast<float4 *>(final_out + o) = add4(res, y[0]);
     return;
   }
   const float4 a = y[0], b = y[SETS - 1];
@@ -116,8 +115,7 @@ __device__ __forceinline__ void serial_sum4(const float *partial, float *final_o
       if (!ok[u]) continue;
       float4 y[SETS];
       sum_slices4<KS, SETS>(v[u], y);
-      if (EPI == 1) *reinterpret_cast<float4 *>(final_out + o[u]) = add4(h[u], y[0]);  // as store_sum4<1> adds
-      else store_sum4<EPI, SETS>(y, final_out, out_h, o[u]);
+      store_sum4<EPI, SETS>(y, h[u], final_out, out_h, o[u]);
     }
   }
 }
@@ -304,10 +302,8 @@ __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out,
         for (int s = 0; s < SETS; ++s) y[s] = f4(y[s].x * k, y[s].y * k, y[s].z * k, y[s].w * k);
       }
       const size_t o = (size_t)r * N + col;
-      if (N % 4 == 0 && EPI == 1) {  // col < N: all four
-        *reinterpret_cast<float4 *>(final_out + o) = add4(res[u], y[0]);  // as store_sum4<1> adds
-      } else if (N % 4 == 0) {
-        store_sum4<EPI, SETS>(y, final_out, out_h, o);
+      if (N % 4 == 0) {  // col < N: all four
+        store_sum4<EPI, SETS>(y, res[u], final_out, out_h, o);
       } else {
         for (int i = 0; i < 4 && col + i < N; ++i) {
           float yi[SETS];

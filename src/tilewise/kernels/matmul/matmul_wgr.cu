@@ -335,6 +335,16 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   __syncthreads();  // every warpgroup's wgmma and copies are done: the ring is free
   constexpr int TS = BF + 4, PASSES = KS > 1 ? SETS : 1;
   float *tile = reinterpret_cast<float *>(base);
+  // ss_in (KS 1 or SR 2): x came as f16 (h * g), unnormed (the norm fold, matmul_reduce.cu); each token's
+  // 1 / rms(h) (`scale`, from before the K loop) goes into the padding column BF of its tile row (of set 0's rows;
+  // the fragments fill columns 0..BF-1 only), and the token's outputs (SR 2: its summed slices, in cluster_reduce)
+  // are multiplied by it before the epilogue
+  const bool scaled = FOLDS && ss_in != nullptr;
+  if (scaled) {
+#pragma unroll
+    for (int u = 0; u < SCALES; ++u)
+      if (tid + u * NT < BT) tile[(tid + u * NT) * TS + BF] = scale[u];
+  }
   if constexpr (SR == 2) {
 #pragma unroll
     for (int s = 0; s < SETS; ++s)
@@ -342,24 +352,10 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
       for (int j = 0; j < BT / 8; ++j)
 #pragma unroll
         for (int q = 0; q < 4; ++q) tile[(s * BT + 8 * j + 2 * t + q % 2) * TS + r + 8 * (q / 2)] = acc[s][j][q];
-    if (ss_in != nullptr) {  // the fold's consumer: the tokens' scales in the padding column BF of set 0's rows,
-#pragma unroll                // which cluster_reduce multiplies the summed slices by
-      for (int u = 0; u < SCALES; ++u)
-        if (tid + u * NT < BT) tile[(tid + u * NT) * TS + BF] = scale[u];
-    }
-    cluster_reduce<EPI, KS, NT, BT, BF>(base_addr, final_out, out_h, M, N, t0, f0, fold_g, ss_out, ss_in != nullptr);
+    cluster_reduce<EPI, KS, NT, BT, BF>(base_addr, final_out, out_h, M, N, t0, f0, fold_g, ss_out, scaled);
     return;
   }
-  // ss_in (KS 1): x came as f16 (h * g), unnormed (the norm fold, matmul_reduce.cu); each token's 1 / rms(h)
-  // (`scale`, from before the K loop) goes into the padding column BF of its tile row (the fragments below fill
-  // columns 0..BF-1 only), and every output of the token is multiplied by it before the epilogue
-  const bool scaled = KS == 1 && ss_in != nullptr;
-  if (scaled) {
-#pragma unroll
-    for (int u = 0; u < SCALES; ++u)
-      if (tid + u * NT < BT) tile[(tid + u * NT) * TS + BF] = scale[u];
-    __syncthreads();
-  }
+  if (scaled) __syncthreads();  // the scales are read by other threads below
   const size_t mn = (size_t)M * N;
   const bool vec = N % 4 == 0;  // a row's 16-byte chunks are aligned (f0 is a multiple of 64)
 #pragma unroll
@@ -416,7 +412,7 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
           float4 h = f4(0.0f, 0.0f, 0.0f, 0.0f);
           if (ok) {
             const float4 v = *reinterpret_cast<const float4 *>(tile + row * TS + c);
-            h = f4(res[u].x + v.x, res[u].y + v.y, res[u].z + v.z, res[u].w + v.w);
+            h = add4(res[u], v);
             *reinterpret_cast<float4 *>(dst + (size_t)tok * N + feat) = h;
           }
           fold_chunk(h, ok, fold_g, out_h, ss_out, tok, feat, N);
@@ -436,9 +432,7 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
         const size_t o = (size_t)tok * N + feat;
         if (vec) {
           if (KS == 1 && EPI == 1) {
-            float4 y = res[u];
-            y.x += v.x, y.y += v.y, y.z += v.z, y.w += v.w;
-            *reinterpret_cast<float4 *>(dst + o) = y;
+            *reinterpret_cast<float4 *>(dst + o) = add4(res[u], v);
           } else if (KS == 1 && out_h) {
             *reinterpret_cast<uint2 *>(out_h + o) = make_uint2(f16_bits(v.x) | (unsigned)f16_bits(v.y) << 16,
                                                                f16_bits(v.z) | (unsigned)f16_bits(v.w) << 16);
