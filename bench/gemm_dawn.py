@@ -91,14 +91,19 @@ def numerics_section() -> dict[str, Any]:
             "tail": tail}
 
 
-def candidates(tpl: Any, dev: Any, sample: int, seed: int) -> list[Any]:
-    """The seed points at the device's subgroup size, then `sample` legal configs of the full space."""
+def candidates(tpl: Any, dev: Any, sample: int, seed: int, extra: str | None = None) -> list[Any]:
+    """The seed points at the device's subgroup size, then the `extra` configs (`NAME=V,...;...`, or `@FILE`
+    holding that text; each must be legal here), then `sample` legal configs of the full space."""
     space, limits = tpl.space("full"), dev.info.limits
     from tilewise.kernels.gemm.sgmat import device_subgroup_size
+    from tilewise.tune.sweep import sweep_candidates
 
     sg = device_subgroup_size(limits)
     seeds = [space.config({**dict(c), "SG": sg}) for c in tpl.space("seed")]
     picked = list(dict.fromkeys(c for c in seeds if space.is_legal(c, limits)))
+    if extra:
+        text = Path(extra[1:]).read_text().strip() if extra.startswith("@") else extra
+        picked += [c for c in sweep_candidates(tpl, limits, text) if c not in picked]
     picked += [c for c in space.sample(sample, seed=seed, limits=limits) if c not in picked]
     return picked
 
@@ -222,6 +227,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=30, help="timed rounds per race")
     ap.add_argument("--race-top", type=int, default=3, help="best Dawn configs raced against cuBLAS per shape")
     ap.add_argument("--seed", type=int, default=0, help="sampling and input seed")
+    ap.add_argument("--configs", default=None,
+                    help="configs raced beside the seeds: NAME=V,...;NAME=V,... or @FILE holding that text")
     ap.add_argument("--skip-numerics", action="store_true", help="do not run the numerics tests first")
     ap.add_argument("--only", default=None,
                     help="comma-separated shape names to run (e.g. 'square 4096,lfm2 w1|w3'; default: all)")
@@ -266,8 +273,12 @@ def main() -> int:
             report["numerics"] = {"error": traceback.format_exc()}
             log("numerics failed to run:\n" + report["numerics"]["error"])
         write_json(args.out, report)
-    configs = candidates(tpl, dev, args.sample, args.seed)
-    log(f"{len(configs)} candidates per shape (seed points + {args.sample} sampled)")
+    try:
+        configs = candidates(tpl, dev, args.sample, args.seed, args.configs)
+    except Exception as exc:  # an illegal or unreadable --configs: refused before any timing
+        log(f"--configs refused: {exc}")
+        return 2
+    log(f"{len(configs)} candidates per shape (seed points, --configs, {args.sample} sampled)")
     if not configs:
         why = tpl.space("full").why_illegal(tpl.default_config(),
                                             dev.info.limits)

@@ -88,3 +88,26 @@ def test_the_shared_race_warms_every_timer_up_then_times_each_once_a_round_in_a_
     for i, n in enumerate(names):  # a timer's samples are what it returned in the rounds, in order
         got = [10.0 * i + 9 + j for j, c in enumerate(calls[8:]) if c == n]
         assert samples[n] == got
+
+
+def test_extra_configs_join_the_seeds_once_and_an_illegal_one_is_refused_with_its_reason(tmp_path):
+    from types import SimpleNamespace
+
+    from tilewise.devices.profiles import get_profile
+    from tilewise.errors import ConfigError
+    from tilewise.kernels.registry import get_template
+
+    tpl = get_template("gemm-f16", "webgpu")
+    dev = SimpleNamespace(info=SimpleNamespace(limits=get_profile("h200-dawn")))
+    seeds = gemm_dawn.candidates(tpl, dev, 0, 0)
+    new = tpl.default_config().replace(FRAG="16x8x16", SM=1, SN=4, FM=8, FN=4, KF=4, SA="workgroup",
+                                       SB="workgroup", PAD=8, VS=1)
+    assert new not in seeds
+    text = f"{new.key()};{seeds[0].key()}"  # one new config, one seed again
+    (tmp_path / "c.txt").write_text(text + "\n")
+    for extra in (text, "@" + str(tmp_path / "c.txt")):
+        got = gemm_dawn.candidates(tpl, dev, 0, 0, extra)
+        assert got == [*seeds, new]
+    bad = tpl.default_config().replace(FRAG="8x8x8")
+    with pytest.raises(ConfigError, match="fragment 8x8x8 f16->f32 is not offered"):
+        gemm_dawn.candidates(tpl, dev, 0, 0, bad.key())
