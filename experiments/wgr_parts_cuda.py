@@ -18,6 +18,11 @@ They compute wrong values on purpose, so they are timed, never verified or store
     prologue    no K step and no stores (no-loop - prologue: the stores; prologue - bare: the rest of the fixed cost)
     no-prefetch the tensor map not prefetched ahead of the first x copy
     epi-serial  residual epilogues load, add and store one chunk at a time (EPI_BATCH 1), as before the batches
+    exit-release  SR 2: cluster_reduce's last barrier with a release arrive (a GPU-scope fence that waits for the
+                epilogue's stores) instead of a relaxed one
+    peer-serial SR 2: each chunk's slices loaded from the peers just before its sum and store (one round trip a
+                chunk) instead of up to 16 loads in flight
+    cluster-before  both: SR 2's reduction as it was before those two changes (the same sums and bits)
     dec0        the same config with the shared-memory table decode (DEC 0)
     dec2, dec3  the same config with the shared-memory pair table (DEC 2: 8 copies, DEC 3: 32 copies)
     f16-w       the same config with f16 weights (no decode; four times the bytes staged)
@@ -64,6 +69,8 @@ _ABSMAX = "    if (FMT == 0) {  // the step's absmax"
 _LOOP = "  for (int kt = 0; kt < steps; kt += 2) {"
 _TOP = "  constexpr int NT = wgr_threads(BF), SETS = EPI == 2 ? 2 : 1, BK = 64;"
 _EPI = "        if (e >= CHUNKS || tok >= M || feat >= N) continue;"  # the epilogue's store loop (not the fold's)
+_EXIT = '  asm volatile("barrier.cluster.arrive.relaxed.aligned;\\n\\tbarrier.cluster.wait.aligned;\\n" ::: "memory");'
+_PB = "  constexpr int PB = 16 / (KS * SETS) > 1 ? (16 / (KS * SETS) < EPI_BATCH ? 16 / (KS * SETS) : EPI_BATCH) : 1;"
 EDITS: dict[str, tuple[tuple[str, str], ...]] = {  # variant -> (text, its replacement), each occurring once
     "no-decode": ((_NEXT, "    wgr_pin(acc, nxt);"),),
     # a real use of the fragments, so that ptxas keeps the decode (an empty asm pin does not)
@@ -80,6 +87,14 @@ EDITS: dict[str, tuple[tuple[str, str], ...]] = {  # variant -> (text, its repla
                  (_EPI, "        if (e >= CHUNKS || tok >= M || feat >= N || M > 0) continue;")),
     "no-prefetch": (("  if (tid == 0) tma_prefetch_map(&xmap);\n", ""),),
     "epi-serial": (("#ifndef EPI_BATCH\n#define EPI_BATCH 8", "#ifndef EPI_BATCH\n#define EPI_BATCH 1"),),
+    # SR 2 (cluster_reduce): the exit barrier with a release arrive (a GPU-scope fence after the stores), the peer
+    # slices loaded one chunk at a time, and both: the reduction as it was before either change
+    "exit-release": ((_EXIT, _EXIT.replace("arrive.relaxed", "arrive.release").replace("wait.aligned",
+                                                                                      "wait.acquire.aligned")),),
+    "peer-serial": ((_PB, "  constexpr int PB = 1;"),),
+    "cluster-before": ((_EXIT, _EXIT.replace("arrive.relaxed", "arrive.release").replace("wait.aligned",
+                                                                                        "wait.acquire.aligned")),
+                       (_PB, "  constexpr int PB = 1;")),
 }
 
 

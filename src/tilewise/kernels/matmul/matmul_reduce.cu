@@ -200,6 +200,14 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
+// the barrier that keeps each block's shared memory until every peer has read it, with a relaxed arrive: a release
+// arrive compiles to a GPU-scope fence (MEMBAR.ALL.GPU), which would wait here for all of the epilogue's global
+// stores. Nothing after it reads what peers wrote, and every peer load before it has been consumed (summed into a
+// stored value) before the arrive issues, so no ordering is needed.
+__device__ __forceinline__ void cluster_sync_exit() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;\n" ::: "memory");
+}
+
 // the shared address `addr` of this block, in the cluster's block `rank`
 __device__ __forceinline__ unsigned cluster_peer(unsigned addr, unsigned rank) {
   unsigned d;
@@ -235,46 +243,19 @@ __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out,
                                                bool scaled = false) {
   static_assert(COLS % 4 == 0, "cluster_reduce reads four columns at a time");
   constexpr int SETS = EPI == 2 ? 2 : 1, TS = COLS + 4, CHUNKS = ROWS * (COLS / 4);
+  // peer loads in flight a thread (at most 16 float4, as serial_sum4): a chunk's loads wait for their sums, and a
+  // store cannot be passed by the next chunk's loads (generic addresses), so one chunk at a time paid a
+  // distributed-shared-memory round trip per chunk
+  constexpr int PB = 16 / (KS * SETS) > 1 ? (16 / (KS * SETS) < EPI_BATCH ? 16 / (KS * SETS) : EPI_BATCH) : 1;
+  static_assert(EPI_BATCH % PB == 0, "the peer batches tile the residual batch");
   cluster_sync();
   unsigned rank;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
   unsigned peer[KS];
 #pragma unroll
   for (int z = 0; z < KS; ++z) peer[z] = cluster_peer(tiles, z);
-  if constexpr (EPI == 1 && COLS % 64 == 0 && NT % 32 == 0 && CHUNKS % NT == 0) {
-    if (fold_g != nullptr) {
-#pragma unroll 1
-      for (int e0 = threadIdx.x + rank * NT; e0 < CHUNKS; e0 += EPI_BATCH * KS * NT) {
-        float4 res[EPI_BATCH];  // the residual rows, all loaded before the first store
-#pragma unroll
-        for (int u = 0; u < EPI_BATCH; ++u) {
-          const int e = e0 + u * KS * NT, r = r0 + e / (COLS / 4), col = c0 + 4 * (e % (COLS / 4));
-          res[u] = e < CHUNKS && r < M && col < N ? *reinterpret_cast<const float4 *>(final_out + (size_t)r * N + col)
-                                                  : f4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int u = 0; u < EPI_BATCH; ++u) {
-          const int e = e0 + u * KS * NT;
-          if (e >= CHUNKS) break;  // the same for every thread of the block (CHUNKS is a multiple of NT)
-          const int row = e / (COLS / 4), c = 4 * (e % (COLS / 4)), r = r0 + row, col = c0 + c;
-          const bool ok = r < M && col < N;  // N % 64 == 0: all four
-          float4 h = f4(0.0f, 0.0f, 0.0f, 0.0f);
-          if (ok) {
-            float4 v[KS][1];
-#pragma unroll
-            for (int z = 0; z < KS; ++z) v[z][0] = ld_peer4(peer[z] + 4 * (row * TS + c));
-            float4 y[1];
-            sum_slices4<KS, 1>(v, y);
-            h = add4(res[u], y[0]);  // as store_sum4<1> adds
-            *reinterpret_cast<float4 *>(final_out + (size_t)r * N + col) = h;
-          }
-          fold_chunk(h, ok, fold_g, out_h, ss_out, r, col, N);
-        }
-      }
-      cluster_sync();
-      return;
-    }
-  }
+  constexpr bool FOLD = EPI == 1 && COLS % 64 == 0 && NT % 32 == 0 && CHUNKS % NT == 0;
+  const bool fold = FOLD && fold_g != nullptr;
 #pragma unroll 1
   for (int e0 = threadIdx.x + rank * NT; e0 < CHUNKS; e0 += EPI_BATCH * KS * NT) {
     float4 res[EPI_BATCH];  // residual (N % 4 == 0): the rows, all loaded before the first store
@@ -286,35 +267,61 @@ __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out,
                    : f4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 #pragma unroll
-    for (int u = 0; u < EPI_BATCH; ++u) {
-      const int e = e0 + u * KS * NT, row = e / (COLS / 4), c = 4 * (e % (COLS / 4)), r = r0 + row, col = c0 + c;
-      if (e >= CHUNKS || r >= M || col >= N) continue;
-      float4 v[KS][SETS];
+    for (int u0 = 0; u0 < EPI_BATCH; u0 += PB) {
+      if (e0 + u0 * KS * NT >= CHUNKS) break;  // the same for every thread of the block where the fold runs
+      float4 v[PB][KS][SETS];
+      float k[PB];
 #pragma unroll
-      for (int z = 0; z < KS; ++z)
+      for (int u = 0; u < PB; ++u) {  // every peer load of the batch before the first sum
+        const int e = e0 + (u0 + u) * KS * NT, row = e / (COLS / 4), c = 4 * (e % (COLS / 4));
+        const bool ok = e < CHUNKS && r0 + row < M && c0 + c < N;
 #pragma unroll
-        for (int s = 0; s < SETS; ++s) v[z][s] = ld_peer4(peer[z] + 4 * ((s * ROWS + row) * TS + c));
-      float4 y[SETS];
-      sum_slices4<KS, SETS>(v, y);
-      if (scaled) {  // the norm fold's consumer: the row's scale, which every block wrote into its column COLS
-        const float k = ld_peer1(peer[0] + 4 * (row * TS + COLS));
+        for (int z = 0; z < KS; ++z)
 #pragma unroll
-        for (int s = 0; s < SETS; ++s) y[s] = f4(y[s].x * k, y[s].y * k, y[s].z * k, y[s].w * k);
+          for (int s = 0; s < SETS; ++s)
+            v[u][z][s] = ok ? ld_peer4(peer[z] + 4 * ((s * ROWS + row) * TS + c)) : f4(0.0f, 0.0f, 0.0f, 0.0f);
+        // the norm fold's consumer: the row's scale, which every block wrote into its padding column COLS
+        k[u] = scaled && ok ? ld_peer1(peer[0] + 4 * (row * TS + COLS)) : 1.0f;
       }
-      const size_t o = (size_t)r * N + col;
-      if (N % 4 == 0) {  // col < N: all four
-        store_sum4<EPI, SETS>(y, res[u], final_out, out_h, o);
-      } else {
-        for (int i = 0; i < 4 && col + i < N; ++i) {
-          float yi[SETS];
 #pragma unroll
-          for (int s = 0; s < SETS; ++s) yi[s] = i == 0 ? y[s].x : i == 1 ? y[s].y : i == 2 ? y[s].z : y[s].w;
-          store_sum1<EPI, SETS>(yi, final_out, out_h, o + i);
+      for (int u = 0; u < PB; ++u) {
+        const int e = e0 + (u0 + u) * KS * NT, row = e / (COLS / 4), c = 4 * (e % (COLS / 4)), r = r0 + row,
+                  col = c0 + c;
+        const bool ok = e < CHUNKS && r < M && col < N;
+        float4 y[SETS];
+        sum_slices4<KS, SETS>(v[u], y);
+        if (scaled) {
+#pragma unroll
+          for (int s = 0; s < SETS; ++s) y[s] = f4(y[s].x * k[u], y[s].y * k[u], y[s].z * k[u], y[s].w * k[u]);
+        }
+        const size_t o = (size_t)r * N + col;
+        if constexpr (FOLD) {
+          if (fold) {  // the norm fold's producer: whole half-warps call fold_chunk, ok or not (N % 64 == 0)
+            if (e >= CHUNKS) break;  // the same for every thread of the block (CHUNKS is a multiple of NT)
+            float4 h = f4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (ok) {
+              h = add4(res[u0 + u], y[0]);  // as store_sum4<1> adds
+              *reinterpret_cast<float4 *>(final_out + o) = h;
+            }
+            fold_chunk(h, ok, fold_g, out_h, ss_out, r, col, N);
+            continue;
+          }
+        }
+        if (!ok) continue;
+        if (N % 4 == 0) {  // col < N: all four
+          store_sum4<EPI, SETS>(y, res[u0 + u], final_out, out_h, o);
+        } else {
+          for (int i = 0; i < 4 && col + i < N; ++i) {
+            float yi[SETS];
+#pragma unroll
+            for (int s = 0; s < SETS; ++s) yi[s] = i == 0 ? y[s].x : i == 1 ? y[s].y : i == 2 ? y[s].z : y[s].w;
+            store_sum1<EPI, SETS>(yi, final_out, out_h, o + i);
+          }
         }
       }
     }
   }
-  cluster_sync();
+  cluster_sync_exit();
 }
 
 // out = epilogue(sum of the ks slices of partial), one thread per output value; the slices are added in order
