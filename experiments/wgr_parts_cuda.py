@@ -20,9 +20,10 @@ They compute wrong values on purpose, so they are timed, never verified or store
     epi-serial  residual epilogues load, add and store one chunk at a time (EPI_BATCH 1), as before the batches
     exit-release  SR 2: cluster_reduce's last barrier with a release arrive (a GPU-scope fence that waits for the
                 epilogue's stores) instead of a relaxed one
-    peer-serial SR 2: each chunk's slices loaded from the peers just before its sum and store (one round trip a
-                chunk) instead of up to 16 loads in flight
-    cluster-before  both: SR 2's reduction as it was before those two changes (the same sums and bits)
+    peer-serial SR 2: each chunk's residual row and slices loaded just before its sum and store (one round trip a
+                chunk) instead of batches with up to 16 slices in flight
+    cluster-before  both: SR 2's reduction much as it was before those changes (its residual rows were batched by
+                EPI_BATCH then, which the SR 2 tiles did not measure faster than one at a time); the same bits
     dec0        the same config with the shared-memory table decode (DEC 0)
     dec2, dec3  the same config with the shared-memory pair table (DEC 2: 8 copies, DEC 3: 32 copies)
     f16-w       the same config with f16 weights (no decode; four times the bytes staged)

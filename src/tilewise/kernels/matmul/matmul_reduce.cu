@@ -8,7 +8,8 @@
 // Residual epilogues load the rows they add to for EPI_BATCH chunks of four columns before storing any of them: to
 // the compiler a store into final_out may alias the next chunk's load, so a loop that loads, adds and stores one
 // chunk at a time waits for memory once per chunk (measured: most of a KS 1 residual launch's epilogue). The sums
-// are the same, so are the bits. An experiment switch as well (1: one chunk at a time).
+// are the same, so are the bits. An experiment switch as well (1: one chunk at a time). cluster_reduce batches at
+// most EPI_BATCH chunks, fewer where their peer slices would pass 16 float4.
 #ifndef EPI_BATCH
 #define EPI_BATCH 8
 #endif
@@ -243,11 +244,11 @@ __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out,
                                                bool scaled = false) {
   static_assert(COLS % 4 == 0, "cluster_reduce reads four columns at a time");
   constexpr int SETS = EPI == 2 ? 2 : 1, TS = COLS + 4, CHUNKS = ROWS * (COLS / 4);
-  // peer loads in flight a thread (at most 16 float4, as serial_sum4): a chunk's loads wait for their sums, and a
-  // store cannot be passed by the next chunk's loads (generic addresses), so one chunk at a time paid a
-  // distributed-shared-memory round trip per chunk
+  // chunks a thread sums at a time (at most 16 float4 of peer slices in flight, as serial_sum4): their residual rows
+  // and every peer load before the first sum. One chunk at a time paid a distributed-shared-memory round trip per
+  // chunk: its loads waited for their sums, and a store is not passed by the next chunk's loads (generic addresses).
+  // The batch loop is not unrolled: one copy of the batch's code
   constexpr int PB = 16 / (KS * SETS) > 1 ? (16 / (KS * SETS) < EPI_BATCH ? 16 / (KS * SETS) : EPI_BATCH) : 1;
-  static_assert(EPI_BATCH % PB == 0, "the peer batches tile the residual batch");
   cluster_sync();
   unsigned rank;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
@@ -257,66 +258,57 @@ __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out,
   constexpr bool FOLD = EPI == 1 && COLS % 64 == 0 && NT % 32 == 0 && CHUNKS % NT == 0;
   const bool fold = FOLD && fold_g != nullptr;
 #pragma unroll 1
-  for (int e0 = threadIdx.x + rank * NT; e0 < CHUNKS; e0 += EPI_BATCH * KS * NT) {
-    float4 res[EPI_BATCH];  // residual (N % 4 == 0): the rows, all loaded before the first store
+  for (int e0 = threadIdx.x + rank * NT; e0 < CHUNKS; e0 += PB * KS * NT) {
+    float4 res[PB], v[PB][KS][SETS];
+    float k[PB];
 #pragma unroll
-    for (int u = 0; u < EPI_BATCH; ++u) {
-      const int e = e0 + u * KS * NT, r = r0 + e / (COLS / 4), col = c0 + 4 * (e % (COLS / 4));
-      res[u] = EPI == 1 && N % 4 == 0 && e < CHUNKS && r < M && col < N
-                   ? *reinterpret_cast<const float4 *>(final_out + (size_t)r * N + col)
+    for (int u = 0; u < PB; ++u) {
+      const int e = e0 + u * KS * NT, row = e / (COLS / 4), c = 4 * (e % (COLS / 4));
+      const bool ok = e < CHUNKS && r0 + row < M && c0 + c < N;
+      // residual (N % 4 == 0): the row's four values, loaded before the first store
+      res[u] = EPI == 1 && N % 4 == 0 && ok
+                   ? *reinterpret_cast<const float4 *>(final_out + (size_t)(r0 + row) * N + c0 + c)
                    : f4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int z = 0; z < KS; ++z)
+#pragma unroll
+        for (int s = 0; s < SETS; ++s)
+          v[u][z][s] = ok ? ld_peer4(peer[z] + 4 * ((s * ROWS + row) * TS + c)) : f4(0.0f, 0.0f, 0.0f, 0.0f);
+      // the norm fold's consumer: the row's scale, which every block wrote into its padding column COLS
+      k[u] = scaled && ok ? ld_peer1(peer[0] + 4 * (row * TS + COLS)) : 1.0f;
     }
 #pragma unroll
-    for (int u0 = 0; u0 < EPI_BATCH; u0 += PB) {
-      if (e0 + u0 * KS * NT >= CHUNKS) break;  // the same for every thread of the block where the fold runs
-      float4 v[PB][KS][SETS];
-      float k[PB];
+    for (int u = 0; u < PB; ++u) {
+      const int e = e0 + u * KS * NT, row = e / (COLS / 4), c = 4 * (e % (COLS / 4)), r = r0 + row, col = c0 + c;
+      const bool ok = e < CHUNKS && r < M && col < N;
+      float4 y[SETS];
+      sum_slices4<KS, SETS>(v[u], y);
+      if (scaled) {
 #pragma unroll
-      for (int u = 0; u < PB; ++u) {  // every peer load of the batch before the first sum
-        const int e = e0 + (u0 + u) * KS * NT, row = e / (COLS / 4), c = 4 * (e % (COLS / 4));
-        const bool ok = e < CHUNKS && r0 + row < M && c0 + c < N;
-#pragma unroll
-        for (int z = 0; z < KS; ++z)
-#pragma unroll
-          for (int s = 0; s < SETS; ++s)
-            v[u][z][s] = ok ? ld_peer4(peer[z] + 4 * ((s * ROWS + row) * TS + c)) : f4(0.0f, 0.0f, 0.0f, 0.0f);
-        // the norm fold's consumer: the row's scale, which every block wrote into its padding column COLS
-        k[u] = scaled && ok ? ld_peer1(peer[0] + 4 * (row * TS + COLS)) : 1.0f;
+        for (int s = 0; s < SETS; ++s) y[s] = f4(y[s].x * k[u], y[s].y * k[u], y[s].z * k[u], y[s].w * k[u]);
       }
-#pragma unroll
-      for (int u = 0; u < PB; ++u) {
-        const int e = e0 + (u0 + u) * KS * NT, row = e / (COLS / 4), c = 4 * (e % (COLS / 4)), r = r0 + row,
-                  col = c0 + c;
-        const bool ok = e < CHUNKS && r < M && col < N;
-        float4 y[SETS];
-        sum_slices4<KS, SETS>(v[u], y);
-        if (scaled) {
-#pragma unroll
-          for (int s = 0; s < SETS; ++s) y[s] = f4(y[s].x * k[u], y[s].y * k[u], y[s].z * k[u], y[s].w * k[u]);
-        }
-        const size_t o = (size_t)r * N + col;
-        if constexpr (FOLD) {
-          if (fold) {  // the norm fold's producer: whole half-warps call fold_chunk, ok or not (N % 64 == 0)
-            if (e >= CHUNKS) break;  // the same for every thread of the block (CHUNKS is a multiple of NT)
-            float4 h = f4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (ok) {
-              h = add4(res[u0 + u], y[0]);  // as store_sum4<1> adds
-              *reinterpret_cast<float4 *>(final_out + o) = h;
-            }
-            fold_chunk(h, ok, fold_g, out_h, ss_out, r, col, N);
-            continue;
+      const size_t o = (size_t)r * N + col;
+      if constexpr (FOLD) {
+        if (fold) {  // the norm fold's producer: whole half-warps call fold_chunk, ok or not (N % 64 == 0)
+          if (e >= CHUNKS) break;  // the same for every thread of the block (CHUNKS is a multiple of NT)
+          float4 h = f4(0.0f, 0.0f, 0.0f, 0.0f);
+          if (ok) {
+            h = add4(res[u], y[0]);  // as store_sum4<1> adds
+            *reinterpret_cast<float4 *>(final_out + o) = h;
           }
+          fold_chunk(h, ok, fold_g, out_h, ss_out, r, col, N);
+          continue;
         }
-        if (!ok) continue;
-        if (N % 4 == 0) {  // col < N: all four
-          store_sum4<EPI, SETS>(y, res[u0 + u], final_out, out_h, o);
-        } else {
-          for (int i = 0; i < 4 && col + i < N; ++i) {
-            float yi[SETS];
+      }
+      if (!ok) continue;
+      if (N % 4 == 0) {  // col < N: all four
+        store_sum4<EPI, SETS>(y, res[u], final_out, out_h, o);
+      } else {
+        for (int i = 0; i < 4 && col + i < N; ++i) {
+          float yi[SETS];
 #pragma unroll
-            for (int s = 0; s < SETS; ++s) yi[s] = i == 0 ? y[s].x : i == 1 ? y[s].y : i == 2 ? y[s].z : y[s].w;
-            store_sum1<EPI, SETS>(yi, final_out, out_h, o + i);
-          }
+          for (int s = 0; s < SETS; ++s) yi[s] = i == 0 ? y[s].x : i == 1 ? y[s].y : i == 2 ? y[s].z : y[s].w;
+          store_sum1<EPI, SETS>(yi, final_out, out_h, o + i);
         }
       }
     }
