@@ -72,6 +72,8 @@ _TOP = "  constexpr int NT = wgr_threads(BF), SETS = EPI == 2 ? 2 : 1, BK = 64;"
 _EPI = "        if (e >= CHUNKS || tok >= M || feat >= N) continue;"  # the epilogue's store loop (not the fold's)
 _EXIT = '  asm volatile("barrier.cluster.arrive.relaxed.aligned;\\n\\tbarrier.cluster.wait.aligned;\\n" ::: "memory");'
 _PB = "  constexpr int PB = 16 / (KS * SETS) > 1 ? (16 / (KS * SETS) < EPI_BATCH ? 16 / (KS * SETS) : EPI_BATCH) : 1;"
+_EXIT_RELEASE = _EXIT.replace("arrive.relaxed", "arrive.release").replace("wait.aligned", "wait.acquire.aligned")
+_PB_1 = "  constexpr int PB = 1;"
 EDITS: dict[str, tuple[tuple[str, str], ...]] = {  # variant -> (text, its replacement), each occurring once
     "no-decode": ((_NEXT, "    wgr_pin(acc, nxt);"),),
     # a real use of the fragments, so that ptxas keeps the decode (an empty asm pin does not)
@@ -90,12 +92,9 @@ EDITS: dict[str, tuple[tuple[str, str], ...]] = {  # variant -> (text, its repla
     "epi-serial": (("#ifndef EPI_BATCH\n#define EPI_BATCH 8", "#ifndef EPI_BATCH\n#define EPI_BATCH 1"),),
     # SR 2 (cluster_reduce): the exit barrier with a release arrive (a GPU-scope fence after the stores), the peer
     # slices loaded one chunk at a time, and both: the reduction as it was before either change
-    "exit-release": ((_EXIT, _EXIT.replace("arrive.relaxed", "arrive.release").replace("wait.aligned",
-                                                                                      "wait.acquire.aligned")),),
-    "peer-serial": ((_PB, "  constexpr int PB = 1;"),),
-    "cluster-before": ((_EXIT, _EXIT.replace("arrive.relaxed", "arrive.release").replace("wait.aligned",
-                                                                                        "wait.acquire.aligned")),
-                       (_PB, "  constexpr int PB = 1;")),
+    "exit-release": ((_EXIT, _EXIT_RELEASE),),
+    "peer-serial": ((_PB, _PB_1),),
+    "cluster-before": ((_EXIT, _EXIT_RELEASE), (_PB, _PB_1)),
 }
 
 

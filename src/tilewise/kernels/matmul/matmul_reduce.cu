@@ -261,26 +261,29 @@ __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out,
   for (int e0 = threadIdx.x + rank * NT; e0 < CHUNKS; e0 += PB * KS * NT) {
     float4 res[PB], v[PB][KS][SETS];
     float k[PB];
+    int row[PB], c[PB];
+    bool ok[PB];
 #pragma unroll
     for (int u = 0; u < PB; ++u) {
-      const int e = e0 + u * KS * NT, row = e / (COLS / 4), c = 4 * (e % (COLS / 4));
-      const bool ok = e < CHUNKS && r0 + row < M && c0 + c < N;
+      const int e = e0 + u * KS * NT;
+      row[u] = e / (COLS / 4);
+      c[u] = 4 * (e % (COLS / 4));
+      ok[u] = e < CHUNKS && r0 + row[u] < M && c0 + c[u] < N;
       // residual (N % 4 == 0): the row's four values, loaded before the first store
-      res[u] = EPI == 1 && N % 4 == 0 && ok
-                   ? *reinterpret_cast<const float4 *>(final_out + (size_t)(r0 + row) * N + c0 + c)
+      res[u] = EPI == 1 && N % 4 == 0 && ok[u]
+                   ? *reinterpret_cast<const float4 *>(final_out + (size_t)(r0 + row[u]) * N + c0 + c[u])
                    : f4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
       for (int z = 0; z < KS; ++z)
 #pragma unroll
         for (int s = 0; s < SETS; ++s)
-          v[u][z][s] = ok ? ld_peer4(peer[z] + 4 * ((s * ROWS + row) * TS + c)) : f4(0.0f, 0.0f, 0.0f, 0.0f);
+          v[u][z][s] = ok[u] ? ld_peer4(peer[z] + 4 * ((s * ROWS + row[u]) * TS + c[u])) : f4(0.0f, 0.0f, 0.0f, 0.0f);
       // the norm fold's consumer: the row's scale, which every block wrote into its padding column COLS
-      k[u] = scaled && ok ? ld_peer1(peer[0] + 4 * (row * TS + COLS)) : 1.0f;
+      k[u] = scaled && ok[u] ? ld_peer1(peer[0] + 4 * (row[u] * TS + COLS)) : 1.0f;
     }
 #pragma unroll
     for (int u = 0; u < PB; ++u) {
-      const int e = e0 + u * KS * NT, row = e / (COLS / 4), c = 4 * (e % (COLS / 4)), r = r0 + row, col = c0 + c;
-      const bool ok = e < CHUNKS && r < M && col < N;
+      const int r = r0 + row[u], col = c0 + c[u];
       float4 y[SETS];
       sum_slices4<KS, SETS>(v[u], y);
       if (scaled) {
@@ -290,17 +293,17 @@ __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out,
       const size_t o = (size_t)r * N + col;
       if constexpr (FOLD) {
         if (fold) {  // the norm fold's producer: whole half-warps call fold_chunk, ok or not (N % 64 == 0)
-          if (e >= CHUNKS) break;  // the same for every thread of the block (CHUNKS is a multiple of NT)
+          if (e0 + u * KS * NT >= CHUNKS) break;  // the same for every thread of the block (CHUNKS % NT == 0)
           float4 h = f4(0.0f, 0.0f, 0.0f, 0.0f);
-          if (ok) {
+          if (ok[u]) {
             h = add4(res[u], y[0]);  // as store_sum4<1> adds
             *reinterpret_cast<float4 *>(final_out + o) = h;
           }
-          fold_chunk(h, ok, fold_g, out_h, ss_out, r, col, N);
+          fold_chunk(h, ok[u], fold_g, out_h, ss_out, r, col, N);
           continue;
         }
       }
-      if (!ok) continue;
+      if (!ok[u]) continue;
       if (N % 4 == 0) {  // col < N: all four
         store_sum4<EPI, SETS>(y, res[u], final_out, out_h, o);
       } else {
