@@ -354,3 +354,63 @@ def test_the_norm_fold_matches_the_float64_reference_and_the_unfolded_decision(d
     base = scores(head)[1]
     ref, _ = reference.forward(cfg, weights, np.concatenate([head, tail]))
     close(scores(tail, 30, base)[0], weights[HEAD].astype(np.float64) @ ref[-1], 3e-2)
+
+
+def _qkv_table(dev, cfg, config):
+    """kind_table's wgr table with the qkv matmul on `config`."""
+    from tests.cuda.test_model_cuda_tune import kind_table
+
+    from tilewise.kernels.matmul.cuda import CudaMatmul
+    from tilewise.model.dispatch import matmul_key
+    from tilewise.tune.dispatch import Entry
+
+    table = kind_table(dev, cfg, "wgr")
+    tpl = CudaMatmul("wgr", "nf4", "none", True)
+    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+    table.put(matmul_key("nf4", "none", qkv, cfg.hidden_size, True), Entry([
+        {"m_min": 8, "m_max": None, "kernel": tpl.name, "config": config}]), tpl)
+    return table
+
+
+@pytest.mark.parametrize("qkv", [{"BF": 64, "BT": 64, "ST": 3, "KS": 1}, {"BF": 128, "BT": 48, "ST": 2, "KS": 1},
+                                 {"BF": 64, "BT": 64, "ST": 2, "KS": 2, "SR": 2},
+                                 {"BF": 128, "BT": 64, "ST": 2, "KS": 2, "SR": 2}])
+def test_the_rope_epilogue_is_bit_identical_to_the_qknorm_rope_launch(dev, rng, qkv):
+    """fuse_rope on the bundled model (heads of 64): the qkv matmul (wgr with KS 1, or two slices summed in a
+    cluster; one head or two a tile) norms and rotates q and k into q and the K cache itself, and the qknorm_rope
+    launches are gone; decisions give the same bits as with them, launch by launch and replayed, over prompt lengths
+    and an extend branch."""
+    from tilewise.kernels.matmul.cuda import DEFAULT_WGR
+    from tilewise.model.cuda import CUDAExecutor
+    from tilewise.model.runtime import open_checkpoint
+
+    ck = open_checkpoint("default", "nf4")
+    ex = CUDAExecutor(ck, device=dev, dispatch=_qkv_table(dev, ck.config, {**DEFAULT_WGR, **qkv}), quiet=True)
+    ropes = ck.config.layer_types.count("full_attention")
+
+    def check(ids):
+        counts = []
+        for on in (True, False):
+            ex.fuse_rope = on
+            plan, _ = ex.plan(ids, 0, None, True)
+            counts.append(sum(p.program.meta["entry"].startswith("qknorm_rope") for p in plan.launches))
+        assert counts == [0, ropes], counts
+
+    _setting_keeps_bits(ex, rng, "fuse_rope", check)
+
+
+def test_the_rope_epilogue_leaves_heads_other_than_64_to_their_launch(dev, rng):
+    """tiny's heads are 16 wide, which the fused epilogue does not take: fuse_rope keeps the qknorm_rope launches."""
+    from tests.cuda.test_model_cuda_tune import kind_table
+
+    from tilewise.model.checkpoint import Checkpoint, random_tensors
+    from tilewise.model.config import PRESETS
+    from tilewise.model.cuda import CUDAExecutor
+
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 13), "f32", "preset:tiny").converted("nf4").materialize()
+    ex = CUDAExecutor(ck, device=dev, dispatch=kind_table(dev, cfg, "wgr"), quiet=True)
+    ex.fuse_rope = True
+    plan, _ = ex.plan(rng.integers(0, cfg.vocab_size, 20), 0, None, True)
+    assert sum(p.program.meta["entry"].startswith("qknorm_rope") for p in plan.launches) == \
+        cfg.layer_types.count("full_attention")
