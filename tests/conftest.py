@@ -1,15 +1,47 @@
 """Shared fixtures: devices are created once per session; GPU tests skip cleanly when no adapter exists.
 
 Set TILEWISE_REQUIRE_WEBGPU=1 (CI does) to turn a missing WebGPU adapter into a failure instead of a skip.
+Tests that check a random sample of a large grid draw it from the run's seed (fixture `sample_seed`): a fresh one
+each run, printed at the end; TILEWISE_TEST_SEED=N draws the same samples again.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import zlib
 
 import numpy as np
 import pytest
+
+
+def _sample_seed() -> int:
+    """TILEWISE_TEST_SEED, else a fresh seed: each run then draws other samples, and runs over time cover the grid."""
+    given = os.environ.get("TILEWISE_TEST_SEED", "").strip()
+    if not given:
+        return random.SystemRandom().randrange(10**6)
+    try:
+        return int(given)
+    except ValueError:
+        raise pytest.UsageError(f"TILEWISE_TEST_SEED={given!r} is not an integer") from None
+
+
+#: the seed of the tests that check a random sample of a large grid (fixture `sample_seed`)
+SAMPLE_SEED = _sample_seed()
+_SEED_USED = pytest.StashKey[bool]()
+
+
+@pytest.fixture(scope="session")
+def sample_seed(request) -> int:
+    """The run's seed for tests that check a random sample of a large grid (draw with `random.Random`, and name the
+    seed in the failure message); printed at the end of the run, set TILEWISE_TEST_SEED to draw the same again."""
+    request.config.stash[_SEED_USED] = True
+    return SAMPLE_SEED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if config.stash.get(_SEED_USED, False):
+        terminalreporter.write_line(f"sampled tests drew with TILEWISE_TEST_SEED={SAMPLE_SEED} (set it to repeat them)")
 
 
 @pytest.fixture(autouse=True, scope="session")

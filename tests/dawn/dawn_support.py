@@ -72,16 +72,33 @@ def every_code_path(space: Space, limits: Limits, paths: dict[str, list[Any]], l
     """Configs that cover every code path a template's space can generate under `limits`.
 
     `paths` names the parameters whose values choose generated code (and the values to cover); for every
-    combination of them, the rest of the space is enumerated whole and `per_path` of its legal configs (the
-    smallest and largest tiles first, by the order of the grid) are picked. Returns (picked configs, the
-    combinations with no legal config at all: proven empty by the enumeration, so no shader exists to check)."""
+    combination of them, the rest of the space is walked in the grid's order and `per_path` of its legal configs
+    (the smallest and largest tiles first, by the order of the grid) are picked. Returns (picked configs, the
+    combinations with no legal config at all: proven empty by the enumeration, so no shader exists to check).
+
+    For `per_path` 1 and 2 the rest is walked from each end only up to the first legal config (the smallest and the
+    largest tile are all that is picked), so only an empty combination is enumerated whole: the same picks as a
+    whole enumeration, in a fraction of the time (most of the grid of a combination is never looked at)."""
     rest = {k: v for k, v in space.params.items() if k not in paths}
     picked: list[Config] = []
     empty: list[dict[str, Any]] = []
+
+    def legal_ones(fixed: dict[str, Any], backwards: bool = False):
+        values = [v[::-1] if backwards else v for v in rest.values()]  # reversed lists: the grid's order reversed
+        return (c for c in (space.config({**fixed, **dict(zip(rest, vals))}) for vals in itertools.product(*values))
+                if space.is_legal(c, limits) and legal(c))
+
     for combo in itertools.product(*paths.values()):
         fixed = dict(zip(paths, combo))
-        ok = [c for c in (space.config({**fixed, **dict(zip(rest, vals))})
-                          for vals in itertools.product(*rest.values())) if space.is_legal(c, limits) and legal(c)]
+        if per_path in (1, 2):
+            first = next(legal_ones(fixed), None)
+            if first is None:
+                empty.append(fixed)
+                continue
+            last = [next(legal_ones(fixed, backwards=True))] if per_path == 2 else []
+            picked += list(dict.fromkeys([first, *last]))  # one config where the combination has just one
+            continue
+        ok = list(legal_ones(fixed))
         if not ok:
             empty.append(fixed)
             continue

@@ -1,6 +1,16 @@
 """The model's CUDA C++ templates under nvcc (no GPU needed): every instantiation the executor and the seed spaces
 generate compiles for sm_90 without spilling, illegal configs fail the static_assert naming the Python rule, and the
-C++ legality walk of the tensor-core matmul agrees with the Python rules on random tuples."""
+C++ legality walk of the tensor-core matmul agrees with the Python rules on random tuples.
+
+The kinds the executor launches on Hopper compile whole: every seed config of every wgr variant (its SR 2 cluster
+twins included), every rows config, split-K's cluster kernels and reductions, ring's preps, and every variant's
+default config (`test_every_rows_config_and_the_executor_defaults_compile`; the wg, wgt and ws defaults in their seed
+tests). The older kinds (mma, splitk, pipe, ring, wg, wgt, ws: still tunable, no longer picked on the H100/H200)
+compile a sample of their seed grids each run, one legal seed config per variant drawn with `random.Random` from the
+run's seed (TILEWISE_TEST_SEED, else a fresh one; it is named in a failure and at the end of the run), so that runs
+over time cover the grids while the counts of the legal seeds are checked whole every run. Set
+TILEWISE_TEST_FULL_GRIDS=1 to compile every seed config of every kind (about four minutes more on two cores).
+"""
 
 from __future__ import annotations
 
@@ -96,9 +106,10 @@ def nvcc(tmp_path: Path, name: str, includes: list[str], body: str, *args: str,
                           text=True, timeout=900)
 
 
-def cubin(tmp_path: Path, name: str, includes: list[str], entries: list[str], arch: str = "-arch=sm_90") -> str:
+def cubin(tmp_path: Path, name: str, includes: list[str], entries: list[str], arch: str = "-arch=sm_90",
+          note: str = "") -> str:
     """Compile `entries` to cubins with ptxas' report and check that none spills; the entries are split over one
-    nvcc process per CPU (at most 4), since one nvcc compiles on one core."""
+    nvcc process per CPU (at most 4), since one nvcc compiles on one core. `note` heads each failure message."""
     parts = [entries[i::max(1, min(4, os.cpu_count() or 1, len(entries)))] for i in range(
         max(1, min(4, os.cpu_count() or 1, len(entries))))]
     procs = []
@@ -111,13 +122,13 @@ def cubin(tmp_path: Path, name: str, includes: list[str], entries: list[str], ar
     log = ""
     for proc in procs:
         _, err = proc.communicate(timeout=900)
-        assert proc.returncode == 0, err[-3000:]
+        assert proc.returncode == 0, note + err[-3000:]
         log += err
     names = re.findall(r"Compiling entry function '(\w+)'", log)
     spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", log)]
-    assert len(names) == len(spills) == len(entries), log[-3000:]
+    assert len(names) == len(spills) == len(entries), note + log[-3000:]
     bad = [(n, s) for n, s in zip(names, spills) if s]
-    assert not bad, bad
+    assert not bad, f"{note}{bad}"
     return log
 
 
@@ -126,7 +137,29 @@ def legal(space):
     return ok
 
 
-def test_every_mma_seed_config_of_every_variant_compiles(tmp_path):
+#: TILEWISE_TEST_FULL_GRIDS=1: the older kinds' seed tests compile every legal seed config, not a sample
+FULL_GRIDS = os.environ.get("TILEWISE_TEST_FULL_GRIDS", "") not in ("", "0")
+
+
+def seed_sample(variants: list[mm.CudaMatmul], seed: int, always: set[str] = frozenset()) -> tuple[list[str], str]:
+    """(the entries to compile, a note for failure messages) of the legal seed configs of `variants`: `always`, and
+    one other legal seed config of each variant drawn with the run's `seed`; every one with TILEWISE_TEST_FULL_GRIDS.
+    The draw is the kind's own (`random.Random` of the seed and the kind), so the seed alone repeats it."""
+    kind = variants[0].kind
+    every = {t.entry(c) for t in variants for c in legal(t.space("seed"))}
+    if FULL_GRIDS:
+        return sorted(every | always), f"{kind}: every seed config (TILEWISE_TEST_FULL_GRIDS=1): "
+    rng = random.Random(f"{seed}:{kind}")
+    picked = set(always)
+    for t in variants:
+        others = sorted({t.entry(c) for c in legal(t.space("seed"))} - picked)
+        picked.update(rng.sample(others, min(1, len(others))))
+    return sorted(picked), (f"{kind}: {len(picked)} of {len(every | always)} seed entries drawn with "
+                            f"TILEWISE_TEST_SEED={seed} (TILEWISE_TEST_FULL_GRIDS=1 compiles all): ")
+
+
+def test_mma_seed_configs_of_every_variant_compile(tmp_path, sample_seed):
+    """The legal seeds of every variant, counted whole; one drawn per variant compiles (`seed_sample`)."""
     mma = [t for t in mm.all_variants() if t.kind == "mma"]
     assert len(mma) == 18  # 3 formats x 3 epilogues x norm on/off
     for t in mma:  # the default is legal everywhere; swiglu's second W tile rules out the larger seed tiles (and
@@ -134,11 +167,13 @@ def test_every_mma_seed_config_of_every_variant_compiles(tmp_path):
         assert t.default_config() in legal(t.space("seed")), t.name
         least = (3 if t.fmt == "f32" and t.norm else 5) if t.epilogue == "swiglu" else 11
         assert len(legal(t.space("seed"))) >= least, t.name
-    entries = sorted({t.entry(c) for t in mma for c in legal(t.space("seed"))})
-    cubin(tmp_path, "mma", MATMUL, entries)
+    entries, note = seed_sample(mma, sample_seed)
+    cubin(tmp_path, "mma", MATMUL, entries, note=note)
 
 
-def test_every_splitk_seed_config_of_every_variant_and_the_reductions_compile(tmp_path):
+def test_splitk_seed_configs_of_every_variant_and_the_reductions_compile(tmp_path, sample_seed):
+    """Every cluster kernel (SR 2) of the seeds and every reduction compile, and one more seed drawn per variant
+    (`seed_sample`); the seeds' entries are counted whole."""
     split = [t for t in mm.all_variants() if t.kind == "splitk"]
     assert len(split) == 18
     for t in split:
@@ -148,7 +183,10 @@ def test_every_splitk_seed_config_of_every_variant_and_the_reductions_compile(tm
     assert sum(e.startswith("nf4_mm_splitk_reduce") for e in entries) == 3  # one per epilogue
     assert sum(e.endswith(", 1>") for e in entries if e.startswith("nf4_mm_splitk<")) >= 18  # SR 1 in every variant
     assert sum(e.startswith("nf4_mm_splitk_cluster<") for e in entries) >= 18  # SR 2 (sm_90) in every variant
-    cubin(tmp_path, "splitk", MATMUL, entries)
+    whole = {e for e in entries if e.startswith(("nf4_mm_splitk_cluster<", "nf4_mm_splitk_reduce"))}
+    picked, note = seed_sample(split, sample_seed, whole)
+    assert whole <= set(picked) <= set(entries)
+    cubin(tmp_path, "splitk", MATMUL, picked, note=note)
     ampere = dataclasses.replace(SM90, compute_capability="8.0")
     assert not any(c["SR"] == 2 for t in split for c in t.space("seed").split(ampere)[0])  # cluster_sm90
 
@@ -161,7 +199,8 @@ def test_split_k_with_sr_keeps_its_flag_within_48_kb():
     assert most + 4 <= mm.STATIC_SMEM_BYTES
 
 
-def test_every_pipe_seed_config_of_every_variant_compiles_without_spilling(tmp_path):
+def test_pipe_seed_configs_of_every_variant_compile_without_spilling(tmp_path, sample_seed):
+    """The legal seeds of every variant, counted whole; one drawn per variant compiles (`seed_sample`)."""
     pipe = [t for t in mm.all_variants() if t.kind == "pipe"]
     assert len(pipe) == 18
     for t in pipe:  # f32 raw stages are 8x nf4's: its larger seed tiles break smem_227k / mb_fit_smem
@@ -169,72 +208,76 @@ def test_every_pipe_seed_config_of_every_variant_compiles_without_spilling(tmp_p
         least = {"nf4": 10, "f16": 6, "f32": 3}[t.fmt] if t.epilogue == "swiglu" else {"nf4": 12, "f16": 11,
                                                                                           "f32": 7}[t.fmt]
         assert len(legal(t.space("seed"))) >= least, t.name
-    entries = sorted({t.entry(c) for t in pipe for c in legal(t.space("seed"))})
-    cubin(tmp_path, "pipe", MATMUL, entries)
+    entries, note = seed_sample(pipe, sample_seed)
+    cubin(tmp_path, "pipe", MATMUL, entries, note=note)
 
 
-def test_every_ring_seed_config_of_every_variant_and_the_preps_compile_without_spilling(tmp_path):
+def test_ring_seed_configs_of_every_variant_and_the_preps_compile_without_spilling(tmp_path, sample_seed):
+    """The preps (both norms, and the executor's reduce-and-prep fusion) compile, and one seed drawn per variant
+    (`seed_sample`); the legal seeds are counted whole."""
     ring = [t for t in mm.all_variants() if t.kind == "ring"]
     assert len(ring) == 18
     for t in ring:  # swiglu's two accumulator sets rule out the 64x64 warp tiles; f32's stages the largest rings
         assert t.default_config() in legal(t.space("seed")), t.name
         least = {"nf4": (17, 13), "f16": (20, 16), "f32": (16, 8)}[t.fmt]
         assert len(legal(t.space("seed"))) >= least[t.epilogue == "swiglu"], t.name
-    entries = sorted({t.entry(c) for t in ring for c in legal(t.space("seed"))} | {t.prep_entry() for t in ring}
-                     | {f"nf4_mm_reduce_prep<{norm}, {mm.PREP_NT}>" for norm in (0, 1)})  # the executor's fusion
-    assert sum(e.startswith("nf4_mm_prep") for e in entries) == 2  # with and without the norm
-    cubin(tmp_path, "ring", MATMUL, entries)
+    preps = {t.prep_entry() for t in ring} | {f"nf4_mm_reduce_prep<{norm}, {mm.PREP_NT}>" for norm in (0, 1)}  # the
+    # executor's fusion
+    assert sum(e.startswith("nf4_mm_prep") for e in preps) == 2  # with and without the norm
+    entries, note = seed_sample(ring, sample_seed, preps)
+    cubin(tmp_path, "ring", MATMUL, entries, note=note)
 
 
-def test_every_wg_seed_config_of_every_variant_compiles_for_sm_90a_without_spilling(tmp_path):
-    """The wgmma kind on Hopper's own target: every seed of every variant, no spills, no static shared memory (so
-    `wg_smem_bytes` is all a block uses and smem_227k is the launch's limit: a static NF4 table once made a legal
-    config 64 bytes too big to launch)."""
+def test_wg_seed_configs_of_every_variant_compile_for_sm_90a_without_spilling(tmp_path, sample_seed):
+    """The wgmma kind on Hopper's own target: every variant's default and one seed drawn per variant (`seed_sample`;
+    the legal seeds are counted whole), no spills, no static shared memory (so `wg_smem_bytes` is all a block uses
+    and smem_227k is the launch's limit: a static NF4 table once made a legal config 64 bytes too big to launch)."""
     wg = [t for t in mm.all_variants() if t.kind == "wg"]
     assert len(wg) == 18
     for t in wg:  # swiglu's two accumulator sets rule out the widest tiles; f32's stored tiles the largest rings
         assert t.why_illegal(t.default_config(), SM90, (346, 1024, 1024)) == [], t.name
         least = {"nf4": (18, 12), "f16": (18, 9), "f32": (8, 2)}[t.fmt]
         assert len(legal(t.space("seed"))) >= least[t.epilogue == "swiglu"], t.name
-    entries = sorted({t.entry(c) for t in wg for c in [*legal(t.space("seed")), t.default_config()]})
-    log = cubin(tmp_path, "wg", MATMUL, entries, arch=SM90A)
-    assert not re.findall(r"used \d+ barriers, \d+ bytes smem", log), log[-3000:]
+    entries, note = seed_sample(wg, sample_seed, {t.entry(t.default_config()) for t in wg})
+    log = cubin(tmp_path, "wg", MATMUL, entries, arch=SM90A, note=note)
+    assert not re.findall(r"used \d+ barriers, \d+ bytes smem", log), note + log[-3000:]
 
 
-def test_every_wgt_seed_config_of_every_variant_compiles_for_sm_90a_without_spilling(tmp_path):
-    """The wg kind with x by TMA: every seed of every variant compiles for sm_90a with no spills and no static shared
-    memory (the mbarriers are in the dynamic memory `wg_smem_bytes(..., tma=True)` counts), and the winning tiles
-    keep their wgmma ops asynchronous (no C7515)."""
+def test_wgt_seed_configs_of_every_variant_compile_for_sm_90a_without_spilling(tmp_path, sample_seed):
+    """The wg kind with x by TMA: every variant's default and one seed drawn per variant (`seed_sample`; the legal
+    seeds are counted whole) compile for sm_90a with no spills and no static shared memory (the mbarriers are in the
+    dynamic memory `wg_smem_bytes(..., tma=True)` counts), and the winning tiles keep their wgmma ops asynchronous
+    (no C7515)."""
     wgt = [t for t in mm.all_variants() if t.kind == "wgt"]
     assert len(wgt) == 18
     for t in wgt:
         assert t.why_illegal(t.default_config(), SM90, (346, 1024, 1024)) == [], t.name
         assert len(legal(t.space("seed"))) == len(legal(mm.CudaMatmul("wg", t.fmt, t.epilogue).space("seed")))
-    entries = sorted({t.entry(c) for t in wgt for c in [*legal(t.space("seed")), t.default_config()]})
+    entries, note = seed_sample(wgt, sample_seed, {t.entry(t.default_config()) for t in wgt})
     assert all(e.startswith("nf4_mm_wgt<") for e in entries)
-    log = cubin(tmp_path, "wgt", MATMUL, entries, arch=SM90A)
-    assert not re.findall(r"used \d+ barriers, \d+ bytes smem", log), log[-3000:]
+    log = cubin(tmp_path, "wgt", MATMUL, entries, arch=SM90A, note=note)
+    assert not re.findall(r"used \d+ barriers, \d+ bytes smem", log), note + log[-3000:]
     winners = [mm.CudaMatmul("wgt", "nf4", e, True).entry(mm.CudaMatmul("wgt", "nf4", e, True).config_of(
         dict(zip(mm.WG_PARAMS, v)))) for e, *v in WG_WINNERS]
     log = cubin(tmp_path, "wgtwin", MATMUL, winners, arch=SM90A)
     assert "C7515" not in log and "serialized" not in log, log[-3000:]
 
 
-def test_every_ws_seed_config_of_every_variant_compiles_for_sm_90a_without_spilling(tmp_path):
-    """The warp-specialized kind: every seed of every variant, no spills in either the producer's region (40
-    registers after setmaxnreg) or the consumers', no static shared memory, every named barrier declared, and no
-    serialized wgmma (C7515)."""
+def test_ws_seed_configs_of_every_variant_compile_for_sm_90a_without_spilling(tmp_path, sample_seed):
+    """The warp-specialized kind: every variant's default and one seed drawn per variant (`seed_sample`; the legal
+    seeds are counted whole), no spills in either the producer's region (40 registers after setmaxnreg) or the
+    consumers', no static shared memory, every named barrier declared, and no serialized wgmma (C7515)."""
     ws = [t for t in mm.all_variants() if t.kind == "ws"]
     assert len(ws) == 18
     for t in ws:  # f32's raw slots are the largest: its SwiGLU pairs fit one seed
         assert t.why_illegal(t.default_config(), SM90, (346, 1024, 1024)) == [], t.name
         least = {"nf4": (13, 8), "f16": (13, 8), "f32": (9, 1)}[t.fmt]
         assert len(legal(t.space("seed"))) >= least[t.epilogue == "swiglu"], t.name
-    entries = sorted({t.entry(c) for t in ws for c in [*legal(t.space("seed")), t.default_config()]})
-    log = cubin(tmp_path, "ws", MATMUL, entries, arch=SM90A)
-    assert not re.findall(r"used \d+ barriers, \d+ bytes smem", log), log[-3000:]
-    assert len(re.findall(r"used 16 barriers", log)) == len(entries), log[-3000:]
-    assert "C7515" not in log, log[-3000:]
+    entries, note = seed_sample(ws, sample_seed, {t.entry(t.default_config()) for t in ws})
+    log = cubin(tmp_path, "ws", MATMUL, entries, arch=SM90A, note=note)
+    assert not re.findall(r"used \d+ barriers, \d+ bytes smem", log), note + log[-3000:]
+    assert len(re.findall(r"used 16 barriers", log)) == len(entries), note + log[-3000:]
+    assert "C7515" not in log, note + log[-3000:]
 
 
 def test_every_wgr_seed_config_of_every_variant_compiles_for_sm_90a_without_spilling(tmp_path):
