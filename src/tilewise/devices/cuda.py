@@ -11,10 +11,9 @@ modules are cached on disk (CuPy's kernel cache, pointed at tilewise's user cach
 
 Launch arguments: a CUDA kernel takes scalars as well as pointers, so on this backend `Launch.buffers`
 is the kernel's argument list in order, where an element is either a `Buffer` (passed as its device
-pointer), a NumPy scalar (`np.int32(M)`, `np.float32(alpha)`, passed by value), a `cuda_tma.TensorMap` (128
-bytes by value, for a `const __grid_constant__` parameter) or a `cuda_struct.StructArg` (a struct by value).
-The block size is a property of the compiled program: `Program.meta["block"]` (the kernel template sets it when
-it compiles).
+pointer), a NumPy scalar (`np.int32(M)`, `np.float32(alpha)`, passed by value) or a `cuda_tma.TensorMap` (128
+bytes by value, for a `const __grid_constant__` parameter). The block size is a
+property of the compiled program: `Program.meta["block"]` (the kernel template sets it when it compiles).
 A Program with `meta["callable"]` wraps a library call (cuBLAS via CuPy): its handle is called with the
 arguments (Buffers as CuPy byte arrays) and timed by the same events as a kernel.
 
@@ -48,7 +47,6 @@ from tilewise.devices.cuda_nvrtc import CompiledCuda, compile_error, device_opti
 from tilewise.devices.cuda_nvrtc import first_error_line as first_error_line  # re-exported: callers import them here
 from tilewise.devices.cuda_nvrtc import nvrtc_options as nvrtc_options
 from tilewise.devices.cuda_pdl import launch_pdl, supports_pdl
-from tilewise.devices.cuda_struct import StructArg
 from tilewise.devices.cuda_tma import TensorMap
 from tilewise.errors import DeviceUnavailable, LaunchError
 
@@ -260,12 +258,11 @@ class CUDADevice(Device):
                 args.append(a.handle)
             elif isinstance(a, np.generic):
                 args.append(a)
-            elif isinstance(a, (TensorMap, StructArg)):  # a struct by value (a size-one NumPy array)
+            elif isinstance(a, TensorMap):  # 128 bytes by value (a size-one NumPy array)
                 args.append(a.array)
             else:
                 raise LaunchError(f"{launch.program.name}: kernel argument {a!r} is neither a Buffer nor a NumPy "
-                                  "scalar (nor a TMA TensorMap or a StructArg)",
-                                  "pass scalars as np.int32(...) / np.float32(...)")
+                                  "scalar (nor a TMA TensorMap)", "pass scalars as np.int32(...) / np.float32(...)")
         return tuple(args)
 
     def _launch(self, launch: Launch, pdl: bool = False) -> bool:

@@ -9,9 +9,7 @@ decision can measure them:
 - `serial_reduce`: split-K slices summed in each tile's last block instead of a reduction launch (the same bits);
 - `fold_norm`: a residual matmul that sums in its own launch (wgr, or split-K in a cluster) hands the next (normed)
   wgr matmul its rows unnormed, as f16 (h * g), with their sums of squares, and that matmul scales its output rows
-  by 1 / rms(h): a launch fewer where it applies, rounded differently (within the f16 tolerance, not the same bits);
-- `fuse_rope`: the qkv matmul (wgr, KS 1 or a cluster) norms q and k and applies RoPE in its epilogue instead of a
-  launch after it (one launch fewer, the same bits).
+  by 1 / rms(h): a launch fewer where it applies, rounded differently (within the f16 tolerance, not the same bits).
 
 Which side wins depends on the model as well as the GPU (PDL has sped one model up and slowed another down on the
 same GPU; docs/journal/model.md). So the tune races each setting on the tuned table, in alternating rounds of graph

@@ -223,10 +223,8 @@ class CudaQKNormRope(KernelTemplate):
 
     def compile(self, device: Device, config: Config, shape: Shape) -> Program:
         d = shape[4]
-        prog = compile_cuda(device, model_source("attention", *SOURCE_FILES), name_expression("qknorm_rope", d),
+        return compile_cuda(device, model_source("attention", *SOURCE_FILES), name_expression("qknorm_rope", d),
                             32 * ROPE_WARPS, f"qknorm_rope[D={d}]")
-        prog.meta["role"] = ("rope", d)  # what `cuda_fuse.fuse_rope` may fold into the qkv matmul's epilogue
-        return prog
 
     def upload(self, device: Device, host: HostInputs, shape: Shape) -> DeviceBuffers:
         m, p, hq, hkv, d = shape

@@ -50,7 +50,6 @@ from tilewise.kernels.matmul.cuda_source import (
     matmul_source,
     prep_entry_name,
     reduce_entry_name,
-    rope_args,
 )
 from tilewise.kernels.matmul.cuda_space import (
     DEFAULT_MMA,
@@ -308,10 +307,8 @@ class CudaMatmul(KernelTemplate):
         if self.kind == "wgr" and self.epilogue != "residual" and self.sums_in_kernel(config):
             # it applies the epilogue itself, into final_out (out with KS 1)
             offers_f16_out(prog, WGR_ARGS["final_out"], WGR_ARGS["out_h"], WGR_ARGS["m"], WGR_ARGS["n"])
-        if self.kind == "wgr":  # the norm fold's consuming side (`cuda_fuse.fold_norm`); the q/k norm + RoPE
-            # epilogue (`cuda_fuse.fuse_rope`) where the launch applies a plain epilogue itself
+        if self.kind == "wgr":  # the norm fold's consuming side (`cuda_fuse.fold_norm`)
             prog.meta["fold_into"] = config["KS"] == 1 or self.clustered(config)
-            prog.meta["rope_into"] = self.epilogue == "none" and prog.meta["fold_into"]
         fold = self.fold_from(config)
         if fold:
             prog.meta["fold_from"] = fold
@@ -378,10 +375,9 @@ class CudaMatmul(KernelTemplate):
             if self.kind == "wgt":  # x by TMA: xh as (m, k) f16 rows in boxes of 64 x 64
                 main.append(f16_rows_map(bufs["xh"], m, k, 64))
             elif self.kind == "wgr":  # one box of BT tokens x 64 a step; SR's arguments; no f16 output (`fuse_prep`
-                # may set one), no norm fold (`fold_norm` may set it: ss_in, eps, fold_g, ss_out), no q/k norm and
-                # RoPE (`fuse_rope` may set them)
+                # may set one), no norm fold (`fold_norm` may set it: ss_in, eps, fold_g, ss_out)
                 main += [f16_rows_map(bufs["xh"], m, k, config["BT"]), *self._sr_args(bufs, config), NULL, NULL,
-                         np.float32(self.eps), NULL, NULL, rope_args()]
+                         np.float32(self.eps), NULL, NULL]
             return [prep, Launch(program, self.grid(config, shape), main), *reduce]
         args: list[Any] = [bufs["x"], np.int32(x_row0), *weights, arg_or(bufs, "norm_w", "x"), np.float32(self.eps),
                            out, *dims]

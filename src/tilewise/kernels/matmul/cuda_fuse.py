@@ -8,10 +8,7 @@
 - a residual matmul that sums in its own launch (wgr with KS 1 or a cluster, splitk with a cluster) and the
   RMSNorm prologue of the next wgr matmul, the norm folded into the two matmuls (`fold_norm`): one launch fewer,
   not the same bits (the f16 rounding falls on h * g instead of on the normed row), so its race compares within a
-  tolerance;
-- the qkv matmul (wgr applying its own plain epilogue: KS 1 or a cluster) and the q/k RMSNorm + RoPE launch after
-  it (`fuse_rope`): the epilogue norms and rotates each head's row into q and the K cache (and copies v) as
-  qknorm_rope does, in its order: one launch fewer, the same bits."""
+  tolerance."""
 
 from __future__ import annotations
 
@@ -21,7 +18,7 @@ from typing import Any
 from tilewise.devices.base import Device, Launch, Program
 from tilewise.errors import LaunchError, ShaderCompileError
 from tilewise.kernels.cudasrc import NULL, compile_cuda, name_expression
-from tilewise.kernels.matmul.cuda_source import WGR_ARGS, matmul_source, rope_args
+from tilewise.kernels.matmul.cuda_source import WGR_ARGS, matmul_source
 from tilewise.kernels.matmul.cuda_space import EPI_CODE, PREP_NT
 from tilewise.kernels.space import Config
 
@@ -106,25 +103,3 @@ def fold_norm(prev: Launch, prep: Launch, main: Launch, ss: Any) -> tuple[Launch
     p[at["out_h"]], p[at["fold_g"]], p[at["ss_out"]] = xh, norm_w, ss
     m[WGR_ARGS["ss_in"]], m[WGR_ARGS["eps"]] = ss, eps
     return Launch(prev.program, prev.grid, p), Launch(main.program, main.grid, m)
-
-
-#: the head width the fused epilogue takes (matmul_reduce.cu's `rope_chunk`: one half-warp's 16 chunks of 4)
-ROPE_D = 64
-
-
-def fuse_rope(main: Launch, rope: Launch) -> Launch | None:
-    """`main`, the qkv matmul, with the q/k RMSNorm + RoPE launch `rope` (attention.cu's qknorm_rope) right after it
-    folded into its epilogue (matmul_reduce.cu's `rope_chunk`): the same arithmetic in the same order, so the same
-    bits in q and the K/V cache, and the f32 qkv rows are no longer written. None where they do not fit: main a wgr
-    launch applying a plain epilogue itself (KS 1 or SR 2, no f16 output) into exactly the rows rope reads, heads of
-    64 columns."""
-    if not main.program.meta.get("rope_into") or rope.program.meta.get("role") != ("rope", ROPE_D):
-        return None
-    qkv, q_norm, k_norm, cos, sin, q, k_cache, v_cache, m, start, hq, hkv, eps = rope.buffers
-    args = list(main.buffers)
-    if (args[WGR_ARGS["final_out"]] is not qkv or args[WGR_ARGS["out_h"]] is not NULL
-            or int(args[WGR_ARGS["m"]]) != int(m) or int(args[WGR_ARGS["n"]]) != (int(hq) + 2 * int(hkv)) * ROPE_D):
-        return None
-    args[WGR_ARGS["rope"]] = rope_args(q_norm, k_norm, cos, sin, q, k_cache, v_cache, int(start), int(hq), int(hkv),
-                                       float(eps))
-    return Launch(main.program, main.grid, args)

@@ -3,9 +3,6 @@ the launch arguments other code rewrites. `cuda.py` (the template) re-exports th
 
 from __future__ import annotations
 
-import numpy as np
-
-from tilewise.devices.cuda_struct import StructArg
 from tilewise.kernels.cudasrc import FMT_CODE, model_source, name_expression
 from tilewise.kernels.matmul.cuda_space import (
     EPI_CODE,
@@ -28,10 +25,8 @@ SOURCE_FILES = ("matmul.cu", "matmul_reduce.cu", "matmul_mma.cu", "matmul_pipe.c
                 "matmul_rows.cu")
 
 #: positions of the arguments other code sets in a launch of nf4_mm_wgr / nf4_mm_wgr_cluster (matmul_wgr.cu) and of
-#: the split-K kernels (matmul_mma.cu): the f16 output (`offers_f16_out`), the norm fold (`cuda_fuse.fold_norm`) and
-#: the q/k norm + RoPE epilogue (`cuda_fuse.fuse_rope`)
-WGR_ARGS = {"m": 6, "n": 7, "k": 8, "final_out": 10, "out_h": 12, "ss_in": 13, "eps": 14, "fold_g": 15, "ss_out": 16,
-            "rope": 17}
+#: the split-K kernels (matmul_mma.cu): the f16 output (`offers_f16_out`) and the norm fold (`cuda_fuse.fold_norm`)
+WGR_ARGS = {"m": 6, "n": 7, "k": 8, "final_out": 10, "out_h": 12, "ss_in": 13, "eps": 14, "fold_g": 15, "ss_out": 16}
 SPLITK_ARGS = {"m": 9, "n": 10, "final_out": 12, "out_h": 14, "fold_g": 15, "ss_out": 16}
 
 
@@ -70,11 +65,3 @@ def prep_entry_name(norm: bool) -> str:
 def reduce_entry_name(epilogue: str) -> str:
     """split-K's reduction launch: the slices' sum with the epilogue."""
     return name_expression("nf4_mm_splitk_reduce", EPI_CODE[epilogue], REDUCE_NT)
-
-
-def rope_args(q_norm=None, k_norm=None, cos=None, sin=None, q=None, k_cache=None, v_cache=None, start: int = 0,
-              hq: int = 0, hkv: int = 0, eps: float = 0.0) -> StructArg:
-    """The wgr kernels' `RopeArgs` (matmul_reduce.cu) by value; with no arguments, the null one (no q/k norm and
-    RoPE in the epilogue: what every launch passes unless `fuse_rope` sets it)."""
-    return StructArg([q_norm, k_norm, cos, sin, q, k_cache, v_cache, np.int32(start), np.int32(hq), np.int32(hkv),
-                      np.float32(eps)], "RopeArgs")

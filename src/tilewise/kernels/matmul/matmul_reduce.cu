@@ -195,67 +195,6 @@ __device__ __forceinline__ void fold_chunk(float4 h, bool ok, const float *__res
   if (ok && col % 64 == 0) ss_out[(size_t)row * (N / 64) + col / 64] = sq;
 }
 
-// The q/k RMSNorm + RoPE in the qkv matmul's epilogue (the executor's `fuse_rope`), in place of the qknorm_rope
-// launch after it (attention.cu), with head_dim 64: the output's 64-column heads are q (HQ), k (HKV), v (HKV) in
-// that order. A q head's row is normed by q_norm and rotated into q (M, HQ 64), a k head's into k_cache row
-// start + m, a v head's copied into v_cache; q == nullptr: not fused. Passed by value (`cuda_tma.StructArg`).
-struct RopeArgs {
-  const float *q_norm, *k_norm, *cos_t, *sin_t;  // (64,), (64,), (positions, 32), (positions, 32)
-  float *q, *k_cache, *v_cache;                  // (M, HQ 64), (start + M, HKV 64), (start + M, HKV 64)
-  int start, HQ, HKV;
-  float eps;
-};
-
-// rope_chunk is called by every lane of a warp, each half-warp's lanes for the 16 consecutive 4-column chunks of one
-// row's head (ok false: outside the output, nothing stored). It computes what qknorm_rope computes, in its order, so the bits are
-// the same: qknorm_rope's lane l (0..31) holds v[l] and v[l + 32] and sums the squares over the warp by xor
-// shuffles 16, 8, 4, 2, 1; here lane j holds columns 4j..4j+3 and its xor-8 partner the columns 32 away, so the
-// partial of l = 4j + i is formed from them, and the five steps are lanes xor 4, 2, 1, then elements i ^ 2, i ^ 1.
-__device__ __forceinline__ void rope_chunk(float4 y, bool ok, const RopeArgs &ra, int row, int col) {
-  constexpr int D = 64, HALF = 32;
-  const int h = col / D, d0 = col % D;
-  float a[4] = {y.x, y.y, y.z, y.w}, b[4], p[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) b[i] = __shfl_xor_sync(0xffffffffu, a[i], 8);  // the chunk 32 columns away
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float lo = d0 < HALF ? a[i] : b[i], hi = d0 < HALF ? b[i] : a[i];
-    p[i] = 0.0f;
-    p[i] += lo * lo;
-    p[i] += hi * hi;
-  }
-#pragma unroll
-  for (int s = 4; s > 0; s >>= 1)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) p[i] += __shfl_xor_sync(0xffffffffu, p[i], s);
-  const float ss = (p[0] + p[2]) + (p[1] + p[3]);
-  // every lane shuffles the same number of times: the warp's other half-warp may hold another head (BF 128)
-  const bool is_q = h < ra.HQ, is_v = h >= ra.HQ + ra.HKV;
-  const float *g = is_q ? ra.q_norm : ra.k_norm;
-  const float rms = rsqrtf(ss / (float)D + ra.eps);
-  float n[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) n[i] = a[i] * rms * g[d0 + i];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) b[i] = __shfl_xor_sync(0xffffffffu, n[i], 8);  // the normed partners
-  if (!ok) return;
-  const int pos = ra.start + row;
-  if (is_v) {  // a value head: copied as it is
-    *reinterpret_cast<float4 *>(ra.v_cache + ((size_t)pos * ra.HKV + (h - ra.HQ - ra.HKV)) * D + d0) = y;
-    return;
-  }
-  float o[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int d = d0 + i, j = d % HALF;
-    const float c = ra.cos_t[(size_t)pos * HALF + j], s = ra.sin_t[(size_t)pos * HALF + j];
-    const float rot = d < HALF ? -b[i] : b[i];
-    o[i] = n[i] * c + rot * s;
-  }
-  float *dst = is_q ? ra.q + ((size_t)row * ra.HQ + h) * D : ra.k_cache + ((size_t)pos * ra.HKV + (h - ra.HQ)) * D;
-  *reinterpret_cast<float4 *>(dst + d0) = f4(o[0], o[1], o[2], o[3]);
-}
-
 // both barriers of a thread block cluster: every thread of every block arrives (after its shared-memory stores,
 // released to the cluster) before any goes on (acquiring them)
 __device__ __forceinline__ void cluster_sync() {
@@ -298,12 +237,11 @@ __device__ __forceinline__ float4 ld_peer4(unsigned addr) {
 // sums of squares into ss_out (`fold_chunk`). Every thread of a block loops the same number of times (CHUNKS is a
 // multiple of NT wherever the fold runs), so whole half-warps call fold_chunk. scaled (the fold's consumer, EPI 0
 // or 2): each row's summed slices are multiplied by the scale its blocks wrote into the padding column COLS of
-// their tiles' first set, before the epilogue. rope (EPI 0, not null; COLS % 64 == 0): the q/k norm and RoPE of
-// `rope_chunk` in place of the stores.
+// their tiles' first set, before the epilogue.
 template <int EPI, int KS, int NT, int ROWS, int COLS>
 __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out, unsigned short *out_h, int M, int N,
                                                int r0, int c0, const float *fold_g, float *ss_out,
-                                               bool scaled = false, const RopeArgs *rope = nullptr) {
+                                               bool scaled = false) {
   static_assert(COLS % 4 == 0, "cluster_reduce reads four columns at a time");
   constexpr int SETS = EPI == 2 ? 2 : 1, TS = COLS + 4, CHUNKS = ROWS * (COLS / 4);
   // chunks a thread sums at a time (at most 16 float4 of peer slices in flight, as serial_sum4): their residual rows
@@ -319,7 +257,6 @@ __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out,
   for (int z = 0; z < KS; ++z) peer[z] = cluster_peer(tiles, z);
   constexpr bool FOLD = EPI == 1 && COLS % 64 == 0 && NT % 32 == 0 && CHUNKS % NT == 0;
   const bool fold = FOLD && fold_g != nullptr;
-  constexpr bool ROPE = EPI == 0 && COLS % 64 == 0 && NT % 32 == 0 && CHUNKS % NT == 0;
 #pragma unroll 1
   for (int e0 = threadIdx.x + rank * NT; e0 < CHUNKS; e0 += PB * KS * NT) {
     float4 res[PB], v[PB][KS][SETS];
@@ -354,13 +291,6 @@ __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out,
         for (int s = 0; s < SETS; ++s) y[s] = f4(y[s].x * k[u], y[s].y * k[u], y[s].z * k[u], y[s].w * k[u]);
       }
       const size_t o = (size_t)r * N + col;
-      if constexpr (ROPE) {
-        if (rope) {  // fuse_rope: whole warps call rope_chunk, ok or not, as the fold's half-warps do
-          if (e0 + u * KS * NT >= CHUNKS) break;  // the same for every thread of the block (CHUNKS % NT == 0)
-          rope_chunk(y[0], ok[u], *rope, r, col);
-          continue;
-        }
-      }
       if constexpr (FOLD) {
         if (fold) {  // the norm fold's producer: whole half-warps call fold_chunk, ok or not (N % 64 == 0)
           if (e0 + u * KS * NT >= CHUNKS) break;  // the same for every thread of the block (CHUNKS % NT == 0)

@@ -47,8 +47,6 @@
 // per 64 columns into ss_out (N % 64 == 0); a KS 1 or SR 2 launch with ss_in not null reads x as such rows and
 // multiplies each token's outputs (SR 2: the sum of its slices) by rsqrt(sum / K + eps) before its epilogue. Null
 // pointers: neither.
-// rope (by value; rope.q not null, EPI 0, KS 1 or SR 2, N the heads' 64 columns each): the q/k RMSNorm + RoPE of
-// matmul_reduce.cu's `rope_chunk` applied to the epilogue's values, stored into q and the K/V cache instead of out.
 // Shapes: K % (KS * 64) == 0; any M and N.
 
 __host__ __device__ constexpr int wgr_threads(int BF) { return BF / 64 * 128; }
@@ -157,7 +155,7 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
                                          int K, const TmaMap &xmap, float *__restrict__ final_out,
                                          unsigned *__restrict__ counters, unsigned short *__restrict__ out_h,
                                          const float *__restrict__ ss_in, float eps, const float *__restrict__ fold_g,
-                                         float *__restrict__ ss_out, const RopeArgs &rope) {
+                                         float *__restrict__ ss_out) {
   constexpr int FAIL = wgr_first_failure(FMT, EPI, BF, BT, ST, KS, MB, DEC, SR);
   static_assert(FAIL != 1, "variant: FMT in 0..2 (nf4, f16, f32), EPI in 0..2 (none, residual, swiglu)");
   static_assert(FAIL != 2, "warpgroups_1_4: BF must be 1..4 warpgroups of 64 features");
@@ -354,8 +352,7 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
       for (int j = 0; j < BT / 8; ++j)
 #pragma unroll
         for (int q = 0; q < 4; ++q) tile[(s * BT + 8 * j + 2 * t + q % 2) * TS + r + 8 * (q / 2)] = acc[s][j][q];
-    cluster_reduce<EPI, KS, NT, BT, BF>(base_addr, final_out, out_h, M, N, t0, f0, fold_g, ss_out, scaled,
-                                        EPI == 0 && rope.q ? &rope : nullptr);
+    cluster_reduce<EPI, KS, NT, BT, BF>(base_addr, final_out, out_h, M, N, t0, f0, fold_g, ss_out, scaled);
     return;
   }
   if (scaled) __syncthreads();  // the scales are read by other threads below
@@ -401,14 +398,6 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
                      : f4(0.0f, 0.0f, 0.0f, 0.0f);
       }
     };
-    if (KS == 1 && EPI == 0 && rope.q != nullptr) {  // fuse_rope (N % 64 == 0): BT / 8 passes for every thread
-#pragma unroll 1
-      for (int e = tid; e < CHUNKS; e += NT) {
-        const int row = e / (BF / 4), c = 4 * (e % (BF / 4)), tok = t0 + row, feat = f0 + c;
-        rope_chunk(*reinterpret_cast<const float4 *>(tile + row * TS + c), tok < M && feat < N, rope, tok, feat);
-      }
-      continue;
-    }
     if (KS == 1 && EPI == 1 && fold_g != nullptr) {  // the norm fold (N % 64 == 0): BT / 8 passes for every thread
 #pragma unroll 1
       for (int e0 = tid; e0 < CHUNKS; e0 += EPI_BATCH * NT) {
@@ -473,11 +462,10 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
            const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, float *__restrict__ out, int M,
            int N, int K, const __grid_constant__ TmaMap xmap, float *__restrict__ final_out,
            unsigned *__restrict__ counters, unsigned short *__restrict__ out_h, const float *__restrict__ ss_in,
-           float eps, const float *__restrict__ fold_g, float *__restrict__ ss_out,
-           const __grid_constant__ RopeArgs rope) {
+           float eps, const float *__restrict__ fold_g, float *__restrict__ ss_out) {
   static_assert(SR != 2, "SR 2 (a cluster per tile) is launched as nf4_mm_wgr_cluster");
   wgr_body<FMT, EPI, BF, BT, ST, KS, MB, DEC, SR>(xh, w, absmax, w_up, absmax_up, out, M, N, K, xmap, final_out,
-                                                  counters, out_h, ss_in, eps, fold_g, ss_out, rope);
+                                                  counters, out_h, ss_in, eps, fold_g, ss_out);
 }
 
 // SR 2: the KS blocks of a tile (blockIdx.z = 0..KS-1) are one cluster; out is final_out (no partial sums) and
@@ -489,9 +477,8 @@ nf4_mm_wgr_cluster(const unsigned short *__restrict__ xh, const unsigned *__rest
                    const float *__restrict__ absmax_up, float *__restrict__ out, int M, int N, int K,
                    const __grid_constant__ TmaMap xmap, float *__restrict__ final_out, unsigned *__restrict__ counters,
                    unsigned short *__restrict__ out_h, const float *__restrict__ ss_in, float eps,
-                   const float *__restrict__ fold_g, float *__restrict__ ss_out,
-                   const __grid_constant__ RopeArgs rope) {
+                   const float *__restrict__ fold_g, float *__restrict__ ss_out) {
   static_assert(SR == 2, "nf4_mm_wgr_cluster sums the slices in a cluster: SR 2");
   wgr_body<FMT, EPI, BF, BT, ST, KS, MB, DEC, SR>(xh, w, absmax, w_up, absmax_up, out, M, N, K, xmap, final_out,
-                                                  counters, out_h, ss_in, eps, fold_g, ss_out, rope);
+                                                  counters, out_h, ss_in, eps, fold_g, ss_out);
 }
