@@ -220,8 +220,8 @@ def test_ring_seed_configs_of_every_variant_and_the_preps_compile_without_spilli
         assert t.default_config() in legal(t.space("seed")), t.name
         least = {"nf4": (17, 13), "f16": (20, 16), "f32": (16, 8)}[t.fmt]
         assert len(legal(t.space("seed"))) >= least[t.epilogue == "swiglu"], t.name
-    preps = {t.prep_entry() for t in ring} | {f"nf4_mm_reduce_prep<{norm}, {mm.PREP_NT}>" for norm in (0, 1)}  # the
-    # executor's fusion
+    # the preps, and the executor's fusion of a reduction with the next prep
+    preps = {t.prep_entry() for t in ring} | {f"nf4_mm_reduce_prep<{norm}, {mm.PREP_NT}>" for norm in (0, 1)}
     assert sum(e.startswith("nf4_mm_prep") for e in preps) == 2  # with and without the norm
     entries, note = seed_sample(ring, sample_seed, preps)
     cubin(tmp_path, "ring", MATMUL, entries, note=note)
