@@ -17,6 +17,9 @@ They compute wrong values on purpose, so they are timed, never verified or store
     no-epi      the epilogue's tile is staged but never written out
     prologue    no K step and no stores (no-loop - prologue: the stores; prologue - bare: the rest of the fixed cost)
     no-prefetch the tensor map not prefetched ahead of the first x copy
+    no-table    DEC 2 and 3: the pair table never built (its cost in the prologue)
+    table-rot   DEC 2 and 3: the pair table built one code pair a thread, stored to every copy in a rotated order
+                (the same table)
     epi-serial  residual epilogues load, add and store one chunk at a time (EPI_BATCH 1), as before the batches
     exit-release  SR 2: cluster_reduce's last barrier with a release arrive (a GPU-scope fence that waits for the
                 epilogue's stores) instead of a relaxed one
@@ -74,6 +77,16 @@ _EXIT = '  asm volatile("barrier.cluster.arrive.relaxed.aligned;\\n\\tbarrier.cl
 _PB = "  constexpr int PB = 16 / (KS * SETS) > 1 ? (16 / (KS * SETS) < EPI_BATCH ? 16 / (KS * SETS) : EPI_BATCH) : 1;"
 _EXIT_RELEASE = _EXIT.replace("arrive.relaxed", "arrive.release").replace("wait.aligned", "wait.acquire.aligned")
 _PB_1 = "  constexpr int PB = 1;"
+_TABLE = "    for (int e = tid; e < 256 * wgr_pair_copies(DEC); e += NT) {"
+_TABLE_BODY = ("\n      const int b = e / wgr_pair_copies(DEC);\n"
+               "      pairs[e] = f16_bits(NF4_CODE[b >> 4]) | (unsigned)f16_bits(NF4_CODE[b & 15]) << 16;\n    }")
+# one code pair a thread, converted once and stored to every copy, each lane starting at its own copy so that a
+# warp's stores fall in 32 different banks (copies 32: lane; 8: lane / 4)
+_TABLE_ROT = ("    for (int b = tid; b < 256; b += NT) {\n"
+              "      constexpr int C = wgr_pair_copies(DEC);\n"
+              "      const unsigned v = f16_bits(NF4_CODE[b >> 4]) | (unsigned)f16_bits(NF4_CODE[b & 15]) << 16;\n"
+              "#pragma unroll\n"
+              "      for (int c = 0; c < C; ++c) pairs[b * C + ((c + lane * C / 32) & (C - 1))] = v;\n    }")
 EDITS: dict[str, tuple[tuple[str, str], ...]] = {  # variant -> (text, its replacement), each occurring once
     "no-decode": ((_NEXT, "    wgr_pin(acc, nxt);"),),
     # a real use of the fragments, so that ptxas keeps the decode (an empty asm pin does not)
@@ -89,6 +102,8 @@ EDITS: dict[str, tuple[tuple[str, str], ...]] = {  # variant -> (text, its repla
     "prologue": ((_LOOP, "  for (int kt = 0; kt < steps && M < 0; kt += 2) {"),
                  (_EPI, "        if (e >= CHUNKS || tok >= M || feat >= N || M > 0) continue;")),
     "no-prefetch": (("  if (tid == 0) tma_prefetch_map(&xmap);\n", ""),),
+    "no-table": ((_TABLE, "    for (int e = tid; e < 256 * wgr_pair_copies(DEC) && M < 0; e += NT) {"),),
+    "table-rot": ((_TABLE + _TABLE_BODY, _TABLE_ROT),),
     "epi-serial": (("#ifndef EPI_BATCH\n#define EPI_BATCH 8", "#ifndef EPI_BATCH\n#define EPI_BATCH 1"),),
     # SR 2 (cluster_reduce): the exit barrier with a release arrive (a GPU-scope fence after the stores), the peer
     # slices loaded one chunk at a time, and both: the reduction as it was before either change
