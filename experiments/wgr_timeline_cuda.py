@@ -84,6 +84,11 @@ TIMELINE = (
     (_END0, "  __syncthreads();\n  TL(7);\n" + _END0),
 )
 parts.EDITS["timeline"] = TIMELINE
+# the same stamps with the f32 code table in shared memory written only where it is read (DEC 0): its constant
+# memory load sits before the setup barrier
+_LUT = ("  if (tid == 0) tma_prefetch_map(&xmap);\n"
+        "  if (tid < 16) lut[tid] = NF4_CODE[tid];  // read after the first barrier below")
+parts.EDITS["timeline-nolut"] = (*TIMELINE, (_LUT, _LUT.replace("if (tid < 16)", "if (DEC == 0 && tid < 16)")))
 
 
 def stamped(launch: Launch, buf: Any) -> Launch:
@@ -132,6 +137,7 @@ def main() -> int:
     ap.add_argument("--label", default="ffn.gate_up")
     ap.add_argument("--config", default="", help="overrides of wgr_parts_cuda.PICK, e.g. BT=128,DEC=3")
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--variant", default="timeline", choices=[e for e in parts.EDITS if e.startswith("timeline")])
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     dev = get_device(args.device)
@@ -141,7 +147,7 @@ def main() -> int:
     pick = {**parts.PICK, **{kv.split("=")[0]: int(kv.split("=")[1]) for kv in args.config.split(",") if kv}}
     if pick["SR"] == 1:
         raise SystemExit("SR 1 reads `counters`, which carries the stamps here: pick SR 0 or 2")
-    tpl = parts.Edited(CudaMatmul("wgr", "nf4", epilogue, norm, mcfg.norm_eps), "timeline")
+    tpl = parts.Edited(CudaMatmul("wgr", "nf4", epilogue, norm, mcfg.norm_eps), args.variant)
     cfg = tpl.config_of(pick)
     why = tpl.why_illegal(cfg, dev.info.limits, shape)
     if why:
@@ -158,8 +164,8 @@ def main() -> int:
     for _ in range(5):  # warm: compiled, resident, clocks up
         dev.run([a, b])
     dev.synchronize()
-    print(f"{dev.info.name}: {args.label} {shape} {epilogue}{' norm' if norm else ''}, wgr {pick}, grid {grid} "
-          f"({blocks} blocks)", flush=True)
+    print(f"{dev.info.name} ({args.variant}): {args.label} {shape} {epilogue}{' norm' if norm else ''}, wgr {pick}, "
+          f"grid {grid} ({blocks} blocks)", flush=True)
     doc: dict[str, Any] = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                            "command": "python3 experiments/wgr_timeline_cuda.py " + " ".join(
                                "OUT_DIR" if x == args.out else x for x in sys.argv[1:]),
@@ -191,7 +197,7 @@ def main() -> int:
             print(f"      {name:<20} {p50:7.2f} us  [p10 {p10:.2f}, p90 {p90:.2f}]", flush=True)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / f"wgr_timeline_{args.label}.json").write_text(json.dumps(doc, indent=1, default=str))
+        (Path(args.out) / f"wgr_{args.variant}_{args.label}.json").write_text(json.dumps(doc, indent=1, default=str))
     return 0
 
 
