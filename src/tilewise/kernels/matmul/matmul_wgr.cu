@@ -181,46 +181,6 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   const int tid = threadIdx.x, wg = tid / 128, warp = tid / WARPSIZE, lane = tid % WARPSIZE;
   const int f0 = blockIdx.x * BF, t0 = blockIdx.y * BT;
   const int steps = K / KS / BK, k_begin = blockIdx.z * (K / KS);
-  // step j into stage j % ST: x by the TMA (thread 0), W rows by cp.async (all)
-  auto issue_x = [&](int j) {
-    if (j >= steps || tid != 0) return;
-    const unsigned bar = bars + 8 * (j % ST);  // tokens past M are zero-filled by the TMA; their bytes count too
-    mbar_expect_tx(bar, XBYTES);
-    tma_box(base_addr + (j % ST) * XBYTES, &xmap, k_begin + j * BK, t0, bar);
-  };
-  auto row_at = [](unsigned e, unsigned row) { return row * RS + (e % CPR) * 16; };  // a W chunk's place
-  auto copy_w = [&](int j) {
-    if (j >= steps) return;
-    unsigned char *ws = base + WOFF + (j % ST) * WBYTES;
-    cp_w_rows<FMT, SETS, BF, NT, SETS * BF * RS, decltype(row_at), false>(ws, row_at, w, absmax, w_up, absmax_up,
-                                                                          f0, N, K, k_begin + j * BK, tid);
-    if (FMT == 0) {  // the step's absmax, stored (K / 64, N): BF contiguous floats a set, in 16-byte chunks
-      float *sa = reinterpret_cast<float *>(ws + SETS * BF * RS);
-      const size_t kb = (size_t)(k_begin + j * BK) / 64;
-#pragma unroll
-      for (int i = 0; i < (SETS * BF / 4 + NT - 1) / NT; ++i) {
-        const int e = tid + i * NT, s = e / (BF / 4), c = 4 * (e % (BF / 4)), n = f0 + c;
-        if ((SETS * BF / 4) % NT != 0 && e >= SETS * BF / 4) continue;
-        const float *src = (s ? absmax_up : absmax) + kb * N + n;
-        if (N % 4 == 0) {
-          cp_async16(sa + s * BF + c, n < N ? src : absmax, n < N);  // n < N: the whole chunk is (N % 4 == 0)
-        } else {
-#pragma unroll
-          for (int q = 0; q < 4; ++q) cp_async4(sa + s * BF + c + q, n + q < N ? src + q : absmax, n + q < N);
-        }
-      }
-    }
-  };
-  auto issue_w = [&](int j) {
-    copy_w(j);
-    if (WGR_RELEASE) cp_async_mbar_arrive(bars + 8 * (j % ST));  // when this thread's copies so far have landed
-  };
-
-  // Step 0's W rows (and absmax) are copied first of all: they come from memory no launch writes, and their
-  // latency then overlaps the code tables and the mbarriers' setup below instead of following it; the copies
-  // arrive on step 0's barrier (release 1) once that exists. Later steps are issued after the setup.
-  copy_w(0);
-  if (!WGR_RELEASE) cp_async_commit();
   if (tid == 0) tma_prefetch_map(&xmap);
   if (tid < 16) lut[tid] = NF4_CODE[tid];  // read after the first barrier below
   // DEC 2 and 3: entry b of the pair table's copy c (word b * copies + c) is byte b's two codes in f16, the high
@@ -244,15 +204,46 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   }
   __syncthreads();  // the mbarriers exist before any thread waits on one (the first wait precedes the next barrier)
 
+  // step j into stage j % ST: x by the TMA (thread 0), W rows by cp.async (all)
+  auto issue_x = [&](int j) {
+    if (j >= steps || tid != 0) return;
+    const unsigned bar = bars + 8 * (j % ST);  // tokens past M are zero-filled by the TMA; their bytes count too
+    mbar_expect_tx(bar, XBYTES);
+    tma_box(base_addr + (j % ST) * XBYTES, &xmap, k_begin + j * BK, t0, bar);
+  };
+  auto row_at = [](unsigned e, unsigned row) { return row * RS + (e % CPR) * 16; };  // a W chunk's place
+  auto issue_w = [&](int j) {
+    if (j >= steps) return;
+    unsigned char *ws = base + WOFF + (j % ST) * WBYTES;
+    cp_w_rows<FMT, SETS, BF, NT, SETS * BF * RS, decltype(row_at), false>(ws, row_at, w, absmax, w_up, absmax_up,
+                                                                          f0, N, K, k_begin + j * BK, tid);
+    if (FMT == 0) {  // the step's absmax, stored (K / 64, N): BF contiguous floats a set, in 16-byte chunks
+      float *sa = reinterpret_cast<float *>(ws + SETS * BF * RS);
+      const size_t kb = (size_t)(k_begin + j * BK) / 64;
+#pragma unroll
+      for (int i = 0; i < (SETS * BF / 4 + NT - 1) / NT; ++i) {
+        const int e = tid + i * NT, s = e / (BF / 4), c = 4 * (e % (BF / 4)), n = f0 + c;
+        if ((SETS * BF / 4) % NT != 0 && e >= SETS * BF / 4) continue;
+        const float *src = (s ? absmax_up : absmax) + kb * N + n;
+        if (N % 4 == 0) {
+          cp_async16(sa + s * BF + c, n < N ? src : absmax, n < N);  // n < N: the whole chunk is (N % 4 == 0)
+        } else {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) cp_async4(sa + s * BF + c + q, n + q < N ? src + q : absmax, n + q < N);
+        }
+      }
+    }
+    if (WGR_RELEASE) cp_async_mbar_arrive(bars + 8 * (j % ST));  // when this thread's copies so far have landed
+  };
+
   // Release 0, copy groups: group g holds step g's W rows (always one group per step, empty past the last, so the
   // waits line up). The prologue commits steps 0..ST-2; step kt + 1 has landed when at most ST - 3 groups are
   // pending. Release 1: the prologue issues steps 0..ST-3 and step kt issues step kt + ST - 2, into the stage step
   // kt - 2 used (released at step kt - 1). The weights are read before the PDL wait (no launch writes them); x, the
   // prep launch's output, only after it.
   constexpr int AHEAD = WGR_RELEASE ? ST - 2 : ST - 1;  // steps in flight before the loop
-  if (WGR_RELEASE) cp_async_mbar_arrive(bars);  // step 0's copies, issued before the setup
 #pragma unroll
-  for (int g = 1; g < AHEAD; ++g) {
+  for (int g = 0; g < AHEAD; ++g) {
     issue_w(g);
     if (!WGR_RELEASE) cp_async_commit();
   }
