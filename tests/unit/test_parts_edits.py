@@ -174,3 +174,75 @@ def test_the_fold_consumer_variants_give_the_main_launch_sums_of_squares(wgr_par
     assert ((per_row > 3.0) & (per_row < 32.0)).all() and len(np.unique(per_row.round(2))) == m
     assert set(wgr_parts.SCALED) <= set(wgr_parts.variants("swiglu", True, 1e-5, wgr_parts.PICK))
     assert not set(wgr_parts.SCALED) & set(wgr_parts.variants("residual", False, 1e-5, {**wgr_parts.PICK, "KS": 4}))
+
+
+@pytest.fixture(scope="module")
+def timeline(wgr_parts):
+    return load("wgr_timeline_cuda")
+
+
+def test_the_timeline_edits_find_their_text_once_and_stamp_every_point(timeline, wgr_parts):
+    real = wgr_parts.edited_source("")
+    for variant in ("timeline", "timeline-nolut"):
+        for old, _ in wgr_parts.EDITS[variant]:
+            assert real.count(old) == 1, (variant, old)
+        src = wgr_parts.edited_source(variant)
+        for point in range(7):
+            assert src.count(f"TL({point});") == 1, (variant, point)
+        assert src.count("TL(7);") == 2, variant  # the cluster's return and the other kinds' end
+
+
+def _stamps(rng, blocks, start_ns, mhz=2000.0):
+    """(blocks, STRIDE) stamps whose cycle counter runs at `mhz` and whose phases are random; the phases in us."""
+    import numpy as np
+
+    steps_us = rng.uniform(0.1, 5.0, (blocks, 7))
+    t_us = np.concatenate([np.zeros((blocks, 1)), np.cumsum(steps_us, axis=1)], axis=1)
+    st = np.zeros((blocks, 20), np.uint64)
+    st[:, 0:16:2] = (start_ns + rng.integers(0, 300, (blocks, 1)) + t_us * 1e3).astype(np.uint64)
+    st[:, 1:16:2] = (10**9 + t_us * mhz).astype(np.uint64)
+    st[:, 16] = np.arange(blocks) % 7
+    return st, steps_us
+
+
+def test_the_timeline_phases_are_the_cycle_differences_at_the_timers_rate(timeline):
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    runs, steps = zip(*(_stamps(rng, 64, 10**6 * (i + 1)) for i in range(3)))
+    got = timeline.phases(list(runs))
+    assert abs(got["mhz"] - 2000.0) < 5.0
+    every = np.concatenate(steps)
+    for i, name in enumerate(got["phases"]):
+        assert got["phases"][name][0] == pytest.approx(float(np.median(every[:, i])), rel=0.01), name
+    assert got["blocks_per_sm"] == {"max": 10, "sms_used": 7}
+    assert 0.0 <= got["start_skew_us"][0] <= got["start_skew_us"][2] <= 0.3
+
+
+def test_the_decision_timeline_sums_each_ops_launches_and_the_gaps_between_them(timeline):
+    import numpy as np
+
+    dt = load("decision_timeline_cuda")
+    rng = np.random.default_rng(9)
+    stamps = {}
+    rows = []
+    for i, (label, start) in enumerate([("a", 0), ("b", 40_000), ("a", 90_000)]):
+        st, _ = _stamps(rng, 16, 10**7 + start)
+        stamps[i] = st
+        rows.append({"label": label, "buffer": i, "blocks": 16})
+
+    class Dev:
+        def download(self, buf, dtype, shape):
+            return stamps[buf].astype(dtype).reshape(shape)
+
+    one = dt.decision(Dev(), rows)
+    ends = [int(stamps[i][:, 14].max()) for i in range(3)]
+    starts = [int(stamps[i][:, 0].min()) for i in range(3)]
+    assert [ln["gap_after_us"] for ln in one["launches"]] == pytest.approx(
+        [(starts[1] - ends[0]) / 1e3, (starts[2] - ends[1]) / 1e3, 0.0])
+    assert one["span_us"] == pytest.approx((ends[2] - starts[0]) / 1e3)
+    res = dt.summarize([one, one])
+    assert res["ops"]["a"]["n"] == 2 and res["ops"]["b"]["n"] == 1
+    loop_a = one["launches"][0]["loop"] + one["launches"][2]["loop"]
+    assert res["ops"]["a"]["loop"] == pytest.approx(loop_a)
+    assert res["ops"]["a"]["span"] == pytest.approx((ends[0] - starts[0] + ends[2] - starts[2]) / 1e3)
