@@ -183,23 +183,34 @@ def main_launches(eng: Engine, dev: Any, tpl: mc.CudaMatmul, cfg: Any, shape: tu
     return main
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def tile_parser(doc: str, rounds: int) -> argparse.ArgumentParser:
+    """The options every wgr tile experiment takes: where, which model matmul, which config, how many rounds."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="")
     ap.add_argument("--preset", default="lfm2-350m")
     ap.add_argument("--rows", type=int, default=346)
     ap.add_argument("--label", default="ffn.gate_up")
-    ap.add_argument("--config", default="", help="overrides of the pick, e.g. BT=128,ST=5")
-    ap.add_argument("--variants", default="", help="comma-separated subset (default: all)")
-    ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--profile", action="store_true", help="one launch of each variant inside the profiler range")
+    ap.add_argument("--config", default="", help="overrides of PICK, e.g. BT=128,ST=5")
+    ap.add_argument("--rounds", type=int, default=rounds)
     ap.add_argument("--device", default="cuda")
-    args = ap.parse_args()
-    dev = get_device(args.device)
+    return ap
+
+
+def tile_problem(args: argparse.Namespace) -> tuple[Any, Any, str, bool, tuple[int, int, int], dict[str, int]]:
+    """(device, model config, epilogue, norm, shape, config) of the tile the options name."""
     mcfg = model_config(args.preset)
     epilogue, n, k, norm = model_matmuls(mcfg)[args.label]
-    shape = (args.rows, n, k)
     pick = {**PICK, **{kv.split("=")[0]: int(kv.split("=")[1]) for kv in args.config.split(",") if kv}}
+    return get_device(args.device), mcfg, epilogue, norm, (args.rows, n, k), pick
+
+
+def main() -> int:
+    ap = tile_parser(__doc__, 30)
+    ap.add_argument("--variants", default="", help="comma-separated subset (default: all)")
+    ap.add_argument("--profile", action="store_true", help="one launch of each variant inside the profiler range")
+    args = ap.parse_args()
+    dev, mcfg, epilogue, norm, shape, pick = tile_problem(args)
+    n, k = shape[1], shape[2]
     vs = variants(epilogue, norm, mcfg.norm_eps, pick)
     if args.variants:
         vs = {nm: vs[nm] for nm in args.variants.split(",")}

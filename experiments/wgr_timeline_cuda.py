@@ -26,7 +26,6 @@ and gaps come from the timer.
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import sys
@@ -40,10 +39,8 @@ sys.path.insert(0, str(ROOT / "experiments"))
 sys.path.insert(0, str(ROOT / "src"))
 
 import wgr_parts_cuda as parts  # noqa: E402
-from tilewise.devices import get_device  # noqa: E402
 from tilewise.devices.base import Launch  # noqa: E402
 from tilewise.kernels.matmul.cuda import CudaMatmul  # noqa: E402
-from tilewise.model.tune import model_config, model_matmuls  # noqa: E402
 from tilewise.tune.engine import Engine  # noqa: E402
 
 POINTS = ("entry", "setup", "pdl", "landed", "decoded", "looped", "ring-free", "end")
@@ -130,21 +127,10 @@ def phases(runs: list[np.ndarray]) -> dict[str, Any]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="")
-    ap.add_argument("--preset", default="lfm2-350m")
-    ap.add_argument("--rows", type=int, default=346)
-    ap.add_argument("--label", default="ffn.gate_up")
-    ap.add_argument("--config", default="", help="overrides of wgr_parts_cuda.PICK, e.g. BT=128,DEC=3")
-    ap.add_argument("--rounds", type=int, default=20)
+    ap = parts.tile_parser(__doc__, 20)
     ap.add_argument("--variant", default="timeline", choices=[e for e in parts.EDITS if e.startswith("timeline")])
-    ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
-    dev = get_device(args.device)
-    mcfg = model_config(args.preset)
-    epilogue, n, k, norm = model_matmuls(mcfg)[args.label]
-    shape = (args.rows, n, k)
-    pick = {**parts.PICK, **{kv.split("=")[0]: int(kv.split("=")[1]) for kv in args.config.split(",") if kv}}
+    dev, mcfg, epilogue, norm, shape, pick = parts.tile_problem(args)
     if pick["SR"] == 1:
         raise SystemExit("SR 1 reads `counters`, which carries the stamps here: pick SR 0 or 2")
     tpl = parts.Edited(CudaMatmul("wgr", "nf4", epilogue, norm, mcfg.norm_eps), args.variant)
