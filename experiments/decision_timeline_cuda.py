@@ -9,8 +9,9 @@ its versions hash the files); every plan it builds gets its wgr launches' `count
 buffer (SR 1 launches read their counters and are refused). Per op label it prints, as medians over the replays, the
 sum over a decision's launches of each launch's span (first block's entry to last block's end) and of its blocks'
 median phases: setup (entry to the barrier after the tables), wait (the PDL wait), first (the first stage landed and
-decoded), loop (the K loop), post (the epilogue's staging, stores or cluster reduction); and the gap from one wgr
-launch's end to the next one's start (the kernels in between: conv, attention, rope, the head).
+decoded), loop (the K loop), post (the epilogue's staging, stores or cluster reduction; for SR 2 split into synced,
+to the end of the first cluster barrier, and reduced, the sums and stores up to the exit barrier); and the gap from
+one wgr launch's end to the next one's start (the kernels in between: conv, attention, rope, the head).
 
     PYTHONPATH=src python3 experiments/decision_timeline_cuda.py --out DIR [--preset lfm2-350m --seq 346]
 """
@@ -39,6 +40,9 @@ import wgr_timeline_cuda as tl  # noqa: E402
 FILL = np.iinfo(np.uint64).max
 #: point ranges: entry..setup, setup..after the PDL wait, the first stage landed and decoded, the loop, the epilogue
 PHASES = {"setup": (0, 1), "wait": (1, 2), "first": (2, 4), "loop": (4, 5), "post": (5, 7)}
+#: SR 2's epilogue, part of `post`: to the first cluster barrier's end (staging, then the wait for the slowest
+#: block), and from there to the exit barrier (the sums, residual rows and stores)
+CLUSTER = ("synced", "reduced")
 
 
 def stamp_plans(ex: Any, dev: Any) -> dict[int, list[dict[str, Any]]]:
@@ -78,6 +82,10 @@ def decision(dev: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
     for r, g in zip(rows, got):
         c = g[:, 1:16:2]
         ph = {name: float(np.median(c[:, b] - c[:, a]) * us_per_cycle) for name, (a, b) in PHASES.items()}
+        cr = g[:, 17:19]
+        if (cr != np.int64(-1)).all():  # SR 2: the epilogue's wait at the first cluster barrier, then the reduction
+            ph["synced"] = float(np.median(cr[:, 0] - c[:, 6]) * us_per_cycle)
+            ph["reduced"] = float(np.median(cr[:, 1] - cr[:, 0]) * us_per_cycle)
         launches.append({"label": r["label"], "start_ns": int(g[:, 0].min()), "end_ns": int(g[:, 14].max()), **ph})
     for a, b in itertools.pairwise(launches):
         a["gap_after_us"] = (b["start_ns"] - a["end_ns"]) / 1e3
@@ -92,11 +100,12 @@ def summarize(decisions: list[dict[str, Any]]) -> dict[str, Any]:
     for d in decisions:
         sums: dict[str, dict[str, float]] = {}
         for ln in d["launches"]:
-            s = sums.setdefault(ln["label"], {"n": 0, "span": 0.0, **{k: 0.0 for k in PHASES}, "gap": 0.0})
+            s = sums.setdefault(ln["label"], {"n": 0, "span": 0.0, **{k: 0.0 for k in (*PHASES, *CLUSTER)},
+                                              "gap": 0.0})
             s["n"] += 1
             s["span"] += (ln["end_ns"] - ln["start_ns"]) / 1e3
-            for k in PHASES:
-                s[k] += ln[k]
+            for k in (*PHASES, *CLUSTER):
+                s[k] += ln.get(k, 0.0)
             s["gap"] += ln["gap_after_us"]
         for label, s in sums.items():
             for k, v in s.items():
@@ -148,7 +157,7 @@ def main() -> int:
     settings = {k: getattr(ex, k) for k in ("pdl", "fuse_preps", "serial_reduce", "fold_norm")}
     print(f"{dev.info.name}: {args.preset}, {args.seq} rows, {args.decisions} graph replays, settings {settings}; "
           f"medians over the replays of each op's sums over a decision, us ({res['mhz']:.0f} MHz by the stamps)")
-    cols = ("span", *PHASES, "gap")
+    cols = ("span", *PHASES, *CLUSTER, "gap")
     print(f"{'op':<16}{'n':>4}" + "".join(f"{c:>8}" for c in cols))
     ops = sorted(res["ops"].items(), key=lambda kv: -kv[1]["span"])
     for label, o in [*ops, ("wgr, all", {k: sum(o[k] for _, o in ops) for k in ("n", *cols)})]:

@@ -15,6 +15,10 @@ edited into matmul_wgr.cu's text before NVRTC compiles it; each edit is checked 
     6 ring-free    every warpgroup past the loop (the barrier before the epilogue's tile)
     7 end          the block's last store (SR 0: after one more barrier; SR 2: after the cluster's reduction)
 
+SR 2 also splits its epilogue at the reduction's two cluster barriers (cycle counter only): after the first (every
+block of the cluster has staged its sums: the wait for the slowest) and before the exit barrier (the sums, the
+residual rows and the stores done).
+
 Modes, each repeated `--rounds` times: `alone` (one launch after the stream is idle), `chain` (two launches back to
 back, the second's stamps in a second buffer: the gap between them) and `chain-pdl` (the same with programmatic
 dependent launch, as a decision's graph launches them). Phases are cycle-counter differences turned into
@@ -44,6 +48,7 @@ from tilewise.kernels.matmul.cuda import CudaMatmul  # noqa: E402
 from tilewise.tune.engine import Engine  # noqa: E402
 
 POINTS = ("entry", "setup", "pdl", "landed", "decoded", "looped", "ring-free", "end")
+FILL = np.iinfo(np.uint64).max
 STRIDE = 20  # u64 words a block: (timer, cycles) per point, then its SM id
 COUNTERS = 11  # the launch's `counters` argument (cuda_source.WGR_ARGS: final_out 10, out_h 12)
 
@@ -56,7 +61,7 @@ _HELPER = (
     "#define TL(i) do { if (threadIdx.x == 0) { unsigned long long *tl_ = reinterpret_cast<unsigned long long *>("
     "counters) + ((size_t)blockIdx.x + gridDim.x * ((size_t)blockIdx.y + (size_t)gridDim.y * blockIdx.z)) * "
     f"{STRIDE}; tl_[2 * (i)] = tl_timer(); tl_[2 * (i) + 1] = clock64(); if ((i) == 0) {{ unsigned s_; "
-    "asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(s_)); tl_[16] = s_; } } } while (0)\n"
+    "asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(s_)); tl_[16] = s_; tl_slot = tl_; } } } while (0)\n"
 )
 _PIN = "template <int SETS, int J>\n__device__ __forceinline__ void wgr_pin("
 _SETUP = ("  __syncthreads();  // the mbarriers exist before any thread waits on one (the first wait precedes the "
@@ -68,7 +73,21 @@ _LOOPED = "  cp_async_wait<0>();\n\n  // The epilogue goes"
 _RING = "  __syncthreads();  // every warpgroup's wgmma and copies are done: the ring is free"
 _END2 = "fold_g, ss_out, scaled);\n    return;"
 _END0 = "  if constexpr (SR == 1)  // the code table"
+# SR 2's reduction (cluster_reduce, matmul_reduce.cu, compiled before matmul_wgr.cu): its thread 0 also stamps the
+# cycle counter after the first cluster barrier (word 17) and before the exit barrier (word 18), through the slot
+# pointer TL keeps in shared memory
+_CR = "template <int EPI, int KS, int NT, int ROWS, int COLS>\n__device__ __forceinline__ void cluster_reduce("
+_CR_HELPER = ("__shared__ unsigned long long *tl_slot;\n"
+              "#define TLC(w) do { if (threadIdx.x == 0 && tl_slot) tl_slot[w] = clock64(); } while (0)\n")
+# the split-K kind's clusters reduce with the same function and stamp nothing
+_SPLITK_CR = "    cluster_reduce<EPI, KS, NT, BM, BN>(smem_addr(tile)"
+_CR_SYNC = "  cluster_sync();\n  unsigned rank;\n"
+_CR_EXIT = "  cluster_sync_exit();\n}\n"
 TIMELINE = (
+    (_CR, _CR_HELPER + _CR),
+    (_CR_SYNC, "  cluster_sync();\n  TLC(17);\n  unsigned rank;\n"),
+    (_CR_EXIT, "  TLC(18);\n  cluster_sync_exit();\n}\n"),
+    (_SPLITK_CR, "    if (threadIdx.x == 0) tl_slot = nullptr;\n" + _SPLITK_CR),
     (_PIN, _HELPER + _PIN),
     (parts._TOP, "  TL(0);\n" + parts._TOP),
     (_SETUP, _SETUP + "  TL(1);\n"),
@@ -81,11 +100,6 @@ TIMELINE = (
     (_END0, "  __syncthreads();\n  TL(7);\n" + _END0),
 )
 parts.EDITS["timeline"] = TIMELINE
-# the same stamps with the f32 code table in shared memory written only where it is read (DEC 0): its constant
-# memory load sits before the setup barrier
-_LUT = ("  if (tid == 0) tma_prefetch_map(&xmap);\n"
-        "  if (tid < 16) lut[tid] = NF4_CODE[tid];  // read after the first barrier below")
-parts.EDITS["timeline-nolut"] = (*TIMELINE, (_LUT, _LUT.replace("if (tid < 16)", "if (DEC == 0 && tid < 16)")))
 
 
 def stamped(launch: Launch, buf: Any) -> Launch:
@@ -95,7 +109,7 @@ def stamped(launch: Launch, buf: Any) -> Launch:
 def read(dev: Any, buf: Any, blocks: int) -> np.ndarray:
     """(blocks, STRIDE) u64; a block that wrote no stamp keeps the all-ones fill and fails here."""
     got = dev.download(buf, np.uint64, (blocks, STRIDE))
-    if (got[:, :16] == np.iinfo(np.uint64).max).any():
+    if (got[:, :16] == FILL).any():
         raise SystemExit("a block wrote no stamp at some point: the edits missed a path")
     return got
 
@@ -111,6 +125,12 @@ def phases(runs: list[np.ndarray]) -> dict[str, Any]:
         v = d[:, i]
         out["phases"][f"{POINTS[i]}->{POINTS[i + 1]}"] = [float(np.median(v)), float(np.percentile(v, 10)),
                                                             float(np.percentile(v, 90))]
+    cr = st[:, 17:19].astype(np.int64)
+    if (st[:, 17:19] != FILL).all():  # SR 2: the epilogue split at the reduction's two cluster barriers
+        for name, (a, b) in {"ring-free->synced": (cycles[:, 6], cr[:, 0]), "synced->reduced": (cr[:, 0], cr[:, 1]),
+                             "reduced->end": (cr[:, 1], cycles[:, 7])}.items():
+            v = (b - a) * us_per_cycle
+            out["phases"][name] = [float(np.median(v)), float(np.percentile(v, 10)), float(np.percentile(v, 90))]
     total = (cycles[:, 7] - cycles[:, 0]) * us_per_cycle
     out["block_us"] = [float(np.median(total)), float(np.percentile(total, 10)), float(np.percentile(total, 90))]
     skew, span = [], []
@@ -128,12 +148,11 @@ def phases(runs: list[np.ndarray]) -> dict[str, Any]:
 
 def main() -> int:
     ap = parts.tile_parser(__doc__, 20)
-    ap.add_argument("--variant", default="timeline", choices=[e for e in parts.EDITS if e.startswith("timeline")])
     args = ap.parse_args()
     dev, mcfg, epilogue, norm, shape, pick = parts.tile_problem(args)
     if pick["SR"] == 1:
         raise SystemExit("SR 1 reads `counters`, which carries the stamps here: pick SR 0 or 2")
-    tpl = parts.Edited(CudaMatmul("wgr", "nf4", epilogue, norm, mcfg.norm_eps), args.variant)
+    tpl = parts.Edited(CudaMatmul("wgr", "nf4", epilogue, norm, mcfg.norm_eps), "timeline")
     cfg = tpl.config_of(pick)
     why = tpl.why_illegal(cfg, dev.info.limits, shape)
     if why:
@@ -144,13 +163,13 @@ def main() -> int:
         raise SystemExit(f"expected one main launch, got {len(main_)}")
     grid = main_[0].grid
     blocks = grid[0] * grid[1] * grid[2]
-    fill = np.full((blocks, STRIDE), np.iinfo(np.uint64).max, np.uint64)
+    fill = np.full((blocks, STRIDE), FILL, np.uint64)
     bufs = [dev.upload(fill), dev.upload(fill)]
     a, b = stamped(main_[0], bufs[0]), stamped(main_[0], bufs[1])
     for _ in range(5):  # warm: compiled, resident, clocks up
         dev.run([a, b])
     dev.synchronize()
-    print(f"{dev.info.name} ({args.variant}): {args.label} {shape} {epilogue}{' norm' if norm else ''}, wgr {pick}, "
+    print(f"{dev.info.name}: {args.label} {shape} {epilogue}{' norm' if norm else ''}, wgr {pick}, "
           f"grid {grid} ({blocks} blocks)", flush=True)
     doc: dict[str, Any] = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                            "command": "python3 experiments/wgr_timeline_cuda.py " + " ".join(
@@ -183,7 +202,7 @@ def main() -> int:
             print(f"      {name:<20} {p50:7.2f} us  [p10 {p10:.2f}, p90 {p90:.2f}]", flush=True)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / f"wgr_{args.variant}_{args.label}.json").write_text(json.dumps(doc, indent=1, default=str))
+        (Path(args.out) / f"wgr_timeline_{args.label}.json").write_text(json.dumps(doc, indent=1, default=str))
     return 0
 
 

@@ -183,25 +183,32 @@ def timeline(wgr_parts):
 
 def test_the_timeline_edits_find_their_text_once_and_stamp_every_point(timeline, wgr_parts):
     real = wgr_parts.edited_source("")
-    for variant in ("timeline", "timeline-nolut"):
-        for old, _ in wgr_parts.EDITS[variant]:
-            assert real.count(old) == 1, (variant, old)
-        src = wgr_parts.edited_source(variant)
-        for point in range(7):
-            assert src.count(f"TL({point});") == 1, (variant, point)
-        assert src.count("TL(7);") == 2, variant  # the cluster's return and the other kinds' end
+    for old, _ in wgr_parts.EDITS["timeline"]:
+        assert real.count(old) == 1, old
+    src = wgr_parts.edited_source("timeline")
+    for point in range(7):
+        assert src.count(f"TL({point});") == 1, point
+    assert src.count("TL(7);") == 2  # the cluster's return and the other kinds' end
+    assert src.count("TLC(17);") == src.count("TLC(18);") == 1  # the cluster reduction's two barriers
+    assert src.count("tl_slot = nullptr;") == 1  # split-K's clusters, which keep no stamps
 
 
-def _stamps(rng, blocks, start_ns, mhz=2000.0):
-    """(blocks, STRIDE) stamps whose cycle counter runs at `mhz` and whose phases are random; the phases in us."""
+def _stamps(rng, blocks, start_ns, mhz=2000.0, cluster=False):
+    """(blocks, STRIDE) stamps whose cycle counter runs at `mhz` and whose phases are random; the phases in us.
+    cluster: the epilogue (point 6 to 7) also split at two random times into words 17 and 18, as SR 2 stamps it;
+    otherwise those words keep the buffer's fill."""
     import numpy as np
 
     steps_us = rng.uniform(0.1, 5.0, (blocks, 7))
     t_us = np.concatenate([np.zeros((blocks, 1)), np.cumsum(steps_us, axis=1)], axis=1)
-    st = np.zeros((blocks, 20), np.uint64)
+    st = np.full((blocks, 20), np.iinfo(np.uint64).max, np.uint64)
     st[:, 0:16:2] = (start_ns + rng.integers(0, 300, (blocks, 1)) + t_us * 1e3).astype(np.uint64)
     st[:, 1:16:2] = (10**9 + t_us * mhz).astype(np.uint64)
     st[:, 16] = np.arange(blocks) % 7
+    if cluster:
+        cuts = np.sort(rng.uniform(0.0, 1.0, (blocks, 2)), axis=1) * steps_us[:, 6:7]
+        st[:, 17:19] = (10**9 + (t_us[:, 6:7] + cuts) * mhz).astype(np.uint64)
+        steps_us = np.concatenate([steps_us, cuts[:, :1], cuts[:, 1:] - cuts[:, :1]], axis=1)
     return st, steps_us
 
 
@@ -217,6 +224,12 @@ def test_the_timeline_phases_are_the_cycle_differences_at_the_timers_rate(timeli
         assert got["phases"][name][0] == pytest.approx(float(np.median(every[:, i])), rel=0.01), name
     assert got["blocks_per_sm"] == {"max": 10, "sms_used": 7}
     assert 0.0 <= got["start_skew_us"][0] <= got["start_skew_us"][2] <= 0.3
+    assert "ring-free->synced" not in got["phases"]
+    runs, steps = zip(*(_stamps(rng, 64, 10**6 * (i + 1), cluster=True) for i in range(3)))
+    got = timeline.phases(list(runs))
+    every = np.concatenate(steps)
+    for i, name in ((7, "ring-free->synced"), (8, "synced->reduced")):
+        assert got["phases"][name][0] == pytest.approx(float(np.median(every[:, i])), rel=0.02), name
 
 
 def test_the_decision_timeline_sums_each_ops_launches_and_the_gaps_between_them(timeline):
@@ -227,7 +240,7 @@ def test_the_decision_timeline_sums_each_ops_launches_and_the_gaps_between_them(
     stamps = {}
     rows = []
     for i, (label, start) in enumerate([("a", 0), ("b", 40_000), ("a", 90_000)]):
-        st, _ = _stamps(rng, 16, 10**7 + start)
+        st, _ = _stamps(rng, 16, 10**7 + start, cluster=label == "b")
         stamps[i] = st
         rows.append({"label": label, "buffer": i, "blocks": 16})
 
@@ -246,3 +259,6 @@ def test_the_decision_timeline_sums_each_ops_launches_and_the_gaps_between_them(
     loop_a = one["launches"][0]["loop"] + one["launches"][2]["loop"]
     assert res["ops"]["a"]["loop"] == pytest.approx(loop_a)
     assert res["ops"]["a"]["span"] == pytest.approx((ends[0] - starts[0] + ends[2] - starts[2]) / 1e3)
+    assert res["ops"]["a"]["synced"] == 0.0 and res["ops"]["b"]["synced"] > 0.0  # only the cluster launch splits
+    b = stamps[1].astype(np.int64)
+    assert res["ops"]["b"]["reduced"] == pytest.approx(float(np.median(b[:, 18] - b[:, 17])) / one["mhz"], rel=1e-6)
