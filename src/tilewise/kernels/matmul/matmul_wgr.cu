@@ -403,8 +403,13 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
     if (KS == 1 && EPI == 1 && fold_g != nullptr) {  // the norm fold (N % 64 == 0): BT / 8 passes for every thread
 #pragma unroll 1
       for (int e0 = tid; e0 < CHUNKS; e0 += EPI_BATCH * NT) {
-        float4 res[EPI_BATCH];
+        float4 res[EPI_BATCH], gw[EPI_BATCH];
         residual_rows(e0, res);
+#pragma unroll
+        for (int u = 0; u < EPI_BATCH; ++u) {  // the norm weight's columns, with the residual rows
+          const int e = e0 + u * NT, feat = f0 + 4 * (e % (BF / 4));
+          gw[u] = fold_weight4(fold_g, e < CHUNKS && t0 + e / (BF / 4) < M && feat < N, feat);
+        }
 #pragma unroll
         for (int u = 0; u < EPI_BATCH; ++u) {
           const int e = e0 + u * NT;
@@ -417,7 +422,7 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
             h = add4(res[u], v);
             *reinterpret_cast<float4 *>(dst + (size_t)tok * N + feat) = h;
           }
-          fold_chunk(h, ok, fold_g, out_h, ss_out, tok, feat, N);
+          fold_chunk(h, ok, gw[u], out_h, ss_out, tok, feat, N);
         }
       }
       continue;
