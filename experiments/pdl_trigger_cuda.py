@@ -20,12 +20,14 @@ All three run the same kernels in the same order, so their scores must be bit-id
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
+from pathlib import Path
 
-import tilewise.kernels.attention.cuda as attention_cuda
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 import tilewise.kernels.cudasrc as cudasrc
-import tilewise.kernels.matmul.cuda as matmul_cuda
-import tilewise.kernels.rowops.cuda as rowops_cuda
-import tilewise.kernels.shortconv.cuda as shortconv_cuda
+from cuda_sources import model_sources
 from tilewise.devices import get_device
 from tilewise.model.bench import (
     PREFIX_TOKENS,
@@ -43,7 +45,6 @@ from tilewise.tune.measure import compare, summarize
 MODES = ("off", "start", "exit")
 #: pdl.cuh's switch of the early trigger (checked to occur once) and its edit
 TRIGGER, EARLY = "#define PDL_EARLY_TRIGGER 0\n", "#define PDL_EARLY_TRIGGER 1\n"
-SOURCE_MODULES = (cudasrc, matmul_cuda, attention_cuda, rowops_cuda, shortconv_cuda)
 
 
 def early_trigger(real):
@@ -71,16 +72,10 @@ def main() -> int:
     _, full = prompts(ck.config.vocab_size, args.seq, 40, PREFIX_TOKENS, seed=3)
     executors = {}
     for mode in MODES:  # each compiles its kernels at its first decision: `start` with the edited text
-        real = cudasrc.model_source
-        if mode == "start":
-            for mod in SOURCE_MODULES:
-                mod.model_source = early_trigger(real)
-        try:
+        edit = model_sources(early_trigger(cudasrc.model_source)) if mode == "start" else contextlib.nullcontext()
+        with edit:
             ex = CUDAExecutor(ck, device=dev, quiet=True, pdl=mode != "off")
             ex.forward(full[0], 0, None, True)
-        finally:
-            for mod in SOURCE_MODULES:
-                mod.model_source = real
         executors[mode] = ex
     samples, diff = race_executors(executors, full, args.rounds, args.per_round)
     stats = {m: summarize(v) for m, v in samples.items()}

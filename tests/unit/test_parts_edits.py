@@ -40,12 +40,53 @@ def test_the_pdl_trigger_race_turns_the_early_trigger_on():
     """experiments/pdl_trigger_cuda.py's `start` mode: pdl.cuh's switch occurs once in a model source, is off as
     shipped, and the edit turns it on."""
     import tilewise.kernels.cudasrc as cudasrc
+    from tilewise.kernels.matmul.cuda_source import matmul_source
 
     pdl = load("pdl_trigger_cuda")
     real = cudasrc.model_source("matmul", "matmul_mma.cu")
     assert real.count(pdl.TRIGGER) == 1 and pdl.EARLY not in real
     edited = pdl.early_trigger(cudasrc.model_source)("matmul", "matmul_mma.cu")
     assert edited == real.replace(pdl.TRIGGER, pdl.EARLY)
+    # the race's edit reaches the text every family compiles: the matmul family builds its own (cuda_source.py)
+    with pdl.model_sources(pdl.early_trigger(cudasrc.model_source)):
+        assert pdl.EARLY in matmul_source()
+    assert pdl.EARLY not in matmul_source()
+
+
+def test_the_source_patch_reaches_every_family_and_is_undone():
+    """experiments/cuda_sources.py: every kernels module that builds a family's text is patched, so each family's
+    text (as its template compiles it) comes from the given source inside the block and from the files after it."""
+    import tilewise.kernels.cudasrc as cudasrc
+    from tilewise.kernels.attention.cuda import SOURCE_FILES as ATTENTION_FILES
+    from tilewise.kernels.matmul.cuda_source import matmul_source
+
+    cs = load("cuda_sources")
+    names = {m.__name__ for m in cs.source_users()}
+    assert {"tilewise.kernels.cudasrc", "tilewise.kernels.matmul.cuda_source", "tilewise.kernels.attention.cuda",
+            "tilewise.kernels.rowops.cuda", "tilewise.kernels.shortconv.cuda"} <= names
+    real = matmul_source()
+    with cs.model_sources(lambda family, *files: f"// {family} {len(files)}"):
+        assert matmul_source().startswith("// matmul ")
+        for m in cs.source_users():
+            assert m.model_source("attention", *ATTENTION_FILES) == f"// attention {len(ATTENTION_FILES)}"
+    assert matmul_source() == real and cudasrc.model_source("attention", *ATTENTION_FILES).startswith("//")
+
+
+def test_the_source_at_a_commit_is_that_commits_text():
+    """source_at(rev) builds a family's text from rev's files in the order model_source does: at HEAD it is the
+    tree's text when the kernels are unchanged; a revision git does not know is refused with its name."""
+    import subprocess
+
+    import tilewise.kernels.cudasrc as cudasrc
+    from tilewise.kernels.matmul.cuda_source import SOURCE_FILES
+
+    cs = load("cuda_sources")
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "src/tilewise/kernels"], cwd=ROOT).returncode
+    if dirty:
+        pytest.skip("the kernels differ from HEAD in this checkout")
+    assert cs.source_at("HEAD")("matmul", *SOURCE_FILES) == cudasrc.model_source("matmul", *SOURCE_FILES)
+    with pytest.raises(SystemExit, match="no-such-revision"):
+        cs.source_at("no-such-revision")("matmul", *SOURCE_FILES)
 
 
 def test_the_twin_races_change_only_the_configs_they_name():

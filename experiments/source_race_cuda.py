@@ -1,0 +1,76 @@
+"""Is the working tree's CUDA kernel text faster than another commit's? Whole decisions (graph replays) of two
+executors in one process, one compiled from the model kernels' files as commit `--base` had them (read through git),
+one from the tree's, raced in alternating rounds (`model.bench.race_pair`) so that the machine's drift and clocks hit
+both alike. Separate runs of the same code can differ by more than a kernel change is worth; alternating rounds in
+one process are what the settings races use for the same reason.
+
+Both executors take the device's dispatch table (the tree's kernel versions) and its settings; a base whose kernels
+lack a config the table names fails to compile and says so. Every decision of the base runs with the base text in
+place, so a plan built later compiles from it too. Printed: each side's p50/p90/p99, the verdict with its
+confidence, the largest |score difference| (0 where the change keeps the bits) and the GPU time per op.
+
+    PYTHONPATH=src python3 experiments/source_race_cuda.py --base e6e2e68 [--preset lfm2-350m --seq 346] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "experiments"))
+sys.path.insert(0, str(ROOT / "src"))
+
+from cuda_sources import model_sources, source_at  # noqa: E402
+from tilewise.devices import get_device  # noqa: E402
+from tilewise.model.bench import PREFIX_TOKENS, prompts, race_args, race_lines, race_pair, verdict_text, write_race  # noqa: E402
+from tilewise.model.cuda import CUDAExecutor  # noqa: E402
+from tilewise.model.runtime import open_checkpoint  # noqa: E402
+
+
+class WithSource:
+    """An executor whose every decision runs with `source` as the kernels' text (so any plan it builds, at any
+    decision, compiles from it)."""
+
+    def __init__(self, ex: Any, source: Any) -> None:
+        self.ex, self.source = ex, source
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with model_sources(self.source):
+            return self.ex.forward(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.ex, name)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    race_args(ap, "lfm2-350m", 346, "side")
+    ap.add_argument("--base", required=True, help="the commit whose kernel files the tree is raced against")
+    ap.add_argument("--out", help="folder for source_race.json")
+    args = ap.parse_args()
+    dev = get_device(args.device)
+    ck = open_checkpoint(args.preset, weights="nf4")
+    _, full = prompts(ck.config.vocab_size, args.seq, 40, PREFIX_TOKENS, seed=3)
+    base = WithSource(CUDAExecutor(ck, device=dev, quiet=True), source_at(args.base))
+    tree = CUDAExecutor(ck, device=dev, quiet=True)
+    for ex in (base, tree):  # each compiles its kernels at its first decision
+        ex.forward(full[0], 0, None, True)
+    sides = {args.base: base, "tree": tree}
+    race = race_pair(sides, full, args.rounds, args.per_round, args.base, "tree", (args.base, "tree"))
+    print(f"{dev.info.name} [{dev.info.fingerprint}]: {args.preset}, {args.seq} rows; settings "
+          f"{tree.measured_settings or 'none raced'}; the kernels at {args.base} against the tree's")
+    print("\n".join(race_lines(race.samples)))
+    print(f"tree over {args.base}: {verdict_text(race.verdict)}")
+    print(f"max |score difference| {race.diff:.2e}" + ("" if race.diff == 0.0 else "  (not bit-identical)"))
+    print("\n".join(race.op_lines))
+    write_race(args.out, "source_race.json", "experiments/source_race_cuda.py", dev, args.preset, args.seq,
+               race.samples, race.stats, base=args.base, max_abs_score_diff=race.diff, ops=race.ops,
+               verdict={"verdict": race.verdict.verdict, "speedup": race.verdict.ratio, "note": race.verdict.note})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
