@@ -1,7 +1,8 @@
 """The model kernels' CUDA text as the experiments change it: every kernels module that builds a family's text calls
 its own imported name `model_source` (`kernels/cudasrc.py`), so an edit has to reach each of them, or some family
-compiles unedited without a word. `model_sources` patches all of them at once (found, not listed), and
-`source_at(rev)` builds the text from another commit's files (git), for racing two versions of the kernels.
+compiles unedited without a word. `model_sources` patches all of them at once (found, not listed); `source_at(rev)`
+builds the text from another commit's files (git), `source_in(folder)` from a copy of another tree's kernels folder,
+for racing two versions of the kernels.
 """
 
 from __future__ import annotations
@@ -52,6 +53,21 @@ def _file_at(rev: str, path: str) -> str:
     if got.returncode != 0:
         raise SystemExit(f"git show {rev}:{path} failed: {got.stderr.strip()} (is {rev} a commit of this checkout?)")
     return got.stdout
+
+
+def source_in(folder: str | Path) -> Source:
+    """`model_source` from a copy of another tree's `src/tilewise/kernels` folder (where no git history is at hand)."""
+    root = Path(folder)
+
+    def read(path: str) -> str:
+        if not (root / path).is_file():
+            raise SystemExit(f"{root / path} is missing: pass a copy of a tree's src/tilewise/kernels folder")
+        return (root / path).read_text()
+
+    def source(family: str, *filenames: str) -> str:
+        return "\n".join([*(read(h) for h in cudasrc.MODEL_HEADERS), *(read(f"{family}/{f}") for f in filenames)])
+
+    return source
 
 
 def source_at(rev: str) -> Source:

@@ -10,6 +10,7 @@ place, so a plan built later compiles from it too. Printed: each side's p50/p90/
 confidence, the largest |score difference| (0 where the change keeps the bits) and the GPU time per op.
 
     PYTHONPATH=src python3 experiments/source_race_cuda.py --base e6e2e68 [--preset lfm2-350m --seq 346] [--out DIR]
+    PYTHONPATH=src python3 experiments/source_race_cuda.py --base-dir OTHER/src/tilewise/kernels
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 sys.path.insert(0, str(ROOT / "src"))
 
-from cuda_sources import model_sources, source_at  # noqa: E402
+from cuda_sources import model_sources, source_at, source_in  # noqa: E402
 from tilewise.devices import get_device  # noqa: E402
 from tilewise.model.bench import PREFIX_TOKENS, prompts, race_args, race_lines, race_pair, verdict_text, write_race  # noqa: E402
 from tilewise.model.cuda import CUDAExecutor  # noqa: E402
@@ -48,13 +49,17 @@ class WithSource:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     race_args(ap, "lfm2-350m", 346, "side")
-    ap.add_argument("--base", required=True, help="the commit whose kernel files the tree is raced against")
+    base_from = ap.add_mutually_exclusive_group(required=True)
+    base_from.add_argument("--base", help="the commit whose kernel files the tree is raced against (read with git)")
+    base_from.add_argument("--base-dir", help="a copy of another tree's src/tilewise/kernels folder, raced instead")
     ap.add_argument("--out", help="folder for source_race.json")
     args = ap.parse_args()
+    args.base = args.base or f"base ({Path(args.base_dir).name})"
     dev = get_device(args.device)
     ck = open_checkpoint(args.preset, weights="nf4")
     _, full = prompts(ck.config.vocab_size, args.seq, 40, PREFIX_TOKENS, seed=3)
-    base = WithSource(CUDAExecutor(ck, device=dev, quiet=True), source_at(args.base))
+    source = source_in(args.base_dir) if args.base_dir else source_at(args.base)
+    base = WithSource(CUDAExecutor(ck, device=dev, quiet=True), source)
     tree = CUDAExecutor(ck, device=dev, quiet=True)
     for ex in (base, tree):  # each compiles its kernels at its first decision
         ex.forward(full[0], 0, None, True)

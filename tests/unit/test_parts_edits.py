@@ -89,6 +89,27 @@ def test_the_source_at_a_commit_is_that_commits_text():
         cs.source_at("no-such-revision")("matmul", *SOURCE_FILES)
 
 
+def test_the_source_in_a_folder_is_that_folders_text(tmp_path):
+    """source_in(folder) reads the headers and a family's files from a copy of a kernels folder, so that a copy with
+    one file changed gives the real text with that file's text swapped; a folder without the files is refused."""
+    import shutil
+
+    import tilewise.kernels.cudasrc as cudasrc
+    from tilewise.kernels.matmul.cuda_source import SOURCE_FILES
+
+    cs = load("cuda_sources")
+    kernels = ROOT / "src" / "tilewise" / "kernels"
+    copy = tmp_path / "kernels"
+    shutil.copytree(kernels, copy)
+    real = cudasrc.model_source("matmul", *SOURCE_FILES)
+    assert cs.source_in(copy)("matmul", *SOURCE_FILES) == real
+    wgr = (copy / "matmul" / "matmul_wgr.cu").read_text()
+    (copy / "matmul" / "matmul_wgr.cu").write_text(wgr + "// changed\n")
+    assert cs.source_in(copy)("matmul", *SOURCE_FILES) == real.replace(wgr, wgr + "// changed\n")
+    with pytest.raises(SystemExit, match="missing"):
+        cs.source_in(tmp_path / "nothing")("matmul", *SOURCE_FILES)
+
+
 def test_the_twin_races_change_only_the_configs_they_name():
     """experiments/cluster_reduce_cuda.py's twins on a real tuned table (with wgr DEC 3 and 2 put into two of its
     entries): `--twin dec` gives exactly those configs DEC 1 and names their entries, `--twin sr` turns the splitk
