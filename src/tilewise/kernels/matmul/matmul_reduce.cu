@@ -238,20 +238,49 @@ __device__ __forceinline__ float4 ld_peer4(unsigned addr) {
 // multiple of NT wherever the fold runs), so whole half-warps call fold_chunk. scaled (the fold's consumer, EPI 0
 // or 2): each row's summed slices are multiplied by the scale its blocks wrote into the padding column COLS of
 // their tiles' first set, before the epilogue.
+// chunks a thread of cluster_reduce sums at a time (at most 16 float4 of peer slices in flight, as serial_sum4):
+// their residual rows and every peer load before the first sum. One chunk at a time paid a distributed-shared-memory
+// round trip per chunk: its loads waited for their sums, and a store is not passed by the next chunk's loads
+// (generic addresses).
+__host__ __device__ constexpr int cluster_batch(int KS, int SETS) {
+  return 16 / (KS * SETS) > 1 ? (16 / (KS * SETS) < EPI_BATCH ? 16 / (KS * SETS) : EPI_BATCH) : 1;
+}
+
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return rank;
+}
+
+// The residual rows of a thread's first batch of chunks in cluster_reduce (EPI 1, N % 4 == 0; zeros elsewhere), for
+// a caller that loads them long before the reduction: a wgr block right after its PDL wait, so that the loads land
+// during its K loop instead of after the first cluster barrier. Only the caller's rows: the others' blocks read and
+// write theirs.
+template <int EPI, int KS, int NT, int ROWS, int COLS>
+__device__ __forceinline__ void cluster_residual(const float *final_out, int M, int N, int r0, int c0,
+                                                 float4 (&res)[cluster_batch(KS, EPI == 2 ? 2 : 1)]) {
+  constexpr int PB = cluster_batch(KS, EPI == 2 ? 2 : 1), CHUNKS = ROWS * (COLS / 4);
+  const int e0 = threadIdx.x + cluster_rank() * NT;
+#pragma unroll
+  for (int u = 0; u < PB; ++u) {
+    const int e = e0 + u * KS * NT, row = e / (COLS / 4), c = 4 * (e % (COLS / 4));
+    res[u] = EPI == 1 && N % 4 == 0 && e < CHUNKS && r0 + row < M && c0 + c < N
+                 ? *reinterpret_cast<const float4 *>(final_out + (size_t)(r0 + row) * N + c0 + c)
+                 : f4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+}
+
+// early (EPI 1, or null): the first batch's residual rows as cluster_residual loaded them
 template <int EPI, int KS, int NT, int ROWS, int COLS>
 __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out, unsigned short *out_h, int M, int N,
                                                int r0, int c0, const float *fold_g, float *ss_out,
-                                               bool scaled = false) {
+                                               bool scaled = false, const float4 *early = nullptr) {
   static_assert(COLS % 4 == 0, "cluster_reduce reads four columns at a time");
   constexpr int SETS = EPI == 2 ? 2 : 1, TS = COLS + 4, CHUNKS = ROWS * (COLS / 4);
-  // chunks a thread sums at a time (at most 16 float4 of peer slices in flight, as serial_sum4): their residual rows
-  // and every peer load before the first sum. One chunk at a time paid a distributed-shared-memory round trip per
-  // chunk: its loads waited for their sums, and a store is not passed by the next chunk's loads (generic addresses).
   // The batch loop is not unrolled: one copy of the batch's code
-  constexpr int PB = 16 / (KS * SETS) > 1 ? (16 / (KS * SETS) < EPI_BATCH ? 16 / (KS * SETS) : EPI_BATCH) : 1;
+  constexpr int PB = cluster_batch(KS, SETS);
   cluster_sync();
-  unsigned rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  const unsigned rank = cluster_rank();
   unsigned peer[KS];
 #pragma unroll
   for (int z = 0; z < KS; ++z) peer[z] = cluster_peer(tiles, z);
@@ -269,8 +298,10 @@ __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out,
       row[u] = e / (COLS / 4);
       c[u] = 4 * (e % (COLS / 4));
       ok[u] = e < CHUNKS && r0 + row[u] < M && c0 + c[u] < N;
-      // residual (N % 4 == 0): the row's four values, loaded before the first store
-      res[u] = EPI == 1 && N % 4 == 0 && ok[u]
+      // residual (N % 4 == 0): the row's four values, loaded before the first store (the first batch's, where the
+      // caller loaded them early, from `early`)
+      res[u] = EPI == 1 && early != nullptr && e0 == (int)(threadIdx.x + rank * NT) ? early[u]
+               : EPI == 1 && N % 4 == 0 && ok[u]
                    ? *reinterpret_cast<const float4 *>(final_out + (size_t)(r0 + row[u]) * N + c0 + c[u])
                    : f4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll

@@ -250,6 +250,10 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   PDL_BEGIN();
 #pragma unroll
   for (int g = 0; g < AHEAD; ++g) issue_x(g);
+  // SR 2 with a residual: the rows the cluster reduction adds to, loaded now (after the PDL wait: an earlier launch
+  // wrote them) so that they land during the K loop rather than after the reduction's first barrier
+  float4 early[cluster_batch(KS, SETS)];
+  if constexpr (SR == 2 && EPI == 1) cluster_residual<EPI, KS, NT, BT, BF>(final_out, M, N, t0, f0, early);
   // ss_in (KS 1 or SR 2, the norm fold's consumer): each of the block's tokens' 1 / rms(h) from its sums of squares
   // per 64 columns, added in order, here while the first stages land rather than after the K loop, where its loads
   // were waited for at the end of the launch; held in a register until the epilogue
@@ -352,7 +356,8 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
       for (int j = 0; j < BT / 8; ++j)
 #pragma unroll
         for (int q = 0; q < 4; ++q) tile[(s * BT + 8 * j + 2 * t + q % 2) * TS + r + 8 * (q / 2)] = acc[s][j][q];
-    cluster_reduce<EPI, KS, NT, BT, BF>(base_addr, final_out, out_h, M, N, t0, f0, fold_g, ss_out, scaled);
+    cluster_reduce<EPI, KS, NT, BT, BF>(base_addr, final_out, out_h, M, N, t0, f0, fold_g, ss_out, scaled,
+                                        EPI == 1 ? early : nullptr);
     return;
   }
   if (scaled) __syncthreads();  // the scales are read by other threads below
