@@ -178,12 +178,12 @@ __device__ __forceinline__ void serial_reduce(const float *partial, float *final
 // launch between the two. fold_chunk is called by every lane of a half-warp for the 16 consecutive 4-column chunks
 // of 64 aligned columns of one row (ok false: outside the output, nothing stored, 0 added); lane 0 of the sixteen
 // stores their sum, added in one fixed order.
-__device__ __forceinline__ void fold_chunk(float4 h, bool ok, const float *__restrict__ fold_g,
-                                           unsigned short *__restrict__ out_h, float *__restrict__ ss_out, int row,
-                                           int col, int N) {
+// g: the norm weight's four columns (`fold_weight4`), loaded with the batch's residual rows: loaded here, after the
+// chunk's store, each chunk waited for its own round trip to memory
+__device__ __forceinline__ void fold_chunk(float4 h, bool ok, float4 g, unsigned short *__restrict__ out_h,
+                                           float *__restrict__ ss_out, int row, int col, int N) {
   float sq = 0.0f;
   if (ok) {
-    const float4 g = *reinterpret_cast<const float4 *>(fold_g + col);
     uint2 q;
     q.x = (unsigned)f16_bits(h.x * g.x) | ((unsigned)f16_bits(h.y * g.y) << 16);
     q.y = (unsigned)f16_bits(h.z * g.z) | ((unsigned)f16_bits(h.w * g.w) << 16);
@@ -193,6 +193,10 @@ __device__ __forceinline__ void fold_chunk(float4 h, bool ok, const float *__res
 #pragma unroll
   for (int s = 8; s > 0; s >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, s);  // within the half-warp
   if (ok && col % 64 == 0) ss_out[(size_t)row * (N / 64) + col / 64] = sq;
+}
+
+__device__ __forceinline__ float4 fold_weight4(const float *__restrict__ fold_g, bool ok, int col) {
+  return ok ? *reinterpret_cast<const float4 *>(fold_g + col) : f4(0.0f, 0.0f, 0.0f, 0.0f);
 }
 
 // both barriers of a thread block cluster: every thread of every block arrives (after its shared-memory stores,
@@ -288,7 +292,7 @@ __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out,
   const bool fold = FOLD && fold_g != nullptr;
 #pragma unroll 1
   for (int e0 = threadIdx.x + rank * NT; e0 < CHUNKS; e0 += PB * KS * NT) {
-    float4 res[PB], v[PB][KS][SETS];
+    float4 res[PB], v[PB][KS][SETS], gw[PB];
     float k[PB];
     int row[PB], c[PB];
     bool ok[PB];
@@ -311,6 +315,7 @@ __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out,
           v[u][z][s] = ok[u] ? ld_peer4(peer[z] + 4 * ((s * ROWS + row[u]) * TS + c[u])) : f4(0.0f, 0.0f, 0.0f, 0.0f);
       // the norm fold's consumer: the row's scale, which every block wrote into its padding column COLS
       k[u] = scaled && ok[u] ? ld_peer1(peer[0] + 4 * (row[u] * TS + COLS)) : 1.0f;
+      gw[u] = fold_weight4(fold_g, fold && ok[u], c0 + c[u]);  // the fold's producer: the norm weight's columns
     }
 #pragma unroll
     for (int u = 0; u < PB; ++u) {
@@ -330,7 +335,7 @@ __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out,
             h = add4(res[u], y[0]);  // as store_sum4<1> adds
             *reinterpret_cast<float4 *>(final_out + o) = h;
           }
-          fold_chunk(h, ok[u], fold_g, out_h, ss_out, r, col, N);
+          fold_chunk(h, ok[u], gw[u], out_h, ss_out, r, col, N);
           continue;
         }
       }

@@ -182,7 +182,9 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   const int f0 = blockIdx.x * BF, t0 = blockIdx.y * BT;
   const int steps = K / KS / BK, k_begin = blockIdx.z * (K / KS);
   if (tid == 0) tma_prefetch_map(&xmap);
-  if (tid < 16) lut[tid] = NF4_CODE[tid];  // read after the first barrier below
+  // the f32 code in shared memory, read after the first barrier below by DEC 0 only: the kernel's first read of
+  // constant memory waits about 0.2 us, so no other decode reads it
+  if (FMT == 0 && DEC == 0 && tid < 16) lut[tid] = NF4_CODE[tid];
   // DEC 2 and 3: entry b of the pair table's copy c (word b * copies + c) is byte b's two codes in f16, the high
   // nibble's in the low half (the earlier k), as DEC 1 rounds them; read after the same barrier
   unsigned *pairs = reinterpret_cast<unsigned *>(base + LOFF + 64 + 128);
@@ -406,8 +408,13 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
     if (KS == 1 && EPI == 1 && fold_g != nullptr) {  // the norm fold (N % 64 == 0): BT / 8 passes for every thread
 #pragma unroll 1
       for (int e0 = tid; e0 < CHUNKS; e0 += EPI_BATCH * NT) {
-        float4 res[EPI_BATCH];
+        float4 res[EPI_BATCH], gw[EPI_BATCH];
         residual_rows(e0, res);
+#pragma unroll
+        for (int u = 0; u < EPI_BATCH; ++u) {  // the norm weight's columns, with the residual rows
+          const int e = e0 + u * NT, feat = f0 + 4 * (e % (BF / 4));
+          gw[u] = fold_weight4(fold_g, e < CHUNKS && t0 + e / (BF / 4) < M && feat < N, feat);
+        }
 #pragma unroll
         for (int u = 0; u < EPI_BATCH; ++u) {
           const int e = e0 + u * NT;
@@ -420,7 +427,7 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
             h = add4(res[u], v);
             *reinterpret_cast<float4 *>(dst + (size_t)tok * N + feat) = h;
           }
-          fold_chunk(h, ok, fold_g, out_h, ss_out, tok, feat, N);
+          fold_chunk(h, ok, gw[u], out_h, ss_out, tok, feat, N);
         }
       }
       continue;
