@@ -74,9 +74,9 @@ _LOOP = "  for (int kt = 0; kt < steps; kt += 2) {"
 _TOP = "  constexpr int NT = wgr_threads(BF), SETS = EPI == 2 ? 2 : 1, BK = 64;"
 _EPI = "        if (e >= CHUNKS || tok >= M || feat >= N) continue;"  # the epilogue's store loop (not the fold's)
 _EXIT = '  asm volatile("barrier.cluster.arrive.relaxed.aligned;\\n\\tbarrier.cluster.wait.aligned;\\n" ::: "memory");'
-_PB = "  return 16 / (KS * SETS) > 1 ? (16 / (KS * SETS) < EPI_BATCH ? 16 / (KS * SETS) : EPI_BATCH) : 1;"
+_PB = "  constexpr int PB = 16 / (KS * SETS) > 1 ? (16 / (KS * SETS) < EPI_BATCH ? 16 / (KS * SETS) : EPI_BATCH) : 1;"
 _EXIT_RELEASE = _EXIT.replace("arrive.relaxed", "arrive.release").replace("wait.aligned", "wait.acquire.aligned")
-_PB_1 = "  return 1;"
+_PB_1 = "  constexpr int PB = 1;"
 _TABLE = "    for (int e = tid; e < 256 * wgr_pair_copies(DEC); e += NT) {"
 _TABLE_BODY = ("\n      const int b = e / wgr_pair_copies(DEC);\n"
                "      pairs[e] = f16_bits(NF4_CODE[b >> 4]) | (unsigned)f16_bits(NF4_CODE[b & 15]) << 16;\n    }")

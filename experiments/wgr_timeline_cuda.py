@@ -71,7 +71,7 @@ _LANDED = "    mbar_wait(bars, 0);  // step 0's x and every thread's W rows"
 _DECODED = "  wgr_fragments<FMT, SETS, BF, DEC>(a0, base + WOFF, lut, tb, pt, r, t);\n"
 _LOOPED = "  cp_async_wait<0>();\n\n  // The epilogue goes"
 _RING = "  __syncthreads();  // every warpgroup's wgmma and copies are done: the ring is free"
-_END2 = "EPI == 1 ? early : nullptr);\n    return;"
+_END2 = "fold_g, ss_out, scaled);\n    return;"
 _END0 = "  if constexpr (SR == 1)  // the code table"
 # SR 2's reduction (cluster_reduce, matmul_reduce.cu, compiled before matmul_wgr.cu): its thread 0 also stamps the
 # cycle counter after the first cluster barrier (word 17) and before the exit barrier (word 18), through the slot
@@ -81,11 +81,11 @@ _CR_HELPER = ("__shared__ unsigned long long *tl_slot;\n"
               "#define TLC(w) do { if (threadIdx.x == 0 && tl_slot) tl_slot[w] = clock64(); } while (0)\n")
 # the split-K kind's clusters reduce with the same function and stamp nothing
 _SPLITK_CR = "    cluster_reduce<EPI, KS, NT, BM, BN>(smem_addr(tile)"
-_CR_SYNC = "  cluster_sync();\n  const unsigned rank = cluster_rank();\n"
+_CR_SYNC = "  cluster_sync();\n  unsigned rank;\n"
 _CR_EXIT = "  cluster_sync_exit();\n}\n"
 TIMELINE = (
     (_CR, _CR_HELPER + _CR),
-    (_CR_SYNC, "  cluster_sync();\n  TLC(17);\n  const unsigned rank = cluster_rank();\n"),
+    (_CR_SYNC, "  cluster_sync();\n  TLC(17);\n  unsigned rank;\n"),
     (_CR_EXIT, "  TLC(18);\n  cluster_sync_exit();\n}\n"),
     (_SPLITK_CR, "    if (threadIdx.x == 0) tl_slot = nullptr;\n" + _SPLITK_CR),
     (_PIN, _HELPER + _PIN),
@@ -96,7 +96,7 @@ TIMELINE = (
     (_DECODED, _DECODED + "  TL(4);\n"),
     (_LOOPED, "  cp_async_wait<0>();\n  TL(5);\n\n  // The epilogue goes"),
     (_RING, _RING + "\n  TL(6);"),
-    (_END2, "EPI == 1 ? early : nullptr);\n    TL(7);\n    return;"),
+    (_END2, "fold_g, ss_out, scaled);\n    TL(7);\n    return;"),
     (_END0, "  __syncthreads();\n  TL(7);\n" + _END0),
 )
 parts.EDITS["timeline"] = TIMELINE

@@ -153,20 +153,3 @@ def test_the_cuda_code_tables_are_the_codes():
 
     np.testing.assert_array_equal(table("matmul/matmul.cu", "NF4_CODE"), nf4.NF4_CODES)
     np.testing.assert_array_equal(table("rowops/rowops.cu", "ROW_NF4_CODE"), nf4.NF4_CODES)
-
-
-def test_the_wgr_register_code_table_is_the_codes_f16_rounding():
-    """wgr's DEC 1 register table, written as immediates: each code rounded to f16 (to nearest even), its low and
-    high bytes in separate words, four codes a word."""
-    import re
-    from importlib import resources
-
-    text = resources.files("tilewise.kernels").joinpath("matmul/matmul_wgr_decode.cu").read_text()
-    words = {half: [int(w.rstrip("u"), 16)
-                    for w in re.search(rf"#define NF4_F16_{half} (.*)", text).group(1).split(", ")]
-             for half in ("LO", "HI")}
-    bits = nf4.NF4_CODES.astype(np.float16).view(np.uint16)
-    for i in range(4):
-        for j in range(4):
-            assert (words["LO"][i] >> (8 * j)) & 0xFF == bits[4 * i + j] & 0xFF, (i, j)
-            assert (words["HI"][i] >> (8 * j)) & 0xFF == bits[4 * i + j] >> 8, (i, j)

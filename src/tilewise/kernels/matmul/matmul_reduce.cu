@@ -178,12 +178,12 @@ __device__ __forceinline__ void serial_reduce(const float *partial, float *final
 // launch between the two. fold_chunk is called by every lane of a half-warp for the 16 consecutive 4-column chunks
 // of 64 aligned columns of one row (ok false: outside the output, nothing stored, 0 added); lane 0 of the sixteen
 // stores their sum, added in one fixed order.
-// g: the norm weight's four columns (`fold_weight4`), loaded with the batch's residual rows: loaded here, after the
-// chunk's store, each chunk waited for its own round trip to memory
-__device__ __forceinline__ void fold_chunk(float4 h, bool ok, float4 g, unsigned short *__restrict__ out_h,
-                                           float *__restrict__ ss_out, int row, int col, int N) {
+__device__ __forceinline__ void fold_chunk(float4 h, bool ok, const float *__restrict__ fold_g,
+                                           unsigned short *__restrict__ out_h, float *__restrict__ ss_out, int row,
+                                           int col, int N) {
   float sq = 0.0f;
   if (ok) {
+    const float4 g = *reinterpret_cast<const float4 *>(fold_g + col);
     uint2 q;
     q.x = (unsigned)f16_bits(h.x * g.x) | ((unsigned)f16_bits(h.y * g.y) << 16);
     q.y = (unsigned)f16_bits(h.z * g.z) | ((unsigned)f16_bits(h.w * g.w) << 16);
@@ -193,10 +193,6 @@ __device__ __forceinline__ void fold_chunk(float4 h, bool ok, float4 g, unsigned
 #pragma unroll
   for (int s = 8; s > 0; s >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, s);  // within the half-warp
   if (ok && col % 64 == 0) ss_out[(size_t)row * (N / 64) + col / 64] = sq;
-}
-
-__device__ __forceinline__ float4 fold_weight4(const float *__restrict__ fold_g, bool ok, int col) {
-  return ok ? *reinterpret_cast<const float4 *>(fold_g + col) : f4(0.0f, 0.0f, 0.0f, 0.0f);
 }
 
 // both barriers of a thread block cluster: every thread of every block arrives (after its shared-memory stores,
@@ -242,49 +238,20 @@ __device__ __forceinline__ float4 ld_peer4(unsigned addr) {
 // multiple of NT wherever the fold runs), so whole half-warps call fold_chunk. scaled (the fold's consumer, EPI 0
 // or 2): each row's summed slices are multiplied by the scale its blocks wrote into the padding column COLS of
 // their tiles' first set, before the epilogue.
-// chunks a thread of cluster_reduce sums at a time (at most 16 float4 of peer slices in flight, as serial_sum4):
-// their residual rows and every peer load before the first sum. One chunk at a time paid a distributed-shared-memory
-// round trip per chunk: its loads waited for their sums, and a store is not passed by the next chunk's loads
-// (generic addresses).
-__host__ __device__ constexpr int cluster_batch(int KS, int SETS) {
-  return 16 / (KS * SETS) > 1 ? (16 / (KS * SETS) < EPI_BATCH ? 16 / (KS * SETS) : EPI_BATCH) : 1;
-}
-
-__device__ __forceinline__ unsigned cluster_rank() {
-  unsigned rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-  return rank;
-}
-
-// The residual rows of a thread's first batch of chunks in cluster_reduce (EPI 1, N % 4 == 0; zeros elsewhere), for
-// a caller that loads them long before the reduction: a wgr block right after its PDL wait, so that the loads land
-// during its K loop instead of after the first cluster barrier. Only the caller's rows: the others' blocks read and
-// write theirs.
-template <int EPI, int KS, int NT, int ROWS, int COLS>
-__device__ __forceinline__ void cluster_residual(const float *final_out, int M, int N, int r0, int c0,
-                                                 float4 (&res)[cluster_batch(KS, EPI == 2 ? 2 : 1)]) {
-  constexpr int PB = cluster_batch(KS, EPI == 2 ? 2 : 1), CHUNKS = ROWS * (COLS / 4);
-  const int e0 = threadIdx.x + cluster_rank() * NT;
-#pragma unroll
-  for (int u = 0; u < PB; ++u) {
-    const int e = e0 + u * KS * NT, row = e / (COLS / 4), c = 4 * (e % (COLS / 4));
-    res[u] = EPI == 1 && N % 4 == 0 && e < CHUNKS && r0 + row < M && c0 + c < N
-                 ? *reinterpret_cast<const float4 *>(final_out + (size_t)(r0 + row) * N + c0 + c)
-                 : f4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-}
-
-// early (EPI 1, or null): the first batch's residual rows as cluster_residual loaded them
 template <int EPI, int KS, int NT, int ROWS, int COLS>
 __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out, unsigned short *out_h, int M, int N,
                                                int r0, int c0, const float *fold_g, float *ss_out,
-                                               bool scaled = false, const float4 *early = nullptr) {
+                                               bool scaled = false) {
   static_assert(COLS % 4 == 0, "cluster_reduce reads four columns at a time");
   constexpr int SETS = EPI == 2 ? 2 : 1, TS = COLS + 4, CHUNKS = ROWS * (COLS / 4);
+  // chunks a thread sums at a time (at most 16 float4 of peer slices in flight, as serial_sum4): their residual rows
+  // and every peer load before the first sum. One chunk at a time paid a distributed-shared-memory round trip per
+  // chunk: its loads waited for their sums, and a store is not passed by the next chunk's loads (generic addresses).
   // The batch loop is not unrolled: one copy of the batch's code
-  constexpr int PB = cluster_batch(KS, SETS);
+  constexpr int PB = 16 / (KS * SETS) > 1 ? (16 / (KS * SETS) < EPI_BATCH ? 16 / (KS * SETS) : EPI_BATCH) : 1;
   cluster_sync();
-  const unsigned rank = cluster_rank();
+  unsigned rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
   unsigned peer[KS];
 #pragma unroll
   for (int z = 0; z < KS; ++z) peer[z] = cluster_peer(tiles, z);
@@ -292,7 +259,7 @@ __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out,
   const bool fold = FOLD && fold_g != nullptr;
 #pragma unroll 1
   for (int e0 = threadIdx.x + rank * NT; e0 < CHUNKS; e0 += PB * KS * NT) {
-    float4 res[PB], v[PB][KS][SETS], gw[PB];
+    float4 res[PB], v[PB][KS][SETS];
     float k[PB];
     int row[PB], c[PB];
     bool ok[PB];
@@ -302,10 +269,8 @@ __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out,
       row[u] = e / (COLS / 4);
       c[u] = 4 * (e % (COLS / 4));
       ok[u] = e < CHUNKS && r0 + row[u] < M && c0 + c[u] < N;
-      // residual (N % 4 == 0): the row's four values, loaded before the first store (the first batch's, where the
-      // caller loaded them early, from `early`)
-      res[u] = EPI == 1 && early != nullptr && e0 == (int)(threadIdx.x + rank * NT) ? early[u]
-               : EPI == 1 && N % 4 == 0 && ok[u]
+      // residual (N % 4 == 0): the row's four values, loaded before the first store
+      res[u] = EPI == 1 && N % 4 == 0 && ok[u]
                    ? *reinterpret_cast<const float4 *>(final_out + (size_t)(r0 + row[u]) * N + c0 + c[u])
                    : f4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
@@ -315,7 +280,6 @@ __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out,
           v[u][z][s] = ok[u] ? ld_peer4(peer[z] + 4 * ((s * ROWS + row[u]) * TS + c[u])) : f4(0.0f, 0.0f, 0.0f, 0.0f);
       // the norm fold's consumer: the row's scale, which every block wrote into its padding column COLS
       k[u] = scaled && ok[u] ? ld_peer1(peer[0] + 4 * (row[u] * TS + COLS)) : 1.0f;
-      gw[u] = fold_weight4(fold_g, fold && ok[u], c0 + c[u]);  // the fold's producer: the norm weight's columns
     }
 #pragma unroll
     for (int u = 0; u < PB; ++u) {
@@ -335,7 +299,7 @@ __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out,
             h = add4(res[u], y[0]);  // as store_sum4<1> adds
             *reinterpret_cast<float4 *>(final_out + o) = h;
           }
-          fold_chunk(h, ok[u], gw[u], out_h, ss_out, r, col, N);
+          fold_chunk(h, ok[u], fold_g, out_h, ss_out, r, col, N);
           continue;
         }
       }

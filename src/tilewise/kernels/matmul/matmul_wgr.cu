@@ -182,9 +182,7 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   const int f0 = blockIdx.x * BF, t0 = blockIdx.y * BT;
   const int steps = K / KS / BK, k_begin = blockIdx.z * (K / KS);
   if (tid == 0) tma_prefetch_map(&xmap);
-  // the f32 code in shared memory, read after the first barrier below by DEC 0 only: the kernel's first read of
-  // constant memory waits about 0.2 us, so no other decode reads it
-  if (FMT == 0 && DEC == 0 && tid < 16) lut[tid] = NF4_CODE[tid];
+  if (tid < 16) lut[tid] = NF4_CODE[tid];  // read after the first barrier below
   // DEC 2 and 3: entry b of the pair table's copy c (word b * copies + c) is byte b's two codes in f16, the high
   // nibble's in the low half (the earlier k), as DEC 1 rounds them; read after the same barrier
   unsigned *pairs = reinterpret_cast<unsigned *>(base + LOFF + 64 + 128);
@@ -252,10 +250,6 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   PDL_BEGIN();
 #pragma unroll
   for (int g = 0; g < AHEAD; ++g) issue_x(g);
-  // SR 2 with a residual: the rows the cluster reduction adds to, loaded now (after the PDL wait: an earlier launch
-  // wrote them) so that they land during the K loop rather than after the reduction's first barrier
-  float4 early[cluster_batch(KS, SETS)];
-  if constexpr (SR == 2 && EPI == 1) cluster_residual<EPI, KS, NT, BT, BF>(final_out, M, N, t0, f0, early);
   // ss_in (KS 1 or SR 2, the norm fold's consumer): each of the block's tokens' 1 / rms(h) from its sums of squares
   // per 64 columns, added in order, here while the first stages land rather than after the K loop, where its loads
   // were waited for at the end of the launch; held in a register until the epilogue
@@ -358,8 +352,7 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
       for (int j = 0; j < BT / 8; ++j)
 #pragma unroll
         for (int q = 0; q < 4; ++q) tile[(s * BT + 8 * j + 2 * t + q % 2) * TS + r + 8 * (q / 2)] = acc[s][j][q];
-    cluster_reduce<EPI, KS, NT, BT, BF>(base_addr, final_out, out_h, M, N, t0, f0, fold_g, ss_out, scaled,
-                                        EPI == 1 ? early : nullptr);
+    cluster_reduce<EPI, KS, NT, BT, BF>(base_addr, final_out, out_h, M, N, t0, f0, fold_g, ss_out, scaled);
     return;
   }
   if (scaled) __syncthreads();  // the scales are read by other threads below
@@ -408,13 +401,8 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
     if (KS == 1 && EPI == 1 && fold_g != nullptr) {  // the norm fold (N % 64 == 0): BT / 8 passes for every thread
 #pragma unroll 1
       for (int e0 = tid; e0 < CHUNKS; e0 += EPI_BATCH * NT) {
-        float4 res[EPI_BATCH], gw[EPI_BATCH];
+        float4 res[EPI_BATCH];
         residual_rows(e0, res);
-#pragma unroll
-        for (int u = 0; u < EPI_BATCH; ++u) {  // the norm weight's columns, with the residual rows
-          const int e = e0 + u * NT, feat = f0 + 4 * (e % (BF / 4));
-          gw[u] = fold_weight4(fold_g, e < CHUNKS && t0 + e / (BF / 4) < M && feat < N, feat);
-        }
 #pragma unroll
         for (int u = 0; u < EPI_BATCH; ++u) {
           const int e = e0 + u * NT;
@@ -427,7 +415,7 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
             h = add4(res[u], v);
             *reinterpret_cast<float4 *>(dst + (size_t)tok * N + feat) = h;
           }
-          fold_chunk(h, ok, gw[u], out_h, ss_out, tok, feat, N);
+          fold_chunk(h, ok, fold_g, out_h, ss_out, tok, feat, N);
         }
       }
       continue;

@@ -24,13 +24,20 @@ struct Nf4Table {
   unsigned lo[4], hi[4];
 };
 
-// NF4_CODE rounded to f16 (round to nearest even, as f16_bits rounds), bytes packed as Nf4Table holds them: held as
-// immediates, since the kernel's first read of constant memory waits about 0.2 us (tests/unit/test_nf4.py checks
-// these words against NF4_CODE)
-#define NF4_F16_LO 0x52339200u, 0x00d4ea8du, 0x68e02618u, 0x00c9800du
-#define NF4_F16_HI 0xb6b8b9bcu, 0x00adb1b4u, 0x3533312du, 0x3c393837u
-
-__device__ __forceinline__ Nf4Table nf4_table() { return Nf4Table{{NF4_F16_LO}, {NF4_F16_HI}}; }
+__device__ __forceinline__ Nf4Table nf4_table() {
+  Nf4Table tb;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    tb.lo[i] = tb.hi[i] = 0u;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const unsigned short h = f16_bits(NF4_CODE[4 * i + j]);
+      tb.lo[i] |= (unsigned)(h & 0xffu) << (8 * j);
+      tb.hi[i] |= (unsigned)(h >> 8) << (8 * j);
+    }
+  }
+  return tb;
+}
 
 // the f16 codes of the four nibbles in sel's low 16 bits (nibble j: selector nibble j), as a low-byte and a
 // high-byte word; m's byte j is 0xff where nibble j is 8 or more (then the entry comes from the table's upper half)
