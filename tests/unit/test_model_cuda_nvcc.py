@@ -2,14 +2,15 @@
 generate compiles for sm_90 without spilling, illegal configs fail the static_assert naming the Python rule, and the
 C++ legality walk of the tensor-core matmul agrees with the Python rules on random tuples.
 
-The kinds the executor launches on Hopper compile whole: every seed config of every wgr variant (its SR 2 cluster
-twins included), every rows config, split-K's cluster kernels and reductions, ring's preps, and every variant's
-default config (`test_every_rows_config_and_the_executor_defaults_compile`; the wg, wgt and ws defaults in their seed
-tests). The older kinds (mma, splitk, pipe, ring, wg, wgt, ws: still tunable, no longer picked on the H100/H200)
-compile a sample of their seed grids each run, one legal seed config per variant drawn with `random.Random` from the
-run's seed (TILEWISE_TEST_SEED, else a fresh one; it is named in a failure and at the end of the run), so that runs
-over time cover the grids while the counts of the legal seeds are checked whole every run. Set
-TILEWISE_TEST_FULL_GRIDS=1 to compile every seed config of every kind (about four minutes more on two cores).
+What the executor launches on Hopper compiles every run: every nf4 wgr seed built on a tile that won a shape (its
+SR 2 cluster twins included), every rows config, split-K's cluster kernels and reductions, ring's preps, and every
+variant's default config (`test_every_rows_config_and_the_executor_defaults_compile`; the wg, wgt and ws defaults in
+their seed tests). The rest of the seed grids (wgr's other tiles and formats; the older kinds mma, splitk, pipe,
+ring, wg, wgt, ws: still tunable, no longer picked on the H100/H200) compile a sample each run, one legal seed config
+per variant drawn with `random.Random` from the run's seed (TILEWISE_TEST_SEED, else a fresh one; it is named in a
+failure and at the end of the run), so that runs over time cover the grids while the counts of the legal seeds are
+checked whole every run. Set TILEWISE_TEST_FULL_GRIDS=1 to compile every seed config of every kind (about five
+minutes more on two cores).
 """
 
 from __future__ import annotations
@@ -279,22 +280,28 @@ def test_ws_seed_configs_of_every_variant_compile_for_sm_90a_without_spilling(tm
     assert "C7515" not in log, note + log[-3000:]
 
 
-def test_every_wgr_seed_config_of_every_variant_compiles_for_sm_90a_without_spilling(tmp_path):
-    """The swapped kind (W decoded into wgmma's register operand, x by TMA): every seed of every variant and the
-    default compile for sm_90a with no spills, no static shared memory, and no serialized wgmma (C7515): the fragment
-    set being decoded is never one an in-flight wgmma reads."""
+def test_the_wgr_seed_configs_compile_for_sm_90a_without_spilling(tmp_path, sample_seed):
+    """The swapped kind (W decoded into wgmma's register operand, x by TMA), the one the tables pick on Hopper: every
+    variant's default, every nf4 seed built on a tile that won a shape (`_WGR_WINNERS`: what the tables launch), and
+    one other legal seed of each variant drawn with the run's seed (all with TILEWISE_TEST_FULL_GRIDS) compile for
+    sm_90a with no spills, no static shared memory, and no serialized wgmma (C7515): the fragment set being decoded
+    is never one an in-flight wgmma reads."""
+    from tilewise.kernels.matmul.cuda_space import _WGR_WINNERS
+
     wgr = [t for t in mm.all_variants() if t.kind == "wgr"]
     assert len(wgr) == 18
     for t in wgr:  # swiglu's two accumulator sets and f32's stored rows rule out the widest tiles
         assert t.why_illegal(t.default_config(), SM90, (346, 1024, 1024)) == [], t.name
         least = {"nf4": (16, 10), "f16": (15, 8), "f32": (11, 3)}[t.fmt]
         assert len(legal(t.space("seed"))) >= least[t.epilogue == "swiglu"], t.name
-    entries = sorted({t.entry(c) for t in wgr for c in [*legal(t.space("seed")), t.default_config()]})
+    winners = {t.entry(c) for t in wgr if t.fmt == "nf4" for c in legal(t.space("seed"))
+               if (c["BF"], c["BT"], c["ST"], c["KS"], c["MB"]) in _WGR_WINNERS}
+    assert any(e.startswith("nf4_mm_wgr_cluster<") for e in winners)  # the split winners' cluster twins
+    entries, note = seed_sample(wgr, sample_seed, winners | {t.entry(t.default_config()) for t in wgr})
     assert all(e.startswith(("nf4_mm_wgr<", "nf4_mm_wgr_cluster<")) for e in entries)
-    assert any(e.startswith("nf4_mm_wgr_cluster<") for e in entries)  # the split seeds' cluster twins
-    log = cubin(tmp_path, "wgr", MATMUL, entries, arch=SM90A)
-    assert not re.findall(r"used \d+ barriers, \d+ bytes smem", log), log[-3000:]
-    assert "C7515" not in log and "serialized" not in log, log[-3000:]
+    log = cubin(tmp_path, "wgr", MATMUL, entries, arch=SM90A, note=note)
+    assert not re.findall(r"used \d+ barriers, \d+ bytes smem", log), note + log[-3000:]
+    assert "C7515" not in log and "serialized" not in log, note + log[-3000:]
 
 
 #: the tiles that won the lfm2-350m shapes at 346 rows (bench/results/2026-12-01-h200-cuda-wgmma), as (epilogue,
