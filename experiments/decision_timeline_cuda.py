@@ -18,9 +18,7 @@ one wgr launch's end to the next one's start (the kernels in between: conv, atte
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
-import json
 import math
 import statistics
 import sys
@@ -37,7 +35,6 @@ import tilewise.kernels.matmul.cuda as mc  # noqa: E402
 import wgr_parts_cuda as parts  # noqa: E402
 import wgr_timeline_cuda as tl  # noqa: E402
 
-FILL = np.iinfo(np.uint64).max
 #: point ranges: entry..setup, setup..after the PDL wait, the first stage landed and decoded, the loop, the epilogue
 PHASES = {"setup": (0, 1), "wait": (1, 2), "first": (2, 4), "loop": (4, 5), "post": (5, 7)}
 #: SR 2's epilogue, part of `post`: to the first cluster barrier's end (staging, then the wait for the slowest
@@ -62,7 +59,7 @@ def stamp_plans(ex: Any, dev: Any) -> dict[int, list[dict[str, Any]]]:
                 raise SystemExit(f"{label}: {entry} sums serially (SR 1) and reads `counters`, which carries the "
                                  "stamps here; pick a table without serial_reduce")
             blocks = math.prod(ln.grid)
-            buf = dev.upload(np.full((blocks, tl.STRIDE), FILL, np.uint64))
+            buf = dev.upload(np.full((blocks, tl.STRIDE), tl.FILL, np.uint64))
             plan.launches[i] = tl.stamped(ln, buf)
             rows.append({"index": i, "label": label, "entry": entry, "buffer": buf, "blocks": blocks})
         registry[id(plan)] = rows
@@ -74,18 +71,14 @@ def stamp_plans(ex: Any, dev: Any) -> dict[int, list[dict[str, Any]]]:
 
 def decision(dev: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """One replay's stamps: per launch its span and its blocks' median phases (us), and the gaps between launches."""
-    got = [tl.read(dev, r["buffer"], r["blocks"]).astype(np.int64) for r in rows]
-    timer = np.concatenate([g[:, 0:16:2] for g in got])
-    cycles = np.concatenate([g[:, 1:16:2] for g in got])
-    us_per_cycle = (timer[:, 7] - timer[:, 0]).sum() / max(1, (cycles[:, 7] - cycles[:, 0]).sum()) / 1e3
+    got = [tl.read(dev, r["buffer"], r["blocks"]) for r in rows]
+    _, us_per_cycle = tl.cycles_of(np.concatenate(got))
     launches = []
     for r, g in zip(rows, got):
-        c = g[:, 1:16:2]
+        c, _ = tl.cycles_of(g)
         ph = {name: float(np.median(c[:, b] - c[:, a]) * us_per_cycle) for name, (a, b) in PHASES.items()}
-        cr = g[:, 17:19]
-        if (cr != np.int64(-1)).all():  # SR 2: the epilogue's wait at the first cluster barrier, then the reduction
-            ph["synced"] = float(np.median(cr[:, 0] - c[:, 6]) * us_per_cycle)
-            ph["reduced"] = float(np.median(cr[:, 1] - cr[:, 0]) * us_per_cycle)
+        split = tl.cluster_split(g)  # SR 2: the wait at the first cluster barrier, then the reduction
+        ph.update({k: float(np.median(split[k]) * us_per_cycle) for k in CLUSTER} if split else {})
         launches.append({"label": r["label"], "start_ns": int(g[:, 0].min()), "end_ns": int(g[:, 14].max()), **ph})
     for a, b in itertools.pairwise(launches):
         a["gap_after_us"] = (b["start_ns"] - a["end_ns"]) / 1e3
@@ -163,14 +156,8 @@ def main() -> int:
     for label, o in [*ops, ("wgr, all", {k: sum(o[k] for _, o in ops) for k in ("n", *cols)})]:
         print(f"{label:<16}{o['n']:>4.0f}" + "".join(f"{o[c]:>8.1f}" for c in cols))
     print(f"first wgr entry to last wgr end: {res['span_us']:.1f} us (the gaps hold the kernels between wgr launches)")
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        doc = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-               "command": "python3 experiments/decision_timeline_cuda.py " + " ".join(
-                   "OUT_DIR" if x == args.out else x for x in sys.argv[1:]),
-               "device": dev.info.as_dict(), "preset": args.preset, "seq": args.seq, "settings": settings,
-               "summary": res, "decisions": decisions}
-        (Path(args.out) / f"decision_timeline_{args.preset}.json").write_text(json.dumps(doc, indent=1, default=str))
+    parts.write_record(args.out, f"decision_timeline_{args.preset}.json", "experiments/decision_timeline_cuda.py",
+                       dev, preset=args.preset, seq=args.seq, settings=settings, summary=res, decisions=decisions)
     return 0
 
 

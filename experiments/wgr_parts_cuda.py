@@ -183,6 +183,18 @@ def main_launches(eng: Engine, dev: Any, tpl: mc.CudaMatmul, cfg: Any, shape: tu
     return main
 
 
+def write_record(out: str, filename: str, script: str, dev: Any, **fields: Any) -> None:
+    """An experiment's JSON record into folder `out` (nothing without one): when, the command (the folder written as
+    OUT_DIR), the device, then `fields`."""
+    if not out:
+        return
+    doc = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+           "command": f"python3 {script} " + " ".join("OUT_DIR" if a == out else a for a in sys.argv[1:]),
+           "device": dev.info.as_dict(), **fields}
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / filename).write_text(json.dumps(doc, indent=1, default=str))
+
+
 def tile_parser(doc: str, rounds: int) -> argparse.ArgumentParser:
     """The options every wgr tile experiment takes: where, which model matmul, which config, how many rounds."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -240,18 +252,12 @@ def main() -> int:
     got = measure(dev, runs, warmup=3, min_rounds=args.rounds, max_rounds=args.rounds, budget_s=60.0, rng=eng.rng)
     full = got.stats["full"].median_ms if "full" in got.stats else None
     flops = 2 * args.rows * n * k * (2 if epilogue == "swiglu" else 1)
-    doc: dict[str, Any] = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                           "command": "python3 experiments/wgr_parts_cuda.py " + " ".join(
-                               "OUT_DIR" if a == args.out else a for a in sys.argv[1:]),
-                           "device": dev.info.as_dict(), "label": args.label, "shape": shape, "config": pick,
-                           "illegal": illegal, "parts": {nm: st.as_dict() for nm, st in got.stats.items()}}
     for nm, st in got.stats.items():
         rel = f"{st.median_ms / full:6.2f}x full   saves {(full - st.median_ms) * 1e3:7.1f} us" if full else ""
         print(f"  {nm:<10} {st.median_ms * 1e3:8.1f} us  [{st.ci95_ms[0] * 1e3:.1f}, {st.ci95_ms[1] * 1e3:.1f}]  "
               f"{flops / st.median_ms / 1e9:6.1f} TFLOP/s  {rel}", flush=True)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / f"wgr_parts_{args.label}.json").write_text(json.dumps(doc, indent=1, default=str))
+    write_record(args.out, f"wgr_parts_{args.label}.json", "experiments/wgr_parts_cuda.py", dev, label=args.label,
+                 shape=shape, config=pick, illegal=illegal, parts={nm: st.as_dict() for nm, st in got.stats.items()})
     return 0
 
 

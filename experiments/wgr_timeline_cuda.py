@@ -30,8 +30,6 @@ and gaps come from the timer.
 """
 from __future__ import annotations
 
-import datetime
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -114,23 +112,38 @@ def read(dev: Any, buf: Any, blocks: int) -> np.ndarray:
     return got
 
 
+def cycles_of(st: np.ndarray) -> tuple[np.ndarray, float]:
+    """(the cycle counter at each point (blocks, 8), us a cycle): the pooled ratio of timer to cycles from entry to
+    end over all the blocks of `st` (stamps, (blocks, STRIDE)), since the timer alone may tick coarsely."""
+    timer, cycles = st[:, 0:16:2].astype(np.int64), st[:, 1:16:2].astype(np.int64)
+    return cycles, float((timer[:, 7] - timer[:, 0]).sum() / max(1, (cycles[:, 7] - cycles[:, 0]).sum()) / 1e3)
+
+
+def cluster_split(st: np.ndarray) -> dict[str, np.ndarray] | None:
+    """SR 2's epilogue in cycles per block, split at the reduction's two cluster barriers: to the end of the first
+    (staging, then the wait for the slowest block), the reduction, the exit barrier; None where a block of `st`
+    stamped no barrier (SR 0)."""
+    if (st[:, 17:19] == FILL).any():
+        return None
+    cycles, cr = st[:, 1:16:2].astype(np.int64), st[:, 17:19].astype(np.int64)
+    return {"synced": cr[:, 0] - cycles[:, 6], "reduced": cr[:, 1] - cr[:, 0], "exit": cycles[:, 7] - cr[:, 1]}
+
+
 def phases(runs: list[np.ndarray]) -> dict[str, Any]:
     """Per phase (between consecutive points): median, p10 and p90 over every block of every run, in us."""
     st = np.concatenate(runs)
-    timer, cycles = st[:, 0:16:2].astype(np.int64), st[:, 1:16:2].astype(np.int64)
-    us_per_cycle = (timer[:, 7] - timer[:, 0]).sum() / max(1, (cycles[:, 7] - cycles[:, 0]).sum()) / 1e3
+    cycles, us_per_cycle = cycles_of(st)
     d = np.diff(cycles, axis=1) * us_per_cycle
     out: dict[str, Any] = {"mhz": 1.0 / us_per_cycle if us_per_cycle else 0.0, "phases": {}}
     for i in range(7):
         v = d[:, i]
         out["phases"][f"{POINTS[i]}->{POINTS[i + 1]}"] = [float(np.median(v)), float(np.percentile(v, 10)),
                                                             float(np.percentile(v, 90))]
-    cr = st[:, 17:19].astype(np.int64)
-    if (st[:, 17:19] != FILL).all():  # SR 2: the epilogue split at the reduction's two cluster barriers
-        for name, (a, b) in {"ring-free->synced": (cycles[:, 6], cr[:, 0]), "synced->reduced": (cr[:, 0], cr[:, 1]),
-                             "reduced->end": (cr[:, 1], cycles[:, 7])}.items():
-            v = (b - a) * us_per_cycle
-            out["phases"][name] = [float(np.median(v)), float(np.percentile(v, 10)), float(np.percentile(v, 90))]
+    split = cluster_split(st)
+    names = {"synced": "ring-free->synced", "reduced": "synced->reduced", "exit": "reduced->end"}
+    for key, c in (split or {}).items():  # SR 2
+        v = c * us_per_cycle
+        out["phases"][names[key]] = [float(np.median(v)), float(np.percentile(v, 10)), float(np.percentile(v, 90))]
     total = (cycles[:, 7] - cycles[:, 0]) * us_per_cycle
     out["block_us"] = [float(np.median(total)), float(np.percentile(total, 10)), float(np.percentile(total, 90))]
     skew, span = [], []
@@ -171,11 +184,7 @@ def main() -> int:
     dev.synchronize()
     print(f"{dev.info.name}: {args.label} {shape} {epilogue}{' norm' if norm else ''}, wgr {pick}, "
           f"grid {grid} ({blocks} blocks)", flush=True)
-    doc: dict[str, Any] = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                           "command": "python3 experiments/wgr_timeline_cuda.py " + " ".join(
-                               "OUT_DIR" if x == args.out else x for x in sys.argv[1:]),
-                           "device": dev.info.as_dict(), "label": args.label, "shape": shape, "config": pick,
-                           "grid": grid, "modes": {}}
+    modes: dict[str, Any] = {}
     for mode in ("alone", "chain", "chain-pdl"):
         firsts, seconds, gaps = [], [], []
         for _ in range(args.rounds):
@@ -192,7 +201,7 @@ def main() -> int:
         res = phases(seconds or firsts)  # in a chain, the second launch: it follows a kernel, as in a decision
         if gaps:
             res["gap_us"] = [float(np.median(gaps)), float(np.min(gaps)), float(np.max(gaps))]
-        doc["modes"][mode] = res
+        modes[mode] = res
         print(f"  {mode:<9} span {res['span_us'][0]:6.1f} us  block {res['block_us'][0]:6.1f} "
               f"[{res['block_us'][1]:.1f}, {res['block_us'][2]:.1f}]  start skew p50 {res['start_skew_us'][0]:.2f} "
               f"p90 {res['start_skew_us'][1]:.2f} max {res['start_skew_us'][2]:.2f}"
@@ -200,9 +209,8 @@ def main() -> int:
               + f"  ({res['mhz']:.0f} MHz, {res['blocks_per_sm']['sms_used']} SMs)", flush=True)
         for name, (p50, p10, p90) in res["phases"].items():
             print(f"      {name:<20} {p50:7.2f} us  [p10 {p10:.2f}, p90 {p90:.2f}]", flush=True)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / f"wgr_timeline_{args.label}.json").write_text(json.dumps(doc, indent=1, default=str))
+    parts.write_record(args.out, f"wgr_timeline_{args.label}.json", "experiments/wgr_timeline_cuda.py", dev,
+                       label=args.label, shape=shape, config=pick, grid=grid, modes=modes)
     return 0
 
 
