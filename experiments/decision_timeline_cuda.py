@@ -9,8 +9,8 @@ its versions hash the files); every plan it builds gets its wgr launches' `count
 buffer (SR 1 launches read their counters and are refused). Per op label it prints, as medians over the replays, the
 sum over a decision's launches of each launch's span (first block's entry to last block's end) and of its blocks'
 median phases: setup (entry to the barrier after the tables), wait (the PDL wait), first (the first stage landed and
-decoded), loop (the K loop), post (the epilogue's staging, stores or cluster reduction; for SR 2 split into synced,
-to the end of the first cluster barrier, and reduced, the sums and stores up to the exit barrier); and the gap from
+decoded), loop (the K loop), post (the epilogue's staging, stores or cluster sums; for SR 2 split into synced, its
+sums sent and the peers' landed, and reduced, its token groups' slices summed and staged); and the gap from
 one wgr launch's end to the next one's start (the kernels in between: conv, attention, rope, the head).
 
     PYTHONPATH=src python3 experiments/decision_timeline_cuda.py --out DIR [--preset lfm2-350m --seq 346]
@@ -37,8 +37,8 @@ import wgr_timeline_cuda as tl  # noqa: E402
 
 #: point ranges: entry..setup, setup..after the PDL wait, the first stage landed and decoded, the loop, the epilogue
 PHASES = {"setup": (0, 1), "wait": (1, 2), "first": (2, 4), "loop": (4, 5), "post": (5, 7)}
-#: SR 2's epilogue, part of `post`: to the first cluster barrier's end (staging, then the wait for the slowest
-#: block), and from there to the exit barrier (the sums, residual rows and stores)
+#: SR 2's epilogue, part of `post`: its sums sent and every peer's for its token groups landed (the wait for the
+#: slowest peer), then its groups' slices summed and staged
 CLUSTER = ("synced", "reduced")
 
 
@@ -77,7 +77,7 @@ def decision(dev: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
     for r, g in zip(rows, got):
         c, _ = tl.cycles_of(g)
         ph = {name: float(np.median(c[:, b] - c[:, a]) * us_per_cycle) for name, (a, b) in PHASES.items()}
-        split = tl.cluster_split(g)  # SR 2: the wait at the first cluster barrier, then the reduction
+        split = tl.cluster_split(g)  # SR 2: the sums sent and landed, then summed
         ph.update({k: float(np.median(split[k]) * us_per_cycle) for k in CLUSTER} if split else {})
         launches.append({"label": r["label"], "start_ns": int(g[:, 0].min()), "end_ns": int(g[:, 14].max()), **ph})
     for a, b in itertools.pairwise(launches):

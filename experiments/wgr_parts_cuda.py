@@ -21,12 +21,6 @@ They compute wrong values on purpose, so they are timed, never verified or store
     table-rot   DEC 2 and 3: the pair table built one code pair a thread, stored to every copy in a rotated order
                 (the same table)
     epi-serial  residual epilogues load, add and store one chunk at a time (EPI_BATCH 1), as before the batches
-    exit-release  SR 2: cluster_reduce's last barrier with a release arrive (a GPU-scope fence that waits for the
-                epilogue's stores) instead of a relaxed one
-    peer-serial SR 2: each chunk's residual row and slices loaded just before its sum and store (one round trip a
-                chunk) instead of batches with up to 16 slices in flight
-    cluster-before  both: SR 2's reduction much as it was before those changes (its residual rows were batched by
-                EPI_BATCH then, which the SR 2 tiles did not measure faster than one at a time); the same bits
     dec0        the same config with the shared-memory table decode (DEC 0)
     dec2, dec3  the same config with the shared-memory pair table (DEC 2: 8 copies, DEC 3: 32 copies)
     f16-w       the same config with f16 weights (no decode; four times the bytes staged)
@@ -73,10 +67,6 @@ _ABSMAX = "    if (FMT == 0) {  // the step's absmax"
 _LOOP = "  for (int kt = 0; kt < steps; kt += 2) {"
 _TOP = "  constexpr int NT = wgr_threads(BF), SETS = EPI == 2 ? 2 : 1, BK = 64;"
 _EPI = "        if (e >= CHUNKS || tok >= M || feat >= N) continue;"  # the epilogue's store loop (not the fold's)
-_EXIT = '  asm volatile("barrier.cluster.arrive.relaxed.aligned;\\n\\tbarrier.cluster.wait.aligned;\\n" ::: "memory");'
-_PB = "  constexpr int PB = 16 / (KS * SETS) > 1 ? (16 / (KS * SETS) < EPI_BATCH ? 16 / (KS * SETS) : EPI_BATCH) : 1;"
-_EXIT_RELEASE = _EXIT.replace("arrive.relaxed", "arrive.release").replace("wait.aligned", "wait.acquire.aligned")
-_PB_1 = "  constexpr int PB = 1;"
 _TABLE = "    for (int e = tid; e < 256 * wgr_pair_copies(DEC); e += NT) {"
 _TABLE_BODY = ("\n      const int b = e / wgr_pair_copies(DEC);\n"
                "      pairs[e] = f16_bits(NF4_CODE[b >> 4]) | (unsigned)f16_bits(NF4_CODE[b & 15]) << 16;\n    }")
@@ -105,11 +95,6 @@ EDITS: dict[str, tuple[tuple[str, str], ...]] = {  # variant -> (text, its repla
     "no-table": ((_TABLE, "    for (int e = tid; e < 256 * wgr_pair_copies(DEC) && M < 0; e += NT) {"),),
     "table-rot": ((_TABLE + _TABLE_BODY, _TABLE_ROT),),
     "epi-serial": (("#ifndef EPI_BATCH\n#define EPI_BATCH 8", "#ifndef EPI_BATCH\n#define EPI_BATCH 1"),),
-    # SR 2 (cluster_reduce): the exit barrier with a release arrive (a GPU-scope fence after the stores), the peer
-    # slices loaded one chunk at a time, and both: the reduction as it was before either change
-    "exit-release": ((_EXIT, _EXIT_RELEASE),),
-    "peer-serial": ((_PB, _PB_1),),
-    "cluster-before": ((_EXIT, _EXIT_RELEASE), (_PB, _PB_1)),
 }
 
 

@@ -13,11 +13,11 @@ edited into matmul_wgr.cu's text before NVRTC compiles it; each edit is checked 
     4 decoded      step 0's A fragments decoded
     5 looped       the K loop and its copies done
     6 ring-free    every warpgroup past the loop (the barrier before the epilogue's tile)
-    7 end          the block's last store (SR 0: after one more barrier; SR 2: after the cluster's reduction)
+    7 end          the block's last store (SR 0: after one more barrier; SR 2: after its own rows' epilogue)
 
-SR 2 also splits its epilogue at the reduction's two cluster barriers (cycle counter only): after the first (every
-block of the cluster has staged its sums: the wait for the slowest) and before the exit barrier (the sums, the
-residual rows and the stores done).
+SR 2 also splits its epilogue (cycle counter only) where every peer's sums for the block's token groups have landed
+(its own sent, then the wait for the slowest peer: "synced") and where its groups' slices are summed and staged
+("reduced"); the rest ("exit") is the epilogue of its rows: residual rows, stores.
 
 Modes, each repeated `--rounds` times: `alone` (one launch after the stream is idle), `chain` (two launches back to
 back, the second's stamps in a second buffer: the gap between them) and `chain-pdl` (the same with programmatic
@@ -71,21 +71,19 @@ _LOOPED = "  cp_async_wait<0>();\n\n  // The epilogue goes"
 _RING = "  __syncthreads();  // every warpgroup's wgmma and copies are done: the ring is free"
 _END2 = "fold_g, ss_out, scaled);\n    return;"
 _END0 = "  if constexpr (SR == 1)  // the code table"
-# SR 2's reduction (cluster_reduce, matmul_reduce.cu, compiled before matmul_wgr.cu): its thread 0 also stamps the
-# cycle counter after the first cluster barrier (word 17) and before the exit barrier (word 18), through the slot
-# pointer TL keeps in shared memory
+# SR 2's sums (wgr_push_sums, wgr_sum_own in matmul_wgr.cu): thread 0 also stamps the cycle counter once every peer's
+# sums for the block's token groups have landed (word 17) and once its own groups' slices are summed and staged
+# (word 18), through the slot pointer TL keeps in shared memory; the helper goes before matmul_reduce.cu's
+# cluster_reduce, the first of the files compiled ahead of matmul_wgr.cu that the edits can name
 _CR = "template <int EPI, int KS, int NT, int ROWS, int COLS>\n__device__ __forceinline__ void cluster_reduce("
 _CR_HELPER = ("__shared__ unsigned long long *tl_slot;\n"
               "#define TLC(w) do { if (threadIdx.x == 0 && tl_slot) tl_slot[w] = clock64(); } while (0)\n")
-# the split-K kind's clusters reduce with the same function and stamp nothing
-_SPLITK_CR = "    cluster_reduce<EPI, KS, NT, BM, BN>(smem_addr(tile)"
-_CR_SYNC = "  cluster_sync();\n  unsigned rank;\n"
-_CR_EXIT = "  cluster_sync_exit();\n}\n"
+_RECV = "  mbar_wait(recv_bar, 0);\n"
+_STAGED = "    __syncthreads();  // the block's summed rows (and the scales) are staged\n"
 TIMELINE = (
     (_CR, _CR_HELPER + _CR),
-    (_CR_SYNC, "  cluster_sync();\n  TLC(17);\n  unsigned rank;\n"),
-    (_CR_EXIT, "  TLC(18);\n  cluster_sync_exit();\n}\n"),
-    (_SPLITK_CR, "    if (threadIdx.x == 0) tl_slot = nullptr;\n" + _SPLITK_CR),
+    (_RECV, _RECV + "  TLC(17);\n"),
+    (_STAGED, _STAGED + "    TLC(18);\n"),
     (_PIN, _HELPER + _PIN),
     (parts._TOP, "  TL(0);\n" + parts._TOP),
     (_SETUP, _SETUP + "  TL(1);\n"),
@@ -120,9 +118,8 @@ def cycles_of(st: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 def cluster_split(st: np.ndarray) -> dict[str, np.ndarray] | None:
-    """SR 2's epilogue in cycles per block, split at the reduction's two cluster barriers: to the end of the first
-    (staging, then the wait for the slowest block), the reduction, the exit barrier; None where a block of `st`
-    stamped no barrier (SR 0)."""
+    """SR 2's epilogue in cycles per block: to the peers' sums landed (its own sent, then the wait for the slowest
+    peer), the sums staged, the epilogue of its rows; None where a block of `st` stamped neither (SR 0)."""
     if (st[:, 17:19] == FILL).any():
         return None
     cycles, cr = st[:, 1:16:2].astype(np.int64), st[:, 17:19].astype(np.int64)

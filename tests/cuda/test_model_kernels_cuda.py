@@ -264,6 +264,33 @@ def test_slices_summed_by_the_last_block_equal_the_reduction_launch(dev, rng, ki
     assert not dev.download(bufs["counters"], np.uint32).any()
 
 
+@pytest.mark.parametrize("over", [{"BF": 128, "BT": 120, "KS": 4}, {"BF": 64, "BT": 104, "KS": 2},
+                                  {"BF": 64, "BT": 16, "KS": 4}], ids=["15-groups-4", "13-groups-2", "2-groups-4"])
+@pytest.mark.parametrize(("epilogue", "norm"), [("none", True), ("residual", False), ("swiglu", True)])
+@pytest.mark.parametrize("shape", [(346, 1024, 1024), (45, 200, 512)])
+def test_cluster_sums_of_uneven_token_groups_equal_the_reduction_launch(dev, rng, over, epilogue, norm, shape):
+    """wgr SR 2: a block owns every KS-th group of 8 tokens and its peers send it their sums of those; where the
+    groups do not divide among the KS blocks (some own more, some none), every output still has the bits of SR 0's
+    reduction launch, launch after launch."""
+    if dev.info.limits.compute_capability != "9.0":
+        pytest.skip("wgmma needs a Hopper GPU")
+    tpl = mm.CudaMatmul("wgr", "nf4", epilogue, norm)
+    host = tpl.make_inputs(shape, rng)
+    bufs = tpl.upload(dev, host, shape)
+    got = {}
+    for sr in (0, 2):
+        cfg = tpl.config_of({**mm.DEFAULT_WGR, **over, "SR": sr})
+        assert tpl.why_illegal(cfg, dev.info.limits, shape) == []
+        launches = tpl.launches(tpl.compile(dev, cfg, shape), bufs, cfg, shape)
+        for _ in range(2):
+            tpl.poison(dev, bufs, shape)
+            dev.run(launches)
+            got.setdefault(sr, []).append(tpl.read_output(dev, bufs, shape))
+    check(got[0][0], tpl.reference(host, shape), tpl.dtype)
+    for out in got[0][1:] + got[2]:
+        np.testing.assert_array_equal(out, got[0][0])
+
+
 SPLITK_CLUSTER = {**mm.DEFAULT_SPLITK, "BM": 32, "BN": 64, "BK": 64, "WM": 16, "WN": 32, "KS": 4, "SR": 2}
 
 

@@ -626,7 +626,7 @@ def test_cpp_wgr_rules_and_smem_agree_with_python(tmp_path):
                rng.choice([0, 0, 1, 1, 2, 2, 3])) for _ in range(3000)]
     call = ", ".join(f"t[{i}]" for i in range(9))
     cpp = cpp_rules_and_smem(tmp_path, tuples, f"wgr_first_failure({call})",
-                             "wgr_smem_bytes(t[0], t[1], t[2], t[3], t[4], t[7], t[8])")
+                             "wgr_smem_bytes(t[0], t[1], t[2], t[3], t[4], t[5], t[7], t[8])")
     assert_rules_agree("wgr", mm.WGR_PARAMS, tuples, cpp, mm.wgr_smem_bytes)
 
 

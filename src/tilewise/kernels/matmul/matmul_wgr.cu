@@ -26,9 +26,9 @@
 // (as the reduction does: the same bits), applies the epilogue into final_out and sets the word back to 0 for the
 // next launch (the words start at 0, written when the buffer is made; `serial_reduce` in matmul_reduce.cu, shared
 // with nf4_mm_splitk). One launch fewer per split matmul. SR 2 (nf4_mm_wgr_cluster) launches a tile's KS blocks as
-// one thread block cluster: each stages its raw sums in its shared memory, and after a cluster barrier each sums
-// a KS-th of the tile's 4-column chunks from every block's shared memory (distributed shared memory, slices in
-// order 0..KS-1: the same bits again), with no partial sums in global memory, no counters and no reduction launch.
+// one thread block cluster: each owns every KS-th group of 8 tokens, sends its raw sums of the others' groups into
+// their owners' shared memory (distributed shared memory, `wgr_push_sums`) and sums its own groups' slices in order
+// 0..KS-1 (the same bits again), with no partial sums in global memory, no counters and no reduction launch.
 // MB is the launch bound's blocks per SM.
 // DEC picks nf4's decode: 0 looks each nibble up in an f32 code table in shared memory and scales in f32 (one
 // rounding to f16, as the other kinds); 1 looks four nibbles up at once in an f16 code table held in eight registers
@@ -60,7 +60,7 @@ __host__ __device__ constexpr int wgr_ring_bytes(int FMT, int EPI, int BF, int B
 }
 // the epilogue's tiles (BT, BF + 4) f32, staged where the ring was: rows 16-byte aligned, and the fragment stores of
 // a warp's four token pairs fall into different banks. One tile, staged a weight set at a time, except with SR 2:
-// the cluster's blocks read each other's raw sums of every set at once.
+// each block stages the summed slices of every set of its own rows at once.
 __host__ __device__ constexpr int wgr_tile_bytes(int EPI, int BF, int BT, int SR) {
   return (SR == 2 && EPI == 2 ? 2 : 1) * BT * (BF + 4) * 4;
 }
@@ -69,10 +69,20 @@ __host__ __device__ constexpr int wgr_lut_offset(int FMT, int EPI, int BF, int B
   return wgr_ring_bytes(FMT, EPI, BF, BT, ST) > wgr_tile_bytes(EPI, BF, BT, SR) ? wgr_ring_bytes(FMT, EPI, BF, BT, ST)
                                                                                 : wgr_tile_bytes(EPI, BF, BT, SR);
 }
+// SR 2: the n8 token groups of a tile (tokens 8 j .. 8 j + 7) a block owns at most (group j: the cluster's block
+// j % KS), and the raw sums it receives from its KS - 1 peers for them, (KS - 1, WGR_OWN, SETS, threads) float4
+__host__ __device__ constexpr int wgr_own_groups(int BT, int KS) { return (BT / 8 + KS - 1) / KS; }
+__host__ __device__ constexpr int wgr_recv_bytes(int EPI, int BF, int BT, int KS, int SR) {
+  return SR == 2 ? (KS - 1) * wgr_own_groups(BT, KS) * (EPI == 2 ? 2 : 1) * wgr_threads(BF) * 16 : 0;
+}
 // shared memory from a 1024-byte boundary (the swizzle's atom): the ring (or the epilogue's tiles), the NF4 code, ST
-// `full` and ST `empty` mbarriers (128 bytes), DEC 2 and 3's pair table, + 1024 bytes to find that boundary
-__host__ __device__ constexpr int wgr_smem_bytes(int FMT, int EPI, int BF, int BT, int ST, int DEC, int SR) {
-  return wgr_lut_offset(FMT, EPI, BF, BT, ST, SR) + 16 * 4 + 128 + 256 * 4 * wgr_pair_copies(DEC) + 1024;
+// `full` and ST `empty` mbarriers (128 bytes), DEC 2 and 3's pair table, SR 2's received sums (apart from the ring:
+// a peer may send them while this block is still in its K loop), + 1024 bytes to find that boundary
+__host__ __device__ constexpr int wgr_recv_offset(int FMT, int EPI, int BF, int BT, int ST, int DEC, int SR) {
+  return wgr_lut_offset(FMT, EPI, BF, BT, ST, SR) + 16 * 4 + 128 + 256 * 4 * wgr_pair_copies(DEC);
+}
+__host__ __device__ constexpr int wgr_smem_bytes(int FMT, int EPI, int BF, int BT, int ST, int KS, int DEC, int SR) {
+  return wgr_recv_offset(FMT, EPI, BF, BT, ST, DEC, SR) + wgr_recv_bytes(EPI, BF, BT, KS, SR) + 1024;
 }
 __host__ __device__ constexpr int wgr_register_cap(int BF, int MB) {
   return 65536 / (wgr_threads(BF) * MB) < 255 ? 65536 / (wgr_threads(BF) * MB) : 255;
@@ -104,7 +114,7 @@ __host__ __device__ constexpr int wgr_first_failure(int FMT, int EPI, int BF, in
   if (ST < 3 || ST > 6) return 8;                                                        // stages_3_6
   if (KS != 1 && KS != 2 && KS != 4 && KS != 8) return 9;                                // ks_1_2_4_8
   if (SR < 0 || SR > 2 || (SR != 0 && KS == 1)) return 10;                               // sr_with_slices
-  if (wgr_smem_bytes(FMT, EPI, BF, BT, ST, DEC, SR) > PIPE_SMEM_MAX) return 11;          // smem_227k
+  if (wgr_smem_bytes(FMT, EPI, BF, BT, ST, KS, DEC, SR) > PIPE_SMEM_MAX) return 11;      // smem_227k
   return 0;
 }
 
@@ -144,6 +154,151 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
 // an arrival on `bar` once every cp.async this thread has issued so far has landed (the barrier's count includes it)
 __device__ __forceinline__ void cp_async_mbar_arrive(unsigned bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
+// ---- SR 2: a tile's slices summed in its cluster, pushed to the block that owns each token group ----------------
+// The n8 token group j of a tile (tokens 8 j .. 8 j + 7) belongs to the cluster's block j % KS (rank = slice). After
+// its K loop each block sends, for every group another block owns, its raw sums straight from its accumulators into
+// that block's shared memory (`st.async`, one fragment's four values a store), each store counted in bytes by the
+// owner's `recv` mbarrier; the owner waits for the bytes, adds the KS slices of its groups in order 0..KS-1 from
+// 0.0f (its own from registers: the reduction launch's order, so the same bits), stages them in its tile and
+// applies the epilogue to its groups' rows. Neither barrier of the pulled reduction (`cluster_reduce`) is left:
+// its first one's release arrive compiles to a GPU-scope fence, and each peer slice was a distributed-shared-memory
+// load whose round trip the sum waited for. Blocks only write into each other, and an owner returns after every
+// byte sent to it has landed, so no block waits for another to finish reading.
+
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return rank;
+}
+// the cluster barrier that orders every block's mbarrier initialization (fenced by fence.mbarrier_init) before any
+// peer's first st.async into it: arrived at after the setup, waited at after the K loop
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory"); }
+
+// four floats into a peer's shared memory at cluster address `addr` (16-byte aligned), counted by its mbarrier `bar`
+__device__ __forceinline__ void st_async4(unsigned addr, const float (&v)[4], unsigned bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n"
+               ::"r"(addr), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3]), "r"(bar) : "memory");
+}
+
+// the token groups the cluster's block `rank` owns
+template <int BT, int KS>
+__device__ __forceinline__ int wgr_groups_of(unsigned rank) {
+  return (int)rank < BT / 8 ? (BT / 8 - (int)rank + KS - 1) / KS : 0;
+}
+
+// this thread's raw sums of every group another block owns, into that block's `recv` region at slot (this block's
+// rank, less one past the owner's), the group's index among the owner's, the set and the thread
+template <int KS, int NT, int BT, int SETS>
+__device__ __forceinline__ void wgr_push_sums(const float (&acc)[SETS][BT / 8][4], unsigned recv, unsigned recv_bar,
+                                              int tid) {
+  constexpr int OWN = wgr_own_groups(BT, KS);
+  const unsigned rank = cluster_rank();
+  cluster_wait();  // every peer's `recv` barrier is initialized
+#pragma unroll
+  for (int j = 0; j < BT / 8; ++j) {
+    const unsigned z = j % KS;
+    if (z == rank) continue;
+    const unsigned slot = rank < z ? rank : rank - 1, dst = cluster_peer(recv, z), bar = cluster_peer(recv_bar, z);
+#pragma unroll
+    for (int s = 0; s < SETS; ++s) st_async4(dst + 16u * (((slot * OWN + j / KS) * SETS + s) * NT + tid), acc[s][j], bar);
+  }
+}
+
+// once every peer's sums have landed: the slices of this block's groups added in order 0..KS-1 from 0.0f, into the
+// (SETS, BT, BF + 4) tile at the fragments' places (feature r + 8 (q / 2), token 8 j + 2 t + q % 2)
+template <int KS, int NT, int BT, int BF, int SETS>
+__device__ __forceinline__ void wgr_sum_own(const float (&acc)[SETS][BT / 8][4], float *tile, const float4 *recv,
+                                            unsigned recv_bar, int r, int t, int tid) {
+  constexpr int OWN = wgr_own_groups(BT, KS), TS = BF + 4;
+  const unsigned rank = cluster_rank();
+  mbar_wait(recv_bar, 0);
+#pragma unroll
+  for (int j = 0; j < BT / 8; ++j) {
+    if (j % KS != (int)rank) continue;
+#pragma unroll
+    for (int s = 0; s < SETS; ++s) {
+      float4 y = f4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int z = 0; z < KS; ++z) {
+        const float4 v = z == (int)rank ? f4(acc[s][j][0], acc[s][j][1], acc[s][j][2], acc[s][j][3])
+                                        : recv[(((z < (int)rank ? z : z - 1) * OWN + j / KS) * SETS + s) * NT + tid];
+        y = add4(y, v);
+      }
+      const float q4[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) tile[(s * BT + 8 * j + 2 * t + q % 2) * TS + r + 8 * (q / 2)] = q4[q];
+    }
+  }
+}
+
+// the epilogue of this block's groups' rows from the staged tile: a group's 8 rows are BF / 4 chunks of four columns
+// each, one chunk a thread (NT = 2 BF), the residual rows of up to EPI_BATCH groups loaded before any store (as
+// matmul_reduce.cu's epilogues); `scaled` (the norm fold's consumer) multiplies each row's sums by the scale in the
+// tile's padding column BF; fold_g (residual, N % 64 == 0) stores the fold's f16 rows and sums of squares, whole
+// half-warps calling fold_chunk on a row's 64 aligned columns
+template <int EPI, int KS, int NT, int BT, int BF>
+__device__ __forceinline__ void wgr_own_epilogue(const float *tile, int tid, float *final_out, unsigned short *out_h,
+                                                 int M, int N, int t0, int f0, const float *fold_g, float *ss_out,
+                                                 bool scaled) {
+  static_assert(NT == 2 * BF, "one chunk a thread in each token group");
+  constexpr int SETS = EPI == 2 ? 2 : 1, TS = BF + 4, OWN = wgr_own_groups(BT, KS);
+  constexpr int PB = OWN < EPI_BATCH ? OWN : EPI_BATCH;
+  const unsigned rank = cluster_rank();
+  const int groups = wgr_groups_of<BT, KS>(rank), rr = tid / (BF / 4), c = 4 * (tid % (BF / 4)), col = f0 + c;
+  const bool fold = EPI == 1 && fold_g != nullptr;
+#pragma unroll 1
+  for (int g0 = 0; g0 < groups; g0 += PB) {
+    float4 res[PB];
+    int row[PB];
+    bool ok[PB];
+#pragma unroll
+    for (int u = 0; u < PB; ++u) {
+      row[u] = 8 * ((int)rank + (g0 + u) * KS) + rr;
+      ok[u] = g0 + u < groups && t0 + row[u] < M && col < N;
+      res[u] = EPI == 1 && N % 4 == 0 && ok[u]
+                   ? *reinterpret_cast<const float4 *>(final_out + (size_t)(t0 + row[u]) * N + col)
+                   : f4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int u = 0; u < PB; ++u) {
+      if (g0 + u >= groups) break;  // the same for every thread of the block
+      float4 y[SETS];
+#pragma unroll
+      for (int s = 0; s < SETS; ++s) y[s] = *reinterpret_cast<const float4 *>(tile + (s * BT + row[u]) * TS + c);
+      if (scaled) {
+        const float k = ok[u] ? tile[row[u] * TS + BF] : 1.0f;
+#pragma unroll
+        for (int s = 0; s < SETS; ++s) y[s] = f4(y[s].x * k, y[s].y * k, y[s].z * k, y[s].w * k);
+      }
+      const int rw = t0 + row[u];
+      const size_t o = (size_t)rw * N + col;
+      if (fold) {  // whole half-warps, ok or not (N % 64 == 0)
+        float4 h = f4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (ok[u]) {
+          h = add4(res[u], y[0]);  // as store_sum4<1> adds
+          *reinterpret_cast<float4 *>(final_out + o) = h;
+        }
+        fold_chunk(h, ok[u], fold_g, out_h, ss_out, rw, col, N);
+        continue;
+      }
+      if (!ok[u]) continue;
+      if (N % 4 == 0) {  // col < N: all four
+        store_sum4<EPI, SETS>(y, res[u], final_out, out_h, o);
+      } else {
+        for (int i = 0; i < 4 && col + i < N; ++i) {
+          float yi[SETS];
+#pragma unroll
+          for (int s = 0; s < SETS; ++s) yi[s] = i == 0 ? y[s].x : i == 1 ? y[s].y : i == 2 ? y[s].z : y[s].w;
+          store_sum1<EPI, SETS>(yi, final_out, out_h, o + i);
+        }
+      }
+    }
+  }
 }
 
 // the kernels' body: nf4_mm_wgr (SR 0, 1) and nf4_mm_wgr_cluster (SR 2) differ only in their cluster shape. xmap is
@@ -194,15 +349,21 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   }
   const unsigned *pt = DEC >= 2 ? pairs + (lane & (wgr_pair_copies(DEC) - 1)) : nullptr;  // copies: 8 or 32
   const unsigned empties = bars + 64;  // stage s: `full` at bars + 8 s, `empty` at empties + 8 s
+  // SR 2: `recv` counts the bytes of the peers' sums for this block's token groups (wgr_push_sums), in `full`'s
+  // eighth slot (ST <= 6); the region they land in follows the pair table
+  const unsigned recv_bar = bars + 56, recv = base_addr + wgr_recv_offset(FMT, EPI, BF, BT, ST, DEC, SR);
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < ST; ++s) {
       mbar_init(bars + 8 * s, WGR_RELEASE ? NT + 1 : 1);  // release 1: every thread's copies + thread 0's expect_tx
       mbar_init(empties + 8 * s, NT);
     }
+    if (SR == 2) mbar_init(recv_bar, 1);
     mbar_init_fence();
+    if (SR == 2) mbar_expect_tx(recv_bar, (KS - 1) * wgr_groups_of<BT, KS>(cluster_rank()) * SETS * NT * 16);
   }
   __syncthreads();  // the mbarriers exist before any thread waits on one (the first wait precedes the next barrier)
+  if constexpr (SR == 2) cluster_arrive_relaxed();  // peers send into this block after their wait at this barrier
 
   // step j into stage j % ST: x by the TMA (thread 0), W rows by cp.async (all)
   auto issue_x = [&](int j) {
@@ -346,13 +507,11 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
       if (tid + u * NT < BT) tile[(tid + u * NT) * TS + BF] = scale[u];
   }
   if constexpr (SR == 2) {
-#pragma unroll
-    for (int s = 0; s < SETS; ++s)
-#pragma unroll
-      for (int j = 0; j < BT / 8; ++j)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) tile[(s * BT + 8 * j + 2 * t + q % 2) * TS + r + 8 * (q / 2)] = acc[s][j][q];
-    cluster_reduce<EPI, KS, NT, BT, BF>(base_addr, final_out, out_h, M, N, t0, f0, fold_g, ss_out, scaled);
+    wgr_push_sums<KS, NT, BT, SETS>(acc, recv, recv_bar, tid);
+    wgr_sum_own<KS, NT, BT, BF, SETS>(acc, tile, reinterpret_cast<const float4 *>(base + (recv - base_addr)), recv_bar,
+                                      r, t, tid);
+    __syncthreads();  // the block's summed rows (and the scales) are staged
+    wgr_own_epilogue<EPI, KS, NT, BT, BF>(tile, tid, final_out, out_h, M, N, t0, f0, fold_g, ss_out, scaled);
     return;
   }
   if (scaled) __syncthreads();  // the scales are read by other threads below
