@@ -195,6 +195,36 @@ __device__ __forceinline__ void fold_chunk(float4 h, bool ok, const float *__res
   if (ok && col % 64 == 0) ss_out[(size_t)row * (N / 64) + col / 64] = sq;
 }
 
+// the epilogue of one chunk of four summed columns (y, each set's) at output row `row`, column `col` (ok: inside the
+// output): with `fold` the norm fold's producer (residual; whole half-warps call it, ok or not, N % 64 == 0), else
+// store_sum4, or store_sum1 column by column where N % 4 != 0; res holds the residual row's four values, loaded ahead
+template <int EPI, int SETS>
+__device__ __forceinline__ void chunk_epilogue(const float4 (&y)[SETS], float4 res, bool ok, bool fold, int row,
+                                               int col, float *final_out, unsigned short *out_h,
+                                               const float *fold_g, float *ss_out, int N) {
+  const size_t o = (size_t)row * N + col;
+  if (EPI == 1 && fold) {
+    float4 h = f4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (ok) {
+      h = add4(res, y[0]);  // as store_sum4<1> adds
+      *reinterpret_cast<float4 *>(final_out + o) = h;
+    }
+    fold_chunk(h, ok, fold_g, out_h, ss_out, row, col, N);
+    return;
+  }
+  if (!ok) return;
+  if (N % 4 == 0) {  // col < N: all four
+    store_sum4<EPI, SETS>(y, res, final_out, out_h, o);
+  } else {
+    for (int i = 0; i < 4 && col + i < N; ++i) {
+      float yi[SETS];
+#pragma unroll
+      for (int s = 0; s < SETS; ++s) yi[s] = i == 0 ? y[s].x : i == 1 ? y[s].y : i == 2 ? y[s].z : y[s].w;
+      store_sum1<EPI, SETS>(yi, final_out, out_h, o + i);
+    }
+  }
+}
+
 // both barriers of a thread block cluster: every thread of every block arrives (after its shared-memory stores,
 // released to the cluster) before any goes on (acquiring them)
 __device__ __forceinline__ void cluster_sync() {
@@ -290,30 +320,8 @@ __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out,
 #pragma unroll
         for (int s = 0; s < SETS; ++s) y[s] = f4(y[s].x * k[u], y[s].y * k[u], y[s].z * k[u], y[s].w * k[u]);
       }
-      const size_t o = (size_t)r * N + col;
-      if constexpr (FOLD) {
-        if (fold) {  // the norm fold's producer: whole half-warps call fold_chunk, ok or not (N % 64 == 0)
-          if (e0 + u * KS * NT >= CHUNKS) break;  // the same for every thread of the block (CHUNKS % NT == 0)
-          float4 h = f4(0.0f, 0.0f, 0.0f, 0.0f);
-          if (ok[u]) {
-            h = add4(res[u], y[0]);  // as store_sum4<1> adds
-            *reinterpret_cast<float4 *>(final_out + o) = h;
-          }
-          fold_chunk(h, ok[u], fold_g, out_h, ss_out, r, col, N);
-          continue;
-        }
-      }
-      if (!ok[u]) continue;
-      if (N % 4 == 0) {  // col < N: all four
-        store_sum4<EPI, SETS>(y, res[u], final_out, out_h, o);
-      } else {
-        for (int i = 0; i < 4 && col + i < N; ++i) {
-          float yi[SETS];
-#pragma unroll
-          for (int s = 0; s < SETS; ++s) yi[s] = i == 0 ? y[s].x : i == 1 ? y[s].y : i == 2 ? y[s].z : y[s].w;
-          store_sum1<EPI, SETS>(yi, final_out, out_h, o + i);
-        }
-      }
+      if (FOLD && fold && e0 + u * KS * NT >= CHUNKS) break;  // the same for every thread (CHUNKS % NT == 0)
+      chunk_epilogue<EPI, SETS>(y, res[u], ok[u], FOLD && fold, r, col, final_out, out_h, fold_g, ss_out, N);
     }
   }
   cluster_sync_exit();

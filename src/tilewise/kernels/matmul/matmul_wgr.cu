@@ -275,28 +275,7 @@ __device__ __forceinline__ void wgr_own_epilogue(const float *tile, int tid, flo
 #pragma unroll
         for (int s = 0; s < SETS; ++s) y[s] = f4(y[s].x * k, y[s].y * k, y[s].z * k, y[s].w * k);
       }
-      const int rw = t0 + row[u];
-      const size_t o = (size_t)rw * N + col;
-      if (fold) {  // whole half-warps, ok or not (N % 64 == 0)
-        float4 h = f4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (ok[u]) {
-          h = add4(res[u], y[0]);  // as store_sum4<1> adds
-          *reinterpret_cast<float4 *>(final_out + o) = h;
-        }
-        fold_chunk(h, ok[u], fold_g, out_h, ss_out, rw, col, N);
-        continue;
-      }
-      if (!ok[u]) continue;
-      if (N % 4 == 0) {  // col < N: all four
-        store_sum4<EPI, SETS>(y, res[u], final_out, out_h, o);
-      } else {
-        for (int i = 0; i < 4 && col + i < N; ++i) {
-          float yi[SETS];
-#pragma unroll
-          for (int s = 0; s < SETS; ++s) yi[s] = i == 0 ? y[s].x : i == 1 ? y[s].y : i == 2 ? y[s].z : y[s].w;
-          store_sum1<EPI, SETS>(yi, final_out, out_h, o + i);
-        }
-      }
+      chunk_epilogue<EPI, SETS>(y, res[u], ok[u], fold, t0 + row[u], col, final_out, out_h, fold_g, ss_out, N);
     }
   }
 }
