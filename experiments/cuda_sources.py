@@ -34,9 +34,11 @@ def source_users() -> list[object]:
 
 
 @contextlib.contextmanager
-def model_sources(source: Source) -> Iterator[None]:
-    """Within the block, every family's text comes from `source` (called with the family and its file names)."""
-    users = source_users()
+def model_sources(source: Source, users: list[object] | None = None) -> Iterator[None]:
+    """Within the block, every family's text comes from `source` (called with the family and its file names).
+    `users`: `source_users()` found once by a caller that patches often (finding them walks sys.modules, a fraction
+    of a millisecond: a cost a timed decision would carry)."""
+    users = source_users() if users is None else users
     real = cudasrc.model_source
     for m in users:
         m.model_source = source  # type: ignore[attr-defined]

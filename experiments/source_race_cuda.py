@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 sys.path.insert(0, str(ROOT / "src"))
 
-from cuda_sources import model_sources, source_at, source_in  # noqa: E402
+import tilewise.kernels.cudasrc as cudasrc  # noqa: E402
+from cuda_sources import model_sources, source_at, source_in, source_users  # noqa: E402
 from tilewise.devices import get_device  # noqa: E402
 from tilewise.model.bench import PREFIX_TOKENS, prompts, race_args, race_lines, race_pair, verdict_text, write_race  # noqa: E402
 from tilewise.model.cuda import CUDAExecutor  # noqa: E402
@@ -33,13 +34,14 @@ from tilewise.model.runtime import open_checkpoint  # noqa: E402
 
 class WithSource:
     """An executor whose every decision runs with `source` as the kernels' text (so any plan it builds, at any
-    decision, compiles from it)."""
+    decision, compiles from it). Both sides of the race are wrapped, the tree's with its own text, so that the
+    patching costs them alike; the patched modules are found once."""
 
     def __init__(self, ex: Any, source: Any) -> None:
-        self.ex, self.source = ex, source
+        self.ex, self.source, self.users = ex, source, source_users()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        with model_sources(self.source):
+        with model_sources(self.source, self.users):
             return self.ex.forward(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -60,7 +62,7 @@ def main() -> int:
     _, full = prompts(ck.config.vocab_size, args.seq, 40, PREFIX_TOKENS, seed=3)
     source = source_in(args.base_dir) if args.base_dir else source_at(args.base)
     base = WithSource(CUDAExecutor(ck, device=dev, quiet=True), source)
-    tree = CUDAExecutor(ck, device=dev, quiet=True)
+    tree = WithSource(CUDAExecutor(ck, device=dev, quiet=True), cudasrc.model_source)
     for ex in (base, tree):  # each compiles its kernels at its first decision
         ex.forward(full[0], 0, None, True)
     sides = {args.base: base, "tree": tree}

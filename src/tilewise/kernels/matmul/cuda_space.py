@@ -311,13 +311,13 @@ def wgr_smem_bytes(c: Config, fmt: str, sets: int) -> int:
     epilogue's (BT, BF + 4) f32 tile staged in their place where that is larger; the NF4 code, the stages' `full`
     and `empty` mbarriers (128 bytes), DEC 2 and 3's pair table and 1024 bytes to start on the swizzle's boundary.
     With SR 2 the tile holds every weight set's sums at once, and the sums a block receives from its KS - 1 peers
-    for the token groups it owns (every KS-th group of 8 tokens) have a region of their own after the pair table."""
+    for the token groups it owns (every KS-th group of 8 tokens) follow it where the ring was."""
     w = sets * c.BF * ({"nf4": 32, "f16": 128, "f32": 256}[fmt] + 16 + (4 if fmt == "nf4" else 0))
     tiles = sets if c.SR == 2 else 1
     pairs = 256 * 4 * WGR_PAIR_COPIES.get(c.DEC, 0)
     own = (c.BT // 8 + c.KS - 1) // c.KS
     recv = (c.KS - 1) * own * sets * wgr_threads(c) * 16 if c.SR == 2 else 0
-    return max(c.ST * (c.BT * 128 + w), tiles * c.BT * (c.BF + 4) * 4) + 16 * 4 + 128 + pairs + recv + 1024
+    return max(c.ST * (c.BT * 128 + w), tiles * c.BT * (c.BF + 4) * 4 + recv) + 16 * 4 + 128 + pairs + 1024
 
 
 def wgr_spare_registers(c: Config, sets: int) -> int:

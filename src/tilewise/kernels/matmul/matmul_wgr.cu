@@ -64,25 +64,23 @@ __host__ __device__ constexpr int wgr_ring_bytes(int FMT, int EPI, int BF, int B
 __host__ __device__ constexpr int wgr_tile_bytes(int EPI, int BF, int BT, int SR) {
   return (SR == 2 && EPI == 2 ? 2 : 1) * BT * (BF + 4) * 4;
 }
-// the code and the mbarriers, after the ring or the tiles, whichever is larger
-__host__ __device__ constexpr int wgr_lut_offset(int FMT, int EPI, int BF, int BT, int ST, int SR) {
-  return wgr_ring_bytes(FMT, EPI, BF, BT, ST) > wgr_tile_bytes(EPI, BF, BT, SR) ? wgr_ring_bytes(FMT, EPI, BF, BT, ST)
-                                                                                : wgr_tile_bytes(EPI, BF, BT, SR);
-}
 // SR 2: the n8 token groups of a tile (tokens 8 j .. 8 j + 7) a block owns at most (group j: the cluster's block
-// j % KS), and the raw sums it receives from its KS - 1 peers for them, (KS - 1, WGR_OWN, SETS, threads) float4
+// j % KS), and the raw sums it receives from its KS - 1 peers for them, (KS - 1, groups, SETS, threads) float4,
+// after its tile where the ring was (sent once every block of the cluster is past its K loop)
 __host__ __device__ constexpr int wgr_own_groups(int BT, int KS) { return (BT / 8 + KS - 1) / KS; }
 __host__ __device__ constexpr int wgr_recv_bytes(int EPI, int BF, int BT, int KS, int SR) {
   return SR == 2 ? (KS - 1) * wgr_own_groups(BT, KS) * (EPI == 2 ? 2 : 1) * wgr_threads(BF) * 16 : 0;
 }
-// shared memory from a 1024-byte boundary (the swizzle's atom): the ring (or the epilogue's tiles), the NF4 code, ST
-// `full` and ST `empty` mbarriers (128 bytes), DEC 2 and 3's pair table, SR 2's received sums (apart from the ring:
-// a peer may send them while this block is still in its K loop), + 1024 bytes to find that boundary
-__host__ __device__ constexpr int wgr_recv_offset(int FMT, int EPI, int BF, int BT, int ST, int DEC, int SR) {
-  return wgr_lut_offset(FMT, EPI, BF, BT, ST, SR) + 16 * 4 + 128 + 256 * 4 * wgr_pair_copies(DEC);
+// the code and the mbarriers, after the ring or the tiles (and SR 2's received sums), whichever is larger
+__host__ __device__ constexpr int wgr_lut_offset(int FMT, int EPI, int BF, int BT, int ST, int KS, int SR) {
+  return wgr_ring_bytes(FMT, EPI, BF, BT, ST) > wgr_tile_bytes(EPI, BF, BT, SR) + wgr_recv_bytes(EPI, BF, BT, KS, SR)
+             ? wgr_ring_bytes(FMT, EPI, BF, BT, ST)
+             : wgr_tile_bytes(EPI, BF, BT, SR) + wgr_recv_bytes(EPI, BF, BT, KS, SR);
 }
+// shared memory from a 1024-byte boundary (the swizzle's atom): the ring (or the epilogue's tiles), the NF4 code, ST
+// `full` and ST `empty` mbarriers (128 bytes), DEC 2 and 3's pair table, + 1024 bytes to find that boundary
 __host__ __device__ constexpr int wgr_smem_bytes(int FMT, int EPI, int BF, int BT, int ST, int KS, int DEC, int SR) {
-  return wgr_recv_offset(FMT, EPI, BF, BT, ST, DEC, SR) + wgr_recv_bytes(EPI, BF, BT, KS, SR) + 1024;
+  return wgr_lut_offset(FMT, EPI, BF, BT, ST, KS, SR) + 16 * 4 + 128 + 256 * 4 * wgr_pair_copies(DEC) + 1024;
 }
 __host__ __device__ constexpr int wgr_register_cap(int BF, int MB) {
   return 65536 / (wgr_threads(BF) * MB) < 255 ? 65536 / (wgr_threads(BF) * MB) : 255;
@@ -157,27 +155,28 @@ __device__ __forceinline__ void cp_async_mbar_arrive(unsigned bar) {
 }
 
 // ---- SR 2: a tile's slices summed in its cluster, pushed to the block that owns each token group ----------------
-// The n8 token group j of a tile (tokens 8 j .. 8 j + 7) belongs to the cluster's block j % KS (rank = slice). After
-// its K loop each block sends, for every group another block owns, its raw sums straight from its accumulators into
-// that block's shared memory (`st.async`, one fragment's four values a store), each store counted in bytes by the
-// owner's `recv` mbarrier; the owner waits for the bytes, adds the KS slices of its groups in order 0..KS-1 from
+// The n8 token group j of a tile (tokens 8 j .. 8 j + 7) belongs to the cluster's block j % KS (rank = slice). Once
+// every block of the cluster is past its K loop, each sends, for every group another block owns, its raw sums
+// straight from its accumulators into that block's shared memory where its ring was (`st.async`, one fragment's
+// four values a store), each store counted in bytes by the owner's `recv` mbarrier; the owner waits for the bytes, adds the KS slices of its groups in order 0..KS-1 from
 // 0.0f (its own from registers: the reduction launch's order, so the same bits), stages them in its tile and
-// applies the epilogue to its groups' rows. Neither barrier of the pulled reduction (`cluster_reduce`) is left:
-// its first one's release arrive compiles to a GPU-scope fence, and each peer slice was a distributed-shared-memory
-// load whose round trip the sum waited for. Blocks only write into each other, and an owner returns after every
-// byte sent to it has landed, so no block waits for another to finish reading.
+// applies the epilogue to its groups' rows. Against the pulled reduction (`cluster_reduce`): its first barrier's
+// release arrive compiles to a GPU-scope fence, here a relaxed one; each peer slice was a distributed-shared-memory
+// load whose round trip the sum waited for; and no exit barrier, since blocks only write into each other and an
+// owner returns after every byte sent to it has landed. (Sent ahead of the barrier, into a region of their own,
+// the sums took more shared memory, and qkv's tile lost its second block per SM.)
 
 __device__ __forceinline__ unsigned cluster_rank() {
   unsigned rank;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
   return rank;
 }
-// the cluster barrier that orders every block's mbarrier initialization (fenced by fence.mbarrier_init) before any
-// peer's first st.async into it: arrived at after the setup, waited at after the K loop
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+// the cluster barrier after the K loops: every block's ring is free (its wgmma waited for, its decodes done: the
+// ring-free __syncthreads), so peers may send into it, and its `recv` barrier initialized (fence.mbarrier_init). A
+// relaxed arrive: no fence, since no data passes through this barrier (the sums are counted by `recv`)
+__device__ __forceinline__ void cluster_sync_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory"); }
 
 // four floats into a peer's shared memory at cluster address `addr` (16-byte aligned), counted by its mbarrier `bar`
 __device__ __forceinline__ void st_async4(unsigned addr, const float (&v)[4], unsigned bar) {
@@ -198,7 +197,7 @@ __device__ __forceinline__ void wgr_push_sums(const float (&acc)[SETS][BT / 8][4
                                               int tid) {
   constexpr int OWN = wgr_own_groups(BT, KS);
   const unsigned rank = cluster_rank();
-  cluster_wait();  // every peer's `recv` barrier is initialized
+  cluster_sync_relaxed();
 #pragma unroll
   for (int j = 0; j < BT / 8; ++j) {
     const unsigned z = j % KS;
@@ -309,7 +308,7 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   const unsigned raw_addr = smem_addr(dsmem), base_addr = (raw_addr + 1023u) & ~1023u;
   unsigned char *base = dsmem + (base_addr - raw_addr);
   // x tiles, W stages (or the epilogue's tile), then the code and the mbarriers
-  constexpr int WOFF = ST * XBYTES, LOFF = wgr_lut_offset(FMT, EPI, BF, BT, ST, SR);
+  constexpr int WOFF = ST * XBYTES, LOFF = wgr_lut_offset(FMT, EPI, BF, BT, ST, KS, SR);
   float *lut = reinterpret_cast<float *>(base + LOFF);
   const unsigned bars = base_addr + LOFF + 64;
   const int tid = threadIdx.x, wg = tid / 128, warp = tid / WARPSIZE, lane = tid % WARPSIZE;
@@ -329,8 +328,8 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   const unsigned *pt = DEC >= 2 ? pairs + (lane & (wgr_pair_copies(DEC) - 1)) : nullptr;  // copies: 8 or 32
   const unsigned empties = bars + 64;  // stage s: `full` at bars + 8 s, `empty` at empties + 8 s
   // SR 2: `recv` counts the bytes of the peers' sums for this block's token groups (wgr_push_sums), in `full`'s
-  // eighth slot (ST <= 6); the region they land in follows the pair table
-  const unsigned recv_bar = bars + 56, recv = base_addr + wgr_recv_offset(FMT, EPI, BF, BT, ST, DEC, SR);
+  // eighth slot (ST <= 6); they land after the block's tile
+  const unsigned recv_bar = bars + 56, recv = base_addr + wgr_tile_bytes(EPI, BF, BT, SR);
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < ST; ++s) {
@@ -342,7 +341,6 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
     if (SR == 2) mbar_expect_tx(recv_bar, (KS - 1) * wgr_groups_of<BT, KS>(cluster_rank()) * SETS * NT * 16);
   }
   __syncthreads();  // the mbarriers exist before any thread waits on one (the first wait precedes the next barrier)
-  if constexpr (SR == 2) cluster_arrive_relaxed();  // peers send into this block after their wait at this barrier
 
   // step j into stage j % ST: x by the TMA (thread 0), W rows by cp.async (all)
   auto issue_x = [&](int j) {
