@@ -231,12 +231,20 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
-// the barrier that keeps each block's shared memory until every peer has read it, with a relaxed arrive: a release
-// arrive compiles to a GPU-scope fence (MEMBAR.ALL.GPU), which would wait here for all of the epilogue's global
-// stores. Nothing after it reads what peers wrote, and every peer load before it has been consumed (summed into a
-// stored value) before the arrive issues, so no ordering is needed.
-__device__ __forceinline__ void cluster_sync_exit() {
+// both barriers of a cluster with a relaxed arrive, for barriers no data passes through: a release arrive compiles
+// to a GPU-scope fence (MEMBAR.ALL.GPU), which waits for all of the block's global stores. cluster_reduce's exit
+// keeps each block's shared memory until every peer has read it (every peer load before it has been consumed, summed
+// into a stored value, before the arrive issues); wgr's pushed sums (matmul_wgr.cu) wait at it for every ring to be
+// free, the sums themselves counted by an mbarrier.
+__device__ __forceinline__ void cluster_sync_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;\n" ::: "memory");
+}
+
+// this block's rank in its cluster
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return rank;
 }
 
 // the shared address `addr` of this block, in the cluster's block `rank`
@@ -280,8 +288,7 @@ __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out,
   // The batch loop is not unrolled: one copy of the batch's code
   constexpr int PB = 16 / (KS * SETS) > 1 ? (16 / (KS * SETS) < EPI_BATCH ? 16 / (KS * SETS) : EPI_BATCH) : 1;
   cluster_sync();
-  unsigned rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  const unsigned rank = cluster_rank();
   unsigned peer[KS];
 #pragma unroll
   for (int z = 0; z < KS; ++z) peer[z] = cluster_peer(tiles, z);
@@ -324,7 +331,7 @@ __device__ __forceinline__ void cluster_reduce(unsigned tiles, float *final_out,
       chunk_epilogue<EPI, SETS>(y, res[u], ok[u], FOLD && fold, r, col, final_out, out_h, fold_g, ss_out, N);
     }
   }
-  cluster_sync_exit();
+  cluster_sync_relaxed();
 }
 
 // out = epilogue(sum of the ks slices of partial), one thread per output value; the slices are added in order

@@ -166,17 +166,6 @@ __device__ __forceinline__ void cp_async_mbar_arrive(unsigned bar) {
 // owner returns after every byte sent to it has landed. (Sent ahead of the barrier, into a region of their own,
 // the sums took more shared memory, and qkv's tile lost its second block per SM.)
 
-__device__ __forceinline__ unsigned cluster_rank() {
-  unsigned rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-  return rank;
-}
-// the cluster barrier after the K loops: every block's ring is free (its wgmma waited for, its decodes done: the
-// ring-free __syncthreads), so peers may send into it, and its `recv` barrier initialized (fence.mbarrier_init). A
-// relaxed arrive: no fence, since no data passes through this barrier (the sums are counted by `recv`)
-__device__ __forceinline__ void cluster_sync_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;\n" ::: "memory");
-}
 
 // four floats into a peer's shared memory at cluster address `addr` (16-byte aligned), counted by its mbarrier `bar`
 __device__ __forceinline__ void st_async4(unsigned addr, const float (&v)[4], unsigned bar) {
@@ -197,6 +186,8 @@ __device__ __forceinline__ void wgr_push_sums(const float (&acc)[SETS][BT / 8][4
                                               int tid) {
   constexpr int OWN = wgr_own_groups(BT, KS);
   const unsigned rank = cluster_rank();
+  // every block's ring is free (its wgmma waited for, its decodes done: the ring-free __syncthreads), so peers may
+  // send into it, and its `recv` barrier is initialized (fence.mbarrier_init)
   cluster_sync_relaxed();
 #pragma unroll
   for (int j = 0; j < BT / 8; ++j) {
