@@ -158,14 +158,14 @@ __device__ __forceinline__ void cp_async_mbar_arrive(unsigned bar) {
 // The n8 token group j of a tile (tokens 8 j .. 8 j + 7) belongs to the cluster's block j % KS (rank = slice). Once
 // every block of the cluster is past its K loop, each sends, for every group another block owns, its raw sums
 // straight from its accumulators into that block's shared memory where its ring was (`st.async`, one fragment's
-// four values a store), each store counted in bytes by the owner's `recv` mbarrier; the owner waits for the bytes, adds the KS slices of its groups in order 0..KS-1 from
-// 0.0f (its own from registers: the reduction launch's order, so the same bits), stages them in its tile and
-// applies the epilogue to its groups' rows. Against the pulled reduction (`cluster_reduce`): its first barrier's
-// release arrive compiles to a GPU-scope fence, here a relaxed one; each peer slice was a distributed-shared-memory
-// load whose round trip the sum waited for; and no exit barrier, since blocks only write into each other and an
-// owner returns after every byte sent to it has landed. (Sent ahead of the barrier, into a region of their own,
-// the sums took more shared memory, and qkv's tile lost its second block per SM.)
-
+// four values a store), each store counted in bytes by the owner's `recv` mbarrier; the owner waits for the bytes,
+// adds the KS slices of its groups in order 0..KS-1 from 0.0f (its own from registers: the reduction launch's order,
+// so the same bits), stages them in its tile and applies the epilogue to its groups' rows. Against the pulled
+// reduction (`cluster_reduce`): its first barrier's release arrive compiles to a GPU-scope fence, here a relaxed
+// one; each peer slice was a distributed-shared-memory load whose round trip the sum waited for; and no exit
+// barrier, since blocks only write into each other and an owner returns after every byte sent to it has landed.
+// (Sent ahead of the barrier, into a region of their own, the sums took more shared memory, and qkv's tile lost its
+// second block per SM.)
 
 // four floats into a peer's shared memory at cluster address `addr` (16-byte aligned), counted by its mbarrier `bar`
 __device__ __forceinline__ void st_async4(unsigned addr, const float (&v)[4], unsigned bar) {
@@ -195,7 +195,8 @@ __device__ __forceinline__ void wgr_push_sums(const float (&acc)[SETS][BT / 8][4
     if (z == rank) continue;
     const unsigned slot = rank < z ? rank : rank - 1, dst = cluster_peer(recv, z), bar = cluster_peer(recv_bar, z);
 #pragma unroll
-    for (int s = 0; s < SETS; ++s) st_async4(dst + 16u * (((slot * OWN + j / KS) * SETS + s) * NT + tid), acc[s][j], bar);
+    for (int s = 0; s < SETS; ++s)
+      st_async4(dst + 16u * (((slot * OWN + j / KS) * SETS + s) * NT + tid), acc[s][j], bar);
   }
 }
 
