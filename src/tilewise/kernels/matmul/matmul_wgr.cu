@@ -321,7 +321,8 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   const unsigned empties = bars + 64;  // stage s: `full` at bars + 8 s, `empty` at empties + 8 s
   // SR 2: `recv` counts the bytes of the peers' sums for this block's token groups (wgr_push_sums), in `full`'s
   // eighth slot (ST <= 6); they land after the block's tile
-  const unsigned recv_bar = bars + 56, recv = base_addr + wgr_tile_bytes(EPI, BF, BT, SR);
+  constexpr int ROFF = wgr_tile_bytes(EPI, BF, BT, SR);
+  const unsigned recv_bar = bars + 56, recv = base_addr + ROFF;
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < ST; ++s) {
@@ -477,8 +478,7 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   }
   if constexpr (SR == 2) {
     wgr_push_sums<KS, NT, BT, SETS>(acc, recv, recv_bar, tid);
-    wgr_sum_own<KS, NT, BT, BF, SETS>(acc, tile, reinterpret_cast<const float4 *>(base + (recv - base_addr)), recv_bar,
-                                      r, t, tid);
+    wgr_sum_own<KS, NT, BT, BF, SETS>(acc, tile, reinterpret_cast<const float4 *>(base + ROFF), recv_bar, r, t, tid);
     __syncthreads();  // the block's summed rows (and the scales) are staged
     wgr_own_epilogue<EPI, KS, NT, BT, BF>(tile, tid, final_out, out_h, M, N, t0, f0, fold_g, ss_out, scaled);
     return;
