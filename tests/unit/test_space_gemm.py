@@ -88,6 +88,23 @@ def test_config_prints_compactly_and_is_hashable():
     assert gemm_space("full").parse(c.key()) == c
 
 
+def test_config_attributes_read_parameters_and_leave_its_own_names_alone():
+    rng = random.Random(7)
+    values = {k: rng.choice(v) for k, v in PARAMS.items()}
+    c = Config(values)
+    assert all(getattr(c, k) == v == c[k] for k, v in values.items())
+    # parameters named like Config's methods or private names are items only; the methods still work
+    odd = Config({"get": 3, "replace": 4, "_hidden": 5, "BM": 6})
+    assert (odd["get"], odd["replace"], odd["_hidden"], odd.BM) == (3, 4, 5, 6)
+    assert odd.get("get") == 3 and odd.replace(BM=7).BM == 7
+    with pytest.raises(AttributeError):
+        odd._hidden  # noqa: B018
+    with pytest.raises(AttributeError):
+        c.BM = 1
+    with pytest.raises(AttributeError):
+        c.NOT_A_PARAM  # noqa: B018
+
+
 def test_seed_space_has_16_points_and_at_least_two_illegal():
     sp = gemm_space("seed")
     points = list(sp)

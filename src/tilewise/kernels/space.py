@@ -14,6 +14,7 @@ raises `RuleOrderError`.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -31,21 +32,38 @@ class RuleOrderError(RuntimeError):
     """A rule raised although every earlier rule passed: the rules are in the wrong order."""
 
 
+def _plain_name(key: Any) -> bool:
+    """A parameter name attribute syntax may reach directly: not private and not one of Config's own names."""
+    return isinstance(key, str) and not key.startswith("_") and not hasattr(Config, key)
+
+
+@functools.cache
+def _plain_names(keys: tuple[Any, ...]) -> bool:
+    return all(_plain_name(k) for k in keys)
+
+
 class Config(Mapping[str, Any]):
     """An immutable, hashable assignment of parameter values, in the space's parameter order.
 
     Attribute access works (`cfg.BM`); equality and hash ignore the display format.
     """
 
-    __slots__ = ("_d", "_fmt", "_hash", "_items")
+    # `__dict__` holds the parameters that attribute syntax can reach without `__getattr__`: rules read them
+    # millions of times in a legal enumeration, and a failed slot lookup plus `__getattr__` costs 20x a dict hit
+    __slots__ = ("__dict__", "_d", "_fmt", "_hash", "_items")
 
     def __init__(self, items: Iterable[tuple[str, Any]] | Mapping[str, Any],
                  fmt: Callable[[Config], str] | None = None) -> None:
         pairs = tuple(items.items() if isinstance(items, Mapping) else items)
+        d = dict(pairs)
         object.__setattr__(self, "_items", pairs)
-        object.__setattr__(self, "_d", dict(pairs))
+        object.__setattr__(self, "_d", d)
         object.__setattr__(self, "_fmt", fmt)
         object.__setattr__(self, "_hash", hash(pairs))
+        if _plain_names(tuple(d)):  # the usual case: one dict serves both
+            object.__setattr__(self, "__dict__", d)
+        else:  # a parameter named like a method (`get`) or private stays behind `__getattr__`, as before
+            self.__dict__.update((k, v) for k, v in pairs if _plain_name(k))
 
     def __getitem__(self, key: str) -> Any:
         return self._d[key]
