@@ -5,6 +5,8 @@
 // w + WK, ... of each lane's run), f32 arithmetic, a warp reduction, then (WK > 1) the column's warps' sums added in
 // warp order through shared memory; grid (ceil(N / (NT / 32 / WK)), ceil(M / RM)). A few iterations of the K loop are
 // unrolled so that their weight loads are in flight together: with one row, the loop is a chain of loads.
+// NORM: each row's sum of squares is added up from the x values the K loop loads anyway (reduced as the sums are),
+// so the weight loads start at once instead of after a pass over x and a barrier; 1 / rms only scales the outputs.
 
 // eight consecutive weights of row n starting at column k (k % 8 == 0), as f32
 template <int FMT>
@@ -59,26 +61,21 @@ nf4_mm_rows(const float *__restrict__ x, int x_row0, const unsigned *__restrict_
   constexpr int SETS = EPI == 2 ? 2 : 1;
   // loads of this many K iterations in flight together; with many rows the x loads would hold too many registers
   constexpr int UNROLL = RM <= 2 ? 4 : RM <= 4 ? 2 : 1;
-  __shared__ float rs[RM];
+  constexpr int SUMS = SETS + NORM;  // the sets' dot products, then (NORM) the row's sum of squares
   __shared__ float lut[16];  // the NF4 code: a constant-memory table serializes on a warp's different indices
-  __shared__ float part[WK > 1 ? NT / WARPSIZE : 1][SETS][RM];  // WK > 1: each warp's sums
+  __shared__ float part[WK > 1 ? NT / WARPSIZE : 1][SUMS][RM];  // WK > 1: each warp's sums
   const int warp = threadIdx.x / WARPSIZE, lane = threadIdx.x % WARPSIZE, kw = warp % WK;
   const int m0 = blockIdx.y * RM;
   if (threadIdx.x < 16) lut[threadIdx.x] = NF4_CODE[threadIdx.x];
   const int rows = min(RM, M - m0);
   const float *xb = x + ((size_t)x_row0 + m0) * K;
-  for (int r = warp; r < RM; r += NT / WARPSIZE) {
-    float v = 1.0f;
-    if (NORM && r < rows) v = row_rsqrt_warp(xb + (size_t)r * K, K, eps, lane);
-    if (lane == 0) rs[r] = v;
-  }
-  __syncthreads();
+  __syncthreads();  // the code table
   const int n = blockIdx.x * (NT / WARPSIZE / WK) + warp / WK;
   const bool active = n < N;  // every warp of a column agrees; no warp returns before the merge's barrier
   if (WK == 1 && !active) return;
-  float acc[SETS][RM];
+  float acc[SUMS][RM];
 #pragma unroll
-  for (int s = 0; s < SETS; ++s)
+  for (int s = 0; s < SUMS; ++s)
 #pragma unroll
     for (int r = 0; r < RM; ++r) acc[s][r] = 0.0f;
   const int k_end = active ? K : 0;
@@ -105,11 +102,15 @@ nf4_mm_rows(const float *__restrict__ x, int x_row0, const unsigned *__restrict_
         for (int s = 0; s < SETS; ++s)
 #pragma unroll
           for (int i = 0; i < 8; ++i) acc[s][r] += xv[i] * wv[s][i];
+        if (NORM) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[SUMS - 1][r] += xv[i] * xv[i];
+        }
       }
     }
   }
 #pragma unroll
-  for (int s = 0; s < SETS; ++s)
+  for (int s = 0; s < SUMS; ++s)
 #pragma unroll
     for (int r = 0; r < RM; ++r)
 #pragma unroll
@@ -117,14 +118,14 @@ nf4_mm_rows(const float *__restrict__ x, int x_row0, const unsigned *__restrict_
   if constexpr (WK > 1) {  // the column's first warp adds the others' sums, in warp order
     if (lane == 0) {
 #pragma unroll
-      for (int s = 0; s < SETS; ++s)
+      for (int s = 0; s < SUMS; ++s)
 #pragma unroll
         for (int r = 0; r < RM; ++r) part[warp][s][r] = acc[s][r];
     }
     __syncthreads();
     if (kw != 0 || lane != 0) return;
 #pragma unroll
-    for (int s = 0; s < SETS; ++s)
+    for (int s = 0; s < SUMS; ++s)
 #pragma unroll
       for (int r = 0; r < RM; ++r)
 #pragma unroll
@@ -135,10 +136,11 @@ nf4_mm_rows(const float *__restrict__ x, int x_row0, const unsigned *__restrict_
   for (int r = 0; r < RM; ++r) {
     if (r < rows) {
       float *o = out + (size_t)(m0 + r) * N + n;
-      const float y = acc[0][r] * rs[r];
+      const float rs = NORM ? rsqrtf(acc[SUMS - 1][r] / (float)K + eps) : 1.0f;
+      const float y = acc[0][r] * rs;
       if (EPI == 0) *o = y;
       else if (EPI == 1) *o += y;
-      else *o = silu(y) * acc[SETS - 1][r] * rs[r];
+      else *o = silu(y) * acc[SETS - 1][r] * rs;
     }
   }
 }
