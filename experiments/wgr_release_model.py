@@ -30,7 +30,7 @@ class Barrier:
         return self.phase != parity
 
 
-def run(st: int, steps: int, warpgroups: int = 2, per_wg: int = 2, seed: int = 0) -> None:
+def run(st: int, steps: int, warpgroups: int = 2, per_wg: int = 2, seed: int = 0, lead: int = 2) -> None:
     rng = random.Random(seed)
     nt = warpgroups * per_wg
     full = [Barrier(nt + 1) for _ in range(st)]  # every thread's copies + thread 0's expect_tx
@@ -39,7 +39,7 @@ def run(st: int, steps: int, warpgroups: int = 2, per_wg: int = 2, seed: int = 0
     x_stage: list[int | None] = [None] * st
     pending: list[tuple] = []  # copies in flight and noinc arrivals waiting for them
     wgmma: list[list[tuple[int, int]]] = [[] for _ in range(warpgroups)]  # (step, stage) in flight per warpgroup
-    ahead = st - 2
+    ahead = st - lead  # steps issued before the loop; step kt issues kt + ahead, into the stage of step kt - lead
 
     def thread(tid: int) -> Iterator[None]:
         wg = tid // per_wg
@@ -69,7 +69,7 @@ def run(st: int, steps: int, warpgroups: int = 2, per_wg: int = 2, seed: int = 0
                 yield
             if kt >= 1:
                 empty[(kt - 1) % st].arrive()
-            j = kt + st - 2
+            j = kt + ahead
             if j < steps:
                 if j >= st:
                     while not empty[j % st].done((j // st - 1) & 1):
@@ -121,11 +121,13 @@ if __name__ == "__main__":
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=40, help="random interleavings per (stages, steps)")
+    ap.add_argument("--lead", type=int, default=2, choices=(1, 2),
+                    help="steps between a stage's use and its refill (2: the kernel's protocol)")
     args = ap.parse_args()
     n = 0
     for st in (3, 4, 5, 6):
         for steps in (1, 2, 3, 5, 8, 16):
             for seed in range(args.seeds):
-                run(st, steps, seed=seed)
+                run(st, steps, seed=seed, lead=args.lead)
                 n += 1
     print(f"ok: {n} random interleavings")
