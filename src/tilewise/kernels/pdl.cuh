@@ -4,7 +4,8 @@
 // it on the stream still runs. So every kernel of the model's families calls PDL_WAIT() before it reads or writes
 // any memory that another launch writes; before it, a kernel may only read what no launch writes (the weights),
 // which lets a matmul copy its first weight stages while its predecessor finishes. PDL_BEGIN() is that wait, the
-// first thing most kernels do. The next launch is let in implicitly, as this launch's blocks exit: an explicit
+// first thing most kernels do. The next launch is let in implicitly, as this launch's blocks exit (the wgr matmul
+// lets it in earlier, once all its blocks are past their K loops: PDL_LAUNCH_DEPENDENTS() there); an explicit
 // griddepcontrol.launch_dependents right after the wait (PDL_EARLY_TRIGGER 1) lets the next grid's blocks take SM
 // room this grid's later waves still need, and decided slower in whole-decision races
 // (experiments/pdl_trigger_cuda.py races both). griddepcontrol.wait returns once the preceding grid has completed

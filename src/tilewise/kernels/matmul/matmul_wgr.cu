@@ -458,6 +458,11 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   wgr_pin(acc, a0);
   wgr_pin(acc, a1);
   cp_async_wait<0>();
+  // The next launch may start once every block of this grid has passed its K loop (so every block has had its
+  // room, and none of them waits for room the next launch's blocks take): those set up and copy their first weight
+  // stages, which no launch writes, during this epilogue instead of after it. Their wait still covers every write
+  // below.
+  PDL_LAUNCH_DEPENDENTS();
 
   // The epilogue goes through shared memory: each thread stores its fragments (rows of out^T) into the (BT, BF)
   // tile, then the block writes the tile's token rows with 16-byte accesses in a loop that is not unrolled. Stored
