@@ -67,7 +67,7 @@ _SETUP = ("  __syncthreads();  // the mbarriers exist before any thread waits on
 _PDL = "  PDL_BEGIN();\n#pragma unroll\n  for (int g = 0; g < AHEAD; ++g) issue_x(g);"
 _LANDED = "    mbar_wait(bars, 0);  // step 0's x and every thread's W rows"
 _DECODED = "  wgr_fragments<FMT, SETS, BF, DEC>(a0, base + WOFF, lut, tb, pt, r, t);\n"
-_LOOPED = "  cp_async_wait<0>();\n\n  // The epilogue goes"
+_LOOPED = "  wgr_pin(acc, a1);\n  cp_async_wait<0>();\n"
 _RING = "  __syncthreads();  // every warpgroup's wgmma and copies are done: the ring is free"
 _END2 = "fold_g, ss_out, scaled);\n    return;"
 _END0 = "  if constexpr (SR == 1)  // the code table"
@@ -90,7 +90,7 @@ TIMELINE = (
     (_PDL, "  PDL_BEGIN();\n  TL(2);\n#pragma unroll\n  for (int g = 0; g < AHEAD; ++g) issue_x(g);"),
     (_LANDED, _LANDED + "\n    TL(3);"),
     (_DECODED, _DECODED + "  TL(4);\n"),
-    (_LOOPED, "  cp_async_wait<0>();\n  TL(5);\n\n  // The epilogue goes"),
+    (_LOOPED, _LOOPED + "  TL(5);\n"),
     (_RING, _RING + "\n  TL(6);"),
     (_END2, "fold_g, ss_out, scaled);\n    TL(7);\n    return;"),
     (_END0, "  __syncthreads();\n  TL(7);\n" + _END0),
