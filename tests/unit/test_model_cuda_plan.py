@@ -853,3 +853,35 @@ def test_the_norm_fold_drops_the_normed_prologue_after_every_residual_matmul_tha
     downs = [e for e, lab in zip(entries, plan.labels) if lab == "ffn.down" and "reduce" not in e]
     assert downs and all(e.startswith("nf4_mm_wgr_cluster<" if case == "wgr-cluster-down" else "nf4_mm_wgr<")
                          for e in downs)
+
+
+def test_the_blocks_after_the_last_attention_block_run_on_the_rows_the_last_row_reaches(rng):
+    cfg = dataclasses.replace(PRESETS["tiny"], layer_types=("conv", "full_attention", "conv"))
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 4), "f32", "preset:tail").converted("nf4").materialize()
+    ex = CUDAExecutor(ck, device=RecordingDevice())
+    calls = []
+    matmul, copy = ex._matmul, ex._copy
+    ex._matmul = lambda plan, label, epi, x, row0, rows, w, out, *a, **kw: (
+        calls.append((label, x, row0, rows, out)), matmul(plan, label, epi, x, row0, rows, w, out, *a, **kw))
+    ex._copy = lambda plan, label, src, src_word, dst, dst_word, words: (
+        calls.append((label, src, src_word, words, dst)), copy(plan, label, src, src_word, dst, dst_word, words))
+    n, H = 70, cfg.hidden_size
+    plan, _ = ex.plan(rng.integers(0, 512, n), 0, None, True)
+    for launch in plan.launches:
+        check_launch(launch, kernel_signatures())
+    a = ex.act
+    x, x1, x2, g1 = a["x"], a["x1"], a["x2"], a["g1"]
+    assert calls == [
+        ("conv.in_proj", x, 0, n, a["big"]), ("conv.out_proj", a["y"], 0, n, x),
+        ("ffn.gate_up", x, 0, n, a["big"]), ("ffn.down", a["big"], 0, n, x),
+        ("attn.qkv", x, 0, n, a["big"]),  # every row: K and V go into the cache
+        ("copy.last_rows", x, (n - 3) * H, 3 * H, x1),  # the 3 rows the last conv reaches back to
+        ("attn.out_proj", a["y"], 0, 3, x1), ("ffn.gate_up", x1, 0, 3, g1), ("ffn.down", g1, 0, 3, x1),
+        ("conv.in_proj", x1, 0, 3, a["big"]),
+        ("copy.last_rows", x1, 2 * H, H, x2), ("conv.out_proj", a["y"], 2, 1, x2),
+        ("ffn.gate_up", x2, 0, 1, g1), ("ffn.down", g1, 0, 1, x2)]
+    assert x1.nbytes >= 4 * 3 * H and x2.nbytes >= 4 * 3 * H and g1.nbytes >= 4 * 3 * cfg.ffn_dim
+    attention = [ln for ln, lab in zip(plan.launches, plan.labels) if lab == "attention"]
+    assert len(attention) == 1  # the queries of the last 3 rows only: (q, k, v, out, M, P, first, ...)
+    assert [int(attention[0].buffers[i]) for i in (4, 6)] == [3, n - 3]
+    assert plan.launches[-1].buffers[0] is x2  # the head reads the last row's residual

@@ -7,6 +7,8 @@ import importlib.util
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import tilewise
 from tilewise.errors import ConfigError, DeviceUnavailable, TilewiseError
@@ -85,10 +87,66 @@ def test_final_row_slicing_changes_nothing(rng, tiny_nf4, n):
     np.testing.assert_allclose(m.hidden(m.extend(sliced, last)), m.hidden(m.extend(full, last)), atol=2e-6, rtol=0)
 
 
-def test_mixer_rows_plan():
-    assert runtime.mixer_rows(3, 4, 10, True) == slice(9, 10)
-    assert runtime.mixer_rows(2, 4, 10, True) == slice(0, 10)
-    assert runtime.mixer_rows(3, 4, 10, False) == slice(0, 10)
+LFM2_350M_TYPES = preset("lfm2-350m").layer_types  # attention at 2, 5, 8, 10, 12, 14 of 16 blocks
+
+
+def test_block_rows_cut_the_blocks_after_the_last_attention_block_to_what_the_last_row_reaches():
+    plan = runtime.block_rows(LFM2_350M_TYPES, 3, 346, True)
+    assert plan[:14] == [runtime.BlockRows(346, 346)] * 14
+    assert plan[14:] == [runtime.BlockRows(346, 3), runtime.BlockRows(3, 1)]  # attention, then the last conv
+    assert runtime.block_rows(LFM2_350M_TYPES, 3, 346, False) == [runtime.BlockRows(346, 346)] * 16
+    # convs only: each reaches L - 1 rows further back, until every row is needed
+    assert runtime.block_rows(("conv",) * 4, 3, 10, True) == [
+        runtime.BlockRows(9, 7), runtime.BlockRows(7, 5), runtime.BlockRows(5, 3), runtime.BlockRows(3, 1)]
+    assert runtime.block_rows(("conv",) * 4, 3, 6, True)[:2] == [runtime.BlockRows(6, 6), runtime.BlockRows(6, 5)]
+    assert runtime.block_rows(("full_attention",) * 2, 3, 5, True) == [runtime.BlockRows(5, 5),
+                                                                       runtime.BlockRows(5, 1)]
+    assert runtime.tail_capacity(LFM2_350M_TYPES, 3) == 3 and runtime.tail_capacity(("conv",) * 4, 4) == 10
+    assert runtime.tail_capacity(("conv", "full_attention"), 3) == 1
+
+
+@given(types=st.lists(st.sampled_from(["conv", "full_attention"]), min_size=1, max_size=12),
+       conv_L=st.integers(2, 6), n=st.integers(1, 80), sliced=st.booleans())
+def test_block_rows_give_every_block_the_rows_its_mixer_reads(types, conv_L, n, sliced):
+    plan = runtime.block_rows(types, conv_L, n, sliced)
+    assert plan[-1].outputs == (1 if sliced else n)
+    before = n  # the embedding outputs every row
+    for kind, b in zip(types, plan):
+        assert 1 <= b.outputs <= b.inputs <= before  # a block reads only rows the block before it output
+        if kind == "full_attention":
+            assert b.inputs == n  # every row's K and V go into the cache
+        else:  # exactly each output row's L taps and the new conv state's last L rows (all rows if fewer)
+            assert b.inputs == min(n, b.outputs + conv_L - 1)
+        before = b.outputs
+    assert max([b.outputs for b in plan if b.outputs < n], default=1) <= runtime.tail_capacity(types, conv_L)
+
+
+TAIL_TYPES = {"one conv after": ("conv", "full_attention", "conv"),
+              "two convs after": ("full_attention", "conv", "conv"),
+              "convs only": ("conv", "conv", "conv")}
+
+
+@pytest.mark.parametrize("types", TAIL_TYPES.values(), ids=TAIL_TYPES.keys())
+@pytest.mark.parametrize("n", [1, 2, 4, 9, 40])
+def test_sliced_tails_change_nothing_and_leave_a_state_later_tokens_can_use(rng, types, n):
+    import dataclasses
+
+    cfg = dataclasses.replace(preset("tiny"), layer_types=types)
+    ck = ckpt.Checkpoint.from_arrays(cfg, ckpt.random_tensors(cfg, 5), "f32", "preset:tail")
+    m = runtime.from_checkpoint(ck, device="cpu", quiet=True)
+    ids, more, last = _ids(rng, n), _ids(rng, n), _ids(rng, 3)
+    sliced = m.extend(m.prefill(ids), more)
+    m.final_row_slicing = False
+    full = m.extend(m.prefill(ids), more)
+    np.testing.assert_allclose(m.hidden(sliced), m.hidden(full), atol=2e-6, rtol=0)
+    for x, y in zip(sliced.caches, full.caches):  # every K/V row and conv state, not just the last row
+        for a, b in zip(x if isinstance(x, tuple) else (x,), y if isinstance(y, tuple) else (y,)):
+            np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)  # float32 GEMMs of other row counts
+    m.final_row_slicing = True
+    np.testing.assert_allclose(m.hidden(m.extend(sliced, last)), m.hidden(m.extend(full, last)), atol=2e-6, rtol=0)
+    dequant = {k: ck.float32(k) for k in ck.names()}
+    ref, _ = reference.forward(cfg, dequant, np.concatenate([ids, more]))
+    np.testing.assert_allclose(m.hidden(sliced), ref[-1], atol=1e-4, rtol=0)
 
 
 def test_deep_random_preset_keeps_activations_order_one(rng):

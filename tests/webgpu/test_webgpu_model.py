@@ -349,3 +349,28 @@ def test_the_command_shows_warnings_as_notes(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "note: no tuned dispatch table for webgpu:" in run.stderr
     assert "UserWarning" not in run.stderr and ".py:" not in run.stderr
+
+
+@pytest.mark.parametrize("types, copies", [(("conv", "full_attention", "conv"), 2),  # 97 rows, 3, then 1
+                                           (("full_attention", "conv", "conv"), 3)])  # 97, 5, 3, 1
+def test_sliced_tail_blocks_match_the_reference_and_leave_a_usable_state(webgpu_device, rng, types, copies):
+    import dataclasses
+
+    from tilewise.model.checkpoint import Checkpoint, random_tensors
+    from tilewise.model.config import preset
+    from tilewise.model.runtime import from_checkpoint
+
+    cfg = dataclasses.replace(preset("tiny"), layer_types=types)
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 6), "f32", "preset:tail")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = from_checkpoint(ck, device="webgpu", quiet=True)
+    dequant = {k: ck.float32(k) for k in ck.names()}
+    ids, more = _ids(rng, 97), _ids(rng, 5)
+    state = model.prefill(ids)
+    ref, _ = reference.forward(cfg, dequant, ids)
+    np.testing.assert_allclose(model.hidden(state), ref[-1], atol=2e-5, rtol=0)
+    ref2, _ = reference.forward(cfg, dequant, np.concatenate([ids, more]))  # from the sliced run's caches
+    np.testing.assert_allclose(model.hidden(model.extend(state, more)), ref2[-1], atol=2e-5, rtol=0)
+    plan, _ = model.executor.plan(np.asarray(ids), 0, None, True)
+    assert plan.labels.count("copy.last_rows") == copies

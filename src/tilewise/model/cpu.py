@@ -1,7 +1,7 @@
 """The CPU executor of the LFM2 classifier: numpy float32 with BLAS, the same `forward` contract as every executor.
 
 NF4/f16 weights are dequantized once at load and kept as float32; q/k/v and w1/w3 are fused into one matrix each,
-so every block issues few, large GEMMs. The row plan of final-row slicing (`runtime.mixer_rows`) is shared with the
+so every block issues few, large GEMMs. The row plan of final-row slicing (`runtime.block_rows`) is shared with the
 other executors.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from tilewise.model.checkpoint import Checkpoint
-from tilewise.model.runtime import mixer_rows
+from tilewise.model.runtime import block_rows
 
 
 @dataclass(frozen=True)
@@ -93,19 +93,20 @@ class CPUExecutor:
         angles = np.arange(start, start + n, dtype=np.float32)[:, None] * self.inv_freq[None, :]  # (n, hd/2)
         cos, sin = np.cos(angles), np.sin(angles)
         new_caches: list[Any] = []
-        for i, lay in enumerate(self.layers):
-            rows = mixer_rows(i, len(self.layers), n, final_row_slicing)
+        cur = n  # x holds the new tokens' last `cur` rows
+        for i, (lay, br) in enumerate(zip(self.layers, block_rows(cfg.layer_types, L, n, final_row_slicing))):
+            rows = slice(n - br.outputs, n)  # the tokens this block outputs
             h = _rms_norm(x, lay.operator_norm, eps)
             if lay.kind == "conv":
                 prev = np.zeros((L, H), np.float32) if caches is None else caches[i]  # (L, H)
-                # Bx rows needed: all when every row is output; in the sliced last block only the last L rows
-                # (the new conv state, which also holds the L - 1 predecessors of the one output row)
-                lo = 0 if rows.start == 0 else max(0, min(rows.start - (L - 1), n - L))
-                bcx = h[lo:] @ lay.mix_in.T  # (n - lo, 3H)
+                # Bx of the last br.inputs rows: every row, or in a sliced block the L - 1 rows before its outputs
+                # and its outputs (which hold the new conv state's last L rows)
+                lo = n - br.inputs
+                bcx = h[cur - br.inputs:] @ lay.mix_in.T  # (n - lo, 3H)
                 b, c, xs = bcx[:, :H], bcx[:, H:2 * H], bcx[:, 2 * H:]
                 seq = np.concatenate([prev, b * xs])  # (L + n - lo, H); row L + t - lo holds token t's Bx
                 new_caches.append(seq[-L:].copy())
-                m = rows.stop - rows.start
+                m = br.outputs
                 base = L + rows.start - lo - (L - 1)  # seq row of tap 0 for the first output row
                 conv = lay.conv_taps[:, 0] * seq[base : base + m]
                 for j in range(1, L):
@@ -113,6 +114,7 @@ class CPUExecutor:
                 cc = c[rows.start - lo : rows.stop - lo]
                 mixed = (cc * conv) @ lay.mix_out.T  # (m, H)
             else:
+                assert cur == n, "an attention block takes every row (its K/V)"
                 k_v = h @ lay.mix_in[nh * hd:].T  # (n, 2 nkv hd): every row's K/V is kept for later tokens
                 q = h[rows] @ lay.mix_in[: nh * hd].T  # (m, nh hd): queries only for the output rows
                 m = q.shape[0]
@@ -127,7 +129,8 @@ class CPUExecutor:
                     values = np.concatenate([pv, v.transpose(1, 0, 2)], axis=1)
                 new_caches.append((keys, values))
                 mixed = _attention(q, keys, values, start + rows.start, nkv) @ lay.mix_out.T  # (m, H)
-            x = x[rows] + mixed  # final-row slicing drops the other rows of the residual here
+            x = x[cur - br.outputs:] + mixed  # a sliced block drops the residual's other rows here
+            cur = br.outputs
             f = _rms_norm(x, lay.ffn_norm, eps)
             gu = f @ lay.w13.T  # (m, 2F)
             F = gu.shape[1] // 2

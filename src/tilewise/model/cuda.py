@@ -11,9 +11,10 @@
   bit-identical; `fuse_preps=False` keeps them apart, for a race);
 - matmuls and attention take kernel and config per shape and row count from the device's dispatch table; without
   one, the short-row kernel below `MMA_FROM_ROWS` rows and the mma.sync kernel's default tile (`matmul_choice`);
-- final-row slicing and the prefix cache as in model/webgpu.py: the last block runs the mixer's output projection
-  and the FFN on the last row only; `forward` never writes its input caches (a new state gets pooled buffers, the
-  K/V prefix rows are copied by a kernel in the same launch list, the conv reads the old state and writes another);
+- final-row slicing and the prefix cache as in model/webgpu.py: the blocks after the last attention block run the
+  mixers' output projections and the FFNs on the rows the last row reaches back to (the last block on one);
+  `forward` never writes its input caches (a new state gets pooled buffers, the K/V prefix rows are copied by a
+  kernel in the same launch list, the conv reads the old state and writes another);
 - one decision is one CUDA graph replay: a plan's launches, with the copy of the token ids in from a pinned staging
   array and of the result row out to another, are captured on the plan's first run and replayed by later decisions
   of that plan (`run_plan`); timed decisions, and `TILEWISE_CUDA_GRAPHS=0`, run launch by launch;
@@ -59,7 +60,16 @@ from tilewise.model.dispatch import (
     load_model_table,
     matmul_key,
 )
-from tilewise.model.gpu_state import GPUCaches, Plan, cache_capacity, check_decision, take_caches, weight_bytes
+from tilewise.model.gpu_state import (
+    GPUCaches,
+    Plan,
+    cache_capacity,
+    check_decision,
+    tail_buffers,
+    take_caches,
+    weight_bytes,
+)
+from tilewise.model.runtime import block_rows
 from tilewise.quant.nf4 import stored_shape, weight_arrays
 
 ROW_NT = 128  # embed threads per block
@@ -229,7 +239,7 @@ class CUDAExecutor:
         wide = max(3 * H, (hq + 2 * hkv) * d, F)
         alloc = self.dev.allocate
         self.act = {"x": alloc(4 * rows * H), "big": alloc(4 * rows * wide), "y": alloc(4 * rows * max(H, hq * d)),
-                    "q": alloc(4 * rows * hq * d), "ids": alloc(4 * rows), "x1": alloc(4 * H), "g1": alloc(4 * F),
+                    "q": alloc(4 * rows * hq * d), "ids": alloc(4 * rows), **tail_buffers(cfg, alloc),
                     "res": alloc(4 * (H + cfg.num_labels))}
         # the token ids in and the result row out pass through these; a graph copies from/to their addresses
         self._ids_host = self._host_array(rows, np.int32)
@@ -391,50 +401,48 @@ class CUDAExecutor:
         attn, rope, conv = self._template("attention"), self._template("rope"), self._template("shortconv")
         assert isinstance(attn, attn_k.CudaAttention) and isinstance(rope, attn_k.CudaQKNormRope)
         acfg, rcfg = self.attention_choice(n), rope.config_of({"NT": 0})
-        n_layers = len(self.layers)
-        xr, xr_rows = a["x"], n
-        for i, lay in enumerate(self.layers):
-            last = final_row_slicing and i == n_layers - 1
+        res, res_rows = a["x"], n  # the residual stream: the new tokens' last res_rows rows, from row 0 of res
+        for i, (lay, br) in enumerate(zip(self.layers, block_rows(cfg.layer_types, L, n, final_row_slicing))):
             if lay["kind"] == "conv":
-                r = min(n, L) if last else n  # the last block needs Bx of its last L rows only
-                self._matmul(plan, "conv.in_proj", "none", a["x"], n - r, r, lay["in_proj"], a["big"], 3 * H, H,
+                r = br.inputs  # a sliced block needs Bx of its output rows and the L - 1 rows before them only
+                self._matmul(plan, "conv.in_proj", "none", res, res_rows - r, r, lay["in_proj"], a["big"], 3 * H, H,
                              norm=lay["operator_norm"])
                 state_in = caches.conv[i] if caches is not None else self.zero_conv_state
                 cshape, ccfg = (r, H, L), conv_choice(self.dispatch, conv, cfg, r)
                 plan.add("conv", conv.launches(self.program(conv, ccfg, cshape), {
                     "bcx": a["big"], "state_in": state_in, "weight": lay["taps"], "out": a["y"],
                     "state_out": new.conv[i]}, ccfg, cshape))
-                mix_row0 = r - 1
+                mix_row0 = r - br.outputs
             else:
-                self._matmul(plan, "attn.qkv", "none", a["x"], 0, n, lay["qkv"], a["big"], (hq + 2 * hkv) * d, H,
+                assert res_rows == n, "an attention block takes every row: its K and V go into the cache"
+                self._matmul(plan, "attn.qkv", "none", res, 0, n, lay["qkv"], a["big"], (hq + 2 * hkv) * d, H,
                              norm=lay["operator_norm"])
                 k_c, v_c = new.kv[i]
                 rshape = (n, start, hq, hkv, d)
                 plan.add("attn.qknorm_rope", rope.launches_into(self.program(rope, rcfg, rshape), {
                     "qkv": a["big"], "q_norm": lay["q_norm"], "k_norm": lay["k_norm"], "cos": self.rope[0],
                     "sin": self.rope[1], "q": a["q"]}, rshape, k_c, v_c))
-                nq, first = (1, n - 1) if last else (n, 0)
-                ashape = (nq, start, hq, hkv, d)
+                ashape = (br.outputs, start, hq, hkv, d)  # queries of the output rows only
                 plan.add("attention", attn.launches_at(self.program(attn, acfg, ashape), {
-                    "q": a["q"], "k_cache": k_c, "v_cache": v_c, "out": a["y"]}, ashape, first))
+                    "q": a["q"], "k_cache": k_c, "v_cache": v_c, "out": a["y"]}, ashape, n - br.outputs))
                 mix_row0 = 0
+            if br.outputs < res_rows:  # only the last rows continue: their residual rows move to a buffer of their own
+                dst = a["x2"] if res is a["x1"] else a["x1"]
+                self._copy(plan, "copy.last_rows", res, (res_rows - br.outputs) * H, dst, 0, br.outputs * H)
+                res, res_rows = dst, br.outputs
             proj = f"{'conv' if lay['kind'] == 'conv' else 'attn'}.out_proj"
             k_in = H if lay["kind"] == "conv" else hq * d
-            if last:  # only the last row continues: its residual row moves to x1
-                self._copy(plan, "copy.last_row", a["x"], (n - 1) * H, a["x1"], 0, H)
-                self._matmul(plan, proj, "residual", a["y"], mix_row0, 1, lay["out_proj"], a["x1"], H, k_in)
-            else:
-                self._matmul(plan, proj, "residual", a["y"], 0, n, lay["out_proj"], a["x"], H, k_in)
-            xr, xr_rows = (a["x1"], 1) if last else (a["x"], n)
-            gbuf = a["g1"] if last else a["big"]
-            self._matmul(plan, "ffn.gate_up", "swiglu", xr, 0, xr_rows, lay["w13"], gbuf, F, H, norm=lay["ffn_norm"])
-            self._matmul(plan, "ffn.down", "residual", gbuf, 0, xr_rows, lay["w2"], xr, H, F)
+            self._matmul(plan, proj, "residual", a["y"], mix_row0, res_rows, lay["out_proj"], res, H, k_in)
+            gbuf = a["g1"] if res_rows < n else a["big"]
+            self._matmul(plan, "ffn.gate_up", "swiglu", res, 0, res_rows, lay["w13"], gbuf, F, H,
+                         norm=lay["ffn_norm"])
+            self._matmul(plan, "ffn.down", "residual", gbuf, 0, res_rows, lay["w2"], res, H, F)
         head = self._template("head")
         assert isinstance(head, rowops.CudaHead)
         hcfg = head.config_of({"NT": HEAD_NT})
-        hshape = (xr_rows, H, cfg.num_labels)
+        hshape = (res_rows, H, cfg.num_labels)
         plan.add("head", head.launches_row(self.program(head, hcfg, hshape), {
-            "x": xr, "norm_weight": self.final_norm, "head_weight": self.head, "out": a["res"]}, hshape, xr_rows - 1))
+            "x": res, "norm_weight": self.final_norm, "head_weight": self.head, "out": a["res"]}, hshape, res_rows - 1))
         return plan
 
     def run_plan(self, plan: Plan, timed: bool) -> np.ndarray:

@@ -13,6 +13,7 @@ import numpy as np
 
 from tilewise.devices.base import Buffer, Launch
 from tilewise.errors import ConfigError, LaunchError
+from tilewise.model.runtime import tail_capacity
 
 MIN_CACHE_POSITIONS = 512
 
@@ -89,6 +90,14 @@ def _return_to_pool(free: list[GPUCaches], capacity: int, kv: dict[int, tuple[Bu
     ex = owner()
     if ex is not None and ex.generation == generation:
         free.append(GPUCaches(capacity, kv, conv, generation))
+
+
+def tail_buffers(cfg: Any, alloc: Callable[[int], Buffer]) -> dict[str, Buffer]:
+    """The residual rows (x1, x2, in turn) and FFN rows (g1) of the sliced blocks after the last attention block,
+    sized for the most rows one of them outputs (`runtime.tail_capacity`; one row where the last block is one)."""
+    rows = tail_capacity(cfg.layer_types, cfg.conv_L_cache)
+    return {"x1": alloc(4 * rows * cfg.hidden_size), "x2": alloc(4 * rows * cfg.hidden_size),
+            "g1": alloc(4 * rows * cfg.ffn_dim)}
 
 
 def weight_bytes(embed: Any, final_norm: Buffer, head: Buffer, layers: Sequence[dict[str, Any]]) -> int:

@@ -6,8 +6,9 @@ Split so that another device only has to add an executor:
 - `State` (any device): token count, the final-normed hidden state of the last position (a host array: it is
   all the classifier reads) and the executor's own per-layer caches (opaque to `Model`).
 - `Executor` (one per device): `forward(ids, state, final_row_slicing)` -> (last hidden, caches). The row
-  plan of final-row slicing (`mixer_rows` below) is shared: in the last block only the last row's mixer output,
-  FFN and final norm are computed, while the K/V rows and conv state every later token needs are kept.
+  plan of final-row slicing (`block_rows` below) is shared: after the last attention block only the rows the last
+  row's hidden state reaches back to are computed (in the last block one row), while the K/V rows and conv states
+  every later token needs are kept.
 - `EXECUTORS`: backend -> executor (`model/cpu.py`, `model/webgpu.py`, `model/cuda.py`); `load` resolves its
   device with the one device resolver against these backends, so `auto` is the fastest device that has an executor.
 """
@@ -66,12 +67,35 @@ class Executor(Protocol):
         ...
 
 
-def mixer_rows(layer: int, num_layers: int, n_rows: int, final_row_slicing: bool) -> slice:
-    """Rows of a block whose mixer output, FFN and residual are needed: all, except in the last block (then
-    only the last row, which is all the classifier reads)."""
-    if final_row_slicing and layer == num_layers - 1:
-        return slice(n_rows - 1, n_rows)
-    return slice(0, n_rows)
+@dataclass(frozen=True)
+class BlockRows:
+    """One block's share of a forward over n new tokens, each count taken from the end (the last rows):
+    `inputs` rows go into its mixer (a conv block's Bx rows; an attention block takes every row, whose K and V later
+    tokens read) and `outputs` rows come out of it (mixer output, residual, FFN)."""
+
+    inputs: int
+    outputs: int
+
+
+def block_rows(layer_types: Sequence[str], conv_L: int, n_rows: int, final_row_slicing: bool) -> list[BlockRows]:
+    """Each block's rows: every row everywhere, or (final-row slicing) only what the last row's hidden state and
+    the new caches need, worked out from the last block back. The last block outputs one row; a conv block's output
+    rows need the L - 1 Bx rows before them (and its new conv state the last L), so its input is L - 1 rows more;
+    an attention block needs every input row for its K/V cache, so every block before the last attention block runs
+    whole, and the blocks after it shrink to the few rows the convs after them reach back to."""
+    need, plan = (1 if final_row_slicing else n_rows), []
+    for kind in reversed(layer_types):
+        out = min(need, n_rows)
+        need = n_rows if kind != "conv" or out == n_rows else min(n_rows, out + conv_L - 1)
+        plan.append(BlockRows(need, out))
+    return plan[::-1]
+
+
+def tail_capacity(layer_types: Sequence[str], conv_L: int) -> int:
+    """The most rows a sliced block outputs at any prompt length (the residual rows that leave the full-size
+    buffers): at least 1."""
+    big = 1 << 30
+    return max([1] + [b.outputs for b in block_rows(layer_types, conv_L, big, True) if b.outputs < big])
 
 
 class Model:

@@ -38,6 +38,7 @@ from tilewise.model.dispatch import (
     load_model_table,
     matmul_key,
 )
+from tilewise.model.runtime import block_rows
 from tilewise.model.tune_attention import (  # noqa: F401 (attention_candidates, attention_template: public here too)
     attention_candidates,
     attention_items,
@@ -59,6 +60,17 @@ DEFAULT_ROWS = (1, 2, 4, 8, 16, 32, 64, 95, 96, 128, 192, 256, 384, 512)
 def decision_rows(seq: int) -> set[int]:
     """The row counts of a `seq`-token decision: the whole prompt, and its extend after a 47-token prefix."""
     return {seq, max(1, seq - 47)}
+
+
+def tail_rows(cfg: Any, seq: int) -> set[int]:
+    """The row counts the sliced blocks after the last attention block run at in a `seq`-token decision and its
+    extend (`runtime.block_rows`), below the whole prompt's: measured like the decision's own, so that no tail
+    matmul runs a config fitted to hundreds of rows."""
+    out = set()
+    for n in decision_rows(seq):
+        for b in block_rows(cfg.layer_types, cfg.conv_L_cache, n, True):
+            out |= {r for r in (b.inputs, b.outputs) if r < n}
+    return out
 
 
 def model_matmuls(cfg: Any) -> dict[str, tuple[str, int, int, bool]]:
@@ -278,7 +290,8 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
     Args:
         dev: a WebGPU device.
         cfg: the ModelConfig.
-        seq: the decision length (its rows, and seq - 47, are measured besides `rows`).
+        seq: the decision length (its rows, seq - 47 and the sliced tail's, `tail_rows`, are measured besides
+            `rows`).
         fmt: weight format.
         rows: row counts to measure (default `DEFAULT_ROWS`).
         n_cand: random legal configs per kernel next to the default and the hand-picked ones.
@@ -305,7 +318,7 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
     from pathlib import Path
 
     fp = dev.info.fingerprint
-    rows = sorted(set(rows or DEFAULT_ROWS) | decision_rows(seq))
+    rows = sorted(set(rows or DEFAULT_ROWS) | decision_rows(seq) | tail_rows(cfg, seq))
     if path is None:
         path = dispatch_path(fp)
         if f16_arith:

@@ -15,9 +15,10 @@ What a decision costs on the GPU side:
 - matmuls pick a kernel per row count from the dispatch table (`tilewise tune model`), or the defaults:
   the short-row kernel below 96 rows, the tiled kernel from 96 (seed 001's measured cutoff); every tuned op
   (and the embedding, short conv and head) launches through its kernel object, the one the tuner measured;
-- final-row slicing: in the last block only the last row goes through the mixer's output projection and
-  the FFN (a conv last block runs its in_proj on the last conv_L_cache rows only; an attention last block
-  still writes every row's K/V, since later tokens need them);
+- final-row slicing (`runtime.block_rows`): after the last attention block only the rows the last row reaches back
+  to go through the mixers' output projections and the FFNs (the last block one row; a conv block runs its in_proj
+  on its output rows and the conv_L_cache - 1 rows before them), their residual rows copied to buffers of their own;
+  an attention block still writes every row's K/V, since later tokens need them;
 - prefix cache: `forward` never writes its input caches. A new state gets its own cache buffers (from a
   pool): the K/V rows of the prefix are copied on the GPU by a copy kernel in the same pass, the conv kernel
   reads the old conv state and writes the new one to another buffer.
@@ -53,7 +54,16 @@ from tilewise.model.dispatch import (
     matmul_key,
     matmul_name,
 )
-from tilewise.model.gpu_state import GPUCaches, Plan, cache_capacity, check_decision, take_caches, weight_bytes
+from tilewise.model.gpu_state import (
+    GPUCaches,
+    Plan,
+    cache_capacity,
+    check_decision,
+    tail_buffers,
+    take_caches,
+    weight_bytes,
+)
+from tilewise.model.runtime import block_rows
 from tilewise.quant.nf4 import weight_arrays
 from tilewise.tune.dispatch import DispatchTable
 
@@ -210,8 +220,7 @@ class WebGPUExecutor:
             self._keep.append(self.act)
         self.act = {"x": alloc(4 * rows * H), "big": alloc(4 * rows * wide),
                     "y": alloc(4 * rows * max(H, hq * d)), "q": alloc(4 * rows * hq * d), "ids": alloc(4 * rows),
-                    "x1": alloc(4 * H), "g1": alloc(4 * F),
-                    "res": alloc(4 * (H + cfg.num_labels))}
+                    **tail_buffers(cfg, alloc), "res": alloc(4 * (H + cfg.num_labels))}
         self._rows = rows
 
     def _ensure_rope(self, positions: int) -> None:
@@ -358,18 +367,15 @@ class WebGPUExecutor:
         for launch in self.launches(embed, embed.config_of({"WG": ROW_WG}), (n, H, cfg.vocab_size),
                                     {"dims": self._dims(n), "ids": a["ids"], **table, "out": a["x"]}):
             plan.add("embed", launch)
-        n_layers = len(self.layers)
         picked = self.dispatch.pick(attention_key(hq, hkv, d), n)
         attn = self._template(picked[0] if picked is not None else "attention")
         attn_cfg = attn.config_of(picked[1] if picked is not None else attn_k.DEFAULT_ATTN)
         conv = self._template("shortconv")
-        xr, xr_rows = a["x"], n  # the residual rows the FFN works on
-        for i, lay in enumerate(self.layers):
-            last = final_row_slicing and i == n_layers - 1
+        res, res_rows = a["x"], n  # the residual stream: the new tokens' last res_rows rows, from row 0 of res
+        for i, (lay, br) in enumerate(zip(self.layers, block_rows(cfg.layer_types, L, n, final_row_slicing))):
             if lay["kind"] == "conv":
-                # the last block needs Bx of the last L rows only (its output row + the new conv state)
-                r = min(n, L) if last else n
-                self._matmul(plan, "conv.in_proj", "none", a["x"], n - r, r, lay["in_proj"], a["big"], 3 * H, H,
+                r = br.inputs  # a sliced block needs Bx of its output rows and the L - 1 rows before them only
+                self._matmul(plan, "conv.in_proj", "none", res, res_rows - r, r, lay["in_proj"], a["big"], 3 * H, H,
                              norm=lay["operator_norm"])
                 state_in = caches.conv[i] if caches is not None else self.zero_conv_state
                 ccfg = conv_choice(self.dispatch, conv, cfg, r)
@@ -377,14 +383,11 @@ class WebGPUExecutor:
                         "dims": self._dims(r), "bcx": a["big"], "state_in": state_in, "weight": lay["taps"],
                         "out": a["y"], "state_out": new.conv[i]}):
                     plan.add("conv", launch)
-                if last:
-                    self._copy(plan, "copy.last_row", a["x"], (n - 1) * H, a["x1"], 0, H)
-                    self._matmul(plan, "conv.out_proj", "residual", a["y"], r - 1, 1, lay["out_proj"], a["x1"], H, H)
-                else:
-                    self._matmul(plan, "conv.out_proj", "residual", a["y"], 0, n, lay["out_proj"], a["x"], H, H)
+                mix_row0, proj, k_in = r - br.outputs, "conv.out_proj", H
             else:
+                assert res_rows == n, "an attention block takes every row: its K and V go into the cache"
                 nqkv = (hq + 2 * hkv) * d
-                self._matmul(plan, "attn.qkv", "none", a["x"], 0, n, lay["qkv"], a["big"], nqkv, H,
+                self._matmul(plan, "attn.qkv", "none", res, 0, n, lay["qkv"], a["big"], nqkv, H,
                              norm=lay["operator_norm"])
                 k_c, v_c = new.kv[i]
                 prog = self._program(("rope", hq, hkv, d), lambda: attn_k.qknorm_rope_source(hq, hkv, d, cfg.norm_eps),
@@ -392,24 +395,24 @@ class WebGPUExecutor:
                 plan.add("attn.qknorm_rope", Launch(prog, attn_k.qknorm_rope_grid(n, hq, hkv, d), [
                     self._dims(n, start), a["big"], lay["q_norm"], lay["k_norm"], self.rope[0], self.rope[1], a["q"],
                     k_c, v_c]))
-                nq, first = (1, n - 1) if last else (n, 0)
+                nq, first = br.outputs, n - br.outputs  # queries of the output rows only
                 for launch in self.launches(attn, attn_cfg, (nq, start, hq, hkv, d), {
                         "dims": self._dims(nq, start, first), "q": a["q"], "k_cache": k_c, "v_cache": v_c,
                         "out": a["y"]}):
                     plan.add("attention", launch)
-                if last:
-                    self._copy(plan, "copy.last_row", a["x"], (n - 1) * H, a["x1"], 0, H)
-                    self._matmul(plan, "attn.out_proj", "residual", a["y"], 0, 1, lay["out_proj"], a["x1"], H, hq * d)
-                else:
-                    self._matmul(plan, "attn.out_proj", "residual", a["y"], 0, n, lay["out_proj"], a["x"], H, hq * d)
-            xr, xr_rows = (a["x1"], 1) if last else (a["x"], n)
-            gbuf = a["g1"] if last else a["big"]
-            self._matmul(plan, "ffn.gate_up", "swiglu", xr, 0, xr_rows, [*lay["w1"], *lay["w3"]], gbuf, F, H,
+                mix_row0, proj, k_in = 0, "attn.out_proj", hq * d
+            if br.outputs < res_rows:  # only the last rows continue: their residual rows move to a buffer of their own
+                dst = a["x2"] if res is a["x1"] else a["x1"]
+                self._copy(plan, "copy.last_rows", res, (res_rows - br.outputs) * H, dst, 0, br.outputs * H)
+                res, res_rows = dst, br.outputs
+            self._matmul(plan, proj, "residual", a["y"], mix_row0, res_rows, lay["out_proj"], res, H, k_in)
+            gbuf = a["g1"] if res_rows < n else a["big"]
+            self._matmul(plan, "ffn.gate_up", "swiglu", res, 0, res_rows, [*lay["w1"], *lay["w3"]], gbuf, F, H,
                          norm=lay["ffn_norm"])
-            self._matmul(plan, "ffn.down", "residual", gbuf, 0, xr_rows, lay["w2"], xr, H, F)
+            self._matmul(plan, "ffn.down", "residual", gbuf, 0, res_rows, lay["w2"], res, H, F)
         head = self._template("head")
-        for launch in self.launches(head, head.config_of({"WG": HEAD_WG}), (xr_rows, H, cfg.num_labels), {
-                "dims": self._dims(1, xr_rows - 1), "x": xr, "norm_weight": self.final_norm,
+        for launch in self.launches(head, head.config_of({"WG": HEAD_WG}), (res_rows, H, cfg.num_labels), {
+                "dims": self._dims(1, res_rows - 1), "x": res, "norm_weight": self.final_norm,
                 "head_weight": self.head, "out": a["res"]}):
             plan.add("head", launch)
         return plan
