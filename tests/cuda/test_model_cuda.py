@@ -112,6 +112,28 @@ def test_final_row_slicing_changes_nothing_but_work(models, rng):
     np.testing.assert_allclose(sliced, full, atol=1e-2 * max(1.0, np.abs(full).max()), rtol=0)
 
 
+@pytest.mark.parametrize("types", [("conv", "full_attention", "conv"), ("full_attention", "conv", "conv")])
+@pytest.mark.parametrize("n", [2, 5, 97, 346])
+def test_sliced_tail_blocks_match_the_reference_and_leave_a_usable_state(models, rng, types, n):
+    import dataclasses
+
+    from tilewise.model.checkpoint import Checkpoint, random_tensors
+    from tilewise.model.config import preset
+    from tilewise.model.runtime import from_checkpoint
+
+    cfg = dataclasses.replace(preset("tiny"), layer_types=types)
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 6), "f32", "preset:tail").converted("nf4").materialize()
+    model = from_checkpoint(ck, device="cuda", quiet=True)
+    ids, more = ids_for(model, rng, n), ids_for(model, rng, 5)
+    state = model.prefill(ids)
+    want, hidden = ref_scores(model, ids)
+    scale = max(1.0, float(np.abs(want).max()))
+    np.testing.assert_allclose(model.scores(state), want, atol=ATOL["nf4"] * scale, rtol=0)
+    np.testing.assert_allclose(model.hidden(state), hidden, atol=ATOL["nf4"] * max(1.0, np.abs(hidden).max()))
+    want2, _ = ref_scores(model, np.concatenate([ids, more]))  # continued from the sliced run's caches
+    np.testing.assert_allclose(model.scores(model.extend(state, more)), want2, atol=ATOL["nf4"] * scale, rtol=0)
+
+
 def test_timed_decision_reports_every_launch(models, rng):
     ex = models["default"].executor
     ids = ids_for(models["default"], rng, 50)
