@@ -8,7 +8,7 @@ random order per round (so drift hits every variant alike), after warm-up:
   last row. HF has no CPU NF4 path, so it is also the equal-precision peer of tilewise's NF4 run, whose
   matrices are dequantized to float32 once at load (the NF4 and f32 runs do the same float32 arithmetic);
 - `tw <fmt> full`: tilewise, no final-row slicing, no prefix cache;
-- `tw <fmt> slice`: final-row slicing (the last block's FFN and everything after it on the last row);
+- `tw <fmt> slice`: final-row slicing (the blocks after the last attention block on the rows the last row needs);
 - `tw <fmt> cache`: prefix cache: the first 47 tokens (seed 001's shared prefix) are prefilled once outside
   the timing and each decision extends that base with the 299 remaining tokens;
 - `tw <fmt> slice+cache`: both;
