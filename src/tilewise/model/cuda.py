@@ -51,6 +51,7 @@ from tilewise.kernels.rowops import cuda as rowops
 from tilewise.kernels.shortconv.cuda import CudaShortConv
 from tilewise.kernels.space import Config
 from tilewise.model import dispatch as model_dispatch
+from tilewise.model import gpu_state
 from tilewise.model.checkpoint import HEAD, Checkpoint
 from tilewise.model.dispatch import (
     attention_key,
@@ -60,15 +61,7 @@ from tilewise.model.dispatch import (
     load_model_table,
     matmul_key,
 )
-from tilewise.model.gpu_state import (
-    GPUCaches,
-    Plan,
-    cache_capacity,
-    check_decision,
-    tail_buffers,
-    take_caches,
-    weight_bytes,
-)
+from tilewise.model.gpu_state import GPUCaches, Plan, cache_capacity, check_decision, take_caches, weight_bytes
 from tilewise.model.runtime import block_rows
 from tilewise.quant.nf4 import stored_shape, weight_arrays
 
@@ -239,7 +232,7 @@ class CUDAExecutor:
         wide = max(3 * H, (hq + 2 * hkv) * d, F)
         alloc = self.dev.allocate
         self.act = {"x": alloc(4 * rows * H), "big": alloc(4 * rows * wide), "y": alloc(4 * rows * max(H, hq * d)),
-                    "q": alloc(4 * rows * hq * d), "ids": alloc(4 * rows), **tail_buffers(cfg, alloc),
+                    "q": alloc(4 * rows * hq * d), "ids": alloc(4 * rows), **gpu_state.tail_buffers(cfg, alloc),
                     "res": alloc(4 * (H + cfg.num_labels))}
         # the token ids in and the result row out pass through these; a graph copies from/to their addresses
         self._ids_host = self._host_array(rows, np.int32)

@@ -44,6 +44,7 @@ from tilewise.kernels.matmul import webgpu as mm
 from tilewise.kernels.rowops import webgpu as rowops
 from tilewise.kernels.shortconv import webgpu as conv_k
 from tilewise.kernels.space import Config
+from tilewise.model import gpu_state
 from tilewise.model.checkpoint import HEAD, Checkpoint
 from tilewise.model.dispatch import (
     attention_key,
@@ -54,15 +55,7 @@ from tilewise.model.dispatch import (
     matmul_key,
     matmul_name,
 )
-from tilewise.model.gpu_state import (
-    GPUCaches,
-    Plan,
-    cache_capacity,
-    check_decision,
-    tail_buffers,
-    take_caches,
-    weight_bytes,
-)
+from tilewise.model.gpu_state import GPUCaches, Plan, cache_capacity, check_decision, take_caches, weight_bytes
 from tilewise.model.runtime import block_rows
 from tilewise.quant.nf4 import weight_arrays
 from tilewise.tune.dispatch import DispatchTable
@@ -220,7 +213,7 @@ class WebGPUExecutor:
             self._keep.append(self.act)
         self.act = {"x": alloc(4 * rows * H), "big": alloc(4 * rows * wide),
                     "y": alloc(4 * rows * max(H, hq * d)), "q": alloc(4 * rows * hq * d), "ids": alloc(4 * rows),
-                    **tail_buffers(cfg, alloc), "res": alloc(4 * (H + cfg.num_labels))}
+                    **gpu_state.tail_buffers(cfg, alloc), "res": alloc(4 * (H + cfg.num_labels))}
         self._rows = rows
 
     def _ensure_rope(self, positions: int) -> None:
