@@ -121,6 +121,13 @@ def test_block_rows_give_every_block_the_rows_its_mixer_reads(types, conv_L, n, 
     assert max([b.outputs for b in plan if b.outputs < n], default=1) <= runtime.tail_capacity(types, conv_L)
 
 
+def test_the_tune_measures_the_tails_row_counts():
+    from tilewise.model.tune import tail_rows
+
+    assert tail_rows(preset("lfm2-350m"), 346) == {1, 3} == tail_rows(preset("seed-250m"), 346)
+    assert tail_rows(preset("tiny"), 346) == {1}  # it ends in attention: only the last row is cut
+
+
 TAIL_TYPES = {"one conv after": ("conv", "full_attention", "conv"),
               "two convs after": ("full_attention", "conv", "conv"),
               "convs only": ("conv", "conv", "conv")}
