@@ -77,6 +77,31 @@ def test_short_rows_with_a_columns_k_split_over_warps_match_float64(dev, rng, fm
             check(*run(dev, tpl, cfg, shape, rng), tpl.dtype)
 
 
+@pytest.mark.parametrize("fmt", ["nf4", "f16"])
+@pytest.mark.parametrize("epilogue", mm.EPILOGUES)
+def test_short_rows_with_several_columns_a_warp_give_the_bits_of_one_column_a_warp(dev, rng, fmt, epilogue):
+    """CW columns a warp load together and add each column in the order CW 1 does: on the same random inputs every
+    output matches float64 and has the bits of CW 1 with the same NT, RM and WK. 1 and 3 rows; K = 1088 (a partial
+    last run of words); N = 161 (the last group of columns partly past N: a store there would land in the next row
+    and fail float64)."""
+    tpl = mm.CudaMatmul("rows", fmt, epilogue, True)
+    for shape in [(1, 161, 1088), (3, 161, 1088)]:
+        host = tpl.make_inputs(shape, rng)
+        ref = tpl.reference(host, shape)
+        for nt, rm, wk in [(128, 1, 1), (128, 4, 1), (256, 1, 2), (64, 2, 2)]:
+            outs = {}
+            for cw in (1, 2, 4):
+                cfg = tpl.config_of({"NT": nt, "RM": rm, "WK": wk, "CW": cw})
+                assert tpl.why_illegal(cfg, dev.info.limits, shape) == [], cfg
+                bufs = tpl.upload(dev, host, shape)
+                tpl.poison(dev, bufs, shape)
+                dev.run(tpl.launches(tpl.compile(dev, cfg, shape), bufs, cfg, shape))
+                dev.synchronize()
+                outs[cw] = tpl.read_output(dev, bufs, shape)
+                check(outs[cw], ref, tpl.dtype)
+            assert np.array_equal(outs[2], outs[1]) and np.array_equal(outs[4], outs[1]), (shape, nt, rm, wk)
+
+
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("epilogue", mm.EPILOGUES)
 def test_every_legal_splitk_seed_config_of_the_nf4_variants_is_correct(dev, rng, epilogue, norm):

@@ -377,8 +377,8 @@ def test_every_rows_config_and_the_executor_defaults_compile(tmp_path):
     # what the executor launches (the wg, wgt, ws and wgr defaults need sm_90a: their seed tests compile them)
     entries = {t.entry(t.default_config()) for t in variants if t.kind not in (*mm.WGMMA_KINDS, "wgr")}
     entries |= {rows[0].entry(c) for c in legal(rows[0].space())}  # every rows config of one variant
-    entries |= {t.entry(t.config_of({"NT": 256, "RM": 16, "WK": wk})) for t in rows for wk in (1, 8)}  # the most
-    # accumulators (and merged sums), every variant
+    entries |= {t.entry(t.config_of({"NT": 256, "RM": rm, "WK": wk, "CW": cw})) for t in rows for wk in (1, 8)
+                for rm, cw in ((16, 1), (4, 4))}  # the most accumulators (and merged sums), every variant
     cubin(tmp_path, "rows", MATMUL, sorted(entries))
 
 
@@ -473,10 +473,12 @@ ILLEGAL = [
     ("matmul", "matmul.cu", "nf4_mm_wgr_cluster<0, 0, 64, 64, 4, 1, 1, 0, 2>", "sr_with_slices"),
     ("matmul", "matmul.cu", "nf4_mm_wgr<2, 2, 128, 64, 6, 1, 1, 0, 0>", "smem_227k"),
     ("matmul", "matmul.cu", "nf4_mm_prep<1, 48>", "whole_warps"),
-    ("matmul", "matmul.cu", "nf4_mm_rows<0, 0, 0, 48, 4, 1>", "whole_warps"),
-    ("matmul", "matmul.cu", "nf4_mm_rows<0, 2, 1, 128, 32, 1>", "rows_1_16"),
-    ("matmul", "matmul.cu", "nf4_mm_rows<0, 2, 1, 128, 2, 3>", "column_warps_1_2_4_8"),
-    ("matmul", "matmul.cu", "nf4_mm_rows<0, 1, 0, 64, 1, 4>", "column_warps_divide_warps"),
+    ("matmul", "matmul.cu", "nf4_mm_rows<0, 0, 0, 48, 4, 1, 1>", "whole_warps"),
+    ("matmul", "matmul.cu", "nf4_mm_rows<0, 2, 1, 128, 32, 1, 1>", "rows_1_16"),
+    ("matmul", "matmul.cu", "nf4_mm_rows<0, 2, 1, 128, 2, 3, 1>", "column_warps_1_2_4_8"),
+    ("matmul", "matmul.cu", "nf4_mm_rows<0, 1, 0, 64, 1, 4, 1>", "column_warps_divide_warps"),
+    ("matmul", "matmul.cu", "nf4_mm_rows<0, 1, 0, 128, 1, 1, 3>", "warp_columns_1_2_4"),
+    ("matmul", "matmul.cu", "nf4_mm_rows<0, 2, 1, 128, 8, 1, 2>", "warp_columns_rows_4"),
     ("rowops", "rowops.cu", "rmsnorm<96>", "pow2"),
     ("rowops", "rowops.cu", "head<2048>", "threads_32_1024"),
     ("shortconv", "shortconv.cu", "shortconv<128, 9, 1>", "taps_2_8"),

@@ -61,16 +61,19 @@ def test_every_matmul_the_executor_launches_compiles_under_nvrtc():
 
 
 def test_the_short_row_and_split_seeds_compile_under_nvrtc():
-    """What the defaults do not exercise: the short-row kernel's columns split over warps (WK), split-K's last
-    block summing the slices (SR 1: split-K's shared flag declared in the kernel, wgr's in its code table) and the
-    cluster kernels (SR 2: `__cluster_dims__` on a template parameter, distributed shared memory)."""
+    """What the defaults do not exercise: the short-row kernel's columns split over warps (WK) and columns a warp
+    (CW), split-K's last block summing the slices (SR 1: split-K's shared flag declared in the kernel, wgr's in its
+    code table) and the cluster kernels (SR 2: `__cluster_dims__` on a template parameter, distributed shared
+    memory)."""
     rows = mm.CudaMatmul("rows", "nf4", "swiglu", True)
     split = mm.CudaMatmul("splitk", "nf4", "residual", False)
     wgr = mm.CudaMatmul("wgr", "nf4", "swiglu", False)
     entries = sorted({rows.entry(rows.config_of(v)) for v in mm.ROWS_SEED} |
                      {split.entry(split.config_of(v)) for v in mm.SPLITK_SEED if v["SR"]} |
                      {wgr.entry(wgr.config_of({**mm.DEFAULT_WGR, "KS": 4, "SR": sr})) for sr in (1, 2)})
-    assert any(e.endswith(", 8>") for e in entries) and any(e.startswith("nf4_mm_splitk<") for e in entries)
+    assert any(e.startswith("nf4_mm_rows") and e.endswith(", 8, 1>") for e in entries)
+    assert any(e.startswith("nf4_mm_rows") and e.endswith(", 4>") for e in entries)
+    assert any(e.startswith("nf4_mm_splitk<") for e in entries)
     assert {e.split("<")[0] for e in entries} >= {"nf4_mm_splitk_cluster", "nf4_mm_wgr_cluster"}
     rc, log = nvrtc_compile(mm.matmul_source(), entries)
     assert rc == 0, log[-3000:]
@@ -91,5 +94,5 @@ def test_row_ops_conv_and_attention_compile_under_nvrtc(family, filenames, entri
 
 
 def test_an_illegal_config_fails_under_nvrtc_with_the_rule_name():
-    rc, log = nvrtc_compile(mm.matmul_source(), ["nf4_mm_rows<0, 2, 1, 128, 32, 1>"])
+    rc, log = nvrtc_compile(mm.matmul_source(), ["nf4_mm_rows<0, 2, 1, 128, 32, 1, 1>"])
     assert rc != 0 and "rows_1_16" in log

@@ -199,7 +199,7 @@ def test_a_dispatch_tables_choices_are_what_the_plan_launches(rng):
     mma = {"BM": 32, "BN": 64, "BK": 64, "WM": 16, "WN": 32, "PIPE": 1}
     rows = {"NT": 64, "RM": 2}
     ex = CUDAExecutor(ck, device=dev, dispatch=_table_for(cfg, dev.info.fingerprint, mma, rows, 2))
-    for n, want in ((40, "nf4_mm_mma<0, 1, 0, 32, 64, 64, 16, 32, 1>"), (5, "nf4_mm_rows<0, 1, 0, 64, 2, 1>")):
+    for n, want in ((40, "nf4_mm_mma<0, 1, 0, 32, 64, 64, 16, 32, 1>"), (5, "nf4_mm_rows<0, 1, 0, 64, 2, 1, 1>")):
         plan, _ = ex.plan(rng.integers(0, 512, n), 0, None, False)
         entries = [launch.program.meta["entry"] for launch in plan.launches]
         downs = {e for e, lab in zip(entries, plan.labels) if lab == "ffn.down"}

@@ -347,7 +347,8 @@ class CudaMatmul(KernelTemplate):
     def grid(self, config: Config, shape: Shape) -> tuple[int, int, int]:
         m, n, _ = shape
         if self.kind == "rows":
-            return (math.ceil(n / (config["NT"] // WARP // config["WK"])), math.ceil(m / config["RM"]), 1)
+            cols = config["NT"] // WARP // config["WK"] * config["CW"]  # output columns a block
+            return (math.ceil(n / cols), math.ceil(m / config["RM"]), 1)
         if self.kind == "wgr":
             return (math.ceil(n / config["BF"]), math.ceil(m / config["BT"]), config["KS"])
         return (math.ceil(n / config["BN"]), math.ceil(m / config["BM"]), config.get("KS", 1))
@@ -409,7 +410,8 @@ class CudaMatmul(KernelTemplate):
 
     def describe(self, config: Config) -> str:
         if self.kind == "rows":
-            return f"rows nt{config['NT']} rm{config['RM']}" + (f" wk{config['WK']}" if config["WK"] > 1 else "")
+            return (f"rows nt{config['NT']} rm{config['RM']}" + (f" wk{config['WK']}" if config["WK"] > 1 else "")
+                    + (f" cw{config['CW']}" if config["CW"] > 1 else ""))
         if self.kind == "wgr":
             return (f"wgr {config['BF']}x{config['BT']}x{WG_BK} st{config['ST']} ks{config['KS']} "
                     f"mb{config['MB']}" + (f" dec{config['DEC']}" if config["DEC"] else "")
@@ -430,7 +432,7 @@ class CudaMatmul(KernelTemplate):
     def tile_waste(self, config: Config, shape: Shape) -> float:
         m, n, _ = shape
         if self.kind == "rows":
-            bm, bn = config["RM"], config["NT"] // WARP // config["WK"]
+            bm, bn = config["RM"], config["NT"] // WARP // config["WK"] * config["CW"]
         elif self.kind == "wgr":
             bm, bn = config["BT"], config["BF"]
         else:

@@ -260,6 +260,12 @@ def rows_rules() -> list[Rule]:
         Rule("column_warps_divide_warps", lambda c, _: (c.NT // WARP) % c.WK == 0,
              lambda c, _: f"NT / 32 = {c.NT // WARP} warps do not form whole groups of WK = {c.WK}",
              doc="a column's WK warps split its K words and add their sums in shared memory"),
+        Rule("warp_columns_1_2_4", lambda c, _: c.CW in (1, 2, 4),
+             lambda c, _: f"CW = {c.CW} columns a warp is not 1, 2 or 4"),
+        Rule("warp_columns_rows_4", lambda c, _: c.CW == 1 or c.RM <= 4,
+             lambda c, _: f"CW = {c.CW} columns a warp hold CW x RM = {c.CW * c.RM} sums a weight set; with CW > 1 "
+                          f"RM = {c.RM} must be at most 4",
+             doc="the CW columns' decoded weights and sums stay in registers"),
         Rule("threads_per_block", lambda c, lim: lim.max_invocations_per_workgroup >= c.NT,
              lambda c, lim: f"NT = {c.NT} > the device's {lim.max_invocations_per_workgroup}", needs_limits=True),
     ]

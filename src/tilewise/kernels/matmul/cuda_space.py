@@ -38,8 +38,9 @@ The kinds:
   partial sums in global memory either);
   DEC 1 decodes nf4 through an f16 code table in registers (byte permutes, f16 scaling), DEC 2 and 3 through a table
   of 256 f16 code pairs in shared memory (one load a stored byte; 8 or 32 copies against bank conflicts);
-- `rows` (`nf4_mm_rows<FMT, EPI, NORM, NT, RM, WK>`): WK warps per output column over RM rows, splitting its K
-  words, f32 arithmetic, for few rows (a decision's last block, short extends).
+- `rows` (`nf4_mm_rows<FMT, EPI, NORM, NT, RM, WK, CW>`): WK warps per group of CW output columns over RM rows,
+  splitting its K words, f32 arithmetic, for few rows (a decision's last blocks, short extends); CW > 1 has a
+  warp's loads of CW columns in flight together and fewer blocks (the same bits as CW 1).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ MAX_FRAGMENTS = 16
 #: the row count from which the tensor-core kernel is the default (below it the short-row kernel)
 MMA_FROM_ROWS = 32
 DEFAULT_MMA = {"BM": 64, "BN": 64, "BK": 32, "WM": 32, "WN": 32, "PIPE": 2}
-DEFAULT_ROWS = {"NT": 128, "RM": 4, "WK": 1}
+DEFAULT_ROWS = {"NT": 128, "RM": 4, "WK": 1, "CW": 1}
 MMA_PARAMS = ("BM", "BN", "BK", "WM", "WN", "PIPE")
 SPLITK_PARAMS = (*MMA_PARAMS, "KS", "SR")
 KS_VALUES = [2, 4, 8]
@@ -91,17 +92,20 @@ SPLITK_SEED = [dict(zip(SPLITK_PARAMS, v)) for v in (
     (32, 64, 32, 16, 32, 2, 8, 0), (64, 64, 32, 32, 32, 2, 4, 1), (64, 128, 32, 32, 64, 2, 4, 0),
     (32, 128, 64, 32, 32, 2, 2, 0), (64, 64, 64, 32, 32, 2, 8, 0), (128, 64, 32, 64, 32, 2, 2, 0),
 )]
-ROWS_PARAMS = ("NT", "RM", "WK")
-ROWS_VALUES: dict[str, list[int]] = {"NT": [64, 128, 256], "RM": [1, 2, 4, 8, 16], "WK": [1, 2, 4, 8]}
-#: tried after the default by `tune model --budget N`: a decision's last block is one row, where a column's weights
-#: are a chain of loads that more warps a column (WK) spread over more of the GPU
+ROWS_PARAMS = ("NT", "RM", "WK", "CW")
+ROWS_VALUES: dict[str, list[int]] = {"NT": [64, 128, 256], "RM": [1, 2, 4, 8, 16], "WK": [1, 2, 4, 8],
+                                     "CW": [1, 2, 4]}
+#: tried after the default by `tune model --budget N`: a decision's last blocks are 1 and 3 rows, where a column's
+#: weights are a chain of loads that more warps a column (WK) spread over more of the GPU, or more columns a warp
+#: (CW) put in flight together in fewer blocks; both kinds of seed come early
 ROWS_SEED = [dict(zip(ROWS_PARAMS, v)) for v in (
-    (256, 1, 4), (256, 1, 8), (128, 1, 4), (256, 1, 2), (128, 1, 1), (256, 2, 4), (64, 1, 2), (256, 2, 1),
-    (128, 2, 2), (256, 4, 8),
+    (128, 1, 1, 4), (256, 1, 2, 2), (128, 4, 1, 2), (256, 1, 4, 1), (128, 1, 1, 2), (256, 1, 8, 1), (128, 4, 1, 4),
+    (128, 1, 4, 1), (64, 1, 1, 4), (256, 1, 2, 1), (128, 1, 1, 1), (256, 2, 4, 1), (64, 1, 2, 1), (256, 2, 1, 1),
+    (128, 2, 2, 1), (256, 4, 8, 1), (256, 4, 1, 2), (128, 2, 1, 4),
 )]
 #: parameters a config written before they existed lacks, per kind, with the value of the kernel it measured: the
-#: short-row kernel's WK (warps per column) and split-K's SR (the last block sums the slices)
-LEGACY = {"rows": {"WK": 1}, "splitk": {"SR": 0}}
+#: short-row kernel's WK (warps per column) and CW (columns a warp), split-K's SR (the last block sums the slices)
+LEGACY = {"rows": {"WK": 1, "CW": 1}, "splitk": {"SR": 0}}
 PIPE_PARAMS = ("BM", "BN", "BK", "WM", "WN", "ST", "KS", "MB")
 PIPE_VALUES: dict[str, list[int]] = {"BM": [32, 64, 128], "BN": [32, 64, 128, 256], "BK": [32, 64],
                                       "WM": [16, 32, 64], "WN": [16, 32, 64], "ST": [3, 4, 6], "KS": [1, 2, 4, 8],

@@ -1,0 +1,105 @@
+"""Do several columns a warp (the short-row kernel's CW) make a decision faster? (CUDA, one model, one call)
+
+The short-row matmul (`nf4_mm_rows`) runs a decision's last blocks (1 and 3 rows for lfm2-350m). With CW > 1 a warp
+has the weight loads of CW columns in flight together and the grid has CW times fewer blocks; each column adds in
+the order CW 1 does, so a table's rows config with CW set to 1 computes the same bits. This takes the device's
+tuned table (`--table`, else the one `tilewise.load` finds), makes a twin in which every short-row range keeps its
+NT, RM and WK with CW 1, and prints:
+    store     from the tune's store (`--store`), per matmul and row count: the fastest CW 1 config and the fastest
+              CW > 1 config, each tune median, measured in the same run
+    picks     the table's short-row configs
+    race      decisions on the two tables in alternating rounds (graph replays, as `play` runs them), the largest
+              score difference (0: the same bits) and each op's GPU time on both
+
+    PYTHONPATH=src python3 experiments/rows_columns_cuda.py --out OUT_DIR [--table T.json] [--store S.db]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from tilewise.devices import get_device  # noqa: E402
+from tilewise.model.bench import PREFIX_TOKENS, prompts, race_args, race_lines, race_pair, verdict_text, write_race  # noqa: E402
+from tilewise.model.cuda import CUDAExecutor  # noqa: E402
+from tilewise.model.runtime import open_checkpoint  # noqa: E402
+from tilewise.tune.dispatch import DispatchTable, load_table  # noqa: E402
+
+MODES = ("cw1", "tuned")
+
+
+def one_column(table: DispatchTable) -> tuple[DispatchTable, list[str]]:
+    """`table` with every short-row range's CW set to 1, and a line per range it changed."""
+    twin = DispatchTable.from_json(copy.deepcopy(table.to_json()), "the CW 1 twin")
+    changed = []
+    for key, entry in twin.entries.items():
+        for r in entry.ranges:
+            if ".rows." in r.get("kernel", "") and r["config"].get("CW", 1) != 1:
+                changed.append(f"{key} rows {r['m_min']}-{r['m_max']}: {r['config']} -> CW 1")
+                r["config"] = {**r["config"], "CW": 1}
+                for field in ("config_key", "label"):
+                    r.pop(field, None)
+    return twin, changed
+
+
+def store_lines(path: str, fingerprint: str) -> list[str]:
+    """Per matmul shape with a short-row result: the fastest CW 1 and CW > 1 configs of the store's rows kernels."""
+    from tilewise.tune.store import Store
+
+    best: dict[tuple[str, str], dict[bool, tuple[float, str]]] = {}
+    with Store(path, readonly=True) as store:
+        for res in store.query(fingerprint=fingerprint):
+            if ".rows." not in res.kernel or res.status != "ok" or res.median_ms is None:
+                continue
+            cw = dict(p.split("=") for p in res.config.split(",")).get("CW", "1")
+            slot = best.setdefault((res.kernel, res.shape), {})
+            wide = cw != "1"
+            if wide not in slot or res.median_ms < slot[wide][0]:
+                slot[wide] = (res.median_ms, res.config)
+    out = []
+    for (kernel, shape), slot in sorted(best.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        one, wide = slot.get(False), slot.get(True)
+        ratio = f"{one[0] / wide[0]:.2f}x" if one and wide else "-"
+        text = {w: f"{v[0] * 1e3:.2f} us ({v[1]})" if v else "none" for w, v in ((False, one), (True, wide))}
+        out.append(f"{kernel} {shape}: CW 1 best {text[False]}, CW > 1 best {text[True]}: {ratio}")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    race_args(ap, "lfm2-350m", 346, "table")
+    ap.add_argument("--table", help="dispatch table JSON (default: the device's, as `tilewise.load` finds it)")
+    ap.add_argument("--store", help="the tune's result store, for each shape's best CW 1 and CW > 1 configs")
+    ap.add_argument("--out", help="folder for rows_columns.json")
+    args = ap.parse_args()
+    dev = get_device(args.device)
+    ck = open_checkpoint(args.preset, weights="nf4")
+    _, full = prompts(ck.config.vocab_size, args.seq, 40, PREFIX_TOKENS, seed=5)
+    tuned = CUDAExecutor(ck, device=dev, dispatch=load_table(args.table) if args.table else None, quiet=True)
+    if args.store:
+        print("\n".join(store_lines(args.store, dev.info.fingerprint)))
+    twin, changed = one_column(tuned.dispatch)
+    print("\n".join(changed) or "the table picks CW 1 everywhere: nothing to race")
+    if not changed:
+        return 0
+    executors = {"cw1": CUDAExecutor(ck, device=dev, dispatch=twin, quiet=True), "tuned": tuned}
+    race = race_pair(executors, full, args.rounds, args.per_round, "cw1", "tuned", ("CW 1", "the tuned CW"))
+    print(f"{dev.info.name} [{dev.info.fingerprint}]: {args.preset}, {args.seq} rows; settings "
+          f"{tuned.measured_settings or 'none raced'}")
+    print("\n".join(race_lines(race.samples)))
+    print(f"tuned over CW 1: {verdict_text(race.verdict)}")
+    print(f"max |score difference| {race.diff:.2e}" + ("" if race.diff == 0.0 else "  (not bit-identical)"))
+    print("\n".join(race.op_lines))
+    write_race(args.out, "rows_columns.json", "experiments/rows_columns_cuda.py", dev, args.preset, args.seq,
+               race.samples, race.stats, changed=changed, max_abs_score_diff=race.diff, ops=race.ops,
+               verdict={"verdict": race.verdict.verdict, "speedup": race.verdict.ratio, "note": race.verdict.note})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
