@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from tilewise.devices import get_device  # noqa: E402
-from tilewise.model.bench import PREFIX_TOKENS, prompts, race_args, race_lines, race_pair, verdict_text, write_race  # noqa: E402
+from tilewise.model.bench import PREFIX_TOKENS, prompts, race_args, race_pair, report_pair  # noqa: E402
 from tilewise.model.cuda import CUDAExecutor  # noqa: E402
 from tilewise.model.runtime import open_checkpoint  # noqa: E402
 from tilewise.tune.dispatch import DispatchTable, load_table  # noqa: E402
@@ -91,13 +91,8 @@ def main() -> int:
     race = race_pair(executors, full, args.rounds, args.per_round, "cw1", "tuned", ("CW 1", "the tuned CW"))
     print(f"{dev.info.name} [{dev.info.fingerprint}]: {args.preset}, {args.seq} rows; settings "
           f"{tuned.measured_settings or 'none raced'}")
-    print("\n".join(race_lines(race.samples)))
-    print(f"tuned over CW 1: {verdict_text(race.verdict)}")
-    print(f"max |score difference| {race.diff:.2e}" + ("" if race.diff == 0.0 else "  (not bit-identical)"))
-    print("\n".join(race.op_lines))
-    write_race(args.out, "rows_columns.json", "experiments/rows_columns_cuda.py", dev, args.preset, args.seq,
-               race.samples, race.stats, changed=changed, max_abs_score_diff=race.diff, ops=race.ops,
-               verdict={"verdict": race.verdict.verdict, "speedup": race.verdict.ratio, "note": race.verdict.note})
+    report_pair(race, "tuned over CW 1", args, dev, "rows_columns.json", "experiments/rows_columns_cuda.py",
+                changed=changed)
     return 0
 
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import tilewise.kernels.cudasrc as cudasrc  # noqa: E402
 from cuda_sources import model_sources, source_at, source_in, source_users  # noqa: E402
 from tilewise.devices import get_device  # noqa: E402
-from tilewise.model.bench import PREFIX_TOKENS, prompts, race_args, race_lines, race_pair, verdict_text, write_race  # noqa: E402
+from tilewise.model.bench import PREFIX_TOKENS, prompts, race_args, race_pair, report_pair  # noqa: E402
 from tilewise.model.cuda import CUDAExecutor  # noqa: E402
 from tilewise.model.runtime import open_checkpoint  # noqa: E402
 
@@ -69,13 +69,8 @@ def main() -> int:
     race = race_pair(sides, full, args.rounds, args.per_round, args.base, "tree", (args.base, "tree"))
     print(f"{dev.info.name} [{dev.info.fingerprint}]: {args.preset}, {args.seq} rows; settings "
           f"{tree.measured_settings or 'none raced'}; the kernels at {args.base} against the tree's")
-    print("\n".join(race_lines(race.samples)))
-    print(f"tree over {args.base}: {verdict_text(race.verdict)}")
-    print(f"max |score difference| {race.diff:.2e}" + ("" if race.diff == 0.0 else "  (not bit-identical)"))
-    print("\n".join(race.op_lines))
-    write_race(args.out, "source_race.json", "experiments/source_race_cuda.py", dev, args.preset, args.seq,
-               race.samples, race.stats, base=args.base, max_abs_score_diff=race.diff, ops=race.ops,
-               verdict={"verdict": race.verdict.verdict, "speedup": race.verdict.ratio, "note": race.verdict.note})
+    report_pair(race, f"tree over {args.base}", args, dev, "source_race.json", "experiments/source_race_cuda.py",
+                base=args.base)
     return 0
 
 

@@ -114,3 +114,31 @@ def test_a_pair_race_compares_the_new_mode_with_the_base_and_prints_it_one_way(r
     assert text == f"{r.verdict.verdict} ({r.verdict.ratio:.3f}x{'; ' + r.verdict.note if r.verdict.note else ''})"
     noted = SimpleNamespace(verdict="tie", ratio=1.0, note="noisy")
     assert bench.verdict_text(noted) == "tie (1.000x; noisy)"
+
+
+def test_a_pair_race_report_prints_the_verdict_and_the_bits_and_writes_the_record(rng, tmp_path, monkeypatch, capsys):
+    """`report_pair`: each mode's line, the titled verdict, the score difference (flagged unless 0) and the op
+    table, and a JSON record with the caller's fields, the verdict and the difference."""
+    import json
+
+    import tilewise.model.bench as bench
+    from tilewise.tune.measure import compare, summarize
+
+    samples = {"base": list(rng.uniform(1.9, 2.1, 30)), "new": list(rng.uniform(1.5, 1.7, 30))}
+    stats = {m: summarize(v) for m, v in samples.items()}
+    verdict = compare(stats["base"], stats["new"], ("base", "new"))
+    dev = SimpleNamespace(info=SimpleNamespace(as_dict=lambda: {"name": "fake GPU"}))
+    args = SimpleNamespace(out=str(tmp_path), preset="tiny", seq=40)
+    monkeypatch.setattr("sys.argv", ["x.py"])
+    for diff in (0.0, float(rng.uniform(1e-4, 1e-2))):
+        race = bench.PairRace(samples, stats, verdict, diff, {"new": {"matmul": {"ms": 0.5}}}, ["op  a  b", "mm 1 2"])
+        bench.report_pair(race, "new over base", args, dev, "r.json", "experiments/x.py", changed=["x"])
+        out = capsys.readouterr().out.splitlines()
+        assert out[0].startswith("decision, base: p50 ") and out[1].startswith("decision, new: p50 ")
+        assert out[2] == f"new over base: {bench.verdict_text(verdict)}"
+        assert out[3] == f"max |score difference| {diff:.2e}" + ("" if diff == 0.0 else "  (not bit-identical)")
+        assert out[4:] == ["op  a  b", "mm 1 2"]
+        doc = json.loads((tmp_path / "r.json").read_text())
+        assert doc["max_abs_score_diff"] == diff and doc["changed"] == ["x"]
+        assert doc["verdict"] == {"verdict": verdict.verdict, "speedup": verdict.ratio, "note": verdict.note}
+        assert doc["new"]["samples_ms"] == samples["new"]

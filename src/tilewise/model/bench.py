@@ -149,6 +149,19 @@ def race_pair(executors: dict[str, Any], full: list[np.ndarray], rounds: int, pe
     return PairRace(samples, stats, compare(stats[base], stats[new], labels), diff, ops, op_lines)
 
 
+def report_pair(race: PairRace, title: str, args: Any, dev: Any, filename: str, script: str,
+                **fields: Any) -> None:
+    """Print a `race_pair` of two executors (`title` says new over base) and write its JSON record into `args.out`:
+    each side's percentiles, the verdict, the largest score difference (0: the same bits) and the GPU time per op."""
+    print("\n".join(race_lines(race.samples)))
+    print(f"{title}: {verdict_text(race.verdict)}")
+    print(f"max |score difference| {race.diff:.2e}" + ("" if race.diff == 0.0 else "  (not bit-identical)"))
+    print("\n".join(race.op_lines))
+    write_race(args.out, filename, script, dev, args.preset, args.seq, race.samples, race.stats,
+               max_abs_score_diff=race.diff, ops=race.ops, **fields,
+               verdict={"verdict": race.verdict.verdict, "speedup": race.verdict.ratio, "note": race.verdict.note})
+
+
 def verdict_text(verdict: Any) -> str:
     """A comparison as the race scripts print it: `faster (1.063x)`, with its note after a semicolon."""
     return f"{verdict.verdict} ({verdict.ratio:.3f}x{'; ' + verdict.note if verdict.note else ''})"
