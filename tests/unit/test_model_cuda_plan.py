@@ -553,7 +553,7 @@ def test_tune_model_on_cuda_tunes_the_short_conv_and_puts_its_pick_in_the_table(
     attn = CudaAttention()
     monkeypatch.setattr(model_tune, "model_matmuls", lambda cfg: {})
     acfg = {"QT": 64, "NW": 4, "TC": 1, "KW": 1, "PF": 0}
-    monkeypatch.setattr(model_tune, "tune_attention", lambda *a, **kw: (attn, acfg, 0.01))
+    monkeypatch.setattr("tilewise.model.tune_attention.tune_attention", lambda *a, **kw: (attn, acfg, 0.01))
     monkeypatch.setattr(model_tune, "tune_conv", fake_conv)
     lines: list[str] = []
     path = tmp_path / "t.json"
@@ -885,3 +885,45 @@ def test_the_blocks_after_the_last_attention_block_run_on_the_rows_the_last_row_
     assert len(attention) == 1  # the queries of the last 3 rows only: (q, k, v, out, M, P, first, ...)
     assert [int(attention[0].buffers[i]) for i in (4, 6)] == [3, n - 3]
     assert plan.launches[-1].buffers[0] is x2  # the head reads the last row's residual
+
+
+def test_the_tail_attention_is_tuned_at_its_own_queries_and_the_plan_launches_that_tile(tmp_path, monkeypatch, rng):
+    """`tilewise tune model` tunes attention at the decision length, then at each query count of the sliced tail
+    (`tail_queries`: a model ending in attention asks 1) with the earlier keys cached and the first pick raced
+    first; the table runs the tail's tile up to its query count and the other above, and the executor's plan
+    launches each attention block with the tile of its own query count."""
+    from tilewise.kernels.attention.cuda import CudaAttention
+    from tilewise.kernels.shortconv.cuda import CudaShortConv
+    from tilewise.model import tune as model_tune
+    from tilewise.model.dispatch import attention_key
+    from tilewise.model.tune_attention import tail_queries
+
+    cfg = PRESETS["tiny"]
+    assert tail_queries(cfg, 40) == [1] and tail_queries(PRESETS["lfm2-350m"], 346) == [3]
+    assert tail_queries(dataclasses.replace(cfg, layer_types=["conv"] * 4), 40) == []
+    attn = CudaAttention()
+    whole = {"QT": 64, "NW": 4, "TC": 1, "KW": 1, "PF": 0}
+    tail = {"QT": 1, "NW": 8, "TC": 0, "KW": 1, "PF": 0}
+    calls: list[tuple[int | None, list]] = []
+
+    def fake_attention(dev, cfg, seq, seed, queries=None, first=(), **kw):
+        calls.append((queries, [(t.name, dict(c)) for t, c in first]))
+        return attn, dict(tail if queries else whole), 0.01
+
+    monkeypatch.setattr(model_tune, "model_matmuls", lambda cfg: {})
+    monkeypatch.setattr("tilewise.model.tune_attention.tune_attention", fake_attention)
+    monkeypatch.setattr(model_tune, "tune_conv", lambda *a, **kw: (CudaShortConv(), {"NT": 64, "RT": 8}, 0.004))
+    dev = RecordingDevice()
+    lines: list[str] = []
+    table = model_tune.tune_model(dev, cfg, 40, "nf4", path=tmp_path / "t.json", log=lines.append)
+    assert calls == [(None, []), (1, [("attention", whole)])]
+    akey = attention_key(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+    assert table.pick(akey, 1) == ("attention", tail)
+    assert table.pick(akey, 2) == table.pick(akey, 40) == table.pick(akey, 4000) == ("attention", whole)
+    assert any(line.startswith("attention at 1 queries after 39 cached: attention") for line in lines)
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
+    ex = CUDAExecutor(ck, device=dev, dispatch=table)
+    plan, _ = ex.plan(rng.integers(0, 512, 40), 0, None, True)
+    entries = [launch.program.meta["entry"] for launch, lab in zip(plan.launches, plan.labels) if lab == "attention"]
+    d = cfg.head_dim
+    assert entries == [attn.entry(attn.config_of(whole), d), attn.entry(attn.config_of(tail), d)]

@@ -96,6 +96,8 @@ def test_run_writes_a_table_the_executor_uses(webgpu_device, tmp_path, monkeypat
     distinct = set(model_tune.model_matmuls(preset("tiny")).values())  # the two out_projs coincide
     assert {matmul_key("nf4", *m) for m in distinct} | {"attention:4x2x16", "shortconv:64x3"} == set(table.entries)
     assert len(distinct) == 5 and set(table.versions) == {"matmul", "attention", "shortconv"}
+    # tiny ends in attention: its last block's one query has a tile of its own (the decision below runs it)
+    assert [(r["m_min"], r["m_max"]) for r in table.entries["attention:4x2x16"].ranges] == [(1, 1), (2, None)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a matching table loads without any warning
         model = tilewise.load("tiny", device="webgpu", weights="nf4", seed=1)

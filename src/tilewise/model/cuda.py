@@ -393,7 +393,7 @@ class CUDAExecutor:
                                                                               "out": a["x"]}, ecfg, eshape))
         attn, rope, conv = self._template("attention"), self._template("rope"), self._template("shortconv")
         assert isinstance(attn, attn_k.CudaAttention) and isinstance(rope, attn_k.CudaQKNormRope)
-        acfg, rcfg = self.attention_choice(n), rope.config_of({"NT": 0})
+        rcfg = rope.config_of({"NT": 0})
         res, res_rows = a["x"], n  # the residual stream: the new tokens' last res_rows rows, from row 0 of res
         for i, (lay, br) in enumerate(zip(self.layers, block_rows(cfg.layer_types, L, n, final_row_slicing))):
             if lay["kind"] == "conv":
@@ -415,7 +415,8 @@ class CUDAExecutor:
                 plan.add("attn.qknorm_rope", rope.launches_into(self.program(rope, rcfg, rshape), {
                     "qkv": a["big"], "q_norm": lay["q_norm"], "k_norm": lay["k_norm"], "cos": self.rope[0],
                     "sin": self.rope[1], "q": a["q"]}, rshape, k_c, v_c))
-                ashape = (br.outputs, start, hq, hkv, d)  # queries of the output rows only
+                ashape = (br.outputs, start, hq, hkv, d)  # queries of the output rows only, with their own tile
+                acfg = self.attention_choice(br.outputs)
                 plan.add("attention", attn.launches_at(self.program(attn, acfg, ashape), {
                     "q": a["q"], "k_cache": k_c, "v_cache": v_c, "out": a["y"]}, ashape, n - br.outputs))
                 mix_row0 = 0

@@ -91,9 +91,9 @@ def matmul_key(fmt: str, epilogue: str, n: int, k: int, norm: bool = False) -> s
     return mm.MatmulProblem(fmt, epilogue, norm).dispatch_key((1, n, k))
 
 
-def attention_shape(cfg: Any, rows: int) -> tuple[int, int, int, int, int]:
-    """The attention shape (M, P, HQ, HKV, D) of `rows` queries of a model config with no cached positions."""
-    return (rows, 0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+def attention_shape(cfg: Any, rows: int, cached: int = 0) -> tuple[int, int, int, int, int]:
+    """The attention shape (M, P, HQ, HKV, D) of `rows` queries of a model config after `cached` positions."""
+    return (rows, cached, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
 
 
 def attention_key(hq: int, hkv: int, d: int) -> str:

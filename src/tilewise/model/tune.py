@@ -42,8 +42,10 @@ from tilewise.model.runtime import block_rows
 from tilewise.model.tune_attention import (  # noqa: F401 (attention_candidates, attention_template: public here too)
     attention_candidates,
     attention_items,
+    attention_ranges,
     attention_template,
     conv_candidates,
+    tail_queries,
     tune_attention,
     tune_conv,
 )
@@ -351,7 +353,8 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
           "seq": seq, "budget": budget}
     counts = {key: len(rows) * len(matmul_candidates(dev, fmt, e, rows, norm=nm, **kw))
               for key, (_, (e, _, _, nm)) in shapes.items()}
-    n_attn = len(attention_items(dev, budget, attention_shape(cfg, seq))) if tune_attn else 0
+    n_attn = (sum(len(attention_items(dev, budget, attention_shape(cfg, q, seq - q))) + (q < seq)  # + the seq pick
+                  for q in [seq, *tail_queries(cfg, seq)]) if tune_attn else 0)
     n_conv = len(conv_candidates(dev, budget)) if tune_cv else 0
     run = Run(sum(counts.values()) + n_attn + n_conv, progress,
               None if budget_s is None else time.perf_counter() + budget_s)
@@ -374,16 +377,18 @@ def tune_model(dev: Any, cfg: Any, seq: int = 346, fmt: str = "nf4", *, rows: An
             table.measured[f"{label} {n}x{k}"] = record
             left.remove(label)
             _log_shape(log, label, epilogue, n, k, seq, entry, record)
-        for todo, key, label, tuner, what in ((tune_attn, akey, "attention", tune_attention, "attention"),
-                                              (tune_cv, ckey, "conv", tune_conv, "short conv")):
-            if not todo:  # one config for every row count, tuned at the decision length
-                continue
+        op_kw = {"store": store, "force": force, "budget": budget, "run": run, "make_engine": make_engine}
+        if tune_attn:  # the decision length's tile, and the sliced tail's query counts their own
             _save_partial(table, path, left, "running")
-            tpl, values, ms = tuner(dev, cfg, seq, seed, store=store, force=force, budget=budget, run=run,
-                                    what=f"{what} ({key}, {seq} rows)", make_engine=make_engine)
-            table.put(key, Entry(make_ranges([Range(1, seq, tpl.config_of(values))], tpl.name, open_end=True)), tpl)
-            left.remove(label)
-            log(f"{what} at {seq} rows: {tpl.name} {values} {ms:.4f} ms")
+            aranges, tpl = attention_ranges(dev, cfg, seq, seed, log, akey, **op_kw)
+            table.put(akey, Entry(make_ranges(aranges, open_end=True)), tpl)
+            left.remove("attention")
+        if tune_cv:  # one config for every row count, tuned at the decision length
+            _save_partial(table, path, left, "running")
+            tpl, values, ms = tune_conv(dev, cfg, seq, seed, what=f"short conv ({ckey}, {seq} rows)", **op_kw)
+            table.put(ckey, Entry(make_ranges([Range(1, seq, tpl.config_of(values))], tpl.name, open_end=True)), tpl)
+            left.remove("conv")
+            log(f"short conv at {seq} rows: {tpl.name} {values} {ms:.4f} ms")
     except (OutOfTime, KeyboardInterrupt) as exc:
         stop = exc
     finally:

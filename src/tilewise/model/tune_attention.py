@@ -5,7 +5,7 @@ table."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tilewise.errors import ConfigError
@@ -15,6 +15,8 @@ from tilewise.kernels.attention import webgpu as attn_k
 from tilewise.kernels.matmul.sgmat import has_subgroup_matrices
 from tilewise.kernels.space import Config
 from tilewise.model.dispatch import attention_shape, conv_shape, conv_template
+from tilewise.model.runtime import block_rows
+from tilewise.tune.dispatch import Range
 from tilewise.tune.engine import Engine, Item
 from tilewise.tune.store import Store
 
@@ -23,13 +25,43 @@ ATTENTION_MEASURE = {"warmup": 2, "min_rounds": 6, "max_rounds": 25, "budget_s":
 
 def tune_attention(dev: Any, cfg: Any, seq: int, seed: int, store: Store | None = None,
                    force: bool = False, budget: int | None = None, *, run: Any,
-                   what: str = "attention",
+                   what: str = "attention", queries: int | None = None, first: Sequence[tuple[Any, Config]] = (),
                    make_engine: Callable[..., Engine] = Engine) -> tuple[Any, dict[str, Any], float]:
     """The fastest verified attention kernel and tile at the decision length (at most `budget` tiles per kernel,
-    each kernel's default first): (template, config values, median ms)."""
-    shape = attention_shape(cfg, seq)
-    items = [Item(t, c, shape) for t, c in attention_items(dev, budget, shape)]
-    return _fastest(dev, items, "attention tile", seq, seed, store, force, run, what, make_engine)
+    each kernel's default first), or with `queries`, for the last `queries` of its `seq` positions (the earlier
+    ones cached), `first` (template, config) pairs raced before the rest: (template, config values, median ms)."""
+    shape = attention_shape(cfg, seq) if queries is None else attention_shape(cfg, queries, seq - queries)
+    items, seen = [], set()
+    for t, c in [*first, *attention_items(dev, budget, shape)]:
+        if (t.name, c) not in seen:
+            seen.add((t.name, c))
+            items.append(Item(t, c, shape))
+    return _fastest(dev, items, "attention tile", shape[0], seed, store, force, run, what, make_engine)
+
+
+def tail_queries(cfg: Any, seq: int) -> list[int]:
+    """The query counts below `seq` at which a `seq`-token decision runs an attention block (`runtime.block_rows`:
+    the last attention block's queries are only the rows the last row reaches; lfm2-350m's block 14 has 3, a model
+    ending in attention 1)."""
+    plan = block_rows(cfg.layer_types, cfg.conv_L_cache, seq, True)
+    return sorted({b.outputs for kind, b in zip(cfg.layer_types, plan) if kind == "full_attention" and b.outputs < seq})
+
+
+def attention_ranges(dev: Any, cfg: Any, seq: int, seed: int, log: Callable[[str], None], key: str,
+                     **kw: Any) -> tuple[list[Range], Any]:
+    """The attention entry's ranges and the template tuned at `seq`: that tile for every query count above the
+    tail's, and each tail query count (`tail_queries`) its own, tuned with the keys before its queries cached and
+    the `seq` winner raced first (so the tail never takes a tile slower than it)."""
+    tpl, values, ms = tune_attention(dev, cfg, seq, seed, what=f"attention ({key}, {seq} rows)", **kw)
+    log(f"attention at {seq} rows: {tpl.name} {values} {ms:.4f} ms")
+    ranges, lo = [], 1
+    for q in tail_queries(cfg, seq):
+        tq, vq, msq = tune_attention(dev, cfg, seq, seed, what=f"attention ({key}, {q} of {seq} rows)", queries=q,
+                                     first=[(tpl, tpl.config_of(values))], **kw)
+        log(f"attention at {q} queries after {seq - q} cached: {tq.name} {vq} {msq:.4f} ms")
+        ranges.append(Range(lo, q, (tq.name, tq.config_of(vq))))
+        lo = q + 1
+    return [*ranges, Range(lo, seq, (tpl.name, tpl.config_of(values)))], tpl
 
 
 def tune_conv(dev: Any, cfg: Any, seq: int, seed: int, store: Store | None = None,

@@ -360,9 +360,6 @@ class WebGPUExecutor:
         for launch in self.launches(embed, embed.config_of({"WG": ROW_WG}), (n, H, cfg.vocab_size),
                                     {"dims": self._dims(n), "ids": a["ids"], **table, "out": a["x"]}):
             plan.add("embed", launch)
-        picked = self.dispatch.pick(attention_key(hq, hkv, d), n)
-        attn = self._template(picked[0] if picked is not None else "attention")
-        attn_cfg = attn.config_of(picked[1] if picked is not None else attn_k.DEFAULT_ATTN)
         conv = self._template("shortconv")
         res, res_rows = a["x"], n  # the residual stream: the new tokens' last res_rows rows, from row 0 of res
         for i, (lay, br) in enumerate(zip(self.layers, block_rows(cfg.layer_types, L, n, final_row_slicing))):
@@ -388,7 +385,10 @@ class WebGPUExecutor:
                 plan.add("attn.qknorm_rope", Launch(prog, attn_k.qknorm_rope_grid(n, hq, hkv, d), [
                     self._dims(n, start), a["big"], lay["q_norm"], lay["k_norm"], self.rope[0], self.rope[1], a["q"],
                     k_c, v_c]))
-                nq, first = br.outputs, n - br.outputs  # queries of the output rows only
+                nq, first = br.outputs, n - br.outputs  # queries of the output rows only, with their own tile
+                picked = self.dispatch.pick(attention_key(hq, hkv, d), nq)
+                attn = self._template(picked[0] if picked is not None else "attention")
+                attn_cfg = attn.config_of(picked[1] if picked is not None else attn_k.DEFAULT_ATTN)
                 for launch in self.launches(attn, attn_cfg, (nq, start, hq, hkv, d), {
                         "dims": self._dims(nq, start, first), "q": a["q"], "k_cache": k_c, "v_cache": v_c,
                         "out": a["y"]}):
