@@ -1,17 +1,20 @@
-"""Do several columns a warp (the short-row kernel's CW) make a decision faster? (CUDA, one model, one call)
+"""Do a tuned table's choices for the sliced tail make a decision faster? (CUDA, one model, one call)
 
-The short-row matmul (`nf4_mm_rows`) runs a decision's last blocks (1 and 3 rows for lfm2-350m). With CW > 1 a warp
-has the weight loads of CW columns in flight together and the grid has CW times fewer blocks; each column adds in
-the order CW 1 does, so a table's rows config with CW set to 1 computes the same bits. This takes the device's
-tuned table (`--table`, else the one `tilewise.load` finds), makes a twin in which every short-row range keeps its
-NT, RM and WK with CW 1, and prints:
-    store     from the tune's store (`--store`), per matmul and row count: the fastest CW 1 config and the fastest
-              CW > 1 config, each tune median, measured in the same run
-    picks     the table's short-row configs
+Two twins of the device's tuned table (`--table`, else the one `tilewise.load` finds), each raced against it:
+- `--twin cw1` (default): the short-row matmul (`nf4_mm_rows`, a decision's last blocks: 1 and 3 rows for
+  lfm2-350m) with CW 1 in every range. With CW > 1 a warp has the weight loads of CW columns in flight together and
+  the grid has CW times fewer blocks; each column adds in the order CW 1 does, so the twin computes the same bits.
+- `--twin attention`: the attention entry without the ranges `tune model` tuned for the tail's few queries (the last
+  attention block's), so every block runs the decision length's tile.
+Printed:
+    store     with `--store` (the tune's result store), per short-row matmul and row count: the fastest CW 1 and
+              the fastest CW > 1 config, each tune median, measured in the same run
+    changed   the ranges the twin changes
     race      decisions on the two tables in alternating rounds (graph replays, as `play` runs them), the largest
               score difference (0: the same bits) and each op's GPU time on both
 
-    PYTHONPATH=src python3 experiments/rows_columns_cuda.py --out OUT_DIR [--table T.json] [--store S.db]
+    PYTHONPATH=src python3 experiments/rows_columns_cuda.py --out OUT_DIR [--twin cw1|attention] [--table T.json]
+        [--store S.db]
 """
 
 from __future__ import annotations
@@ -30,8 +33,6 @@ from tilewise.model.cuda import CUDAExecutor  # noqa: E402
 from tilewise.model.runtime import open_checkpoint  # noqa: E402
 from tilewise.tune.dispatch import DispatchTable, load_table  # noqa: E402
 
-MODES = ("cw1", "tuned")
-
 
 def one_column(table: DispatchTable) -> tuple[DispatchTable, list[str]]:
     """`table` with every short-row range's CW set to 1, and a line per range it changed."""
@@ -45,6 +46,23 @@ def one_column(table: DispatchTable) -> tuple[DispatchTable, list[str]]:
                 for field in ("config_key", "label"):
                     r.pop(field, None)
     return twin, changed
+
+
+def whole_attention(table: DispatchTable) -> tuple[DispatchTable, list[str]]:
+    """`table` with each attention entry's last range (the decision length's tile) for every query count."""
+    twin = DispatchTable.from_json(copy.deepcopy(table.to_json()), "the attention twin")
+    changed = []
+    for key, entry in twin.entries.items():
+        if entry.family == "attention" and len(entry.ranges) > 1:
+            last = entry.ranges[-1]
+            changed += [f"{key} queries {r['m_min']}-{r['m_max']}: {r['kernel']} {r['config']} -> {last['kernel']} "
+                        f"{last['config']}" for r in entry.ranges[:-1]]
+            entry.ranges = [{**last, "m_min": 1}]
+    return twin, changed
+
+
+TWINS = {"cw1": (one_column, "CW 1", "the tuned CW"), "attention": (whole_attention, "the decision's attention tile",
+                                                                     "the tail's own tile")}
 
 
 def store_lines(path: str, fingerprint: str) -> list[str]:
@@ -75,6 +93,7 @@ def main() -> int:
     race_args(ap, "lfm2-350m", 346, "table")
     ap.add_argument("--table", help="dispatch table JSON (default: the device's, as `tilewise.load` finds it)")
     ap.add_argument("--store", help="the tune's result store, for each shape's best CW 1 and CW > 1 configs")
+    ap.add_argument("--twin", choices=sorted(TWINS), default="cw1", help="which choices the twin undoes")
     ap.add_argument("--out", help="folder for rows_columns.json")
     args = ap.parse_args()
     dev = get_device(args.device)
@@ -83,16 +102,17 @@ def main() -> int:
     tuned = CUDAExecutor(ck, device=dev, dispatch=load_table(args.table) if args.table else None, quiet=True)
     if args.store:
         print("\n".join(store_lines(args.store, dev.info.fingerprint)))
-    twin, changed = one_column(tuned.dispatch)
-    print("\n".join(changed) or "the table picks CW 1 everywhere: nothing to race")
+    make, base_label, tuned_label = TWINS[args.twin]
+    twin, changed = make(tuned.dispatch)
+    print("\n".join(changed) or f"the table has no choice the {args.twin} twin undoes: nothing to race")
     if not changed:
         return 0
-    executors = {"cw1": CUDAExecutor(ck, device=dev, dispatch=twin, quiet=True), "tuned": tuned}
-    race = race_pair(executors, full, args.rounds, args.per_round, "cw1", "tuned", ("CW 1", "the tuned CW"))
+    executors = {args.twin: CUDAExecutor(ck, device=dev, dispatch=twin, quiet=True), "tuned": tuned}
+    race = race_pair(executors, full, args.rounds, args.per_round, args.twin, "tuned", (base_label, tuned_label))
     print(f"{dev.info.name} [{dev.info.fingerprint}]: {args.preset}, {args.seq} rows; settings "
           f"{tuned.measured_settings or 'none raced'}")
-    report_pair(race, "tuned over CW 1", args, dev, "rows_columns.json", "experiments/rows_columns_cuda.py",
-                changed=changed)
+    report_pair(race, f"tuned over {base_label}", args, dev, "rows_columns.json", "experiments/rows_columns_cuda.py",
+                changed=changed, twin=args.twin)
     return 0
 
 

@@ -361,3 +361,42 @@ def test_the_decision_timeline_sums_each_ops_launches_and_the_gaps_between_them(
     assert res["ops"]["a"]["synced"] == 0.0 and res["ops"]["b"]["synced"] > 0.0  # only the cluster launch splits
     b = stamps[1].astype(np.int64)
     assert res["ops"]["b"]["reduced"] == pytest.approx(float(np.median(b[:, 18] - b[:, 17])) / one["mhz"], rel=1e-6)
+
+
+def test_the_table_twins_undo_only_their_own_choices_and_keep_the_table(rng):
+    """experiments/rows_columns_cuda.py: the cw1 twin sets CW 1 in every short-row range and nothing else (so it
+    computes the same bits); the attention twin gives every query count the decision length's tile; neither
+    touches the table it copies, and a twin of a twin changes nothing more."""
+    from tilewise.tune.dispatch import DispatchTable
+
+    twins = load("rows_columns_cuda")
+    cw = [int(c) for c in rng.choice([2, 4], 2)]
+    rows = [{"m_min": 1, "m_max": 1, "kernel": "nf4_matmul.rows.swiglu.norm",
+             "config": {"NT": 128, "RM": 1, "WK": 1, "CW": cw[0]}},
+            {"m_min": 2, "m_max": 3, "kernel": "nf4_matmul.rows.swiglu.norm",
+             "config": {"NT": 128, "RM": 4, "WK": 2, "CW": cw[1]}},
+            {"m_min": 4, "m_max": None, "kernel": "nf4_matmul.wgr.swiglu.norm",
+             "config": {"BF": 128, "BT": 120, "ST": 4, "KS": 1, "MB": 1, "DEC": 3, "SR": 0}}]
+    qt = int(rng.choice([1, 16, 32]))
+    attn = [{"m_min": 1, "m_max": 3, "kernel": "attention", "config": {"QT": qt, "NW": 8, "TC": 0, "KW": 1, "PF": 0}},
+            {"m_min": 4, "m_max": None, "kernel": "attention",
+             "config": {"QT": 64, "NW": 8, "TC": 1, "KW": 2, "PF": 1}}]
+    doc = {"format": "tilewise-dispatch", "schema": 2, "device": "fake", "kernel_versions": {},
+           "entries": {"nf4_matmul.swiglu.norm:4608x1024": {"family": "matmul", "fixed": {"N": 4608, "K": 1024},
+                                                            "ranges": rows},
+                       "attention:16x8x64": {"family": "attention", "fixed": {}, "ranges": attn}}}
+    table = DispatchTable.from_json(doc)
+    before = table.to_json()
+    mm, akey = "nf4_matmul.swiglu.norm:4608x1024", "attention:16x8x64"
+    one, changed = twins.one_column(table)
+    assert len(changed) == 2 and table.to_json() == before
+    for m in (1, 3):
+        kernel, cfg = one.pick(mm, m)
+        assert kernel == table.pick(mm, m)[0] and cfg["CW"] == 1 and {k: v for k, v in cfg.items() if k != "CW"} == {
+            k: v for k, v in table.pick(mm, m)[1].items() if k != "CW"}
+    assert one.pick(mm, 346) == table.pick(mm, 346) and one.pick(akey, 3) == table.pick(akey, 3)
+    whole, changed = twins.whole_attention(table)
+    assert len(changed) == 1 and table.to_json() == before
+    assert whole.pick(akey, 1) == whole.pick(akey, 3) == table.pick(akey, 346) != table.pick(akey, 3)
+    assert whole.pick(mm, 1) == table.pick(mm, 1)
+    assert twins.one_column(one)[1] == [] and twins.whole_attention(whole)[1] == []
