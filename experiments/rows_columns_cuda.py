@@ -80,7 +80,7 @@ def store_lines(path: str, fingerprint: str) -> list[str]:
             if wide not in slot or res.median_ms < slot[wide][0]:
                 slot[wide] = (res.median_ms, res.config)
     out = []
-    for (kernel, shape), slot in sorted(best.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+    for (kernel, shape), slot in sorted(best.items()):  # keys are unique: values never compared
         one, wide = slot.get(False), slot.get(True)
         ratio = f"{one[0] / wide[0]:.2f}x" if one and wide else "-"
         text = {w: f"{v[0] * 1e3:.2f} us ({v[1]})" if v else "none" for w, v in ((False, one), (True, wide))}

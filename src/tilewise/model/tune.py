@@ -46,7 +46,6 @@ from tilewise.model.tune_attention import (  # noqa: F401 (attention_candidates,
     attention_template,
     conv_candidates,
     tail_queries,
-    tune_attention,
     tune_conv,
 )
 from tilewise.model.tune_climb import climb_matmul
