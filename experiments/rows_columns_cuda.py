@@ -6,6 +6,7 @@ Two twins of the device's tuned table (`--table`, else the one `tilewise.load` f
   the grid has CW times fewer blocks; each column adds in the order CW 1 does, so the twin computes the same bits.
 - `--twin attention`: the attention entry without the ranges `tune model` tuned for the tail's few queries (the last
   attention block's), so every block runs the decision length's tile.
+- `--against T2.json`: another table of the same device and kernels (say one tuned with `--climb`), raced whole.
 Printed:
     store     with `--store` (the tune's result store), per short-row matmul and row count: the fastest CW 1 and
               the fastest CW > 1 config, each tune median, measured in the same run
@@ -13,16 +14,18 @@ Printed:
     race      decisions on the two tables in alternating rounds (graph replays, as `play` runs them), the largest
               score difference (0: the same bits) and each op's GPU time on both
 
-    PYTHONPATH=src python3 experiments/rows_columns_cuda.py --out OUT_DIR [--twin cw1|attention] [--table T.json]
-        [--store S.db]
+    PYTHONPATH=src python3 experiments/rows_columns_cuda.py --out OUT_DIR [--twin cw1|attention | --against T2.json]
+        [--table T.json] [--store S.db]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -61,6 +64,26 @@ def whole_attention(table: DispatchTable) -> tuple[DispatchTable, list[str]]:
     return twin, changed
 
 
+def range_changes(base: DispatchTable, other: DispatchTable) -> list[str]:
+    """A line per entry whose ranges (kernel, config and rows) differ between two tables, or that one lacks, and one
+    per model whose whole-run settings (PDL, the fold, ...) differ."""
+    def ranges(t: DispatchTable, key: str) -> list[tuple[Any, Any, str, str]]:
+        e = t.entries.get(key)
+        return [(r["m_min"], r.get("m_max"), r.get("kernel", ""), json.dumps(r["config"], sort_keys=True))
+                for r in (e.ranges if e else [])]
+
+    out = []
+    for key in sorted(set(base.entries) | set(other.entries)):
+        a, b = ranges(base, key), ranges(other, key)
+        if a != b:
+            out.append(f"{key}: {a} -> {b}")
+    for model in sorted(set(base.settings) | set(other.settings)):
+        a, b = (t.settings.get(model, {}).get("values") for t in (base, other))
+        if a != b:
+            out.append(f"settings of {model}: {a} -> {b}")
+    return out
+
+
 TWINS = {"cw1": (one_column, "CW 1", "the tuned CW"), "attention": (whole_attention, "the decision's attention tile",
                                                                      "the tail's own tile")}
 
@@ -94,6 +117,7 @@ def main() -> int:
     ap.add_argument("--table", help="dispatch table JSON (default: the device's, as `tilewise.load` finds it)")
     ap.add_argument("--store", help="the tune's result store, for each shape's best CW 1 and CW > 1 configs")
     ap.add_argument("--twin", choices=sorted(TWINS), default="cw1", help="which choices the twin undoes")
+    ap.add_argument("--against", metavar="T2.json", help="race another table instead of a twin (--twin is ignored)")
     ap.add_argument("--out", help="folder for rows_columns.json")
     args = ap.parse_args()
     dev = get_device(args.device)
@@ -102,9 +126,13 @@ def main() -> int:
     tuned = CUDAExecutor(ck, device=dev, dispatch=load_table(args.table) if args.table else None, quiet=True)
     if args.store:
         print("\n".join(store_lines(args.store, dev.info.fingerprint)))
-    make, base_label, tuned_label = TWINS[args.twin]
-    twin, changed = make(tuned.dispatch)
-    print("\n".join(changed) or f"the table has no choice the {args.twin} twin undoes: nothing to race")
+    if args.against:
+        twin, base_label, tuned_label = load_table(args.against), Path(args.against).name, "the table"
+        changed, args.twin = range_changes(twin, tuned.dispatch), "against"
+    else:
+        make, base_label, tuned_label = TWINS[args.twin]
+        twin, changed = make(tuned.dispatch)
+    print("\n".join(changed) or f"the tables differ in no range ({args.twin}): nothing to race")
     if not changed:
         return 0
     executors = {args.twin: CUDAExecutor(ck, device=dev, dispatch=twin, quiet=True), "tuned": tuned}
@@ -112,7 +140,8 @@ def main() -> int:
     print(f"{dev.info.name} [{dev.info.fingerprint}]: {args.preset}, {args.seq} rows; settings "
           f"{tuned.measured_settings or 'none raced'}")
     report_pair(race, f"tuned over {base_label}", args, dev, "rows_columns.json", "experiments/rows_columns_cuda.py",
-                changed=changed, twin=args.twin)
+                changed=changed, twin=args.twin,
+                **({"against": Path(args.against).name} if args.against else {}))
     return 0
 
 

@@ -400,3 +400,35 @@ def test_the_table_twins_undo_only_their_own_choices_and_keep_the_table(rng):
     assert whole.pick(akey, 1) == whole.pick(akey, 3) == table.pick(akey, 346) != table.pick(akey, 3)
     assert whole.pick(mm, 1) == table.pick(mm, 1)
     assert twins.one_column(one)[1] == [] and twins.whole_attention(whole)[1] == []
+
+
+def test_a_table_raced_against_another_lists_every_range_and_setting_that_differs_and_only_those(rng):
+    """experiments/rows_columns_cuda.py --against: the lines name exactly the entries whose ranges differ (a config,
+    a row bound, an entry only one table has) and the models whose settings differ; a table against itself: none."""
+    from tilewise.tune.dispatch import DispatchTable
+
+    twins = load("rows_columns_cuda")
+    bf = int(rng.choice([64, 128]))
+
+    def doc(bt: int, m_max: int, settings: dict, extra: bool) -> DispatchTable:
+        wgr = {"BF": bf, "BT": bt, "ST": 4, "KS": 1, "MB": 1, "DEC": 1, "SR": 0}
+        entries = {"nf4_matmul.none.norm:3072x1024": {"family": "matmul", "fixed": {"N": 3072, "K": 1024}, "ranges": [
+            {"m_min": 1, "m_max": m_max, "kernel": "nf4_matmul.rows.none.norm",
+             "config": {"NT": 64, "RM": 1, "WK": 1, "CW": 4}},
+            {"m_min": m_max + 1, "m_max": None, "kernel": "nf4_matmul.wgr.none.norm", "config": wgr}]},
+            "shortconv:1024x3": {"family": "shortconv", "fixed": {}, "ranges": [
+                {"m_min": 1, "m_max": None, "kernel": "shortconv", "config": {"NT": 128, "RT": 2}}]}}
+        if extra:
+            entries["attention:16x8x64"] = {"family": "attention", "fixed": {}, "ranges": [
+                {"m_min": 1, "m_max": None, "kernel": "attention",
+                 "config": {"QT": 64, "NW": 8, "TC": 1, "KW": 2, "PF": 1}}]}
+        return DispatchTable.from_json({"format": "tilewise-dispatch", "schema": 2, "device": "fake",
+                                        "kernel_versions": {}, "entries": entries,
+                                        "settings": {"lfm2:x": {"values": settings, "versions": {}}}})
+
+    base = doc(176, 3, {"pdl": False}, False)
+    assert twins.range_changes(base, doc(176, 3, {"pdl": False}, False)) == []
+    got = twins.range_changes(base, doc(120, 3, {"pdl": False}, False))
+    assert len(got) == 1 and got[0].startswith("nf4_matmul.none.norm:3072x1024") and '"BT": 120' in got[0]
+    got = twins.range_changes(base, doc(176, 7, {"pdl": True}, True))
+    assert [g.split(":")[0] for g in got] == ["attention", "nf4_matmul.none.norm", "settings of lfm2"]
