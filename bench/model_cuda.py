@@ -53,10 +53,12 @@ from tilewise.model.bench import (  # noqa: E402
     op_table,
     percentiles,
     prompts,
+    race_verdict,
     time_calls,
+    verdict_record,
 )
 from tilewise.model.tune_settings import INEXACT_SETTINGS, race_setting  # noqa: E402
-from tilewise.tune.measure import compare, summarize  # noqa: E402
+from tilewise.tune.measure import summarize  # noqa: E402
 
 T0 = time.perf_counter()
 #: the executor's raced settings (`SETTING_NAMES`) and the key each race has in results.json
@@ -167,11 +169,11 @@ def setting_race(model: Any, decide: Any, args: argparse.Namespace, attr: str, w
     same, samples = race_setting(ex, attr, decide, lambda: [model.scores(model.prefill(ids)) for ids in full],
                                  args.race_rounds, args.race_per_round)  # (8 prompts, 8 scores) compared
     stats = {m: summarize(v) for m, v in samples.items()}
-    verdict = compare(stats["off"], stats["on"], (f"without {what}", f"with {what}"))
+    verdict = race_verdict(samples, args.race_per_round, "off", "on", (f"without {what}", f"with {what}"))
     return {"setting": attr, "rounds": args.race_rounds, "per_round": args.race_per_round,
             "scores_agree": same, "exact": attr not in INEXACT_SETTINGS,
             "pdl_launches": int(getattr(ex.dev, "pdl_launches", 0)),
-            "verdict": verdict.verdict, "speedup": verdict.ratio, "note": verdict.note,
+            **verdict_record(verdict),
             **{m: {**percentiles(v), "median_ci95_ms": list(stats[m].ci95_ms), "samples_ms": v}
                for m, v in samples.items()}}
 

@@ -35,12 +35,14 @@ from tilewise.model.bench import (
     race_args,
     race_executors,
     race_lines,
+    race_verdict,
+    verdict_record,
     verdict_text,
     write_race,
 )
 from tilewise.model.cuda import CUDAExecutor
 from tilewise.model.runtime import open_checkpoint
-from tilewise.tune.measure import compare, summarize
+from tilewise.tune.measure import summarize
 
 MODES = ("off", "start", "exit")
 #: pdl.cuh's switch of the early trigger (checked to occur once) and its edit
@@ -82,14 +84,14 @@ def main() -> int:
     print(f"{dev.info.name} [{dev.info.fingerprint}]: {args.preset}, {args.seq} rows; the table's other settings: "
           f"{executors['exit'].measured_settings or 'none raced'}")
     print("\n".join(race_lines(samples, "decision, PDL ")))
-    verdicts = {f"{a} over {b}": compare(stats[b], stats[a], (b, a)) for a, b in
+    verdicts = {f"{a} over {b}": race_verdict(samples, args.per_round, b, a, (b, a)) for a, b in
                 (("start", "off"), ("exit", "off"), ("exit", "start"))}
     for name, v in verdicts.items():
         print(f"{name}: {verdict_text(v)}")
     print(f"max |score difference| {diff:.2e}" + ("" if diff == 0.0 else "  <-- NOT bit-identical"))
     write_race(args.out, "pdl_trigger.json", "experiments/pdl_trigger_cuda.py", dev, args.preset, args.seq, samples,
                stats, max_abs_score_diff=diff,
-               verdicts={k: {"verdict": v.verdict, "speedup": v.ratio, "note": v.note} for k, v in verdicts.items()})
+               verdicts={k: verdict_record(v) for k, v in verdicts.items()})
     return 0
 
 

@@ -26,9 +26,19 @@ import numpy as np
 
 from tilewise.devices import get_device
 from tilewise.model import runtime
-from tilewise.model.bench import PREFIX_TOKENS, prompts, race_args, race_lines, race_modes, verdict_text, write_race
+from tilewise.model.bench import (
+    PREFIX_TOKENS,
+    prompts,
+    race_args,
+    race_lines,
+    race_modes,
+    race_verdict,
+    verdict_record,
+    verdict_text,
+    write_race,
+)
 from tilewise.model.runtime import BlockRows, open_checkpoint
-from tilewise.tune.measure import compare, summarize
+from tilewise.tune.measure import summarize
 
 MODES = ("last", "tail")
 
@@ -73,12 +83,12 @@ def main() -> int:
     stats = {m: summarize(v) for m, v in samples.items()}
     print(f"{dev.info.name} [{dev.info.fingerprint}]: {args.preset} ({args.weights}), {args.seq} rows")
     print("\n".join(race_lines(samples, "decision, slicing ")))
-    verdict = compare(stats["last"], stats["tail"], ("the last block sliced", "the tail sliced"))
+    verdict = race_verdict(samples, args.per_round, "last", "tail", ("the last block sliced", "the tail sliced"))
     print(f"tail over last: {verdict_text(verdict)}")
     print(f"max |difference| of the normed last hidden state over 8 prompts: {diff:.2e}")
     write_race(args.out, "tail_slicing.json", "experiments/tail_slicing.py", dev, args.preset, args.seq, samples,
                stats, max_abs_hidden_diff=diff,
-               verdict={"verdict": verdict.verdict, "speedup": verdict.ratio, "note": verdict.note})
+               verdict=verdict_record(verdict))
     return 0
 
 

@@ -84,10 +84,11 @@ def test_a_race_record_holds_every_mode_and_nothing_is_written_without_a_folder(
 
 def test_a_pair_race_compares_the_new_mode_with_the_base_and_prints_it_one_way(rng, monkeypatch):
     """`race_pair`: the race's samples and difference as `race_executors` gave them, each mode's stats, the new mode
-    compared with the base (faster here: its samples are all lower), and both executors' GPU time per op;
-    `verdict_text` prints the verdict with its ratio and, where there is one, its note after a semicolon."""
+    compared with the base round by round (faster here: its samples are all lower), and both executors' GPU time
+    per op; `verdict_text` prints the verdict with its ratio, its interval and, where there is one, its note after a
+    semicolon."""
     import tilewise.model.bench as bench
-    from tilewise.tune.measure import compare, summarize
+    from tilewise.tune.measure import paired_compare, rounds_of, summarize
 
     base_ms = list(rng.uniform(1.9, 2.1, 40))
     new_ms = list(rng.uniform(1.4, 1.6, 40))
@@ -102,16 +103,18 @@ def test_a_pair_race_compares_the_new_mode_with_the_base_and_prints_it_one_way(r
             assert timed
             self.last_op_times = [("matmul", self.ms), ("matmul", self.ms), ("norm", 0.01)]
 
-    r = bench.race_pair({"a": Timed(0.5), "b": Timed(0.3)}, [np.arange(4)], 2, 3, "a", "b", ("slow", "fast"))
+    r = bench.race_pair({"a": Timed(0.5), "b": Timed(0.3)}, [np.arange(4)], 10, 4, "a", "b", ("slow", "fast"))
     assert r.samples == {"a": base_ms, "b": new_ms} and r.diff == 0.25
     assert r.stats["b"].median_ms == summarize(new_ms).median_ms
-    want = compare(summarize(base_ms), summarize(new_ms), ("slow", "fast"))
+    want = paired_compare(rounds_of(base_ms, 4), rounds_of(new_ms, 4), ("slow", "fast"))
     assert (r.verdict.verdict, r.verdict.ratio) == (want.verdict, want.ratio) and r.verdict.ratio > 1.2
+    assert r.verdict.verdict == "faster" and 1.0 < r.verdict.ci95[0] <= r.verdict.ratio <= r.verdict.ci95[1]
     assert r.ops["a"]["matmul"]["launches"] == 2 and abs(r.ops["b"]["matmul"]["ms"] - 0.6) < 1e-12
     assert r.op_lines[0].startswith("op") and len(r.op_lines) == 3
     text = bench.verdict_text(r.verdict)
     assert text.startswith(f"{r.verdict.verdict} ({r.verdict.ratio:.3f}x")
-    assert text == f"{r.verdict.verdict} ({r.verdict.ratio:.3f}x{'; ' + r.verdict.note if r.verdict.note else ''})"
+    lo, hi = r.verdict.ci95
+    assert text == f"faster ({r.verdict.ratio:.3f}x, 95% {lo:.3f}-{hi:.3f})"
     noted = SimpleNamespace(verdict="tie", ratio=1.0, note="noisy")
     assert bench.verdict_text(noted) == "tie (1.000x; noisy)"
 

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tilewise.tune.measure import Stats, compare, noise_note, summarize
+from tilewise.tune.measure import Comparison, Stats, compare, noise_note, paired_compare, rounds_of, summarize
 
 PREFIX_TOKENS = 47  # seed 001: tokens shared by every game prompt before the board starts
 
@@ -128,6 +128,19 @@ def race_executors(executors: dict[str, Any], full: list[np.ndarray], rounds: in
                        warmup_s), diff)
 
 
+def race_verdict(samples: dict[str, list[float]], per_round: int, base: str, new: str,
+                 labels: tuple[str, str] = ("", "")) -> Comparison:
+    """Mode `new` against mode `base` of a `race_modes` race, round by round (`paired_compare`): the rounds' pairs
+    share the machine's state, so a clock step that lasts many rounds does not pick the winner."""
+    return paired_compare(rounds_of(samples[base], per_round), rounds_of(samples[new], per_round), labels)
+
+
+def verdict_record(verdict: Comparison) -> dict[str, Any]:
+    """A race verdict as the JSON records keep it."""
+    return {"verdict": verdict.verdict, "speedup": verdict.ratio, "note": verdict.note,
+            **({"speedup_ci95": list(verdict.ci95)} if verdict.ci95 else {})}
+
+
 class PairRace(NamedTuple):
     """A race of two settings' executors (`race_pair`)."""
 
@@ -141,12 +154,12 @@ class PairRace(NamedTuple):
 
 def race_pair(executors: dict[str, Any], full: list[np.ndarray], rounds: int, per_round: int, base: str, new: str,
               labels: tuple[str, str]) -> PairRace:
-    """`race_executors`, each mode's stats, `new` compared with `base` (`labels` name them in the comparison's
-    notes), and every executor's GPU time per op on the first prompt (`op_columns`)."""
+    """`race_executors`, each mode's stats, `new` compared with `base` round by round (`race_verdict`; `labels` name
+    them in the comparison's notes), and every executor's GPU time per op on the first prompt (`op_columns`)."""
     samples, diff = race_executors(executors, full, rounds, per_round)
     stats = {m: summarize(v) for m, v in samples.items()}
     ops, op_lines = op_columns(executors, full[0])
-    return PairRace(samples, stats, compare(stats[base], stats[new], labels), diff, ops, op_lines)
+    return PairRace(samples, stats, race_verdict(samples, per_round, base, new, labels), diff, ops, op_lines)
 
 
 def report_pair(race: PairRace, title: str, args: Any, dev: Any, filename: str, script: str,
@@ -159,12 +172,15 @@ def report_pair(race: PairRace, title: str, args: Any, dev: Any, filename: str, 
     print("\n".join(race.op_lines))
     write_race(args.out, filename, script, dev, args.preset, args.seq, race.samples, race.stats,
                max_abs_score_diff=race.diff, ops=race.ops, **fields,
-               verdict={"verdict": race.verdict.verdict, "speedup": race.verdict.ratio, "note": race.verdict.note})
+               verdict=verdict_record(race.verdict))
 
 
 def verdict_text(verdict: Any) -> str:
-    """A comparison as the race scripts print it: `faster (1.063x)`, with its note after a semicolon."""
-    return f"{verdict.verdict} ({verdict.ratio:.3f}x{'; ' + verdict.note if verdict.note else ''})"
+    """A comparison as the race scripts print it: `faster (1.063x, 95% 1.051-1.070)` (the interval where the
+    comparison has one: round by round), with its note after a semicolon."""
+    ci95 = getattr(verdict, "ci95", None)
+    ci = f", 95% {ci95[0]:.3f}-{ci95[1]:.3f}" if ci95 else ""
+    return f"{verdict.verdict} ({verdict.ratio:.3f}x{ci}{'; ' + verdict.note if verdict.note else ''})"
 
 
 def prompts(vocab: int, seq: int, count: int, prefix: int, seed: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:

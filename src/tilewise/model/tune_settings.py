@@ -15,7 +15,8 @@ Which side wins depends on the model as well as the GPU (PDL has sped one model 
 same GPU; docs/journal/model.md). So the tune races each setting on the tuned table, in alternating rounds of graph
 replays (`race_modes`), one setting at a time in the order above, each later race with the earlier choices applied.
 A setting leaves its default only where both sides agree on the last hidden row (the same bits; `fold_norm`
-within `INEXACT_SETTINGS`' tolerance) and their medians' 95% intervals are apart; a tie keeps the default. The
+within `INEXACT_SETTINGS`' tolerance) and the 95% interval of its speed-up, taken round by round (`race_verdict`:
+the GPU's clock can step by a few percent for many rounds at a time), excludes 1; a tie keeps the default. The
 choices go into the dispatch table under `settings`, keyed by the model's shape signature (`model_signature`), with
 the kernel versions they ran on; the executor applies them where neither its caller nor `TILEWISE_CUDA_PDL` chose.
 """
@@ -63,9 +64,10 @@ def l2_timing(dev: Any, cfg: Any, fmt: str, l2: str = "auto", local: bool = True
     return keep, f"timing with L2 {'kept' if keep else 'evicted'} between samples ({why})"
 
 
-#: alternating rounds, and decisions per setting per round (120 timed decisions a setting)
-ROUNDS = 6
-PER_ROUND = 10
+#: alternating rounds, and decisions per setting per round (120 timed decisions a setting): short rounds, so that
+#: a clock step seldom falls inside one round, and enough of them for an interval over rounds (`race_verdict`)
+ROUNDS = 20
+PER_ROUND = 3
 #: prompts the race cycles over (random ids, a fixed prefix, as the game's prompts share theirs)
 PROMPTS = 8
 
@@ -118,10 +120,10 @@ def race_settings(model: Any, seq: int, rounds: int = ROUNDS, per_round: int = P
     """Race every setting the executor of `model` has (PDL only where the device has it) on `seq`-token decisions;
     leaves the executor with the chosen values. Both sides of a race must agree on the final-normed last row (the
     same bits, or within an inexact setting's tolerance: "exact" says which). Returns {setting: {"value",
-    "default", "verdict", "ratio", "on_ms", "off_ms", "on_ci95_ms", "off_ci95_ms", "outputs_agree", "exact",
-    "decisions"}}."""
-    from tilewise.model.bench import PREFIX_TOKENS, prompts
-    from tilewise.tune.measure import compare, summarize
+    "default", "verdict", "ratio", "ratio_ci95", "on_ms", "off_ms", "on_ci95_ms", "off_ci95_ms", "outputs_agree",
+    "exact", "decisions"}}: "ratio" is off over on, round by round (`race_verdict`), the medians pooled."""
+    from tilewise.model.bench import PREFIX_TOKENS, prompts, race_verdict
+    from tilewise.tune.measure import summarize
 
     ex = model.executor
     _, full = prompts(model.config.vocab_size, seq, PROMPTS, min(PREFIX_TOKENS, seq - 1), seed=2)  # seq >= 2
@@ -137,15 +139,18 @@ def race_settings(model: Any, seq: int, rounds: int = ROUNDS, per_round: int = P
         same, samples = race_setting(ex, name, decide, lambda: model.prefill(full[0]).last_hidden,  # (hidden,)
                                      rounds, per_round)
         on, off = summarize(samples["on"]), summarize(samples["off"])
-        verdict = compare(off, on)
+        verdict = race_verdict(samples, per_round, "off", "on")
         value = choose(default, verdict.verdict, same)
         setattr(ex, name, value)
         out[name] = {"value": value, "default": default, "verdict": verdict.verdict, "ratio": verdict.ratio,
+                     "ratio_ci95": list(verdict.ci95) if verdict.ci95 else None,
                      "on_ms": on.median_ms, "off_ms": off.median_ms, "on_ci95_ms": list(on.ci95_ms),
                      "off_ci95_ms": list(off.ci95_ms), "outputs_agree": same,
                      "exact": name not in INEXACT_SETTINGS, "decisions": len(samples["on"])}
-        why = ("the outputs differ" if not same else f"{verdict.verdict}, {verdict.ratio:.3f}x" if verdict.verdict in
-               ("faster", "slower") else f"a {verdict.verdict}: the default stays")
+        ci = f", 95% {verdict.ci95[0]:.3f}-{verdict.ci95[1]:.3f}" if verdict.ci95 else ""
+        ranked = verdict.verdict in ("faster", "slower")
+        why = ("the outputs differ" if not same else f"{verdict.verdict}, {verdict.ratio:.3f}x{ci}" if ranked
+               else f"a {verdict.verdict} ({verdict.ratio:.3f}x{ci}): the default stays")
         log(f"settings: {name} {'on' if value else 'off'} (on {on.median_ms:.4f} ms, off {off.median_ms:.4f} ms "
             f"p50 over {len(samples['on'])} decisions each; {why})")
     return out

@@ -29,6 +29,7 @@ runs (`Measurement.repeat` says how many; without warm-up rounds there is no pro
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -129,6 +130,7 @@ class Comparison:
     verdict: str
     ratio: float
     note: str | None = None
+    ci95: tuple[float, float] | None = None  # `paired_compare`: the ratio's bootstrap 95% interval over rounds
 
     @property
     def saving_pct(self) -> float:
@@ -149,7 +151,8 @@ class Comparison:
         return f"{pct:.1f}% saved" if pct >= 0 else f"{-pct:.1f}% slower"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "ratio": self.ratio, "saving_pct": self.saving_pct, "note": self.note}
+        out = {"verdict": self.verdict, "ratio": self.ratio, "saving_pct": self.saving_pct, "note": self.note}
+        return out if self.ci95 is None else {**out, "ratio_ci95": list(self.ci95)}
 
 
 def compare(base: Stats, new: Stats, names: tuple[str, str] = ("", "")) -> Comparison:
@@ -163,6 +166,63 @@ def compare(base: Stats, new: Stats, names: tuple[str, str] = ("", "")) -> Compa
     if ties(base, new):
         return Comparison("tie", ratio)
     return Comparison("faster" if new.median_ms < base.median_ms else "slower", ratio)
+
+
+MIN_PAIRED_ROUNDS = 6  # fewer round pairs give no 95% interval of their median
+
+
+def rounds_of(samples_ms: Sequence[float], per_round: int) -> list[list[float]]:
+    """A side's samples of an alternating race (`model.bench.race_modes`: `per_round` a round, in order) per round."""
+    if per_round < 1 or len(samples_ms) % per_round:
+        raise ValueError(f"{len(samples_ms)} samples are not whole rounds of {per_round}")
+    return [list(samples_ms[i:i + per_round]) for i in range(0, len(samples_ms), per_round)]
+
+
+def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval for the median of `values`: the order statistics x_(k) and x_(n+1-k) whose
+    binomial coverage is at least `level` (the sign test's interval; no bootstrap, which covers a median of a few
+    values too narrowly). Fewer than 6 values cover less than 95% even from min to max: then (min, max)."""
+    x = np.sort(np.asarray(values, dtype=np.float64))
+    n = x.size
+    if n == 0:
+        raise ValueError("no values")
+    tail, k = (1.0 - level) / 2, 0
+    cdf = 0.0  # P(Binomial(n, 1/2) <= k - 1)
+    while k < n // 2:
+        nxt = cdf + math.comb(n, k) / 2.0**n
+        if nxt > tail:
+            break
+        cdf, k = nxt, k + 1
+    k = max(k, 1)
+    return float(x[k - 1]), float(x[n - k])
+
+
+def paired_compare(base_rounds: Sequence[Sequence[float]], new_rounds: Sequence[Sequence[float]],
+                   names: tuple[str, str] = ("", "")) -> Comparison:
+    """`new` against `base` timed in alternating rounds, round r of each side back to back.
+
+    A GPU's speed can step by a few percent and stay there for many rounds (its clock under a power limit, a
+    neighbour's load); pooled medians then rank whichever side happened to get more of the fast stretches. Each
+    round's pair shares the machine's state, so the ratio here is the median over rounds of base's round median /
+    new's round median, with its 95% interval (`median_interval`): faster or slower where the interval excludes 1,
+    a tie where it holds 1, noisy where either side's samples are (`noise_note`) or there are fewer than
+    `MIN_PAIRED_ROUNDS` rounds."""
+    if len(base_rounds) != len(new_rounds):
+        raise ValueError(f"{len(base_rounds)} rounds of {names[0] or 'base'} against {len(new_rounds)} of "
+                         f"{names[1] or 'new'}: a paired comparison needs the same rounds")
+    a = np.array([float(np.median(r)) for r in base_rounds if len(r)])
+    b = np.array([float(np.median(r)) for r in new_rounds if len(r)])
+    if a.size < MIN_PAIRED_ROUNDS or a.size != b.size or (b <= 0).any():
+        return Comparison("noisy", float("nan"), f"too few rounds to pair ({a.size}; {MIN_PAIRED_ROUNDS} at least)")
+    ratios = a / b
+    ratio = float(np.median(ratios))
+    for rounds, name in ((base_rounds, names[0]), (new_rounds, names[1])):
+        note = noise_note(summarize([x for r in rounds for x in r]), name)
+        if note is not None:
+            return Comparison("noisy", ratio, note)
+    lo, hi = median_interval(ratios)
+    verdict = "tie" if lo <= 1.0 <= hi else "faster" if lo > 1.0 else "slower"
+    return Comparison(verdict, ratio, None, (lo, hi))
 
 
 def tie_groups(stats: Mapping[Hashable, Stats]) -> list[tuple[Hashable, Stats, int]]:
