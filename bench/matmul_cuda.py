@@ -15,12 +15,14 @@ reduction: `tilewise ms`), and on f16 x as cuBLAS gets it (the prep run once bef
 what the kernel costs where the executor hands it f16 rows written by the previous matmul's epilogue.
 
     PYTHONPATH=src python3 bench/matmul_cuda.py --out OUT_DIR [--preset lfm2-350m] [--rows 346] [--sample 16]
+        [--kinds wgr] [--only conv.in_proj] [--grid 'BF=64,128;KS=1,2']
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import sys
 import time
@@ -40,6 +42,33 @@ from tilewise.tune.measure import compare, measure  # noqa: E402
 def is_prep(launch: Any) -> bool:
     """The launch is an `nf4_mm_prep` (the x -> f16 prologue)."""
     return (launch.program.meta.get("role") or ("",))[0] == "prep"
+
+
+def grid_configs(tpl: Any, grid: str, limits: Any) -> list[Any]:
+    """The legal configs of `grid` ("P=V,V;P=V"): every combination of the listed values, the template's default
+    config's value for each parameter left out."""
+    if not grid.strip():
+        return []
+    space = tpl.space()
+    axes: dict[str, list[Any]] = {}
+    for part in grid.split(";"):
+        name, _, vals = part.partition("=")
+        name = name.strip()
+        if name not in space.params:
+            raise SystemExit(f"--grid names {name!r}, not a parameter of {tpl.kind} ({', '.join(space.params)})")
+        kind = type(space.params[name][0])
+        axes[name] = [kind(v.strip()) for v in vals.split(",") if v.strip()]
+    base = dict(tpl.default_config().items())
+    out = []
+    for combo in itertools.product(*axes.values()):
+        values = {**base, **dict(zip(axes, combo))}
+        try:
+            c = space.config(values)
+        except Exception:  # a value outside the parameter's range: not a config
+            continue
+        if space.is_legal(c, limits) and c not in out:
+            out.append(c)
+    return out
 
 
 def race_on_f16_x(eng: Engine, items: list[Item], rounds: int) -> tuple[list[Any], Any]:
@@ -81,6 +110,9 @@ def main() -> int:
                     help="tensor-core kernel kinds that compete, comma-separated (mma, splitk, pipe, ring, wg)")
     ap.add_argument("--only", default="", metavar="NAME[,NAME]",
                     help="measure only these matmuls of the preset (e.g. ffn.gate_up); default: all")
+    ap.add_argument("--grid", default="", metavar="P=V,V;P=V,...",
+                    help="also every legal config of this grid of each kind (parameters left out keep the default "
+                         "config's value), e.g. 'BF=64,128;BT=120,176;KS=1,2'")
     ap.add_argument("--split-by", default="", metavar="PARAM[,PARAM]",
                     help="race each kind's best per value of these parameters too (e.g. DEC: wgr's two decodes), "
                          "and report them as KIND/PARAM=V")
@@ -116,8 +148,9 @@ def main() -> int:
         items = []
         for kind in kinds:
             tpl = CudaMatmul(kind, args.fmt, epilogue, norm, cfg.norm_eps)
-            items += [Item(tpl, c, shape) for c in candidates(tpl, dev.info.limits, args.sample, args.seed)
-                      if not tpl.config_problems(c, shape)]
+            todo = candidates(tpl, dev.info.limits, args.sample, args.seed)
+            todo += [c for c in grid_configs(tpl, args.grid, dev.info.limits) if c not in todo]
+            items += [Item(tpl, c, shape) for c in todo if not tpl.config_problems(c, shape)]
         cands = items
         outs = eng.evaluate(items, batch=None)
         ok = sorted((oc for oc in outs if oc.status == "ok" and oc.stats is not None),
