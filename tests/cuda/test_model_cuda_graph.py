@@ -354,3 +354,65 @@ def test_the_norm_fold_matches_the_float64_reference_and_the_unfolded_decision(d
     base = scores(head)[1]
     ref, _ = reference.forward(cfg, weights, np.concatenate([head, tail]))
     close(scores(tail, 30, base)[0], weights[HEAD].astype(np.float64) @ ref[-1], 3e-2)
+
+
+@pytest.mark.parametrize("qkv", ["ks1", "cluster"])
+def test_rope_in_the_qkv_epilogue_matches_the_separate_launch_and_the_float64_reference(dev, rng, qkv):
+    """fuse_rope on the bundled model (heads of 64) with qkv on wgr summing in its own launch (KS 1, or KS 2 in a
+    cluster): the q/k norm + RoPE launch is gone; the V cache rows the epilogue writes are the separate launch's bits
+    and the K rows agree within the f32 rounding (each head's sum of squares adds in another order), at start 0 and
+    after a cached prefix; all 8 scores match the float64 forward and the unfused decision, launch by launch and
+    replayed."""
+    from tests.cuda.test_model_cuda_tune import kind_table
+
+    from tilewise.kernels.matmul.cuda import DEFAULT_WGR, CudaMatmul
+    from tilewise.model import reference
+    from tilewise.model.checkpoint import HEAD
+    from tilewise.model.cuda import CUDAExecutor
+    from tilewise.model.dispatch import matmul_key
+    from tilewise.model.runtime import open_checkpoint
+    from tilewise.tune.dispatch import Entry
+
+    ck = open_checkpoint("default", "nf4")
+    cfg = ck.config
+    table = kind_table(dev, cfg, "wgr")
+    qkv_n, d = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim, cfg.head_dim
+    config = DEFAULT_WGR if qkv == "ks1" else {**DEFAULT_WGR, "KS": 2, "SR": 2}
+    tpl = CudaMatmul("wgr", "nf4", "none", True)
+    table.put(matmul_key("nf4", "none", qkv_n, cfg.hidden_size, True),
+              Entry([{"m_min": 8, "m_max": None, "kernel": tpl.name, "config": config}]), tpl)
+    ex = CUDAExecutor(ck, device=dev, dispatch=table, quiet=True)
+    weights = {k: ck.float32(k) for k in ck.names()}
+    hkv = cfg.num_key_value_heads
+
+    def run(ids, start=0, base=None, fuse=True, graphs=True):
+        ex.fuse_rope, ex.graphs = fuse, graphs
+        _, state = ex.forward(ids, start, base, True)
+        kv = {i: [dev.download(b, np.float32, (start + len(ids), hkv * d)) for b in pair]
+              for i, pair in state.kv.items()}
+        return state.scores.copy(), kv, state
+
+    for n in (9, 40, 121):
+        ids = rng.integers(0, cfg.vocab_size, n)
+        ref, _ = reference.forward(cfg, weights, ids)
+        want = weights[HEAD].astype(np.float64) @ ref[-1]  # (8,)
+        plain, plain_kv, _ = run(ids, fuse=False)
+        for graphs in (False, True, True):
+            got, kv, _ = run(ids, graphs=graphs)
+            np.testing.assert_allclose(got, want, atol=3e-2 * max(1.0, float(np.abs(want).max())), rtol=0)
+            np.testing.assert_allclose(got, plain, atol=1e-3 * max(1.0, float(np.abs(plain).max())), rtol=0)
+            for i, (k, v) in kv.items():
+                np.testing.assert_array_equal(v, plain_kv[i][1])
+                np.testing.assert_allclose(k, plain_kv[i][0], rtol=1e-5, atol=1e-6)
+        plan, _ = ex.plan(ids, 0, None, True)
+        assert "attn.qknorm_rope" not in plan.labels
+    head, tail = rng.integers(0, cfg.vocab_size, 30), rng.integers(0, cfg.vocab_size, 12)
+    base_plain, base = run(head, fuse=False)[2], run(head)[2]
+    plain, plain_kv, _ = run(tail, 30, base_plain, fuse=False)
+    got, kv, _ = run(tail, 30, base)
+    ref, _ = reference.forward(cfg, weights, np.concatenate([head, tail]))
+    np.testing.assert_allclose(got, weights[HEAD].astype(np.float64) @ ref[-1], atol=3e-2 * max(1.0, float(
+        np.abs(got).max())), rtol=0)
+    for i, (k, v) in kv.items():
+        np.testing.assert_array_equal(v, plain_kv[i][1])
+        np.testing.assert_allclose(k, plain_kv[i][0], rtol=1e-5, atol=1e-6)

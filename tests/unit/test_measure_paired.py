@@ -58,8 +58,8 @@ def test_equal_sides_under_clock_steps_are_a_tie_round_by_round(seed):
     base, new = alternating_race(rng, 1.05, 1.05, rounds=20, per_round=15, step=0.03, stretch=40)
     got = paired_compare(rounds_of(base, 15), rounds_of(new, 15), ("base", "new"))
     assert got.verdict == "tie" and abs(got.ratio - 1.0) < 0.004
-    lo, hi = got.ci95
-    assert lo <= 1.0 <= hi and got.as_dict()["ratio_ci95"] == [lo, hi]
+    lo, hi = got.interval
+    assert lo <= 1.0 <= hi and got.as_dict()["ratio_interval"] == [lo, hi] and got.level == 0.95
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -67,9 +67,9 @@ def test_a_two_percent_gain_under_clock_steps_is_found_with_its_size(seed):
     rng = np.random.default_rng(100 + seed)
     base, new = alternating_race(rng, 1.05, 1.05 / 1.02, rounds=20, per_round=3, step=0.03, stretch=30)
     got = paired_compare(rounds_of(base, 3), rounds_of(new, 3))
-    assert got.verdict == "faster" and abs(got.ratio - 1.02) < 0.006 and got.ci95[0] > 1.0
+    assert got.verdict == "faster" and abs(got.ratio - 1.02) < 0.006 and got.interval[0] > 1.0
     back = paired_compare(rounds_of(new, 3), rounds_of(base, 3))
-    assert back.verdict == "slower" and back.ci95[1] < 1.0
+    assert back.verdict == "slower" and back.interval[1] < 1.0
 
 
 def test_pooled_medians_can_rank_a_clock_step_that_pairing_calls_a_tie():

@@ -108,12 +108,12 @@ def test_a_pair_race_compares_the_new_mode_with_the_base_and_prints_it_one_way(r
     assert r.stats["b"].median_ms == summarize(new_ms).median_ms
     want = paired_compare(rounds_of(base_ms, 4), rounds_of(new_ms, 4), ("slow", "fast"))
     assert (r.verdict.verdict, r.verdict.ratio) == (want.verdict, want.ratio) and r.verdict.ratio > 1.2
-    assert r.verdict.verdict == "faster" and 1.0 < r.verdict.ci95[0] <= r.verdict.ratio <= r.verdict.ci95[1]
+    assert r.verdict.verdict == "faster" and 1.0 < r.verdict.interval[0] <= r.verdict.ratio <= r.verdict.interval[1]
     assert r.ops["a"]["matmul"]["launches"] == 2 and abs(r.ops["b"]["matmul"]["ms"] - 0.6) < 1e-12
     assert r.op_lines[0].startswith("op") and len(r.op_lines) == 3
     text = bench.verdict_text(r.verdict)
     assert text.startswith(f"{r.verdict.verdict} ({r.verdict.ratio:.3f}x")
-    lo, hi = r.verdict.ci95
+    lo, hi = r.verdict.interval
     assert text == f"faster ({r.verdict.ratio:.3f}x, 95% {lo:.3f}-{hi:.3f})"
     noted = SimpleNamespace(verdict="tie", ratio=1.0, note="noisy")
     assert bench.verdict_text(noted) == "tie (1.000x; noisy)"

@@ -67,10 +67,11 @@ SIGS = {
                    "float *, int, int, int, const __grid_constant__ TmaMap)"),
     "nf4_mm_wgr": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, "
                    "float *, int, int, int, const __grid_constant__ TmaMap, float *, unsigned *, unsigned short *, "
-                   "const float *, float, const float *, float *)"),
+                   "const float *, float, const float *, float *, const RopeOut *)"),
     "nf4_mm_wgr_cluster": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, "
                            "const float *, float *, int, int, int, const __grid_constant__ TmaMap, float *, "
-                           "unsigned *, unsigned short *, const float *, float, const float *, float *)"),
+                           "unsigned *, unsigned short *, const float *, float, const float *, float *, "
+                           "const RopeOut *)"),
     "nf4_mm_ws": ("(const unsigned short *, const unsigned *, const float *, const unsigned *, const float *, "
                   "float *, int, int, int)"),
     "nf4_mm_prep": "(const float *, int, const float *, float, unsigned short *, int)",

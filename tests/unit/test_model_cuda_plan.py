@@ -54,12 +54,17 @@ class RecordingDevice(Device):
         self.info = DeviceInfo(backend="cuda", name="recording", adapter_type="discrete", api="CUDA", driver="0",
                                vendor="NVIDIA", limits=lim)
         self.entries: list[str] = []
+        self.written: dict[int, bytes] = {}  # the last bytes written into each buffer (by id)
 
     def allocate(self, nbytes: int, *, uniform: bool = False) -> Buffer:
         return Buffer(self, None, max(4, int(nbytes)), uniform)
 
     def write(self, buffer: Buffer, array: np.ndarray, offset_bytes: int = 0) -> None:
         assert offset_bytes + np.asarray(array).nbytes <= buffer.nbytes
+        self.written[id(buffer)] = np.ascontiguousarray(array).tobytes()
+
+    def address(self, buffer: Buffer) -> int:
+        return 0x7F0000000000 + 256 * (id(buffer) % 2**28)  # a stand-in, one per buffer
 
     def download(self, buffer, dtype=np.float32, shape=None, offset_bytes=0):
         return np.zeros(shape or (buffer.nbytes // np.dtype(dtype).itemsize,), dtype)
@@ -927,3 +932,60 @@ def test_the_tail_attention_is_tuned_at_its_own_queries_and_the_plan_launches_th
     entries = [launch.program.meta["entry"] for launch, lab in zip(plan.launches, plan.labels) if lab == "attention"]
     d = cfg.head_dim
     assert entries == [attn.entry(attn.config_of(whole), d), attn.entry(attn.config_of(tail), d)]
+
+
+@pytest.mark.parametrize("qkv_case", ["ks1", "cluster", "reduced"])
+def test_the_qkv_launch_norms_and_rotates_q_and_k_itself_where_it_sums_in_its_launch(rng, monkeypatch, qkv_case):
+    """fuse_rope: with qkv on wgr summing in its own launch (KS 1, or KS 2 in a cluster) and heads of 64, the plan
+    has no q/k norm + RoPE launch; each qkv launch's `rope` argument is a 72-byte buffer of its own, written with the
+    device addresses of that layer's q/k norm weights, the RoPE tables, q and the new state's K and V cache, then
+    the decision's start, HQ, HKV and eps (matmul_reduce.cu's RopeOut); everything else in the plan is unchanged.
+    Where a reduction launch sums qkv's slices (SR 0), or fuse_rope is off, the launch stays and the argument is
+    null."""
+    from tilewise.kernels.matmul.cuda import DEFAULT_WGR
+    from tilewise.kernels.matmul.cuda_fuse import ROPE_OUT
+    from tilewise.kernels.matmul.cuda_source import WGR_ARGS
+
+    cfg = dataclasses.replace(PRESETS["tiny"], hidden_size=128, intermediate_size=384, head_dim=64,
+                              num_attention_heads=2, num_key_value_heads=1, name="tiny-d64")
+    H, d = cfg.hidden_size, cfg.head_dim
+    qkv_n = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d
+    qkv_cfg = {"ks1": DEFAULT_WGR, "cluster": {**DEFAULT_WGR, "KS": 2, "SR": 2},
+               "reduced": {**DEFAULT_WGR, "KS": 2, "SR": 0}}[qkv_case]
+    ex = _wgr_executor(monkeypatch, [("none", qkv_n, H, True, qkv_cfg)], cfg)
+    sigs = kernel_signatures()
+    n, start = int(rng.integers(9, 60)), 0
+    ids = rng.integers(0, 512, n)
+    apart, _ = ex.plan(ids, start, None, False)
+    ex.fuse_rope = True
+    plan, new = ex.plan(ids, start, None, False)
+    attn_layers = [i for i, t in enumerate(cfg.layer_types) if t == "full_attention"]
+    if qkv_case == "reduced":
+        assert plan.labels == apart.labels and plan.labels.count("attn.qknorm_rope") == len(attn_layers)
+        return
+    assert "attn.qknorm_rope" not in plan.labels and apart.labels.count("attn.qknorm_rope") == len(attn_layers)
+    assert [lab for lab in apart.labels if lab != "attn.qknorm_rope"] == plan.labels
+    qkvs = [launch for launch, lab in zip(plan.launches, plan.labels)
+            if lab == "attn.qkv" and launch.program.meta["entry"].startswith("nf4_mm_wgr")]
+    assert len(qkvs) == len(attn_layers)
+    descs = set()
+    for launch, i in zip(qkvs, attn_layers):
+        check_launch(launch, sigs)
+        assert launch.program.meta["entry"].startswith("nf4_mm_wgr_cluster<0, 0," if qkv_case == "cluster"
+                                                       else "nf4_mm_wgr<0, 0,")
+        desc = launch.buffers[WGR_ARGS["rope"]]
+        assert desc is not NULL and desc.nbytes >= ROPE_OUT.itemsize == 72 and id(desc) not in descs
+        descs.add(id(desc))
+        rec = np.frombuffer(ex.dev.written[id(desc)], ROPE_OUT)[0]
+        lay = ex.layers[i]
+        k_c, v_c = new.kv[i]
+        want = [lay["q_norm"], lay["k_norm"], ex.rope[0], ex.rope[1], ex.act["q"], k_c, v_c]
+        assert list(rec["ptr"]) == [ex.dev.address(b) for b in want]
+        assert (int(rec["start"]), int(rec["hq"]), int(rec["hkv"])) == (start, cfg.num_attention_heads,
+                                                                         cfg.num_key_value_heads)
+        assert np.float32(rec["eps"]) == np.float32(cfg.norm_eps)
+    ex.fuse_rope = False
+    again, _ = ex.plan(ids, start, None, False)
+    assert again.labels == apart.labels
+    assert all(launch.buffers[WGR_ARGS["rope"]] is NULL for launch, lab in zip(again.launches, again.labels)
+               if lab == "attn.qkv" and launch.program.meta["entry"].startswith("nf4_mm_wgr"))

@@ -38,7 +38,7 @@ class FakeModel:
         self.clock, self.cost, self.rng, self.differs, self.delta = clock, cost, rng, differs, np.float32(delta)
         self.config = PRESETS["tiny"]
         self.executor = SimpleNamespace(pdl=False, fuse_preps=True, serial_reduce=False, fold_norm=False,
-                                        dev=SimpleNamespace(pdl=has_pdl))
+                                        fuse_rope=False, dev=SimpleNamespace(pdl=has_pdl))
         self.row = rng.standard_normal(8).astype(np.float32)
 
     def prefill(self, ids):
@@ -80,7 +80,7 @@ def test_the_race_takes_the_faster_side_and_keeps_the_default_on_a_tie(clock, pd
     raced = race_settings(model, seq=40, log=lambda _m: None)
     assert raced["pdl"]["value"] is pdl_faster
     assert raced["pdl"]["verdict"] == ("faster" if pdl_faster else "slower")
-    for name in ("fuse_preps", "serial_reduce", "fold_norm"):
+    for name in ("fuse_preps", "serial_reduce", "fold_norm", "fuse_rope"):
         assert raced[name]["verdict"] == "tie" and raced[name]["value"] is CUDA_SETTINGS[name]
     assert all(r["outputs_agree"] and r["decisions"] == 60 for r in raced.values())
     assert (model.executor.pdl, model.executor.fuse_preps) == (pdl_faster, True)  # left with the choices
@@ -133,7 +133,8 @@ def test_the_norm_fold_is_taken_where_faster_and_within_the_f16_tolerance_only(c
     fold = raced["fold_norm"]
     assert fold["verdict"] == "faster" and fold["exact"] is False and fold["outputs_agree"] is taken
     assert fold["value"] is taken and model.executor.fold_norm is taken
-    assert all(r["exact"] for name, r in raced.items() if name != "fold_norm")
+    assert all(r["exact"] for name, r in raced.items() if name not in ("fold_norm", "fuse_rope"))
+    assert raced["fuse_rope"]["exact"] is False
 
 
 def test_outputs_agree_needs_the_same_bits_except_for_an_inexact_setting(rng):
@@ -154,7 +155,7 @@ def test_pdl_is_not_raced_on_a_gpu_without_it(clock):
     model = FakeModel(clock, lambda pdl, fuse, serial, fold: 1.0, np.random.default_rng(4), has_pdl=False)
     lines: list[str] = []
     raced = race_settings(model, seq=40, log=lines.append)
-    assert set(raced) == {"fuse_preps", "serial_reduce", "fold_norm"} and model.executor.pdl is False
+    assert set(raced) == {"fuse_preps", "serial_reduce", "fold_norm", "fuse_rope"} and model.executor.pdl is False
     assert any("pdl not raced" in line for line in lines)
 
 

@@ -131,6 +131,13 @@ class CUDADevice(Device):
                               "use smaller shapes or free GPU memory") from exc
         return Buffer(self, handle, size, uniform)
 
+    def address(self, buffer: Buffer) -> int:
+        """The buffer's device address, for a struct of pointers a kernel reads (`cuda_fuse.fuse_rope`)."""
+        if buffer.device is not self:
+            raise LaunchError("the address of a buffer of another device was asked for",
+                              "allocate the buffer on the device whose kernels read it")
+        return int(buffer.handle.data.ptr)
+
     def write(self, buffer: Buffer, array: np.ndarray, offset_bytes: int = 0) -> None:
         raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
         if offset_bytes + raw.nbytes > buffer.nbytes:

@@ -31,7 +31,8 @@ PREFIX_TOKENS = 47  # seed 001: tokens shared by every game prompt before the bo
 
 #: the CUDA executor's raced settings (model/dispatch.py's `CUDA_SETTINGS`) as `tilewise bench` names them
 SETTING_NAMES = {"pdl": "programmatic dependent launch", "fuse_preps": "fused prologues",
-                 "serial_reduce": "split-K summed in the matmul", "fold_norm": "the norm folded into the matmuls"}
+                 "serial_reduce": "split-K summed in the matmul", "fold_norm": "the norm folded into the matmuls",
+                 "fuse_rope": "q/k norm and RoPE in the qkv matmul"}
 
 
 def percentiles(samples_ms: list[float]) -> dict[str, float]:
@@ -129,16 +130,16 @@ def race_executors(executors: dict[str, Any], full: list[np.ndarray], rounds: in
 
 
 def race_verdict(samples: dict[str, list[float]], per_round: int, base: str, new: str,
-                 labels: tuple[str, str] = ("", "")) -> Comparison:
+                 labels: tuple[str, str] = ("", ""), level: float = 0.95) -> Comparison:
     """Mode `new` against mode `base` of a `race_modes` race, round by round (`paired_compare`): the rounds' pairs
     share the machine's state, so a clock step that lasts many rounds does not pick the winner."""
-    return paired_compare(rounds_of(samples[base], per_round), rounds_of(samples[new], per_round), labels)
+    return paired_compare(rounds_of(samples[base], per_round), rounds_of(samples[new], per_round), labels, level)
 
 
 def verdict_record(verdict: Comparison) -> dict[str, Any]:
     """A race verdict as the JSON records keep it."""
     return {"verdict": verdict.verdict, "speedup": verdict.ratio, "note": verdict.note,
-            **({"speedup_ci95": list(verdict.ci95)} if verdict.ci95 else {})}
+            **({"speedup_interval": list(verdict.interval), "level": verdict.level} if verdict.interval else {})}
 
 
 class PairRace(NamedTuple):
@@ -178,8 +179,8 @@ def report_pair(race: PairRace, title: str, args: Any, dev: Any, filename: str, 
 def verdict_text(verdict: Any) -> str:
     """A comparison as the race scripts print it: `faster (1.063x, 95% 1.051-1.070)` (the interval where the
     comparison has one: round by round), with its note after a semicolon."""
-    ci95 = getattr(verdict, "ci95", None)
-    ci = f", 95% {ci95[0]:.3f}-{ci95[1]:.3f}" if ci95 else ""
+    iv = getattr(verdict, "interval", None)
+    ci = f", {100 * verdict.level:.0f}% {iv[0]:.3f}-{iv[1]:.3f}" if iv else ""
     return f"{verdict.verdict} ({verdict.ratio:.3f}x{ci}{'; ' + verdict.note if verdict.note else ''})"
 
 

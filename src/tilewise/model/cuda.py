@@ -22,6 +22,7 @@
   (`devices/cuda_pdl.py`). Unless the caller or that variable says, PDL, the fused prologues, `serial_reduce`
   (split-K summed in each tile's last block, `cuda_fuse.summed_config`) and `fold_norm` (a residual matmul that
   sums in its launch hands the next wgr matmul its rows unnormed with their sums of squares, `cuda_fuse.fold_norm`)
+  and `fuse_rope` (the q/k/v matmul writes q and the KV cache rows normed and rotated itself, `cuda_fuse.fuse_rope`)
   follow the dispatch table's `settings` for this model (raced on whole decisions by `tilewise tune model`,
   model/tune_settings.py; `CUDA_SETTINGS` defaults).
 
@@ -46,7 +47,7 @@ from tilewise.kernels.attention.problem import rope_table
 from tilewise.kernels.base import KernelTemplate
 from tilewise.kernels.cudasrc import FMT_CODE, zeroed
 from tilewise.kernels.matmul import cuda as mm
-from tilewise.kernels.matmul.cuda_fuse import fold_norm, fuse_prep, summed_config
+from tilewise.kernels.matmul.cuda_fuse import ROPE_OUT, fold_norm, fuse_prep, fuse_rope, summed_config
 from tilewise.kernels.rowops import cuda as rowops
 from tilewise.kernels.shortconv.cuda import CudaShortConv
 from tilewise.kernels.space import Config
@@ -118,6 +119,7 @@ class CUDAExecutor:
         self.fuse_preps = True  # likewise; part of a plan's key
         self.serial_reduce = False  # likewise
         self.fold_norm = False  # likewise
+        self.fuse_rope = False  # likewise
         self.graph_captures = 0
         self.graph_replays = 0
         self._check_model()
@@ -363,7 +365,7 @@ class CUDAExecutor:
         new = self._take_caches(start + n)
         new.n_tokens = start + n
         self._ids_host[:n] = ids
-        key = (n, start, final_row_slicing, self.fuse_preps, self.serial_reduce, self.fold_norm,
+        key = (n, start, final_row_slicing, self.fuse_preps, self.serial_reduce, self.fold_norm, self.fuse_rope,
                None if caches is None else (id(caches.kv), id(caches.conv)), id(new.kv), id(new.conv))
         cached = self._plans.get(key)
         if cached is None:
@@ -412,9 +414,17 @@ class CUDAExecutor:
                              norm=lay["operator_norm"])
                 k_c, v_c = new.kv[i]
                 rshape = (n, start, hq, hkv, d)
-                plan.add("attn.qknorm_rope", rope.launches_into(self.program(rope, rcfg, rshape), {
+                rl = rope.launches_into(self.program(rope, rcfg, rshape), {
                     "qkv": a["big"], "q_norm": lay["q_norm"], "k_norm": lay["k_norm"], "cos": self.rope[0],
-                    "sin": self.rope[1], "q": a["q"]}, rshape, k_c, v_c))
+                    "sin": self.rope[1], "q": a["q"]}, rshape, k_c, v_c)
+                fused = None
+                if self.fuse_rope:  # the qkv launch writes q and the cache rows itself; its RopeOut lives with the plan
+                    plan.keep.append(self.dev.allocate(ROPE_OUT.itemsize))
+                    fused = fuse_rope(self.dev, plan.launches[-1], rl[0], plan.keep[-1])
+                if fused is not None:
+                    plan.launches[-1] = fused
+                else:
+                    plan.add("attn.qknorm_rope", rl)
                 ashape = (br.outputs, start, hq, hkv, d)  # queries of the output rows only, with their own tile
                 acfg = self.attention_choice(br.outputs)
                 plan.add("attention", attn.launches_at(self.program(attn, acfg, ashape), {

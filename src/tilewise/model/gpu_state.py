@@ -41,6 +41,7 @@ class Plan:
         self.tokens = tokens  # token ids the decision writes before its launches
         self.graph: Any = None
         self.graph_pdl = False  # whether `graph` was captured with programmatic dependent launch
+        self.keep: list[Any] = []  # buffers only this plan's launches read (`fuse_rope`'s RopeOut records)
 
     def add(self, label: str, launches: Launch | Sequence[Launch]) -> None:
         for launch in [launches] if isinstance(launches, Launch) else launches:

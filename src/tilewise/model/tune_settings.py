@@ -9,13 +9,15 @@ decision can measure them:
 - `serial_reduce`: split-K slices summed in each tile's last block instead of a reduction launch (the same bits);
 - `fold_norm`: a residual matmul that sums in its own launch (wgr, or split-K in a cluster) hands the next (normed)
   wgr matmul its rows unnormed, as f16 (h * g), with their sums of squares, and that matmul scales its output rows
-  by 1 / rms(h): a launch fewer where it applies, rounded differently (within the f16 tolerance, not the same bits).
+  by 1 / rms(h): a launch fewer where it applies, rounded differently (within the f16 tolerance, not the same bits);
+- `fuse_rope`: the q/k/v matmul (wgr summing in its own launch) norms and rotates q and k into attention's inputs in
+  its epilogue instead of a launch after it: each head's sum of squares added in another order (not the same bits).
 
 Which side wins depends on the model as well as the GPU (PDL has sped one model up and slowed another down on the
 same GPU; docs/journal/model.md). So the tune races each setting on the tuned table, in alternating rounds of graph
 replays (`race_modes`), one setting at a time in the order above, each later race with the earlier choices applied.
 A setting leaves its default only where both sides agree on the last hidden row (the same bits; `fold_norm`
-within `INEXACT_SETTINGS`' tolerance) and the 95% interval of its speed-up, taken round by round (`race_verdict`:
+within `INEXACT_SETTINGS`' tolerance) and the 99% interval of its speed-up, taken round by round (`race_verdict`:
 the GPU's clock can step by a few percent for many rounds at a time), excludes 1; a tie keeps the default. The
 choices go into the dispatch table under `settings`, keyed by the model's shape signature (`model_signature`), with
 the kernel versions they ran on; the executor applies them where neither its caller nor `TILEWISE_CUDA_PDL` chose.
@@ -68,6 +70,9 @@ def l2_timing(dev: Any, cfg: Any, fmt: str, l2: str = "auto", local: bool = True
 #: a clock step seldom falls inside one round, and enough of them for an interval over rounds (`race_verdict`)
 ROUNDS = 20
 PER_ROUND = 3
+#: the confidence a setting needs to leave its default: five settings raced at 95% would leave one on noise in
+#: about one tune in five
+LEVEL = 0.99
 #: prompts the race cycles over (random ids, a fixed prefix, as the game's prompts share theirs)
 PROMPTS = 8
 
@@ -75,7 +80,7 @@ PROMPTS = 8
 #: settings that change the rounding, and how far apart their two sides' outputs may be, as a share of the largest
 #: magnitude (a decision's f16 tolerance against float64 in the executor's tests); every other setting must give
 #: the same bits
-INEXACT_SETTINGS = {"fold_norm": 1e-2}
+INEXACT_SETTINGS = {"fold_norm": 1e-2, "fuse_rope": 1e-3}
 
 
 def outputs_agree(name: str, on: np.ndarray, off: np.ndarray) -> bool:
@@ -120,8 +125,9 @@ def race_settings(model: Any, seq: int, rounds: int = ROUNDS, per_round: int = P
     """Race every setting the executor of `model` has (PDL only where the device has it) on `seq`-token decisions;
     leaves the executor with the chosen values. Both sides of a race must agree on the final-normed last row (the
     same bits, or within an inexact setting's tolerance: "exact" says which). Returns {setting: {"value",
-    "default", "verdict", "ratio", "ratio_ci95", "on_ms", "off_ms", "on_ci95_ms", "off_ci95_ms", "outputs_agree",
-    "exact", "decisions"}}: "ratio" is off over on, round by round (`race_verdict`), the medians pooled."""
+    "default", "verdict", "ratio", "ratio_interval", "level", "on_ms", "off_ms", "on_ci95_ms", "off_ci95_ms",
+    "outputs_agree", "exact", "decisions"}}: "ratio" is off over on, round by round (`race_verdict`), the medians
+    pooled."""
     from tilewise.model.bench import PREFIX_TOKENS, prompts, race_verdict
     from tilewise.tune.measure import summarize
 
@@ -139,15 +145,15 @@ def race_settings(model: Any, seq: int, rounds: int = ROUNDS, per_round: int = P
         same, samples = race_setting(ex, name, decide, lambda: model.prefill(full[0]).last_hidden,  # (hidden,)
                                      rounds, per_round)
         on, off = summarize(samples["on"]), summarize(samples["off"])
-        verdict = race_verdict(samples, per_round, "off", "on")
+        verdict = race_verdict(samples, per_round, "off", "on", level=LEVEL)
         value = choose(default, verdict.verdict, same)
         setattr(ex, name, value)
         out[name] = {"value": value, "default": default, "verdict": verdict.verdict, "ratio": verdict.ratio,
-                     "ratio_ci95": list(verdict.ci95) if verdict.ci95 else None,
+                     "ratio_interval": list(verdict.interval) if verdict.interval else None, "level": LEVEL,
                      "on_ms": on.median_ms, "off_ms": off.median_ms, "on_ci95_ms": list(on.ci95_ms),
                      "off_ci95_ms": list(off.ci95_ms), "outputs_agree": same,
                      "exact": name not in INEXACT_SETTINGS, "decisions": len(samples["on"])}
-        ci = f", 95% {verdict.ci95[0]:.3f}-{verdict.ci95[1]:.3f}" if verdict.ci95 else ""
+        ci = f", 99% {verdict.interval[0]:.3f}-{verdict.interval[1]:.3f}" if verdict.interval else ""
         ranked = verdict.verdict in ("faster", "slower")
         why = ("the outputs differ" if not same else f"{verdict.verdict}, {verdict.ratio:.3f}x{ci}" if ranked
                else f"a {verdict.verdict} ({verdict.ratio:.3f}x{ci}): the default stays")

@@ -130,7 +130,8 @@ class Comparison:
     verdict: str
     ratio: float
     note: str | None = None
-    ci95: tuple[float, float] | None = None  # `paired_compare`: the ratio's bootstrap 95% interval over rounds
+    interval: tuple[float, float] | None = None  # `paired_compare`: the ratio's interval over rounds, at `level`
+    level: float | None = None
 
     @property
     def saving_pct(self) -> float:
@@ -152,7 +153,7 @@ class Comparison:
 
     def as_dict(self) -> dict[str, Any]:
         out = {"verdict": self.verdict, "ratio": self.ratio, "saving_pct": self.saving_pct, "note": self.note}
-        return out if self.ci95 is None else {**out, "ratio_ci95": list(self.ci95)}
+        return out if self.interval is None else {**out, "ratio_interval": list(self.interval), "level": self.level}
 
 
 def compare(base: Stats, new: Stats, names: tuple[str, str] = ("", "")) -> Comparison:
@@ -198,13 +199,13 @@ def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float
 
 
 def paired_compare(base_rounds: Sequence[Sequence[float]], new_rounds: Sequence[Sequence[float]],
-                   names: tuple[str, str] = ("", "")) -> Comparison:
+                   names: tuple[str, str] = ("", ""), level: float = 0.95) -> Comparison:
     """`new` against `base` timed in alternating rounds, round r of each side back to back.
 
     A GPU's speed can step by a few percent and stay there for many rounds (its clock under a power limit, a
     neighbour's load); pooled medians then rank whichever side happened to get more of the fast stretches. Each
     round's pair shares the machine's state, so the ratio here is the median over rounds of base's round median /
-    new's round median, with its 95% interval (`median_interval`): faster or slower where the interval excludes 1,
+    new's round median, with its interval (`median_interval` at `level`): faster or slower where it excludes 1,
     a tie where it holds 1, noisy where either side's samples are (`noise_note`) or there are fewer than
     `MIN_PAIRED_ROUNDS` rounds."""
     if len(base_rounds) != len(new_rounds):
@@ -220,9 +221,9 @@ def paired_compare(base_rounds: Sequence[Sequence[float]], new_rounds: Sequence[
         note = noise_note(summarize([x for r in rounds for x in r]), name)
         if note is not None:
             return Comparison("noisy", ratio, note)
-    lo, hi = median_interval(ratios)
+    lo, hi = median_interval(ratios, level)
     verdict = "tie" if lo <= 1.0 <= hi else "faster" if lo > 1.0 else "slower"
-    return Comparison(verdict, ratio, None, (lo, hi))
+    return Comparison(verdict, ratio, None, (lo, hi), level)
 
 
 def tie_groups(stats: Mapping[Hashable, Stats]) -> list[tuple[Hashable, Stats, int]]:

@@ -307,8 +307,9 @@ class CudaMatmul(KernelTemplate):
         if self.kind == "wgr" and self.epilogue != "residual" and self.sums_in_kernel(config):
             # it applies the epilogue itself, into final_out (out with KS 1)
             offers_f16_out(prog, WGR_ARGS["final_out"], WGR_ARGS["out_h"], WGR_ARGS["m"], WGR_ARGS["n"])
-        if self.kind == "wgr":  # the norm fold's consuming side (`cuda_fuse.fold_norm`)
+        if self.kind == "wgr":  # the norm fold's consuming side (`cuda_fuse.fold_norm`); q/k norm + RoPE (`fuse_rope`)
             prog.meta["fold_into"] = config["KS"] == 1 or self.clustered(config)
+            prog.meta["rope_into"] = self.epilogue == "none" and prog.meta["fold_into"]
         fold = self.fold_from(config)
         if fold:
             prog.meta["fold_from"] = fold
@@ -376,9 +377,10 @@ class CudaMatmul(KernelTemplate):
             if self.kind == "wgt":  # x by TMA: xh as (m, k) f16 rows in boxes of 64 x 64
                 main.append(f16_rows_map(bufs["xh"], m, k, 64))
             elif self.kind == "wgr":  # one box of BT tokens x 64 a step; SR's arguments; no f16 output (`fuse_prep`
-                # may set one), no norm fold (`fold_norm` may set it: ss_in, eps, fold_g, ss_out)
+                # may set one), no norm fold (`fold_norm` may set it: ss_in, eps, fold_g, ss_out), no RoPE
+                # (`fuse_rope` may set it)
                 main += [f16_rows_map(bufs["xh"], m, k, config["BT"]), *self._sr_args(bufs, config), NULL, NULL,
-                         np.float32(self.eps), NULL, NULL]
+                         np.float32(self.eps), NULL, NULL, NULL]
             return [prep, Launch(program, self.grid(config, shape), main), *reduce]
         args: list[Any] = [bufs["x"], np.int32(x_row0), *weights, arg_or(bufs, "norm_w", "x"), np.float32(self.eps),
                            out, *dims]

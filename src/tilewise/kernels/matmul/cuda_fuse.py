@@ -8,12 +8,17 @@
 - a residual matmul that sums in its own launch (wgr with KS 1 or a cluster, splitk with a cluster) and the
   RMSNorm prologue of the next wgr matmul, the norm folded into the two matmuls (`fold_norm`): one launch fewer,
   not the same bits (the f16 rounding falls on h * g instead of on the normed row), so its race compares within a
-  tolerance."""
+  tolerance;
+- the q/k/v matmul (wgr, no epilogue, summing in its own launch) and the q/k norm + RoPE launch after it
+  (`fuse_rope`): the matmul's epilogue writes q and the KV cache rows itself, one launch fewer, its head sums of
+  squares added in another order (within the f32 rounding, not the same bits)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from tilewise.devices.base import Device, Launch, Program
 from tilewise.errors import LaunchError, ShaderCompileError
@@ -21,6 +26,10 @@ from tilewise.kernels.cudasrc import NULL, compile_cuda, name_expression
 from tilewise.kernels.matmul.cuda_source import WGR_ARGS, matmul_source
 from tilewise.kernels.matmul.cuda_space import EPI_CODE, PREP_NT
 from tilewise.kernels.space import Config
+
+#: matmul_reduce.cu's RopeOut: q_norm, k_norm, cos, sin, q, k_cache, v_cache (device addresses), start, HQ, HKV, eps
+ROPE_OUT = np.dtype([("ptr", "<u8", 7), ("start", "<i4"), ("hq", "<i4"), ("hkv", "<i4"), ("eps", "<f4")])
+ROPE_HEAD_DIM = 64  # rope_chunk's head: the 16 4-column chunks of a half-warp
 
 
 def fuse_prep(device: Device, prev: Launch, prep: Launch, programs: dict[Any, Program]) -> Launch | None:
@@ -103,3 +112,24 @@ def fold_norm(prev: Launch, prep: Launch, main: Launch, ss: Any) -> tuple[Launch
     p[at["out_h"]], p[at["fold_g"]], p[at["ss_out"]] = xh, norm_w, ss
     m[WGR_ARGS["ss_in"]], m[WGR_ARGS["eps"]] = ss, eps
     return Launch(prev.program, prev.grid, p), Launch(main.program, main.grid, m)
+
+
+def fuse_rope(device: Device, main: Launch, rope: Launch, desc: Any) -> Launch | None:
+    """`main`, the q/k/v matmul, doing the q/k norm + RoPE launch `rope` (attention.cu's `qknorm_rope`) after it in
+    its own epilogue (matmul_reduce.cu's `rope_chunk`), with `desc` (72 bytes on the device) written with the RopeOut
+    it reads. None where they do not fit: main a wgr launch of no epilogue that sums in its own launch (`rope_into`:
+    KS 1 or a cluster) writing f32 rows (no f16 output) into exactly the rows rope reads, heads of 64."""
+    if not main.program.meta.get("rope_into") or desc.nbytes < ROPE_OUT.itemsize:
+        return None
+    qkv, q_norm, k_norm, cos, sin, q, k_cache, v_cache, m, start, hq, hkv, eps = rope.buffers
+    args = list(main.buffers)
+    n = int(args[WGR_ARGS["n"]])
+    if (args[WGR_ARGS["final_out"]] is not qkv or args[WGR_ARGS["out_h"]] is not NULL or args[WGR_ARGS["rope"]]
+            is not NULL or int(args[WGR_ARGS["m"]]) != int(m) or n != (int(hq) + 2 * int(hkv)) * ROPE_HEAD_DIM):
+        return None
+    record = np.zeros(1, ROPE_OUT)
+    record["ptr"][0] = [device.address(b) for b in (q_norm, k_norm, cos, sin, q, k_cache, v_cache)]
+    record["start"], record["hq"], record["hkv"], record["eps"] = int(start), int(hq), int(hkv), float(eps)
+    device.write(desc, record.view(np.uint8))
+    args[WGR_ARGS["rope"]] = desc
+    return Launch(main.program, main.grid, args)

@@ -25,8 +25,10 @@ SOURCE_FILES = ("matmul.cu", "matmul_reduce.cu", "matmul_mma.cu", "matmul_pipe.c
                 "matmul_rows.cu")
 
 #: positions of the arguments other code sets in a launch of nf4_mm_wgr / nf4_mm_wgr_cluster (matmul_wgr.cu) and of
-#: the split-K kernels (matmul_mma.cu): the f16 output (`offers_f16_out`) and the norm fold (`cuda_fuse.fold_norm`)
-WGR_ARGS = {"m": 6, "n": 7, "k": 8, "final_out": 10, "out_h": 12, "ss_in": 13, "eps": 14, "fold_g": 15, "ss_out": 16}
+#: the split-K kernels (matmul_mma.cu): the f16 output (`offers_f16_out`), the norm fold (`cuda_fuse.fold_norm`) and
+#: q/k norm + RoPE (`cuda_fuse.fuse_rope`)
+WGR_ARGS = {"m": 6, "n": 7, "k": 8, "final_out": 10, "out_h": 12, "ss_in": 13, "eps": 14, "fold_g": 15, "ss_out": 16,
+            "rope": 17}
 SPLITK_ARGS = {"m": 9, "n": 10, "final_out": 12, "out_h": 14, "fold_g": 15, "ss_out": 16}
 
 

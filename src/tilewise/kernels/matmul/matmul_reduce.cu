@@ -195,13 +195,64 @@ __device__ __forceinline__ void fold_chunk(float4 h, bool ok, const float *__res
   if (ok && col % 64 == 0) ss_out[(size_t)row * (N / 64) + col / 64] = sq;
 }
 
+// q/k norm + RoPE in the epilogue of the matmul that makes q, k and v (the executor's `fuse_rope`, attention.cu's
+// qknorm_rope folded in): where a wgr launch of EPI 0 has `rope` (a RopeOut in device memory) its N output columns
+// are HQ + 2 HKV heads of 64, and row m goes to attention's inputs instead of out: each q head normed (its own RMSNorm
+// weight) and rotated into q row m, each k head normed and rotated into k_cache row start + m, each v head copied to
+// v_cache row start + m. rope_chunk is called by every lane of a half-warp for the 16 4-column chunks of one head of
+// one row (ok false: outside the output; it still takes part in the shuffles, and stores nothing): the head's sum of
+// squares is added across the sixteen lanes, and the RoPE partner of column d (d + 32 or d - 32) is in lane ^ 8.
+// The values are qknorm_rope's but for the order of that sum: within the f32 rounding, not the same bits.
+struct RopeOut {
+  const float *q_norm, *k_norm;  // (64) each
+  const float *cos_t, *sin_t;    // (positions, 32) each
+  float *q;                      // (M, HQ * 64)
+  float *k_cache, *v_cache;      // (positions, HKV * 64) each
+  int start, hq, hkv;
+  float eps;
+};
+
+__device__ __forceinline__ void rope_chunk(float4 y, bool ok, const RopeOut &r, int row, int col) {
+  const int h = col / 64, d = col % 64, pos = r.start + row;
+  const bool is_q = h < r.hq, is_v = h >= r.hq + r.hkv;
+  float ss = y.x * y.x + y.y * y.y + y.z * y.z + y.w * y.w;
+#pragma unroll
+  for (int s = 8; s > 0; s >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, s);  // the head's 64 columns
+  const float rms = rsqrtf(ss / 64.0f + r.eps);
+  float4 g = f4(1.0f, 1.0f, 1.0f, 1.0f);
+  if (ok && !is_v) g = *reinterpret_cast<const float4 *>((is_q ? r.q_norm : r.k_norm) + d);
+  const float4 v = f4(y.x * rms * g.x, y.y * rms * g.y, y.z * rms * g.z, y.w * rms * g.w);
+  float4 p;  // columns d +- 32 of the same head: lane ^ 8 holds them
+  p.x = __shfl_xor_sync(0xffffffffu, v.x, 8);
+  p.y = __shfl_xor_sync(0xffffffffu, v.y, 8);
+  p.z = __shfl_xor_sync(0xffffffffu, v.z, 8);
+  p.w = __shfl_xor_sync(0xffffffffu, v.w, 8);
+  if (!ok) return;
+  if (is_v) {
+    *reinterpret_cast<float4 *>(r.v_cache + ((size_t)pos * r.hkv + (h - r.hq - r.hkv)) * 64 + d) = y;
+    return;
+  }
+  if (d < 32) p = f4(-p.x, -p.y, -p.z, -p.w);
+  const float4 c = *reinterpret_cast<const float4 *>(r.cos_t + (size_t)pos * 32 + d % 32);
+  const float4 sn = *reinterpret_cast<const float4 *>(r.sin_t + (size_t)pos * 32 + d % 32);
+  float *dst = is_q ? r.q + ((size_t)row * r.hq + h) * 64 + d : r.k_cache + ((size_t)pos * r.hkv + (h - r.hq)) * 64 + d;
+  *reinterpret_cast<float4 *>(dst) = f4(v.x * c.x + p.x * sn.x, v.y * c.y + p.y * sn.y, v.z * c.z + p.z * sn.z,
+                                        v.w * c.w + p.w * sn.w);
+}
+
 // the epilogue of one chunk of four summed columns (y, each set's) at output row `row`, column `col` (ok: inside the
-// output): with `fold` the norm fold's producer (residual; whole half-warps call it, ok or not, N % 64 == 0), else
+// output): with `rope` q/k norm + RoPE (none), with `fold` the norm fold's producer (residual; whole half-warps call
+// either, ok or not, N % 64 == 0), else
 // store_sum4, or store_sum1 column by column where N % 4 != 0; res holds the residual row's four values, loaded ahead
 template <int EPI, int SETS>
 __device__ __forceinline__ void chunk_epilogue(const float4 (&y)[SETS], float4 res, bool ok, bool fold, int row,
                                                int col, float *final_out, unsigned short *out_h,
-                                               const float *fold_g, float *ss_out, int N) {
+                                               const float *fold_g, float *ss_out, int N,
+                                               const RopeOut *rope = nullptr) {
+  if (EPI == 0 && rope != nullptr) {  // q/k norm + RoPE (whole half-warps call it, ok or not, N % 64 == 0)
+    rope_chunk(y[0], ok, *rope, row, col);
+    return;
+  }
   const size_t o = (size_t)row * N + col;
   if (EPI == 1 && fold) {
     float4 h = f4(0.0f, 0.0f, 0.0f, 0.0f);

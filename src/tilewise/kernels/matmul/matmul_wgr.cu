@@ -47,6 +47,8 @@
 // per 64 columns into ss_out (N % 64 == 0); a KS 1 or SR 2 launch with ss_in not null reads x as such rows and
 // multiplies each token's outputs (SR 2: the sum of its slices) by rsqrt(sum / K + eps) before its epilogue. Null
 // pointers: neither.
+// rope, where not null (EPI 0 with KS 1 or SR 2; N % 64 == 0): q/k norm + RoPE instead of storing out
+// (matmul_reduce.cu's `rope_chunk`, the executor's `fuse_rope`): the rows go to q and the KV cache.
 // Shapes: K % (KS * 64) == 0; any M and N.
 
 __host__ __device__ constexpr int wgr_threads(int BF) { return BF / 64 * 128; }
@@ -235,7 +237,7 @@ __device__ __forceinline__ void wgr_sum_own(const float (&acc)[SETS][BT / 8][4],
 template <int EPI, int KS, int NT, int BT, int BF>
 __device__ __forceinline__ void wgr_own_epilogue(const float *tile, int tid, float *final_out, unsigned short *out_h,
                                                  int M, int N, int t0, int f0, const float *fold_g, float *ss_out,
-                                                 bool scaled) {
+                                                 bool scaled, const RopeOut *rope) {
   static_assert(NT == 2 * BF, "one chunk a thread in each token group");
   constexpr int SETS = EPI == 2 ? 2 : 1, TS = BF + 4, OWN = wgr_own_groups(BT, KS);
   constexpr int PB = OWN < EPI_BATCH ? OWN : EPI_BATCH;
@@ -266,7 +268,7 @@ __device__ __forceinline__ void wgr_own_epilogue(const float *tile, int tid, flo
 #pragma unroll
         for (int s = 0; s < SETS; ++s) y[s] = f4(y[s].x * k, y[s].y * k, y[s].z * k, y[s].w * k);
       }
-      chunk_epilogue<EPI, SETS>(y, res[u], ok[u], fold, t0 + row[u], col, final_out, out_h, fold_g, ss_out, N);
+      chunk_epilogue<EPI, SETS>(y, res[u], ok[u], fold, t0 + row[u], col, final_out, out_h, fold_g, ss_out, N, rope);
     }
   }
 }
@@ -280,7 +282,7 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
                                          int K, const TmaMap &xmap, float *__restrict__ final_out,
                                          unsigned *__restrict__ counters, unsigned short *__restrict__ out_h,
                                          const float *__restrict__ ss_in, float eps, const float *__restrict__ fold_g,
-                                         float *__restrict__ ss_out) {
+                                         float *__restrict__ ss_out, const RopeOut *__restrict__ rope) {
   constexpr int FAIL = wgr_first_failure(FMT, EPI, BF, BT, ST, KS, MB, DEC, SR);
   static_assert(FAIL != 1, "variant: FMT in 0..2 (nf4, f16, f32), EPI in 0..2 (none, residual, swiglu)");
   static_assert(FAIL != 2, "warpgroups_1_4: BF must be 1..4 warpgroups of 64 features");
@@ -485,7 +487,8 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
     wgr_push_sums<KS, NT, BT, SETS>(acc, recv, recv_bar, tid);
     wgr_sum_own<KS, NT, BT, BF, SETS>(acc, tile, reinterpret_cast<const float4 *>(base + ROFF), recv_bar, r, t, tid);
     __syncthreads();  // the block's summed rows (and the scales) are staged
-    wgr_own_epilogue<EPI, KS, NT, BT, BF>(tile, tid, final_out, out_h, M, N, t0, f0, fold_g, ss_out, scaled);
+    wgr_own_epilogue<EPI, KS, NT, BT, BF>(tile, tid, final_out, out_h, M, N, t0, f0, fold_g, ss_out, scaled,
+                                          EPI == 0 ? rope : nullptr);
     return;
   }
   if (scaled) __syncthreads();  // the scales are read by other threads below
@@ -531,6 +534,21 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
                      : f4(0.0f, 0.0f, 0.0f, 0.0f);
       }
     };
+    if (KS == 1 && EPI == 0 && rope != nullptr) {  // q/k norm + RoPE (N % 64 == 0): BT / 8 passes for every thread
+#pragma unroll 1
+      for (int e0 = tid; e0 < CHUNKS; e0 += EPI_BATCH * NT) {
+#pragma unroll
+        for (int u = 0; u < EPI_BATCH; ++u) {
+          const int e = e0 + u * NT;
+          if (e >= CHUNKS) break;  // the same for every thread of the block
+          const int row = e / (BF / 4), c = 4 * (e % (BF / 4)), tok = t0 + row, feat = f0 + c;
+          const bool ok = tok < M && feat < N;
+          const float4 v = ok ? *reinterpret_cast<const float4 *>(tile + row * TS + c) : f4(0.0f, 0.0f, 0.0f, 0.0f);
+          rope_chunk(v, ok, *rope, tok, feat);
+        }
+      }
+      continue;
+    }
     if (KS == 1 && EPI == 1 && fold_g != nullptr) {  // the norm fold (N % 64 == 0): BT / 8 passes for every thread
 #pragma unroll 1
       for (int e0 = tid; e0 < CHUNKS; e0 += EPI_BATCH * NT) {
@@ -595,10 +613,10 @@ nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w
            const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, float *__restrict__ out, int M,
            int N, int K, const __grid_constant__ TmaMap xmap, float *__restrict__ final_out,
            unsigned *__restrict__ counters, unsigned short *__restrict__ out_h, const float *__restrict__ ss_in,
-           float eps, const float *__restrict__ fold_g, float *__restrict__ ss_out) {
+           float eps, const float *__restrict__ fold_g, float *__restrict__ ss_out, const RopeOut *__restrict__ rope) {
   static_assert(SR != 2, "SR 2 (a cluster per tile) is launched as nf4_mm_wgr_cluster");
   wgr_body<FMT, EPI, BF, BT, ST, KS, MB, DEC, SR>(xh, w, absmax, w_up, absmax_up, out, M, N, K, xmap, final_out,
-                                                  counters, out_h, ss_in, eps, fold_g, ss_out);
+                                                  counters, out_h, ss_in, eps, fold_g, ss_out, rope);
 }
 
 // SR 2: the KS blocks of a tile (blockIdx.z = 0..KS-1) are one cluster; out is final_out (no partial sums) and
@@ -610,8 +628,8 @@ nf4_mm_wgr_cluster(const unsigned short *__restrict__ xh, const unsigned *__rest
                    const float *__restrict__ absmax_up, float *__restrict__ out, int M, int N, int K,
                    const __grid_constant__ TmaMap xmap, float *__restrict__ final_out, unsigned *__restrict__ counters,
                    unsigned short *__restrict__ out_h, const float *__restrict__ ss_in, float eps,
-                   const float *__restrict__ fold_g, float *__restrict__ ss_out) {
+                   const float *__restrict__ fold_g, float *__restrict__ ss_out, const RopeOut *__restrict__ rope) {
   static_assert(SR == 2, "nf4_mm_wgr_cluster sums the slices in a cluster: SR 2");
   wgr_body<FMT, EPI, BF, BT, ST, KS, MB, DEC, SR>(xh, w, absmax, w_up, absmax_up, out, M, N, K, xmap, final_out,
-                                                  counters, out_h, ss_in, eps, fold_g, ss_out);
+                                                  counters, out_h, ss_in, eps, fold_g, ss_out, rope);
 }
