@@ -534,22 +534,9 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
                      : f4(0.0f, 0.0f, 0.0f, 0.0f);
       }
     };
-    if (KS == 1 && EPI == 0 && rope != nullptr) {  // q/k norm + RoPE (N % 64 == 0): BT / 8 passes for every thread
-#pragma unroll 1
-      for (int e0 = tid; e0 < CHUNKS; e0 += EPI_BATCH * NT) {
-#pragma unroll
-        for (int u = 0; u < EPI_BATCH; ++u) {
-          const int e = e0 + u * NT;
-          if (e >= CHUNKS) break;  // the same for every thread of the block
-          const int row = e / (BF / 4), c = 4 * (e % (BF / 4)), tok = t0 + row, feat = f0 + c;
-          const bool ok = tok < M && feat < N;
-          const float4 v = ok ? *reinterpret_cast<const float4 *>(tile + row * TS + c) : f4(0.0f, 0.0f, 0.0f, 0.0f);
-          rope_chunk(v, ok, *rope, tok, feat);
-        }
-      }
-      continue;
-    }
-    if (KS == 1 && EPI == 1 && fold_g != nullptr) {  // the norm fold (N % 64 == 0): BT / 8 passes for every thread
+    // q/k norm + RoPE (none), or the norm fold (residual); N % 64 == 0: BT / 8 passes for every thread, so that
+    // whole half-warps (a row's 64 aligned columns) call rope_chunk or fold_chunk
+    if (KS == 1 && ((EPI == 0 && rope != nullptr) || (EPI == 1 && fold_g != nullptr))) {
 #pragma unroll 1
       for (int e0 = tid; e0 < CHUNKS; e0 += EPI_BATCH * NT) {
         float4 res[EPI_BATCH];
@@ -563,10 +550,11 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
           float4 h = f4(0.0f, 0.0f, 0.0f, 0.0f);
           if (ok) {
             const float4 v = *reinterpret_cast<const float4 *>(tile + row * TS + c);
-            h = add4(res[u], v);
-            *reinterpret_cast<float4 *>(dst + (size_t)tok * N + feat) = h;
+            h = EPI == 1 ? add4(res[u], v) : v;
+            if (EPI == 1) *reinterpret_cast<float4 *>(dst + (size_t)tok * N + feat) = h;
           }
-          fold_chunk(h, ok, fold_g, out_h, ss_out, tok, feat, N);
+          if (EPI == 0) rope_chunk(h, ok, *rope, tok, feat);
+          else fold_chunk(h, ok, fold_g, out_h, ss_out, tok, feat, N);
         }
       }
       continue;
