@@ -359,9 +359,10 @@ def test_the_norm_fold_matches_the_float64_reference_and_the_unfolded_decision(d
 @pytest.mark.parametrize("qkv", ["ks1", "cluster"])
 def test_rope_in_the_qkv_epilogue_matches_the_separate_launch_and_the_float64_reference(dev, rng, qkv):
     """fuse_rope on the bundled model (heads of 64) with qkv on wgr summing in its own launch (KS 1, or KS 2 in a
-    cluster): the q/k norm + RoPE launch is gone; the V cache rows the epilogue writes are the separate launch's bits
-    and the K rows agree within the f32 rounding (each head's sum of squares adds in another order), at start 0 and
-    after a cached prefix; all 8 scores match the float64 forward and the unfused decision, launch by launch and
+    cluster): the q/k norm + RoPE launch is gone; in the first attention block the V cache rows the epilogue writes
+    are the separate launch's bits and the K rows agree within the f32 rounding (each head's sum of squares adds in
+    another order), later blocks (whose inputs carry that rounding) within 1e-3 of their largest value, at start 0
+    and after a cached prefix; all 8 scores match the float64 forward and the unfused decision, launch by launch and
     replayed."""
     from tests.cuda.test_model_cuda_tune import kind_table
 
@@ -384,6 +385,16 @@ def test_rope_in_the_qkv_epilogue_matches_the_separate_launch_and_the_float64_re
     ex = CUDAExecutor(ck, device=dev, dispatch=table, quiet=True)
     weights = {k: ck.float32(k) for k in ck.names()}
     hkv = cfg.num_key_value_heads
+    first = cfg.layer_types.index("full_attention")
+
+    def same_cache(kv, want):
+        for i, (k, v) in kv.items():
+            if i == first:
+                np.testing.assert_array_equal(v, want[i][1])
+                np.testing.assert_allclose(k, want[i][0], rtol=1e-5, atol=1e-6)
+            else:
+                for got, ref in zip((k, v), want[i]):
+                    np.testing.assert_allclose(got, ref, atol=1e-3 * max(1.0, float(np.abs(ref).max())), rtol=0)
 
     def run(ids, start=0, base=None, fuse=True, graphs=True):
         ex.fuse_rope, ex.graphs = fuse, graphs
@@ -401,9 +412,7 @@ def test_rope_in_the_qkv_epilogue_matches_the_separate_launch_and_the_float64_re
             got, kv, _ = run(ids, graphs=graphs)
             np.testing.assert_allclose(got, want, atol=3e-2 * max(1.0, float(np.abs(want).max())), rtol=0)
             np.testing.assert_allclose(got, plain, atol=1e-3 * max(1.0, float(np.abs(plain).max())), rtol=0)
-            for i, (k, v) in kv.items():
-                np.testing.assert_array_equal(v, plain_kv[i][1])
-                np.testing.assert_allclose(k, plain_kv[i][0], rtol=1e-5, atol=1e-6)
+            same_cache(kv, plain_kv)
         plan, _ = ex.plan(ids, 0, None, True)
         assert "attn.qknorm_rope" not in plan.labels
     head, tail = rng.integers(0, cfg.vocab_size, 30), rng.integers(0, cfg.vocab_size, 12)
@@ -413,6 +422,4 @@ def test_rope_in_the_qkv_epilogue_matches_the_separate_launch_and_the_float64_re
     ref, _ = reference.forward(cfg, weights, np.concatenate([head, tail]))
     np.testing.assert_allclose(got, weights[HEAD].astype(np.float64) @ ref[-1], atol=3e-2 * max(1.0, float(
         np.abs(got).max())), rtol=0)
-    for i, (k, v) in kv.items():
-        np.testing.assert_array_equal(v, plain_kv[i][1])
-        np.testing.assert_allclose(k, plain_kv[i][0], rtol=1e-5, atol=1e-6)
+    same_cache(kv, plain_kv)
