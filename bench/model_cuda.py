@@ -256,10 +256,10 @@ def main() -> int:
     ap.add_argument("--no-cli", action="store_true", help="skip `tilewise bench --device cuda`")
     ap.add_argument("--no-hf", action="store_true", help="skip HF transformers")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
-    ap.add_argument("--race-rounds", type=int, default=6,
-                    help="rounds of each setting race: with and without programmatic dependent launch, with and "
-                         "without fused prologues (0 skips them)")
-    ap.add_argument("--race-per-round", type=int, default=10, help="decisions per setting per round of those races")
+    ap.add_argument("--race-rounds", type=int, default=20,
+                    help="rounds of each setting race (with and without each of the executor's raced settings), "
+                         "judged round by round (0 skips them)")
+    ap.add_argument("--race-per-round", type=int, default=3, help="decisions per setting per round of those races")
     ap.add_argument("--webgpu", default="webgpu",
                     help="tilewise's WebGPU device raced in the same run (webgpu, dawn, ...; '' skips it)")
     args = ap.parse_args()

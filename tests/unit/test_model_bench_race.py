@@ -49,7 +49,7 @@ def test_race_args_give_every_race_script_the_same_options_with_its_defaults():
     ap = argparse.ArgumentParser()
     race_args(ap, "default", 348, "mode")
     args = ap.parse_args([])
-    assert (args.preset, args.seq, args.rounds, args.per_round, args.device) == ("default", 348, 10, 20, "cuda")
+    assert (args.preset, args.seq, args.rounds, args.per_round, args.device) == ("default", 348, 40, 5, "cuda")
     args = ap.parse_args(["--preset", "lfm2-350m", "--seq", "346", "--rounds", "3", "--per-round", "7"])
     assert (args.preset, args.seq, args.rounds, args.per_round) == ("lfm2-350m", 346, 3, 7)
     assert "decisions per mode and round" in ap.format_help()

@@ -107,8 +107,9 @@ def race_args(ap: Any, preset: str, seq: int, per: str) -> None:
     length, the rounds of the race and the decisions per `per` (table, mode) and round, and the device."""
     ap.add_argument("--preset", default=preset, help="model preset")
     ap.add_argument("--seq", type=int, default=seq, help="a decision's prompt length")
-    ap.add_argument("--rounds", type=int, default=10, help="rounds of the decision race")
-    ap.add_argument("--per-round", type=int, default=20, help=f"decisions per {per} and round")
+    ap.add_argument("--rounds", type=int, default=40,
+                    help="rounds of the decision race, judged round by round (short rounds, many of them)")
+    ap.add_argument("--per-round", type=int, default=5, help=f"decisions per {per} and round")
     ap.add_argument("--device", default="cuda")
 
 
