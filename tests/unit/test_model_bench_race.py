@@ -7,6 +7,7 @@ import argparse
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from tilewise.model.bench import race_args, race_executors
 
@@ -145,3 +146,17 @@ def test_a_pair_race_report_prints_the_verdict_and_the_bits_and_writes_the_recor
         assert doc["max_abs_score_diff"] == diff and doc["changed"] == ["x"]
         assert doc["verdict"] == {"verdict": verdict.verdict, "speedup": verdict.ratio, "note": verdict.note}
         assert doc["new"]["samples_ms"] == samples["new"]
+
+
+def test_prompts_share_one_prefix_and_refuse_a_length_that_leaves_no_new_tokens(rng):
+    from tilewise.errors import ConfigError
+    from tilewise.model.bench import prompts
+
+    seq, prefix = int(rng.integers(10, 80)), int(rng.integers(1, 9))
+    head, full = prompts(512, seq, 4, prefix, seed=int(rng.integers(0, 99)))
+    assert head.shape == (prefix,) and all(p.shape == (seq,) and (p[:prefix] == head).all() for p in full)
+    assert len({p[prefix:].tobytes() for p in full}) == 4  # a fresh tail each time
+    for bad in (prefix, prefix - 1):
+        with pytest.raises(ConfigError, match="no new tokens") as err:
+            prompts(512, bad, 4, prefix)
+        assert f"above {prefix}" in str(err.value.fix)

@@ -187,6 +187,11 @@ def verdict_text(verdict: Any) -> str:
 
 def prompts(vocab: int, seq: int, count: int, prefix: int, seed: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:
     """(shared prefix, [full prompt per decision]): random ids, one fixed prefix, a fresh tail each time."""
+    if not 0 <= prefix < seq:
+        from tilewise.errors import ConfigError
+
+        raise ConfigError(f"a {seq}-token prompt leaves no new tokens after its {prefix}-token shared prefix",
+                          f"give a prompt length (--seq) above {prefix}")
     rng = np.random.default_rng(seed)
     head = rng.integers(0, vocab, prefix)
     return head, [np.concatenate([head, rng.integers(0, vocab, seq - prefix)]) for _ in range(count)]
