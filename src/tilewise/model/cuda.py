@@ -47,7 +47,7 @@ from tilewise.kernels.attention.problem import rope_table
 from tilewise.kernels.base import KernelTemplate
 from tilewise.kernels.cudasrc import FMT_CODE, zeroed
 from tilewise.kernels.matmul import cuda as mm
-from tilewise.kernels.matmul.cuda_fuse import ROPE_OUT, fold_norm, fuse_prep, fuse_rope, summed_config
+from tilewise.kernels.matmul.cuda_fuse import fold_norm, fuse_prep, fuse_rope, summed_config
 from tilewise.kernels.rowops import cuda as rowops
 from tilewise.kernels.shortconv.cuda import CudaShortConv
 from tilewise.kernels.space import Config
@@ -417,12 +417,11 @@ class CUDAExecutor:
                 rl = rope.launches_into(self.program(rope, rcfg, rshape), {
                     "qkv": a["big"], "q_norm": lay["q_norm"], "k_norm": lay["k_norm"], "cos": self.rope[0],
                     "sin": self.rope[1], "q": a["q"]}, rshape, k_c, v_c)
-                fused = None
-                if self.fuse_rope:  # the qkv launch writes q and the cache rows itself; its RopeOut lives with the plan
-                    plan.keep.append(self.dev.allocate(ROPE_OUT.itemsize))
-                    fused = fuse_rope(self.dev, plan.launches[-1], rl[0], plan.keep[-1])
+                # the qkv launch writes q and the cache rows itself; its RopeOut record lives with the plan
+                fused = fuse_rope(self.dev, plan.launches[-1], rl[0]) if self.fuse_rope else None
                 if fused is not None:
-                    plan.launches[-1] = fused
+                    plan.launches[-1] = fused[0]
+                    plan.keep.append(fused[1])
                 else:
                     plan.add("attn.qknorm_rope", rl)
                 ashape = (br.outputs, start, hq, hkv, d)  # queries of the output rows only, with their own tile

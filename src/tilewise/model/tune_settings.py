@@ -153,7 +153,7 @@ def race_settings(model: Any, seq: int, rounds: int = ROUNDS, per_round: int = P
                      "on_ms": on.median_ms, "off_ms": off.median_ms, "on_ci95_ms": list(on.ci95_ms),
                      "off_ci95_ms": list(off.ci95_ms), "outputs_agree": same,
                      "exact": name not in INEXACT_SETTINGS, "decisions": len(samples["on"])}
-        ci = f", 99% {verdict.interval[0]:.3f}-{verdict.interval[1]:.3f}" if verdict.interval else ""
+        ci = f", {100 * LEVEL:.0f}% {verdict.interval[0]:.3f}-{verdict.interval[1]:.3f}" if verdict.interval else ""
         ranked = verdict.verdict in ("faster", "slower")
         why = ("the outputs differ" if not same else f"{verdict.verdict}, {verdict.ratio:.3f}x{ci}" if ranked
                else f"a {verdict.verdict} ({verdict.ratio:.3f}x{ci}): the default stays")

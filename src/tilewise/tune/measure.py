@@ -211,10 +211,11 @@ def paired_compare(base_rounds: Sequence[Sequence[float]], new_rounds: Sequence[
     if len(base_rounds) != len(new_rounds):
         raise ValueError(f"{len(base_rounds)} rounds of {names[0] or 'base'} against {len(new_rounds)} of "
                          f"{names[1] or 'new'}: a paired comparison needs the same rounds")
-    a = np.array([float(np.median(r)) for r in base_rounds if len(r)])
-    b = np.array([float(np.median(r)) for r in new_rounds if len(r)])
-    if a.size < MIN_PAIRED_ROUNDS or a.size != b.size or (b <= 0).any():
-        return Comparison("noisy", float("nan"), f"too few rounds to pair ({a.size}; {MIN_PAIRED_ROUNDS} at least)")
+    if len(base_rounds) < MIN_PAIRED_ROUNDS:
+        return Comparison("noisy", float("nan"),
+                          f"too few rounds to pair ({len(base_rounds)}; {MIN_PAIRED_ROUNDS} at least)")
+    a = np.array([float(np.median(r)) for r in base_rounds])
+    b = np.array([float(np.median(r)) for r in new_rounds])
     ratios = a / b
     ratio = float(np.median(ratios))
     for rounds, name in ((base_rounds, names[0]), (new_rounds, names[1])):

@@ -114,12 +114,13 @@ def fold_norm(prev: Launch, prep: Launch, main: Launch, ss: Any) -> tuple[Launch
     return Launch(prev.program, prev.grid, p), Launch(main.program, main.grid, m)
 
 
-def fuse_rope(device: Device, main: Launch, rope: Launch, desc: Any) -> Launch | None:
+def fuse_rope(device: Device, main: Launch, rope: Launch) -> tuple[Launch, Any] | None:
     """`main`, the q/k/v matmul, doing the q/k norm + RoPE launch `rope` (attention.cu's `qknorm_rope`) after it in
-    its own epilogue (matmul_reduce.cu's `rope_chunk`), with `desc` (72 bytes on the device) written with the RopeOut
-    it reads. None where they do not fit: main a wgr launch of no epilogue that sums in its own launch (`rope_into`:
-    KS 1 or a cluster) writing f32 rows (no f16 output) into exactly the rows rope reads, heads of 64."""
-    if not main.program.meta.get("rope_into") or desc.nbytes < ROPE_OUT.itemsize:
+    its own epilogue (matmul_reduce.cu's `rope_chunk`), and the 72-byte device buffer holding the RopeOut it reads
+    (the caller keeps it as long as the launch). None where they do not fit: main a wgr launch of no epilogue that
+    sums in its own launch (`rope_into`: KS 1 or a cluster) writing f32 rows (no f16 output) into exactly the rows
+    rope reads, heads of 64."""
+    if not main.program.meta.get("rope_into"):
         return None
     qkv, q_norm, k_norm, cos, sin, q, k_cache, v_cache, m, start, hq, hkv, eps = rope.buffers
     args = list(main.buffers)
@@ -130,6 +131,7 @@ def fuse_rope(device: Device, main: Launch, rope: Launch, desc: Any) -> Launch |
     record = np.zeros(1, ROPE_OUT)
     record["ptr"][0] = [device.address(b) for b in (q_norm, k_norm, cos, sin, q, k_cache, v_cache)]
     record["start"], record["hq"], record["hkv"], record["eps"] = int(start), int(hq), int(hkv), float(eps)
+    desc = device.allocate(ROPE_OUT.itemsize)
     device.write(desc, record.view(np.uint8))
     args[WGR_ARGS["rope"]] = desc
-    return Launch(main.program, main.grid, args)
+    return Launch(main.program, main.grid, args), desc
