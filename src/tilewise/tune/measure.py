@@ -216,6 +216,8 @@ def paired_compare(base_rounds: Sequence[Sequence[float]], new_rounds: Sequence[
                           f"too few rounds to pair ({len(base_rounds)}; {MIN_PAIRED_ROUNDS} at least)")
     a = np.array([float(np.median(r)) for r in base_rounds])
     b = np.array([float(np.median(r)) for r in new_rounds])
+    if (b <= 0).any():
+        return Comparison("noisy", float("nan"), f"a round of {names[1] or 'new'} has no positive time to divide by")
     ratios = a / b
     ratio = float(np.median(ratios))
     for rounds, name in ((base_rounds, names[0]), (new_rounds, names[1])):
