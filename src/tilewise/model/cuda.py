@@ -53,7 +53,7 @@ from tilewise.kernels.shortconv.cuda import CudaShortConv
 from tilewise.kernels.space import Config
 from tilewise.model import dispatch as model_dispatch
 from tilewise.model import gpu_state
-from tilewise.model.checkpoint import HEAD, Checkpoint
+from tilewise.model.checkpoint import Checkpoint
 from tilewise.model.dispatch import (
     attention_key,
     attention_shape,
@@ -190,38 +190,11 @@ class CUDAExecutor:
         return out
 
     def _upload_weights(self) -> None:
-        cfg, ck = self.cfg, self.checkpoint
-        f32 = ck.float32
-        H, L = cfg.hidden_size, cfg.conv_L_cache
-        self.embed = self._matrix(["embed_tokens.weight"], by_step=False)
-        self.final_norm = self._upload(f32("embedding_norm.weight"))
-        self.has_head = ck.has_head
-        head = f32(HEAD) if ck.has_head else np.zeros((cfg.num_labels, H), np.float32)
-        self.head = self._upload(head.astype(np.float32))
-        self.layers: list[dict[str, Any]] = []
-        for i, kind in enumerate(cfg.layer_types):
-            p = f"layers.{i}."
-            up = self._matrix([p + "feed_forward.w3.weight"])
-            lay: dict[str, Any] = {
-                "kind": kind,
-                "operator_norm": self._upload(f32(p + "operator_norm.weight")),
-                "ffn_norm": self._upload(f32(p + "ffn_norm.weight")),
-                "w13": {**self._matrix([p + "feed_forward.w1.weight"]), "w_up": up["w"],
-                        **{f"absmax_up{k[6:]}": up[k] for k in ("absmax", "absmax_t") if k in up}},
-                "w2": self._matrix([p + "feed_forward.w2.weight"]),
-            }
-            if kind == "conv":
-                lay["in_proj"] = self._matrix([p + "conv.in_proj.weight"])
-                lay["out_proj"] = self._matrix([p + "conv.out_proj.weight"])
-                lay["taps"] = self._upload(f32(p + "conv.conv.weight").reshape(H, L))
-            else:
-                a = p + "self_attn."
-                lay["qkv"] = self._matrix([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"])
-                lay["out_proj"] = self._matrix([a + "out_proj.weight"])
-                lay["q_norm"] = self._upload(f32(a + "q_layernorm.weight"))
-                lay["k_norm"] = self._upload(f32(a + "k_layernorm.weight"))
-            self.layers.append(lay)
-        self.zero_conv_state = self._upload(np.zeros((L - 1, H), np.float32))
+        gpu_state.upload_model(self, lambda name, arr: self._upload(arr), self._matrix)
+        for lay in self.layers:  # gate and up are one launch: w1's rows and absmax, up's as w_up / absmax_up*
+            up = lay.pop("w3")
+            lay["w13"] = {**lay.pop("w1"), "w_up": up["w"],
+                          **{f"absmax_up{k[6:]}": up[k] for k in ("absmax", "absmax_t") if k in up}}
 
     # -- buffers -----------------------------------------------------------------------------------------------------
     def _ensure_rows(self, n: int) -> None:

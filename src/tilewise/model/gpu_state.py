@@ -13,6 +13,7 @@ import numpy as np
 
 from tilewise.devices.base import Buffer, Launch
 from tilewise.errors import ConfigError, LaunchError
+from tilewise.model.checkpoint import HEAD
 from tilewise.model.runtime import tail_capacity
 
 MIN_CACHE_POSITIONS = 512
@@ -112,3 +113,43 @@ def weight_bytes(embed: Any, final_norm: Buffer, head: Buffer, layers: Sequence[
         return sum(size(b) for b in v) if isinstance(v, (list, tuple)) else 0
 
     return size(embed) + final_norm.nbytes + head.nbytes + sum(size(v) for lay in layers for v in lay.values())
+
+
+def upload_model(ex: Any, upload: Callable[[str, np.ndarray], Buffer],
+                 matrix: Callable[[Sequence[str], bool], Any]) -> None:
+    """Put a checkpoint's weights on a GPU executor `ex` (its `checkpoint`, `cfg`): sets `embed`, `final_norm`,
+    `has_head`, `head` (zeros for a model without one), `zero_conv_state` (L - 1, H) and `layers`, one dict a block
+    with its kind, both norms, `w1`, `w3`, `w2` and the mixer's: `in_proj`, `out_proj`, `taps` (H, L) for a conv
+    block, the stacked `qkv`, `out_proj`, `q_norm`, `k_norm` for an attention block. `upload(name, array)` puts one
+    array on the device; `matrix(names, is_matmul)` the rows of the named stored matrices stacked into one, in the
+    executor's own layout (`is_matmul` False for the embedding, which no matmul reads)."""
+    cfg, ck = ex.cfg, ex.checkpoint
+    H, L = cfg.hidden_size, cfg.conv_L_cache
+
+    def vec(name: str) -> Buffer:
+        return upload(name, ck.float32(name))
+
+    ex.embed = matrix(["embed_tokens.weight"], False)
+    ex.final_norm = vec("embedding_norm.weight")
+    ex.has_head = ck.has_head
+    head = ck.float32(HEAD) if ck.has_head else np.zeros((cfg.num_labels, H), np.float32)
+    ex.head = upload(HEAD, head.astype(np.float32))
+    ex.layers = []
+    for i, kind in enumerate(cfg.layer_types):
+        p = f"layers.{i}."
+        lay: dict[str, Any] = {"kind": kind, "operator_norm": vec(p + "operator_norm.weight"),
+                               "ffn_norm": vec(p + "ffn_norm.weight")}
+        for w in ("w1", "w3", "w2"):
+            lay[w] = matrix([f"{p}feed_forward.{w}.weight"], True)
+        if kind == "conv":
+            lay["in_proj"] = matrix([p + "conv.in_proj.weight"], True)
+            lay["out_proj"] = matrix([p + "conv.out_proj.weight"], True)
+            lay["taps"] = upload(p + "conv.conv.weight", ck.float32(p + "conv.conv.weight").reshape(H, L))
+        else:
+            a = p + "self_attn."
+            lay["qkv"] = matrix([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"], True)
+            lay["out_proj"] = matrix([a + "out_proj.weight"], True)
+            lay["q_norm"] = vec(a + "q_layernorm.weight")
+            lay["k_norm"] = vec(a + "k_layernorm.weight")
+        ex.layers.append(lay)
+    ex.zero_conv_state = upload("conv state", np.zeros((L - 1, H), np.float32))

@@ -45,7 +45,7 @@ from tilewise.kernels.rowops import webgpu as rowops
 from tilewise.kernels.shortconv import webgpu as conv_k
 from tilewise.kernels.space import Config
 from tilewise.model import gpu_state
-from tilewise.model.checkpoint import HEAD, Checkpoint
+from tilewise.model.checkpoint import Checkpoint
 from tilewise.model.dispatch import (
     attention_key,
     checked_table,
@@ -145,8 +145,7 @@ class WebGPUExecutor:
         return out
 
     def _upload_weights(self) -> None:
-        cfg, ck = self.cfg, self.checkpoint
-        f32 = ck.float32
+        cfg = self.cfg
         H = cfg.hidden_size
         for dim, what in ((H, "hidden_size"), (cfg.ffn_dim, "ffn size"), (cfg.num_attention_heads * cfg.head_dim,
                                                                          "heads * head_dim")):
@@ -157,36 +156,7 @@ class WebGPUExecutor:
         if cfg.head_dim % 8 or cfg.head_dim > self.dev.info.limits.max_invocations_per_workgroup:
             raise ConfigError(f"head_dim {cfg.head_dim} must be a multiple of 8 and at most "
                               f"{self.dev.info.limits.max_invocations_per_workgroup}", "use the CPU executor")
-        self.embed = self._matrix(["embed_tokens.weight"])
-        self.final_norm = self._upload("embedding_norm.weight", f32("embedding_norm.weight"))
-        head = f32(HEAD) if ck.has_head else np.zeros((cfg.num_labels, H), np.float32)
-        self.has_head = ck.has_head
-        self.head = self._upload(HEAD, head.astype(np.float32))
-        self.layers: list[dict[str, Any]] = []
-        L = cfg.conv_L_cache
-        for i, kind in enumerate(cfg.layer_types):
-            p = f"layers.{i}."
-            lay: dict[str, Any] = {
-                "kind": kind,
-                "operator_norm": self._upload(p + "operator_norm.weight", f32(p + "operator_norm.weight")),
-                "ffn_norm": self._upload(p + "ffn_norm.weight", f32(p + "ffn_norm.weight")),
-                "w1": self._matrix([p + "feed_forward.w1.weight"]),
-                "w3": self._matrix([p + "feed_forward.w3.weight"]),
-                "w2": self._matrix([p + "feed_forward.w2.weight"]),
-            }
-            if kind == "conv":
-                lay["in_proj"] = self._matrix([p + "conv.in_proj.weight"])
-                lay["out_proj"] = self._matrix([p + "conv.out_proj.weight"])
-                taps = f32(p + "conv.conv.weight").reshape(H, L)
-                lay["taps"] = self._upload(p + "conv.conv.weight", taps)
-            else:
-                a = p + "self_attn."
-                lay["qkv"] = self._matrix([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"])
-                lay["out_proj"] = self._matrix([a + "out_proj.weight"])
-                lay["q_norm"] = self._upload(a + "q_layernorm.weight", f32(a + "q_layernorm.weight"))
-                lay["k_norm"] = self._upload(a + "k_layernorm.weight", f32(a + "k_layernorm.weight"))
-            self.layers.append(lay)
-        self.zero_conv_state = self.dev.upload(np.zeros((L - 1, H), np.float32))
+        gpu_state.upload_model(self, self._upload, lambda names, is_matmul: self._matrix(names))
 
     # -- buffers ---------------------------------------------------------------------------------------------------
     def _dims(self, *values: int) -> Buffer:
