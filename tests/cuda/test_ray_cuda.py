@@ -88,7 +88,7 @@ def test_tune_model_on_cuda_through_ray_writes_the_table_the_executor_runs(dev, 
     import argparse
 
     import tilewise
-    from tilewise.model import tune as model_tune
+    from tilewise.cli import tune_model as tune_model_cli
     from tilewise.model.dispatch import dispatch_path, load_model_table
     from tilewise.tune.cluster import LOCAL
     from tilewise.tune.store import Store
@@ -97,7 +97,7 @@ def test_tune_model_on_cuda_through_ray_writes_the_table_the_executor_runs(dev, 
     store = tmp_path / "s.sqlite"
     args = argparse.Namespace(preset="tiny", seq=40, weights="nf4", device="cuda", budget=2, seed=0, json=None,
                               rows=[1, 40], force=False, hand_picked=False, ray=LOCAL, workers=1, store=str(store))
-    assert model_tune.run(args) == 0
+    assert tune_model_cli.run(args) == 0
     fp = dev.info.fingerprint
     table = load_model_table(fp, dispatch_path(fp), limits=dev.info.limits, backend="cuda")
     assert {"attention:4x2x16", "shortconv:64x3"} <= set(table.entries) and len(table.entries) == 7

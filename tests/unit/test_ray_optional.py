@@ -107,7 +107,7 @@ def test_tune_model_ray_starts_workers_on_cuda_and_webgpu_devices(monkeypatch):
     (it used to be refused as a job with no CUDA implementation before any worker started)."""
     import argparse
 
-    from tilewise.model import tune as model_tune
+    from tilewise.cli import tune_model as tune_model_cli
     from tilewise.tune import cluster
 
     seen = []
@@ -124,7 +124,7 @@ def test_tune_model_ray_starts_workers_on_cuda_and_webgpu_devices(monkeypatch):
     for device in ("cuda", "webgpu", "dawn"):
         args = argparse.Namespace(preset="tiny", seq=8, weights="nf4", device=device, ray=cluster.LOCAL, workers=2)
         with pytest.raises(Stop):
-            model_tune.run(args)
+            tune_model_cli.run(args)
     assert [d for d, _ in seen] == ["cuda", "webgpu", "dawn"]
     assert all({"cuda", "webgpu"} <= set(b) for _, b in seen)
 

@@ -232,6 +232,7 @@ def test_tune_model_races_the_settings_after_a_whole_local_cuda_tune_only(monkey
                                                                          raced):
     import argparse
 
+    from tilewise.cli import tune_model as tune_model_cli
     from tilewise.model import tune as model_tune
     from tilewise.model import tune_settings
     from tilewise.tune.engine import Engine
@@ -247,7 +248,7 @@ def test_tune_model_races_the_settings_after_a_whole_local_cuda_tune_only(monkey
     got = {}
     args = argparse.Namespace(json=None)
     make = Engine if not cluster else (lambda *a, **kw: None)
-    assert model_tune._run_one(args, PRESETS["tiny"], "tiny", 40, "nf4", dev, "device line", make,
+    assert tune_model_cli._run_one(args, PRESETS["tiny"], "tiny", 40, "nf4", dev, "device line", make,
                                lambda target, summary, note: got.update(summary)) == 0
     assert len(calls) == raced
     if raced:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import tilewise
+from tilewise.cli import tune_model as tune_model_cli
 from tilewise.model import tune as model_tune
 from tilewise.model.config import preset
 from tilewise.model.dispatch import dispatch_path, load_model_table, matmul_key
@@ -90,7 +91,7 @@ def test_run_writes_a_table_the_executor_uses(webgpu_device, tmp_path, monkeypat
     monkeypatch.setenv("TILEWISE_STORE", str(tmp_path / "s.sqlite"))
     args = argparse.Namespace(preset="tiny", seq=40, weights="nf4", device="webgpu", budget=1, seed=0, json=None,
                               rows=[1, 40], force=False, hand_picked=False)
-    assert model_tune.run(args) == 0
+    assert tune_model_cli.run(args) == 0
     path = dispatch_path(webgpu_device.info.fingerprint)
     table = load_model_table(webgpu_device.info.fingerprint, path)
     distinct = set(model_tune.model_matmuls(preset("tiny")).values())  # the two out_projs coincide
@@ -120,7 +121,7 @@ def test_a_portable_table_of_real_tunes_serves_a_device_without_its_own(webgpu_d
     monkeypatch.setenv("TILEWISE_STORE", str(tmp_path / "s.sqlite"))
     args = argparse.Namespace(preset="tiny", seq=8, weights="nf4", device="webgpu", budget=1, seed=0, json=None,
                               rows=[1], force=False, hand_picked=False)
-    assert model_tune.run(args) == 0
+    assert tune_model_cli.run(args) == 0
     fp = webgpu_device.info.fingerprint
     with Store(tmp_path / "s.sqlite") as store:
         rows = store.query(fingerprint=fp)
@@ -228,7 +229,7 @@ def test_budget_s_stops_early_and_writes_a_partial_table(webgpu_device, tmp_path
 
     fp = webgpu_device.info.fingerprint
     args = _tiny_args(tmp_path, budget_s=1e-6)  # passed before the first candidate starts
-    assert model_tune.run(args) == 0
+    assert tune_model_cli.run(args) == 0
     text = capsys.readouterr().out
     table = DispatchTable.load(dispatch_path(fp))
     labels = [lab for lab in model_tune.model_matmuls(preset("tiny")) if lab != "attn.out_proj"]

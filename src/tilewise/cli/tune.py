@@ -131,7 +131,7 @@ def _rows(text: str) -> list[int]:
 
 def cmd_tune_model(args: argparse.Namespace) -> int:
     from tilewise.cli.common import emit_json
-    from tilewise.model.tune import run
+    from tilewise.cli.tune_model import run
 
     return int(run(args, emit_json) or 0)
 
