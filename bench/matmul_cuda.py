@@ -158,7 +158,11 @@ def main() -> int:
         row: dict[str, Any] = {"label": label, "epilogue": epilogue, "n": n, "k": k, "norm": norm,
                                "candidates": len(cands), "ok": len(ok),
                                "failed": {f"kind={oc.item.kernel.kind},{oc.config}": f"{oc.status}: {oc.reason}"
-                                          for oc in outs if oc.status != "ok"}}
+                                          for oc in outs if oc.status != "ok"},
+                               # every config's median of the evaluation (prep + kernel + any reduction), fastest
+                               # first: the landscape behind the raced few
+                               "measured_ms": {f"kind={oc.item.kernel.kind},{oc.config}": oc.stats.median_ms
+                                               for oc in ok}}
         if not ok:
             print(f"{label}: no config ran: {row['failed']}", flush=True)
             doc["shapes"].append(row)
