@@ -63,7 +63,6 @@ from tilewise.model.dispatch import (
     matmul_key,
 )
 from tilewise.model.gpu_state import GPUCaches, Plan, cache_capacity, check_decision, take_caches, weight_bytes
-from tilewise.model.runtime import block_rows
 from tilewise.quant.nf4 import stored_shape, weight_arrays
 
 ROW_NT = 128  # embed threads per block
@@ -352,8 +351,7 @@ class CUDAExecutor:
     def _build_plan(self, n: int, start: int, caches: GPUCaches | None, new: GPUCaches,
                     final_row_slicing: bool) -> Plan:
         cfg = self.cfg
-        H, F, L = cfg.hidden_size, cfg.ffn_dim, cfg.conv_L_cache
-        hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        H, hkv, d = cfg.hidden_size, cfg.num_key_value_heads, cfg.head_dim
         a = self.act
         plan = Plan()
         self._xh_turn = 0  # which of the two f16 x buffers the next prepping matmul takes (`_matmul`)
@@ -366,53 +364,7 @@ class CUDAExecutor:
         eshape = (n, H, cfg.vocab_size)
         plan.add("embed", embed.launches(self.program(embed, ecfg, eshape), {"ids": a["ids"], **self.embed,
                                                                               "out": a["x"]}, ecfg, eshape))
-        attn, rope, conv = self._template("attention"), self._template("rope"), self._template("shortconv")
-        assert isinstance(attn, attn_k.CudaAttention) and isinstance(rope, attn_k.CudaQKNormRope)
-        rcfg = rope.config_of({"NT": 0})
-        res, res_rows = a["x"], n  # the residual stream: the new tokens' last res_rows rows, from row 0 of res
-        for i, (lay, br) in enumerate(zip(self.layers, block_rows(cfg.layer_types, L, n, final_row_slicing))):
-            if lay["kind"] == "conv":
-                r = br.inputs  # a sliced block needs Bx of its output rows and the L - 1 rows before them only
-                self._matmul(plan, "conv.in_proj", "none", res, res_rows - r, r, lay["in_proj"], a["big"], 3 * H, H,
-                             norm=lay["operator_norm"])
-                state_in = caches.conv[i] if caches is not None else self.zero_conv_state
-                cshape, ccfg = (r, H, L), conv_choice(self.dispatch, conv, cfg, r)
-                plan.add("conv", conv.launches(self.program(conv, ccfg, cshape), {
-                    "bcx": a["big"], "state_in": state_in, "weight": lay["taps"], "out": a["y"],
-                    "state_out": new.conv[i]}, ccfg, cshape))
-                mix_row0 = r - br.outputs
-            else:
-                assert res_rows == n, "an attention block takes every row: its K and V go into the cache"
-                self._matmul(plan, "attn.qkv", "none", res, 0, n, lay["qkv"], a["big"], (hq + 2 * hkv) * d, H,
-                             norm=lay["operator_norm"])
-                k_c, v_c = new.kv[i]
-                rshape = (n, start, hq, hkv, d)
-                rl = rope.launches_into(self.program(rope, rcfg, rshape), {
-                    "qkv": a["big"], "q_norm": lay["q_norm"], "k_norm": lay["k_norm"], "cos": self.rope[0],
-                    "sin": self.rope[1], "q": a["q"]}, rshape, k_c, v_c)
-                # the qkv launch writes q and the cache rows itself; its RopeOut record lives with the plan
-                fused = fuse_rope(self.dev, plan.launches[-1], rl[0]) if self.fuse_rope else None
-                if fused is not None:
-                    plan.launches[-1] = fused[0]
-                    plan.keep.append(fused[1])
-                else:
-                    plan.add("attn.qknorm_rope", rl)
-                ashape = (br.outputs, start, hq, hkv, d)  # queries of the output rows only, with their own tile
-                acfg = self.attention_choice(br.outputs)
-                plan.add("attention", attn.launches_at(self.program(attn, acfg, ashape), {
-                    "q": a["q"], "k_cache": k_c, "v_cache": v_c, "out": a["y"]}, ashape, n - br.outputs))
-                mix_row0 = 0
-            if br.outputs < res_rows:  # only the last rows continue: their residual rows move to a buffer of their own
-                dst = a["x2"] if res is a["x1"] else a["x1"]
-                self._copy(plan, "copy.last_rows", res, (res_rows - br.outputs) * H, dst, 0, br.outputs * H)
-                res, res_rows = dst, br.outputs
-            proj = f"{'conv' if lay['kind'] == 'conv' else 'attn'}.out_proj"
-            k_in = H if lay["kind"] == "conv" else hq * d
-            self._matmul(plan, proj, "residual", a["y"], mix_row0, res_rows, lay["out_proj"], res, H, k_in)
-            gbuf = a["g1"] if res_rows < n else a["big"]
-            self._matmul(plan, "ffn.gate_up", "swiglu", res, 0, res_rows, lay["w13"], gbuf, F, H,
-                         norm=lay["ffn_norm"])
-            self._matmul(plan, "ffn.down", "residual", gbuf, 0, res_rows, lay["w2"], res, H, F)
+        res, res_rows = gpu_state.plan_blocks(self, plan, n, start, caches, new, final_row_slicing)
         head = self._template("head")
         assert isinstance(head, rowops.CudaHead)
         hcfg = head.config_of({"NT": HEAD_NT})
@@ -420,6 +372,34 @@ class CUDAExecutor:
         plan.add("head", head.launches_row(self.program(head, hcfg, hshape), {
             "x": res, "norm_weight": self.final_norm, "head_weight": self.head, "out": a["res"]}, hshape, res_rows - 1))
         return plan
+
+    def _mix_conv(self, plan: Plan, lay: dict[str, Any], rows: int, state_in: Buffer, state_out: Buffer) -> None:
+        conv, a, cfg = self._template("shortconv"), self.act, self.cfg
+        cshape, ccfg = (rows, cfg.hidden_size, cfg.conv_L_cache), conv_choice(self.dispatch, conv, cfg, rows)
+        plan.add("conv", conv.launches(self.program(conv, ccfg, cshape), {
+            "bcx": a["big"], "state_in": state_in, "weight": lay["taps"], "out": a["y"], "state_out": state_out},
+            ccfg, cshape))
+
+    def _mix_attention(self, plan: Plan, lay: dict[str, Any], n: int, start: int, queries: int, k_c: Buffer,
+                       v_c: Buffer) -> None:
+        cfg, a = self.cfg, self.act
+        attn, rope = self._template("attention"), self._template("rope")
+        assert isinstance(attn, attn_k.CudaAttention) and isinstance(rope, attn_k.CudaQKNormRope)
+        rshape = (n, start, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        rl = rope.launches_into(self.program(rope, rope.config_of({"NT": 0}), rshape), {
+            "qkv": a["big"], "q_norm": lay["q_norm"], "k_norm": lay["k_norm"], "cos": self.rope[0],
+            "sin": self.rope[1], "q": a["q"]}, rshape, k_c, v_c)
+        # the qkv launch writes q and the cache rows itself; its RopeOut record lives with the plan
+        fused = fuse_rope(self.dev, plan.launches[-1], rl[0]) if self.fuse_rope else None
+        if fused is not None:
+            plan.launches[-1] = fused[0]
+            plan.keep.append(fused[1])
+        else:
+            plan.add("attn.qknorm_rope", rl)
+        ashape = (queries, *rshape[1:])  # queries of the output rows only, with their own tile
+        acfg = self.attention_choice(queries)
+        plan.add("attention", attn.launches_at(self.program(attn, acfg, ashape), {
+            "q": a["q"], "k_cache": k_c, "v_cache": v_c, "out": a["y"]}, ashape, n - queries))
 
     def run_plan(self, plan: Plan, timed: bool) -> np.ndarray:
         """Run a decision and read its result row (the normed last row, then the scores): untimed, one replay of the

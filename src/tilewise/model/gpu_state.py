@@ -14,7 +14,7 @@ import numpy as np
 from tilewise.devices.base import Buffer, Launch
 from tilewise.errors import ConfigError, LaunchError
 from tilewise.model.checkpoint import HEAD
-from tilewise.model.runtime import tail_capacity
+from tilewise.model.runtime import block_rows, tail_capacity
 
 MIN_CACHE_POSITIONS = 512
 
@@ -153,3 +153,40 @@ def upload_model(ex: Any, upload: Callable[[str, np.ndarray], Buffer],
             lay["k_norm"] = vec(a + "k_layernorm.weight")
         ex.layers.append(lay)
     ex.zero_conv_state = upload("conv state", np.zeros((L - 1, H), np.float32))
+
+
+def plan_blocks(ex: Any, plan: Plan, n: int, start: int, caches: GPUCaches | None, new: GPUCaches,
+                final_row_slicing: bool) -> tuple[Buffer, int]:
+    """Add a decision's blocks to `plan` through a GPU executor's launch makers; returns (residual buffer, rows): the
+    last rows of the residual stream, from row 0, which the head reads. The executor supplies `act` (its activation
+    buffers), `layers`, `zero_conv_state` and `_matmul`, `_copy`, `_mix_conv(plan, lay, rows, state_in, state_out)`
+    (the short conv of a conv block's in_proj output in `big`, into `y`) and `_mix_attention(plan, lay, n, start,
+    queries, k_cache, v_cache)` (after the qkv matmul into `big`: q/k norm + RoPE into q and the cache, attention of
+    the last `queries` rows into `y`). Final-row slicing (`runtime.block_rows`): the blocks after the last attention
+    block run their output projection and FFN on the rows the last row reaches back to."""
+    cfg, a = ex.cfg, ex.act
+    H, F, L = cfg.hidden_size, cfg.ffn_dim, cfg.conv_L_cache
+    hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    res, res_rows = a["x"], n  # the residual stream: the new tokens' last res_rows rows, from row 0 of res
+    for i, (lay, br) in enumerate(zip(ex.layers, block_rows(cfg.layer_types, L, n, final_row_slicing))):
+        if lay["kind"] == "conv":
+            r = br.inputs  # a sliced block needs Bx of its output rows and the L - 1 rows before them only
+            ex._matmul(plan, "conv.in_proj", "none", res, res_rows - r, r, lay["in_proj"], a["big"], 3 * H, H,
+                       norm=lay["operator_norm"])
+            ex._mix_conv(plan, lay, r, caches.conv[i] if caches is not None else ex.zero_conv_state, new.conv[i])
+            mix_row0, proj, k_in = r - br.outputs, "conv.out_proj", H
+        else:
+            assert res_rows == n, "an attention block takes every row: its K and V go into the cache"
+            ex._matmul(plan, "attn.qkv", "none", res, 0, n, lay["qkv"], a["big"], (hq + 2 * hkv) * d, H,
+                       norm=lay["operator_norm"])
+            ex._mix_attention(plan, lay, n, start, br.outputs, *new.kv[i])
+            mix_row0, proj, k_in = 0, "attn.out_proj", hq * d
+        if br.outputs < res_rows:  # only the last rows continue: their residual rows move to a buffer of their own
+            dst = a["x2"] if res is a["x1"] else a["x1"]
+            ex._copy(plan, "copy.last_rows", res, (res_rows - br.outputs) * H, dst, 0, br.outputs * H)
+            res, res_rows = dst, br.outputs
+        ex._matmul(plan, proj, "residual", a["y"], mix_row0, res_rows, lay["out_proj"], res, H, k_in)
+        gbuf = a["g1"] if res_rows < n else a["big"]
+        ex._matmul(plan, "ffn.gate_up", "swiglu", res, 0, res_rows, lay["w13"], gbuf, F, H, norm=lay["ffn_norm"])
+        ex._matmul(plan, "ffn.down", "residual", gbuf, 0, res_rows, lay["w2"], res, H, F)
+    return res, res_rows

@@ -56,7 +56,6 @@ from tilewise.model.dispatch import (
     matmul_name,
 )
 from tilewise.model.gpu_state import GPUCaches, Plan, cache_capacity, check_decision, take_caches, weight_bytes
-from tilewise.model.runtime import block_rows
 from tilewise.quant.nf4 import weight_arrays
 from tilewise.tune.dispatch import DispatchTable
 
@@ -157,6 +156,8 @@ class WebGPUExecutor:
             raise ConfigError(f"head_dim {cfg.head_dim} must be a multiple of 8 and at most "
                               f"{self.dev.info.limits.max_invocations_per_workgroup}", "use the CPU executor")
         gpu_state.upload_model(self, self._upload, lambda names, is_matmul: self._matrix(names))
+        for lay in self.layers:  # gate/up is one launch binding w1's buffers, then w3's
+            lay["w13"] = [*lay.pop("w1"), *lay.pop("w3")]
 
     # -- buffers ---------------------------------------------------------------------------------------------------
     def _dims(self, *values: int) -> Buffer:
@@ -314,8 +315,7 @@ class WebGPUExecutor:
                     final_row_slicing: bool) -> Plan:
         """The launches of one decision of `n` new tokens after `caches`, writing `new` (see `plan`)."""
         cfg = self.cfg
-        H, F, L = cfg.hidden_size, cfg.ffn_dim, cfg.conv_L_cache
-        hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        H, hkv, d = cfg.hidden_size, cfg.num_key_value_heads, cfg.head_dim
         a = self.act
         plan = Plan()
         if caches is not None and start > 0:
@@ -330,55 +330,38 @@ class WebGPUExecutor:
         for launch in self.launches(embed, embed.config_of({"WG": ROW_WG}), (n, H, cfg.vocab_size),
                                     {"dims": self._dims(n), "ids": a["ids"], **table, "out": a["x"]}):
             plan.add("embed", launch)
-        conv = self._template("shortconv")
-        res, res_rows = a["x"], n  # the residual stream: the new tokens' last res_rows rows, from row 0 of res
-        for i, (lay, br) in enumerate(zip(self.layers, block_rows(cfg.layer_types, L, n, final_row_slicing))):
-            if lay["kind"] == "conv":
-                r = br.inputs  # a sliced block needs Bx of its output rows and the L - 1 rows before them only
-                self._matmul(plan, "conv.in_proj", "none", res, res_rows - r, r, lay["in_proj"], a["big"], 3 * H, H,
-                             norm=lay["operator_norm"])
-                state_in = caches.conv[i] if caches is not None else self.zero_conv_state
-                ccfg = conv_choice(self.dispatch, conv, cfg, r)
-                for launch in self.launches(conv, ccfg, (r, H, L), {
-                        "dims": self._dims(r), "bcx": a["big"], "state_in": state_in, "weight": lay["taps"],
-                        "out": a["y"], "state_out": new.conv[i]}):
-                    plan.add("conv", launch)
-                mix_row0, proj, k_in = r - br.outputs, "conv.out_proj", H
-            else:
-                assert res_rows == n, "an attention block takes every row: its K and V go into the cache"
-                nqkv = (hq + 2 * hkv) * d
-                self._matmul(plan, "attn.qkv", "none", res, 0, n, lay["qkv"], a["big"], nqkv, H,
-                             norm=lay["operator_norm"])
-                k_c, v_c = new.kv[i]
-                prog = self._program(("rope", hq, hkv, d), lambda: attn_k.qknorm_rope_source(hq, hkv, d, cfg.norm_eps),
-                                     "qknorm_rope")
-                plan.add("attn.qknorm_rope", Launch(prog, attn_k.qknorm_rope_grid(n, hq, hkv, d), [
-                    self._dims(n, start), a["big"], lay["q_norm"], lay["k_norm"], self.rope[0], self.rope[1], a["q"],
-                    k_c, v_c]))
-                nq, first = br.outputs, n - br.outputs  # queries of the output rows only, with their own tile
-                picked = self.dispatch.pick(attention_key(hq, hkv, d), nq)
-                attn = self._template(picked[0] if picked is not None else "attention")
-                attn_cfg = attn.config_of(picked[1] if picked is not None else attn_k.DEFAULT_ATTN)
-                for launch in self.launches(attn, attn_cfg, (nq, start, hq, hkv, d), {
-                        "dims": self._dims(nq, start, first), "q": a["q"], "k_cache": k_c, "v_cache": v_c,
-                        "out": a["y"]}):
-                    plan.add("attention", launch)
-                mix_row0, proj, k_in = 0, "attn.out_proj", hq * d
-            if br.outputs < res_rows:  # only the last rows continue: their residual rows move to a buffer of their own
-                dst = a["x2"] if res is a["x1"] else a["x1"]
-                self._copy(plan, "copy.last_rows", res, (res_rows - br.outputs) * H, dst, 0, br.outputs * H)
-                res, res_rows = dst, br.outputs
-            self._matmul(plan, proj, "residual", a["y"], mix_row0, res_rows, lay["out_proj"], res, H, k_in)
-            gbuf = a["g1"] if res_rows < n else a["big"]
-            self._matmul(plan, "ffn.gate_up", "swiglu", res, 0, res_rows, [*lay["w1"], *lay["w3"]], gbuf, F, H,
-                         norm=lay["ffn_norm"])
-            self._matmul(plan, "ffn.down", "residual", gbuf, 0, res_rows, lay["w2"], res, H, F)
+        res, res_rows = gpu_state.plan_blocks(self, plan, n, start, caches, new, final_row_slicing)
         head = self._template("head")
         for launch in self.launches(head, head.config_of({"WG": HEAD_WG}), (res_rows, H, cfg.num_labels), {
                 "dims": self._dims(1, res_rows - 1), "x": res, "norm_weight": self.final_norm,
                 "head_weight": self.head, "out": a["res"]}):
             plan.add("head", launch)
         return plan
+
+    def _mix_conv(self, plan: Plan, lay: dict[str, Any], rows: int, state_in: Buffer, state_out: Buffer) -> None:
+        conv, a, cfg = self._template("shortconv"), self.act, self.cfg
+        shape = (rows, cfg.hidden_size, cfg.conv_L_cache)
+        for launch in self.launches(conv, conv_choice(self.dispatch, conv, cfg, rows), shape, {
+                "dims": self._dims(rows), "bcx": a["big"], "state_in": state_in, "weight": lay["taps"],
+                "out": a["y"], "state_out": state_out}):
+            plan.add("conv", launch)
+
+    def _mix_attention(self, plan: Plan, lay: dict[str, Any], n: int, start: int, queries: int, k_c: Buffer,
+                       v_c: Buffer) -> None:
+        cfg, a = self.cfg, self.act
+        hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        prog = self._program(("rope", hq, hkv, d), lambda: attn_k.qknorm_rope_source(hq, hkv, d, cfg.norm_eps),
+                             "qknorm_rope")
+        plan.add("attn.qknorm_rope", Launch(prog, attn_k.qknorm_rope_grid(n, hq, hkv, d), [
+            self._dims(n, start), a["big"], lay["q_norm"], lay["k_norm"], self.rope[0], self.rope[1], a["q"],
+            k_c, v_c]))
+        picked = self.dispatch.pick(attention_key(hq, hkv, d), queries)  # the output rows' queries, their own tile
+        attn = self._template(picked[0] if picked is not None else "attention")
+        attn_cfg = attn.config_of(picked[1] if picked is not None else attn_k.DEFAULT_ATTN)
+        for launch in self.launches(attn, attn_cfg, (queries, start, hq, hkv, d), {
+                "dims": self._dims(queries, start, n - queries), "q": a["q"], "k_cache": k_c, "v_cache": v_c,
+                "out": a["y"]}):
+            plan.add("attention", launch)
 
     def forward(self, ids: np.ndarray, start: int, caches: GPUCaches | None, final_row_slicing: bool,
                 timed: bool = False) -> tuple[np.ndarray, GPUCaches]:
