@@ -159,7 +159,8 @@ def plan_blocks(ex: Any, plan: Plan, n: int, start: int, caches: GPUCaches | Non
                 final_row_slicing: bool) -> tuple[Buffer, int]:
     """Add a decision's blocks to `plan` through a GPU executor's launch makers; returns (residual buffer, rows): the
     last rows of the residual stream, from row 0, which the head reads. The executor supplies `act` (its activation
-    buffers), `layers`, `zero_conv_state` and `_matmul`, `_copy`, `_mix_conv(plan, lay, rows, state_in, state_out)`
+    buffers), `layers` (as `upload_model` made them, with gate and up joined into `w13` the way its gate/up matmul
+    takes them), `zero_conv_state` and `_matmul`, `_copy`, `_mix_conv(plan, lay, rows, state_in, state_out)`
     (the short conv of a conv block's in_proj output in `big`, into `y`) and `_mix_attention(plan, lay, n, start,
     queries, k_cache, v_cache)` (after the qkv matmul into `big`: q/k norm + RoPE into q and the cache, attention of
     the last `queries` rows into `y`). Final-row slicing (`runtime.block_rows`): the blocks after the last attention
