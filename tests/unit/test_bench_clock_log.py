@@ -4,14 +4,11 @@ nearest its start, so a slow stretch of a series can be read against the SM cloc
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import random
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("clock_log", ROOT / "bench" / "clock_log.py")
-clock_log = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(clock_log)
+from tests.scripts import load_script
+
+clock_log = load_script("bench/clock_log.py")
 
 
 def test_samples_parse_nvidia_smi_lines_and_skip_broken_ones(tmp_path):

@@ -4,7 +4,6 @@ unknown shape names, the interleaved race the Dawn benchmarks share (`bench/benc
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,13 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.scripts import load_script
 
 from tilewise.devices.cuda_nvrtc import find_nvrtc
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("gemm_dawn", ROOT / "bench" / "gemm_dawn.py")
-gemm_dawn = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gemm_dawn)  # the script as a module (its main() is not run)
+gemm_dawn = load_script("bench/gemm_dawn.py")
 
 
 def _race(rng, median_ms: float) -> dict:
@@ -67,9 +65,7 @@ def test_nvrtc_parallel_compiles_every_config_in_every_mode(tmp_path):
 
 
 def test_the_shared_race_warms_every_timer_up_then_times_each_once_a_round_in_a_fresh_order():
-    spec = importlib.util.spec_from_file_location("bench_args", ROOT / "bench" / "bench_args.py")
-    bench_args = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_args)
+    bench_args = load_script("bench/bench_args.py")
     calls: list[str] = []
 
     def timer(name: str, value: float):

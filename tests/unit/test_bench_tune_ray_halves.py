@@ -3,20 +3,16 @@ back exactly the configs the local run measured, in order."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import random
-from pathlib import Path
 
 import pytest
+from tests.scripts import load_script
 
 from tilewise.kernels.registry import get_template
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("tune_ray", ROOT / "bench" / "tune_ray.py")
-tune_ray = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(tune_ray)
+tune_ray = load_script("bench/tune_ray.py")
 
 
 def _record(**over):

@@ -4,25 +4,17 @@ cuBLAS races beside them; kinds without a prep are timed whole."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import types
-from pathlib import Path
 
 import numpy as np
+from tests.scripts import load_script
 
 from tilewise.devices.base import Launch
 from tilewise.tune.measure import summarize
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("matmul_cuda_bench", ROOT / "bench" / "matmul_cuda.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["matmul_cuda_bench"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench/matmul_cuda.py", "matmul_cuda_bench")
 
 
 def prog(role=None):

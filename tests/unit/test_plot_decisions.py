@@ -4,26 +4,19 @@ written."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.scripts import load_script
 
 from tilewise.errors import ConfigError
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def pd():
-    spec = importlib.util.spec_from_file_location("plot_decisions", ROOT / "bench" / "plot_decisions.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["plot_decisions"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench/plot_decisions.py")
 
 
 def cuda_record(folder: Path, rng: np.random.Generator, n: int = 30) -> tuple[Path, dict[str, list[float]]]:
