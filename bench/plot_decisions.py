@@ -65,14 +65,14 @@ def _runtime(entry: dict[str, Any]) -> str:
     return "wgpu-native"
 
 
-def read_record(path: Path) -> list[Series]:
-    """The series of one record file (either benchmark's format)."""
+def read_record(path: Path, tag: str | None = None) -> list[Series]:
+    """The series of one record file (either benchmark's format), tagged `tag` (default: the record's folder)."""
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read {path} as a benchmark record ({exc})",
                           "pass the model_cuda.json or decision_webgpu.json a benchmark wrote") from exc
-    tag = path.parent.name or path.stem
+    tag = tag or path.parent.name or path.stem
     out: list[Series] = []
     if isinstance(doc, dict) and any(k.startswith("race_") for k in doc):  # bench/model_cuda.py
         device, date = str(doc.get("device", {}).get("name", "")), str(doc.get("date", ""))[:10]
@@ -107,8 +107,10 @@ def collect(paths: list[Path]) -> tuple[list[Series], list[str]]:
     """Every series of the records, a peer's label tagged with its record where several records measured it;
     returns (series, notes on what was left out)."""
     series: list[Series] = []
-    for p in paths:
-        series += read_record(p)
+    folders = [p.resolve().parent for p in paths]
+    for p, folder in zip(paths, folders):
+        # a record is named by its folder, or by folder and file where one folder holds several of the records
+        series += read_record(p, f"{folder.name}/{p.stem}" if folders.count(folder) > 1 else folder.name)
     notes = [f"{s.label} ({s.model}, {s.record}): {len(s.samples_ms)} decisions, left out" for s in series
              if len(s.samples_ms) < MIN_SAMPLES]
     series = [s for s in series if len(s.samples_ms) >= MIN_SAMPLES]

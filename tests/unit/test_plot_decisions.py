@@ -66,6 +66,17 @@ def test_records_read_into_series_with_runtime_labels_and_true_medians(pd, tmp_p
     assert len(notes) == 1 and "seed-250m" in notes[0] and "3 decisions" in notes[0]
 
 
+def test_records_of_one_folder_are_told_apart_by_file(pd, tmp_path):
+    rng = np.random.default_rng(11)
+    first, _ = cuda_record(tmp_path / "run", rng)
+    second = first.with_name("call2-model_cuda.json")
+    first.rename(first.with_name("call1-model_cuda.json"))
+    cuda_record(tmp_path / "run", rng)[0].rename(second)
+    series, _ = pd.collect([first.with_name("call1-model_cuda.json"), second])
+    labels = [s.label for s in series if s.label.startswith("tilewise CUDA")]
+    assert sorted(labels) == ["tilewise CUDA [run/call1-model_cuda]", "tilewise CUDA [run/call2-model_cuda]"]
+
+
 def test_bad_records_are_refused_with_a_fix(pd, tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text("{not json")
