@@ -254,7 +254,7 @@ def main() -> int:
     ap.add_argument("--tests-timeout-s", type=float, default=240.0, help="time limit of the test section")
     ap.add_argument("--no-tests", action="store_true", help="skip the CUDA test group")
     ap.add_argument("--no-cli", action="store_true", help="skip `tilewise bench --device cuda`")
-    ap.add_argument("--no-hf", action="store_true", help="skip HF transformers")
+    ap.add_argument("--no-hf", action="store_true", help="skip HF transformers (eager and torch.compile)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--race-rounds", type=int, default=20,
                     help="rounds of each setting race (with and without each of the executor's raced settings), "
