@@ -109,8 +109,8 @@ def collect(paths: list[Path]) -> tuple[list[Series], list[str]]:
     series: list[Series] = []
     folders = [p.resolve().parent for p in paths]
     for p, folder in zip(paths, folders):
-        # a record is named by its folder, or by folder and file where one folder holds several of the records
-        series += read_record(p, f"{folder.name}/{p.stem}" if folders.count(folder) > 1 else folder.name)
+        # a record is named by its folder, or by its file where one folder holds several of the records
+        series += read_record(p, p.stem if folders.count(folder) > 1 else folder.name)
     notes = [f"{s.label} ({s.model}, {s.record}): {len(s.samples_ms)} decisions, left out" for s in series
              if len(s.samples_ms) < MIN_SAMPLES]
     series = [s for s in series if len(s.samples_ms) >= MIN_SAMPLES]
@@ -158,9 +158,10 @@ def plot(series: list[Series], out: str, title: str | None = None) -> None:
         ax.invert_yaxis()
         ax.grid(axis="x", which="both", alpha=0.3)
         devices = ", ".join(sorted({s.device for s in group if s.device}))
-        ax.set_title(f"{model}: one decision, ms (log scale){f' on {devices}' if devices else ''}", fontsize=9)
-    axes[-1, 0].set_xlabel("decision latency, ms (dots: decisions; box: quartiles; whiskers: 1st-99th percentile)",
-                           fontsize=8)
+        name = "the bundled model" if model == "default" else model  # the preset `default` is the bundled model
+        ax.set_title(f"{name}: one decision, ms (log scale){f' on {devices}' if devices else ''}", fontsize=9)
+    axes[-1, 0].set_xlabel("decision latency, ms\ndots: timed decisions; box: quartiles, bar: median; whiskers: 1st to "
+                           "99th percentile", fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()

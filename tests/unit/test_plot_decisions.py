@@ -74,7 +74,7 @@ def test_records_of_one_folder_are_told_apart_by_file(pd, tmp_path):
     cuda_record(tmp_path / "run", rng)[0].rename(second)
     series, _ = pd.collect([first.with_name("call1-model_cuda.json"), second])
     labels = [s.label for s in series if s.label.startswith("tilewise CUDA")]
-    assert sorted(labels) == ["tilewise CUDA [run/call1-model_cuda]", "tilewise CUDA [run/call2-model_cuda]"]
+    assert sorted(labels) == ["tilewise CUDA [call1-model_cuda]", "tilewise CUDA [call2-model_cuda]"]
 
 
 def test_bad_records_are_refused_with_a_fix(pd, tmp_path):
