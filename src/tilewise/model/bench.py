@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from tilewise.errors import ConfigError
 from tilewise.tune.measure import Comparison, Stats, compare, noise_note, paired_compare, rounds_of, summarize
 
 PREFIX_TOKENS = 47  # seed 001: tokens shared by every game prompt before the board starts
@@ -188,8 +189,6 @@ def verdict_text(verdict: Any) -> str:
 def prompts(vocab: int, seq: int, count: int, prefix: int, seed: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:
     """(shared prefix, [full prompt per decision]): random ids, one fixed prefix, a fresh tail each time."""
     if not 0 <= prefix < seq:
-        from tilewise.errors import ConfigError
-
         raise ConfigError(f"a {seq}-token prompt leaves no new tokens after its {prefix}-token shared prefix",
                           f"give a prompt length (--seq) above {prefix}")
     rng = np.random.default_rng(seed)

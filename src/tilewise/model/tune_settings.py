@@ -128,7 +128,7 @@ def race_settings(model: Any, seq: int, rounds: int = ROUNDS, per_round: int = P
     "default", "verdict", "ratio", "ratio_interval", "level", "on_ms", "off_ms", "on_ci95_ms", "off_ci95_ms",
     "outputs_agree", "exact", "decisions"}}: "ratio" is off over on, round by round (`race_verdict`), the medians
     pooled."""
-    from tilewise.model.bench import PREFIX_TOKENS, prompts, race_verdict
+    from tilewise.model.bench import PREFIX_TOKENS, prompts, race_verdict, verdict_text
     from tilewise.tune.measure import summarize
 
     ex = model.executor
@@ -153,10 +153,9 @@ def race_settings(model: Any, seq: int, rounds: int = ROUNDS, per_round: int = P
                      "on_ms": on.median_ms, "off_ms": off.median_ms, "on_ci95_ms": list(on.ci95_ms),
                      "off_ci95_ms": list(off.ci95_ms), "outputs_agree": same,
                      "exact": name not in INEXACT_SETTINGS, "decisions": len(samples["on"])}
-        ci = f", {100 * LEVEL:.0f}% {verdict.interval[0]:.3f}-{verdict.interval[1]:.3f}" if verdict.interval else ""
         ranked = verdict.verdict in ("faster", "slower")
-        why = ("the outputs differ" if not same else f"{verdict.verdict}, {verdict.ratio:.3f}x{ci}" if ranked
-               else f"a {verdict.verdict} ({verdict.ratio:.3f}x{ci}): the default stays")
+        why = ("the outputs differ" if not same else verdict_text(verdict) if ranked
+               else f"a {verdict_text(verdict)}: the default stays")
         log(f"settings: {name} {'on' if value else 'off'} (on {on.median_ms:.4f} ms, off {off.median_ms:.4f} ms "
             f"p50 over {len(samples['on'])} decisions each; {why})")
     return out
