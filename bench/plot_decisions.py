@@ -17,9 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -39,13 +41,9 @@ class Series:
     samples_ms: list[float]
     record: str
     device: str = ""
-    date: str = ""
-    notes: list[str] = field(default_factory=list)
 
     def p50(self) -> float:
-        s = sorted(self.samples_ms)
-        mid = len(s) // 2
-        return s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
+        return float(np.median(self.samples_ms))
 
 
 def _peer_label(impl: str) -> str:
@@ -75,7 +73,7 @@ def read_record(path: Path, tag: str | None = None) -> list[Series]:
     tag = tag or path.parent.name or path.stem
     out: list[Series] = []
     if isinstance(doc, dict) and any(k.startswith("race_") for k in doc):  # bench/model_cuda.py
-        device, date = str(doc.get("device", {}).get("name", "")), str(doc.get("date", ""))[:10]
+        device = str(doc.get("device", {}).get("name", ""))
         for key, race in doc.items():
             if not key.startswith("race_") or not isinstance(race, dict):
                 continue
@@ -86,7 +84,7 @@ def read_record(path: Path, tag: str | None = None) -> list[Series]:
                 label = f"tilewise {_runtime({'device': impl.split()[1]})}" if impl.startswith("tilewise") else \
                     _peer_label(impl)
                 out.append(Series(key[len("race_"):], label, [float(v) for v in entry["latency_samples_ms"]], tag,
-                                  device, date))
+                                  device))
     elif isinstance(doc, dict) and isinstance(doc.get("results"), list):  # bench/decision_webgpu.py
         meta = doc.get("meta", {})
         device = str(meta.get("adapter", {}).get("name", ""))
