@@ -738,16 +738,21 @@ def test_serial_reduce_sums_split_k_in_the_matmul_and_drops_each_reduction_launc
     assert downs(kept) == downs(apart)
 
 
-def test_a_wgr_cluster_choice_sums_its_slices_in_its_own_launch_with_no_scratch(rng, monkeypatch):
-    """ffn.down on wgr with KS 2 and SR 2 (a tile's blocks one cluster): one launch of `nf4_mm_wgr_cluster` a layer,
-    writing the residual rows themselves (no partial sums, no counters, no reduction or reduce-prologue launch); a
-    swiglu SR 2 config applies its own epilogue, so it offers the next matmul its f16 rows, which SR 0 cannot."""
+@pytest.mark.parametrize(("sr", "entry", "z", "threads"), [
+    (2, "nf4_mm_wgr_cluster<0, 1, 64, 64, 3, 2, 1, 0, 2>", 2, 128),  # the cluster (1, 1, KS) the kernel declares
+    (3, "nf4_mm_wgr<0, 1, 64, 64, 3, 2, 1, 0, 3>", 1, 256)], ids=["cluster", "block"])  # a warpgroup a slice
+def test_a_wgr_split_choice_summed_in_its_launch_writes_the_rows_itself_with_no_scratch(rng, monkeypatch, sr, entry,
+                                                                                      z, threads):
+    """ffn.down on wgr with KS 2 and SR 2 (a tile's blocks one cluster) or SR 3 (one block of two warpgroups, a
+    slice each): one launch a layer, writing the residual rows themselves (no partial sums, no counters, no
+    reduction or reduce-prologue launch), taking the norm fold on both sides; a swiglu config of either applies its
+    own epilogue, so it offers the next matmul its f16 rows, which SR 0 cannot."""
     from tilewise.kernels.matmul.cuda import DEFAULT_WGR, CudaMatmul
 
     cfg = PRESETS["tiny"]
     H, F = cfg.hidden_size, cfg.ffn_dim
-    cluster = {**DEFAULT_WGR, "KS": 2, "SR": 2}
-    ex = _wgr_executor(monkeypatch, [("swiglu", F, H, True, DEFAULT_WGR), ("residual", H, F, False, cluster)])
+    split = {**DEFAULT_WGR, "KS": 2, "SR": sr}
+    ex = _wgr_executor(monkeypatch, [("swiglu", F, H, True, DEFAULT_WGR), ("residual", H, F, False, split)])
     sigs = kernel_signatures()
     plan, _ = ex.plan(rng.integers(0, 512, 40), 0, None, False)
     entries = [launch.program.meta["entry"] for launch in plan.launches]
@@ -756,48 +761,20 @@ def test_a_wgr_cluster_choice_sums_its_slices_in_its_own_launch_with_no_scratch(
     assert len(downs) == len(cfg.layer_types)
     for down in downs:
         check_launch(down, sigs)
-        assert down.program.meta["entry"] == "nf4_mm_wgr_cluster<0, 1, 64, 64, 3, 2, 1, 0, 2>"
-        assert down.grid[2] == 2  # the cluster (1, 1, KS) the kernel declares
+        assert down.program.meta["entry"] == entry
+        assert down.grid == (H // 64, 1, z) and down.program.meta["block"] == (threads, 1, 1)
         assert down.buffers[5] is ex.act["x"] and down.buffers[10] is ex.act["x"]  # the residual rows, summed into
-    assert "partial" not in ex._scratch and "counters" not in ex._scratch
-    assert CudaMatmul("wgr", "nf4", "residual").scratch_bytes(cluster, 40, H, F) == {"xh": 2 * 40 * F}
-
-    swiglu = CudaMatmul("wgr", "nf4", "swiglu", True)
-    shape = (40, 256, 256)
-    on = swiglu.compile(RecordingDevice(), swiglu.config_of({**DEFAULT_WGR, "KS": 2, "SR": 2}), shape)
-    off = swiglu.compile(RecordingDevice(), swiglu.config_of({**DEFAULT_WGR, "KS": 2, "SR": 0}), shape)
-    assert "f16_out" in on.meta and "reduce" not in on.meta
-    assert "f16_out" not in off.meta and "reduce" in off.meta
-
-
-def test_a_wgr_block_sum_choice_runs_one_block_a_tile_with_a_warpgroup_a_slice(rng, monkeypatch):
-    """ffn.down on wgr with KS 2 and SR 3 (the slices summed inside one block): one `nf4_mm_wgr` launch a layer of
-    256 threads (two warpgroups) and grid z = 1, writing the residual rows itself with no partial sums, counters or
-    reduction launch; it takes the norm fold on both sides, and a swiglu SR 3 config offers the next matmul its f16
-    rows."""
-    from tilewise.kernels.matmul.cuda import DEFAULT_WGR, CudaMatmul
-
-    cfg = PRESETS["tiny"]
-    H, F = cfg.hidden_size, cfg.ffn_dim
-    block = {**DEFAULT_WGR, "KS": 2, "SR": 3}
-    ex = _wgr_executor(monkeypatch, [("swiglu", F, H, True, DEFAULT_WGR), ("residual", H, F, False, block)])
-    sigs = kernel_signatures()
-    plan, _ = ex.plan(rng.integers(0, 512, 40), 0, None, False)
-    assert not any("reduce" in launch.program.meta["entry"] for launch in plan.launches)
-    downs = [launch for launch, lab in zip(plan.launches, plan.labels) if lab == "ffn.down"]
-    assert len(downs) == len(cfg.layer_types)
-    for down in downs:
-        check_launch(down, sigs)
-        assert down.program.meta["entry"] == "nf4_mm_wgr<0, 1, 64, 64, 3, 2, 1, 0, 3>"
-        assert down.grid == (H // 64, 1, 1) and down.program.meta["block"] == (256, 1, 1)
-        assert down.buffers[5] is ex.act["x"] and down.buffers[10] is ex.act["x"]
         assert "fold_from" in down.program.meta and down.program.meta["fold_into"]
     assert "partial" not in ex._scratch and "counters" not in ex._scratch
     tpl = CudaMatmul("wgr", "nf4", "residual")
-    assert tpl.scratch_bytes(tpl.config_of(block), 40, H, F) == {"xh": 2 * 40 * F}
+    assert tpl.scratch_bytes(tpl.config_of(split), 40, H, F) == {"xh": 2 * 40 * F}
+
     swiglu = CudaMatmul("wgr", "nf4", "swiglu", True)
-    on = swiglu.compile(RecordingDevice(), swiglu.config_of(block), (40, 256, 256))
-    assert "f16_out" in on.meta and "reduce" not in on.meta and on.meta["rope_into"] is False
+    shape = (40, 256, 256)
+    on = swiglu.compile(RecordingDevice(), swiglu.config_of(split), shape)
+    off = swiglu.compile(RecordingDevice(), swiglu.config_of({**DEFAULT_WGR, "KS": 2, "SR": 0}), shape)
+    assert "f16_out" in on.meta and "reduce" not in on.meta
+    assert "f16_out" not in off.meta and "reduce" in off.meta
 
 
 def test_a_splitk_cluster_choice_writes_the_rows_itself_with_no_scratch(rng):
