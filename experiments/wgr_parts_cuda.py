@@ -60,13 +60,12 @@ from tilewise.tune.measure import measure  # noqa: E402
 PICK = {"BF": 128, "BT": 120, "ST": 4, "KS": 1, "MB": 1, "DEC": 1, "SR": 0}
 
 _NEXT = ("    if (kt + 1 < steps)\n"
-         "      wgr_fragments<FMT, SETS, BF, DEC>(nxt, base + WOFF + (((kt + 1) % ST) * SL + kg) * WBYTES, lut, tb, "
-         "pt, r, t);")
+         "      wgr_fragments<FMT, SETS, BF, DEC>(nxt, base + WOFF + ((kt + 1) % ST) * WBYTES, lut, tb, pt, r, t);")
 _MMA = "    for (int s = 0; s < SETS; ++s) wgmma_rs<BT>(acc[s], a[s][kk], wg_desc(xs + kk * 32));"
-_COPY = "    cp_w_rows<FMT, SETS, BF, NTW, SETS * BF * RS, decltype(row_at), false>("
+_COPY = "    cp_w_rows<FMT, SETS, BF, NT, SETS * BF * RS, decltype(row_at), false>("
 _ABSMAX = "    if (FMT == 0) {  // the step's absmax"
 _LOOP = "  for (int kt = 0; kt < steps; kt += 2) {"
-_TOP = "  constexpr int NT = wgr_block_threads(BF, KS, SR), SETS = EPI == 2 ? 2 : 1, BK = 64;"
+_TOP = "  constexpr int NT = wgr_threads(BF), SETS = EPI == 2 ? 2 : 1, BK = 64;"
 _EPI = "        if (e >= CHUNKS || tok >= M || feat >= N) continue;"  # the epilogue's store loop (not the fold's)
 _TABLE = "    for (int e = tid; e < 256 * wgr_pair_copies(DEC); e += NT) {"
 _TABLE_BODY = ("\n      const int b = e / wgr_pair_copies(DEC);\n"

@@ -66,11 +66,10 @@ _SETUP = ("  __syncthreads();  // the mbarriers exist before any thread waits on
           "next barrier)\n")
 _PDL = "  PDL_BEGIN();\n#pragma unroll\n  for (int g = 0; g < AHEAD; ++g) issue_x(g);"
 _LANDED = "    mbar_wait(bars, 0);  // step 0's x and every thread's W rows"
-_DECODED = "  wgr_fragments<FMT, SETS, BF, DEC>(a0, base + WOFF + kg * WBYTES, lut, tb, pt, r, t);\n"
+_DECODED = "  wgr_fragments<FMT, SETS, BF, DEC>(a0, base + WOFF, lut, tb, pt, r, t);\n"
 _LOOPED = "  wgr_pin(acc, a1);\n  cp_async_wait<0>();\n"
 _RING = "  __syncthreads();  // every warpgroup's wgmma and copies are done: the ring is free"
-_END2 = "scaled,\n" + " " * 42 + "EPI == 0 ? rope : nullptr);\n    return;"  # SR 2's epilogue call
-_END3 = "scaled,\n" + " " * 44 + "EPI == 0 ? rope : nullptr);\n    return;"  # SR 3's
+_END2 = "EPI == 0 ? rope : nullptr);\n    return;"
 _END0 = "  if constexpr (SR == 1)  // the code table"
 # SR 2's sums (wgr_push_sums, wgr_sum_own in matmul_wgr.cu): thread 0 also stamps the cycle counter once every peer's
 # sums for the block's token groups have landed (word 17) and once its own groups' slices are summed and staged
@@ -93,8 +92,7 @@ TIMELINE = (
     (_DECODED, _DECODED + "  TL(4);\n"),
     (_LOOPED, _LOOPED + "  TL(5);\n"),
     (_RING, _RING + "\n  TL(6);"),
-    (_END2, _END2.replace("return;", "TL(7);\n    return;")),
-    (_END3, _END3.replace("return;", "TL(7);\n    return;")),
+    (_END2, "EPI == 0 ? rope : nullptr);\n    TL(7);\n    return;"),
     (_END0, "  __syncthreads();\n  TL(7);\n" + _END0),
 )
 parts.EDITS["timeline"] = TIMELINE

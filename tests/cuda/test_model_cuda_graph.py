@@ -356,15 +356,14 @@ def test_the_norm_fold_matches_the_float64_reference_and_the_unfolded_decision(d
     close(scores(tail, 30, base)[0], weights[HEAD].astype(np.float64) @ ref[-1], 3e-2)
 
 
-@pytest.mark.parametrize("qkv", ["ks1", "cluster", "block"])
+@pytest.mark.parametrize("qkv", ["ks1", "cluster"])
 def test_rope_in_the_qkv_epilogue_matches_the_separate_launch_and_the_float64_reference(dev, rng, qkv):
     """fuse_rope on the bundled model (heads of 64) with qkv on wgr summing in its own launch (KS 1, or KS 2 in a
-    cluster or in one block): the q/k norm + RoPE launch is gone; in the first attention block the V cache rows the
-    epilogue writes are the separate launch's bits and the K rows agree within the f32 rounding (each head's sum of
-    squares adds in another order), later blocks (whose inputs carry that rounding) within 1e-3 of their largest value,
-    at start 0 and after a cached prefix; all 8 scores match the float64 forward and the unfused decision, launch by
-    launch and replayed.
-    """
+    cluster): the q/k norm + RoPE launch is gone; in the first attention block the V cache rows the epilogue writes
+    are the separate launch's bits and the K rows agree within the f32 rounding (each head's sum of squares adds in
+    another order), later blocks (whose inputs carry that rounding) within 1e-3 of their largest value, at start 0
+    and after a cached prefix; all 8 scores match the float64 forward and the unfused decision, launch by launch and
+    replayed."""
     from tests.cuda.test_model_cuda_tune import kind_table
 
     from tilewise.kernels.matmul.cuda import DEFAULT_WGR, CudaMatmul
@@ -379,8 +378,7 @@ def test_rope_in_the_qkv_epilogue_matches_the_separate_launch_and_the_float64_re
     cfg = ck.config
     table = kind_table(dev, cfg, "wgr")
     qkv_n, d = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim, cfg.head_dim
-    config = {"ks1": DEFAULT_WGR, "cluster": {**DEFAULT_WGR, "KS": 2, "SR": 2},
-              "block": {**DEFAULT_WGR, "KS": 2, "SR": 3}}[qkv]
+    config = DEFAULT_WGR if qkv == "ks1" else {**DEFAULT_WGR, "KS": 2, "SR": 2}
     tpl = CudaMatmul("wgr", "nf4", "none", True)
     table.put(matmul_key("nf4", "none", qkv_n, cfg.hidden_size, True),
               Entry([{"m_min": 8, "m_max": None, "kernel": tpl.name, "config": config}]), tpl)

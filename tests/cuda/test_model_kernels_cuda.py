@@ -252,10 +252,10 @@ SR_CASES = {"wgr": ({**mm.DEFAULT_WGR, "BT": 32, "KS": 4}, 2),
 @pytest.mark.parametrize(("epilogue", "norm"), [("none", True), ("residual", False), ("swiglu", True)])
 @pytest.mark.parametrize("shape", [(97, 224, 1024), (346, 1056, 1024), (7, 96, 512), (33, 94, 512)])
 def test_slices_summed_by_the_last_block_equal_the_reduction_launch(dev, rng, kind, epilogue, norm, shape):
-    """SR 1 (the last of a tile's blocks sums the KS slices, counted in `counters`), SR 2 (Hopper: the tile's
-    blocks one cluster, summing from each other's shared memory) and wgr's SR 3 (one block, a warpgroup a slice,
-    summing in its own shared memory) add them in the reduction's order: the same bits as SR 0's separate launch,
-    launch after launch (the counters go back to 0), every tile, widths not a multiple of 4 included."""
+    """SR 1 (the last of a tile's blocks sums the KS slices, counted in `counters`) and SR 2 (Hopper: the tile's
+    blocks one cluster, summing from each other's shared memory) add them in the reduction's order: the same bits as
+    SR 0's separate launch, launch after launch (the counters go back to 0), every tile, widths not a multiple of 4
+    included."""
     if kind == "wgr" and dev.info.limits.compute_capability != "9.0":
         pytest.skip("wgmma needs a Hopper GPU")
     tpl = mm.CudaMatmul(kind, "nf4", epilogue, norm)
@@ -271,8 +271,6 @@ def test_slices_summed_by_the_last_block_equal_the_reduction_launch(dev, rng, ki
             runs += [(0, {**base, "PIPE": 1}), (2, {**base, "PIPE": 1})]
         else:
             runs.append((2, base))
-        if kind == "wgr":
-            runs.append((3, base))
     got = {}
     for sr, over in runs:
         cfg = tpl.config_of({**over, "SR": sr})
@@ -284,7 +282,6 @@ def test_slices_summed_by_the_last_block_equal_the_reduction_launch(dev, rng, ki
             dev.run(launches)
             got.setdefault((sr, over.get("PIPE")), []).append(tpl.read_output(dev, bufs, shape))
     assert any(sr == 2 for sr, _ in got) or dev.info.limits.compute_capability != "9.0"
-    assert kind != "wgr" or any(sr == 3 for sr, _ in got)
     first = got[(0, base.get("PIPE"))][0]
     check(first, tpl.reference(host, shape), tpl.dtype)
     for out in (out for outs in got.values() for out in outs):
@@ -299,14 +296,14 @@ def test_slices_summed_by_the_last_block_equal_the_reduction_launch(dev, rng, ki
 def test_cluster_sums_of_uneven_token_groups_equal_the_reduction_launch(dev, rng, over, epilogue, norm, shape):
     """wgr SR 2: a block owns every KS-th group of 8 tokens and its peers send it their sums of those; where the
     groups do not divide among the KS blocks (some own more, some none), every output still has the bits of SR 0's
-    reduction launch, launch after launch; so does SR 3 (the slices summed in one block) on the 64-feature tiles."""
+    reduction launch, launch after launch."""
     if dev.info.limits.compute_capability != "9.0":
         pytest.skip("wgmma needs a Hopper GPU")
     tpl = mm.CudaMatmul("wgr", "nf4", epilogue, norm)
     host = tpl.make_inputs(shape, rng)
     bufs = tpl.upload(dev, host, shape)
     got = {}
-    for sr in (0, 2, 3) if over["BF"] == 64 else (0, 2):
+    for sr in (0, 2):
         cfg = tpl.config_of({**mm.DEFAULT_WGR, **over, "SR": sr})
         assert tpl.why_illegal(cfg, dev.info.limits, shape) == []
         launches = tpl.launches(tpl.compile(dev, cfg, shape), bufs, cfg, shape)
@@ -315,28 +312,24 @@ def test_cluster_sums_of_uneven_token_groups_equal_the_reduction_launch(dev, rng
             dev.run(launches)
             got.setdefault(sr, []).append(tpl.read_output(dev, bufs, shape))
     check(got[0][0], tpl.reference(host, shape), tpl.dtype)
-    assert len(got) == (3 if over["BF"] == 64 else 2)
-    for out in got[0][1:] + got[2] + got.get(3, []):
+    for out in got[0][1:] + got[2]:
         np.testing.assert_array_equal(out, got[0][0])
 
 
 SPLITK_CLUSTER = {**mm.DEFAULT_SPLITK, "BM": 32, "BN": 64, "BK": 64, "WM": 16, "WN": 32, "KS": 4, "SR": 2}
 
 
-@pytest.mark.parametrize("consumer", [{"BT": 32}, {"BT": 32, "KS": 2, "SR": 2}, {"BT": 32, "KS": 2, "SR": 3}],
-                         ids=["into-ks1", "into-cluster", "into-block"])
+@pytest.mark.parametrize("consumer", [{"BT": 32}, {"BT": 32, "KS": 2, "SR": 2}], ids=["into-ks1", "into-cluster"])
 @pytest.mark.parametrize("producer", [("wgr", {"BT": 32}), ("wgr", {"BT": 32, "KS": 4, "SR": 2}),
-                                      ("wgr", {"BT": 32, "KS": 4, "SR": 3}), ("splitk", SPLITK_CLUSTER)],
-                         ids=["ks1", "cluster", "block", "splitk-cluster"])
+                                      ("splitk", SPLITK_CLUSTER)], ids=["ks1", "cluster", "splitk-cluster"])
 @pytest.mark.parametrize("epilogue", ["none", "swiglu"])
 @pytest.mark.parametrize("shape", [(97, 256, 512), (346, 1024, 1024), (7, 128, 256)])
 def test_the_norm_fold_hands_the_next_matmul_its_rows_and_their_scale(dev, rng, producer, epilogue, shape, consumer):
-    """A residual launch with the norm fold (fold_g, ss_out; wgr with KS 1, a cluster's or a block's sum, splitk
-    with a cluster's sum) writes the same f32 rows h as without it, f16 (h * g) rows with the bits of numpy's rounding,
-    and each row's sums of squares per 64 columns; a wgr launch reading those rows with ss_in (KS 1, or a cluster or a
-    block that scales its summed slices) matches the float64 normed matmul of h in every output (rows 1000x apart in
-    scale, so a scale applied to the wrong row shows).
-    """
+    """A residual launch with the norm fold (fold_g, ss_out; wgr with KS 1 or a cluster's sum, splitk with a
+    cluster's sum) writes the same f32 rows h as without it, f16 (h * g) rows with the bits of numpy's rounding, and
+    each row's sums of squares per 64 columns; a wgr launch reading those rows with ss_in (KS 1, or a cluster that
+    scales its summed slices) matches the float64 normed matmul of h in every output (rows 1000x apart in scale, so
+    a scale applied to the wrong row shows)."""
     from tilewise.devices.base import Launch
 
     if dev.info.limits.compute_capability != "9.0":

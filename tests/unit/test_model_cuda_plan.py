@@ -738,21 +738,16 @@ def test_serial_reduce_sums_split_k_in_the_matmul_and_drops_each_reduction_launc
     assert downs(kept) == downs(apart)
 
 
-@pytest.mark.parametrize(("sr", "entry", "z", "threads"), [
-    (2, "nf4_mm_wgr_cluster<0, 1, 64, 64, 3, 2, 1, 0, 2>", 2, 128),  # the cluster (1, 1, KS) the kernel declares
-    (3, "nf4_mm_wgr<0, 1, 64, 64, 3, 2, 1, 0, 3>", 1, 256)], ids=["cluster", "block"])  # a warpgroup a slice
-def test_a_wgr_split_choice_summed_in_its_launch_writes_the_rows_itself_with_no_scratch(rng, monkeypatch, sr, entry,
-                                                                                      z, threads):
-    """ffn.down on wgr with KS 2 and SR 2 (a tile's blocks one cluster) or SR 3 (one block of two warpgroups, a
-    slice each): one launch a layer, writing the residual rows themselves (no partial sums, no counters, no
-    reduction or reduce-prologue launch), taking the norm fold on both sides; a swiglu config of either applies its
-    own epilogue, so it offers the next matmul its f16 rows, which SR 0 cannot."""
+def test_a_wgr_cluster_choice_sums_its_slices_in_its_own_launch_with_no_scratch(rng, monkeypatch):
+    """ffn.down on wgr with KS 2 and SR 2 (a tile's blocks one cluster): one launch of `nf4_mm_wgr_cluster` a layer,
+    writing the residual rows themselves (no partial sums, no counters, no reduction or reduce-prologue launch); a
+    swiglu SR 2 config applies its own epilogue, so it offers the next matmul its f16 rows, which SR 0 cannot."""
     from tilewise.kernels.matmul.cuda import DEFAULT_WGR, CudaMatmul
 
     cfg = PRESETS["tiny"]
     H, F = cfg.hidden_size, cfg.ffn_dim
-    split = {**DEFAULT_WGR, "KS": 2, "SR": sr}
-    ex = _wgr_executor(monkeypatch, [("swiglu", F, H, True, DEFAULT_WGR), ("residual", H, F, False, split)])
+    cluster = {**DEFAULT_WGR, "KS": 2, "SR": 2}
+    ex = _wgr_executor(monkeypatch, [("swiglu", F, H, True, DEFAULT_WGR), ("residual", H, F, False, cluster)])
     sigs = kernel_signatures()
     plan, _ = ex.plan(rng.integers(0, 512, 40), 0, None, False)
     entries = [launch.program.meta["entry"] for launch in plan.launches]
@@ -761,17 +756,15 @@ def test_a_wgr_split_choice_summed_in_its_launch_writes_the_rows_itself_with_no_
     assert len(downs) == len(cfg.layer_types)
     for down in downs:
         check_launch(down, sigs)
-        assert down.program.meta["entry"] == entry
-        assert down.grid == (H // 64, 1, z) and down.program.meta["block"] == (threads, 1, 1)
+        assert down.program.meta["entry"] == "nf4_mm_wgr_cluster<0, 1, 64, 64, 3, 2, 1, 0, 2>"
+        assert down.grid[2] == 2  # the cluster (1, 1, KS) the kernel declares
         assert down.buffers[5] is ex.act["x"] and down.buffers[10] is ex.act["x"]  # the residual rows, summed into
-        assert "fold_from" in down.program.meta and down.program.meta["fold_into"]
     assert "partial" not in ex._scratch and "counters" not in ex._scratch
-    tpl = CudaMatmul("wgr", "nf4", "residual")
-    assert tpl.scratch_bytes(tpl.config_of(split), 40, H, F) == {"xh": 2 * 40 * F}
+    assert CudaMatmul("wgr", "nf4", "residual").scratch_bytes(cluster, 40, H, F) == {"xh": 2 * 40 * F}
 
     swiglu = CudaMatmul("wgr", "nf4", "swiglu", True)
     shape = (40, 256, 256)
-    on = swiglu.compile(RecordingDevice(), swiglu.config_of(split), shape)
+    on = swiglu.compile(RecordingDevice(), swiglu.config_of({**DEFAULT_WGR, "KS": 2, "SR": 2}), shape)
     off = swiglu.compile(RecordingDevice(), swiglu.config_of({**DEFAULT_WGR, "KS": 2, "SR": 0}), shape)
     assert "f16_out" in on.meta and "reduce" not in on.meta
     assert "f16_out" not in off.meta and "reduce" in off.meta

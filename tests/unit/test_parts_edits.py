@@ -283,7 +283,7 @@ def test_the_timeline_edits_find_their_text_once_and_stamp_every_point(timeline,
     src = wgr_parts.edited_source("timeline")
     for point in range(7):
         assert src.count(f"TL({point});") == 1, point
-    assert src.count("TL(7);") == 3  # the cluster's return, the block sum's (SR 3) and the other kinds' end
+    assert src.count("TL(7);") == 2  # the cluster's return and the other kinds' end
     assert src.count("TLC(17);") == src.count("TLC(18);") == 1  # SR 2: the peers' sums landed, its own summed
     assert src.index("mbar_wait(recv_bar, 0);\n  TLC(17);") < src.index("TLC(18);") < src.index("wgr_own_epilogue<EPI")
 

@@ -217,29 +217,19 @@ class CudaMatmul(KernelTemplate):
         no reduction launch, no partial sums, no counters."""
         return self.kind in SR_KINDS and self.splits(config) and config["SR"] == 2
 
-    def in_block(self, config: Config) -> bool:
-        """A block's KS warpgroups take a slice each and sum them in its shared memory (wgr's SR 3): one block a
-        tile, no reduction launch, no partial sums, no counters."""
-        return self.kind == "wgr" and self.splits(config) and config["SR"] == 3
-
-    def sums_whole(self, config: Config) -> bool:
-        """Each tile's sum is whole inside one launch of this config, without partial sums in memory (KS 1, SR 2
-        or SR 3): the launches that take the norm fold and the RoPE epilogue."""
-        return not self.splits(config) or self.clustered(config) or self.in_block(config)
-
     def sums_in_kernel(self, config: Config) -> bool:
-        """The matmul's own launch applies the epilogue (KS 1, SR 1, 2 or 3): no reduction launch follows."""
-        return self.sums_whole(config) or self.serial(config)
+        """The matmul's own launch applies the epilogue (KS 1, SR 1 or SR 2): no reduction launch follows."""
+        return not self.splits(config) or self.serial(config) or self.clustered(config)
 
     def fold_from(self, config: Config) -> dict[str, int] | None:
         """Where this config's launch takes the norm fold's producing side (`cuda_fuse.fold_norm`), as its argument
         positions; None where it cannot: a residual launch that adds its output into the rows in the kernel, without
-        a reduction launch or the last block's serial sum (neither stores the fold's rows): wgr with KS 1, SR 2 or 3,
+        a reduction launch or the last block's serial sum (neither stores the fold's rows): wgr with KS 1 or SR 2,
         splitk with SR 2 whose tile the cluster's fold path takes (BN a multiple of 64, its 4-column chunks a whole
         number of passes of the block; `cluster_reduce`)."""
         if self.epilogue != "residual":
             return None
-        if self.kind == "wgr" and self.sums_whole(config):
+        if self.kind == "wgr" and (config["KS"] == 1 or self.clustered(config)):
             return {k: WGR_ARGS[k] for k in ("m", "n", "final_out", "out_h", "fold_g", "ss_out")}
         if (self.kind == "splitk" and self.clustered(config) and config["BN"] % 64 == 0
                 and config["BM"] * config["BN"] // 4 % mma_threads(config) == 0):
@@ -253,7 +243,8 @@ class CudaMatmul(KernelTemplate):
     def scratch_bytes(self, config: Config, rows: int, n: int, k: int) -> dict[str, int]:
         """The scratch buffers a config's launches need at `rows` rows, by name: split-K's partial sums, the ring
         and wg kinds' f16 copy of x (`xh`, rows x K)."""
-        out = {"partial": self.partial_bytes(config["KS"], rows, n)} if not self.sums_whole(config) else {}
+        out = ({"partial": self.partial_bytes(config["KS"], rows, n)} if self.splits(config)
+               and not self.clustered(config) else {})
         if self.preps():
             out["xh"] = 2 * rows * k
         if self.serial(config):
@@ -317,7 +308,7 @@ class CudaMatmul(KernelTemplate):
             # it applies the epilogue itself, into final_out (out with KS 1)
             offers_f16_out(prog, WGR_ARGS["final_out"], WGR_ARGS["out_h"], WGR_ARGS["m"], WGR_ARGS["n"])
         if self.kind == "wgr":  # the norm fold's consuming side (`cuda_fuse.fold_norm`); q/k norm + RoPE (`fuse_rope`)
-            prog.meta["fold_into"] = self.sums_whole(config)
+            prog.meta["fold_into"] = config["KS"] == 1 or self.clustered(config)
             prog.meta["rope_into"] = self.epilogue == "none" and prog.meta["fold_into"]
         fold = self.fold_from(config)
         if fold:
@@ -359,9 +350,8 @@ class CudaMatmul(KernelTemplate):
         if self.kind == "rows":
             cols = config["NT"] // WARP // config["WK"] * config["CW"]  # output columns a block
             return (math.ceil(n / cols), math.ceil(m / config["RM"]), 1)
-        if self.kind == "wgr":  # SR 3: a tile's slices in one block
-            return (math.ceil(n / config["BF"]), math.ceil(m / config["BT"]), 1 if self.in_block(config)
-                    else config["KS"])
+        if self.kind == "wgr":
+            return (math.ceil(n / config["BF"]), math.ceil(m / config["BT"]), config["KS"])
         return (math.ceil(n / config["BN"]), math.ceil(m / config["BM"]), config.get("KS", 1))
 
     def launches(self, program: Program, bufs: DeviceBuffers, config: Config, shape: Shape) -> list[Launch]:
@@ -377,7 +367,7 @@ class CudaMatmul(KernelTemplate):
             weights[1] = bufs["absmax_t"]
             if self.sets == 2:
                 weights[3] = bufs["absmax_up_t"]
-        out = bufs["out" if self.sums_whole(config) else "partial"]
+        out = bufs["partial" if self.splits(config) and not self.clustered(config) else "out"]
         dims = [np.int32(m), np.int32(n), np.int32(k)]
         reduce = self._reduce(program, bufs, config, m, n)
         if self.preps():
@@ -428,7 +418,7 @@ class CudaMatmul(KernelTemplate):
             return (f"wgr {config['BF']}x{config['BT']}x{WG_BK} st{config['ST']} ks{config['KS']} "
                     f"mb{config['MB']}" + (f" dec{config['DEC']}" if config["DEC"] else "")
                     + (" sr" if self.serial(config) else "")
-                    + (" cluster" if self.clustered(config) else "") + (" block" if self.in_block(config) else ""))
+                    + (" cluster" if self.clustered(config) else ""))
         if self.kind in WGMMA_KINDS:
             return (f"{self.kind} {config['BM']}x{config['BN']}x{WG_BK} mt{config['MT']} st{config['ST']} "
                     f"ks{config['KS']} mb{config['MB']}" + (f" pw{config['PW']}" if self.kind == "ws" else ""))

@@ -237,17 +237,12 @@ def wgr_rules(sets: int, fmt: str = "nf4") -> list[Rule]:
                           f"sets, < {WGR_SPARE + WGR_TABLE_REGS * (c.DEC == 1)}",
              doc="addresses, the words being decoded and the code need about 48 registers (56 with DEC 1)"),
         wg["stages_3_6"], wg["ks_1_2_4_8"],
-        Rule("sr_with_slices", lambda c, _: c.SR in (0, 1, 2, 3) and (c.SR == 0 or c.KS > 1),
-             lambda c, _: (f"SR = {c.SR} is not 0, 1, 2 or 3" if c.SR not in (0, 1, 2, 3) else
+        Rule("sr_with_slices", lambda c, _: c.SR in (0, 1, 2) and (c.SR == 0 or c.KS > 1),
+             lambda c, _: (f"SR = {c.SR} is not 0, 1 or 2" if c.SR not in (0, 1, 2) else
                            f"SR = {c.SR} (who sums the slices) needs slices to sum: KS > 1"),
              doc="1: the last of a tile's KS blocks sums the slices and applies the epilogue (no reduction launch); "
-                 "2: the tile's KS blocks are one cluster and sum them from each other's shared memory; 3: one "
-                 "block of KS warpgroups, one a slice, sums them in its own shared memory"),
-        smem_rules[0],
-        Rule("sr3_one_warpgroup", lambda c, _: c.SR != 3 or c.BF == 64,
-             lambda c, _: f"SR = 3 gives each of a block's KS warpgroups one slice of all its features: BF = {c.BF} "
-                          f"must be 64 (one warpgroup's features)"),
-        wg["wgmma_sm90"],
+                 "2: the tile's KS blocks are one cluster and sum them from each other's shared memory"),
+        smem_rules[0], wg["wgmma_sm90"],
         threads_rule(wgr_threads),
         *smem_rules[1:],
     ]

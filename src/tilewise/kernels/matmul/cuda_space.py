@@ -183,7 +183,7 @@ WS_SEED = [dict(zip(WS_PARAMS, v)) for v in (
 #: output features each, BT tokens (the wgmma n, a multiple of 8) per block, x copied by the TMA
 WGR_PARAMS = ("BF", "BT", "ST", "KS", "MB", "DEC", "SR")
 WGR_VALUES: dict[str, list[int]] = {"BF": [64, 128, 192, 256], "BT": list(range(16, 257, 8)), "ST": [3, 4, 5, 6],
-                                     "KS": [1, 2, 4, 8], "MB": [1, 2], "DEC": [0, 1, 2, 3], "SR": [0, 1, 2, 3]}
+                                     "KS": [1, 2, 4, 8], "MB": [1, 2], "DEC": [0, 1, 2, 3], "SR": [0, 1, 2]}
 #: registers beside the accumulators and the two fragment sets (`WGR_SPARE` in matmul_wgr.cu); DEC 1's code table
 #: takes `WGR_TABLE_REGS` more
 WGR_SPARE = 48
@@ -211,9 +211,6 @@ WGR_SEED = [dict(zip(WGR_PARAMS, v)) for v in (
     (256, 56, 4, 1, 1, 0, 0), (128, 48, 4, 1, 2, 0, 0), (64, 64, 3, 1, 1, 0, 0),
     (128, 176, 4, 1, 1, 0, 0),  # swiglu: illegal on purpose (accumulators_128: 2 x 176 / 2)
     (128, 120, 4, 1, 1, 2, 0),  # the pair table in 8 copies: slower than 32 on every shape so far
-    # the slices summed inside the block (SR 3): qkv's and in_proj's tiles with K in two, down's in four
-    (64, 88, 4, 2, 1, 1, 3), (64, 176, 4, 2, 1, 1, 3), (64, 120, 4, 2, 1, 1, 3), (64, 64, 4, 4, 1, 1, 3),
-    (64, 88, 3, 4, 1, 0, 3),
 )]
 
 
@@ -309,9 +306,7 @@ def ws_smem_bytes(c: Config, fmt: str, sets: int) -> int:
 
 
 def wgr_threads(c: Config) -> int:
-    """Threads of a wgr block: a warpgroup per 64 features, and with SR 3 (the slices summed in the block) one per
-    slice of K."""
-    return c.BF // 64 * 128 * (c.KS if c.SR == 3 else 1)
+    return c.BF // 64 * 128
 
 
 def wgr_smem_bytes(c: Config, fmt: str, sets: int) -> int:
@@ -320,16 +315,13 @@ def wgr_smem_bytes(c: Config, fmt: str, sets: int) -> int:
     epilogue's (BT, BF + 4) f32 tile staged in their place where that is larger; the NF4 code, the stages' `full`
     and `empty` mbarriers (128 bytes), DEC 2 and 3's pair table and 1024 bytes to start on the swizzle's boundary.
     With SR 2 the tile holds every weight set's sums at once, and the sums a block receives from its KS - 1 peers
-    for the token groups it owns (every KS-th group of 8 tokens) follow it where the ring was. With SR 3 a stage
-    holds every slice's x tile and W rows, and the tiles every slice's sums of every set."""
+    for the token groups it owns (every KS-th group of 8 tokens) follow it where the ring was."""
     w = sets * c.BF * ({"nf4": 32, "f16": 128, "f32": 256}[fmt] + 16 + (4 if fmt == "nf4" else 0))
-    held = c.KS if c.SR == 3 else 1
-    tiles = (sets if c.SR >= 2 else 1) * held
+    tiles = sets if c.SR == 2 else 1
     pairs = 256 * 4 * WGR_PAIR_COPIES.get(c.DEC, 0)
     own = (c.BT // 8 + c.KS - 1) // c.KS
-    recv = (c.KS - 1) * own * sets * (c.BF // 64 * 128) * 16 if c.SR == 2 else 0
-    ring = c.ST * held * (c.BT * 128 + w)
-    return max(ring, tiles * c.BT * (c.BF + 4) * 4 + recv) + 16 * 4 + 128 + pairs + 1024
+    recv = (c.KS - 1) * own * sets * wgr_threads(c) * 16 if c.SR == 2 else 0
+    return max(c.ST * (c.BT * 128 + w), tiles * c.BT * (c.BF + 4) * 4 + recv) + 16 * 4 + 128 + pairs + 1024
 
 
 def wgr_spare_registers(c: Config, sets: int) -> int:

@@ -29,10 +29,6 @@
 // one thread block cluster: each owns every KS-th group of 8 tokens, sends its raw sums of the others' groups into
 // their owners' shared memory (distributed shared memory, `wgr_push_sums`) and sums its own groups' slices in order
 // 0..KS-1 (the same bits again), with no partial sums in global memory, no counters and no reduction launch.
-// SR 3 (BF 64) sums the slices inside one block: its KS warpgroups each take one slice of K (a ring step carries
-// every slice's x box and W rows), stage their raw sums in tiles of their own and the block adds them in order
-// 0..KS-1 (the same bits again) before the epilogue: no cluster, no partial sums, no second launch, and a block's
-// warpgroups cover each other's latencies where a cluster's blocks each wait for theirs.
 // MB is the launch bound's blocks per SM.
 // DEC picks nf4's decode: 0 looks each nibble up in an f32 code table in shared memory and scales in f32 (one
 // rounding to f16, as the other kinds); 1 looks four nibbles up at once in an f16 code table held in eight registers
@@ -56,24 +52,19 @@
 // Shapes: K % (KS * 64) == 0; any M and N.
 
 __host__ __device__ constexpr int wgr_threads(int BF) { return BF / 64 * 128; }
-// SR 3: a block holds every slice (one warpgroup each); else one
-__host__ __device__ constexpr int wgr_slices_held(int KS, int SR) { return SR == 3 ? KS : 1; }
-__host__ __device__ constexpr int wgr_block_threads(int BF, int KS, int SR) {
-  return wgr_threads(BF) * wgr_slices_held(KS, SR);
-}
 // one stage: the x tile (BT, 64) f16, then SETS x BF W rows as stored (padded) and nf4's absmax per row
 __host__ __device__ constexpr int wgr_stage_w_bytes(int FMT, int EPI, int BF) {
   return (EPI == 2 ? 2 : 1) * BF * (wgr_row_stride(FMT) + (FMT == 0 ? 4 : 0));
 }
-// the ring: ST x tiles, then ST W stages (SR 3: each as many times as the block holds slices)
-__host__ __device__ constexpr int wgr_ring_bytes(int FMT, int EPI, int BF, int BT, int ST, int KS, int SR) {
-  return ST * wgr_slices_held(KS, SR) * (BT * 128 + wgr_stage_w_bytes(FMT, EPI, BF));
+// the ring: ST x tiles, then ST W stages
+__host__ __device__ constexpr int wgr_ring_bytes(int FMT, int EPI, int BF, int BT, int ST) {
+  return ST * (BT * 128 + wgr_stage_w_bytes(FMT, EPI, BF));
 }
 // the epilogue's tiles (BT, BF + 4) f32, staged where the ring was: rows 16-byte aligned, and the fragment stores of
 // a warp's four token pairs fall into different banks. One tile, staged a weight set at a time, except with SR 2:
-// each block stages the summed slices of every set of its own rows at once; SR 3: every set of every slice.
-__host__ __device__ constexpr int wgr_tile_bytes(int EPI, int BF, int BT, int KS, int SR) {
-  return (SR >= 2 && EPI == 2 ? 2 : 1) * wgr_slices_held(KS, SR) * BT * (BF + 4) * 4;
+// each block stages the summed slices of every set of its own rows at once.
+__host__ __device__ constexpr int wgr_tile_bytes(int EPI, int BF, int BT, int SR) {
+  return (SR == 2 && EPI == 2 ? 2 : 1) * BT * (BF + 4) * 4;
 }
 // SR 2: the n8 token groups of a tile (tokens 8 j .. 8 j + 7) a block owns at most (group j: the cluster's block
 // j % KS), and the raw sums it receives from its KS - 1 peers for them, (KS - 1, groups, SETS, threads) float4,
@@ -84,18 +75,17 @@ __host__ __device__ constexpr int wgr_recv_bytes(int EPI, int BF, int BT, int KS
 }
 // the code and the mbarriers, after the ring or the tiles (and SR 2's received sums), whichever is larger
 __host__ __device__ constexpr int wgr_lut_offset(int FMT, int EPI, int BF, int BT, int ST, int KS, int SR) {
-  return wgr_ring_bytes(FMT, EPI, BF, BT, ST, KS, SR) >
-                 wgr_tile_bytes(EPI, BF, BT, KS, SR) + wgr_recv_bytes(EPI, BF, BT, KS, SR)
-             ? wgr_ring_bytes(FMT, EPI, BF, BT, ST, KS, SR)
-             : wgr_tile_bytes(EPI, BF, BT, KS, SR) + wgr_recv_bytes(EPI, BF, BT, KS, SR);
+  return wgr_ring_bytes(FMT, EPI, BF, BT, ST) > wgr_tile_bytes(EPI, BF, BT, SR) + wgr_recv_bytes(EPI, BF, BT, KS, SR)
+             ? wgr_ring_bytes(FMT, EPI, BF, BT, ST)
+             : wgr_tile_bytes(EPI, BF, BT, SR) + wgr_recv_bytes(EPI, BF, BT, KS, SR);
 }
 // shared memory from a 1024-byte boundary (the swizzle's atom): the ring (or the epilogue's tiles), the NF4 code, ST
 // `full` and ST `empty` mbarriers (128 bytes), DEC 2 and 3's pair table, + 1024 bytes to find that boundary
 __host__ __device__ constexpr int wgr_smem_bytes(int FMT, int EPI, int BF, int BT, int ST, int KS, int DEC, int SR) {
   return wgr_lut_offset(FMT, EPI, BF, BT, ST, KS, SR) + 16 * 4 + 128 + 256 * 4 * wgr_pair_copies(DEC) + 1024;
 }
-__host__ __device__ constexpr int wgr_register_cap(int NT, int MB) {
-  return 65536 / (NT * MB) < 255 ? 65536 / (NT * MB) : 255;
+__host__ __device__ constexpr int wgr_register_cap(int BF, int MB) {
+  return 65536 / (wgr_threads(BF) * MB) < 255 ? 65536 / (wgr_threads(BF) * MB) : 255;
 }
 // registers beside the accumulators and the two fragment sets (16 a set and weight set); DEC 1's code table takes
 // 8 more
@@ -120,13 +110,11 @@ __host__ __device__ constexpr int wgr_first_failure(int FMT, int EPI, int BF, in
   if (sets * BT > 256) return 4;                                                         // accumulators_128
   if (MB < 1 || MB > 2) return 5;                                                        // mb_1_2
   if (DEC < 0 || DEC > 3 || (DEC != 0 && FMT != 0)) return 6;                            // dec_nf4
-  if (wgr_register_cap(wgr_block_threads(BF, KS, SR), MB) - sets * BT / 2 - 32 * sets < WGR_SPARE + 8 * (DEC == 1))
-    return 7;                                                                            // registers_spare
+  if (wgr_register_cap(BF, MB) - sets * BT / 2 - 32 * sets < WGR_SPARE + 8 * (DEC == 1)) return 7;  // registers_spare
   if (ST < 3 || ST > 6) return 8;                                                        // stages_3_6
   if (KS != 1 && KS != 2 && KS != 4 && KS != 8) return 9;                                // ks_1_2_4_8
-  if (SR < 0 || SR > 3 || (SR != 0 && KS == 1)) return 10;                               // sr_with_slices
+  if (SR < 0 || SR > 2 || (SR != 0 && KS == 1)) return 10;                               // sr_with_slices
   if (wgr_smem_bytes(FMT, EPI, BF, BT, ST, KS, DEC, SR) > PIPE_SMEM_MAX) return 11;      // smem_227k
-  if (SR == 3 && BF != 64) return 12;                                                    // sr3_one_warpgroup
   return 0;
 }
 
@@ -285,54 +273,7 @@ __device__ __forceinline__ void wgr_own_epilogue(const float *tile, int tid, flo
   }
 }
 
-// SR 3: the block's KS warpgroups have staged their slices' raw sums, slice z's set s at rows (z SETS + s) BT of
-// `tiles` (BT, BF + 4 wide); the block adds each 4-column chunk's slices in order 0..KS-1 from 0.0f (the reduction
-// launch's order: the same bits), scales it (`scaled`: the fold's consumer, the scale in tile 0's column BF) and
-// applies the epilogue, the residual rows of EPI_BATCH chunks loaded before any store. A row's 64 columns are 16
-// consecutive chunks and NT and the chunk count are multiples of 16, so whole half-warps call rope_chunk and
-// fold_chunk, ok or not.
-template <int EPI, int KS, int NT, int BT, int BF>
-__device__ __forceinline__ void wgr_block_epilogue(const float *tiles, int tid, float *final_out,
-                                                   unsigned short *out_h, int M, int N, int t0, int f0,
-                                                   const float *fold_g, float *ss_out, bool scaled,
-                                                   const RopeOut *rope) {
-  static_assert(BF == 64 && NT % 16 == 0, "SR 3 sums one 64-feature tile");
-  constexpr int SETS = EPI == 2 ? 2 : 1, TS = BF + 4, CHUNKS = BT * (BF / 4);
-  const bool fold = EPI == 1 && fold_g != nullptr;
-#pragma unroll 1
-  for (int e0 = tid; e0 < CHUNKS; e0 += EPI_BATCH * NT) {
-    float4 res[EPI_BATCH];
-#pragma unroll
-    for (int u = 0; u < EPI_BATCH; ++u) {
-      const int e = e0 + u * NT, row = e / (BF / 4), col = f0 + 4 * (e % (BF / 4));
-      res[u] = EPI == 1 && N % 4 == 0 && e < CHUNKS && t0 + row < M && col < N
-                   ? *reinterpret_cast<const float4 *>(final_out + (size_t)(t0 + row) * N + col)
-                   : f4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-#pragma unroll
-    for (int u = 0; u < EPI_BATCH; ++u) {
-      const int e = e0 + u * NT;
-      if (e >= CHUNKS) break;  // the same for every thread of a half-warp
-      const int row = e / (BF / 4), c = 4 * (e % (BF / 4));
-      const bool ok = t0 + row < M && f0 + c < N;
-      float4 v[KS][SETS], y[SETS];
-#pragma unroll
-      for (int z = 0; z < KS; ++z)
-#pragma unroll
-        for (int s = 0; s < SETS; ++s)
-          v[z][s] = *reinterpret_cast<const float4 *>(tiles + ((z * SETS + s) * BT + row) * TS + c);
-      sum_slices4<KS, SETS>(v, y);
-      if (scaled) {
-        const float k = ok ? tiles[row * TS + BF] : 1.0f;
-#pragma unroll
-        for (int s = 0; s < SETS; ++s) y[s] = f4(y[s].x * k, y[s].y * k, y[s].z * k, y[s].w * k);
-      }
-      chunk_epilogue<EPI, SETS>(y, res[u], ok, fold, t0 + row, f0 + c, final_out, out_h, fold_g, ss_out, N, rope);
-    }
-  }
-}
-
-// the kernels' body: nf4_mm_wgr (SR 0, 1, 3) and nf4_mm_wgr_cluster (SR 2) differ only in their cluster shape. xmap is
+// the kernels' body: nf4_mm_wgr (SR 0, 1) and nf4_mm_wgr_cluster (SR 2) differ only in their cluster shape. xmap is
 // the kernel's own __grid_constant__ parameter, taken by reference: the TMA reads the descriptor where it is.
 template <int FMT, int EPI, int BF, int BT, int ST, int KS, int MB, int DEC, int SR>
 __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w,
@@ -354,24 +295,19 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   static_assert(FAIL != 9, "ks_1_2_4_8: KS (slices of K) must be 1, 2, 4 or 8");
   static_assert(FAIL != 10, "sr_with_slices: SR (who sums the slices) must be 0, or 1 or 2 with KS > 1");
   static_assert(FAIL != 11, "smem_227k: the ring exceeds 227 KB of shared memory");
-  static_assert(FAIL != 12, "sr3_one_warpgroup: SR 3 (the slices summed in the block) needs BF 64");
-  constexpr int NT = wgr_block_threads(BF, KS, SR), SETS = EPI == 2 ? 2 : 1, BK = 64;
-  // SR 3: warpgroup kg takes slice kg of K over all BF (= 64) features, and a stage holds every slice's x box and W
-  // rows (slice-major); else one slice a block and warpgroup fw owns features 64 fw ..
-  constexpr int SL = wgr_slices_held(KS, SR), NTW = wgr_threads(BF);
+  constexpr int NT = wgr_threads(BF), SETS = EPI == 2 ? 2 : 1, BK = 64;
   constexpr int XBYTES = BT * 128, WBYTES = wgr_stage_w_bytes(FMT, EPI, BF), RROW = wg_row_bytes(FMT);
   constexpr int RS = wgr_row_stride(FMT), CPR = RROW / 16;  // a W row's stride, its 16-byte chunks
   extern __shared__ __align__(16) unsigned char dsmem[];
   const unsigned raw_addr = smem_addr(dsmem), base_addr = (raw_addr + 1023u) & ~1023u;
   unsigned char *base = dsmem + (base_addr - raw_addr);
   // x tiles, W stages (or the epilogue's tile), then the code and the mbarriers
-  constexpr int WOFF = ST * SL * XBYTES, LOFF = wgr_lut_offset(FMT, EPI, BF, BT, ST, KS, SR);
+  constexpr int WOFF = ST * XBYTES, LOFF = wgr_lut_offset(FMT, EPI, BF, BT, ST, KS, SR);
   float *lut = reinterpret_cast<float *>(base + LOFF);
   const unsigned bars = base_addr + LOFF + 64;
   const int tid = threadIdx.x, wg = tid / 128, warp = tid / WARPSIZE, lane = tid % WARPSIZE;
-  const int kg = SR == 3 ? wg : 0, fw = SR == 3 ? 0 : wg, ltid = SR == 3 ? tid % NTW : tid;  // ltid: in the slice
   const int f0 = blockIdx.x * BF, t0 = blockIdx.y * BT;
-  const int steps = K / KS / BK, k_begin = (SR == 3 ? kg : (int)blockIdx.z) * (K / KS);
+  const int steps = K / KS / BK, k_begin = blockIdx.z * (K / KS);
   if (tid == 0) tma_prefetch_map(&xmap);
   if (tid < 16) lut[tid] = NF4_CODE[tid];  // read after the first barrier below
   // DEC 2 and 3: entry b of the pair table's copy c (word b * copies + c) is byte b's two codes in f16, the high
@@ -387,7 +323,7 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   const unsigned empties = bars + 64;  // stage s: `full` at bars + 8 s, `empty` at empties + 8 s
   // SR 2: `recv` counts the bytes of the peers' sums for this block's token groups (wgr_push_sums), in `full`'s
   // eighth slot (ST <= 6); they land after the block's tile
-  constexpr int ROFF = wgr_tile_bytes(EPI, BF, BT, KS, SR);
+  constexpr int ROFF = wgr_tile_bytes(EPI, BF, BT, SR);
   const unsigned recv_bar = bars + 56, recv = base_addr + ROFF;
   if (tid == 0) {
 #pragma unroll
@@ -401,29 +337,26 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   }
   __syncthreads();  // the mbarriers exist before any thread waits on one (the first wait precedes the next barrier)
 
-  // step j into stage j % ST: x by the TMA (thread 0; SR 3: every slice's box), W rows by cp.async (all; SR 3: each
-  // warpgroup its slice's)
+  // step j into stage j % ST: x by the TMA (thread 0), W rows by cp.async (all)
   auto issue_x = [&](int j) {
     if (j >= steps || tid != 0) return;
     const unsigned bar = bars + 8 * (j % ST);  // tokens past M are zero-filled by the TMA; their bytes count too
-    mbar_expect_tx(bar, SL * XBYTES);
-#pragma unroll
-    for (int g = 0; g < SL; ++g)
-      tma_box(base_addr + ((j % ST) * SL + g) * XBYTES, &xmap, (SR == 3 ? g * (K / KS) : k_begin) + j * BK, t0, bar);
+    mbar_expect_tx(bar, XBYTES);
+    tma_box(base_addr + (j % ST) * XBYTES, &xmap, k_begin + j * BK, t0, bar);
   };
   auto row_at = [](unsigned e, unsigned row) { return row * RS + (e % CPR) * 16; };  // a W chunk's place
   auto issue_w = [&](int j) {
     if (j >= steps) return;
-    unsigned char *ws = base + WOFF + ((j % ST) * SL + kg) * WBYTES;
-    cp_w_rows<FMT, SETS, BF, NTW, SETS * BF * RS, decltype(row_at), false>(ws, row_at, w, absmax, w_up, absmax_up,
-                                                                           f0, N, K, k_begin + j * BK, ltid);
+    unsigned char *ws = base + WOFF + (j % ST) * WBYTES;
+    cp_w_rows<FMT, SETS, BF, NT, SETS * BF * RS, decltype(row_at), false>(ws, row_at, w, absmax, w_up, absmax_up,
+                                                                          f0, N, K, k_begin + j * BK, tid);
     if (FMT == 0) {  // the step's absmax, stored (K / 64, N): BF contiguous floats a set, in 16-byte chunks
       float *sa = reinterpret_cast<float *>(ws + SETS * BF * RS);
       const size_t kb = (size_t)(k_begin + j * BK) / 64;
 #pragma unroll
-      for (int i = 0; i < (SETS * BF / 4 + NTW - 1) / NTW; ++i) {
-        const int e = ltid + i * NTW, s = e / (BF / 4), c = 4 * (e % (BF / 4)), n = f0 + c;
-        if ((SETS * BF / 4) % NTW != 0 && e >= SETS * BF / 4) continue;
+      for (int i = 0; i < (SETS * BF / 4 + NT - 1) / NT; ++i) {
+        const int e = tid + i * NT, s = e / (BF / 4), c = 4 * (e % (BF / 4)), n = f0 + c;
+        if ((SETS * BF / 4) % NT != 0 && e >= SETS * BF / 4) continue;
         const float *src = (s ? absmax_up : absmax) + kb * N + n;
         if (N % 4 == 0) {
           cp_async16(sa + s * BF + c, n < N ? src : absmax, n < N);  // n < N: the whole chunk is (N % 4 == 0)
@@ -454,7 +387,7 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   // per 64 columns, added in order, here while the first stages land rather than after the K loop, where its loads
   // were waited for at the end of the launch; held in a register until the epilogue
   constexpr int SCALES = (BT + NT - 1) / NT;
-  constexpr bool FOLDS = KS == 1 || SR >= 2;  // the launches that may consume the fold (a split's sum is scaled)
+  constexpr bool FOLDS = KS == 1 || SR == 2;  // the launches that may consume the fold (a split's sum is scaled)
   float scale[SCALES];
   if (FOLDS && ss_in != nullptr) {
 #pragma unroll
@@ -475,7 +408,7 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
       scale[u] = rsqrtf(ss / (float)K + eps);
     }
   }
-  const int r = 64 * fw + 16 * (warp % 4) + lane / 4, t = lane % 4;
+  const int r = 64 * wg + 16 * (warp % 4) + lane / 4, t = lane % 4;
   unsigned a0[SETS][4][4], a1[SETS][4][4];
   float acc[SETS][BT / 8][4];
 #pragma unroll
@@ -492,12 +425,11 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
     __syncthreads();  // step 0 landed for every thread
   }
   const Nf4Table tb = DEC == 1 ? nf4_table() : Nf4Table{};
-  wgr_fragments<FMT, SETS, BF, DEC>(a0, base + WOFF + kg * WBYTES, lut, tb, pt, r, t);
+  wgr_fragments<FMT, SETS, BF, DEC>(a0, base + WOFF, lut, tb, pt, r, t);
 
   // step kt multiplies with fragment set `cur` while set `nxt` receives step kt + 1
   auto step = [&](int kt, unsigned (&cur)[SETS][4][4], unsigned (&nxt)[SETS][4][4]) {
-    // step kt - 1's wgmma is done (this warpgroup)
-    wgr_step<BT, SETS>(acc, cur, base_addr + ((kt % ST) * SL + kg) * XBYTES);
+    wgr_step<BT, SETS>(acc, cur, base_addr + (kt % ST) * XBYTES);  // step kt - 1's wgmma is done (this warpgroup)
     if (WGR_RELEASE) {
       if (kt >= 1) mbar_arrive(empties + 8 * ((kt - 1) % ST));  // this thread is done with step kt - 1's stage
       const int j = kt + ST - 2;                                 // into the stage of step kt - 2
@@ -518,7 +450,7 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
       cp_async_commit();
     }
     if (kt + 1 < steps)
-      wgr_fragments<FMT, SETS, BF, DEC>(nxt, base + WOFF + (((kt + 1) % ST) * SL + kg) * WBYTES, lut, tb, pt, r, t);
+      wgr_fragments<FMT, SETS, BF, DEC>(nxt, base + WOFF + ((kt + 1) % ST) * WBYTES, lut, tb, pt, r, t);
   };
   for (int kt = 0; kt < steps; kt += 2) {
     step(kt, a0, a1);
@@ -543,8 +475,8 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   float *tile = reinterpret_cast<float *>(base);
   // ss_in (KS 1 or SR 2): x came as f16 (h * g), unnormed (the norm fold, matmul_reduce.cu); each token's
   // 1 / rms(h) (`scale`, from before the K loop) goes into the padding column BF of its tile row (of set 0's rows;
-  // the fragments fill columns 0..BF-1 only), and the token's outputs (SR 2, 3: its summed slices) are multiplied by
-  // it before the epilogue
+  // the fragments fill columns 0..BF-1 only), and the token's outputs (SR 2: its summed slices, in cluster_reduce)
+  // are multiplied by it before the epilogue
   const bool scaled = FOLDS && ss_in != nullptr;
   if (scaled) {
 #pragma unroll
@@ -557,19 +489,6 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
     __syncthreads();  // the block's summed rows (and the scales) are staged
     wgr_own_epilogue<EPI, KS, NT, BT, BF>(tile, tid, final_out, out_h, M, N, t0, f0, fold_g, ss_out, scaled,
                                           EPI == 0 ? rope : nullptr);
-    return;
-  }
-  if constexpr (SR == 3) {  // each warpgroup's raw sums into its slice's tiles, then the block sums them
-#pragma unroll
-    for (int s = 0; s < SETS; ++s)
-#pragma unroll
-      for (int j = 0; j < BT / 8; ++j)
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          tile[((kg * SETS + s) * BT + 8 * j + 2 * t + q % 2) * TS + r + 8 * (q / 2)] = acc[s][j][q];
-    __syncthreads();  // every slice staged (and the scales)
-    wgr_block_epilogue<EPI, KS, NT, BT, BF>(tile, tid, final_out, out_h, M, N, t0, f0, fold_g, ss_out, scaled,
-                                            EPI == 0 ? rope : nullptr);
     return;
   }
   if (scaled) __syncthreads();  // the scales are read by other threads below
@@ -677,7 +596,7 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
 }
 
 template <int FMT, int EPI, int BF, int BT, int ST, int KS, int MB, int DEC, int SR>
-__global__ void __launch_bounds__(wgr_block_threads(BF, KS, SR), MB)
+__global__ void __launch_bounds__(BF / 64 * 128, MB)
 nf4_mm_wgr(const unsigned short *__restrict__ xh, const unsigned *__restrict__ w, const float *__restrict__ absmax,
            const unsigned *__restrict__ w_up, const float *__restrict__ absmax_up, float *__restrict__ out, int M,
            int N, int K, const __grid_constant__ TmaMap xmap, float *__restrict__ final_out,
