@@ -5,12 +5,14 @@ tune run with progress on a terminal or as plain lines, the settings raced after
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
 
 from tilewise.errors import ConfigError
 from tilewise.model import tune as model_tune
+from tilewise.model.dispatch import CUDA_SETTINGS
 from tilewise.tune.engine import Engine
 from tilewise.tune.store import Store
 
@@ -58,26 +60,25 @@ def _run_one(args: argparse.Namespace, cfg: Any, name: str, seq: int, fmt: str, 
           "store": Store(getattr(args, "store", None)), "budget": getattr(args, "budget", None),
           "budget_s": getattr(args, "budget_s", None), "climb": getattr(args, "climb", 0) or 0,
           "l2": getattr(args, "l2", None) or "auto"}
-    if console.is_terminal:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    with contextlib.ExitStack() as stack:
+        if console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=True) as bar:
+            bar = stack.enter_context(Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                               TimeElapsedColumn(), console=console, transient=True))
             task = bar.add_task("tuning", total=None)
 
             def show(text: str, done: int, total: int) -> None:
                 bar.update(task, completed=done, total=total, description=text[:72])
+        else:
+            last = {"t": -1e9, "what": ""}
 
-            table = model_tune.tune_model(device, cfg, seq, fmt, log=log, progress=show, make_engine=make_engine, **kw)
-    else:
-        last = {"t": -1e9, "what": ""}
-
-        def show(text: str, done: int, total: int) -> None:
-            # plain lines: the first candidate of every row count, then at most one line per 10 s
-            what = text.rsplit(":", 1)[0]
-            if what != last["what"] or time.perf_counter() - last["t"] >= 10:
-                log(f"{text} ({done}/{total} in all)")
-                last.update(t=time.perf_counter(), what=what)
+            def show(text: str, done: int, total: int) -> None:
+                # plain lines: the first candidate of every row count, then at most one line per 10 s
+                what = text.rsplit(":", 1)[0]
+                if what != last["what"] or time.perf_counter() - last["t"] >= 10:
+                    log(f"{text} ({done}/{total} in all)")
+                    last.update(t=time.perf_counter(), what=what)
 
         table = model_tune.tune_model(device, cfg, seq, fmt, log=log, progress=show, make_engine=make_engine, **kw)
     settings = None
@@ -85,8 +86,8 @@ def _run_one(args: argparse.Namespace, cfg: Any, name: str, seq: int, fmt: str, 
         log(f"partial: {', '.join(table.partial['left'])} not measured ({table.partial['why']}); run the same "
             "command again to finish (what was measured is reused)")
     elif device.info.backend == "cuda" and make_engine is not Engine:  # a cluster's workers hold its GPUs
-        log("settings: the executor's settings (PDL, fused prologues, serial split-K) are raced only by a tune on "
-            "the GPU's own host (without --ray); until then the executor keeps its defaults")
+        log(f"settings: the executor's settings ({', '.join(CUDA_SETTINGS)}) are raced only by a tune on the GPU's "
+            "own host (without --ray); until then the executor keeps its defaults")
     elif device.info.backend == "cuda":
         from tilewise.model.tune_settings import tune_settings
 
