@@ -139,12 +139,11 @@ def plot(series: list[Series], out: str, title: str | None = None) -> None:
     for ax, model, group in zip(axes[:, 0], models, rows):
         for y, s in enumerate(group):
             c = colours[s.label.split(" [")[0]]
-            srt = sorted(s.samples_ms)
-            q = [srt[min(len(srt) - 1, int(f * (len(srt) - 1) + 0.5))] for f in (0.01, 0.25, 0.75, 0.99)]
+            q = np.percentile(s.samples_ms, [1, 25, 75, 99])
             ax.plot([q[0], q[3]], [y, y], color=c, lw=1)  # the 1st-99th percentile whisker
             ax.add_patch(plt.Rectangle((q[1], y - 0.28), q[2] - q[1], 0.56, fc=c, alpha=0.25, ec=c))
             ax.plot([s.p50()] * 2, [y - 0.3, y + 0.3], color=c, lw=2.5)
-            jitter = [((i * 0.618) % 1 - 0.5) * 0.4 for i in range(len(srt))]  # spread, not random: a stable image
+            jitter = [((i * 0.618) % 1 - 0.5) * 0.4 for i in range(len(s.samples_ms))]  # spread, not random: stable
             ax.scatter(s.samples_ms, [y + j for j in jitter], s=6, color=c, alpha=0.6, lw=0)
             ax.text(hi * 1.15, y, f"{s.p50():.2f} ms", va="center", fontsize=8)
         ax.set_yticks(range(len(group)), [s.label for s in group], fontsize=8)
