@@ -21,6 +21,9 @@ They compute wrong values on purpose, so they are timed, never verified or store
     table-rot   DEC 2 and 3: the pair table built one code pair a thread, stored to every copy in a rotated order
                 (the same table)
     epi-serial  residual epilogues load, add and store one chunk at a time (EPI_BATCH 1), as before the batches
+    no-own-epi  SR 2: a block's own token groups are summed and staged, but their rows never read back or stored
+    const-table DEC 1's code table built from NF4_CODE in constant memory (16 loads and conversions a thread), and
+                DEC 0's f32 table filled by every config, as before the table became literal words
     dec0        the same config with the shared-memory table decode (DEC 0)
     dec2, dec3  the same config with the shared-memory pair table (DEC 2: 8 copies, DEC 3: 32 copies)
     f16-w       the same config with f16 weights (no decode; four times the bytes staged)
@@ -77,6 +80,16 @@ _TABLE_ROT = ("    for (int b = tid; b < 256; b += NT) {\n"
               "      const unsigned v = f16_bits(NF4_CODE[b >> 4]) | (unsigned)f16_bits(NF4_CODE[b & 15]) << 16;\n"
               "#pragma unroll\n"
               "      for (int c = 0; c < C; ++c) pairs[b * C + ((c + lane * C / 32) & (C - 1))] = v;\n    }")
+_OWN_EPI = ("      chunk_epilogue<EPI, SETS>(y, res[u], ok[u], fold, t0 + row[u], col, final_out, out_h, fold_g, "
+            "ss_out, N, rope);")
+_LITERAL = ("  return Nf4Table{{0x52339200u, 0x00d4ea8du, 0x68e02618u, 0x00c9800du},\n"
+            "                  {0xb6b8b9bcu, 0x00adb1b4u, 0x3533312du, 0x3c393837u}};")
+_CONST_TABLE = ("  Nf4Table tb;\n#pragma unroll\n  for (int i = 0; i < 4; ++i) {\n    tb.lo[i] = tb.hi[i] = 0u;\n"
+                "#pragma unroll\n    for (int j = 0; j < 4; ++j) {\n"
+                "      const unsigned short h = f16_bits(NF4_CODE[4 * i + j]);\n"
+                "      tb.lo[i] |= (unsigned)(h & 0xffu) << (8 * j);\n"
+                "      tb.hi[i] |= (unsigned)(h >> 8) << (8 * j);\n    }\n  }\n  return tb;")
+_LUT_DEC0 = "  if (DEC == 0 && tid < 16) lut[tid] = NF4_CODE[tid];"
 EDITS: dict[str, tuple[tuple[str, str], ...]] = {  # variant -> (text, its replacement), each occurring once
     "no-decode": ((_NEXT, "    wgr_pin(acc, nxt);"),),
     # a real use of the fragments, so that ptxas keeps the decode (an empty asm pin does not)
@@ -95,6 +108,8 @@ EDITS: dict[str, tuple[tuple[str, str], ...]] = {  # variant -> (text, its repla
     "no-table": ((_TABLE, "    for (int e = tid; e < 256 * wgr_pair_copies(DEC) && M < 0; e += NT) {"),),
     "table-rot": ((_TABLE + _TABLE_BODY, _TABLE_ROT),),
     "epi-serial": (("#ifndef EPI_BATCH\n#define EPI_BATCH 8", "#ifndef EPI_BATCH\n#define EPI_BATCH 1"),),
+    "no-own-epi": ((_OWN_EPI, "      if (M < 0) " + _OWN_EPI[6:]),),
+    "const-table": ((_LITERAL, _CONST_TABLE), (_LUT_DEC0, "  if (tid < 16) lut[tid] = NF4_CODE[tid];")),
 }
 
 

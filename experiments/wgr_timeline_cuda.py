@@ -19,11 +19,12 @@ SR 2 also splits its epilogue (cycle counter only) where every peer's sums for t
 (its own sent, then the wait for the slowest peer: "synced") and where its groups' slices are summed and staged
 ("reduced"); the rest ("exit") is the epilogue of its rows: residual rows, stores.
 
-Modes, each repeated `--rounds` times: `alone` (one launch after the stream is idle), `chain` (two launches back to
-back, the second's stamps in a second buffer: the gap between them) and `chain-pdl` (the same with programmatic
-dependent launch, as a decision's graph launches them). Phases are cycle-counter differences turned into
-microseconds by the pooled ratio of timer to cycles over all blocks (the timer alone may tick coarsely); start skew
-and gaps come from the timer.
+`--also VARIANT` makes one of wgr_parts_cuda.py's edits as well (e.g. const-table), so that a part's effect on
+the phases is seen where it happens. Modes, each repeated `--rounds` times: `alone` (one launch after the stream is
+idle), `chain` (two launches back to back, the second's stamps in a second buffer: the gap between them) and
+`chain-pdl` (the same with programmatic dependent launch, as a decision's graph launches them). Phases are
+cycle-counter differences turned into microseconds by the pooled ratio of timer to cycles over all blocks (the timer
+alone may tick coarsely); start skew and gaps come from the timer.
 
     PYTHONPATH=src python3 experiments/wgr_timeline_cuda.py --out DIR --label ffn.gate_up \\
         --config BF=128,BT=128,ST=4,KS=1,MB=1,DEC=3,SR=0
@@ -158,11 +159,15 @@ def phases(runs: list[np.ndarray]) -> dict[str, Any]:
 
 def main() -> int:
     ap = parts.tile_parser(__doc__, 20)
+    ap.add_argument("--also", default="", choices=["", *parts.EDITS],
+                    help="a wgr_parts_cuda.py variant's edits made too (const-table: its timeline beside the real one)")
     args = ap.parse_args()
     dev, mcfg, epilogue, norm, shape, pick = parts.tile_problem(args)
     if pick["SR"] == 1:
         raise SystemExit("SR 1 reads `counters`, which carries the stamps here: pick SR 0 or 2")
-    tpl = parts.Edited(CudaMatmul("wgr", "nf4", epilogue, norm, mcfg.norm_eps), "timeline")
+    edits = "timeline" if not args.also else f"timeline+{args.also}"
+    parts.EDITS[edits] = TIMELINE + (parts.EDITS[args.also] if args.also else ())
+    tpl = parts.Edited(CudaMatmul("wgr", "nf4", epilogue, norm, mcfg.norm_eps), edits)
     cfg = tpl.config_of(pick)
     why = tpl.why_illegal(cfg, dev.info.limits, shape)
     if why:
@@ -206,8 +211,9 @@ def main() -> int:
               + f"  ({res['mhz']:.0f} MHz, {res['blocks_per_sm']['sms_used']} SMs)", flush=True)
         for name, (p50, p10, p90) in res["phases"].items():
             print(f"      {name:<20} {p50:7.2f} us  [p10 {p10:.2f}, p90 {p90:.2f}]", flush=True)
-    parts.write_record(args.out, f"wgr_timeline_{args.label}.json", "experiments/wgr_timeline_cuda.py", dev,
-                       label=args.label, shape=shape, config=pick, grid=grid, modes=modes)
+    parts.write_record(args.out, f"wgr_timeline_{args.label}{'_' + args.also if args.also else ''}.json",
+                       "experiments/wgr_timeline_cuda.py", dev, label=args.label, shape=shape, config=pick, grid=grid,
+                       also=args.also, modes=modes)
     return 0
 
 

@@ -309,7 +309,7 @@ __device__ __forceinline__ void wgr_body(const unsigned short *__restrict__ xh, 
   const int f0 = blockIdx.x * BF, t0 = blockIdx.y * BT;
   const int steps = K / KS / BK, k_begin = blockIdx.z * (K / KS);
   if (tid == 0) tma_prefetch_map(&xmap);
-  if (tid < 16) lut[tid] = NF4_CODE[tid];  // read after the first barrier below
+  if (DEC == 0 && tid < 16) lut[tid] = NF4_CODE[tid];  // read after the first barrier below (DEC 0 only)
   // DEC 2 and 3: entry b of the pair table's copy c (word b * copies + c) is byte b's two codes in f16, the high
   // nibble's in the low half (the earlier k), as DEC 1 rounds them; read after the same barrier
   unsigned *pairs = reinterpret_cast<unsigned *>(base + LOFF + 64 + 128);
