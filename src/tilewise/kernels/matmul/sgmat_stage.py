@@ -142,132 +142,94 @@ def slot_loop(w, mma, c: Config, fmt: str, norm: bool, sets: int, k_in: int, kbe
     def dec(dst: str) -> str:  # a chunk held as loaded, decoded (as load8 decodes it)
         return {"nf4": f"dec8(pw{dst}, ps{dst})", "f16": f"dec8(pw{dst})", "f32": f"pw{dst}"}[fmt]
 
-    def load(ind: str, kk: str, r: str = "") -> None:  # step `kk` of x (normed) and W (decoded) into set r
-        if LATE:  # as loaded: rows past M keep their zeros (a slot's row is the same every step)
-            for sl in range(nxs):
-                opening(ind, "xi", sl, XV)
-                if VS:
-                    w(f"{ind}    if (m0 + xr{sl} < M) {{ px{sl}{r} = {x_row(kk, sl, f'2u * xq{sl}')}; "
-                      f"qx{sl}{r} = {x_row(kk, sl, f'2u * xq{sl} + 1u')}; }}")
-                else:
-                    w(f"{ind}    if (m0 + xr{sl} < M) {{ px{sl}{r} = {x_row(kk, sl, f'xq{sl}')}; }}")
-                w(f"{ind}}}")
-            for i in range(nwc):
-                opening(ind, "wi", i, WU)
-                for s in range(sets):
-                    for j in range(8 if kn8 else 1):
-                        row = f"min(n0 + nl{i} * 8u + {j}u, N - 1u)" if kn8 else f"row{i}"
-                        raw_w(ind, s, row, f"{kk} / 8u + cl{i}", f"{s}_{i}{f'_{j}' if kn8 else ''}{r}")
-                w(f"{ind}}}")
-            return
-        for sl in range(nxs):
-            opening(ind, "xi", sl, XV)
-            if VS:  # two vec4s: quarters 2q and 2q + 1 of the row's K step
-                w(f"{ind}    var v = vec4<f32>(0.0); var v2 = vec4<f32>(0.0);")
-                w(f"{ind}    if (m0 + xr{sl} < M) {{ v = {x_row(kk, sl, f'2u * xq{sl}')}; "
-                  f"v2 = {x_row(kk, sl, f'2u * xq{sl} + 1u')}; }}")
-                if norm:
-                    w(f"{ind}    ss{sl} = ss{sl} + dot(v, v); tt{sl} = tt{sl} + dot(v2, v2);")
-                    w(f"{ind}    v = v * norm_w[{kk} / 4u + 2u * xq{sl}]; "
-                      f"v2 = v2 * norm_w[{kk} / 4u + 2u * xq{sl} + 1u];")
-                w(f"{ind}    px{sl}{r} = pack8(v, v2);")
-            else:
-                w(f"{ind}    var v = vec4<f32>(0.0);")
-                w(f"{ind}    if (m0 + xr{sl} < M) {{ v = {x_row(kk, sl, f'xq{sl}')}; }}")
-                if norm:
-                    w(f"{ind}    ss{sl} = ss{sl} + dot(v, v);")
-                    w(f"{ind}    px{sl}{r} = v * norm_w[{kk} / 4u + xq{sl}];")
-                else:
-                    w(f"{ind}    px{sl}{r} = v;")
-            w(f"{ind}}}")
-        for i in range(nwc):
-            opening(ind, "wi", i, WU)
-            for s in range(sets):
-                if kn8:  # nl is a group of 8 columns; rows past N read row N-1 (columns never stored)
-                    for j in range(8):
-                        w(f"{ind}    let v{s}_{j} = load8_{s}(min(n0 + nl{i} * 8u + {j}u, N - 1u), {kk} / 8u + "
-                          f"cl{i});")
-                    for e in range(8):
-                        comp = f"{'ab'[e // 4]}.{'xyzw'[e % 4]}"
-                        pairs = ", ".join(f"pack2(v{s}_{j}.{comp}, v{s}_{j + 1}.{comp})" for j in range(0, 8, 2))
-                        w(f"{ind}    pw{s}_{i}_{e}{r} = vec4<u32>({pairs});")
-                elif VS:
-                    w(f"{ind}    let v{s} = load8_{s}(row{i}, {kk} / 8u + cl{i}); "
-                      f"pw{s}_{i}{r} = pack8(v{s}.a, v{s}.b);")
-                else:
-                    w(f"{ind}    pw{s}_{i}{r} = load8_{s}(row{i}, {kk} / 8u + cl{i});")
-            w(f"{ind}}}")
+    def kn_row(s: int, e: int) -> str:  # row e of a kn unit: component e of its 8 decoded chunks v<s>_<j>, packed
+        comp = f"{'ab'[e // 4]}.{'xyzw'[e % 4]}"
+        return "vec4<u32>(" + ", ".join(f"pack2(v{s}_{j}.{comp}, v{s}_{j + 1}.{comp})" for j in range(0, 8, 2)) + ")"
 
-    def store_late(ind: str, buf: str, r: str, kk: str) -> None:  # set r, as loaded, converted into buffer `buf`
+    def x_convert(ind: str, sl: int, kk: str) -> str:  # x slot `sl` of step kk in `v` (and `v2`): normed, packed
+        if VS:
+            if norm:
+                w(f"{ind}    ss{sl} = ss{sl} + dot(v, v); tt{sl} = tt{sl} + dot(v2, v2);")
+                w(f"{ind}    v = v * norm_w[{kk} / 4u + 2u * xq{sl}]; "
+                  f"v2 = v2 * norm_w[{kk} / 4u + 2u * xq{sl} + 1u];")
+            return "pack8(v, v2)"
+        if norm:
+            w(f"{ind}    ss{sl} = ss{sl} + dot(v, v);")
+            return f"v * norm_w[{kk} / 4u + xq{sl}]"
+        return "v"
+
+    def x_put(ind: str, buf: str, sl: int, val: str) -> None:  # a converted x slot into buffer `buf`
+        if VS:
+            w(f"{ind}    Xs[{buf} * {XB // U}u + xr{sl} * {LX // U}u + xq{sl}] = {val};")
+        else:
+            w(f"{ind}    let h = vec4<f16>({val});")
+            w(f"{ind}    let o = {buf} * {XB}u + xr{sl} * {LX}u + xq{sl} * 4u;")
+            w(f"{ind}    Xs[o] = h.x; Xs[o + 1u] = h.y; Xs[o + 2u] = h.z; Xs[o + 3u] = h.w;")
+
+    def w_put(ind: str, buf: str, s: int, i: int, val) -> None:  # unit i of set s into `buf`; val(e): kn row e
+        if kn8:
+            for e in range(8):
+                w(f"{ind}    Ws{s}[{buf} * {WB // U}u + (cl{i} * 8u + {e}u) * {LW // U}u + nl{i}] = {val(e)};")
+        elif VS:
+            w(f"{ind}    Ws{s}[{buf} * {WB // U}u + nl{i} * {LW // U}u + cl{i}] = {val(0)};")
+        else:
+            for e in range(8):
+                idx = f"nl{i} * {LW}u + cl{i} * 8u + {e}u" if wl == "nk" else f"(cl{i} * 8u + {e}u) * {LW}u + nl{i}"
+                w(f"{ind}    Ws{s}[{buf} * {WB}u + {idx}] = f16({val(0)}.{('a', 'b')[e // 4]}.{'xyzw'[e % 4]});")
+
+    def load(ind: str, kk: str, r: str = "") -> None:  # step `kk` of x and W into set r: converted, or as loaded
         for sl in range(nxs):
             opening(ind, "xi", sl, XV)
-            if VS:
-                w(f"{ind}    var v = px{sl}{r}; var v2 = qx{sl}{r};")
-                if norm:
-                    w(f"{ind}    ss{sl} = ss{sl} + dot(v, v); tt{sl} = tt{sl} + dot(v2, v2);")
-                    w(f"{ind}    v = v * norm_w[{kk} / 4u + 2u * xq{sl}]; "
-                      f"v2 = v2 * norm_w[{kk} / 4u + 2u * xq{sl} + 1u];")
-                w(f"{ind}    Xs[{buf} * {XB // U}u + xr{sl} * {LX // U}u + xq{sl}] = pack8(v, v2);")
-            else:
-                v = f"px{sl}{r}"
-                if norm:
-                    w(f"{ind}    ss{sl} = ss{sl} + dot({v}, {v});")
-                    v = f"{v} * norm_w[{kk} / 4u + xq{sl}]"
-                w(f"{ind}    let h = vec4<f16>({v});")
-                w(f"{ind}    let o = {buf} * {XB}u + xr{sl} * {LX}u + xq{sl} * 4u;")
-                w(f"{ind}    Xs[o] = h.x; Xs[o + 1u] = h.y; Xs[o + 2u] = h.z; Xs[o + 3u] = h.w;")
+            if LATE:  # rows past M keep their zeros (a slot's row is the same every step)
+                second = f" qx{sl}{r} = {x_row(kk, sl, f'2u * xq{sl} + 1u')};" if VS else ""
+                w(f"{ind}    if (m0 + xr{sl} < M) {{ px{sl}{r} = {x_row(kk, sl, f'2u * xq{sl}' if VS else f'xq{sl}')};"
+                  f"{second} }}")
+            else:  # VS: two vec4s, quarters 2q and 2q + 1 of the row's K step
+                w(f"{ind}    var v = vec4<f32>(0.0);" + (" var v2 = vec4<f32>(0.0);" if VS else ""))
+                second = f" v2 = {x_row(kk, sl, f'2u * xq{sl} + 1u')};" if VS else ""
+                w(f"{ind}    if (m0 + xr{sl} < M) {{ v = {x_row(kk, sl, f'2u * xq{sl}' if VS else f'xq{sl}')};"
+                  f"{second} }}")
+                w(f"{ind}    px{sl}{r} = {x_convert(ind, sl, kk)};")
             w(f"{ind}}}")
         for i in range(nwc):
             opening(ind, "wi", i, WU)
             for s in range(sets):
-                if kn8:
-                    for j in range(8):
-                        w(f"{ind}    let v{s}_{j} = {dec(f'{s}_{i}_{j}{r}')};")
+                for j in range(8 if kn8 else 1):  # kn8: nl is a group of 8 columns; rows past N read row N-1
+                    row, ch, at = (f"min(n0 + nl{i} * 8u + {j}u, N - 1u)" if kn8 else f"row{i}", f"{kk} / 8u + cl{i}",
+                                   f"{s}_{i}_{j}{r}" if kn8 else f"{s}_{i}{r}")
+                    if LATE:
+                        raw_w(ind, s, row, ch, at)
+                    elif kn8:
+                        w(f"{ind}    let v{s}_{j} = load8_{s}({row}, {ch});")
+                    elif VS:
+                        w(f"{ind}    let v{s} = load8_{s}({row}, {ch}); pw{at} = pack8(v{s}.a, v{s}.b);")
+                    else:
+                        w(f"{ind}    pw{at} = load8_{s}({row}, {ch});")
+                if not LATE and kn8:
                     for e in range(8):
-                        comp = f"{'ab'[e // 4]}.{'xyzw'[e % 4]}"
-                        pairs = ", ".join(f"pack2(v{s}_{j}.{comp}, v{s}_{j + 1}.{comp})" for j in range(0, 8, 2))
-                        w(f"{ind}    Ws{s}[{buf} * {WB // U}u + (cl{i} * 8u + {e}u) * {LW // U}u + nl{i}] = "
-                          f"vec4<u32>({pairs});")
-                    continue
-                w(f"{ind}    let v{s} = {dec(f'{s}_{i}{r}')};")
-                if VS:
-                    w(f"{ind}    Ws{s}[{buf} * {WB // U}u + nl{i} * {LW // U}u + cl{i}] = pack8(v{s}.a, v{s}.b);")
-                else:
-                    for e in range(8):
-                        comp = ("a", "b")[e // 4] + "." + "xyzw"[e % 4]
-                        idx = (f"nl{i} * {LW}u + cl{i} * 8u + {e}u" if wl == "nk" else
-                               f"(cl{i} * 8u + {e}u) * {LW}u + nl{i}")
-                        w(f"{ind}    Ws{s}[{buf} * {WB}u + {idx}] = f16(v{s}.{comp});")
+                        w(f"{ind}    pw{s}_{i}_{e}{r} = {kn_row(s, e)};")
             w(f"{ind}}}")
 
     def store(ind: str, buf: str, r: str = "", kk: str = "") -> None:  # set r (holding step kk) into buffer `buf`
-        if LATE:
-            store_late(ind, buf, r, kk)
-            return
         for sl in range(nxs):
             opening(ind, "xi", sl, XV)
-            if VS:
-                w(f"{ind}    Xs[{buf} * {XB // U}u + xr{sl} * {LX // U}u + xq{sl}] = px{sl}{r};")
+            if LATE:
+                w(f"{ind}    var v = px{sl}{r};" + (f" var v2 = qx{sl}{r};" if VS else ""))
+                x_put(ind, buf, sl, x_convert(ind, sl, kk))
             else:
-                w(f"{ind}    let h = vec4<f16>(px{sl}{r});")
-                w(f"{ind}    let o = {buf} * {XB}u + xr{sl} * {LX}u + xq{sl} * 4u;")
-                w(f"{ind}    Xs[o] = h.x; Xs[o + 1u] = h.y; Xs[o + 2u] = h.z; Xs[o + 3u] = h.w;")
+                x_put(ind, buf, sl, f"px{sl}{r}")
             w(f"{ind}}}")
         for i in range(nwc):
             opening(ind, "wi", i, WU)
             for s in range(sets):
-                if kn8:
-                    for e in range(8):
-                        w(f"{ind}    Ws{s}[{buf} * {WB // U}u + (cl{i} * 8u + {e}u) * {LW // U}u + nl{i}] = "
-                          f"pw{s}_{i}_{e}{r};")
-                elif VS:
-                    w(f"{ind}    Ws{s}[{buf} * {WB // U}u + nl{i} * {LW // U}u + cl{i}] = pw{s}_{i}{r};")
-                else:
-                    for e in range(8):
-                        comp = ("a", "b")[e // 4] + "." + "xyzw"[e % 4]
-                        idx = (f"nl{i} * {LW}u + cl{i} * 8u + {e}u" if wl == "nk" else
-                               f"(cl{i} * 8u + {e}u) * {LW}u + nl{i}")
-                        w(f"{ind}    Ws{s}[{buf} * {WB}u + {idx}] = f16(pw{s}_{i}{r}.{comp});")
+                if not LATE:
+                    w_put(ind, buf, s, i, lambda e, s=s, i=i: f"pw{s}_{i}_{e}{r}" if kn8 else f"pw{s}_{i}{r}")
+                    continue
+                for j in range(8 if kn8 else 1):
+                    at = f"{s}_{i}_{j}{r}" if kn8 else f"{s}_{i}{r}"
+                    w(f"{ind}    let v{s}{f'_{j}' if kn8 else ''} = {dec(at)};")
+                w_put(ind, buf, s, i, lambda e, s=s: kn_row(s, e) if kn8 else (f"pack8(v{s}.a, v{s}.b)" if VS
+                                                                               else f"v{s}"))
             w(f"{ind}}}")
 
     if int(c.get("PIPE", 1)) == 1:
