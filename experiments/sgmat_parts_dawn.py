@@ -17,10 +17,6 @@ changed something). They compute wrong values on purpose, so they are timed, nev
                 the epilogue)
     f16-w       the same config with f16 weights in storage (format f16: no decode, twice the bytes)
 
-With `--cvt-race`, instead of the parts: every pipelined seed legal at the shape (PIPE 2 or 3) and its twin of the
-other CVT (converted where loaded, or where stored), all raced in one interleaved measurement, each pair's ratio
-printed (store against load: above 1 means converting at the store is faster).
-
 Before the parts, with `--sample N`, the seeds and N random legal configs of each shape go through the engine
 (verified against float64, every output), then `--neighbors R` rounds of hill-climbing (every legal config one
 parameter away from the best, raced with it), so the parts are taken of the best one found. Writes
@@ -145,30 +141,6 @@ class Edited(SgmatMatmul):
         return variants(super().source(config, shape))[self.part] if self.part else super().source(config, shape)
 
 
-def cvt_race(eng: Engine, dev: Any, base: SgmatMatmul, shape: tuple[int, int, int], args: argparse.Namespace,
-             clocks: Path) -> dict[str, Any]:
-    """The pipelined seeds legal at `shape` and their twins of the other CVT, raced in one interleaved measurement
-    (each candidate run `--repeat` times a sample); per pair the two medians and load / store."""
-    space, lim = base.space(), dev.info.limits
-    pairs = []
-    for c in base.seed_configs(lim):
-        if c["PIPE"] == 1:
-            continue
-        pair = (c.replace(CVT="load"), c.replace(CVT="store"))
-        if pair not in pairs and all(space.is_legal(x, lim) and not base.config_problems(x, shape) for x in pair):
-            pairs.append(pair)
-    names = {x: mm_fmt(x) for pair in pairs for x in pair}
-    launches = {names[x]: eng.launches(Item(base, x, shape)) * args.repeat for x in names}
-    got, mhz = timed_with_clock(clocks, measure, dev, launches, warmup=3, min_rounds=args.rounds,
-                                max_rounds=args.rounds, budget_s=90.0, rng=eng.rng)
-    rows = []
-    for a, b in pairs:
-        ta, tb = (scaled(got.stats[names[x]], 1 / args.repeat).median_ms for x in (a, b))
-        rows.append({"load": names[a], "load_ms": ta, "store_ms": tb, "load_over_store": ta / tb})
-        print(f"  {names[a]:<52} load {ta * 1e3:7.1f} us  store {tb * 1e3:7.1f} us  {ta / tb:5.3f}x", flush=True)
-    return {"sm_mhz": mhz, "pairs": rows}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -182,7 +154,6 @@ def main() -> int:
     ap.add_argument("--parts-only", default="", help="take the parts of these shapes only (default: all)")
     ap.add_argument("--repeat", type=int, default=8, help="back-to-back runs of a candidate per timed sample")
     ap.add_argument("--device", default="dawn")
-    ap.add_argument("--cvt-race", action="store_true", help="race the pipelined seeds' CVT twins instead of parts")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -239,11 +210,6 @@ def main() -> int:
                 break
             best = ok[0].config
         row["best"] = str(best)
-        if args.cvt_race:
-            row["cvt"] = cvt_race(eng, dev, base, shape, args, out / f"clocks-{label}-cvt.csv")
-            doc["shapes"][label] = row
-            (out / "sgmat_parts.json").write_text(json.dumps(doc, indent=1, default=str))
-            continue
         if args.no_parts or (args.parts_only and label not in args.parts_only.split(",")):
             doc["shapes"][label] = row
             (out / "sgmat_parts.json").write_text(json.dumps(doc, indent=1, default=str))

@@ -27,15 +27,12 @@ def dev():
 #: step (how many stored words a row of it decodes), split-K, padding and pipelining; the rest (subgroup grid and
 #: fragments per subgroup) only repeat or size that code
 CODE_PATHS = {"FRAG": ["16x16x16", "16x8x16", "16x8x8"], "SG": [32], "WL": ["nk", "kn"], "BK": [16, 32, 64],
-              "KS": [1, 2, 4, 8], "PAD": [0, 8], "PIPE": [1, 2], "VS": [0], "CVT": ["load"]}
+              "KS": [1, 2, 4, 8], "PAD": [0, 8], "PIPE": [1, 2], "VS": [0]}
 #: packed stores (VS 1) change the staging code only, which split-K does not touch: one split and none suffice
 PACKED_PATHS = {**CODE_PATHS, "KS": [1, 4], "VS": [1]}
 #: PIPE 3 changes the K loop only (two register sets, two steps an iteration): its staging code is PIPE 2's, so one
 #: fragment shape suffices beside both layouts, every K step, split-K, padding and both store widths
 PIPE3_PATHS = {**CODE_PATHS, "FRAG": ["16x8x16"], "KS": [1, 4], "PIPE": [3], "VS": [0, 1]}
-#: CVT "store" moves the conversions of a prefetched step from its load to its store (PIPE 2 and 3): one fragment
-#: shape, both layouts, every K step, split-K, padding and both store widths
-LATE_PATHS = {**CODE_PATHS, "FRAG": ["16x8x16"], "KS": [1, 4], "PIPE": [2, 3], "VS": [0, 1], "CVT": ["store"]}
 #: EP batches the epilogue only: both batch sizes with and without split-K (raw sums) suffice
 EP_PATHS = {**CODE_PATHS, "FRAG": ["16x8x16"], "WL": ["nk"], "BK": [32], "KS": [1, 4], "PAD": [0], "PIPE": [1],
             "EP": [2, 4]}
@@ -54,7 +51,6 @@ def test_the_seeds_and_every_code_path_legal_on_the_h200_compile(dev, fmt, epilo
     packed, packed_empty = every_code_path(space, h200, PACKED_PATHS, legal)
     pipe3, pipe3_empty = every_code_path(space, h200, PIPE3_PATHS, legal)
     batched, batched_empty = every_code_path(space, h200, EP_PATHS, legal)
-    late, late_empty = every_code_path(space, h200, LATE_PATHS, legal)
     assert not batched_empty and len(batched) == 2 * 2
     # a combination is empty only where a rule of the variant refuses it whole: split-K past 4 slices with SwiGLU,
     # and SwiGLU's gate and up held packed in registers in the kn layout (2 x 32 words a unit) with PIPE 2
@@ -65,10 +61,7 @@ def test_the_seeds_and_every_code_path_legal_on_the_h200_compile(dev, fmt, epilo
     # PIPE 3 holds two steps: packed kn units (2 x 32 words each, beside x) never fit the prefetch registers
     assert all((e["WL"], e["VS"]) == ("kn", 1) for e in pipe3_empty), pipe3_empty[:3]
     assert len(pipe3) == 2 * 3 * 2 * 2 * 2 - len(pipe3_empty)
-    # held as loaded, W takes fewer registers than packed (nf4: 2 words a chunk against 4), x more (8 against 4)
-    assert len(late) == 2 * 3 * 2 * 2 * 2 * 2 - len(late_empty) and len(late) >= 2 * 3 * 2 * 2 * 2, late_empty[:3]
-    assert all(c["CVT"] == "store" for c in late)
-    picked += packed + pipe3 + batched + late
+    picked += packed + pipe3 + batched
     cfgs = list(dict.fromkeys([c for c in tpl.seed_configs(h200) if space.is_legal(c, h200)] + picked))
     failed = []
     for cfg in cfgs:

@@ -27,10 +27,6 @@ Variants (the WGSL is generated per config by `tilewise.kernels.matmul.sgmat_wgs
              columns' chunks transposed into 8 rows of 8) and stores them at once, an eighth of the store
              instructions; the fragment loads read the same tiles in units of 8 halves (Dawn's subgroup-matrix
              loads take arrays of any 32-bit element); same values and rounding, so the same bits as VS = 0
-    CVT      where a prefetched step (PIPE 2, 3) is converted: "load" (x normed and rounded to f16, W decoded and
-             packed as soon as they are loaded, so those instructions wait for the loads before the multiplies) or
-             "store" (held in registers as loaded, converted after the multiplies, where they are stored); the
-             same operations in the same order, so the same bits; rule pipe_registers counts the raw words
     EP       result fragments per subgroup (and set) the epilogue passes through workgroup memory between two
              barriers: 1, 2 or 4 along N (a divisor of FN); more take more workgroup memory and fewer barriers, the
              same values written
@@ -87,13 +83,12 @@ PARAMS: dict[str, list[Any]] = {
     "PIPE": [1, 2, 3],
     "VS": [0, 1],
     "EP": [1, 2, 4],
-    "CVT": ["load", "store"],
 }
 PAIRED_KS = [1, 2, 4]  # swiglu's scratch holds two sums per output: KS 8 at 512 rows of 4608 would be 151 MB
 # a 64x64 tile: 2x2 subgroups of 2x2 16x16x16 fragments, K step 32
 BASE: dict[str, Any] = {"FRAG": "16x16x16", "SG": 32, "SM": 2, "SN": 2, "FM": 2, "FN": 2, "BK": 32, "WL": "nk",
                         "KS": 1, "PAD": 0, "PIPE": 1, "VS": 0,
-                        "EP": 1, "CVT": "load"}
+                        "EP": 1}
 # hand-picked points, most likely first (`tilewise tune model --budget B` keeps the first B - 1 after the default):
 # the fastest measured at a decision's row count first, then tiles that cover 346 rows in one or two row tiles
 # (each weight tile is decoded and staged once per row tile: at 128 rows three times)
@@ -109,17 +104,6 @@ _INPROJ = {"FM": 3, "PAD": 8, "WL": "kn"}
 # _GATE in kn stopped after 24 steps at 0.084 ms and decided 15% slower), so they are seeds, ahead of the rest.
 _GATE32 = {**_GATE, "BK": 32, "WL": "nk", "VS": 1, "PIPE": 1}
 _SLICED = {"FM": 3, "KS": 4, "VS": 1, "PAD": 8}
-# the 346-row picks of the tune of 2026-12-07 (gate/up, down and out_proj, in_proj, qkv: each but qkv's PIPE 1), and
-# their twins that prefetch and convert at the store (CVT "store"): decoded at the load, a prefetched step's decode
-# waits for its loads ahead of the multiplies, which may be why PIPE 2 and 3 seldom won
-_GATE8 = {"FRAG": "16x8x8", "SM": 4, "SN": 2, "FM": 2, "FN": 8, "BK": 32, "WL": "nk", "PAD": 8, "VS": 1}
-_DOWN3 = {"SM": 4, "SN": 2, "FM": 3, "FN": 2, "KS": 4, "PAD": 8, "VS": 1}
-_INPROJ8 = {"FRAG": "16x8x8", "FM": 3, "WL": "kn", "PAD": 8}
-_QKV = {"SM": 2, "SN": 4, "PAD": 8, "PIPE": 2}
-# (at K step 16 where two buffers of K step 32 outgrow 48 KiB)
-_LATE = ({**_GATE8, "BK": 16, "PIPE": 3, "CVT": "store"}, {**_GATE8, "BK": 16, "PIPE": 2, "CVT": "store"},
-         {**_DOWN3, "BK": 16, "PIPE": 2, "CVT": "store"}, {**_DOWN3, "BK": 16, "PIPE": 3, "CVT": "store"},
-         {**_INPROJ8, "PIPE": 2, "CVT": "store"}, {**_QKV, "CVT": "store"}, {**_QKV, "PIPE": 3, "CVT": "store"})
 # the measured winners first (each shape's pick, so that a small budget keeps them), then their packed-store twins
 # (VS 1), mostly in layout nk: there a chunk of 8 along K is one 16-byte store by one invocation; kn's packed unit
 # (8 columns x 8 k) puts a tile's staging on an eighth of the invocations, and with PIPE 2 SwiGLU's two sets of it
@@ -128,10 +112,6 @@ _SEED_VARIANTS: tuple[dict[str, Any], ...] = (
     _GATE32,
     _SLICED,
     {**_INPROJ, "FRAG": "16x8x16"},  # in_proj's pick from 300 rows
-    _GATE8,
-    _DOWN3,
-    _INPROJ8,
-    *_LATE,  # (the qkv pick itself is a seed further down)
     _GATE,
     _DOWN,
     _INPROJ,
@@ -206,15 +186,11 @@ def sgmat_rules(fmt: str, paired: bool, norm: bool) -> list[Rule]:
     rules.append(Rule("epilogue_batch", lambda c, _: c.FN % c.EP == 0,
                       lambda c, _: f"EP={c.EP} does not divide FN={c.FN}: the epilogue takes whole batches of a "
                                    "subgroup's fragments along N"))
-    rules.append(Rule("convert_prefetched", lambda c, _: c.CVT == "load" or c.PIPE > 1,
-                      lambda c, _: f"CVT={c.CVT} holds a prefetched step as loaded, but PIPE={c.PIPE} prefetches "
-                                   "nothing (each step is stored right after its load): use CVT=load, or PIPE 2 or 3",
-                      doc="converting at the store differs from converting at the load only where a step waits"))
     rules.append(Rule("pipe_registers",
-                      lambda c, _: c.PIPE == 1 or pipe_registers(c, sets, fmt) <= gemm_sg.MAX_PREFETCH_WORDS,
+                      lambda c, _: c.PIPE == 1 or pipe_registers(c, sets) <= gemm_sg.MAX_PREFETCH_WORDS,
                       lambda c, _: f"PIPE={c.PIPE} holds {'2 x (' if c.PIPE == 3 else ''}{pipe_slots(c)[0]} x slots "
                                    f"+ {sets}*{pipe_slots(c)[1]} W units{')' if c.PIPE == 3 else ''} = "
-                                   f"{pipe_registers(c, sets, fmt)} words per invocation for the "
+                                   f"{pipe_registers(c, sets)} words per invocation for the "
                                    f"{'next two steps' if c.PIPE == 3 else 'next step'} > "
                                    f"{gemm_sg.MAX_PREFETCH_WORDS}"))
     ks_values = PAIRED_KS if paired else PARAMS["KS"]

@@ -51,34 +51,20 @@ def pipe_slots(c: Config) -> tuple[int, int]:
     return x_slots(c), -(-w_units(c) // invocations(c))
 
 
-#: 32-bit words of one chunk of 8 weights as loaded (CVT = "store" holds them so): an nf4 word and its absmax, an
-#: f16 `vec4<u32>`, two f32 vec4s
-RAW_WORDS = {"nf4": 2, "f16": 4, "f32": 8}
-
-
-def late(c: Config) -> bool:
-    """CVT = "store": a prefetched step waits in registers as loaded, converted (x normed and rounded, W decoded) only
-    when it is stored, after the multiplies, so that no instruction between a load and the multiplies waits for it."""
-    return str(c.get("CVT", "load")) == "store" and int(c.get("PIPE", 1)) > 1
-
-
-def pipe_registers(c: Config, sets: int, fmt: str) -> int:
+def pipe_registers(c: Config, sets: int) -> int:
     """32-bit registers per invocation holding loaded steps between their loads and their stores: per step x vec4s
-    and decoded W chunks as f32, or with packed stores (VS = 1) as f16 pairs, 4 words per 8 halves; with CVT =
-    "store" x as loaded (f32) and W chunks as loaded (`RAW_WORDS`); PIPE 3 holds two steps."""
+    and decoded W chunks as f32, or with packed stores (VS = 1) as f16 pairs, 4 words per 8 halves; PIPE 3 holds
+    two steps."""
     xs, wcs = pipe_slots(c)
-    kn8 = int(c.get("VS", 0)) and c["WL"] == "kn"  # a unit is 8 chunks
-    if late(c):
-        step = x_width(c) * xs + RAW_WORDS[fmt] * (8 if kn8 else 1) * sets * wcs
-    elif int(c.get("VS", 0)):
-        step = 4 * xs + (32 if kn8 else 4) * sets * wcs
+    if int(c.get("VS", 0)):
+        step = 4 * xs + (32 if c["WL"] == "kn" else 4) * sets * wcs
     else:
         step = 4 * xs + 8 * sets * wcs
     return step * (2 if int(c.get("PIPE", 1)) == 3 else 1)
 
 
-def slot_loop(w, mma, c: Config, fmt: str, norm: bool, sets: int, k_in: int, kbeg: str, kend: str, XB: int,
-              WB: int, LX: int, LW: int) -> None:
+def slot_loop(w, mma, c: Config, norm: bool, sets: int, k_in: int, kbeg: str, kend: str, XB: int, WB: int,
+              LX: int, LW: int) -> None:
     """The K loop staging through per-invocation slots held in registers between loads and stores.
 
     PIPE=2: step 0 staged first; then each step loads the next one's x and W into registers (decoded), multiplies
@@ -89,9 +75,7 @@ def slot_loop(w, mma, c: Config, fmt: str, norm: bool, sets: int, k_in: int, kbe
     load, store, barrier, multiply, barrier. VS = 1 packs 8 halves into each register `vec4<u32>` and stores it
     whole: an x slot is 8 consecutive k of a row (two vec4 loads, two sums of squares for the norm), a W unit of
     layout nk one chunk of 8 along K, of layout kn 8 columns x 8 k (eight words loaded, eight transposed rows
-    stored); the values and their rounding are those of VS = 0. CVT = "store" (`late`) moves every conversion of a
-    loaded step (x's norm, its sum of squares and rounding; W's decode; the packing) from its load to its store: the
-    same operations on the same values in the same step order, so the same bits."""
+    stored); the values and their rounding are those of VS = 0."""
     BM, _, BK = mm_tile(c)
     WG, wl = invocations(c), str(c["WL"])
     VS = int(c.get("VS", 0))
@@ -107,16 +91,8 @@ def slot_loop(w, mma, c: Config, fmt: str, norm: bool, sets: int, k_in: int, kbe
         w(f"    let wi{i} = li + {i * WG}u; let nl{i} = wi{i} / {BK // 8}u; let cl{i} = wi{i} % {BK // 8}u;" +
           ("" if kn8 else f" let row{i} = min(n0 + nl{i}, N - 1u);"))
     PIPE = int(c.get("PIPE", 1))
-    LATE = late(c)
-    raw_t = {"nf4": "u32", "f16": "vec4<u32>", "f32": "C8"}[fmt]
     for r in ("", "b") if PIPE == 3 else ("",):  # register sets (PIPE 3: two)
-        if LATE:  # as loaded: x's f32 vec4s (two a slot with VS), W's chunks (nf4: the word and its absmax)
-            w("    " + " ".join(f"var px{sl}{r} = vec4<f32>(0.0);" + (f" var qx{sl}{r} = vec4<f32>(0.0);" if VS else "")
-                              for sl in range(nxs)))
-            w("    " + " ".join(f"var pw{s}_{i}{f'_{e}' if kn8 else ''}{r}: {raw_t};"
-                              + (f" var ps{s}_{i}{f'_{e}' if kn8 else ''}{r}: f32;" if fmt == "nf4" else "")
-                              for s in range(sets) for i in range(nwc) for e in range(8 if kn8 else 1)))
-        elif VS:
+        if VS:
             w("    " + " ".join(f"var px{sl}{r} = vec4<u32>();" for sl in range(nxs)))
             w("    " + " ".join(f"var pw{s}_{i}{f'_{e}' if kn8 else ''}{r} = vec4<u32>();" for s in range(sets)
                               for i in range(nwc) for e in range(8 if kn8 else 1)))
@@ -131,105 +107,70 @@ def slot_loop(w, mma, c: Config, fmt: str, norm: bool, sets: int, k_in: int, kbe
     def x_row(kk: str, sl: int, q: str) -> str:
         return f"x[(dims.r0 + m0 + xr{sl}) * {k_in // 4}u + {kk} / 4u + {q}]"
 
-    def raw_w(ind: str, s: int, row: str, ch: str, dst: str) -> None:  # one chunk as loaded into pw<dst> (, ps<dst>)
-        if fmt == "nf4":
-            w(f"{ind}    pw{dst} = w{s}[{row} * (K / 8u) + {ch}]; ps{dst} = am{s}[{row} * (K / 64u) + ({ch}) / 8u];")
-        elif fmt == "f16":
-            w(f"{ind}    pw{dst} = w{s}[{row} * (K / 8u) + {ch}];")
-        else:
-            w(f"{ind}    pw{dst} = load8_{s}({row}, {ch});")
-
-    def dec(dst: str) -> str:  # a chunk held as loaded, decoded (as load8 decodes it)
-        return {"nf4": f"dec8(pw{dst}, ps{dst})", "f16": f"dec8(pw{dst})", "f32": f"pw{dst}"}[fmt]
-
-    def kn_row(s: int, e: int) -> str:  # row e of a kn unit: component e of its 8 decoded chunks v<s>_<j>, packed
-        comp = f"{'ab'[e // 4]}.{'xyzw'[e % 4]}"
-        return "vec4<u32>(" + ", ".join(f"pack2(v{s}_{j}.{comp}, v{s}_{j + 1}.{comp})" for j in range(0, 8, 2)) + ")"
-
-    def x_convert(ind: str, sl: int, kk: str) -> str:  # x slot `sl` of step kk in `v` (and `v2`): normed, packed
-        if VS:
-            if norm:
-                w(f"{ind}    ss{sl} = ss{sl} + dot(v, v); tt{sl} = tt{sl} + dot(v2, v2);")
-                w(f"{ind}    v = v * norm_w[{kk} / 4u + 2u * xq{sl}]; "
-                  f"v2 = v2 * norm_w[{kk} / 4u + 2u * xq{sl} + 1u];")
-            return "pack8(v, v2)"
-        if norm:
-            w(f"{ind}    ss{sl} = ss{sl} + dot(v, v);")
-            return f"v * norm_w[{kk} / 4u + xq{sl}]"
-        return "v"
-
-    def x_put(ind: str, buf: str, sl: int, val: str) -> None:  # a converted x slot into buffer `buf`
-        if VS:
-            w(f"{ind}    Xs[{buf} * {XB // U}u + xr{sl} * {LX // U}u + xq{sl}] = {val};")
-        else:
-            w(f"{ind}    let h = vec4<f16>({val});")
-            w(f"{ind}    let o = {buf} * {XB}u + xr{sl} * {LX}u + xq{sl} * 4u;")
-            w(f"{ind}    Xs[o] = h.x; Xs[o + 1u] = h.y; Xs[o + 2u] = h.z; Xs[o + 3u] = h.w;")
-
-    def w_put(ind: str, buf: str, s: int, i: int, val) -> None:  # unit i of set s into `buf`; val(e): kn row e
-        if kn8:
-            for e in range(8):
-                w(f"{ind}    Ws{s}[{buf} * {WB // U}u + (cl{i} * 8u + {e}u) * {LW // U}u + nl{i}] = {val(e)};")
-        elif VS:
-            w(f"{ind}    Ws{s}[{buf} * {WB // U}u + nl{i} * {LW // U}u + cl{i}] = {val(0)};")
-        else:
-            for e in range(8):
-                idx = f"nl{i} * {LW}u + cl{i} * 8u + {e}u" if wl == "nk" else f"(cl{i} * 8u + {e}u) * {LW}u + nl{i}"
-                w(f"{ind}    Ws{s}[{buf} * {WB}u + {idx}] = f16({val(0)}.{('a', 'b')[e // 4]}.{'xyzw'[e % 4]});")
-
-    def load(ind: str, kk: str, r: str = "") -> None:  # step `kk` of x and W into set r: converted, or as loaded
+    def load(ind: str, kk: str, r: str = "") -> None:  # step `kk` of x (normed) and W (decoded) into set r
         for sl in range(nxs):
             opening(ind, "xi", sl, XV)
-            if LATE:  # rows past M keep their zeros (a slot's row is the same every step)
-                second = f" qx{sl}{r} = {x_row(kk, sl, f'2u * xq{sl} + 1u')};" if VS else ""
-                w(f"{ind}    if (m0 + xr{sl} < M) {{ px{sl}{r} = {x_row(kk, sl, f'2u * xq{sl}' if VS else f'xq{sl}')};"
-                  f"{second} }}")
-            else:  # VS: two vec4s, quarters 2q and 2q + 1 of the row's K step
-                w(f"{ind}    var v = vec4<f32>(0.0);" + (" var v2 = vec4<f32>(0.0);" if VS else ""))
-                second = f" v2 = {x_row(kk, sl, f'2u * xq{sl} + 1u')};" if VS else ""
-                w(f"{ind}    if (m0 + xr{sl} < M) {{ v = {x_row(kk, sl, f'2u * xq{sl}' if VS else f'xq{sl}')};"
-                  f"{second} }}")
-                w(f"{ind}    px{sl}{r} = {x_convert(ind, sl, kk)};")
-            w(f"{ind}}}")
-        for i in range(nwc):
-            opening(ind, "wi", i, WU)
-            for s in range(sets):
-                for j in range(8 if kn8 else 1):  # kn8: nl is a group of 8 columns; rows past N read row N-1
-                    row, ch, at = (f"min(n0 + nl{i} * 8u + {j}u, N - 1u)" if kn8 else f"row{i}", f"{kk} / 8u + cl{i}",
-                                   f"{s}_{i}_{j}{r}" if kn8 else f"{s}_{i}{r}")
-                    if LATE:
-                        raw_w(ind, s, row, ch, at)
-                    elif kn8:
-                        w(f"{ind}    let v{s}_{j} = load8_{s}({row}, {ch});")
-                    elif VS:
-                        w(f"{ind}    let v{s} = load8_{s}({row}, {ch}); pw{at} = pack8(v{s}.a, v{s}.b);")
-                    else:
-                        w(f"{ind}    pw{at} = load8_{s}({row}, {ch});")
-                if not LATE and kn8:
-                    for e in range(8):
-                        w(f"{ind}    pw{s}_{i}_{e}{r} = {kn_row(s, e)};")
-            w(f"{ind}}}")
-
-    def store(ind: str, buf: str, r: str = "", kk: str = "") -> None:  # set r (holding step kk) into buffer `buf`
-        for sl in range(nxs):
-            opening(ind, "xi", sl, XV)
-            if LATE:
-                w(f"{ind}    var v = px{sl}{r};" + (f" var v2 = qx{sl}{r};" if VS else ""))
-                x_put(ind, buf, sl, x_convert(ind, sl, kk))
+            if VS:  # two vec4s: quarters 2q and 2q + 1 of the row's K step
+                w(f"{ind}    var v = vec4<f32>(0.0); var v2 = vec4<f32>(0.0);")
+                w(f"{ind}    if (m0 + xr{sl} < M) {{ v = {x_row(kk, sl, f'2u * xq{sl}')}; "
+                  f"v2 = {x_row(kk, sl, f'2u * xq{sl} + 1u')}; }}")
+                if norm:
+                    w(f"{ind}    ss{sl} = ss{sl} + dot(v, v); tt{sl} = tt{sl} + dot(v2, v2);")
+                    w(f"{ind}    v = v * norm_w[{kk} / 4u + 2u * xq{sl}]; "
+                      f"v2 = v2 * norm_w[{kk} / 4u + 2u * xq{sl} + 1u];")
+                w(f"{ind}    px{sl}{r} = pack8(v, v2);")
             else:
-                x_put(ind, buf, sl, f"px{sl}{r}")
+                w(f"{ind}    var v = vec4<f32>(0.0);")
+                w(f"{ind}    if (m0 + xr{sl} < M) {{ v = {x_row(kk, sl, f'xq{sl}')}; }}")
+                if norm:
+                    w(f"{ind}    ss{sl} = ss{sl} + dot(v, v);")
+                    w(f"{ind}    px{sl}{r} = v * norm_w[{kk} / 4u + xq{sl}];")
+                else:
+                    w(f"{ind}    px{sl}{r} = v;")
             w(f"{ind}}}")
         for i in range(nwc):
             opening(ind, "wi", i, WU)
             for s in range(sets):
-                if not LATE:
-                    w_put(ind, buf, s, i, lambda e, s=s, i=i: f"pw{s}_{i}_{e}{r}" if kn8 else f"pw{s}_{i}{r}")
-                    continue
-                for j in range(8 if kn8 else 1):
-                    at = f"{s}_{i}_{j}{r}" if kn8 else f"{s}_{i}{r}"
-                    w(f"{ind}    let v{s}{f'_{j}' if kn8 else ''} = {dec(at)};")
-                w_put(ind, buf, s, i, lambda e, s=s: kn_row(s, e) if kn8 else (f"pack8(v{s}.a, v{s}.b)" if VS
-                                                                               else f"v{s}"))
+                if kn8:  # nl is a group of 8 columns; rows past N read row N-1 (columns never stored)
+                    for j in range(8):
+                        w(f"{ind}    let v{s}_{j} = load8_{s}(min(n0 + nl{i} * 8u + {j}u, N - 1u), {kk} / 8u + "
+                          f"cl{i});")
+                    for e in range(8):
+                        comp = f"{'ab'[e // 4]}.{'xyzw'[e % 4]}"
+                        pairs = ", ".join(f"pack2(v{s}_{j}.{comp}, v{s}_{j + 1}.{comp})" for j in range(0, 8, 2))
+                        w(f"{ind}    pw{s}_{i}_{e}{r} = vec4<u32>({pairs});")
+                elif VS:
+                    w(f"{ind}    let v{s} = load8_{s}(row{i}, {kk} / 8u + cl{i}); "
+                      f"pw{s}_{i}{r} = pack8(v{s}.a, v{s}.b);")
+                else:
+                    w(f"{ind}    pw{s}_{i}{r} = load8_{s}(row{i}, {kk} / 8u + cl{i});")
+            w(f"{ind}}}")
+
+    def store(ind: str, buf: str, r: str = "") -> None:  # register set r into buffer `buf` of the staged tiles
+        for sl in range(nxs):
+            opening(ind, "xi", sl, XV)
+            if VS:
+                w(f"{ind}    Xs[{buf} * {XB // U}u + xr{sl} * {LX // U}u + xq{sl}] = px{sl}{r};")
+            else:
+                w(f"{ind}    let h = vec4<f16>(px{sl}{r});")
+                w(f"{ind}    let o = {buf} * {XB}u + xr{sl} * {LX}u + xq{sl} * 4u;")
+                w(f"{ind}    Xs[o] = h.x; Xs[o + 1u] = h.y; Xs[o + 2u] = h.z; Xs[o + 3u] = h.w;")
+            w(f"{ind}}}")
+        for i in range(nwc):
+            opening(ind, "wi", i, WU)
+            for s in range(sets):
+                if kn8:
+                    for e in range(8):
+                        w(f"{ind}    Ws{s}[{buf} * {WB // U}u + (cl{i} * 8u + {e}u) * {LW // U}u + nl{i}] = "
+                          f"pw{s}_{i}_{e}{r};")
+                elif VS:
+                    w(f"{ind}    Ws{s}[{buf} * {WB // U}u + nl{i} * {LW // U}u + cl{i}] = pw{s}_{i}{r};")
+                else:
+                    for e in range(8):
+                        comp = ("a", "b")[e // 4] + "." + "xyzw"[e % 4]
+                        idx = (f"nl{i} * {LW}u + cl{i} * 8u + {e}u" if wl == "nk" else
+                               f"(cl{i} * 8u + {e}u) * {LW}u + nl{i}")
+                        w(f"{ind}    Ws{s}[{buf} * {WB}u + {idx}] = f16(pw{s}_{i}{r}.{comp});")
             w(f"{ind}}}")
 
     if int(c.get("PIPE", 1)) == 1:
@@ -245,7 +186,7 @@ def slot_loop(w, mma, c: Config, fmt: str, norm: bool, sets: int, k_in: int, kbe
         _pipe3_loop(w, mma, load, store, BK, kbeg, kend, XB // U, WB // U)
         return
     load("    ", kbeg)
-    store("    ", "0u", "", kbeg)
+    store("    ", "0u")
     w("    workgroupBarrier();")
     w(f"    for (var k0 = {kbeg}; k0 < {kend}; k0 = k0 + {BK}u) {{")
     w(f"        let cur = ((k0 - {kbeg}) / {BK}u) & 1u;  // the buffer this step multiplies from")
@@ -255,7 +196,7 @@ def slot_loop(w, mma, c: Config, fmt: str, norm: bool, sets: int, k_in: int, kbe
     w("        }")
     mma("        ", f"cur * {XB // U}u + ", f"cur * {WB // U}u + ")
     w("        if (more) {")
-    store("            ", "(1u - cur)", "", f"(k0 + {BK}u)")
+    store("            ", "(1u - cur)")
     w("        }")
     w("        workgroupBarrier();  // the stored step is complete, the multiplied buffer free again")
     w("    }")
@@ -268,7 +209,7 @@ def _pipe3_loop(w, mma, load, store, BK: int, kbeg: str, kend: str, xb: int, wb:
     multiplies. `xb`, `wb`: a buffer's offset in elements of the staged arrays."""
     w("    // PIPE=3: step kbeg staged into buffer 0, step kbeg + BK loading into set b")
     load("    ", kbeg)
-    store("    ", "0u", "", kbeg)
+    store("    ", "0u")
     w(f"    if ({kbeg} + {BK}u < {kend}) {{")
     load("        ", f"({kbeg} + {BK}u)", "b")
     w("    }")
@@ -281,7 +222,7 @@ def _pipe3_loop(w, mma, load, store, BK: int, kbeg: str, kend: str, xb: int, wb:
     w("        }")
     mma("        ", "", "")
     w("        if (has1) {")
-    store("            ", "1u", "b", f"(k0 + {BK}u)")
+    store("            ", "1u", "b")
     w("        }")
     w("        workgroupBarrier();")
     w("        if (has1) {")
@@ -290,7 +231,7 @@ def _pipe3_loop(w, mma, load, store, BK: int, kbeg: str, kend: str, xb: int, wb:
     w("            }")
     mma("            ", f"{xb}u + ", f"{wb}u + ")
     w("            if (has2) {")
-    store("                ", "0u", "", f"(k0 + {2 * BK}u)")
+    store("                ", "0u")
     w("            }")
     w("            workgroupBarrier();")
     w("        }")

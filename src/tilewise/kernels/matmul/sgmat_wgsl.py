@@ -26,8 +26,8 @@ subgroup-uniform arguments); subgroups beyond SM * SN (smaller subgroups than SG
 from __future__ import annotations
 
 from tilewise.kernels.gemm.sgmat_wgsl import frag, invocations, subgroups
-from tilewise.kernels.matmul.sgmat_stage import late, mm_tile, slot_loop, tile_buffers, x_slots
-from tilewise.kernels.matmul.wgsl import codes_decl, codes_init, dec8_fn, load8_fn, store_stmt, weight_decls
+from tilewise.kernels.matmul.sgmat_stage import mm_tile, slot_loop, tile_buffers, x_slots
+from tilewise.kernels.matmul.wgsl import codes_decl, codes_init, load8_fn, store_stmt, weight_decls
 from tilewise.kernels.space import Config
 from tilewise.kernels.wgsl import ROW_DIMS
 
@@ -48,14 +48,12 @@ def mm_storage_bytes(c: Config, fmt: str, paired: bool, norm: bool) -> int:
 
 
 def mm_fmt(c: Config) -> str:
-    """`f16x16x16 2x2sg 2x2fr k32 W:nk sg32 pipe2 pad8 splitk4 vs ep2 late` (fragment, subgroups, fragments per
-    subgroup, K step, W layout, subgroup size, pipelining, row padding, K slices, packed stores, epilogue batch and
-    conversion at the store where set)."""
+    """`f16x16x16 2x2sg 2x2fr k32 W:nk sg32 pipe2 pad8 splitk4 vs ep2` (fragment, subgroups, fragments per subgroup,
+    K step, W layout, subgroup size, pipelining, row padding, K slices, packed stores and epilogue batch where set)."""
     ks, pad, pipe = int(c.get("KS", 1)), int(c.get("PAD", 0)), int(c.get("PIPE", 1))
     return (f"f{c['FRAG']} {c['SM']}x{c['SN']}sg {c['FM']}x{c['FN']}fr k{c['BK']} W:{c['WL']} sg{c['SG']}"
             + (f" pipe{pipe}" if pipe > 1 else "") + (f" pad{pad}" if pad else "") + (f" splitk{ks}" if ks > 1 else "")
-            + (" vs" if int(c.get("VS", 0)) else "") + (f" ep{c['EP']}" if int(c.get("EP", 1)) > 1 else "")
-            + (" late" if str(c.get("CVT", "load")) == "store" else ""))
+            + (" vs" if int(c.get("VS", 0)) else "") + (f" ep{c['EP']}" if int(c.get("EP", 1)) > 1 else ""))
 
 
 def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: int,
@@ -104,8 +102,6 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
         w(codes_decl().rstrip("\n"))
     for s in range(sets):
         w(load8_fn(fmt, s).strip("\n"))
-    if late(c) and dec8_fn(fmt):  # CVT = "store": chunks decoded where they are stored (f32 needs none)
-        w(dec8_fn(fmt).strip("\n"))
     XB, WB = BM * LX, (BN if wl == "nk" else BK) * LW  # halves of one staged x / W tile
     two = ", two of them (PIPE=2: the next step is stored into one while the other is multiplied)" if PIPE == 2 else ""
     if PIPE == 3:
@@ -181,7 +177,7 @@ def sgmat_matmul_source(c: Config, fmt: str, epilogue: str, n_out: int, k_in: in
     if KS > 1:
         w(f"    let kz = wid.z * {k_in // KS}u;  // this launch's slice of K")
     if PIPE > 1 or VS:
-        slot_loop(w, mma, c, fmt, norm, sets, k_in, kbeg, kend, XB, WB, LX, LW)
+        slot_loop(w, mma, c, norm, sets, k_in, kbeg, kend, XB, WB, LX, LW)
     else:
         w(f"    for (var k0 = {kbeg}; k0 < {kend}; k0 = k0 + {BK}u) {{")
 
