@@ -62,7 +62,7 @@ from tilewise.model.dispatch import (
     load_model_table,
     matmul_key,
 )
-from tilewise.model.gpu_state import GPUCaches, Plan, cache_capacity, check_decision, take_caches, weight_bytes
+from tilewise.model.gpu_state import GPUCaches, GPUResult, Plan, cache_capacity, check_decision, take_caches
 from tilewise.quant.nf4 import stored_shape, weight_arrays
 
 ROW_NT = 128  # embed threads per block
@@ -93,7 +93,7 @@ def cuda_executor_problem(info: Any) -> str | None:
     return None
 
 
-class CUDAExecutor:
+class CUDAExecutor(GPUResult):
     """Runs the classifier's forward pass on an NVIDIA GPU (see the module docstring)."""
 
     device_name = "cuda"
@@ -473,10 +473,4 @@ class CUDAExecutor:
             raise DeviceLost(f"{exc.problem} (during a decision)",
                              "restart the process: a CUDA context is unusable after a kernel fault; states made "
                              "before must be prefilled again") from exc
-        H = self.cfg.hidden_size
-        new.scores = res[H:].copy() if self.has_head else None
-        return res[:H].copy(), new
-
-    def weight_bytes(self) -> int:
-        """Bytes of weights on the device."""
-        return weight_bytes(self.embed, self.final_norm, self.head, self.layers)
+        return self.split_result(res, new)

@@ -115,6 +115,29 @@ def weight_bytes(embed: Any, final_norm: Buffer, head: Buffer, layers: Sequence[
     return size(embed) + final_norm.nbytes + head.nbytes + sum(size(v) for lay in layers for v in lay.values())
 
 
+class GPUResult:
+    """What the GPU executors share once a decision's result row is read: the row split into the hidden state and
+    the scores, and the weights' size on the device (their `cfg`, `has_head`, `embed`, `final_norm`, `head` and
+    `layers` set by `upload_model`)."""
+
+    cfg: Any
+    has_head: bool
+    embed: Any
+    final_norm: Buffer
+    head: Buffer
+    layers: list[dict[str, Any]]
+
+    def split_result(self, res: np.ndarray, new: GPUCaches) -> tuple[np.ndarray, GPUCaches]:
+        """((hidden,) final-normed last hidden state, `new` with its scores) from the result row (hidden + labels,)."""
+        H = self.cfg.hidden_size
+        new.scores = res[H:].copy() if self.has_head else None
+        return res[:H].copy(), new
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights on the device."""
+        return weight_bytes(self.embed, self.final_norm, self.head, self.layers)
+
+
 def upload_model(ex: Any, upload: Callable[[str, np.ndarray], Buffer],
                  matrix: Callable[[Sequence[str], bool], Any]) -> None:
     """Put a checkpoint's weights on a GPU executor `ex` (its `checkpoint`, `cfg`): sets `embed`, `final_norm`,

@@ -55,7 +55,7 @@ from tilewise.model.dispatch import (
     matmul_key,
     matmul_name,
 )
-from tilewise.model.gpu_state import GPUCaches, Plan, cache_capacity, check_decision, take_caches, weight_bytes
+from tilewise.model.gpu_state import GPUCaches, GPUResult, Plan, cache_capacity, check_decision, take_caches
 from tilewise.quant.nf4 import weight_arrays
 from tilewise.tune.dispatch import DispatchTable
 
@@ -65,7 +65,7 @@ MIN_ROW_CAPACITY = 64
 MAX_CACHED_PLANS = 64  # decision plans kept per executor (a game uses a handful of prompt lengths)
 
 
-class WebGPUExecutor:
+class WebGPUExecutor(GPUResult):
     """Runs the classifier's forward pass on a WebGPU device (see the module docstring)."""
 
     device_name = "webgpu"
@@ -393,10 +393,4 @@ class WebGPUExecutor:
             raise DeviceLost(f"{exc.problem} (during a decision)",
                              "retry the decision: the next call rebuilds the device, weights and pipelines; states "
                              "made before must be prefilled again") from exc
-        H = self.cfg.hidden_size
-        new.scores = res[H:].copy() if self.has_head else None
-        return res[:H].copy(), new
-
-    def weight_bytes(self) -> int:
-        """Bytes of weights on the device."""
-        return weight_bytes(self.embed, self.final_norm, self.head, self.layers)
+        return self.split_result(res, new)
