@@ -25,8 +25,8 @@ struct Nf4Table {
 };
 
 // The words are literals (nf4's standard code rounded to f16, the rounding f16_bits gives; a unit test recomputes
-// them from the code): built from NF4_CODE, each launch's first block on an SM waited for constant-memory loads
-// and 16 conversions before its first decode.
+// them from the code): built from NF4_CODE at run time, every block waited for constant-memory loads and 16
+// conversions before its first decode.
 __device__ __forceinline__ Nf4Table nf4_table() {
   return Nf4Table{{0x52339200u, 0x00d4ea8du, 0x68e02618u, 0x00c9800du},
                   {0xb6b8b9bcu, 0x00adb1b4u, 0x3533312du, 0x3c393837u}};
