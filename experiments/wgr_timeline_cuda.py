@@ -159,7 +159,7 @@ def phases(runs: list[np.ndarray]) -> dict[str, Any]:
 
 def main() -> int:
     ap = parts.tile_parser(__doc__, 20)
-    ap.add_argument("--also", default="", choices=["", *parts.EDITS],
+    ap.add_argument("--also", default="", choices=["", *(v for v in parts.EDITS if not v.startswith("timeline"))],
                     help="a wgr_parts_cuda.py variant's edits made too (const-table: its timeline beside the real one)")
     args = ap.parse_args()
     dev, mcfg, epilogue, norm, shape, pick = parts.tile_problem(args)
