@@ -67,6 +67,38 @@ def test_adapter_index_out_of_range(fake_adapters):
         wg.pick_adapter(3)
 
 
+def _refusing_runtime(box, said):
+    """A runtime like Dawn's: it lists `box` and reports `said` as the adapters it refused."""
+    class FakeModule:
+        class gpu:
+            @staticmethod
+            def enumerate_adapters_sync():
+                return list(box)
+
+    return wg.Runtime("dawn", lambda: FakeModule, lambda m: list(m.gpu.enumerate_adapters_sync()), wg.info_from,
+                      lambda a, f: None, (), "the dawn fix", refusals=lambda: list(said))
+
+
+def test_no_adapter_names_what_the_runtime_refused():
+    said = ["Vulkan shaderUniform*ArrayDynamicIndexing required"]
+    with pytest.raises(DeviceUnavailable) as exc:
+        wg.pick_adapter(None, _refusing_runtime([], said))
+    assert "refused what it found: Vulkan shaderUniform*ArrayDynamicIndexing required" in str(exc.value)
+    assert "no Vulkan, Metal or D3D12 driver" not in str(exc.value) and exc.value.fix == "the dawn fix"
+    with pytest.raises(DeviceUnavailable, match="no Dawn WebGPU adapter found"):  # an index changes nothing
+        wg.pick_adapter(2, _refusing_runtime([], said))
+    with pytest.raises(DeviceUnavailable, match=r"adapter 3 \(found 1; Dawn refused others: Vulkan shader"):
+        wg.pick_adapter(3, _refusing_runtime([FakeAdapter("soft", "Vulkan", "CPU")], said))
+    with pytest.raises(DeviceUnavailable, match=r"no Vulkan, Metal or D3D12 driver"):  # nothing refused
+        wg.pick_adapter(None, _refusing_runtime([], []))
+
+
+def test_dawn_refusals_come_from_its_listing_notes(monkeypatch):
+    from tilewise.devices import dawn
+    monkeypatch.setitem(dawn._state, "notes", [dawn._SAID + "Vulkan foo required.", "another note"])
+    assert dawn.refusals() == ["Vulkan foo required"]
+
+
 @pytest.mark.parametrize("n,first", [(1, 0), (130, 0), (130, 8), (8, 8), (9, 8), (24, 8), (25, 8), (3, 1)])
 def test_submit_pieces_cover_every_launch_once_in_growing_pieces(n, first):
     from tilewise.devices.webgpu import submit_pieces

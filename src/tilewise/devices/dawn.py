@@ -32,6 +32,9 @@ from tilewise.devices.webgpu_adapters import Runtime, info_from, limits_from, pr
 from tilewise.errors import DeviceUnavailable
 
 DAWN_FIX = "pip install 'tilewise[dawn]' (in a clone: bash scripts/run extras dawn)"
+NO_ADAPTER_FIX = ("Dawn needs a Vulkan, Metal or D3D12 driver it accepts; it refuses Mesa 22's lavapipe (Debian 12), "
+                  "which Mesa 25 (mesa-vulkan-drivers from bookworm-backports) replaces; or use --device webgpu")
+_SAID = "Dawn said while listing adapters: "
 INSTANCE_TOGGLES = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia", "use_vulkan_memory_model")
 DEVICE_DISABLED_TOGGLES = ("timestamp_quantization",)
 SUBGROUP_MATRIX = "chromium-experimental-subgroup-matrix"
@@ -83,7 +86,7 @@ def _native_stderr_to_notes() -> Iterator[None]:
     refused = [ln.strip() for ln in text.splitlines() if ln.startswith("Warning:")]
     notes = _state.setdefault("notes", [])
     for line in refused:
-        note = f"Dawn said while listing adapters: {line.removeprefix('Warning:').strip()}"
+        note = _SAID + line.removeprefix("Warning:").strip()
         if note not in notes:
             notes.append(note)
 
@@ -91,6 +94,11 @@ def _native_stderr_to_notes() -> Iterator[None]:
 def notes() -> list[str]:
     """What Dawn said while listing adapters (an adapter it refused and why, limits it lowered)."""
     return list(_state.get("notes", []))
+
+
+def refusals() -> list[str]:
+    """Dawn's own words for each adapter it refused while listing them (the notes without their prefix)."""
+    return [n.removeprefix(_SAID).rstrip(".") for n in notes() if n.startswith(_SAID)]
 
 
 def _adapters(module: Any) -> list[Any]:
@@ -148,8 +156,7 @@ def runtime(disable_robustness: bool = False) -> Runtime:
                                                     disable_toggles=list(DEVICE_DISABLED_TOGGLES))
 
     return Runtime("dawn", _import_dawn, _adapters, lambda a, i: _describe(a, i, disable_robustness), request,
-                   WANTED_FEATURES, "Dawn needs a Vulkan, Metal or D3D12 driver (it refuses Mesa 22 lavapipe)",
-                   _process_events, many_pipelines="async")
+                   WANTED_FEATURES, NO_ADAPTER_FIX, _process_events, many_pipelines="async", refusals=refusals)
 
 
 def _process_events(module: Any) -> None:

@@ -113,6 +113,9 @@ class Runtime:
         many_pipelines: how a batch of pipelines is built at once: `threads` (the device may be called from several
             threads: wgpu-native's is), `async` (`create_compute_pipeline_async`, built on the runtime's own
             threads: Dawn, whose device takes calls from one thread at a time) or `serial`.
+        refusals: () -> what the runtime said about adapters it refused while listing them (Dawn prints why it
+            passes over a driver, e.g. Mesa 22's lavapipe), so that "no adapter" can say why; None where it says
+            nothing.
     """
 
     name: str
@@ -124,6 +127,7 @@ class Runtime:
     no_adapter_fix: str
     process_events: Callable[[Any], None] | None = None
     many_pipelines: str = "serial"
+    refusals: Callable[[], list[str]] | None = None
 
 
 def _wgpu_request(adapter: Any, features: list[str]) -> Any:
@@ -149,17 +153,20 @@ def pick_adapter(index: int | None, runtime: Runtime = WGPU_NATIVE) -> tuple[Any
     module = runtime.import_module()
     adapters = runtime.adapters(module)
     infos = [runtime.describe(a, i) for i, a in enumerate(adapters)]
+    refused = "; ".join(runtime.refusals()) if runtime.refusals is not None else ""
+    if not adapters:  # before the index check: with none found, why none matters more than which was asked for
+        who = runtime.name.capitalize()
+        why = f"{who} refused what it found: {refused}" if refused else "no Vulkan, Metal or D3D12 driver"
+        raise DeviceUnavailable(f"no {runtime_kind(runtime)} adapter found ({why})", runtime.no_adapter_fix)
     if index is not None:
         if not 0 <= index < len(adapters):
-            raise DeviceUnavailable(f"there is no {runtime_kind(runtime)} adapter {index} (found {len(adapters)})",
-                                    "run `tilewise devices` to list adapters")
+            also = f"; {runtime.name.capitalize()} refused others: {refused}" if refused else ""
+            raise DeviceUnavailable(f"there is no {runtime_kind(runtime)} adapter {index} (found {len(adapters)}"
+                                    f"{also})", "run `tilewise devices` to list adapters")
         chosen = [index]
     else:
         chosen = sorted((i for i, inf in enumerate(infos) if inf.api.lower() != "opengl"),
                         key=lambda i: (_RANK[infos[i].adapter_type], i))
-    if not adapters:
-        raise DeviceUnavailable(f"no {runtime_kind(runtime)} adapter found "
-                                "(no Vulkan, Metal or D3D12 driver)", runtime.no_adapter_fix)
     if not chosen or infos[chosen[0]].api.lower() == "opengl":
         names = ", ".join(f"{i.name} ({i.api})" for i in infos)
         raise DeviceUnavailable(f"only OpenGL WebGPU adapters were found: {names}; tilewise needs Vulkan, "
