@@ -76,7 +76,7 @@ def test_a_device_the_job_cannot_use_is_refused_with_the_ones_it_can(machine):
     with pytest.raises(DeviceUnavailable) as err:
         devices.resolve("cuda:0", ("webgpu", "cpu"), job="the classifier", noun="executor")
     assert "the classifier has no executor for 'cuda'" in err.value.problem
-    assert err.value.fix == "use --device webgpu, webgpu:N, cpu or auto"
+    assert err.value.fix == "use --device webgpu, webgpu:N, dawn, dawn:N, cpu or auto"  # dawn runs what webgpu runs
     for bad, needle in (("tpu", "unknown device"), ("webgpu:x", "must be a number"), ("cpu:1", "takes no index")):
         with pytest.raises(ConfigError, match=needle):
             devices.resolve(bad, ("webgpu", "cpu"))

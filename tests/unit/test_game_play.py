@@ -290,7 +290,7 @@ def test_play_refuses_a_device_without_a_classifier_executor(capsys):
     assert main(["play", "--policy", "model", "--device", "tvm-llvm", "--steps", "1"]) == 2
     err = capsys.readouterr().err
     assert "the classifier has no executor for 'tvm-llvm'" in err
-    assert "use --device cuda, cuda:N, webgpu, webgpu:N, cpu or auto" in err
+    assert "use --device cuda, cuda:N, webgpu, webgpu:N, dawn, dawn:N, cpu or auto" in err
 
 
 def test_play_says_which_device_it_plays_on(capsys):
