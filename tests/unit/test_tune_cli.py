@@ -98,6 +98,33 @@ def test_every_config_illegal_is_a_clear_message(capsys):
     assert "invocations" in err and "fix:" in err
 
 
+def test_a_rule_every_config_breaks_gives_its_own_fix(capsys):
+    # wgpu-native's H200 profile has no subgroup matrices: every gemm-f16 config breaks fragment_offered, whose
+    # reason names the device that has them; a rule only some configs break leaves the generic fix
+    code, _, err = run(capsys, "tune", "gemm-f16", "--shape", "64,64,64", "--dry-run", "--target", "h200-vulkan")
+    assert code == 2 and "fix: every config breaks fragment_offered: this device has no subgroup matrices" in err
+    assert "use --device dawn" in err
+    from tilewise.devices import profiles
+    from tilewise.devices.base import Limits
+
+    profiles.PROFILES["tiny"] = Limits(1024, 32, (32, 1, 1), 65535, 2**20, 2**20)
+    try:
+        code, _, err = run(capsys, "tune", "gemm", "--shape", "64,64,64", "--dry-run", "--target", "tiny")
+    finally:
+        del profiles.PROFILES["tiny"]
+    assert code == 2 and "fix: every config breaks invocations: NT = " in err
+    from tilewise.kernels.registry import get_template
+    from tilewise.tune.tuner import no_legal_config_error
+
+    tpl = get_template("gemm", "webgpu")
+    space = tpl.space("seed")
+    c1, c2 = list(space)[:2]
+    split = no_legal_config_error(tpl, space, (64, 64, 64), [(c1, ["a: one"]), (c2, ["b: two"])], "here")
+    assert split.fix.startswith("try --space full")  # no rule broken by both: the generic fix
+    both = no_legal_config_error(tpl, space, (64, 64, 64), [(c1, ["b: two", "a: x"]), (c2, ["a: y"])], "here")
+    assert both.fix == "every config breaks a: x"
+
+
 def test_store_export_import_and_report(capsys, tmp_path):
     a, b = tmp_path / "a.sqlite", tmp_path / "b.sqlite"
     with Store(a) as st:

@@ -109,9 +109,14 @@ def no_legal_config_error(template: KernelTemplate, space: Space, shape: Shape,
             name = w.split(":", 1)[0]
             counts[name] = counts.get(name, 0) + 1
     top = ", ".join(f"{n} ({k})" for n, k in sorted(counts.items(), key=lambda kv: -kv[1])[:4])
+    fix = "try --space full, another shape, or `tilewise tune ... --dry-run` to see each reason"
+    # a rule every config breaks is about the device or the shape, not the space: its own words are the fix
+    # (e.g. gemm-f16 on wgpu-native: no subgroup matrices, so --device dawn)
+    everywhere = [w for w in (illegal[0][1] if illegal else []) if counts[w.split(":", 1)[0]] == len(illegal)]
+    if everywhere:
+        fix = f"every config breaks {everywhere[0]}"
     return ConfigError(f"every config of {template.name} space {space.name!r} is illegal {where} at shape "
-                       f"{shape_key(shape)}; most broken rules: {top or 'none recorded'}",
-                       "try --space full, another shape, or `tilewise tune ... --dry-run` to see each reason")
+                       f"{shape_key(shape)}; most broken rules: {top or 'none recorded'}", fix)
 
 
 _LEGAL_IN_GRID: dict[tuple[str, str, int, Any], int] = {}
