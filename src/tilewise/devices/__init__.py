@@ -113,9 +113,8 @@ def get_device(name: str = "auto") -> Device:
 
 def _names(backends: Sequence[str]) -> str:
     """The device names a job on `backends` takes, a runtime beside its backend (dawn after webgpu)."""
-    runs = {b: [b, *(r for r, of in RUNTIMES.items() if of == b)] for b in backends}
-    return ", ".join(n for b in backends for r in runs[b]
-                     for n in ((r, f"{r}:N") if b in ("webgpu", "cuda") else (r,)))
+    names = (r for b in backends for r in (b, *(x for x, of in RUNTIMES.items() if of == b)))
+    return ", ".join(n for r in names for n in ((r, f"{r}:N") if RUNTIMES.get(r, r) in ("webgpu", "cuda") else (r,)))
 
 
 def _dawn_adapters() -> list[DeviceInfo]:

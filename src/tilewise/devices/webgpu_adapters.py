@@ -154,13 +154,13 @@ def pick_adapter(index: int | None, runtime: Runtime = WGPU_NATIVE) -> tuple[Any
     adapters = runtime.adapters(module)
     infos = [runtime.describe(a, i) for i, a in enumerate(adapters)]
     refused = "; ".join(runtime.refusals()) if runtime.refusals is not None else ""
+    who = runtime.name.capitalize()
     if not adapters:  # before the index check: with none found, why none matters more than which was asked for
-        who = runtime.name.capitalize()
         why = f"{who} refused what it found: {refused}" if refused else "no Vulkan, Metal or D3D12 driver"
         raise DeviceUnavailable(f"no {runtime_kind(runtime)} adapter found ({why})", runtime.no_adapter_fix)
     if index is not None:
         if not 0 <= index < len(adapters):
-            also = f"; {runtime.name.capitalize()} refused others: {refused}" if refused else ""
+            also = f"; {who} refused others: {refused}" if refused else ""
             raise DeviceUnavailable(f"there is no {runtime_kind(runtime)} adapter {index} (found {len(adapters)}"
                                     f"{also})", "run `tilewise devices` to list adapters")
         chosen = [index]
