@@ -70,6 +70,19 @@ def test_extend_branches_without_changing_the_base(rng, tiny_nf4):
         base.last_hidden[0] = 1.0  # states are read-only
 
 
+def test_a_state_keeps_nothing_of_the_callers_ids(rng, tiny_nf4):
+    """int64 ids are checked without a copy; a state must still not change when the caller reuses the array."""
+    m = tiny_nf4
+    ids = rng.integers(0, 512, 60)
+    state = m.prefill(ids)
+    scores, hidden = m.scores(state), m.hidden(state)
+    ids[:] = rng.integers(0, 512, 60)
+    np.testing.assert_array_equal(m.scores(state), scores)
+    np.testing.assert_array_equal(m.hidden(state), hidden)
+    np.testing.assert_array_equal(m.scores(m.prefill(ids)), m.scores(m.prefill(ids.copy())))
+    assert not np.array_equal(m.scores(m.prefill(ids)), scores)
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 40])
 def test_final_row_slicing_changes_nothing(rng, tiny_nf4, n):
     m = tiny_nf4

@@ -130,8 +130,9 @@ class GPUResult:
     def split_result(self, res: np.ndarray, new: GPUCaches) -> tuple[np.ndarray, GPUCaches]:
         """((hidden,) final-normed last hidden state, `new` with its scores) from the result row (hidden + labels,)."""
         H = self.cfg.hidden_size
-        new.scores = res[H:].copy() if self.has_head else None
-        return res[:H].copy(), new
+        # views: `res` is the executor's own copy of the row, made for this decision
+        new.scores = res[H:] if self.has_head else None
+        return res[:H], new
 
     def weight_bytes(self) -> int:
         """Bytes of weights on the device."""
