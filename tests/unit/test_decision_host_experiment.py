@@ -2,7 +2,7 @@
 that depends on the staged token ids, and CUDA events on the host clock. The experiment reaches into the executor
 (its staging arrays, its plan's graph, the device's stream); this runs it end to end so a renamed attribute fails here
 and not on a GPU machine, and checks what it reports: every mode timed, one GPU span per timed replay, the parts
-adding up, and each replay's scores those of its own prompt."""
+adding up, and each replay's result row that of its own prompt."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def test_the_host_share_experiment_reports_every_part(fake_cuda, tmp_path, monke
     assert parts["host_share_us"] == pytest.approx(1e3 * (p50["whole"] - span))
     assert parts["model_host_us"] + parts["executor_host_us"] + parts["launch_and_wait_us"] == pytest.approx(
         parts["host_share_us"])
-    assert "replays whose scores differ from the first decision's: 0" in capsys.readouterr().out
+    assert "replays whose result row differs from the first decision's: 0" in capsys.readouterr().out
 
 
 def test_a_replay_of_the_wrong_prompt_is_counted(fake_cuda, tmp_path, monkeypatch):
