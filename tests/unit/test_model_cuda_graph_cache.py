@@ -147,6 +147,23 @@ def test_a_replaced_plans_graph_is_dropped_with_it(executor, rng):
     assert graph() is None
 
 
+def test_a_collected_states_caches_go_back_to_the_pool_and_a_live_ones_do_not(executor, rng):
+    """The pool (`gpu_state.take_caches`): buffers of caches nobody holds are handed out again, those of caches still
+    held never are, and caches made before the device was rebuilt are not returned to the new pool."""
+    _, first = executor.forward(rng.integers(1, 512, 8), 0, None, True)
+    kv, conv = first.kv, first.conv
+    _, second = executor.forward(rng.integers(1, 512, 8), 0, None, True)  # first is alive: other buffers
+    assert second.kv is not kv and all(a is not b for a, b in zip(second.conv.values(), conv.values()))
+    del first
+    _, third = executor.forward(rng.integers(1, 512, 8), 0, None, True)
+    assert third.kv is kv and third.conv is conv
+    (old_free,) = executor._pool.values()
+    executor.generation += 1  # as a rebuild after a device loss does; its pool is new
+    executor._pool = {}
+    del second, third
+    assert executor._pool == {} and old_free == []
+
+
 def test_a_plan_with_a_library_call_runs_launch_by_launch(executor, rng):
     ids = rng.integers(1, 512, 7)
     plan, new = executor.plan(ids, 0, None, True)

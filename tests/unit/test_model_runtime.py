@@ -211,6 +211,27 @@ def test_bad_token_ids_and_lengths(tiny_nf4):
         m.scores(np.zeros(64))
 
 
+@given(st.sampled_from(["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]),
+       st.lists(st.integers(-2**70, 2**70), min_size=1, max_size=12), st.integers(0, 3))
+def test_token_ids_are_taken_exactly_when_every_one_is_in_the_vocabulary(tiny_nf4, dtype, values, near):
+    """`Model._ids` over every integer dtype, ids near the vocabulary's ends and past int64: taken (as the same int64
+    values) when all lie in 0..vocab-1, refused naming the first outside id otherwise."""
+    m, vocab = tiny_nf4, tiny_nf4.config.vocab_size
+    info = np.iinfo(dtype)
+    # values near the edges that matter (-1, 0, vocab - 1, vocab), folded into the dtype's range
+    edges = [-1, 0, vocab - 1, vocab]
+    vals = [min(max(v if i % 4 != near else edges[i % 4], info.min), info.max) for i, v in enumerate(values)]
+    arr = np.array(vals, dtype=dtype)
+    inside = [0 <= v < vocab for v in vals]
+    if all(inside):
+        got = m._ids(arr, 0)
+        assert got.dtype == np.int64 and got.tolist() == vals
+    else:
+        first = inside.index(False)
+        with pytest.raises(ConfigError, match=f"token id {vals[first]} at index {first} is outside"):
+            m._ids(arr, 0)
+
+
 def test_devices_and_sources():
     with pytest.raises(DeviceUnavailable, match="no executor for 'tvm-llvm'"):
         tilewise.load("tiny", device="tvm-llvm")

@@ -163,7 +163,7 @@ class CUDAExecutor(GPUResult):
         self.generation += 1
         self._programs: dict[Any, Program] = {}
         self._templates: dict[str, KernelTemplate] = {}
-        self._pool: dict[int, list[GPUCaches]] = {}
+        self._pool: dict[int, list[tuple[Any, Any]]] = {}  # capacity -> free (kv, conv) buffers
         self._rows = 0
         self._scratch: dict[str, Buffer] = {}
         self._rope_positions = 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,17 @@ class GPUCaches:
     generation: int
     n_tokens: int = 0
     scores: np.ndarray | None = None  # (labels,) computed on the GPU (the Model recomputes from hidden)
+    #: (pool, weak reference to the executor) the buffers go back to when this is collected (`take_caches`)
+    home: tuple[list[tuple[Any, Any]], Any] | None = field(default=None, repr=False)
+
+    def __del__(self) -> None:
+        # __del__ rather than weakref.finalize: this runs once per decision, in series with the GPU, and costs a
+        # tenth of a finalizer's registration and call
+        if self.home is not None:
+            free, owner = self.home
+            ex = owner()
+            if ex is not None and ex.generation == self.generation:
+                free.append((self.kv, self.conv))
 
 
 class Plan:
@@ -67,13 +78,14 @@ def check_decision(cfg: Any, caches: GPUCaches | None, generation: int, start: i
 
 
 def take_caches(ex: Any, positions: int, check_fits: Callable[[str, int], None] | None = None) -> GPUCaches:
-    """Caches for `positions` from executor `ex`'s pool (`ex._pool`, `ex.dev`, `ex.cfg`, `ex.generation`), made when
-    the pool has none; they go back to the pool when the State holding them is collected (never freed)."""
+    """Caches for `positions` from executor `ex`'s pool (`ex._pool`: capacity -> [(kv, conv)], `ex.dev`, `ex.cfg`,
+    `ex.generation`), made when the pool has none; their buffers go back to the pool when the State holding them is
+    collected, unless the executor has been rebuilt since (never freed)."""
     cfg = ex.cfg
     cap = cache_capacity(positions, cfg.max_position_embeddings)
     free = ex._pool.setdefault(cap, [])
     if free:
-        c = free.pop()
+        kv, conv = free.pop()
     else:
         kv_bytes = 4 * cap * cfg.num_key_value_heads * cfg.head_dim
         if check_fits is not None:
@@ -82,16 +94,7 @@ def take_caches(ex: Any, positions: int, check_fits: Callable[[str, int], None] 
               for i, t in enumerate(cfg.layer_types) if t == "full_attention"}
         conv = {i: ex.dev.allocate(4 * (cfg.conv_L_cache - 1) * cfg.hidden_size)
                 for i, t in enumerate(cfg.layer_types) if t == "conv"}
-        c = GPUCaches(cap, kv, conv, ex.generation)
-    weakref.finalize(c, _return_to_pool, free, c.capacity, c.kv, c.conv, c.generation, weakref.ref(ex))
-    return c
-
-
-def _return_to_pool(free: list[GPUCaches], capacity: int, kv: dict[int, tuple[Buffer, Buffer]],
-                    conv: dict[int, Buffer], generation: int, owner: Any) -> None:
-    ex = owner()
-    if ex is not None and ex.generation == generation:
-        free.append(GPUCaches(capacity, kv, conv, generation))
+    return GPUCaches(cap, kv, conv, ex.generation, home=(free, weakref.ref(ex)))
 
 
 def tail_buffers(cfg: Any, alloc: Callable[[int], Buffer]) -> dict[str, Buffer]:

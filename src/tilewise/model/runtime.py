@@ -140,8 +140,10 @@ class Model:
                               "pass a list of token ids (batch size is 1)")
         if arr.size == 0:
             raise ConfigError("no token ids given", "pass at least one token id")
-        # two reductions instead of a mask: this runs before every decision, in series with the GPU
-        if arr.min() < 0 or arr.max() >= self.config.vocab_size:
+        ids = arr.astype(np.int64, copy=False)  # the executors stage the ids at once and keep no reference
+        # one reduction, no mask (this runs before every decision, in series with the GPU): read as unsigned, a
+        # negative id (or a uint64 one past int64) is above every vocabulary
+        if ids.view(np.uint64).max() >= self.config.vocab_size:
             bad = (arr < 0) | (arr >= self.config.vocab_size)
             first = int(np.argmax(bad))
             raise ConfigError(f"token id {int(arr[first])} at index {first} is outside the vocabulary "
@@ -149,7 +151,7 @@ class Model:
         if start + arr.size > self.config.max_position_embeddings:
             raise ConfigError(f"sequence of {start + arr.size} tokens exceeds the model's "
                               f"{self.config.max_position_embeddings} positions", "shorten the prompt")
-        return arr.astype(np.int64, copy=False)  # the executors stage the ids at once and keep no reference
+        return ids
 
     def prefill(self, token_ids: Sequence[int] | np.ndarray | str) -> State:
         """Run a prompt from the start.

@@ -109,7 +109,7 @@ class WebGPUExecutor(GPUResult):
         self._templates: dict[str, KernelTemplate] = {}
         self._dims_cache: dict[tuple[int, ...], Buffer] = {}
         self._keep: list[Any] = []  # buffers replaced by larger ones stay referenced (bind groups key on ids)
-        self._pool: dict[int, list[GPUCaches]] = {}
+        self._pool: dict[int, list[tuple[Any, Any]]] = {}  # capacity -> free (kv, conv) buffers
         self._rows = 0
         self._rope_positions = 0
         self._scratch_buf: Buffer | None = None
