@@ -62,13 +62,12 @@ from tilewise.model.dispatch import (
     load_model_table,
     matmul_key,
 )
-from tilewise.model.gpu_state import GPUCaches, GPUResult, Plan, cache_capacity, check_decision, take_caches
+from tilewise.model.gpu_state import GPUCaches, GPUResult, Plan, begin_decision, cache_capacity, keep_plan
 from tilewise.quant.nf4 import stored_shape, weight_arrays
 
 ROW_NT = 128  # embed threads per block
 HEAD_NT = 256
 MIN_ROW_CAPACITY = 64
-MAX_CACHED_PLANS = 64
 GRAPHS_ENV = "TILEWISE_CUDA_GRAPHS"
 
 
@@ -228,9 +227,6 @@ class CUDAExecutor(GPUResult):
         self._rope_positions = cap
         self._plans.clear()
 
-    def _take_caches(self, positions: int) -> GPUCaches:
-        return take_caches(self, positions)
-
     # -- kernels -------------------------------------------------------------------------------------------------------
     def _template(self, name: str) -> KernelTemplate:
         tpl = self._templates.get(name)
@@ -329,13 +325,8 @@ class CUDAExecutor(GPUResult):
     def plan(self, ids: np.ndarray, start: int, caches: GPUCaches | None,
              final_row_slicing: bool) -> tuple[Plan, GPUCaches]:
         """Stage the token ids (host side) and build (or reuse) the launches of one decision (nothing runs yet)."""
-        cfg = self.cfg
         n = int(ids.size)
-        check_decision(cfg, caches, self.generation, start, n, "CUDA")
-        self._ensure_rows(n)
-        self._ensure_rope(start + n)
-        new = self._take_caches(start + n)
-        new.n_tokens = start + n
+        new = begin_decision(self, n, start, caches, "CUDA")
         self._ids_host[:n] = ids
         key = (n, start, final_row_slicing, self.fuse_preps, self.serial_reduce, self.fold_norm, self.fuse_rope,
                None if caches is None else (id(caches.kv), id(caches.conv)), id(new.kv), id(new.conv))
@@ -343,9 +334,7 @@ class CUDAExecutor(GPUResult):
         if cached is None:
             cached = self._build_plan(n, start, caches, new, final_row_slicing)
             cached.tokens = n
-            if len(self._plans) >= MAX_CACHED_PLANS:
-                self._plans.clear()
-            self._plans[key] = cached
+            keep_plan(self._plans, key, cached)
         return cached, new
 
     def _build_plan(self, n: int, start: int, caches: GPUCaches | None, new: GPUCaches,

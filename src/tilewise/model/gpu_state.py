@@ -17,6 +17,7 @@ from tilewise.model.checkpoint import HEAD
 from tilewise.model.runtime import block_rows, tail_capacity
 
 MIN_CACHE_POSITIONS = 512
+MAX_CACHED_PLANS = 64  # decision plans kept per executor (a game uses a handful of prompt lengths)
 
 
 @dataclass(eq=False)
@@ -67,14 +68,30 @@ def cache_capacity(positions: int, max_positions: int) -> int:
     return min(max(MIN_CACHE_POSITIONS, 1 << (positions - 1).bit_length()), max_positions)
 
 
-def check_decision(cfg: Any, caches: GPUCaches | None, generation: int, start: int, n: int, runtime: str) -> None:
-    """Refuse a decision on caches from before a device loss, or longer than the model's positions."""
-    if caches is not None and caches.generation != generation:
+def begin_decision(ex: Any, n: int, start: int, caches: GPUCaches | None, runtime: str,
+                   check_fits: Callable[[str, int], None] | None = None) -> GPUCaches:
+    """What every decision of executor `ex` does before its launches are planned: refuse caches from before a device
+    loss and sequences longer than the model's positions, grow the row buffers and the RoPE table (`ex._ensure_rows`,
+    `ex._ensure_rope`), and take the new state's caches from the pool."""
+    if caches is not None and caches.generation != ex.generation:
         raise LaunchError(f"this state was made before the {runtime} device was lost and rebuilt; its caches are gone",
                           "prefill the prompt again")
-    if start + n > cfg.max_position_embeddings:
-        raise ConfigError(f"sequence of {start + n} tokens exceeds the model's {cfg.max_position_embeddings} "
+    if start + n > ex.cfg.max_position_embeddings:
+        raise ConfigError(f"sequence of {start + n} tokens exceeds the model's {ex.cfg.max_position_embeddings} "
                           "positions", "shorten the prompt")
+    ex._ensure_rows(n)
+    ex._ensure_rope(start + n)
+    new = take_caches(ex, start + n, check_fits)
+    new.n_tokens = start + n
+    return new
+
+
+def keep_plan(plans: dict[tuple[Any, ...], Plan], key: tuple[Any, ...], plan: Plan) -> Plan:
+    """`plan` kept in an executor's plan cache under `key`; the cache starts over when it holds MAX_CACHED_PLANS."""
+    if len(plans) >= MAX_CACHED_PLANS:
+        plans.clear()
+    plans[key] = plan
+    return plan
 
 
 def take_caches(ex: Any, positions: int, check_fits: Callable[[str, int], None] | None = None) -> GPUCaches:

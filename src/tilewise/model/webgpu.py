@@ -55,14 +55,13 @@ from tilewise.model.dispatch import (
     matmul_key,
     matmul_name,
 )
-from tilewise.model.gpu_state import GPUCaches, GPUResult, Plan, cache_capacity, check_decision, take_caches
+from tilewise.model.gpu_state import GPUCaches, GPUResult, Plan, begin_decision, cache_capacity, keep_plan
 from tilewise.quant.nf4 import weight_arrays
 from tilewise.tune.dispatch import DispatchTable
 
 ROW_WG = 128  # rmsnorm / embed threads per workgroup
 HEAD_WG = 64
 MIN_ROW_CAPACITY = 64
-MAX_CACHED_PLANS = 64  # decision plans kept per executor (a game uses a handful of prompt lengths)
 
 
 class WebGPUExecutor(GPUResult):
@@ -197,9 +196,6 @@ class WebGPUExecutor(GPUResult):
         self.rope = (self._upload("rope cos table", cos), self._upload("rope sin table", sin))
         self._rope_positions = cap
 
-    def _take_caches(self, positions: int) -> GPUCaches:
-        return take_caches(self, positions, self._check_fits)
-
     # -- programs ----------------------------------------------------------------------------------------------------
     def _program(self, key: tuple[Any, ...], make_source: Any, name: str) -> Program:
         """A program of an op without a kernel template (data movement, q/k norm + RoPE)."""
@@ -282,13 +278,8 @@ class WebGPUExecutor(GPUResult):
     def plan(self, ids: np.ndarray, start: int, caches: GPUCaches | None,
              final_row_slicing: bool) -> tuple[Plan, GPUCaches]:
         """Write the token ids and build (or reuse) the launches of one decision (nothing runs yet)."""
-        cfg = self.cfg
         n = int(ids.size)
-        check_decision(cfg, caches, self.generation, start, n, "WebGPU")
-        self._ensure_rows(n)
-        self._ensure_rope(start + n)
-        new = self._take_caches(start + n)
-        new.n_tokens = start + n
+        new = begin_decision(self, n, start, caches, "WebGPU", self._check_fits)
         a = self.act
         self.dev.write(a["ids"], ids.astype(np.uint32))
         # pooled caches come back with the same buffer dicts, so their ids identify the buffers the launches bind
@@ -306,10 +297,7 @@ class WebGPUExecutor(GPUResult):
         except BaseException:
             self._programs = programs  # none of a failed plan's programs is kept (one may have no pipeline)
             raise
-        if len(self._plans) >= MAX_CACHED_PLANS:
-            self._plans.clear()
-        self._plans[key] = plan
-        return plan, new
+        return keep_plan(self._plans, key, plan), new
 
     def _build_plan(self, n: int, start: int, caches: GPUCaches | None, new: GPUCaches,
                     final_row_slicing: bool) -> Plan:
