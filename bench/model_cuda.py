@@ -63,7 +63,7 @@ from tilewise.tune.measure import summarize  # noqa: E402
 T0 = time.perf_counter()
 #: the executor's raced settings (`SETTING_NAMES`) and the key each race has in results.json
 RACED = {"pdl": "pdl", "fuse_preps": "fused_preps", "serial_reduce": "serial_reduce", "fold_norm": "fold_norm",
-         "fuse_rope": "fuse_rope"}
+         "fuse_rope": "fuse_rope", "zero_copy": "zero_copy"}
 TESTS = ["tests/cuda/test_model_kernels_cuda.py", "tests/cuda/test_model_cuda.py",
          "tests/cuda/test_model_cuda_graph.py", "tests/cuda/test_model_cuda_tune.py",
          "tests/unit/test_model_cuda_plan.py", "tests/unit/test_model_cuda_graph_cache.py",

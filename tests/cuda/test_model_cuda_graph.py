@@ -208,6 +208,43 @@ def _setting_keeps_bits(ex, rng, name, check=None):
     np.testing.assert_array_equal(got[1], want[1])
 
 
+def test_a_mapped_pinned_array_is_read_and_written_by_kernels_in_a_graph(dev, rng):
+    """`CUDADevice.mapped`: a kernel copies from one pinned array to another through their mapped buffers, in a
+    graph of that kernel alone, reading what the host holds at each replay; a pageable array is refused."""
+    from tilewise.kernels.rowops import cuda as rowops
+
+    words = 1000
+    host_in, host_out = dev.pinned(words, np.float32), dev.pinned(words, np.float32)
+    prog = rowops.copy_program(dev)
+    graph = dev.capture([rowops.copy_launch(prog, dev.mapped(host_in), 0, dev.mapped(host_out), 0, words)])
+    for _ in range(3):
+        want = rng.standard_normal(words).astype(np.float32)
+        host_in[:] = want
+        graph.launch()
+        np.testing.assert_array_equal(host_out, want)
+    with pytest.raises(LaunchError, match="not page-locked memory"):
+        dev.mapped(np.ones(words, np.float32))
+
+
+def test_zero_copy_decisions_are_bit_identical_to_copies(dev, rng):
+    """`zero_copy` moves the ids and the result row across the bus inside the embedding and the head instead of
+    copy steps; the same kernels on the same values, so the same bits, launch by launch and replayed."""
+    from tilewise.model.checkpoint import Checkpoint, random_tensors
+    from tilewise.model.config import PRESETS
+    from tilewise.model.cuda import CUDAExecutor
+
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 9), "f32", "preset:tiny").converted("nf4").materialize()
+    ex = CUDAExecutor(ck, device=dev, quiet=True)
+    assert ex._mapped is not None
+
+    def check(ids):
+        ex.zero_copy = True
+        assert ex.plan(ids, 0, None, True)[0].zero_copy
+
+    _setting_keeps_bits(ex, rng, "zero_copy", check)
+
+
 @pytest.mark.parametrize("kind", ["wg-split", "wgr"])
 def test_fused_prologues_are_bit_identical_to_separate_launches(dev, rng, kind):
     """The executor joins a matmul's f16 prologue with the launch that wrote its rows: wg-split (ffn.down in two

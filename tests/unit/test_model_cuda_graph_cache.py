@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from tests.unit.test_model_cuda_plan import RecordingDevice
 
-from tilewise.devices.base import Launch, Program
+from tilewise.devices.base import Buffer, Launch, Program
 from tilewise.devices.cuda import CUDADevice, HostCopy
 from tilewise.devices.cuda_pdl import PDL_ENV, pdl_from_env
 from tilewise.errors import ConfigError, LaunchError
@@ -30,9 +30,12 @@ class FakeGraph:
 
     def launch(self, wait: bool = True) -> None:
         first, last = self.steps[0], self.steps[-1]
-        ids = first.host[: first.nbytes // 4].copy()
+        if isinstance(first, HostCopy):
+            ids, out = first.host[: first.nbytes // 4].copy(), last.host[: last.nbytes // 4]
+        else:  # zero_copy: the first kernel reads the pinned ids array and the last writes the pinned row
+            ids = self.dev.mapped_in(first)[: self.dev.tokens].copy()
+            out = self.dev.mapped_in(last)
         self.dev.replayed.append(ids)
-        out = last.host[: last.nbytes // 4]
         out[:] = np.arange(out.size, dtype=np.float32) + float(ids.sum()) + 1000.0 * ids.size
 
 
@@ -45,6 +48,9 @@ class GraphDevice(RecordingDevice):
         self.pdl_flags: list[tuple[str, bool]] = []  # ("capture" | "run", pdl) per call
         self.timed: list[int] = []
         self.writes: list[tuple[int, np.ndarray]] = []
+        self.mapped_buffers: list[Buffer] = []
+        self.tokens = 0  # the decision's token count, which a zero-copy replay reads from the ids array
+        self.syncs = 0
 
     def pinned(self, size, dtype=np.float32) -> np.ndarray:
         return np.full(size, -7, dtype)
@@ -62,6 +68,21 @@ class GraphDevice(RecordingDevice):
     def run(self, launches, pdl=False) -> None:
         self.pdl_flags.append(("run", pdl))
         self.runs.append(len(launches))
+        if self.mapped_buffers and any(b in self.mapped_buffers for b in launches[-1].buffers):
+            self.mapped_in(launches[-1])[:] = -3.0  # the head, writing the pinned row itself
+
+    def mapped(self, host: np.ndarray) -> Buffer:
+        buf = Buffer(self, host, host.nbytes)
+        self.mapped_buffers.append(buf)
+        return buf
+
+    def mapped_in(self, launch) -> np.ndarray:
+        """The pinned array behind the mapped buffer `launch` binds."""
+        (buf,) = [b for b in launch.buffers if any(b is m for m in self.mapped_buffers)]
+        return buf.handle
+
+    def synchronize(self) -> None:
+        self.syncs += 1
 
     def time(self, launches, flush_l2=None) -> np.ndarray:
         self.timed.append(len(launches))
@@ -162,6 +183,52 @@ def test_a_collected_states_caches_go_back_to_the_pool_and_a_live_ones_do_not(ex
     executor._pool = {}
     del second, third
     assert executor._pool == {} and old_free == []
+
+
+def test_zero_copy_graphs_are_kernels_alone_on_the_pinned_arrays(executor, rng):
+    """`zero_copy`: the embedding binds the pinned ids array and the head the pinned result row, so the captured graph
+    is the plan's launches and nothing else; each replay reads its own decision's ids and hands out the row the head
+    wrote. Switching it off gives another plan whose graph copies in and out again."""
+    dev, H, n = executor.dev, executor.cfg.hidden_size, 14
+    executor.zero_copy, dev.tokens = True, n
+    prompts = [rng.integers(1, 512, n) for _ in range(3)]
+    for ids in prompts:
+        hidden, new = executor.forward(ids, 0, None, True)
+        seen = dev.replayed[-1]
+        assert seen.tolist() == ids.tolist()
+        want = np.arange(H + executor.cfg.num_labels, dtype=np.float32) + float(seen.sum()) + 1000.0 * seen.size
+        np.testing.assert_array_equal(hidden, want[:H])
+        np.testing.assert_array_equal(new.scores, want[H:])
+        del new
+    assert executor.graph_captures == 1
+    plan, new = executor.plan(prompts[0], 0, None, True)
+    del new
+    assert plan.zero_copy and plan.graph.steps == plan.launches
+    embed, head = plan.launches[0], plan.launches[-1]
+    assert dev.mapped_in(embed) is executor._ids_host and dev.mapped_in(head) is executor._res_host
+    a = executor.act
+    assert not any(b is a["ids"] or b is a["res"] for launch in plan.launches for b in launch.buffers)
+    executor.zero_copy = False
+    executor.forward(prompts[0], 0, None, True)
+    assert executor.graph_captures == 2 and isinstance(dev.graphs[-1].steps[0], HostCopy)
+
+
+def test_zero_copy_launch_by_launch_waits_for_the_stream_and_reads_the_pinned_row(executor, rng):
+    dev = executor.dev
+    executor.zero_copy, executor.graphs = True, False
+    hidden, new = executor.forward(rng.integers(1, 512, 11), 0, None, True)
+    assert dev.runs and dev.syncs == 1
+    assert (hidden == -3.0).all() and (new.scores == -3.0).all()  # what the head wrote into the pinned row
+    assert not [w for buf, w in dev.writes if buf == id(executor.act["ids"])]  # no copy of the ids in
+
+
+def test_zero_copy_falls_back_to_copies_where_the_device_maps_no_host_array(executor, rng):
+    executor.forward(rng.integers(1, 512, 9), 0, None, True)  # the row buffers made (and `_mapped` with them)
+    executor._mapped, executor.zero_copy = None, True  # as on a device without `mapped`
+    executor.forward(rng.integers(1, 512, 9), 0, None, True)
+    plan, new = executor.plan(rng.integers(1, 512, 9), 0, None, True)
+    del new
+    assert not plan.zero_copy and isinstance(plan.graph.steps[0], HostCopy)
 
 
 def test_a_plan_with_a_library_call_runs_launch_by_launch(executor, rng):

@@ -38,7 +38,7 @@ class FakeModel:
         self.clock, self.cost, self.rng, self.differs, self.delta = clock, cost, rng, differs, np.float32(delta)
         self.config = PRESETS["tiny"]
         self.executor = SimpleNamespace(pdl=False, fuse_preps=True, serial_reduce=False, fold_norm=False,
-                                        fuse_rope=False, dev=SimpleNamespace(pdl=has_pdl))
+                                        fuse_rope=False, zero_copy=False, dev=SimpleNamespace(pdl=has_pdl))
         self.row = rng.standard_normal(8).astype(np.float32)
 
     def prefill(self, ids):
@@ -80,7 +80,7 @@ def test_the_race_takes_the_faster_side_and_keeps_the_default_on_a_tie(clock, pd
     raced = race_settings(model, seq=40, log=lambda _m: None)
     assert raced["pdl"]["value"] is pdl_faster
     assert raced["pdl"]["verdict"] == ("faster" if pdl_faster else "slower")
-    for name in ("fuse_preps", "serial_reduce", "fold_norm", "fuse_rope"):
+    for name in ("fuse_preps", "serial_reduce", "fold_norm", "fuse_rope", "zero_copy"):
         assert raced[name]["verdict"] == "tie" and raced[name]["value"] is CUDA_SETTINGS[name]
     assert all(r["outputs_agree"] and r["decisions"] == 60 for r in raced.values())
     assert (model.executor.pdl, model.executor.fuse_preps) == (pdl_faster, True)  # left with the choices
@@ -155,7 +155,7 @@ def test_pdl_is_not_raced_on_a_gpu_without_it(clock):
     model = FakeModel(clock, lambda pdl, fuse, serial, fold: 1.0, np.random.default_rng(4), has_pdl=False)
     lines: list[str] = []
     raced = race_settings(model, seq=40, log=lines.append)
-    assert set(raced) == {"fuse_preps", "serial_reduce", "fold_norm", "fuse_rope"} and model.executor.pdl is False
+    assert set(raced) == set(CUDA_SETTINGS) - {"pdl"} and model.executor.pdl is False
     assert any("pdl not raced" in line for line in lines)
 
 

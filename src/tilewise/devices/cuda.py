@@ -19,7 +19,8 @@ arguments (Buffers as CuPy byte arrays) and timed by the same events as a kernel
 
 Streams and graphs: a device's writes, launches, events and reads go to one stream it owns (blocking, so CuPy work
 on the default stream stays ordered with it). `capture(steps)` records launches and `HostCopy`s (pinned host <->
-buffer) into a `CudaGraph`, replayed as one submission by `launch()`; library calls are refused there. With
+buffer) into a `CudaGraph`, replayed as one submission by `launch()`; library calls are refused there (`mapped`
+makes a pinned array a buffer kernels address directly, which needs no copy steps). With
 `pdl=True`, `run` and `capture` launch a kernel that follows another with programmatic dependent launch
 (`cuda_pdl.py`) when it waits for its predecessor (`meta["pdl"]`: the model's kernels, `kernels/pdl.cuh`); `time`
 never does, so every timed kernel runs alone.
@@ -49,6 +50,8 @@ from tilewise.devices.cuda_nvrtc import nvrtc_options as nvrtc_options
 from tilewise.devices.cuda_pdl import launch_pdl, supports_pdl
 from tilewise.devices.cuda_tma import TensorMap
 from tilewise.errors import DeviceUnavailable, LaunchError
+
+MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost: page-locked host memory
 
 
 @dataclass(frozen=True, eq=False)
@@ -346,6 +349,23 @@ class CUDADevice(Device):
 
         with self._dev:
             return cupyx.empty_pinned(shape, dtype)
+
+    def mapped(self, host: np.ndarray) -> Buffer:
+        """The pinned host array `host` (`pinned`) as a buffer kernels read and write over the bus at its host
+        address (unified addressing), so that a graph moves it without copy steps. LaunchError where the array is
+        not page-locked memory this GPU addresses at the same address."""
+        cp = self._cp
+        ptr, nbytes = int(host.ctypes.data), int(host.nbytes)
+        try:
+            attrs = cp.cuda.runtime.pointerGetAttributes(ptr)
+        except cp.cuda.runtime.CUDARuntimeError as exc:
+            raise self._wrap(exc, "reading a host array's CUDA pointer attributes") from exc
+        kind = getattr(attrs, "type", getattr(attrs, "memoryType", -1))  # CuPy's name for it varies by version
+        if int(kind) != MEMORY_TYPE_HOST or int(attrs.devicePointer) != ptr:
+            raise LaunchError(f"a host array of {nbytes} bytes is not page-locked memory {self.info.name} addresses "
+                              "at its host address", "allocate it with pinned()")
+        mem = cp.cuda.UnownedMemory(ptr, nbytes, host, self.info.index)
+        return Buffer(self, cp.ndarray((nbytes,), cp.uint8, cp.cuda.MemoryPointer(mem, 0)), nbytes)
 
     def capture(self, steps: Sequence[Launch | HostCopy], pdl: bool = False) -> CudaGraph:
         """Record `steps` on the device's stream into a graph (nothing runs yet); with `pdl` as `run` launches them,

@@ -33,7 +33,8 @@ PREFIX_TOKENS = 47  # seed 001: tokens shared by every game prompt before the bo
 #: the CUDA executor's raced settings (model/dispatch.py's `CUDA_SETTINGS`) as `tilewise bench` names them
 SETTING_NAMES = {"pdl": "programmatic dependent launch", "fuse_preps": "fused prologues",
                  "serial_reduce": "split-K summed in the matmul", "fold_norm": "the norm folded into the matmuls",
-                 "fuse_rope": "q/k norm and RoPE in the qkv matmul"}
+                 "fuse_rope": "q/k norm and RoPE in the qkv matmul",
+                 "zero_copy": "ids and result row read and written in host memory"}
 
 
 def percentiles(samples_ms: list[float]) -> dict[str, float]:

@@ -23,8 +23,9 @@
   (split-K summed in each tile's last block, `cuda_fuse.summed_config`) and `fold_norm` (a residual matmul that
   sums in its launch hands the next wgr matmul its rows unnormed with their sums of squares, `cuda_fuse.fold_norm`)
   and `fuse_rope` (the q/k/v matmul writes q and the KV cache rows normed and rotated itself, `cuda_fuse.fuse_rope`)
-  follow the dispatch table's `settings` for this model (raced on whole decisions by `tilewise tune model`,
-  model/tune_settings.py; `CUDA_SETTINGS` defaults).
+  and `zero_copy` (the embedding reads the ids from the pinned array and the head writes the result row into the
+  other, so a graph is only kernels) follow the dispatch table's `settings` for this model (raced on whole
+  decisions by `tilewise tune model`, model/tune_settings.py; `CUDA_SETTINGS` defaults).
 
 Device loss (a kernel fault poisons the CUDA context) raises `DeviceLost`; the next `forward` rebuilds the device
 and weights and refuses states made before. A matmul's scratch (split-K's sums, f16 x rows) is executor-owned.
@@ -118,6 +119,7 @@ class CUDAExecutor(GPUResult):
         self.serial_reduce = False  # likewise
         self.fold_norm = False  # likewise
         self.fuse_rope = False  # likewise
+        self.zero_copy = False  # likewise (where the device maps pinned arrays: `_mapped`)
         self.graph_captures = 0
         self.graph_replays = 0
         self._check_model()
@@ -210,6 +212,10 @@ class CUDAExecutor(GPUResult):
         # the token ids in and the result row out pass through these; a graph copies from/to their addresses
         self._ids_host = self._host_array(rows, np.int32)
         self._res_host = self._host_array(H + cfg.num_labels, np.float32)
+        # `zero_copy`: the same two arrays as buffers, the embedding reading the ids and the head writing the row
+        # across the bus, so a graph has no copy steps; None where the device cannot map them
+        mapped = getattr(self.dev, "mapped", None) if hasattr(self.dev, "pinned") else None
+        self._mapped = None if mapped is None else {"ids": mapped(self._ids_host), "res": mapped(self._res_host)}
         self._rows = rows
         self._scratch = {}  # split-K's partial sums, the f16 x rows: sized for this row capacity at their first use
         self._plans.clear()  # plans bind the old buffers
@@ -328,21 +334,24 @@ class CUDAExecutor(GPUResult):
         n = int(ids.size)
         new = begin_decision(self, n, start, caches, "CUDA")
         self._ids_host[:n] = ids
+        zero_copy = self.zero_copy and self._mapped is not None
         key = (n, start, final_row_slicing, self.fuse_preps, self.serial_reduce, self.fold_norm, self.fuse_rope,
-               None if caches is None else (id(caches.kv), id(caches.conv)), id(new.kv), id(new.conv))
+               zero_copy, None if caches is None else (id(caches.kv), id(caches.conv)), id(new.kv), id(new.conv))
         cached = self._plans.get(key)
         if cached is None:
-            cached = self._build_plan(n, start, caches, new, final_row_slicing)
+            cached = self._build_plan(n, start, caches, new, final_row_slicing, zero_copy)
             cached.tokens = n
             keep_plan(self._plans, key, cached)
         return cached, new
 
     def _build_plan(self, n: int, start: int, caches: GPUCaches | None, new: GPUCaches,
-                    final_row_slicing: bool) -> Plan:
+                    final_row_slicing: bool, zero_copy: bool = False) -> Plan:
         cfg = self.cfg
         H, hkv, d = cfg.hidden_size, cfg.num_key_value_heads, cfg.head_dim
         a = self.act
+        io = self._mapped if zero_copy else a  # where the ids come from and the result row goes
         plan = Plan()
+        plan.zero_copy = zero_copy
         self._xh_turn = 0  # which of the two f16 x buffers the next prepping matmul takes (`_matmul`)
         if caches is not None and start > 0:  # every layer's K and V prefix rows, eight buffers a launch
             prog = self._fixed_program("copy_pairs", rowops.copy_pairs_program)
@@ -351,7 +360,7 @@ class CUDAExecutor(GPUResult):
         embed = self._template("embed")
         ecfg = embed.config_of({"NT": ROW_NT})
         eshape = (n, H, cfg.vocab_size)
-        plan.add("embed", embed.launches(self.program(embed, ecfg, eshape), {"ids": a["ids"], **self.embed,
+        plan.add("embed", embed.launches(self.program(embed, ecfg, eshape), {"ids": io["ids"], **self.embed,
                                                                               "out": a["x"]}, ecfg, eshape))
         res, res_rows = gpu_state.plan_blocks(self, plan, n, start, caches, new, final_row_slicing)
         head = self._template("head")
@@ -359,7 +368,8 @@ class CUDAExecutor(GPUResult):
         hcfg = head.config_of({"NT": HEAD_NT})
         hshape = (res_rows, H, cfg.num_labels)
         plan.add("head", head.launches_row(self.program(head, hcfg, hshape), {
-            "x": res, "norm_weight": self.final_norm, "head_weight": self.head, "out": a["res"]}, hshape, res_rows - 1))
+            "x": res, "norm_weight": self.final_norm, "head_weight": self.head, "out": io["res"]}, hshape,
+            res_rows - 1))
         return plan
 
     def _mix_conv(self, plan: Plan, lay: dict[str, Any], rows: int, state_in: Buffer, state_out: Buffer) -> None:
@@ -399,14 +409,18 @@ class CUDAExecutor(GPUResult):
             graph.launch()  # returns once the GPU is done, so the staging arrays are free for the next decision
             self.graph_replays += 1
             return self._res_host[:n_res].copy()
-        # a pageable copy: the write is consumed before it returns, while a copy from pinned memory would still be
-        # pending when the staging array is next written
-        self.dev.write(self.act["ids"], self._ids_host[:plan.tokens].copy())
+        if not plan.zero_copy:  # (zero_copy: the embedding reads the staged ids where they are)
+            # a pageable copy: the write is consumed before it returns, while a copy from pinned memory would still
+            # be pending when the staging array is next written
+            self.dev.write(self.act["ids"], self._ids_host[:plan.tokens].copy())
         if timed:  # each launch alone between its events: no PDL
             ms = self.dev.time(plan.launches, flush_l2=False)
             self.last_op_times = list(zip(plan.labels, (float(t) for t in ms)))
         else:
             self.dev.run(plan.launches, pdl=self.pdl)  # type: ignore[call-arg]
+        if plan.zero_copy:
+            self.dev.synchronize()  # the head's row is in the pinned array once the stream is done
+            return self._res_host[:n_res].copy()
         return self.dev.download(self.act["res"], np.float32, (n_res,))
 
     def _graph(self, plan: Plan) -> Any:
@@ -420,10 +434,12 @@ class CUDAExecutor(GPUResult):
             else:
                 # The ids are copied by the graph itself from the pinned staging array (not by an async copy before
                 # the replay): one submission per decision, and the copy reads whatever the array holds at replay
-                # time. Its size is fixed at capture, which fits: the token count is part of the plan's key.
+                # time. Its size is fixed at capture, which fits: the token count is part of the plan's key. With
+                # zero_copy the plan's kernels read and write the pinned arrays themselves.
                 a, n_res = self.act, self.cfg.hidden_size + self.cfg.num_labels
-                steps = [HostCopy(self._ids_host, a["ids"], 4 * plan.tokens), *plan.launches,
-                         HostCopy(self._res_host, a["res"], 4 * n_res, to_device=False)]
+                steps = list(plan.launches) if plan.zero_copy else [
+                    HostCopy(self._ids_host, a["ids"], 4 * plan.tokens), *plan.launches,
+                    HostCopy(self._res_host, a["res"], 4 * n_res, to_device=False)]
                 try:
                     plan.graph = self.dev.capture(steps, pdl=self.pdl)  # type: ignore[call-arg]
                 except LaunchError as exc:

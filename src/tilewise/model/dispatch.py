@@ -63,7 +63,8 @@ def portable_path(backend: str) -> Path:
 
 #: the CUDA executor's whole-model settings (raced by `tilewise tune model`, model/tune_settings.py) and their
 #: values where none was measured
-CUDA_SETTINGS = {"pdl": False, "fuse_preps": True, "serial_reduce": False, "fold_norm": False, "fuse_rope": False}
+CUDA_SETTINGS = {"pdl": False, "fuse_preps": True, "serial_reduce": False, "fold_norm": False, "fuse_rope": False,
+                 "zero_copy": False}
 
 
 def model_signature(cfg: Any, fmt: str) -> str:

@@ -54,6 +54,7 @@ class Plan:
         self.tokens = tokens  # token ids the decision writes before its launches
         self.graph: Any = None
         self.graph_pdl = False  # whether `graph` was captured with programmatic dependent launch
+        self.zero_copy = False  # the kernels read the ids from and write the result row into pinned host arrays
         self.keep: list[Any] = []  # buffers only this plan's launches read (`fuse_rope`'s RopeOut records)
 
     def add(self, label: str, launches: Launch | Sequence[Launch]) -> None:

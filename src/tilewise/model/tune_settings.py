@@ -11,7 +11,9 @@ decision can measure them:
   wgr matmul its rows unnormed, as f16 (h * g), with their sums of squares, and that matmul scales its output rows
   by 1 / rms(h): a launch fewer where it applies, rounded differently (within the f16 tolerance, not the same bits);
 - `fuse_rope`: the q/k/v matmul (wgr summing in its own launch) norms and rotates q and k into attention's inputs in
-  its epilogue instead of a launch after it: each head's sum of squares added in another order (not the same bits).
+  its epilogue instead of a launch after it: each head's sum of squares added in another order (not the same bits);
+- `zero_copy`: the embedding reads the token ids from pinned host memory and the head writes the result row there,
+  instead of a copy step in and out of device buffers at each end of the graph (the same bits).
 
 Which side wins depends on the model as well as the GPU (PDL has sped one model up and slowed another down on the
 same GPU; docs/journal/model.md). So the tune races each setting on the tuned table, in alternating rounds of graph
