@@ -231,6 +231,21 @@ def test_zero_copy_falls_back_to_copies_where_the_device_maps_no_host_array(exec
     assert not plan.zero_copy and isinstance(plan.graph.steps[0], HostCopy)
 
 
+def test_a_device_that_refuses_to_map_leaves_decisions_copying(rng):
+    class Unmapped(GraphDevice):
+        def mapped(self, host):
+            raise LaunchError("a host array is not page-locked memory this GPU addresses", "allocate it with pinned()")
+
+    cfg = PRESETS["tiny"]
+    ck = Checkpoint.from_arrays(cfg, random_tensors(cfg, 3), "f32", "preset:tiny").converted("nf4").materialize()
+    ex = CUDAExecutor(ck, device=Unmapped(), graphs=True)
+    ex.zero_copy = True
+    ids = rng.integers(1, 512, 10)
+    hidden, _ = ex.forward(ids, 0, None, True)
+    assert ex._mapped is None and isinstance(ex.dev.graphs[-1].steps[0], HostCopy)
+    np.testing.assert_array_equal(hidden, expected_result(ex, ids)[:cfg.hidden_size])
+
+
 def test_a_plan_with_a_library_call_runs_launch_by_launch(executor, rng):
     ids = rng.integers(1, 512, 7)
     plan, new = executor.plan(ids, 0, None, True)

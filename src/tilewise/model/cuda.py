@@ -33,6 +33,7 @@ and weights and refuses states made before. A matmul's scratch (split-K's sums, 
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -214,8 +215,10 @@ class CUDAExecutor(GPUResult):
         self._res_host = self._host_array(H + cfg.num_labels, np.float32)
         # `zero_copy`: the same two arrays as buffers, the embedding reading the ids and the head writing the row
         # across the bus, so a graph has no copy steps; None where the device cannot map them
-        mapped = getattr(self.dev, "mapped", None) if hasattr(self.dev, "pinned") else None
-        self._mapped = None if mapped is None else {"ids": mapped(self._ids_host), "res": mapped(self._res_host)}
+        mapped, self._mapped = (getattr(self.dev, "mapped", None) if hasattr(self.dev, "pinned") else None), None
+        if mapped is not None:
+            with contextlib.suppress(LaunchError):  # not mapped: decisions copy, as with zero_copy off
+                self._mapped = {"ids": mapped(self._ids_host), "res": mapped(self._res_host)}
         self._rows = rows
         self._scratch = {}  # split-K's partial sums, the f16 x rows: sized for this row capacity at their first use
         self._plans.clear()  # plans bind the old buffers
