@@ -215,10 +215,10 @@ class CUDAExecutor(GPUResult):
         self._res_host = self._host_array(H + cfg.num_labels, np.float32)
         # `zero_copy`: the same two arrays as buffers, the embedding reading the ids and the head writing the row
         # across the bus, so a graph has no copy steps; None where the device cannot map them
-        mapped, self._mapped = (getattr(self.dev, "mapped", None) if hasattr(self.dev, "pinned") else None), None
-        if mapped is not None:
+        self._mapped = None
+        if hasattr(self.dev, "pinned") and hasattr(self.dev, "mapped"):
             with contextlib.suppress(LaunchError):  # not mapped: decisions copy, as with zero_copy off
-                self._mapped = {"ids": mapped(self._ids_host), "res": mapped(self._res_host)}
+                self._mapped = {"ids": self.dev.mapped(self._ids_host), "res": self.dev.mapped(self._res_host)}
         self._rows = rows
         self._scratch = {}  # split-K's partial sums, the f16 x rows: sized for this row capacity at their first use
         self._plans.clear()  # plans bind the old buffers
